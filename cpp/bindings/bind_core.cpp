@@ -1,0 +1,198 @@
+// Dense, activations, embedding.
+#include <cstdint>
+
+#include "attnx/activations.hpp"
+#include "attnx/dense.hpp"
+#include "attnx/embedding.hpp"
+#include "bindings.hpp"
+#include "checks.hpp"
+
+namespace attnx::bind {
+
+static Activation parse_activation(const std::string& name) {
+    try {
+        return activation_from_name(name);
+    } catch (const std::invalid_argument& e) {
+        throw py::value_error(e.what());
+    }
+}
+
+void init_core(py::module_& m) {
+    m.def(
+        "dense_forward",
+        [](const py::array& x, const py::array& kernel, const py::object& bias, const std::string& activation) {
+            const Activation act = parse_activation(activation);
+            return dispatch_float(x, "dense_forward: x", [&](auto tag) -> py::tuple {
+                using T = decltype(tag);
+                check_rank(x, 2, "dense_forward: x");
+                check_rank(kernel, 2, "dense_forward: kernel");
+                const auto N = x.shape(0), C = x.shape(1), OC = kernel.shape(1);
+                check_shape(kernel, {C, -1}, "dense_forward: kernel");
+                if (!bias.is_none()) check_shape(bias.cast<py::array>(), {OC}, "dense_forward: bias");
+                const T* px = in_ptr<T>(x, "dense_forward: x");
+                const T* pw = in_ptr<T>(kernel, "dense_forward: kernel");
+                const T* pb = optional_in_ptr<T>(bias, "dense_forward: bias");
+                auto z = new_array<T>({N, OC});
+                // gelu's backward needs the pre-activation; every other activation works from y
+                py::array_t<T> y = act == Activation::gelu ? new_array<T>({N, OC}) : z;
+                T* pz = z.mutable_data();
+                T* py_ = y.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    dense_forward<T>(pz, px, pw, pb, (int)N, (int)C, (int)OC);
+                    activation_forward<T>(py_, pz, N, OC, act);
+                }
+                return py::make_tuple(y, z);
+            });
+        },
+        py::arg("x"), py::arg("kernel"), py::arg("bias"), py::arg("activation") = "linear",
+        "y = act(x . kernel + bias) for x (N, C); returns (y, z) with z the pre-activation (the same array "
+        "unless the activation is gelu).");
+
+    m.def(
+        "dense_backward",
+        [](const py::array& dy, const py::array& x, const py::array& kernel, const py::array& y, const py::array& z,
+           const std::string& activation, py::array& dkernel, const py::object& dbias, bool need_dx) -> py::object {
+            const Activation act = parse_activation(activation);
+            return dispatch_float(dy, "dense_backward: dy", [&](auto tag) -> py::object {
+                using T = decltype(tag);
+                check_rank(x, 2, "dense_backward: x");
+                const auto N = x.shape(0), C = x.shape(1), OC = kernel.shape(1);
+                check_shape(kernel, {C, OC}, "dense_backward: kernel");
+                check_shape(dy, {N, OC}, "dense_backward: dy");
+                check_shape(y, {N, OC}, "dense_backward: y");
+                check_shape(z, {N, OC}, "dense_backward: z");
+                check_shape(dkernel, {C, OC}, "dense_backward: dkernel");
+                T* pdb = nullptr;
+                py::array dbias_arr;
+                if (!dbias.is_none()) {
+                    dbias_arr = dbias.cast<py::array>();
+                    check_shape(dbias_arr, {OC}, "dense_backward: dbias");
+                    pdb = inout_ptr<T>(dbias_arr, "dense_backward: dbias");
+                }
+                const T* pdy = in_ptr<T>(dy, "dense_backward: dy");
+                const T* px = in_ptr<T>(x, "dense_backward: x");
+                const T* pw = in_ptr<T>(kernel, "dense_backward: kernel");
+                const T* py_ = in_ptr<T>(y, "dense_backward: y");
+                const T* pz = in_ptr<T>(z, "dense_backward: z");
+                T* pdw = inout_ptr<T>(dkernel, "dense_backward: dkernel");
+                auto dz = new_array<T>({N, OC});
+                py::array_t<T> dx = need_dx ? new_array<T>({N, C}) : py::array_t<T>();
+                T* pdz = dz.mutable_data();
+                T* pdx = need_dx ? dx.mutable_data() : nullptr;
+                {
+                    py::gil_scoped_release release;
+                    activation_backward<T>(pdz, pdy, pz, py_, N, OC, act);
+                    dense_backward<T>(pdx, pdw, pdb, pdz, px, pw, (int)N, (int)C, (int)OC);
+                }
+                if (!need_dx) return py::none();
+                return std::move(dx);
+            });
+        },
+        py::arg("dy"), py::arg("x"), py::arg("kernel"), py::arg("y"), py::arg("z"), py::arg("activation"),
+        py::arg("dkernel"), py::arg("dbias"), py::arg("need_dx") = true,
+        "Backward of dense_forward: accumulates into dkernel/dbias, returns dx (or None).");
+
+    m.def(
+        "activation_forward",
+        [](const py::array& x, const std::string& activation) {
+            const Activation act = parse_activation(activation);
+            return dispatch_float(x, "activation_forward: x", [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                const T* px = in_ptr<T>(x, "activation_forward: x");
+                const size_t cols = x.ndim() ? (size_t)x.shape(x.ndim() - 1) : 1;
+                const size_t rows = cols ? (size_t)x.size() / cols : 0;
+                std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+                auto y = new_array<T>(shape);
+                T* py_ = y.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    activation_forward<T>(py_, px, rows, cols, act);
+                }
+                return std::move(y);
+            });
+        },
+        py::arg("x"), py::arg("activation"), "Elementwise activation (softmax over the last axis).");
+
+    m.def(
+        "activation_backward",
+        [](const py::array& dy, const py::array& x, const py::array& y, const std::string& activation) {
+            const Activation act = parse_activation(activation);
+            return dispatch_float(dy, "activation_backward: dy", [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                std::vector<py::ssize_t> shape(dy.shape(), dy.shape() + dy.ndim());
+                check_shape(x, shape, "activation_backward: x");
+                check_shape(y, shape, "activation_backward: y");
+                const T* pdy = in_ptr<T>(dy, "activation_backward: dy");
+                const T* px = in_ptr<T>(x, "activation_backward: x");
+                const T* py_ = in_ptr<T>(y, "activation_backward: y");
+                const size_t cols = dy.ndim() ? (size_t)dy.shape(dy.ndim() - 1) : 1;
+                const size_t rows = cols ? (size_t)dy.size() / cols : 0;
+                auto dx = new_array<T>(shape);
+                T* pdx = dx.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    activation_backward<T>(pdx, pdy, px, py_, rows, cols, act);
+                }
+                return std::move(dx);
+            });
+        },
+        py::arg("dy"), py::arg("x"), py::arg("y"), py::arg("activation"));
+
+    m.def(
+        "embedding_forward",
+        [](const py::array& ids, const py::array& table) {
+            return dispatch_float(table, "embedding_forward: table", [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                check_rank(table, 2, "embedding_forward: table");
+                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style))
+                    throw py::type_error("embedding_forward: ids must be a C-contiguous int64 array, got " +
+                                         dtype_str(ids));
+                const auto V = table.shape(0), D = table.shape(1);
+                const int64_t* pid = static_cast<const int64_t*>(ids.data());
+                const size_t N = (size_t)ids.size();
+                for (size_t n = 0; n < N; ++n)
+                    if (pid[n] < 0 || pid[n] >= V)
+                        throw py::index_error("embedding_forward: token index " + std::to_string(pid[n]) +
+                                              " out of range [0, " + std::to_string(V) + ")");
+                std::vector<py::ssize_t> shape(ids.shape(), ids.shape() + ids.ndim());
+                shape.push_back(D);
+                auto out = new_array<T>(shape);
+                const T* pt = in_ptr<T>(table, "embedding_forward: table");
+                T* po = out.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    embedding_forward<T>(po, pid, pt, N, (size_t)D);
+                }
+                return std::move(out);
+            });
+        },
+        py::arg("ids"), py::arg("table"), "out[..., :] = table[ids[...], :]; raises IndexError for ids outside the table.");
+
+    m.def(
+        "embedding_backward",
+        [](py::array& dtable, const py::array& dout, const py::array& ids) {
+            dispatch_float(dtable, "embedding_backward: dtable", [&](auto tag) {
+                using T = decltype(tag);
+                check_rank(dtable, 2, "embedding_backward: dtable");
+                const auto V = dtable.shape(0), D = dtable.shape(1);
+                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style))
+                    throw py::type_error("embedding_backward: ids must be a C-contiguous int64 array");
+                std::vector<py::ssize_t> shape(ids.shape(), ids.shape() + ids.ndim());
+                shape.push_back(D);
+                check_shape(dout, shape, "embedding_backward: dout");
+                const int64_t* pid = static_cast<const int64_t*>(ids.data());
+                const size_t N = (size_t)ids.size();
+                for (size_t n = 0; n < N; ++n)
+                    if (pid[n] < 0 || pid[n] >= V)
+                        throw py::index_error("embedding_backward: token index out of range");
+                T* pdt = inout_ptr<T>(dtable, "embedding_backward: dtable");
+                const T* pdo = in_ptr<T>(dout, "embedding_backward: dout");
+                py::gil_scoped_release release;
+                embedding_backward<T>(pdt, pdo, pid, N, (size_t)D);
+            });
+        },
+        py::arg("dtable"), py::arg("dout"), py::arg("ids"), "dtable[ids[n]] += dout[n] (accumulates).");
+}
+
+}  // namespace attnx::bind

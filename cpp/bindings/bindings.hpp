@@ -1,0 +1,9 @@
+// One init function per binding file; module.cpp calls them all.
+#pragma once
+#include <pybind11/pybind11.h>
+
+namespace attnx::bind {
+void init_core(pybind11::module_& m);
+void init_loss(pybind11::module_& m);
+void init_optim(pybind11::module_& m);
+}  // namespace attnx::bind

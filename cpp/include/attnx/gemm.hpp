@@ -1,0 +1,50 @@
+// Matrix products on OpenBLAS. Every hot product in attnx goes through gemm() so that
+// alpha/beta accumulate into preallocated buffers (backward passes use beta = 1).
+#pragma once
+#include <cstddef>
+
+// xtensor-blas' own CBLAS declarations (the system cblas.h would clash with them wherever both
+// are included); the symbols come from OpenBLAS at link time.
+#include <xtensor-blas/xblas_config.hpp>
+#include <xflens/cxxblas/drivers/cblas.h>
+
+extern "C" {
+void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
+}
+
+namespace attnx {
+
+inline CBLAS_TRANSPOSE blas_op(bool trans) { return trans ? CblasTrans : CblasNoTrans; }
+
+// C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] + beta * C, all row-major.
+// Empty products are handled here so callers never hand BLAS a zero leading dimension.
+template <class T>
+inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
+                 const T* B, int ldb, T beta, T* C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        for (int m = 0; m < M; ++m)
+            for (int n = 0; n < N; ++n) C[(size_t)m * ldc + n] = beta == T(0) ? T(0) : beta * C[(size_t)m * ldc + n];
+        return;
+    }
+    if constexpr (sizeof(T) == sizeof(float)) {
+        cblas_sgemm(CblasRowMajor, blas_op(trans_a), blas_op(trans_b), M, N, K, alpha, A, lda, B, ldb,
+                    beta, C, ldc);
+    } else {
+        cblas_dgemm(CblasRowMajor, blas_op(trans_a), blas_op(trans_b), M, N, K, alpha, A, lda, B, ldb,
+                    beta, C, ldc);
+    }
+}
+
+// Dense shorthand for contiguous operands: C[M,N] (+)= op(A) . op(B).
+template <class T>
+inline void matmul(T* C, const T* A, const T* B, int M, int N, int K, bool trans_a = false,
+                   bool trans_b = false, T beta = T(0), T alpha = T(1)) {
+    gemm<T>(trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
+}
+
+inline void set_blas_threads(int n) { openblas_set_num_threads(n); }
+inline int get_blas_threads() { return openblas_get_num_threads(); }
+
+}  // namespace attnx

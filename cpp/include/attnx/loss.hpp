@@ -1,0 +1,138 @@
+// Losses fused with their gradient: each returns the reduced loss and writes d(loss)/d(pred).
+// Reduction: loss = sum_i w_i * l_i / denom, with w_i = 1 where no weights are given. The caller
+// picks denom (element count for Keras' sum_over_batch_size, or the unmasked count).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "attnx/activations.hpp"
+
+namespace attnx {
+
+constexpr double kProbEpsilon = 1e-7;  // Keras' backend epsilon for losses on probabilities
+
+template <class T> inline T weight_at(const T* w, size_t i) { return w ? w[i] : T(1); }
+
+// l = max(z, 0) - z y + log(1 + exp(-|z|)),  dl/dz = sigmoid(z) - y
+template <class T>
+T bce_logits(T* dz, const T* z, const T* y, const T* w, size_t n, T denom) {
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const T wi = weight_at(w, i);
+        total += double(wi) * (std::max(z[i], T(0)) - z[i] * y[i] + std::log1p(std::exp(-std::abs(z[i]))));
+        dz[i] = wi * (sigmoid(z[i]) - y[i]) / denom;
+    }
+    return T(total / double(denom));
+}
+
+// Keras: p_c = clip(p, eps, 1 - eps); l = -(y log(p_c + eps) + (1 - y) log(1 - p_c + eps));
+// the clip stops the gradient outside (eps, 1 - eps).
+template <class T>
+T bce_probs(T* dp, const T* p, const T* y, const T* w, size_t n, T denom) {
+    const T eps = T(kProbEpsilon);
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const T wi = weight_at(w, i);
+        const T pc = std::min(std::max(p[i], eps), T(1) - eps);
+        total -= double(wi) * (y[i] * std::log(pc + eps) + (T(1) - y[i]) * std::log(T(1) - pc + eps));
+        const bool inside = p[i] > eps && p[i] < T(1) - eps;
+        dp[i] = inside ? wi * (-y[i] / (pc + eps) + (T(1) - y[i]) / (T(1) - pc + eps)) / denom : T(0);
+    }
+    return T(total / double(denom));
+}
+
+// Sparse categorical cross-entropy over rows of K scores; label == ignore_index contributes nothing.
+// from logits: l = logsumexp(z) - z[y],  dz = softmax(z) - onehot(y)
+// from probs (Keras): q = p / sum(p), q_c = clip(q, eps, 1 - eps), l = -log(q_c[y]),
+//                     dp_k = -[k == y] / p_y + 1 / sum(p)   while q[y] is inside the clip range
+template <class T>
+T sparse_cce(T* dz, const T* z, const int64_t* labels, const T* w, size_t rows, size_t K, bool from_logits,
+             int64_t ignore_index, T denom) {
+    const T eps = T(kProbEpsilon);
+    double total = 0;
+    for (size_t r = 0; r < rows; ++r) {
+        const T* zr = z + r * K;
+        T* dzr = dz + r * K;
+        const int64_t label = labels[r];
+        const T wr = weight_at(w, r);
+        if (label == ignore_index || wr == T(0)) { std::fill(dzr, dzr + K, T(0)); continue; }
+        if (from_logits) {
+            const T maxv = *std::max_element(zr, zr + K);
+            double sum = 0;
+            for (size_t k = 0; k < K; ++k) sum += std::exp(double(zr[k] - maxv));
+            total += double(wr) * (std::log(sum) + double(maxv) - double(zr[label]));
+            softmax_rows(dzr, zr, 1, K);
+            dzr[label] -= T(1);
+            for (size_t k = 0; k < K; ++k) dzr[k] *= wr / denom;
+        } else {
+            T sum = 0;
+            for (size_t k = 0; k < K; ++k) sum += zr[k];
+            const T q = zr[label] / sum;
+            const T qc = std::min(std::max(q, eps), T(1) - eps);
+            total -= double(wr) * std::log(qc);
+            const bool inside = q > eps && q < T(1) - eps;
+            for (size_t k = 0; k < K; ++k) dzr[k] = inside ? wr * (T(1) / sum) / denom : T(0);
+            if (inside) dzr[label] -= wr / (zr[label] * denom);
+        }
+    }
+    return T(total / double(denom));
+}
+
+// Categorical cross-entropy against (soft) one-hot targets y over rows of K scores.
+// from logits: l = logsumexp(z) sum_k y_k - sum_k y_k z_k,  dz = softmax(z) sum_k y_k - y
+// from probs (Keras): q = p / sum(p), clipped; l = -sum_k y_k log q_k
+template <class T>
+T categorical_cce(T* dz, const T* z, const T* y, const T* w, size_t rows, size_t K, bool from_logits, T denom) {
+    const T eps = T(kProbEpsilon);
+    double total = 0;
+    for (size_t r = 0; r < rows; ++r) {
+        const T* zr = z + r * K;
+        const T* yr = y + r * K;
+        T* dzr = dz + r * K;
+        const T wr = weight_at(w, r);
+        T ysum = 0;
+        for (size_t k = 0; k < K; ++k) ysum += yr[k];
+        if (from_logits) {
+            T maxv = *std::max_element(zr, zr + K);
+            double sum = 0;
+            for (size_t k = 0; k < K; ++k) sum += std::exp(double(zr[k] - maxv));
+            const double lse = std::log(sum) + double(maxv);
+            double l = 0;
+            for (size_t k = 0; k < K; ++k) l += double(yr[k]) * (lse - double(zr[k]));
+            total += double(wr) * l;
+            softmax_rows(dzr, zr, 1, K);
+            for (size_t k = 0; k < K; ++k) dzr[k] = wr * (dzr[k] * ysum - yr[k]) / denom;
+        } else {
+            T sum = 0;
+            for (size_t k = 0; k < K; ++k) sum += zr[k];
+            T dsum = 0;  // d l / d sum, from the normalisation
+            for (size_t k = 0; k < K; ++k) {
+                const T q = zr[k] / sum;
+                const bool inside = q > eps && q < T(1) - eps;
+                total -= double(wr) * double(yr[k]) * std::log(std::min(std::max(q, eps), T(1) - eps));
+                dzr[k] = inside ? -yr[k] / zr[k] : T(0);
+                if (inside) dsum += yr[k] / sum;
+            }
+            for (size_t k = 0; k < K; ++k) dzr[k] = wr * (dzr[k] + dsum) / denom;
+        }
+    }
+    return T(total / double(denom));
+}
+
+// l = (p - y)^2,  dl/dp = 2 (p - y)
+template <class T>
+T mse(T* dp, const T* p, const T* y, const T* w, size_t n, T denom) {
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const T wi = weight_at(w, i);
+        const T diff = p[i] - y[i];
+        total += double(wi) * double(diff) * double(diff);
+        dp[i] = T(2) * wi * diff / denom;
+    }
+    return T(total / double(denom));
+}
+
+}  // namespace attnx

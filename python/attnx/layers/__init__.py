@@ -1,0 +1,7 @@
+"""attnx layers. Every layer follows the contract in `attnx.layers.base`."""
+from .base import Layer, get
+from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
+                   Reshape)
+
+__all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
+           "GlobalAveragePooling1D", "Reshape"]

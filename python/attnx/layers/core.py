@@ -1,0 +1,385 @@
+"""Core layers: Dense, Embedding, Activation, Dropout, and the shape and merge pieces functional
+models need (Flatten, Reshape, Concatenate, Add, GlobalAveragePooling1D)."""
+import numpy as np
+
+from .. import _core, activations, backend, initializers, regularizers
+from .base import Layer
+
+
+class Dense(Layer):
+    """Densely connected layer: ``output = activation(inputs @ kernel + bias)`` on the last axis.
+
+    Args:
+        units: size of the output's last axis.
+        activation: "linear" (default, also None), "relu", "tanh", "sigmoid", "softmax" or "gelu".
+        use_bias: whether to add a bias.
+        kernel_initializer, bias_initializer: Keras defaults glorot_uniform and zeros.
+        kernel_regularizer, bias_regularizer: e.g. ``attnx.regularizers.L2(1e-3)``.
+
+    Input shape ``(batch, ..., in_features)``; output shape ``(batch, ..., units)``.
+    The kernel is stored as Keras does, ``(in_features, units)``.
+    """
+
+    supports_masking = True
+
+    def __init__(self, units, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
+                 bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None, **kwargs):
+        super().__init__(**kwargs)
+        if int(units) <= 0:
+            raise ValueError(f"Dense: units must be positive, got {units}")
+        self.units = int(units)
+        self.activation = activations.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = initializers.get(kernel_initializer)
+        self.bias_initializer = initializers.get(bias_initializer)
+        self.kernel_regularizer = regularizers.get(kernel_regularizer)
+        self.bias_regularizer = regularizers.get(bias_regularizer)
+
+    def build(self, input_shape):
+        if len(input_shape) < 2 or input_shape[-1] is None:
+            raise ValueError(f"Layer '{self.name}': needs inputs (batch, ..., features) with known features, "
+                             f"got shape {input_shape}")
+        self.add_weight("kernel", (input_shape[-1], self.units), self.kernel_initializer, self.kernel_regularizer)
+        if self.use_bias:
+            self.add_weight("bias", (self.units,), self.bias_initializer, self.bias_regularizer)
+
+    def call(self, inputs, training=False):
+        kernel = self.params["kernel"]
+        x = self._float_input(inputs, min_ndim=2, last_dim=kernel.shape[0])
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, kernel.shape[0])
+        y, z = _core.dense_forward(x2, kernel, self.params.get("bias"), self.activation)
+        if training:
+            self._cache = (x2, y, z, lead)
+        return y.reshape(lead + (self.units,))
+
+    def backward(self, dy):
+        x2, y, z, lead = self._saved()
+        dy = self._grad_input(dy, lead + (self.units,)).reshape(-1, self.units)
+        dx = _core.dense_backward(dy, x2, self.params["kernel"], y, z, self.activation, self.grads["kernel"],
+                                  self.grads.get("bias"), True)
+        return dx.reshape(lead + (x2.shape[1],))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "activation": self.activation,
+                "use_bias": self.use_bias,
+                "kernel_initializer": initializers.serialize(self.kernel_initializer),
+                "bias_initializer": initializers.serialize(self.bias_initializer),
+                "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
+                "bias_regularizer": regularizers.serialize(self.bias_regularizer)}
+
+
+class Embedding(Layer):
+    """Turns token ids into dense vectors: ``output[..., :] = embeddings[ids[...], :]``.
+
+    Args:
+        input_dim: vocabulary size; ids must lie in [0, input_dim).
+        output_dim: embedding size.
+        embeddings_initializer: Keras' default uniform(-0.05, 0.05).
+        embeddings_regularizer: e.g. ``attnx.regularizers.L2(1e-3)``.
+        mask_zero: id 0 is padding; downstream layers get the mask ``ids != 0``.
+
+    Input: integer ids ``(batch, T)`` (or any shape); output ``(batch, T, output_dim)``.
+    """
+
+    def __init__(self, input_dim, output_dim, embeddings_initializer="uniform", embeddings_regularizer=None,
+                 mask_zero=False, input_length=None, **kwargs):
+        super().__init__(**kwargs)
+        if int(input_dim) <= 0 or int(output_dim) <= 0:
+            raise ValueError(f"Embedding: input_dim and output_dim must be positive, got {input_dim}, {output_dim}")
+        self.input_dim, self.output_dim = int(input_dim), int(output_dim)
+        self.embeddings_initializer = initializers.get(embeddings_initializer)
+        self.embeddings_regularizer = regularizers.get(embeddings_regularizer)
+        self.mask_zero = bool(mask_zero)
+        self.input_length = input_length
+
+    def build(self, input_shape):
+        self.add_weight("embeddings", (self.input_dim, self.output_dim), self.embeddings_initializer,
+                        self.embeddings_regularizer)
+
+    def token_ids(self, inputs):
+        """inputs as a contiguous int64 array, checked against the vocabulary."""
+        arr = np.asarray(inputs)
+        if arr.dtype.kind == "f":
+            if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+                raise TypeError(f"Layer '{self.name}': token ids must be integers, got non-integral floats")
+        elif arr.dtype.kind not in "iu":
+            raise TypeError(f"Layer '{self.name}': token ids must be integers, got dtype {arr.dtype}")
+        self._check_shape(arr, "inputs", min_ndim=1)
+        ids = np.ascontiguousarray(arr, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.input_dim):
+            bad = ids.min() if ids.min() < 0 else ids.max()
+            raise IndexError(f"Layer '{self.name}': token id {bad} out of range [0, {self.input_dim}) "
+                             f"(input_dim={self.input_dim})")
+        return ids
+
+    def call(self, inputs, training=False):
+        ids = self.token_ids(inputs)
+        out = _core.embedding_forward(ids, self.params["embeddings"])
+        if training:
+            self._cache = ids
+        return out
+
+    def backward(self, dy):
+        ids = self._saved()
+        dy = self._grad_input(dy, ids.shape + (self.output_dim,))
+        _core.embedding_backward(self.grads["embeddings"], dy, ids)
+        return None  # integer ids have no gradient
+
+    def compute_mask(self, inputs, mask=None):
+        if not self.mask_zero:
+            return None
+        return np.asarray(inputs) != 0
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.output_dim,)
+
+    def get_config(self):
+        return {**super().get_config(), "input_dim": self.input_dim, "output_dim": self.output_dim,
+                "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
+                "embeddings_regularizer": regularizers.serialize(self.embeddings_regularizer),
+                "mask_zero": self.mask_zero, "input_length": self.input_length}
+
+
+class Activation(Layer):
+    """Applies an activation function ("relu", "tanh", "sigmoid", "softmax", "gelu", "linear")."""
+
+    supports_masking = True
+
+    def __init__(self, activation, **kwargs):
+        super().__init__(**kwargs)
+        self.activation = activations.get(activation)
+
+    def call(self, inputs, training=False):
+        x = self._float_input(inputs, min_ndim=1)
+        y = _core.activation_forward(x, self.activation)
+        if training:
+            self._cache = (x, y)
+        return y
+
+    def backward(self, dy):
+        x, y = self._saved()
+        return _core.activation_backward(self._grad_input(dy, y.shape), x, y, self.activation)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "activation": self.activation}
+
+
+class Dropout(Layer):
+    """Sets a fraction `rate` of inputs to zero during training, scaling the rest by 1 / (1 - rate).
+
+    Args:
+        rate: fraction to drop, in [0, 1).
+        noise_shape: shape of the keep mask, broadcast over the input (None entries copy the
+            input's size), e.g. ``(None, 1, None)`` drops whole features for all time steps.
+    """
+
+    supports_masking = True
+
+    def __init__(self, rate, noise_shape=None, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        if not 0.0 <= float(rate) < 1.0:
+            raise ValueError(f"Dropout: rate must be in [0, 1), got {rate}")
+        self.rate = float(rate)
+        self.noise_shape = None if noise_shape is None else tuple(noise_shape)
+        self.seed = seed
+        self._rng = None if seed is None else np.random.default_rng(seed)
+
+    def call(self, inputs, training=False):
+        x = self._float_input(inputs, min_ndim=1)
+        if not training or self.rate == 0.0:
+            if training:
+                self._cache = 1.0
+            return x
+        shape = x.shape
+        if self.noise_shape is not None:
+            if len(self.noise_shape) != x.ndim:
+                raise ValueError(f"Layer '{self.name}': noise_shape {self.noise_shape} does not match input "
+                                 f"rank {x.ndim}")
+            shape = tuple(s if n is None else n for s, n in zip(x.shape, self.noise_shape))
+        rng = self._rng or backend.rng()
+        keep = (rng.random(shape) >= self.rate).astype(self.dtype) * self.dtype.type(1.0 / (1.0 - self.rate))
+        self._cache = keep
+        return x * keep
+
+    def backward(self, dy):
+        keep = self._saved()
+        return np.asarray(dy, dtype=self.dtype) * keep
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate,
+                "noise_shape": None if self.noise_shape is None else list(self.noise_shape), "seed": self.seed}
+
+
+class Flatten(Layer):
+    """Flattens every axis but the batch axis: (B, d1, d2, ...) -> (B, d1 * d2 * ...)."""
+
+    def call(self, inputs, training=False):
+        x = self._float_input(inputs, min_ndim=1)
+        if training:
+            self._cache = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, dy):
+        shape = self._saved()
+        return self._grad_input(dy, (shape[0], int(np.prod(shape[1:], dtype=np.int64)))).reshape(shape)
+
+    def compute_output_shape(self, input_shape):
+        rest = input_shape[1:]
+        return (input_shape[0], None if any(d is None for d in rest) else int(np.prod(rest, dtype=np.int64)))
+
+
+class Reshape(Layer):
+    """Reshapes each sample to `target_shape` (one entry may be -1), keeping the batch axis."""
+
+    def __init__(self, target_shape, **kwargs):
+        super().__init__(**kwargs)
+        self.target_shape = tuple(int(d) for d in target_shape)
+        if sum(d == -1 for d in self.target_shape) > 1 or any(d < -1 or d == 0 for d in self.target_shape):
+            raise ValueError(f"Reshape: invalid target_shape {target_shape}")
+
+    def call(self, inputs, training=False):
+        x = self._float_input(inputs, min_ndim=1)
+        sample = int(np.prod(x.shape[1:], dtype=np.int64))
+        known = int(np.prod([d for d in self.target_shape if d != -1], dtype=np.int64))
+        if (-1 in self.target_shape and sample % known) or (-1 not in self.target_shape and sample != known):
+            raise ValueError(f"Layer '{self.name}': cannot reshape samples of shape {x.shape[1:]} to "
+                             f"{self.target_shape}")
+        if training:
+            self._cache = x.shape
+        return x.reshape((x.shape[0],) + self.target_shape)
+
+    def backward(self, dy):
+        shape = self._saved()
+        return np.ascontiguousarray(np.asarray(dy, dtype=self.dtype).reshape(shape))
+
+    def compute_output_shape(self, input_shape):
+        if -1 not in self.target_shape:
+            return (input_shape[0],) + self.target_shape
+        rest = input_shape[1:]
+        if any(d is None for d in rest):
+            return (input_shape[0],) + tuple(None if d == -1 else d for d in self.target_shape)
+        known = int(np.prod([d for d in self.target_shape if d != -1]))
+        missing = int(np.prod(rest)) // known
+        return (input_shape[0],) + tuple(missing if d == -1 else d for d in self.target_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "target_shape": list(self.target_shape)}
+
+
+class _Merge(Layer):
+    """Base of layers called on a list of same-batch tensors."""
+
+    def _inputs(self, inputs):
+        if not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
+            raise ValueError(f"Layer '{self.name}': expects a list of at least 2 inputs, got "
+                             f"{type(inputs).__name__}")
+        return [self._float_input(x, f"inputs[{i}]", min_ndim=1) for i, x in enumerate(inputs)]
+
+    def compute_mask(self, inputs, mask=None):
+        if mask is None or not isinstance(mask, (list, tuple)) or all(m is None for m in mask):
+            return None
+        masks = [np.asarray(m, dtype=bool) for m in mask if m is not None]
+        out = masks[0]
+        for m in masks[1:]:
+            out = out & m
+        return out
+
+
+class Concatenate(_Merge):
+    """Concatenates a list of inputs along `axis` (default the last)."""
+
+    def __init__(self, axis=-1, **kwargs):
+        super().__init__(**kwargs)
+        self.axis = int(axis)
+
+    def call(self, inputs, training=False):
+        xs = self._inputs(inputs)
+        ndim = xs[0].ndim
+        axis = self.axis % ndim
+        for i, x in enumerate(xs):
+            if x.ndim != ndim or any(a != b for k, (a, b) in enumerate(zip(x.shape, xs[0].shape)) if k != axis):
+                raise ValueError(f"Layer '{self.name}': inputs must match except on axis {self.axis}; "
+                                 f"got shapes {[x.shape for x in xs]}")
+        if training:
+            self._cache = [x.shape[axis] for x in xs]
+        return np.concatenate(xs, axis=axis)
+
+    def backward(self, dy):
+        sizes = self._saved()
+        dy = np.asarray(dy, dtype=self.dtype)
+        cuts = np.cumsum(sizes)[:-1]
+        return [np.ascontiguousarray(g) for g in np.split(dy, cuts, axis=self.axis % dy.ndim)]
+
+    def compute_output_shape(self, input_shape):
+        axis = self.axis % len(input_shape[0])
+        out = list(input_shape[0])
+        sizes = [s[axis] for s in input_shape]
+        out[axis] = None if any(s is None for s in sizes) else sum(sizes)
+        return tuple(out)
+
+    def get_config(self):
+        return {**super().get_config(), "axis": self.axis}
+
+
+class Add(_Merge):
+    """Adds a list of inputs of the same shape (no broadcasting)."""
+
+    def call(self, inputs, training=False):
+        xs = self._inputs(inputs)
+        if any(x.shape != xs[0].shape for x in xs):
+            raise ValueError(f"Layer '{self.name}': inputs must have the same shape, got {[x.shape for x in xs]}")
+        if training:
+            self._cache = len(xs)
+        out = xs[0].copy()
+        for x in xs[1:]:
+            out += x
+        return out
+
+    def backward(self, dy):
+        n = self._saved()
+        dy = np.asarray(dy, dtype=self.dtype)
+        return [dy.copy() for _ in range(n)]
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[0])
+
+
+class GlobalAveragePooling1D(Layer):
+    """Mean over the time axis of (batch, T, features), counting only unmasked steps."""
+
+    supports_masking = True
+
+    def call(self, inputs, training=False, mask=None):
+        x = self._float_input(inputs, ndim=3)
+        if mask is None:
+            weights = np.full(x.shape[:2], 1.0 / x.shape[1], dtype=self.dtype)
+        else:
+            mask = np.asarray(mask)
+            if mask.shape != x.shape[:2]:
+                raise ValueError(f"Layer '{self.name}': mask expected shape {x.shape[:2]}, got {mask.shape}")
+            m = mask.astype(self.dtype)
+            weights = m / np.maximum(m.sum(axis=1, keepdims=True), 1)  # a fully masked row pools to zeros
+        if training:
+            self._cache = (weights, x.shape)
+        return np.einsum("bt,btc->bc", weights, x)
+
+    def backward(self, dy):
+        weights, shape = self._saved()
+        dy = self._grad_input(dy, (shape[0], shape[2]))
+        return np.ascontiguousarray(weights[:, :, None] * dy[:, None, :])
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[2])

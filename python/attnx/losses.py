@@ -1,0 +1,196 @@
+"""Losses, each computed together with its gradient by one C++ kernel.
+
+Reduction follows Keras' "sum_over_batch_size": the mean over every scored element; a mask or
+`ignore_index` leaves its elements out of the mean, as PyTorch's ignore_index and Keras' masks do.
+"""
+import numpy as np
+
+from . import _core
+
+
+class Loss:
+    """Base class. ``loss(y_true, y_pred)`` gives the value; ``compute`` gives value and gradient."""
+
+    from_logits = False
+
+    def __init__(self, name=None):
+        self.name = name or _snake(type(self).__name__)
+
+    def __call__(self, y_true, y_pred, sample_weight=None, mask=None):
+        return self.compute(y_true, y_pred, sample_weight, mask)[0]
+
+    def compute(self, y_true, y_pred, sample_weight=None, mask=None):
+        """Returns (loss, d loss / d y_pred)."""
+        raise NotImplementedError
+
+    def get_config(self):
+        return {"name": self.name}
+
+    # -- helpers shared by the elementwise losses
+    def _pred(self, y_pred):
+        pred = np.asarray(y_pred)
+        if pred.dtype.kind != "f":
+            raise TypeError(f"{self.name}: y_pred must be floating point, got dtype {pred.dtype}")
+        if pred.ndim == 0 or pred.shape[0] == 0:
+            raise ValueError(f"{self.name}: y_pred must be a non-empty batch, got shape {pred.shape}")
+        return np.ascontiguousarray(pred)
+
+    def _elementwise_target(self, y_true, pred):
+        target = np.asarray(y_true)
+        if target.dtype.kind not in "fiub":
+            raise TypeError(f"{self.name}: y_true must be numeric, got dtype {target.dtype}")
+        if target.shape != pred.shape:
+            # Keras accepts labels (B,) for predictions (B, 1); nothing else is broadcast
+            if pred.shape[-1] == 1 and target.shape == pred.shape[:-1]:
+                target = target.reshape(pred.shape)
+            else:
+                raise ValueError(f"{self.name}: y_true shape {target.shape} does not match y_pred shape {pred.shape}")
+        return np.ascontiguousarray(target, dtype=pred.dtype)
+
+    def _weights(self, sample_weight, mask, shape, dtype):
+        """Per-element weights broadcast from leading axes, and the mean's denominator."""
+        w = None
+        for extra, what in ((sample_weight, "sample_weight"), (mask, "mask")):
+            if extra is None:
+                continue
+            e = np.asarray(extra, dtype=dtype)
+            if e.shape != tuple(shape[:e.ndim]):
+                raise ValueError(f"{self.name}: {what} shape {e.shape} must match the leading axes of {shape}")
+            e = np.broadcast_to(e.reshape(e.shape + (1,) * (len(shape) - e.ndim)), shape)
+            w = e if w is None else w * e
+        if w is None:
+            return None, float(np.prod(shape))
+        denom = float(np.prod(shape)) if mask is None else float(
+            np.broadcast_to(np.asarray(mask, dtype=bool).reshape(
+                np.shape(mask) + (1,) * (len(shape) - np.ndim(mask))), shape).sum())
+        return np.ascontiguousarray(w), max(denom, 1.0)
+
+
+class BinaryCrossentropy(Loss):
+    """Binary cross-entropy; numerically stable from logits, Keras-clipped from probabilities."""
+
+    def __init__(self, from_logits=False, name="binary_crossentropy"):
+        super().__init__(name)
+        self.from_logits = bool(from_logits)
+
+    def compute(self, y_true, y_pred, sample_weight=None, mask=None):
+        pred = self._pred(y_pred)
+        target = self._elementwise_target(y_true, pred)
+        w, denom = self._weights(sample_weight, mask, pred.shape, pred.dtype)
+        return _core.binary_crossentropy(pred, target, w, self.from_logits, denom)
+
+    def get_config(self):
+        return {**super().get_config(), "from_logits": self.from_logits}
+
+
+class MeanSquaredError(Loss):
+    def __init__(self, name="mean_squared_error"):
+        super().__init__(name)
+
+    def compute(self, y_true, y_pred, sample_weight=None, mask=None):
+        pred = self._pred(y_pred)
+        target = self._elementwise_target(y_true, pred)
+        w, denom = self._weights(sample_weight, mask, pred.shape, pred.dtype)
+        return _core.mean_squared_error(pred, target, w, denom)
+
+
+class SparseCategoricalCrossentropy(Loss):
+    """Cross-entropy between integer labels (..., ) and class scores (..., K).
+
+    Args:
+        from_logits: scores are logits (else probabilities, as after a softmax).
+        ignore_index: a label value that contributes nothing, e.g. the padding id of targets.
+    """
+
+    def __init__(self, from_logits=False, ignore_index=None, name="sparse_categorical_crossentropy"):
+        super().__init__(name)
+        self.from_logits = bool(from_logits)
+        self.ignore_index = ignore_index
+
+    def compute(self, y_true, y_pred, sample_weight=None, mask=None):
+        pred = self._pred(y_pred)
+        labels = np.asarray(y_true)
+        if labels.dtype.kind == "f":
+            if np.any(labels != np.round(labels)):
+                raise TypeError(f"{self.name}: labels must be integers")
+        elif labels.dtype.kind not in "iu":
+            raise TypeError(f"{self.name}: labels must be integers, got dtype {labels.dtype}")
+        if labels.shape != pred.shape[:-1]:
+            if labels.shape == pred.shape[:-1] + (1,):
+                labels = labels.reshape(pred.shape[:-1])
+            else:
+                raise ValueError(f"{self.name}: labels shape {labels.shape} does not match predictions "
+                                 f"{pred.shape} (expected {pred.shape[:-1]})")
+        labels = np.ascontiguousarray(labels, dtype=np.int64)
+        rows = labels.shape
+        keep = np.ones(rows, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+        if keep.shape != rows:
+            raise ValueError(f"{self.name}: mask shape {keep.shape} does not match labels {rows}")
+        ignore = -(2 ** 62) if self.ignore_index is None else int(self.ignore_index)
+        keep = keep & (labels != ignore)
+        w = keep.astype(pred.dtype)
+        if sample_weight is not None:
+            sw = np.asarray(sample_weight, dtype=pred.dtype)
+            if sw.shape != rows[:sw.ndim]:
+                raise ValueError(f"{self.name}: sample_weight shape {sw.shape} must match the leading axes of {rows}")
+            w = w * sw.reshape(sw.shape + (1,) * (len(rows) - sw.ndim))
+        denom = float(keep.sum()) if (mask is not None or self.ignore_index is not None) else float(labels.size)
+        return _core.sparse_categorical_crossentropy(pred, labels, np.ascontiguousarray(w), self.from_logits,
+                                                     ignore, max(denom, 1.0))
+
+    def get_config(self):
+        return {**super().get_config(), "from_logits": self.from_logits, "ignore_index": self.ignore_index}
+
+
+class CategoricalCrossentropy(Loss):
+    """Cross-entropy between one-hot (or soft) targets (..., K) and class scores (..., K)."""
+
+    def __init__(self, from_logits=False, name="categorical_crossentropy"):
+        super().__init__(name)
+        self.from_logits = bool(from_logits)
+
+    def compute(self, y_true, y_pred, sample_weight=None, mask=None):
+        pred = self._pred(y_pred)
+        target = self._elementwise_target(y_true, pred)
+        w, denom = self._weights(sample_weight, mask, pred.shape[:-1], pred.dtype)
+        return _core.categorical_crossentropy(pred, target, w, self.from_logits, denom)
+
+    def get_config(self):
+        return {**super().get_config(), "from_logits": self.from_logits}
+
+
+def _snake(name):
+    import re
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+_ALIASES = {
+    "binary_crossentropy": BinaryCrossentropy, "bce": BinaryCrossentropy,
+    "sparse_categorical_crossentropy": SparseCategoricalCrossentropy,
+    "categorical_crossentropy": CategoricalCrossentropy,
+    "mean_squared_error": MeanSquaredError, "mse": MeanSquaredError,
+}
+
+
+def get(identifier):
+    """A loss from a name, a config dict or an instance."""
+    if isinstance(identifier, Loss):
+        return identifier
+    if isinstance(identifier, str):
+        if identifier not in _ALIASES:
+            raise ValueError(f"Unknown loss {identifier!r}; expected one of {sorted(_ALIASES)}")
+        return _ALIASES[identifier]()
+    if isinstance(identifier, dict):
+        cls = {c.__name__: c for c in _ALIASES.values()}[identifier["class_name"]]
+        return cls(**identifier["config"])
+    raise TypeError(f"Cannot interpret {identifier!r} as a loss")
+
+
+def serialize(loss):
+    return {"class_name": type(loss).__name__, "config": loss.get_config()}
+
+
+binary_crossentropy = BinaryCrossentropy()
+sparse_categorical_crossentropy = SparseCategoricalCrossentropy()
+categorical_crossentropy = CategoricalCrossentropy()
+mean_squared_error = mse = MeanSquaredError()

@@ -1,0 +1,459 @@
+"""Text preprocessing: a Keras-compatible `Tokenizer` and `pad_sequences`.
+
+Both follow the behaviour of `tf.keras.preprocessing.text.Tokenizer` and
+`keras.utils.pad_sequences` (keras_preprocessing 1.1.x / Keras 3 legacy
+preprocessing) output for output, so code and saved tokenizers written for
+Keras work unchanged. The few places where attnx is stricter than Keras (it
+raises on invalid arguments up front instead of failing later, or not at all)
+are listed in the docstrings.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from collections import OrderedDict, defaultdict
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_FILTERS",
+    "Tokenizer",
+    "pad_sequences",
+    "text_to_word_sequence",
+    "tokenizer_from_json",
+]
+
+#: Characters removed by default: all ASCII punctuation except `'`, plus tab
+#: and newline (Keras' default).
+DEFAULT_FILTERS = '!"#$%&()*+,-./:;<=>?@[\\]^_`{|}~\t\n'
+
+_MATRIX_MODES = ("binary", "count", "tfidf", "freq")
+_PAD_POSITIONS = ("pre", "post")
+
+
+def text_to_word_sequence(text, filters=DEFAULT_FILTERS, lower=True, split=" "):
+    """Converts a text to a list of words.
+
+    Every character of `filters` is replaced by `split`, the text is split on
+    `split` and empty strings are dropped.
+
+    Args:
+        text: Input string.
+        filters: Characters to remove (each is replaced by `split`).
+        lower: Whether to lowercase the text first.
+        split: Word separator.
+
+    Returns:
+        A list of words (strings).
+    """
+    if lower:
+        text = text.lower()
+    text = text.translate(str.maketrans({char: split for char in filters}))
+    return [word for word in text.split(split) if word]
+
+
+class Tokenizer:
+    """Text tokenization utility, identical in behaviour to Keras' `Tokenizer`.
+
+    Turns texts into sequences of word indices, or into bag-of-words matrices.
+    Index 0 is reserved (padding) and never assigned to a word. Words are
+    indexed by decreasing count; words with equal counts keep the order in
+    which they were first seen. When `oov_token` is given it always gets
+    index 1.
+
+    Args:
+        num_words: If set, only words with index `< num_words` are used when
+            converting texts (so at most `num_words - 1` indices, the OOV
+            index included). The vocabulary itself (`word_index`) is always
+            complete. `0` or `None` means no limit.
+        filters: Characters removed from the texts. Ignored when
+            `char_level=True` or when a text is already a list of tokens.
+        lower: Whether to lowercase the texts.
+        split: Word separator.
+        char_level: If True, every character is a token.
+        oov_token: If given, it is added to `word_index` with index 1 and
+            replaces out-of-vocabulary words (and words cut by `num_words`)
+            in `texts_to_sequences`. Otherwise such words are dropped.
+
+    Attributes:
+        word_counts: OrderedDict word -> number of occurrences, in first-seen
+            order.
+        word_docs: dict word -> number of texts containing it.
+        word_index: dict word -> index (1-based).
+        index_word: dict index -> word.
+        index_docs: dict index -> number of texts containing the word.
+        document_count: number of texts seen by `fit_on_texts` /
+            `fit_on_sequences`.
+    """
+
+    def __init__(
+        self,
+        num_words=None,
+        filters=DEFAULT_FILTERS,
+        lower=True,
+        split=" ",
+        char_level=False,
+        oov_token=None,
+    ):
+        self.num_words = num_words
+        self.filters = filters
+        self.lower = lower
+        self.split = split
+        self.char_level = char_level
+        self.oov_token = oov_token
+        self.document_count = 0
+        self.word_counts = OrderedDict()
+        self.word_docs = defaultdict(int)
+        self.index_docs = defaultdict(int)
+        self.word_index = {}
+        self.index_word = {}
+
+    def _tokenize(self, text):
+        """Splits one text (a string, or a list of tokens) into tokens."""
+        if isinstance(text, list):
+            return [token.lower() for token in text] if self.lower else text
+        if self.char_level:
+            return text.lower() if self.lower else text
+        return text_to_word_sequence(text, self.filters, self.lower, self.split)
+
+    def fit_on_texts(self, texts):
+        """Updates the vocabulary from a list of texts.
+
+        Can be called several times; counts accumulate and the indices are
+        recomputed from all texts seen so far.
+
+        Args:
+            texts: Iterable of strings, or of lists of tokens (each list item
+                is taken as one token).
+        """
+        for text in texts:
+            self.document_count += 1
+            tokens = self._tokenize(text)
+            for token in tokens:
+                self.word_counts[token] = self.word_counts.get(token, 0) + 1
+            for token in set(tokens):
+                self.word_docs[token] += 1
+
+        # `sorted` is stable: words with equal counts stay in first-seen order.
+        by_count = sorted(self.word_counts.items(), key=lambda item: item[1], reverse=True)
+        vocabulary = [] if self.oov_token is None else [self.oov_token]
+        vocabulary.extend(word for word, _ in by_count)
+        # Built like Keras (a dict over the list): if the OOV token also occurs
+        # in the texts, its later position wins, exactly as in Keras.
+        self.word_index = dict(zip(vocabulary, range(1, len(vocabulary) + 1)))
+        self.index_word = {index: word for word, index in self.word_index.items()}
+        for word, doc_count in self.word_docs.items():
+            self.index_docs[self.word_index[word]] = doc_count
+
+    def fit_on_sequences(self, sequences):
+        """Updates the document statistics from sequences of indices.
+
+        Needed before `sequences_to_matrix(mode='tfidf')` when
+        `fit_on_texts` was never called.
+
+        Args:
+            sequences: List of sequences of integer word indices.
+        """
+        self.document_count += len(sequences)
+        for sequence in sequences:
+            for index in set(sequence):
+                self.index_docs[index] += 1
+
+    def _kept(self, index):
+        """Whether `index` survives the `num_words` limit."""
+        return not self.num_words or index < self.num_words
+
+    def texts_to_sequences(self, texts):
+        """Transforms each text into a list of word indices.
+
+        Words outside the vocabulary or cut by `num_words` become the OOV index
+        when `oov_token` is set and are dropped otherwise.
+
+        Args:
+            texts: Iterable of strings, or of lists of tokens.
+
+        Returns:
+            A list of lists of ints.
+        """
+        oov_index = self.word_index.get(self.oov_token)
+        sequences = []
+        for text in texts:
+            sequence = []
+            for token in self._tokenize(text):
+                index = self.word_index.get(token)
+                if index is not None and self._kept(index):
+                    sequence.append(index)
+                elif oov_index is not None:
+                    sequence.append(oov_index)
+            sequences.append(sequence)
+        return sequences
+
+    def sequences_to_texts(self, sequences):
+        """Transforms sequences of word indices back into space-joined texts.
+
+        Unknown indices and indices cut by `num_words` become the OOV token
+        when `oov_token` is set and are dropped otherwise (index 0 included).
+
+        Args:
+            sequences: Iterable of sequences of integer word indices.
+
+        Returns:
+            A list of strings.
+        """
+        oov_index = self.word_index.get(self.oov_token)
+        texts = []
+        for sequence in sequences:
+            words = []
+            for index in sequence:
+                word = self.index_word.get(index)
+                if word is not None and self._kept(index):
+                    words.append(word)
+                elif oov_index is not None:
+                    words.append(self.index_word[oov_index])
+            texts.append(" ".join(words))
+        return texts
+
+    def texts_to_matrix(self, texts, mode="binary"):
+        """Converts texts to a bag-of-words matrix.
+
+        Args:
+            texts: Iterable of strings, or of lists of tokens.
+            mode: One of `"binary"`, `"count"`, `"tfidf"`, `"freq"`.
+
+        Returns:
+            A float64 array of shape `(len(texts), num_words)`, or
+            `(len(texts), len(word_index) + 1)` without `num_words`.
+
+        Raises:
+            ValueError: For an unknown `mode`, or when the tokenizer has no
+                vocabulary and no `num_words`.
+        """
+        return self.sequences_to_matrix(self.texts_to_sequences(texts), mode=mode)
+
+    def sequences_to_matrix(self, sequences, mode="binary"):
+        """Converts sequences of word indices to a bag-of-words matrix.
+
+        Column `j` holds, for word index `j`: 1 (`"binary"`), its count
+        (`"count"`), its count divided by the sequence length (`"freq"`), or
+        `(1 + log(count)) * log(1 + document_count / (1 + docs(j)))`
+        (`"tfidf"`, where `docs(j)` is the number of fitted documents that
+        contain `j`). Indices `>= num_words` are ignored; column 0 is always 0
+        unless index 0 occurs.
+
+        Args:
+            sequences: List of sequences of integer word indices.
+            mode: One of `"binary"`, `"count"`, `"tfidf"`, `"freq"`.
+
+        Returns:
+            A float64 array of shape `(len(sequences), width)`, `width` being
+            `num_words` if set and `len(word_index) + 1` otherwise.
+
+        Raises:
+            ValueError: For an unknown `mode` (Keras only raises once a
+                sequence is non-empty), when the width cannot be determined,
+                or for `"tfidf"` before any fitting.
+        """
+        if mode not in _MATRIX_MODES:
+            raise ValueError(f"Unknown vectorization mode {mode!r}; expected one of {_MATRIX_MODES}.")
+        if self.num_words:
+            width = self.num_words
+        elif self.word_index:
+            width = len(self.word_index) + 1
+        else:
+            raise ValueError("Specify a dimension (`num_words` argument), or fit on some text data first.")
+        if mode == "tfidf" and not self.document_count:
+            raise ValueError("Fit the Tokenizer on some data before using tfidf mode.")
+
+        matrix = np.zeros((len(sequences), width))
+        for row, sequence in enumerate(sequences):
+            counts = defaultdict(int)
+            for index in sequence:
+                if index < width:
+                    counts[index] += 1
+            for index, count in counts.items():
+                if mode == "count":
+                    matrix[row, index] = count
+                elif mode == "freq":
+                    # Keras divides by the full length, ignored indices included.
+                    matrix[row, index] = count / len(sequence)
+                elif mode == "binary":
+                    matrix[row, index] = 1
+                else:  # tfidf, weighting scheme 2 of the Wikipedia tf-idf article
+                    tf = 1 + np.log(count)
+                    idf = np.log(1 + self.document_count / (1 + self.index_docs.get(index, 0)))
+                    matrix[row, index] = tf * idf
+        return matrix
+
+    def get_config(self):
+        """Returns the tokenizer's configuration and state, as Keras does.
+
+        The vocabulary dictionaries are stored as JSON strings (Keras' format),
+        so `to_json` output is readable by Keras' `tokenizer_from_json` and
+        vice versa.
+
+        Returns:
+            A dict of JSON-serializable values.
+        """
+        return {
+            "num_words": self.num_words,
+            "filters": self.filters,
+            "lower": self.lower,
+            "split": self.split,
+            "char_level": self.char_level,
+            "oov_token": self.oov_token,
+            "document_count": self.document_count,
+            "word_counts": json.dumps(self.word_counts),
+            "word_docs": json.dumps(self.word_docs),
+            "index_docs": json.dumps(self.index_docs),
+            "index_word": json.dumps(self.index_word),
+            "word_index": json.dumps(self.word_index),
+        }
+
+    def to_json(self, **kwargs):
+        """Serializes the tokenizer to a JSON string (Keras' format).
+
+        Args:
+            **kwargs: Passed on to `json.dumps`.
+
+        Returns:
+            A JSON string; load it with `tokenizer_from_json`.
+        """
+        return json.dumps({"class_name": type(self).__name__, "config": self.get_config()}, **kwargs)
+
+
+def tokenizer_from_json(json_string):
+    """Rebuilds a `Tokenizer` from `Tokenizer.to_json()` output.
+
+    Also reads JSON written by Keras' `Tokenizer.to_json()`. Unlike Keras, the
+    restored tokenizer can be fitted further (its count dictionaries keep their
+    default-dict behaviour).
+
+    Args:
+        json_string: The JSON string.
+
+    Returns:
+        A `Tokenizer` with the saved configuration and vocabulary.
+
+    Raises:
+        ValueError: If the JSON does not describe a tokenizer.
+    """
+    payload = json.loads(json_string)
+    if not isinstance(payload, dict) or not isinstance(payload.get("config"), dict):
+        raise ValueError("Expected the JSON of a Tokenizer, as written by `Tokenizer.to_json()`.")
+    config = dict(payload["config"])
+    try:
+        word_counts = json.loads(config.pop("word_counts"))
+        word_docs = json.loads(config.pop("word_docs"))
+        index_docs = json.loads(config.pop("index_docs"))
+        index_word = json.loads(config.pop("index_word"))
+        word_index = json.loads(config.pop("word_index"))
+    except KeyError as missing:
+        raise ValueError(f"Tokenizer JSON lacks the field {missing}.") from None
+    document_count = config.pop("document_count", 0)
+
+    tokenizer = Tokenizer(**config)
+    tokenizer.document_count = document_count
+    tokenizer.word_counts = OrderedDict(word_counts)
+    tokenizer.word_docs = defaultdict(int, word_docs)
+    # JSON object keys are strings: turn the integer indices back into ints.
+    tokenizer.index_docs = defaultdict(int, {int(index): count for index, count in index_docs.items()})
+    tokenizer.index_word = {int(index): word for index, word in index_word.items()}
+    tokenizer.word_index = word_index
+    return tokenizer
+
+
+def pad_sequences(sequences, maxlen=None, dtype="int32", padding="pre", truncating="pre", value=0.0):
+    """Pads sequences to the same length, as `keras.utils.pad_sequences`.
+
+    Turns a list of `num_samples` sequences into an array of shape
+    `(num_samples, maxlen)` (or `(num_samples, maxlen) + sample_shape` when the
+    sequence items are themselves arrays). Shorter sequences are filled with
+    `value`, longer ones are cut, both at the start (`"pre"`, the default) or
+    at the end (`"post"`).
+
+    >>> pad_sequences([[1], [2, 3], [4, 5, 6]])
+    array([[0, 0, 1],
+           [0, 2, 3],
+           [4, 5, 6]], dtype=int32)
+
+    Args:
+        sequences: List (anything with a length) of sequences; empty
+            sequences give a row of `value`.
+        maxlen: Length of the output rows; defaults to the longest sequence.
+        dtype: Output dtype. Values are converted with NumPy (floats are
+            truncated toward zero for integer dtypes). Use `object` to pad
+            variable-length strings.
+        padding: `"pre"` or `"post"`: where to add `value`.
+        truncating: `"pre"` or `"post"`: where to cut sequences longer than
+            `maxlen`.
+        value: Padding value (a number, or a string for string/object dtypes).
+
+    Returns:
+        A NumPy array of dtype `dtype`.
+
+    Raises:
+        ValueError: If `padding` / `truncating` is not `"pre"` / `"post"`
+            (checked up front; Keras only checks when a sequence is non-empty),
+            if `sequences` or one of its items has no length, if `maxlen` is
+            negative, or `maxlen` is None and there are no sequences, if a
+            string `value` is used with a non-string dtype, or if the items of
+            the sequences have inconsistent shapes.
+        TypeError: If `maxlen` is not an integer.
+    """
+    if padding not in _PAD_POSITIONS:
+        raise ValueError(f'Padding type "{padding}" not understood; expected "pre" or "post".')
+    if truncating not in _PAD_POSITIONS:
+        raise ValueError(f'Truncating type "{truncating}" not understood; expected "pre" or "post".')
+    if not hasattr(sequences, "__len__"):
+        raise ValueError(f"`sequences` must be a list of sequences, got {type(sequences).__name__}.")
+
+    lengths = []
+    sample_shape = None  # fixed by the first non-empty sequence
+    for position, sequence in enumerate(sequences):
+        if not hasattr(sequence, "__len__"):
+            raise ValueError(
+                f"`sequences` must be a list of iterables; found non-iterable {sequence!r} at position {position}."
+            )
+        if sample_shape is None and len(sequence):
+            sample_shape = np.asarray(sequence).shape[1:]
+        lengths.append(len(sequence))
+    if sample_shape is None:
+        sample_shape = ()
+
+    if maxlen is None:
+        if not lengths:
+            raise ValueError("`sequences` is empty: pass `maxlen` to get an array of shape (0, maxlen).")
+        maxlen = max(lengths)
+    elif not isinstance(maxlen, numbers.Integral) or isinstance(maxlen, bool):
+        raise TypeError(f"`maxlen` must be an int or None, got {type(maxlen).__name__}.")
+    elif maxlen < 0:
+        raise ValueError(f"`maxlen` must be >= 0, got {maxlen}.")
+    maxlen = int(maxlen)
+
+    is_string_dtype = np.issubdtype(dtype, np.str_) or np.issubdtype(dtype, np.bytes_)
+    if isinstance(value, str) and np.dtype(dtype) != np.dtype(object) and not is_string_dtype:
+        raise ValueError(
+            f"`dtype` {dtype} is not compatible with `value`'s type: {type(value)}\n"
+            "You should set `dtype=object` for variable length strings."
+        )
+
+    padded = np.full((len(sequences), maxlen) + sample_shape, value, dtype=dtype)
+    if maxlen == 0:
+        # Keras' `s[-0:]` would keep the whole sequence and fail to broadcast.
+        return padded
+    for position, sequence in enumerate(sequences):
+        if not len(sequence):
+            continue
+        kept = sequence[-maxlen:] if truncating == "pre" else sequence[:maxlen]
+        kept = np.asarray(kept, dtype=dtype)
+        if kept.shape[1:] != sample_shape:
+            raise ValueError(
+                f"Shape of sample {kept.shape[1:]} of sequence at position {position} "
+                f"is different from expected shape {sample_shape}"
+            )
+        if padding == "post":
+            padded[position, : len(kept)] = kept
+        else:
+            padded[position, -len(kept) :] = kept
+    return padded

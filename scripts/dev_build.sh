@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Developer build: compiles attnx._core into python/attnx/ so that `PYTHONPATH=python pytest`
+# tests this checkout without installing it. Options: --debug, --sanitize, --native.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_type=Release; extra=()
+for arg in "$@"; do
+  case "$arg" in
+    --debug) build_type=Debug ;;
+    --sanitize) extra+=(-DATTNX_SANITIZE=ON); build_type=RelWithDebInfo ;;
+    --native) extra+=(-DATTNX_NATIVE=ON) ;;
+    *) echo "unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+dir=build/dev-${build_type}${extra:+-custom}
+cmake -S . -B "$dir" -DATTNX_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE="$build_type" \
+  -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
+  -DPython_EXECUTABLE="$(command -v python3)" "${extra[@]}" > "$dir.configure.log" 2>&1 \
+  || { cat "$dir.configure.log"; exit 1; }
+cmake --build "$dir" -j"$(nproc)" > "$dir.build.log" 2>&1 \
+  || { grep -E -A3 "error" "$dir.build.log" | head -60; exit 1; }
+cp "$dir"/_core*.so python/attnx/
+echo "built $(ls python/attnx/_core*.so)"
