@@ -235,7 +235,8 @@ def anki_default():
 
 def test_preprocess_sentence():
     assert preprocess_sentence("  May I borrow   this book?") == "<start> may i borrow this book ? <end>"
-    assert preprocess_sentence("¿Puedo tomar prestado este libro?") == "<start> ¿ puedo tomar prestado este libro ? <end>"
+    spanish = preprocess_sentence("¿Puedo tomar prestado este libro?")
+    assert spanish == "<start> ¿ puedo tomar prestado este libro ? <end>"
     assert preprocess_sentence("Wait,\tstop!") == "<start> wait , stop ! <end>"
     # NFC: e + combining acute becomes the single code point é.
     assert preprocess_sentence("Cafe\u0301.") == "<start> caf\u00e9 . <end>"
@@ -268,13 +269,16 @@ def test_anki_real_pairs_preprocessed(anki_default):
     assert all(unicodedata.is_normalized("NFC", target) for target in targets[:2000])
 
 
+def _all_pairs(splits):
+    return sorted(pair for split in splits for pair in zip(*split))
+
+
 def test_anki_shuffle_is_deterministic(anki_default):
     again = load_anki_pairs(path=ANKI_FILE, seed=0)
     assert again == anki_default
     other = load_anki_pairs(path=ANKI_FILE, seed=1)
     assert other.train.source[:50] != anki_default.train.source[:50]
-    everything = lambda splits: sorted(pair for split in splits for pair in zip(*split))  # noqa: E731
-    assert everything(other) == everything(anki_default)
+    assert _all_pairs(other) == _all_pairs(anki_default)
 
 
 def test_anki_reverse_swaps_source_and_target(anki_default):

@@ -209,7 +209,9 @@ def _uci_sentiment_file(source, data_dir):
             _fetch_uci_sentiment(cache_dir)
         except Exception as error:
             raise FileNotFoundError(
-                _uci_missing_message(filename, cache_dir, f"'{filename}' was not found and downloading it failed: {error}")
+                _uci_missing_message(
+                    filename, cache_dir, f"'{filename}' was not found and downloading it failed: {error}"
+                )
             ) from error
         if not cached.is_file():
             raise FileNotFoundError(
@@ -225,7 +227,9 @@ def _read_labelled_sentences(path):
         # Never a CSV parser: imdb sentences contain unbalanced quotes.
         sentence, tab, label = line.rpartition("\t")
         if not tab or label.strip() not in ("0", "1"):
-            raise ValueError(f"{path}, line {line_number}: expected 'sentence<TAB>0' or 'sentence<TAB>1', got {line!r}.")
+            raise ValueError(
+                f"{path}, line {line_number}: expected 'sentence<TAB>0' or 'sentence<TAB>1', got {line!r}."
+            )
         sentences.append(sentence.strip())
         labels.append(int(label))
     return sentences, labels
@@ -380,7 +384,9 @@ def _check_split(split):
     except (TypeError, ValueError):
         raise TypeError(f"`split` must be three fractions (train, val, test), got {split!r}.") from None
     if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1.0) > 1e-6:
-        raise ValueError(f"`split` must be three non-negative fractions (train, val, test) summing to 1, got {split!r}.")
+        raise ValueError(
+            f"`split` must be three non-negative fractions (train, val, test) summing to 1, got {split!r}."
+        )
     return fractions
 
 
@@ -438,7 +444,9 @@ def load_anki_pairs(
             break
         fields = line.split("\t")
         if len(fields) < 2:
-            raise ValueError(f"{file}, line {line_number}: expected 'English<TAB>translation<TAB>attribution', got {line!r}.")
+            raise ValueError(
+                f"{file}, line {line_number}: expected 'English<TAB>translation<TAB>attribution', got {line!r}."
+            )
         english, translation = preprocess_sentence(fields[0]), preprocess_sentence(fields[1])
         if max_words is not None and max(_word_count(english), _word_count(translation)) > max_words:
             continue
