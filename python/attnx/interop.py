@@ -1,0 +1,150 @@
+"""Weights both ways between attnx layers and their PyTorch counterparts.
+
+    layer = attnx.interop.from_torch(torch.nn.Linear(4, 3))
+    module = attnx.interop.to_torch(layer)
+
+Each converter lives beside its layer and registers itself here:
+
+- ``@register_from_torch("Linear")`` decorates ``fn(module) -> (layer, to_attnx)`` where
+  ``to_attnx(tensors)`` maps a dict {torch parameter name: ndarray} (``module.named_parameters()``
+  names) to a dict {attnx param name: ndarray}. Weights and gradients both go through it, so
+  ``torch_grads(module, layer)`` is the torch gradient in attnx layout (what parity tests compare).
+- ``@register_to_torch(Dense)`` decorates ``fn(layer) -> torch module`` with the weights copied.
+"""
+import numpy as np
+
+_FROM_TORCH = {}
+_TO_TORCH = {}
+
+
+def register_from_torch(torch_class_name):
+    def wrap(fn):
+        _FROM_TORCH[torch_class_name] = fn
+        return fn
+    return wrap
+
+
+def register_to_torch(layer_class):
+    def wrap(fn):
+        _TO_TORCH[layer_class.__name__] = fn
+        return fn
+    return wrap
+
+
+def _import_converters():
+    # the layer modules register their converters when imported
+    from . import layers  # noqa: F401
+
+
+def _numpy_params(module, grads=False):
+    out = {}
+    for name, p in module.named_parameters():
+        t = p.grad if grads else p
+        out[name] = None if t is None else t.detach().cpu().numpy()
+    return out
+
+
+def from_torch(module, dtype="float32"):
+    """An attnx layer equivalent to the PyTorch `module`, with its weights copied."""
+    _import_converters()
+    name = type(module).__name__
+    if name not in _FROM_TORCH:
+        raise TypeError(f"from_torch: no converter for torch.nn.{name}; supported: {', '.join(sorted(_FROM_TORCH))}")
+    layer, to_attnx = _FROM_TORCH[name](module, dtype)
+    weights = to_attnx(_numpy_params(module))
+    _ensure_built(layer, weights)
+    layer.set_weights([weights[k] for k in layer.params])
+    layer._torch_to_attnx = to_attnx
+    return layer
+
+
+def torch_grads(module, layer):
+    """The gradients PyTorch accumulated in `module`, mapped to `layer`'s parameter names."""
+    grads = _numpy_params(module, grads=True)
+    missing = [k for k, v in grads.items() if v is None]
+    if missing:
+        raise ValueError(f"torch_grads: torch parameters without a gradient: {missing}")
+    return layer._torch_to_attnx(grads)
+
+
+def to_torch(layer):
+    """A PyTorch module equivalent to the attnx `layer`, with its weights copied."""
+    _import_converters()
+    name = type(layer).__name__
+    if name not in _TO_TORCH:
+        raise TypeError(f"to_torch: no converter for attnx layer {name}; supported: {', '.join(sorted(_TO_TORCH))}")
+    if not layer.built:
+        raise ValueError(f"to_torch: layer '{layer.name}' has no weights yet; call it on data first")
+    return _TO_TORCH[name](layer)
+
+
+def _ensure_built(layer, weights):
+    if not layer.built:
+        layer.build_from_weights(weights) if hasattr(layer, "build_from_weights") else layer.build(
+            _input_shape_from_weights(layer, weights))
+        layer.built = True
+
+
+def _input_shape_from_weights(layer, weights):
+    first = next(iter(weights.values()))
+    return (None, first.shape[0])
+
+
+def set_torch_params(module, tensors):
+    """Copies {torch parameter name: ndarray} into `module` (shapes must match)."""
+    import torch
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            value = np.asarray(tensors[name])
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"set_torch_params: '{name}' expected shape {tuple(p.shape)}, got {value.shape}")
+            p.copy_(torch.from_numpy(np.ascontiguousarray(value)).to(p.dtype))
+    return module
+
+
+# ----------------------------------------------------------------- core layers
+def _core_converters():
+    from .layers.core import Dense, Embedding
+
+    @register_from_torch("Linear")
+    def _linear_from(module, dtype):
+        layer = Dense(module.out_features, use_bias=module.bias is not None, dtype=dtype)
+        layer.build((None, module.in_features))
+        layer.built = True
+
+        def to_attnx(t):
+            out = {"kernel": t["weight"].T}
+            if "bias" in t:
+                out["bias"] = t["bias"]
+            return out
+        return layer, to_attnx
+
+    @register_to_torch(Dense)
+    def _linear_to(layer):
+        import torch
+        if layer.activation != "linear":
+            raise ValueError(f"to_torch: Dense '{layer.name}' has activation {layer.activation!r}; "
+                             "torch.nn.Linear has none")
+        kernel = layer.params["kernel"]
+        module = torch.nn.Linear(kernel.shape[0], kernel.shape[1], bias=layer.use_bias,
+                                 dtype=getattr(torch, layer.dtype.name))
+        tensors = {"weight": kernel.T}
+        if layer.use_bias:
+            tensors["bias"] = layer.params["bias"]
+        return set_torch_params(module, tensors)
+
+    @register_from_torch("Embedding")
+    def _embedding_from(module, dtype):
+        layer = Embedding(module.num_embeddings, module.embedding_dim, dtype=dtype)
+        layer.build((None, None))
+        layer.built = True
+        return layer, lambda t: {"embeddings": t["weight"]}
+
+    @register_to_torch(Embedding)
+    def _embedding_to(layer):
+        import torch
+        module = torch.nn.Embedding(layer.input_dim, layer.output_dim, dtype=getattr(torch, layer.dtype.name))
+        return set_torch_params(module, {"weight": layer.params["embeddings"]})
+
+
+_core_converters()
