@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -32,21 +34,32 @@ template <class T> inline T sigmoid(T x) {
 template <class T> inline T gelu_cdf(T x) { return T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440))); }
 template <class T> inline T gelu_pdf(T x) { return T(0.39894228040143267794) * std::exp(T(-0.5) * x * x); }
 
-// y[r, :] = softmax(x[r, :]), rows of length cols; y may alias x.
-template <class T> inline void softmax_rows(T* y, const T* x, size_t rows, size_t cols) {
-    for (size_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * cols;
-        T* yr = y + r * cols;
-        T maxv = xr[0];
-        for (size_t c = 1; c < cols; ++c) maxv = std::max(maxv, xr[c]);
-        T sum = 0;
-        for (size_t c = 0; c < cols; ++c) { yr[c] = std::exp(xr[c] - maxv); sum += yr[c]; }
-        T inv = T(1) / sum;
-        for (size_t c = 0; c < cols; ++c) yr[c] *= inv;
+// y = softmax(x) over the entries with mask[c] != 0 (mask null: all entries); masked entries get 0
+// and a fully masked row is all zeros, never NaN. One row of length cols; y may alias x.
+template <class T> inline void masked_softmax_row(T* y, const T* x, const uint8_t* mask, size_t cols) {
+    T maxv = -std::numeric_limits<T>::infinity();
+    for (size_t c = 0; c < cols; ++c)
+        if (!mask || mask[c]) maxv = std::max(maxv, x[c]);
+    if (maxv == -std::numeric_limits<T>::infinity()) {  // nothing to attend to
+        std::fill(y, y + cols, T(0));
+        return;
     }
+    T sum = 0;
+    for (size_t c = 0; c < cols; ++c) {
+        y[c] = (!mask || mask[c]) ? std::exp(x[c] - maxv) : T(0);
+        sum += y[c];
+    }
+    const T inv = T(1) / sum;
+    for (size_t c = 0; c < cols; ++c) y[c] *= inv;
 }
 
-// dx[r, c] = y[r, c] * (dy[r, c] - sum_k dy[r, k] y[r, k]); dx may alias dy.
+// y[r, :] = softmax(x[r, :]) for rows of length cols; y may alias x.
+template <class T> inline void softmax_rows(T* y, const T* x, size_t rows, size_t cols) {
+    for (size_t r = 0; r < rows; ++r) masked_softmax_row(y + r * cols, x + r * cols, nullptr, cols);
+}
+
+// dx[r, c] = y[r, c] * (dy[r, c] - sum_k dy[r, k] y[r, k]); dx may alias dy. Also the backward of
+// masked_softmax_row: masked entries have y = 0 and so get dx = 0.
 template <class T> inline void softmax_rows_backward(T* dx, const T* dy, const T* y, size_t rows, size_t cols) {
     for (size_t r = 0; r < rows; ++r) {
         const T* yr = y + r * cols;
