@@ -279,7 +279,10 @@ class Model(Layer):
         result = [values[id(t)] for t in self.outputs]
         return result if self._multi_output else result[0]
 
-    def backward(self, dy):
+    def backward(self, dy, input_gradients=True):
+        """Backpropagates output gradients `dy` through the recorded calls; returns the gradients
+        of the model inputs (None for each when `input_gradients` is False, which lets layers fed
+        only by model inputs skip that work)."""
         if all(node.cache is None for node in self._nodes) and self._nodes:
             raise RuntimeError(f"Model '{self.name}': backward() needs a forward pass with training=True first")
         grads = {}
@@ -289,13 +292,18 @@ class Model(Layer):
         for t, g in zip(self.outputs, dys):
             if g is not None:
                 grads[id(t)] = np.asarray(g)
+        input_ids = {id(t) for t in self.inputs}
         for node in reversed(self._nodes):
             out_grads = [grads.get(id(t)) for t in node.outputs]
             if all(g is None for g in out_grads):
                 continue
             layer = node.layer
             layer._cache = node.cache
-            d_in = layer.backward(out_grads if node.multi_output else out_grads[0])
+            layer.input_gradient_needed = input_gradients or not all(id(t) in input_ids for t in node.input_tensors)
+            try:
+                d_in = layer.backward(out_grads if node.multi_output else out_grads[0])
+            finally:
+                layer.input_gradient_needed = True
             inputs_spec = node.call_spec[0]
             if isinstance(inputs_spec, (list, tuple)) or len(node.input_tensors) > 1:
                 d_in = _structure(d_in)
@@ -393,7 +401,7 @@ class Model(Layer):
         preds = _structure(self.call(x, training=True)) if self._multi_output else [self.call(x, training=True)]
         loss, dys = self._losses_and_grads(ys, preds, sample_weight)
         loss += self.regularization_loss()
-        self.backward(dys if self._multi_output else dys[0])
+        self.backward(dys if self._multi_output else dys[0], input_gradients=False)
         self.add_regularization_grads()
         self.optimizer.apply([(p, g) for _, p, g in self.trainable_params])
         self._update_metrics(ys, preds, sample_weight)

@@ -57,8 +57,8 @@ class Dense(Layer):
         x2, y, z, lead = self._saved()
         dy = self._grad_input(dy, lead + (self.units,)).reshape(-1, self.units)
         dx = _core.dense_backward(dy, x2, self.params["kernel"], y, z, self.activation, self.grads["kernel"],
-                                  self.grads.get("bias"), True)
-        return dx.reshape(lead + (x2.shape[1],))
+                                  self.grads.get("bias"), self.input_gradient_needed)
+        return None if dx is None else dx.reshape(lead + (x2.shape[1],))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,)
