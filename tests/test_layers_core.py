@@ -161,6 +161,22 @@ def test_global_average_pooling_gradcheck(rng):
     layer(x, training=True, mask=mask)
     dx = layer.backward(np.ones((3, 2)))
     assert np.all(np.isfinite(dx)) and np.all(dx[2] == 0) and np.all(dx[0, 2:] == 0)
+    # lengths (B,) are accepted wherever masks are
+    assert np.array_equal(layer(x, mask=np.array([2, 4, 0])), out)
+    with pytest.raises(ValueError, match="lengths"):
+        layer(x, mask=np.array([2, 5, 0]))
+
+
+def test_activations_extreme_values_finite():
+    x = np.array([[-1e4, -100.0, 0.0, 100.0, 1e4]], dtype=np.float32)
+    for name in ACTIVATIONS:
+        layer = layers.Activation(name)
+        y = layer(x, training=True)
+        dx = layer.backward(np.ones_like(x))
+        assert np.all(np.isfinite(y)) and np.all(np.isfinite(dx)), name
+    assert_close(layers.Activation("sigmoid")(x), [[0, 0, 0.5, 1, 1]], atol=1e-7)
+    assert_close(layers.Activation("softmax")(x), [[0, 0, 0, 0, 1]], atol=1e-7)
+    assert_close(layers.Activation("gelu")(x), [[0, 0, 0, 100, 1e4]], atol=1e-5)
 
 
 # --------------------------------------------------------------------------- regularizers
