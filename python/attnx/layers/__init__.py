@@ -1,7 +1,8 @@
 """attnx layers. Every layer follows the contract in `attnx.layers.base`."""
+from .attention import Attention
 from .base import Layer, get
 from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                    Reshape)
 
-__all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
+__all__ = ["Layer", "Attention", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
            "GlobalAveragePooling1D", "Reshape"]
