@@ -261,50 +261,90 @@ class Attention(Layer):
             return np.ascontiguousarray(v)
         return np.ascontiguousarray(self.params["g"][0] * v / np.linalg.norm(v))
 
-    def call(self, inputs, training=False, mask=None, return_attention_scores=False, use_causal_mask=False):
-        query, value, key, key_given, single_step, query_mask, value_mask = self._inputs(inputs, mask)
+    def _score_forward(self, query, key):
+        """scores (B, Tq, S) for query (B, Tq, Dq), key (B, S, Dk), and what _score_backward needs."""
         B, Tq, Dq = query.shape
-        S = value.shape[1]
-        keep = None
-        if training and self.dropout > 0:
-            keep = ((backend.rng().random((B, 1, Tq, S)) >= self.dropout) / (1.0 - self.dropout)).astype(self.dtype)
+        S = key.shape[1]
         q2 = query.reshape(B * Tq, Dq)
-        cache = {}
         if self.score in ("dot", "scaled_dot", "general"):
             base_scale = 1.0 / math.sqrt(key.shape[-1]) if self.score == "scaled_dot" else 1.0
             scale = base_scale * float(self.params["scale"][0]) if self.use_scale else base_scale
             projected = query
             if self.score == "general":  # q^T W_a k = (q W_a) . k, one GEMM over all query rows
                 projected = _core.dense_forward(q2, self.params["kernel"], None, "linear")[0].reshape(B, Tq, -1)
-            context, weights = _core.sdpa_forward(projected, key, value, value_mask, bool(use_causal_mask), scale, 1,
-                                                  keep)
-            cache.update(projected=projected, scale=scale, base_scale=base_scale)
-        else:
-            units = self.params["key_kernel"].shape[1]
-            # W_a [q; k] = W_q q + W_k k: project each side once, combine inside the score kernel
-            pq = _core.dense_forward(q2, self.params["query_kernel"], self.params.get("bias"), "linear")[0]
-            pk = _core.dense_forward(key.reshape(B * S, -1), self.params["key_kernel"], None, "linear")[0]
-            v = self._v()
-            pq, pk = pq.reshape(B, Tq, units), pk.reshape(B, S, units)
-            scores, hidden = _core.additive_scores_forward(pq, pk, v)
-            context, weights = _core.softmax_context_forward(scores.reshape(B, 1, Tq, S), value, value_mask,
-                                                             bool(use_causal_mask), keep)
-            cache.update(hidden=hidden, v=v, pq=pq, pk=pk)
+            return _core.dot_scores_forward(projected, key, scale), dict(projected=projected, scale=scale,
+                                                                         base_scale=base_scale)
+        units = self.params["key_kernel"].shape[1]
+        # W_a [q; k] = W_q q + W_k k: project each side once, combine inside the score kernel
+        pq = _core.dense_forward(q2, self.params["query_kernel"], self.params.get("bias"), "linear")[0]
+        pk = _core.dense_forward(key.reshape(B * S, -1), self.params["key_kernel"], None, "linear")[0]
+        v = self._v()
+        pq, pk = pq.reshape(B, Tq, units), pk.reshape(B, S, units)
+        scores, hidden = _core.additive_scores_forward(pq, pk, v)
+        return scores, dict(hidden=hidden, v=v, pq=pq, pk=pk)
+
+    def _score_backward(self, dscores, query, key, sc):
+        """(dquery, dkey) from the gradient of the scores; adds the score parameters' gradients."""
+        B, Tq, Dq = query.shape
+        S = key.shape[1]
+        q2 = query.reshape(B * Tq, Dq)
+        if self.score in ("dot", "scaled_dot", "general"):
+            dscale = np.zeros(1, self.dtype) if self.use_scale else None
+            dproj, dkey = _core.dot_scores_backward(dscores, sc["projected"], key, sc["scale"], dscale)
+            if self.use_scale:  # scores = base * s * q.k; the kernel gave sum(dscores * q.k)
+                self.grads["scale"] += sc["base_scale"] * dscale
+            if self.score != "general":
+                return dproj, dkey
+            proj2 = sc["projected"].reshape(B * Tq, -1)
+            dquery = _core.dense_backward(dproj.reshape(B * Tq, -1), q2, self.params["kernel"], proj2, proj2, "linear",
+                                          self.grads["kernel"], None, True)
+            return dquery.reshape(B, Tq, Dq), dkey
+        v = sc["v"]
+        dv_used = np.zeros_like(v)
+        dpq, dpk = _core.additive_scores_backward(dscores, sc["hidden"], v, dv_used)
+        self._v_backward(dv_used)
+        units = v.shape[0]
+        pq, pk = sc["pq"].reshape(B * Tq, units), sc["pk"].reshape(B * S, units)
+        dquery = _core.dense_backward(dpq.reshape(B * Tq, units), q2, self.params["query_kernel"], pq, pq, "linear",
+                                      self.grads["query_kernel"], self.grads.get("bias"), True)
+        dkey = _core.dense_backward(dpk.reshape(B * S, units), key.reshape(B * S, -1), self.params["key_kernel"], pk,
+                                    pk, "linear", self.grads["key_kernel"], None, True)
+        return dquery.reshape(B, Tq, Dq), dkey.reshape(B, S, -1)
+
+    def _attend(self, scores, query, value, value_mask, causal, training):
+        """Masked softmax and context from the scores: (context, weights (B, Tq, S), cache)."""
+        B, Tq, S = scores.shape
+        keep = None
+        if training and self.dropout > 0:
+            keep = ((backend.rng().random((B, 1, Tq, S)) >= self.dropout) / (1.0 - self.dropout)).astype(self.dtype)
+        context, weights = _core.softmax_context_forward(scores.reshape(B, 1, Tq, S), value, value_mask, causal, keep)
+        return context, weights.reshape(B, Tq, S), dict(keep=keep, weights=weights)
+
+    def _attend_backward(self, dcontext, dweights, value, ac):
+        """(dscores, dvalue, extra dquery or None) from the gradients of the context and weights."""
+        B, S = value.shape[:2]
+        dw = None if dweights is None else dweights.reshape(ac["weights"].shape)
+        dscores, dvalue, _ = _core.softmax_context_backward(dcontext, ac["weights"], value, dw, ac["keep"], False)
+        return dscores.reshape(B, -1, S), dvalue, None
+
+    def call(self, inputs, training=False, mask=None, return_attention_scores=False, use_causal_mask=False):
+        query, value, key, key_given, single_step, query_mask, value_mask = self._inputs(inputs, mask)
+        scores, score_cache = self._score_forward(query, key)
+        context, weights, attend_cache = self._attend(scores, query, value, value_mask, bool(use_causal_mask),
+                                                      training)
         if query_mask is not None:
             context *= query_mask[:, :, None]
         if training:
-            cache.update(query=query, value=value, key=key, key_given=key_given, single_step=single_step,
-                         query_mask=query_mask, weights=weights, keep=keep, return_weights=return_attention_scores)
-            self._cache = cache
-        weights = weights.reshape(B, Tq, S)
+            self._cache = dict(query=query, value=value, key=key, key_given=key_given, single_step=single_step,
+                               query_mask=query_mask, return_weights=return_attention_scores, score=score_cache,
+                               attend=attend_cache)
         if single_step:
             context, weights = context[:, 0], weights[:, 0]
         return (context, weights) if return_attention_scores else context
 
-    # ------------------------------------------------------------------ backward
     def backward(self, dy):
         c = self._saved()
-        query, value, key, weights, keep = c["query"], c["value"], c["key"], c["weights"], c["keep"]
+        query, value, key = c["query"], c["value"], c["key"]
         B, Tq, Dq = query.shape
         S, Dv = value.shape[1], value.shape[2]
         out_shape = (B, Dv) if c["single_step"] else (B, Tq, Dv)
@@ -320,32 +360,11 @@ class Attention(Layer):
         if c["query_mask"] is not None:
             dcontext = dcontext * c["query_mask"][:, :, None]
         if dweights is not None:
-            dweights = self._grad_input(dweights, w_shape, "dweights").reshape(B, 1, Tq, S)
-        q2 = query.reshape(B * Tq, Dq)
-        if self.score in ("dot", "scaled_dot", "general"):
-            dscale = np.zeros(1, self.dtype) if self.use_scale else None
-            dproj, dkey, dvalue = _core.sdpa_backward(dcontext, weights, c["projected"], key, value, c["scale"], 1,
-                                                      dweights, keep, dscale)
-            if self.use_scale:  # scores = base * s * q.k; the kernel gave sum(dscores * q.k)
-                self.grads["scale"] += c["base_scale"] * dscale
-            dquery = dproj
-            if self.score == "general":
-                proj2 = c["projected"].reshape(B * Tq, -1)
-                dquery = _core.dense_backward(dproj.reshape(B * Tq, -1), q2, self.params["kernel"], proj2, proj2,
-                                              "linear", self.grads["kernel"], None, True).reshape(B, Tq, Dq)
-        else:
-            dscores, dvalue = _core.softmax_context_backward(dcontext, weights, value, dweights, keep)
-            v = c["v"]
-            dv_used = np.zeros_like(v)
-            dpq, dpk = _core.additive_scores_backward(dscores.reshape(B, Tq, S), c["hidden"], v, dv_used)
-            self._v_backward(dv_used)
-            units = v.shape[0]
-            pq, pk = c["pq"].reshape(B * Tq, units), c["pk"].reshape(B * S, units)
-            dquery = _core.dense_backward(dpq.reshape(B * Tq, units), q2, self.params["query_kernel"], pq, pq,
-                                          "linear", self.grads["query_kernel"], self.grads.get("bias"),
-                                          True).reshape(B, Tq, Dq)
-            dkey = _core.dense_backward(dpk.reshape(B * S, units), key.reshape(B * S, -1), self.params["key_kernel"],
-                                        pk, pk, "linear", self.grads["key_kernel"], None, True).reshape(B, S, -1)
+            dweights = self._grad_input(dweights, w_shape, "dweights").reshape(B, Tq, S)
+        dscores, dvalue, dquery_extra = self._attend_backward(dcontext, dweights, value, c["attend"])
+        dquery, dkey = self._score_backward(dscores, query, key, c["score"])
+        if dquery_extra is not None:
+            dquery = dquery + dquery_extra
         if c["single_step"]:
             dquery = dquery[:, 0]
         if c["key_given"]:
