@@ -114,3 +114,118 @@ def test_attention_scores_gradcheck_with_masks(kwargs):
     ctx, w = layer(inputs, mask=[query_mask, value_mask], return_attention_scores=True)
     assert np.all(w[1] == 0) and np.all(ctx[1] == 0) and np.all(ctx[0, 2] == 0)
     assert np.allclose(w[0].sum(-1), 1)
+
+
+@pytest.mark.parametrize("score", ["dot", "general", "concat"])
+def test_luong_attentional_state_gradcheck(score):
+    layer = layers.LuongAttention(score=score, attentional_units=3, units=2, dtype="float64")
+    inputs = [rand(B, TQ, 4, seed=1), rand(B, S, 4, seed=2)]
+    report = gradcheck(layer, inputs, call_kwargs=dict(mask=[None, np.array([3, 0])], return_attention_scores=True))
+    assert "attentional_kernel" in report
+    state = layer(inputs)
+    assert state.shape == (B, TQ, 3)
+    # h~ = tanh(W_c [c; h]) with the context from the plain attention
+    ctx = layers.Attention.call(layer, inputs, return_attention_scores=False)
+    want = np.tanh(np.concatenate([ctx, inputs[0]], -1) @ layer.params["attentional_kernel"])
+    assert_close(state, want, atol=1e-12, what="attentional state")
+
+
+def test_single_step_query_and_additive_attention_layer():
+    layer = layers.AdditiveAttention(units=3, dtype="float64")
+    report = gradcheck(layer, [rand(B, 5, seed=1), rand(B, S, 2, seed=2)],
+                       call_kwargs=dict(mask=[None, np.array([[1, 1, 1, 0], [1, 0, 0, 0]], bool)],
+                                        return_attention_scores=True))
+    assert set(report) == {"inputs[0]", "inputs[1]", "query_kernel", "key_kernel", "bias", "v"}
+    ctx, w = layer([rand(B, 5, seed=1), rand(B, S, 2, seed=2)], return_attention_scores=True)
+    assert ctx.shape == (B, 2) and w.shape == (B, S)
+
+
+# ----------------------------------------------------------------------------- local attention
+@pytest.mark.parametrize("mode,score", [("local-m", "general"), ("local-p", "general"), ("local-p", "dot"),
+                                        ("local-p", "concat")])
+def test_local_attention_gradcheck(mode, score):
+    layer = layers.LocalAttention(window=2, mode=mode, score=score, units=3, dtype="float64")
+    src = 6
+    inputs = [rand(B, TQ, 4, seed=1), rand(B, src, 4, seed=2)]
+    lengths = np.array([6, 4])
+    report = gradcheck(layer, inputs, call_kwargs=dict(mask=[None, lengths], return_attention_scores=True))
+    if mode == "local-p":
+        assert {"position_kernel", "position_v"} <= set(report)
+    ctx, w = layer(inputs, mask=[None, lengths], return_attention_scores=True)
+    assert np.all(w[1, :, 4:] == 0)  # padded source positions
+    assert np.all(w.sum(-1) <= 1 + 1e-12)
+
+
+def test_local_m_matches_paper_equation():
+    D, src = 2, 7
+    layer = layers.LocalAttention(window=D, mode="local-m", score="general", dtype="float64")
+    q, h = rand(B, 5, 3, seed=1), rand(B, src, 3, seed=2)
+    ctx, w = layer([q, h], return_attention_scores=True)
+    Wa = layer.params["kernel"]
+    sigma = D / 2
+    for b in range(B):
+        for t in range(5):
+            window = np.arange(max(0, t - D), min(src, t + D + 1))
+            score = np.array([q[b, t] @ Wa @ h[b, s] for s in window])
+            align = np.exp(score - score.max()) / np.exp(score - score.max()).sum()
+            a = align * np.exp(-(window - t) ** 2 / (2 * sigma ** 2))
+            want = np.zeros(src)
+            want[window] = a
+            assert_close(w[b, t], want, atol=1e-12, what="local-m weights")
+            assert_close(ctx[b, t], a @ h[b, window], atol=1e-12, what="local-m context")
+
+
+def test_local_p_position_and_window():
+    layer = layers.LocalAttention(window=1, mode="local-p", score="dot", dtype="float64")
+    q, h = rand(B, 2, 3, seed=1), rand(B, 8, 3, seed=2)
+    lengths = np.array([8, 5])
+    _, w = layer([q, h], mask=[None, lengths], return_attention_scores=True)
+    gate = 1 / (1 + np.exp(-(np.tanh(q @ layer.params["position_kernel"]) @ layer.params["position_v"])[..., 0]))
+    p = lengths[:, None] * gate
+    s = np.arange(8)
+    outside = np.abs(s[None, None, :] - p[:, :, None]) > 1
+    assert np.all(w[outside] == 0) and np.all(w[~outside & (s[None, None, :] < lengths[:, None, None])] > 0)
+
+
+def test_local_attention_negative_window_raises():
+    with pytest.raises(ValueError, match="window D must be an integer >= 0"):
+        layers.LocalAttention(window=-1)
+    with pytest.raises(ValueError, match="window D must be >= 0"):
+        attnx._core.local_window_forward(np.zeros((1, 1)), 4, -2)
+
+
+# ----------------------------------------------------------------------------- attention pooling
+@pytest.mark.parametrize("kwargs", [dict(), dict(length_agnostic=True), dict(return_sequences=True)])
+def test_attention_pooling_gradcheck_with_mask(kwargs):
+    layer = layers.AttentionPooling(dtype="float64", **kwargs)
+    x = rand(B, 4, 3, seed=1)
+    mask = np.array([[1, 1, 1, 0], [0, 0, 0, 0]], bool)
+    report = gradcheck(layer, x, call_kwargs=dict(mask=mask, return_attention_scores=True))
+    assert set(report) == {"inputs[0]", "kernel", "bias"}
+    out, a = layer(x, mask=mask, return_attention_scores=True)
+    assert np.all(np.isfinite(out)) and np.all(out[1] == 0) and np.all(a[1] == 0)
+    assert a[0, 3] == 0 and abs(a[0].sum() - 1) < 1e-12
+
+
+def test_attention_pooling_matches_tutorial_equation():
+    layer = layers.AttentionPooling(dtype="float64", bias_initializer="random_normal")
+    x = rand(B, 5, 3, seed=1)
+    out, a = layer(x, return_attention_scores=True)
+    e = np.tanh(x @ layer.params["kernel"] + layer.params["bias"])[..., 0]  # W (d, 1), b (T, 1)
+    want_a = np.exp(e) / np.exp(e).sum(1, keepdims=True)
+    assert layer.params["bias"].shape == (5, 1)
+    assert_close(a, want_a, atol=1e-12, what="weights")
+    assert_close(out, np.sum(x * want_a[..., None], axis=1), atol=1e-12, what="output")
+    seq = layers.AttentionPooling(return_sequences=True, dtype="float64")
+    seq(x)
+    seq.set_weights(layer.get_weights())
+    assert_close(seq(x), x * want_a[..., None], atol=1e-12, what="return_sequences")
+
+
+def test_attention_pooling_fixed_T_error_points_to_length_agnostic():
+    layer = layers.AttentionPooling()
+    layer(np.zeros((2, 5, 3)))
+    with pytest.raises(ValueError, match=r"built for T=5.*got inputs of shape \(2, 7, 3\).*length_agnostic=True"):
+        layer(np.zeros((2, 7, 3)))
+    agnostic = layers.AttentionPooling(length_agnostic=True)
+    assert agnostic(np.zeros((2, 5, 3))).shape == (2, 3) and agnostic(np.zeros((2, 7, 3))).shape == (2, 3)
