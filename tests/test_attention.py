@@ -101,11 +101,9 @@ def test_sdpa_parallel_path_matches_serial_numpy():
                                     dict(score="general"), dict(score="concat", units=3),
                                     dict(score="additive", units=3), dict(score="additive", normalize=True)])
 def test_attention_scores_gradcheck_with_masks(kwargs):
-    dq = 4 if kwargs["score"] in ("dot", "scaled_dot") else 5
+    same_size = kwargs["score"] in ("dot", "scaled_dot")  # the others combine different query and key sizes
     layer = layers.Attention(dtype="float64", **kwargs)
-    inputs = [rand(B, TQ, dq, seed=1), rand(B, S, 3, seed=2), rand(B, S, 4, seed=3) if dq == 4 else rand(B, S, 2, seed=3)]
-    if dq == 4:
-        inputs[2] = rand(B, S, 4, seed=3)
+    inputs = [rand(B, TQ, 4 if same_size else 5, seed=1), rand(B, S, 3, seed=2), rand(B, S, 4, seed=3)]
     value_mask = np.array([[1, 1, 0, 1], [0, 0, 0, 0]], bool)
     query_mask = np.array([[1, 1, 0], [1, 1, 1]], bool)
     report = gradcheck(layer, inputs, call_kwargs=dict(mask=[query_mask, value_mask], return_attention_scores=True))
@@ -229,3 +227,208 @@ def test_attention_pooling_fixed_T_error_points_to_length_agnostic():
         layer(np.zeros((2, 7, 3)))
     agnostic = layers.AttentionPooling(length_agnostic=True)
     assert agnostic(np.zeros((2, 5, 3))).shape == (2, 3) and agnostic(np.zeros((2, 7, 3))).shape == (2, 3)
+
+
+# ----------------------------------------------------------------------------- hard attention
+def _marker_task(rng, n, length=8, classes=4):
+    """Each sequence has one marked position; the label is the class of the item there."""
+    item_class = rng.integers(0, classes, size=(n, length))
+    marked = rng.integers(0, length, size=n)
+    x = np.zeros((n, length, 1 + classes))
+    x[np.arange(n), marked, 0] = 1.0
+    x[:, :, 1:] = np.eye(classes)[item_class]
+    x += 0.05 * rng.standard_normal(x.shape)
+    return x, item_class[np.arange(n), marked]
+
+
+def test_hard_attention_reinforce_learns_the_marked_position():
+    rng = np.random.default_rng(0)
+    classes, batch = 4, 64
+    attend = layers.HardAttention(score="general", baseline_decay=0.9)
+    classify = layers.Dense(classes)
+    query = np.ones((batch, 3), np.float32)  # a fixed query: what to look for is learned in W_a
+    opt = attnx.optimizers.Adam(learning_rate=0.05)
+    for step in range(200):
+        x, y = _marker_task(rng, batch)
+        context = attend([query, x], training=True)
+        logits = classify(context, training=True)
+        probs = np.exp(logits - logits.max(1, keepdims=True))
+        probs /= probs.sum(1, keepdims=True)
+        attend.set_reward((probs.argmax(1) == y).astype(np.float64))
+        dlogits = (probs - np.eye(classes)[y]) / batch
+        attend.zero_grad()
+        classify.zero_grad()
+        dcontext = classify.backward(dlogits)
+        attend.backward(dcontext)
+        opt.apply([(p, g) for layer in (attend, classify) for p, g in zip(layer.params.values(),
+                                                                          layer.grads.values())])
+    x, y = _marker_task(np.random.default_rng(1), 1000)
+    query = np.ones((1000, 3), np.float32)
+    accuracy = np.mean(classify(attend([query, x])).argmax(1) == y)
+    assert accuracy >= 0.95, accuracy
+    marked = x[:, :, 0].argmax(1)
+    assert np.mean(attend.positions[:, 0] == marked) >= 0.95
+    assert attend.baseline is not None and attend.baseline > 0.5
+
+
+def test_hard_attention_requires_reward_and_masks_rows():
+    layer = layers.HardAttention(dtype="float64")
+    q, v = rand(B, 4, seed=1), rand(B, S, 4, seed=2)
+    ctx = layer([q, v], mask=[None, np.array([[0, 1, 0, 0], [0, 0, 0, 0]], bool)], training=True)
+    assert np.all(layer.positions[0] == 1) and np.all(ctx[0] == v[0, 1]) and np.all(ctx[1] == 0)
+    with pytest.raises(RuntimeError, match="set_reward"):
+        layer.backward(np.ones_like(ctx))
+    with pytest.raises(ValueError, match="rewards expected shape"):
+        layer.set_reward(np.ones(3))
+    layer.set_reward(np.ones(B))
+    dq, dv = layer.backward(np.ones_like(ctx))
+    assert np.all(dv[0, 1] == 1) and np.all(dv[1] == 0) and np.all(np.isfinite(dq))
+
+
+# ----------------------------------------------------------------------------- the papers' equations
+def test_scores_match_paper_equations_in_numpy():
+    """float32 layers against a direct float64 NumPy transcription of each score, within 1e-5."""
+    q, h = rand(B, TQ, 4, seed=1), rand(B, S, 4, seed=2)
+    lengths = np.array([4, 3])
+    allowed = np.arange(S)[None, None, :] < lengths[:, None, None]
+
+    def expected(score_fn):
+        scores = np.array([[[score_fn(q[b, t], h[b, s]) for s in range(S)] for t in range(TQ)] for b in range(B)])
+        w = softmax_np(scores, allowed)
+        return w @ h, w
+
+    checks = {}
+    for name, kwargs in (("dot", {}), ("general", {}), ("concat", dict(units=3)), ("additive", dict(units=3))):
+        layer = layers.Attention(score=name, **kwargs)
+        ctx, w = layer([q, h], mask=[None, lengths], return_attention_scores=True)
+        p = {k: v.astype(np.float64) for k, v in layer.params.items()}
+        fn = {
+            "dot": lambda ht, hs: ht @ hs,                                                     # h_t^T h_s
+            "general": lambda ht, hs: ht @ p["kernel"] @ hs,                                   # h_t^T W_a h_s
+            # v_a^T tanh(W_a [h_t; h_s]) with W_a = [W_q; W_k] stacked on the input axis
+            "concat": lambda ht, hs: p["v"][:, 0] @ np.tanh(np.concatenate([ht, hs]) @ np.concatenate(
+                [p["query_kernel"], p["key_kernel"]])),
+            "additive": lambda ht, hs: p["v"][:, 0] @ np.tanh(hs @ p["key_kernel"] + ht @ p["query_kernel"] +
+                                                              p["bias"]),              # v^T tanh(W1 h_s + W2 s + b)
+        }[name]
+        want_ctx, want_w = expected(fn)
+        checks[name] = (assert_close(w, want_w, atol=1e-5, what=f"{name} weights"),
+                        assert_close(ctx, want_ctx, atol=1e-5, what=f"{name} context"))
+    assert set(checks) == {"dot", "general", "concat", "additive"}
+
+
+def test_scaled_dot_and_learned_scale():
+    q, h = rand(B, TQ, 4, seed=1), rand(B, S, 4, seed=2)
+    _, w = layers.Attention(score="scaled_dot")([q, h], return_attention_scores=True)
+    assert_close(w, softmax_np(q @ h.transpose(0, 2, 1) / 2.0), atol=1e-6, what="scaled_dot")
+    layer = layers.Attention(score="dot", use_scale=True)
+    layer([q, h])
+    layer.set_weights([np.array([0.3])])
+    _, w = layer([q, h], return_attention_scores=True)
+    assert_close(w, softmax_np(0.3 * q @ h.transpose(0, 2, 1)), atol=1e-6, what="use_scale")
+
+
+def test_additive_normalize_is_tfa_weight_norm():
+    layer = layers.AdditiveAttention(units=3, normalize=True, dtype="float64")
+    q, h = rand(B, TQ, 2, seed=1), rand(B, S, 4, seed=2)
+    _, w = layer([q, h], return_attention_scores=True)
+    p = layer.params
+    assert abs(p["g"][0] - math.sqrt(1 / 3)) < 1e-12
+    v = p["g"][0] * p["v"][:, 0] / np.linalg.norm(p["v"][:, 0])
+    scores = np.tanh((h @ p["key_kernel"])[:, None] + (q @ p["query_kernel"] + p["bias"])[:, :, None]) @ v
+    assert_close(w, softmax_np(scores), atol=1e-12, what="normalized additive")
+
+
+# ----------------------------------------------------------------------------- masks
+@pytest.mark.parametrize("score", ["dot", "general", "additive"])
+def test_fully_masked_rows_give_zero_weights_context_and_finite_gradients(score):
+    layer = layers.Attention(score=score, dtype="float32")
+    q, h = rand(B, TQ, 4, seed=1), rand(B, S, 4, seed=2)
+    full = np.ones((B, TQ, S), bool)
+    full[0, 1] = False  # one query row of batch 0 sees nothing
+    full[1] = False     # batch 1 sees nothing at all
+    ctx, w = layer([q, h], mask=[None, full], return_attention_scores=True, training=True)
+    assert np.all(w[0, 1] == 0) and np.all(ctx[0, 1] == 0) and np.all(w[1] == 0) and np.all(ctx[1] == 0)
+    dq, dh = layer.backward([np.ones_like(ctx), np.ones_like(w)])
+    assert np.all(np.isfinite(dq)) and np.all(np.isfinite(dh)) and np.all(dq[1] == 0)
+    assert all(np.all(np.isfinite(g)) for g in layer.grads.values())
+
+
+def test_lengths_and_masks_are_equivalent_and_causal_mask():
+    layer = layers.Attention(score="dot")
+    q, h = rand(B, S, 4, seed=1), rand(B, S, 4, seed=2)
+    a = layer([q, h], mask=[None, np.array([2, 4])])
+    b = layer([q, h], mask=[None, np.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool)])
+    assert_close(a, b, atol=0, what="lengths vs mask")
+    _, w = layer([q, h], use_causal_mask=True, return_attention_scores=True)
+    assert np.all(np.triu(np.ones((S, S)), 1)[None] * w == 0)
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_inputs_raise_clear_errors():
+    dot = layers.Attention(score="dot", name="att")
+    with pytest.raises(ValueError, match=r"query \(\.\.\., 3\) and key \(\.\.\., 4\).*score='general'"):
+        dot([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))])
+    general = layers.Attention(score="general", name="gen")
+    general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))])
+    with pytest.raises(ValueError, match=r"Layer 'gen': built for query \(\.\.\., 3\).*got query \(2, 3, 5\)"):
+        general([np.zeros((B, TQ, 5)), np.zeros((B, S, 4))])
+    with pytest.raises(ValueError, match=r"`value_mask`: expected shape \(2, 4\) or \(2, 3, 4\).*got \(2, 5\)"):
+        general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[None, np.ones((B, 5), bool)])
+    with pytest.raises(ValueError, match=r"`query_mask` expected shape \(2, 3\), got \(3, 2\)"):
+        general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[np.ones((3, 2), bool), None])
+    with pytest.raises(ValueError, match=r"lengths expected shape \(2,\), got \(3,\)"):
+        general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[None, np.array([1, 2, 3])])
+    with pytest.raises(ValueError, match=r"`key` expected batch size 2"):
+        general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4)), np.zeros((3, S, 4))])
+    with pytest.raises(ValueError, match=r"`key` expected length 4"):
+        general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4)), np.zeros((B, 5, 4))])
+    with pytest.raises(TypeError, match="bool mask or integer lengths"):
+        general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[None, np.ones((B, S)) * 0.5])
+    with pytest.raises(ValueError, match="expects inputs \\[query, value\\]"):
+        layers.Attention()(np.zeros((B, TQ, 4)))
+    with pytest.raises(ValueError, match="score must be one of"):
+        layers.Attention(score="cosine")
+    pooling = layers.AttentionPooling(name="pool")
+    with pytest.raises(ValueError, match=r"Layer 'pool': `mask`: expected shape \(2, 4\)"):
+        pooling(np.zeros((B, 4, 3)), mask=np.ones((B, 5), bool))
+    with pytest.raises(ValueError, match=r"sdpa_forward: key.*expected shape \(2, \*, 6\), got \(2, 4, 4\)"):
+        A.scaled_dot_product_attention(np.zeros((B, TQ, 6)), np.zeros((B, S, 4)), np.zeros((B, S, 4)))
+    with pytest.raises(ValueError, match="divisible by heads=4"):
+        A.scaled_dot_product_attention(np.zeros((B, TQ, 6)), np.zeros((B, S, 6)), np.zeros((B, S, 6)), heads=4)
+    with pytest.raises(TypeError, match="expected dtype float32, got float64"):
+        attnx._core.sdpa_forward(np.zeros((B, TQ, 4), np.float32), np.zeros((B, S, 4)), np.zeros((B, S, 4)))
+    with pytest.raises(ValueError, match=r"sdpa_forward: mask: expected shape \(2, 3, 4\), got \(4,\)"):
+        attnx._core.sdpa_forward(np.zeros((B, TQ, 4)), np.zeros((B, S, 4)), np.zeros((B, S, 4)), np.ones(4, bool))
+
+
+# ----------------------------------------------------------------------------- PyTorch parity, config
+def test_sdpa_parity_with_torch():
+    import torch
+    H, d = 2, 4
+    q, k, v = (rand(3, 5, H * d, seed=s).astype(np.float32) for s in (1, 2, 3))
+    mask = np.random.default_rng(4).random((3, 6)) > 0.3
+    k, v = rand(3, 6, H * d, seed=2).astype(np.float32), rand(3, 6, H * d, seed=3).astype(np.float32)
+    mask[:, 0] = True
+    ctx, w = A.scaled_dot_product_attention(q, k, v, mask=mask, heads=H)
+    tq, tk, tv = (torch.tensor(x.reshape(3, -1, H, d).transpose(0, 2, 1, 3), requires_grad=True) for x in (q, k, v))
+    tctx = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.tensor(mask)[:, None, None])
+    dctx = rand(3, 5, H * d, seed=5).astype(np.float32)
+    tctx.backward(torch.tensor(dctx.reshape(3, 5, H, d).transpose(0, 2, 1, 3)))
+    err = assert_close(ctx, tctx.detach().numpy().transpose(0, 2, 1, 3).reshape(3, 5, H * d), atol=1e-5,
+                       what="context")
+    grads = A.scaled_dot_product_attention_backward(dctx, w, q, k, v, heads=H)
+    for g, t, name in zip(grads, (tq, tk, tv), "qkv"):
+        err = max(err, assert_close(g, t.grad.numpy().transpose(0, 2, 1, 3).reshape(g.shape), atol=1e-5,
+                                    what=f"d{name}"))
+    assert err < 1e-5
+
+
+def test_get_config_round_trip():
+    for layer in (layers.Attention(score="general", use_scale=True, dropout=0.1),
+                  layers.AdditiveAttention(units=5, normalize=True), layers.LuongAttention(attentional_units=3),
+                  layers.LocalAttention(window=3, mode="local-m"), layers.HardAttention(inference="sample"),
+                  layers.AttentionPooling(return_sequences=True, length_agnostic=True)):
+        config = layer.get_config()
+        clone = type(layer).from_config(config)
+        assert clone.get_config() == config
