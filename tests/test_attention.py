@@ -3,6 +3,8 @@
 Float64 gradient checks on tiny shapes, the papers' equations in NumPy, masks (fully masked rows
 never give NaN), bad input, and REINFORCE hard attention on a synthetic task."""
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -432,3 +434,32 @@ def test_get_config_round_trip():
         config = layer.get_config()
         clone = type(layer).from_config(config)
         assert clone.get_config() == config
+
+
+# ----------------------------------------------------------------------------- in a model
+def _uci_dir():
+    env = os.environ.get("ATTNX_DATA_DIR")
+    for candidate in ([Path(env), Path(env) / "uci-sentiment"] if env else []):
+        if (candidate / "amazon_cells_labelled.txt").is_file():
+            return candidate
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data" / "uci-sentiment"
+
+
+def test_attention_pooling_in_a_sequential_model_learns_uci_sentiment():
+    """Embedding(mask_zero) -> AttentionPooling -> Dense(sigmoid), the tutorial's model without the
+    LSTM, fit on amazon + yelp (maxlen 32 post-padded, 20% validation): the masks flow through
+    Sequential and the layer trains (seeds 0-3 reach 0.80-0.835 after 10 epochs)."""
+    sentences, labels = attnx.datasets.load_uci_sentiment(sources=("amazon", "yelp"), data_dir=_uci_dir())
+    order = np.random.default_rng(0).permutation(len(sentences))
+    sentences, labels = [sentences[i] for i in order], labels[order].astype(np.float32)
+    tokenizer = attnx.text.Tokenizer()
+    tokenizer.fit_on_texts(sentences)
+    x = attnx.text.pad_sequences(tokenizer.texts_to_sequences(sentences), maxlen=32, padding="post")
+    model = attnx.Sequential([layers.Embedding(len(tokenizer.word_index) + 1, 32, mask_zero=True, input_length=32),
+                              layers.AttentionPooling(), layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    history = model.fit(x, labels, epochs=10, batch_size=32, validation_split=0.2, verbose=0)
+    assert history.history["val_accuracy"][-1] >= 0.78, history.history["val_accuracy"]
+    pooling = model.layers[1]
+    _, weights = pooling(model.layers[0](x[:4]), mask=x[:4] != 0, return_attention_scores=True)
+    assert np.all(weights[x[:4] == 0] == 0) and np.allclose(weights.sum(1), 1, atol=1e-5)
