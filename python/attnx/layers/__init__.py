@@ -1,4 +1,6 @@
 """attnx layers. Every layer follows the contract in `attnx.layers.base`."""
+from .attention import (AdditiveAttention, Attention, AttentionPooling, HardAttention, LocalAttention,
+                        LuongAttention)
 from .base import Layer, get
 from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                    Reshape)
@@ -6,4 +8,5 @@ from .recurrent import GRU, LSTM, Bidirectional, GRUCell, LSTMCell, SimpleRNN, S
 
 __all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
            "GlobalAveragePooling1D", "Reshape", "SimpleRNN", "GRU", "LSTM", "Bidirectional", "SimpleRNNCell",
-           "GRUCell", "LSTMCell"]
+           "GRUCell", "LSTMCell", "AdditiveAttention", "Attention", "AttentionPooling", "HardAttention",
+           "LocalAttention", "LuongAttention"]
