@@ -367,6 +367,17 @@ def test_summary_output():
         attnx.Sequential([layers.Dense(2)]).summary()
 
 
+def test_summary_lists_shared_layer_once():
+    a, b = attnx.Input(shape=(4,), name="in_a"), attnx.Input(shape=(4,), name="in_b")
+    shared = layers.Dense(3, name="shared_dense")
+    model = attnx.Model([a, b], layers.Add(name="sum")([shared(a), shared(b)]))
+    lines = []
+    model.summary(print_fn=lines.append)
+    rows = [l.split() for l in lines if l.split() and l.split()[0] in ("in_a", "in_b", "shared_dense", "sum")]
+    assert [r[0] for r in rows] == ["in_a", "in_b", "shared_dense", "sum"]
+    assert sum(int(r[-1]) for r in rows) == 15 and "Total params: 15" in "\n".join(lines)
+
+
 def test_non_trainable_layer_not_updated():
     x, y = separable(64)
     model = small_mlp()
