@@ -1,0 +1,146 @@
+// Transformer building blocks around the attention core (attention.hpp): layer normalization,
+// positional encodings, the head split/merge layout for multi-head attention, and the dropout /
+// residual pieces of an encoder or decoder layer. Projections and the feed-forward network reuse
+// dense_forward / dense_backward (dense.hpp).
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace attnx {
+
+// ------------------------------------------------------------------------ layer normalization
+// Over the last axis of x (N rows of C features). gamma / beta may be null (scale 1, shift 0).
+// mean and rstd (N each) are materialized for the backward pass.
+// y[n, c] = (x[n, c] - mean[n]) * rstd[n] * gamma[c] + beta[c],
+// mean[n] = sum_c x[n, c] / C,  rstd[n] = 1 / sqrt(sum_c (x[n, c] - mean[n])^2 / C + eps)
+template <class T>
+void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta, size_t N, size_t C,
+                       T eps) {
+    for (size_t n = 0; n < N; ++n) {
+        const T* xr = x + n * C;
+        T* yr = y + n * C;
+        T sum = 0;
+        for (size_t c = 0; c < C; ++c) sum += xr[c];
+        const T m = sum / T(C);
+        T sq = 0;  // two passes: the one-pass E[x^2] - m^2 loses precision for large means
+        for (size_t c = 0; c < C; ++c) sq += (xr[c] - m) * (xr[c] - m);
+        const T s = T(1) / std::sqrt(sq / T(C) + eps);
+        for (size_t c = 0; c < C; ++c) {
+            const T xhat = (xr[c] - m) * s;
+            yr[c] = (gamma ? xhat * gamma[c] : xhat) + (beta ? beta[c] : T(0));
+        }
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+// With xhat = (x - mean) * rstd and g = dy * gamma:
+// dx[n, c] = rstd[n] * (g[n, c] - mean_c g[n, :] - xhat[n, c] * mean_c (g[n, :] xhat[n, :])) (overwritten),
+// dgamma[c] += sum_n dy[n, c] xhat[n, c],  dbeta[c] += sum_n dy[n, c]. dx may alias dy.
+template <class T>
+void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean, const T* rstd,
+                        const T* gamma, size_t N, size_t C) {
+    for (size_t n = 0; n < N; ++n) {
+        const T* xr = x + n * C;
+        const T* dyr = dy + n * C;
+        T* dxr = dx + n * C;
+        const T m = mean[n], s = rstd[n];
+        T g_mean = 0, gx_mean = 0;
+        for (size_t c = 0; c < C; ++c) {
+            const T xhat = (xr[c] - m) * s;
+            const T g = gamma ? dyr[c] * gamma[c] : dyr[c];
+            g_mean += g;
+            gx_mean += g * xhat;
+            if (dgamma) dgamma[c] += dyr[c] * xhat;
+            if (dbeta) dbeta[c] += dyr[c];
+        }
+        g_mean /= T(C);
+        gx_mean /= T(C);
+        for (size_t c = 0; c < C; ++c) {
+            const T xhat = (xr[c] - m) * s;
+            const T g = gamma ? dyr[c] * gamma[c] : dyr[c];
+            dxr[c] = s * (g - g_mean - xhat * gx_mean);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------ positional encodings
+// Sinusoidal table of Vaswani et al. (2017), T positions by D features:
+// table[t, 2i] = sin(t / 10000^(2i / D)),  table[t, 2i + 1] = cos(t / 10000^(2i / D))
+template <class T>
+void sinusoidal_table(T* table, size_t num_positions, size_t D, double max_wavelength = 10000.0) {
+    for (size_t t = 0; t < num_positions; ++t)
+        for (size_t d = 0; d < D; ++d) {
+            const double angle = double(t) / std::pow(max_wavelength, double(d - d % 2) / double(D));
+            table[t * D + d] = T(d % 2 == 0 ? std::sin(angle) : std::cos(angle));
+        }
+}
+
+// y[b, t, :] = x[b, t, :] + table[t, :] for x (B, T, D); y may alias x.
+template <class T> void add_positions_forward(T* y, const T* x, const T* table, size_t B, size_t Tn, size_t D) {
+    const size_t row = Tn * D;
+    for (size_t b = 0; b < B; ++b)
+        for (size_t i = 0; i < row; ++i) y[b * row + i] = x[b * row + i] + table[i];
+}
+
+// dtable[t, :] += sum_b dy[b, t, :]   (dx = dy needs no kernel)
+template <class T> void add_positions_backward(T* dtable, const T* dy, size_t B, size_t Tn, size_t D) {
+    const size_t row = Tn * D;
+    for (size_t b = 0; b < B; ++b)
+        for (size_t i = 0; i < row; ++i) dtable[i] += dy[b * row + i];
+}
+
+// ------------------------------------------------------------------------ head layout
+// The projections produce (B, T, H * Dh) rows; the attention core runs on B * H independent
+// (T, Dh) problems, so heads move next to the batch axis and back.
+// out[b, h, t, :] = x[b, t, h * Dh : (h + 1) * Dh]
+template <class T> void split_heads(T* out, const T* x, size_t B, size_t Tn, size_t H, size_t Dh) {
+    for (size_t b = 0; b < B; ++b)
+        for (size_t h = 0; h < H; ++h)
+            for (size_t t = 0; t < Tn; ++t)
+                std::memcpy(out + ((b * H + h) * Tn + t) * Dh, x + (b * Tn + t) * H * Dh + h * Dh, Dh * sizeof(T));
+}
+
+// out[b, t, h * Dh : (h + 1) * Dh] = x[b, h, t, :]   (the inverse of split_heads, and its backward)
+template <class T> void merge_heads(T* out, const T* x, size_t B, size_t Tn, size_t H, size_t Dh) {
+    for (size_t b = 0; b < B; ++b)
+        for (size_t h = 0; h < H; ++h)
+            for (size_t t = 0; t < Tn; ++t)
+                std::memcpy(out + (b * Tn + t) * H * Dh + h * Dh, x + ((b * H + h) * Tn + t) * Dh, Dh * sizeof(T));
+}
+
+// ------------------------------------------------------------------------ dropout and residuals
+// keep[i] = 1 with probability 1 - rate, else 0, from a splitmix64 stream seeded by the caller
+// (Python draws the seed from attnx's generator, so set_random_seed makes runs repeatable while
+// millions of draws per step stay cheap).
+inline void dropout_keep_mask(uint8_t* keep, size_t n, double rate, uint64_t seed) {
+    const uint64_t threshold = (uint64_t)(rate * 18446744073709551616.0);  // rate * 2^64
+    uint64_t state = seed;
+    for (size_t i = 0; i < n; ++i) {
+        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        keep[i] = z >= threshold;
+    }
+}
+
+// y[i] = x[i] * keep[i] * scale: dropout's forward and, with dy for x, its backward. y may alias x.
+template <class T> void apply_keep_mask(T* y, const T* x, const uint8_t* keep, T scale, size_t n) {
+    for (size_t i = 0; i < n; ++i) y[i] = keep[i] ? x[i] * scale : T(0);
+}
+
+// y[i] = x[i] + dropout(sub)[i] = x[i] + keep[i] * scale * sub[i]  (keep null: no dropout).
+// The residual's backward is dx = dy and dsub = apply_keep_mask(dy).
+template <class T>
+void residual_add(T* y, const T* x, const T* sub, const uint8_t* keep, T scale, size_t n) {
+    if (!keep) {
+        for (size_t i = 0; i < n; ++i) y[i] = x[i] + sub[i];
+        return;
+    }
+    for (size_t i = 0; i < n; ++i) y[i] = keep[i] ? x[i] + scale * sub[i] : x[i];
+}
+
+}  // namespace attnx
