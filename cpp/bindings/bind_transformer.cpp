@@ -1,4 +1,4 @@
-// Layer normalization, positional encodings, head split/merge, dropout masks and residuals.
+// Layer normalization, positional encodings, dropout masks and residuals.
 #include <cstdint>
 
 #include "attnx/transformer.hpp"
@@ -8,18 +8,6 @@
 namespace attnx::bind {
 
 static std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
-
-// A bool keep-mask of exactly n entries (dropout), or null for None.
-static const uint8_t* optional_keep_ptr(const py::object& keep, size_t n, const char* what) {
-    if (keep.is_none()) return nullptr;
-    auto arr = keep.cast<py::array>();
-    if (!arr.dtype().is(py::dtype::of<bool>()) || !(arr.flags() & py::array::c_style))
-        throw py::type_error(std::string(what) + ": expected a C-contiguous bool array, got " + dtype_str(arr));
-    if ((size_t)arr.size() != n)
-        throw py::value_error(std::string(what) + ": expected " + std::to_string(n) + " entries, got shape " +
-                              shape_str(arr));
-    return static_cast<const uint8_t*>(arr.data());
-}
 
 void init_transformer(py::module_& m) {
     m.def(
@@ -156,103 +144,69 @@ void init_transformer(py::module_& m) {
         py::arg("dtable"), py::arg("dy"), "dtable[t] += sum_b dy[b, t] (accumulates).");
 
     m.def(
-        "split_heads",
-        [](const py::array& x, py::ssize_t num_heads) {
-            return dispatch_float(x, "split_heads: x", [&](auto tag) -> py::array {
-                using T = decltype(tag);
-                check_rank(x, 3, "split_heads: x");
-                const auto B = x.shape(0), Tn = x.shape(1), F = x.shape(2);
-                if (num_heads <= 0 || F % num_heads)
-                    throw py::value_error("split_heads: last axis " + std::to_string(F) +
-                                          " is not divisible by num_heads " + std::to_string(num_heads));
-                const auto Dh = F / num_heads;
-                const T* px = in_ptr<T>(x, "split_heads: x");
-                auto out = new_array<T>({B, num_heads, Tn, Dh});
-                T* po = out.mutable_data();
-                {
-                    py::gil_scoped_release release;
-                    split_heads<T>(po, px, B, Tn, num_heads, Dh);
-                }
-                return std::move(out);
-            });
-        },
-        py::arg("x"), py::arg("num_heads"), "(B, T, H * Dh) -> (B, H, T, Dh).");
-
-    m.def(
-        "merge_heads",
-        [](const py::array& x) {
-            return dispatch_float(x, "merge_heads: x", [&](auto tag) -> py::array {
-                using T = decltype(tag);
-                check_rank(x, 4, "merge_heads: x");
-                const auto B = x.shape(0), H = x.shape(1), Tn = x.shape(2), Dh = x.shape(3);
-                const T* px = in_ptr<T>(x, "merge_heads: x");
-                auto out = new_array<T>({B, Tn, H * Dh});
-                T* po = out.mutable_data();
-                {
-                    py::gil_scoped_release release;
-                    merge_heads<T>(po, px, B, Tn, H, Dh);
-                }
-                return std::move(out);
-            });
-        },
-        py::arg("x"), "(B, H, T, Dh) -> (B, T, H * Dh).");
-
-    m.def(
-        "dropout_keep_mask",
-        [](const std::vector<py::ssize_t>& shape, double rate, uint64_t seed) {
+        "dropout_keep",
+        [](const std::vector<py::ssize_t>& shape, double rate, uint64_t seed, const py::dtype& dtype) {
             if (!(rate >= 0.0 && rate < 1.0))
-                throw py::value_error("dropout_keep_mask: rate must be in [0, 1), got " + std::to_string(rate));
+                throw py::value_error("dropout_keep: rate must be in [0, 1), got " + std::to_string(rate));
             for (auto s : shape)
-                if (s < 0) throw py::value_error("dropout_keep_mask: negative size in shape");
-            py::array_t<bool> keep(shape);
-            auto* pk = reinterpret_cast<uint8_t*>(keep.mutable_data());
-            const size_t n = (size_t)keep.size();
-            {
-                py::gil_scoped_release release;
-                dropout_keep_mask(pk, n, rate, seed);
-            }
-            return keep;
+                if (s < 0) throw py::value_error("dropout_keep: negative size in shape");
+            auto make = [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                auto keep = new_array<T>(shape);
+                T* pk = keep.mutable_data();
+                const size_t n = (size_t)keep.size();
+                {
+                    py::gil_scoped_release release;
+                    dropout_keep_scaled<T>(pk, n, rate, seed);
+                }
+                return std::move(keep);
+            };
+            if (dtype.is(py::dtype::of<float>())) return make(float{});
+            if (dtype.is(py::dtype::of<double>())) return make(double{});
+            throw py::type_error("dropout_keep: expected float32 or float64, got " + py::str(dtype).cast<std::string>());
         },
-        py::arg("shape"), py::arg("rate"), py::arg("seed"), "Bool mask, each entry True with probability 1 - rate.");
+        py::arg("shape"), py::arg("rate"), py::arg("seed"), py::arg("dtype"),
+        "Scaled dropout mask: each entry 1 / (1 - rate) with probability 1 - rate, else 0.");
 
     m.def(
-        "apply_keep_mask",
-        [](const py::array& x, const py::array& keep, double scale) {
-            return dispatch_float(x, "apply_keep_mask: x", [&](auto tag) -> py::array {
+        "apply_keep",
+        [](const py::array& x, const py::array& keep) {
+            return dispatch_float(x, "apply_keep: x", [&](auto tag) -> py::array {
                 using T = decltype(tag);
-                const T* px = in_ptr<T>(x, "apply_keep_mask: x");
-                const uint8_t* pk = optional_keep_ptr(keep, (size_t)x.size(), "apply_keep_mask: keep");
+                check_shape(keep, shape_of(x), "apply_keep: keep");
+                const T* px = in_ptr<T>(x, "apply_keep: x");
+                const T* pk = in_ptr<T>(keep, "apply_keep: keep");
                 auto y = new_array<T>(shape_of(x));
                 T* py_ = y.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    apply_keep_mask<T>(py_, px, pk, T(scale), (size_t)x.size());
+                    apply_keep<T>(py_, px, pk, (size_t)x.size());
                 }
                 return std::move(y);
             });
         },
-        py::arg("x"), py::arg("keep"), py::arg("scale"), "y = x * keep * scale (dropout forward and backward).");
+        py::arg("x"), py::arg("keep"), "y = x * keep (dropout forward, and backward on dy).");
 
     m.def(
         "residual_add",
-        [](const py::array& x, const py::array& sub, const py::object& keep, double scale) {
+        [](const py::array& x, const py::array& sub, const py::object& keep) {
             return dispatch_float(x, "residual_add: x", [&](auto tag) -> py::array {
                 using T = decltype(tag);
                 check_shape(sub, shape_of(x), "residual_add: sub");
+                if (!keep.is_none()) check_shape(keep.cast<py::array>(), shape_of(x), "residual_add: keep");
                 const T* px = in_ptr<T>(x, "residual_add: x");
                 const T* ps = in_ptr<T>(sub, "residual_add: sub");
-                const uint8_t* pk = optional_keep_ptr(keep, (size_t)x.size(), "residual_add: keep");
+                const T* pk = optional_in_ptr<T>(keep, "residual_add: keep");
                 auto y = new_array<T>(shape_of(x));
                 T* py_ = y.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    residual_add<T>(py_, px, ps, pk, T(scale), (size_t)x.size());
+                    residual_add<T>(py_, px, ps, pk, (size_t)x.size());
                 }
                 return std::move(y);
             });
         },
-        py::arg("x"), py::arg("sub"), py::arg("keep"), py::arg("scale"),
-        "y = x + keep * scale * sub (keep None: y = x + sub).");
+        py::arg("x"), py::arg("sub"), py::arg("keep"), "y = x + keep * sub (keep None: y = x + sub).");
 }
 
 }  // namespace attnx::bind

@@ -1,12 +1,10 @@
 // Transformer building blocks around the attention core (attention.hpp): layer normalization,
-// positional encodings, the head split/merge layout for multi-head attention, and the dropout /
-// residual pieces of an encoder or decoder layer. Projections and the feed-forward network reuse
+// positional encodings, and the dropout / residual pieces of an encoder or decoder layer. Projections and the feed-forward network reuse
 // dense_forward / dense_backward (dense.hpp).
 #pragma once
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 namespace attnx {
 
@@ -92,55 +90,36 @@ template <class T> void add_positions_backward(T* dtable, const T* dy, size_t B,
         for (size_t i = 0; i < row; ++i) dtable[i] += dy[b * row + i];
 }
 
-// ------------------------------------------------------------------------ head layout
-// The projections produce (B, T, H * Dh) rows; the attention core runs on B * H independent
-// (T, Dh) problems, so heads move next to the batch axis and back.
-// out[b, h, t, :] = x[b, t, h * Dh : (h + 1) * Dh]
-template <class T> void split_heads(T* out, const T* x, size_t B, size_t Tn, size_t H, size_t Dh) {
-    for (size_t b = 0; b < B; ++b)
-        for (size_t h = 0; h < H; ++h)
-            for (size_t t = 0; t < Tn; ++t)
-                std::memcpy(out + ((b * H + h) * Tn + t) * Dh, x + (b * Tn + t) * H * Dh + h * Dh, Dh * sizeof(T));
-}
-
-// out[b, t, h * Dh : (h + 1) * Dh] = x[b, h, t, :]   (the inverse of split_heads, and its backward)
-template <class T> void merge_heads(T* out, const T* x, size_t B, size_t Tn, size_t H, size_t Dh) {
-    for (size_t b = 0; b < B; ++b)
-        for (size_t h = 0; h < H; ++h)
-            for (size_t t = 0; t < Tn; ++t)
-                std::memcpy(out + (b * Tn + t) * H * Dh + h * Dh, x + ((b * H + h) * Tn + t) * Dh, Dh * sizeof(T));
-}
-
 // ------------------------------------------------------------------------ dropout and residuals
-// keep[i] = 1 with probability 1 - rate, else 0, from a splitmix64 stream seeded by the caller
-// (Python draws the seed from attnx's generator, so set_random_seed makes runs repeatable while
-// millions of draws per step stay cheap).
-inline void dropout_keep_mask(uint8_t* keep, size_t n, double rate, uint64_t seed) {
-    const uint64_t threshold = (uint64_t)(rate * 18446744073709551616.0);  // rate * 2^64
+// keep[i] = 1 / (1 - rate) with probability 1 - rate, else 0: a dropout mask already scaled, the
+// form the attention core (attention.hpp) takes. Drawn from a splitmix64 stream seeded by the
+// caller: Python draws the seed from attnx's generator, so set_random_seed makes runs repeatable
+// while the millions of draws per training step stay cheap.
+template <class T> void dropout_keep_scaled(T* keep, size_t n, double rate, uint64_t seed) {
+    const uint64_t threshold = (uint64_t)std::ldexp(rate, 64);  // P(z < threshold) = rate
+    const T scale = T(1.0 / (1.0 - rate));
     uint64_t state = seed;
     for (size_t i = 0; i < n; ++i) {
         uint64_t z = (state += 0x9E3779B97F4A7C15ull);
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
         z ^= z >> 31;
-        keep[i] = z >= threshold;
+        keep[i] = z >= threshold ? scale : T(0);
     }
 }
 
-// y[i] = x[i] * keep[i] * scale: dropout's forward and, with dy for x, its backward. y may alias x.
-template <class T> void apply_keep_mask(T* y, const T* x, const uint8_t* keep, T scale, size_t n) {
-    for (size_t i = 0; i < n; ++i) y[i] = keep[i] ? x[i] * scale : T(0);
+// y[i] = x[i] * keep[i]: dropout's forward and, applied to dy, its backward. y may alias x.
+template <class T> void apply_keep(T* y, const T* x, const T* keep, size_t n) {
+    for (size_t i = 0; i < n; ++i) y[i] = x[i] * keep[i];
 }
 
-// y[i] = x[i] + dropout(sub)[i] = x[i] + keep[i] * scale * sub[i]  (keep null: no dropout).
-// The residual's backward is dx = dy and dsub = apply_keep_mask(dy).
-template <class T>
-void residual_add(T* y, const T* x, const T* sub, const uint8_t* keep, T scale, size_t n) {
-    if (!keep) {
+// y[i] = x[i] + dropout(sub)[i] = x[i] + keep[i] * sub[i]   (keep null: no dropout).
+// Its backward needs no kernel of its own: dx = dy, dsub = apply_keep(dy).
+template <class T> void residual_add(T* y, const T* x, const T* sub, const T* keep, size_t n) {
+    if (keep)
+        for (size_t i = 0; i < n; ++i) y[i] = x[i] + keep[i] * sub[i];
+    else
         for (size_t i = 0; i < n; ++i) y[i] = x[i] + sub[i];
-        return;
-    }
-    for (size_t i = 0; i < n; ++i) y[i] = keep[i] ? x[i] + scale * sub[i] : x[i];
 }
 
 }  // namespace attnx

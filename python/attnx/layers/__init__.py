@@ -5,6 +5,8 @@ from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flat
 
 __all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
            "GlobalAveragePooling1D", "Reshape"]
-from .transformer import FeedForward, LayerNormalization, PositionalEncoding, PositionEmbedding
+from .transformer import (FeedForward, LayerNormalization, MultiHeadAttention, PositionalEncoding, PositionEmbedding,
+                          TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
 
-__all__ += ["FeedForward", "LayerNormalization", "PositionalEncoding", "PositionEmbedding"]
+__all__ += ["FeedForward", "LayerNormalization", "MultiHeadAttention", "PositionalEncoding", "PositionEmbedding",
+            "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer"]
