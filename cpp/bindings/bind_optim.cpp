@@ -3,6 +3,8 @@
 #include <vector>
 
 #include "attnx/optim.hpp"
+#include <pybind11/stl.h>
+
 #include "bindings.hpp"
 #include "checks.hpp"
 

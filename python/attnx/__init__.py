@@ -1,13 +1,15 @@
 """attnx: attention-based sequence models with a C++ core and a Keras-style API."""
 from . import _core
-from . import activations, backend, initializers, layers, losses, optimizers, regularizers
+from . import activations, backend, callbacks, datasets, initializers, layers, losses, metrics, optimizers
+from . import regularizers, text
 from .backend import set_num_threads, set_random_seed
+from .models import Input, Model, Sequential, load_model
 
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # interop (imports torch) and plot (imports matplotlib) load on first use to keep `import attnx` fast
+    # interop (torch), plot (matplotlib) and testing load on first use, keeping `import attnx` fast
     if name in ("interop", "plot", "testing"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")

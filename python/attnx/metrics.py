@@ -1,0 +1,174 @@
+"""Stateful metrics with Keras' names: ``update_state(y_true, y_pred)``, ``result()``, ``reset_state()``.
+
+"accuracy" in ``compile(metrics=[...])`` resolves by the loss as Keras does: binary accuracy for
+binary cross-entropy, sparse categorical accuracy for sparse labels, categorical otherwise.
+"""
+import numpy as np
+
+
+class Metric:
+    def __init__(self, name=None):
+        self.name = name or type(self).__name__.lower()
+        self.reset_state()
+
+    def reset_state(self):
+        self.total = 0.0
+        self.count = 0.0
+
+    def update_state(self, y_true, y_pred, sample_weight=None, mask=None):
+        values = self._values(np.asarray(y_true), np.asarray(y_pred))
+        weights = np.ones(values.shape, dtype=np.float64)
+        for extra in (sample_weight, mask):
+            if extra is not None:
+                e = np.asarray(extra, dtype=np.float64)
+                weights = weights * e.reshape(e.shape + (1,) * (values.ndim - e.ndim))
+        self.total += float(np.sum(values * weights))
+        self.count += float(np.sum(np.broadcast_to(weights, values.shape)))
+
+    def _values(self, y_true, y_pred):
+        raise NotImplementedError
+
+    def result(self):
+        return self.total / self.count if self.count else 0.0
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        self.reset_state()
+        self.update_state(y_true, y_pred, sample_weight)
+        return self.result()
+
+
+def _match_binary(y_true, y_pred):
+    if y_true.shape != y_pred.shape:
+        if y_pred.shape[-1:] == (1,) and y_true.shape == y_pred.shape[:-1]:
+            y_true = y_true.reshape(y_pred.shape)
+        else:
+            raise ValueError(f"metric: y_true shape {y_true.shape} does not match y_pred shape {y_pred.shape}")
+    return y_true, y_pred
+
+
+class BinaryAccuracy(Metric):
+    """Fraction of predictions on the right side of `threshold` (0.5: probabilities)."""
+
+    def __init__(self, name="binary_accuracy", threshold=0.5):
+        self.threshold = threshold
+        super().__init__(name)
+
+    def _values(self, y_true, y_pred):
+        y_true, y_pred = _match_binary(y_true, y_pred)
+        return ((y_pred > self.threshold) == (y_true > 0.5)).astype(np.float64)
+
+
+class SparseCategoricalAccuracy(Metric):
+    def __init__(self, name="sparse_categorical_accuracy"):
+        super().__init__(name)
+
+    def _values(self, y_true, y_pred):
+        if y_true.shape == y_pred.shape[:-1] + (1,):
+            y_true = y_true.reshape(y_pred.shape[:-1])
+        if y_true.shape != y_pred.shape[:-1]:
+            raise ValueError(f"{self.name}: labels shape {y_true.shape} does not match predictions {y_pred.shape}")
+        return (np.argmax(y_pred, axis=-1) == y_true).astype(np.float64)
+
+
+class CategoricalAccuracy(Metric):
+    def __init__(self, name="categorical_accuracy"):
+        super().__init__(name)
+
+    def _values(self, y_true, y_pred):
+        if y_true.shape != y_pred.shape:
+            raise ValueError(f"{self.name}: y_true shape {y_true.shape} does not match y_pred shape {y_pred.shape}")
+        return (np.argmax(y_pred, axis=-1) == np.argmax(y_true, axis=-1)).astype(np.float64)
+
+
+class Accuracy(Metric):
+    """Exact match of values."""
+
+    def __init__(self, name="accuracy"):
+        super().__init__(name)
+
+    def _values(self, y_true, y_pred):
+        y_true, y_pred = _match_binary(y_true, y_pred)
+        return (y_true == y_pred).astype(np.float64)
+
+
+class _Confusion(Metric):
+    """Binary true/false positive counts at `threshold`; subclasses combine them."""
+
+    def __init__(self, name=None, threshold=0.5):
+        self.threshold = threshold
+        super().__init__(name)
+
+    def reset_state(self):
+        self.tp = self.fp = self.fn = 0.0
+
+    def update_state(self, y_true, y_pred, sample_weight=None, mask=None):
+        y_true, y_pred = _match_binary(np.asarray(y_true), np.asarray(y_pred))
+        w = np.ones(y_true.shape)
+        for extra in (sample_weight, mask):
+            if extra is not None:
+                e = np.asarray(extra, dtype=np.float64)
+                w = w * e.reshape(e.shape + (1,) * (y_true.ndim - e.ndim))
+        pred, true = y_pred > self.threshold, y_true > 0.5
+        self.tp += float(np.sum(w * (pred & true)))
+        self.fp += float(np.sum(w * (pred & ~true)))
+        self.fn += float(np.sum(w * (~pred & true)))
+
+
+class Precision(_Confusion):
+    def __init__(self, name="precision", threshold=0.5):
+        super().__init__(name, threshold)
+
+    def result(self):
+        return self.tp / (self.tp + self.fp) if self.tp + self.fp else 0.0
+
+
+class Recall(_Confusion):
+    def __init__(self, name="recall", threshold=0.5):
+        super().__init__(name, threshold)
+
+    def result(self):
+        return self.tp / (self.tp + self.fn) if self.tp + self.fn else 0.0
+
+
+class F1Score(_Confusion):
+    """Binary F1 = 2 tp / (2 tp + fp + fn)."""
+
+    def __init__(self, name="f1_score", threshold=0.5):
+        super().__init__(name, threshold)
+
+    def result(self):
+        denom = 2 * self.tp + self.fp + self.fn
+        return 2 * self.tp / denom if denom else 0.0
+
+
+class Mean(Metric):
+    """Running (weighted) mean of the values given to ``update_state(value, weight)``."""
+
+    def update_state(self, value, weight=1.0):
+        self.total += float(value) * weight
+        self.count += weight
+
+
+_ALIASES = {
+    "binary_accuracy": BinaryAccuracy, "sparse_categorical_accuracy": SparseCategoricalAccuracy,
+    "categorical_accuracy": CategoricalAccuracy, "precision": Precision, "recall": Recall, "f1": F1Score,
+    "f1_score": F1Score,
+}
+
+
+def get(identifier, loss=None):
+    """A metric from a name or instance; "accuracy"/"acc" picks the variant matching `loss`."""
+    if isinstance(identifier, Metric):
+        return identifier
+    if identifier in ("accuracy", "acc"):
+        loss_name = getattr(loss, "name", "")
+        if "binary" in loss_name:
+            return BinaryAccuracy(name=identifier)
+        if "sparse" in loss_name:
+            return SparseCategoricalAccuracy(name=identifier)
+        if "categorical" in loss_name:
+            return CategoricalAccuracy(name=identifier)
+        return Accuracy(name=identifier)
+    if identifier in _ALIASES:
+        return _ALIASES[identifier]()
+    raise ValueError(f"Unknown metric {identifier!r}; expected 'accuracy' or one of {sorted(_ALIASES)}")

@@ -1,0 +1,265 @@
+"""Saving and loading whole models.
+
+The `.attnx` format is a zip archive (stored, uncompressed) holding:
+
+- ``attnx.json``: ``{"format": "attnx-model", "format_version": 1, "attnx_version": ...,
+  "model": {"class_name", "config"}, "compile": {...} | null, "weights": [{"name", "shape",
+  "dtype", "sha256"}, ...]}``. The model config lists the layers (class name and config) and, for
+  functional models, every layer call with its tensor references.
+- ``weights/00000.npy`` ...: one NumPy .npy file per parameter, in ``model.params`` order.
+
+Files are written to a temporary file in the same folder, flushed to disk and renamed over the
+target, so an interrupted save leaves any previous file intact. Loading checks the zip CRCs, the
+format version, every weight's shape, dtype and SHA-256, and raises ``ValueError`` on any
+mismatch, truncation or corruption.
+"""
+import hashlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+FORMAT = "attnx-model"
+WEIGHTS_FORMAT = "attnx-weights"
+FORMAT_VERSION = 1
+
+
+# ------------------------------------------------------------------------- configs
+def _layer_entry(layer):
+    from .models import Model
+    entry = {"class_name": type(layer).__name__, "config": layer.get_config()}
+    if isinstance(layer, Model):
+        entry["config"]["name"] = layer.name
+    return entry
+
+
+def _ref(tensor, input_index, node_index):
+    if id(tensor) in input_index:
+        return {"input": input_index[id(tensor)]}
+    node_i, out_i = node_index[id(tensor)]
+    return {"node": node_i, "output": out_i}
+
+
+def _encode(value, refs):
+    from .models import SymbolicTensor
+    if isinstance(value, SymbolicTensor):
+        return {"tensor": refs(value)}
+    if isinstance(value, (list, tuple)):
+        return {"list": [_encode(v, refs) for v in value]}
+    json.dumps(value)  # raises for values a config cannot hold
+    return {"value": value}
+
+
+def _decode(value, tensors):
+    if "tensor" in value:
+        ref = value["tensor"]
+        return tensors["input"][ref["input"]] if "input" in ref else tensors["node"][ref["node"]][ref["output"]]
+    if "list" in value:
+        return [_decode(v, tensors) for v in value["list"]]
+    return value["value"]
+
+
+def functional_config(model):
+    input_index = {id(t): i for i, t in enumerate(model.inputs)}
+    node_index = {}
+    for i, node in enumerate(model._nodes):
+        for j, t in enumerate(node.outputs):
+            node_index[id(t)] = (i, j)
+    refs = lambda t: _ref(t, input_index, node_index)  # noqa: E731
+    nodes = []
+    for node in model._nodes:
+        inputs, args, kwargs = node.call_spec
+        nodes.append({"layer": node.layer.name, "inputs": _encode(inputs, refs),
+                      "args": [_encode(a, refs) for a in args],
+                      "kwargs": {k: _encode(v, refs) for k, v in kwargs.items()},
+                      "multi_output": node.multi_output})
+    return {
+        "name": model.name,
+        "layers": [_layer_entry(l) for l in model.layers],
+        "inputs": [{"shape": list(t.shape[1:]), "dtype": t.dtype.name, "name": t.name} for t in model.inputs],
+        "multi_input": model._multi_input,
+        "nodes": nodes,
+        "outputs": [refs(t) for t in model.outputs],
+        "multi_output": model._multi_output,
+    }
+
+
+def _layer_from_entry(entry):
+    from .layers.base import get
+    from .models import Model, Sequential
+    cls = {"Model": Model, "Sequential": Sequential}.get(entry["class_name"]) or get(entry["class_name"])
+    return cls.from_config(entry["config"])
+
+
+def functional_from_config(config):
+    from .models import Input, Model
+    layers = {}
+    for entry in config["layers"]:
+        layer = _layer_from_entry(entry)
+        layers[layer.name] = layer
+    tensors = {"input": [Input(tuple(i["shape"]), dtype=i["dtype"], name=i["name"]) for i in config["inputs"]],
+               "node": []}
+    for node in config["nodes"]:
+        layer = layers[node["layer"]]
+        out = layer(_decode(node["inputs"], tensors), *[_decode(a, tensors) for a in node["args"]],
+                    **{k: _decode(v, tensors) for k, v in node["kwargs"].items()})
+        tensors["node"].append(out if node["multi_output"] else [out])
+    inputs = tensors["input"] if config["multi_input"] else tensors["input"][0]
+    outputs = [_decode({"tensor": r}, tensors) for r in config["outputs"]]
+    return Model(inputs, outputs if config["multi_output"] else outputs[0], name=config["name"])
+
+
+def sequential_config(model):
+    config = {"name": model.name, "layers": [_layer_entry(l) for l in model.layers]}
+    if model.built:
+        t = model.inputs[0]
+        config["input"] = {"shape": list(t.shape[1:]), "dtype": t.dtype.name}
+    return config
+
+
+def sequential_from_config(config):
+    from .models import Input, Sequential
+    model = Sequential(name=config["name"])
+    if "input" in config:
+        model.add(Input(tuple(config["input"]["shape"]), dtype=config["input"]["dtype"]))
+    for entry in config["layers"]:
+        model.add(_layer_from_entry(entry))
+    return model
+
+
+# --------------------------------------------------------------------- the archive
+def _npy_bytes(array):
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _write_atomic(path, write_members):
+    """Writes a zip archive to `path` through a temporary file and an atomic rename."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".attnx-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as zf:
+                write_members(zf)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
+def _write_archive(path, header, params):
+    entries = []
+    blobs = []
+    for name, value in params.items():
+        blob = _npy_bytes(value)
+        entries.append({"name": name, "shape": list(value.shape), "dtype": value.dtype.name,
+                        "sha256": hashlib.sha256(blob).hexdigest()})
+        blobs.append(blob)
+    header = {**header, "format_version": FORMAT_VERSION, "weights": entries}
+
+    def members(zf):
+        zf.writestr("attnx.json", json.dumps(header, indent=1))
+        for i, blob in enumerate(blobs):
+            zf.writestr(f"weights/{i:05d}.npy", blob)
+    _write_atomic(path, members)
+
+
+def _read_archive(path, expected_format):
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"No attnx file at {path}")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            header = json.loads(zf.read("attnx.json").decode("utf-8"))
+            if header.get("format") != expected_format:
+                raise ValueError(f"{path}: not an {expected_format} file (format {header.get('format')!r})")
+            if header.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"{path}: format version {header.get('format_version')} is not supported "
+                                 f"(this attnx reads version {FORMAT_VERSION})")
+            weights = []
+            for i, entry in enumerate(header["weights"]):
+                blob = zf.read(f"weights/{i:05d}.npy")
+                if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+                    raise ValueError(f"{path}: weight '{entry['name']}' is corrupted (checksum mismatch)")
+                value = np.load(io.BytesIO(blob), allow_pickle=False)
+                if list(value.shape) != entry["shape"] or value.dtype.name != entry["dtype"]:
+                    raise ValueError(f"{path}: weight '{entry['name']}' has shape {value.shape} {value.dtype}, "
+                                     f"header says {entry['shape']} {entry['dtype']}")
+                weights.append((entry["name"], value))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, EOFError, json.JSONDecodeError,
+            UnicodeDecodeError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise ValueError(f"{path}: truncated or corrupted attnx file ({type(exc).__name__}: {exc})") from exc
+    return header, weights
+
+
+def _assign(model, weights, path):
+    params = model.params
+    names = [n for n, _ in weights]
+    if names != list(params):
+        raise ValueError(f"{path}: saved weights {names} do not match the model's parameters {list(params)}")
+    for (name, value) in weights:
+        if params[name].shape != value.shape:
+            raise ValueError(f"{path}: weight '{name}' has shape {value.shape}, the model expects "
+                             f"{params[name].shape}")
+    for (name, value) in weights:
+        np.copyto(params[name], value)
+
+
+# --------------------------------------------------------------------- public API
+def save_model(model, path):
+    from . import __version__
+    if not model.built:
+        raise ValueError(f"Model '{model.name}' has no weights yet: build it (call it on data) before saving")
+    header = {"format": FORMAT, "attnx_version": __version__,
+              "model": {"class_name": type(model).__name__, "config": model.get_config()},
+              "compile": getattr(model, "_compile_config", None) if model.compiled else None}
+    _write_archive(path, header, model.params)
+
+
+def load_model(path):
+    from .models import Model, Sequential
+    header, weights = _read_archive(path, FORMAT)
+    cls = {"Model": Model, "Sequential": Sequential}.get(header["model"]["class_name"])
+    if cls is None:
+        raise ValueError(f"{path}: unknown model class {header['model']['class_name']!r}")
+    model = cls.from_config(header["model"]["config"])
+    _assign(model, weights, path)
+    compile_config = header.get("compile")
+    if compile_config:
+        from . import losses, optimizers
+        model.compile(optimizer=optimizers.get(compile_config["optimizer"]),
+                      loss=[losses.get(l) for l in compile_config["loss"]] if len(compile_config["loss"]) > 1
+                      else losses.get(compile_config["loss"][0]),
+                      metrics=compile_config["metrics"] if len(compile_config["metrics"]) > 1
+                      else compile_config["metrics"][0],
+                      loss_weights=compile_config["loss_weights"])
+    return model
+
+
+def save_weights(model, path):
+    if not model.built:
+        raise ValueError(f"Model '{model.name}' has no weights yet")
+    _write_archive(path, {"format": WEIGHTS_FORMAT}, model.params)
+
+
+def load_weights(model, path):
+    _, weights = _read_archive(path, WEIGHTS_FORMAT)
+    _assign(model, weights, path)

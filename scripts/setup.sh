@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian/Ubuntu machine for attnx: system packages (a C++17 compiler, xtensor,
+# xtensor-blas, OpenBLAS), then attnx itself with the Python extras given (default: none).
+#   bash scripts/setup.sh            # the package
+#   bash scripts/setup.sh test       # + pytest, hypothesis, torch==2.13.0 (parity), matplotlib
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+packages="g++ libxtensor-dev libxtensor-blas-dev libopenblas-dev"
+missing=""
+for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "installing system packages:$missing"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
+fi
+extras="${1:-}"
+target="."
+[ -n "$extras" ] && target=".[$extras]"
+echo "pip install $target"
+python3 -m pip install -q --disable-pip-version-check "$target"
