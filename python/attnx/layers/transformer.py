@@ -13,6 +13,7 @@ weights (and so only the output bias), never NaN.
 import numpy as np
 
 from .. import _core, activations, backend, initializers
+from .attention import attend_mask, scaled_dot_product_attention, scaled_dot_product_attention_backward
 from .base import Layer
 from .core import Dense
 
@@ -267,26 +268,6 @@ class FeedForward(_Composite):
 
 
 # ---------------------------------------------------------------------------- masks
-def _padding_mask(layer, mask, batch, length, arg):
-    """A (batch, length) bool padding mask from a bool mask or (batch,) integer lengths, or None."""
-    if mask is None:
-        return None
-    m = np.asarray(mask)
-    if m.dtype.kind in "iu" and m.ndim == 1:
-        if m.shape != (batch,):
-            raise ValueError(f"Layer '{layer.name}': `{arg}` as lengths expected shape ({batch},), got {m.shape}")
-        if m.size and (m.min() < 0 or m.max() > length):
-            raise ValueError(f"Layer '{layer.name}': `{arg}` lengths must lie in [0, {length}], got "
-                             f"{m.min()}..{m.max()}")
-        return np.arange(length)[None, :] < m[:, None]
-    if m.dtype != np.bool_:
-        raise TypeError(f"Layer '{layer.name}': `{arg}` must be a bool mask (batch, {length}) with True = real "
-                        f"token, or int lengths (batch,); got dtype {m.dtype}")
-    if m.shape != (batch, length):
-        raise ValueError(f"Layer '{layer.name}': `{arg}` expected shape ({batch}, {length}), got {m.shape}")
-    return np.ascontiguousarray(m)
-
-
 def _attention_mask(layer, mask, batch, target_len, source_len, arg):
     """A (batch, target_len, source_len) bool mask from (batch, T, S) or a shared (T, S), or None."""
     if mask is None:
@@ -324,8 +305,8 @@ class MultiHeadAttention(Layer):
 
     Each head h projects ``q_h = query @ Wq_h + bq_h`` (and k_h, v_h likewise), attends with
     ``softmax(q_h k_h^T / sqrt(key_dim)) v_h`` and the concatenated heads are projected to the
-    output. The attention core is the shared kernel of `attnx.layers.attention` (one call for all
-    batch rows and heads).
+    output. The attention core is `attnx.layers.attention.scaled_dot_product_attention` (one
+    kernel call for all batch rows and heads, reading the projections in place).
 
     Args:
         num_heads: number of heads.
@@ -430,7 +411,7 @@ class MultiHeadAttention(Layer):
             if arr.shape[2] != in_dim:
                 raise ValueError(f"Layer '{self.name}': `{arg}` expected shape ({B}, *, {in_dim}), got {arr.shape}")
         mask = _combine_masks(_attention_mask(self, attention_mask, B, T, S, "attention_mask"),
-                              _padding_mask(self, key_padding_mask, B, S, "key_padding_mask"))
+                              attend_mask(key_padding_mask, B, S, where=f"Layer '{self.name}': `key_padding_mask`"))
 
         H = self.num_heads
         q2, k2, v2 = q_in.reshape(B * T, -1), k_in.reshape(B * S, -1), v_in.reshape(B * S, -1)
@@ -438,8 +419,8 @@ class MultiHeadAttention(Layer):
         k = self._project("key", k2).reshape(B, S, -1)
         v = self._project("value", v2).reshape(B, S, -1)
         keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype) if training else None
-        scale = 1.0 / np.sqrt(self.key_dim)
-        context, weights = _core.sdpa_forward(q, k, v, mask, bool(use_causal_mask), scale, H, keep)
+        context, weights = scaled_dot_product_attention(q, k, v, mask, bool(use_causal_mask), heads=H,
+                                                        dropout_keep=keep)
         context2 = context.reshape(B * T, -1)
         out = self._project("output", context2).reshape(B, T, -1)
         if training:
@@ -456,8 +437,8 @@ class MultiHeadAttention(Layer):
         B, T = q.shape[:2]
         dy = self._grad_input(dy, (B, T, self.params["output_kernel"].shape[-1]))
         dcontext = self._project_backward("output", dy.reshape(B * T, -1), context2)
-        dq, dk, dv = _core.sdpa_backward(dcontext.reshape(q.shape[:2] + (-1,)), weights, q, k, v,
-                                         1.0 / np.sqrt(self.key_dim), self.num_heads, dweights, keep)
+        dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, -1), weights, q, k, v,
+                                                           heads=self.num_heads, dweights=dweights, dropout_keep=keep)
         dquery = self._project_backward("query", dq.reshape(q2.shape[0], -1), q2).reshape(B, T, -1)
         dvalue = self._project_backward("value", dv.reshape(v2.shape[0], -1), v2)
         dkey = self._project_backward("key", dk.reshape(v2.shape[0], -1), k2 if has_key else v2)
