@@ -1,4 +1,6 @@
 // Layer normalization, positional encodings, dropout masks and residuals.
+#include <pybind11/stl.h>
+
 #include <cstdint>
 
 #include "attnx/transformer.hpp"
