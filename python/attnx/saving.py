@@ -211,16 +211,18 @@ def _read_archive(path, expected_format):
 
 
 def _assign(model, weights, path):
-    params = model.params
-    names = [n for n, _ in weights]
-    if names != list(params):
-        raise ValueError(f"{path}: saved weights {names} do not match the model's parameters {list(params)}")
-    for (name, value) in weights:
-        if params[name].shape != value.shape:
-            raise ValueError(f"{path}: weight '{name}' has shape {value.shape}, the model expects "
-                             f"{params[name].shape}")
-    for (name, value) in weights:
-        np.copyto(params[name], value)
+    """Copies the saved weights into the model's parameters in order (as Keras matches weights by
+    topological order, so a same-architecture model with other layer names loads them too)."""
+    params = list(model.params.items())
+    if len(weights) != len(params):
+        raise ValueError(f"{path}: file holds {len(weights)} weights {[n for n, _ in weights]}, the model has "
+                         f"{len(params)} parameters {[n for n, _ in params]}")
+    for (name, value), (pname, p) in zip(weights, params):
+        if p.shape != value.shape:
+            raise ValueError(f"{path}: weight '{name}' has shape {value.shape}, the model's parameter '{pname}' "
+                             f"expects {p.shape}")
+    for (_, value), (_, p) in zip(weights, params):
+        np.copyto(p, value)
 
 
 # --------------------------------------------------------------------- public API

@@ -45,6 +45,9 @@ class Layer:
 
     registry = {}
     supports_masking = False  # True: the input mask passes through unchanged
+    # A model's training step clears this for layers fed only by its inputs, whose input
+    # gradient nobody reads; layers may then skip computing it and return None.
+    input_gradient_needed = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
