@@ -2,9 +2,12 @@
 // positional encodings, and the dropout / residual pieces of an encoder or decoder layer. Projections and the feed-forward network reuse
 // dense_forward / dense_backward (dense.hpp).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+
+#include "attnx/parallel.hpp"
 
 namespace attnx {
 
@@ -16,22 +19,24 @@ namespace attnx {
 template <class T>
 void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta, size_t N, size_t C,
                        T eps) {
-    for (size_t n = 0; n < N; ++n) {
-        const T* xr = x + n * C;
-        T* yr = y + n * C;
-        T sum = 0;
-        for (size_t c = 0; c < C; ++c) sum += xr[c];
-        const T m = sum / T(C);
-        T sq = 0;  // two passes: the one-pass E[x^2] - m^2 loses precision for large means
-        for (size_t c = 0; c < C; ++c) sq += (xr[c] - m) * (xr[c] - m);
-        const T s = T(1) / std::sqrt(sq / T(C) + eps);
-        for (size_t c = 0; c < C; ++c) {
-            const T xhat = (xr[c] - m) * s;
-            yr[c] = (gamma ? xhat * gamma[c] : xhat) + (beta ? beta[c] : T(0));
+    parallel_for(N, double(N) * C * 4, [&](size_t lo, size_t hi) {
+        for (size_t n = lo; n < hi; ++n) {
+            const T* xr = x + n * C;
+            T* yr = y + n * C;
+            T sum = 0;
+            for (size_t c = 0; c < C; ++c) sum += xr[c];
+            const T m = sum / T(C);
+            T sq = 0;  // two passes: the one-pass E[x^2] - m^2 loses precision for large means
+            for (size_t c = 0; c < C; ++c) sq += (xr[c] - m) * (xr[c] - m);
+            const T s = T(1) / std::sqrt(sq / T(C) + eps);
+            for (size_t c = 0; c < C; ++c) {
+                const T xhat = (xr[c] - m) * s;
+                yr[c] = (gamma ? xhat * gamma[c] : xhat) + (beta ? beta[c] : T(0));
+            }
+            mean[n] = m;
+            rstd[n] = s;
         }
-        mean[n] = m;
-        rstd[n] = s;
-    }
+    });
 }
 
 // With xhat = (x - mean) * rstd and g = dy * gamma:
@@ -91,21 +96,31 @@ template <class T> void add_positions_backward(T* dtable, const T* dy, size_t B,
 }
 
 // ------------------------------------------------------------------------ dropout and residuals
+// splitmix64's output for one counter value: a counter-based generator, so any stretch of the
+// stream can be drawn on its own thread and the result does not depend on the thread count.
+inline uint64_t splitmix64(uint64_t counter) {
+    uint64_t z = counter * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 // keep[i] = 1 / (1 - rate) with probability 1 - rate, else 0: a dropout mask already scaled, the
-// form the attention core (attention.hpp) takes. Drawn from a splitmix64 stream seeded by the
-// caller: Python draws the seed from attnx's generator, so set_random_seed makes runs repeatable
-// while the millions of draws per training step stay cheap.
+// form the attention core (attention.hpp) takes. Each 64-bit draw gives four 16-bit uniforms
+// (so the rate is honoured to 1/65536); the stream is seeded by the caller, and Python draws
+// the seed from attnx's generator, so set_random_seed makes runs repeatable while the
+// millions of draws per training step stay cheap.
 template <class T> void dropout_keep_scaled(T* keep, size_t n, double rate, uint64_t seed) {
-    const uint64_t threshold = (uint64_t)std::ldexp(rate, 64);  // P(z < threshold) = rate
+    const uint64_t threshold = (uint64_t)std::llround(rate * 65536.0);  // P(u16 < threshold) ~ rate
     const T scale = T(1.0 / (1.0 - rate));
-    uint64_t state = seed;
-    for (size_t i = 0; i < n; ++i) {
-        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        keep[i] = z >= threshold ? scale : T(0);
-    }
+    const size_t draws = (n + 3) / 4;
+    parallel_for(draws, double(n), [&](size_t lo, size_t hi) {
+        for (size_t w = lo; w < hi; ++w) {
+            const uint64_t z = splitmix64(seed + w + 1);
+            for (size_t j = 0; j < 4 && 4 * w + j < n; ++j)
+                keep[4 * w + j] = ((z >> (16 * j)) & 0xFFFF) >= threshold ? scale : T(0);
+        }
+    });
 }
 
 // y[i] = x[i] * keep[i]: dropout's forward and, applied to dy, its backward. y may alias x.

@@ -10,12 +10,27 @@ Masks follow Keras: bool, True = real token / may attend. A padding mask ``(batc
 given as lengths ``(batch,)`` of ints. A query that may attend to nothing gets zero attention
 weights (and so only the output bias), never NaN.
 """
+import contextlib
+
 import numpy as np
 
 from .. import _core, activations, backend, initializers
 from .attention import attend_mask, scaled_dot_product_attention, scaled_dot_product_attention_backward
 from .base import Layer
 from .core import Dense
+
+
+@contextlib.contextmanager
+def _blas_single_threaded():
+    """The attention core splits its (batch, head) problems over threads itself; OpenBLAS
+    threads inside those threads oversubscribe the cores (the kernel ran ~40x slower on
+    2 cores). Until attention.hpp does this itself (parallel.hpp's convention), its callers here do."""
+    threads = _core.get_num_threads()
+    _core.set_num_threads(1)
+    try:
+        yield
+    finally:
+        _core.set_num_threads(threads)
 
 
 def _dropout_keep(shape, rate, dtype):
@@ -419,8 +434,9 @@ class MultiHeadAttention(Layer):
         k = self._project("key", k2).reshape(B, S, -1)
         v = self._project("value", v2).reshape(B, S, -1)
         keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype) if training else None
-        context, weights = scaled_dot_product_attention(q, k, v, mask, bool(use_causal_mask), heads=H,
-                                                        dropout_keep=keep)
+        with _blas_single_threaded():
+            context, weights = scaled_dot_product_attention(q, k, v, mask, bool(use_causal_mask), heads=H,
+                                                            dropout_keep=keep)
         context2 = context.reshape(B * T, -1)
         out = self._project("output", context2).reshape(B, T, -1)
         if training:
@@ -437,8 +453,10 @@ class MultiHeadAttention(Layer):
         B, T = q.shape[:2]
         dy = self._grad_input(dy, (B, T, self.params["output_kernel"].shape[-1]))
         dcontext = self._project_backward("output", dy.reshape(B * T, -1), context2)
-        dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, -1), weights, q, k, v,
-                                                           heads=self.num_heads, dweights=dweights, dropout_keep=keep)
+        with _blas_single_threaded():
+            dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, -1), weights, q, k, v,
+                                                               heads=self.num_heads, dweights=dweights,
+                                                               dropout_keep=keep)
         dquery = self._project_backward("query", dq.reshape(q2.shape[0], -1), q2).reshape(B, T, -1)
         dvalue = self._project_backward("value", dv.reshape(v2.shape[0], -1), v2)
         dkey = self._project_backward("key", dk.reshape(v2.shape[0], -1), k2 if has_key else v2)
