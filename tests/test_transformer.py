@@ -272,6 +272,24 @@ def test_params_are_the_sublayers_arrays_in_keras_shapes():
     assert stack.count_params() == 3 * stack.blocks[0].count_params()
 
 
+def test_functional_model_with_keras_style_attention_trains_saves_and_loads(tmp_path):
+    inputs = attnx.Input((6,), dtype="int64")
+    x = layers.PositionEmbedding(6)(layers.Embedding(30, 8, mask_zero=True)(inputs))
+    attended = layers.MultiHeadAttention(2, 4, value_dim=3, name="attention")(x, x)  # built symbolically
+    x = layers.LayerNormalization()(layers.Add()([x, attended]))
+    x = layers.TransformerEncoder(1, 2, 16)(x)
+    outputs = layers.Dense(1, activation="sigmoid")(layers.GlobalAveragePooling1D()(x))
+    model = attnx.Model(inputs, outputs)
+    assert model.get_layer("attention").params["value_kernel"].shape == (8, 2, 3)
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    ids = np.random.default_rng(0).integers(1, 30, (64, 6))
+    labels = (ids[:, 0] > 15).astype(np.float32)
+    history = model.fit(ids, labels, epochs=4, batch_size=16, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    model.save(tmp_path / "model")
+    assert_close(attnx.models.load_model(tmp_path / "model").predict(ids), model.predict(ids), atol=0)
+
+
 # ----------------------------------------------------------------------------- bad input
 def test_embedding_size_not_divisible_by_heads():
     with pytest.raises(ValueError, match=r"embedding size 6 .* not divisible by num_heads=4"):

@@ -366,12 +366,22 @@ class MultiHeadAttention(Layer):
         self.kernel_initializer = initializers.get(kernel_initializer)
         self.bias_initializer = initializers.get(bias_initializer)
 
+    def __call__(self, query, value=None, key=None, **kwargs):
+        # Keras-style call layer(query, value, key): build from all three shapes (Layer.__call__
+        # alone would see only the query's), on arrays and on a model's symbolic tensors alike.
+        if not self.built and value is not None and not isinstance(query, (list, tuple)):
+            self.build([tuple(t.shape) for t in (query, value, key) if t is not None])
+            self.built = True
+        args = (value,) if key is None else (value, key)
+        return super().__call__(query, *(args if value is not None else ()), **kwargs)
+
     def build(self, input_shape):
-        # Called with [query, value(, key)] shapes; a lone query shape (Keras-style call) leaves
-        # the weights to the first call, which sees the value and key too.
-        if isinstance(input_shape, list):
-            shapes = list(input_shape) + [input_shape[1]] * (3 - len(input_shape))
-            self.build_from_dims(shapes[0][-1], shapes[1][-1], shapes[2][-1])
+        """Creates the weights for [query, value] or [query, value, key] shapes."""
+        if not isinstance(input_shape, list) or not 2 <= len(input_shape) <= 3:
+            raise ValueError(f"Layer '{self.name}': call with (query, value[, key]) or [query, value[, key]], "
+                             f"got input shape {input_shape}")
+        shapes = list(input_shape) + [input_shape[1]] * (3 - len(input_shape))
+        self.build_from_dims(shapes[0][-1], shapes[1][-1], shapes[2][-1])
 
     def build_from_dims(self, query_dim, value_dim, key_dim):
         """Creates the weights for inputs with these feature sizes."""
@@ -419,8 +429,6 @@ class MultiHeadAttention(Layer):
         if v_in.shape[0] != B or k_in.shape[:2] != (B, S):
             raise ValueError(f"Layer '{self.name}': query, value and key must share the batch and value/key the "
                              f"length; got query {q_in.shape}, value {v_in.shape}, key {k_in.shape}")
-        if not self.params:
-            self.build_from_dims(q_in.shape[2], v_in.shape[2], k_in.shape[2])
         for arg, arr, name in (("query", q_in, "query"), ("value", v_in, "value"), ("key", k_in, "key")):
             in_dim = self.params[f"{name}_kernel"].shape[0]
             if arr.shape[2] != in_dim:
