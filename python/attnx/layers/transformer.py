@@ -2,9 +2,9 @@
 network, multi-head attention, and encoder / decoder layers and stacks.
 
 The math runs in C++ (`transformer.hpp`, `attention.hpp`, `dense.hpp`); these classes check
-inputs, lay out buffers and chain the backward passes. Composite layers (FeedForward,
-MultiHeadAttention's callers, encoder and decoder layers) expose their sublayers' weights in their
-own ``params`` / ``grads`` under ``"<sublayer>/<weight>"`` names, sharing the same arrays.
+inputs, lay out buffers and chain the backward passes. Composite layers (FeedForward, the encoder
+and decoder layers and their stacks) expose their sublayers' weights in their own ``params`` /
+``grads`` under ``"<sublayer>/<weight>"`` names, sharing the same arrays.
 
 Masks follow Keras: bool, True = real token / may attend. A padding mask ``(batch, S)`` may also be
 given as lengths ``(batch,)`` of ints. A query that may attend to nothing gets zero attention
@@ -429,10 +429,10 @@ class MultiHeadAttention(Layer):
         if v_in.shape[0] != B or k_in.shape[:2] != (B, S):
             raise ValueError(f"Layer '{self.name}': query, value and key must share the batch and value/key the "
                              f"length; got query {q_in.shape}, value {v_in.shape}, key {k_in.shape}")
-        for arg, arr, name in (("query", q_in, "query"), ("value", v_in, "value"), ("key", k_in, "key")):
+        for name, arr in (("query", q_in), ("value", v_in), ("key", k_in)):
             in_dim = self.params[f"{name}_kernel"].shape[0]
             if arr.shape[2] != in_dim:
-                raise ValueError(f"Layer '{self.name}': `{arg}` expected shape ({B}, *, {in_dim}), got {arr.shape}")
+                raise ValueError(f"Layer '{self.name}': `{name}` expected shape ({B}, *, {in_dim}), got {arr.shape}")
         mask = _combine_masks(_attention_mask(self, attention_mask, B, T, S, "attention_mask"),
                               attend_mask(key_padding_mask, B, S, where=f"Layer '{self.name}': `key_padding_mask`"))
 
