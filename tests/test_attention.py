@@ -482,3 +482,21 @@ def test_attention_pooling_in_a_sequential_model_learns_uci_sentiment():
     pooling = model.layers[1]
     _, weights = pooling(model.layers[0](x[:4]), mask=x[:4] != 0, return_attention_scores=True)
     assert np.all(weights[x[:4] == 0] == 0) and np.allclose(weights.sum(1), 1, atol=1e-5)
+
+
+def test_attention_dropout_drops_weights_in_training_only():
+    layer = layers.Attention(score="dot", dropout=0.5, dtype="float64")
+    q, h = rand(B, TQ, 4, seed=1), rand(B, S, 4, seed=2)
+    ctx_eval, w = layer([q, h], return_attention_scores=True)
+    ctx_train = layer([q, h], training=True)
+    keep = layer._cache["attend"]["keep"][:, 0]
+    assert set(np.unique(keep)) <= {0.0, 2.0} and 0 < np.mean(keep == 0) < 1
+    assert_close(ctx_eval, w @ h, atol=1e-12, what="inference context")
+    assert_close(ctx_train, (w * keep) @ h, atol=1e-12, what="training context")
+    dq, dh = layer.backward(np.ones_like(ctx_train))
+    # NumPy backward of sum((softmax(q h^T) * keep) h): key and value are both h
+    dP = keep * (np.ones_like(ctx_train) @ h.transpose(0, 2, 1))
+    dS = w * (dP - (dP * w).sum(-1, keepdims=True))
+    assert_close(dq, dS @ h, atol=1e-12, what="dquery")
+    assert_close(dh, (w * keep).transpose(0, 2, 1) @ np.ones_like(ctx_train) + dS.transpose(0, 2, 1) @ q, atol=1e-12,
+                 what="dvalue + dkey")
