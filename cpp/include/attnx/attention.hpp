@@ -63,6 +63,21 @@ struct AttendMask {
 };
 
 // ----------------------------------------------------------------------------- softmax + context
+// weights[n, t, :] = masked_softmax(scores[n, t, :]) for the B * H * Tq rows of (B, H, Tq, S)
+// scores; weights may alias scores. Fully masked rows become zeros.
+template <class T>
+void masked_softmax_scores(T* weights, const T* scores, const AttendMask& mask, int B, int H, int Tq, int S) {
+    const size_t N = (size_t)B * H;
+    parallel_for(N, double(N) * Tq * S * 8, [&](size_t lo, size_t hi) {
+        std::vector<uint8_t> row_mask(mask.causal ? S : 0);
+        for (size_t n = lo; n < hi; ++n)
+            for (int t = 0; t < Tq; ++t) {
+                const size_t off = (n * Tq + t) * (size_t)S;
+                masked_softmax_row(weights + off, scores + off, mask.row(row_mask.data(), n / H, t, S), (size_t)S);
+            }
+    });
+}
+
 // Problem n's block in the (B, T, H, D) layout: rows are H * D apart.
 template <class T> inline T* head_block(T* base, size_t n, int H, int T_, int D) {
     return base + ((n / H) * (size_t)T_ * H + n % H) * (size_t)D;
@@ -71,8 +86,8 @@ template <class T> inline T* head_block(T* base, size_t n, int H, int T_, int D)
 // One problem's softmax and context, from its scores (overwritten by the weights):
 //   weights = masked_softmax(scores)                            (Tq, S), saved for backward and plotting
 //   context = (weights * keep) . V                              (Tq, Dv), rows ldv apart
-// `keep` is the dropout keep mask already scaled by 1 / (1 - rate), or null; `dropped` (Tq * S)
-// and `row_mask` (S) are the caller's scratch.
+// `keep` multiplies the weights after the softmax: the dropout keep mask scaled by 1 / (1 - rate),
+// local attention's Gaussian, or null. `dropped` (Tq * S) and `row_mask` (S) are the caller's scratch.
 template <class T>
 void softmax_context_problem(T* context, T* weights, const T* value, const AttendMask& mask, size_t b,
                              const T* keep, int Tq, int S, int Dv, int ldv, T* dropped, uint8_t* row_mask) {
@@ -88,11 +103,13 @@ void softmax_context_problem(T* context, T* weights, const T* value, const Atten
 
 // Backward of softmax_context_problem (dvalue overwritten, rows ldv apart):
 //   dV       = (P * keep)^T . dC
+//   dkeep    = (dC . V^T) * P                                   (only when dkeep is not null)
 //   dP       = (dC . V^T) * keep + dweights                     (dweights may be null)
 //   dscores  = P * (dP - rowsum(dP * P))                         (masked entries have P = 0)
 template <class T>
-void softmax_context_backward_problem(T* dscores, T* dvalue, const T* dcontext, const T* dweights, const T* weights,
-                                      const T* value, const T* keep, int Tq, int S, int Dv, int ldv, T* dropped) {
+void softmax_context_backward_problem(T* dscores, T* dvalue, T* dkeep, const T* dcontext, const T* dweights,
+                                      const T* weights, const T* value, const T* keep, int Tq, int S, int Dv, int ldv,
+                                      T* dropped) {
     const size_t block = (size_t)Tq * S;
     const T* used = weights;
     if (keep) {
@@ -101,6 +118,8 @@ void softmax_context_backward_problem(T* dscores, T* dvalue, const T* dcontext, 
     }
     gemm<T>(true, false, S, Dv, Tq, T(1), used, S, dcontext, ldv, T(0), dvalue, ldv);
     gemm<T>(false, true, Tq, S, Dv, T(1), dcontext, ldv, value, ldv, T(0), dscores, S);
+    if (dkeep)
+        for (size_t i = 0; i < block; ++i) dkeep[i] = dscores[i] * weights[i];
     if (keep)
         for (size_t i = 0; i < block; ++i) dscores[i] *= keep[i];
     if (dweights)
@@ -124,36 +143,93 @@ void softmax_context_forward(T* context, T* weights, const T* value, const Atten
     });
 }
 
-// Backward of softmax_context_forward: dscores (B, H, Tq, S) and dvalue overwritten.
+// Backward of softmax_context_forward: dscores (B, H, Tq, S), dvalue and dkeep (if not null) overwritten.
 template <class T>
-void softmax_context_backward(T* dscores, T* dvalue, const T* dcontext, const T* dweights, const T* weights,
-                              const T* value, const T* keep, int B, int H, int Tq, int S, int Dv) {
+void softmax_context_backward(T* dscores, T* dvalue, T* dkeep, const T* dcontext, const T* dweights,
+                              const T* weights, const T* value, const T* keep, int B, int H, int Tq, int S, int Dv) {
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
     parallel_for(N, double(N) * block * (2 * Dv + 4), [&](size_t lo, size_t hi) {
         std::vector<T> dropped(keep ? block : 0);
         for (size_t n = lo; n < hi; ++n)
             softmax_context_backward_problem(dscores + n * block, head_block(dvalue, n, H, S, Dv),
-                                             head_block(dcontext, n, H, Tq, Dv), dweights ? dweights + n * block : nullptr,
-                                             weights + n * block, head_block(value, n, H, S, Dv),
-                                             keep ? keep + n * block : nullptr, Tq, S, Dv, H * Dv, dropped.data());
+                                             dkeep ? dkeep + n * block : nullptr, head_block(dcontext, n, H, Tq, Dv),
+                                             dweights ? dweights + n * block : nullptr, weights + n * block,
+                                             head_block(value, n, H, S, Dv), keep ? keep + n * block : nullptr, Tq, S,
+                                             Dv, H * Dv, dropped.data());
     });
 }
 
-// Scaled dot-product attention for one or more heads (the core every dot-style score uses):
+// ----------------------------------------------------------------------------- dot scores
+// One problem's dot score: scores = scale * Q . K^T (Tq, S); Q and K rows ldk apart.
+template <class T>
+void dot_scores_problem(T* scores, const T* q, const T* k, int Tq, int S, int Dk, int ldk, T scale) {
+    gemm<T>(false, true, Tq, S, Dk, scale, q, ldk, k, ldk, T(0), scores, S);
+}
+
+// Backward of dot_scores_problem (dq, dk overwritten); returns sum(dscores * Q . K^T), the
+// gradient of a learned scale, when want_dscale:
+//   dQ = scale * dS . K,   dK = scale * dS^T . Q,   dscale = sum((dS . K) * Q)
+template <class T>
+T dot_scores_backward_problem(T* dq, T* dk, const T* dscores, const T* q, const T* k, int Tq, int S, int Dk,
+                              int ldk, T scale, bool want_dscale) {
+    gemm<T>(false, false, Tq, Dk, S, T(1), dscores, S, k, ldk, T(0), dq, ldk);
+    T dscale = 0;
+    for (int t = 0; t < Tq; ++t)
+        for (int d = 0; d < Dk; ++d) {
+            const size_t i = (size_t)t * ldk + d;
+            if (want_dscale) dscale += dq[i] * q[i];
+            dq[i] *= scale;
+        }
+    gemm<T>(true, false, S, Dk, Tq, scale, dscores, S, q, ldk, T(0), dk, ldk);
+    return dscale;
+}
+
+// scores[n] = scale * Q[n] . K[n]^T for all B * H problems; scores (B, H, Tq, S).
+template <class T>
+void dot_scores_forward(T* scores, const T* q, const T* k, int B, int H, int Tq, int S, int Dk, T scale) {
+    const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    parallel_for(N, double(N) * block * Dk, [&](size_t lo, size_t hi) {
+        for (size_t n = lo; n < hi; ++n)
+            dot_scores_problem(scores + n * block, head_block(q, n, H, Tq, Dk), head_block(k, n, H, S, Dk), Tq, S, Dk,
+                               H * Dk, scale);
+    });
+}
+
+// Backward of dot_scores_forward: dq, dk overwritten; dscale (null to skip) accumulates.
+template <class T>
+void dot_scores_backward(T* dq, T* dk, T* dscale, const T* dscores, const T* q, const T* k, int B, int H, int Tq,
+                         int S, int Dk, T scale) {
+    const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    std::mutex dscale_lock;
+    parallel_for(N, double(N) * block * Dk * 2, [&](size_t lo, size_t hi) {
+        T dscale_sum = 0;
+        for (size_t n = lo; n < hi; ++n)
+            dscale_sum += dot_scores_backward_problem(head_block(dq, n, H, Tq, Dk), head_block(dk, n, H, S, Dk),
+                                                      dscores + n * block, head_block(q, n, H, Tq, Dk),
+                                                      head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale,
+                                                      dscale != nullptr);
+        if (dscale) {
+            std::lock_guard<std::mutex> guard(dscale_lock);
+            *dscale += dscale_sum;
+        }
+    });
+}
+
+// ----------------------------------------------------------------------------- fused core
+// Scaled dot-product attention for one or more heads (the core multi-head attention uses):
 //   scores[n]  = scale * Q[n] . K[n]^T                          (Tq, S)
 //   weights[n] = masked_softmax(scores[n]),  context[n] = (weights[n] * keep[n]) . V[n]
+// Fused per problem, so each (Tq, S) block stays in cache between the three steps.
 template <class T>
 void sdpa_forward(T* context, T* weights, const T* q, const T* k, const T* v, const AttendMask& mask,
                   const T* keep, int B, int H, int Tq, int S, int Dk, int Dv, T scale) {
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
-    const int ldk = H * Dk;
     parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
         std::vector<uint8_t> row_mask(mask.causal ? S : 0);
         std::vector<T> dropped(keep ? block : 0);
         for (size_t n = lo; n < hi; ++n) {
             T* w = weights + n * block;
-            gemm<T>(false, true, Tq, S, Dk, scale, head_block(q, n, H, Tq, Dk), ldk, head_block(k, n, H, S, Dk), ldk,
-                    T(0), w, S);
+            dot_scores_problem(w, head_block(q, n, H, Tq, Dk), head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale);
             softmax_context_problem(head_block(context, n, H, Tq, Dv), w, head_block(v, n, H, S, Dv), mask, n / H,
                                     keep ? keep + n * block : nullptr, Tq, S, Dv, H * Dv, dropped.data(),
                                     row_mask.data());
@@ -163,33 +239,26 @@ void sdpa_forward(T* context, T* weights, const T* q, const T* k, const T* v, co
 
 // Backward of sdpa_forward. Overwrites dq, dk, dv (same layouts as q, k, v); dweights (the
 // gradient flowing into the returned weights, or null) joins before the softmax backward;
-// dscale (null to skip) accumulates d loss / d scale for a learned scale:
-//   dScores from softmax_context_backward_problem
-//   dQ = scale * dScores . K,   dK = scale * dScores^T . Q,   dscale += sum((dScores . K) * Q)
+// dscale (null to skip) accumulates d loss / d scale for a learned scale.
 template <class T>
 void sdpa_backward(T* dq, T* dk, T* dv, T* dscale, const T* dcontext, const T* dweights, const T* weights,
                    const T* q, const T* k, const T* v, const T* keep, int B, int H, int Tq, int S, int Dk, int Dv,
                    T scale) {
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
-    const int ldk = H * Dk;
     std::mutex dscale_lock;
     parallel_for(N, double(N) * block * (2 * Dk + 2 * Dv), [&](size_t lo, size_t hi) {
         std::vector<T> dscores(block), dropped(keep ? block : 0);
         T dscale_sum = 0;
         for (size_t n = lo; n < hi; ++n) {
-            const T* Qn = head_block(q, n, H, Tq, Dk);
-            T* dQn = head_block(dq, n, H, Tq, Dk);
-            softmax_context_backward_problem(dscores.data(), head_block(dv, n, H, S, Dv),
-                                             head_block(dcontext, n, H, Tq, Dv), dweights ? dweights + n * block : nullptr,
-                                             weights + n * block, head_block(v, n, H, S, Dv),
-                                             keep ? keep + n * block : nullptr, Tq, S, Dv, H * Dv, dropped.data());
-            gemm<T>(false, false, Tq, Dk, S, T(1), dscores.data(), S, head_block(k, n, H, S, Dk), ldk, T(0), dQn, ldk);
-            if (dscale)
-                for (int t = 0; t < Tq; ++t)
-                    for (int d = 0; d < Dk; ++d) dscale_sum += dQn[(size_t)t * ldk + d] * Qn[(size_t)t * ldk + d];
-            for (int t = 0; t < Tq; ++t)
-                for (int d = 0; d < Dk; ++d) dQn[(size_t)t * ldk + d] *= scale;
-            gemm<T>(true, false, S, Dk, Tq, scale, dscores.data(), S, Qn, ldk, T(0), head_block(dk, n, H, S, Dk), ldk);
+            softmax_context_backward_problem(dscores.data(), head_block(dv, n, H, S, Dv), (T*)nullptr,
+                                             head_block(dcontext, n, H, Tq, Dv),
+                                             dweights ? dweights + n * block : nullptr, weights + n * block,
+                                             head_block(v, n, H, S, Dv), keep ? keep + n * block : nullptr, Tq, S,
+                                             Dv, H * Dv, dropped.data());
+            dscale_sum += dot_scores_backward_problem(head_block(dq, n, H, Tq, Dk), head_block(dk, n, H, S, Dk),
+                                                      dscores.data(), head_block(q, n, H, Tq, Dk),
+                                                      head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale,
+                                                      dscale != nullptr);
         }
         if (dscale) {
             std::lock_guard<std::mutex> guard(dscale_lock);
@@ -255,6 +324,39 @@ void additive_scores_backward(T* dpq, T* dpk, T* dv, const T* dscores, const T* 
         std::lock_guard<std::mutex> guard(dv_lock);
         for (int u = 0; u < U; ++u) dv[u] += dv_part[u];
     });
+}
+
+// ----------------------------------------------------------------------------- local attention
+// Luong et al. (2015) local attention around an aligned source position p[b, t] with half-width D:
+//   allowed[b, t, s] = |s - p[b, t]| <= D and source_mask[b, s]      (restricts the softmax)
+//   gauss[b, t, s]   = exp(-(s - p[b, t])^2 / (2 sigma^2)) inside the window, sigma = D / 2
+// The Gaussian multiplies the softmaxed alignment (the `keep` of softmax_context_forward).
+// D = 0 keeps only s = p with factor 1. source_mask (B, S) may be null.
+template <class T>
+void local_window_forward(uint8_t* allowed, T* gauss, const T* p, const uint8_t* source_mask, int B, int Tq, int S,
+                          int D) {
+    const T inv_two_var = D > 0 ? T(2) / (T(D) * T(D)) : T(0);  // 1 / (2 sigma^2) with sigma = D / 2
+    for (size_t bt = 0; bt < (size_t)B * Tq; ++bt) {
+        const size_t b = bt / Tq;
+        for (int s = 0; s < S; ++s) {
+            const T dist = T(s) - p[bt];
+            const bool in = std::abs(dist) <= T(D) && (!source_mask || source_mask[b * S + s]);
+            allowed[bt * S + s] = in;
+            gauss[bt * S + s] = in ? std::exp(-dist * dist * inv_two_var) : T(0);
+        }
+    }
+}
+
+// Backward of the Gaussian factor (the window edges are piecewise constant in p):
+//   dp[b, t] = sum_s dgauss[b, t, s] * gauss[b, t, s] * (s - p[b, t]) / sigma^2      (overwritten)
+template <class T>
+void local_window_backward(T* dp, const T* dgauss, const T* gauss, const T* p, int B, int Tq, int S, int D) {
+    const T inv_var = D > 0 ? T(4) / (T(D) * T(D)) : T(0);
+    for (size_t bt = 0; bt < (size_t)B * Tq; ++bt) {
+        T acc = 0;
+        for (int s = 0; s < S; ++s) acc += dgauss[bt * S + s] * gauss[bt * S + s] * (T(s) - p[bt]);
+        dp[bt] = acc * inv_var;
+    }
 }
 
 }  // namespace attnx
