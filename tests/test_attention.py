@@ -98,6 +98,23 @@ def test_sdpa_parallel_path_matches_serial_numpy():
                  what="dvalue")
 
 
+def test_functional_softmax_context_and_masked_softmax():
+    scores, value = rand(B, TQ, S, seed=1), rand(B, S, 2, seed=2)
+    mask = np.array([[1, 0, 1, 1], [0, 0, 0, 0]], bool)
+    ctx, w = A.softmax_context(scores, value, mask=mask)
+    want = softmax_np(scores, mask[:, None, :])
+    assert_close(w, want, atol=1e-12, what="weights")
+    assert_close(ctx, want @ value, atol=1e-12, what="context")
+    assert_close(A.masked_softmax(scores, mask), want, atol=1e-12, what="masked_softmax")
+    shared = np.tril(np.ones((1, TQ, S), bool))  # one mask for the whole batch
+    assert_close(A.masked_softmax(scores, shared), softmax_np(scores, shared), atol=1e-12, what="shared mask")
+    dctx = rand(B, TQ, 2, seed=3)
+    dscores, dvalue = A.softmax_context_backward(dctx, w, value)
+    assert_close(dvalue, w.transpose(0, 2, 1) @ dctx, atol=1e-12, what="dvalue")
+    dw = dctx @ value.transpose(0, 2, 1)
+    assert_close(dscores, w * (dw - (dw * w).sum(-1, keepdims=True)), atol=1e-12, what="dscores")
+
+
 # ----------------------------------------------------------------------------- Attention layer scores
 @pytest.mark.parametrize("kwargs", [dict(score="dot"), dict(score="scaled_dot"), dict(score="dot", use_scale=True),
                                     dict(score="general"), dict(score="concat", units=3),
@@ -123,7 +140,9 @@ def test_luong_attentional_state_gradcheck(score):
     report = gradcheck(layer, inputs, call_kwargs=dict(mask=[None, np.array([3, 0])], return_attention_scores=True))
     assert "attentional_kernel" in report
     state = layer(inputs)
-    assert state.shape == (B, TQ, 3)
+    assert state.shape == (B, TQ, 3) and layer.compute_output_shape([(None, TQ, 4), (None, S, 4)]) == (None, TQ, 3)
+    step = gradcheck(layer, [inputs[0][:, 0], inputs[1]], call_kwargs=dict(mask=[np.array([True, False]), None]))
+    assert step["inputs[0]"] < 1e-6
     # h~ = tanh(W_c [c; h]) with the context from the plain attention
     ctx = layers.Attention.call(layer, inputs, return_attention_scores=False)
     want = np.tanh(np.concatenate([ctx, inputs[0]], -1) @ layer.params["attentional_kernel"])
@@ -377,7 +396,7 @@ def test_bad_inputs_raise_clear_errors():
         general([np.zeros((B, TQ, 5)), np.zeros((B, S, 4))])
     with pytest.raises(ValueError, match=r"`value_mask`: expected shape \(2, 4\) or \(2, 3, 4\).*got \(2, 5\)"):
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[None, np.ones((B, 5), bool)])
-    with pytest.raises(ValueError, match=r"`query_mask` expected shape \(2, 3\), got \(3, 2\)"):
+    with pytest.raises(ValueError, match=r"`query_mask`: expected shape \(2, 3\).*got \(3, 2\)"):
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[np.ones((3, 2), bool), None])
     with pytest.raises(ValueError, match=r"lengths expected shape \(2,\), got \(3,\)"):
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[None, np.array([1, 2, 3])])
@@ -463,3 +482,21 @@ def test_attention_pooling_in_a_sequential_model_learns_uci_sentiment():
     pooling = model.layers[1]
     _, weights = pooling(model.layers[0](x[:4]), mask=x[:4] != 0, return_attention_scores=True)
     assert np.all(weights[x[:4] == 0] == 0) and np.allclose(weights.sum(1), 1, atol=1e-5)
+
+
+def test_attention_dropout_drops_weights_in_training_only():
+    layer = layers.Attention(score="dot", dropout=0.5, dtype="float64")
+    q, h = rand(B, TQ, 4, seed=1), rand(B, S, 4, seed=2)
+    ctx_eval, w = layer([q, h], return_attention_scores=True)
+    ctx_train = layer([q, h], training=True)
+    keep = layer._cache["attend"]["keep"][:, 0]
+    assert set(np.unique(keep)) <= {0.0, 2.0} and 0 < np.mean(keep == 0) < 1
+    assert_close(ctx_eval, w @ h, atol=1e-12, what="inference context")
+    assert_close(ctx_train, (w * keep) @ h, atol=1e-12, what="training context")
+    dq, dh = layer.backward(np.ones_like(ctx_train))
+    # NumPy backward of sum((softmax(q h^T) * keep) h): key and value are both h
+    dP = keep * (np.ones_like(ctx_train) @ h.transpose(0, 2, 1))
+    dS = w * (dP - (dP * w).sum(-1, keepdims=True))
+    assert_close(dq, dS @ h, atol=1e-12, what="dquery")
+    assert_close(dh, (w * keep).transpose(0, 2, 1) @ np.ones_like(ctx_train) + dS.transpose(0, 2, 1) @ q, atol=1e-12,
+                 what="dvalue + dkey")

@@ -62,7 +62,8 @@ static void test_sdpa_against_loops_and_finite_differences() {
                 for (int s = 0; s < S; ++s) {
                     const bool ok = pad[b * S + s] && s <= t;
                     double sc = 0;
-                    for (int d = 0; d < Dk; ++d) sc += q[((b * Tq + t) * H + h) * Dk + d] * k[((b * S + s) * H + h) * Dk + d];
+                    for (int d = 0; d < Dk; ++d)
+                        sc += q[((b * Tq + t) * H + h) * Dk + d] * k[((b * S + s) * H + h) * Dk + d];
                     e[s] = ok ? std::exp(scale * sc) : 0.0;
                     sum += e[s];
                 }
@@ -129,7 +130,8 @@ static void test_additive_scores() {
         for (int t = 0; t < Tq; ++t)
             for (int s = 0; s < S; ++s) {
                 double want = 0;
-                for (int u = 0; u < U; ++u) want += v[u] * std::tanh(pq[(b * Tq + t) * U + u] + pk[(b * S + s) * U + u]);
+                for (int u = 0; u < U; ++u)
+                    want += v[u] * std::tanh(pq[(b * Tq + t) * U + u] + pk[(b * S + s) * U + u]);
                 CHECK_CLOSE(scores[(b * Tq + t) * S + s], want, 1e-12);
             }
     const Vec r = randn(scores.size(), 13);

@@ -8,7 +8,11 @@ Functional API (NumPy in, NumPy out; usable without a layer):
   the core multi-head attention is built on.
 - ``softmax_context(scores, value, mask=None)`` -> ``(context, weights)`` and
   ``softmax_context_backward``: the masked softmax and context for scores from any score function.
+- ``masked_softmax(scores, mask=None, causal=False)``: the softmax over source positions alone
+  (its backward is ``attnx.activations`` softmax backward: masked entries have weight 0).
 - ``attend_mask(mask, batch, source_len, query_len)``: a mask or lengths as the kernels take it.
+
+Masks given to the functional API may also have a leading axis of 1, shared by the whole batch.
 
 Masks follow Keras: True = may attend. A query row with nothing to attend to gets zero weights and
 a zero context, never NaN.
@@ -24,18 +28,21 @@ SCORES = ("dot", "scaled_dot", "general", "concat", "additive")
 
 
 # ----------------------------------------------------------------------------- functional API
-def attend_mask(mask, batch, source_len, query_len=None, where="mask"):
+def attend_mask(mask, batch, source_len, query_len=None, where="mask", shared_ok=False):
     """`mask` as the kernels take it: a C-contiguous bool array (B, S) (key padding) or
     (B, Tq, S) (per query), or None.
 
     Accepts bool (or 0/1 integer) masks of those shapes and lengths ``(B,)`` (integers: the first
-    ``lengths[b]`` source positions are real). Raises ValueError naming `where` otherwise.
+    ``lengths[b]`` source positions are real); with `shared_ok`, also a leading axis of 1 for a
+    mask shared by the batch. Raises ValueError naming `where` otherwise.
     """
     if mask is None:
         return None
     m = np.asarray(mask)
     if m.dtype.kind not in "biu":
         raise TypeError(f"{where}: expected a bool mask or integer lengths, got dtype {m.dtype}")
+    if m.ndim in (2, 3) and m.shape[0] == 1 and batch != 1 and shared_ok:
+        batch = 1  # one mask for every batch row (functional API)
     if m.ndim == 1 and m.dtype.kind in "iu":
         if m.shape != (batch,):
             raise ValueError(f"{where}: lengths expected shape ({batch},), got {m.shape}")
@@ -76,7 +83,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, causal=False, sca
     k, v = _as_float(key, q.dtype), _as_float(value, q.dtype)
     if scale is None:
         scale = 1.0 / math.sqrt(max(1, q.shape[-1] // max(1, int(heads))))
-    m = attend_mask(mask, q.shape[0], k.shape[1], q.shape[1]) if q.ndim == 3 and k.ndim == 3 else mask
+    m = attend_mask(mask, q.shape[0], k.shape[1], q.shape[1], shared_ok=True) if q.ndim == 3 and k.ndim == 3 else mask
     return _core.sdpa_forward(q, k, v, m, bool(causal), float(scale), int(heads), dropout_keep)
 
 
@@ -102,9 +109,18 @@ def softmax_context(scores, value, mask=None, causal=False, dropout_keep=None):
     """
     s = _as_float(scores)
     s4 = s if s.ndim == 4 else s.reshape(s.shape[0], 1, *s.shape[1:])
-    m = attend_mask(mask, s4.shape[0], s4.shape[3], s4.shape[2])
+    m = attend_mask(mask, s4.shape[0], s4.shape[3], s4.shape[2], shared_ok=True)
     context, weights = _core.softmax_context_forward(s4, _as_float(value, s.dtype), m, bool(causal), dropout_keep)
     return context, weights.reshape(s.shape)
+
+
+def masked_softmax(scores, mask=None, causal=False):
+    """Softmax of scores (B, Tq, S) or (B, H, Tq, S) over the last axis where `mask` allows
+    ((B, S), (B, Tq, S), lengths (B,), or a leading 1 for the whole batch); fully masked rows are 0."""
+    s = _as_float(scores)
+    s4 = s if s.ndim == 4 else s.reshape(s.shape[0], 1, *s.shape[1:])
+    m = attend_mask(mask, s4.shape[0], s4.shape[3], s4.shape[2], shared_ok=True)
+    return _core.masked_softmax_forward(s4, m, bool(causal)).reshape(s.shape)
 
 
 def softmax_context_backward(dcontext, weights, value, dweights=None, dropout_keep=None):
@@ -112,8 +128,8 @@ def softmax_context_backward(dcontext, weights, value, dweights=None, dropout_ke
     w = np.asarray(weights)
     w4 = w if w.ndim == 4 else w.reshape(w.shape[0], 1, *w.shape[1:])
     dw4 = None if dweights is None else _as_float(dweights, w.dtype).reshape(w4.shape)
-    dscores, dvalue = _core.softmax_context_backward(_as_float(dcontext, w.dtype), w4, _as_float(value, w.dtype),
-                                                     dw4, dropout_keep)
+    dscores, dvalue, _ = _core.softmax_context_backward(_as_float(dcontext, w.dtype), w4, _as_float(value, w.dtype),
+                                                        dw4, dropout_keep)
     return dscores.reshape(w.shape), dvalue
 
 
@@ -244,13 +260,15 @@ class Attention(Layer):
                 raise ValueError(f"Layer '{self.name}': mask must be [query_mask, value_mask], got "
                                  f"{type(mask).__name__}")
             value_mask = attend_mask(mask[1], B, S, Tq, where=f"Layer '{self.name}': `value_mask`")
-            if mask[0] is not None:
+            if mask[0] is not None and single_step:
                 query_mask = np.asarray(mask[0])
-                expected = (B,) if single_step else (B, Tq)
-                if query_mask.shape != expected:
-                    raise ValueError(f"Layer '{self.name}': `query_mask` expected shape {expected}, "
-                                     f"got {query_mask.shape}")
-                query_mask = query_mask.reshape(B, Tq).astype(self.dtype)
+                if query_mask.shape != (B,):
+                    raise ValueError(f"Layer '{self.name}': `query_mask` expected shape ({B},) for a single-step "
+                                     f"query, got {query_mask.shape}")
+                query_mask = query_mask.reshape(B, 1).astype(self.dtype)
+            elif mask[0] is not None:  # (B, Tq) bool or lengths (B,)
+                query_mask = attend_mask(mask[0], B, Tq, where=f"Layer '{self.name}': `query_mask`")
+                query_mask = query_mask.astype(self.dtype)
         return query, value, key, len(inputs) == 3, single_step, query_mask, value_mask
 
     # ------------------------------------------------------------------ forward
@@ -389,6 +407,13 @@ class Attention(Layer):
             return None
         return mask[0]
 
+    def compute_output_shape(self, input_shape):
+        q, v, _ = self._split_shapes(input_shape)
+        return tuple(q[:-1]) + (self._output_size(v[-1]),)
+
+    def _output_size(self, value_size):
+        return value_size
+
     def get_config(self):
         return {**super().get_config(), "score": self.score, "use_scale": self.use_scale, "units": self.units,
                 "normalize": self.normalize, "use_bias": self.use_bias, "dropout": self.dropout,
@@ -485,6 +510,9 @@ class LuongAttention(Attention):
         grads = super().backward([dcontext, dweights])
         grads[0] = grads[0] + djoined[:, Dv:].reshape(grads[0].shape)
         return grads
+
+    def _output_size(self, value_size):
+        return self.attentional_units or value_size
 
     def get_config(self):
         return {**super().get_config(), "attentional_units": self.attentional_units}
