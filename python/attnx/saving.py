@@ -21,8 +21,10 @@ import hashlib
 import io
 import json
 import os
+import struct
 import tempfile
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -222,7 +224,9 @@ def _read_archive(path, expected_format):
             weights = _read_members(zf, path, header["weights"], "weights")
             header["optimizer_arrays"] = _read_members(zf, path, header.get("optimizer_weights", []), "optimizer")
     except (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, EOFError, json.JSONDecodeError,
-            UnicodeDecodeError, OSError) as exc:
+            UnicodeDecodeError, OSError, zlib.error, struct.error,
+            # a flipped flag or method byte: zipfile asks for a password or an unknown decompressor
+            RuntimeError, NotImplementedError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise
         raise ValueError(f"{path}: truncated or corrupted attnx file ({type(exc).__name__}: {exc})") from exc
