@@ -385,6 +385,8 @@ def test_torch_parity_detects_mismatch(torch, rng):
         torch_parity(layer, linear, rng.standard_normal((4, 3)).astype(np.float32))
     with pytest.raises(TypeError, match="no converter"):
         from_torch(torch.nn.Conv1d(2, 2, 3))
+    with pytest.raises(ValueError, match="max_norm"):
+        from_torch(torch.nn.Embedding(5, 2, max_norm=1.0))
 
 
 def test_from_torch_float64(torch):
