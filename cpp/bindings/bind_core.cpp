@@ -57,6 +57,7 @@ void init_core(py::module_& m) {
             return dispatch_float(dy, "dense_backward: dy", [&](auto tag) -> py::object {
                 using T = decltype(tag);
                 check_rank(x, 2, "dense_backward: x");
+                check_rank(kernel, 2, "dense_backward: kernel");
                 const auto N = x.shape(0), C = x.shape(1), OC = kernel.shape(1);
                 check_shape(kernel, {C, OC}, "dense_backward: kernel");
                 check_shape(dy, {N, OC}, "dense_backward: dy");

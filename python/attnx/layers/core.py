@@ -57,8 +57,8 @@ class Dense(Layer):
         x2, y, z, lead = self._saved()
         dy = self._grad_input(dy, lead + (self.units,)).reshape(-1, self.units)
         dx = _core.dense_backward(dy, x2, self.params["kernel"], y, z, self.activation, self.grads["kernel"],
-                                  self.grads.get("bias"), True)
-        return dx.reshape(lead + (x2.shape[1],))
+                                  self.grads.get("bias"), self.input_gradient_needed)
+        return None if dx is None else dx.reshape(lead + (x2.shape[1],))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,)
@@ -195,7 +195,7 @@ class Dropout(Layer):
         x = self._float_input(inputs, min_ndim=1)
         if not training or self.rate == 0.0:
             if training:
-                self._cache = 1.0
+                self._cache = (None, x.shape)
             return x
         shape = x.shape
         if self.noise_shape is not None:
@@ -205,12 +205,13 @@ class Dropout(Layer):
             shape = tuple(s if n is None else n for s, n in zip(x.shape, self.noise_shape))
         rng = self._rng or backend.rng()
         keep = (rng.random(shape) >= self.rate).astype(self.dtype) * self.dtype.type(1.0 / (1.0 - self.rate))
-        self._cache = keep
+        self._cache = (keep, x.shape)
         return x * keep
 
     def backward(self, dy):
-        keep = self._saved()
-        return np.asarray(dy, dtype=self.dtype) * keep
+        keep, shape = self._saved()
+        dy = self._grad_input(dy, shape)
+        return dy.copy() if keep is None else dy * keep
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -254,13 +255,14 @@ class Reshape(Layer):
         if (-1 in self.target_shape and sample % known) or (-1 not in self.target_shape and sample != known):
             raise ValueError(f"Layer '{self.name}': cannot reshape samples of shape {x.shape[1:]} to "
                              f"{self.target_shape}")
+        y = x.reshape((x.shape[0],) + self.target_shape)
         if training:
-            self._cache = x.shape
-        return x.reshape((x.shape[0],) + self.target_shape)
+            self._cache = (x.shape, y.shape)
+        return y
 
     def backward(self, dy):
-        shape = self._saved()
-        return np.ascontiguousarray(np.asarray(dy, dtype=self.dtype).reshape(shape))
+        shape, out_shape = self._saved()
+        return self._grad_input(dy, out_shape).reshape(shape)
 
     def compute_output_shape(self, input_shape):
         if -1 not in self.target_shape:
@@ -310,15 +312,16 @@ class Concatenate(_Merge):
             if x.ndim != ndim or any(a != b for k, (a, b) in enumerate(zip(x.shape, xs[0].shape)) if k != axis):
                 raise ValueError(f"Layer '{self.name}': inputs must match except on axis {self.axis}; "
                                  f"got shapes {[x.shape for x in xs]}")
+        y = np.concatenate(xs, axis=axis)
         if training:
-            self._cache = [x.shape[axis] for x in xs]
-        return np.concatenate(xs, axis=axis)
+            self._cache = ([x.shape[axis] for x in xs], y.shape, axis)
+        return y
 
     def backward(self, dy):
-        sizes = self._saved()
-        dy = np.asarray(dy, dtype=self.dtype)
+        sizes, out_shape, axis = self._saved()
+        dy = self._grad_input(dy, out_shape)
         cuts = np.cumsum(sizes)[:-1]
-        return [np.ascontiguousarray(g) for g in np.split(dy, cuts, axis=self.axis % dy.ndim)]
+        return [np.ascontiguousarray(g) for g in np.split(dy, cuts, axis=axis)]
 
     def compute_output_shape(self, input_shape):
         axis = self.axis % len(input_shape[0])
@@ -339,15 +342,15 @@ class Add(_Merge):
         if any(x.shape != xs[0].shape for x in xs):
             raise ValueError(f"Layer '{self.name}': inputs must have the same shape, got {[x.shape for x in xs]}")
         if training:
-            self._cache = len(xs)
+            self._cache = (len(xs), xs[0].shape)
         out = xs[0].copy()
         for x in xs[1:]:
             out += x
         return out
 
     def backward(self, dy):
-        n = self._saved()
-        dy = np.asarray(dy, dtype=self.dtype)
+        n, shape = self._saved()
+        dy = self._grad_input(dy, shape)
         return [dy.copy() for _ in range(n)]
 
     def compute_output_shape(self, input_shape):
@@ -355,7 +358,11 @@ class Add(_Merge):
 
 
 class GlobalAveragePooling1D(Layer):
-    """Mean over the time axis of (batch, T, features), counting only unmasked steps."""
+    """Mean over the time axis of (batch, T, features), counting only unmasked steps.
+
+    `mask` is a boolean (batch, T) array (True = real step) or the lengths (batch,) as integers.
+    A fully masked row pools to zeros.
+    """
 
     supports_masking = True
 
@@ -365,6 +372,12 @@ class GlobalAveragePooling1D(Layer):
             weights = np.full(x.shape[:2], 1.0 / x.shape[1], dtype=self.dtype)
         else:
             mask = np.asarray(mask)
+            if mask.ndim == 1 and mask.dtype.kind in "iu" and mask.shape == x.shape[:1]:
+                # lengths (B,) stand for the mask arange(T) < lengths
+                if mask.min() < 0 or mask.max() > x.shape[1]:
+                    raise ValueError(f"Layer '{self.name}': lengths must lie in [0, {x.shape[1]}], got "
+                                     f"min {mask.min()}, max {mask.max()}")
+                mask = np.arange(x.shape[1]) < mask[:, None]
             if mask.shape != x.shape[:2]:
                 raise ValueError(f"Layer '{self.name}': mask expected shape {x.shape[:2]}, got {mask.shape}")
             m = mask.astype(self.dtype)

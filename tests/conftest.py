@@ -1,0 +1,38 @@
+"""Shared fixtures: a fixed random seed for every test and a default ATTNX_DATA_DIR.
+
+The data folder default matches tests/test_datasets.py: ``<repo>/../shared/data/uci-sentiment``
+unless ATTNX_DATA_DIR is already set (CI sets it).
+"""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "uci-sentiment"
+
+if not os.environ.get("ATTNX_DATA_DIR"):
+    os.environ["ATTNX_DATA_DIR"] = str(DEFAULT_DATA_DIR)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """Every test starts from the same attnx and NumPy random state."""
+    import attnx
+    attnx.set_random_seed(1234)
+    np.random.seed(1234)
+    yield
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+@pytest.fixture
+def torch():
+    import torch as _torch
+    _torch.manual_seed(0)
+    _torch.set_num_threads(1)
+    return _torch
