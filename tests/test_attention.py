@@ -515,3 +515,13 @@ def test_hard_attention_inference_argmax_and_sampling_follow_the_weights():
     argmax = layers.HardAttention(score="dot", inference="argmax", dtype="float64")
     ctx = argmax([q[:2], values[:2]])
     assert np.all(argmax.positions == 2) and np.all(ctx == h[0, 2])
+
+
+def test_functional_model_with_attention_weights_as_outputs_gradchecks():
+    qi, vi = attnx.models.Input((3, 4), dtype="float64"), attnx.models.Input((5, 4), dtype="float64")
+    state, w = layers.LuongAttention(attentional_units=3, dtype="float64")([qi, vi], return_attention_scores=True)
+    pooled, a = layers.AttentionPooling(dtype="float64")(state, return_attention_scores=True)
+    model = attnx.models.Model([qi, vi], [pooled, w, a], dtype="float64")
+    assert [t.shape for t in model.outputs] == [(None, 3), (None, 3, 5), (None, 3)]
+    report = gradcheck(model, [rand(B, 3, 4, seed=1), rand(B, 5, 4, seed=2)])
+    assert report["inputs[0]"] < 1e-6 and report["inputs[1]"] < 1e-6
