@@ -189,6 +189,24 @@ def test_decoder_layer_parity(torch, norm_first):
                                            memory_key_padding_mask=torch.tensor(~memory_pad)))
 
 
+def test_stack_parity_and_round_trip(torch):
+    encoder = randomize(torch, torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(8, H, 16, dropout=0.0, batch_first=True, norm_first=True), 2,
+        enable_nested_tensor=False))
+    decoder = randomize(torch, torch.nn.TransformerDecoder(
+        torch.nn.TransformerDecoderLayer(8, H, 16, dropout=0.0, batch_first=True), 2))
+    x, memory = rand(B, T, 8, seed=1, dtype=np.float32), rand(B, S, 8, seed=2, dtype=np.float32)
+    stack = from_torch(encoder)
+    torch_parity(stack, encoder, [x], call=lambda l, xs: l(xs[0], training=True))
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(T)
+    torch_parity(from_torch(decoder), decoder, [x, memory],
+                 torch_call=lambda m, t: m(t[0], t[1], tgt_mask=causal, tgt_is_causal=True))
+    back = to_torch(stack)
+    assert back.layers[0] is not back.layers[1]
+    with torch.no_grad():
+        assert_close(stack(x), back(torch.tensor(x)), atol=1e-5, what="encoder stack")
+
+
 def test_to_torch_round_trips(torch):
     x = rand(B, T, 8, dtype=np.float32)
     enc = layers.TransformerEncoderLayer(H, 16, norm_first=True)

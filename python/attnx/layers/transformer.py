@@ -1010,5 +1010,59 @@ def _register_converters():
                              f"{memory_dim}; torch.nn.TransformerDecoderLayer needs d_model={layer.model_dim}")
         return block_to(layer, torch.nn.TransformerDecoderLayer)
 
+    # -- stacks: nn.TransformerEncoder / nn.TransformerDecoder without a final norm
+    def stack_from(module, stack_class, dtype):
+        if module.norm is not None:
+            raise ValueError(f"from_torch: {type(module).__name__} with a final norm; attnx stacks have none "
+                             "(apply a LayerNormalization after the stack)")
+        first, _ = block_from(module.layers[0], stack_class.layer_class, dtype)
+        config = {k: v for k, v in first.get_config().items() if k not in ("name", "trainable", "dtype")}
+        stack = stack_class(len(module.layers), dtype=dtype, **config)
+        shape = (None, None, first.model_dim)
+        stack.build(shape if stack_class is TransformerEncoder else [shape, shape])
+        stack.built = True
+        heads = first.num_heads
+
+        def to_attnx(t):
+            out = {}
+            for i in range(len(module.layers)):
+                prefix = f"layers.{i}."
+                block = block_to_attnx({k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}, heads)
+                out.update({f"layer_{i}/{k}": v for k, v in block.items()})
+            return out
+        return stack, to_attnx
+
+    def stack_to(stack, torch_stack_class):
+        import torch
+        blocks = [to_torch_block(block) for block in stack.blocks]
+        module = torch_stack_class(blocks[0], len(blocks), **(
+            {"enable_nested_tensor": False} if torch_stack_class is torch.nn.TransformerEncoder else {}))
+        for i, block in enumerate(blocks):  # the constructor deep-copies the first block into every slot
+            module.layers[i] = block
+        return module
+
+    def to_torch_block(block):
+        import torch
+        return block_to(block, torch.nn.TransformerEncoderLayer if isinstance(block, TransformerEncoderLayer)
+                        else torch.nn.TransformerDecoderLayer)
+
+    @register_from_torch("TransformerEncoder")
+    def _encoder_from(module, dtype):
+        return stack_from(module, TransformerEncoder, dtype)
+
+    @register_to_torch(TransformerEncoder)
+    def _encoder_to(stack):
+        import torch
+        return stack_to(stack, torch.nn.TransformerEncoder)
+
+    @register_from_torch("TransformerDecoder")
+    def _decoder_from(module, dtype):
+        return stack_from(module, TransformerDecoder, dtype)
+
+    @register_to_torch(TransformerDecoder)
+    def _decoder_to(stack):
+        import torch
+        return stack_to(stack, torch.nn.TransformerDecoder)
+
 
 _register_converters()
