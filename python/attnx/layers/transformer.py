@@ -558,6 +558,11 @@ class _TransformerLayerBase(_Composite):
             dsub = norm.backward(dsub)
         return dy + dsub
 
+    def _self_attention_backward(self, dinner):
+        dquery, dvalue = self.self_attention.backward(dinner)
+        dquery += dvalue  # query, key and value are one stream
+        return dquery
+
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "intermediate_dim": self.intermediate_dim,
                 "dropout": self.dropout, "activation": self.activation,
@@ -623,7 +628,7 @@ class TransformerEncoderLayer(_TransformerLayerBase):
         (keep_attention, keep_ff), shape = self._saved()
         dy = self._output_grad(dy, shape)
         dy = self._residual_backward(dy, keep_ff, self.feed_forward.backward, self.norm2)
-        return self._residual_backward(dy, keep_attention, lambda d: sum(self.self_attention.backward(d)),
+        return self._residual_backward(dy, keep_attention, self._self_attention_backward,
                                        self.norm1)
 
     def compute_output_shape(self, input_shape):
@@ -709,7 +714,7 @@ class TransformerDecoderLayer(_TransformerLayerBase):
             dmemory.append(dvalue)
             return dquery
         dy = self._residual_backward(dy, keep_cross, cross_backward, self.norm2)
-        dy = self._residual_backward(dy, keep_self, lambda d: sum(self.self_attention.backward(d)), self.norm1)
+        dy = self._residual_backward(dy, keep_self, self._self_attention_backward, self.norm1)
         return [dy, dmemory[0]]
 
     def compute_mask(self, inputs, mask=None):
