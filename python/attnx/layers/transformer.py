@@ -628,8 +628,7 @@ class TransformerEncoderLayer(_TransformerLayerBase):
         (keep_attention, keep_ff), shape = self._saved()
         dy = self._output_grad(dy, shape)
         dy = self._residual_backward(dy, keep_ff, self.feed_forward.backward, self.norm2)
-        return self._residual_backward(dy, keep_attention, self._self_attention_backward,
-                                       self.norm1)
+        return self._residual_backward(dy, keep_attention, self._self_attention_backward, self.norm1)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
