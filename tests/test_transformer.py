@@ -308,6 +308,19 @@ def test_functional_model_with_keras_style_attention_trains_saves_and_loads(tmp_
     assert_close(attnx.models.load_model(tmp_path / "model").predict(ids), model.predict(ids), atol=0)
 
 
+@pytest.mark.parametrize("layer", [
+    layers.LayerNormalization(epsilon=1e-5, center=False), layers.PositionalEncoding(max_wavelength=500.0),
+    layers.PositionEmbedding(7), layers.FeedForward(8, activation="gelu", dropout=0.1, output_dim=3),
+    layers.MultiHeadAttention(2, 3, value_dim=4, dropout=0.2, use_bias=False, output_shape=5),
+    layers.TransformerEncoderLayer(2, 8, dropout=0.1, activation="gelu", norm_first=True),
+    layers.TransformerDecoderLayer(2, 8, layer_norm_epsilon=1e-3), layers.TransformerEncoder(3, 2, 8),
+    layers.TransformerDecoder(2, 2, 8, norm_first=True),
+], ids=lambda layer: type(layer).__name__)
+def test_config_round_trip(layer):
+    config = layer.get_config()
+    assert type(layer).from_config(config).get_config() == config
+
+
 # ----------------------------------------------------------------------------- bad input
 def test_embedding_size_not_divisible_by_heads():
     with pytest.raises(ValueError, match=r"embedding size 6 .* not divisible by num_heads=4"):
