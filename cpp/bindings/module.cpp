@@ -10,6 +10,7 @@ PYBIND11_MODULE(_core, m) {
     attnx::bind::init_core(m);
     attnx::bind::init_loss(m);
     attnx::bind::init_optim(m);
+    attnx::bind::init_rnn(m);
     attnx::bind::init_attention(m);
     attnx::bind::init_transformer(m);
 }

@@ -629,7 +629,11 @@ class Model(Layer):
         rows = [("Layer (type)", "Output Shape", "Param #")]
         for t in self.inputs:
             rows.append((f"{t.name} (Input)", str(t.shape), "0"))
-        for node in self._nodes:
+        listed = set()
+        for node in self._nodes:  # each layer once, as Keras does: a shared layer's weights count once
+            if id(node.layer) in listed:
+                continue
+            listed.add(id(node.layer))
             shapes = [o.shape for o in node.outputs]
             rows.append((f"{node.layer.name} ({type(node.layer).__name__})",
                          str(shapes[0]) if len(shapes) == 1 else str(shapes), str(node.layer.count_params())))

@@ -4,11 +4,13 @@ from .attention import (AdditiveAttention, Attention, AttentionPooling, HardAtte
 from .base import Layer, get
 from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                    Reshape)
+from .recurrent import GRU, LSTM, Bidirectional, GRUCell, LSTMCell, SimpleRNN, SimpleRNNCell
 from .transformer import (FeedForward, LayerNormalization, MultiHeadAttention, PositionalEncoding, PositionEmbedding,
                           TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
 
-__all__ = ["Layer", "AdditiveAttention", "Attention", "AttentionPooling", "HardAttention", "LocalAttention",
-           "LuongAttention", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
-           "GlobalAveragePooling1D", "Reshape"]
-__all__ += ["FeedForward", "LayerNormalization", "MultiHeadAttention", "PositionalEncoding", "PositionEmbedding",
-            "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer"]
+__all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
+           "GlobalAveragePooling1D", "Reshape", "SimpleRNN", "GRU", "LSTM", "Bidirectional", "SimpleRNNCell",
+           "GRUCell", "LSTMCell", "AdditiveAttention", "Attention", "AttentionPooling", "HardAttention",
+           "LocalAttention", "LuongAttention", "FeedForward", "LayerNormalization", "MultiHeadAttention",
+           "PositionalEncoding", "PositionEmbedding", "TransformerDecoder", "TransformerDecoderLayer",
+           "TransformerEncoder", "TransformerEncoderLayer"]
