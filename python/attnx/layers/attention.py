@@ -134,7 +134,19 @@ def softmax_context_backward(dcontext, weights, value, dweights=None, dropout_ke
 
 
 # ----------------------------------------------------------------------------- layers
-class Attention(Layer):
+class _MayReturnWeights:
+    """For layers called with ``return_attention_scores=True``: functional models ask
+    compute_output_shape (which gets no call arguments) for the outputs, so the flag of the
+    latest call is kept for it."""
+
+    _returns_weights = False
+
+    def __call__(self, inputs, *args, **kwargs):
+        self._returns_weights = bool(kwargs.get("return_attention_scores", False))
+        return super().__call__(inputs, *args, **kwargs)
+
+
+class Attention(_MayReturnWeights, Layer):
     """Attention of queries over a source sequence: score -> masked softmax -> context.
 
     ``context = softmax(score(query, key)) . value`` over the source positions, with the scores
@@ -409,7 +421,8 @@ class Attention(Layer):
 
     def compute_output_shape(self, input_shape):
         q, v, _ = self._split_shapes(input_shape)
-        return tuple(q[:-1]) + (self._output_size(v[-1]),)
+        context = tuple(q[:-1]) + (self._output_size(v[-1]),)
+        return [context, tuple(q[:-1]) + (v[1],)] if self._returns_weights else context
 
     def _output_size(self, value_size):
         return value_size
@@ -730,7 +743,7 @@ class HardAttention(Attention):
         return config
 
 
-class AttentionPooling(Layer):
+class AttentionPooling(_MayReturnWeights, Layer):
     """The attention layer of the Keras sentiment tutorial: one weight per time step, softmax over
     time, weighted sum of the inputs.
 
@@ -805,7 +818,8 @@ class AttentionPooling(Layer):
         return mask if self.return_sequences else None
 
     def compute_output_shape(self, input_shape):
-        return tuple(input_shape) if self.return_sequences else (input_shape[0], input_shape[-1])
+        out = tuple(input_shape) if self.return_sequences else (input_shape[0], input_shape[-1])
+        return [out, tuple(input_shape[:2])] if self._returns_weights else out
 
     def get_config(self):
         return {**super().get_config(), "return_sequences": self.return_sequences,
