@@ -308,6 +308,20 @@ def test_functional_model_with_keras_style_attention_trains_saves_and_loads(tmp_
     assert_close(attnx.models.load_model(tmp_path / "model").predict(ids), model.predict(ids), atol=0)
 
 
+def test_functional_model_outputs_attention_weights():
+    target, memory = attnx.Input((T, D)), attnx.Input((S, D))
+    x, w_mha = layers.MultiHeadAttention(H, 2)(target, memory, return_attention_scores=True)
+    x, w_enc = layers.TransformerEncoderLayer(H, 8)(x, return_attention_scores=True)
+    y, w_self, w_cross = layers.TransformerDecoderLayer(H, 8)([x, memory], return_attention_scores=True)
+    model = attnx.Model([target, memory], [y, w_mha, w_enc, w_self, w_cross])
+    assert [t.shape for t in model.outputs[2:]] == [(None, H, T, T), (None, H, T, T), (None, H, T, S)]
+    arrays = [rand(B, T, D, seed=1, dtype=np.float32), rand(B, S, D, seed=2, dtype=np.float32)]
+    outs = model(arrays, training=True)
+    assert outs[1].shape == (B, H, T, S) and outs[4].shape == (B, H, T, S)
+    dtarget, dmemory = model.backward([np.ones_like(outs[0])] + [None] * 4)
+    assert dtarget.shape == (B, T, D) and dmemory.shape == (B, S, D) and np.abs(dmemory).sum() > 0
+
+
 @pytest.mark.parametrize("layer", [
     layers.LayerNormalization(epsilon=1e-5, center=False), layers.PositionalEncoding(max_wavelength=500.0),
     layers.PositionEmbedding(7), layers.FeedForward(8, activation="gelu", dropout=0.1, output_dim=3),
