@@ -505,7 +505,7 @@ class Model(Layer):
             n = cut
         verbose = 1 if verbose == "auto" else int(verbose)
         history = callbacks_module.History()
-        cbs = callbacks_module.CallbackList([history] + list(callbacks or []), self,
+        cbs = callbacks_module.CallbackList(list(callbacks or []) + [history], self,  # History last, as Keras
                                             {"epochs": epochs, "verbose": verbose})
         self.stop_training = False
         cbs.on_train_begin()

@@ -497,6 +497,8 @@ class LuongAttention(Attention):
         context, weights = super().call(inputs, training=training, mask=mask, return_attention_scores=True,
                                         use_causal_mask=use_causal_mask)
         if not self.attentional_units:
+            if training:  # backward takes what this call returned: [dcontext, dweights] only with the weights
+                self._cache["return_weights"] = bool(return_attention_scores)
             return (context, weights) if return_attention_scores else context
         query = self._float_input(inputs[0], "query")
         lead = context.shape[:-1]
