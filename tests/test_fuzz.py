@@ -12,6 +12,8 @@ per test (default 25) for a bigger budget on demand:
 
     ATTNX_FUZZ_EXAMPLES=500 PYTHONPATH=python python -m pytest tests/test_fuzz.py -q
 
+(ATTNX_FUZZ_REPORT=<file> writes how many calls were checked.)
+
 Adding a layer: append a `LayerCase` to LAYER_CASES (a factory drawing its hyperparameters, a
 generator of one valid input, and optionally a NumPy reference and the mask argument it takes);
 every generic property below then runs on it.
@@ -19,6 +21,7 @@ every generic property below then runs on it.
 import faulthandler
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -39,10 +42,21 @@ FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database
                 suppress_health_check=list(HealthCheck))
 
 
+CALLS = {"checked": 0}  # calls whose outcome was checked; ATTNX_FUZZ_REPORT=<file> writes the count
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_calls():
+    yield
+    if os.environ.get("ATTNX_FUZZ_REPORT"):
+        with open(os.environ["ATTNX_FUZZ_REPORT"], "w") as f:
+            f.write(f"{CALLS['checked']} fuzzed calls checked\n")
+
+
 @pytest.fixture(autouse=True)
 def _no_hang():
     """A hang in a kernel becomes a failed run with every thread's traceback, not a stuck CI job."""
-    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True, file=sys.__stderr__)  # not the capture
     yield
     faulthandler.cancel_dump_traceback_later()
 
@@ -50,6 +64,7 @@ def _no_hang():
 # ------------------------------------------------------------------------------- helpers
 def outcome(fn):
     """('ok', result) or ('err', exception) for a documented exception; anything else propagates."""
+    CALLS["checked"] += 1
     try:
         return "ok", fn()
     except DOCUMENTED as exc:
@@ -1096,3 +1111,22 @@ def test_core_optimizer_bindings(data):
                                      "scale_": lambda: _core.scale_([before[0][:, ::2]], 2.0),
                                      "clip_": lambda: _core.clip_([np.zeros(2, object)], 0.0, 1.0)}[fn_name]())
         assert kind == "err", fn_name
+
+
+# --------------------------------------------------------------------- huge-but-valid sizes
+def test_large_valid_sizes():
+    """Large vocabularies, long sequences, wide rows and many rows: right results, no overflow."""
+    r = np.random.default_rng(0)
+    emb = layers.Embedding(300_000, 2)
+    ids = np.array([[0, 299_999, 150_000]])
+    np.testing.assert_array_equal(emb(ids), emb.params["embeddings"][ids])
+    x = r.normal(size=(1, 200_000)).astype(np.float32)
+    assert_same(layers.Activation("softmax")(x), np_activation("softmax", x), rtol=1e-4, atol=1e-9)
+    dense = layers.Dense(3)
+    xs = r.normal(size=(120_000, 1)).astype(np.float32)
+    assert_same(dense(xs), _dense_ref(dense, xs), rtol=1e-4, atol=1e-5)
+    lstm = layers.LSTM(4, return_sequences=True)
+    seq = r.normal(size=(1, 1500, 2)).astype(np.float32)
+    y = lstm(seq)
+    assert y.shape == (1, 1500, 4) and np.isfinite(y).all()
+    np.testing.assert_array_equal(lstm(seq[:, :10])[:, :10], y[:, :10])  # a prefix does not see the future
