@@ -1130,3 +1130,49 @@ def test_large_valid_sizes():
     y = lstm(seq)
     assert y.shape == (1, 1500, 4) and np.isfinite(y).all()
     np.testing.assert_array_equal(lstm(seq[:, :10])[:, :10], y[:, :10])  # a prefix does not see the future
+
+
+# -------------------------------------------------------- regressions the fuzzer found (fixed)
+def test_regression_unaligned_arrays():
+    """C-contiguous but misaligned buffers: the bindings refuse them (reading them is undefined
+    behaviour and crashed the vectorized kernels); layers and losses pass aligned copies."""
+    x = unaligned(np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert not x.flags.aligned
+    with pytest.raises(ValueError, match="aligned"):
+        _core.activation_forward(x, "relu")
+    assert_same(layers.Activation("relu")(x), np.array(x))
+    assert_same(attnx.activations.tanh(x), np.tanh(np.array(x)))
+    pred = unaligned(np.full((3, 2), 0.5, np.float32))
+    assert np.isclose(losses.MeanSquaredError()(np.zeros((3, 2)), pred), 0.25)
+    ids = unaligned(np.array([[1, 2]], np.int64))
+    with pytest.raises(TypeError):
+        _core.embedding_forward(ids, np.ones((3, 2), np.float32))
+    emb = layers.Embedding(3, 2)
+    assert_same(emb(ids), emb.params["embeddings"][[[1, 2]]])
+
+
+def test_regression_nan_propagates_through_relu_and_softmax():
+    x = np.array([[np.nan, 1.0, -1.0], [np.nan, np.nan, np.nan], [np.nan, -np.inf, -np.inf]], np.float32)
+    assert np.isnan(_core.activation_forward(x, "relu")[:, 0]).all()
+    assert np.isnan(_core.activation_forward(x, "softmax")).all()  # not the zeros of a fully masked row
+    masked = np.full((1, 3), -np.inf, np.float32)
+    assert (_core.activation_forward(masked, "softmax") == 0).all()
+
+
+def test_regression_zero_sizes_and_axes():
+    dense = layers.Dense(2)
+    assert_same(dense(np.zeros((3, 0), np.float32)), np.broadcast_to(dense.params["bias"], (3, 2)))
+    gap = layers.GlobalAveragePooling1D()
+    assert_same(gap(np.zeros((2, 0, 3), np.float32)), np.zeros((2, 3)))
+    with pytest.raises(TypeError, match="mask"):
+        gap(np.ones((1, 2, 3), np.float32), mask=np.array([[0.5, 1.0]]))
+    with pytest.raises(ValueError, match="axis 3 is out of range"):
+        layers.Concatenate(axis=3)([np.ones((1, 2, 2), np.float32)] * 2)
+
+
+def test_regression_luong_backward_without_attentional_units():
+    layer = layers.LuongAttention(score="general")
+    q, v = np.ones((2, 1, 3), np.float32), np.ones((2, 4, 3), np.float32)
+    y = layer([q, v], training=True)
+    dq, dv = layer.backward(np.ones_like(y))
+    assert dq.shape == q.shape and dv.shape == v.shape
