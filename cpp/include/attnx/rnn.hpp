@@ -282,26 +282,93 @@ void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cach
 }
 
 // ------------------------------------------------------------------------------------ backward
+// Activation slopes as a policy: the default (tanh, sigmoid) pair compiles branch-free so that the
+// backward gate loops vectorize; any other pair goes through act_slope's switch.
+template <class T> struct TanhSigmoidSlopes {
+    T act(T y) const { return T(1) - y * y; }
+    T ract(T y) const { return y * (T(1) - y); }
+};
+template <class T> struct AnySlopes {
+    Activation a, r;
+    T act(T y) const { return act_slope(a, y); }
+    T ract(T y) const { return act_slope(r, y); }
+};
+
+// Backward gate math of one real step of one batch row (restrict parameters: these loops vectorize).
+// dh holds the gradient of h_t on entry and the direct part of that of h_{t-1} on exit.
+
+// SimpleRNN: d pre = dh act'(h_t); h_{t-1} reaches h_t only through U
+template <class T, class Slopes>
+void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g) {
+    for (int j = 0; j < H; ++j) {
+        dg[j] = dh[j] * slope.act(g[j]);
+        dh[j] = T(0);
+    }
+}
+
+// LSTM: dc_t += dh o act'(c_t); di = dc g, df = dc c_{t-1}, dg = dc i, do = dh act(c_t), each times
+// its activation's slope; dc_{t-1} = dc_t f
+template <class T, class Slopes>
+void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, T* __restrict__ dc,
+                       const T* __restrict__ g, const T* __restrict__ act_c, const T* __restrict__ c_prev) {
+    for (int j = 0; j < H; ++j) {
+        const T i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
+        const T dcj = dc[j] + dh[j] * o * slope.act(act_c[j]);
+        dg[j] = dcj * gg * slope.ract(i);
+        dg[H + j] = dcj * c_prev[j] * slope.ract(f);
+        dg[2 * H + j] = dcj * i * slope.act(gg);
+        dg[3 * H + j] = dh[j] * act_c[j] * slope.ract(o);
+        dc[j] = dcj * f;
+        dh[j] = T(0);
+    }
+}
+
+// GRU: dn = dh (1 - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z. The reset
+// gate's gradient follows in gru_after_row_backward or, for the classic form, after U_n^T.
+template <class T, class Slopes>
+void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g,
+                      const T* __restrict__ h_prev) {
+    for (int j = 0; j < H; ++j) {
+        const T z = g[H + j], n = g[2 * H + j];
+        dg[2 * H + j] = dh[j] * (T(1) - z) * slope.act(n);
+        dg[H + j] = dh[j] * (h_prev[j] - n) * slope.ract(z);
+        dh[j] *= z;
+    }
+}
+
+// GRU reset_after: n's pre-activation is x_n + r * hn, so dr = dn hn and d hn = dn r; dhu is the
+// gradient of h U + b_rec
+template <class T, class Slopes>
+void gru_after_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dhu,
+                            const T* __restrict__ g, const T* __restrict__ hn) {
+    for (int j = 0; j < H; ++j) {
+        const T r = g[j], dn = dg[2 * H + j];
+        dg[j] = dn * hn[j] * slope.ract(r);
+        dhu[j] = dg[j];
+        dhu[H + j] = dg[H + j];
+        dhu[2 * H + j] = dn * r;
+    }
+}
+
 // Reverse-time steps of rows [b0, b1). dh, dc (B, H) come in as the gradient of the final state and
 // leave as that of the initial state. dgates (B, T, G*H) receives d(x W + b_in) per step; dhu
-// (B, T, G*H) receives d(h_rec U + b_rec) (the same buffer as dgates except for GRU);
+// (B, T, G*H) receives d(h_rec U + b_rec) (the same buffer as dgates except for GRU reset_after);
 // dhrec (B, H) is workspace.
-template <class T>
-void rnn_backward_rows(const RNNConfig& cfg, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu, T* dhrec, const T* dy,
-                       const RNNCache<T>& cache, const T* U, const uint8_t* mask, const T* rec_mask) {
+template <class T, class Slopes>
+void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu,
+                       T* dhrec, const T* dy, const RNNCache<T>& cache, const T* U, const uint8_t* mask,
+                       const T* rec_mask) {
     const int Tn = cfg.T, H = cfg.H, G = cfg.G(), nb = b1 - b0;
     const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
-    const Activation act = cfg.activation, ract = cfg.recurrent_activation;
     const bool gru_classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
     for (int s = Tn - 1; s >= 0; --s) {
         const int t = cfg.time_at(s);
         for (int b = b0; b < b1; ++b) {
             const size_t row = (size_t)b * TH + (size_t)t * H, grow = (size_t)b * TG + (size_t)t * G;
             T* dg = dgates + grow;
-            T* du = dhu + grow;
             if (mask && !mask[(size_t)b * Tn + t]) {  // padded step: dh, dc carry through unchanged
                 std::fill(dg, dg + G, T(0));
-                if (du != dg) std::fill(du, du + G, T(0));
+                if (dhu != dgates) std::fill(dhu + grow, dhu + grow + G, T(0));
                 continue;
             }
             T* dhb = dh + (size_t)b * H;
@@ -309,50 +376,15 @@ void rnn_backward_rows(const RNNConfig& cfg, int b0, int b1, T* dh, T* dc, T* dg
                 for (int j = 0; j < H; ++j) dhb[j] += dy[row + j];
             const T* g = cache.gates + grow;
             switch (cfg.cell) {
-                case RNNCell::simple:
-                    // d pre = dh * act'(h_t); h_{t-1} reaches h_t only through U
-                    for (int j = 0; j < H; ++j) {
-                        dg[j] = dhb[j] * act_slope(act, g[j]);
-                        dhb[j] = T(0);
-                    }
+                case RNNCell::simple: simple_row_backward(slope, H, dg, dhb, g); break;
+                case RNNCell::lstm:
+                    lstm_row_backward(slope, H, dg, dhb, dc + (size_t)b * H, g, cache.aux + row, cache.c_prev + row);
                     break;
-                case RNNCell::lstm: {
-                    // dc_t += dh o act'(c_t); di = dc g, df = dc c_{t-1}, dg = dc i, do = dh act(c_t);
-                    // dc_{t-1} = dc_t f; each times its activation's slope
-                    T* dcb = dc + (size_t)b * H;
-                    const T* ac = cache.aux + row;
-                    const T* cp = cache.c_prev + row;
-                    for (int j = 0; j < H; ++j) {
-                        const T i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
-                        const T dcj = dcb[j] + dhb[j] * o * act_slope(act, ac[j]);
-                        dg[j] = dcj * gg * act_slope(ract, i);
-                        dg[H + j] = dcj * cp[j] * act_slope(ract, f);
-                        dg[2 * H + j] = dcj * i * act_slope(act, gg);
-                        dg[3 * H + j] = dhb[j] * ac[j] * act_slope(ract, o);
-                        dcb[j] = dcj * f;
-                        dhb[j] = T(0);
-                    }
+                case RNNCell::gru:
+                    gru_row_backward(slope, H, dg, dhb, g, cache.h_prev + row);
+                    // classic: dhu is dgates; dr needs d(r h_rec) = dn . U_n^T first (below)
+                    if (cfg.reset_after) gru_after_row_backward(slope, H, dg, dhu + grow, g, cache.aux + row);
                     break;
-                }
-                case RNNCell::gru: {
-                    // dn = dh (1 - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z
-                    const T* hp = cache.h_prev + row;
-                    for (int j = 0; j < H; ++j) {
-                        const T r = g[j], z = g[H + j], n = g[2 * H + j];
-                        const T dn = dhb[j] * (T(1) - z) * act_slope(act, n);
-                        dg[H + j] = du[H + j] = dhb[j] * (hp[j] - n) * act_slope(ract, z);
-                        dg[2 * H + j] = dn;
-                        if (cfg.reset_after) {
-                            // n's pre-activation is x_n + r * hn: dr = dn hn, d hn = dn r
-                            dg[j] = du[j] = dn * cache.aux[row + j] * act_slope(ract, r);
-                            du[2 * H + j] = dn * r;
-                        } else {
-                            du[2 * H + j] = dn;  // d of (r h_rec) U_n's output; dr needs U_n^T first
-                        }
-                        dhb[j] *= z;
-                    }
-                    break;
-                }
             }
         }
         const T* du0 = dhu + (size_t)b0 * TG + (size_t)t * G;
@@ -367,7 +399,7 @@ void rnn_backward_rows(const RNNConfig& cfg, int b0, int b1, T* dh, T* dc, T* dg
                 T* dhrb = dhrec + (size_t)b * H;
                 for (int j = 0; j < H; ++j) {
                     const T r = cache.gates[grow + j];
-                    dgates[grow + j] = dhu[grow + j] = dhrb[j] * hrb[j] * act_slope(ract, r);
+                    dgates[grow + j] = dhrb[j] * hrb[j] * slope.ract(r);
                     dhrb[j] *= r;
                 }
             }
@@ -400,7 +432,12 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
                   const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
     const int BT = cfg.B * cfg.T, H = cfg.H, G = cfg.G();
     for_batch_halves(cfg, [&](int b0, int b1) {
-        rnn_backward_rows<T>(cfg, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, U, mask, rec_mask);
+        if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
+            rnn_backward_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, U, mask,
+                                 rec_mask);
+        else
+            rnn_backward_rows<T>(cfg, AnySlopes<T>{cfg.activation, cfg.recurrent_activation}, b0, b1, dh, dc, dgates,
+                                 dhu, dhrec, dy, cache, U, mask, rec_mask);
     });
     // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T: one GEMM each over all steps
     dense_backward<T>(dx, dW, db_in, dgates, x, W, BT, cfg.C, G);
