@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-shared_data="$(cd .. && pwd)/shared/data/uci-sentiment"
+shared_data="$(cd .. && pwd)/shared/data"
 if [ -z "${ATTNX_DATA_DIR:-}" ] && [ -d "$shared_data" ]; then export ATTNX_DATA_DIR="$shared_data"; fi
 cd examples && python3 sentiment.py "$@"

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 shared_data="$(cd .. && pwd)/shared/data"
-export ATTNX_DATA_DIR="${ATTNX_DATA_DIR:-$shared_data/uci-sentiment}"
+# one folder holding uci-sentiment/ and anki/ serves every loader
+export ATTNX_DATA_DIR="${ATTNX_DATA_DIR:-$shared_data}"
 export MPLBACKEND=Agg
 echo "== C++ unit tests"
 cmake -S . -B build/ctest -DATTNX_BUILD_TESTS=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -14,4 +15,6 @@ cmake --build build/ctest -j"$(nproc)" >/dev/null
 (cd build/ctest && ctest --output-on-failure)
 echo "== pytest"
 # run from tests/ so that the installed attnx is what gets imported, not the source tree
-cd tests && python3 -m pytest -q -ra "$@"
+(cd tests && python3 -m pytest -q -ra "$@")
+echo "== sanitizers (C++ unit tests + a fast Python subset under ASan+UBSan)"
+bash scripts/sanitize.sh

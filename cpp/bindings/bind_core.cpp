@@ -57,6 +57,7 @@ void init_core(py::module_& m) {
             return dispatch_float(dy, "dense_backward: dy", [&](auto tag) -> py::object {
                 using T = decltype(tag);
                 check_rank(x, 2, "dense_backward: x");
+                check_rank(kernel, 2, "dense_backward: kernel");
                 const auto N = x.shape(0), C = x.shape(1), OC = kernel.shape(1);
                 check_shape(kernel, {C, OC}, "dense_backward: kernel");
                 check_shape(dy, {N, OC}, "dense_backward: dy");
@@ -145,7 +146,8 @@ void init_core(py::module_& m) {
             return dispatch_float(table, "embedding_forward: table", [&](auto tag) -> py::array {
                 using T = decltype(tag);
                 check_rank(table, 2, "embedding_forward: table");
-                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style))
+                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style) ||
+                    !is_aligned(ids))
                     throw py::type_error("embedding_forward: ids must be a C-contiguous int64 array, got " +
                                          dtype_str(ids));
                 const auto V = table.shape(0), D = table.shape(1);
@@ -176,7 +178,8 @@ void init_core(py::module_& m) {
                 using T = decltype(tag);
                 check_rank(dtable, 2, "embedding_backward: dtable");
                 const auto V = dtable.shape(0), D = dtable.shape(1);
-                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style))
+                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style) ||
+                    !is_aligned(ids))
                     throw py::type_error("embedding_backward: ids must be a C-contiguous int64 array");
                 std::vector<py::ssize_t> shape(ids.shape(), ids.shape() + ids.ndim());
                 shape.push_back(D);

@@ -12,6 +12,16 @@ namespace attnx::bind {
 
 using ArrayList = std::vector<py::array>;
 
+// An optional list argument (None or a sequence of arrays); anything else is a TypeError.
+static ArrayList optional_list(const py::object& obj, const char* what) {
+    try {
+        return obj.cast<ArrayList>();
+    } catch (const py::cast_error&) {
+        throw py::type_error(std::string(what) + ": expected None or a list of arrays, got " +
+                             py::str(py::type::of(obj).attr("__name__")).cast<std::string>());
+    }
+}
+
 // Pointers into each list, every buffer checked against the matching parameter's size.
 template <class T>
 static std::vector<T*> mutable_list(ArrayList& arrays, const ArrayList& params, const char* what) {
@@ -91,11 +101,11 @@ void init_optim(py::module_& m) {
                 ArrayList mg_list, buf_list;
                 std::vector<T*> mg(p.size(), nullptr), bf(p.size(), nullptr);
                 if (!mean_grads.is_none()) {
-                    mg_list = mean_grads.cast<ArrayList>();
+                    mg_list = optional_list(mean_grads, "rmsprop_update: mean_grads");
                     mg = mutable_list<T>(mg_list, params, "rmsprop_update: mean gradients");
                 }
                 if (!bufs.is_none()) {
-                    buf_list = bufs.cast<ArrayList>();
+                    buf_list = optional_list(bufs, "rmsprop_update: bufs");
                     bf = mutable_list<T>(buf_list, params, "rmsprop_update: momentum buffers");
                 }
                 auto n = sizes_of<T>(params);

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstddef>
 
+#include "attnx/parallel.hpp"
+
 namespace attnx {
 
 // buf = momentum * buf + g;  step = nesterov ? g + momentum * buf : buf;  p -= lr * step
@@ -28,14 +30,16 @@ void adam_update(T* p, const T* grad, T* m, T* v, size_t n, T lr, T beta1, T bet
     const T bias1 = T(1) - std::pow(beta1, T(step));
     const T sqrt_bias2 = std::sqrt(T(1) - std::pow(beta2, T(step)));
     const T step_size = lr / bias1;
-    for (size_t i = 0; i < n; ++i) {
-        T g = grad[i];
-        if (decoupled) p[i] *= T(1) - lr * weight_decay;
-        else g += weight_decay * p[i];
-        m[i] = beta1 * m[i] + (T(1) - beta1) * g;
-        v[i] = beta2 * v[i] + (T(1) - beta2) * g * g;
-        p[i] -= step_size * m[i] / (std::sqrt(v[i]) / sqrt_bias2 + eps);
-    }
+    parallel_for(n, 8.0 * n, [&](size_t lo, size_t hi) {
+        for (size_t i = lo; i < hi; ++i) {
+            T g = grad[i];
+            if (decoupled) p[i] *= T(1) - lr * weight_decay;
+            else g += weight_decay * p[i];
+            m[i] = beta1 * m[i] + (T(1) - beta1) * g;
+            v[i] = beta2 * v[i] + (T(1) - beta2) * g * g;
+            p[i] -= step_size * m[i] / (std::sqrt(v[i]) / sqrt_bias2 + eps);
+        }
+    });
 }
 
 // v = rho v + (1 - rho) g^2;  centered: mg = rho mg + (1 - rho) g, denom = sqrt(v - mg^2) + eps

@@ -142,12 +142,12 @@ template <class F> void for_batch_halves(const RNNConfig& cfg, F&& fn) {
         fn(0, cfg.B);
         return;
     }
-    set_blas_threads(1);
+    openblas_set_num_threads(1);  // not set_blas_threads: the budget other calls read stays as set
     const int half = cfg.B / 2;
     std::thread other([&] { fn(half, cfg.B); });
     fn(0, half);
     other.join();
-    set_blas_threads(threads);
+    openblas_set_num_threads(threads);
 }
 
 // ------------------------------------------------------------------------------------- forward

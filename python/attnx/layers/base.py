@@ -8,7 +8,6 @@
 - ``layer.params`` / ``layer.grads`` are ordered dicts name -> ndarray that the C++ kernels read
   and write in place, so optimizer updates and ``set_weights`` never invalidate them.
 """
-import inspect
 import re
 from collections import OrderedDict
 
@@ -45,6 +44,9 @@ class Layer:
 
     registry = {}
     supports_masking = False  # True: the input mask passes through unchanged
+    # A model's training step clears this for layers fed only by its inputs, whose input
+    # gradient nobody reads; layers may then skip computing it and return None.
+    input_gradient_needed = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -137,6 +139,7 @@ class Layer:
         key = ("_accepts_" + arg)
         found = self.__dict__.get(key)
         if found is None:
+            import inspect  # on first call only: inspect is slow to import and `import attnx` must stay fast
             found = arg in inspect.signature(self.call).parameters
             self.__dict__[key] = found
         return found
@@ -188,7 +191,7 @@ class Layer:
         if arr.dtype.kind not in "fiu":
             raise TypeError(f"Layer '{self.name}': `{arg}` must be a numeric array, got dtype {arr.dtype}")
         self._check_shape(arr, arg, ndim, min_ndim, last_dim)
-        return np.ascontiguousarray(arr, dtype=self.dtype)
+        return np.require(arr, self.dtype, "CA")  # C-contiguous and aligned, as the kernels read it
 
     def _check_shape(self, arr, arg, ndim=None, min_ndim=None, last_dim=None):
         if ndim is not None and arr.ndim != ndim:
@@ -206,7 +209,7 @@ class Layer:
         arr = np.asarray(dy)
         if arr.shape != tuple(shape):
             raise ValueError(f"Layer '{self.name}': `{arg}` expected shape {tuple(shape)}, got {arr.shape}")
-        return np.ascontiguousarray(arr, dtype=self.dtype)
+        return np.require(arr, self.dtype, "CA")
 
     def __repr__(self):
         return f"<{type(self).__name__} name={self.name!r}>"

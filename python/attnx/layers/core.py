@@ -47,7 +47,7 @@ class Dense(Layer):
         kernel = self.params["kernel"]
         x = self._float_input(inputs, min_ndim=2, last_dim=kernel.shape[0])
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, kernel.shape[0])
+        x2 = x.reshape(int(np.prod(lead, dtype=np.int64)), kernel.shape[0])  # -1 fails for 0 features
         y, z = _core.dense_forward(x2, kernel, self.params.get("bias"), self.activation)
         if training:
             self._cache = (x2, y, z, lead)
@@ -57,8 +57,8 @@ class Dense(Layer):
         x2, y, z, lead = self._saved()
         dy = self._grad_input(dy, lead + (self.units,)).reshape(-1, self.units)
         dx = _core.dense_backward(dy, x2, self.params["kernel"], y, z, self.activation, self.grads["kernel"],
-                                  self.grads.get("bias"), True)
-        return dx.reshape(lead + (x2.shape[1],))
+                                  self.grads.get("bias"), self.input_gradient_needed)
+        return None if dx is None else dx.reshape(lead + (x2.shape[1],))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,)
@@ -109,7 +109,7 @@ class Embedding(Layer):
         elif arr.dtype.kind not in "iu":
             raise TypeError(f"Layer '{self.name}': token ids must be integers, got dtype {arr.dtype}")
         self._check_shape(arr, "inputs", min_ndim=1)
-        ids = np.ascontiguousarray(arr, dtype=np.int64)
+        ids = np.require(arr, np.int64, "CA")
         if ids.size and (ids.min() < 0 or ids.max() >= self.input_dim):
             bad = ids.min() if ids.min() < 0 else ids.max()
             raise IndexError(f"Layer '{self.name}': token id {bad} out of range [0, {self.input_dim}) "
@@ -195,7 +195,7 @@ class Dropout(Layer):
         x = self._float_input(inputs, min_ndim=1)
         if not training or self.rate == 0.0:
             if training:
-                self._cache = 1.0
+                self._cache = (None, x.shape)
             return x
         shape = x.shape
         if self.noise_shape is not None:
@@ -205,12 +205,13 @@ class Dropout(Layer):
             shape = tuple(s if n is None else n for s, n in zip(x.shape, self.noise_shape))
         rng = self._rng or backend.rng()
         keep = (rng.random(shape) >= self.rate).astype(self.dtype) * self.dtype.type(1.0 / (1.0 - self.rate))
-        self._cache = keep
+        self._cache = (keep, x.shape)
         return x * keep
 
     def backward(self, dy):
-        keep = self._saved()
-        return np.asarray(dy, dtype=self.dtype) * keep
+        keep, shape = self._saved()
+        dy = self._grad_input(dy, shape)
+        return dy.copy() if keep is None else dy * keep
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -254,13 +255,14 @@ class Reshape(Layer):
         if (-1 in self.target_shape and sample % known) or (-1 not in self.target_shape and sample != known):
             raise ValueError(f"Layer '{self.name}': cannot reshape samples of shape {x.shape[1:]} to "
                              f"{self.target_shape}")
+        y = x.reshape((x.shape[0],) + self.target_shape)
         if training:
-            self._cache = x.shape
-        return x.reshape((x.shape[0],) + self.target_shape)
+            self._cache = (x.shape, y.shape)
+        return y
 
     def backward(self, dy):
-        shape = self._saved()
-        return np.ascontiguousarray(np.asarray(dy, dtype=self.dtype).reshape(shape))
+        shape, out_shape = self._saved()
+        return self._grad_input(dy, out_shape).reshape(shape)
 
     def compute_output_shape(self, input_shape):
         if -1 not in self.target_shape:
@@ -305,20 +307,23 @@ class Concatenate(_Merge):
     def call(self, inputs, training=False):
         xs = self._inputs(inputs)
         ndim = xs[0].ndim
+        if not -ndim <= self.axis < ndim:  # `%` alone would silently concatenate on another axis
+            raise ValueError(f"Layer '{self.name}': axis {self.axis} is out of range for inputs of rank {ndim}")
         axis = self.axis % ndim
         for i, x in enumerate(xs):
             if x.ndim != ndim or any(a != b for k, (a, b) in enumerate(zip(x.shape, xs[0].shape)) if k != axis):
                 raise ValueError(f"Layer '{self.name}': inputs must match except on axis {self.axis}; "
                                  f"got shapes {[x.shape for x in xs]}")
+        y = np.concatenate(xs, axis=axis)
         if training:
-            self._cache = [x.shape[axis] for x in xs]
-        return np.concatenate(xs, axis=axis)
+            self._cache = ([x.shape[axis] for x in xs], y.shape, axis)
+        return y
 
     def backward(self, dy):
-        sizes = self._saved()
-        dy = np.asarray(dy, dtype=self.dtype)
+        sizes, out_shape, axis = self._saved()
+        dy = self._grad_input(dy, out_shape)
         cuts = np.cumsum(sizes)[:-1]
-        return [np.ascontiguousarray(g) for g in np.split(dy, cuts, axis=self.axis % dy.ndim)]
+        return [np.ascontiguousarray(g) for g in np.split(dy, cuts, axis=axis)]
 
     def compute_output_shape(self, input_shape):
         axis = self.axis % len(input_shape[0])
@@ -339,15 +344,15 @@ class Add(_Merge):
         if any(x.shape != xs[0].shape for x in xs):
             raise ValueError(f"Layer '{self.name}': inputs must have the same shape, got {[x.shape for x in xs]}")
         if training:
-            self._cache = len(xs)
+            self._cache = (len(xs), xs[0].shape)
         out = xs[0].copy()
         for x in xs[1:]:
             out += x
         return out
 
     def backward(self, dy):
-        n = self._saved()
-        dy = np.asarray(dy, dtype=self.dtype)
+        n, shape = self._saved()
+        dy = self._grad_input(dy, shape)
         return [dy.copy() for _ in range(n)]
 
     def compute_output_shape(self, input_shape):
@@ -355,19 +360,32 @@ class Add(_Merge):
 
 
 class GlobalAveragePooling1D(Layer):
-    """Mean over the time axis of (batch, T, features), counting only unmasked steps."""
+    """Mean over the time axis of (batch, T, features), counting only unmasked steps.
+
+    `mask` is a boolean (batch, T) array (True = real step) or the lengths (batch,) as integers.
+    A fully masked row pools to zeros.
+    """
 
     supports_masking = True
 
     def call(self, inputs, training=False, mask=None):
         x = self._float_input(inputs, ndim=3)
         if mask is None:
-            weights = np.full(x.shape[:2], 1.0 / x.shape[1], dtype=self.dtype)
+            weights = np.full(x.shape[:2], 1.0 / max(x.shape[1], 1), dtype=self.dtype)  # T = 0 pools to zeros
         else:
             mask = np.asarray(mask)
+            if mask.dtype.kind not in "biu":
+                raise TypeError(f"Layer '{self.name}': mask must be bool (True = real step) or integer lengths, "
+                                f"got dtype {mask.dtype}")
+            if mask.ndim == 1 and mask.dtype.kind in "iu" and mask.shape == x.shape[:1]:
+                # lengths (B,) stand for the mask arange(T) < lengths
+                if mask.min() < 0 or mask.max() > x.shape[1]:
+                    raise ValueError(f"Layer '{self.name}': lengths must lie in [0, {x.shape[1]}], got "
+                                     f"min {mask.min()}, max {mask.max()}")
+                mask = np.arange(x.shape[1]) < mask[:, None]
             if mask.shape != x.shape[:2]:
                 raise ValueError(f"Layer '{self.name}': mask expected shape {x.shape[:2]}, got {mask.shape}")
-            m = mask.astype(self.dtype)
+            m = (mask != 0).astype(self.dtype)
             weights = m / np.maximum(m.sum(axis=1, keepdims=True), 1)  # a fully masked row pools to zeros
         if training:
             self._cache = (weights, x.shape)
