@@ -7,7 +7,7 @@
 //
 // Plan (DESIGN.md, performance): one GEMM projects every time step's input (x . W + b), then each
 // step does one small GEMM h_{t-1} . U and fused elementwise gate math. Batch rows never interact,
-// so the time loop runs on two halves of the batch in two threads (single-threaded BLAS each).
+// so the time loop's rows are split across the thread budget (parallel_for, single-threaded BLAS).
 // Backward walks the steps in reverse with one small GEMM each for the recurrent gradient, then
 // computes dW, dU, the biases and dx with one large GEMM each over all steps.
 #pragma once
@@ -16,12 +16,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <thread>
 #include <type_traits>
 
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
 #include "attnx/gemm.hpp"
+#include "attnx/parallel.hpp"
 
 namespace attnx {
 
@@ -34,7 +34,7 @@ struct RNNConfig {
     Activation activation = Activation::tanh;               // candidate / cell output (SimpleRNN's only one)
     Activation recurrent_activation = Activation::sigmoid;  // the gates
     int B = 0, T = 0, C = 0, H = 0;
-    bool split_batch = true;  // run the time loop on two batch halves in two threads when B is large enough
+    bool split_batch = true;  // split the time loop's batch rows across threads (parallel_for)
 
     int gates() const { return cell == RNNCell::lstm ? 4 : cell == RNNCell::gru ? 3 : 1; }
     int G() const { return gates() * H; }
@@ -134,20 +134,15 @@ template <class T> inline T act_slope(Activation a, T y) {
     }
 }
 
-// Runs fn(b0, b1) on [0, B) split in two threads when it pays (batch rows are independent in the
-// time loop), each thread with single-threaded BLAS; otherwise fn(0, B) here.
-template <class F> void for_batch_halves(const RNNConfig& cfg, F&& fn) {
-    const int threads = get_blas_threads();
-    if (!cfg.split_batch || threads < 2 || cfg.B < 8) {
+// Runs the time loop fn(b0, b1) over batch rows split across the thread budget (rows never
+// interact, so the threads need no synchronization per step; each runs single-threaded BLAS).
+template <class F> void for_batch_rows(const RNNConfig& cfg, F&& fn) {
+    if (!cfg.split_batch) {
         fn(0, cfg.B);
         return;
     }
-    openblas_set_num_threads(1);  // not set_blas_threads: the budget other calls read stays as set
-    const int half = cfg.B / 2;
-    std::thread other([&] { fn(half, cfg.B); });
-    fn(0, half);
-    other.join();
-    openblas_set_num_threads(threads);
+    const double work = (double)cfg.B * cfg.T * cfg.G() * cfg.H;  // multiply-adds of h . U
+    parallel_for((size_t)cfg.B, work, [&](size_t b0, size_t b1) { fn((int)b0, (int)b1); });
 }
 
 // ------------------------------------------------------------------------------------- forward
@@ -276,7 +271,7 @@ template <class T>
 void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x, const T* W,
                  const T* U, const T* b_in, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
     dense_forward<T>(cache.gates, x, W, b_in, cfg.B * cfg.T, cfg.C, cfg.G());
-    for_batch_halves(cfg, [&](int b0, int b1) {
+    for_batch_rows(cfg, [&](int b0, int b1) {
         rnn_forward_rows<T>(cfg, b0, b1, y, h, c, cache, U, b_rec, mask, rec_mask, hu);
     });
 }
@@ -431,7 +426,7 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
                   const RNNCache<T>& cache, const T* x, const T* W, const T* U, const uint8_t* mask,
                   const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
     const int BT = cfg.B * cfg.T, H = cfg.H, G = cfg.G();
-    for_batch_halves(cfg, [&](int b0, int b1) {
+    for_batch_rows(cfg, [&](int b0, int b1) {
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
             rnn_backward_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, U, mask,
                                  rec_mask);

@@ -24,6 +24,8 @@ Masks: a padded step (mask False) carries the state through unchanged and output
 PyTorch's pack_padded_sequence does, for post- and pre-padding alike. ``lengths=`` (B,) is the
 same as the mask ``t < lengths[b]``.
 """
+import threading
+
 import numpy as np
 
 from .. import _core, backend, initializers, regularizers
@@ -144,7 +146,9 @@ class _Recurrent(Layer):
     def _workspace(self, key, shapes):
         """Kernel buffers kept across calls (one set per key), reallocated when a shape changes, so
         that steady-state training does not page-fault fresh memory on every step. A training
-        forward's cache lives in them until the next forward of the same level and direction."""
+        forward's cache lives in them until the next training forward of the same level and
+        direction; inference uses its own set per Python thread, so concurrent predictions on one
+        model neither share scratch memory nor disturb a pending backward."""
         spaces = self.__dict__.setdefault("_workspaces", {})
         buffers = spaces.get(key)
         if buffers is None or [None if b is None else b.shape for b in buffers] != shapes or \
@@ -161,7 +165,8 @@ class _Recurrent(Layer):
         b_in, b_rec = self._biases(self.params, level)
         B, T, H, G = x.shape[0], x.shape[1], self.units, self._gates * self.units
         seq = (B, T, H)
-        workspace = self._workspace(("forward", level, reverse), [
+        phase = "train" if training else ("infer", threading.get_ident())
+        workspace = self._workspace((phase, level, reverse), [
             (B, T, G), seq, seq if recurrent_keep is not None else None, seq if self._cell == "lstm" else None,
             seq if self._cell != "simple" else None, (B, G)])
         y, h, c, cache = _core.rnn_forward(
