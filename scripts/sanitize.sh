@@ -23,7 +23,10 @@ SANITIZE_SUBSET=(tests/test_bad_input.py tests/test_fuzz.py tests/test_nan_guard
 pytest_args=()
 if [ "${1:-}" = "--all" ]; then
   shift
-  pytest_args=(tests "$@")
+  # these two measure the release artifact (import time, size of _core), not what an instrumented
+  # build (~50 MB, several times slower to load) can meet
+  pytest_args=(tests --deselect tests/test_package.py::test_import_is_fast_and_light
+               --deselect tests/test_package.py::test_extension_under_10_mb "$@")
 elif [ $# -gt 0 ]; then
   pytest_args=("$@")
 else
