@@ -134,19 +134,7 @@ def softmax_context_backward(dcontext, weights, value, dweights=None, dropout_ke
 
 
 # ----------------------------------------------------------------------------- layers
-class _MayReturnWeights:
-    """For layers called with ``return_attention_scores=True``: functional models ask
-    compute_output_shape (which gets no call arguments) for the outputs, so the flag of the
-    latest call is kept for it."""
-
-    _returns_weights = False
-
-    def __call__(self, inputs, *args, **kwargs):
-        self._returns_weights = bool(kwargs.get("return_attention_scores", False))
-        return super().__call__(inputs, *args, **kwargs)
-
-
-class Attention(_MayReturnWeights, Layer):
+class Attention(Layer):
     """Attention of queries over a source sequence: score -> masked softmax -> context.
 
     ``context = softmax(score(query, key)) . value`` over the source positions, with the scores
@@ -419,10 +407,10 @@ class Attention(_MayReturnWeights, Layer):
             return None
         return mask[0]
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
         q, v, _ = self._split_shapes(input_shape)
         context = tuple(q[:-1]) + (self._output_size(v[-1]),)
-        return [context, tuple(q[:-1]) + (v[1],)] if self._returns_weights else context
+        return [context, tuple(q[:-1]) + (v[1],)] if return_attention_scores else context
 
     def _output_size(self, value_size):
         return value_size
@@ -745,7 +733,7 @@ class HardAttention(Attention):
         return config
 
 
-class AttentionPooling(_MayReturnWeights, Layer):
+class AttentionPooling(Layer):
     """The attention layer of the Keras sentiment tutorial: one weight per time step, softmax over
     time, weighted sum of the inputs.
 
@@ -819,9 +807,9 @@ class AttentionPooling(_MayReturnWeights, Layer):
     def compute_mask(self, inputs, mask=None):
         return mask if self.return_sequences else None
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
         out = tuple(input_shape) if self.return_sequences else (input_shape[0], input_shape[-1])
-        return [out, tuple(input_shape[:2])] if self._returns_weights else out
+        return [out, tuple(input_shape[:2])] if return_attention_scores else out
 
     def get_config(self):
         return {**super().get_config(), "return_sequences": self.return_sequences,

@@ -13,7 +13,7 @@ weights (and so only the output bias), never NaN.
 import numpy as np
 
 from .. import _core, activations, backend, initializers
-from .attention import (_MayReturnWeights, attend_mask, scaled_dot_product_attention,
+from .attention import (attend_mask, scaled_dot_product_attention,
                         scaled_dot_product_attention_backward)
 from .base import Layer
 from .core import Dense
@@ -301,7 +301,7 @@ def _linear_backward(dy2, x2, kernel, dkernel, dbias, need_dx=True):
 
 
 # ---------------------------------------------------------------------------- attention
-class MultiHeadAttention(_MayReturnWeights, Layer):
+class MultiHeadAttention(Layer):
     """Multi-head scaled dot-product attention (Vaswani et al. 2017) with Keras' signature.
 
     Each head h projects ``q_h = query @ Wq_h + bq_h`` (and k_h, v_h likewise), attends with
@@ -459,10 +459,10 @@ class MultiHeadAttention(_MayReturnWeights, Layer):
         dvalue += dkey
         return [dquery, dvalue]
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
         query_shape = input_shape[0] if isinstance(input_shape, list) else input_shape
         out = tuple(query_shape[:-1]) + (self.output_shape or query_shape[-1],)
-        if not self._returns_weights:
+        if not return_attention_scores:
             return out
         source_len = input_shape[1][1] if isinstance(input_shape, list) else None
         return [out, (query_shape[0], self.num_heads, query_shape[1], source_len)]
@@ -556,7 +556,7 @@ class _TransformerLayerBase(_Composite):
                 "layer_norm_epsilon": self.layer_norm_epsilon, "norm_first": self.norm_first}
 
 
-class TransformerEncoderLayer(_MayReturnWeights, _TransformerLayerBase):
+class TransformerEncoderLayer(_TransformerLayerBase):
     """A transformer encoder layer (Vaswani et al. 2017): self-attention then a position-wise
     feed-forward network, each in a residual block with dropout and layer normalization.
 
@@ -617,13 +617,13 @@ class TransformerEncoderLayer(_MayReturnWeights, _TransformerLayerBase):
         dy = self._residual_backward(dy, keep_ff, self.feed_forward.backward, self.norm2)
         return self._residual_backward(dy, keep_attention, self._self_attention_backward, self.norm1)
 
-    def compute_output_shape(self, input_shape):
-        if not self._returns_weights:
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
+        if not return_attention_scores:
             return tuple(input_shape)
         return [tuple(input_shape), (input_shape[0], self.num_heads, input_shape[1], input_shape[1])]
 
 
-class TransformerDecoderLayer(_MayReturnWeights, _TransformerLayerBase):
+class TransformerDecoderLayer(_TransformerLayerBase):
     """A transformer decoder layer: causal self-attention, cross-attention to the encoder's output
     (the memory), and a position-wise feed-forward network, each in a residual block.
 
@@ -708,9 +708,9 @@ class TransformerDecoderLayer(_MayReturnWeights, _TransformerLayerBase):
     def compute_mask(self, inputs, mask=None):
         return mask[0] if isinstance(mask, (list, tuple)) else None
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
         target, memory = (tuple(s) for s in input_shape)
-        if not self._returns_weights:
+        if not return_attention_scores:
             return target
         return [target, (target[0], self.num_heads, target[1], target[1]),
                 (target[0], self.num_heads, target[1], memory[1])]
