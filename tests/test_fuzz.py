@@ -151,8 +151,11 @@ def np_activation(name, x):
         if name == "softmax":
             if x.shape[-1] == 0:
                 return x
-            e = np.exp(x - np.max(x, axis=-1, keepdims=True))
-            return e / e.sum(axis=-1, keepdims=True)
+            top = np.max(x, axis=-1, keepdims=True)
+            e = np.exp(x - top)
+            out = e / e.sum(axis=-1, keepdims=True)
+            # DESIGN: a row with nothing to attend to (all -inf, i.e. fully masked) gives zeros, never NaN
+            return np.where(top == -np.inf, 0.0, out)
     raise AssertionError(name)
 
 
