@@ -181,24 +181,27 @@ for name in finals:
 # %% [markdown]
 # ## Which words does the attention look at?
 #
-# `AttentionPooling(return_attention_scores=True)` also returns the weights $a_t$. attnx layers
-# are plain callables on NumPy arrays, so we run the trained layers one by one: the embedding
-# (and its padding mask), the LSTM, then the pooling asking for its weights. (This uses the trained
-# layers themselves, so nothing is copied.)
+# `AttentionPooling(return_attention_scores=True)` also returns the weights $a_t$. With the
+# functional API (as in Keras) we build a second model from the **trained layers themselves**
+# (nothing is copied or retrained) whose outputs are the prediction and the weights; the padding
+# mask flows from the embedding as in the trained model.
 
 # %%
 model = models["LSTM + attention"]
 emb_layer, lstm_layer, pool_layer, dense_layer = model.layers
 
+inputs = attnx.Input((MAXLEN,), dtype="int32")
+pooled, attention = pool_layer(lstm_layer(emb_layer(inputs)), return_attention_scores=True)
+explainer = attnx.Model(inputs, [dense_layer(pooled), attention])
+
 
 def attention_weights(texts):
     ids = attnx.text.pad_sequences(tokenizer.texts_to_sequences(texts), maxlen=MAXLEN, padding="post",
                                    truncating="post")
-    mask = ids != 0
-    pooled, weights = pool_layer(lstm_layer(emb_layer(ids), mask=mask), mask=mask, return_attention_scores=True)
-    prob = dense_layer(pooled)[:, 0]
-    assert np.allclose(prob, model.predict(ids)[:, 0], atol=1e-5)  # same as the whole model
-    return ids, weights, prob
+    prob, weights = explainer.predict(ids)
+    assert np.allclose(prob, model.predict(ids), atol=1e-5)  # the same predictions as the trained model
+    assert np.all(weights[ids == 0] == 0)                       # padding gets no attention
+    return ids, weights, prob[:, 0]
 
 
 examples = sentences[-200:][:6] + [
