@@ -6,6 +6,7 @@ Reduction follows Keras' "sum_over_batch_size": the mean over every scored eleme
 import numpy as np
 
 from . import _core
+from .layers.base import snake_case
 
 
 class Loss:
@@ -14,7 +15,7 @@ class Loss:
     from_logits = False
 
     def __init__(self, name=None):
-        self.name = name or _snake(type(self).__name__)
+        self.name = name or snake_case(type(self).__name__)
 
     def __call__(self, y_true, y_pred, sample_weight=None, mask=None):
         return self.compute(y_true, y_pred, sample_weight, mask)[0]
@@ -157,11 +158,6 @@ class CategoricalCrossentropy(Loss):
 
     def get_config(self):
         return {**super().get_config(), "from_logits": self.from_logits}
-
-
-def _snake(name):
-    import re
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 _ALIASES = {

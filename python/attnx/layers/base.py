@@ -18,8 +18,10 @@ from .. import backend, initializers, regularizers
 _name_counts = {}
 
 
-def _snake(name):
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+def snake_case(name):
+    """Keras' layer naming: "MultiHeadAttention" -> "multi_head_attention", "LSTM" -> "lstm"."""
+    name = re.sub(r"(.)([A-Z][a-z0-9]+)", r"\1_\2", name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
 def unique_name(prefix):
@@ -55,7 +57,7 @@ class Layer:
     def __init__(self, name=None, trainable=True, dtype="float32", input_shape=None, **kwargs):
         if kwargs:
             raise TypeError(f"{type(self).__name__}: unexpected keyword arguments {sorted(kwargs)}")
-        self.name = name or unique_name(_snake(type(self).__name__))
+        self.name = name or unique_name(snake_case(type(self).__name__))
         self.trainable = bool(trainable)
         self.dtype = backend.as_float_dtype(dtype, f"{type(self).__name__} dtype")
         self.params = OrderedDict()
