@@ -6,4 +6,5 @@ namespace attnx::bind {
 void init_core(pybind11::module_& m);
 void init_loss(pybind11::module_& m);
 void init_optim(pybind11::module_& m);
+void init_rnn(pybind11::module_& m);
 }  // namespace attnx::bind

@@ -10,4 +10,5 @@ PYBIND11_MODULE(_core, m) {
     attnx::bind::init_core(m);
     attnx::bind::init_loss(m);
     attnx::bind::init_optim(m);
+    attnx::bind::init_rnn(m);
 }

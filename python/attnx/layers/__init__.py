@@ -2,6 +2,8 @@
 from .base import Layer, get
 from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                    Reshape)
+from .recurrent import GRU, LSTM, Bidirectional, GRUCell, LSTMCell, SimpleRNN, SimpleRNNCell
 
 __all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
-           "GlobalAveragePooling1D", "Reshape"]
+           "GlobalAveragePooling1D", "Reshape", "SimpleRNN", "GRU", "LSTM", "Bidirectional", "SimpleRNNCell",
+           "GRUCell", "LSTMCell"]

@@ -1,0 +1,365 @@
+// Recurrent layers (SimpleRNN, GRU, LSTM): whole-sequence forward and backpropagation through time
+// over batch-first row-major buffers, with step masks, either time order, initial states and one
+// recurrent-dropout mask per sequence. The step-by-step cells are the T = 1 case of the same code.
+//
+// Shapes: x (B, T, C); kernel W (C, G*H); recurrent kernel U (H, G*H); G gates of H units each,
+// in the order SimpleRNN (h), GRU (r, z, n), LSTM (i, f, g, o).
+//
+// Plan (DESIGN.md, performance): one GEMM projects every time step's input (x . W + b), then each
+// step does one small GEMM h_{t-1} . U and fused elementwise gate math. Batch rows never interact,
+// so the time loop runs on two halves of the batch in two threads (single-threaded BLAS each).
+// Backward walks the steps in reverse with one small GEMM each for the recurrent gradient, then
+// computes dW, dU, the biases and dx with one large GEMM each over all steps.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <thread>
+
+#include "attnx/activations.hpp"
+#include "attnx/dense.hpp"
+#include "attnx/gemm.hpp"
+
+namespace attnx {
+
+enum class RNNCell { simple, gru, lstm };
+
+struct RNNConfig {
+    RNNCell cell = RNNCell::lstm;
+    bool reset_after = true;  // GRU: PyTorch's n = act(x_n + r * (h U_n + b_hn)); false: Keras' act(x_n + (r * h) U_n)
+    bool reverse = false;     // process t = T-1 .. 0 (backward direction of a bidirectional layer)
+    Activation activation = Activation::tanh;               // candidate / cell output (SimpleRNN's only one)
+    Activation recurrent_activation = Activation::sigmoid;  // the gates
+    int B = 0, T = 0, C = 0, H = 0;
+    bool split_batch = true;  // run the time loop on two batch halves in two threads when B is large enough
+
+    int gates() const { return cell == RNNCell::lstm ? 4 : cell == RNNCell::gru ? 3 : 1; }
+    int G() const { return gates() * H; }
+    int time_at(int step) const { return reverse ? T - 1 - step : step; }
+};
+
+// What backward needs, indexed by (batch row, time step) like the input; each (B, T, .) row-major.
+template <class T> struct RNNCache {
+    T* gates = nullptr;   // (B, T, G*H): x . W + b, overwritten in the loop by the activated gates
+                          //   (SimpleRNN h_t; GRU r, z, n; LSTM i, f, g, o)
+    T* h_prev = nullptr;  // (B, T, H): state entering step t
+    T* h_rec = nullptr;   // (B, T, H): h_prev * recurrent dropout mask; null without recurrent dropout
+    T* c_prev = nullptr;  // (B, T, H): LSTM cell state entering step t
+    T* aux = nullptr;     // (B, T, H): LSTM act(c_t); GRU reset_after h U_n + b_hn; GRU classic r * h_rec
+    // the state multiplied into U at step t: h_rec with recurrent dropout, else h_prev
+    const T* recurrent_input() const { return h_rec ? h_rec : h_prev; }
+};
+
+// Activations the recurrent cells accept (the derivative must follow from the output alone).
+inline bool rnn_activation_ok(Activation a) {
+    return a == Activation::tanh || a == Activation::sigmoid || a == Activation::relu || a == Activation::linear;
+}
+
+template <class T> inline T act_value(Activation a, T x) {
+    switch (a) {
+        case Activation::tanh: return std::tanh(x);
+        case Activation::sigmoid: return sigmoid(x);
+        case Activation::relu: return x > T(0) ? x : T(0);
+        default: return x;
+    }
+}
+
+// d act(x) / dx written through y = act(x), which is what the caches hold
+template <class T> inline T act_slope(Activation a, T y) {
+    switch (a) {
+        case Activation::tanh: return T(1) - y * y;
+        case Activation::sigmoid: return y * (T(1) - y);
+        case Activation::relu: return y > T(0) ? T(1) : T(0);
+        default: return T(1);
+    }
+}
+
+// Runs fn(b0, b1) on [0, B) split in two threads when it pays (batch rows are independent in the
+// time loop), each thread with single-threaded BLAS; otherwise fn(0, B) here.
+template <class F> void for_batch_halves(const RNNConfig& cfg, F&& fn) {
+    const int threads = get_blas_threads();
+    if (!cfg.split_batch || threads < 2 || cfg.B < 8) {
+        fn(0, cfg.B);
+        return;
+    }
+    set_blas_threads(1);
+    const int half = cfg.B / 2;
+    std::thread other([&] { fn(half, cfg.B); });
+    fn(0, half);
+    other.join();
+    set_blas_threads(threads);
+}
+
+// ------------------------------------------------------------------------------------- forward
+// Steps of rows [b0, b1). h, c (B, H) hold the initial state and leave with the final one;
+// hu (B, G*H) is the per-step workspace for h . U.
+template <class T>
+void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache, const T* U,
+                      const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
+    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), nb = b1 - b0;
+    const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
+    const Activation act = cfg.activation, ract = cfg.recurrent_activation;
+    for (int s = 0; s < Tn; ++s) {
+        const int t = cfg.time_at(s);
+        // cache the state entering step t (and its dropped-out copy that meets U)
+        for (int b = b0; b < b1; ++b) {
+            const size_t row = (size_t)b * TH + (size_t)t * H;
+            std::copy(h + (size_t)b * H, h + (size_t)(b + 1) * H, cache.h_prev + row);
+            if (cache.c_prev) std::copy(c + (size_t)b * H, c + (size_t)(b + 1) * H, cache.c_prev + row);
+            if (rec_mask)
+                for (int j = 0; j < H; ++j) cache.h_rec[row + j] = h[(size_t)b * H + j] * rec_mask[(size_t)b * H + j];
+        }
+        const T* hr = rec_mask ? cache.h_rec + (size_t)b0 * TH + (size_t)t * H : h + (size_t)b0 * H;
+        const int ld_hr = rec_mask ? (int)TH : H;
+        T* hu0 = hu + (size_t)b0 * G;
+        if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
+            // hu[:, :2H] = h_rec . U[:, :2H]  (the candidate's product needs r first)
+            gemm<T>(false, false, nb, 2 * H, H, T(1), hr, ld_hr, U, G, T(0), hu0, G);
+        } else if (cfg.cell == RNNCell::gru) {
+            // hu = h_rec . U + b_rec
+            for (int b = 0; b < nb; ++b)
+                for (int k = 0; k < G; ++k) hu0[(size_t)b * G + k] = b_rec ? b_rec[k] : T(0);
+            gemm<T>(false, false, nb, G, H, T(1), hr, ld_hr, U, G, T(1), hu0, G);
+        } else {
+            // hu = h_rec . U
+            gemm<T>(false, false, nb, G, H, T(1), hr, ld_hr, U, G, T(0), hu0, G);
+        }
+
+        for (int b = b0; b < b1; ++b) {
+            const size_t row = (size_t)b * TH + (size_t)t * H;
+            T* g = cache.gates + (size_t)b * TG + (size_t)t * G;
+            const T* u = hu + (size_t)b * G;
+            T* hb = h + (size_t)b * H;
+            T* yb = y + row;
+            T* aux = cache.aux ? cache.aux + row : nullptr;
+            if (mask && !mask[(size_t)b * Tn + t]) {  // padded step: state carries through, output 0
+                std::fill(yb, yb + H, T(0));
+                if (aux) std::fill(aux, aux + H, T(0));  // aux meets dU's GEMM in backward: keep it finite
+                continue;
+            }
+            switch (cfg.cell) {
+                case RNNCell::simple:
+                    // h_t = act(x_t W + b + h_{t-1} U)
+                    for (int j = 0; j < H; ++j) {
+                        const T hn = act_value(act, g[j] + u[j]);
+                        g[j] = hn;
+                        hb[j] = hn;
+                        yb[j] = hn;
+                    }
+                    break;
+                case RNNCell::lstm: {
+                    // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
+                    T* cb = c + (size_t)b * H;
+                    for (int j = 0; j < H; ++j) {
+                        const T i = act_value(ract, g[j] + u[j]);
+                        const T f = act_value(ract, g[H + j] + u[H + j]);
+                        const T gg = act_value(act, g[2 * H + j] + u[2 * H + j]);
+                        const T o = act_value(ract, g[3 * H + j] + u[3 * H + j]);
+                        g[j] = i, g[H + j] = f, g[2 * H + j] = gg, g[3 * H + j] = o;
+                        const T cn = f * cb[j] + i * gg;
+                        const T ac = act_value(act, cn);
+                        aux[j] = ac;
+                        cb[j] = cn;
+                        hb[j] = o * ac;
+                        yb[j] = hb[j];
+                    }
+                    break;
+                }
+                case RNNCell::gru:
+                    if (cfg.reset_after) {
+                        // r, z = ract(x W + b_in + h U + b_rec); n = act(x_n + r * (h U_n + b_hn));
+                        // h_t = z h_{t-1} + (1 - z) n
+                        for (int j = 0; j < H; ++j) {
+                            const T r = act_value(ract, g[j] + u[j]);
+                            const T z = act_value(ract, g[H + j] + u[H + j]);
+                            const T n = act_value(act, g[2 * H + j] + r * u[2 * H + j]);
+                            g[j] = r, g[H + j] = z, g[2 * H + j] = n;
+                            aux[j] = u[2 * H + j];
+                            hb[j] = z * hb[j] + (T(1) - z) * n;
+                            yb[j] = hb[j];
+                        }
+                    } else {
+                        // r, z = ract(x W + b + h U_rz); the candidate's input r * h_rec goes to aux
+                        const T* hrb = cache.recurrent_input() + row;
+                        for (int j = 0; j < H; ++j) {
+                            const T r = act_value(ract, g[j] + u[j]);
+                            g[j] = r;
+                            g[H + j] = act_value(ract, g[H + j] + u[H + j]);
+                            aux[j] = r * hrb[j];
+                        }
+                    }
+                    break;
+            }
+        }
+        if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
+            // hu[:, 2H:] = (r * h_rec) . U_n; n = act(x_n + that); h_t = z h_{t-1} + (1 - z) n
+            gemm<T>(false, false, nb, H, H, T(1), cache.aux + (size_t)b0 * TH + (size_t)t * H, (int)TH, U + 2 * H, G,
+                    T(0), hu0 + 2 * H, G);
+            for (int b = b0; b < b1; ++b) {
+                if (mask && !mask[(size_t)b * Tn + t]) continue;
+                T* g = cache.gates + (size_t)b * TG + (size_t)t * G;
+                const T* u = hu + (size_t)b * G;
+                T* hb = h + (size_t)b * H;
+                T* yb = y + (size_t)b * TH + (size_t)t * H;
+                for (int j = 0; j < H; ++j) {
+                    const T z = g[H + j];
+                    const T n = act_value(act, g[2 * H + j] + u[2 * H + j]);
+                    g[2 * H + j] = n;
+                    hb[j] = z * hb[j] + (T(1) - z) * n;
+                    yb[j] = hb[j];
+                }
+            }
+        }
+    }
+}
+
+// Whole-sequence forward. y (B, T, H): h_t at real steps, 0 at padded ones. h, c (B, H): in the
+// initial state (zeros if none), out the final state (after each row's last real step). c and
+// cache.c_prev are LSTM only. b_in (G*H) / b_rec (G*H, GRU reset_after) may be null. mask (B, T)
+// nonzero = real step, null = all real. rec_mask (B, H) multiplies the state entering U (then
+// cache.h_rec must be given). hu: workspace (B, G*H).
+template <class T>
+void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x, const T* W,
+                 const T* U, const T* b_in, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
+    dense_forward<T>(cache.gates, x, W, b_in, cfg.B * cfg.T, cfg.C, cfg.G());
+    for_batch_halves(cfg, [&](int b0, int b1) {
+        rnn_forward_rows<T>(cfg, b0, b1, y, h, c, cache, U, b_rec, mask, rec_mask, hu);
+    });
+}
+
+// ------------------------------------------------------------------------------------ backward
+// Reverse-time steps of rows [b0, b1). dh, dc (B, H) come in as the gradient of the final state and
+// leave as that of the initial state. dgates (B, T, G*H) receives d(x W + b_in) per step; dhu
+// (B, T, G*H) receives d(h_rec U + b_rec) (the same buffer as dgates except for GRU);
+// dhrec (B, H) is workspace.
+template <class T>
+void rnn_backward_rows(const RNNConfig& cfg, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu, T* dhrec, const T* dy,
+                       const RNNCache<T>& cache, const T* U, const uint8_t* mask, const T* rec_mask) {
+    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), nb = b1 - b0;
+    const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
+    const Activation act = cfg.activation, ract = cfg.recurrent_activation;
+    const bool gru_classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
+    for (int s = Tn - 1; s >= 0; --s) {
+        const int t = cfg.time_at(s);
+        for (int b = b0; b < b1; ++b) {
+            const size_t row = (size_t)b * TH + (size_t)t * H, grow = (size_t)b * TG + (size_t)t * G;
+            T* dg = dgates + grow;
+            T* du = dhu + grow;
+            if (mask && !mask[(size_t)b * Tn + t]) {  // padded step: dh, dc carry through unchanged
+                std::fill(dg, dg + G, T(0));
+                if (du != dg) std::fill(du, du + G, T(0));
+                continue;
+            }
+            T* dhb = dh + (size_t)b * H;
+            if (dy)
+                for (int j = 0; j < H; ++j) dhb[j] += dy[row + j];
+            const T* g = cache.gates + grow;
+            switch (cfg.cell) {
+                case RNNCell::simple:
+                    // d pre = dh * act'(h_t); h_{t-1} reaches h_t only through U
+                    for (int j = 0; j < H; ++j) {
+                        dg[j] = dhb[j] * act_slope(act, g[j]);
+                        dhb[j] = T(0);
+                    }
+                    break;
+                case RNNCell::lstm: {
+                    // dc_t += dh o act'(c_t); di = dc g, df = dc c_{t-1}, dg = dc i, do = dh act(c_t);
+                    // dc_{t-1} = dc_t f; each times its activation's slope
+                    T* dcb = dc + (size_t)b * H;
+                    const T* ac = cache.aux + row;
+                    const T* cp = cache.c_prev + row;
+                    for (int j = 0; j < H; ++j) {
+                        const T i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
+                        const T dcj = dcb[j] + dhb[j] * o * act_slope(act, ac[j]);
+                        dg[j] = dcj * gg * act_slope(ract, i);
+                        dg[H + j] = dcj * cp[j] * act_slope(ract, f);
+                        dg[2 * H + j] = dcj * i * act_slope(act, gg);
+                        dg[3 * H + j] = dhb[j] * ac[j] * act_slope(ract, o);
+                        dcb[j] = dcj * f;
+                        dhb[j] = T(0);
+                    }
+                    break;
+                }
+                case RNNCell::gru: {
+                    // dn = dh (1 - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z
+                    const T* hp = cache.h_prev + row;
+                    for (int j = 0; j < H; ++j) {
+                        const T r = g[j], z = g[H + j], n = g[2 * H + j];
+                        const T dn = dhb[j] * (T(1) - z) * act_slope(act, n);
+                        dg[H + j] = du[H + j] = dhb[j] * (hp[j] - n) * act_slope(ract, z);
+                        dg[2 * H + j] = dn;
+                        if (cfg.reset_after) {
+                            // n's pre-activation is x_n + r * hn: dr = dn hn, d hn = dn r
+                            dg[j] = du[j] = dn * cache.aux[row + j] * act_slope(ract, r);
+                            du[2 * H + j] = dn * r;
+                        } else {
+                            du[2 * H + j] = dn;  // d of (r h_rec) U_n's output; dr needs U_n^T first
+                        }
+                        dhb[j] *= z;
+                    }
+                    break;
+                }
+            }
+        }
+        const T* du0 = dhu + (size_t)b0 * TG + (size_t)t * G;
+        T* dhr0 = dhrec + (size_t)b0 * H;
+        if (gru_classic) {
+            // d(r h_rec) = dn . U_n^T; dr = d(r h_rec) h_rec ract'(r); d h_rec = d(r h_rec) r + d[r, z] . U_rz^T
+            gemm<T>(false, true, nb, H, H, T(1), du0 + 2 * H, (int)TG, U + 2 * H, G, T(0), dhr0, H);
+            for (int b = b0; b < b1; ++b) {
+                if (mask && !mask[(size_t)b * Tn + t]) continue;
+                const size_t row = (size_t)b * TH + (size_t)t * H, grow = (size_t)b * TG + (size_t)t * G;
+                const T* hrb = cache.recurrent_input() + row;
+                T* dhrb = dhrec + (size_t)b * H;
+                for (int j = 0; j < H; ++j) {
+                    const T r = cache.gates[grow + j];
+                    dgates[grow + j] = dhu[grow + j] = dhrb[j] * hrb[j] * act_slope(ract, r);
+                    dhrb[j] *= r;
+                }
+            }
+            gemm<T>(false, true, nb, H, 2 * H, T(1), du0, (int)TG, U, G, T(1), dhr0, H);
+        } else {
+            // d h_rec = d(h_rec U) . U^T
+            gemm<T>(false, true, nb, H, G, T(1), du0, (int)TG, U, G, T(0), dhr0, H);
+        }
+        // dh_{t-1} += d h_rec * recurrent dropout mask (padded rows have d h_rec = 0)
+        for (int b = b0; b < b1; ++b) {
+            T* dhb = dh + (size_t)b * H;
+            const T* dhrb = dhrec + (size_t)b * H;
+            if (rec_mask) {
+                const T* m = rec_mask + (size_t)b * H;
+                for (int j = 0; j < H; ++j) dhb[j] += dhrb[j] * m[j];
+            } else {
+                for (int j = 0; j < H; ++j) dhb[j] += dhrb[j];
+            }
+        }
+    }
+}
+
+// Whole-sequence backward. dy (B, T, H) may be null (only the final state used); dh, dc (B, H): in
+// the gradient of the final state (zeros if none), out that of the initial state. dx (B, T, C) is
+// overwritten (may be null); dW, dU, db_in, db_rec accumulate (biases may be null). Workspace:
+// dgates (B, T, G*H), dhu (B, T, G*H; may alias dgates except for GRU), dhrec (B, H).
+template <class T>
+void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec, T* dh, T* dc, const T* dy,
+                  const RNNCache<T>& cache, const T* x, const T* W, const T* U, const uint8_t* mask,
+                  const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
+    const int BT = cfg.B * cfg.T, H = cfg.H, G = cfg.G();
+    for_batch_halves(cfg, [&](int b0, int b1) {
+        rnn_backward_rows<T>(cfg, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, U, mask, rec_mask);
+    });
+    // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T: one GEMM each over all steps
+    dense_backward<T>(dx, dW, db_in, dgates, x, W, BT, cfg.C, G);
+    const T* hr = cache.recurrent_input();
+    if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
+        // dU_rz += h_rec^T . d[r, z]; dU_n += (r h_rec)^T . dn
+        gemm<T>(true, false, H, 2 * H, BT, T(1), hr, H, dhu, G, T(1), dU, G);
+        gemm<T>(true, false, H, H, BT, T(1), cache.aux, H, dhu + 2 * H, G, T(1), dU + 2 * H, G);
+    } else {
+        // dU += h_rec^T . dhu, db_rec += sum dhu
+        dense_backward<T>(nullptr, dU, db_rec, dhu, hr, U, BT, H, G);
+    }
+}
+
+}  // namespace attnx

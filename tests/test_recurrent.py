@@ -1,0 +1,410 @@
+"""Recurrent layers: parity with torch.nn.RNN/GRU/LSTM (packed sequences, bidirectional, stacked,
+initial states), float64 gradient checks of every cell and option, masking semantics, Keras
+weight order, cells, and bad input."""
+import numpy as np
+import pytest
+
+import attnx
+from attnx.interop import from_torch, to_torch
+from attnx.layers import (GRU, LSTM, Bidirectional, Dense, Embedding, GRUCell, LSTMCell, SimpleRNN,
+                          SimpleRNNCell)
+from attnx.testing import assert_close, gradcheck
+
+KINDS = {"RNN": SimpleRNN, "GRU": GRU, "LSTM": LSTM}
+
+
+# ------------------------------------------------------------------------ torch parity
+def _torch_expected_grads(module, layer, kind):
+    """torch's parameter gradients in attnx layout. SimpleRNN/LSTM have one bias = b_ih + b_hh,
+    whose gradient equals each of torch's (identical) two, so b_hh's gradient is left out."""
+    import torch
+    grads = {n: p.grad.detach().numpy() for n, p in module.named_parameters()}
+    if kind != "GRU":
+        grads = {n: np.zeros_like(g) if n.startswith("bias_hh") else g for n, g in grads.items()}
+    del torch
+    return layer._torch_to_attnx(grads)
+
+
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_parity_with_torch_packed(torch, kind, bidirectional, num_layers):
+    """Outputs, final states and gradients of inputs, initial states and parameters against
+    torch with pack_padded_sequence (float32, 1e-5 absolute)."""
+    rng = np.random.default_rng(hash((kind, bidirectional, num_layers)) % 2**32)
+    B, T, C, H = 4, 7, 5, 6
+    dirs = 2 if bidirectional else 1
+    module = getattr(torch.nn, kind)(C, H, num_layers=num_layers, batch_first=True, bidirectional=bidirectional)
+    layer = from_torch(module)
+    x = rng.standard_normal((B, T, C)).astype(np.float32)
+    lengths = np.array([7, 3, 1, 5])
+    n_states = 2 if kind == "LSTM" else 1
+    states_t = [torch.tensor(rng.standard_normal((num_layers * dirs, B, H)).astype(np.float32), requires_grad=True)
+                for _ in range(n_states)]
+
+    # attnx states: per direction, (B, H) for one level else (L, B, H)
+    def ours(s, d):
+        a = s.detach().numpy()[d::dirs]
+        return a[0] if num_layers == 1 else a
+    init = [ours(s, d) for d in range(dirs) for s in states_t]
+    out = layer([x] + init, training=True, lengths=lengths)
+
+    xt = torch.tensor(x, requires_grad=True)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(xt, torch.tensor(lengths), batch_first=True,
+                                                     enforce_sorted=False)
+    po, hn = module(packed, tuple(states_t) if kind == "LSTM" else states_t[0])
+    y_t, _ = torch.nn.utils.rnn.pad_packed_sequence(po, batch_first=True, total_length=T)
+    finals_t = list(hn) if kind == "LSTM" else [hn]
+
+    assert_close(out[0], y_t.detach().numpy(), 1e-5, what="output")
+    ours_finals = out[1:]
+    for d in range(dirs):
+        for i in range(n_states):
+            assert_close(ours_finals[d * n_states + i], ours(finals_t[i], d), 1e-5, what=f"final state {d},{i}")
+
+    upstream = [rng.standard_normal(np.shape(o)).astype(np.float32) for o in out]
+    layer.zero_grad()
+    grads = layer.backward(upstream)
+    # torch: the same upstream on the padded output and on h_n (c_n) in torch's layout
+    t_up_states = []
+    for i in range(n_states):
+        full = np.empty((num_layers * dirs, B, H), np.float32)
+        for d in range(dirs):
+            u = upstream[1 + d * n_states + i]
+            full[d::dirs] = u if num_layers > 1 else u[None]
+        t_up_states.append(torch.from_numpy(full))
+    torch.autograd.backward([y_t] + finals_t, [torch.from_numpy(upstream[0])] + t_up_states)
+
+    assert_close(grads[0], xt.grad.numpy(), 1e-5, what="dx")
+    for d in range(dirs):
+        for i in range(n_states):
+            assert_close(grads[1 + d * n_states + i], ours(states_t[i].grad, d), 1e-5, what=f"d state {d},{i}")
+    for name, g in _torch_expected_grads(module, layer, kind).items():
+        assert_close(layer.grads[name], g, 1e-5, what=f"d {name}")
+
+
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_parity_unmasked_last_output_and_relu(torch, kind):
+    """return_sequences=False without a mask is torch's output[:, -1] (SimpleRNN with relu)."""
+    extra = {"nonlinearity": "relu"} if kind == "RNN" else {}
+    module = getattr(torch.nn, kind)(3, 5, batch_first=True, **extra)
+    layer = from_torch(module)
+    layer.return_sequences, layer.return_state = False, False
+    x = np.random.default_rng(1).standard_normal((2, 4, 3)).astype(np.float32)
+    xt = torch.tensor(x, requires_grad=True)
+    y_t = module(xt)[0][:, -1]
+    y = layer(x, training=True)
+    assert_close(y, y_t.detach().numpy(), 1e-5)
+    dy = np.ones_like(y)
+    dx = layer.backward(dy)
+    y_t.backward(torch.from_numpy(dy))
+    assert_close(dx, xt.grad.numpy(), 1e-5, what="dx")
+
+
+def test_go_backwards_is_torch_on_flipped_input(torch):
+    module = torch.nn.LSTM(3, 4, batch_first=True)
+    layer = from_torch(module)
+    layer.go_backwards, layer.return_state = True, False
+    x = np.random.default_rng(2).standard_normal((2, 5, 3)).astype(np.float32)
+    y_t = module(torch.from_numpy(x).flip(1))[0]
+    assert_close(layer(x), y_t.detach().numpy(), 1e-5)
+
+
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_to_torch_round_trip(torch, kind, bidirectional):
+    layer = KINDS[kind](4, num_layers=2, return_sequences=True)
+    if bidirectional:
+        layer = Bidirectional(layer)
+    x = np.random.default_rng(3).standard_normal((2, 5, 3)).astype(np.float32)
+    y = layer(x)
+    module = to_torch(layer)
+    assert module.bidirectional == bidirectional and module.num_layers == 2
+    assert_close(y, module(torch.from_numpy(x))[0].detach().numpy(), 1e-5)
+
+
+# ------------------------------------------------------------------------ gradient checks
+def _f64(cls, units=3, **kw):
+    return cls(units, dtype="float64", **kw)
+
+
+def _x(B=2, T=4, C=3, seed=0):
+    return np.random.default_rng(seed).standard_normal((B, T, C))
+
+
+POST_PAD = np.array([[True, True, True, True], [True, True, False, False]])
+PRE_PAD = np.array([[False, True, True, True], [False, False, True, True]])
+
+GRAD_CASES = {
+    "simple tanh": (SimpleRNN, {}),
+    "simple relu": (SimpleRNN, {"activation": "relu"}),
+    "gru reset_after": (GRU, {}),
+    "gru classic": (GRU, {"reset_after": False}),
+    "gru no bias": (GRU, {"use_bias": False}),
+    "lstm": (LSTM, {}),
+    "lstm hard gates": (LSTM, {"recurrent_activation": "tanh", "activation": "relu"}),
+}
+
+
+@pytest.mark.parametrize("case", list(GRAD_CASES))
+@pytest.mark.parametrize("mask", [None, "post", "pre"])
+def test_gradcheck_sequence_masks(case, mask):
+    cls, kw = GRAD_CASES[case]
+    layer = _f64(cls, return_sequences=True, **kw)
+    m = {None: None, "post": POST_PAD, "pre": PRE_PAD}[mask]
+    gradcheck(layer, _x(), call_kwargs={"mask": m} if m is not None else None)
+
+
+@pytest.mark.parametrize("cls,kw", [(SimpleRNN, {}), (GRU, {"reset_after": False}), (GRU, {}), (LSTM, {})])
+def test_gradcheck_initial_state_return_state_go_backwards(cls, kw):
+    layer = _f64(cls, return_state=True, go_backwards=True, **kw)
+    n = len(layer.state_size)
+    states = [np.random.default_rng(i + 5).standard_normal((2, 3)) for i in range(n)]
+    gradcheck(layer, [_x()] + states, call_kwargs={"mask": PRE_PAD})
+
+
+@pytest.mark.parametrize("cls,kw", [(SimpleRNN, {}), (GRU, {"reset_after": False}), (GRU, {}), (LSTM, {})])
+def test_gradcheck_dropout_fixed_masks_and_stacking(cls, kw):
+    layer = _f64(cls, dropout=0.3, recurrent_dropout=0.4, num_layers=2, stack_dropout=0.25, return_sequences=True,
+                 **kw)
+    layer._noise_rng = lambda: np.random.default_rng(7)  # the same masks on every forward pass
+    y = layer(_x(), training=True)
+    assert np.any(y != layer(_x(), training=False))  # dropout is active in training only
+    gradcheck(layer, _x(), call_kwargs={"lengths": np.array([4, 2])})
+
+
+@pytest.mark.parametrize("merge_mode", ["concat", "sum", "mul", "ave", None])
+def test_gradcheck_bidirectional_merge_modes(merge_mode):
+    layer = Bidirectional(_f64(GRU, return_sequences=True), merge_mode=merge_mode)
+    gradcheck(layer, _x(), call_kwargs={"mask": POST_PAD})
+
+
+@pytest.mark.parametrize("cls", [SimpleRNN, GRU, LSTM])
+def test_gradcheck_bidirectional_stacked_states(cls):
+    layer = Bidirectional(_f64(cls, num_layers=2, return_state=True))
+    n = 2 * len(layer.forward_layer.state_size)
+    states = [np.random.default_rng(i).standard_normal((2, 2, 3)) for i in range(n)]
+    gradcheck(layer, [_x()] + states, call_kwargs={"mask": PRE_PAD})
+
+
+@pytest.mark.parametrize("cls,kw", [(SimpleRNNCell, {}), (GRUCell, {}), (GRUCell, {"reset_after": False}),
+                                    (LSTMCell, {})])
+def test_gradcheck_cells(cls, kw):
+    cell = cls(3, dtype="float64", **kw)
+    x = np.random.default_rng(0).standard_normal((2, 4))
+    states = [np.random.default_rng(i + 1).standard_normal((2, 3)) for i in range(len(cell.state_size))]
+    gradcheck(cell, [x] + states)
+    gradcheck(cell, x)  # zero initial state, dx only
+
+
+# ------------------------------------------------------------------------ semantics
+@pytest.mark.parametrize("cls", [SimpleRNN, GRU, LSTM])
+def test_padding_carries_state_and_outputs_zeros(cls):
+    """Post- and pre-padded rows give the unpadded sequence's outputs at the real steps and zeros
+    elsewhere; the final state is the one after the last real step."""
+    layer = cls(4, return_sequences=True, return_state=True)
+    x = np.random.default_rng(0).standard_normal((1, 3, 2)).astype(np.float32)
+    ref = layer(x)
+    pad = np.zeros((1, 2, 2), np.float32)
+    post = layer(np.concatenate([x, pad + 9], 1), mask=np.array([[1, 1, 1, 0, 0]], bool))
+    pre = layer(np.concatenate([pad + 9, x], 1), mask=np.array([[0, 0, 1, 1, 1]], bool))
+    assert_close(post[0][:, :3], ref[0], 1e-6)
+    assert_close(pre[0][:, 2:], ref[0], 1e-6)
+    assert not post[0][:, 3:].any() and not pre[0][:, :2].any()
+    for a, b, r in zip(post[1:], pre[1:], ref[1:]):
+        assert_close(a, r, 1e-6)
+        assert_close(b, r, 1e-6)
+
+
+def test_bidirectional_backward_direction_reads_real_tokens_in_reverse():
+    layer = Bidirectional(LSTM(3, return_sequences=True), merge_mode=None)
+    x = np.random.default_rng(0).standard_normal((1, 3, 2)).astype(np.float32)
+    _, ref_b = layer(x)
+    pad = np.full((1, 2, 2), 5.0, np.float32)
+    _, post_b = layer(np.concatenate([x, pad], 1), lengths=np.array([3]))
+    _, pre_b = layer(np.concatenate([pad, x], 1), mask=np.array([[0, 0, 1, 1, 1]], bool))
+    assert_close(post_b[:, :3], ref_b, 1e-6)
+    assert_close(pre_b[:, 2:], ref_b, 1e-6)
+    # the backward output at the first token has seen the whole sequence
+    assert not np.allclose(ref_b[:, 0], 0)
+
+
+def test_fully_masked_row_gives_zeros_and_initial_state():
+    layer = GRU(3, return_sequences=True, return_state=True)
+    x = np.ones((2, 4, 2), np.float32)
+    h0 = np.full((2, 3), 0.5, np.float32)
+    y, h = layer(x, mask=np.array([[0, 0, 0, 0], [1, 1, 0, 0]], bool), initial_state=[h0])
+    assert not y[0].any() and np.all(np.isfinite(y))
+    assert_close(h[0], h0[0], 0)
+
+
+def test_compute_mask_and_embedding_mask_zero():
+    emb = Embedding(10, 4, mask_zero=True)
+    ids = np.array([[3, 4, 0, 0], [5, 0, 0, 0]])
+    seq = LSTM(3, return_sequences=True)
+    mask = emb.compute_mask(ids)
+    y = seq(emb(ids), mask=mask)
+    assert seq.compute_mask(None, mask) is mask
+    assert LSTM(3).compute_mask(None, mask) is None
+    assert_close(y, seq(emb(ids), lengths=np.array([2, 1])), 0)
+
+
+def test_cells_step_by_step_match_the_sequence_layer():
+    for cell_cls, seq_cls in ((SimpleRNNCell, SimpleRNN), (GRUCell, GRU), (LSTMCell, LSTM)):
+        seq = seq_cls(4, return_sequences=True)
+        x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype(np.float32)
+        y = seq(x)
+        cell = cell_cls(4)
+        cell.build((None, 3))
+        cell.built = True
+        cell.set_weights(seq.get_weights())
+        state = None
+        for t in range(5):
+            state = cell(x[:, t], state)
+            h = state[0] if isinstance(state, list) else state
+            assert_close(h, y[:, t], 1e-6, what=f"{cell_cls.__name__} step {t}")
+
+
+def test_keras_gru_weight_order_and_classic_form():
+    """A NumPy Keras GRU (gate order z, r, h; reset_after False and True) against attnx loaded with
+    set_keras_weights."""
+    rng = np.random.default_rng(0)
+    C, H = 3, 4
+    x = rng.standard_normal((2, 3, C))
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    for reset_after in (False, True):
+        k = rng.standard_normal((C, 3 * H)) * 0.5
+        rk = rng.standard_normal((H, 3 * H)) * 0.5
+        b = rng.standard_normal((2, 3 * H) if reset_after else (3 * H,)) * 0.5
+        b_in, b_rec = (b[0], b[1]) if reset_after else (b, np.zeros(3 * H))
+        h = np.zeros((2, H))
+        for t in range(3):
+            xp = x[:, t] @ k + b_in
+            if reset_after:
+                hp = h @ rk + b_rec
+                z, r = sig(xp[:, :H] + hp[:, :H]), sig(xp[:, H:2 * H] + hp[:, H:2 * H])
+                hh = np.tanh(xp[:, 2 * H:] + r * hp[:, 2 * H:])
+            else:
+                z = sig(xp[:, :H] + h @ rk[:, :H])
+                r = sig(xp[:, H:2 * H] + h @ rk[:, H:2 * H])
+                hh = np.tanh(xp[:, 2 * H:] + (r * h) @ rk[:, 2 * H:])
+            h = z * h + (1 - z) * hh
+        layer = GRU(H, reset_after=reset_after, dtype="float64")
+        layer.build((None, 3, C))
+        layer.built = True
+        layer.set_keras_weights([k, rk, b])
+        assert_close(layer(x), h, 1e-12)
+        for got, want in zip(layer.get_keras_weights(), [k, rk, b]):
+            assert_close(got, want, 0)
+
+
+def test_keras_layout_defaults_and_config_round_trip():
+    layer = LSTM(5, return_sequences=True, num_layers=2, dropout=0.1)
+    layer(np.zeros((1, 2, 3), np.float32))
+    assert layer.params["kernel"].shape == (3, 20) and layer.params["recurrent_kernel"].shape == (5, 20)
+    assert layer.params["kernel_1"].shape == (5, 20)
+    assert_close(layer.params["bias"], np.r_[np.zeros(5), np.ones(5), np.zeros(10)], 0)  # unit_forget_bias
+    u = layer.params["recurrent_kernel"]
+    assert_close(u @ u.T, np.eye(5), 1e-5)  # orthogonal rows
+    assert _built(GRU(4)).params["bias"].shape == (2, 12)
+    assert _built(GRU(4, reset_after=False)).params["bias"].shape == (12,)
+    clone = LSTM.from_config(layer.get_config())
+    assert clone.get_config() == {**layer.get_config(), "name": clone.name}
+    bi = Bidirectional(GRU(3), merge_mode="sum")
+    bi2 = Bidirectional.from_config(bi.get_config())
+    assert bi2.merge_mode == "sum" and isinstance(bi2.backward_layer, GRU)
+    bi(np.zeros((1, 2, 3), np.float32))
+    assert list(bi.params)[:3] == ["forward_kernel", "forward_recurrent_kernel", "forward_bias"]
+    assert len(bi.get_weights()) == 6
+
+
+def test_edge_sizes_batch_one_and_length_one(torch):
+    module = torch.nn.GRU(3, 4, batch_first=True, bidirectional=True)
+    layer = from_torch(module)
+    for shape in [(1, 6, 3), (5, 1, 3), (1, 1, 3)]:
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        out = layer(x, training=True)
+        assert_close(out[0], module(torch.from_numpy(x))[0].detach().numpy(), 1e-5)
+        dx = layer.backward([np.ones_like(o) for o in out])
+        assert dx.shape == shape
+
+
+def test_split_batch_threads_match_single_thread():
+    """The two-thread time loop (B >= 8) gives the same numbers as one thread."""
+    layer = LSTM(8, return_sequences=True)
+    x = np.random.default_rng(0).standard_normal((16, 5, 3)).astype(np.float32)
+    attnx.set_num_threads(2)
+    y2 = layer(x, training=True, lengths=np.arange(16) % 5 + 1)
+    dx2 = layer.backward(np.ones_like(y2))
+    attnx.set_num_threads(1)
+    y1 = layer(x, training=True, lengths=np.arange(16) % 5 + 1)
+    dx1 = layer.backward(np.ones_like(y1))
+    attnx.set_num_threads(2)
+    assert_close(y1, y2, 1e-6)
+    assert_close(dx1, dx2, 1e-6)
+
+
+# ------------------------------------------------------------------------ bad input
+def _built_lstm():
+    layer = LSTM(4, name="enc")
+    layer(np.zeros((2, 3, 5), np.float32))
+    return layer
+
+
+@pytest.mark.parametrize("call,exc,pattern", [
+    (lambda l: l(np.zeros((2, 5), np.float32)), ValueError, r"'enc'.*`inputs` expected rank 3"),
+    (lambda l: l(np.zeros((2, 3, 6), np.float32)), ValueError, r"'enc'.*last axis of size 5.*\(2, 3, 6\)"),
+    (lambda l: l(np.zeros((2, 3, 5)), mask=np.ones((2, 4), bool)), ValueError, r"'enc'.*`mask` expected shape \(2, 3\)"),
+    (lambda l: l(np.zeros((2, 3, 5)), mask=np.ones((2, 3))), TypeError, r"'enc'.*`mask` must be a bool"),
+    (lambda l: l(np.zeros((2, 3, 5)), lengths=np.array([0, 3])), ValueError, r"'enc'.*`lengths` must lie in \[1, 3\]"),
+    (lambda l: l(np.zeros((2, 3, 5)), lengths=np.array([4, 3])), ValueError, r"'enc'.*`lengths` must lie in"),
+    (lambda l: l(np.zeros((2, 3, 5)), lengths=np.array([1.5, 3])), TypeError, r"'enc'.*`lengths` must be integers"),
+    (lambda l: l(np.zeros((2, 3, 5)), lengths=np.array([1, 2, 3])), ValueError, r"`lengths` expected shape \(2,\)"),
+    (lambda l: l(np.zeros((2, 3, 5)), initial_state=[np.zeros((2, 3)), np.zeros((2, 4))]), ValueError,
+     r"'enc'.*`initial_state\[0\]` expected shape \(2, 4\), got \(2, 3\)"),
+    (lambda l: l(np.zeros((2, 3, 5)), initial_state=[np.zeros((2, 4))]), ValueError, r"expected 2 initial state"),
+    (lambda l: l(np.zeros((2, 0, 5), np.float32)), ValueError, r"empty"),
+    (lambda l: l.backward(np.zeros((2, 4))), RuntimeError, r"'enc'.*training=True"),
+])
+def test_bad_input(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call(_built_lstm())
+
+
+def test_bad_config_and_backward_shapes():
+    with pytest.raises(ValueError, match="activation"):
+        LSTM(3, activation="gelu")
+    with pytest.raises(ValueError, match="dropout"):
+        GRU(3, dropout=1.0)
+    with pytest.raises(ValueError, match="merge_mode"):
+        Bidirectional(GRU(3), merge_mode="max")
+    with pytest.raises(TypeError, match="Bidirectional"):
+        Bidirectional(Dense(3))
+    layer = GRU(3, return_sequences=True, name="g")
+    layer(np.zeros((2, 4, 2), np.float32), training=True)
+    with pytest.raises(ValueError, match=r"'g'.*`dy` expected shape \(2, 4, 3\)"):
+        layer.backward(np.zeros((2, 3)))
+    cell = LSTMCell(3, name="cell")
+    with pytest.raises(ValueError, match=r"'cell'.*`states\[1\]` expected shape \(2, 3\)"):
+        cell(np.zeros((2, 2)), [np.zeros((2, 3)), np.zeros((3, 3))])
+    with pytest.raises(ValueError, match="reset_after=False"):
+        to_torch(_built(GRU(3, reset_after=False)))
+
+
+def _built(layer):
+    layer(np.zeros((1, 2, 2), np.float32))
+    return layer
+
+
+def test_kernel_binding_rejects_bad_buffers():
+    from attnx import _core
+    x = np.zeros((2, 3, 4), np.float32)
+    W, U = np.zeros((4, 8), np.float32), np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match="kernel: expected shape"):
+        _core.rnn_forward("lstm", x, np.zeros((5, 8), np.float32), U, None, None, None, None, None, None)
+    with pytest.raises(TypeError, match="dtype"):
+        _core.rnn_forward("lstm", x, W.astype(np.float64), U, None, None, None, None, None, None)
+    with pytest.raises(TypeError, match="mask"):
+        _core.rnn_forward("lstm", x, W, U, None, None, None, None, np.ones((2, 3), np.int32), None)
+    with pytest.raises(ValueError, match="unknown cell"):
+        _core.rnn_forward("lstmx", x, W, U, None, None, None, None, None, None)
