@@ -7,4 +7,5 @@ void init_core(pybind11::module_& m);
 void init_loss(pybind11::module_& m);
 void init_optim(pybind11::module_& m);
 void init_rnn(pybind11::module_& m);
+void init_attention(pybind11::module_& m);
 }  // namespace attnx::bind

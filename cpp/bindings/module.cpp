@@ -11,4 +11,5 @@ PYBIND11_MODULE(_core, m) {
     attnx::bind::init_loss(m);
     attnx::bind::init_optim(m);
     attnx::bind::init_rnn(m);
+    attnx::bind::init_attention(m);
 }

@@ -1,0 +1,361 @@
+// The attention pipeline: scores -> masked softmax over source positions -> context, forward and
+// backward, for every score the tutorials name, plus Luong's local-attention window.
+//
+// Layouts (row-major). A batch of B sequences, each with H heads (H = 1 for plain attention):
+//   query   (B, Tq, H, Dk)      key (B, S, H, Dk)      value (B, S, H, Dv)
+//   context (B, Tq, H, Dv)      weights / scores (B, H, Tq, S)
+// so multi-head attention reads the (B, T, H * d) projections in place, without transposes.
+// One "problem" n = b * H + h is one (batch row, head) pair; kernels parallelize over problems.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "attnx/activations.hpp"
+#include "attnx/gemm.hpp"
+
+namespace attnx {
+
+// ----------------------------------------------------------------------------- parallelism
+// Below this many multiply-adds a second thread costs more than it saves.
+constexpr double kParallelMinWork = 1 << 17;
+
+inline unsigned kernel_threads() { return std::max(1u, std::min(2u, std::thread::hardware_concurrency())); }
+
+// Runs fn(begin, end) over contiguous chunks of [0, count), on several threads when `work`
+// (total multiply-adds) makes it pay. fn must write disjoint outputs per index.
+template <class F> void parallel_for(size_t count, double work, F&& fn) {
+    const size_t threads = work < kParallelMinWork ? 1 : std::min<size_t>(count, kernel_threads());
+    if (threads <= 1) {
+        fn(size_t(0), count);
+        return;
+    }
+    std::vector<std::thread> pool;
+    const size_t chunk = (count + threads - 1) / threads;
+    for (size_t lo = chunk; lo < count; lo += chunk) pool.emplace_back(fn, lo, std::min(count, lo + chunk));
+    fn(size_t(0), std::min(count, chunk));
+    for (auto& t : pool) t.join();
+}
+
+// ----------------------------------------------------------------------------- masks
+// Which source positions query t of batch row b may attend to (Keras: nonzero = may attend):
+//   allowed(b, t, s) = data[b * stride_b + t * stride_t + s] (all allowed when data is null)
+//                      and (s <= t when causal)
+// A key padding mask (B, S) has stride_b = S, stride_t = 0; a full mask (B, Tq, S) has
+// stride_b = Tq * S, stride_t = S; a mask shared by the batch has stride_b = 0.
+struct AttendMask {
+    const uint8_t* data = nullptr;
+    size_t stride_b = 0, stride_t = 0;
+    bool causal = false;
+
+    // The mask row masked_softmax_row expects (null: everything allowed); `scratch` (S bytes)
+    // holds the row when it has to be combined with the causal limit.
+    const uint8_t* row(uint8_t* scratch, size_t b, size_t t, size_t S) const {
+        const uint8_t* given = data ? data + b * stride_b + t * stride_t : nullptr;
+        if (!causal) return given;
+        for (size_t s = 0; s < S; ++s) scratch[s] = (s <= t) && (!given || given[s]);
+        return scratch;
+    }
+};
+
+// ----------------------------------------------------------------------------- softmax + context
+// weights[n, t, :] = masked_softmax(scores[n, t, :]) for the B * H * Tq rows of (B, H, Tq, S)
+// scores; weights may alias scores. Fully masked rows become zeros.
+template <class T>
+void masked_softmax_scores(T* weights, const T* scores, const AttendMask& mask, int B, int H, int Tq, int S) {
+    const size_t N = (size_t)B * H;
+    parallel_for(N, double(N) * Tq * S * 8, [&](size_t lo, size_t hi) {
+        std::vector<uint8_t> row_mask(mask.causal ? S : 0);
+        for (size_t n = lo; n < hi; ++n)
+            for (int t = 0; t < Tq; ++t) {
+                const size_t off = (n * Tq + t) * (size_t)S;
+                masked_softmax_row(weights + off, scores + off, mask.row(row_mask.data(), n / H, t, S), (size_t)S);
+            }
+    });
+}
+
+// Problem n's block in the (B, T, H, D) layout: rows are H * D apart.
+template <class T> inline T* head_block(T* base, size_t n, int H, int T_, int D) {
+    return base + ((n / H) * (size_t)T_ * H + n % H) * (size_t)D;
+}
+
+// One problem's softmax and context, from its scores (overwritten by the weights):
+//   weights = masked_softmax(scores)                            (Tq, S), saved for backward and plotting
+//   context = (weights * keep) . V                              (Tq, Dv), rows ldv apart
+// `keep` multiplies the weights after the softmax: the dropout keep mask scaled by 1 / (1 - rate),
+// local attention's Gaussian, or null. `dropped` (Tq * S) and `row_mask` (S) are the caller's scratch.
+template <class T>
+void softmax_context_problem(T* context, T* weights, const T* value, const AttendMask& mask, size_t b,
+                             const T* keep, int Tq, int S, int Dv, int ldv, T* dropped, uint8_t* row_mask) {
+    for (int t = 0; t < Tq; ++t)
+        masked_softmax_row(weights + (size_t)t * S, weights + (size_t)t * S, mask.row(row_mask, b, t, S), (size_t)S);
+    const T* used = weights;
+    if (keep) {
+        for (size_t i = 0; i < (size_t)Tq * S; ++i) dropped[i] = weights[i] * keep[i];
+        used = dropped;
+    }
+    gemm<T>(false, false, Tq, Dv, S, T(1), used, S, value, ldv, T(0), context, ldv);
+}
+
+// Backward of softmax_context_problem (dvalue overwritten, rows ldv apart):
+//   dV       = (P * keep)^T . dC
+//   dkeep    = (dC . V^T) * P                                   (only when dkeep is not null)
+//   dP       = (dC . V^T) * keep + dweights                     (dweights may be null)
+//   dscores  = P * (dP - rowsum(dP * P))                         (masked entries have P = 0)
+template <class T>
+void softmax_context_backward_problem(T* dscores, T* dvalue, T* dkeep, const T* dcontext, const T* dweights,
+                                      const T* weights, const T* value, const T* keep, int Tq, int S, int Dv, int ldv,
+                                      T* dropped) {
+    const size_t block = (size_t)Tq * S;
+    const T* used = weights;
+    if (keep) {
+        for (size_t i = 0; i < block; ++i) dropped[i] = weights[i] * keep[i];
+        used = dropped;
+    }
+    gemm<T>(true, false, S, Dv, Tq, T(1), used, S, dcontext, ldv, T(0), dvalue, ldv);
+    gemm<T>(false, true, Tq, S, Dv, T(1), dcontext, ldv, value, ldv, T(0), dscores, S);
+    if (dkeep)
+        for (size_t i = 0; i < block; ++i) dkeep[i] = dscores[i] * weights[i];
+    if (keep)
+        for (size_t i = 0; i < block; ++i) dscores[i] *= keep[i];
+    if (dweights)
+        for (size_t i = 0; i < block; ++i) dscores[i] += dweights[i];
+    softmax_rows_backward(dscores, dscores, weights, (size_t)Tq, (size_t)S);
+}
+
+// Softmax and context from precomputed scores (any score kernel), all B * H problems.
+// `weights` holds the scores on entry and the attention weights on return.
+template <class T>
+void softmax_context_forward(T* context, T* weights, const T* value, const AttendMask& mask, const T* keep, int B,
+                             int H, int Tq, int S, int Dv) {
+    const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    parallel_for(N, double(N) * block * (Dv + 4), [&](size_t lo, size_t hi) {
+        std::vector<uint8_t> row_mask(mask.causal ? S : 0);
+        std::vector<T> dropped(keep ? block : 0);
+        for (size_t n = lo; n < hi; ++n)
+            softmax_context_problem(head_block(context, n, H, Tq, Dv), weights + n * block,
+                                    head_block(value, n, H, S, Dv), mask, n / H, keep ? keep + n * block : nullptr,
+                                    Tq, S, Dv, H * Dv, dropped.data(), row_mask.data());
+    });
+}
+
+// Backward of softmax_context_forward: dscores (B, H, Tq, S), dvalue and dkeep (if not null) overwritten.
+template <class T>
+void softmax_context_backward(T* dscores, T* dvalue, T* dkeep, const T* dcontext, const T* dweights,
+                              const T* weights, const T* value, const T* keep, int B, int H, int Tq, int S, int Dv) {
+    const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    parallel_for(N, double(N) * block * (2 * Dv + 4), [&](size_t lo, size_t hi) {
+        std::vector<T> dropped(keep ? block : 0);
+        for (size_t n = lo; n < hi; ++n)
+            softmax_context_backward_problem(dscores + n * block, head_block(dvalue, n, H, S, Dv),
+                                             dkeep ? dkeep + n * block : nullptr, head_block(dcontext, n, H, Tq, Dv),
+                                             dweights ? dweights + n * block : nullptr, weights + n * block,
+                                             head_block(value, n, H, S, Dv), keep ? keep + n * block : nullptr, Tq, S,
+                                             Dv, H * Dv, dropped.data());
+    });
+}
+
+// ----------------------------------------------------------------------------- dot scores
+// One problem's dot score: scores = scale * Q . K^T (Tq, S); Q and K rows ldk apart.
+template <class T>
+void dot_scores_problem(T* scores, const T* q, const T* k, int Tq, int S, int Dk, int ldk, T scale) {
+    gemm<T>(false, true, Tq, S, Dk, scale, q, ldk, k, ldk, T(0), scores, S);
+}
+
+// Backward of dot_scores_problem (dq, dk overwritten); returns sum(dscores * Q . K^T), the
+// gradient of a learned scale, when want_dscale:
+//   dQ = scale * dS . K,   dK = scale * dS^T . Q,   dscale = sum((dS . K) * Q)
+template <class T>
+T dot_scores_backward_problem(T* dq, T* dk, const T* dscores, const T* q, const T* k, int Tq, int S, int Dk,
+                              int ldk, T scale, bool want_dscale) {
+    gemm<T>(false, false, Tq, Dk, S, T(1), dscores, S, k, ldk, T(0), dq, ldk);
+    T dscale = 0;
+    for (int t = 0; t < Tq; ++t)
+        for (int d = 0; d < Dk; ++d) {
+            const size_t i = (size_t)t * ldk + d;
+            if (want_dscale) dscale += dq[i] * q[i];
+            dq[i] *= scale;
+        }
+    gemm<T>(true, false, S, Dk, Tq, scale, dscores, S, q, ldk, T(0), dk, ldk);
+    return dscale;
+}
+
+// scores[n] = scale * Q[n] . K[n]^T for all B * H problems; scores (B, H, Tq, S).
+template <class T>
+void dot_scores_forward(T* scores, const T* q, const T* k, int B, int H, int Tq, int S, int Dk, T scale) {
+    const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    parallel_for(N, double(N) * block * Dk, [&](size_t lo, size_t hi) {
+        for (size_t n = lo; n < hi; ++n)
+            dot_scores_problem(scores + n * block, head_block(q, n, H, Tq, Dk), head_block(k, n, H, S, Dk), Tq, S, Dk,
+                               H * Dk, scale);
+    });
+}
+
+// Backward of dot_scores_forward: dq, dk overwritten; dscale (null to skip) accumulates.
+template <class T>
+void dot_scores_backward(T* dq, T* dk, T* dscale, const T* dscores, const T* q, const T* k, int B, int H, int Tq,
+                         int S, int Dk, T scale) {
+    const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    std::mutex dscale_lock;
+    parallel_for(N, double(N) * block * Dk * 2, [&](size_t lo, size_t hi) {
+        T dscale_sum = 0;
+        for (size_t n = lo; n < hi; ++n)
+            dscale_sum += dot_scores_backward_problem(head_block(dq, n, H, Tq, Dk), head_block(dk, n, H, S, Dk),
+                                                      dscores + n * block, head_block(q, n, H, Tq, Dk),
+                                                      head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale,
+                                                      dscale != nullptr);
+        if (dscale) {
+            std::lock_guard<std::mutex> guard(dscale_lock);
+            *dscale += dscale_sum;
+        }
+    });
+}
+
+// ----------------------------------------------------------------------------- fused core
+// Scaled dot-product attention for one or more heads (the core multi-head attention uses):
+//   scores[n]  = scale * Q[n] . K[n]^T                          (Tq, S)
+//   weights[n] = masked_softmax(scores[n]),  context[n] = (weights[n] * keep[n]) . V[n]
+// Fused per problem, so each (Tq, S) block stays in cache between the three steps.
+template <class T>
+void sdpa_forward(T* context, T* weights, const T* q, const T* k, const T* v, const AttendMask& mask,
+                  const T* keep, int B, int H, int Tq, int S, int Dk, int Dv, T scale) {
+    const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
+        std::vector<uint8_t> row_mask(mask.causal ? S : 0);
+        std::vector<T> dropped(keep ? block : 0);
+        for (size_t n = lo; n < hi; ++n) {
+            T* w = weights + n * block;
+            dot_scores_problem(w, head_block(q, n, H, Tq, Dk), head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale);
+            softmax_context_problem(head_block(context, n, H, Tq, Dv), w, head_block(v, n, H, S, Dv), mask, n / H,
+                                    keep ? keep + n * block : nullptr, Tq, S, Dv, H * Dv, dropped.data(),
+                                    row_mask.data());
+        }
+    });
+}
+
+// Backward of sdpa_forward. Overwrites dq, dk, dv (same layouts as q, k, v); dweights (the
+// gradient flowing into the returned weights, or null) joins before the softmax backward;
+// dscale (null to skip) accumulates d loss / d scale for a learned scale.
+template <class T>
+void sdpa_backward(T* dq, T* dk, T* dv, T* dscale, const T* dcontext, const T* dweights, const T* weights,
+                   const T* q, const T* k, const T* v, const T* keep, int B, int H, int Tq, int S, int Dk, int Dv,
+                   T scale) {
+    const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    std::mutex dscale_lock;
+    parallel_for(N, double(N) * block * (2 * Dk + 2 * Dv), [&](size_t lo, size_t hi) {
+        std::vector<T> dscores(block), dropped(keep ? block : 0);
+        T dscale_sum = 0;
+        for (size_t n = lo; n < hi; ++n) {
+            softmax_context_backward_problem(dscores.data(), head_block(dv, n, H, S, Dv), (T*)nullptr,
+                                             head_block(dcontext, n, H, Tq, Dv), dweights ? dweights + n * block : nullptr,
+                                             weights + n * block, head_block(v, n, H, S, Dv),
+                                             keep ? keep + n * block : nullptr, Tq, S, Dv, H * Dv, dropped.data());
+            dscale_sum += dot_scores_backward_problem(head_block(dq, n, H, Tq, Dk), head_block(dk, n, H, S, Dk),
+                                                      dscores.data(), head_block(q, n, H, Tq, Dk),
+                                                      head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale,
+                                                      dscale != nullptr);
+        }
+        if (dscale) {
+            std::lock_guard<std::mutex> guard(dscale_lock);
+            *dscale += dscale_sum;
+        }
+    });
+}
+
+// ----------------------------------------------------------------------------- additive / concat scores
+// Bahdanau's additive and Luong's concat score from the projected query pq = W2 q (+ b) and keys
+// pk = W1 k (W_a [q; k] split into its query and key halves, so [q; k] is never formed):
+//   hidden[b, t, s, u] = tanh(pq[b, t, u] + pk[b, s, u])         saved for backward
+//   scores[b, t, s]    = sum_u v[u] hidden[b, t, s, u]
+template <class T>
+void additive_scores_forward(T* scores, T* hidden, const T* pq, const T* pk, const T* v, int B, int Tq, int S, int U) {
+    parallel_for((size_t)B, double(B) * Tq * S * U * 8, [&](size_t lo, size_t hi) {
+        for (size_t b = lo; b < hi; ++b)
+            for (int t = 0; t < Tq; ++t) {
+                const T* pqt = pq + (b * Tq + t) * (size_t)U;
+                for (int s = 0; s < S; ++s) {
+                    const size_t row = (b * Tq + t) * (size_t)S + s;
+                    const T* pks = pk + (b * S + s) * (size_t)U;
+                    T* h = hidden + row * U;
+                    T acc = 0;
+                    for (int u = 0; u < U; ++u) {
+                        h[u] = std::tanh(pqt[u] + pks[u]);
+                        acc += v[u] * h[u];
+                    }
+                    scores[row] = acc;
+                }
+            }
+    });
+}
+
+// Backward of additive_scores_forward (dpq, dpk overwritten; dv accumulates):
+//   dpre[b, t, s, u] = dscores[b, t, s] v[u] (1 - hidden^2)
+//   dpq[b, t, u] = sum_s dpre,   dpk[b, s, u] = sum_t dpre,   dv[u] += sum_{b,t,s} dscores hidden
+template <class T>
+void additive_scores_backward(T* dpq, T* dpk, T* dv, const T* dscores, const T* hidden, const T* v, int B, int Tq,
+                              int S, int U) {
+    std::fill(dpk, dpk + (size_t)B * S * U, T(0));
+    std::mutex dv_lock;
+    parallel_for((size_t)B, double(B) * Tq * S * U * 6, [&](size_t lo, size_t hi) {
+        std::vector<T> dv_part(U, T(0));
+        for (size_t b = lo; b < hi; ++b)
+            for (int t = 0; t < Tq; ++t) {
+                T* dpqt = dpq + (b * Tq + t) * (size_t)U;
+                std::fill(dpqt, dpqt + U, T(0));
+                for (int s = 0; s < S; ++s) {
+                    const size_t row = (b * Tq + t) * (size_t)S + s;
+                    const T ds = dscores[row];
+                    if (ds == T(0)) continue;  // masked positions: nothing flows back
+                    const T* h = hidden + row * U;
+                    T* dpks = dpk + (b * S + s) * (size_t)U;
+                    for (int u = 0; u < U; ++u) {
+                        const T dpre = ds * v[u] * (T(1) - h[u] * h[u]);
+                        dpqt[u] += dpre;
+                        dpks[u] += dpre;
+                        dv_part[u] += ds * h[u];
+                    }
+                }
+            }
+        std::lock_guard<std::mutex> guard(dv_lock);
+        for (int u = 0; u < U; ++u) dv[u] += dv_part[u];
+    });
+}
+
+// ----------------------------------------------------------------------------- local attention
+// Luong et al. (2015) local attention around an aligned source position p[b, t] with half-width D:
+//   allowed[b, t, s] = |s - p[b, t]| <= D and source_mask[b, s]      (restricts the softmax)
+//   gauss[b, t, s]   = exp(-(s - p[b, t])^2 / (2 sigma^2)) inside the window, sigma = D / 2
+// The Gaussian multiplies the softmaxed alignment (the `keep` of softmax_context_forward).
+// D = 0 keeps only s = p with factor 1. source_mask (B, S) may be null.
+template <class T>
+void local_window_forward(uint8_t* allowed, T* gauss, const T* p, const uint8_t* source_mask, int B, int Tq, int S,
+                          int D) {
+    const T inv_two_var = D > 0 ? T(2) / (T(D) * T(D)) : T(0);  // 1 / (2 sigma^2) with sigma = D / 2
+    for (size_t bt = 0; bt < (size_t)B * Tq; ++bt) {
+        const size_t b = bt / Tq;
+        for (int s = 0; s < S; ++s) {
+            const T dist = T(s) - p[bt];
+            const bool in = std::abs(dist) <= T(D) && (!source_mask || source_mask[b * S + s]);
+            allowed[bt * S + s] = in;
+            gauss[bt * S + s] = in ? std::exp(-dist * dist * inv_two_var) : T(0);
+        }
+    }
+}
+
+// Backward of the Gaussian factor (the window edges are piecewise constant in p):
+//   dp[b, t] = sum_s dgauss[b, t, s] * gauss[b, t, s] * (s - p[b, t]) / sigma^2      (overwritten)
+template <class T>
+void local_window_backward(T* dp, const T* dgauss, const T* gauss, const T* p, int B, int Tq, int S, int D) {
+    const T inv_var = D > 0 ? T(4) / (T(D) * T(D)) : T(0);
+    for (size_t bt = 0; bt < (size_t)B * Tq; ++bt) {
+        T acc = 0;
+        for (int s = 0; s < S; ++s) acc += dgauss[bt * S + s] * gauss[bt * S + s] * (T(s) - p[bt]);
+        dp[bt] = acc * inv_var;
+    }
+}
+
+}  // namespace attnx
