@@ -12,4 +12,5 @@ PYBIND11_MODULE(_core, m) {
     attnx::bind::init_optim(m);
     attnx::bind::init_rnn(m);
     attnx::bind::init_attention(m);
+    attnx::bind::init_seq2seq(m);
 }
