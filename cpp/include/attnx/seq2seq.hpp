@@ -269,15 +269,17 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
     batch_to_time_major(dout.data(), dout_bm.data(), Tn, B, H);
 
     std::fill(denc, denc + (size_t)B * S * K, T(0));
-    std::vector<T> dgates(TB * G), dhu(TB * G), dhrec(BH), dfeed((size_t)B * F), dkeys((size_t)B * S * Dk, T(0));
+    std::vector<T> dgates(TB * G), dhu_gru(cfg.cell == RNNCell::gru ? TB * G : 0), dhrec(BH), dfeed((size_t)B * F), dkeys((size_t)B * S * Dk, T(0));
     std::vector<T> dquery_proj(additive ? TB * U : 0), dstate(BH), dpre(luong ? TB * H : 0), dcat((size_t)B * (K + H)),
         dcontext((size_t)B * K);
     std::vector<T> dfeed_next(luong ? BH : 0, T(0));  // Luong: d h~_t arriving from step t + 1's input
+    // d(h U + b_rec): its own buffer for GRU (the candidate's r * (.) splits it from dgates), else dgates
+    T* dhu = cfg.cell == RNNCell::gru ? dhu_gru.data() : dgates.data();
     AttendGradWork<T> work(cfg);
 
     for (int t = Tn - 1; t >= 0; --t) {
         T* dg_t = dgates.data() + (size_t)t * B * G;
-        T* dhu_t = dhu.data() + (size_t)t * B * G;
+        T* dhu_t = dhu + (size_t)t * B * G;
         const uint8_t* mask_t = cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr;
         T* dqp_t = additive ? dquery_proj.data() + (size_t)t * B * U : nullptr;
         const T* dy_t = dout.data() + (size_t)t * BH;
@@ -323,7 +325,7 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
     // dW_f += feed^T dgates
     matmul<T>(dw.kernel + (size_t)E * G, cache.feed, dgates.data(), F, G, (int)TB, true, false, T(1));
     // dU += h_prev^T dhu, db_rec += sum dhu
-    dense_backward<T>((T*)nullptr, dw.recurrent_kernel, dw.bias_rec, dhu.data(), cache.h_prev, w.recurrent_kernel,
+    dense_backward<T>((T*)nullptr, dw.recurrent_kernel, dw.bias_rec, dhu, cache.h_prev, w.recurrent_kernel,
                       (int)TB, H, G);
     if (luong) {
         // dW_c += [c; h]^T d pre
