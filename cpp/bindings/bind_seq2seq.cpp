@@ -140,8 +140,10 @@ void init_seq2seq(py::module_& m) {
         [](const std::string& kind, const std::string& score, const std::string& cell, const py::array& ids,
            const py::array& enc, const py::object& source_mask, const py::object& target_mask, const py::array& h0,
            const py::object& c0, const py::object& feed0, const py::dict& params, const py::object& keys,
-           int local_window) {
+           int local_window, int first_step) {
             DecoderConfig cfg = decoder_config(kind, score, cell, local_window);
+            if (first_step < 0) throw py::value_error("decoder_forward: first_step must be >= 0");
+            cfg.first_step = first_step;
             return dispatch_float(enc, "decoder_forward: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const char* fn = "decoder_forward";
@@ -212,7 +214,7 @@ void init_seq2seq(py::module_& m) {
                     decoder_forward<T>(cfg, pl, ph, pc, pf, c, w, pids, penc, psm, ptm, keys_ready, phu);
                     time_to_batch_major(pw, c.weights, (int)Tn, (int)B, (int)S);  // (B, T, S) for users
                 }
-                cache["config"] = py::make_tuple(kind, score, cell, local_window);
+                cache["config"] = py::make_tuple(kind, score, cell, local_window, first_step);
                 py::object keys_out = c.keys ? py::object(cache["keys"]) : py::object(py::none());
                 return py::make_tuple(logits, h, lstm ? py::object(cs) : py::none(), luong ? py::object(feed) : py::none(),
                                       weights, keys_out, cache);
@@ -221,11 +223,11 @@ void init_seq2seq(py::module_& m) {
         py::arg("kind"), py::arg("score"), py::arg("cell"), py::arg("ids"), py::arg("enc"),
         py::arg("source_mask") = py::none(), py::arg("target_mask") = py::none(), py::arg("h0"),
         py::arg("c0") = py::none(), py::arg("feed0") = py::none(), py::arg("params"), py::arg("keys") = py::none(),
-        py::arg("local_window") = -1,
+        py::arg("local_window") = -1, py::arg("first_step") = 0,
         "Attention decoder over all target steps (teacher forcing) or one step (T = 1). kind bahdanau|luong, score "
         "additive|concat|general|dot, cell gru|lstm. ids (B, T) int64 previous words, enc (B, S, K), masks bool "
         "(True = real), h0 (B, H), c0 (B, H) for LSTM, feed0 (B, H) Luong's previous attentional state, params the "
-        "layer's dict, keys: enc W_k from an earlier call (decoding steps). Returns (logits (B, T, V), h, c, feed, "
+        "layer's dict, keys: enc W_k from an earlier call (decoding steps), first_step: the target position of ids[:, 0]. Returns (logits (B, T, V), h, c, feed, "
         "weights (B, T, S), keys, cache).");
 
     m.def(
@@ -236,6 +238,7 @@ void init_seq2seq(py::module_& m) {
             const py::tuple conf = cache["config"].cast<py::tuple>();
             DecoderConfig cfg = decoder_config(conf[0].cast<std::string>(), conf[1].cast<std::string>(),
                                                conf[2].cast<std::string>(), conf[3].cast<int>());
+            cfg.first_step = conf[4].cast<int>();
             return dispatch_float(enc, "decoder_backward: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const char* fn = "decoder_backward";

@@ -165,16 +165,18 @@ class Encoder(_Composite):
 class DecoderState(NamedTuple):
     """What a decoder carries between inference steps (all with B rows):
     h (B, H), c (B, H) for LSTM, feed (B, H) Luong's previous attentional state, keys (B, S, Dk)
-    the projected encoder outputs computed at the first step."""
+    the projected encoder outputs computed at the first step, position the next target step."""
 
     h: np.ndarray
     c: object = None
     feed: object = None
     keys: object = None
+    position: int = 0
 
     def select(self, rows):
         """The state of the given rows (beam search reorders hypotheses with it)."""
-        return DecoderState(*[None if a is None else np.ascontiguousarray(a[rows]) for a in self])
+        arrays = [None if a is None else np.ascontiguousarray(a[rows]) for a in self[:4]]
+        return DecoderState(*arrays, position=self.position)
 
 
 class _AttentionDecoder(Layer):
@@ -238,7 +240,7 @@ class _AttentionDecoder(Layer):
         self.add_weight("output_kernel", (H, V), self.kernel_initializer)
         self.add_weight("output_bias", (V,), "zeros")
 
-    def _run(self, ids, enc, states, source_mask, target_mask, feed=None, keys=None):
+    def _run(self, ids, enc, states, source_mask, target_mask, feed=None, keys=None, first_step=0):
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"Layer '{self.name}': target ids must be integers, got dtype {ids.dtype}")
@@ -263,7 +265,7 @@ class _AttentionDecoder(Layer):
         return _core.decoder_forward(
             self._kind, self.score, self.cell, np.ascontiguousarray(ids, dtype=np.int64), enc, smask, tmask,
             states[0], states[1] if self.n_states == 2 else None, feed, self.params, keys,
-            -1 if self.local_window is None else self.local_window), enc
+            -1 if self.local_window is None else self.local_window, first_step), enc
 
     def _state(self, value, arg, shape):
         arr = np.asarray(value)
@@ -306,8 +308,8 @@ class _AttentionDecoder(Layer):
             raise ValueError(f"Layer '{self.name}': step ids expected shape (batch,), got {ids.shape}")
         states = [state.h] + ([state.c] if self.n_states == 2 else [])
         (logits, h, c, feed, weights, keys, _), _ = self._run(ids[:, None], encoder_outputs, states, source_mask,
-                                                              None, state.feed, state.keys)
-        return logits[:, 0], DecoderState(h, c, feed, keys), weights[:, 0]
+                                                              None, state.feed, state.keys, state.position)
+        return logits[:, 0], DecoderState(h, c, feed, keys, state.position + 1), weights[:, 0]
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0][0], input_shape[0][1], self.vocab_size)

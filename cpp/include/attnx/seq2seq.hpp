@@ -45,6 +45,7 @@ struct DecoderConfig {
     int E = 0, K = 0, H = 0;      // target embedding, encoder output, decoder state sizes
     int U = 0, V = 0;             // additive score units, target vocabulary
     int local_window = -1;        // Luong local-m: attend to |s - t| <= D with a Gaussian (-1: global)
+    int first_step = 0;           // target position of step 0 (local-m's p_t when decoding step by step)
 
     int F() const { return kind == DecoderKind::bahdanau ? K : H; }  // feed: c_t or h~_{t-1}
     int G() const { return (cell == RNNCell::lstm ? 4 : 3) * H; }
@@ -133,7 +134,7 @@ void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>
     const T* keep = nullptr;
     if (cfg.local()) {
         // local-m: aligned position p_t = t (clipped to the source), Gaussian window of half-width D
-        std::vector<T> p((size_t)B, T(std::min(t, S - 1)));
+        std::vector<T> p((size_t)B, T(std::min(cfg.first_step + t, S - 1)));
         local_window_forward<T>(cache.window + bs, cache.gauss + bs, p.data(), source_mask, B, 1, S, cfg.local_window);
         mask.data = cache.window + bs;
         keep = cache.gauss + bs;
