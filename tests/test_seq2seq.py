@@ -343,7 +343,8 @@ def test_corpus_bleu_hand_computed():
     expected = np.exp(1 - 11 / 9) * np.exp((np.log(8 / 9) + np.log(6 / 7) + np.log(4 / 5) + np.log(2 / 3)) / 4)
     assert metrics.corpus_bleu([[r1], [r2]], [h1, h2]) == pytest.approx(expected)
     # the closest reference length sets r (ties: the shorter); clipping by the max count in one reference
-    assert metrics.corpus_bleu([[r2, "a b c d q".split()]], [h2], max_n=1) == pytest.approx(1.0)
+    assert metrics.corpus_bleu([["a b c".split(), "a b c d q".split()]], [h2], max_n=1) == pytest.approx(1.0)
+    assert metrics.corpus_bleu([[r2, "a b c d q".split()]], [h2], max_n=1) == pytest.approx(np.exp(1 - 5 / 4))
     assert metrics.corpus_bleu([["the cat".split()]], ["the the the".split()], max_n=1) == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="2 reference lists but 1"):
         metrics.corpus_bleu([[r1], [r2]], [h1])
