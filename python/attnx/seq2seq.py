@@ -450,11 +450,12 @@ class Seq2Seq:
         self.history = {}
 
     @classmethod
-    def from_texts(cls, sources, targets, num_words=None, **kwargs):
+    def from_texts(cls, sources, targets, num_words=None, oov_token=None, **kwargs):
         """Fits word-level tokenizers (``filters=''``: punctuation was split off by
-        `attnx.datasets.preprocess_sentence`) on the texts and builds a model for them."""
-        src_tok = text.Tokenizer(num_words=num_words, filters="")
-        tgt_tok = text.Tokenizer(num_words=num_words, filters="")
+        `attnx.datasets.preprocess_sentence`) on the texts and builds a model for them.
+        With `oov_token` (e.g. "<unk>"), unknown words map to it instead of raising."""
+        src_tok = text.Tokenizer(num_words=num_words, filters="", oov_token=oov_token)
+        tgt_tok = text.Tokenizer(num_words=num_words, filters="", oov_token=oov_token)
         src_tok.fit_on_texts(list(sources))
         tgt_tok.fit_on_texts(list(targets))
         size = (lambda tok: (num_words or len(tok.word_index) + 1))
@@ -635,7 +636,8 @@ class Seq2Seq:
                                                     self.encode_targets(validation_data[1]))
         return self.fit(self.encode_sources(sources), self.encode_targets(targets), validation_data=val, **kwargs)
 
-    def _words(self, tokens):
+    def target_words(self, tokens):
+        """Target ids -> words (ids outside the vocabulary give "<unk>")."""
         index_word = self.target_tokenizer.index_word
         return [index_word.get(int(t), "<unk>") for t in tokens]
 
@@ -757,7 +759,7 @@ class Seq2Seq:
         else:
             best = self.beam_search(source, width, length_penalty, max_length)[0][0]
             words, weights = best.tokens, best.attention
-        return " ".join(self._words(words)), weights
+        return " ".join(self.target_words(words)), weights
 
     def evaluate_bleu(self, sources, references, width=1, length_penalty=0.0, batch_size=64, max_length=None):
         """Corpus BLEU-4 of the translations of preprocessed `sources` against preprocessed
@@ -770,8 +772,8 @@ class Seq2Seq:
                 tokens, _ = self.greedy_decode(src, max_length)
                 for row in tokens.tolist():
                     row = row[:row.index(self.end_id)] if self.end_id in row else row
-                    hyps.append(self._words([t for t in row if t]))
+                    hyps.append(self.target_words([t for t in row if t]))
             else:
-                hyps += [self._words(h[0].tokens) for h in self.beam_search(src, width, length_penalty, max_length)]
+                hyps += [self.target_words(h[0].tokens) for h in self.beam_search(src, width, length_penalty, max_length)]
         refs = [[[w for w in r.split() if w not in ("<start>", "<end>")]] for r in references]
         return metrics.corpus_bleu(refs, hyps)
