@@ -208,7 +208,7 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
     for (int b = 0; b < B; ++b)
         for (int t = 0; t < Tn; ++t) {
             cache.ids[(size_t)t * B + b] = ids[(size_t)b * Tn + t];
-            if (cache.step_mask) cache.step_mask[(size_t)t * B + b] = target_mask[(size_t)b * Tn + t];
+            if (cache.step_mask) cache.step_mask[(size_t)t * B + b] = target_mask ? target_mask[(size_t)b * Tn + t] : 1;
         }
     embedding_forward<T>(cache.emb, cache.ids, w.embeddings, (size_t)Tn * B, (size_t)E);
     // gates[t] = emb_t W_e + b_in for all steps in one GEMM; the feed half joins per step
