@@ -19,5 +19,8 @@ cmake -S . -B "$dir" -DATTNX_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE="$build_type" \
   || { cat "$dir.configure.log"; exit 1; }
 cmake --build "$dir" -j"$(nproc)" > "$dir.build.log" 2>&1 \
   || { grep -E -A3 "error" "$dir.build.log" | head -60; exit 1; }
-cp "$dir"/_core*.so python/attnx/
+# copy then rename: a process that has the old module loaded keeps its (unlinked) file intact
+for so in "$dir"/_core*.so; do
+  cp "$so" "python/attnx/.$(basename "$so").tmp" && mv -f "python/attnx/.$(basename "$so").tmp" "python/attnx/$(basename "$so")"
+done
 echo "built $(ls python/attnx/_core*.so)"

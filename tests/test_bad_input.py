@@ -69,9 +69,6 @@ def test_model_wrong_input_rank_and_count():
         model.predict(np.zeros(3, f32))
     with pytest.raises(ValueError, match=r"head_bad.*\(\.\.\., 3\).*got shape \(4, 5\)"):
         model.predict(np.zeros((4, 5), f32))
-    two = attnx.Model([attnx.Input(shape=(2,)), attnx.Input(shape=(2,))],
-                      layers.Add()([attnx.Input(shape=(2,)), attnx.Input(shape=(2,))])) if False else None
-    assert two is None
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ValueError, match="different numbers of samples"):
         model.fit(np.zeros((4, 3), f32), np.zeros((5, 2), f32), verbose=0)

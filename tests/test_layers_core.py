@@ -161,6 +161,22 @@ def test_global_average_pooling_gradcheck(rng):
     layer(x, training=True, mask=mask)
     dx = layer.backward(np.ones((3, 2)))
     assert np.all(np.isfinite(dx)) and np.all(dx[2] == 0) and np.all(dx[0, 2:] == 0)
+    # lengths (B,) are accepted wherever masks are
+    assert np.array_equal(layer(x, mask=np.array([2, 4, 0])), out)
+    with pytest.raises(ValueError, match="lengths"):
+        layer(x, mask=np.array([2, 5, 0]))
+
+
+def test_activations_extreme_values_finite():
+    x = np.array([[-1e4, -100.0, 0.0, 100.0, 1e4]], dtype=np.float32)
+    for name in ACTIVATIONS:
+        layer = layers.Activation(name)
+        y = layer(x, training=True)
+        dx = layer.backward(np.ones_like(x))
+        assert np.all(np.isfinite(y)) and np.all(np.isfinite(dx)), name
+    assert_close(layers.Activation("sigmoid")(x), [[0, 0, 0.5, 1, 1]], atol=1e-7)
+    assert_close(layers.Activation("softmax")(x), [[0, 0, 0, 0, 1]], atol=1e-7)
+    assert_close(layers.Activation("gelu")(x), [[0, 0, 0, 100, 1e4]], atol=1e-5)
 
 
 # --------------------------------------------------------------------------- regularizers
@@ -332,3 +348,41 @@ def test_set_weights_errors():
     layer.set_weights([np.ones((3, 2)), np.full(2, 0.5)])
     assert layer.params["kernel"] is kernel and np.all(kernel == 1)  # copied into the same buffer
     assert_close(layer(np.ones((1, 3))), [[3.5, 3.5]], atol=1e-6)
+
+
+# --------------------------------------------------------------------------- the harnesses catch bugs
+class _WrongBackwardDense(layers.Dense):
+    def backward(self, dy):
+        dx = super().backward(dy)
+        self.grads["kernel"][0, 0] += 1e-3  # a wrong parameter gradient
+        return dx
+
+
+def test_gradcheck_detects_wrong_gradients(rng):
+    layer = _WrongBackwardDense(2, dtype="float64")
+    x = rng.standard_normal((3, 4))
+    with pytest.raises(AssertionError, match=r"kernel\[\(0, 0\)\]"):
+        gradcheck(layer, x)
+    with pytest.raises(ValueError, match="float64"):
+        gradcheck(layers.Dense(2), x)
+
+
+def test_torch_parity_detects_mismatch(torch, rng):
+    from attnx.interop import from_torch
+    linear = torch.nn.Linear(3, 2)
+    layer = from_torch(linear)
+    layer.params["bias"][0] += 1e-3
+    with pytest.raises(AssertionError, match="output"):
+        torch_parity(layer, linear, rng.standard_normal((4, 3)).astype(np.float32))
+    with pytest.raises(TypeError, match="no converter"):
+        from_torch(torch.nn.Conv1d(2, 2, 3))
+
+
+def test_from_torch_float64(torch):
+    from attnx.interop import from_torch
+    linear = torch.nn.Linear(3, 2).double()
+    layer = from_torch(linear, dtype="float64")
+    assert layer.params["kernel"].dtype == np.float64
+    assert np.array_equal(layer.params["kernel"], linear.weight.detach().numpy().T)
+    x = np.random.default_rng(0).standard_normal((2, 3))
+    assert_close(layer(x), linear(torch.from_numpy(x)).detach().numpy(), atol=1e-12)

@@ -367,6 +367,17 @@ def test_summary_output():
         attnx.Sequential([layers.Dense(2)]).summary()
 
 
+def test_summary_lists_shared_layer_once():
+    a, b = attnx.Input(shape=(4,), name="in_a"), attnx.Input(shape=(4,), name="in_b")
+    shared = layers.Dense(3, name="shared_dense")
+    model = attnx.Model([a, b], layers.Add(name="sum")([shared(a), shared(b)]))
+    lines = []
+    model.summary(print_fn=lines.append)
+    rows = [l.split() for l in lines if l.split() and l.split()[0] in ("in_a", "in_b", "shared_dense", "sum")]
+    assert [r[0] for r in rows] == ["in_a", "in_b", "shared_dense", "sum"]
+    assert sum(int(r[-1]) for r in rows) == 15 and "Total params: 15" in "\n".join(lines)
+
+
 def test_non_trainable_layer_not_updated():
     x, y = separable(64)
     model = small_mlp()
@@ -402,3 +413,93 @@ def test_embedding_mask_reaches_pooling_in_model():
     model.backward(np.ones((3, 3), dtype=np.float32))
     g = emb.grads["embeddings"]
     assert not g[[0, 6, 8, 9]].any() and g[[1, 2, 3, 4, 5, 7]].all()
+
+
+# ------------------------------------------------------------------------- more graph cases
+def test_nested_model_gradcheck_and_save(tmp_path):
+    attnx.set_random_seed(4)
+    inner = attnx.Sequential([layers.Dense(4, activation="tanh", input_shape=(3,), dtype="float64"),
+                              layers.Dense(2, dtype="float64")], name="inner", dtype="float64")
+    a, b = attnx.Input(shape=(3,)), attnx.Input(shape=(3,))
+    out = layers.Concatenate(dtype="float64")([inner(a), inner(b)])  # the nested model is shared
+    outer = attnx.Model([a, b], out, name="outer", dtype="float64")
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.standard_normal((3, 3)), rng.standard_normal((3, 3))
+    report = gradcheck(outer, [x1, x2])
+    assert any(k.startswith("inner/") for k in report)
+    y = outer([x1, x2])
+    assert_close(y[:, :2], inner(x1), atol=1e-12)
+    outer.compile(optimizer="sgd", loss="mse")
+    outer.fit([x1, x2], np.zeros((3, 4)), epochs=1, verbose=0)
+    outer.save(tmp_path / "nested.attnx")
+    loaded = attnx.load_model(tmp_path / "nested.attnx")
+    assert np.array_equal(loaded.predict([x1, x2]), outer.predict([x1, x2]))
+
+
+def test_sequence_loss_uses_embedding_mask():
+    ids = np.array([[4, 2, 0, 0], [1, 3, 5, 0]], dtype=np.int64)
+    labels = np.array([[1, 0, 1, 1], [0, 1, 1, 0]], dtype=np.float32)[..., None]
+    inp = attnx.Input(shape=(4,), dtype="int64")
+    out = layers.Dense(1, activation="sigmoid")(layers.Embedding(6, 3, mask_zero=True)(inp))
+    model = attnx.Model(inp, out)
+    model.compile(optimizer=optimizers.SGD(0.0), loss="binary_crossentropy", metrics=["accuracy"])
+    result = model.evaluate(ids, labels, verbose=0, return_dict=True)
+    p = model.predict(ids)
+    mask = ids != 0
+    bce = -(labels * np.log(p + 1e-7) + (1 - labels) * np.log(1 - p + 1e-7))[..., 0]
+    assert result["loss"] == pytest.approx(bce[mask].mean(), rel=1e-5)
+    acc = ((p[..., 0] > 0.5) == (labels[..., 0] > 0.5))[mask].mean()
+    assert result["accuracy"] == pytest.approx(acc)
+
+
+def test_regularization_in_reported_loss():
+    x, y = separable(64)
+    attnx.set_random_seed(0)
+    model = attnx.Sequential([layers.Dense(4, input_shape=(10,), kernel_regularizer=attnx.regularizers.L2(0.5)),
+                              layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer=optimizers.SGD(0.0), loss="binary_crossentropy")
+    plain = attnx.losses.binary_crossentropy(y, model.predict(x))
+    reg = 0.5 * np.sum(model.layers[0].params["kernel"].astype(np.float64) ** 2)
+    assert model.evaluate(x, y, verbose=0) == pytest.approx(plain + reg, rel=1e-5)
+    hist = model.fit(x, y, epochs=1, batch_size=64, verbose=0)
+    assert hist.history["loss"][0] == pytest.approx(plain + reg, rel=1e-5)
+    # and its gradient reaches the weights: with only the penalty, SGD shrinks the kernel
+    k0 = model.layers[0].params["kernel"].copy()
+    model.compile(optimizer=optimizers.SGD(0.1), loss="binary_crossentropy")
+    model.train_on_batch(x, y)
+    k1 = model.layers[0].params["kernel"]
+    assert np.linalg.norm(k1) < np.linalg.norm(k0)
+
+
+def test_fit_sample_weight_and_uneven_batches():
+    x, y = separable(50)
+    model = small_mlp()
+    model.compile(optimizer=optimizers.SGD(0.0), loss="binary_crossentropy")
+    sw = np.zeros(50)
+    sw[:10] = 1.0
+    hist = model.fit(x, y, epochs=1, batch_size=50, sample_weight=sw, verbose=0, shuffle=False)
+    per = np.array([attnx.losses.binary_crossentropy(y[i:i + 1], model.predict(x[i:i + 1])) for i in range(50)])
+    assert hist.history["loss"][0] == pytest.approx(per[:10].sum() / 50, rel=1e-5)
+    assert model.predict(x, batch_size=7).shape == (50, 1)
+    assert np.allclose(model.predict(x, batch_size=7), model.predict(x, batch_size=50), atol=1e-6)
+    steps = []
+    cb = callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: steps.append(batch))
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[cb])
+    assert steps == [0, 1, 2, 3]  # 16 + 16 + 16 + 2
+
+
+def test_dict_targets_by_output_name():
+    a = attnx.Input(shape=(2,), name="in_a")
+    o1 = layers.Dense(1, name="first")(a)
+    o2 = layers.Dense(1, name="second")(a)
+    model = attnx.Model(a, [o1, o2])
+    model.compile(optimizer="sgd", loss={"first": "mse", "second": "mse"}, loss_weights=[1.0, 0.0])
+    x = np.ones((4, 2), np.float32)
+    y = {"first": np.zeros((4, 1), np.float32), "second": np.full((4, 1), 1e3, np.float32)}
+    loss = model.evaluate({"in_a": x}, y, verbose=0)
+    assert loss == pytest.approx(attnx.losses.mse(y["first"], model.predict(x)[0]), rel=1e-6)
+
+
+def test_uncompiled_fit_raises():
+    with pytest.raises(RuntimeError, match="compile"):
+        small_mlp().fit(*separable(10), verbose=0)

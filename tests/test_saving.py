@@ -87,6 +87,33 @@ def test_functional_save_load_predict_identical(tmp_path):
     assert not all(np.array_equal(a, b) for a, b in zip(before, loaded.get_weights()))
 
 
+@pytest.mark.parametrize("make_opt", [lambda: optimizers.Adam(0.01), lambda: optimizers.SGD(0.05, momentum=0.9),
+                                      lambda: optimizers.RMSprop(0.01, momentum=0.5, centered=True),
+                                      lambda: optimizers.AdamW(0.01)], ids=["adam", "sgd", "rmsprop", "adamw"])
+def test_resumed_training_matches_uninterrupted(tmp_path, make_opt):
+    """Optimizer state (step count, moments) is saved: save + load + fit == fit straight on."""
+    x, y = data()
+    model = sequential()
+    model.compile(optimizer=make_opt(), loss="binary_crossentropy", metrics=["accuracy"])
+    model.fit(x, y, epochs=2, batch_size=16, verbose=0, shuffle=False)
+    model.save(tmp_path / "mid.attnx")
+    loaded = attnx.load_model(tmp_path / "mid.attnx")
+    assert loaded.optimizer.iterations == model.optimizer.iterations == 8
+    attnx.set_random_seed(7)
+    h1 = model.fit(x, y, epochs=2, batch_size=16, verbose=0, shuffle=False)
+    attnx.set_random_seed(7)
+    h2 = loaded.fit(x, y, epochs=2, batch_size=16, verbose=0, shuffle=False)
+    assert h1.history == h2.history
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
+
+
+def test_current_learning_rate_is_saved(tmp_path):
+    model = sequential()
+    model.optimizer.learning_rate = 0.123
+    model.save(tmp_path / "lr.attnx")
+    assert attnx.load_model(tmp_path / "lr.attnx").optimizer.learning_rate == pytest.approx(0.123)
+
+
 def test_uncompiled_model_round_trip(tmp_path):
     model = attnx.Sequential([layers.Dense(3, input_shape=(2,))])
     model.save(tmp_path / "u.attnx")

@@ -21,19 +21,22 @@ static const uint8_t* mask_ptr(const py::array& m, const std::string& what) {
     return static_cast<const uint8_t*>(m.data());
 }
 
-// mask: None, a key padding mask (B, S) or a full mask (B, Tq, S).
+// mask: None, a key padding mask (B, S) or a full mask (B, Tq, S); a leading axis of 1 is one
+// mask for the whole batch.
 static AttendMask parse_mask(const py::object& mask, bool causal, py::ssize_t B, py::ssize_t Tq, py::ssize_t S,
                              const std::string& what) {
     AttendMask out;
     out.causal = causal;
     if (mask.is_none()) return out;
     py::array m = mask.cast<py::array>();
+    const bool shared = m.ndim() >= 1 && m.shape(0) == 1;
+    const py::ssize_t rows = shared ? 1 : B;
     if (m.ndim() == 2) {
-        check_shape(m, {B, S}, what.c_str());
-        out.stride_b = (size_t)S;
+        check_shape(m, {rows, S}, what.c_str());
+        out.stride_b = shared ? 0 : (size_t)S;
     } else {
-        check_shape(m, {B, Tq, S}, what.c_str());
-        out.stride_b = (size_t)(Tq * S);
+        check_shape(m, {rows, Tq, S}, what.c_str());
+        out.stride_b = shared ? 0 : (size_t)(Tq * S);
         out.stride_t = (size_t)S;
     }
     out.data = mask_ptr(m, what);
@@ -108,9 +111,9 @@ void init_attention(py::module_& m) {
         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask") = py::none(), py::arg("causal") = false,
         py::arg("scale") = 1.0, py::arg("heads") = 1, py::arg("dropout_keep") = py::none(),
         "Scaled dot-product attention over H heads. query (B, Tq, H*Dk), key (B, S, H*Dk), value (B, S, H*Dv); "
-        "mask None, (B, S) key padding or (B, Tq, S), True = may attend; causal limits query t to keys s <= t; "
-        "dropout_keep (B, H, Tq, S) scaled keep mask or None. Returns (context (B, Tq, H*Dv), weights (B, H, Tq, S)); "
-        "fully masked rows give zero weights and context.");
+        "mask None, (B, S) key padding or (B, Tq, S) (leading axis 1: shared by the batch), True = may attend; "
+        "causal limits query t to keys s <= t; dropout_keep (B, H, Tq, S) scaled keep mask or None. "
+        "Returns (context (B, Tq, H*Dv), weights (B, H, Tq, S)); fully masked rows give zero weights and context.");
 
     m.def(
         "sdpa_backward",

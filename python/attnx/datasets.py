@@ -20,7 +20,6 @@ import os
 import re
 import tempfile
 import unicodedata
-import urllib.request
 import zipfile
 from pathlib import Path
 from typing import NamedTuple
@@ -97,6 +96,8 @@ def download_file(url, destination):
         OSError: If the download or the write fails (`urllib.error.URLError`
             is an `OSError`).
     """
+    import urllib.request  # imported here: it pulls in ssl and socket, which `import attnx` does not need
+
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_SECONDS) as response:

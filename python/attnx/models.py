@@ -98,6 +98,29 @@ def _structure(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+class NonFiniteError(FloatingPointError):
+    """Raised by ``fit(..., check_numerics=True)`` when a value becomes NaN or infinite."""
+
+
+def _nonfinite_report(value):
+    """None if `value` (an array, or None) is finite (or not floating point), else e.g. '2 NaN, 1 inf of 12'."""
+    if value is None:
+        return None
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "fc" or np.isfinite(arr).all():
+        return None
+    n_nan = int(np.isnan(arr).sum())
+    return f"{n_nan} NaN, {int(arr.size - n_nan - np.isfinite(arr).sum())} inf of {arr.size} values"
+
+
+def _check_finite(values, where):
+    """Raises NonFiniteError naming `where` (a callable index -> text) for the first non-finite array."""
+    for i, v in enumerate(values):
+        report = _nonfinite_report(v)
+        if report is not None:
+            raise NonFiniteError(f"check_numerics: {where(i)} is not finite ({report})")
+
+
 # ----------------------------------------------------------------------------- models
 class Model(Layer):
     """A model from symbolic inputs to outputs (Keras' functional API)::
@@ -252,6 +275,9 @@ class Model(Layer):
         values, masks = {}, {}
         for t, x in zip(self.inputs, self._feed(inputs)):
             values[id(t)] = x
+        check = training and self._check_numerics
+        if check:
+            _check_finite([values[id(t)] for t in self.inputs], lambda i: f"model input '{self.inputs[i].name}'")
         if mask is not None:
             for t, m in zip(self.inputs, _structure(mask) if self._multi_input else [mask]):
                 masks[id(t)] = m
@@ -269,6 +295,9 @@ class Model(Layer):
             out = layer(x, *call_args, training=training, mask=in_mask, **call_kwargs)
             node.cache = layer._cache if training else None
             outs = _structure(out) if node.multi_output else [out]
+            if check:
+                _check_finite(outs, lambda i: f"output {i} of layer '{layer.name}' ({type(layer).__name__}) "
+                                              "in the forward pass")
             out_mask = layer.compute_mask(x, in_mask if in_mask is not None else call_kwargs.get("mask"))
             out_masks = out_mask if isinstance(out_mask, list) else [out_mask] + [None] * (len(outs) - 1)
             for t, o, m in zip(node.outputs, outs, out_masks):
@@ -309,6 +338,12 @@ class Model(Layer):
                 d_in = _structure(d_in)
             else:
                 d_in = [d_in]
+            if self._check_numerics:
+                _check_finite(d_in, lambda i: f"gradient of input {i} of layer '{layer.name}' "
+                                              f"({type(layer).__name__}) in the backward pass")
+                names = list(layer.grads)
+                _check_finite(layer.grads.values(), lambda i: f"gradient of weight '{names[i]}' of layer "
+                                                              f"'{layer.name}' ({type(layer).__name__})")
             for t, g in zip(node.input_tensors, d_in):
                 if g is None:
                     continue
@@ -393,17 +428,34 @@ class Model(Layer):
             for metric in ms:
                 metric.update_state(y, p, sample_weight, mask=m)
 
-    def train_on_batch(self, x, y, sample_weight=None):
-        """One optimization step on one batch; returns the batch loss (regularization included)."""
+    _check_numerics = False  # set while train_on_batch(check_numerics=True) runs
+
+    def train_on_batch(self, x, y, sample_weight=None, check_numerics=False):
+        """One optimization step on one batch; returns the batch loss (regularization included).
+        `check_numerics`: as in `fit`."""
         self._check_compiled()
+        if check_numerics and not self._check_numerics:
+            self._check_numerics = True
+            try:
+                return self.train_on_batch(x, y, sample_weight)
+            finally:
+                self._check_numerics = False
         ys = _structure(y) if self._multi_output else [y]
         self.zero_grad()
         preds = _structure(self.call(x, training=True)) if self._multi_output else [self.call(x, training=True)]
         loss, dys = self._losses_and_grads(ys, preds, sample_weight)
         loss += self.regularization_loss()
+        if self._check_numerics:
+            _check_finite([loss], lambda i: "the loss")
+            _check_finite(dys, lambda i: f"gradient of the loss for output {i} (layer "
+                                         f"'{self.outputs[i].node.layer.name}')")
         self.backward(dys if self._multi_output else dys[0], input_gradients=False)
         self.add_regularization_grads()
         self.optimizer.apply([(p, g) for _, p, g in self.trainable_params])
+        if self._check_numerics:
+            names = [n for n, _, _ in self.trainable_params]
+            _check_finite([p for _, p, _ in self.trainable_params],
+                          lambda i: f"weight '{names[i]}' after the optimizer step")
         self._update_metrics(ys, preds, sample_weight)
         return loss
 
@@ -413,7 +465,7 @@ class Model(Layer):
             yield order[start:start + batch_size]
 
     def fit(self, x=None, y=None, batch_size=32, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
-            validation_data=None, shuffle=True, initial_epoch=0, sample_weight=None):
+            validation_data=None, shuffle=True, initial_epoch=0, sample_weight=None, check_numerics=False):
         """Trains for `epochs` passes over (x, y), Keras-style; returns a `History`.
 
         Args:
@@ -426,6 +478,12 @@ class Model(Layer):
             validation_data: (x_val, y_val) evaluated after each epoch (overrides validation_split).
             shuffle: reshuffle the training samples every epoch (seed with attnx.set_random_seed).
             sample_weight: per-sample loss weights (batch,).
+            check_numerics: stop with `attnx.models.NonFiniteError` (a FloatingPointError) as soon as
+                a value becomes NaN or infinite, naming where: a model input, the output of the
+                first layer that produced one in the forward pass, the loss or its gradient, the
+                gradient a layer's backward pass produced for an input or a weight (the first
+                such layer going backwards), or a weight after the optimizer step. Off by default
+                (it scans every activation and gradient, which costs time).
         """
         self._check_compiled()
         if int(batch_size) <= 0:
@@ -464,7 +522,7 @@ class Model(Layer):
             for step, idx in enumerate(self._batches(n, int(batch_size), shuffle)):
                 cbs.on_train_batch_begin(step)
                 loss = self.train_on_batch(self._pick(xs, idx, self._multi_input), self._pick(ys, idx, self._multi_output),
-                                           None if sw is None else sw[idx])
+                                           None if sw is None else sw[idx], check_numerics=check_numerics)
                 loss_mean.update_state(loss, len(idx))
                 logs = {"loss": loss_mean.result(), **self._metric_results()}
                 cbs.on_train_batch_end(step, {**logs, "loss": loss})
@@ -571,7 +629,11 @@ class Model(Layer):
         rows = [("Layer (type)", "Output Shape", "Param #")]
         for t in self.inputs:
             rows.append((f"{t.name} (Input)", str(t.shape), "0"))
-        for node in self._nodes:
+        listed = set()
+        for node in self._nodes:  # each layer once, as Keras does: a shared layer's weights count once
+            if id(node.layer) in listed:
+                continue
+            listed.add(id(node.layer))
             shapes = [o.shape for o in node.outputs]
             rows.append((f"{node.layer.name} ({type(node.layer).__name__})",
                          str(shapes[0]) if len(shapes) == 1 else str(shapes), str(node.layer.count_params())))

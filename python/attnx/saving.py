@@ -7,6 +7,10 @@ The `.attnx` format is a zip archive (stored, uncompressed) holding:
   "dtype", "sha256"}, ...]}``. The model config lists the layers (class name and config) and, for
   functional models, every layer call with its tensor references.
 - ``weights/00000.npy`` ...: one NumPy .npy file per parameter, in ``model.params`` order.
+- for a compiled model whose optimizer has taken steps: ``"optimizer_state": {"iterations": n,
+  "slots": [[param index, slot index], ...]}`` in the header and ``optimizer/00000.npy`` ... (the
+  moment / momentum buffers, listed in ``"optimizer_weights"`` like the weights), so a loaded
+  model continues training exactly where the saved one stopped, as Keras does.
 
 Files are written to a temporary file in the same folder, flushed to disk and renamed over the
 target, so an interrupted save leaves any previous file intact. Loading checks the zip CRCs, the
@@ -17,8 +21,10 @@ import hashlib
 import io
 import json
 import os
+import struct
 import tempfile
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -163,21 +169,44 @@ def _write_atomic(path, write_members):
         pass
 
 
-def _write_archive(path, header, params):
-    entries = []
-    blobs = []
-    for name, value in params.items():
+def _blobs(arrays):
+    entries, blobs = [], []
+    for name, value in arrays.items():
         blob = _npy_bytes(value)
         entries.append({"name": name, "shape": list(value.shape), "dtype": value.dtype.name,
                         "sha256": hashlib.sha256(blob).hexdigest()})
         blobs.append(blob)
+    return entries, blobs
+
+
+def _write_archive(path, header, params, optimizer_arrays=None):
+    entries, blobs = _blobs(params)
     header = {**header, "format_version": FORMAT_VERSION, "weights": entries}
+    opt_blobs = []
+    if optimizer_arrays:
+        header["optimizer_weights"], opt_blobs = _blobs(optimizer_arrays)
 
     def members(zf):
         zf.writestr("attnx.json", json.dumps(header, indent=1))
         for i, blob in enumerate(blobs):
             zf.writestr(f"weights/{i:05d}.npy", blob)
+        for i, blob in enumerate(opt_blobs):
+            zf.writestr(f"optimizer/{i:05d}.npy", blob)
     _write_atomic(path, members)
+
+
+def _read_members(zf, path, entries, folder):
+    out = []
+    for i, entry in enumerate(entries):
+        blob = zf.read(f"{folder}/{i:05d}.npy")
+        if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+            raise ValueError(f"{path}: weight '{entry['name']}' is corrupted (checksum mismatch)")
+        value = np.load(io.BytesIO(blob), allow_pickle=False)
+        if list(value.shape) != entry["shape"] or value.dtype.name != entry["dtype"]:
+            raise ValueError(f"{path}: weight '{entry['name']}' has shape {value.shape} {value.dtype}, "
+                             f"header says {entry['shape']} {entry['dtype']}")
+        out.append((entry["name"], value))
+    return out
 
 
 def _read_archive(path, expected_format):
@@ -192,18 +221,12 @@ def _read_archive(path, expected_format):
             if header.get("format_version") != FORMAT_VERSION:
                 raise ValueError(f"{path}: format version {header.get('format_version')} is not supported "
                                  f"(this attnx reads version {FORMAT_VERSION})")
-            weights = []
-            for i, entry in enumerate(header["weights"]):
-                blob = zf.read(f"weights/{i:05d}.npy")
-                if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
-                    raise ValueError(f"{path}: weight '{entry['name']}' is corrupted (checksum mismatch)")
-                value = np.load(io.BytesIO(blob), allow_pickle=False)
-                if list(value.shape) != entry["shape"] or value.dtype.name != entry["dtype"]:
-                    raise ValueError(f"{path}: weight '{entry['name']}' has shape {value.shape} {value.dtype}, "
-                                     f"header says {entry['shape']} {entry['dtype']}")
-                weights.append((entry["name"], value))
+            weights = _read_members(zf, path, header["weights"], "weights")
+            header["optimizer_arrays"] = _read_members(zf, path, header.get("optimizer_weights", []), "optimizer")
     except (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, EOFError, json.JSONDecodeError,
-            UnicodeDecodeError, OSError) as exc:
+            UnicodeDecodeError, OSError, zlib.error, struct.error,
+            # a flipped flag or method byte: zipfile asks for a password or an unknown decompressor
+            RuntimeError, NotImplementedError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise
         raise ValueError(f"{path}: truncated or corrupted attnx file ({type(exc).__name__}: {exc})") from exc
@@ -226,14 +249,60 @@ def _assign(model, weights, path):
 
 
 # --------------------------------------------------------------------- public API
+def _optimizer_state(model):
+    """(header entry, {name: array}) for the optimizer's step count and slot buffers, or (None, None)."""
+    opt = getattr(model, "optimizer", None) if model.compiled else None
+    if opt is None or not opt.iterations:
+        return None, None
+    slots, arrays = [], {}
+    for i, (name, p) in enumerate(model.params.items()):
+        slot = opt._slots.get(id(p))
+        if slot is None or slot[0] is not p:
+            continue
+        for j, buf in enumerate(slot[1]):
+            slots.append([i, j])
+            arrays[f"{name}/slot{j}"] = buf
+    return {"iterations": int(opt.iterations), "slots": slots}, arrays
+
+
+def _restore_optimizer_state(model, header, path):
+    state = header.get("optimizer_state")
+    if not state or model.optimizer is None:
+        return
+    arrays = [v for _, v in header["optimizer_arrays"]]
+    if len(arrays) != len(state["slots"]):
+        raise ValueError(f"{path}: optimizer state lists {len(state['slots'])} buffers, the file holds {len(arrays)}")
+    params = list(model.params.values())
+    opt = model.optimizer
+    per_param = {}
+    for (i, j), value in zip(state["slots"], arrays):
+        if not 0 <= i < len(params) or value.shape != params[i].shape or value.dtype != params[i].dtype:
+            raise ValueError(f"{path}: optimizer buffer for parameter {i} does not match the model")
+        per_param.setdefault(i, {})[j] = value
+    for i, bufs in per_param.items():
+        p = params[i]
+        if sorted(bufs) != list(range(opt.num_slots)):
+            raise ValueError(f"{path}: optimizer state for parameter {i} has buffers {sorted(bufs)}, "
+                             f"{type(opt).__name__} needs {opt.num_slots}")
+        opt._slots[id(p)] = (p, [np.array(bufs[j], dtype=p.dtype, copy=True) for j in range(opt.num_slots)])
+    opt.iterations = int(state["iterations"])
+
+
 def save_model(model, path):
+    """Writes config, weights, compile settings and optimizer state to `path`, atomically."""
     from . import __version__
     if not model.built:
         raise ValueError(f"Model '{model.name}' has no weights yet: build it (call it on data) before saving")
     header = {"format": FORMAT, "attnx_version": __version__,
               "model": {"class_name": type(model).__name__, "config": model.get_config()},
-              "compile": getattr(model, "_compile_config", None) if model.compiled else None}
-    _write_archive(path, header, model.params)
+              "compile": None}
+    if model.compiled:
+        from . import optimizers  # the optimizer as it is now (e.g. a learning rate changed by a callback)
+        header["compile"] = {**model._compile_config, "optimizer": optimizers.serialize(model.optimizer)}
+    state, arrays = _optimizer_state(model)
+    if state is not None:
+        header["optimizer_state"] = state
+    _write_archive(path, header, model.params, arrays)
 
 
 def load_model(path):
@@ -253,6 +322,7 @@ def load_model(path):
                       metrics=compile_config["metrics"] if len(compile_config["metrics"]) > 1
                       else compile_config["metrics"][0],
                       loss_weights=compile_config["loss_weights"])
+        _restore_optimizer_state(model, header, path)
     return model
 
 

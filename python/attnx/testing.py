@@ -68,7 +68,8 @@ def gradcheck(layer, inputs, call_kwargs=None, eps=1e-6, atol=1e-7, rtol=1e-5, s
             num = numeric(array, i)
             err = abs(num - analytic[i])
             if err > atol + rtol * abs(num):
-                raise AssertionError(f"gradcheck {layer.name}: {label}[{np.unravel_index(i, array.shape)}] "
+                where = tuple(int(k) for k in np.unravel_index(i, array.shape))
+                raise AssertionError(f"gradcheck {layer.name}: {label}[{where}] "
                                      f"analytic {analytic[i]:.10g} vs numeric {num:.10g}")
             worst = max(worst, err)
         return worst
@@ -95,8 +96,9 @@ def assert_close(actual, expected, atol=1e-5, rtol=0.0, what="value"):
     err = np.abs(a - e)
     bad = err > atol + rtol * np.abs(e)
     if bad.any() or not np.all(np.isfinite(a) == np.isfinite(e)):
-        i = np.unravel_index(np.argmax(err), err.shape)
-        raise AssertionError(f"{what}: max abs error {err.max():.3g} at {i} ({a[i]!r} vs {e[i]!r}), atol {atol}")
+        i = tuple(int(k) for k in np.unravel_index(np.argmax(err), err.shape))
+        raise AssertionError(f"{what}: max abs error {err.max():.3g} at {i} ({float(a[i])!r} vs {float(e[i])!r}), "
+                             f"atol {atol}")
     return float(err.max())
 
 

@@ -251,9 +251,10 @@ void sdpa_backward(T* dq, T* dk, T* dv, T* dscale, const T* dcontext, const T* d
         T dscale_sum = 0;
         for (size_t n = lo; n < hi; ++n) {
             softmax_context_backward_problem(dscores.data(), head_block(dv, n, H, S, Dv), (T*)nullptr,
-                                             head_block(dcontext, n, H, Tq, Dv), dweights ? dweights + n * block : nullptr,
-                                             weights + n * block, head_block(v, n, H, S, Dv),
-                                             keep ? keep + n * block : nullptr, Tq, S, Dv, H * Dv, dropped.data());
+                                             head_block(dcontext, n, H, Tq, Dv),
+                                             dweights ? dweights + n * block : nullptr, weights + n * block,
+                                             head_block(v, n, H, S, Dv), keep ? keep + n * block : nullptr, Tq, S,
+                                             Dv, H * Dv, dropped.data());
             dscale_sum += dot_scores_backward_problem(head_block(dq, n, H, Tq, Dk), head_block(dk, n, H, S, Dk),
                                                       dscores.data(), head_block(q, n, H, Tq, Dk),
                                                       head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale,

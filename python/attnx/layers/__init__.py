@@ -1,10 +1,16 @@
 """attnx layers. Every layer follows the contract in `attnx.layers.base`."""
-from .attention import Attention
+from .attention import (AdditiveAttention, Attention, AttentionPooling, HardAttention, LocalAttention,
+                        LuongAttention)
 from .base import Layer, get
 from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                    Reshape)
 from .recurrent import GRU, LSTM, Bidirectional, GRUCell, LSTMCell, SimpleRNN, SimpleRNNCell
+from .transformer import (FeedForward, LayerNormalization, MultiHeadAttention, PositionalEncoding, PositionEmbedding,
+                          TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
 
-__all__ = ["Layer", "Attention", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
+__all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
            "GlobalAveragePooling1D", "Reshape", "SimpleRNN", "GRU", "LSTM", "Bidirectional", "SimpleRNNCell",
-           "GRUCell", "LSTMCell"]
+           "GRUCell", "LSTMCell", "AdditiveAttention", "Attention", "AttentionPooling", "HardAttention",
+           "LocalAttention", "LuongAttention", "FeedForward", "LayerNormalization", "MultiHeadAttention",
+           "PositionalEncoding", "PositionEmbedding", "TransformerDecoder", "TransformerDecoderLayer",
+           "TransformerEncoder", "TransformerEncoderLayer"]

@@ -8,7 +8,6 @@
 - ``layer.params`` / ``layer.grads`` are ordered dicts name -> ndarray that the C++ kernels read
   and write in place, so optimizer updates and ``set_weights`` never invalidate them.
 """
-import inspect
 import re
 from collections import OrderedDict
 
@@ -140,6 +139,7 @@ class Layer:
         key = ("_accepts_" + arg)
         found = self.__dict__.get(key)
         if found is None:
+            import inspect  # on first call only: inspect is slow to import and `import attnx` must stay fast
             found = arg in inspect.signature(self.call).parameters
             self.__dict__[key] = found
         return found

@@ -358,7 +358,11 @@ class Add(_Merge):
 
 
 class GlobalAveragePooling1D(Layer):
-    """Mean over the time axis of (batch, T, features), counting only unmasked steps."""
+    """Mean over the time axis of (batch, T, features), counting only unmasked steps.
+
+    `mask` is a boolean (batch, T) array (True = real step) or the lengths (batch,) as integers.
+    A fully masked row pools to zeros.
+    """
 
     supports_masking = True
 
@@ -368,6 +372,12 @@ class GlobalAveragePooling1D(Layer):
             weights = np.full(x.shape[:2], 1.0 / x.shape[1], dtype=self.dtype)
         else:
             mask = np.asarray(mask)
+            if mask.ndim == 1 and mask.dtype.kind in "iu" and mask.shape == x.shape[:1]:
+                # lengths (B,) stand for the mask arange(T) < lengths
+                if mask.min() < 0 or mask.max() > x.shape[1]:
+                    raise ValueError(f"Layer '{self.name}': lengths must lie in [0, {x.shape[1]}], got "
+                                     f"min {mask.min()}, max {mask.max()}")
+                mask = np.arange(x.shape[1]) < mask[:, None]
             if mask.shape != x.shape[:2]:
                 raise ValueError(f"Layer '{self.name}': mask expected shape {x.shape[:2]}, got {mask.shape}")
             m = mask.astype(self.dtype)

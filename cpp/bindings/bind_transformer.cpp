@@ -1,0 +1,214 @@
+// Layer normalization, positional encodings, dropout masks and residuals.
+#include <pybind11/stl.h>
+
+#include <cstdint>
+
+#include "attnx/transformer.hpp"
+#include "bindings.hpp"
+#include "checks.hpp"
+
+namespace attnx::bind {
+
+static std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
+
+void init_transformer(py::module_& m) {
+    m.def(
+        "layernorm_forward",
+        [](const py::array& x, const py::object& gamma, const py::object& beta, double eps) {
+            return dispatch_float(x, "layernorm_forward: x", [&](auto tag) -> py::tuple {
+                using T = decltype(tag);
+                check_rank(x, 2, "layernorm_forward: x");
+                const auto N = x.shape(0), C = x.shape(1);
+                if (!gamma.is_none()) check_shape(gamma.cast<py::array>(), {C}, "layernorm_forward: gamma");
+                if (!beta.is_none()) check_shape(beta.cast<py::array>(), {C}, "layernorm_forward: beta");
+                if (!(eps > 0)) throw py::value_error("layernorm_forward: eps must be positive");
+                const T* px = in_ptr<T>(x, "layernorm_forward: x");
+                const T* pg = optional_in_ptr<T>(gamma, "layernorm_forward: gamma");
+                const T* pb = optional_in_ptr<T>(beta, "layernorm_forward: beta");
+                auto y = new_array<T>({N, C});
+                auto mean = new_array<T>({N});
+                auto rstd = new_array<T>({N});
+                T *py_ = y.mutable_data(), *pm = mean.mutable_data(), *ps = rstd.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    layernorm_forward<T>(py_, pm, ps, px, pg, pb, N, C, T(eps));
+                }
+                return py::make_tuple(y, mean, rstd);
+            });
+        },
+        py::arg("x"), py::arg("gamma"), py::arg("beta"), py::arg("eps"),
+        "Layer normalization over the last axis of x (N, C); returns (y, mean, rstd).");
+
+    m.def(
+        "layernorm_backward",
+        [](const py::array& dy, const py::array& x, const py::array& mean, const py::array& rstd,
+           const py::object& gamma, const py::object& dgamma, const py::object& dbeta) {
+            return dispatch_float(dy, "layernorm_backward: dy", [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                check_rank(x, 2, "layernorm_backward: x");
+                const auto N = x.shape(0), C = x.shape(1);
+                check_shape(dy, {N, C}, "layernorm_backward: dy");
+                check_shape(mean, {N}, "layernorm_backward: mean");
+                check_shape(rstd, {N}, "layernorm_backward: rstd");
+                T* pdg = nullptr;
+                T* pdb = nullptr;
+                py::array dg_arr, db_arr;
+                if (!dgamma.is_none()) {
+                    dg_arr = dgamma.cast<py::array>();
+                    check_shape(dg_arr, {C}, "layernorm_backward: dgamma");
+                    pdg = inout_ptr<T>(dg_arr, "layernorm_backward: dgamma");
+                }
+                if (!dbeta.is_none()) {
+                    db_arr = dbeta.cast<py::array>();
+                    check_shape(db_arr, {C}, "layernorm_backward: dbeta");
+                    pdb = inout_ptr<T>(db_arr, "layernorm_backward: dbeta");
+                }
+                if (!gamma.is_none()) check_shape(gamma.cast<py::array>(), {C}, "layernorm_backward: gamma");
+                const T* pg = optional_in_ptr<T>(gamma, "layernorm_backward: gamma");
+                const T* pdy = in_ptr<T>(dy, "layernorm_backward: dy");
+                const T* px = in_ptr<T>(x, "layernorm_backward: x");
+                const T* pm = in_ptr<T>(mean, "layernorm_backward: mean");
+                const T* ps = in_ptr<T>(rstd, "layernorm_backward: rstd");
+                auto dx = new_array<T>({N, C});
+                T* pdx = dx.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    layernorm_backward<T>(pdx, pdg, pdb, pdy, px, pm, ps, pg, N, C);
+                }
+                return std::move(dx);
+            });
+        },
+        py::arg("dy"), py::arg("x"), py::arg("mean"), py::arg("rstd"), py::arg("gamma"), py::arg("dgamma"),
+        py::arg("dbeta"), "Backward of layernorm_forward: returns dx, accumulates into dgamma / dbeta.");
+
+    m.def(
+        "sinusoidal_table",
+        [](py::ssize_t num_positions, py::ssize_t dim, const py::dtype& dtype, double max_wavelength) {
+            if (num_positions < 0 || dim <= 0)
+                throw py::value_error("sinusoidal_table: expected num_positions >= 0 and dim > 0, got " +
+                                      std::to_string(num_positions) + ", " + std::to_string(dim));
+            if (!(max_wavelength > 0)) throw py::value_error("sinusoidal_table: max_wavelength must be positive");
+            auto make = [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                auto table = new_array<T>({num_positions, dim});
+                sinusoidal_table<T>(table.mutable_data(), num_positions, dim, max_wavelength);
+                return std::move(table);
+            };
+            if (dtype.is(py::dtype::of<float>())) return make(float{});
+            if (dtype.is(py::dtype::of<double>())) return make(double{});
+            throw py::type_error("sinusoidal_table: expected float32 or float64, got " +
+                                 py::str(dtype).cast<std::string>());
+        },
+        py::arg("num_positions"), py::arg("dim"), py::arg("dtype"), py::arg("max_wavelength") = 10000.0,
+        "Vaswani et al.'s sin/cos position table (num_positions, dim).");
+
+    m.def(
+        "add_positions_forward",
+        [](const py::array& x, const py::array& table) {
+            return dispatch_float(x, "add_positions_forward: x", [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                check_rank(x, 3, "add_positions_forward: x");
+                const auto B = x.shape(0), Tn = x.shape(1), D = x.shape(2);
+                check_shape(table, {-1, D}, "add_positions_forward: table");
+                if (table.shape(0) < Tn)
+                    throw py::value_error("add_positions_forward: sequence length " + std::to_string(Tn) +
+                                          " exceeds the table's " + std::to_string(table.shape(0)) + " positions");
+                const T* px = in_ptr<T>(x, "add_positions_forward: x");
+                const T* pt = in_ptr<T>(table, "add_positions_forward: table");
+                auto y = new_array<T>({B, Tn, D});
+                T* py_ = y.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    add_positions_forward<T>(py_, px, pt, B, Tn, D);
+                }
+                return std::move(y);
+            });
+        },
+        py::arg("x"), py::arg("table"), "y[b, t] = x[b, t] + table[t] for x (B, T, D) and table (>= T, D).");
+
+    m.def(
+        "add_positions_backward",
+        [](py::array& dtable, const py::array& dy) {
+            dispatch_float(dy, "add_positions_backward: dy", [&](auto tag) {
+                using T = decltype(tag);
+                check_rank(dy, 3, "add_positions_backward: dy");
+                const auto B = dy.shape(0), Tn = dy.shape(1), D = dy.shape(2);
+                check_shape(dtable, {-1, D}, "add_positions_backward: dtable");
+                if (dtable.shape(0) < Tn)
+                    throw py::value_error("add_positions_backward: sequence length " + std::to_string(Tn) +
+                                          " exceeds the table's " + std::to_string(dtable.shape(0)) + " positions");
+                T* pdt = inout_ptr<T>(dtable, "add_positions_backward: dtable");
+                const T* pdy = in_ptr<T>(dy, "add_positions_backward: dy");
+                py::gil_scoped_release release;
+                add_positions_backward<T>(pdt, pdy, B, Tn, D);
+            });
+        },
+        py::arg("dtable"), py::arg("dy"), "dtable[t] += sum_b dy[b, t] (accumulates).");
+
+    m.def(
+        "dropout_keep",
+        [](const std::vector<py::ssize_t>& shape, double rate, uint64_t seed, const py::dtype& dtype) {
+            if (!(rate >= 0.0 && rate < 1.0))
+                throw py::value_error("dropout_keep: rate must be in [0, 1), got " + std::to_string(rate));
+            for (auto s : shape)
+                if (s < 0) throw py::value_error("dropout_keep: negative size in shape");
+            auto make = [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                auto keep = new_array<T>(shape);
+                T* pk = keep.mutable_data();
+                const size_t n = (size_t)keep.size();
+                {
+                    py::gil_scoped_release release;
+                    dropout_keep_scaled<T>(pk, n, rate, seed);
+                }
+                return std::move(keep);
+            };
+            if (dtype.is(py::dtype::of<float>())) return make(float{});
+            if (dtype.is(py::dtype::of<double>())) return make(double{});
+            throw py::type_error("dropout_keep: expected float32 or float64, got " + py::str(dtype).cast<std::string>());
+        },
+        py::arg("shape"), py::arg("rate"), py::arg("seed"), py::arg("dtype"),
+        "Scaled dropout mask: each entry 1 / (1 - rate) with probability 1 - rate, else 0.");
+
+    m.def(
+        "apply_keep",
+        [](const py::array& x, const py::array& keep) {
+            return dispatch_float(x, "apply_keep: x", [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                check_shape(keep, shape_of(x), "apply_keep: keep");
+                const T* px = in_ptr<T>(x, "apply_keep: x");
+                const T* pk = in_ptr<T>(keep, "apply_keep: keep");
+                auto y = new_array<T>(shape_of(x));
+                T* py_ = y.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    apply_keep<T>(py_, px, pk, (size_t)x.size());
+                }
+                return std::move(y);
+            });
+        },
+        py::arg("x"), py::arg("keep"), "y = x * keep (dropout forward, and backward on dy).");
+
+    m.def(
+        "residual_add",
+        [](const py::array& x, const py::array& sub, const py::object& keep) {
+            return dispatch_float(x, "residual_add: x", [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                check_shape(sub, shape_of(x), "residual_add: sub");
+                if (!keep.is_none()) check_shape(keep.cast<py::array>(), shape_of(x), "residual_add: keep");
+                const T* px = in_ptr<T>(x, "residual_add: x");
+                const T* ps = in_ptr<T>(sub, "residual_add: sub");
+                const T* pk = optional_in_ptr<T>(keep, "residual_add: keep");
+                auto y = new_array<T>(shape_of(x));
+                T* py_ = y.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    residual_add<T>(py_, px, ps, pk, (size_t)x.size());
+                }
+                return std::move(y);
+            });
+        },
+        py::arg("x"), py::arg("sub"), py::arg("keep"), "y = x + keep * sub (keep None: y = x + sub).");
+}
+
+}  // namespace attnx::bind

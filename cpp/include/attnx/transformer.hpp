@@ -1,0 +1,140 @@
+// Transformer building blocks around the attention core (attention.hpp): layer normalization,
+// positional encodings, and the dropout / residual pieces of an encoder or decoder layer. Projections and the feed-forward network reuse
+// dense_forward / dense_backward (dense.hpp).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "attnx/parallel.hpp"
+
+namespace attnx {
+
+// ------------------------------------------------------------------------ layer normalization
+// Over the last axis of x (N rows of C features). gamma / beta may be null (scale 1, shift 0).
+// mean and rstd (N each) are materialized for the backward pass.
+// y[n, c] = (x[n, c] - mean[n]) * rstd[n] * gamma[c] + beta[c],
+// mean[n] = sum_c x[n, c] / C,  rstd[n] = 1 / sqrt(sum_c (x[n, c] - mean[n])^2 / C + eps)
+template <class T>
+void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta, size_t N, size_t C,
+                       T eps) {
+    parallel_for(N, double(N) * C * 4, [&](size_t lo, size_t hi) {
+        for (size_t n = lo; n < hi; ++n) {
+            const T* xr = x + n * C;
+            T* yr = y + n * C;
+            T sum = 0;
+            for (size_t c = 0; c < C; ++c) sum += xr[c];
+            const T m = sum / T(C);
+            T sq = 0;  // two passes: the one-pass E[x^2] - m^2 loses precision for large means
+            for (size_t c = 0; c < C; ++c) sq += (xr[c] - m) * (xr[c] - m);
+            const T s = T(1) / std::sqrt(sq / T(C) + eps);
+            for (size_t c = 0; c < C; ++c) {
+                const T xhat = (xr[c] - m) * s;
+                yr[c] = (gamma ? xhat * gamma[c] : xhat) + (beta ? beta[c] : T(0));
+            }
+            mean[n] = m;
+            rstd[n] = s;
+        }
+    });
+}
+
+// With xhat = (x - mean) * rstd and g = dy * gamma:
+// dx[n, c] = rstd[n] * (g[n, c] - mean_c g[n, :] - xhat[n, c] * mean_c (g[n, :] xhat[n, :])) (overwritten),
+// dgamma[c] += sum_n dy[n, c] xhat[n, c],  dbeta[c] += sum_n dy[n, c]. dx may alias dy.
+template <class T>
+void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean, const T* rstd,
+                        const T* gamma, size_t N, size_t C) {
+    for (size_t n = 0; n < N; ++n) {
+        const T* xr = x + n * C;
+        const T* dyr = dy + n * C;
+        T* dxr = dx + n * C;
+        const T m = mean[n], s = rstd[n];
+        T g_mean = 0, gx_mean = 0;
+        for (size_t c = 0; c < C; ++c) {
+            const T xhat = (xr[c] - m) * s;
+            const T g = gamma ? dyr[c] * gamma[c] : dyr[c];
+            g_mean += g;
+            gx_mean += g * xhat;
+            if (dgamma) dgamma[c] += dyr[c] * xhat;
+            if (dbeta) dbeta[c] += dyr[c];
+        }
+        g_mean /= T(C);
+        gx_mean /= T(C);
+        for (size_t c = 0; c < C; ++c) {
+            const T xhat = (xr[c] - m) * s;
+            const T g = gamma ? dyr[c] * gamma[c] : dyr[c];
+            dxr[c] = s * (g - g_mean - xhat * gx_mean);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------ positional encodings
+// Sinusoidal table of Vaswani et al. (2017), T positions by D features:
+// table[t, 2i] = sin(t / 10000^(2i / D)),  table[t, 2i + 1] = cos(t / 10000^(2i / D))
+template <class T>
+void sinusoidal_table(T* table, size_t num_positions, size_t D, double max_wavelength = 10000.0) {
+    for (size_t t = 0; t < num_positions; ++t)
+        for (size_t d = 0; d < D; ++d) {
+            const double angle = double(t) / std::pow(max_wavelength, double(d - d % 2) / double(D));
+            table[t * D + d] = T(d % 2 == 0 ? std::sin(angle) : std::cos(angle));
+        }
+}
+
+// y[b, t, :] = x[b, t, :] + table[t, :] for x (B, T, D); y may alias x.
+template <class T> void add_positions_forward(T* y, const T* x, const T* table, size_t B, size_t Tn, size_t D) {
+    const size_t row = Tn * D;
+    for (size_t b = 0; b < B; ++b)
+        for (size_t i = 0; i < row; ++i) y[b * row + i] = x[b * row + i] + table[i];
+}
+
+// dtable[t, :] += sum_b dy[b, t, :]   (dx = dy needs no kernel)
+template <class T> void add_positions_backward(T* dtable, const T* dy, size_t B, size_t Tn, size_t D) {
+    const size_t row = Tn * D;
+    for (size_t b = 0; b < B; ++b)
+        for (size_t i = 0; i < row; ++i) dtable[i] += dy[b * row + i];
+}
+
+// ------------------------------------------------------------------------ dropout and residuals
+// splitmix64's output for one counter value: a counter-based generator, so any stretch of the
+// stream can be drawn on its own thread and the result does not depend on the thread count.
+inline uint64_t splitmix64(uint64_t counter) {
+    uint64_t z = counter * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// keep[i] = 1 / (1 - rate) with probability 1 - rate, else 0: a dropout mask already scaled, the
+// form the attention core (attention.hpp) takes. Each 64-bit draw gives four 16-bit uniforms
+// (so the rate is honoured to 1/65536); the stream is seeded by the caller, and Python draws
+// the seed from attnx's generator, so set_random_seed makes runs repeatable while the
+// millions of draws per training step stay cheap.
+template <class T> void dropout_keep_scaled(T* keep, size_t n, double rate, uint64_t seed) {
+    const uint64_t threshold = (uint64_t)std::llround(rate * 65536.0);  // P(u16 < threshold) ~ rate
+    const T scale = T(1.0 / (1.0 - rate));
+    const size_t draws = (n + 3) / 4;
+    parallel_for(draws, double(n), [&](size_t lo, size_t hi) {
+        for (size_t w = lo; w < hi; ++w) {
+            const uint64_t z = splitmix64(seed + w + 1);
+            for (size_t j = 0; j < 4 && 4 * w + j < n; ++j)
+                keep[4 * w + j] = ((z >> (16 * j)) & 0xFFFF) >= threshold ? scale : T(0);
+        }
+    });
+}
+
+// y[i] = x[i] * keep[i]: dropout's forward and, applied to dy, its backward. y may alias x.
+template <class T> void apply_keep(T* y, const T* x, const T* keep, size_t n) {
+    for (size_t i = 0; i < n; ++i) y[i] = x[i] * keep[i];
+}
+
+// y[i] = x[i] + dropout(sub)[i] = x[i] + keep[i] * sub[i]   (keep null: no dropout).
+// Its backward needs no kernel of its own: dx = dy, dsub = apply_keep(dy).
+template <class T> void residual_add(T* y, const T* x, const T* sub, const T* keep, size_t n) {
+    if (keep)
+        for (size_t i = 0; i < n; ++i) y[i] = x[i] + keep[i] * sub[i];
+    else
+        for (size_t i = 0; i < n; ++i) y[i] = x[i] + sub[i];
+}
+
+}  // namespace attnx

@@ -1,0 +1,371 @@
+"""Transformer blocks: layer normalization, positional encodings, feed-forward, multi-head
+attention, encoder / decoder layers and stacks.
+
+Float64 gradient checks on tiny shapes (with dropout, through fixed masks), parity with PyTorch
+(outputs and every gradient) for each mask kind and both norm orders, the converters both ways,
+masks that never give NaN, and bad input."""
+import functools
+
+import numpy as np
+import pytest
+
+import attnx
+from attnx import layers
+from attnx.interop import from_torch, to_torch
+from attnx.testing import assert_close, gradcheck, torch_parity
+
+B, T, S, D, H = 2, 3, 4, 4, 2
+
+
+def rand(*shape, seed=0, dtype=np.float64):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def with_fixed_dropout(layer, seed=7):
+    """Reseeds attnx before every forward pass, so dropout draws the same masks each time and
+    central differences see one fixed function."""
+    call = layer.call
+
+    @functools.wraps(call)
+    def reseeded(*args, **kwargs):
+        attnx.set_random_seed(seed)
+        return call(*args, **kwargs)
+    layer.call = reseeded
+    return layer
+
+
+# ----------------------------------------------------------------------------- kernels
+def test_layernorm_matches_numpy_with_settable_epsilon():
+    x = rand(5, 7, seed=1) * 3 + 10  # a large mean: the two-pass variance keeps its precision
+    gamma, beta = rand(7, seed=2), rand(7, seed=3)
+    for eps in (1e-3, 1e-5):
+        y, mean, rstd = attnx._core.layernorm_forward(x, gamma, beta, eps)
+        want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * gamma + beta
+        assert_close(y, want, atol=1e-12, what=f"layernorm eps={eps}")
+        assert_close(rstd, 1 / np.sqrt(x.var(-1) + eps), atol=1e-12, what="rstd")
+    assert layers.LayerNormalization().epsilon == 1e-3  # Keras' default
+
+
+def test_sinusoidal_table_is_vaswanis():
+    table = attnx._core.sinusoidal_table(6, 8, np.dtype("float64"))
+    t, i = np.arange(6)[:, None], np.arange(4)[None, :]
+    angle = t / 10000 ** (2 * i / 8)
+    assert_close(table[:, 0::2], np.sin(angle), atol=1e-12, what="even features")
+    assert_close(table[:, 1::2], np.cos(angle), atol=1e-12, what="odd features")
+
+
+def test_dropout_keep_is_scaled_repeatable_and_at_rate():
+    keep = attnx._core.dropout_keep([200, 500], 0.25, 42, np.dtype("float32"))
+    assert set(np.unique(keep)) == {0.0, np.float32(1 / 0.75)}
+    assert abs((keep == 0).mean() - 0.25) < 0.01
+    assert np.array_equal(keep, attnx._core.dropout_keep([200, 500], 0.25, 42, np.dtype("float32")))
+    assert not np.array_equal(keep, attnx._core.dropout_keep([200, 500], 0.25, 43, np.dtype("float32")))
+
+
+# ----------------------------------------------------------------------------- gradient checks
+@pytest.mark.parametrize("make", [
+    lambda: layers.LayerNormalization(dtype="float64"),
+    lambda: layers.LayerNormalization(epsilon=1e-5, center=False, dtype="float64"),
+    lambda: layers.PositionalEncoding(dtype="float64"),
+    lambda: layers.PositionEmbedding(5, dtype="float64"),
+    lambda: layers.FeedForward(6, activation="relu", dtype="float64"),
+    lambda: layers.FeedForward(6, activation="gelu", output_dim=3, dtype="float64"),
+], ids=["layernorm", "layernorm-no-center", "sinusoidal", "learned-positions", "ff-relu", "ff-gelu"])
+def test_gradcheck_blocks(make):
+    gradcheck(make(), rand(B, T, D))
+
+
+MHA_MASKS = {
+    "none": {},
+    "key-padding": {"key_padding_mask": np.array([[1, 1, 0, 1], [1, 0, 0, 0]], bool)},
+    "lengths": {"key_padding_mask": np.array([4, 2])},
+    "attention-mask": {"attention_mask": rand(B, T, S, seed=9) > 0},  # some rows fully masked
+    "shared-attention-mask-and-padding": {"attention_mask": rand(T, S, seed=8) > -0.5,
+                                          "key_padding_mask": np.array([3, 4])},
+}
+
+
+@pytest.mark.parametrize("kwargs", MHA_MASKS.values(), ids=MHA_MASKS.keys())
+def test_gradcheck_multi_head_cross_attention(kwargs):
+    layer = layers.MultiHeadAttention(H, 3, value_dim=2, output_shape=5, dtype="float64")
+    gradcheck(layer, [rand(B, T, D, seed=1), rand(B, S, 6, seed=2), rand(B, S, 3, seed=3)], call_kwargs=kwargs)
+
+
+def test_gradcheck_multi_head_self_attention_causal_with_dropout_and_weight_gradients():
+    layer = with_fixed_dropout(layers.MultiHeadAttention(H, 2, dropout=0.4, dtype="float64"))
+    x = rand(B, T, D, seed=1)
+    # the returned weights get an upstream gradient too (backward takes (doutput, dweights))
+    gradcheck(layer, [x, x], call_kwargs={"use_causal_mask": True, "return_attention_scores": True})
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_gradcheck_encoder_layer_with_dropout(norm_first):
+    layer = with_fixed_dropout(layers.TransformerEncoderLayer(H, 5, dropout=0.3, activation="gelu",
+                                                              norm_first=norm_first, dtype="float64"))
+    gradcheck(layer, rand(B, T, D), call_kwargs={"padding_mask": np.array([2, 3])})
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_gradcheck_decoder_layer_with_dropout(norm_first):
+    layer = with_fixed_dropout(layers.TransformerDecoderLayer(H, 5, dropout=0.3, norm_first=norm_first,
+                                                              dtype="float64"))
+    gradcheck(layer, [rand(B, T, D, seed=1), rand(B, S, 6, seed=2)],
+              call_kwargs={"encoder_padding_mask": np.array([4, 1]), "decoder_padding_mask": np.array([3, 2])})
+
+
+def test_gradcheck_stacks():
+    gradcheck(layers.TransformerEncoder(2, H, 5, dtype="float64"), rand(B, T, D), max_elements=8)
+    gradcheck(layers.TransformerDecoder(2, H, 5, norm_first=True, dtype="float64"),
+              [rand(B, T, D, seed=1), rand(B, S, D, seed=2)], max_elements=8)
+
+
+# ----------------------------------------------------------------------------- PyTorch parity
+def randomize(torch, module, std=0.3):
+    """Non-trivial weights everywhere (torch starts biases and norms at 0 and 1)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, std)
+    return module
+
+
+def test_layernorm_parity(torch):
+    module = randomize(torch, torch.nn.LayerNorm(D))
+    layer = from_torch(module)
+    assert layer.epsilon == 1e-5
+    torch_parity(layer, module, rand(B, T, D, dtype=np.float32))
+
+
+TORCH_MASKS = ["key-padding", "attention-mask", "both", "causal"]
+
+
+@pytest.mark.parametrize("kind", TORCH_MASKS)
+def test_multi_head_attention_parity(torch, kind):
+    E, Tq = 8, S if kind == "causal" else T  # causal: query and key of one length
+    module = randomize(torch, torch.nn.MultiheadAttention(E, H, kdim=5, vdim=6, batch_first=True))
+    layer = from_torch(module)
+    pad = np.array([[1, 1, 0, 1], [1, 1, 1, 0]], bool)
+    attn = rand(Tq, S, seed=4) > -0.5
+    attn[:, 0] = True  # torch gives NaN for rows with nothing to attend to
+    ours, theirs = {}, {}
+    if kind in ("key-padding", "both"):
+        ours["key_padding_mask"], theirs["key_padding_mask"] = pad, torch.tensor(~pad)
+    if kind in ("attention-mask", "both"):
+        ours["attention_mask"], theirs["attn_mask"] = attn, torch.tensor(~attn)
+    if kind == "causal":
+        ours["use_causal_mask"] = True
+        theirs.update(attn_mask=torch.nn.Transformer.generate_square_subsequent_mask(S), is_causal=True)
+    inputs = [rand(B, Tq, E, seed=1, dtype=np.float32), rand(B, S, 6, seed=2, dtype=np.float32),
+              rand(B, S, 5, seed=3, dtype=np.float32)]  # [query, value, key]
+    torch_parity(layer, module, inputs, call=lambda l, x: l(x, training=True, **ours),
+                 torch_call=lambda m, t: m(t[0], t[2], t[1], need_weights=False, **theirs)[0])
+    _, weights = layer(inputs, return_attention_scores=True, **ours)
+    _, torch_weights = module(*(torch.tensor(inputs[i]) for i in (0, 2, 1)), average_attn_weights=False, **theirs)
+    assert weights.shape == (B, H, Tq, S)
+    assert_close(weights, torch_weights.detach().numpy(), atol=1e-6, what="per-head weights")
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_layer_parity(torch, norm_first, activation):
+    module = randomize(torch, torch.nn.TransformerEncoderLayer(8, H, 16, dropout=0.0, activation=activation,
+                                                               batch_first=True, norm_first=norm_first))
+    layer = from_torch(module)
+    pad = np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)
+    torch_parity(layer, module, [rand(B, S, 8, dtype=np.float32)],
+                 call=lambda l, x: l(x[0], training=True, padding_mask=pad),
+                 torch_call=lambda m, t: m(t[0], src_key_padding_mask=torch.tensor(~pad)))
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_decoder_layer_parity(torch, norm_first):
+    module = randomize(torch, torch.nn.TransformerDecoderLayer(8, H, 16, dropout=0.0, activation="gelu",
+                                                               batch_first=True, norm_first=norm_first))
+    layer = from_torch(module)
+    memory_pad = np.array([[1, 1, 1, 1], [1, 0, 1, 0]], bool)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(T)
+    torch_parity(layer, module, [rand(B, T, 8, seed=1, dtype=np.float32), rand(B, S, 8, seed=2, dtype=np.float32)],
+                 call=lambda l, x: l(x, training=True, encoder_padding_mask=memory_pad),
+                 torch_call=lambda m, t: m(t[0], t[1], tgt_mask=causal, tgt_is_causal=True,
+                                           memory_key_padding_mask=torch.tensor(~memory_pad)))
+
+
+def test_to_torch_round_trips(torch):
+    x = rand(B, T, 8, dtype=np.float32)
+    enc = layers.TransformerEncoderLayer(H, 16, norm_first=True)
+    dec = layers.TransformerDecoderLayer(H, 16, activation="gelu")
+    mha = layers.MultiHeadAttention(H, 4)
+    norm = layers.LayerNormalization(epsilon=1e-5)
+    y_enc, y_dec, y_mha, y_norm = enc(x), dec([x, x]), mha(x, x, use_causal_mask=True), norm(x)
+    for layer in (enc, dec, mha, norm):
+        for p in layer.params.values():  # non-trivial biases and norms
+            p += rand(*p.shape, seed=p.size, dtype=np.float32) * 0.1
+    y_enc, y_dec, y_mha, y_norm = enc(x), dec([x, x]), mha(x, x, use_causal_mask=True), norm(x)
+    tx = torch.tensor(x)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(T)
+    with torch.no_grad():
+        assert_close(y_enc, to_torch(enc).eval()(tx), atol=1e-5, what="encoder")
+        assert_close(y_dec, to_torch(dec).eval()(tx, tx, tgt_mask=causal, tgt_is_causal=True), atol=1e-5,
+                     what="decoder")
+        assert_close(y_mha, to_torch(mha)(tx, tx, tx, attn_mask=causal, need_weights=False)[0], atol=1e-5,
+                     what="attention")
+        assert_close(y_norm, to_torch(norm)(tx), atol=1e-5, what="layernorm")
+    again = from_torch(to_torch(enc))
+    for name, p in enc.params.items():
+        assert_close(again.params[name], p, atol=0, what=name)
+
+
+# ----------------------------------------------------------------------------- behaviour
+def test_fully_masked_queries_give_zero_weights_not_nan():
+    layer = layers.MultiHeadAttention(H, 2)
+    x = rand(B, T, D, dtype=np.float32)
+    mask = np.ones((B, T, T), bool)
+    mask[0, 1] = False  # query 1 of row 0 may attend to nothing
+    y, w = layer(x, x, attention_mask=mask, key_padding_mask=np.array([0, 3]), return_attention_scores=True)
+    assert np.all(np.isfinite(y)) and np.all(w[0] == 0)
+    enc = layers.TransformerEncoderLayer(H, 8)
+    assert np.all(np.isfinite(enc(x, padding_mask=np.array([0, 2]), training=True)))
+
+
+def test_lengths_and_bool_masks_agree_and_padding_is_ignored():
+    layer = layers.TransformerEncoderLayer(H, 8)
+    x = rand(B, T, D, dtype=np.float32)
+    y1 = layer(x, padding_mask=np.array([2, 3]))
+    y2 = layer(x, padding_mask=np.array([[1, 1, 0], [1, 1, 1]], bool))
+    assert_close(y1, y2, atol=0)
+    x_changed = x.copy()
+    x_changed[0, 2] += 5  # a padded key: the real positions must not see it
+    assert_close(layer(x_changed, padding_mask=np.array([2, 3]))[0, :2], y1[0, :2], atol=1e-6)
+
+
+def test_causal_encoder_does_not_look_ahead():
+    layer = layers.TransformerEncoder(2, H, 8)
+    x = rand(B, 5, D, dtype=np.float32)
+    x_changed = x.copy()
+    x_changed[:, 3:] += 1
+    y, weights = layer(x, use_causal_mask=True, return_attention_scores=True)
+    assert_close(layer(x_changed, use_causal_mask=True)[:, :3], y[:, :3], atol=1e-6)
+    assert len(weights) == 2 and weights[0].shape == (B, H, 5, 5)
+    assert np.all(np.triu(weights[1], 1) == 0)
+    assert_close(weights[1].sum(-1), np.ones((B, H, 5)), atol=1e-6)
+
+
+def test_dropout_only_in_training_and_set_random_seed_repeats_it():
+    layer = layers.TransformerEncoderLayer(H, 8, dropout=0.5)
+    x = rand(B, T, D, dtype=np.float32)
+    assert_close(layer(x), layer(x), atol=0)
+    attnx.set_random_seed(3)
+    a = layer(x, training=True)
+    attnx.set_random_seed(3)
+    assert_close(layer(x, training=True), a, atol=0)
+    assert np.abs(a - layer(x)).max() > 1e-3
+
+
+def test_params_are_the_sublayers_arrays_in_keras_shapes():
+    dec = layers.TransformerDecoderLayer(H, 8)
+    dec([rand(B, T, D, dtype=np.float32), rand(B, S, 6, dtype=np.float32)])
+    assert dec.params["cross_attention/key_kernel"].shape == (6, H, D // H)
+    assert dec.params["cross_attention/output_kernel"].shape == (H, D // H, D)
+    assert dec.params["feed_forward/intermediate/kernel"] is dec.feed_forward.params["intermediate/kernel"]
+    assert [k.split("/")[0] for k in dec.params][::4][:3] == ["self_attention", "self_attention", "norm1"]
+    stack = layers.TransformerEncoder(3, H, 8)
+    stack(rand(B, T, D, dtype=np.float32))
+    assert stack.count_params() == 3 * stack.blocks[0].count_params()
+
+
+def test_functional_model_with_keras_style_attention_trains_saves_and_loads(tmp_path):
+    inputs = attnx.Input((6,), dtype="int64")
+    x = layers.PositionEmbedding(6)(layers.Embedding(30, 8, mask_zero=True)(inputs))
+    attended = layers.MultiHeadAttention(2, 4, value_dim=3, name="attention")(x, x)  # built symbolically
+    x = layers.LayerNormalization()(layers.Add()([x, attended]))
+    x = layers.TransformerEncoder(1, 2, 16)(x)
+    outputs = layers.Dense(1, activation="sigmoid")(layers.GlobalAveragePooling1D()(x))
+    model = attnx.Model(inputs, outputs)
+    assert model.get_layer("attention").params["value_kernel"].shape == (8, 2, 3)
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    ids = np.random.default_rng(0).integers(1, 30, (64, 6))
+    labels = (ids[:, 0] > 15).astype(np.float32)
+    history = model.fit(ids, labels, epochs=4, batch_size=16, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    model.save(tmp_path / "model")
+    assert_close(attnx.models.load_model(tmp_path / "model").predict(ids), model.predict(ids), atol=0)
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_embedding_size_not_divisible_by_heads():
+    with pytest.raises(ValueError, match=r"embedding size 6 .* not divisible by num_heads=4"):
+        layers.TransformerEncoderLayer(4, 8)(np.zeros((B, T, 6), np.float32))
+    with pytest.raises(ValueError, match="not divisible by num_heads=4"):
+        layers.TransformerDecoderLayer(4, 8)([np.zeros((B, T, 6), np.float32), np.zeros((B, S, 8), np.float32)])
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    ({"key_padding_mask": np.ones((B, T), bool)}, ValueError, r"key_padding_mask.*expected shape \(2, 4\)"),
+    ({"key_padding_mask": np.ones((B, S), np.float32)}, TypeError, r"key_padding_mask.*dtype float32"),
+    ({"key_padding_mask": np.array([1, 2, 3])}, ValueError, r"key_padding_mask.*lengths expected shape \(2,\)"),
+    ({"attention_mask": np.ones((B, S, T), bool)}, ValueError, r"attention_mask.*expected shape \(2, 3, 4\)"),
+    ({"attention_mask": np.ones((T, S))}, TypeError, r"attention_mask.*bool.*float64"),
+])
+def test_bad_attention_masks(kwargs, error, pattern):
+    layer = layers.MultiHeadAttention(H, 2, name="mha")
+    with pytest.raises(error, match=pattern) as info:
+        layer(rand(B, T, D, dtype=np.float32), rand(B, S, D, dtype=np.float32), **kwargs)
+    assert "mha" in str(info.value)
+
+
+def test_bad_encoder_and_decoder_masks():
+    enc = layers.TransformerEncoderLayer(H, 8)
+    x = np.zeros((B, T, D), np.float32)
+    with pytest.raises(ValueError, match=r"key_padding_mask.*expected shape \(2, 3\).*got \(3, 2\)"):
+        enc(x, padding_mask=np.ones((T, B), bool))
+    with pytest.raises(TypeError, match="attention_mask"):
+        enc(x, attention_mask=np.zeros((T, T), np.int64))
+    dec = layers.TransformerDecoderLayer(H, 8)
+    with pytest.raises(ValueError, match=r"expected shape \(2, 4\)"):
+        dec([x, np.zeros((B, S, D), np.float32)], encoder_padding_mask=np.ones((B, T), bool))
+
+
+def test_sequence_longer_than_learned_position_table():
+    layer = layers.PositionEmbedding(4, name="pos")
+    layer(np.zeros((B, 4, D), np.float32))
+    with pytest.raises(ValueError, match=r"'pos'.*5 positions .*sequence_length=4"):
+        layer(np.zeros((B, 5, D), np.float32))
+
+
+def test_bad_shapes_and_arguments():
+    mha = layers.MultiHeadAttention(H, 2)
+    mha(np.zeros((B, T, D), np.float32), np.zeros((B, S, D), np.float32))
+    with pytest.raises(ValueError, match=r"`value` expected shape \(2, \*, 4\), got \(2, 4, 5\)"):
+        mha(np.zeros((B, T, D), np.float32), np.zeros((B, S, 5), np.float32))
+    with pytest.raises(ValueError, match="share the batch"):
+        mha(np.zeros((B, T, D), np.float32), np.zeros((3, S, D), np.float32))
+    norm = layers.LayerNormalization()
+    norm(np.zeros((B, T, 4)))
+    with pytest.raises(ValueError, match=r"expected last axis of size 4"):
+        norm(np.zeros((B, T, 5)))
+    with pytest.raises(ValueError, match="epsilon must be positive"):
+        layers.LayerNormalization(epsilon=0)
+    with pytest.raises(ValueError, match=r"\[target, memory\]"):
+        layers.TransformerDecoderLayer(H, 8)(np.zeros((B, T, D), np.float32))
+    enc = layers.TransformerEncoderLayer(H, 8)
+    enc(np.zeros((B, T, D), np.float32))
+    with pytest.raises(RuntimeError, match="training=True"):
+        enc.backward(np.zeros((B, T, D), np.float32))
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_transformer_sentiment_example_learns():
+    """The example's model (embedding + positions + 2 encoder layers + masked pooling), one seed,
+    a few epochs: well above chance on the held-out 20% (the 5-seed run of the example reaches
+    the issue's 0.78 mean)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / "transformer_sentiment.py"
+    spec = importlib.util.spec_from_file_location("transformer_sentiment", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    threads = attnx.backend.get_num_threads()
+    attnx.set_num_threads(1)  # batches of 32 x 32 tokens: a second thread only adds overhead
+    try:
+        assert example.train(seed=0, epochs=4) >= 0.75
+    finally:
+        attnx.set_num_threads(threads)
