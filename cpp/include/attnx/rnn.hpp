@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <thread>
+#include <type_traits>
 
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
@@ -56,12 +57,48 @@ inline bool rnn_activation_ok(Activation a) {
     return a == Activation::tanh || a == Activation::sigmoid || a == Activation::relu || a == Activation::linear;
 }
 
-template <class T> inline T act_value(Activation a, T x) {
+// tanh for float without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float
+// precision beyond), branch-free so that the block loops below vectorize; |error| < 1e-6.
+inline float tanh_rational(float x) {
+    const float xc = std::min(7.90531110763549805f, std::max(-7.90531110763549805f, x));
+    const float x2 = xc * xc;
+    float p = -2.76076847742355e-16f;
+    p = p * x2 + 2.00018790482477e-13f;
+    p = p * x2 + -8.60467152213735e-11f;
+    p = p * x2 + 5.12229709037114e-08f;
+    p = p * x2 + 1.48572235717979e-05f;
+    p = p * x2 + 6.37261928875436e-04f;
+    p = p * x2 + 4.89352455891786e-03f;
+    float q = 1.19825839466702e-06f;
+    q = q * x2 + 1.18534705686654e-04f;
+    q = q * x2 + 2.26843463243900e-03f;
+    q = q * x2 + 4.89352518554385e-03f;
+    return xc * p / q;
+}
+
+// v = act(v) over n contiguous values; the switch sits outside the loops so they vectorize.
+// Float uses tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2); double, for the gradient
+// checks, the exact libm functions.
+template <class T> void activate_block(Activation a, T* v, int n) {
     switch (a) {
-        case Activation::tanh: return std::tanh(x);
-        case Activation::sigmoid: return sigmoid(x);
-        case Activation::relu: return x > T(0) ? x : T(0);
-        default: return x;
+        case Activation::tanh:
+            if constexpr (std::is_same_v<T, float>) {
+                for (int k = 0; k < n; ++k) v[k] = tanh_rational(v[k]);
+            } else {
+                for (int k = 0; k < n; ++k) v[k] = std::tanh(v[k]);
+            }
+            break;
+        case Activation::sigmoid:
+            if constexpr (std::is_same_v<T, float>) {
+                for (int k = 0; k < n; ++k) v[k] = 0.5f + 0.5f * tanh_rational(0.5f * v[k]);
+            } else {
+                for (int k = 0; k < n; ++k) v[k] = sigmoid(v[k]);
+            }
+            break;
+        case Activation::relu:
+            for (int k = 0; k < n; ++k) v[k] = v[k] > T(0) ? v[k] : T(0);
+            break;
+        default: break;
     }
 }
 
@@ -138,56 +175,51 @@ void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, co
                 if (aux) std::fill(aux, aux + H, T(0));  // aux meets dU's GEMM in backward: keep it finite
                 continue;
             }
+            // pre-activations of the gates (GRU's candidate n and classic GRU's product come later)
+            const int summed = cfg.cell == RNNCell::gru ? 2 * H : G;
+            for (int k = 0; k < summed; ++k) g[k] += u[k];
             switch (cfg.cell) {
                 case RNNCell::simple:
                     // h_t = act(x_t W + b + h_{t-1} U)
-                    for (int j = 0; j < H; ++j) {
-                        const T hn = act_value(act, g[j] + u[j]);
-                        g[j] = hn;
-                        hb[j] = hn;
-                        yb[j] = hn;
-                    }
+                    activate_block(act, g, H);
+                    std::copy(g, g + H, hb);
+                    std::copy(g, g + H, yb);
                     break;
                 case RNNCell::lstm: {
                     // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
+                    activate_block(ract, g, 2 * H);
+                    activate_block(act, g + 2 * H, H);
+                    activate_block(ract, g + 3 * H, H);
                     T* cb = c + (size_t)b * H;
                     for (int j = 0; j < H; ++j) {
-                        const T i = act_value(ract, g[j] + u[j]);
-                        const T f = act_value(ract, g[H + j] + u[H + j]);
-                        const T gg = act_value(act, g[2 * H + j] + u[2 * H + j]);
-                        const T o = act_value(ract, g[3 * H + j] + u[3 * H + j]);
-                        g[j] = i, g[H + j] = f, g[2 * H + j] = gg, g[3 * H + j] = o;
-                        const T cn = f * cb[j] + i * gg;
-                        const T ac = act_value(act, cn);
-                        aux[j] = ac;
-                        cb[j] = cn;
-                        hb[j] = o * ac;
+                        cb[j] = g[H + j] * cb[j] + g[j] * g[2 * H + j];
+                        aux[j] = cb[j];
+                    }
+                    activate_block(act, aux, H);
+                    for (int j = 0; j < H; ++j) {
+                        hb[j] = g[3 * H + j] * aux[j];
                         yb[j] = hb[j];
                     }
                     break;
                 }
                 case RNNCell::gru:
+                    // r, z = ract(x W + b_in + h U + b_rec)
+                    activate_block(ract, g, 2 * H);
                     if (cfg.reset_after) {
-                        // r, z = ract(x W + b_in + h U + b_rec); n = act(x_n + r * (h U_n + b_hn));
-                        // h_t = z h_{t-1} + (1 - z) n
+                        // n = act(x_n + r * (h U_n + b_hn)); h_t = z h_{t-1} + (1 - z) n
                         for (int j = 0; j < H; ++j) {
-                            const T r = act_value(ract, g[j] + u[j]);
-                            const T z = act_value(ract, g[H + j] + u[H + j]);
-                            const T n = act_value(act, g[2 * H + j] + r * u[2 * H + j]);
-                            g[j] = r, g[H + j] = z, g[2 * H + j] = n;
                             aux[j] = u[2 * H + j];
-                            hb[j] = z * hb[j] + (T(1) - z) * n;
+                            g[2 * H + j] += g[j] * aux[j];
+                        }
+                        activate_block(act, g + 2 * H, H);
+                        for (int j = 0; j < H; ++j) {
+                            hb[j] = g[H + j] * hb[j] + (T(1) - g[H + j]) * g[2 * H + j];
                             yb[j] = hb[j];
                         }
                     } else {
-                        // r, z = ract(x W + b + h U_rz); the candidate's input r * h_rec goes to aux
+                        // the candidate's input r * h_rec goes to aux for the second GEMM
                         const T* hrb = cache.recurrent_input() + row;
-                        for (int j = 0; j < H; ++j) {
-                            const T r = act_value(ract, g[j] + u[j]);
-                            g[j] = r;
-                            g[H + j] = act_value(ract, g[H + j] + u[H + j]);
-                            aux[j] = r * hrb[j];
-                        }
+                        for (int j = 0; j < H; ++j) aux[j] = g[j] * hrb[j];
                     }
                     break;
             }
@@ -202,11 +234,10 @@ void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, co
                 const T* u = hu + (size_t)b * G;
                 T* hb = h + (size_t)b * H;
                 T* yb = y + (size_t)b * TH + (size_t)t * H;
+                for (int j = 0; j < H; ++j) g[2 * H + j] += u[2 * H + j];
+                activate_block(act, g + 2 * H, H);
                 for (int j = 0; j < H; ++j) {
-                    const T z = g[H + j];
-                    const T n = act_value(act, g[2 * H + j] + u[2 * H + j]);
-                    g[2 * H + j] = n;
-                    hb[j] = z * hb[j] + (T(1) - z) * n;
+                    hb[j] = g[H + j] * hb[j] + (T(1) - g[H + j]) * g[2 * H + j];
                     yb[j] = hb[j];
                 }
             }
