@@ -24,7 +24,16 @@ namespace attnx {
 // Below this many multiply-adds a second thread costs more than it saves.
 constexpr double kParallelMinWork = 1 << 17;
 
-inline unsigned kernel_threads() { return std::max(1u, std::min(2u, std::thread::hardware_concurrency())); }
+// Threads a kernel splits its batch over: the count attnx.set_num_threads gave OpenBLAS.
+inline unsigned kernel_threads() { return (unsigned)std::max(1, get_blas_threads()); }
+
+// While our threads split a batch, each runs single-threaded BLAS: OpenBLAS' own workers would
+// otherwise compete with ours for the cores (measured 30x slower on 2 cores).
+struct SingleThreadedBlas {
+    const int saved = get_blas_threads();
+    SingleThreadedBlas() { set_blas_threads(1); }
+    ~SingleThreadedBlas() { set_blas_threads(saved); }
+};
 
 // Runs fn(begin, end) over contiguous chunks of [0, count), on several threads when `work`
 // (total multiply-adds) makes it pay. fn must write disjoint outputs per index.
@@ -34,6 +43,7 @@ template <class F> void parallel_for(size_t count, double work, F&& fn) {
         fn(size_t(0), count);
         return;
     }
+    SingleThreadedBlas blas_guard;
     std::vector<std::thread> pool;
     const size_t chunk = (count + threads - 1) / threads;
     for (size_t lo = chunk; lo < count; lo += chunk) pool.emplace_back(fn, lo, std::min(count, lo + chunk));
