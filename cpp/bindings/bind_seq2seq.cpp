@@ -83,7 +83,8 @@ static void size_config(DecoderConfig& cfg, const py::dict& params, const py::ar
     auto dim = [&](const char* name, int axis) -> int {
         if (!params.contains(name)) throw py::value_error(std::string(fn) + ": " + name + ": missing");
         py::array a = params[name].cast<py::array>();
-        if (a.ndim() <= axis) throw py::value_error(std::string(fn) + ": " + name + ": bad rank, shape " + shape_str(a));
+        if (a.ndim() <= axis)
+            throw py::value_error(std::string(fn) + ": " + name + ": bad rank, shape " + shape_str(a));
         return (int)a.shape(axis);
     };
     cfg.B = (int)enc.shape(0), cfg.S = (int)enc.shape(1), cfg.K = (int)enc.shape(2);
@@ -171,7 +172,8 @@ void init_seq2seq(py::module_& m) {
                 const uint8_t* ptm = bool_mask(target_mask, B, Tn, "decoder_forward: target_mask");
                 const bool lstm = cfg.cell == RNNCell::lstm, luong = cfg.kind == DecoderKind::luong;
                 check_shape(h0, {B, H}, "decoder_forward: h0");
-                if (lstm == c0.is_none()) throw py::value_error("decoder_forward: c0 is given exactly for an LSTM cell");
+                if (lstm == c0.is_none())
+                    throw py::value_error("decoder_forward: c0 is given exactly for an LSTM cell");
                 if (!luong && !feed0.is_none()) throw py::value_error("decoder_forward: feed0 is a Luong input");
                 py::dict cache;
                 if (ptm) cache["has_step_mask"] = true;
@@ -216,8 +218,9 @@ void init_seq2seq(py::module_& m) {
                 }
                 cache["config"] = py::make_tuple(kind, score, cell, local_window, first_step);
                 py::object keys_out = c.keys ? py::object(cache["keys"]) : py::object(py::none());
-                return py::make_tuple(logits, h, lstm ? py::object(cs) : py::none(), luong ? py::object(feed) : py::none(),
-                                      weights, keys_out, cache);
+                py::object c_out = lstm ? py::object(cs) : py::none();
+                py::object feed_out = luong ? py::object(feed) : py::none();
+                return py::make_tuple(logits, h, c_out, feed_out, weights, keys_out, cache);
             });
         },
         py::arg("kind"), py::arg("score"), py::arg("cell"), py::arg("ids"), py::arg("enc"),
@@ -227,14 +230,15 @@ void init_seq2seq(py::module_& m) {
         "Attention decoder over all target steps (teacher forcing) or one step (T = 1). kind bahdanau|luong, score "
         "additive|concat|general|dot, cell gru|lstm. ids (B, T) int64 previous words, enc (B, S, K), masks bool "
         "(True = real), h0 (B, H), c0 (B, H) for LSTM, feed0 (B, H) Luong's previous attentional state, params the "
-        "layer's dict, keys: enc W_k from an earlier call (decoding steps), first_step: the target position of ids[:, 0]. Returns (logits (B, T, V), h, c, feed, "
-        "weights (B, T, S), keys, cache).");
+        "layer's dict, keys: enc W_k from an earlier call (decoding steps), first_step: the target position of "
+        "ids[:, 0]. Returns (logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
 
     m.def(
         "decoder_backward",
         [](const py::dict& cache, const py::array& dlogits, const py::object& dh, const py::object& dc,
            const py::array& enc, const py::dict& params, const py::dict& grads) {
-            if (!cache.contains("config")) throw py::value_error("decoder_backward: cache: not a decoder_forward cache");
+            if (!cache.contains("config"))
+                throw py::value_error("decoder_backward: cache: not a decoder_forward cache");
             const py::tuple conf = cache["config"].cast<py::tuple>();
             DecoderConfig cfg = decoder_config(conf[0].cast<std::string>(), conf[1].cast<std::string>(),
                                                conf[2].cast<std::string>(), conf[3].cast<int>());

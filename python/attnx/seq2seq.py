@@ -774,6 +774,7 @@ class Seq2Seq:
                     row = row[:row.index(self.end_id)] if self.end_id in row else row
                     hyps.append(self.target_words([t for t in row if t]))
             else:
-                hyps += [self.target_words(h[0].tokens) for h in self.beam_search(src, width, length_penalty, max_length)]
+                beams = self.beam_search(src, width, length_penalty, max_length)
+                hyps += [self.target_words(h[0].tokens) for h in beams]
         refs = [[[w for w in r.split() if w not in ("<start>", "<end>")]] for r in references]
         return metrics.corpus_bleu(refs, hyps)

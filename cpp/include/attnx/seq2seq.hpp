@@ -181,13 +181,17 @@ void attend_step_backward(const DecoderConfig& cfg, const DecoderParams<const T*
 // (T, B, C) <-> (B, T, C) copies around the batch-major output projection
 template <class T> void time_to_batch_major(T* dst, const T* src, int Tn, int B, int C) {
     for (int t = 0; t < Tn; ++t)
-        for (int b = 0; b < B; ++b)
-            std::copy(src + ((size_t)t * B + b) * C, src + ((size_t)t * B + b + 1) * C, dst + ((size_t)b * Tn + t) * C);
+        for (int b = 0; b < B; ++b) {
+            const T* row = src + ((size_t)t * B + b) * C;
+            std::copy(row, row + C, dst + ((size_t)b * Tn + t) * C);
+        }
 }
 template <class T> void batch_to_time_major(T* dst, const T* src, int Tn, int B, int C) {
     for (int b = 0; b < B; ++b)
-        for (int t = 0; t < Tn; ++t)
-            std::copy(src + ((size_t)b * Tn + t) * C, src + ((size_t)b * Tn + t + 1) * C, dst + ((size_t)t * B + b) * C);
+        for (int t = 0; t < Tn; ++t) {
+            const T* row = src + ((size_t)b * Tn + t) * C;
+            std::copy(row, row + C, dst + ((size_t)t * B + b) * C);
+        }
 }
 
 // ------------------------------------------------------------------------------------- forward
@@ -203,7 +207,9 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
                      const uint8_t* target_mask, bool keys_ready, T* hu) {
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G();
     const RNNConfig rc = cfg.rnn_step();
-    if (cache.keys && !keys_ready) dense_forward<T>(cache.keys, enc, w.key_kernel, (const T*)nullptr, B * cfg.S, K, cfg.Dk());
+    // keys = enc W_k, once for all steps
+    if (cache.keys && !keys_ready)
+        dense_forward<T>(cache.keys, enc, w.key_kernel, (const T*)nullptr, B * cfg.S, K, cfg.Dk());
     // time-major ids and step mask, then emb[t, b] = embeddings[y[b, t]]
     for (int b = 0; b < B; ++b)
         for (int t = 0; t < Tn; ++t) {
@@ -240,7 +246,7 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
             }
             matmul<T>(feed, cat, w.attentional_kernel, B, H, K + H);
             for (size_t i = 0; i < BH; ++i) feed[i] = std::tanh(feed[i]);
-            for (int b = 0; b < B; ++b)
+            for (int b = 0; b < B; ++b)  // out_t = h~_t, batch-major
                 std::copy(feed + (size_t)b * H, feed + (size_t)(b + 1) * H, cache.out + ((size_t)b * Tn + t) * H);
         }
     }
@@ -270,7 +276,8 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
     batch_to_time_major(dout.data(), dout_bm.data(), Tn, B, H);
 
     std::fill(denc, denc + (size_t)B * S * K, T(0));
-    std::vector<T> dgates(TB * G), dhu_gru(cfg.cell == RNNCell::gru ? TB * G : 0), dhrec(BH), dfeed((size_t)B * F), dkeys((size_t)B * S * Dk, T(0));
+    std::vector<T> dgates(TB * G), dhu_gru(cfg.cell == RNNCell::gru ? TB * G : 0), dhrec(BH), dfeed((size_t)B * F),
+        dkeys((size_t)B * S * Dk, T(0));
     std::vector<T> dquery_proj(additive ? TB * U : 0), dstate(BH), dpre(luong ? TB * H : 0), dcat((size_t)B * (K + H)),
         dcontext((size_t)B * K);
     std::vector<T> dfeed_next(luong ? BH : 0, T(0));  // Luong: d h~_t arriving from step t + 1's input
@@ -303,12 +310,11 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
                 }
             // d[c_t; h_t] = d pre W_c^T
             matmul<T>(dcat.data(), dpre_t, w.attentional_kernel, B, K + H, H, false, true);
-            for (int b = 0; b < B; ++b)
-                std::copy(dcat.data() + (size_t)b * (K + H) + K, dcat.data() + (size_t)(b + 1) * (K + H),
-                          dstate.data() + (size_t)b * H);
-            for (int b = 0; b < B; ++b)
-                std::copy(dcat.data() + (size_t)b * (K + H), dcat.data() + (size_t)b * (K + H) + K,
-                          dcontext.data() + (size_t)b * K);
+            for (int b = 0; b < B; ++b) {
+                const T* row = dcat.data() + (size_t)b * (K + H);
+                std::copy(row, row + K, dcontext.data() + (size_t)b * K);
+                std::copy(row + K, row + K + H, dstate.data() + (size_t)b * H);
+            }
             // h_t's gradient: from h~_t and from its score as the query
             attend_step_backward<T>(cfg, w, dw, cache, t, cache.query_at(cfg, t), enc, dcontext.data(), dstate.data(),
                                     denc, dkeys.data(), dqp_t, work);
