@@ -22,6 +22,7 @@ def arguments(description):
     parser.add_argument("--minutes", type=float, default=6.0, help="training wall time")
     parser.add_argument("--units", type=int, default=256)
     parser.add_argument("--embedding-dim", type=int, default=128)
+    parser.add_argument("--num-words", type=int, default=None, help="vocabulary size per language (rest: <unk>)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
@@ -37,12 +38,11 @@ def prepare(args):
     path = args.data or os.path.join(os.environ.get("ATTNX_DATA_DIR", "../shared/data"), "anki", "mar.txt")
     splits = attnx.datasets.load_anki_pairs(path=path, max_words=10, split=(0.8, 0.1, 0.1), seed=args.seed)
     attnx.set_random_seed(args.seed)
-    model = Seq2Seq.from_texts(splits.train.source, splits.train.target, oov_token="<unk>",
+    model = Seq2Seq.from_texts(splits.train.source, splits.train.target, num_words=args.num_words, oov_token="<unk>",
                                embedding_dim=args.embedding_dim, units=args.units, attention="bahdanau",
                                max_length=20)
     print(f"pairs: train {len(splits.train.source)}, val {len(splits.val.source)}, test {len(splits.test.source)}; "
-          f"vocabulary: English {len(model.source_tokenizer.word_index) + 1}, "
-          f"Marathi {len(model.target_tokenizer.word_index) + 1}", flush=True)
+          f"vocabulary: English {model.encoder.vocab_size}, Marathi {model.decoder.vocab_size}", flush=True)
     return splits, model
 
 

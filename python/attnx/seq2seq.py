@@ -458,7 +458,7 @@ class Seq2Seq:
         tgt_tok = text.Tokenizer(num_words=num_words, filters="", oov_token=oov_token)
         src_tok.fit_on_texts(list(sources))
         tgt_tok.fit_on_texts(list(targets))
-        size = (lambda tok: (num_words or len(tok.word_index) + 1))
+        size = (lambda tok: min(num_words or 2 ** 62, len(tok.word_index) + 1))
         return cls(size(src_tok), size(tgt_tok), source_tokenizer=src_tok, target_tokenizer=tgt_tok, **kwargs)
 
     def _token_id(self, token, arg):
