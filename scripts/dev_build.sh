@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Developer build: compiles attnx._core into python/attnx/ so that `PYTHONPATH=python pytest`
-# tests this checkout without installing it. Options: --debug, --sanitize, --native.
+# tests this checkout without installing it. Options: --debug, --native; --sanitize runs
+# scripts/sanitize.sh (ASan+UBSan build in build/sanitize/ and the tests under it) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_type=Release; extra=()
 for arg in "$@"; do
   case "$arg" in
     --debug) build_type=Debug ;;
-    --sanitize) extra+=(-DATTNX_SANITIZE=ON); build_type=RelWithDebInfo ;;
+    # a sanitized _core only loads with libasan preloaded: it must not replace python/attnx/_core*.so
+    # that everyone's plain `python` imports. scripts/sanitize.sh builds it aside and runs the tests.
+    --sanitize) exec bash scripts/sanitize.sh ;;
     --native) extra+=(-DATTNX_NATIVE=ON) ;;
     *) echo "unknown option $arg" >&2; exit 2 ;;
   esac

@@ -15,4 +15,6 @@ cmake --build build/ctest -j"$(nproc)" >/dev/null
 (cd build/ctest && ctest --output-on-failure)
 echo "== pytest"
 # run from tests/ so that the installed attnx is what gets imported, not the source tree
-cd tests && python3 -m pytest -q -ra "$@"
+(cd tests && python3 -m pytest -q -ra "$@")
+echo "== sanitizers (C++ unit tests + a fast Python subset under ASan+UBSan)"
+bash scripts/sanitize.sh

@@ -32,7 +32,10 @@ def rng():
 
 @pytest.fixture
 def torch():
+    """PyTorch (CPU), seeded, on one thread for reproducible reductions; threads restored after."""
     import torch as _torch
+    threads = _torch.get_num_threads()
     _torch.manual_seed(0)
     _torch.set_num_threads(1)
-    return _torch
+    yield _torch
+    _torch.set_num_threads(threads)

@@ -500,3 +500,28 @@ def test_attention_dropout_drops_weights_in_training_only():
     assert_close(dq, dS @ h, atol=1e-12, what="dquery")
     assert_close(dh, (w * keep).transpose(0, 2, 1) @ np.ones_like(ctx_train) + dS.transpose(0, 2, 1) @ q, atol=1e-12,
                  what="dvalue + dkey")
+
+
+def test_hard_attention_inference_argmax_and_sampling_follow_the_weights():
+    layer = layers.HardAttention(score="dot", inference="sample", dtype="float64")
+    h = np.zeros((1, 3, 2))
+    h[0, :, 0] = [0.0, 1.0, 2.0]
+    q = np.tile([[np.log(2.0), 0.0]], (4000, 1))  # weights proportional to 1, 2, 4
+    values = np.repeat(h, 4000, axis=0)
+    _, w = layer([q, values], return_attention_scores=True)
+    counts = np.bincount(layer.positions[:, 0], minlength=3) / 4000
+    assert_close(w[0], [1 / 7, 2 / 7, 4 / 7], atol=1e-12, what="weights")
+    assert_close(counts, w[0], atol=0.03, what="sample frequencies")
+    argmax = layers.HardAttention(score="dot", inference="argmax", dtype="float64")
+    ctx = argmax([q[:2], values[:2]])
+    assert np.all(argmax.positions == 2) and np.all(ctx == h[0, 2])
+
+
+def test_functional_model_with_attention_weights_as_outputs_gradchecks():
+    qi, vi = attnx.models.Input((3, 4), dtype="float64"), attnx.models.Input((5, 4), dtype="float64")
+    state, w = layers.LuongAttention(attentional_units=3, dtype="float64")([qi, vi], return_attention_scores=True)
+    pooled, a = layers.AttentionPooling(dtype="float64")(state, return_attention_scores=True)
+    model = attnx.models.Model([qi, vi], [pooled, w, a], dtype="float64")
+    assert [t.shape for t in model.outputs] == [(None, 3), (None, 3, 5), (None, 3)]
+    report = gradcheck(model, [rand(B, 3, 4, seed=1), rand(B, 5, 4, seed=2)])
+    assert report["inputs[0]"] < 1e-6 and report["inputs[1]"] < 1e-6

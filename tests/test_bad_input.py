@@ -361,3 +361,19 @@ def test_core_bad_arguments_never_crash_subprocess():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout.strip()) == len(_core_cases())
+
+
+def test_losses_accept_any_layout():
+    rng = np.random.default_rng(5)
+    z = rng.standard_normal((6, 4)).astype(f32)
+    labels = rng.integers(0, 4, 6)
+    y = (rng.random((6, 4)) > 0.5).astype(f32)
+    ro = z.copy()
+    ro.flags.writeable = False
+    for loss, target in ((attnx.losses.SparseCategoricalCrossentropy(from_logits=True), labels),
+                         (attnx.losses.BinaryCrossentropy(from_logits=True), y),
+                         (attnx.losses.MeanSquaredError(), y)):
+        value, grad = loss.compute(target, z)
+        for variant in (np.asfortranarray(z), np.repeat(z, 2, axis=0)[::2], ro):
+            v2, g2 = loss.compute(np.asfortranarray(target) if target.ndim == 2 else target[::-1][::-1], variant)
+            assert v2 == value and np.array_equal(g2, grad)

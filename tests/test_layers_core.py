@@ -244,6 +244,15 @@ def test_dense_torch_parity_rank3_no_bias(torch, rng):
     torch_parity(layer, linear, x, atol=1e-5)
 
 
+def test_dense_torch_parity_medium_size(torch, rng):
+    from attnx.interop import from_torch
+    linear = torch.nn.Linear(64, 32)
+    layer = from_torch(linear)
+    layer.activation = "tanh"
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    torch_parity(layer, linear, x, torch_call=lambda m, t: torch.tanh(m(*t)), atol=1e-5)
+
+
 def test_embedding_torch_parity(torch, rng):
     from attnx.interop import from_torch
     emb = torch.nn.Embedding(10, 4)
@@ -376,6 +385,8 @@ def test_torch_parity_detects_mismatch(torch, rng):
         torch_parity(layer, linear, rng.standard_normal((4, 3)).astype(np.float32))
     with pytest.raises(TypeError, match="no converter"):
         from_torch(torch.nn.Conv1d(2, 2, 3))
+    with pytest.raises(ValueError, match="max_norm"):
+        from_torch(torch.nn.Embedding(5, 2, max_norm=1.0))
 
 
 def test_from_torch_float64(torch):

@@ -124,6 +124,24 @@ def test_sparse_cce_mask_and_ignore_index(rng):
     assert_close(g2, grad, atol=1e-15)
 
 
+def test_sparse_cce_from_probs_mask_and_ignore_index(rng):
+    p = probs(rng, (2, 5, 4))
+    labels = rng.integers(1, 4, (2, 5))
+    mask = np.array([[1, 1, 1, 1, 0], [1, 0, 0, 0, 0]], dtype=bool)
+    loss = losses.SparseCategoricalCrossentropy()
+    value, grad = check_grad(loss, labels, p, mask=mask)
+    per = -np.log(np.take_along_axis(p, labels[..., None], -1)[..., 0])
+    assert value == pytest.approx(per[mask].mean(), rel=1e-10)
+    assert not grad[~mask].any()
+    ig = losses.SparseCategoricalCrossentropy(ignore_index=-1)
+    v2, g2 = check_grad(ig, np.where(mask, labels, -1), p)
+    assert v2 == pytest.approx(value, rel=1e-12)
+    assert_close(g2, grad, atol=1e-15)
+    # everything masked: zero loss and gradient, not NaN
+    v3, g3 = loss.compute(labels, p, mask=np.zeros((2, 5), bool))
+    assert v3 == 0.0 and not g3.any()
+
+
 def test_sparse_cce_torch_parity(torch, rng):
     z = (rng.standard_normal((10, 7)) * 3).astype(np.float32)
     labels = rng.integers(0, 7, 10)

@@ -503,3 +503,36 @@ def test_dict_targets_by_output_name():
 def test_uncompiled_fit_raises():
     with pytest.raises(RuntimeError, match="compile"):
         small_mlp().fit(*separable(10), verbose=0)
+
+
+def test_initial_epoch_and_learning_rate_scheduler(capsys):
+    x, y = separable(32)
+    model = small_mlp()
+    model.compile(optimizer=optimizers.SGD(0.1), loss="binary_crossentropy")
+    seen = []
+    sched = callbacks.LearningRateScheduler(lambda epoch, lr: 0.1 * 0.5 ** epoch)
+    probe = callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: seen.append(
+        (epoch, model.optimizer.current_learning_rate)))
+    hist = model.fit(x, y, epochs=4, initial_epoch=1, verbose=2, callbacks=[sched, probe])
+    assert hist.epoch == [1, 2, 3] and len(hist.history["loss"]) == 3
+    assert seen == [(1, pytest.approx(0.05)), (2, pytest.approx(0.025)), (3, pytest.approx(0.0125))]
+    assert hist.history["learning_rate"] == pytest.approx([0.05, 0.025, 0.0125])
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("Epoch 2/4")
+
+
+def test_model_checkpoint_max_mode_on_accuracy(tmp_path):
+    x, y = separable(64)
+    model = small_mlp()
+    model.compile(optimizer=optimizers.SGD(0.05), loss="binary_crossentropy", metrics=["accuracy"])
+
+    class Acc(callbacks.Callback):
+        values = [0.5, 0.7, 0.6, 0.9]
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs["val_accuracy"] = self.values[epoch]
+
+    ckpt = callbacks.ModelCheckpoint(str(tmp_path / "best-{epoch}.attnx"), monitor="val_accuracy",
+                                     save_best_only=True)
+    model.fit(x, y, epochs=4, verbose=0, callbacks=[Acc(), ckpt])
+    assert sorted(os.listdir(tmp_path)) == ["best-1.attnx", "best-2.attnx", "best-4.attnx"]

@@ -187,3 +187,21 @@ def test_shape_mismatch_error():
     p.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         optimizers.SGD().apply([(p, np.zeros(4, dtype=np.float32))])
+
+
+def test_gradient_layouts_and_no_mutation_of_gradients():
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((4, 3)).astype(np.float32)
+    variants = [g.copy(), np.asfortranarray(g), np.repeat(g, 2, axis=1)[:, ::2]]
+    ro = g.copy()
+    ro.flags.writeable = False
+    variants.append(ro)
+    for clip in ({}, {"clipnorm": 0.5}, {"global_clipnorm": 0.5}, {"clipvalue": 0.1}):
+        results = []
+        for v in variants:
+            p = np.ones((4, 3), dtype=np.float32)
+            before = np.array(v)
+            optimizers.Adam(0.1, **clip).apply([(p, v)])
+            assert np.array_equal(np.asarray(v), before)  # clipping works on a copy
+            results.append(p)
+        assert all(np.array_equal(r, results[0]) for r in results), clip

@@ -61,11 +61,10 @@ def test_lazy_submodules_do_not_import_torch_or_matplotlib():
 
 
 def test_extension_under_10_mb():
-    files = list(Path(attnx.__file__).parent.glob("_core*.so")) + list(Path(attnx.__file__).parent.glob("_core*.pyd"))
-    assert files, "the built extension attnx._core is missing"
-    assert Path(attnx._core.__file__).resolve() in [f.resolve() for f in files]
-    size = Path(attnx._core.__file__).stat().st_size
-    assert 0 < size < 10 * 1024 * 1024, size
+    ext = Path(attnx._core.__file__)  # wherever the install put it (editable installs keep it apart)
+    assert ext.suffix in (".so", ".pyd") and ext.name.startswith("_core"), ext
+    size = ext.stat().st_size
+    assert 0 < size < 10 * 1024 * 1024, f"{ext}: {size} bytes"
 
 
 def test_public_names():

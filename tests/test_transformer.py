@@ -189,6 +189,24 @@ def test_decoder_layer_parity(torch, norm_first):
                                            memory_key_padding_mask=torch.tensor(~memory_pad)))
 
 
+def test_stack_parity_and_round_trip(torch):
+    encoder = randomize(torch, torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(8, H, 16, dropout=0.0, batch_first=True, norm_first=True), 2,
+        enable_nested_tensor=False))
+    decoder = randomize(torch, torch.nn.TransformerDecoder(
+        torch.nn.TransformerDecoderLayer(8, H, 16, dropout=0.0, batch_first=True), 2))
+    x, memory = rand(B, T, 8, seed=1, dtype=np.float32), rand(B, S, 8, seed=2, dtype=np.float32)
+    stack = from_torch(encoder)
+    torch_parity(stack, encoder, [x], call=lambda l, xs: l(xs[0], training=True))
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(T)
+    torch_parity(from_torch(decoder), decoder, [x, memory],
+                 torch_call=lambda m, t: m(t[0], t[1], tgt_mask=causal, tgt_is_causal=True))
+    back = to_torch(stack)
+    assert back.layers[0] is not back.layers[1]
+    with torch.no_grad():
+        assert_close(stack(x), back(torch.tensor(x)), atol=1e-5, what="encoder stack")
+
+
 def test_to_torch_round_trips(torch):
     x = rand(B, T, 8, dtype=np.float32)
     enc = layers.TransformerEncoderLayer(H, 16, norm_first=True)
@@ -288,6 +306,33 @@ def test_functional_model_with_keras_style_attention_trains_saves_and_loads(tmp_
     assert history.history["loss"][-1] < history.history["loss"][0]
     model.save(tmp_path / "model")
     assert_close(attnx.models.load_model(tmp_path / "model").predict(ids), model.predict(ids), atol=0)
+
+
+def test_functional_model_outputs_attention_weights():
+    target, memory = attnx.Input((T, D)), attnx.Input((S, D))
+    x, w_mha = layers.MultiHeadAttention(H, 2)(target, memory, return_attention_scores=True)
+    x, w_enc = layers.TransformerEncoderLayer(H, 8)(x, return_attention_scores=True)
+    y, w_self, w_cross = layers.TransformerDecoderLayer(H, 8)([x, memory], return_attention_scores=True)
+    model = attnx.Model([target, memory], [y, w_mha, w_enc, w_self, w_cross])
+    assert [t.shape for t in model.outputs[2:]] == [(None, H, T, T), (None, H, T, T), (None, H, T, S)]
+    arrays = [rand(B, T, D, seed=1, dtype=np.float32), rand(B, S, D, seed=2, dtype=np.float32)]
+    outs = model(arrays, training=True)
+    assert outs[1].shape == (B, H, T, S) and outs[4].shape == (B, H, T, S)
+    dtarget, dmemory = model.backward([np.ones_like(outs[0])] + [None] * 4)
+    assert dtarget.shape == (B, T, D) and dmemory.shape == (B, S, D) and np.abs(dmemory).sum() > 0
+
+
+@pytest.mark.parametrize("layer", [
+    layers.LayerNormalization(epsilon=1e-5, center=False), layers.PositionalEncoding(max_wavelength=500.0),
+    layers.PositionEmbedding(7), layers.FeedForward(8, activation="gelu", dropout=0.1, output_dim=3),
+    layers.MultiHeadAttention(2, 3, value_dim=4, dropout=0.2, use_bias=False, output_shape=5),
+    layers.TransformerEncoderLayer(2, 8, dropout=0.1, activation="gelu", norm_first=True),
+    layers.TransformerDecoderLayer(2, 8, layer_norm_epsilon=1e-3), layers.TransformerEncoder(3, 2, 8),
+    layers.TransformerDecoder(2, 2, 8, norm_first=True),
+], ids=lambda layer: type(layer).__name__)
+def test_config_round_trip(layer):
+    config = layer.get_config()
+    assert type(layer).from_config(config).get_config() == config
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -146,7 +146,8 @@ void init_core(py::module_& m) {
             return dispatch_float(table, "embedding_forward: table", [&](auto tag) -> py::array {
                 using T = decltype(tag);
                 check_rank(table, 2, "embedding_forward: table");
-                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style))
+                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style) ||
+                    !is_aligned(ids))
                     throw py::type_error("embedding_forward: ids must be a C-contiguous int64 array, got " +
                                          dtype_str(ids));
                 const auto V = table.shape(0), D = table.shape(1);
@@ -177,7 +178,8 @@ void init_core(py::module_& m) {
                 using T = decltype(tag);
                 check_rank(dtable, 2, "embedding_backward: dtable");
                 const auto V = dtable.shape(0), D = dtable.shape(1);
-                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style))
+                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style) ||
+                    !is_aligned(ids))
                     throw py::type_error("embedding_backward: ids must be a C-contiguous int64 array");
                 std::vector<py::ssize_t> shape(ids.shape(), ids.shape() + ids.ndim());
                 shape.push_back(D);

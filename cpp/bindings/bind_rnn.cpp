@@ -56,13 +56,29 @@ template <class T> static const T* optional_in(const py::object& a, const std::v
 
 static py::object none_or(bool cond, const py::object& a) { return cond ? a : py::none(); }
 
+// Buffer i of a caller's workspace tuple (checked: shape, dtype, writeable), or a new array when
+// the caller keeps none. Layers pass their buffers back in so that steady-state training reuses
+// memory instead of page-faulting fresh arrays on every step.
+template <class T>
+static py::array_t<T> buffer(const py::object& workspace, size_t i, const std::vector<py::ssize_t>& shape,
+                             const char* what) {
+    if (workspace.is_none()) return new_array<T>(shape);
+    py::tuple ws = workspace.cast<py::tuple>();
+    if (i >= ws.size() || ws[i].is_none()) return new_array<T>(shape);
+    py::array a = ws[i].cast<py::array>();
+    check_shape(a, shape, what);
+    inout_ptr<T>(a, what);
+    return py::reinterpret_borrow<py::array_t<T>>(a);
+}
+
 void init_rnn(py::module_& m) {
     m.def(
         "rnn_forward",
         [](const std::string& cell, const py::array& x, const py::array& kernel, const py::array& recurrent_kernel,
            const py::object& bias, const py::object& recurrent_bias, const py::object& h0, const py::object& c0,
            const py::object& mask, const py::object& recurrent_mask, bool reverse, bool reset_after,
-           const std::string& activation, const std::string& recurrent_activation, bool split_batch) {
+           const std::string& activation, const std::string& recurrent_activation, bool split_batch,
+           const py::object& workspace) {
             RNNConfig cfg = rnn_config(cell, reset_after, reverse, activation, recurrent_activation);
             return dispatch_float(x, "rnn_forward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -89,15 +105,17 @@ void init_rnn(py::module_& m) {
                 const uint8_t* pm = mask_ptr(mask, B, Tn);
                 const T* prm = optional_in<T>(recurrent_mask, {B, H}, "rnn_forward: recurrent_mask");
 
+                const char* ws_what = "rnn_forward: workspace";
                 auto y = new_array<T>({B, Tn, H});
                 auto h = new_array<T>({B, H});
                 py::array_t<T> c = lstm ? new_array<T>({B, H}) : new_array<T>({0});
-                auto gates = new_array<T>({B, Tn, G});
-                auto h_prev = new_array<T>({B, Tn, H});
-                py::array_t<T> h_rec = prm ? new_array<T>({B, Tn, H}) : new_array<T>({0});
-                py::array_t<T> c_prev = lstm ? new_array<T>({B, Tn, H}) : new_array<T>({0});
-                py::array_t<T> aux = cfg.cell != RNNCell::simple ? new_array<T>({B, Tn, H}) : new_array<T>({0});
-                auto hu = new_array<T>({B, G});
+                auto gates = buffer<T>(workspace, 0, {B, Tn, G}, ws_what);
+                auto h_prev = buffer<T>(workspace, 1, {B, Tn, H}, ws_what);
+                py::array_t<T> h_rec = prm ? buffer<T>(workspace, 2, {B, Tn, H}, ws_what) : new_array<T>({0});
+                py::array_t<T> c_prev = lstm ? buffer<T>(workspace, 3, {B, Tn, H}, ws_what) : new_array<T>({0});
+                py::array_t<T> aux =
+                    cfg.cell != RNNCell::simple ? buffer<T>(workspace, 4, {B, Tn, H}, ws_what) : new_array<T>({0});
+                auto hu = buffer<T>(workspace, 5, {B, G}, ws_what);
                 RNNCache<T> cache;
                 cache.gates = gates.mutable_data();
                 cache.h_prev = h_prev.mutable_data();
@@ -125,9 +143,10 @@ void init_rnn(py::module_& m) {
         py::arg("cell"), py::arg("x"), py::arg("kernel"), py::arg("recurrent_kernel"), py::arg("bias"),
         py::arg("recurrent_bias"), py::arg("h0"), py::arg("c0"), py::arg("mask"), py::arg("recurrent_mask"),
         py::arg("reverse") = false, py::arg("reset_after") = true, py::arg("activation") = "tanh",
-        py::arg("recurrent_activation") = "sigmoid", py::arg("split_batch") = true,
+        py::arg("recurrent_activation") = "sigmoid", py::arg("split_batch") = true, py::arg("workspace") = py::none(),
         "Runs a SimpleRNN ('simple'), GRU or LSTM over x (B, T, C). Returns (y (B, T, H), h (B, H), c (B, H) or "
-        "None, cache) where cache = (gates, h_prev, h_rec, c_prev, aux) is what rnn_backward needs.");
+        "None, cache) where cache = (gates, h_prev, h_rec, c_prev, aux) is what rnn_backward needs. `workspace` "
+        "(gates, h_prev, h_rec, c_prev, aux, hu), entries None or arrays of those shapes, is reused for the cache.");
 
     m.def(
         "rnn_backward",
@@ -135,7 +154,8 @@ void init_rnn(py::module_& m) {
            const py::tuple& cache_t, const py::object& mask, const py::object& recurrent_mask, const py::object& dy,
            const py::object& dh, const py::object& dc, py::array& dkernel, py::array& drecurrent_kernel,
            const py::object& dbias, const py::object& drecurrent_bias, bool reverse, bool reset_after,
-           const std::string& activation, const std::string& recurrent_activation, bool need_dx, bool split_batch) {
+           const std::string& activation, const std::string& recurrent_activation, bool need_dx, bool split_batch,
+           const py::object& workspace) {
             RNNConfig cfg = rnn_config(cell, reset_after, reverse, activation, recurrent_activation);
             return dispatch_float(x, "rnn_backward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -182,10 +202,11 @@ void init_rnn(py::module_& m) {
                 py::array_t<T> dx = need_dx ? new_array<T>({B, Tn, C}) : new_array<T>({0});
                 auto dh0 = new_array<T>({B, H});
                 py::array_t<T> dc0 = lstm ? new_array<T>({B, H}) : new_array<T>({0});
-                auto dgates = new_array<T>({B, Tn, G});
+                const char* ws_what = "rnn_backward: workspace";
+                auto dgates = buffer<T>(workspace, 0, {B, Tn, G}, ws_what);
                 // only GRU reset_after has a recurrent pre-activation gradient unlike the input one
-                py::array_t<T> dhu = gru_after ? new_array<T>({B, Tn, G}) : dgates;
-                auto dhrec = new_array<T>({B, H});
+                py::array_t<T> dhu = gru_after ? buffer<T>(workspace, 1, {B, Tn, G}, ws_what) : dgates;
+                auto dhrec = buffer<T>(workspace, 2, {B, H}, ws_what);
                 T* pdx = need_dx ? dx.mutable_data() : nullptr;
                 T* pdh = dh0.mutable_data();
                 T* pdc = lstm ? dc0.mutable_data() : nullptr;
@@ -209,9 +230,10 @@ void init_rnn(py::module_& m) {
         py::arg("mask"), py::arg("recurrent_mask"), py::arg("dy"), py::arg("dh"), py::arg("dc"), py::arg("dkernel"),
         py::arg("drecurrent_kernel"), py::arg("dbias"), py::arg("drecurrent_bias"), py::arg("reverse") = false,
         py::arg("reset_after") = true, py::arg("activation") = "tanh", py::arg("recurrent_activation") = "sigmoid",
-        py::arg("need_dx") = true, py::arg("split_batch") = true,
+        py::arg("need_dx") = true, py::arg("split_batch") = true, py::arg("workspace") = py::none(),
         "Backpropagation through time of rnn_forward: accumulates into dkernel, drecurrent_kernel, dbias, "
-        "drecurrent_bias; returns (dx or None, dh0, dc0 or None). dy (B, T, H), dh / dc (B, H) may be None.");
+        "drecurrent_bias; returns (dx or None, dh0, dc0 or None). dy (B, T, H), dh / dc (B, H) may be None. "
+        "`workspace` (dgates, dhu, dhrec) of shapes (B, T, G*H), (B, T, G*H), (B, H) is reused if given.");
 }
 
 }  // namespace attnx::bind

@@ -165,7 +165,8 @@ void init_transformer(py::module_& m) {
             };
             if (dtype.is(py::dtype::of<float>())) return make(float{});
             if (dtype.is(py::dtype::of<double>())) return make(double{});
-            throw py::type_error("dropout_keep: expected float32 or float64, got " + py::str(dtype).cast<std::string>());
+            throw py::type_error("dropout_keep: expected float32 or float64, got " +
+                                 py::str(dtype).cast<std::string>());
         },
         py::arg("shape"), py::arg("rate"), py::arg("seed"), py::arg("dtype"),
         "Scaled dropout mask: each entry 1 / (1 - rate) with probability 1 - rate, else 0.");

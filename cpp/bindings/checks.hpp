@@ -22,6 +22,9 @@ inline std::string shape_str(const py::array& a) {
 
 inline std::string dtype_str(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
 
+// NumPy's ALIGNED flag (pybind11 names only c_style / f_style)
+inline bool is_aligned(const py::array& a) { return a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_; }
+
 template <class T> const char* dtype_name() { return sizeof(T) == 4 ? "float32" : "float64"; }
 
 template <class T> void check_dtype(const py::array& a, const char* what) {
@@ -30,6 +33,9 @@ template <class T> void check_dtype(const py::array& a, const char* what) {
                              ", got " + dtype_str(a));
     if (!(a.flags() & py::array::c_style))
         throw py::value_error(std::string(what) + ": expected a C-contiguous array");
+    // e.g. np.frombuffer(..., offset=1): C-contiguous, but reading it as T* is undefined behaviour
+    if (!is_aligned(a))
+        throw py::value_error(std::string(what) + ": expected an aligned array (np.require(a, requirements='CA'))");
 }
 
 // Read-only view of a C-contiguous array of exactly dtype T.

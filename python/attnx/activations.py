@@ -19,7 +19,7 @@ def get(name):
 
 def _apply(name):
     def fn(x):
-        x = np.ascontiguousarray(x, dtype=np.result_type(np.asarray(x).dtype, np.float32))
+        x = np.require(x, np.result_type(np.asarray(x).dtype, np.float32), "CA")
         return _core.activation_forward(x, name)
     fn.__name__ = name
     fn.__doc__ = f"{name}(x), elementwise (softmax over the last axis)."

@@ -31,9 +31,18 @@ class CallbackList:
             cb.params = params
 
     def __getattr__(self, hook):
-        def fire(*args, **kwargs):
+        if not hook.startswith("on_"):
+            raise AttributeError(hook)
+        indexed = hook.startswith(("on_epoch_", "on_train_batch_", "on_test_batch_", "on_predict_batch_"))
+
+        def fire(*args, logs=None):
+            # Keras calls every hook with its logs dict as the last positional argument (so a
+            # LambdaCallback(on_epoch_begin=lambda epoch, logs: ...) works); fill it in when the
+            # caller has none
+            if len(args) == int(indexed):
+                args = args + ({} if logs is None else logs,)
             for cb in self.callbacks:
-                getattr(cb, hook)(*args, **kwargs)
+                getattr(cb, hook)(*args)
         return fire
 
 

@@ -135,6 +135,12 @@ def _core_converters():
 
     @register_from_torch("Embedding")
     def _embedding_from(module, dtype):
+        # these change the results (max_norm renormalizes rows inside forward, scale_grad_by_freq
+        # rescales gradients); attnx's Embedding has neither. (padding_idx only freezes one row's
+        # gradient in torch: the forward pass is the same.)
+        if module.max_norm is not None or module.scale_grad_by_freq:
+            raise ValueError("from_torch: torch.nn.Embedding with max_norm or scale_grad_by_freq has no attnx "
+                             "equivalent")
         layer = Embedding(module.num_embeddings, module.embedding_dim, dtype=dtype)
         layer.build((None, None))
         layer.built = True

@@ -33,7 +33,7 @@ class Loss:
             raise TypeError(f"{self.name}: y_pred must be floating point, got dtype {pred.dtype}")
         if pred.ndim == 0 or pred.shape[0] == 0:
             raise ValueError(f"{self.name}: y_pred must be a non-empty batch, got shape {pred.shape}")
-        return np.ascontiguousarray(pred)
+        return np.require(pred, None, "CA")
 
     def _elementwise_target(self, y_true, pred):
         target = np.asarray(y_true)
@@ -45,7 +45,7 @@ class Loss:
                 target = target.reshape(pred.shape)
             else:
                 raise ValueError(f"{self.name}: y_true shape {target.shape} does not match y_pred shape {pred.shape}")
-        return np.ascontiguousarray(target, dtype=pred.dtype)
+        return np.require(target, pred.dtype, "CA")
 
     def _weights(self, sample_weight, mask, shape, dtype):
         """Per-element weights broadcast from leading axes, and the mean's denominator."""
@@ -121,7 +121,7 @@ class SparseCategoricalCrossentropy(Loss):
             else:
                 raise ValueError(f"{self.name}: labels shape {labels.shape} does not match predictions "
                                  f"{pred.shape} (expected {pred.shape[:-1]})")
-        labels = np.ascontiguousarray(labels, dtype=np.int64)
+        labels = np.require(labels, np.int64, "CA")
         rows = labels.shape
         keep = np.ones(rows, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
         if keep.shape != rows:

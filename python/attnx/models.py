@@ -10,6 +10,8 @@ positional arguments, then tensors among the keyword arguments (e.g. ``initial_s
 in that order. A layer's ``backward`` returns the gradients in that same order (None for those
 it has none for, e.g. masks or token ids).
 """
+import inspect
+
 import numpy as np
 
 from . import backend, callbacks as callbacks_module, losses as losses_module
@@ -86,7 +88,11 @@ def symbolic_call(layer, inputs, args, kwargs):
         layer.build(shapes)
         layer.built = True
     in_shape = [t.shape for t in inputs] if isinstance(inputs, (list, tuple)) else inputs.shape
-    out_shape = layer.compute_output_shape(in_shape)
+    # call options that change the outputs (e.g. return_attention_scores) reach compute_output_shape
+    # when it names them
+    accepted = inspect.signature(layer.compute_output_shape).parameters
+    options = {k: v for k, v in kwargs.items() if k in accepted and not _tensors_in(((), (), {k: v}))}
+    out_shape = layer.compute_output_shape(in_shape, **options)
     node.multi_output = isinstance(out_shape, list)
     shapes = out_shape if node.multi_output else [out_shape]
     dtype = layer.dtype
@@ -505,7 +511,7 @@ class Model(Layer):
             n = cut
         verbose = 1 if verbose == "auto" else int(verbose)
         history = callbacks_module.History()
-        cbs = callbacks_module.CallbackList([history] + list(callbacks or []), self,
+        cbs = callbacks_module.CallbackList(list(callbacks or []) + [history], self,  # History last, as Keras
                                             {"epochs": epochs, "verbose": verbose})
         self.stop_training = False
         cbs.on_train_begin()

@@ -92,6 +92,11 @@ class Optimizer:
         self.apply([(v, g) for g, v in grads_and_vars])
 
     def apply(self, params_and_grads):
+        params_and_grads = list(params_and_grads)
+        for p, g in params_and_grads:
+            if not isinstance(p, np.ndarray) or not isinstance(g, np.ndarray):
+                raise TypeError(f"{self.name}: parameters and gradients must be NumPy arrays (updated in place), "
+                                f"got {type(p).__name__} and {type(g).__name__}")
         pairs = [(p, g) for p, g in params_and_grads if p.size]
         if not pairs:
             return
@@ -101,6 +106,10 @@ class Optimizer:
             if p.shape != g.shape or p.dtype != g.dtype:
                 raise ValueError(f"{self.name}: gradient {g.shape} {g.dtype} does not match parameter "
                                  f"{p.shape} {p.dtype}")
+        if self.clipvalue is not None or self.clipnorm is not None or self.global_clipnorm is not None:
+            grads = [np.array(g, order="C") for g in grads]  # clip copies: the caller's gradients stay as they are
+        else:
+            grads = [np.require(g, requirements="CAW") for g in grads]  # any layout, read-only too
         if self.clipvalue is not None:
             _core.clip_(grads, -float(self.clipvalue), float(self.clipvalue))
         if self.clipnorm is not None:

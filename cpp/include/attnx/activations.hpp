@@ -38,8 +38,14 @@ template <class T> inline T gelu_pdf(T x) { return T(0.39894228040143267794) * s
 // and a fully masked row is all zeros, never NaN. One row of length cols; y may alias x.
 template <class T> inline void masked_softmax_row(T* y, const T* x, const uint8_t* mask, size_t cols) {
     T maxv = -std::numeric_limits<T>::infinity();
-    for (size_t c = 0; c < cols; ++c)
-        if (!mask || mask[c]) maxv = std::max(maxv, x[c]);
+    for (size_t c = 0; c < cols; ++c) {
+        if (mask && !mask[c]) continue;
+        if (std::isnan(x[c])) {  // NaN in, NaN out: a row of NaNs must not pass for a fully masked one
+            maxv = x[c];
+            break;
+        }
+        maxv = std::max(maxv, x[c]);
+    }
     if (maxv == -std::numeric_limits<T>::infinity()) {  // nothing to attend to
         std::fill(y, y + cols, T(0));
         return;
@@ -76,7 +82,7 @@ template <class T> void activation_forward(T* y, const T* x, size_t rows, size_t
     const size_t n = rows * cols;
     switch (act) {
         case Activation::linear: if (y != x) std::copy(x, x + n, y); break;
-        case Activation::relu: for (size_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0); break;
+        case Activation::relu: for (size_t i = 0; i < n; ++i) y[i] = x[i] < T(0) ? T(0) : x[i]; break;  // NaN stays NaN
         case Activation::tanh: for (size_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]); break;
         case Activation::sigmoid: for (size_t i = 0; i < n; ++i) y[i] = sigmoid(x[i]); break;
         case Activation::gelu: for (size_t i = 0; i < n; ++i) y[i] = x[i] * gelu_cdf(x[i]); break;

@@ -17,39 +17,9 @@
 
 #include "attnx/activations.hpp"
 #include "attnx/gemm.hpp"
+#include "attnx/parallel.hpp"
 
 namespace attnx {
-
-// ----------------------------------------------------------------------------- parallelism
-// Below this many multiply-adds a second thread costs more than it saves.
-constexpr double kParallelMinWork = 1 << 17;
-
-// Threads a kernel splits its batch over: the count attnx.set_num_threads gave OpenBLAS.
-inline unsigned kernel_threads() { return (unsigned)std::max(1, get_blas_threads()); }
-
-// While our threads split a batch, each runs single-threaded BLAS: OpenBLAS' own workers would
-// otherwise compete with ours for the cores (measured 30x slower on 2 cores).
-struct SingleThreadedBlas {
-    const int saved = get_blas_threads();
-    SingleThreadedBlas() { set_blas_threads(1); }
-    ~SingleThreadedBlas() { set_blas_threads(saved); }
-};
-
-// Runs fn(begin, end) over contiguous chunks of [0, count), on several threads when `work`
-// (total multiply-adds) makes it pay. fn must write disjoint outputs per index.
-template <class F> void parallel_for(size_t count, double work, F&& fn) {
-    const size_t threads = work < kParallelMinWork ? 1 : std::min<size_t>(count, kernel_threads());
-    if (threads <= 1) {
-        fn(size_t(0), count);
-        return;
-    }
-    SingleThreadedBlas blas_guard;
-    std::vector<std::thread> pool;
-    const size_t chunk = (count + threads - 1) / threads;
-    for (size_t lo = chunk; lo < count; lo += chunk) pool.emplace_back(fn, lo, std::min(count, lo + chunk));
-    fn(size_t(0), std::min(count, chunk));
-    for (auto& t : pool) t.join();
-}
 
 // ----------------------------------------------------------------------------- masks
 // Which source positions query t of batch row b may attend to (Keras: nonzero = may attend):

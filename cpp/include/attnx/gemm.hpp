@@ -1,6 +1,7 @@
 // Matrix products on OpenBLAS. Every hot product in attnx goes through gemm() so that
 // alpha/beta accumulate into preallocated buffers (backward passes use beta = 1).
 #pragma once
+#include <atomic>
 #include <cstddef>
 
 // xtensor-blas' own CBLAS declarations (the system cblas.h would clash with them wherever both
@@ -44,7 +45,17 @@ inline void matmul(T* C, const T* A, const T* B, int M, int N, int K, bool trans
     gemm<T>(trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
 }
 
-inline void set_blas_threads(int n) { openblas_set_num_threads(n); }
-inline int get_blas_threads() { return openblas_get_num_threads(); }
+// The thread budget (attnx.set_num_threads). Kernels read it here and never back from OpenBLAS,
+// whose setting a kernel running in another Python thread may have lowered to 1 for a moment
+// (for_batch_halves): reading that would make the result of a call depend on what ran beside it.
+inline std::atomic<int>& thread_budget() {
+    static std::atomic<int> n{openblas_get_num_threads()};
+    return n;
+}
+inline void set_blas_threads(int n) {
+    thread_budget() = n;
+    openblas_set_num_threads(n);
+}
+inline int get_blas_threads() { return thread_budget(); }
 
 }  // namespace attnx

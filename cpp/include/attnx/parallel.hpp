@@ -1,6 +1,4 @@
-// The one place kernels split work across threads. The thread budget is OpenBLAS' setting
-// (attnx.set_num_threads), so a kernel that runs BLAS single-threaded inside its own threads
-// (set_blas_threads(1)) also keeps nested parallel_for calls from oversubscribing the cores.
+// The one place kernels split work across threads, within the budget attnx.set_num_threads sets.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -16,6 +14,16 @@ constexpr double kParallelMinWork = 1 << 17;
 
 inline unsigned kernel_threads() { return (unsigned)std::max(1, get_blas_threads()); }
 
+// While our threads split the work, each runs single-threaded BLAS: OpenBLAS' own workers would
+// otherwise compete with ours for the cores (measured 30x slower on 2 cores). Only OpenBLAS'
+// setting changes; the budget kernels read (thread_budget) stays as the user set it.
+// Restoring the budget (not the value seen on entry) keeps two Python threads that overlap here
+// from leaving OpenBLAS at 1 thread.
+struct SingleThreadedBlas {
+    SingleThreadedBlas() { openblas_set_num_threads(1); }
+    ~SingleThreadedBlas() { openblas_set_num_threads(get_blas_threads()); }
+};
+
 // Runs fn(begin, end) over contiguous chunks of [0, count), on several threads when `work`
 // (total multiply-adds) makes it pay. fn must write disjoint outputs per index.
 template <class F> void parallel_for(size_t count, double work, F&& fn) {
@@ -24,6 +32,7 @@ template <class F> void parallel_for(size_t count, double work, F&& fn) {
         fn(size_t(0), count);
         return;
     }
+    SingleThreadedBlas blas_guard;
     std::vector<std::thread> pool;
     const size_t chunk = (count + threads - 1) / threads;
     for (size_t lo = chunk; lo < count; lo += chunk) pool.emplace_back(fn, lo, std::min(count, lo + chunk));

@@ -7,7 +7,7 @@
 //
 // Plan (DESIGN.md, performance): one GEMM projects every time step's input (x . W + b), then each
 // step does one small GEMM h_{t-1} . U and fused elementwise gate math. Batch rows never interact,
-// so the time loop runs on two halves of the batch in two threads (single-threaded BLAS each).
+// so the time loop's rows are split across the thread budget (parallel_for, single-threaded BLAS).
 // Backward walks the steps in reverse with one small GEMM each for the recurrent gradient, then
 // computes dW, dU, the biases and dx with one large GEMM each over all steps.
 #pragma once
@@ -15,12 +15,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <thread>
+#include <cstring>
 #include <type_traits>
 
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
 #include "attnx/gemm.hpp"
+#include "attnx/parallel.hpp"
 
 namespace attnx {
 
@@ -33,7 +34,7 @@ struct RNNConfig {
     Activation activation = Activation::tanh;               // candidate / cell output (SimpleRNN's only one)
     Activation recurrent_activation = Activation::sigmoid;  // the gates
     int B = 0, T = 0, C = 0, H = 0;
-    bool split_batch = true;  // run the time loop on two batch halves in two threads when B is large enough
+    bool split_batch = true;  // split the time loop's batch rows across threads (parallel_for)
 
     int gates() const { return cell == RNNCell::lstm ? 4 : cell == RNNCell::gru ? 3 : 1; }
     int G() const { return gates() * H; }
@@ -57,40 +58,61 @@ inline bool rnn_activation_ok(Activation a) {
     return a == Activation::tanh || a == Activation::sigmoid || a == Activation::relu || a == Activation::linear;
 }
 
-// tanh for float without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float
-// precision beyond), branch-free so that the block loops below vectorize; |error| < 1e-6.
-inline float tanh_rational(float x) {
-    const float xc = std::min(7.90531110763549805f, std::max(-7.90531110763549805f, x));
-    const float x2 = xc * xc;
-    float p = -2.76076847742355e-16f;
-    p = p * x2 + 2.00018790482477e-13f;
+// Four floats as one value (GCC/Clang vector extension): one SSE register in portable builds.
+// Branch-free code on it vectorizes regardless of -ftrapping-math, which keeps GCC from
+// if-converting the scalar loops (and wider vectors lower poorly without AVX).
+typedef float float4 __attribute__((vector_size(16)));
+
+// tanh without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float precision
+// beyond); |error| < 4e-7.
+inline float4 tanh_rational(float4 x) {
+    const float4 limit = float4{} + 7.90531110763549805f;
+    x = x > limit ? limit : x;
+    x = x < -limit ? -limit : x;
+    const float4 x2 = x * x;
+    float4 p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
     p = p * x2 + -8.60467152213735e-11f;
     p = p * x2 + 5.12229709037114e-08f;
     p = p * x2 + 1.48572235717979e-05f;
     p = p * x2 + 6.37261928875436e-04f;
     p = p * x2 + 4.89352455891786e-03f;
-    float q = 1.19825839466702e-06f;
-    q = q * x2 + 1.18534705686654e-04f;
+    float4 q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
     q = q * x2 + 2.26843463243900e-03f;
     q = q * x2 + 4.89352518554385e-03f;
-    return xc * p / q;
+    return x * p / q;
 }
 
-// v = act(v) over n contiguous values; the switch sits outside the loops so they vectorize.
-// Float uses tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2); double, for the gradient
-// checks, the exact libm functions.
+// v[k] = f(v[k]) four at a time (the tail through a zero-padded block).
+template <class F> inline void map_float4(float* v, int n, F f) {
+    int k = 0;
+    for (; k + 4 <= n; k += 4) {
+        float4 x;
+        std::memcpy(&x, v + k, sizeof x);
+        x = f(x);
+        std::memcpy(v + k, &x, sizeof x);
+    }
+    if (k < n) {
+        float4 x = {};
+        std::memcpy(&x, v + k, (size_t)(n - k) * sizeof(float));
+        x = f(x);
+        std::memcpy(v + k, &x, (size_t)(n - k) * sizeof(float));
+    }
+}
+
+// v = act(v) over n contiguous values. Float uses tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2);
+// double, for the gradient checks, the exact libm functions.
 template <class T> void activate_block(Activation a, T* v, int n) {
     switch (a) {
         case Activation::tanh:
             if constexpr (std::is_same_v<T, float>) {
-                for (int k = 0; k < n; ++k) v[k] = tanh_rational(v[k]);
+                map_float4(v, n, [](float4 x) { return tanh_rational(x); });
             } else {
                 for (int k = 0; k < n; ++k) v[k] = std::tanh(v[k]);
             }
             break;
         case Activation::sigmoid:
             if constexpr (std::is_same_v<T, float>) {
-                for (int k = 0; k < n; ++k) v[k] = 0.5f + 0.5f * tanh_rational(0.5f * v[k]);
+                map_float4(v, n, [](float4 x) { return 0.5f + 0.5f * tanh_rational(0.5f * x); });
             } else {
                 for (int k = 0; k < n; ++k) v[k] = sigmoid(v[k]);
             }
@@ -112,20 +134,15 @@ template <class T> inline T act_slope(Activation a, T y) {
     }
 }
 
-// Runs fn(b0, b1) on [0, B) split in two threads when it pays (batch rows are independent in the
-// time loop), each thread with single-threaded BLAS; otherwise fn(0, B) here.
-template <class F> void for_batch_halves(const RNNConfig& cfg, F&& fn) {
-    const int threads = get_blas_threads();
-    if (!cfg.split_batch || threads < 2 || cfg.B < 8) {
+// Runs the time loop fn(b0, b1) over batch rows split across the thread budget (rows never
+// interact, so the threads need no synchronization per step; each runs single-threaded BLAS).
+template <class F> void for_batch_rows(const RNNConfig& cfg, F&& fn) {
+    if (!cfg.split_batch) {
         fn(0, cfg.B);
         return;
     }
-    set_blas_threads(1);
-    const int half = cfg.B / 2;
-    std::thread other([&] { fn(half, cfg.B); });
-    fn(0, half);
-    other.join();
-    set_blas_threads(threads);
+    const double work = (double)cfg.B * cfg.T * cfg.G() * cfg.H;  // multiply-adds of h . U
+    parallel_for((size_t)cfg.B, work, [&](size_t b0, size_t b1) { fn((int)b0, (int)b1); });
 }
 
 // ------------------------------------------------------------------------------------- forward
@@ -254,32 +271,99 @@ template <class T>
 void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x, const T* W,
                  const T* U, const T* b_in, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
     dense_forward<T>(cache.gates, x, W, b_in, cfg.B * cfg.T, cfg.C, cfg.G());
-    for_batch_halves(cfg, [&](int b0, int b1) {
+    for_batch_rows(cfg, [&](int b0, int b1) {
         rnn_forward_rows<T>(cfg, b0, b1, y, h, c, cache, U, b_rec, mask, rec_mask, hu);
     });
 }
 
 // ------------------------------------------------------------------------------------ backward
+// Activation slopes as a policy: the default (tanh, sigmoid) pair compiles branch-free so that the
+// backward gate loops vectorize; any other pair goes through act_slope's switch.
+template <class T> struct TanhSigmoidSlopes {
+    T act(T y) const { return T(1) - y * y; }
+    T ract(T y) const { return y * (T(1) - y); }
+};
+template <class T> struct AnySlopes {
+    Activation a, r;
+    T act(T y) const { return act_slope(a, y); }
+    T ract(T y) const { return act_slope(r, y); }
+};
+
+// Backward gate math of one real step of one batch row (restrict parameters: these loops vectorize).
+// dh holds the gradient of h_t on entry and the direct part of that of h_{t-1} on exit.
+
+// SimpleRNN: d pre = dh act'(h_t); h_{t-1} reaches h_t only through U
+template <class T, class Slopes>
+void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g) {
+    for (int j = 0; j < H; ++j) {
+        dg[j] = dh[j] * slope.act(g[j]);
+        dh[j] = T(0);
+    }
+}
+
+// LSTM: dc_t += dh o act'(c_t); di = dc g, df = dc c_{t-1}, dg = dc i, do = dh act(c_t), each times
+// its activation's slope; dc_{t-1} = dc_t f
+template <class T, class Slopes>
+void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, T* __restrict__ dc,
+                       const T* __restrict__ g, const T* __restrict__ act_c, const T* __restrict__ c_prev) {
+    for (int j = 0; j < H; ++j) {
+        const T i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
+        const T dcj = dc[j] + dh[j] * o * slope.act(act_c[j]);
+        dg[j] = dcj * gg * slope.ract(i);
+        dg[H + j] = dcj * c_prev[j] * slope.ract(f);
+        dg[2 * H + j] = dcj * i * slope.act(gg);
+        dg[3 * H + j] = dh[j] * act_c[j] * slope.ract(o);
+        dc[j] = dcj * f;
+        dh[j] = T(0);
+    }
+}
+
+// GRU: dn = dh (1 - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z. The reset
+// gate's gradient follows in gru_after_row_backward or, for the classic form, after U_n^T.
+template <class T, class Slopes>
+void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g,
+                      const T* __restrict__ h_prev) {
+    for (int j = 0; j < H; ++j) {
+        const T z = g[H + j], n = g[2 * H + j];
+        dg[2 * H + j] = dh[j] * (T(1) - z) * slope.act(n);
+        dg[H + j] = dh[j] * (h_prev[j] - n) * slope.ract(z);
+        dh[j] *= z;
+    }
+}
+
+// GRU reset_after: n's pre-activation is x_n + r * hn, so dr = dn hn and d hn = dn r; dhu is the
+// gradient of h U + b_rec
+template <class T, class Slopes>
+void gru_after_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dhu,
+                            const T* __restrict__ g, const T* __restrict__ hn) {
+    for (int j = 0; j < H; ++j) {
+        const T r = g[j], dn = dg[2 * H + j];
+        dg[j] = dn * hn[j] * slope.ract(r);
+        dhu[j] = dg[j];
+        dhu[H + j] = dg[H + j];
+        dhu[2 * H + j] = dn * r;
+    }
+}
+
 // Reverse-time steps of rows [b0, b1). dh, dc (B, H) come in as the gradient of the final state and
 // leave as that of the initial state. dgates (B, T, G*H) receives d(x W + b_in) per step; dhu
-// (B, T, G*H) receives d(h_rec U + b_rec) (the same buffer as dgates except for GRU);
+// (B, T, G*H) receives d(h_rec U + b_rec) (the same buffer as dgates except for GRU reset_after);
 // dhrec (B, H) is workspace.
-template <class T>
-void rnn_backward_rows(const RNNConfig& cfg, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu, T* dhrec, const T* dy,
-                       const RNNCache<T>& cache, const T* U, const uint8_t* mask, const T* rec_mask) {
+template <class T, class Slopes>
+void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu,
+                       T* dhrec, const T* dy, const RNNCache<T>& cache, const T* U, const uint8_t* mask,
+                       const T* rec_mask) {
     const int Tn = cfg.T, H = cfg.H, G = cfg.G(), nb = b1 - b0;
     const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
-    const Activation act = cfg.activation, ract = cfg.recurrent_activation;
     const bool gru_classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
     for (int s = Tn - 1; s >= 0; --s) {
         const int t = cfg.time_at(s);
         for (int b = b0; b < b1; ++b) {
             const size_t row = (size_t)b * TH + (size_t)t * H, grow = (size_t)b * TG + (size_t)t * G;
             T* dg = dgates + grow;
-            T* du = dhu + grow;
             if (mask && !mask[(size_t)b * Tn + t]) {  // padded step: dh, dc carry through unchanged
                 std::fill(dg, dg + G, T(0));
-                if (du != dg) std::fill(du, du + G, T(0));
+                if (dhu != dgates) std::fill(dhu + grow, dhu + grow + G, T(0));
                 continue;
             }
             T* dhb = dh + (size_t)b * H;
@@ -287,50 +371,15 @@ void rnn_backward_rows(const RNNConfig& cfg, int b0, int b1, T* dh, T* dc, T* dg
                 for (int j = 0; j < H; ++j) dhb[j] += dy[row + j];
             const T* g = cache.gates + grow;
             switch (cfg.cell) {
-                case RNNCell::simple:
-                    // d pre = dh * act'(h_t); h_{t-1} reaches h_t only through U
-                    for (int j = 0; j < H; ++j) {
-                        dg[j] = dhb[j] * act_slope(act, g[j]);
-                        dhb[j] = T(0);
-                    }
+                case RNNCell::simple: simple_row_backward(slope, H, dg, dhb, g); break;
+                case RNNCell::lstm:
+                    lstm_row_backward(slope, H, dg, dhb, dc + (size_t)b * H, g, cache.aux + row, cache.c_prev + row);
                     break;
-                case RNNCell::lstm: {
-                    // dc_t += dh o act'(c_t); di = dc g, df = dc c_{t-1}, dg = dc i, do = dh act(c_t);
-                    // dc_{t-1} = dc_t f; each times its activation's slope
-                    T* dcb = dc + (size_t)b * H;
-                    const T* ac = cache.aux + row;
-                    const T* cp = cache.c_prev + row;
-                    for (int j = 0; j < H; ++j) {
-                        const T i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
-                        const T dcj = dcb[j] + dhb[j] * o * act_slope(act, ac[j]);
-                        dg[j] = dcj * gg * act_slope(ract, i);
-                        dg[H + j] = dcj * cp[j] * act_slope(ract, f);
-                        dg[2 * H + j] = dcj * i * act_slope(act, gg);
-                        dg[3 * H + j] = dhb[j] * ac[j] * act_slope(ract, o);
-                        dcb[j] = dcj * f;
-                        dhb[j] = T(0);
-                    }
+                case RNNCell::gru:
+                    gru_row_backward(slope, H, dg, dhb, g, cache.h_prev + row);
+                    // classic: dhu is dgates; dr needs d(r h_rec) = dn . U_n^T first (below)
+                    if (cfg.reset_after) gru_after_row_backward(slope, H, dg, dhu + grow, g, cache.aux + row);
                     break;
-                }
-                case RNNCell::gru: {
-                    // dn = dh (1 - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z
-                    const T* hp = cache.h_prev + row;
-                    for (int j = 0; j < H; ++j) {
-                        const T r = g[j], z = g[H + j], n = g[2 * H + j];
-                        const T dn = dhb[j] * (T(1) - z) * act_slope(act, n);
-                        dg[H + j] = du[H + j] = dhb[j] * (hp[j] - n) * act_slope(ract, z);
-                        dg[2 * H + j] = dn;
-                        if (cfg.reset_after) {
-                            // n's pre-activation is x_n + r * hn: dr = dn hn, d hn = dn r
-                            dg[j] = du[j] = dn * cache.aux[row + j] * act_slope(ract, r);
-                            du[2 * H + j] = dn * r;
-                        } else {
-                            du[2 * H + j] = dn;  // d of (r h_rec) U_n's output; dr needs U_n^T first
-                        }
-                        dhb[j] *= z;
-                    }
-                    break;
-                }
             }
         }
         const T* du0 = dhu + (size_t)b0 * TG + (size_t)t * G;
@@ -345,7 +394,7 @@ void rnn_backward_rows(const RNNConfig& cfg, int b0, int b1, T* dh, T* dc, T* dg
                 T* dhrb = dhrec + (size_t)b * H;
                 for (int j = 0; j < H; ++j) {
                     const T r = cache.gates[grow + j];
-                    dgates[grow + j] = dhu[grow + j] = dhrb[j] * hrb[j] * act_slope(ract, r);
+                    dgates[grow + j] = dhrb[j] * hrb[j] * slope.ract(r);
                     dhrb[j] *= r;
                 }
             }
@@ -377,8 +426,13 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
                   const RNNCache<T>& cache, const T* x, const T* W, const T* U, const uint8_t* mask,
                   const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
     const int BT = cfg.B * cfg.T, H = cfg.H, G = cfg.G();
-    for_batch_halves(cfg, [&](int b0, int b1) {
-        rnn_backward_rows<T>(cfg, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, U, mask, rec_mask);
+    for_batch_rows(cfg, [&](int b0, int b1) {
+        if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
+            rnn_backward_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, U, mask,
+                                 rec_mask);
+        else
+            rnn_backward_rows<T>(cfg, AnySlopes<T>{cfg.activation, cfg.recurrent_activation}, b0, b1, dh, dc, dgates,
+                                 dhu, dhrec, dy, cache, U, mask, rec_mask);
     });
     // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T: one GEMM each over all steps
     dense_backward<T>(dx, dW, db_in, dgates, x, W, BT, cfg.C, G);

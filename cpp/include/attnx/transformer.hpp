@@ -1,6 +1,6 @@
 // Transformer building blocks around the attention core (attention.hpp): layer normalization,
-// positional encodings, and the dropout / residual pieces of an encoder or decoder layer. Projections and the feed-forward network reuse
-// dense_forward / dense_backward (dense.hpp).
+// positional encodings, and the dropout / residual pieces of an encoder or decoder layer.
+// Projections and the feed-forward network reuse dense_forward / dense_backward (dense.hpp).
 #pragma once
 #include <algorithm>
 #include <cmath>

@@ -407,9 +407,10 @@ class Attention(Layer):
             return None
         return mask[0]
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
         q, v, _ = self._split_shapes(input_shape)
-        return tuple(q[:-1]) + (self._output_size(v[-1]),)
+        context = tuple(q[:-1]) + (self._output_size(v[-1]),)
+        return [context, tuple(q[:-1]) + (v[1],)] if return_attention_scores else context
 
     def _output_size(self, value_size):
         return value_size
@@ -484,6 +485,8 @@ class LuongAttention(Attention):
         context, weights = super().call(inputs, training=training, mask=mask, return_attention_scores=True,
                                         use_causal_mask=use_causal_mask)
         if not self.attentional_units:
+            if training:  # backward takes what this call returned: [dcontext, dweights] only with the weights
+                self._cache["return_weights"] = bool(return_attention_scores)
             return (context, weights) if return_attention_scores else context
         query = self._float_input(inputs[0], "query")
         lead = context.shape[:-1]
@@ -804,8 +807,9 @@ class AttentionPooling(Layer):
     def compute_mask(self, inputs, mask=None):
         return mask if self.return_sequences else None
 
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape) if self.return_sequences else (input_shape[0], input_shape[-1])
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
+        out = tuple(input_shape) if self.return_sequences else (input_shape[0], input_shape[-1])
+        return [out, tuple(input_shape[:2])] if return_attention_scores else out
 
     def get_config(self):
         return {**super().get_config(), "return_sequences": self.return_sequences,

@@ -191,7 +191,7 @@ class Layer:
         if arr.dtype.kind not in "fiu":
             raise TypeError(f"Layer '{self.name}': `{arg}` must be a numeric array, got dtype {arr.dtype}")
         self._check_shape(arr, arg, ndim, min_ndim, last_dim)
-        return np.ascontiguousarray(arr, dtype=self.dtype)
+        return np.require(arr, self.dtype, "CA")  # C-contiguous and aligned, as the kernels read it
 
     def _check_shape(self, arr, arg, ndim=None, min_ndim=None, last_dim=None):
         if ndim is not None and arr.ndim != ndim:
@@ -209,7 +209,7 @@ class Layer:
         arr = np.asarray(dy)
         if arr.shape != tuple(shape):
             raise ValueError(f"Layer '{self.name}': `{arg}` expected shape {tuple(shape)}, got {arr.shape}")
-        return np.ascontiguousarray(arr, dtype=self.dtype)
+        return np.require(arr, self.dtype, "CA")
 
     def __repr__(self):
         return f"<{type(self).__name__} name={self.name!r}>"

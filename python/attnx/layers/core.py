@@ -47,7 +47,7 @@ class Dense(Layer):
         kernel = self.params["kernel"]
         x = self._float_input(inputs, min_ndim=2, last_dim=kernel.shape[0])
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, kernel.shape[0])
+        x2 = x.reshape(int(np.prod(lead, dtype=np.int64)), kernel.shape[0])  # -1 fails for 0 features
         y, z = _core.dense_forward(x2, kernel, self.params.get("bias"), self.activation)
         if training:
             self._cache = (x2, y, z, lead)
@@ -109,7 +109,7 @@ class Embedding(Layer):
         elif arr.dtype.kind not in "iu":
             raise TypeError(f"Layer '{self.name}': token ids must be integers, got dtype {arr.dtype}")
         self._check_shape(arr, "inputs", min_ndim=1)
-        ids = np.ascontiguousarray(arr, dtype=np.int64)
+        ids = np.require(arr, np.int64, "CA")
         if ids.size and (ids.min() < 0 or ids.max() >= self.input_dim):
             bad = ids.min() if ids.min() < 0 else ids.max()
             raise IndexError(f"Layer '{self.name}': token id {bad} out of range [0, {self.input_dim}) "
@@ -307,6 +307,8 @@ class Concatenate(_Merge):
     def call(self, inputs, training=False):
         xs = self._inputs(inputs)
         ndim = xs[0].ndim
+        if not -ndim <= self.axis < ndim:  # `%` alone would silently concatenate on another axis
+            raise ValueError(f"Layer '{self.name}': axis {self.axis} is out of range for inputs of rank {ndim}")
         axis = self.axis % ndim
         for i, x in enumerate(xs):
             if x.ndim != ndim or any(a != b for k, (a, b) in enumerate(zip(x.shape, xs[0].shape)) if k != axis):
@@ -369,9 +371,12 @@ class GlobalAveragePooling1D(Layer):
     def call(self, inputs, training=False, mask=None):
         x = self._float_input(inputs, ndim=3)
         if mask is None:
-            weights = np.full(x.shape[:2], 1.0 / x.shape[1], dtype=self.dtype)
+            weights = np.full(x.shape[:2], 1.0 / max(x.shape[1], 1), dtype=self.dtype)  # T = 0 pools to zeros
         else:
             mask = np.asarray(mask)
+            if mask.dtype.kind not in "biu":
+                raise TypeError(f"Layer '{self.name}': mask must be bool (True = real step) or integer lengths, "
+                                f"got dtype {mask.dtype}")
             if mask.ndim == 1 and mask.dtype.kind in "iu" and mask.shape == x.shape[:1]:
                 # lengths (B,) stand for the mask arange(T) < lengths
                 if mask.min() < 0 or mask.max() > x.shape[1]:
@@ -380,7 +385,7 @@ class GlobalAveragePooling1D(Layer):
                 mask = np.arange(x.shape[1]) < mask[:, None]
             if mask.shape != x.shape[:2]:
                 raise ValueError(f"Layer '{self.name}': mask expected shape {x.shape[:2]}, got {mask.shape}")
-            m = mask.astype(self.dtype)
+            m = (mask != 0).astype(self.dtype)
             weights = m / np.maximum(m.sum(axis=1, keepdims=True), 1)  # a fully masked row pools to zeros
         if training:
             self._cache = (weights, x.shape)

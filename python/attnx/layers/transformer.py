@@ -10,27 +10,13 @@ Masks follow Keras: bool, True = real token / may attend. A padding mask ``(batc
 given as lengths ``(batch,)`` of ints. A query that may attend to nothing gets zero attention
 weights (and so only the output bias), never NaN.
 """
-import contextlib
-
 import numpy as np
 
 from .. import _core, activations, backend, initializers
-from .attention import attend_mask, scaled_dot_product_attention, scaled_dot_product_attention_backward
+from .attention import (attend_mask, scaled_dot_product_attention,
+                        scaled_dot_product_attention_backward)
 from .base import Layer
 from .core import Dense
-
-
-@contextlib.contextmanager
-def _blas_single_threaded():
-    """The attention core splits its (batch, head) problems over threads itself; OpenBLAS
-    threads inside those threads oversubscribe the cores (the kernel ran ~40x slower on
-    2 cores). Until attention.hpp does this itself (parallel.hpp's convention), its callers here do."""
-    threads = _core.get_num_threads()
-    _core.set_num_threads(1)
-    try:
-        yield
-    finally:
-        _core.set_num_threads(threads)
 
 
 def _dropout_keep(shape, rate, dtype):
@@ -442,9 +428,8 @@ class MultiHeadAttention(Layer):
         k = self._project("key", k2).reshape(B, S, -1)
         v = self._project("value", v2).reshape(B, S, -1)
         keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype) if training else None
-        with _blas_single_threaded():
-            context, weights = scaled_dot_product_attention(q, k, v, mask, bool(use_causal_mask), heads=H,
-                                                            dropout_keep=keep)
+        context, weights = scaled_dot_product_attention(q, k, v, mask, bool(use_causal_mask), heads=H,
+                                                        dropout_keep=keep)
         context2 = context.reshape(B * T, -1)
         out = self._project("output", context2).reshape(B, T, -1)
         if training:
@@ -461,10 +446,8 @@ class MultiHeadAttention(Layer):
         B, T = q.shape[:2]
         dy = self._grad_input(dy, (B, T, self.params["output_kernel"].shape[-1]))
         dcontext = self._project_backward("output", dy.reshape(B * T, -1), context2)
-        with _blas_single_threaded():
-            dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, -1), weights, q, k, v,
-                                                               heads=self.num_heads, dweights=dweights,
-                                                               dropout_keep=keep)
+        dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, -1), weights, q, k, v,
+                                                           heads=self.num_heads, dweights=dweights, dropout_keep=keep)
         dquery = self._project_backward("query", dq.reshape(q2.shape[0], -1), q2).reshape(B, T, -1)
         dvalue = self._project_backward("value", dv.reshape(v2.shape[0], -1), v2)
         dkey = self._project_backward("key", dk.reshape(v2.shape[0], -1), k2 if has_key else v2)
@@ -476,9 +459,13 @@ class MultiHeadAttention(Layer):
         dvalue += dkey
         return [dquery, dvalue]
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
         query_shape = input_shape[0] if isinstance(input_shape, list) else input_shape
-        return tuple(query_shape[:-1]) + (self.output_shape or query_shape[-1],)
+        out = tuple(query_shape[:-1]) + (self.output_shape or query_shape[-1],)
+        if not return_attention_scores:
+            return out
+        source_len = input_shape[1][1] if isinstance(input_shape, list) else None
+        return [out, (query_shape[0], self.num_heads, query_shape[1], source_len)]
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "key_dim": self.key_dim,
@@ -558,6 +545,11 @@ class _TransformerLayerBase(_Composite):
             dsub = norm.backward(dsub)
         return dy + dsub
 
+    def _self_attention_backward(self, dinner):
+        dquery, dvalue = self.self_attention.backward(dinner)
+        dquery += dvalue  # query, key and value are one stream
+        return dquery
+
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "intermediate_dim": self.intermediate_dim,
                 "dropout": self.dropout, "activation": self.activation,
@@ -623,11 +615,12 @@ class TransformerEncoderLayer(_TransformerLayerBase):
         (keep_attention, keep_ff), shape = self._saved()
         dy = self._output_grad(dy, shape)
         dy = self._residual_backward(dy, keep_ff, self.feed_forward.backward, self.norm2)
-        return self._residual_backward(dy, keep_attention, lambda d: sum(self.self_attention.backward(d)),
-                                       self.norm1)
+        return self._residual_backward(dy, keep_attention, self._self_attention_backward, self.norm1)
 
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape)
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
+        if not return_attention_scores:
+            return tuple(input_shape)
+        return [tuple(input_shape), (input_shape[0], self.num_heads, input_shape[1], input_shape[1])]
 
 
 class TransformerDecoderLayer(_TransformerLayerBase):
@@ -709,14 +702,18 @@ class TransformerDecoderLayer(_TransformerLayerBase):
             dmemory.append(dvalue)
             return dquery
         dy = self._residual_backward(dy, keep_cross, cross_backward, self.norm2)
-        dy = self._residual_backward(dy, keep_self, lambda d: sum(self.self_attention.backward(d)), self.norm1)
+        dy = self._residual_backward(dy, keep_self, self._self_attention_backward, self.norm1)
         return [dy, dmemory[0]]
 
     def compute_mask(self, inputs, mask=None):
         return mask[0] if isinstance(mask, (list, tuple)) else None
 
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape[0])
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
+        target, memory = (tuple(s) for s in input_shape)
+        if not return_attention_scores:
+            return target
+        return [target, (target[0], self.num_heads, target[1], target[1]),
+                (target[0], self.num_heads, target[1], memory[1])]
 
 
 class _TransformerStack(_Composite):
@@ -1009,6 +1006,60 @@ def _register_converters():
             raise ValueError(f"to_torch: TransformerDecoderLayer '{layer.name}' attends to a memory of size "
                              f"{memory_dim}; torch.nn.TransformerDecoderLayer needs d_model={layer.model_dim}")
         return block_to(layer, torch.nn.TransformerDecoderLayer)
+
+    # -- stacks: nn.TransformerEncoder / nn.TransformerDecoder without a final norm
+    def stack_from(module, stack_class, dtype):
+        if module.norm is not None:
+            raise ValueError(f"from_torch: {type(module).__name__} with a final norm; attnx stacks have none "
+                             "(apply a LayerNormalization after the stack)")
+        first, _ = block_from(module.layers[0], stack_class.layer_class, dtype)
+        config = {k: v for k, v in first.get_config().items() if k not in ("name", "trainable", "dtype")}
+        stack = stack_class(len(module.layers), dtype=dtype, **config)
+        shape = (None, None, first.model_dim)
+        stack.build(shape if stack_class is TransformerEncoder else [shape, shape])
+        stack.built = True
+        heads = first.num_heads
+
+        def to_attnx(t):
+            out = {}
+            for i in range(len(module.layers)):
+                prefix = f"layers.{i}."
+                block = block_to_attnx({k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}, heads)
+                out.update({f"layer_{i}/{k}": v for k, v in block.items()})
+            return out
+        return stack, to_attnx
+
+    def stack_to(stack, torch_stack_class):
+        import torch
+        blocks = [to_torch_block(block) for block in stack.blocks]
+        module = torch_stack_class(blocks[0], len(blocks), **(
+            {"enable_nested_tensor": False} if torch_stack_class is torch.nn.TransformerEncoder else {}))
+        for i, block in enumerate(blocks):  # the constructor deep-copies the first block into every slot
+            module.layers[i] = block
+        return module
+
+    def to_torch_block(block):
+        import torch
+        return block_to(block, torch.nn.TransformerEncoderLayer if isinstance(block, TransformerEncoderLayer)
+                        else torch.nn.TransformerDecoderLayer)
+
+    @register_from_torch("TransformerEncoder")
+    def _encoder_from(module, dtype):
+        return stack_from(module, TransformerEncoder, dtype)
+
+    @register_to_torch(TransformerEncoder)
+    def _encoder_to(stack):
+        import torch
+        return stack_to(stack, torch.nn.TransformerEncoder)
+
+    @register_from_torch("TransformerDecoder")
+    def _decoder_from(module, dtype):
+        return stack_from(module, TransformerDecoder, dtype)
+
+    @register_to_torch(TransformerDecoder)
+    def _decoder_to(stack):
+        import torch
+        return stack_to(stack, torch.nn.TransformerDecoder)
 
 
 _register_converters()

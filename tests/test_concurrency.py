@@ -1,0 +1,168 @@
+"""Concurrent use from Python threads (the kernels release the GIL).
+
+- Inference from several threads at once on one model gives exactly the outputs of sequential
+  calls (the forward pass keeps no shared scratch state).
+- Training one model while other threads run inference on another (and two trainings side by
+  side) gives exactly the results of running each alone.
+- The kernels really release the GIL: a pure-Python thread keeps running while a long kernel
+  call is in flight.
+"""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import attnx
+from attnx import _core, layers
+
+THREADS = 4
+
+
+def _run_threads(fns):
+    """Runs each fn in its own thread, all released at once; returns their results (re-raises)."""
+    barrier = threading.Barrier(len(fns))
+    results, errors = [None] * len(fns), []
+
+    def target(i, fn):
+        try:
+            barrier.wait()
+            results[i] = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=target, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive(), "thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _classifier(seed, vocab=50, T=12):
+    attnx.set_random_seed(seed)
+    inp = attnx.Input((T,), dtype="int64")
+    x = layers.Embedding(vocab, 16, mask_zero=True)(inp)
+    x = layers.Dense(32, activation="relu")(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    x = layers.Dense(16, activation="gelu")(x)
+    out = layers.Dense(3, activation="softmax")(x)
+    model = attnx.Model(inp, out)
+    model.compile(attnx.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+    return model
+
+
+def _recurrent(seed, T=7):
+    attnx.set_random_seed(seed)
+    model = attnx.Sequential([layers.LSTM(8, return_sequences=True, input_shape=(T, 5)),
+                              layers.GRU(6), layers.Dense(2, activation="softmax")])
+    model.compile("rmsprop", "sparse_categorical_crossentropy")
+    return model
+
+
+def _data(seed, n=96, vocab=50, T=12):
+    r = np.random.default_rng(seed)
+    return r.integers(0, vocab, size=(n, T)), r.integers(0, 3, size=n)
+
+
+@pytest.mark.parametrize("make", [_classifier, _recurrent], ids=["mlp", "rnn"])
+def test_parallel_inference_on_one_model_matches_sequential(make):
+    model = make(0)
+    r = np.random.default_rng(1)
+    if make is _classifier:
+        batches = [r.integers(0, 50, size=(int(b), 12)) for b in r.integers(1, 40, size=24)]
+    else:
+        batches = [r.normal(size=(int(b), 7, 5)).astype(np.float32) for b in r.integers(1, 40, size=24)]
+    sequential = [model.predict(b, batch_size=16) for b in batches]
+    for _ in range(3):
+        per_thread = [batches[i::THREADS] for i in range(THREADS)]
+        got = _run_threads([lambda bs=bs: [model.predict(b, batch_size=16) for b in bs] for bs in per_thread])
+        for i, outs in enumerate(got):
+            for out, want in zip(outs, sequential[i::THREADS]):
+                np.testing.assert_array_equal(out, want)
+
+
+def test_parallel_layer_calls_share_weights_safely():
+    """Direct layer calls (inference) from many threads on one Dense layer."""
+    layer = layers.Dense(64, activation="tanh")
+    r = np.random.default_rng(2)
+    xs = [r.normal(size=(int(n), 48)).astype(np.float32) for n in r.integers(1, 300, size=32)]
+    want = [layer(x) for x in xs]
+    got = _run_threads([lambda i=i: [layer(x) for x in xs[i::THREADS]] for i in range(THREADS)])
+    for i, outs in enumerate(got):
+        for out, w in zip(outs, want[i::THREADS]):
+            np.testing.assert_array_equal(out, w)
+
+
+def _train(model, x, y, epochs=2):
+    history = model.fit(x, y, batch_size=16, epochs=epochs, verbose=0, shuffle=False)
+    return history.history["loss"], [w.copy() for w in model.get_weights()]
+
+
+def test_training_and_inference_on_different_models_do_not_interfere():
+    x, y = _data(3)
+    alone = _train(_classifier(10), x, y)
+    infer_model = _classifier(11)
+    xq = _data(4, n=64)[0]
+    infer_alone = infer_model.predict(xq)
+
+    trainee = _classifier(10)
+    results = _run_threads([lambda: _train(trainee, x, y)] +
+                           [lambda: [infer_model.predict(xq) for _ in range(4)] for _ in range(THREADS - 1)])
+    losses, weights = results[0]
+    assert losses == alone[0]
+    for a, b in zip(weights, alone[1]):
+        np.testing.assert_array_equal(a, b)
+    for preds in results[1:]:
+        for p in preds:
+            np.testing.assert_array_equal(p, infer_alone)
+
+
+def test_two_trainings_side_by_side_equal_each_alone():
+    x1, y1 = _data(5)
+    r = np.random.default_rng(6)
+    x2, y2 = r.normal(size=(64, 7, 5)).astype(np.float32), r.integers(0, 2, 64)
+    alone1 = _train(_classifier(20), x1, y1)
+    alone2 = _train(_recurrent(21), x2, y2, epochs=1)
+    m1, m2 = _classifier(20), _recurrent(21)
+    (l1, w1), (l2, w2) = _run_threads([lambda: _train(m1, x1, y1), lambda: _train(m2, x2, y2, epochs=1)])
+    assert l1 == alone1[0] and l2 == alone2[0]
+    for a, b in zip(w1 + w2, alone1[1] + alone2[1]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_kernels_release_the_gil():
+    """While one thread is inside a long dense_forward, a pure-Python thread makes progress."""
+    r = np.random.default_rng(7)
+    x = r.normal(size=(1500, 1500)).astype(np.float32)
+    w = r.normal(size=(1500, 1500)).astype(np.float32)
+    _core.dense_forward(x, w, None, "tanh")  # warm up
+    start = time.perf_counter()
+    _core.dense_forward(x, w, None, "tanh")
+    one_call = time.perf_counter() - start
+    ticks, stop = [0], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    def kernels():
+        for _ in range(3):
+            _core.dense_forward(x, w, None, "tanh")
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        time.sleep(0.01)
+        before = ticks[0]
+        worker = threading.Thread(target=kernels)
+        worker.start()
+        time.sleep(min(one_call, 0.5))  # the worker is inside a kernel now
+        mid = ticks[0]
+        worker.join()
+    finally:
+        stop.set()
+        spinner.join()
+    # with the GIL held for the whole call the spinner could not have counted in between
+    assert mid - before > 1000, (before, mid, one_call)
