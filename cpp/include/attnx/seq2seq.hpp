@@ -233,8 +233,11 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
         }
         // gates[t] += feed_t W_f; then the recurrence of one step (h, c updated in place)
         matmul<T>(cache.gates + (size_t)t * B * G, feed_t, W_feed, B, G, F, false, false, T(1));
-        rnn_forward_rows<T>(rc, 0, B, states_t, h, c, cache.rnn_at(cfg, t), w.recurrent_kernel, w.bias_rec, mask_t,
-                            (const T*)nullptr, hu);
+        const RNNCache<T> rnn_t = cache.rnn_at(cfg, t);
+        for_batch_rows(rc, [&](int b0, int b1) {
+            rnn_forward_rows<T>(rc, b0, b1, states_t, h, c, rnn_t, w.recurrent_kernel, w.bias_rec, mask_t,
+                                (const T*)nullptr, hu);
+        });
         if (cfg.kind == DecoderKind::luong) {
             T* ctx_t = cache.context + (size_t)t * B * K;
             attend_step_forward<T>(cfg, w, cache, t, states_t, enc, source_mask, ctx_t);
@@ -291,10 +294,17 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
         const uint8_t* mask_t = cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr;
         T* dqp_t = additive ? dquery_proj.data() + (size_t)t * B * U : nullptr;
         const T* dy_t = dout.data() + (size_t)t * BH;
+        // one step of rnn.hpp's BPTT (the decoder's cells are tanh / sigmoid): dh, dc from h_t to h_{t-1}
+        const RNNCache<T> rnn_t = cache.rnn_at(cfg, t);
+        auto rnn_step_backward = [&](const T* d_out) {
+            for_batch_rows(rc, [&](int b0, int b1) {
+                rnn_backward_rows<T>(rc, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dg_t, dhu_t, dhrec.data(), d_out,
+                                     rnn_t, w.recurrent_kernel, mask_t, (const T*)nullptr);
+            });
+        };
         if (!luong) {
             // s_t's gradient enters the recurrence; then d c_t = dgates_t W_f^T reaches s_{t-1} via attention
-            rnn_backward_rows<T>(rc, 0, B, dh, dc, dg_t, dhu_t, dhrec.data(), dy_t, cache.rnn_at(cfg, t),
-                                 w.recurrent_kernel, mask_t, (const T*)nullptr);
+            rnn_step_backward(dy_t);
             matmul<T>(dfeed.data(), dg_t, W_feed, B, F, G, false, true);
             attend_step_backward<T>(cfg, w, dw, cache, t, cache.query_at(cfg, t), enc, dfeed.data(), dh, denc,
                                     dkeys.data(), dqp_t, work);
@@ -318,8 +328,7 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
             // h_t's gradient: from h~_t and from its score as the query
             attend_step_backward<T>(cfg, w, dw, cache, t, cache.query_at(cfg, t), enc, dcontext.data(), dstate.data(),
                                     denc, dkeys.data(), dqp_t, work);
-            rnn_backward_rows<T>(rc, 0, B, dh, dc, dg_t, dhu_t, dhrec.data(), dstate.data(), cache.rnn_at(cfg, t),
-                                 w.recurrent_kernel, mask_t, (const T*)nullptr);
+            rnn_step_backward(dstate.data());
             // d h~_{t-1} = dgates_t W_f^T (h~_{-1} is the given initial feed)
             matmul<T>(dfeed_next.data(), dg_t, W_feed, B, F, G, false, true);
         }
