@@ -8,9 +8,9 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # datasets, text, interop (torch), plot (matplotlib) and testing load on first use, keeping
-    # `import attnx` fast
-    if name in ("datasets", "interop", "plot", "testing", "text"):
+    # datasets, text, seq2seq, interop (torch), plot (matplotlib) and testing load on first use,
+    # keeping `import attnx` fast
+    if name in ("datasets", "interop", "plot", "seq2seq", "testing", "text"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'attnx' has no attribute {name!r}")

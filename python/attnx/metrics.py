@@ -172,3 +172,44 @@ def get(identifier, loss=None):
     if identifier in _ALIASES:
         return _ALIASES[identifier]()
     raise ValueError(f"Unknown metric {identifier!r}; expected 'accuracy' or one of {sorted(_ALIASES)}")
+
+
+def corpus_bleu(references, hypotheses, max_n=4):
+    """Corpus BLEU (Papineni et al., 2002) without smoothing, as NLTK's ``corpus_bleu``.
+
+    Args:
+        references: for each hypothesis, a list of reference token lists.
+        hypotheses: token lists, one per sentence.
+        max_n: longest n-gram (4: BLEU-4, uniform weights 1 / max_n).
+    Returns:
+        ``BP * exp(mean_n log p_n)`` in [0, 1], where p_n is the clipped n-gram precision summed
+        over the corpus and BP = exp(1 - r / c) when the hypotheses' total length c is below r,
+        the sum of the reference lengths closest to each hypothesis' length (ties: the shorter).
+        0 when some p_n is 0.
+    """
+    from collections import Counter
+
+    references, hypotheses = list(references), list(hypotheses)
+    if len(references) != len(hypotheses):
+        raise ValueError(f"corpus_bleu: {len(references)} reference lists but {len(hypotheses)} hypotheses")
+    if isinstance(max_n, bool) or not isinstance(max_n, int) or max_n < 1:
+        raise ValueError(f"corpus_bleu: max_n must be a positive integer, got {max_n!r}")
+    matches, totals = [0] * max_n, [0] * max_n
+    hyp_len = ref_len = 0
+    for refs, hyp in zip(references, hypotheses):
+        if isinstance(hyp, str) or not refs or any(isinstance(r, str) for r in refs):
+            raise TypeError("corpus_bleu: hypotheses are token lists and references lists of token lists")
+        hyp_len += len(hyp)
+        ref_len += min((abs(len(r) - len(hyp)), len(r)) for r in refs)[1]
+        for n in range(1, max_n + 1):
+            grams = Counter(tuple(hyp[i:i + n]) for i in range(len(hyp) - n + 1))
+            most = Counter()
+            for r in refs:  # clip each n-gram's count by its largest count in one reference
+                most |= Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
+            matches[n - 1] += sum(min(c, most[g]) for g, c in grams.items())
+            totals[n - 1] += max(len(hyp) - n + 1, 0)
+    if hyp_len == 0 or min(matches) == 0:
+        return 0.0
+    log_precision = sum(np.log(m / t) for m, t in zip(matches, totals)) / max_n
+    brevity = 1.0 if hyp_len > ref_len else float(np.exp(1 - ref_len / hyp_len))
+    return float(brevity * np.exp(log_precision))

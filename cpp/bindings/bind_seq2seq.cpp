@@ -1,0 +1,291 @@
+// Fused attention decoders (Bahdanau, Luong) for seq2seq: teacher-forced forward over all target
+// steps, its backward, and (T = 1) one inference step.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "attnx/seq2seq.hpp"
+#include "bindings.hpp"
+#include "checks.hpp"
+
+namespace attnx::bind {
+
+static DecoderConfig decoder_config(const std::string& kind, const std::string& score, const std::string& cell,
+                                    int local_window) {
+    DecoderConfig cfg;
+    if (kind == "bahdanau") cfg.kind = DecoderKind::bahdanau;
+    else if (kind == "luong") cfg.kind = DecoderKind::luong;
+    else throw py::value_error("decoder: unknown kind '" + kind + "'; expected bahdanau or luong");
+    if (score == "additive" || score == "concat") cfg.score = ScoreKind::additive;
+    else if (score == "general") cfg.score = ScoreKind::general;
+    else if (score == "dot") cfg.score = ScoreKind::dot;
+    else throw py::value_error("decoder: unknown score '" + score + "'; expected additive, concat, general or dot");
+    if (cell == "gru") cfg.cell = RNNCell::gru;
+    else if (cell == "lstm") cfg.cell = RNNCell::lstm;
+    else throw py::value_error("decoder: unknown cell '" + cell + "'; expected gru or lstm");
+    if (cfg.kind == DecoderKind::bahdanau && cfg.score != ScoreKind::additive)
+        throw py::value_error("decoder: the Bahdanau decoder uses the additive score, got '" + score + "'");
+    if (local_window >= 0 && cfg.kind != DecoderKind::luong)
+        throw py::value_error("decoder: local attention is a Luong option");
+    cfg.local_window = local_window;
+    return cfg;
+}
+
+static const uint8_t* bool_mask(const py::object& mask, py::ssize_t B, py::ssize_t L, const char* what) {
+    if (mask.is_none()) return nullptr;
+    py::array m = mask.cast<py::array>();
+    if (!m.dtype().is(py::dtype::of<bool>()))
+        throw py::type_error(std::string(what) + ": expected dtype bool, got " + dtype_str(m));
+    if (!(m.flags() & py::array::c_style)) throw py::value_error(std::string(what) + ": expected a C-contiguous array");
+    check_shape(m, {B, L}, what);
+    return static_cast<const uint8_t*>(m.data());
+}
+
+// params[name] checked against `shape`; null when the variant does not use it.
+template <class T, class P>
+static P param(const py::dict& params, const char* name, const std::vector<py::ssize_t>& shape, bool used,
+               const char* fn) {
+    if (!used) return nullptr;
+    const std::string what = std::string(fn) + ": " + name;
+    if (!params.contains(name)) throw py::value_error(what + ": missing");
+    py::array a = params[name].cast<py::array>();
+    check_shape(a, shape, what.c_str());
+    if constexpr (std::is_const_v<std::remove_pointer_t<P>>) return in_ptr<T>(a, what.c_str());
+    else return inout_ptr<T>(a, what.c_str());
+}
+
+// Sizes from the parameters: E, H, U, V (K, B, S, T come from the inputs).
+template <class T, class P>
+static DecoderParams<P> decoder_params(const DecoderConfig& cfg, const py::dict& params, const char* fn) {
+    const bool luong = cfg.kind == DecoderKind::luong, additive = cfg.score == ScoreKind::additive;
+    const py::ssize_t E = cfg.E, F = cfg.F(), G = cfg.G(), H = cfg.H, K = cfg.K, U = cfg.U, V = cfg.V;
+    DecoderParams<P> p;
+    p.embeddings = param<T, P>(params, "embeddings", {-1, E}, true, fn);
+    p.kernel = param<T, P>(params, "kernel", {E + F, G}, true, fn);
+    p.recurrent_kernel = param<T, P>(params, "recurrent_kernel", {H, G}, true, fn);
+    if (cfg.cell == RNNCell::gru) {
+        P bias = param<T, P>(params, "bias", {2, G}, true, fn);  // [input bias, recurrent bias] as GRU stores it
+        p.bias_in = bias, p.bias_rec = bias + G;
+    } else {
+        p.bias_in = param<T, P>(params, "bias", {G}, true, fn);
+    }
+    p.query_kernel = param<T, P>(params, "query_kernel", {H, U}, additive, fn);
+    p.query_bias = param<T, P>(params, "query_bias", {U}, additive, fn);
+    p.key_kernel = param<T, P>(params, "key_kernel", {K, cfg.Dk()}, cfg.score != ScoreKind::dot, fn);
+    p.score_vector = param<T, P>(params, "score_vector", {U}, additive, fn);
+    p.attentional_kernel = param<T, P>(params, "attentional_kernel", {K + H, H}, luong, fn);
+    p.output_kernel = param<T, P>(params, "output_kernel", {H, V}, true, fn);
+    p.output_bias = param<T, P>(params, "output_bias", {V}, true, fn);
+    return p;
+}
+
+static void size_config(DecoderConfig& cfg, const py::dict& params, const py::array& enc, const char* fn) {
+    auto dim = [&](const char* name, int axis) -> int {
+        if (!params.contains(name)) throw py::value_error(std::string(fn) + ": " + name + ": missing");
+        py::array a = params[name].cast<py::array>();
+        if (a.ndim() <= axis)
+            throw py::value_error(std::string(fn) + ": " + name + ": bad rank, shape " + shape_str(a));
+        return (int)a.shape(axis);
+    };
+    cfg.B = (int)enc.shape(0), cfg.S = (int)enc.shape(1), cfg.K = (int)enc.shape(2);
+    cfg.E = dim("embeddings", 1), cfg.H = dim("recurrent_kernel", 0), cfg.V = dim("output_kernel", 1);
+    cfg.U = cfg.score == ScoreKind::additive ? dim("score_vector", 0) : 0;
+    if (cfg.score == ScoreKind::dot && cfg.K != cfg.H)
+        throw py::value_error(std::string(fn) + ": the dot score needs encoder outputs of the decoder's size " +
+                              std::to_string(cfg.H) + ", got " + std::to_string(cfg.K));
+}
+
+template <class T> static T* cache_ptr(const py::dict& cache, const char* name, bool used) {
+    if (!used) return nullptr;
+    if (!cache.contains(name)) throw py::value_error(std::string("decoder_backward: cache: ") + name + " missing");
+    py::array a = cache[name].cast<py::array>();
+    if constexpr (std::is_same_v<T, uint8_t>) return static_cast<uint8_t*>(a.mutable_data());
+    else if constexpr (std::is_same_v<T, int64_t>) return static_cast<int64_t*>(a.mutable_data());
+    else return inout_ptr<T>(a, name);
+}
+
+// Allocates (into `dict`) or looks up every cache buffer the configuration uses.
+template <class T> static DecoderCache<T> decoder_cache(const DecoderConfig& cfg, py::dict& dict, bool allocate) {
+    const py::ssize_t B = cfg.B, Tn = cfg.T, S = cfg.S, H = cfg.H, K = cfg.K;
+    const bool luong = cfg.kind == DecoderKind::luong, additive = cfg.score == ScoreKind::additive;
+    auto buffer = [&](const char* name, std::vector<py::ssize_t> shape, bool used, auto tag) {
+        using E = decltype(tag);
+        if (allocate && used) dict[name] = py::array_t<E>(shape);
+        return cache_ptr<E>(dict, name, used);
+    };
+    DecoderCache<T> c;
+    c.ids = buffer("ids", {Tn, B}, true, int64_t{});
+    c.step_mask = buffer("step_mask", {Tn, B}, dict.contains("has_step_mask"), uint8_t{});
+    c.keys = buffer("keys", {B, S, cfg.Dk()}, cfg.score != ScoreKind::dot, T{});
+    c.emb = buffer("emb", {Tn, B, cfg.E}, true, T{});
+    c.feed = buffer("feed", {Tn, B, cfg.F()}, true, T{});
+    c.gates = buffer("gates", {Tn, B, cfg.G()}, true, T{});
+    c.h_prev = buffer("h_prev", {Tn, B, H}, true, T{});
+    c.c_prev = buffer("c_prev", {Tn, B, H}, cfg.cell == RNNCell::lstm, T{});
+    c.aux = buffer("aux", {Tn, B, H}, true, T{});
+    c.states = buffer("states", {Tn, B, H}, true, T{});
+    c.query_proj = buffer("query_proj", {Tn, B, cfg.U}, additive, T{});
+    c.score_hidden = buffer("score_hidden", {Tn, B, S, cfg.U}, additive, T{});
+    c.weights = buffer("weights", {Tn, B, S}, true, T{});
+    c.context = buffer("context", {Tn, B, K}, luong, T{});
+    c.concat = buffer("concat", {Tn, B, K + H}, luong, T{});
+    c.window = buffer("window", {Tn, B, S}, cfg.local(), uint8_t{});
+    c.gauss = buffer("gauss", {Tn, B, S}, cfg.local(), T{});
+    c.out = buffer("out", {B, Tn, H}, true, T{});
+    return c;
+}
+
+void init_seq2seq(py::module_& m) {
+    m.def(
+        "decoder_forward",
+        [](const std::string& kind, const std::string& score, const std::string& cell, const py::array& ids,
+           const py::array& enc, const py::object& source_mask, const py::object& target_mask, const py::array& h0,
+           const py::object& c0, const py::object& feed0, const py::dict& params, const py::object& keys,
+           int local_window, int first_step) {
+            DecoderConfig cfg = decoder_config(kind, score, cell, local_window);
+            if (first_step < 0) throw py::value_error("decoder_forward: first_step must be >= 0");
+            cfg.first_step = first_step;
+            return dispatch_float(enc, "decoder_forward: enc", [&](auto tag) -> py::tuple {
+                using T = decltype(tag);
+                const char* fn = "decoder_forward";
+                check_rank(enc, 3, "decoder_forward: enc");
+                check_rank(ids, 2, "decoder_forward: ids");
+                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style))
+                    throw py::type_error("decoder_forward: ids: expected a C-contiguous int64 array, got " +
+                                         dtype_str(ids));
+                size_config(cfg, params, enc, fn);
+                cfg.T = (int)ids.shape(1);
+                const py::ssize_t B = cfg.B, Tn = cfg.T, S = cfg.S, H = cfg.H;
+                if (B == 0 || Tn == 0 || S == 0)
+                    throw py::value_error("decoder_forward: empty batch, target or source (ids " + shape_str(ids) +
+                                          ", enc " + shape_str(enc) + ")");
+                check_shape(ids, {B, Tn}, "decoder_forward: ids (batch must match enc's)");
+                const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
+                const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
+                const int64_t* pids = static_cast<const int64_t*>(ids.data());
+                const auto [lo, hi] = std::minmax_element(pids, pids + ids.size());
+                if (*lo < 0 || *hi >= vocab)
+                    throw py::index_error("decoder_forward: ids: token id " + std::to_string(*lo < 0 ? *lo : *hi) +
+                                          " out of range [0, " + std::to_string(vocab) + ")");
+                const T* penc = in_ptr<T>(enc, "decoder_forward: enc");
+                const uint8_t* psm = bool_mask(source_mask, B, S, "decoder_forward: source_mask");
+                const uint8_t* ptm = bool_mask(target_mask, B, Tn, "decoder_forward: target_mask");
+                const bool lstm = cfg.cell == RNNCell::lstm, luong = cfg.kind == DecoderKind::luong;
+                check_shape(h0, {B, H}, "decoder_forward: h0");
+                if (lstm == c0.is_none())
+                    throw py::value_error("decoder_forward: c0 is given exactly for an LSTM cell");
+                if (!luong && !feed0.is_none()) throw py::value_error("decoder_forward: feed0 is a Luong input");
+                py::dict cache;
+                if (ptm) cache["has_step_mask"] = true;
+                DecoderCache<T> c = decoder_cache<T>(cfg, cache, true);
+                bool keys_ready = false;
+                if (!keys.is_none() && c.keys) {
+                    py::array k = keys.cast<py::array>();
+                    check_shape(k, {B, S, cfg.Dk()}, "decoder_forward: keys");
+                    const T* pk = in_ptr<T>(k, "decoder_forward: keys");
+                    std::copy(pk, pk + k.size(), c.keys);
+                    keys_ready = true;
+                }
+                auto h = new_array<T>({B, H});
+                std::copy(in_ptr<T>(h0, "decoder_forward: h0"), in_ptr<T>(h0, "decoder_forward: h0") + B * H,
+                          h.mutable_data());
+                py::array_t<T> cs = new_array<T>({lstm ? B : 0, H});
+                if (lstm) {
+                    py::array c0a = c0.cast<py::array>();
+                    check_shape(c0a, {B, H}, "decoder_forward: c0");
+                    const T* pc0 = in_ptr<T>(c0a, "decoder_forward: c0");
+                    std::copy(pc0, pc0 + B * H, cs.mutable_data());
+                }
+                py::array_t<T> feed = new_array<T>({luong ? B : 0, H});
+                if (luong) {
+                    std::fill(feed.mutable_data(), feed.mutable_data() + B * H, T(0));
+                    if (!feed0.is_none()) {
+                        py::array f0 = feed0.cast<py::array>();
+                        check_shape(f0, {B, H}, "decoder_forward: feed0");
+                        const T* pf = in_ptr<T>(f0, "decoder_forward: feed0");
+                        std::copy(pf, pf + B * H, feed.mutable_data());
+                    }
+                }
+                auto logits = new_array<T>({B, Tn, cfg.V});
+                auto weights = new_array<T>({B, Tn, S});
+                auto hu = new_array<T>({B, cfg.G()});
+                T *pl = logits.mutable_data(), *ph = h.mutable_data(), *pc = lstm ? cs.mutable_data() : nullptr;
+                T *pf = luong ? feed.mutable_data() : nullptr, *pw = weights.mutable_data(), *phu = hu.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    decoder_forward<T>(cfg, pl, ph, pc, pf, c, w, pids, penc, psm, ptm, keys_ready, phu);
+                    time_to_batch_major(pw, c.weights, (int)Tn, (int)B, (int)S);  // (B, T, S) for users
+                }
+                cache["config"] = py::make_tuple(kind, score, cell, local_window, first_step);
+                py::object keys_out = c.keys ? py::object(cache["keys"]) : py::object(py::none());
+                py::object c_out = lstm ? py::object(cs) : py::none();
+                py::object feed_out = luong ? py::object(feed) : py::none();
+                return py::make_tuple(logits, h, c_out, feed_out, weights, keys_out, cache);
+            });
+        },
+        py::arg("kind"), py::arg("score"), py::arg("cell"), py::arg("ids"), py::arg("enc"),
+        py::arg("source_mask") = py::none(), py::arg("target_mask") = py::none(), py::arg("h0"),
+        py::arg("c0") = py::none(), py::arg("feed0") = py::none(), py::arg("params"), py::arg("keys") = py::none(),
+        py::arg("local_window") = -1, py::arg("first_step") = 0,
+        "Attention decoder over all target steps (teacher forcing) or one step (T = 1). kind bahdanau|luong, score "
+        "additive|concat|general|dot, cell gru|lstm. ids (B, T) int64 previous words, enc (B, S, K), masks bool "
+        "(True = real), h0 (B, H), c0 (B, H) for LSTM, feed0 (B, H) Luong's previous attentional state, params the "
+        "layer's dict, keys: enc W_k from an earlier call (decoding steps), first_step: the target position of "
+        "ids[:, 0]. Returns (logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
+
+    m.def(
+        "decoder_backward",
+        [](const py::dict& cache, const py::array& dlogits, const py::object& dh, const py::object& dc,
+           const py::array& enc, const py::dict& params, const py::dict& grads) {
+            if (!cache.contains("config"))
+                throw py::value_error("decoder_backward: cache: not a decoder_forward cache");
+            const py::tuple conf = cache["config"].cast<py::tuple>();
+            DecoderConfig cfg = decoder_config(conf[0].cast<std::string>(), conf[1].cast<std::string>(),
+                                               conf[2].cast<std::string>(), conf[3].cast<int>());
+            cfg.first_step = conf[4].cast<int>();
+            return dispatch_float(enc, "decoder_backward: enc", [&](auto tag) -> py::tuple {
+                using T = decltype(tag);
+                const char* fn = "decoder_backward";
+                check_rank(enc, 3, "decoder_backward: enc");
+                size_config(cfg, params, enc, fn);
+                cfg.T = (int)cache["ids"].cast<py::array>().shape(0);
+                const py::ssize_t B = cfg.B, Tn = cfg.T, S = cfg.S, H = cfg.H, K = cfg.K;
+                const bool lstm = cfg.cell == RNNCell::lstm;
+                const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
+                const DecoderParams<T*> dw = decoder_params<T, T*>(cfg, grads, "decoder_backward: grads");
+                py::dict cache_mut = cache;
+                DecoderCache<T> c = decoder_cache<T>(cfg, cache_mut, false);
+                check_shape(dlogits, {B, Tn, cfg.V}, "decoder_backward: dlogits");
+                const T* pdl = in_ptr<T>(dlogits, "decoder_backward: dlogits");
+                const T* penc = in_ptr<T>(enc, "decoder_backward: enc");
+                auto dh0 = new_array<T>({B, H});
+                auto dc0 = new_array<T>({lstm ? B : 0, H});
+                auto state_grad = [&](const py::object& g, py::array_t<T>& out, const char* what) {
+                    T* po = out.mutable_data();
+                    if (g.is_none()) {
+                        std::fill(po, po + out.size(), T(0));
+                        return;
+                    }
+                    py::array a = g.cast<py::array>();
+                    check_shape(a, {B, H}, what);
+                    const T* pa = in_ptr<T>(a, what);
+                    std::copy(pa, pa + B * H, po);
+                };
+                state_grad(dh, dh0, "decoder_backward: dh");
+                if (lstm) state_grad(dc, dc0, "decoder_backward: dc");
+                auto denc = new_array<T>({B, S, K});
+                T *pde = denc.mutable_data(), *pdh = dh0.mutable_data(), *pdc = lstm ? dc0.mutable_data() : nullptr;
+                {
+                    py::gil_scoped_release release;
+                    decoder_backward<T>(cfg, pde, pdh, pdc, dw, pdl, c, w, penc);
+                }
+                return py::make_tuple(denc, dh0, lstm ? py::object(dc0) : py::none());
+            });
+        },
+        py::arg("cache"), py::arg("dlogits"), py::arg("dh") = py::none(), py::arg("dc") = py::none(), py::arg("enc"),
+        py::arg("params"), py::arg("grads"),
+        "Backward of decoder_forward: returns (denc (B, S, K), dh0 (B, H), dc0 or None); parameter gradients "
+        "accumulate into grads.");
+}
+
+}  // namespace attnx::bind

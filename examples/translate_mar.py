@@ -1,0 +1,73 @@
+"""English -> Marathi translation with Bahdanau attention (the TensorFlow NMT tutorial's model) in attnx.
+
+    python examples/translate_mar.py [--minutes 6] [--units 256] [--embedding-dim 128] [--data PATH]
+
+Reads the Anki / manythings pairs (default $ATTNX_DATA_DIR/anki/mar.txt), keeps sentences of at
+most 10 words, splits 80/10/10, trains for a fixed wall time, prints the test BLEU-4 (greedy
+decoding) and one translation with its attention matrix (saved as a heatmap with --plot).
+examples/translate_mar_torch.py trains the same architecture, from the same initial weights, in PyTorch.
+"""
+import argparse
+import os
+import time
+
+import numpy as np
+
+import attnx
+from attnx.seq2seq import Seq2Seq
+
+
+def arguments(description):
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--minutes", type=float, default=6.0, help="training wall time")
+    parser.add_argument("--units", type=int, default=256)
+    parser.add_argument("--embedding-dim", type=int, default=128)
+    parser.add_argument("--num-words", type=int, default=None, help="vocabulary size per language (rest: <unk>)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", default=None, help="path of mar.txt (default: $ATTNX_DATA_DIR)")
+    parser.add_argument("--plot", default=None, help="save the attention heatmap of one translation here")
+    return parser.parse_args()
+
+
+def prepare(args):
+    """The splits, and a freshly initialized attnx model with tokenizers fitted on the training split
+    (the PyTorch example copies its weights, so both start from the same point)."""
+    path = args.data or os.path.join(os.environ.get("ATTNX_DATA_DIR", "../shared/data"), "anki", "mar.txt")
+    splits = attnx.datasets.load_anki_pairs(path=path, max_words=10, split=(0.8, 0.1, 0.1), seed=args.seed)
+    attnx.set_random_seed(args.seed)
+    model = Seq2Seq.from_texts(splits.train.source, splits.train.target, num_words=args.num_words, oov_token="<unk>",
+                               embedding_dim=args.embedding_dim, units=args.units, attention="bahdanau",
+                               max_length=20)
+    print(f"pairs: train {len(splits.train.source)}, val {len(splits.val.source)}, test {len(splits.test.source)}; "
+          f"vocabulary: English {model.encoder.vocab_size}, Marathi {model.decoder.vocab_size}", flush=True)
+    return splits, model
+
+
+def main():
+    args = arguments(__doc__.splitlines()[0])
+    attnx.set_num_threads(args.threads)
+    splits, model = prepare(args)
+    model.compile(attnx.optimizers.Adam(args.learning_rate))
+    source, target = model.encode_sources(splits.train.source), model.encode_targets(splits.train.target)
+    start = time.perf_counter()
+    model.fit(source, target, batch_size=args.batch_size, epochs=10 ** 6, time_limit=60 * args.minutes, seed=args.seed)
+    trained = time.perf_counter() - start
+    bleu = model.evaluate_bleu(splits.test.source, splits.test.target)
+    print(f"attnx: trained {trained:.0f} s, {len(model.history['loss'])} epochs; test BLEU-4 {100 * bleu:.2f}")
+    sentence = splits.test.source[0]
+    translation, attention = model.translate(sentence)
+    print(f"{sentence} -> {translation}  (attention {attention.shape})")
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        from attnx.plot import attention_heatmap
+        ax = attention_heatmap(attention, sentence.split(), translation.split() + ["<end>"])
+        ax.figure.savefig(args.plot, bbox_inches="tight")
+    return bleu
+
+
+if __name__ == "__main__":
+    main()

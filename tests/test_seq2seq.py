@@ -1,0 +1,402 @@
+"""Seq2seq: fused Bahdanau / Luong decoders against a step-by-step PyTorch implementation of the
+same equations, float64 gradient checks, training on a reversal task, greedy and beam decoding,
+BLEU, and bad input."""
+import numpy as np
+import pytest
+import torch
+
+import attnx
+from attnx import metrics
+from attnx.seq2seq import BahdanauDecoder, DecoderState, Encoder, LuongDecoder, Seq2Seq
+from attnx.testing import assert_close, gradcheck
+
+B, T, S, E, K, H, U, V = 3, 4, 5, 6, 7, 8, 5, 11
+
+DECODERS = [
+    ("bahdanau", "additive", "gru", None),
+    ("bahdanau", "additive", "lstm", None),
+    ("luong", "dot", "gru", None),
+    ("luong", "general", "gru", None),
+    ("luong", "concat", "lstm", None),
+    ("luong", "general", "gru", 1),
+]
+
+
+def make_decoder(kind, score, cell, local_window, dtype="float32", K=K):
+    attnx.set_random_seed(0)
+    if kind == "bahdanau":
+        dec = BahdanauDecoder(V, E, H, cell=cell, attention_units=U, dtype=dtype)
+    else:
+        dec = LuongDecoder(V, E, H, score=score, cell=cell, attention_units=U, local_window=local_window, dtype=dtype)
+    n = 2 if cell == "lstm" else 1
+    dec.build([(B, T), (B, S, H if score == "dot" else K)] + [(B, H)] * n)
+    dec.built = True
+    rng = np.random.default_rng(1)
+    for p in dec.params.values():  # larger than the initializers' so every path matters
+        p[...] = rng.uniform(-0.6, 0.6, p.shape)
+    return dec
+
+
+def make_inputs(score, cell, dtype=np.float32, seed=2):
+    rng = np.random.default_rng(seed)
+    Kx = H if score == "dot" else K
+    ids = rng.integers(1, V, (B, T))
+    enc = rng.standard_normal((B, S, Kx)).astype(dtype)
+    states = [rng.standard_normal((B, H)).astype(dtype) for _ in range(2 if cell == "lstm" else 1)]
+    source_mask = np.ones((B, S), dtype=bool)
+    source_mask[1, 3:] = False
+    source_mask[2, 1:] = False
+    target_mask = np.ones((B, T), dtype=bool)
+    target_mask[0, 2:] = False
+    return ids, enc, states, source_mask, target_mask
+
+
+# ------------------------------------------------------------------ step-by-step PyTorch reference
+def torch_decoder(kind, score, cell, local_window, params, ids, enc, states, source_mask, target_mask):
+    """The decoders' equations one step at a time in PyTorch (float64, autograd)."""
+    P = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()}
+    enc_t = torch.tensor(enc, dtype=torch.float64, requires_grad=True)
+    st = [torch.tensor(s, dtype=torch.float64, requires_grad=True) for s in states]
+    smask = torch.tensor(source_mask)
+    tmask = torch.tensor(target_mask)
+    Hn = P["recurrent_kernel"].shape[0]
+    En = P["embeddings"].shape[1]
+    emb = P["embeddings"][torch.tensor(ids)]
+    W, Urec = P["kernel"], P["recurrent_kernel"]
+    b_in, b_rec = (P["bias"][0], P["bias"][1]) if cell == "gru" else (P["bias"], None)
+    if score in ("additive", "concat"):
+        keys = enc_t @ P["key_kernel"]
+    elif score == "general":
+        keys = enc_t @ P["key_kernel"]
+    else:
+        keys = enc_t
+    Sn = enc.shape[1]
+
+    def rnn(x, h, c):
+        g = x @ W + b_in
+        if cell == "gru":
+            u = h @ Urec + b_rec
+            r = torch.sigmoid(g[:, :Hn] + u[:, :Hn])
+            z = torch.sigmoid(g[:, Hn:2 * Hn] + u[:, Hn:2 * Hn])
+            n = torch.tanh(g[:, 2 * Hn:] + r * u[:, 2 * Hn:])
+            return z * h + (1 - z) * n, None
+        u = h @ Urec
+        i, f, gg, o = [(g + u)[:, k * Hn:(k + 1) * Hn] for k in range(4)]
+        c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(gg)
+        return torch.sigmoid(o) * torch.tanh(c2), c2
+
+    def attend(q, t):
+        if score in ("additive", "concat"):
+            pq = q @ P["query_kernel"] + P["query_bias"]
+            scores = torch.tanh(pq[:, None, :] + keys) @ P["score_vector"]
+        else:
+            scores = torch.einsum("bd,bsd->bs", q, keys)
+        allowed = smask
+        gauss = None
+        if local_window is not None:
+            p = min(t, Sn - 1)
+            dist = torch.arange(Sn, dtype=torch.float64) - p
+            inside = dist.abs() <= local_window
+            allowed = allowed & inside[None, :]
+            gauss = torch.where(inside, torch.exp(-dist ** 2 * 2 / local_window ** 2), torch.zeros(()))
+        a = torch.softmax(scores.masked_fill(~allowed, -torch.inf), dim=-1)
+        a = torch.nan_to_num(a)
+        if gauss is not None:
+            a_used = a * gauss[None, :]
+        else:
+            a_used = a
+        return torch.einsum("bs,bsk->bk", a_used, enc_t), a
+
+    h = st[0]
+    c = st[1] if cell == "lstm" else None
+    feed = torch.zeros(enc.shape[0], Hn, dtype=torch.float64)
+    outs, weights = [], []
+    for t in range(ids.shape[1]):
+        m = tmask[:, t:t + 1]
+        if kind == "bahdanau":
+            ctx, a = attend(h, t)
+            h2, c2 = rnn(torch.cat([emb[:, t], ctx], dim=1), h, c)
+            y = torch.where(m, h2, torch.zeros(()))
+            out = y
+        else:
+            h2, c2 = rnn(torch.cat([emb[:, t], feed], dim=1), h, c)
+            y = torch.where(m, h2, torch.zeros(()))
+            ctx, a = attend(y, t)
+            feed = torch.tanh(torch.cat([ctx, y], dim=1) @ P["attentional_kernel"])
+            out = feed
+        h = torch.where(m, h2, h)
+        if c is not None:
+            c = torch.where(m, c2, c)
+        outs.append(out)
+        weights.append(a)
+    logits = torch.stack(outs, 1) @ P["output_kernel"] + P["output_bias"]
+    return logits, torch.stack(weights, 1), P, enc_t, st
+
+
+@pytest.mark.parametrize("kind,score,cell,local_window", DECODERS)
+def test_decoder_matches_step_by_step_torch(kind, score, cell, local_window):
+    dec = make_decoder(kind, score, cell, local_window)
+    ids, enc, states, smask, tmask = make_inputs(score, cell)
+    logits = dec([ids, enc] + states, training=True, mask=tmask, source_mask=smask)
+    R = np.random.default_rng(3).standard_normal(logits.shape).astype(np.float32)
+    dec.zero_grad()
+    _, denc, *dstates = dec.backward(R)
+
+    ref_logits, ref_w, P, enc_t, st = torch_decoder(kind, score, cell, local_window, dec.params, ids, enc, states,
+                                                     smask, tmask)
+    (ref_logits * torch.tensor(R, dtype=torch.float64)).sum().backward()
+    assert_close(logits, ref_logits.detach().numpy(), atol=1e-4, what="logits")
+    assert_close(dec.attention_weights, ref_w.detach().numpy(), atol=1e-4, what="attention weights")
+    assert_close(denc, enc_t.grad.numpy(), atol=1e-4, what="d encoder outputs")
+    for d, s in zip(dstates, st):
+        assert_close(d, s.grad.numpy(), atol=1e-4, what="d initial state")
+    for name, g in dec.grads.items():
+        assert_close(g, P[name].grad.numpy(), atol=1e-4, what=f"d {name}")
+    # masked source positions get no weight, and every real row sums to one
+    assert np.all(dec.attention_weights[1, :, 3:] == 0) and np.all(dec.attention_weights[2, :, 1:] == 0)
+
+
+@pytest.mark.parametrize("kind,score,cell,local_window", DECODERS)
+def test_decoder_gradcheck_float64(kind, score, cell, local_window):
+    dec = make_decoder(kind, score, cell, local_window, dtype="float64")
+    ids, enc, states, smask, tmask = make_inputs(score, cell, dtype=np.float64)
+    report = gradcheck(dec, [ids, enc] + states, call_kwargs={"mask": tmask, "source_mask": smask}, max_elements=12,
+                       atol=1e-6)
+    assert "inputs[1]" in report and "output_kernel" in report
+
+
+@pytest.mark.parametrize("kind,score,cell,local_window", DECODERS)
+def test_step_api_equals_fused_teacher_forcing(kind, score, cell, local_window):
+    dec = make_decoder(kind, score, cell, local_window)
+    ids, enc, states, smask, _ = make_inputs(score, cell)
+    logits = dec([ids, enc] + states, source_mask=smask)
+    weights = dec.attention_weights
+    state = DecoderState(*states)
+    for t in range(T):
+        step_logits, state, step_w = dec.step(ids[:, t], state, enc, smask)
+        assert_close(step_logits, logits[:, t], atol=1e-5, what=f"step {t} logits")
+        assert_close(step_w, weights[:, t], atol=1e-6, what=f"step {t} weights")
+    assert state.keys is not None or score == "dot"
+
+
+@pytest.mark.parametrize("cell,bidirectional", [("gru", True), ("lstm", False)])
+def test_encoder_gradcheck_float64(cell, bidirectional):
+    attnx.set_random_seed(0)
+    encoder = Encoder(9, 4, 3, cell=cell, bidirectional=bidirectional, dtype="float64")
+    ids = np.array([[1, 5, 2, 0], [3, 8, 0, 0]])
+    outs = encoder(ids, training=True)
+    assert outs[0].shape == (2, 4, encoder.output_dim) and outs[1].tolist() == (ids != 0).tolist()
+    rng = np.random.default_rng(0)
+    R = [rng.standard_normal(outs[0].shape), None] + [rng.standard_normal(s.shape) for s in outs[2:]]
+
+    def objective():
+        o = encoder(ids, training=True)
+        return sum(float(np.sum(a * r)) for a, r in zip(o, R) if r is not None)
+    encoder.zero_grad()
+    objective()
+    encoder.backward(R)
+    for name, p in encoder.params.items():
+        flat, g = p.reshape(-1), encoder.grads[name].reshape(-1)
+        for i in rng.choice(flat.size, min(6, flat.size), replace=False):
+            old = flat[i]
+            flat[i] = old + 1e-6
+            plus = objective()
+            flat[i] = old - 1e-6
+            minus = objective()
+            flat[i] = old
+            assert abs((plus - minus) / 2e-6 - g[i]) < 1e-6, name
+
+
+# ------------------------------------------------------------------ a small model end to end
+def reversal_data(n, seed, vocab=13, max_len=6):
+    """Sequences of ids 3..vocab-1 and their reversal as targets (<start> = 1, <end> = 2)."""
+    rng = np.random.default_rng(seed)
+    src = np.zeros((n, max_len), np.int64)
+    tgt = np.zeros((n, max_len + 2), np.int64)
+    for i, length in enumerate(rng.integers(3, max_len + 1, n)):
+        s = rng.integers(3, vocab, length)
+        src[i, :length] = s
+        tgt[i, 0], tgt[i, 1:length + 1], tgt[i, length + 1] = 1, s[::-1], 2
+    return src, tgt
+
+
+def exact_match(tokens, targets):
+    hits = 0
+    for hyp, ref in zip(tokens.tolist(), targets[:, 1:].tolist()):
+        ref = ref[:ref.index(2) + 1]
+        hits += hyp[:len(ref)] == ref
+    return hits / len(targets)
+
+
+@pytest.fixture(scope="module")
+def reversal_model():
+    attnx.set_random_seed(0)
+    src, tgt = reversal_data(3000, seed=0)
+    model = Seq2Seq(13, 13, embedding_dim=16, units=32, attention="bahdanau", start_token=1, end_token=2,
+                    max_length=8)
+    model.compile(attnx.optimizers.Adam(0.01))
+    model.fit(src, tgt, batch_size=64, epochs=4, verbose=0)
+    return model
+
+
+def test_reversal_trains_to_exact_match(reversal_model):
+    src, tgt = reversal_data(300, seed=1)
+    tokens, attention = reversal_model.greedy_decode(src)
+    assert exact_match(tokens, tgt) >= 0.95
+    assert reversal_model.history["loss"][-1] < reversal_model.history["loss"][0] / 10
+    # attention rows of real steps are distributions over the real source tokens
+    lengths = (src != 0).sum(1)
+    np.testing.assert_allclose(attention[:, 0].sum(-1), 1.0, atol=1e-5)
+    assert np.all(attention[np.arange(len(src)), 0, lengths - 1] > 0.5)  # first output looks at the last input
+
+
+def test_beam_width_one_equals_greedy(reversal_model):
+    src, _ = reversal_data(40, seed=2)
+    tokens, attention = reversal_model.greedy_decode(src)
+    beams = reversal_model.beam_search(src, width=1)
+    for row, hyps in enumerate(beams):
+        seq = tokens[row].tolist()
+        n = seq.index(2)
+        assert hyps[0].tokens == seq[:n]
+        np.testing.assert_allclose(hyps[0].attention, attention[row, :n + 1], atol=1e-6)
+
+
+def test_beam_search_returns_ranked_hypotheses_with_attention(reversal_model):
+    src, tgt = reversal_data(20, seed=3)
+    beams = reversal_model.beam_search(src, width=3, length_penalty=0.6)
+    assert len(beams) == 20 and all(len(h) == 3 for h in beams)
+    for row, hyps in enumerate(beams):
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        ref = tgt[row, 1:].tolist()
+        assert hyps[0].tokens == ref[:ref.index(2)]
+        for h in hyps:
+            assert h.attention.shape[1] == src.shape[1] and h.attention.shape[0] >= len(h.tokens)
+            assert len(set(map(tuple, (h.tokens for h in hyps)))) == 3  # distinct hypotheses
+
+
+def test_luong_bidirectional_lstm_trains():
+    attnx.set_random_seed(0)
+    src, tgt = reversal_data(2000, seed=4)
+    model = Seq2Seq(13, 13, embedding_dim=16, units=32, attention="luong", score="concat", cell="lstm",
+                    bidirectional=True, start_token=1, end_token=2, max_length=8)
+    model.compile(attnx.optimizers.Adam(0.01))
+    model.fit(src, tgt, batch_size=64, epochs=4, verbose=0)
+    assert model.history["loss"][-1] < 0.2 * model.history["loss"][0]
+
+
+# ------------------------------------------------------------------ texts, translate, BLEU
+def tiny_corpus():
+    words = {"one": "un", "two": "deux", "three": "trois", "cat": "chat", "dog": "chien"}
+    rng = np.random.default_rng(0)
+    keys = list(words)
+    src, tgt = [], []
+    for _ in range(400):
+        chosen = list(rng.choice(keys, rng.integers(1, 4)))
+        src.append("<start> " + " ".join(chosen) + " . <end>")
+        tgt.append("<start> " + " ".join(words[w] for w in chosen) + " . <end>")
+    return src, tgt
+
+
+@pytest.fixture(scope="module")
+def text_model():
+    attnx.set_random_seed(0)
+    src, tgt = tiny_corpus()
+    model = Seq2Seq.from_texts(src, tgt, embedding_dim=16, units=32, max_length=8)
+    model.compile(attnx.optimizers.Adam(0.01))
+    model.fit_texts(src, tgt, batch_size=32, epochs=20, verbose=0)
+    return model
+
+
+def test_translate_returns_words_and_attention(text_model):
+    translation, attention = text_model.translate("<start> cat two . <end>")
+    assert translation == "chat deux ."
+    assert attention.shape == (4, 5)  # 3 words + <end> by 5 source tokens
+    np.testing.assert_allclose(attention.sum(1), 1.0, atol=1e-5)
+    beam_translation, beam_attention = text_model.translate("<start> cat two . <end>", width=3)
+    assert beam_translation == translation and beam_attention.shape == attention.shape
+    src, tgt = tiny_corpus()
+    assert text_model.evaluate_bleu(src[:50], tgt[:50]) > 0.9
+
+
+def test_attention_heatmap_draws_translation(text_model):
+    import matplotlib
+    matplotlib.use("Agg")
+    from attnx.plot import attention_heatmap
+    sentence = "<start> one dog . <end>"
+    translation, attention = text_model.translate(sentence)
+    ax = attention_heatmap(attention, sentence.split(), translation.split() + ["<end>"])
+    assert [t.get_text() for t in ax.get_xticklabels()] == sentence.split()
+
+
+def test_corpus_bleu_hand_computed():
+    hyp = "the cat sat on the mat".split()
+    ref = "the cat sat on a mat".split()
+    # p1 = 5/6 (the second "the" is clipped), p2 = 3/5, p3 = 2/4, p4 = 1/3; equal lengths: BP = 1
+    assert metrics.corpus_bleu([[ref]], [hyp]) == pytest.approx((5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)
+    # no 4-gram in common -> 0 without smoothing
+    assert metrics.corpus_bleu([["a b c e".split()]], ["a b c d".split()]) == 0.0
+    assert metrics.corpus_bleu([[ref]], [ref]) == pytest.approx(1.0)
+    # two sentences: counts add over the corpus before the precisions are taken
+    h1, r1 = "a b c d e".split(), "a b c d e".split()
+    h2, r2 = "a b c d".split(), "a b c x y z".split()
+    # p1 = 8/9, p2 = 6/7, p3 = 4/5, p4 = 2/3; c = 9, r = 11 -> BP = exp(1 - 11/9)
+    expected = np.exp(1 - 11 / 9) * np.exp((np.log(8 / 9) + np.log(6 / 7) + np.log(4 / 5) + np.log(2 / 3)) / 4)
+    assert metrics.corpus_bleu([[r1], [r2]], [h1, h2]) == pytest.approx(expected)
+    # the closest reference length sets r (ties: the shorter); clipping by the max count in one reference
+    assert metrics.corpus_bleu([["a b c".split(), "a b c d q".split()]], [h2], max_n=1) == pytest.approx(1.0)
+    assert metrics.corpus_bleu([[r2, "a b c d q".split()]], [h2], max_n=1) == pytest.approx(np.exp(1 - 5 / 4))
+    assert metrics.corpus_bleu([["the cat".split()]], ["the the the".split()], max_n=1) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="2 reference lists but 1"):
+        metrics.corpus_bleu([[r1], [r2]], [h1])
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_input_raises_clear_errors(text_model):
+    with pytest.raises(ValueError, match="empty sentence"):
+        text_model.translate("")
+    with pytest.raises(ValueError, match="empty sentence"):
+        text_model.translate("<start> <end>")
+    with pytest.raises(ValueError, match=r"unknown source word\(s\) \['zebra'\]"):
+        text_model.translate("<start> cat zebra . <end>")
+    with pytest.raises(ValueError, match="width.*positive integer, got 0"):
+        text_model.beam_search(text_model.encode_sources(["<start> cat . <end>"]), width=0)
+    src = text_model.encode_sources(["<start> cat . <end>"])
+    long_target = np.array([[text_model.start_id] + [3] * 12])
+    with pytest.raises(ValueError, match="longer than max_length=8"):
+        text_model.train_on_batch(src, long_target)
+    with pytest.raises(TypeError, match="expected a str sentence"):
+        text_model.translate(["cat"])
+
+
+def test_decoder_bad_input():
+    dec = make_decoder("bahdanau", "additive", "gru", None)
+    ids, enc, states, smask, tmask = make_inputs("additive", "gru")
+    with pytest.raises(ValueError, match=r"`encoder_outputs` expected last axis of size 7"):
+        dec([ids, enc[..., :5]] + states)
+    with pytest.raises(IndexError, match=r"target token id 11 out of range \[0, 11\)"):
+        dec([np.full_like(ids, V), enc] + states)
+    with pytest.raises(ValueError, match=r"`source_mask` expected shape \(3, 5\), got \(3, 4\)"):
+        dec([ids, enc] + states, source_mask=smask[:, :4])
+    with pytest.raises(ValueError, match=r"`initial_state\[0\]` expected shape \(3, 8\), got \(3, 7\)"):
+        dec([ids, enc, states[0][:, :7]])
+    with pytest.raises(ValueError, match="expected 1 initial state"):
+        dec([ids, enc] + states * 2)
+    with pytest.raises(TypeError, match="bool mask"):
+        dec([ids, enc] + states, source_mask=smask.astype(np.float32))
+    with pytest.raises(RuntimeError, match="forward pass with training=True"):
+        dec([ids, enc] + states)
+        dec.backward(np.zeros((B, T, V)))
+    with pytest.raises(ValueError, match="score"):
+        LuongDecoder(V, E, H, score="bilinear")
+    with pytest.raises(ValueError, match="dot score needs encoder outputs of size units=8"):
+        make_decoder("luong", "dot", "gru", None, K=K).build([(B, T), (B, S, K), (B, H)])
+
+
+def test_fully_masked_source_gives_zero_context_not_nan():
+    dec = make_decoder("luong", "general", "gru", None)
+    ids, enc, states, smask, _ = make_inputs("general", "gru")
+    smask[0] = False
+    logits = dec([ids, enc] + states, training=True, source_mask=smask)
+    assert np.all(np.isfinite(logits)) and np.all(dec.attention_weights[0] == 0)
+    _, denc, dh = dec.backward(np.ones_like(logits))
+    assert np.all(np.isfinite(denc)) and np.all(denc[0] == 0) and np.all(np.isfinite(dh))
