@@ -30,14 +30,23 @@ void adam_update(T* p, const T* grad, T* m, T* v, size_t n, T lr, T beta1, T bet
     const T bias1 = T(1) - std::pow(beta1, T(step));
     const T sqrt_bias2 = std::sqrt(T(1) - std::pow(beta2, T(step)));
     const T step_size = lr / bias1;
-    parallel_for(n, 8.0 * n, [&](size_t lo, size_t hi) {
+    // decoupled decay as a factor and coupled decay as a gradient term keep the loop branch-free,
+    // so it vectorizes
+    const T shrink = decoupled ? T(1) - lr * weight_decay : T(1);
+    const T l2 = decoupled ? T(0) : weight_decay;
+    const T inv_sqrt_bias2 = T(1) / sqrt_bias2;
+    parallel_for(n, 8.0 * n, [=](size_t lo, size_t hi) {
+        T* __restrict__ pp = p;  // the four buffers never overlap
+        T* __restrict__ mm = m;
+        T* __restrict__ vv = v;
+        const T* __restrict__ gg = grad;
         for (size_t i = lo; i < hi; ++i) {
-            T g = grad[i];
-            if (decoupled) p[i] *= T(1) - lr * weight_decay;
-            else g += weight_decay * p[i];
-            m[i] = beta1 * m[i] + (T(1) - beta1) * g;
-            v[i] = beta2 * v[i] + (T(1) - beta2) * g * g;
-            p[i] -= step_size * m[i] / (std::sqrt(v[i]) / sqrt_bias2 + eps);
+            const T g = gg[i] + l2 * pp[i];
+            const T mi = beta1 * mm[i] + (T(1) - beta1) * g;
+            const T vi = beta2 * vv[i] + (T(1) - beta2) * g * g;
+            mm[i] = mi;
+            vv[i] = vi;
+            pp[i] = pp[i] * shrink - step_size * mi / (std::sqrt(vi) * inv_sqrt_bias2 + eps);
         }
     });
 }
