@@ -7,8 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "attnx/activations.hpp"
+#include "attnx/parallel.hpp"
 
 namespace attnx {
 
@@ -52,32 +54,40 @@ template <class T>
 T sparse_cce(T* dz, const T* z, const int64_t* labels, const T* w, size_t rows, size_t K, bool from_logits,
              int64_t ignore_index, T denom) {
     const T eps = T(kProbEpsilon);
-    double total = 0;
-    for (size_t r = 0; r < rows; ++r) {
-        const T* zr = z + r * K;
-        T* dzr = dz + r * K;
-        const int64_t label = labels[r];
-        const T wr = weight_at(w, r);
-        if (label == ignore_index || wr == T(0)) { std::fill(dzr, dzr + K, T(0)); continue; }
-        if (from_logits) {
-            const T maxv = *std::max_element(zr, zr + K);
-            double sum = 0;
-            for (size_t k = 0; k < K; ++k) sum += std::exp(double(zr[k] - maxv));
-            total += double(wr) * (std::log(sum) + double(maxv) - double(zr[label]));
-            softmax_rows(dzr, zr, 1, K);
-            dzr[label] -= T(1);
-            for (size_t k = 0; k < K; ++k) dzr[k] *= wr / denom;
-        } else {
-            T sum = 0;
-            for (size_t k = 0; k < K; ++k) sum += zr[k];
-            const T q = zr[label] / sum;
-            const T qc = std::min(std::max(q, eps), T(1) - eps);
-            total -= double(wr) * std::log(qc);
-            const bool inside = q > eps && q < T(1) - eps;
-            for (size_t k = 0; k < K; ++k) dzr[k] = inside ? wr * (T(1) / sum) / denom : T(0);
-            if (inside) dzr[label] -= wr / (zr[label] * denom);
+    std::vector<double> row_loss(rows, 0.0);  // rows run in parallel; summed in order afterwards
+    parallel_for(rows, double(rows) * K * 4, [&](size_t lo, size_t hi) {
+        for (size_t r = lo; r < hi; ++r) {
+            const T* zr = z + r * K;
+            T* dzr = dz + r * K;
+            const int64_t label = labels[r];
+            const T wr = weight_at(w, r);
+            if (label == ignore_index || wr == T(0)) { std::fill(dzr, dzr + K, T(0)); continue; }
+            if (from_logits) {
+                // one exp per score: dz holds exp(z - max) until it is normalised into softmax - onehot
+                const T maxv = *std::max_element(zr, zr + K);
+                double sum = 0;
+                for (size_t k = 0; k < K; ++k) {
+                    dzr[k] = std::exp(zr[k] - maxv);
+                    sum += dzr[k];
+                }
+                row_loss[r] = double(wr) * (std::log(sum) + double(maxv) - double(zr[label]));
+                const T scale = T(double(wr) / (double(denom) * sum));
+                for (size_t k = 0; k < K; ++k) dzr[k] *= scale;
+                dzr[label] -= wr / denom;
+            } else {
+                T sum = 0;
+                for (size_t k = 0; k < K; ++k) sum += zr[k];
+                const T q = zr[label] / sum;
+                const T qc = std::min(std::max(q, eps), T(1) - eps);
+                row_loss[r] = -double(wr) * std::log(qc);
+                const bool inside = q > eps && q < T(1) - eps;
+                for (size_t k = 0; k < K; ++k) dzr[k] = inside ? wr * (T(1) / sum) / denom : T(0);
+                if (inside) dzr[label] -= wr / (zr[label] * denom);
+            }
         }
-    }
+    });
+    double total = 0;
+    for (double l : row_loss) total += l;
     return T(total / double(denom));
 }
 
