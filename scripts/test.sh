@@ -6,8 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 shared_data="$(cd .. && pwd)/shared/data"
-# one folder holding uci-sentiment/ and anki/ serves every loader
-export ATTNX_DATA_DIR="${ATTNX_DATA_DIR:-$shared_data}"
+# one folder holding uci-sentiment/ and anki/ serves every loader: the shared data beside the
+# clone when it is there (CI), else the caller's ATTNX_DATA_DIR
+if [ -d "$shared_data/uci-sentiment" ] && [ -d "$shared_data/anki" ]; then
+  export ATTNX_DATA_DIR="$shared_data"
+fi
 export MPLBACKEND=Agg
 echo "== C++ unit tests"
 cmake -S . -B build/ctest -DATTNX_BUILD_TESTS=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_BUILD_TYPE=Release >/dev/null

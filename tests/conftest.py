@@ -1,7 +1,7 @@
 """Shared fixtures: a fixed random seed for every test and a default ATTNX_DATA_DIR.
 
-The data folder default matches tests/test_datasets.py: ``<repo>/../shared/data/uci-sentiment``
-unless ATTNX_DATA_DIR is already set (CI sets it).
+The data folder default is ``<repo>/../shared/data`` (every loader looks in its subfolder there)
+unless ATTNX_DATA_DIR is already set (scripts/test.sh sets the same folder).
 """
 import os
 from pathlib import Path
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "uci-sentiment"
+DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"  # holds uci-sentiment/ and anki/, as scripts/test.sh sets it
 
 if not os.environ.get("ATTNX_DATA_DIR"):
     os.environ["ATTNX_DATA_DIR"] = str(DEFAULT_DATA_DIR)
