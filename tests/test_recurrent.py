@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import attnx
-from attnx.interop import from_torch, to_torch
+from attnx.interop import from_torch, to_torch, torch_grads
 from attnx.layers import (GRU, LSTM, Bidirectional, Dense, Embedding, GRUCell, LSTMCell, SimpleRNN,
                           SimpleRNNCell)
 from attnx.testing import assert_close, gradcheck
@@ -14,17 +14,6 @@ KINDS = {"RNN": SimpleRNN, "GRU": GRU, "LSTM": LSTM}
 
 
 # ------------------------------------------------------------------------ torch parity
-def _torch_expected_grads(module, layer, kind):
-    """torch's parameter gradients in attnx layout. SimpleRNN/LSTM have one bias = b_ih + b_hh,
-    whose gradient equals each of torch's (identical) two, so b_hh's gradient is left out."""
-    import torch
-    grads = {n: p.grad.detach().numpy() for n, p in module.named_parameters()}
-    if kind != "GRU":
-        grads = {n: np.zeros_like(g) if n.startswith("bias_hh") else g for n, g in grads.items()}
-    del torch
-    return layer._torch_to_attnx(grads)
-
-
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("num_layers", [1, 2])
@@ -79,7 +68,7 @@ def test_parity_with_torch_packed(torch, kind, bidirectional, num_layers):
     for d in range(dirs):
         for i in range(n_states):
             assert_close(grads[1 + d * n_states + i], ours(states_t[i].grad, d), 1e-5, what=f"d state {d},{i}")
-    for name, g in _torch_expected_grads(module, layer, kind).items():
+    for name, g in torch_grads(module, layer).items():
         assert_close(layer.grads[name], g, 1e-5, what=f"d {name}")
 
 

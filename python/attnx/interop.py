@@ -6,9 +6,11 @@
 Each converter lives beside its layer and registers itself here:
 
 - ``@register_from_torch("Linear")`` decorates ``fn(module) -> (layer, to_attnx)`` where
-  ``to_attnx(tensors)`` maps a dict {torch parameter name: ndarray} (``module.named_parameters()``
-  names) to a dict {attnx param name: ndarray}. Weights and gradients both go through it, so
-  ``torch_grads(module, layer)`` is the torch gradient in attnx layout (what parity tests compare).
+  ``to_attnx(tensors, grads=False)`` maps a dict {torch parameter name: ndarray}
+  (``module.named_parameters()`` names) to a dict {attnx param name: ndarray}. Weights and
+  gradients both go through it, so ``torch_grads(module, layer)`` is the torch gradient in attnx
+  layout (what parity tests compare). ``grads=True`` matters only where one attnx weight is the sum
+  of several torch weights (an RNN's b_ih + b_hh): its gradient is each one's, not their sum.
 - ``@register_to_torch(Dense)`` decorates ``fn(layer) -> torch module`` with the weights copied.
 """
 import numpy as np
@@ -64,7 +66,7 @@ def torch_grads(module, layer):
     missing = [k for k, v in grads.items() if v is None]
     if missing:
         raise ValueError(f"torch_grads: torch parameters without a gradient: {missing}")
-    return layer._torch_to_attnx(grads)
+    return layer._torch_to_attnx(grads, grads=True)
 
 
 def to_torch(layer):
@@ -112,7 +114,7 @@ def _core_converters():
         layer.build((None, module.in_features))
         layer.built = True
 
-        def to_attnx(t):
+        def to_attnx(t, grads=False):
             out = {"kernel": t["weight"].T}
             if "bias" in t:
                 out["bias"] = t["bias"]
@@ -144,7 +146,7 @@ def _core_converters():
         layer = Embedding(module.num_embeddings, module.embedding_dim, dtype=dtype)
         layer.build((None, None))
         layer.built = True
-        return layer, lambda t: {"embeddings": t["weight"]}
+        return layer, lambda t, grads=False: {"embeddings": t["weight"]}
 
     @register_to_torch(Embedding)
     def _embedding_to(layer):

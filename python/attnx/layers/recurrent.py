@@ -745,13 +745,14 @@ class Bidirectional(Layer):
 _TORCH_KINDS = {"RNN": SimpleRNN, "GRU": GRU, "LSTM": LSTM}
 
 
-def _torch_level_to_attnx(kind, t, torch_sfx, use_bias):
+def _torch_level_to_attnx(kind, t, torch_sfx, use_bias, grads):
     """One level/direction of torch tensors -> {kernel, recurrent_kernel, bias} (attnx layout).
-    PyTorch adds b_ih and b_hh; Keras' single bias for SimpleRNN and LSTM is their sum."""
+    PyTorch adds b_ih and b_hh; Keras' single bias for SimpleRNN and LSTM is their sum, so its
+    gradient is that of either one (both equal)."""
     out = {"kernel": t["weight_ih" + torch_sfx].T, "recurrent_kernel": t["weight_hh" + torch_sfx].T}
     if use_bias:
         b_ih, b_hh = t["bias_ih" + torch_sfx], t["bias_hh" + torch_sfx]
-        out["bias"] = np.stack([b_ih, b_hh]) if kind == "GRU" else b_ih + b_hh
+        out["bias"] = np.stack([b_ih, b_hh]) if kind == "GRU" else b_ih if grads else b_ih + b_hh
     return out
 
 
@@ -772,11 +773,11 @@ def _rnn_from_torch(module, dtype):
     layer.build((None, None, module.input_size))
     layer.built = True
 
-    def to_attnx(t):
+    def to_attnx(t, grads=False):
         out = {}
         for prefix, torch_dir in directions:
             for level in range(module.num_layers):
-                level_weights = _torch_level_to_attnx(kind, t, f"_l{level}{torch_dir}", module.bias)
+                level_weights = _torch_level_to_attnx(kind, t, f"_l{level}{torch_dir}", module.bias, grads)
                 for k, v in level_weights.items():
                     out[prefix + k + _Recurrent._suffix(level)] = v
         return out

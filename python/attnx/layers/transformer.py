@@ -839,7 +839,7 @@ def _register_converters():
         layer.build((None, module.normalized_shape[0]))
         layer.built = True
 
-        def to_attnx(t):
+        def to_attnx(t, grads=False):
             return {name: t[torch_name] for name, torch_name in (("gamma", "weight"), ("beta", "bias"))
                     if torch_name in t}
         return layer, to_attnx
@@ -909,7 +909,7 @@ def _register_converters():
                                    use_bias=module.in_proj_bias is not None, dtype=dtype)
         layer.build_from_dims(module.embed_dim, module.vdim, module.kdim)
         layer.built = True
-        return layer, lambda t: mha_to_attnx(t, "", module.num_heads)
+        return layer, lambda t, grads=False: mha_to_attnx(t, "", module.num_heads)
 
     @register_to_torch(MultiHeadAttention)
     def _mha_to(layer):
@@ -973,7 +973,7 @@ def _register_converters():
         shape = (None, None, dim)
         layer.build(shape if layer_class is TransformerEncoderLayer else [shape, shape])
         layer.built = True
-        return layer, lambda t: block_to_attnx(t, heads)
+        return layer, lambda t, grads=False: block_to_attnx(t, heads)
 
     def block_to(layer, torch_class):
         import torch
@@ -1020,7 +1020,7 @@ def _register_converters():
         stack.built = True
         heads = first.num_heads
 
-        def to_attnx(t):
+        def to_attnx(t, grads=False):
             out = {}
             for i in range(len(module.layers)):
                 prefix = f"layers.{i}."
