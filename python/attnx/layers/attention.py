@@ -22,40 +22,12 @@ import math
 import numpy as np
 
 from .. import _core, backend, initializers
-from .base import Layer
+from .base import Layer, attend_mask
 
 SCORES = ("dot", "scaled_dot", "general", "concat", "additive")
 
 
 # ----------------------------------------------------------------------------- functional API
-def attend_mask(mask, batch, source_len, query_len=None, where="mask", shared_ok=False):
-    """`mask` as the kernels take it: a C-contiguous bool array (B, S) (key padding) or
-    (B, Tq, S) (per query), or None.
-
-    Accepts bool (or 0/1 integer) masks of those shapes and lengths ``(B,)`` (integers: the first
-    ``lengths[b]`` source positions are real); with `shared_ok`, also a leading axis of 1 for a
-    mask shared by the batch. Raises ValueError naming `where` otherwise.
-    """
-    if mask is None:
-        return None
-    m = np.asarray(mask)
-    if m.dtype.kind not in "biu":
-        raise TypeError(f"{where}: expected a bool mask or integer lengths, got dtype {m.dtype}")
-    if m.ndim in (2, 3) and m.shape[0] == 1 and batch != 1 and shared_ok:
-        batch = 1  # one mask for every batch row (functional API)
-    if m.ndim == 1 and m.dtype.kind in "iu":
-        if m.shape != (batch,):
-            raise ValueError(f"{where}: lengths expected shape ({batch},), got {m.shape}")
-        if m.size and (m.min() < 0 or m.max() > source_len):
-            raise ValueError(f"{where}: lengths must lie in [0, {source_len}], got {m.min()}..{m.max()}")
-        return np.ascontiguousarray(np.arange(source_len)[None, :] < m[:, None])
-    shapes = [(batch, source_len)] + ([(batch, query_len, source_len)] if query_len is not None else [])
-    if m.shape not in shapes:
-        raise ValueError(f"{where}: expected shape {' or '.join(map(str, shapes))} (True = may attend) or "
-                         f"lengths ({batch},), got {m.shape}")
-    return np.ascontiguousarray(m != 0 if m.dtype != bool else m)
-
-
 def _as_float(x, dtype=None):
     x = np.asarray(x)
     return np.ascontiguousarray(x, dtype=dtype or (np.float64 if x.dtype == np.float64 else np.float32))

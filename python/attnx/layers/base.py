@@ -30,6 +30,36 @@ def unique_name(prefix):
     return prefix if n == 0 else f"{prefix}_{n}"
 
 
+def attend_mask(mask, batch, source_len, query_len=None, where="mask", shared_ok=False, min_length=0):
+    """`mask` as the kernels take it: a C-contiguous bool array (B, S) (positions of a sequence,
+    e.g. key padding or an RNN's steps) or (B, Tq, S) (per query), or None. The one check of masks
+    and lengths for every layer that takes them.
+
+    Accepts bool (or 0/1 integer) masks of those shapes and lengths ``(B,)`` (integers in
+    ``[min_length, S]``: the first ``lengths[b]`` positions are real); with `shared_ok`, also a
+    leading axis of 1 for a mask shared by the batch. Raises TypeError (dtype) or ValueError
+    (shape, range) naming `where` otherwise.
+    """
+    if mask is None:
+        return None
+    m = np.asarray(mask)
+    if m.dtype.kind not in "biu":
+        raise TypeError(f"{where}: expected a bool mask or integer lengths, got dtype {m.dtype}")
+    if m.ndim in (2, 3) and m.shape[0] == 1 and batch != 1 and shared_ok:
+        batch = 1  # one mask for every batch row (functional API)
+    if m.ndim == 1 and m.dtype.kind in "iu":
+        if m.shape != (batch,):
+            raise ValueError(f"{where}: lengths expected shape ({batch},), got {m.shape}")
+        if m.size and (m.min() < min_length or m.max() > source_len):
+            raise ValueError(f"{where}: lengths must lie in [{min_length}, {source_len}], got {m.min()}..{m.max()}")
+        return np.ascontiguousarray(np.arange(source_len)[None, :] < m[:, None])
+    shapes = [(batch, source_len)] + ([(batch, query_len, source_len)] if query_len is not None else [])
+    if m.shape not in shapes:
+        raise ValueError(f"{where}: expected shape {' or '.join(map(str, shapes))} (True = real position) or "
+                         f"lengths ({batch},), got {m.shape}")
+    return np.ascontiguousarray(m != 0 if m.dtype != bool else m)
+
+
 class Layer:
     """Base class of all layers.
 

@@ -3,7 +3,7 @@ models need (Flatten, Reshape, Concatenate, Add, GlobalAveragePooling1D)."""
 import numpy as np
 
 from .. import _core, activations, backend, initializers, regularizers
-from .base import Layer
+from .base import Layer, attend_mask
 
 
 class Dense(Layer):
@@ -373,19 +373,8 @@ class GlobalAveragePooling1D(Layer):
         if mask is None:
             weights = np.full(x.shape[:2], 1.0 / max(x.shape[1], 1), dtype=self.dtype)  # T = 0 pools to zeros
         else:
-            mask = np.asarray(mask)
-            if mask.dtype.kind not in "biu":
-                raise TypeError(f"Layer '{self.name}': mask must be bool (True = real step) or integer lengths, "
-                                f"got dtype {mask.dtype}")
-            if mask.ndim == 1 and mask.dtype.kind in "iu" and mask.shape == x.shape[:1]:
-                # lengths (B,) stand for the mask arange(T) < lengths
-                if mask.min() < 0 or mask.max() > x.shape[1]:
-                    raise ValueError(f"Layer '{self.name}': lengths must lie in [0, {x.shape[1]}], got "
-                                     f"min {mask.min()}, max {mask.max()}")
-                mask = np.arange(x.shape[1]) < mask[:, None]
-            if mask.shape != x.shape[:2]:
-                raise ValueError(f"Layer '{self.name}': mask expected shape {x.shape[:2]}, got {mask.shape}")
-            m = (mask != 0).astype(self.dtype)
+            mask = attend_mask(mask, x.shape[0], x.shape[1], where=f"Layer '{self.name}': `mask`")
+            m = mask.astype(self.dtype)
             weights = m / np.maximum(m.sum(axis=1, keepdims=True), 1)  # a fully masked row pools to zeros
         if training:
             self._cache = (weights, x.shape)

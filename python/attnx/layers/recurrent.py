@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import _core, backend, initializers, regularizers
 from ..interop import register_from_torch, register_to_torch, set_torch_params
-from .base import Layer
+from .base import Layer, attend_mask
 
 _ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
 
@@ -46,25 +46,14 @@ def _step_mask(layer, mask, lengths, batch, steps):
     """The (B, T) bool step mask from `mask` or `lengths` (None when every step is real)."""
     if mask is not None and lengths is not None:
         raise ValueError(f"Layer '{layer.name}': pass `mask` or `lengths`, not both")
-    if lengths is not None:
-        lengths = np.asarray(lengths)
-        if lengths.dtype.kind not in "iu":
-            raise TypeError(f"Layer '{layer.name}': `lengths` must be integers, got dtype {lengths.dtype}")
-        if lengths.shape != (batch,):
-            raise ValueError(f"Layer '{layer.name}': `lengths` expected shape ({batch},), got {lengths.shape}")
-        if lengths.min() < 1 or lengths.max() > steps:
-            raise ValueError(f"Layer '{layer.name}': `lengths` must lie in [1, {steps}] (the sequence length), "
-                             f"got values from {lengths.min()} to {lengths.max()}")
-        mask = np.arange(steps)[None, :] < lengths[:, None]
-    if mask is None:
-        return None
-    mask = np.asarray(mask)
-    if mask.dtype != np.bool_:
-        raise TypeError(f"Layer '{layer.name}': `mask` must be a bool array (True = real step), got dtype "
-                        f"{mask.dtype}")
-    if mask.shape != (batch, steps):
-        raise ValueError(f"Layer '{layer.name}': `mask` expected shape ({batch}, {steps}), got {mask.shape}")
-    return None if mask.all() else np.ascontiguousarray(mask)
+    given = "lengths" if lengths is not None else "mask"
+    if lengths is not None and np.ndim(lengths) != 1:
+        raise ValueError(f"Layer '{layer.name}': `lengths` expected shape ({batch},), got {np.shape(lengths)}")
+    if mask is not None and np.ndim(mask) != 2:  # lengths go through `lengths=`, where 0 is refused
+        raise ValueError(f"Layer '{layer.name}': `mask` expected shape ({batch}, {steps}), got {np.shape(mask)}")
+    step_mask = attend_mask(lengths if lengths is not None else mask, batch, steps, where=f"Layer '{layer.name}': "
+                            f"`{given}`", min_length=1)
+    return None if step_mask is None or step_mask.all() else step_mask
 
 
 class _Recurrent(Layer):
