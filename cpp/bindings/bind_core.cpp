@@ -9,14 +9,6 @@
 
 namespace attnx::bind {
 
-static Activation parse_activation(const std::string& name) {
-    try {
-        return activation_from_name(name);
-    } catch (const std::invalid_argument& e) {
-        throw py::value_error(e.what());
-    }
-}
-
 void init_core(py::module_& m) {
     m.def(
         "dense_forward",

@@ -6,11 +6,23 @@
 #include <pybind11/pybind11.h>
 
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "attnx/activations.hpp"
+
 namespace attnx::bind {
 namespace py = pybind11;
+
+// An activation by name; an unknown name raises ValueError.
+inline Activation parse_activation(const std::string& name) {
+    try {
+        return activation_from_name(name);
+    } catch (const std::invalid_argument& e) {
+        throw py::value_error(e.what());
+    }
+}
 
 inline std::string shape_str(const py::array& a) {
     std::ostringstream s;

@@ -80,11 +80,26 @@ template <class T> ATTNX_ALWAYS_INLINE T exp_value(T x) {
 }
 
 // ----------------------------------------------------------------------------- softmax
+// ----------------------------------------------------------------------------- row reductions
+// Reductions over a row keep kLanes partial results so that they vectorize: one accumulator
+// would chain every add behind the last (4 cycles each), which costs more than the math.
+constexpr size_t kLanes = 8;
+
+// sum_{c < n} term(c)
+template <class T, class Term> ATTNX_ALWAYS_INLINE T sum_lanes(size_t n, Term term) {
+    T lane[kLanes] = {};
+    const size_t body = n - n % kLanes;
+    for (size_t c = 0; c < body; c += kLanes)
+        for (size_t j = 0; j < kLanes; ++j) lane[j] += term(c + j);
+    T sum = 0;
+    for (size_t c = body; c < n; ++c) sum += term(c);
+    for (size_t j = 0; j < kLanes; ++j) sum += lane[j];
+    return sum;
+}
+
 // y = softmax(x) over the entries with mask[c] != 0 (mask null: all entries); masked entries get 0
 // and a fully masked row is all zeros, never NaN. One row of length cols; y may alias x.
-// Every pass is a plain loop so that it vectorizes, the max and the sum with kLanes partial
-// results: one accumulator would chain each add behind the last, costing more than the exps.
-constexpr size_t kLanes = 8;
+// Every pass is a plain loop so that it vectorizes.
 
 template <class T>
 ATTNX_ALWAYS_INLINE void masked_softmax_row_lanes(T* y, const T* x, const uint8_t* mask, size_t cols) {
@@ -95,8 +110,8 @@ ATTNX_ALWAYS_INLINE void masked_softmax_row_lanes(T* y, const T* x, const uint8_
     else if (y != x)
         std::copy(x, x + cols, y);
     // m = max_c y[c] (NaNs skipped here; they reach the sum below, and the whole row, through exp)
-    T lane_max[kLanes], lane_sum[kLanes];
-    for (size_t j = 0; j < kLanes; ++j) lane_max[j] = minus_inf, lane_sum[j] = T(0);
+    T lane_max[kLanes];
+    for (size_t j = 0; j < kLanes; ++j) lane_max[j] = minus_inf;
     const size_t body = cols - cols % kLanes;
     for (size_t c = 0; c < body; c += kLanes)
         for (size_t j = 0; j < kLanes; ++j) lane_max[j] = y[c + j] > lane_max[j] ? y[c + j] : lane_max[j];
@@ -110,11 +125,7 @@ ATTNX_ALWAYS_INLINE void masked_softmax_row_lanes(T* y, const T* x, const uint8_
     }
     // y = exp(y - m),  sum = sum_c y[c]
     for (size_t c = 0; c < cols; ++c) y[c] = exp_value(y[c] - maxv);
-    for (size_t c = 0; c < body; c += kLanes)
-        for (size_t j = 0; j < kLanes; ++j) lane_sum[j] += y[c + j];
-    T sum = 0;
-    for (size_t c = body; c < cols; ++c) sum += y[c];
-    for (size_t j = 0; j < kLanes; ++j) sum += lane_sum[j];
+    const T sum = sum_lanes<T>(cols, [&](size_t c) { return y[c]; });
     const T inv = T(1) / sum;
     for (size_t c = 0; c < cols; ++c) y[c] *= inv;
 }

@@ -245,6 +245,12 @@ class FeedForward(_Composite):
             tuple(input_shape[:-1]) + (self.intermediate_dim,))
 
     def call(self, inputs, training=False):
+        if not training:  # one kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never stored
+            x = self._float_input(inputs, min_ndim=2, last_dim=self.intermediate_dense.params["kernel"].shape[0])
+            inner, outer = self.intermediate_dense.params, self.output_dense.params
+            y = _core.feed_forward_forward(x.reshape(-1, x.shape[-1]), inner["kernel"], inner.get("bias"),
+                                           outer["kernel"], outer.get("bias"), self.activation)
+            return y.reshape(x.shape[:-1] + (y.shape[-1],))
         hidden = self.intermediate_dense(inputs, training=training)
         keep = _dropout_keep(hidden.shape, self.dropout, self.dtype) if training else None
         if keep is not None:
