@@ -31,8 +31,7 @@ void init_core(py::module_& m) {
                 T* py_ = y.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    dense_forward<T>(pz, px, pw, pb, (int)N, (int)C, (int)OC);
-                    activation_forward<T>(py_, pz, N, OC, act);
+                    dense_forward_rows<T>(py_, pz, px, pw, pb, (int)N, (int)C, (int)OC, act);
                 }
                 return py::make_tuple(y, z);
             });
