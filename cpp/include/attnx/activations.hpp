@@ -97,12 +97,12 @@ template <class T, class Term> ATTNX_ALWAYS_INLINE T sum_lanes(size_t n, Term te
     return sum;
 }
 
-// y = softmax(x) over the entries with mask[c] != 0 (mask null: all entries); masked entries get 0
-// and a fully masked row is all zeros, never NaN. One row of length cols; y may alias x.
-// Every pass is a plain loop so that it vectorizes.
-
+// The softmax of x over the entries with mask[c] != 0 (mask null: all entries) before its
+// normalization: y[c] = exp(x[c] - max) where allowed, 0 elsewhere; returns 1 / sum_c y[c], so
+// that softmax = y * the result. A fully masked row gives zeros (and 0), never NaN; a NaN row
+// gives NaNs. One row of length cols; y may alias x. Every pass is a plain loop so it vectorizes.
 template <class T>
-ATTNX_ALWAYS_INLINE void masked_softmax_row_lanes(T* y, const T* x, const uint8_t* mask, size_t cols) {
+ATTNX_ALWAYS_INLINE T masked_exp_row_lanes(T* y, const T* x, const uint8_t* mask, size_t cols) {
     constexpr T minus_inf = -std::numeric_limits<T>::infinity();
     // y = x where allowed, -inf (weight exp(-inf) = 0) elsewhere
     if (mask)
@@ -120,14 +120,29 @@ ATTNX_ALWAYS_INLINE void masked_softmax_row_lanes(T* y, const T* x, const uint8_
     for (size_t j = 0; j < kLanes; ++j) maxv = lane_max[j] > maxv ? lane_max[j] : maxv;
     if (maxv == minus_inf) {  // nothing to attend to, unless NaN (a row of NaNs must not pass for a masked one)
         const bool nan = std::any_of(y, y + cols, [](T v) { return v != v; });
-        std::fill(y, y + cols, nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
-        return;
+        const T fill = nan ? std::numeric_limits<T>::quiet_NaN() : T(0);
+        std::fill(y, y + cols, fill);
+        return fill;
     }
     // y = exp(y - m),  sum = sum_c y[c]
     for (size_t c = 0; c < cols; ++c) y[c] = exp_value(y[c] - maxv);
-    const T sum = sum_lanes<T>(cols, [&](size_t c) { return y[c]; });
-    const T inv = T(1) / sum;
-    for (size_t c = 0; c < cols; ++c) y[c] *= inv;
+    return T(1) / sum_lanes<T>(cols, [&](size_t c) { return y[c]; });
+}
+
+__attribute__((target_clones("avx2", "default"))) inline float masked_exp_row(float* y, const float* x,
+                                                                             const uint8_t* mask, size_t cols) {
+    return masked_exp_row_lanes(y, x, mask, cols);
+}
+inline double masked_exp_row(double* y, const double* x, const uint8_t* mask, size_t cols) {
+    return masked_exp_row_lanes(y, x, mask, cols);
+}
+
+// y = softmax(x) over the entries with mask[c] != 0 (mask null: all entries); masked entries get 0
+// and a fully masked row is all zeros, never NaN. One row of length cols; y may alias x.
+template <class T>
+ATTNX_ALWAYS_INLINE void masked_softmax_row_lanes(T* y, const T* x, const uint8_t* mask, size_t cols) {
+    const T norm = masked_exp_row_lanes(y, x, mask, cols);
+    for (size_t c = 0; c < cols; ++c) y[c] *= norm;
 }
 
 __attribute__((target_clones("avx2", "default"))) inline void masked_softmax_row(float* y, const float* x,
@@ -149,8 +164,7 @@ template <class T> inline void softmax_rows_backward(T* dx, const T* dy, const T
     for (size_t r = 0; r < rows; ++r) {
         const T* yr = y + r * cols;
         const T* dyr = dy + r * cols;
-        T dot = 0;
-        for (size_t c = 0; c < cols; ++c) dot += dyr[c] * yr[c];
+        const T dot = sum_lanes<T>(cols, [&](size_t c) { return dyr[c] * yr[c]; });
         T* dxr = dx + r * cols;
         for (size_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
     }

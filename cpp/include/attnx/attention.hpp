@@ -69,18 +69,28 @@ template <class T> inline T* head_block(T* base, size_t n, int H, int T_, int D)
 //   context = (weights * keep) . V                              (Tq, Dv), rows ldv apart
 // `keep` multiplies the weights after the softmax: the dropout keep mask scaled by 1 / (1 - rate),
 // local attention's Gaussian, or null. `dropped` (Tq * S) and `row_mask` (S) are the caller's scratch.
+// With `row_norm` (Tq of scratch), for callers that discard the weights, the normalization moves
+// after the product, onto Tq * Dv entries instead of Tq * S (the weights are left unnormalized):
+//   context = diag(row_norm) . ((exp(scores - rowmax) * keep) . V),  row_norm = 1 / rowsum(exp(...))
 template <class T>
 void softmax_context_problem(T* context, T* weights, const T* value, const AttendMask& mask, size_t b, int t0,
-                             const T* keep, int Tq, int S, int Dv, int ldv, T* dropped, uint8_t* row_mask) {
-    for (int t = 0; t < Tq; ++t)
-        masked_softmax_row(weights + (size_t)t * S, weights + (size_t)t * S, mask.row(row_mask, b, t0 + t, S),
-                           (size_t)S);
+                             const T* keep, int Tq, int S, int Dv, int ldv, T* dropped, uint8_t* row_mask,
+                             T* row_norm = nullptr) {
+    for (int t = 0; t < Tq; ++t) {
+        T* w = weights + (size_t)t * S;
+        const uint8_t* allowed = mask.row(row_mask, b, t0 + t, S);
+        if (row_norm) row_norm[t] = masked_exp_row(w, w, allowed, (size_t)S);
+        else masked_softmax_row(w, w, allowed, (size_t)S);
+    }
     const T* used = weights;
     if (keep) {
         for (size_t i = 0; i < (size_t)Tq * S; ++i) dropped[i] = weights[i] * keep[i];
         used = dropped;
     }
     gemm<T>(false, false, Tq, Dv, S, T(1), used, S, value, ldv, T(0), context, ldv);
+    if (row_norm)
+        for (int t = 0; t < Tq; ++t)
+            for (int d = 0; d < Dv; ++d) context[(size_t)t * ldv + d] *= row_norm[t];
 }
 
 // Backward of softmax_context_problem (dvalue overwritten, rows ldv apart):
@@ -206,8 +216,8 @@ inline int sdpa_block_rows(int Tq, int S) { return std::max(1, std::min(Tq, 3276
 //   scores[n]  = scale * Q[n] . K[n]^T                          (Tq, S)
 //   weights[n] = masked_softmax(scores[n]),  context[n] = (weights[n] * keep[n]) . V[n]
 // Fused per problem and block of query rows (sdpa_block_rows). `weights` null (inference
-// without the weights): each block lives in per-thread scratch and the (B, H, Tq, S) weights
-// are never written.
+// without the weights): each block lives in per-thread scratch, the (B, H, Tq, S) weights are
+// never written, and the softmax is normalized on the context (softmax_context_problem's row_norm).
 template <class T>
 void sdpa_forward(T* context, T* weights, const T* q, const T* k, const T* v, const AttendMask& mask,
                   const T* keep, int B, int H, int Tq, int S, int Dk, int Dv, T scale) {
@@ -215,7 +225,8 @@ void sdpa_forward(T* context, T* weights, const T* q, const T* k, const T* v, co
     const int rows = sdpa_block_rows(Tq, S);
     parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
         std::vector<uint8_t> row_mask(mask.causal ? S : 0);
-        std::vector<T> dropped(keep ? (size_t)rows * S : 0), scratch(weights ? 0 : (size_t)rows * S);
+        std::vector<T> dropped(keep ? (size_t)rows * S : 0), scratch(weights ? 0 : (size_t)rows * S),
+            row_norm(weights ? 0 : rows);
         for (size_t n = lo; n < hi; ++n)
             for (int t0 = 0; t0 < Tq; t0 += rows) {
                 const int r = std::min(rows, Tq - t0);
@@ -225,7 +236,8 @@ void sdpa_forward(T* context, T* weights, const T* q, const T* k, const T* v, co
                                    r, S, Dk, H * Dk, scale);
                 softmax_context_problem(head_block(context, n, H, Tq, Dv) + (size_t)t0 * H * Dv, w,
                                         head_block(v, n, H, S, Dv), mask, n / H, t0, keep ? keep + first : nullptr,
-                                        r, S, Dv, H * Dv, dropped.data(), row_mask.data());
+                                        r, S, Dv, H * Dv, dropped.data(), row_mask.data(),
+                                        weights ? nullptr : row_norm.data());
             }
     });
 }
