@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-
+#include <mutex>
 #include <vector>
 
 #include "attnx/activations.hpp"
@@ -48,28 +48,29 @@ void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const
 template <class T>
 void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean, const T* rstd,
                         const T* gamma, size_t N, size_t C) {
-    for (size_t n = 0; n < N; ++n) {
-        const T* xr = x + n * C;
-        const T* dyr = dy + n * C;
-        T* dxr = dx + n * C;
-        const T m = mean[n], s = rstd[n];
-        T g_mean = 0, gx_mean = 0;
-        for (size_t c = 0; c < C; ++c) {
-            const T xhat = (xr[c] - m) * s;
-            const T g = gamma ? dyr[c] * gamma[c] : dyr[c];
-            g_mean += g;
-            gx_mean += g * xhat;
-            if (dgamma) dgamma[c] += dyr[c] * xhat;
-            if (dbeta) dbeta[c] += dyr[c];
+    std::mutex sums_lock;
+    parallel_for(N, double(N) * C * 8, [&](size_t lo, size_t hi) {
+        // this thread's rows' share of dgamma and dbeta, added in once at the end
+        std::vector<T> dgamma_part(dgamma ? C : 0, T(0)), dbeta_part(dbeta ? C : 0, T(0)), g(C), xhat(C);
+        for (size_t n = lo; n < hi; ++n) {
+            const T* xr = x + n * C;
+            const T* dyr = dy + n * C;
+            T* dxr = dx + n * C;
+            const T m = mean[n], s = rstd[n];
+            for (size_t c = 0; c < C; ++c) xhat[c] = (xr[c] - m) * s;
+            for (size_t c = 0; c < C; ++c) g[c] = gamma ? dyr[c] * gamma[c] : dyr[c];
+            if (dgamma)
+                for (size_t c = 0; c < C; ++c) dgamma_part[c] += dyr[c] * xhat[c];
+            if (dbeta)
+                for (size_t c = 0; c < C; ++c) dbeta_part[c] += dyr[c];
+            const T g_mean = sum_lanes<T>(C, [&](size_t c) { return g[c]; }) / T(C);
+            const T gx_mean = sum_lanes<T>(C, [&](size_t c) { return g[c] * xhat[c]; }) / T(C);
+            for (size_t c = 0; c < C; ++c) dxr[c] = s * (g[c] - g_mean - xhat[c] * gx_mean);
         }
-        g_mean /= T(C);
-        gx_mean /= T(C);
-        for (size_t c = 0; c < C; ++c) {
-            const T xhat = (xr[c] - m) * s;
-            const T g = gamma ? dyr[c] * gamma[c] : dyr[c];
-            dxr[c] = s * (g - g_mean - xhat * gx_mean);
-        }
-    }
+        std::lock_guard<std::mutex> guard(sums_lock);
+        for (size_t c = 0; c < dgamma_part.size(); ++c) dgamma[c] += dgamma_part[c];
+        for (size_t c = 0; c < dbeta_part.size(); ++c) dbeta[c] += dbeta_part[c];
+    });
 }
 
 // ------------------------------------------------------------------------ positional encodings
@@ -128,7 +129,9 @@ template <class T> void dropout_keep_scaled(T* keep, size_t n, double rate, uint
 
 // y[i] = x[i] * keep[i]: dropout's forward and, applied to dy, its backward. y may alias x.
 template <class T> void apply_keep(T* y, const T* x, const T* keep, size_t n) {
-    for (size_t i = 0; i < n; ++i) y[i] = x[i] * keep[i];
+    parallel_for(n, double(n), [&](size_t lo, size_t hi) {
+        for (size_t i = lo; i < hi; ++i) y[i] = x[i] * keep[i];
+    });
 }
 
 // y[i] = x[i] + dropout(sub)[i] = x[i] + keep[i] * sub[i]   (keep null: no dropout).
