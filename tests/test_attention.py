@@ -98,6 +98,70 @@ def test_sdpa_parallel_path_matches_serial_numpy():
                  what="dvalue")
 
 
+def _sdpa_masks(Bb, T, Sn):
+    rng = np.random.default_rng(9)
+    full = rng.random((Bb, T, Sn)) > 0.4
+    full[0, 1] = False  # a query with nothing to attend to
+    return {"none": None, "lengths": np.array([Sn, 0, 3][:Bb]), "padding": rng.random((Bb, Sn)) > 0.3,
+            "full": full, "shared": np.tril(np.ones((1, T, Sn), bool))}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True], ids=["all", "causal"])
+@pytest.mark.parametrize("mask_kind", ["none", "lengths", "padding", "full", "shared"])
+@pytest.mark.parametrize("Sn", [5, 1200], ids=["one-block", "row-blocks"])
+def test_sdpa_without_weights_matches_the_weights_path_and_numpy(dtype, causal, mask_kind, Sn):
+    # return_weights=False never writes the weights and normalizes on the context; S = 1200 makes
+    # the kernel work in several blocks of query rows (the last one partial)
+    Bb, T, H, d = 3, 70, 2, 3
+    q, k, v = rand(Bb, T, H * d, seed=1), rand(Bb, Sn, H * d, seed=2), rand(Bb, Sn, H * d, seed=3)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    mask = _sdpa_masks(Bb, T, Sn)[mask_kind]
+    ctx, w = A.scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, heads=H)
+    ctx_fast, none = A.scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, heads=H, return_weights=False)
+    assert none is None and ctx_fast.dtype == dtype
+    tol = 1e-6 if dtype == np.float32 else 1e-12
+    assert_close(ctx_fast, ctx, atol=tol, what="context without weights")
+    allowed = np.ones((Bb, 1, T, Sn), bool)
+    if mask is not None:
+        m = np.arange(Sn)[None, :] < mask[:, None] if mask.ndim == 1 else mask
+        allowed &= m[:, None, None, :] if m.ndim == 2 else m[:, None]
+    if causal:
+        allowed &= np.arange(Sn)[None, :] <= np.arange(T)[:, None]
+    qh, kh, vh = (x.astype(np.float64).reshape(Bb, -1, H, d).transpose(0, 2, 1, 3) for x in (q, k, v))
+    want_w = softmax_np(qh @ kh.transpose(0, 1, 3, 2) / math.sqrt(d), allowed)
+    assert_close(w, want_w, atol=tol, what="weights")
+    assert_close(ctx_fast, (want_w @ vh).transpose(0, 2, 1, 3).reshape(Bb, T, H * d), atol=10 * tol,
+                 what="context")
+
+
+def test_sdpa_without_weights_dropout_and_nan_rows():
+    H, dk = 2, 2
+    q, k, v = rand(B, TQ, H * dk, seed=1), rand(B, S, H * dk, seed=2), rand(B, S, H * dk, seed=3)
+    keep = (np.random.default_rng(4).random((B, H, TQ, S)) > 0.3) / 0.7
+    ctx, _ = A.scaled_dot_product_attention(q, k, v, heads=H, dropout_keep=keep)
+    ctx_fast, _ = A.scaled_dot_product_attention(q, k, v, heads=H, dropout_keep=keep, return_weights=False)
+    assert_close(ctx_fast, ctx, atol=1e-12, what="context with dropout")
+    q[0, 1] = np.nan  # NaN in, NaN out: that query's context is NaN, the others untouched
+    ctx, w = A.scaled_dot_product_attention(q, k, v, heads=H)
+    ctx_fast, _ = A.scaled_dot_product_attention(q, k, v, heads=H, return_weights=False)
+    assert np.all(np.isnan(w[0, :, 1])) and np.all(np.isnan(ctx_fast[0, 1]))
+    assert_close(np.delete(ctx_fast, 1, axis=1), np.delete(ctx, 1, axis=1), atol=1e-12, what="other queries")
+
+
+def test_float32_softmax_exp_is_accurate_over_the_whole_range():
+    # the vectorized float exp (activations.hpp): ~1 ulp; exp(-inf) = 0 and exp of very negative
+    # differences underflow to 0, so a huge spread gives exact one-hot weights
+    x = np.linspace(-87, 0, 7 * 1000).reshape(1, 1, 7, 1000).astype(np.float32)  # row maxima near 0
+    got = A.masked_softmax(x)
+    want = softmax_np(x.astype(np.float64))
+    assert np.max(np.abs(got - want) / np.maximum(want, 1e-30) * (want > 1e-30)) < 1e-6
+    spread = np.array([[[0.0, -200.0, -np.inf, 1e4]]], np.float32)
+    assert_close(A.masked_softmax(spread), np.array([[[0, 0, 0, 1.0]]]), atol=0)
+    extreme = np.array([[[80.0, 88.0, 88.5]]], np.float32)  # exp of each alone would nearly overflow
+    assert_close(A.masked_softmax(extreme), softmax_np(extreme.astype(np.float64)), atol=1e-6)
+
+
 def test_functional_softmax_context_and_masked_softmax():
     scores, value = rand(B, TQ, S, seed=1), rand(B, S, 2, seed=2)
     mask = np.array([[1, 0, 1, 1], [0, 0, 0, 0]], bool)

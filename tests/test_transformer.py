@@ -177,6 +177,20 @@ def test_encoder_layer_parity(torch, norm_first, activation):
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_encoder_layer_inference_parity_with_torch_fast_path(torch, norm_first):
+    module = randomize(torch, torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.1, batch_first=True,
+                                                               norm_first=norm_first)).eval()
+    layer = from_torch(module)
+    x = rand(3, 40, 16, seed=5, dtype=np.float32)
+    pad = np.arange(40)[None, :] < np.array([40, 17, 1])[:, None]
+    with torch.inference_mode():
+        want = module(torch.tensor(x), src_key_padding_mask=torch.tensor(~pad)).numpy()
+    got = layer(x, padding_mask=pad)
+    want[~pad] = got[~pad] = 0  # torch's fast path returns zeros at padded positions (nested tensors)
+    assert_close(got, want, atol=1e-5, what="inference output")
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_decoder_layer_parity(torch, norm_first):
     module = randomize(torch, torch.nn.TransformerDecoderLayer(8, H, 16, dropout=0.0, activation="gelu",
                                                                batch_first=True, norm_first=norm_first))
@@ -242,6 +256,63 @@ def test_fully_masked_queries_give_zero_weights_not_nan():
     assert np.all(np.isfinite(y)) and np.all(w[0] == 0)
     enc = layers.TransformerEncoderLayer(H, 8)
     assert np.all(np.isfinite(enc(x, padding_mask=np.array([0, 2]), training=True)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_inference_path_matches_the_training_path(dtype, norm_first, activation):
+    # training=False runs other kernels: attention without weights (unless returned), the
+    # feed-forward in row blocks without its hidden activations
+    kw = dict(num_heads=H, intermediate_dim=24, activation=activation, norm_first=norm_first, dtype=dtype)
+    enc, dec = layers.TransformerEncoderLayer(**kw), layers.TransformerDecoderLayer(**kw)
+    x, memory = rand(3, 7, 8, seed=1, dtype=dtype), rand(3, 5, 6, seed=2, dtype=dtype)
+    pad, memory_pad = np.array([7, 2, 0]), np.array([5, 1, 3])
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for causal in (False, True):
+        want, want_w = enc(x, padding_mask=pad, use_causal_mask=causal, return_attention_scores=True, training=True)
+        got, got_w = enc(x, padding_mask=pad, use_causal_mask=causal, return_attention_scores=True)
+        assert_close(got, want, atol=tol, what="encoder output")
+        assert_close(got_w, want_w, atol=tol, what="encoder weights")
+        assert_close(enc(x, padding_mask=pad, use_causal_mask=causal), want, atol=tol, what="encoder, no weights")
+    want = dec([x, memory], decoder_padding_mask=pad, encoder_padding_mask=memory_pad, training=True)
+    got = dec([x, memory], decoder_padding_mask=pad, encoder_padding_mask=memory_pad)
+    assert_close(got, want, atol=tol, what="decoder output")
+    _, self_w, cross_w = dec([x, memory], encoder_padding_mask=memory_pad, return_attention_scores=True)
+    assert self_w.shape == (3, H, 7, 7) and cross_w.shape == (3, H, 7, 5)
+    stack = layers.TransformerEncoder(2, **{k: v for k, v in kw.items() if k != "dtype"}, dtype=dtype)
+    y, weights = stack(x, padding_mask=pad, return_attention_scores=True)
+    assert_close(stack(x, padding_mask=pad), y, atol=tol, what="stack without weights")
+    assert len(weights) == 2 and all(w.shape == (3, H, 7, 7) for w in weights)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "linear"])
+def test_feed_forward_inference_kernel_in_row_blocks(activation):
+    # 700 rows of width 2048: the kernel splits them into blocks of 128 rows, the last partial
+    ff = layers.FeedForward(2048, activation=activation, dropout=0.5, output_dim=5)
+    x = rand(7, 100, 6, seed=3, dtype=np.float32)
+    ff.build(x.shape)
+    for name in ("intermediate/bias", "output/bias"):
+        ff.params[name][...] = rand(*ff.params[name].shape, seed=4)
+    got = ff(x)
+    hidden = attnx.activations.get(activation)
+    inner = x.astype(np.float64) @ ff.params["intermediate/kernel"] + ff.params["intermediate/bias"]
+    act = {"relu": lambda z: np.maximum(z, 0), "linear": lambda z: z,
+           "gelu": lambda z: z * 0.5 * (1 + np.vectorize(__import__("math").erf)(z / np.sqrt(2)))}[hidden]
+    want = act(inner) @ ff.params["output/kernel"] + ff.params["output/bias"]
+    assert got.shape == (7, 100, 5) and got.dtype == np.float32
+    assert_close(got, want, atol=1e-4, what="feed-forward inference")
+
+
+def test_dense_rows_split_across_threads_match_numpy():
+    # enough rows that dense_forward splits them into blocks over the threads
+    from attnx import _core
+    x, kernel, bias = rand(5000, 40, seed=1), rand(40, 64, seed=2), rand(64, seed=3)
+    for activation, act in (("relu", lambda z: np.maximum(z, 0)), ("tanh", np.tanh), ("linear", lambda z: z)):
+        y, _ = _core.dense_forward(x, kernel, bias, activation)
+        assert_close(y, act(x @ kernel + bias), atol=1e-12, what=activation)
+    y, z = _core.dense_forward(x, kernel, bias, "gelu")  # gelu keeps its pre-activation apart
+    assert_close(z, x @ kernel + bias, atol=1e-12, what="gelu pre-activation")
 
 
 def test_lengths_and_bool_masks_agree_and_padding_is_ignored():

@@ -87,7 +87,7 @@ void init_attention(py::module_& m) {
     m.def(
         "sdpa_forward",
         [](const py::array& q, const py::array& k, const py::array& v, const py::object& mask, bool causal,
-           double scale, int heads, const py::object& dropout_keep) {
+           double scale, int heads, const py::object& dropout_keep, bool return_weights) {
             return dispatch_float(q, "sdpa_forward: query", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const SdpaDims d = sdpa_dims(q, k, v, heads, "sdpa_forward");
@@ -97,9 +97,14 @@ void init_attention(py::module_& m) {
                 const T* pv = in_ptr<T>(v, "sdpa_forward: value");
                 const T* pkeep = optional_block<T>(dropout_keep, d, "sdpa_forward: dropout_keep");
                 auto context = new_array<T>({d.B, d.Tq, d.H * d.Dv});
-                auto weights = new_array<T>({d.B, d.H, d.Tq, d.S});
+                py::object weights = py::none();
+                T* pw = nullptr;
+                if (return_weights) {
+                    auto w = new_array<T>({d.B, d.H, d.Tq, d.S});
+                    pw = w.mutable_data();
+                    weights = std::move(w);
+                }
                 T* pc = context.mutable_data();
-                T* pw = weights.mutable_data();
                 {
                     py::gil_scoped_release release;
                     sdpa_forward<T>(pc, pw, pq, pk, pv, am, pkeep, (int)d.B, (int)d.H, (int)d.Tq, (int)d.S, (int)d.Dk,
@@ -110,10 +115,12 @@ void init_attention(py::module_& m) {
         },
         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask") = py::none(), py::arg("causal") = false,
         py::arg("scale") = 1.0, py::arg("heads") = 1, py::arg("dropout_keep") = py::none(),
+        py::arg("return_weights") = true,
         "Scaled dot-product attention over H heads. query (B, Tq, H*Dk), key (B, S, H*Dk), value (B, S, H*Dv); "
         "mask None, (B, S) key padding or (B, Tq, S) (leading axis 1: shared by the batch), True = may attend; "
         "causal limits query t to keys s <= t; dropout_keep (B, H, Tq, S) scaled keep mask or None. "
-        "Returns (context (B, Tq, H*Dv), weights (B, H, Tq, S)); fully masked rows give zero weights and context.");
+        "Returns (context (B, Tq, H*Dv), weights (B, H, Tq, S)); fully masked rows give zero weights and context. "
+        "return_weights=False returns (context, None) without ever writing the weights (inference).");
 
     m.def(
         "sdpa_backward",

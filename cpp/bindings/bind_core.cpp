@@ -9,14 +9,6 @@
 
 namespace attnx::bind {
 
-static Activation parse_activation(const std::string& name) {
-    try {
-        return activation_from_name(name);
-    } catch (const std::invalid_argument& e) {
-        throw py::value_error(e.what());
-    }
-}
-
 void init_core(py::module_& m) {
     m.def(
         "dense_forward",
@@ -39,8 +31,7 @@ void init_core(py::module_& m) {
                 T* py_ = y.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    dense_forward<T>(pz, px, pw, pb, (int)N, (int)C, (int)OC);
-                    activation_forward<T>(py_, pz, N, OC, act);
+                    dense_forward_rows<T>(py_, pz, px, pw, pb, (int)N, (int)C, (int)OC, act);
                 }
                 return py::make_tuple(y, z);
             });

@@ -191,6 +191,40 @@ void init_transformer(py::module_& m) {
         py::arg("x"), py::arg("keep"), "y = x * keep (dropout forward, and backward on dy).");
 
     m.def(
+        "feed_forward_forward",
+        [](const py::array& x, const py::array& kernel1, const py::object& bias1, const py::array& kernel2,
+           const py::object& bias2, const std::string& activation) {
+            const Activation act = parse_activation(activation);
+            return dispatch_float(x, "feed_forward_forward: x", [&](auto tag) -> py::array {
+                using T = decltype(tag);
+                check_rank(x, 2, "feed_forward_forward: x");
+                check_rank(kernel1, 2, "feed_forward_forward: kernel1");
+                check_rank(kernel2, 2, "feed_forward_forward: kernel2");
+                const auto N = x.shape(0), C = x.shape(1), F = kernel1.shape(1), OC = kernel2.shape(1);
+                check_shape(kernel1, {C, F}, "feed_forward_forward: kernel1");
+                check_shape(kernel2, {F, OC}, "feed_forward_forward: kernel2");
+                if (!bias1.is_none()) check_shape(bias1.cast<py::array>(), {F}, "feed_forward_forward: bias1");
+                if (!bias2.is_none()) check_shape(bias2.cast<py::array>(), {OC}, "feed_forward_forward: bias2");
+                const T* px = in_ptr<T>(x, "feed_forward_forward: x");
+                const T* pw1 = in_ptr<T>(kernel1, "feed_forward_forward: kernel1");
+                const T* pw2 = in_ptr<T>(kernel2, "feed_forward_forward: kernel2");
+                const T* pb1 = optional_in_ptr<T>(bias1, "feed_forward_forward: bias1");
+                const T* pb2 = optional_in_ptr<T>(bias2, "feed_forward_forward: bias2");
+                auto y = new_array<T>({N, OC});
+                T* py_ = y.mutable_data();
+                {
+                    py::gil_scoped_release release;
+                    feed_forward_forward<T>(py_, px, pw1, pb1, pw2, pb2, (int)N, (int)C, (int)F, (int)OC, act);
+                }
+                return std::move(y);
+            });
+        },
+        py::arg("x"), py::arg("kernel1"), py::arg("bias1"), py::arg("kernel2"), py::arg("bias2"),
+        py::arg("activation") = "relu",
+        "y = act(x . kernel1 + bias1) . kernel2 + bias2 for x (N, C), without keeping the hidden activations "
+        "(inference).");
+
+    m.def(
         "residual_add",
         [](const py::array& x, const py::array& sub, const py::object& keep) {
             return dispatch_float(x, "residual_add: x", [&](auto tag) -> py::array {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -34,29 +35,122 @@ template <class T> inline T sigmoid(T x) {
 template <class T> inline T gelu_cdf(T x) { return T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440))); }
 template <class T> inline T gelu_pdf(T x) { return T(0.39894228040143267794) * std::exp(T(-0.5) * x * x); }
 
+// ----------------------------------------------------------------------------- exp
+// The one exp kernel for float loops: Cephes' expf, branch-free so loops over it vectorize:
+//   exp(x) = 2^n * p(r),  n = round(x / ln 2),  r = x - n ln 2 in [-ln2 / 2, ln2 / 2]
+// with p a degree-7 polynomial (relative error < 2e-7, about 1 ulp). exp(x) = 0 below
+// -87.3365 (where the result would be subnormal), inf above 88.7228, NaN for NaN.
+// The double build keeps std::exp (gradchecks want the last bits).
+#define ATTNX_ALWAYS_INLINE inline __attribute__((always_inline))
+ATTNX_ALWAYS_INLINE float exp_poly(float x) {
+    const float round_bias = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in any FP mode
+    const float lowest = -87.33654475f, highest = 88.72283935f;
+    const float t = x * 1.44269504088896341f + round_bias;
+    const float n = t - round_bias;
+    // r = x - n ln2, ln2 split in two so n * ln2_hi is exact
+    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    // 2^n from the exponent bits; n = 128 (x near the top of the range) as 2^127 * 2
+    const int32_t e = (int32_t)n;
+    const int32_t e_capped = e > 127 ? 127 : e;
+    uint32_t bits = (uint32_t)(e_capped + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    const float y = p * scale * (e > 127 ? 2.0f : 1.0f);
+    return x < lowest ? 0.0f : (x > highest ? std::numeric_limits<float>::infinity() : y);
+}
+
+// y[i] = exp(x[i]) for i < n; y may alias x.
+__attribute__((target_clones("avx2", "default"))) inline void exp_array(float* y, const float* x, size_t n) {
+    for (size_t i = 0; i < n; ++i) y[i] = exp_poly(x[i]);
+}
+inline void exp_array(double* y, const double* x, size_t n) {
+    for (size_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+template <class T> ATTNX_ALWAYS_INLINE T exp_value(T x) {
+    if constexpr (sizeof(T) == sizeof(float)) return exp_poly(x);
+    else return std::exp(x);
+}
+
+// ----------------------------------------------------------------------------- softmax
+// ----------------------------------------------------------------------------- row reductions
+// Reductions over a row keep kLanes partial results so that they vectorize: one accumulator
+// would chain every add behind the last (4 cycles each), which costs more than the math.
+constexpr size_t kLanes = 8;
+
+// sum_{c < n} term(c)
+template <class T, class Term> ATTNX_ALWAYS_INLINE T sum_lanes(size_t n, Term term) {
+    T lane[kLanes] = {};
+    const size_t body = n - n % kLanes;
+    for (size_t c = 0; c < body; c += kLanes)
+        for (size_t j = 0; j < kLanes; ++j) lane[j] += term(c + j);
+    T sum = 0;
+    for (size_t c = body; c < n; ++c) sum += term(c);
+    for (size_t j = 0; j < kLanes; ++j) sum += lane[j];
+    return sum;
+}
+
+// The softmax of x over the entries with mask[c] != 0 (mask null: all entries) before its
+// normalization: y[c] = exp(x[c] - max) where allowed, 0 elsewhere; returns 1 / sum_c y[c], so
+// that softmax = y * the result. A fully masked row gives zeros (and 0), never NaN; a NaN row
+// gives NaNs. One row of length cols; y may alias x. Every pass is a plain loop so it vectorizes.
+template <class T>
+ATTNX_ALWAYS_INLINE T masked_exp_row_lanes(T* y, const T* x, const uint8_t* mask, size_t cols) {
+    constexpr T minus_inf = -std::numeric_limits<T>::infinity();
+    // y = x where allowed, -inf (weight exp(-inf) = 0) elsewhere
+    if (mask)
+        for (size_t c = 0; c < cols; ++c) y[c] = mask[c] ? x[c] : minus_inf;
+    else if (y != x)
+        std::copy(x, x + cols, y);
+    // m = max_c y[c] (NaNs skipped here; they reach the sum below, and the whole row, through exp)
+    T lane_max[kLanes];
+    for (size_t j = 0; j < kLanes; ++j) lane_max[j] = minus_inf;
+    const size_t body = cols - cols % kLanes;
+    for (size_t c = 0; c < body; c += kLanes)
+        for (size_t j = 0; j < kLanes; ++j) lane_max[j] = y[c + j] > lane_max[j] ? y[c + j] : lane_max[j];
+    T maxv = minus_inf;
+    for (size_t c = body; c < cols; ++c) maxv = y[c] > maxv ? y[c] : maxv;
+    for (size_t j = 0; j < kLanes; ++j) maxv = lane_max[j] > maxv ? lane_max[j] : maxv;
+    if (maxv == minus_inf) {  // nothing to attend to, unless NaN (a row of NaNs must not pass for a masked one)
+        const bool nan = std::any_of(y, y + cols, [](T v) { return v != v; });
+        const T fill = nan ? std::numeric_limits<T>::quiet_NaN() : T(0);
+        std::fill(y, y + cols, fill);
+        return fill;
+    }
+    // y = exp(y - m),  sum = sum_c y[c]
+    for (size_t c = 0; c < cols; ++c) y[c] = exp_value(y[c] - maxv);
+    return T(1) / sum_lanes<T>(cols, [&](size_t c) { return y[c]; });
+}
+
+__attribute__((target_clones("avx2", "default"))) inline float masked_exp_row(float* y, const float* x,
+                                                                             const uint8_t* mask, size_t cols) {
+    return masked_exp_row_lanes(y, x, mask, cols);
+}
+inline double masked_exp_row(double* y, const double* x, const uint8_t* mask, size_t cols) {
+    return masked_exp_row_lanes(y, x, mask, cols);
+}
+
 // y = softmax(x) over the entries with mask[c] != 0 (mask null: all entries); masked entries get 0
 // and a fully masked row is all zeros, never NaN. One row of length cols; y may alias x.
-template <class T> inline void masked_softmax_row(T* y, const T* x, const uint8_t* mask, size_t cols) {
-    T maxv = -std::numeric_limits<T>::infinity();
-    for (size_t c = 0; c < cols; ++c) {
-        if (mask && !mask[c]) continue;
-        if (std::isnan(x[c])) {  // NaN in, NaN out: a row of NaNs must not pass for a fully masked one
-            maxv = x[c];
-            break;
-        }
-        maxv = std::max(maxv, x[c]);
-    }
-    if (maxv == -std::numeric_limits<T>::infinity()) {  // nothing to attend to
-        std::fill(y, y + cols, T(0));
-        return;
-    }
-    T sum = 0;
-    for (size_t c = 0; c < cols; ++c) {
-        y[c] = (!mask || mask[c]) ? std::exp(x[c] - maxv) : T(0);
-        sum += y[c];
-    }
-    const T inv = T(1) / sum;
-    for (size_t c = 0; c < cols; ++c) y[c] *= inv;
+template <class T>
+ATTNX_ALWAYS_INLINE void masked_softmax_row_lanes(T* y, const T* x, const uint8_t* mask, size_t cols) {
+    const T norm = masked_exp_row_lanes(y, x, mask, cols);
+    for (size_t c = 0; c < cols; ++c) y[c] *= norm;
+}
+
+__attribute__((target_clones("avx2", "default"))) inline void masked_softmax_row(float* y, const float* x,
+                                                                                const uint8_t* mask, size_t cols) {
+    masked_softmax_row_lanes(y, x, mask, cols);
+}
+inline void masked_softmax_row(double* y, const double* x, const uint8_t* mask, size_t cols) {
+    masked_softmax_row_lanes(y, x, mask, cols);
 }
 
 // y[r, :] = softmax(x[r, :]) for rows of length cols; y may alias x.
@@ -70,8 +164,7 @@ template <class T> inline void softmax_rows_backward(T* dx, const T* dy, const T
     for (size_t r = 0; r < rows; ++r) {
         const T* yr = y + r * cols;
         const T* dyr = dy + r * cols;
-        T dot = 0;
-        for (size_t c = 0; c < cols; ++c) dot += dyr[c] * yr[c];
+        const T dot = sum_lanes<T>(cols, [&](size_t c) { return dyr[c] * yr[c]; });
         T* dxr = dx + r * cols;
         for (size_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
     }

@@ -63,22 +63,34 @@ template <class T> inline T* head_block(T* base, size_t n, int H, int T_, int D)
     return base + ((n / H) * (size_t)T_ * H + n % H) * (size_t)D;
 }
 
-// One problem's softmax and context, from its scores (overwritten by the weights):
+// One problem's softmax and context for its query rows [t0, t0 + Tq), from their scores
+// (overwritten by the weights):
 //   weights = masked_softmax(scores)                            (Tq, S), saved for backward and plotting
 //   context = (weights * keep) . V                              (Tq, Dv), rows ldv apart
 // `keep` multiplies the weights after the softmax: the dropout keep mask scaled by 1 / (1 - rate),
 // local attention's Gaussian, or null. `dropped` (Tq * S) and `row_mask` (S) are the caller's scratch.
+// With `row_norm` (Tq of scratch), for callers that discard the weights, the normalization moves
+// after the product, onto Tq * Dv entries instead of Tq * S (the weights are left unnormalized):
+//   context = diag(row_norm) . ((exp(scores - rowmax) * keep) . V),  row_norm = 1 / rowsum(exp(...))
 template <class T>
-void softmax_context_problem(T* context, T* weights, const T* value, const AttendMask& mask, size_t b,
-                             const T* keep, int Tq, int S, int Dv, int ldv, T* dropped, uint8_t* row_mask) {
-    for (int t = 0; t < Tq; ++t)
-        masked_softmax_row(weights + (size_t)t * S, weights + (size_t)t * S, mask.row(row_mask, b, t, S), (size_t)S);
+void softmax_context_problem(T* context, T* weights, const T* value, const AttendMask& mask, size_t b, int t0,
+                             const T* keep, int Tq, int S, int Dv, int ldv, T* dropped, uint8_t* row_mask,
+                             T* row_norm = nullptr) {
+    for (int t = 0; t < Tq; ++t) {
+        T* w = weights + (size_t)t * S;
+        const uint8_t* allowed = mask.row(row_mask, b, t0 + t, S);
+        if (row_norm) row_norm[t] = masked_exp_row(w, w, allowed, (size_t)S);
+        else masked_softmax_row(w, w, allowed, (size_t)S);
+    }
     const T* used = weights;
     if (keep) {
         for (size_t i = 0; i < (size_t)Tq * S; ++i) dropped[i] = weights[i] * keep[i];
         used = dropped;
     }
     gemm<T>(false, false, Tq, Dv, S, T(1), used, S, value, ldv, T(0), context, ldv);
+    if (row_norm)
+        for (int t = 0; t < Tq; ++t)
+            for (int d = 0; d < Dv; ++d) context[(size_t)t * ldv + d] *= row_norm[t];
 }
 
 // Backward of softmax_context_problem (dvalue overwritten, rows ldv apart):
@@ -118,7 +130,7 @@ void softmax_context_forward(T* context, T* weights, const T* value, const Atten
         std::vector<T> dropped(keep ? block : 0);
         for (size_t n = lo; n < hi; ++n)
             softmax_context_problem(head_block(context, n, H, Tq, Dv), weights + n * block,
-                                    head_block(value, n, H, S, Dv), mask, n / H, keep ? keep + n * block : nullptr,
+                                    head_block(value, n, H, S, Dv), mask, n / H, 0, keep ? keep + n * block : nullptr,
                                     Tq, S, Dv, H * Dv, dropped.data(), row_mask.data());
     });
 }
@@ -196,24 +208,37 @@ void dot_scores_backward(T* dq, T* dk, T* dscale, const T* dscores, const T* q, 
 }
 
 // ----------------------------------------------------------------------------- fused core
+// Query rows per block of the fused core: a (rows, S) block of scores (<= 128 KiB of floats)
+// stays in the core's L2 cache between the score product, the softmax and the context product.
+inline int sdpa_block_rows(int Tq, int S) { return std::max(1, std::min(Tq, 32768 / std::max(S, 1))); }
+
 // Scaled dot-product attention for one or more heads (the core multi-head attention uses):
 //   scores[n]  = scale * Q[n] . K[n]^T                          (Tq, S)
 //   weights[n] = masked_softmax(scores[n]),  context[n] = (weights[n] * keep[n]) . V[n]
-// Fused per problem, so each (Tq, S) block stays in cache between the three steps.
+// Fused per problem and block of query rows (sdpa_block_rows). `weights` null (inference
+// without the weights): each block lives in per-thread scratch, the (B, H, Tq, S) weights are
+// never written, and the softmax is normalized on the context (softmax_context_problem's row_norm).
 template <class T>
 void sdpa_forward(T* context, T* weights, const T* q, const T* k, const T* v, const AttendMask& mask,
                   const T* keep, int B, int H, int Tq, int S, int Dk, int Dv, T scale) {
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    const int rows = sdpa_block_rows(Tq, S);
     parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
         std::vector<uint8_t> row_mask(mask.causal ? S : 0);
-        std::vector<T> dropped(keep ? block : 0);
-        for (size_t n = lo; n < hi; ++n) {
-            T* w = weights + n * block;
-            dot_scores_problem(w, head_block(q, n, H, Tq, Dk), head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale);
-            softmax_context_problem(head_block(context, n, H, Tq, Dv), w, head_block(v, n, H, S, Dv), mask, n / H,
-                                    keep ? keep + n * block : nullptr, Tq, S, Dv, H * Dv, dropped.data(),
-                                    row_mask.data());
-        }
+        std::vector<T> dropped(keep ? (size_t)rows * S : 0), scratch(weights ? 0 : (size_t)rows * S),
+            row_norm(weights ? 0 : rows);
+        for (size_t n = lo; n < hi; ++n)
+            for (int t0 = 0; t0 < Tq; t0 += rows) {
+                const int r = std::min(rows, Tq - t0);
+                const size_t first = n * block + (size_t)t0 * S;  // row t0 of problem n in (B, H, Tq, S)
+                T* w = weights ? weights + first : scratch.data();
+                dot_scores_problem(w, head_block(q, n, H, Tq, Dk) + (size_t)t0 * H * Dk, head_block(k, n, H, S, Dk),
+                                   r, S, Dk, H * Dk, scale);
+                softmax_context_problem(head_block(context, n, H, Tq, Dv) + (size_t)t0 * H * Dv, w,
+                                        head_block(v, n, H, S, Dv), mask, n / H, t0, keep ? keep + first : nullptr,
+                                        r, S, Dv, H * Dv, dropped.data(), row_mask.data(),
+                                        weights ? nullptr : row_norm.data());
+            }
     });
 }
 

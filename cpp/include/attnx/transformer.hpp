@@ -6,7 +6,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
+#include "attnx/activations.hpp"
+#include "attnx/dense.hpp"
 #include "attnx/parallel.hpp"
 
 namespace attnx {
@@ -23,16 +27,15 @@ void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const
         for (size_t n = lo; n < hi; ++n) {
             const T* xr = x + n * C;
             T* yr = y + n * C;
-            T sum = 0;
-            for (size_t c = 0; c < C; ++c) sum += xr[c];
-            const T m = sum / T(C);
-            T sq = 0;  // two passes: the one-pass E[x^2] - m^2 loses precision for large means
-            for (size_t c = 0; c < C; ++c) sq += (xr[c] - m) * (xr[c] - m);
+            const T m = sum_lanes<T>(C, [&](size_t c) { return xr[c]; }) / T(C);
+            // two passes: the one-pass E[x^2] - m^2 loses precision for large means
+            const T sq = sum_lanes<T>(C, [&](size_t c) { return (xr[c] - m) * (xr[c] - m); });
             const T s = T(1) / std::sqrt(sq / T(C) + eps);
-            for (size_t c = 0; c < C; ++c) {
-                const T xhat = (xr[c] - m) * s;
-                yr[c] = (gamma ? xhat * gamma[c] : xhat) + (beta ? beta[c] : T(0));
-            }
+            for (size_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s;
+            if (gamma)
+                for (size_t c = 0; c < C; ++c) yr[c] *= gamma[c];
+            if (beta)
+                for (size_t c = 0; c < C; ++c) yr[c] += beta[c];
             mean[n] = m;
             rstd[n] = s;
         }
@@ -45,28 +48,29 @@ void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const
 template <class T>
 void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean, const T* rstd,
                         const T* gamma, size_t N, size_t C) {
-    for (size_t n = 0; n < N; ++n) {
-        const T* xr = x + n * C;
-        const T* dyr = dy + n * C;
-        T* dxr = dx + n * C;
-        const T m = mean[n], s = rstd[n];
-        T g_mean = 0, gx_mean = 0;
-        for (size_t c = 0; c < C; ++c) {
-            const T xhat = (xr[c] - m) * s;
-            const T g = gamma ? dyr[c] * gamma[c] : dyr[c];
-            g_mean += g;
-            gx_mean += g * xhat;
-            if (dgamma) dgamma[c] += dyr[c] * xhat;
-            if (dbeta) dbeta[c] += dyr[c];
+    std::mutex sums_lock;
+    parallel_for(N, double(N) * C * 8, [&](size_t lo, size_t hi) {
+        // this thread's rows' share of dgamma and dbeta, added in once at the end
+        std::vector<T> dgamma_part(dgamma ? C : 0, T(0)), dbeta_part(dbeta ? C : 0, T(0)), g(C), xhat(C);
+        for (size_t n = lo; n < hi; ++n) {
+            const T* xr = x + n * C;
+            const T* dyr = dy + n * C;
+            T* dxr = dx + n * C;
+            const T m = mean[n], s = rstd[n];
+            for (size_t c = 0; c < C; ++c) xhat[c] = (xr[c] - m) * s;
+            for (size_t c = 0; c < C; ++c) g[c] = gamma ? dyr[c] * gamma[c] : dyr[c];
+            if (dgamma)
+                for (size_t c = 0; c < C; ++c) dgamma_part[c] += dyr[c] * xhat[c];
+            if (dbeta)
+                for (size_t c = 0; c < C; ++c) dbeta_part[c] += dyr[c];
+            const T g_mean = sum_lanes<T>(C, [&](size_t c) { return g[c]; }) / T(C);
+            const T gx_mean = sum_lanes<T>(C, [&](size_t c) { return g[c] * xhat[c]; }) / T(C);
+            for (size_t c = 0; c < C; ++c) dxr[c] = s * (g[c] - g_mean - xhat[c] * gx_mean);
         }
-        g_mean /= T(C);
-        gx_mean /= T(C);
-        for (size_t c = 0; c < C; ++c) {
-            const T xhat = (xr[c] - m) * s;
-            const T g = gamma ? dyr[c] * gamma[c] : dyr[c];
-            dxr[c] = s * (g - g_mean - xhat * gx_mean);
-        }
-    }
+        std::lock_guard<std::mutex> guard(sums_lock);
+        for (size_t c = 0; c < dgamma_part.size(); ++c) dgamma[c] += dgamma_part[c];
+        for (size_t c = 0; c < dbeta_part.size(); ++c) dbeta[c] += dbeta_part[c];
+    });
 }
 
 // ------------------------------------------------------------------------ positional encodings
@@ -125,16 +129,42 @@ template <class T> void dropout_keep_scaled(T* keep, size_t n, double rate, uint
 
 // y[i] = x[i] * keep[i]: dropout's forward and, applied to dy, its backward. y may alias x.
 template <class T> void apply_keep(T* y, const T* x, const T* keep, size_t n) {
-    for (size_t i = 0; i < n; ++i) y[i] = x[i] * keep[i];
+    parallel_for(n, double(n), [&](size_t lo, size_t hi) {
+        for (size_t i = lo; i < hi; ++i) y[i] = x[i] * keep[i];
+    });
 }
 
 // y[i] = x[i] + dropout(sub)[i] = x[i] + keep[i] * sub[i]   (keep null: no dropout).
 // Its backward needs no kernel of its own: dx = dy, dsub = apply_keep(dy).
 template <class T> void residual_add(T* y, const T* x, const T* sub, const T* keep, size_t n) {
-    if (keep)
-        for (size_t i = 0; i < n; ++i) y[i] = x[i] + keep[i] * sub[i];
-    else
-        for (size_t i = 0; i < n; ++i) y[i] = x[i] + sub[i];
+    parallel_for(n, double(n), [&](size_t lo, size_t hi) {
+        if (keep)
+            for (size_t i = lo; i < hi; ++i) y[i] = x[i] + keep[i] * sub[i];
+        else
+            for (size_t i = lo; i < hi; ++i) y[i] = x[i] + sub[i];
+    });
+}
+
+// ------------------------------------------------------------------------ feed-forward (inference)
+// The position-wise feed-forward network of a transformer layer when nothing will run backward
+// (training keeps the hidden activations, through two dense layers):
+//   y[n, :] = act(x[n, :] . W1 + b1) . W2 + b2          x (N, C), W1 (C, F), W2 (F, OC)
+// per block of rows, blocks split across threads: each block's hidden activations (<= 1 MiB)
+// stay in the core's cache between the two products instead of making (N, F) round trips.
+template <class T>
+void feed_forward_forward(T* y, const T* x, const T* W1, const T* b1, const T* W2, const T* b2, int N, int C, int F,
+                          int OC, Activation act) {
+    const int rows = std::clamp((1 << 18) / std::max(F, 1), 16, 256);
+    const size_t blocks = ((size_t)N + rows - 1) / rows;
+    parallel_for(blocks, double(N) * F * (C + OC), [&](size_t lo, size_t hi) {
+        std::vector<T> hidden((size_t)std::min(rows, N) * F);
+        for (size_t block = lo; block < hi; ++block) {
+            const int r0 = (int)block * rows, r = std::min(rows, N - r0);
+            dense_forward<T>(hidden.data(), x + (size_t)r0 * C, W1, b1, r, C, F);
+            activation_forward<T>(hidden.data(), hidden.data(), (size_t)r, (size_t)F, act);
+            dense_forward<T>(y + (size_t)r0 * OC, hidden.data(), W2, b2, r, F, OC);
+        }
+    });
 }
 
 }  // namespace attnx

@@ -34,7 +34,7 @@ def _as_float(x, dtype=None):
 
 
 def scaled_dot_product_attention(query, key, value, mask=None, causal=False, scale=None, heads=1,
-                                 dropout_keep=None):
+                                 dropout_keep=None, return_weights=True):
     """Scaled dot-product attention, ``softmax(scale * Q K^T) V``, over `heads` heads.
 
     Args:
@@ -46,6 +46,8 @@ def scaled_dot_product_attention(query, key, value, mask=None, causal=False, sca
             projections of multi-head attention are used in place.
         dropout_keep: (B, H, Tq, S) keep mask already scaled by 1 / (1 - rate), applied to the weights
             after the softmax, or None.
+        return_weights: False for inference: the (B, H, Tq, S) weights are then never written
+            (each block of them lives in cache only) and None comes back in their place.
 
     Returns:
         ``(context (B, Tq, H * Dv), weights (B, H, Tq, S))``; `weights` are the softmax output
@@ -56,7 +58,8 @@ def scaled_dot_product_attention(query, key, value, mask=None, causal=False, sca
     if scale is None:
         scale = 1.0 / math.sqrt(max(1, q.shape[-1] // max(1, int(heads))))
     m = attend_mask(mask, q.shape[0], k.shape[1], q.shape[1], shared_ok=True) if q.ndim == 3 and k.ndim == 3 else mask
-    return _core.sdpa_forward(q, k, v, m, bool(causal), float(scale), int(heads), dropout_keep)
+    return _core.sdpa_forward(q, k, v, m, bool(causal), float(scale), int(heads), dropout_keep,
+                              bool(return_weights))
 
 
 def scaled_dot_product_attention_backward(dcontext, weights, query, key, value, scale=None, heads=1, dweights=None,

@@ -245,6 +245,12 @@ class FeedForward(_Composite):
             tuple(input_shape[:-1]) + (self.intermediate_dim,))
 
     def call(self, inputs, training=False):
+        if not training:  # one kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never stored
+            x = self._float_input(inputs, min_ndim=2, last_dim=self.intermediate_dense.params["kernel"].shape[0])
+            inner, outer = self.intermediate_dense.params, self.output_dense.params
+            y = _core.feed_forward_forward(x.reshape(-1, x.shape[-1]), inner["kernel"], inner.get("bias"),
+                                           outer["kernel"], outer.get("bias"), self.activation)
+            return y.reshape(x.shape[:-1] + (y.shape[-1],))
         hidden = self.intermediate_dense(inputs, training=training)
         keep = _dropout_keep(hidden.shape, self.dropout, self.dtype) if training else None
         if keep is not None:
@@ -292,6 +298,12 @@ def _combine_masks(attention_mask, padding_mask):
     if padding_mask is None:
         return attention_mask
     return attention_mask & padding_mask[:, None, :]
+
+
+def _with_weights(out, returned):
+    """A sublayer's (output, weights), from a call that returned weights only when asked: the
+    weights of every head are only written out when someone will read them."""
+    return out if returned else (out, None)
 
 
 def _linear_backward(dy2, x2, kernel, dkernel, dbias, need_dx=True):
@@ -429,7 +441,8 @@ class MultiHeadAttention(Layer):
         v = self._project("value", v2).reshape(B, S, -1)
         keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype) if training else None
         context, weights = scaled_dot_product_attention(q, k, v, mask, bool(use_causal_mask), heads=H,
-                                                        dropout_keep=keep)
+                                                        dropout_keep=keep,
+                                                        return_weights=training or return_attention_scores)
         context2 = context.reshape(B * T, -1)
         out = self._project("output", context2).reshape(B, T, -1)
         if training:
@@ -600,10 +613,10 @@ class TransformerEncoderLayer(_TransformerLayerBase):
         self._keeps = []
 
         def attend(h):
-            return self.self_attention(h, h, attention_mask=attention_mask,
-                                       key_padding_mask=mask if padding_mask is None else padding_mask,
-                                       use_causal_mask=use_causal_mask, return_attention_scores=True,
-                                       training=training)
+            return _with_weights(self.self_attention(
+                h, h, attention_mask=attention_mask, key_padding_mask=mask if padding_mask is None else padding_mask,
+                use_causal_mask=use_causal_mask, return_attention_scores=return_attention_scores,
+                training=training), return_attention_scores)
 
         y, weights = self._residual(x, attend, self.norm1, training)
         y, _ = self._residual(y, lambda h: (self.feed_forward(h, training=training), None), self.norm2, training)
@@ -675,14 +688,15 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         self._keeps = []
 
         def self_attend(h):
-            return self.self_attention(h, h, attention_mask=decoder_attention_mask,
-                                       key_padding_mask=decoder_padding_mask, use_causal_mask=use_causal_mask,
-                                       return_attention_scores=True, training=training)
+            return _with_weights(self.self_attention(
+                h, h, attention_mask=decoder_attention_mask, key_padding_mask=decoder_padding_mask,
+                use_causal_mask=use_causal_mask, return_attention_scores=return_attention_scores,
+                training=training), return_attention_scores)
 
         def cross_attend(h):
-            return self.cross_attention(h, memory, attention_mask=encoder_attention_mask,
-                                        key_padding_mask=encoder_padding_mask, return_attention_scores=True,
-                                        training=training)
+            return _with_weights(self.cross_attention(
+                h, memory, attention_mask=encoder_attention_mask, key_padding_mask=encoder_padding_mask,
+                return_attention_scores=return_attention_scores, training=training), return_attention_scores)
 
         y, self_weights = self._residual(x, self_attend, self.norm1, training)
         y, cross_weights = self._residual(y, cross_attend, self.norm2, training)
@@ -758,9 +772,10 @@ class TransformerEncoder(_TransformerStack):
              return_attention_scores=False, training=False, mask=None):
         y, all_weights = inputs, []
         for block in self.blocks:
-            y, weights = block(y, padding_mask=mask if padding_mask is None else padding_mask,
-                               attention_mask=attention_mask, use_causal_mask=use_causal_mask,
-                               return_attention_scores=True, training=training)
+            y, weights = _with_weights(block(y, padding_mask=mask if padding_mask is None else padding_mask,
+                                             attention_mask=attention_mask, use_causal_mask=use_causal_mask,
+                                             return_attention_scores=return_attention_scores, training=training),
+                                       return_attention_scores)
             all_weights.append(weights)
         if training:
             self._cache = y.shape
@@ -795,11 +810,11 @@ class TransformerDecoder(_TransformerStack):
         y, memory = inputs
         self_weights, cross_weights = [], []
         for block in self.blocks:
-            y, w_self, w_cross = block([y, memory], decoder_padding_mask=decoder_padding_mask,
-                                       decoder_attention_mask=decoder_attention_mask,
-                                       encoder_padding_mask=encoder_padding_mask,
-                                       encoder_attention_mask=encoder_attention_mask, use_causal_mask=use_causal_mask,
-                                       return_attention_scores=True, training=training, mask=mask)
+            out = block([y, memory], decoder_padding_mask=decoder_padding_mask,
+                        decoder_attention_mask=decoder_attention_mask, encoder_padding_mask=encoder_padding_mask,
+                        encoder_attention_mask=encoder_attention_mask, use_causal_mask=use_causal_mask,
+                        return_attention_scores=return_attention_scores, training=training, mask=mask)
+            y, w_self, w_cross = out if return_attention_scores else (out, None, None)
             self_weights.append(w_self)
             cross_weights.append(w_cross)
         if training:
