@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
@@ -58,69 +59,74 @@ inline bool rnn_activation_ok(Activation a) {
     return a == Activation::tanh || a == Activation::sigmoid || a == Activation::relu || a == Activation::linear;
 }
 
-// Four floats as one value (GCC/Clang vector extension): one SSE register in portable builds.
-// Branch-free code on it vectorizes regardless of -ftrapping-math, which keeps GCC from
-// if-converting the scalar loops (and wider vectors lower poorly without AVX).
+// Four or eight floats as one value (GCC/Clang vector extension): one SSE register in portable
+// builds, one AVX register inside the AVX2 time loop. Branch-free code on it vectorizes regardless
+// of -ftrapping-math, which keeps GCC from if-converting the scalar loops.
 typedef float float4 __attribute__((vector_size(16)));
+typedef float float8 __attribute__((vector_size(32)));
+
+#define ATTNX_INLINE inline __attribute__((always_inline))
+
+// The scalar type and the lane count of the values the time loop computes on (double: one lane,
+// for the gradient checks).
+template <class V> struct Lanes;
+template <> struct Lanes<double> { using T = double; static constexpr int W = 1; };
+template <> struct Lanes<float4> { using T = float; static constexpr int W = 4; };
+template <> struct Lanes<float8> { using T = float; static constexpr int W = 8; };
+
+// n <= W contiguous values as one vector (lanes past n zero) and back
+template <class V, class T = typename Lanes<V>::T> ATTNX_INLINE V vload(const T* p, int n) {
+    V v = {};
+    if (n == Lanes<V>::W) std::memcpy(&v, p, sizeof v);
+    else std::memcpy(&v, p, (size_t)n * sizeof(T));
+    return v;
+}
+template <class V, class T = typename Lanes<V>::T> ATTNX_INLINE void vstore(T* p, V v, int n) {
+    if (n == Lanes<V>::W) std::memcpy(p, &v, sizeof v);
+    else std::memcpy(p, &v, (size_t)n * sizeof(T));
+}
 
 // tanh without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float precision
 // beyond); |error| < 4e-7.
-inline float4 tanh_rational(float4 x) {
-    const float4 limit = float4{} + 7.90531110763549805f;
+template <class V> ATTNX_INLINE V tanh_rational(V x) {
+    const V limit = V{} + 7.90531110763549805f;
     x = x > limit ? limit : x;
     x = x < -limit ? -limit : x;
-    const float4 x2 = x * x;
-    float4 p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+    const V x2 = x * x;
+    V p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
     p = p * x2 + -8.60467152213735e-11f;
     p = p * x2 + 5.12229709037114e-08f;
     p = p * x2 + 1.48572235717979e-05f;
     p = p * x2 + 6.37261928875436e-04f;
     p = p * x2 + 4.89352455891786e-03f;
-    float4 q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+    V q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
     q = q * x2 + 2.26843463243900e-03f;
     q = q * x2 + 4.89352518554385e-03f;
     return x * p / q;
 }
 
-// v[k] = f(v[k]) four at a time (the tail through a zero-padded block).
-template <class F> inline void map_float4(float* v, int n, F f) {
-    int k = 0;
-    for (; k + 4 <= n; k += 4) {
-        float4 x;
-        std::memcpy(&x, v + k, sizeof x);
-        x = f(x);
-        std::memcpy(v + k, &x, sizeof x);
-    }
-    if (k < n) {
-        float4 x = {};
-        std::memcpy(&x, v + k, (size_t)(n - k) * sizeof(float));
-        x = f(x);
-        std::memcpy(v + k, &x, (size_t)(n - k) * sizeof(float));
+// act(v) lane by lane. Floats use tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2); double, for
+// the gradient checks, the exact libm functions.
+template <class V> ATTNX_INLINE V activate(Activation a, V v) {
+    switch (a) {
+        case Activation::tanh:
+            if constexpr (std::is_same_v<V, double>) return std::tanh(v);
+            else return tanh_rational(v);
+        case Activation::sigmoid:
+            if constexpr (std::is_same_v<V, double>) return sigmoid(v);
+            else return 0.5f + 0.5f * tanh_rational(0.5f * v);
+        case Activation::relu: return v > typename Lanes<V>::T(0) ? v : V{};
+        default: return v;
     }
 }
 
-// v = act(v) over n contiguous values. Float uses tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2);
-// double, for the gradient checks, the exact libm functions.
+// v = act(v) over n contiguous values
 template <class T> void activate_block(Activation a, T* v, int n) {
-    switch (a) {
-        case Activation::tanh:
-            if constexpr (std::is_same_v<T, float>) {
-                map_float4(v, n, [](float4 x) { return tanh_rational(x); });
-            } else {
-                for (int k = 0; k < n; ++k) v[k] = std::tanh(v[k]);
-            }
-            break;
-        case Activation::sigmoid:
-            if constexpr (std::is_same_v<T, float>) {
-                map_float4(v, n, [](float4 x) { return 0.5f + 0.5f * tanh_rational(0.5f * x); });
-            } else {
-                for (int k = 0; k < n; ++k) v[k] = sigmoid(v[k]);
-            }
-            break;
-        case Activation::relu:
-            for (int k = 0; k < n; ++k) v[k] = v[k] > T(0) ? v[k] : T(0);
-            break;
-        default: break;
+    using V = std::conditional_t<std::is_same_v<T, float>, float4, double>;
+    constexpr int W = Lanes<V>::W;
+    for (int k = 0; k < n; k += W) {
+        const int m = std::min(W, n - k);
+        vstore(v + k, activate(a, vload<V>(v + k, m)), m);
     }
 }
 
@@ -146,133 +152,264 @@ template <class F> void for_batch_rows(const RNNConfig& cfg, F&& fn) {
 }
 
 // ------------------------------------------------------------------------------------- forward
-// Steps of rows [b0, b1). h, c (B, H) hold the initial state and leave with the final one;
-// hu (B, G*H) is the per-step workspace for h . U.
-template <class T>
-void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache, const T* U,
-                      const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
-    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), nb = b1 - b0;
+// The recurrent kernel U (H, Q*H) repacked for the time loop: per block of W units, per input k, the
+// Q gates' W columns side by side, zero past H:
+//   packed[((u0 / W) * H + k) * Q + q][lane] = U[k, q*H + u0 + lane]
+// so that one step's product streams each block contiguously (and no 4 KiB stride aliases in L1).
+template <class T> void pack_recurrent_kernel(std::vector<T>& packed, const T* U, int H, int Q, int W) {
+    const int blocks = (H + W - 1) / W;
+    packed.assign((size_t)blocks * H * Q * W, T(0));
+    for (int u0 = 0; u0 < H; u0 += W)
+        for (int k = 0; k < H; ++k)
+            for (int q = 0; q < Q; ++q)
+                std::copy(U + (size_t)k * Q * H + (size_t)q * H + u0, U + (size_t)k * Q * H + (size_t)q * H + std::min(H, u0 + W),
+                          packed.data() + (((size_t)(u0 / W) * H + k) * Q + q) * W);
+}
+
+// Q gate vectors of one row (GCC keeps a small struct of vectors in registers, an array it spills)
+template <class V, int Q> struct GateVectors {
+    V q[Q];
+};
+
+template <class V, class T = typename Lanes<V>::T> ATTNX_INLINE V vbroadcast(T s) {
+    if constexpr (Lanes<V>::W == 1) {
+        return s;
+    } else {
+        typedef int Lane0 __attribute__((vector_size(sizeof(V))));
+        return __builtin_shuffle(V{s}, Lane0{});  // one vbroadcastss (s + V{} is an add: -0 + 0 = +0)
+    }
+}
+
+// pre[r].q[q] = sum_k A[r * lda + k] panel[k * k_stride + q * W .. + W) for R rows and Q gates
+template <class V, int Q, int R, class T>
+ATTNX_INLINE void gate_tile(GateVectors<V, Q> (&pre)[R], const T* A, size_t lda, int K, const T* panel,
+                            size_t k_stride) {
+    constexpr int W = Lanes<V>::W;
+    V acc[R][Q] = {};  // local until the end: GCC then keeps it in registers
+    for (int k = 0; k < K; ++k) {
+        V u[Q];
+#pragma GCC unroll 4
+        for (int q = 0; q < Q; ++q) u[q] = vload<V>(panel + (size_t)k * k_stride + (size_t)q * W, W);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const V a = vbroadcast<V>(A[(size_t)r * lda + k]);
+#pragma GCC unroll 4
+            for (int q = 0; q < Q; ++q) acc[r][q] += a * u[q];
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int q = 0; q < Q; ++q) pre[r].q[q] = acc[r][q];
+}
+
+// For every block of W units and every row b of [b0, b1):
+//   pre.q[q] = A[b, :] . U[:, (q0 + q)*H + u0 .. + W)   (q < Q; A row b at A + (b - b0) * lda)
+// then cell(b, pre, u0, n) with n the real units of the block. R rows share each load of U (R = 3
+// measured fastest for LSTM and GRU on Zen 3: 12 accumulators in AVX2's 16 registers).
+template <class V, int Q, class T, class Cell>
+ATTNX_INLINE void recurrent_product(int b0, int b1, const T* A, size_t lda, const T* packed, int H, int Qt, int q0,
+                                    Cell&& cell) {
+    constexpr int W = Lanes<V>::W, R = Q >= 3 ? 3 : 4;
+    const size_t k_stride = (size_t)Qt * W;
+    for (int u0 = 0; u0 < H; u0 += W) {
+        const T* panel = packed + (size_t)(u0 / W) * H * k_stride + (size_t)q0 * W;
+        const int n = std::min(W, H - u0);
+        int b = b0;
+        for (; b + R <= b1; b += R) {
+            GateVectors<V, Q> pre[R];
+            gate_tile<V, Q, R>(pre, A + (size_t)(b - b0) * lda, lda, H, panel, k_stride);
+            for (int r = 0; r < R; ++r) cell(b + r, pre[r], u0, n);
+        }
+        for (; b < b1; ++b) {
+            GateVectors<V, Q> pre[1];
+            gate_tile<V, Q, 1>(pre, A + (size_t)(b - b0) * lda, lda, H, panel, k_stride);
+            cell(b, pre[0], u0, n);
+        }
+    }
+}
+
+// Steps of rows [b0, b1) on vectors V, U packed by pack_recurrent_kernel with W = Lanes<V>::W.
+// h, c (B, H) hold the initial state and leave with the final one; hu (B, >= H) receives h_t while
+// h_{t-1} is still read. Without cache.h_prev (inference) nothing is kept for backward.
+template <class V, class T>
+ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache,
+                            const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu,
+                            size_t ld_hu) {
+    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), Q = cfg.gates();
     const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
     const Activation act = cfg.activation, ract = cfg.recurrent_activation;
+    const bool keep = cache.h_prev != nullptr;
     for (int s = 0; s < Tn; ++s) {
         const int t = cfg.time_at(s);
+        auto real = [&](int b) __attribute__((always_inline)) { return !mask || mask[(size_t)b * Tn + t]; };
         // cache the state entering step t (and its dropped-out copy that meets U)
         for (int b = b0; b < b1; ++b) {
             const size_t row = (size_t)b * TH + (size_t)t * H;
-            std::copy(h + (size_t)b * H, h + (size_t)(b + 1) * H, cache.h_prev + row);
-            if (cache.c_prev) std::copy(c + (size_t)b * H, c + (size_t)(b + 1) * H, cache.c_prev + row);
+            if (keep) std::copy(h + (size_t)b * H, h + (size_t)(b + 1) * H, cache.h_prev + row);
+            if (keep && cache.c_prev) std::copy(c + (size_t)b * H, c + (size_t)(b + 1) * H, cache.c_prev + row);
             if (rec_mask)
                 for (int j = 0; j < H; ++j) cache.h_rec[row + j] = h[(size_t)b * H + j] * rec_mask[(size_t)b * H + j];
         }
         const T* hr = rec_mask ? cache.h_rec + (size_t)b0 * TH + (size_t)t * H : h + (size_t)b0 * H;
-        const int ld_hr = rec_mask ? (int)TH : H;
-        T* hu0 = hu + (size_t)b0 * G;
-        if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
-            // hu[:, :2H] = h_rec . U[:, :2H]  (the candidate's product needs r first)
-            gemm<T>(false, false, nb, 2 * H, H, T(1), hr, ld_hr, U, G, T(0), hu0, G);
-        } else if (cfg.cell == RNNCell::gru) {
-            // hu = h_rec . U + b_rec
-            for (int b = 0; b < nb; ++b)
-                for (int k = 0; k < G; ++k) hu0[(size_t)b * G + k] = b_rec ? b_rec[k] : T(0);
-            gemm<T>(false, false, nb, G, H, T(1), hr, ld_hr, U, G, T(1), hu0, G);
-        } else {
-            // hu = h_rec . U
-            gemm<T>(false, false, nb, G, H, T(1), hr, ld_hr, U, G, T(0), hu0, G);
-        }
-
-        for (int b = b0; b < b1; ++b) {
-            const size_t row = (size_t)b * TH + (size_t)t * H;
-            T* g = cache.gates + (size_t)b * TG + (size_t)t * G;
-            const T* u = hu + (size_t)b * G;
-            T* hb = h + (size_t)b * H;
-            T* yb = y + row;
-            T* aux = cache.aux ? cache.aux + row : nullptr;
-            if (mask && !mask[(size_t)b * Tn + t]) {  // padded step: state carries through, output 0
-                std::fill(yb, yb + H, T(0));
-                if (aux) std::fill(aux, aux + H, T(0));  // aux meets dU's GEMM in backward: keep it finite
-                continue;
-            }
-            // pre-activations of the gates (GRU's candidate n and classic GRU's product come later)
-            const int summed = cfg.cell == RNNCell::gru ? 2 * H : G;
-            for (int k = 0; k < summed; ++k) g[k] += u[k];
-            switch (cfg.cell) {
-                case RNNCell::simple:
-                    // h_t = act(x_t W + b + h_{t-1} U)
-                    activate_block(act, g, H);
-                    std::copy(g, g + H, hb);
-                    std::copy(g, g + H, yb);
-                    break;
-                case RNNCell::lstm: {
-                    // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
-                    activate_block(ract, g, 2 * H);
-                    activate_block(act, g + 2 * H, H);
-                    activate_block(ract, g + 3 * H, H);
-                    T* cb = c + (size_t)b * H;
-                    for (int j = 0; j < H; ++j) {
-                        cb[j] = g[H + j] * cb[j] + g[j] * g[2 * H + j];
-                        aux[j] = cb[j];
-                    }
-                    activate_block(act, aux, H);
-                    for (int j = 0; j < H; ++j) {
-                        hb[j] = g[3 * H + j] * aux[j];
-                        yb[j] = hb[j];
-                    }
-                    break;
-                }
-                case RNNCell::gru:
-                    // r, z = ract(x W + b_in + h U + b_rec)
-                    activate_block(ract, g, 2 * H);
-                    if (cfg.reset_after) {
-                        // n = act(x_n + r * (h U_n + b_hn)); h_t = z h_{t-1} + (1 - z) n
-                        for (int j = 0; j < H; ++j) {
-                            aux[j] = u[2 * H + j];
-                            g[2 * H + j] += g[j] * aux[j];
+        const size_t ld_hr = rec_mask ? TH : (size_t)H;
+        // where one block of row b's step lives: gates (x W + b pre-activations in, activated gates
+        // out), aux, y, the state, and h_t's staging row
+        struct Block {
+            T *g, *aux, *y, *h, *h_next;
+        };
+        auto block = [&](int b, int u0) __attribute__((always_inline)) -> Block {
+            const size_t row = (size_t)b * TH + (size_t)t * H + u0;
+            return {cache.gates + (size_t)b * TG + (size_t)t * G + u0, cache.aux ? cache.aux + row : nullptr, y + row,
+                    h + (size_t)b * H + u0, hu + (size_t)b * ld_hu + u0};
+        };
+        // padded step: the state carries through, the output is 0 (and aux, which meets dU's GEMM)
+        auto carry = [&](const Block& k, int n) __attribute__((always_inline)) {
+            vstore(k.h_next, vload<V>(k.h, n), n);
+            vstore(k.y, V{}, n);
+            if (k.aux) vstore(k.aux, V{}, n);
+        };
+        auto emit = [&](const Block& k, V h_t, int n) __attribute__((always_inline)) {
+            vstore(k.h_next, h_t, n);
+            vstore(k.y, h_t, n);
+        };
+        switch (cfg.cell) {
+            case RNNCell::simple:
+                // h_t = act(x_t W + b + h_{t-1} U)
+                recurrent_product<V, 1>(b0, b1, hr, ld_hr, packed_u, H, Q, 0,
+                                        [&](int b, GateVectors<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
+                                            const Block k = block(b, u0);
+                                            if (!real(b)) return carry(k, n);
+                                            const V h_t = activate(act, vload<V>(k.g, n) + hu_.q[0]);
+                                            if (keep) vstore(k.g, h_t, n);
+                                            emit(k, h_t, n);
+                                        });
+                break;
+            case RNNCell::lstm:
+                // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
+                recurrent_product<V, 4>(
+                    b0, b1, hr, ld_hr, packed_u, H, Q, 0,
+                    [&](int b, GateVectors<V, 4> hu_, int u0, int n) __attribute__((always_inline)) {
+                        const Block k = block(b, u0);
+                        if (!real(b)) return carry(k, n);
+                        const V i = activate(ract, vload<V>(k.g, n) + hu_.q[0]);
+                        const V f = activate(ract, vload<V>(k.g + H, n) + hu_.q[1]);
+                        const V g = activate(act, vload<V>(k.g + 2 * H, n) + hu_.q[2]);
+                        const V o = activate(ract, vload<V>(k.g + 3 * H, n) + hu_.q[3]);
+                        T* cb = c + (size_t)b * H + u0;
+                        const V c_t = f * vload<V>(cb, n) + i * g;
+                        const V act_c = activate(act, c_t);
+                        vstore(cb, c_t, n);
+                        if (keep) {
+                            vstore(k.g, i, n), vstore(k.g + H, f, n), vstore(k.g + 2 * H, g, n);
+                            vstore(k.g + 3 * H, o, n), vstore(k.aux, act_c, n);
                         }
-                        activate_block(act, g + 2 * H, H);
-                        for (int j = 0; j < H; ++j) {
-                            hb[j] = g[H + j] * hb[j] + (T(1) - g[H + j]) * g[2 * H + j];
-                            yb[j] = hb[j];
-                        }
-                    } else {
-                        // the candidate's input r * h_rec goes to aux for the second GEMM
-                        const T* hrb = cache.recurrent_input() + row;
-                        for (int j = 0; j < H; ++j) aux[j] = g[j] * hrb[j];
-                    }
-                    break;
-            }
-        }
-        if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
-            // hu[:, 2H:] = (r * h_rec) . U_n; n = act(x_n + that); h_t = z h_{t-1} + (1 - z) n
-            gemm<T>(false, false, nb, H, H, T(1), cache.aux + (size_t)b0 * TH + (size_t)t * H, (int)TH, U + 2 * H, G,
-                    T(0), hu0 + 2 * H, G);
-            for (int b = b0; b < b1; ++b) {
-                if (mask && !mask[(size_t)b * Tn + t]) continue;
-                T* g = cache.gates + (size_t)b * TG + (size_t)t * G;
-                const T* u = hu + (size_t)b * G;
-                T* hb = h + (size_t)b * H;
-                T* yb = y + (size_t)b * TH + (size_t)t * H;
-                for (int j = 0; j < H; ++j) g[2 * H + j] += u[2 * H + j];
-                activate_block(act, g + 2 * H, H);
-                for (int j = 0; j < H; ++j) {
-                    hb[j] = g[H + j] * hb[j] + (T(1) - g[H + j]) * g[2 * H + j];
-                    yb[j] = hb[j];
+                        emit(k, o * act_c, n);
+                    });
+                break;
+            case RNNCell::gru:
+                if (cfg.reset_after) {
+                    // r, z = ract(x W + b_in + h U + b_rec); n = act(x_n + r * (h U_n + b_hn));
+                    // h_t = z h_{t-1} + (T(1) - z) n
+                    recurrent_product<V, 3>(
+                        b0, b1, hr, ld_hr, packed_u, H, Q, 0,
+                        [&](int b, GateVectors<V, 3> hu_, int u0, int n) __attribute__((always_inline)) {
+                            const Block k = block(b, u0);
+                            if (!real(b)) return carry(k, n);
+                            V pre_r = vload<V>(k.g, n) + hu_.q[0], pre_z = vload<V>(k.g + H, n) + hu_.q[1], hn = hu_.q[2];
+                            if (b_rec) {
+                                pre_r += vload<V>(b_rec + u0, n), pre_z += vload<V>(b_rec + H + u0, n);
+                                hn += vload<V>(b_rec + 2 * H + u0, n);
+                            }
+                            const V r = activate(ract, pre_r), z = activate(ract, pre_z);
+                            const V nn = activate(act, vload<V>(k.g + 2 * H, n) + r * hn);
+                            if (keep) {
+                                vstore(k.g, r, n), vstore(k.g + H, z, n), vstore(k.g + 2 * H, nn, n);
+                                vstore(k.aux, hn, n);
+                            }
+                            emit(k, z * vload<V>(k.h, n) + (T(1) - z) * nn, n);
+                        });
+                } else {
+                    // r, z = ract(x W + b + h_rec U_rz); aux = r * h_rec, which the candidate's product needs
+                    recurrent_product<V, 2>(
+                        b0, b1, hr, ld_hr, packed_u, H, Q, 0,
+                        [&](int b, GateVectors<V, 2> hu_, int u0, int n) __attribute__((always_inline)) {
+                            const Block k = block(b, u0);
+                            if (!real(b)) return carry(k, n);
+                            const V r = activate(ract, vload<V>(k.g, n) + hu_.q[0]);
+                            vstore(k.g, r, n), vstore(k.g + H, activate(ract, vload<V>(k.g + H, n) + hu_.q[1]), n);
+                            vstore(k.aux, r * vload<V>(hr + (size_t)(b - b0) * ld_hr + u0, n), n);
+                        });
+                    // n = act(x_n + (r * h_rec) U_n); h_t = z h_{t-1} + (T(1) - z) n
+                    recurrent_product<V, 1>(
+                        b0, b1, cache.aux + (size_t)b0 * TH + (size_t)t * H, TH, packed_u, H, Q, 2,
+                        [&](int b, GateVectors<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
+                            const Block k = block(b, u0);
+                            if (!real(b)) return;  // carried in the first pass
+                            const V nn = activate(act, vload<V>(k.g + 2 * H, n) + hu_.q[0]), z = vload<V>(k.g + H, n);
+                            if (keep) vstore(k.g + 2 * H, nn, n);
+                            emit(k, z * vload<V>(k.h, n) + (T(1) - z) * nn, n);
+                        });
                 }
-            }
+                break;
         }
+        for (int b = b0; b < b1; ++b) std::copy(hu + (size_t)b * ld_hu, hu + (size_t)b * ld_hu + H, h + (size_t)b * H);
     }
+}
+
+// The time loop on AVX2 + FMA vectors (8 floats, the multiply-adds fused), compiled for that
+// instruction set alone and chosen at run time (distributed wheels target baseline x86-64).
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) inline void rnn_steps_avx2(
+    const RNNConfig& cfg, int b0, int b1, float* y, float* h, float* c, const RNNCache<float>& cache,
+    const float* packed_u, const float* b_rec, const uint8_t* mask, const float* rec_mask, float* hu, size_t ld_hu) {
+    rnn_steps<float8>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+}
+
+inline bool cpu_has_avx2_fma() {
+    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return yes;
+}
+
+// Lanes of the time loop that runs for T here (what pack_recurrent_kernel must pack for)
+template <class T> int recurrent_lanes() {
+    if constexpr (std::is_same_v<T, double>) return 1;
+    else return cpu_has_avx2_fma() ? 8 : 4;
+}
+
+template <class T>
+void rnn_packed_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache,
+                     const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu, size_t ld_hu) {
+    if constexpr (std::is_same_v<T, double>)
+        rnn_steps<double>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+    else if (cpu_has_avx2_fma())
+        rnn_steps_avx2(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+    else
+        rnn_steps<float4>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+}
+
+// Steps of rows [b0, b1) with the recurrent kernel U as stored (the decoder's per-step calls): U
+// is packed into this thread's buffer first. hu (B, G*H) is workspace.
+template <class T>
+void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache, const T* U,
+                      const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
+    thread_local std::vector<T> packed;
+    pack_recurrent_kernel(packed, U, cfg.H, cfg.gates(), recurrent_lanes<T>());
+    rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, packed.data(), b_rec, mask, rec_mask, hu, (size_t)cfg.G());
 }
 
 // Whole-sequence forward. y (B, T, H): h_t at real steps, 0 at padded ones. h, c (B, H): in the
 // initial state (zeros if none), out the final state (after each row's last real step). c and
 // cache.c_prev are LSTM only. b_in (G*H) / b_rec (G*H, GRU reset_after) may be null. mask (B, T)
 // nonzero = real step, null = all real. rec_mask (B, H) multiplies the state entering U (then
-// cache.h_rec must be given). hu: workspace (B, G*H).
+// cache.h_rec must be given). Inference leaves cache.h_prev null: then cache.gates and cache.aux
+// are workspace only. hu: workspace (B, G*H).
 template <class T>
 void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x, const T* W,
                  const T* U, const T* b_in, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
     dense_forward<T>(cache.gates, x, W, b_in, cfg.B * cfg.T, cfg.C, cfg.G());
+    thread_local std::vector<T> packed;
+    pack_recurrent_kernel(packed, U, cfg.H, cfg.gates(), recurrent_lanes<T>());
+    const T* packed_u = packed.data();  // this thread's buffer, read by every thread of the batch split
     for_batch_rows(cfg, [&](int b0, int b1) {
-        rnn_forward_rows<T>(cfg, b0, b1, y, h, c, cache, U, b_rec, mask, rec_mask, hu);
+        rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, (size_t)cfg.G());
     });
 }
 
@@ -318,7 +455,7 @@ void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __rest
     }
 }
 
-// GRU: dn = dh (1 - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z. The reset
+// GRU: dn = dh (T(1) - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z. The reset
 // gate's gradient follows in gru_after_row_backward or, for the classic form, after U_n^T.
 template <class T, class Slopes>
 void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g,

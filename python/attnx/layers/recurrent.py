@@ -167,12 +167,12 @@ class _Recurrent(Layer):
         seq = (B, T, H)
         phase = "train" if training else ("infer", threading.get_ident())
         workspace = self._workspace((phase, level, reverse), [
-            (B, T, G), seq, seq if recurrent_keep is not None else None, seq if self._cell == "lstm" else None,
-            seq if self._cell != "simple" else None, (B, G)])
+            (B, T, G), seq if training else None, seq if recurrent_keep is not None else None,
+            seq if self._cell == "lstm" and training else None, seq if self._cell != "simple" else None, (B, G)])
         y, h, c, cache = _core.rnn_forward(
             self._cell, x, self.params["kernel" + sfx], self.params["recurrent_kernel" + sfx], b_in, b_rec, h0, c0,
             mask, recurrent_keep, reverse, self.reset_after, self.activation, self.recurrent_activation, True,
-            workspace)
+            workspace, training)
         ctx = (x, mask, input_keep, recurrent_keep, cache, reverse) if training else None
         return y, h, c, ctx
 
