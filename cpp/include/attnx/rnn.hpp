@@ -201,30 +201,42 @@ ATTNX_INLINE void gate_tile(GateVectors<V, Q> (&pre)[R], const T* A, size_t lda,
         for (int q = 0; q < Q; ++q) pre[r].q[q] = acc[r][q];
 }
 
-// For every block of W units and every row b of [b0, b1):
-//   pre.q[q] = A[b, :] . U[:, (q0 + q)*H + u0 .. + W)   (q < Q; A row b at A + (b - b0) * lda)
-// then cell(b, pre, u0, n) with n the real units of the block. R rows share each load of U (R = 3
-// measured fastest for LSTM and GRU on Zen 3: 12 accumulators in AVX2's 16 registers).
+// A small product on a packed right operand: for every block c < blocks (panel0 + c * block_stride,
+// K rows of Q vectors, k_stride apart) and every row b of [b0, b1) (A + (b - b0) * lda):
+//   pre.q[q] = A[b, 0..K) . panel_c[0..K)[q]
+// then cell(b, pre, c). R rows share each load of the panel (R = 3 measured fastest for Q = 3 and
+// 4 on Zen 3: up to 12 accumulators in AVX2's 16 registers).
 template <class V, int Q, class T, class Cell>
-ATTNX_INLINE void recurrent_product(int b0, int b1, const T* A, size_t lda, const T* packed, int H, int Qt, int q0,
-                                    Cell&& cell) {
-    constexpr int W = Lanes<V>::W, R = Q >= 3 ? 3 : 4;
-    const size_t k_stride = (size_t)Qt * W;
-    for (int u0 = 0; u0 < H; u0 += W) {
-        const T* panel = packed + (size_t)(u0 / W) * H * k_stride + (size_t)q0 * W;
-        const int n = std::min(W, H - u0);
+ATTNX_INLINE void packed_product(int b0, int b1, const T* A, size_t lda, int K, const T* panel0, size_t k_stride,
+                                 size_t block_stride, int blocks, Cell&& cell) {
+    constexpr int R = Q >= 3 ? 3 : 4;
+    for (int c = 0; c < blocks; ++c) {
+        const T* panel = panel0 + (size_t)c * block_stride;
         int b = b0;
         for (; b + R <= b1; b += R) {
             GateVectors<V, Q> pre[R];
-            gate_tile<V, Q, R>(pre, A + (size_t)(b - b0) * lda, lda, H, panel, k_stride);
-            for (int r = 0; r < R; ++r) cell(b + r, pre[r], u0, n);
+            gate_tile<V, Q, R>(pre, A + (size_t)(b - b0) * lda, lda, K, panel, k_stride);
+            for (int r = 0; r < R; ++r) cell(b + r, pre[r], c);
         }
         for (; b < b1; ++b) {
             GateVectors<V, Q> pre[1];
-            gate_tile<V, Q, 1>(pre, A + (size_t)(b - b0) * lda, lda, H, panel, k_stride);
-            cell(b, pre[0], u0, n);
+            gate_tile<V, Q, 1>(pre, A + (size_t)(b - b0) * lda, lda, K, panel, k_stride);
+            cell(b, pre[0], c);
         }
     }
+}
+
+// h . U on pack_recurrent_kernel's layout: for every block of W units (from u0, n of them real) and
+// every row b of [b0, b1): pre.q[q] = A[b, :] . U[:, (q0 + q)*H + u0 .. + W); then cell(b, pre, u0, n)
+template <class V, int Q, class T, class Cell>
+ATTNX_INLINE void recurrent_product(int b0, int b1, const T* A, size_t lda, const T* packed, int H, int Qt, int q0,
+                                    Cell&& cell) {
+    constexpr int W = Lanes<V>::W;
+    const size_t k_stride = (size_t)Qt * W;
+    packed_product<V, Q>(b0, b1, A, lda, H, packed + (size_t)q0 * W, k_stride, (size_t)H * k_stride, (H + W - 1) / W,
+                         [&](int b, GateVectors<V, Q> pre, int c) __attribute__((always_inline)) {
+                             cell(b, pre, c * W, std::min(W, H - c * W));
+                         });
 }
 
 // Steps of rows [b0, b1) on vectors V, U packed by pack_recurrent_kernel with W = Lanes<V>::W.
@@ -431,7 +443,7 @@ template <class T> struct AnySlopes {
 
 // SimpleRNN: d pre = dh act'(h_t); h_{t-1} reaches h_t only through U
 template <class T, class Slopes>
-void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g) {
+ATTNX_INLINE void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g) {
     for (int j = 0; j < H; ++j) {
         dg[j] = dh[j] * slope.act(g[j]);
         dh[j] = T(0);
@@ -441,7 +453,7 @@ void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __re
 // LSTM: dc_t += dh o act'(c_t); di = dc g, df = dc c_{t-1}, dg = dc i, do = dh act(c_t), each times
 // its activation's slope; dc_{t-1} = dc_t f
 template <class T, class Slopes>
-void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, T* __restrict__ dc,
+ATTNX_INLINE void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, T* __restrict__ dc,
                        const T* __restrict__ g, const T* __restrict__ act_c, const T* __restrict__ c_prev) {
     for (int j = 0; j < H; ++j) {
         const T i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
@@ -458,7 +470,7 @@ void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __rest
 // GRU: dn = dh (T(1) - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z. The reset
 // gate's gradient follows in gru_after_row_backward or, for the classic form, after U_n^T.
 template <class T, class Slopes>
-void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g,
+ATTNX_INLINE void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g,
                       const T* __restrict__ h_prev) {
     for (int j = 0; j < H; ++j) {
         const T z = g[H + j], n = g[2 * H + j];
@@ -471,7 +483,7 @@ void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restr
 // GRU reset_after: n's pre-activation is x_n + r * hn, so dr = dn hn and d hn = dn r; dhu is the
 // gradient of h U + b_rec
 template <class T, class Slopes>
-void gru_after_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dhu,
+ATTNX_INLINE void gru_after_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dhu,
                             const T* __restrict__ g, const T* __restrict__ hn) {
     for (int j = 0; j < H; ++j) {
         const T r = g[j], dn = dg[2 * H + j];
@@ -482,17 +494,50 @@ void gru_after_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* _
     }
 }
 
-// Reverse-time steps of rows [b0, b1). dh, dc (B, H) come in as the gradient of the final state and
-// leave as that of the initial state. dgates (B, T, G*H) receives d(x W + b_in) per step; dhu
-// (B, T, G*H) receives d(h_rec U + b_rec) (the same buffer as dgates except for GRU reset_after);
-// dhrec (B, H) is workspace.
-template <class T, class Slopes>
-void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu,
-                       T* dhrec, const T* dy, const RNNCache<T>& cache, const T* U, const uint8_t* mask,
-                       const T* rec_mask) {
-    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), nb = b1 - b0;
+// U^T packed for d h_rec = d(h_rec U) . U^T, in blocks of 3 W units (three vectors per gate column n):
+//   packed_t[((k0 / (3 W)) * G + n) * 3 W + j] = U[k0 + j, n], zero past H
+template <class T> void pack_recurrent_kernel_t(std::vector<T>& packed_t, const T* U, int H, int G, int W) {
+    const int width = 3 * W, blocks = (H + width - 1) / width;
+    packed_t.assign((size_t)blocks * G * width, T(0));
+    for (int k = 0; k < H; ++k)
+        for (int n = 0; n < G; ++n)
+            packed_t[((size_t)(k / width) * G + n) * width + k % width] = U[(size_t)k * G + n];
+}
+
+// d h_rec[b, :] = dA[b, n0 .. n0 + K) . U[:, n0 .. n0 + K)^T for rows [b0, b1) (dA row b at
+// dA + (b - b0) * lda), handed to out(b, k0, vector, n) per W units from k0 (n of them real)
+template <class V, class T, class Out>
+ATTNX_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t lda, int n0, int K, const T* packed_t, int H,
+                                      int G, Out&& out) {
+    constexpr int W = Lanes<V>::W, width = 3 * W;
+    packed_product<V, 3>(b0, b1, dA + n0, lda, K, packed_t + (size_t)n0 * width, width, (size_t)G * width,
+                         (H + width - 1) / width,
+                         [&](int b, GateVectors<V, 3> pre, int c) __attribute__((always_inline)) {
+                             for (int q = 0; q < 3; ++q) {
+                                 const int k0 = c * width + q * W;
+                                 if (k0 < H) out(b, k0, pre.q[q], std::min(W, H - k0));
+                             }
+                         });
+}
+
+// Reverse-time steps of rows [b0, b1) on vectors V, U^T packed by pack_recurrent_kernel_t with
+// W = Lanes<V>::W. dh, dc (B, H) come in as the gradient of the final state and leave as that of
+// the initial state. dgates (B, T, G*H) receives d(x W + b_in) per step; dhu (B, T, G*H) receives
+// d(h_rec U + b_rec) (the same buffer as dgates except for GRU reset_after); dhrec (B, H) is
+// workspace.
+template <class V, class T, class Slopes>
+ATTNX_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc,
+                                     T* dgates, T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache,
+                                     const T* packed_t, const uint8_t* mask, const T* rec_mask) {
+    const int Tn = cfg.T, H = cfg.H, G = cfg.G();
     const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
     const bool gru_classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
+    // dh_{t-1} += d h_rec * recurrent dropout mask (padded rows have d h_rec = 0)
+    auto add_to_dh = [&](int b, int k0, V d_hrec, int n) __attribute__((always_inline)) {
+        T* d = dh + (size_t)b * H + k0;
+        if (rec_mask) d_hrec *= vload<V>(rec_mask + (size_t)b * H + k0, n);
+        vstore(d, vload<V>(d, n) + d_hrec, n);
+    };
     for (int s = Tn - 1; s >= 0; --s) {
         const int t = cfg.time_at(s);
         for (int b = b0; b < b1; ++b) {
@@ -520,10 +565,12 @@ void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1
             }
         }
         const T* du0 = dhu + (size_t)b0 * TG + (size_t)t * G;
-        T* dhr0 = dhrec + (size_t)b0 * H;
         if (gru_classic) {
             // d(r h_rec) = dn . U_n^T; dr = d(r h_rec) h_rec ract'(r); d h_rec = d(r h_rec) r + d[r, z] . U_rz^T
-            gemm<T>(false, true, nb, H, H, T(1), du0 + 2 * H, (int)TG, U + 2 * H, G, T(0), dhr0, H);
+            recurrent_product_t<V>(b0, b1, du0, TG, 2 * H, H, packed_t, H, G,
+                                   [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
+                                       vstore(dhrec + (size_t)b * H + k0, v, n);
+                                   });
             for (int b = b0; b < b1; ++b) {
                 if (mask && !mask[(size_t)b * Tn + t]) continue;
                 const size_t row = (size_t)b * TH + (size_t)t * H, grow = (size_t)b * TG + (size_t)t * G;
@@ -535,23 +582,50 @@ void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1
                     dhrb[j] *= r;
                 }
             }
-            gemm<T>(false, true, nb, H, 2 * H, T(1), du0, (int)TG, U, G, T(1), dhr0, H);
+            recurrent_product_t<V>(b0, b1, du0, TG, 0, 2 * H, packed_t, H, G,
+                                   [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
+                                       add_to_dh(b, k0, v + vload<V>(dhrec + (size_t)b * H + k0, n), n);
+                                   });
         } else {
             // d h_rec = d(h_rec U) . U^T
-            gemm<T>(false, true, nb, H, G, T(1), du0, (int)TG, U, G, T(0), dhr0, H);
-        }
-        // dh_{t-1} += d h_rec * recurrent dropout mask (padded rows have d h_rec = 0)
-        for (int b = b0; b < b1; ++b) {
-            T* dhb = dh + (size_t)b * H;
-            const T* dhrb = dhrec + (size_t)b * H;
-            if (rec_mask) {
-                const T* m = rec_mask + (size_t)b * H;
-                for (int j = 0; j < H; ++j) dhb[j] += dhrb[j] * m[j];
-            } else {
-                for (int j = 0; j < H; ++j) dhb[j] += dhrb[j];
-            }
+            recurrent_product_t<V>(b0, b1, du0, TG, 0, G, packed_t, H, G, add_to_dh);
         }
     }
+}
+
+// The reverse time loop on AVX2 + FMA vectors, chosen at run time (see rnn_steps_avx2)
+template <class Slopes>
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void rnn_backward_steps_avx2(
+    const RNNConfig& cfg, const Slopes& slope, int b0, int b1, float* dh, float* dc, float* dgates, float* dhu,
+    float* dhrec, const float* dy, const RNNCache<float>& cache, const float* packed_t, const uint8_t* mask,
+    const float* rec_mask) {
+    rnn_backward_steps<float8>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
+}
+
+template <class T, class Slopes>
+void rnn_backward_packed_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates,
+                              T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache, const T* packed_t,
+                              const uint8_t* mask, const T* rec_mask) {
+    if constexpr (std::is_same_v<T, double>)
+        rnn_backward_steps<double>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask,
+                                   rec_mask);
+    else if (cpu_has_avx2_fma())
+        rnn_backward_steps_avx2(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
+    else
+        rnn_backward_steps<float4>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask,
+                                   rec_mask);
+}
+
+// Reverse-time steps of rows [b0, b1) with the recurrent kernel U as stored (the decoder's per-step
+// calls): U^T is packed into this thread's buffer first. Arguments as rnn_backward_steps.
+template <class T, class Slopes>
+void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu,
+                       T* dhrec, const T* dy, const RNNCache<T>& cache, const T* U, const uint8_t* mask,
+                       const T* rec_mask) {
+    thread_local std::vector<T> packed_t;
+    pack_recurrent_kernel_t(packed_t, U, cfg.H, cfg.G(), recurrent_lanes<T>());
+    rnn_backward_packed_rows<T>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t.data(), mask,
+                                rec_mask);
 }
 
 // Whole-sequence backward. dy (B, T, H) may be null (only the final state used); dh, dc (B, H): in
@@ -563,13 +637,16 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
                   const RNNCache<T>& cache, const T* x, const T* W, const T* U, const uint8_t* mask,
                   const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
     const int BT = cfg.B * cfg.T, H = cfg.H, G = cfg.G();
+    thread_local std::vector<T> packed;
+    pack_recurrent_kernel_t(packed, U, H, G, recurrent_lanes<T>());
+    const T* packed_t = packed.data();  // this thread's buffer, read by every thread of the batch split
     for_batch_rows(cfg, [&](int b0, int b1) {
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
-            rnn_backward_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, U, mask,
-                                 rec_mask);
+            rnn_backward_packed_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache,
+                                        packed_t, mask, rec_mask);
         else
-            rnn_backward_rows<T>(cfg, AnySlopes<T>{cfg.activation, cfg.recurrent_activation}, b0, b1, dh, dc, dgates,
-                                 dhu, dhrec, dy, cache, U, mask, rec_mask);
+            rnn_backward_packed_rows<T>(cfg, AnySlopes<T>{cfg.activation, cfg.recurrent_activation}, b0, b1, dh, dc,
+                                        dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
     });
     // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T: one GEMM each over all steps
     dense_backward<T>(dx, dW, db_in, dgates, x, W, BT, cfg.C, G);
