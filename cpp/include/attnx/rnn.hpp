@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -416,11 +417,14 @@ void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, co
 template <class T>
 void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x, const T* W,
                  const T* U, const T* b_in, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
-    dense_forward<T>(cache.gates, x, W, b_in, cfg.B * cfg.T, cfg.C, cfg.G());
     thread_local std::vector<T> packed;
     pack_recurrent_kernel(packed, U, cfg.H, cfg.gates(), recurrent_lanes<T>());
     const T* packed_u = packed.data();  // this thread's buffer, read by every thread of the batch split
+    const size_t TG = (size_t)cfg.T * cfg.G();
     for_batch_rows(cfg, [&](int b0, int b1) {
+        // the rows' input projections, then their steps: one parallel region for the whole forward
+        dense_forward<T>(cache.gates + b0 * TG, x + (size_t)b0 * cfg.T * cfg.C, W, b_in, (b1 - b0) * cfg.T, cfg.C,
+                         cfg.G());
         rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, (size_t)cfg.G());
     });
 }
@@ -636,10 +640,24 @@ template <class T>
 void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec, T* dh, T* dc, const T* dy,
                   const RNNCache<T>& cache, const T* x, const T* W, const T* U, const uint8_t* mask,
                   const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
-    const int BT = cfg.B * cfg.T, H = cfg.H, G = cfg.G();
+    const int H = cfg.H, G = cfg.G(), C = cfg.C;
     thread_local std::vector<T> packed;
     pack_recurrent_kernel_t(packed, U, H, G, recurrent_lanes<T>());
     const T* packed_t = packed.data();  // this thread's buffer, read by every thread of the batch split
+    // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T, dU += h_rec^T . dhu, db_rec += sum dhu
+    // over the n steps of rows from r0 (as rows of (B * T, .)): one GEMM each
+    auto weight_grads = [&](T* dW_, T* dU_, T* db_in_, T* db_rec_, size_t r0, int n) {
+        dense_backward<T>(dx ? dx + r0 * C : nullptr, dW_, db_in_, dgates + r0 * G, x + r0 * C, W, n, C, G);
+        const T* hr = cache.recurrent_input() + r0 * H;
+        if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
+            // dU_rz += h_rec^T . d[r, z]; dU_n += (r h_rec)^T . dn
+            gemm<T>(true, false, H, 2 * H, n, T(1), hr, H, dhu + r0 * G, G, T(1), dU_, G);
+            gemm<T>(true, false, H, H, n, T(1), cache.aux + r0 * H, H, dhu + r0 * G + 2 * H, G, T(1), dU_ + 2 * H, G);
+        } else {
+            dense_backward<T>(nullptr, dU_, db_rec_, dhu + r0 * G, hr, U, n, H, G);
+        }
+    };
+    std::mutex sum_lock;
     for_batch_rows(cfg, [&](int b0, int b1) {
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
             rnn_backward_packed_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache,
@@ -647,18 +665,21 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
         else
             rnn_backward_packed_rows<T>(cfg, AnySlopes<T>{cfg.activation, cfg.recurrent_activation}, b0, b1, dh, dc,
                                         dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
+        // the rows' weight gradients in the same parallel region: one thread accumulates in place,
+        // several into their own sums, added under the lock
+        const size_t r0 = (size_t)b0 * cfg.T;
+        const int n = (b1 - b0) * cfg.T;
+        if (b0 == 0 && b1 == cfg.B) return weight_grads(dW, dU, db_in, db_rec, r0, n);
+        std::vector<T> sums((size_t)(C + H + 2) * G, T(0));
+        T *sW = sums.data(), *sU = sW + (size_t)C * G, *sb_in = sU + (size_t)H * G, *sb_rec = sb_in + G;
+        weight_grads(sW, sU, sb_in, sb_rec, r0, n);
+        std::lock_guard<std::mutex> hold(sum_lock);
+        auto add = [](T* to, const T* from, size_t count) {
+            if (to)
+                for (size_t i = 0; i < count; ++i) to[i] += from[i];
+        };
+        add(dW, sW, (size_t)C * G), add(dU, sU, (size_t)H * G), add(db_in, sb_in, G), add(db_rec, sb_rec, G);
     });
-    // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T: one GEMM each over all steps
-    dense_backward<T>(dx, dW, db_in, dgates, x, W, BT, cfg.C, G);
-    const T* hr = cache.recurrent_input();
-    if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
-        // dU_rz += h_rec^T . d[r, z]; dU_n += (r h_rec)^T . dn
-        gemm<T>(true, false, H, 2 * H, BT, T(1), hr, H, dhu, G, T(1), dU, G);
-        gemm<T>(true, false, H, H, BT, T(1), cache.aux, H, dhu + 2 * H, G, T(1), dU + 2 * H, G);
-    } else {
-        // dU += h_rec^T . dhu, db_rec += sum dhu
-        dense_backward<T>(nullptr, dU, db_rec, dhu, hr, U, BT, H, G);
-    }
 }
 
 }  // namespace attnx
