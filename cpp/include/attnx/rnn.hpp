@@ -131,6 +131,18 @@ template <class T> void activate_block(Activation a, T* v, int n) {
     }
 }
 
+// The cells' activations as a policy: the default (tanh, sigmoid) pair compiles without a switch in
+// the time loop; any other pair goes through activate's.
+struct TanhSigmoid {
+    template <class V> ATTNX_INLINE V act(V v) const { return activate(Activation::tanh, v); }
+    template <class V> ATTNX_INLINE V ract(V v) const { return activate(Activation::sigmoid, v); }
+};
+struct AnyActivations {
+    Activation a, r;
+    template <class V> ATTNX_INLINE V act(V v) const { return activate(a, v); }
+    template <class V> ATTNX_INLINE V ract(V v) const { return activate(r, v); }
+};
+
 // d act(x) / dx written through y = act(x), which is what the caches hold
 template <class T> inline T act_slope(Activation a, T y) {
     switch (a) {
@@ -153,18 +165,23 @@ template <class F> void for_batch_rows(const RNNConfig& cfg, F&& fn) {
 }
 
 // ------------------------------------------------------------------------------------- forward
-// The recurrent kernel U (H, Q*H) repacked for the time loop: per block of W units, per input k, the
-// Q gates' W columns side by side, zero past H:
-//   packed[((u0 / W) * H + k) * Q + q][lane] = U[k, q*H + u0 + lane]
+// The recurrent kernel U (H, Q*H) stacked on the input kernel W (C, Q*H; C = 0 when the input
+// projection is not fused) and repacked for the time loop: per block of W units, per row k of
+// [U; W], the Q gates' W columns side by side, zero past H:
+//   packed[((u0 / W) * (H + C) + k) * Q + q][lane] = [U; W][k, q*H + u0 + lane]
 // so that one step's product streams each block contiguously (and no 4 KiB stride aliases in L1).
-template <class T> void pack_recurrent_kernel(std::vector<T>& packed, const T* U, int H, int Q, int W) {
-    const int blocks = (H + W - 1) / W;
-    packed.assign((size_t)blocks * H * Q * W, T(0));
+template <class T>
+void pack_recurrent_kernel(std::vector<T>& packed, const T* U, const T* Wx, int H, int C, int Q, int W) {
+    const int blocks = (H + W - 1) / W, K = H + C;
+    const size_t G = (size_t)Q * H;
+    packed.assign((size_t)blocks * K * Q * W, T(0));
     for (int u0 = 0; u0 < H; u0 += W)
-        for (int k = 0; k < H; ++k)
+        for (int k = 0; k < K; ++k) {
+            const T* row = k < H ? U + (size_t)k * G : Wx + (size_t)(k - H) * G;
             for (int q = 0; q < Q; ++q)
-                std::copy(U + (size_t)k * Q * H + (size_t)q * H + u0, U + (size_t)k * Q * H + (size_t)q * H + std::min(H, u0 + W),
-                          packed.data() + (((size_t)(u0 / W) * H + k) * Q + q) * W);
+                std::copy(row + (size_t)q * H + u0, row + (size_t)q * H + std::min(H, u0 + W),
+                          packed.data() + (((size_t)(u0 / W) * K + k) * Q + q) * W);
+        }
 }
 
 // Q gate vectors of one row (GCC keeps a small struct of vectors in registers, an array it spills)
@@ -181,21 +198,38 @@ template <class V, class T = typename Lanes<V>::T> ATTNX_INLINE V vbroadcast(T s
     }
 }
 
-// pre[r].q[q] = sum_k A[r * lda + k] panel[k * k_stride + q * W .. + W) for R rows and Q gates
+// The left operand of a packed product: row r at a + r * lda (K values), followed by row r of x at
+// x + r * ldx (C values; C = 0 unless the input projection is fused)
+template <class T> struct LeftRows {
+    const T* a;
+    size_t lda;
+    int K;
+    const T* x;
+    size_t ldx;
+    int C;
+    LeftRows from_row(int r) const { return {a + (size_t)r * lda, lda, K, x ? x + (size_t)r * ldx : x, ldx, C}; }
+};
+
+// pre[r].q[q] = sum_k [A | X][r, k] panel[k * k_stride + q * W .. + W) for R rows and Q gates
 template <class V, int Q, int R, class T>
-ATTNX_INLINE void gate_tile(GateVectors<V, Q> (&pre)[R], const T* A, size_t lda, int K, const T* panel,
-                            size_t k_stride) {
+ATTNX_INLINE void gate_tile(GateVectors<V, Q> (&pre)[R], const LeftRows<T>& left, const T* panel, size_t k_stride) {
     constexpr int W = Lanes<V>::W;
     V acc[R][Q] = {};  // local until the end: GCC then keeps it in registers
-    for (int k = 0; k < K; ++k) {
-        V u[Q];
+    for (int part = 0; part < 2; ++part) {
+        const T* M = part ? left.x : left.a;
+        const size_t ld = part ? left.ldx : left.lda;
+        const int count = part ? left.C : left.K;
+        const T* rows = part ? panel + (size_t)left.K * k_stride : panel;
+        for (int k = 0; k < count; ++k) {
+            V u[Q];
 #pragma GCC unroll 4
-        for (int q = 0; q < Q; ++q) u[q] = vload<V>(panel + (size_t)k * k_stride + (size_t)q * W, W);
+            for (int q = 0; q < Q; ++q) u[q] = vload<V>(rows + (size_t)k * k_stride + (size_t)q * W, W);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-            const V a = vbroadcast<V>(A[(size_t)r * lda + k]);
+            for (int r = 0; r < R; ++r) {
+                const V a = vbroadcast<V>(M[(size_t)r * ld + k]);
 #pragma GCC unroll 4
-            for (int q = 0; q < Q; ++q) acc[r][q] += a * u[q];
+                for (int q = 0; q < Q; ++q) acc[r][q] += a * u[q];
+            }
         }
     }
     for (int r = 0; r < R; ++r)
@@ -203,12 +237,12 @@ ATTNX_INLINE void gate_tile(GateVectors<V, Q> (&pre)[R], const T* A, size_t lda,
 }
 
 // A small product on a packed right operand: for every block c < blocks (panel0 + c * block_stride,
-// K rows of Q vectors, k_stride apart) and every row b of [b0, b1) (A + (b - b0) * lda):
-//   pre.q[q] = A[b, 0..K) . panel_c[0..K)[q]
+// K + C rows of Q vectors, k_stride apart) and every row b of [b0, b1) (left row b - b0):
+//   pre.q[q] = left[b - b0, 0..K+C) . panel_c[0..K+C)[q]
 // then cell(b, pre, c). R rows share each load of the panel (R = 3 measured fastest for Q = 3 and
 // 4 on Zen 3: up to 12 accumulators in AVX2's 16 registers).
 template <class V, int Q, class T, class Cell>
-ATTNX_INLINE void packed_product(int b0, int b1, const T* A, size_t lda, int K, const T* panel0, size_t k_stride,
+ATTNX_INLINE void packed_product(int b0, int b1, const LeftRows<T>& left, const T* panel0, size_t k_stride,
                                  size_t block_stride, int blocks, Cell&& cell) {
     constexpr int R = Q >= 3 ? 3 : 4;
     for (int c = 0; c < blocks; ++c) {
@@ -216,40 +250,49 @@ ATTNX_INLINE void packed_product(int b0, int b1, const T* A, size_t lda, int K, 
         int b = b0;
         for (; b + R <= b1; b += R) {
             GateVectors<V, Q> pre[R];
-            gate_tile<V, Q, R>(pre, A + (size_t)(b - b0) * lda, lda, K, panel, k_stride);
+            gate_tile<V, Q, R>(pre, left.from_row(b - b0), panel, k_stride);
             for (int r = 0; r < R; ++r) cell(b + r, pre[r], c);
+        }
+        if (b + 2 <= b1) {  // the rows left over: a pair shares the loads too
+            GateVectors<V, Q> pre[2];
+            gate_tile<V, Q, 2>(pre, left.from_row(b - b0), panel, k_stride);
+            cell(b, pre[0], c), cell(b + 1, pre[1], c);
+            b += 2;
         }
         for (; b < b1; ++b) {
             GateVectors<V, Q> pre[1];
-            gate_tile<V, Q, 1>(pre, A + (size_t)(b - b0) * lda, lda, K, panel, k_stride);
+            gate_tile<V, Q, 1>(pre, left.from_row(b - b0), panel, k_stride);
             cell(b, pre[0], c);
         }
     }
 }
 
-// h . U on pack_recurrent_kernel's layout: for every block of W units (from u0, n of them real) and
-// every row b of [b0, b1): pre.q[q] = A[b, :] . U[:, (q0 + q)*H + u0 .. + W); then cell(b, pre, u0, n)
+// [h, x] . [U; W] on pack_recurrent_kernel's layout: for every block of W units (from u0, n of them
+// real) and every row b of [b0, b1): pre.q[q] = left[b - b0] . [U; W][:, (q0 + q)*H + u0 .. + W);
+// then cell(b, pre, u0, n)
 template <class V, int Q, class T, class Cell>
-ATTNX_INLINE void recurrent_product(int b0, int b1, const T* A, size_t lda, const T* packed, int H, int Qt, int q0,
+ATTNX_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& left, const T* packed, int H, int Qt, int q0,
                                     Cell&& cell) {
     constexpr int W = Lanes<V>::W;
     const size_t k_stride = (size_t)Qt * W;
-    packed_product<V, Q>(b0, b1, A, lda, H, packed + (size_t)q0 * W, k_stride, (size_t)H * k_stride, (H + W - 1) / W,
+    packed_product<V, Q>(b0, b1, left, packed + (size_t)q0 * W, k_stride, (size_t)(H + left.C) * k_stride,
+                         (H + W - 1) / W,
                          [&](int b, GateVectors<V, Q> pre, int c) __attribute__((always_inline)) {
                              cell(b, pre, c * W, std::min(W, H - c * W));
                          });
 }
 
-// Steps of rows [b0, b1) on vectors V, U packed by pack_recurrent_kernel with W = Lanes<V>::W.
-// h, c (B, H) hold the initial state and leave with the final one; hu (B, >= H) receives h_t while
-// h_{t-1} is still read. Without cache.h_prev (inference) nothing is kept for backward.
-template <class V, class T>
-ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache,
-                            const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu,
-                            size_t ld_hu) {
+// Steps of rows [b0, b1) on vectors V, [U; W] packed by pack_recurrent_kernel with W = Lanes<V>::W.
+// With x (B, T, C) the input projection x_t W + b_in is fused into each step's product (W packed
+// under U); without, cache.gates holds it on entry (the decoder's steps). h, c (B, H) hold the
+// initial state and leave with the final one; hu (B, >= H) receives h_t while h_{t-1} is still
+// read. Without cache.h_prev (inference) nothing is kept for backward.
+template <class V, class T, class Acts>
+ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int b1, T* y, T* h, T* c,
+                            const RNNCache<T>& cache, const T* x, const T* b_in, const T* packed_u, const T* b_rec,
+                            const uint8_t* mask, const T* rec_mask, T* hu, size_t ld_hu) {
     const int Tn = cfg.T, H = cfg.H, G = cfg.G(), Q = cfg.gates();
     const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
-    const Activation act = cfg.activation, ract = cfg.recurrent_activation;
     const bool keep = cache.h_prev != nullptr;
     for (int s = 0; s < Tn; ++s) {
         const int t = cfg.time_at(s);
@@ -264,6 +307,9 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T*
         }
         const T* hr = rec_mask ? cache.h_rec + (size_t)b0 * TH + (size_t)t * H : h + (size_t)b0 * H;
         const size_t ld_hr = rec_mask ? TH : (size_t)H;
+        const size_t TC = (size_t)Tn * cfg.C;
+        const T* x_t = x ? x + (size_t)b0 * TC + (size_t)t * cfg.C : nullptr;
+        const LeftRows<T> left{hr, ld_hr, H, x_t, TC, x ? cfg.C : 0};  // [h_rec, x_t]
         // where one block of row b's step lives: gates (x W + b pre-activations in, activated gates
         // out), aux, y, the state, and h_t's staging row
         struct Block {
@@ -280,6 +326,11 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T*
             vstore(k.y, V{}, n);
             if (k.aux) vstore(k.aux, V{}, n);
         };
+        // gate q's input term: b_in when the product holds x_t W, else the projection in gates
+        auto input = [&](const Block& k, int q, int u0, int n) __attribute__((always_inline)) {
+            if (!x) return vload<V>(k.g + (size_t)q * H, n);
+            return b_in ? vload<V>(b_in + (size_t)q * H + u0, n) : V{};
+        };
         auto emit = [&](const Block& k, V h_t, int n) __attribute__((always_inline)) {
             vstore(k.h_next, h_t, n);
             vstore(k.y, h_t, n);
@@ -287,11 +338,11 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T*
         switch (cfg.cell) {
             case RNNCell::simple:
                 // h_t = act(x_t W + b + h_{t-1} U)
-                recurrent_product<V, 1>(b0, b1, hr, ld_hr, packed_u, H, Q, 0,
+                recurrent_product<V, 1>(b0, b1, left, packed_u, H, Q, 0,
                                         [&](int b, GateVectors<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                                             const Block k = block(b, u0);
                                             if (!real(b)) return carry(k, n);
-                                            const V h_t = activate(act, vload<V>(k.g, n) + hu_.q[0]);
+                                            const V h_t = acts.act(input(k, 0, u0, n) + hu_.q[0]);
                                             if (keep) vstore(k.g, h_t, n);
                                             emit(k, h_t, n);
                                         });
@@ -299,17 +350,17 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T*
             case RNNCell::lstm:
                 // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
                 recurrent_product<V, 4>(
-                    b0, b1, hr, ld_hr, packed_u, H, Q, 0,
+                    b0, b1, left, packed_u, H, Q, 0,
                     [&](int b, GateVectors<V, 4> hu_, int u0, int n) __attribute__((always_inline)) {
                         const Block k = block(b, u0);
                         if (!real(b)) return carry(k, n);
-                        const V i = activate(ract, vload<V>(k.g, n) + hu_.q[0]);
-                        const V f = activate(ract, vload<V>(k.g + H, n) + hu_.q[1]);
-                        const V g = activate(act, vload<V>(k.g + 2 * H, n) + hu_.q[2]);
-                        const V o = activate(ract, vload<V>(k.g + 3 * H, n) + hu_.q[3]);
+                        const V i = acts.ract(input(k, 0, u0, n) + hu_.q[0]);
+                        const V f = acts.ract(input(k, 1, u0, n) + hu_.q[1]);
+                        const V g = acts.act(input(k, 2, u0, n) + hu_.q[2]);
+                        const V o = acts.ract(input(k, 3, u0, n) + hu_.q[3]);
                         T* cb = c + (size_t)b * H + u0;
                         const V c_t = f * vload<V>(cb, n) + i * g;
-                        const V act_c = activate(act, c_t);
+                        const V act_c = acts.act(c_t);
                         vstore(cb, c_t, n);
                         if (keep) {
                             vstore(k.g, i, n), vstore(k.g + H, f, n), vstore(k.g + 2 * H, g, n);
@@ -323,17 +374,17 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T*
                     // r, z = ract(x W + b_in + h U + b_rec); n = act(x_n + r * (h U_n + b_hn));
                     // h_t = z h_{t-1} + (T(1) - z) n
                     recurrent_product<V, 3>(
-                        b0, b1, hr, ld_hr, packed_u, H, Q, 0,
+                        b0, b1, left, packed_u, H, Q, 0,
                         [&](int b, GateVectors<V, 3> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return carry(k, n);
-                            V pre_r = vload<V>(k.g, n) + hu_.q[0], pre_z = vload<V>(k.g + H, n) + hu_.q[1], hn = hu_.q[2];
+                            V pre_r = input(k, 0, u0, n) + hu_.q[0], pre_z = input(k, 1, u0, n) + hu_.q[1], hn = hu_.q[2];
                             if (b_rec) {
                                 pre_r += vload<V>(b_rec + u0, n), pre_z += vload<V>(b_rec + H + u0, n);
                                 hn += vload<V>(b_rec + 2 * H + u0, n);
                             }
-                            const V r = activate(ract, pre_r), z = activate(ract, pre_z);
-                            const V nn = activate(act, vload<V>(k.g + 2 * H, n) + r * hn);
+                            const V r = acts.ract(pre_r), z = acts.ract(pre_z);
+                            const V nn = acts.act(input(k, 2, u0, n) + r * hn);
                             if (keep) {
                                 vstore(k.g, r, n), vstore(k.g + H, z, n), vstore(k.g + 2 * H, nn, n);
                                 vstore(k.aux, hn, n);
@@ -343,21 +394,22 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T*
                 } else {
                     // r, z = ract(x W + b + h_rec U_rz); aux = r * h_rec, which the candidate's product needs
                     recurrent_product<V, 2>(
-                        b0, b1, hr, ld_hr, packed_u, H, Q, 0,
+                        b0, b1, left, packed_u, H, Q, 0,
                         [&](int b, GateVectors<V, 2> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return carry(k, n);
-                            const V r = activate(ract, vload<V>(k.g, n) + hu_.q[0]);
-                            vstore(k.g, r, n), vstore(k.g + H, activate(ract, vload<V>(k.g + H, n) + hu_.q[1]), n);
+                            const V r = acts.ract(input(k, 0, u0, n) + hu_.q[0]);
+                            vstore(k.g, r, n), vstore(k.g + H, acts.ract(input(k, 1, u0, n) + hu_.q[1]), n);
                             vstore(k.aux, r * vload<V>(hr + (size_t)(b - b0) * ld_hr + u0, n), n);
                         });
                     // n = act(x_n + (r * h_rec) U_n); h_t = z h_{t-1} + (T(1) - z) n
                     recurrent_product<V, 1>(
-                        b0, b1, cache.aux + (size_t)b0 * TH + (size_t)t * H, TH, packed_u, H, Q, 2,
+                        b0, b1, LeftRows<T>{cache.aux + (size_t)b0 * TH + (size_t)t * H, TH, H, x_t, TC, left.C},
+                        packed_u, H, Q, 2,
                         [&](int b, GateVectors<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return;  // carried in the first pass
-                            const V nn = activate(act, vload<V>(k.g + 2 * H, n) + hu_.q[0]), z = vload<V>(k.g + H, n);
+                            const V nn = acts.act(input(k, 2, u0, n) + hu_.q[0]), z = vload<V>(k.g + H, n);
                             if (keep) vstore(k.g + 2 * H, nn, n);
                             emit(k, z * vload<V>(k.h, n) + (T(1) - z) * nn, n);
                         });
@@ -370,10 +422,12 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T*
 
 // The time loop on AVX2 + FMA vectors (8 floats, the multiply-adds fused), compiled for that
 // instruction set alone and chosen at run time (distributed wheels target baseline x86-64).
-__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) inline void rnn_steps_avx2(
-    const RNNConfig& cfg, int b0, int b1, float* y, float* h, float* c, const RNNCache<float>& cache,
-    const float* packed_u, const float* b_rec, const uint8_t* mask, const float* rec_mask, float* hu, size_t ld_hu) {
-    rnn_steps<float8>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+template <class Acts>
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void rnn_steps_avx2(
+    const RNNConfig& cfg, const Acts& acts, int b0, int b1, float* y, float* h, float* c,
+    const RNNCache<float>& cache, const float* x, const float* b_in, const float* packed_u, const float* b_rec,
+    const uint8_t* mask, const float* rec_mask, float* hu, size_t ld_hu) {
+    rnn_steps<float8>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
 }
 
 inline bool cpu_has_avx2_fma() {
@@ -387,25 +441,34 @@ template <class T> int recurrent_lanes() {
     else return cpu_has_avx2_fma() ? 8 : 4;
 }
 
+// rnn_steps on the widest vectors this CPU runs, with the activations known at compile time for
+// the default pair
 template <class T>
-void rnn_packed_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache,
-                     const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu, size_t ld_hu) {
-    if constexpr (std::is_same_v<T, double>)
-        rnn_steps<double>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
-    else if (cpu_has_avx2_fma())
-        rnn_steps_avx2(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
-    else
-        rnn_steps<float4>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+void rnn_packed_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x,
+                     const T* b_in, const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu,
+                     size_t ld_hu) {
+    auto run = [&](const auto& acts) {
+        if constexpr (std::is_same_v<T, double>)
+            rnn_steps<double>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+        else if (cpu_has_avx2_fma())
+            rnn_steps_avx2(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+        else
+            rnn_steps<float4>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+    };
+    if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid) run(TanhSigmoid{});
+    else run(AnyActivations{cfg.activation, cfg.recurrent_activation});
 }
 
-// Steps of rows [b0, b1) with the recurrent kernel U as stored (the decoder's per-step calls): U
-// is packed into this thread's buffer first. hu (B, G*H) is workspace.
+// Steps of rows [b0, b1) with the recurrent kernel U as stored and cache.gates holding the input
+// projection (the decoder's per-step calls): U is packed into this thread's buffer first. hu
+// (B, G*H) is workspace.
 template <class T>
 void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache, const T* U,
                       const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
     thread_local std::vector<T> packed;
-    pack_recurrent_kernel(packed, U, cfg.H, cfg.gates(), recurrent_lanes<T>());
-    rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, packed.data(), b_rec, mask, rec_mask, hu, (size_t)cfg.G());
+    pack_recurrent_kernel(packed, U, (const T*)nullptr, cfg.H, 0, cfg.gates(), recurrent_lanes<T>());
+    rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, nullptr, nullptr, packed.data(), b_rec, mask, rec_mask, hu,
+                       (size_t)cfg.G());
 }
 
 // Whole-sequence forward. y (B, T, H): h_t at real steps, 0 at padded ones. h, c (B, H): in the
@@ -417,15 +480,18 @@ void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, co
 template <class T>
 void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x, const T* W,
                  const T* U, const T* b_in, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
+    // x_t W joins h_{t-1} U in each step's product: the projection never makes a round trip
+    // through memory (a (B, T, G*H) buffer that outgrows the caches). Not for GRU reset_after,
+    // whose candidate needs x_n W_n apart from r * (h U_n): its projection is one GEMM per thread.
+    const bool fuse = !(cfg.cell == RNNCell::gru && cfg.reset_after);
     thread_local std::vector<T> packed;
-    pack_recurrent_kernel(packed, U, cfg.H, cfg.gates(), recurrent_lanes<T>());
+    pack_recurrent_kernel(packed, U, fuse ? W : nullptr, cfg.H, fuse ? cfg.C : 0, cfg.gates(), recurrent_lanes<T>());
     const T* packed_u = packed.data();  // this thread's buffer, read by every thread of the batch split
-    const size_t TG = (size_t)cfg.T * cfg.G();
+    const size_t TG = (size_t)cfg.T * cfg.G(), TC = (size_t)cfg.T * cfg.C;
     for_batch_rows(cfg, [&](int b0, int b1) {
-        // the rows' input projections, then their steps: one parallel region for the whole forward
-        dense_forward<T>(cache.gates + b0 * TG, x + (size_t)b0 * cfg.T * cfg.C, W, b_in, (b1 - b0) * cfg.T, cfg.C,
-                         cfg.G());
-        rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu, (size_t)cfg.G());
+        if (!fuse) dense_forward<T>(cache.gates + b0 * TG, x + b0 * TC, W, b_in, (b1 - b0) * cfg.T, cfg.C, cfg.G());
+        rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, fuse ? x : nullptr, b_in, packed_u, b_rec, mask, rec_mask, hu,
+                           (size_t)cfg.G());
     });
 }
 
@@ -514,7 +580,8 @@ template <class V, class T, class Out>
 ATTNX_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t lda, int n0, int K, const T* packed_t, int H,
                                       int G, Out&& out) {
     constexpr int W = Lanes<V>::W, width = 3 * W;
-    packed_product<V, 3>(b0, b1, dA + n0, lda, K, packed_t + (size_t)n0 * width, width, (size_t)G * width,
+    packed_product<V, 3>(b0, b1, LeftRows<T>{dA + n0, lda, K, nullptr, 0, 0}, packed_t + (size_t)n0 * width, width,
+                         (size_t)G * width,
                          (H + width - 1) / width,
                          [&](int b, GateVectors<V, 3> pre, int c) __attribute__((always_inline)) {
                              for (int q = 0; q < 3; ++q) {
