@@ -5,11 +5,15 @@
 // Shapes: x (B, T, C); kernel W (C, G*H); recurrent kernel U (H, G*H); G gates of H units each,
 // in the order SimpleRNN (h), GRU (r, z, n), LSTM (i, f, g, o).
 //
-// Plan (DESIGN.md, performance): one GEMM projects every time step's input (x . W + b), then each
-// step does one small GEMM h_{t-1} . U and fused elementwise gate math. Batch rows never interact,
-// so the time loop's rows are split across the thread budget (parallel_for, single-threaded BLAS).
-// Backward walks the steps in reverse with one small GEMM each for the recurrent gradient, then
-// computes dW, dU, the biases and dx with one large GEMM each over all steps.
+// Plan (DESIGN.md, performance): each step computes [h_{t-1}, x_t] . [U; W] in register tiles (R
+// rows x Q gates x W units) on a copy of [U; W] packed once per call, and applies the gate math to
+// the tile while it is still in registers: no per-step BLAS call (whose packing of U cost as much as
+// the product at these sizes), no pre-activation buffer round trip. GRU reset_after projects its
+// input with one GEMM first (its candidate keeps x_n W_n apart). Batch rows never interact, so
+// the rows are split across the thread budget (parallel_for) for the whole call. Backward walks
+// the steps in reverse with the same tiles for dgates . U^T, then computes each thread's dW, dU,
+// biases and dx with one GEMM each over its steps (single-threaded BLAS). The time loops are
+// compiled twice, for baseline x86-64 and for AVX2 + FMA, and the CPU picks at run time.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -282,6 +286,18 @@ ATTNX_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& left, con
                          });
 }
 
+// pre.q[q] += the input term of gate q0 + q for n units from u0: b_in when the step's product holds
+// x_t W, else the projection that gates (at unit u0 of the step's row) holds
+template <class V, int Q, class T>
+ATTNX_INLINE void add_input_terms(GateVectors<V, Q>& pre, int q0, bool fused, const T* gates, const T* b_in, int H,
+                                  int u0, int n) {
+    for (int q = 0; q < Q; ++q) {
+        const size_t at = (size_t)(q0 + q) * H;
+        if (!fused) pre.q[q] += vload<V>(gates + at, n);
+        else if (b_in) pre.q[q] += vload<V>(b_in + at + u0, n);
+    }
+}
+
 // Steps of rows [b0, b1) on vectors V, [U; W] packed by pack_recurrent_kernel with W = Lanes<V>::W.
 // With x (B, T, C) the input projection x_t W + b_in is fused into each step's product (W packed
 // under U); without, cache.gates holds it on entry (the decoder's steps). h, c (B, H) hold the
@@ -310,6 +326,7 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int 
         const size_t TC = (size_t)Tn * cfg.C;
         const T* x_t = x ? x + (size_t)b0 * TC + (size_t)t * cfg.C : nullptr;
         const LeftRows<T> left{hr, ld_hr, H, x_t, TC, x ? cfg.C : 0};  // [h_rec, x_t]
+        const bool fused = x != nullptr;
         // where one block of row b's step lives: gates (x W + b pre-activations in, activated gates
         // out), aux, y, the state, and h_t's staging row
         struct Block {
@@ -326,11 +343,6 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int 
             vstore(k.y, V{}, n);
             if (k.aux) vstore(k.aux, V{}, n);
         };
-        // gate q's input term: b_in when the product holds x_t W, else the projection in gates
-        auto input = [&](const Block& k, int q, int u0, int n) __attribute__((always_inline)) {
-            if (!x) return vload<V>(k.g + (size_t)q * H, n);
-            return b_in ? vload<V>(b_in + (size_t)q * H + u0, n) : V{};
-        };
         auto emit = [&](const Block& k, V h_t, int n) __attribute__((always_inline)) {
             vstore(k.h_next, h_t, n);
             vstore(k.y, h_t, n);
@@ -342,7 +354,8 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int 
                                         [&](int b, GateVectors<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                                             const Block k = block(b, u0);
                                             if (!real(b)) return carry(k, n);
-                                            const V h_t = acts.act(input(k, 0, u0, n) + hu_.q[0]);
+                                            add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
+                                            const V h_t = acts.act(hu_.q[0]);
                                             if (keep) vstore(k.g, h_t, n);
                                             emit(k, h_t, n);
                                         });
@@ -354,10 +367,9 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int 
                     [&](int b, GateVectors<V, 4> hu_, int u0, int n) __attribute__((always_inline)) {
                         const Block k = block(b, u0);
                         if (!real(b)) return carry(k, n);
-                        const V i = acts.ract(input(k, 0, u0, n) + hu_.q[0]);
-                        const V f = acts.ract(input(k, 1, u0, n) + hu_.q[1]);
-                        const V g = acts.act(input(k, 2, u0, n) + hu_.q[2]);
-                        const V o = acts.ract(input(k, 3, u0, n) + hu_.q[3]);
+                        add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
+                        const V i = acts.ract(hu_.q[0]), f = acts.ract(hu_.q[1]);
+                        const V g = acts.act(hu_.q[2]), o = acts.ract(hu_.q[3]);
                         T* cb = c + (size_t)b * H + u0;
                         const V c_t = f * vload<V>(cb, n) + i * g;
                         const V act_c = acts.act(c_t);
@@ -378,13 +390,15 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int 
                         [&](int b, GateVectors<V, 3> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return carry(k, n);
-                            V pre_r = input(k, 0, u0, n) + hu_.q[0], pre_z = input(k, 1, u0, n) + hu_.q[1], hn = hu_.q[2];
+                            // (never fused: x W + b_in is in gates)
+                            V pre_r = vload<V>(k.g, n) + hu_.q[0], pre_z = vload<V>(k.g + H, n) + hu_.q[1];
+                            V hn = hu_.q[2];
                             if (b_rec) {
                                 pre_r += vload<V>(b_rec + u0, n), pre_z += vload<V>(b_rec + H + u0, n);
                                 hn += vload<V>(b_rec + 2 * H + u0, n);
                             }
                             const V r = acts.ract(pre_r), z = acts.ract(pre_z);
-                            const V nn = acts.act(input(k, 2, u0, n) + r * hn);
+                            const V nn = acts.act(vload<V>(k.g + 2 * H, n) + r * hn);
                             if (keep) {
                                 vstore(k.g, r, n), vstore(k.g + H, z, n), vstore(k.g + 2 * H, nn, n);
                                 vstore(k.aux, hn, n);
@@ -398,8 +412,9 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int 
                         [&](int b, GateVectors<V, 2> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return carry(k, n);
-                            const V r = acts.ract(input(k, 0, u0, n) + hu_.q[0]);
-                            vstore(k.g, r, n), vstore(k.g + H, acts.ract(input(k, 1, u0, n) + hu_.q[1]), n);
+                            add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
+                            const V r = acts.ract(hu_.q[0]);
+                            vstore(k.g, r, n), vstore(k.g + H, acts.ract(hu_.q[1]), n);
                             vstore(k.aux, r * vload<V>(hr + (size_t)(b - b0) * ld_hr + u0, n), n);
                         });
                     // n = act(x_n + (r * h_rec) U_n); h_t = z h_{t-1} + (T(1) - z) n
@@ -409,7 +424,8 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int 
                         [&](int b, GateVectors<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return;  // carried in the first pass
-                            const V nn = acts.act(input(k, 2, u0, n) + hu_.q[0]), z = vload<V>(k.g + H, n);
+                            add_input_terms(hu_, 2, fused, k.g, b_in, H, u0, n);
+                            const V nn = acts.act(hu_.q[0]), z = vload<V>(k.g + H, n);
                             if (keep) vstore(k.g + 2 * H, nn, n);
                             emit(k, z * vload<V>(k.h, n) + (T(1) - z) * nn, n);
                         });
