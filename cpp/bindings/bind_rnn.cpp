@@ -78,7 +78,7 @@ void init_rnn(py::module_& m) {
            const py::object& bias, const py::object& recurrent_bias, const py::object& h0, const py::object& c0,
            const py::object& mask, const py::object& recurrent_mask, bool reverse, bool reset_after,
            const std::string& activation, const std::string& recurrent_activation, bool split_batch,
-           const py::object& workspace, bool training) {
+           const py::object& workspace, bool training, bool return_sequences) {
             RNNConfig cfg = rnn_config(cell, reset_after, reverse, activation, recurrent_activation);
             return dispatch_float(x, "rnn_forward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -106,7 +106,7 @@ void init_rnn(py::module_& m) {
                 const T* prm = optional_in<T>(recurrent_mask, {B, H}, "rnn_forward: recurrent_mask");
 
                 const char* ws_what = "rnn_forward: workspace";
-                auto y = new_array<T>({B, Tn, H});
+                py::array_t<T> y = return_sequences ? new_array<T>({B, Tn, H}) : new_array<T>({0});
                 auto h = new_array<T>({B, H});
                 py::array_t<T> c = lstm ? new_array<T>({B, H}) : new_array<T>({0});
                 auto gates = buffer<T>(workspace, 0, {B, Tn, G}, ws_what);
@@ -124,7 +124,7 @@ void init_rnn(py::module_& m) {
                 cache.h_rec = prm ? h_rec.mutable_data() : nullptr;
                 cache.c_prev = keep_c ? c_prev.mutable_data() : nullptr;
                 cache.aux = cfg.cell != RNNCell::simple ? aux.mutable_data() : nullptr;
-                T* py_ = y.mutable_data();
+                T* py_ = return_sequences ? y.mutable_data() : nullptr;
                 T* ph = h.mutable_data();
                 T* pc = lstm ? c.mutable_data() : nullptr;
                 T* phu = hu.mutable_data();
@@ -139,18 +139,19 @@ void init_rnn(py::module_& m) {
                 }
                 py::tuple cache_t = py::make_tuple(gates, none_or(training, h_prev), none_or(prm, h_rec), none_or(keep_c, c_prev),
                                                    none_or(cfg.cell != RNNCell::simple, aux));
-                return py::make_tuple(y, h, none_or(lstm, c), cache_t);
+                return py::make_tuple(none_or(return_sequences, y), h, none_or(lstm, c), cache_t);
             });
         },
         py::arg("cell"), py::arg("x"), py::arg("kernel"), py::arg("recurrent_kernel"), py::arg("bias"),
         py::arg("recurrent_bias"), py::arg("h0"), py::arg("c0"), py::arg("mask"), py::arg("recurrent_mask"),
         py::arg("reverse") = false, py::arg("reset_after") = true, py::arg("activation") = "tanh",
         py::arg("recurrent_activation") = "sigmoid", py::arg("split_batch") = true, py::arg("workspace") = py::none(),
-        py::arg("training") = true,
+        py::arg("training") = true, py::arg("return_sequences") = true,
         "Runs a SimpleRNN ('simple'), GRU or LSTM over x (B, T, C). Returns (y (B, T, H), h (B, H), c (B, H) or "
         "None, cache) where cache = (gates, h_prev, h_rec, c_prev, aux) is what rnn_backward needs. `workspace` "
         "(gates, h_prev, h_rec, c_prev, aux, hu), entries None or arrays of those shapes, is reused for the cache. "
-        "training=False keeps nothing for backward (h_prev, c_prev are None; workspace entries 1 and 3 unused).");
+        "training=False keeps nothing for backward (h_prev, c_prev are None; workspace entries 1 and 3 unused); "
+        "return_sequences=False computes no y (returned as None).");
 
     m.def(
         "rnn_backward",

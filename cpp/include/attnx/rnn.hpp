@@ -334,18 +334,19 @@ ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int 
         };
         auto block = [&](int b, int u0) __attribute__((always_inline)) -> Block {
             const size_t row = (size_t)b * TH + (size_t)t * H + u0;
-            return {cache.gates + (size_t)b * TG + (size_t)t * G + u0, cache.aux ? cache.aux + row : nullptr, y + row,
+            return {cache.gates + (size_t)b * TG + (size_t)t * G + u0, cache.aux ? cache.aux + row : nullptr,
+                    y ? y + row : nullptr,
                     h + (size_t)b * H + u0, hu + (size_t)b * ld_hu + u0};
         };
         // padded step: the state carries through, the output is 0 (and aux, which meets dU's GEMM)
         auto carry = [&](const Block& k, int n) __attribute__((always_inline)) {
             vstore(k.h_next, vload<V>(k.h, n), n);
-            vstore(k.y, V{}, n);
+            if (k.y) vstore(k.y, V{}, n);
             if (k.aux) vstore(k.aux, V{}, n);
         };
         auto emit = [&](const Block& k, V h_t, int n) __attribute__((always_inline)) {
             vstore(k.h_next, h_t, n);
-            vstore(k.y, h_t, n);
+            if (k.y) vstore(k.y, h_t, n);
         };
         switch (cfg.cell) {
             case RNNCell::simple:
@@ -487,7 +488,7 @@ void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, co
                        (size_t)cfg.G());
 }
 
-// Whole-sequence forward. y (B, T, H): h_t at real steps, 0 at padded ones. h, c (B, H): in the
+// Whole-sequence forward. y (B, T, H): h_t at real steps, 0 at padded ones (null: not needed). h, c (B, H): in the
 // initial state (zeros if none), out the final state (after each row's last real step). c and
 // cache.c_prev are LSTM only. b_in (G*H) / b_rec (G*H, GRU reset_after) may be null. mask (B, T)
 // nonzero = real step, null = all real. rec_mask (B, H) multiplies the state entering U (then
