@@ -125,7 +125,7 @@ template <class V> ATTNX_INLINE V activate(Activation a, V v) {
     }
 }
 
-// v = act(v) over n contiguous values
+// v = act(v) over n contiguous values (what the float activations' accuracy test runs)
 template <class T> void activate_block(Activation a, T* v, int n) {
     using V = std::conditional_t<std::is_same_v<T, float>, float4, double>;
     constexpr int W = Lanes<V>::W;
