@@ -78,7 +78,7 @@ void init_rnn(py::module_& m) {
            const py::object& bias, const py::object& recurrent_bias, const py::object& h0, const py::object& c0,
            const py::object& mask, const py::object& recurrent_mask, bool reverse, bool reset_after,
            const std::string& activation, const std::string& recurrent_activation, bool split_batch,
-           const py::object& workspace) {
+           const py::object& workspace, bool training, bool return_sequences) {
             RNNConfig cfg = rnn_config(cell, reset_after, reverse, activation, recurrent_activation);
             return dispatch_float(x, "rnn_forward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -106,23 +106,25 @@ void init_rnn(py::module_& m) {
                 const T* prm = optional_in<T>(recurrent_mask, {B, H}, "rnn_forward: recurrent_mask");
 
                 const char* ws_what = "rnn_forward: workspace";
-                auto y = new_array<T>({B, Tn, H});
+                py::array_t<T> y = return_sequences ? new_array<T>({B, Tn, H}) : new_array<T>({0});
                 auto h = new_array<T>({B, H});
                 py::array_t<T> c = lstm ? new_array<T>({B, H}) : new_array<T>({0});
                 auto gates = buffer<T>(workspace, 0, {B, Tn, G}, ws_what);
-                auto h_prev = buffer<T>(workspace, 1, {B, Tn, H}, ws_what);
+                // inference keeps nothing for backward: no h_prev, c_prev
+                py::array_t<T> h_prev = training ? buffer<T>(workspace, 1, {B, Tn, H}, ws_what) : new_array<T>({0});
                 py::array_t<T> h_rec = prm ? buffer<T>(workspace, 2, {B, Tn, H}, ws_what) : new_array<T>({0});
-                py::array_t<T> c_prev = lstm ? buffer<T>(workspace, 3, {B, Tn, H}, ws_what) : new_array<T>({0});
+                const bool keep_c = lstm && training;
+                py::array_t<T> c_prev = keep_c ? buffer<T>(workspace, 3, {B, Tn, H}, ws_what) : new_array<T>({0});
                 py::array_t<T> aux =
                     cfg.cell != RNNCell::simple ? buffer<T>(workspace, 4, {B, Tn, H}, ws_what) : new_array<T>({0});
                 auto hu = buffer<T>(workspace, 5, {B, G}, ws_what);
                 RNNCache<T> cache;
                 cache.gates = gates.mutable_data();
-                cache.h_prev = h_prev.mutable_data();
+                cache.h_prev = training ? h_prev.mutable_data() : nullptr;
                 cache.h_rec = prm ? h_rec.mutable_data() : nullptr;
-                cache.c_prev = lstm ? c_prev.mutable_data() : nullptr;
+                cache.c_prev = keep_c ? c_prev.mutable_data() : nullptr;
                 cache.aux = cfg.cell != RNNCell::simple ? aux.mutable_data() : nullptr;
-                T* py_ = y.mutable_data();
+                T* py_ = return_sequences ? y.mutable_data() : nullptr;
                 T* ph = h.mutable_data();
                 T* pc = lstm ? c.mutable_data() : nullptr;
                 T* phu = hu.mutable_data();
@@ -135,18 +137,21 @@ void init_rnn(py::module_& m) {
                     }
                     rnn_forward<T>(cfg, py_, ph, pc, cache, px, pw, pu, pb, pbr, pm, prm, phu);
                 }
-                py::tuple cache_t = py::make_tuple(gates, h_prev, none_or(prm, h_rec), none_or(lstm, c_prev),
+                py::tuple cache_t = py::make_tuple(gates, none_or(training, h_prev), none_or(prm, h_rec), none_or(keep_c, c_prev),
                                                    none_or(cfg.cell != RNNCell::simple, aux));
-                return py::make_tuple(y, h, none_or(lstm, c), cache_t);
+                return py::make_tuple(none_or(return_sequences, y), h, none_or(lstm, c), cache_t);
             });
         },
         py::arg("cell"), py::arg("x"), py::arg("kernel"), py::arg("recurrent_kernel"), py::arg("bias"),
         py::arg("recurrent_bias"), py::arg("h0"), py::arg("c0"), py::arg("mask"), py::arg("recurrent_mask"),
         py::arg("reverse") = false, py::arg("reset_after") = true, py::arg("activation") = "tanh",
         py::arg("recurrent_activation") = "sigmoid", py::arg("split_batch") = true, py::arg("workspace") = py::none(),
+        py::arg("training") = true, py::arg("return_sequences") = true,
         "Runs a SimpleRNN ('simple'), GRU or LSTM over x (B, T, C). Returns (y (B, T, H), h (B, H), c (B, H) or "
         "None, cache) where cache = (gates, h_prev, h_rec, c_prev, aux) is what rnn_backward needs. `workspace` "
-        "(gates, h_prev, h_rec, c_prev, aux, hu), entries None or arrays of those shapes, is reused for the cache.");
+        "(gates, h_prev, h_rec, c_prev, aux, hu), entries None or arrays of those shapes, is reused for the cache. "
+        "training=False keeps nothing for backward (h_prev, c_prev are None; workspace entries 1 and 3 unused); "
+        "return_sequences=False computes no y (returned as None).");
 
     m.def(
         "rnn_backward",

@@ -5,18 +5,24 @@
 // Shapes: x (B, T, C); kernel W (C, G*H); recurrent kernel U (H, G*H); G gates of H units each,
 // in the order SimpleRNN (h), GRU (r, z, n), LSTM (i, f, g, o).
 //
-// Plan (DESIGN.md, performance): one GEMM projects every time step's input (x . W + b), then each
-// step does one small GEMM h_{t-1} . U and fused elementwise gate math. Batch rows never interact,
-// so the time loop's rows are split across the thread budget (parallel_for, single-threaded BLAS).
-// Backward walks the steps in reverse with one small GEMM each for the recurrent gradient, then
-// computes dW, dU, the biases and dx with one large GEMM each over all steps.
+// Plan (DESIGN.md, performance): each step computes [h_{t-1}, x_t] . [U; W] in register tiles (R
+// rows x Q gates x W units) on a copy of [U; W] packed once per call, and applies the gate math to
+// the tile while it is still in registers: no per-step BLAS call (whose packing of U cost as much as
+// the product at these sizes), no pre-activation buffer round trip. GRU reset_after projects its
+// input with one GEMM first (its candidate keeps x_n W_n apart). Batch rows never interact, so
+// the rows are split across the thread budget (parallel_for) for the whole call. Backward walks
+// the steps in reverse with the same tiles for dgates . U^T, then computes each thread's dW, dU,
+// biases and dx with one GEMM each over its steps (single-threaded BLAS). The time loops are
+// compiled twice, for baseline x86-64 and for AVX2 + FMA, and the CPU picks at run time.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
@@ -58,71 +64,88 @@ inline bool rnn_activation_ok(Activation a) {
     return a == Activation::tanh || a == Activation::sigmoid || a == Activation::relu || a == Activation::linear;
 }
 
-// Four floats as one value (GCC/Clang vector extension): one SSE register in portable builds.
-// Branch-free code on it vectorizes regardless of -ftrapping-math, which keeps GCC from
-// if-converting the scalar loops (and wider vectors lower poorly without AVX).
+// Four or eight floats as one value (GCC/Clang vector extension): one SSE register in portable
+// builds, one AVX register inside the AVX2 time loop. Branch-free code on it vectorizes regardless
+// of -ftrapping-math, which keeps GCC from if-converting the scalar loops.
 typedef float float4 __attribute__((vector_size(16)));
+typedef float float8 __attribute__((vector_size(32)));
+
+#define ATTNX_INLINE inline __attribute__((always_inline))
+
+// The scalar type and the lane count of the values the time loop computes on (double: one lane,
+// for the gradient checks).
+template <class V> struct Lanes;
+template <> struct Lanes<double> { using T = double; static constexpr int W = 1; };
+template <> struct Lanes<float4> { using T = float; static constexpr int W = 4; };
+template <> struct Lanes<float8> { using T = float; static constexpr int W = 8; };
+
+// n <= W contiguous values as one vector (lanes past n zero) and back
+template <class V, class T = typename Lanes<V>::T> ATTNX_INLINE V vload(const T* p, int n) {
+    V v = {};
+    if (n == Lanes<V>::W) std::memcpy(&v, p, sizeof v);
+    else std::memcpy(&v, p, (size_t)n * sizeof(T));
+    return v;
+}
+template <class V, class T = typename Lanes<V>::T> ATTNX_INLINE void vstore(T* p, V v, int n) {
+    if (n == Lanes<V>::W) std::memcpy(p, &v, sizeof v);
+    else std::memcpy(p, &v, (size_t)n * sizeof(T));
+}
 
 // tanh without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float precision
 // beyond); |error| < 4e-7.
-inline float4 tanh_rational(float4 x) {
-    const float4 limit = float4{} + 7.90531110763549805f;
+template <class V> ATTNX_INLINE V tanh_rational(V x) {
+    const V limit = V{} + 7.90531110763549805f;
     x = x > limit ? limit : x;
     x = x < -limit ? -limit : x;
-    const float4 x2 = x * x;
-    float4 p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+    const V x2 = x * x;
+    V p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
     p = p * x2 + -8.60467152213735e-11f;
     p = p * x2 + 5.12229709037114e-08f;
     p = p * x2 + 1.48572235717979e-05f;
     p = p * x2 + 6.37261928875436e-04f;
     p = p * x2 + 4.89352455891786e-03f;
-    float4 q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+    V q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
     q = q * x2 + 2.26843463243900e-03f;
     q = q * x2 + 4.89352518554385e-03f;
     return x * p / q;
 }
 
-// v[k] = f(v[k]) four at a time (the tail through a zero-padded block).
-template <class F> inline void map_float4(float* v, int n, F f) {
-    int k = 0;
-    for (; k + 4 <= n; k += 4) {
-        float4 x;
-        std::memcpy(&x, v + k, sizeof x);
-        x = f(x);
-        std::memcpy(v + k, &x, sizeof x);
-    }
-    if (k < n) {
-        float4 x = {};
-        std::memcpy(&x, v + k, (size_t)(n - k) * sizeof(float));
-        x = f(x);
-        std::memcpy(v + k, &x, (size_t)(n - k) * sizeof(float));
+// act(v) lane by lane. Floats use tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2); double, for
+// the gradient checks, the exact libm functions.
+template <class V> ATTNX_INLINE V activate(Activation a, V v) {
+    switch (a) {
+        case Activation::tanh:
+            if constexpr (std::is_same_v<V, double>) return std::tanh(v);
+            else return tanh_rational(v);
+        case Activation::sigmoid:
+            if constexpr (std::is_same_v<V, double>) return sigmoid(v);
+            else return 0.5f + 0.5f * tanh_rational(0.5f * v);
+        case Activation::relu: return v > typename Lanes<V>::T(0) ? v : V{};
+        default: return v;
     }
 }
 
-// v = act(v) over n contiguous values. Float uses tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2);
-// double, for the gradient checks, the exact libm functions.
+// v = act(v) over n contiguous values (what the float activations' accuracy test runs)
 template <class T> void activate_block(Activation a, T* v, int n) {
-    switch (a) {
-        case Activation::tanh:
-            if constexpr (std::is_same_v<T, float>) {
-                map_float4(v, n, [](float4 x) { return tanh_rational(x); });
-            } else {
-                for (int k = 0; k < n; ++k) v[k] = std::tanh(v[k]);
-            }
-            break;
-        case Activation::sigmoid:
-            if constexpr (std::is_same_v<T, float>) {
-                map_float4(v, n, [](float4 x) { return 0.5f + 0.5f * tanh_rational(0.5f * x); });
-            } else {
-                for (int k = 0; k < n; ++k) v[k] = sigmoid(v[k]);
-            }
-            break;
-        case Activation::relu:
-            for (int k = 0; k < n; ++k) v[k] = v[k] > T(0) ? v[k] : T(0);
-            break;
-        default: break;
+    using V = std::conditional_t<std::is_same_v<T, float>, float4, double>;
+    constexpr int W = Lanes<V>::W;
+    for (int k = 0; k < n; k += W) {
+        const int m = std::min(W, n - k);
+        vstore(v + k, activate(a, vload<V>(v + k, m)), m);
     }
 }
+
+// The cells' activations as a policy: the default (tanh, sigmoid) pair compiles without a switch in
+// the time loop; any other pair goes through activate's.
+struct TanhSigmoid {
+    template <class V> ATTNX_INLINE V act(V v) const { return activate(Activation::tanh, v); }
+    template <class V> ATTNX_INLINE V ract(V v) const { return activate(Activation::sigmoid, v); }
+};
+struct AnyActivations {
+    Activation a, r;
+    template <class V> ATTNX_INLINE V act(V v) const { return activate(a, v); }
+    template <class V> ATTNX_INLINE V ract(V v) const { return activate(r, v); }
+};
 
 // d act(x) / dx written through y = act(x), which is what the caches hold
 template <class T> inline T act_slope(Activation a, T y) {
@@ -146,133 +169,346 @@ template <class F> void for_batch_rows(const RNNConfig& cfg, F&& fn) {
 }
 
 // ------------------------------------------------------------------------------------- forward
-// Steps of rows [b0, b1). h, c (B, H) hold the initial state and leave with the final one;
-// hu (B, G*H) is the per-step workspace for h . U.
+// The recurrent kernel U (H, Q*H) stacked on the input kernel W (C, Q*H; C = 0 when the input
+// projection is not fused) and repacked for the time loop: per block of W units, per row k of
+// [U; W], the Q gates' W columns side by side, zero past H:
+//   packed[((u0 / W) * (H + C) + k) * Q + q][lane] = [U; W][k, q*H + u0 + lane]
+// so that one step's product streams each block contiguously (and no 4 KiB stride aliases in L1).
 template <class T>
-void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache, const T* U,
-                      const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
-    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), nb = b1 - b0;
-    const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
-    const Activation act = cfg.activation, ract = cfg.recurrent_activation;
-    for (int s = 0; s < Tn; ++s) {
-        const int t = cfg.time_at(s);
-        // cache the state entering step t (and its dropped-out copy that meets U)
-        for (int b = b0; b < b1; ++b) {
-            const size_t row = (size_t)b * TH + (size_t)t * H;
-            std::copy(h + (size_t)b * H, h + (size_t)(b + 1) * H, cache.h_prev + row);
-            if (cache.c_prev) std::copy(c + (size_t)b * H, c + (size_t)(b + 1) * H, cache.c_prev + row);
-            if (rec_mask)
-                for (int j = 0; j < H; ++j) cache.h_rec[row + j] = h[(size_t)b * H + j] * rec_mask[(size_t)b * H + j];
+void pack_recurrent_kernel(std::vector<T>& packed, const T* U, const T* Wx, int H, int C, int Q, int W) {
+    const int blocks = (H + W - 1) / W, K = H + C;
+    const size_t G = (size_t)Q * H;
+    packed.assign((size_t)blocks * K * Q * W, T(0));
+    for (int u0 = 0; u0 < H; u0 += W)
+        for (int k = 0; k < K; ++k) {
+            const T* row = k < H ? U + (size_t)k * G : Wx + (size_t)(k - H) * G;
+            for (int q = 0; q < Q; ++q)
+                std::copy(row + (size_t)q * H + u0, row + (size_t)q * H + std::min(H, u0 + W),
+                          packed.data() + (((size_t)(u0 / W) * K + k) * Q + q) * W);
         }
-        const T* hr = rec_mask ? cache.h_rec + (size_t)b0 * TH + (size_t)t * H : h + (size_t)b0 * H;
-        const int ld_hr = rec_mask ? (int)TH : H;
-        T* hu0 = hu + (size_t)b0 * G;
-        if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
-            // hu[:, :2H] = h_rec . U[:, :2H]  (the candidate's product needs r first)
-            gemm<T>(false, false, nb, 2 * H, H, T(1), hr, ld_hr, U, G, T(0), hu0, G);
-        } else if (cfg.cell == RNNCell::gru) {
-            // hu = h_rec . U + b_rec
-            for (int b = 0; b < nb; ++b)
-                for (int k = 0; k < G; ++k) hu0[(size_t)b * G + k] = b_rec ? b_rec[k] : T(0);
-            gemm<T>(false, false, nb, G, H, T(1), hr, ld_hr, U, G, T(1), hu0, G);
-        } else {
-            // hu = h_rec . U
-            gemm<T>(false, false, nb, G, H, T(1), hr, ld_hr, U, G, T(0), hu0, G);
-        }
+}
 
-        for (int b = b0; b < b1; ++b) {
-            const size_t row = (size_t)b * TH + (size_t)t * H;
-            T* g = cache.gates + (size_t)b * TG + (size_t)t * G;
-            const T* u = hu + (size_t)b * G;
-            T* hb = h + (size_t)b * H;
-            T* yb = y + row;
-            T* aux = cache.aux ? cache.aux + row : nullptr;
-            if (mask && !mask[(size_t)b * Tn + t]) {  // padded step: state carries through, output 0
-                std::fill(yb, yb + H, T(0));
-                if (aux) std::fill(aux, aux + H, T(0));  // aux meets dU's GEMM in backward: keep it finite
-                continue;
-            }
-            // pre-activations of the gates (GRU's candidate n and classic GRU's product come later)
-            const int summed = cfg.cell == RNNCell::gru ? 2 * H : G;
-            for (int k = 0; k < summed; ++k) g[k] += u[k];
-            switch (cfg.cell) {
-                case RNNCell::simple:
-                    // h_t = act(x_t W + b + h_{t-1} U)
-                    activate_block(act, g, H);
-                    std::copy(g, g + H, hb);
-                    std::copy(g, g + H, yb);
-                    break;
-                case RNNCell::lstm: {
-                    // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
-                    activate_block(ract, g, 2 * H);
-                    activate_block(act, g + 2 * H, H);
-                    activate_block(ract, g + 3 * H, H);
-                    T* cb = c + (size_t)b * H;
-                    for (int j = 0; j < H; ++j) {
-                        cb[j] = g[H + j] * cb[j] + g[j] * g[2 * H + j];
-                        aux[j] = cb[j];
-                    }
-                    activate_block(act, aux, H);
-                    for (int j = 0; j < H; ++j) {
-                        hb[j] = g[3 * H + j] * aux[j];
-                        yb[j] = hb[j];
-                    }
-                    break;
-                }
-                case RNNCell::gru:
-                    // r, z = ract(x W + b_in + h U + b_rec)
-                    activate_block(ract, g, 2 * H);
-                    if (cfg.reset_after) {
-                        // n = act(x_n + r * (h U_n + b_hn)); h_t = z h_{t-1} + (1 - z) n
-                        for (int j = 0; j < H; ++j) {
-                            aux[j] = u[2 * H + j];
-                            g[2 * H + j] += g[j] * aux[j];
-                        }
-                        activate_block(act, g + 2 * H, H);
-                        for (int j = 0; j < H; ++j) {
-                            hb[j] = g[H + j] * hb[j] + (T(1) - g[H + j]) * g[2 * H + j];
-                            yb[j] = hb[j];
-                        }
-                    } else {
-                        // the candidate's input r * h_rec goes to aux for the second GEMM
-                        const T* hrb = cache.recurrent_input() + row;
-                        for (int j = 0; j < H; ++j) aux[j] = g[j] * hrb[j];
-                    }
-                    break;
+// Q gate vectors of one row (GCC keeps a small struct of vectors in registers, an array it spills)
+template <class V, int Q> struct GateVectors {
+    V q[Q];
+};
+
+template <class V, class T = typename Lanes<V>::T> ATTNX_INLINE V vbroadcast(T s) {
+    if constexpr (Lanes<V>::W == 1) {
+        return s;
+    } else {
+        typedef int Lane0 __attribute__((vector_size(sizeof(V))));
+        return __builtin_shuffle(V{s}, Lane0{});  // one vbroadcastss (s + V{} is an add: -0 + 0 = +0)
+    }
+}
+
+// The left operand of a packed product: row r at a + r * lda (K values), followed by row r of x at
+// x + r * ldx (C values; C = 0 unless the input projection is fused)
+template <class T> struct LeftRows {
+    const T* a;
+    size_t lda;
+    int K;
+    const T* x;
+    size_t ldx;
+    int C;
+    LeftRows from_row(int r) const { return {a + (size_t)r * lda, lda, K, x ? x + (size_t)r * ldx : x, ldx, C}; }
+};
+
+// pre[r].q[q] = sum_k [A | X][r, k] panel[k * k_stride + q * W .. + W) for R rows and Q gates
+template <class V, int Q, int R, class T>
+ATTNX_INLINE void gate_tile(GateVectors<V, Q> (&pre)[R], const LeftRows<T>& left, const T* panel, size_t k_stride) {
+    constexpr int W = Lanes<V>::W;
+    V acc[R][Q] = {};  // local until the end: GCC then keeps it in registers
+    for (int part = 0; part < 2; ++part) {
+        const T* M = part ? left.x : left.a;
+        const size_t ld = part ? left.ldx : left.lda;
+        const int count = part ? left.C : left.K;
+        const T* rows = part ? panel + (size_t)left.K * k_stride : panel;
+        for (int k = 0; k < count; ++k) {
+            V u[Q];
+#pragma GCC unroll 4
+            for (int q = 0; q < Q; ++q) u[q] = vload<V>(rows + (size_t)k * k_stride + (size_t)q * W, W);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+                const V a = vbroadcast<V>(M[(size_t)r * ld + k]);
+#pragma GCC unroll 4
+                for (int q = 0; q < Q; ++q) acc[r][q] += a * u[q];
             }
         }
-        if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
-            // hu[:, 2H:] = (r * h_rec) . U_n; n = act(x_n + that); h_t = z h_{t-1} + (1 - z) n
-            gemm<T>(false, false, nb, H, H, T(1), cache.aux + (size_t)b0 * TH + (size_t)t * H, (int)TH, U + 2 * H, G,
-                    T(0), hu0 + 2 * H, G);
-            for (int b = b0; b < b1; ++b) {
-                if (mask && !mask[(size_t)b * Tn + t]) continue;
-                T* g = cache.gates + (size_t)b * TG + (size_t)t * G;
-                const T* u = hu + (size_t)b * G;
-                T* hb = h + (size_t)b * H;
-                T* yb = y + (size_t)b * TH + (size_t)t * H;
-                for (int j = 0; j < H; ++j) g[2 * H + j] += u[2 * H + j];
-                activate_block(act, g + 2 * H, H);
-                for (int j = 0; j < H; ++j) {
-                    hb[j] = g[H + j] * hb[j] + (T(1) - g[H + j]) * g[2 * H + j];
-                    yb[j] = hb[j];
-                }
-            }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int q = 0; q < Q; ++q) pre[r].q[q] = acc[r][q];
+}
+
+// A small product on a packed right operand: for every block c < blocks (panel0 + c * block_stride,
+// K + C rows of Q vectors, k_stride apart) and every row b of [b0, b1) (left row b - b0):
+//   pre.q[q] = left[b - b0, 0..K+C) . panel_c[0..K+C)[q]
+// then cell(b, pre, c). R rows share each load of the panel (R = 3 measured fastest for Q = 3 and
+// 4 on Zen 3: up to 12 accumulators in AVX2's 16 registers).
+template <class V, int Q, class T, class Cell>
+ATTNX_INLINE void packed_product(int b0, int b1, const LeftRows<T>& left, const T* panel0, size_t k_stride,
+                                 size_t block_stride, int blocks, Cell&& cell) {
+    constexpr int R = Q >= 3 ? 3 : 4;
+    for (int c = 0; c < blocks; ++c) {
+        const T* panel = panel0 + (size_t)c * block_stride;
+        int b = b0;
+        for (; b + R <= b1; b += R) {
+            GateVectors<V, Q> pre[R];
+            gate_tile<V, Q, R>(pre, left.from_row(b - b0), panel, k_stride);
+            for (int r = 0; r < R; ++r) cell(b + r, pre[r], c);
+        }
+        if (b + 2 <= b1) {  // the rows left over: a pair shares the loads too
+            GateVectors<V, Q> pre[2];
+            gate_tile<V, Q, 2>(pre, left.from_row(b - b0), panel, k_stride);
+            cell(b, pre[0], c), cell(b + 1, pre[1], c);
+            b += 2;
+        }
+        for (; b < b1; ++b) {
+            GateVectors<V, Q> pre[1];
+            gate_tile<V, Q, 1>(pre, left.from_row(b - b0), panel, k_stride);
+            cell(b, pre[0], c);
         }
     }
 }
 
-// Whole-sequence forward. y (B, T, H): h_t at real steps, 0 at padded ones. h, c (B, H): in the
+// [h, x] . [U; W] on pack_recurrent_kernel's layout: for every block of W units (from u0, n of them
+// real) and every row b of [b0, b1): pre.q[q] = left[b - b0] . [U; W][:, (q0 + q)*H + u0 .. + W);
+// then cell(b, pre, u0, n)
+template <class V, int Q, class T, class Cell>
+ATTNX_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& left, const T* packed, int H, int Qt, int q0,
+                                    Cell&& cell) {
+    constexpr int W = Lanes<V>::W;
+    const size_t k_stride = (size_t)Qt * W;
+    packed_product<V, Q>(b0, b1, left, packed + (size_t)q0 * W, k_stride, (size_t)(H + left.C) * k_stride,
+                         (H + W - 1) / W,
+                         [&](int b, GateVectors<V, Q> pre, int c) __attribute__((always_inline)) {
+                             cell(b, pre, c * W, std::min(W, H - c * W));
+                         });
+}
+
+// pre.q[q] += the input term of gate q0 + q for n units from u0: b_in when the step's product holds
+// x_t W, else the projection that gates (at unit u0 of the step's row) holds
+template <class V, int Q, class T>
+ATTNX_INLINE void add_input_terms(GateVectors<V, Q>& pre, int q0, bool fused, const T* gates, const T* b_in, int H,
+                                  int u0, int n) {
+    for (int q = 0; q < Q; ++q) {
+        const size_t at = (size_t)(q0 + q) * H;
+        if (!fused) pre.q[q] += vload<V>(gates + at, n);
+        else if (b_in) pre.q[q] += vload<V>(b_in + at + u0, n);
+    }
+}
+
+// Steps of rows [b0, b1) on vectors V, [U; W] packed by pack_recurrent_kernel with W = Lanes<V>::W.
+// With x (B, T, C) the input projection x_t W + b_in is fused into each step's product (W packed
+// under U); without, cache.gates holds it on entry (the decoder's steps). h, c (B, H) hold the
+// initial state and leave with the final one; hu (B, >= H) receives h_t while h_{t-1} is still
+// read. Without cache.h_prev (inference) nothing is kept for backward.
+template <class V, class T, class Acts>
+ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int b1, T* y, T* h, T* c,
+                            const RNNCache<T>& cache, const T* x, const T* b_in, const T* packed_u, const T* b_rec,
+                            const uint8_t* mask, const T* rec_mask, T* hu, size_t ld_hu) {
+    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), Q = cfg.gates();
+    const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
+    const bool keep = cache.h_prev != nullptr;
+    for (int s = 0; s < Tn; ++s) {
+        const int t = cfg.time_at(s);
+        auto real = [&](int b) __attribute__((always_inline)) { return !mask || mask[(size_t)b * Tn + t]; };
+        // cache the state entering step t (and its dropped-out copy that meets U)
+        for (int b = b0; b < b1; ++b) {
+            const size_t row = (size_t)b * TH + (size_t)t * H;
+            if (keep) std::copy(h + (size_t)b * H, h + (size_t)(b + 1) * H, cache.h_prev + row);
+            if (keep && cache.c_prev) std::copy(c + (size_t)b * H, c + (size_t)(b + 1) * H, cache.c_prev + row);
+            if (rec_mask)
+                for (int j = 0; j < H; ++j) cache.h_rec[row + j] = h[(size_t)b * H + j] * rec_mask[(size_t)b * H + j];
+        }
+        const T* hr = rec_mask ? cache.h_rec + (size_t)b0 * TH + (size_t)t * H : h + (size_t)b0 * H;
+        const size_t ld_hr = rec_mask ? TH : (size_t)H;
+        const size_t TC = (size_t)Tn * cfg.C;
+        const T* x_t = x ? x + (size_t)b0 * TC + (size_t)t * cfg.C : nullptr;
+        const LeftRows<T> left{hr, ld_hr, H, x_t, TC, x ? cfg.C : 0};  // [h_rec, x_t]
+        const bool fused = x != nullptr;
+        // where one block of row b's step lives: gates (x W + b pre-activations in, activated gates
+        // out), aux, y, the state, and h_t's staging row
+        struct Block {
+            T *g, *aux, *y, *h, *h_next;
+        };
+        auto block = [&](int b, int u0) __attribute__((always_inline)) -> Block {
+            const size_t row = (size_t)b * TH + (size_t)t * H + u0;
+            return {cache.gates + (size_t)b * TG + (size_t)t * G + u0, cache.aux ? cache.aux + row : nullptr,
+                    y ? y + row : nullptr,
+                    h + (size_t)b * H + u0, hu + (size_t)b * ld_hu + u0};
+        };
+        // padded step: the state carries through, the output is 0 (and aux, which meets dU's GEMM)
+        auto carry = [&](const Block& k, int n) __attribute__((always_inline)) {
+            vstore(k.h_next, vload<V>(k.h, n), n);
+            if (k.y) vstore(k.y, V{}, n);
+            if (k.aux) vstore(k.aux, V{}, n);
+        };
+        auto emit = [&](const Block& k, V h_t, int n) __attribute__((always_inline)) {
+            vstore(k.h_next, h_t, n);
+            if (k.y) vstore(k.y, h_t, n);
+        };
+        switch (cfg.cell) {
+            case RNNCell::simple:
+                // h_t = act(x_t W + b + h_{t-1} U)
+                recurrent_product<V, 1>(b0, b1, left, packed_u, H, Q, 0,
+                                        [&](int b, GateVectors<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
+                                            const Block k = block(b, u0);
+                                            if (!real(b)) return carry(k, n);
+                                            add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
+                                            const V h_t = acts.act(hu_.q[0]);
+                                            if (keep) vstore(k.g, h_t, n);
+                                            emit(k, h_t, n);
+                                        });
+                break;
+            case RNNCell::lstm:
+                // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
+                recurrent_product<V, 4>(
+                    b0, b1, left, packed_u, H, Q, 0,
+                    [&](int b, GateVectors<V, 4> hu_, int u0, int n) __attribute__((always_inline)) {
+                        const Block k = block(b, u0);
+                        if (!real(b)) return carry(k, n);
+                        add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
+                        const V i = acts.ract(hu_.q[0]), f = acts.ract(hu_.q[1]);
+                        const V g = acts.act(hu_.q[2]), o = acts.ract(hu_.q[3]);
+                        T* cb = c + (size_t)b * H + u0;
+                        const V c_t = f * vload<V>(cb, n) + i * g;
+                        const V act_c = acts.act(c_t);
+                        vstore(cb, c_t, n);
+                        if (keep) {
+                            vstore(k.g, i, n), vstore(k.g + H, f, n), vstore(k.g + 2 * H, g, n);
+                            vstore(k.g + 3 * H, o, n), vstore(k.aux, act_c, n);
+                        }
+                        emit(k, o * act_c, n);
+                    });
+                break;
+            case RNNCell::gru:
+                if (cfg.reset_after) {
+                    // r, z = ract(x W + b_in + h U + b_rec); n = act(x_n + r * (h U_n + b_hn));
+                    // h_t = z h_{t-1} + (T(1) - z) n
+                    recurrent_product<V, 3>(
+                        b0, b1, left, packed_u, H, Q, 0,
+                        [&](int b, GateVectors<V, 3> hu_, int u0, int n) __attribute__((always_inline)) {
+                            const Block k = block(b, u0);
+                            if (!real(b)) return carry(k, n);
+                            // (never fused: x W + b_in is in gates)
+                            V pre_r = vload<V>(k.g, n) + hu_.q[0], pre_z = vload<V>(k.g + H, n) + hu_.q[1];
+                            V hn = hu_.q[2];
+                            if (b_rec) {
+                                pre_r += vload<V>(b_rec + u0, n), pre_z += vload<V>(b_rec + H + u0, n);
+                                hn += vload<V>(b_rec + 2 * H + u0, n);
+                            }
+                            const V r = acts.ract(pre_r), z = acts.ract(pre_z);
+                            const V nn = acts.act(vload<V>(k.g + 2 * H, n) + r * hn);
+                            if (keep) {
+                                vstore(k.g, r, n), vstore(k.g + H, z, n), vstore(k.g + 2 * H, nn, n);
+                                vstore(k.aux, hn, n);
+                            }
+                            emit(k, z * vload<V>(k.h, n) + (T(1) - z) * nn, n);
+                        });
+                } else {
+                    // r, z = ract(x W + b + h_rec U_rz); aux = r * h_rec, which the candidate's product needs
+                    recurrent_product<V, 2>(
+                        b0, b1, left, packed_u, H, Q, 0,
+                        [&](int b, GateVectors<V, 2> hu_, int u0, int n) __attribute__((always_inline)) {
+                            const Block k = block(b, u0);
+                            if (!real(b)) return carry(k, n);
+                            add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
+                            const V r = acts.ract(hu_.q[0]);
+                            vstore(k.g, r, n), vstore(k.g + H, acts.ract(hu_.q[1]), n);
+                            vstore(k.aux, r * vload<V>(hr + (size_t)(b - b0) * ld_hr + u0, n), n);
+                        });
+                    // n = act(x_n + (r * h_rec) U_n); h_t = z h_{t-1} + (T(1) - z) n
+                    recurrent_product<V, 1>(
+                        b0, b1, LeftRows<T>{cache.aux + (size_t)b0 * TH + (size_t)t * H, TH, H, x_t, TC, left.C},
+                        packed_u, H, Q, 2,
+                        [&](int b, GateVectors<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
+                            const Block k = block(b, u0);
+                            if (!real(b)) return;  // carried in the first pass
+                            add_input_terms(hu_, 2, fused, k.g, b_in, H, u0, n);
+                            const V nn = acts.act(hu_.q[0]), z = vload<V>(k.g + H, n);
+                            if (keep) vstore(k.g + 2 * H, nn, n);
+                            emit(k, z * vload<V>(k.h, n) + (T(1) - z) * nn, n);
+                        });
+                }
+                break;
+        }
+        for (int b = b0; b < b1; ++b) std::copy(hu + (size_t)b * ld_hu, hu + (size_t)b * ld_hu + H, h + (size_t)b * H);
+    }
+}
+
+// The time loop on AVX2 + FMA vectors (8 floats, the multiply-adds fused), compiled for that
+// instruction set alone and chosen at run time (distributed wheels target baseline x86-64).
+template <class Acts>
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void rnn_steps_avx2(
+    const RNNConfig& cfg, const Acts& acts, int b0, int b1, float* y, float* h, float* c,
+    const RNNCache<float>& cache, const float* x, const float* b_in, const float* packed_u, const float* b_rec,
+    const uint8_t* mask, const float* rec_mask, float* hu, size_t ld_hu) {
+    rnn_steps<float8>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+}
+
+inline bool cpu_has_avx2_fma() {
+    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return yes;
+}
+
+// Lanes of the time loop that runs for T here (what pack_recurrent_kernel must pack for)
+template <class T> int recurrent_lanes() {
+    if constexpr (std::is_same_v<T, double>) return 1;
+    else return cpu_has_avx2_fma() ? 8 : 4;
+}
+
+// rnn_steps on the widest vectors this CPU runs, with the activations known at compile time for
+// the default pair
+template <class T>
+void rnn_packed_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x,
+                     const T* b_in, const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu,
+                     size_t ld_hu) {
+    auto run = [&](const auto& acts) {
+        if constexpr (std::is_same_v<T, double>)
+            rnn_steps<double>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+        else if (cpu_has_avx2_fma())
+            rnn_steps_avx2(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+        else
+            rnn_steps<float4>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+    };
+    if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid) run(TanhSigmoid{});
+    else run(AnyActivations{cfg.activation, cfg.recurrent_activation});
+}
+
+// Steps of rows [b0, b1) with the recurrent kernel U as stored and cache.gates holding the input
+// projection (the decoder's per-step calls): U is packed into this thread's buffer first. hu
+// (B, G*H) is workspace.
+template <class T>
+void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache, const T* U,
+                      const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
+    thread_local std::vector<T> packed;
+    pack_recurrent_kernel(packed, U, (const T*)nullptr, cfg.H, 0, cfg.gates(), recurrent_lanes<T>());
+    rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, nullptr, nullptr, packed.data(), b_rec, mask, rec_mask, hu,
+                       (size_t)cfg.G());
+}
+
+// Whole-sequence forward. y (B, T, H): h_t at real steps, 0 at padded ones (null: not needed). h, c (B, H): in the
 // initial state (zeros if none), out the final state (after each row's last real step). c and
 // cache.c_prev are LSTM only. b_in (G*H) / b_rec (G*H, GRU reset_after) may be null. mask (B, T)
 // nonzero = real step, null = all real. rec_mask (B, H) multiplies the state entering U (then
-// cache.h_rec must be given). hu: workspace (B, G*H).
+// cache.h_rec must be given). Inference leaves cache.h_prev null: then cache.gates and cache.aux
+// are workspace only. hu: workspace (B, G*H).
 template <class T>
 void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x, const T* W,
                  const T* U, const T* b_in, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
-    dense_forward<T>(cache.gates, x, W, b_in, cfg.B * cfg.T, cfg.C, cfg.G());
+    // x_t W joins h_{t-1} U in each step's product: the projection never makes a round trip
+    // through memory (a (B, T, G*H) buffer that outgrows the caches). Not for GRU reset_after,
+    // whose candidate needs x_n W_n apart from r * (h U_n): its projection is one GEMM per thread.
+    const bool fuse = !(cfg.cell == RNNCell::gru && cfg.reset_after);
+    thread_local std::vector<T> packed;
+    pack_recurrent_kernel(packed, U, fuse ? W : nullptr, cfg.H, fuse ? cfg.C : 0, cfg.gates(), recurrent_lanes<T>());
+    const T* packed_u = packed.data();  // this thread's buffer, read by every thread of the batch split
+    const size_t TG = (size_t)cfg.T * cfg.G(), TC = (size_t)cfg.T * cfg.C;
     for_batch_rows(cfg, [&](int b0, int b1) {
-        rnn_forward_rows<T>(cfg, b0, b1, y, h, c, cache, U, b_rec, mask, rec_mask, hu);
+        if (!fuse) dense_forward<T>(cache.gates + b0 * TG, x + b0 * TC, W, b_in, (b1 - b0) * cfg.T, cfg.C, cfg.G());
+        rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, fuse ? x : nullptr, b_in, packed_u, b_rec, mask, rec_mask, hu,
+                           (size_t)cfg.G());
     });
 }
 
@@ -294,7 +530,7 @@ template <class T> struct AnySlopes {
 
 // SimpleRNN: d pre = dh act'(h_t); h_{t-1} reaches h_t only through U
 template <class T, class Slopes>
-void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g) {
+ATTNX_INLINE void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g) {
     for (int j = 0; j < H; ++j) {
         dg[j] = dh[j] * slope.act(g[j]);
         dh[j] = T(0);
@@ -304,7 +540,7 @@ void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __re
 // LSTM: dc_t += dh o act'(c_t); di = dc g, df = dc c_{t-1}, dg = dc i, do = dh act(c_t), each times
 // its activation's slope; dc_{t-1} = dc_t f
 template <class T, class Slopes>
-void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, T* __restrict__ dc,
+ATTNX_INLINE void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, T* __restrict__ dc,
                        const T* __restrict__ g, const T* __restrict__ act_c, const T* __restrict__ c_prev) {
     for (int j = 0; j < H; ++j) {
         const T i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
@@ -318,10 +554,10 @@ void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __rest
     }
 }
 
-// GRU: dn = dh (1 - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z. The reset
+// GRU: dn = dh (T(1) - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z. The reset
 // gate's gradient follows in gru_after_row_backward or, for the classic form, after U_n^T.
 template <class T, class Slopes>
-void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g,
+ATTNX_INLINE void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g,
                       const T* __restrict__ h_prev) {
     for (int j = 0; j < H; ++j) {
         const T z = g[H + j], n = g[2 * H + j];
@@ -334,7 +570,7 @@ void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restr
 // GRU reset_after: n's pre-activation is x_n + r * hn, so dr = dn hn and d hn = dn r; dhu is the
 // gradient of h U + b_rec
 template <class T, class Slopes>
-void gru_after_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dhu,
+ATTNX_INLINE void gru_after_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dhu,
                             const T* __restrict__ g, const T* __restrict__ hn) {
     for (int j = 0; j < H; ++j) {
         const T r = g[j], dn = dg[2 * H + j];
@@ -345,17 +581,51 @@ void gru_after_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* _
     }
 }
 
-// Reverse-time steps of rows [b0, b1). dh, dc (B, H) come in as the gradient of the final state and
-// leave as that of the initial state. dgates (B, T, G*H) receives d(x W + b_in) per step; dhu
-// (B, T, G*H) receives d(h_rec U + b_rec) (the same buffer as dgates except for GRU reset_after);
-// dhrec (B, H) is workspace.
-template <class T, class Slopes>
-void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu,
-                       T* dhrec, const T* dy, const RNNCache<T>& cache, const T* U, const uint8_t* mask,
-                       const T* rec_mask) {
-    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), nb = b1 - b0;
+// U^T packed for d h_rec = d(h_rec U) . U^T, in blocks of 3 W units (three vectors per gate column n):
+//   packed_t[((k0 / (3 W)) * G + n) * 3 W + j] = U[k0 + j, n], zero past H
+template <class T> void pack_recurrent_kernel_t(std::vector<T>& packed_t, const T* U, int H, int G, int W) {
+    const int width = 3 * W, blocks = (H + width - 1) / width;
+    packed_t.assign((size_t)blocks * G * width, T(0));
+    for (int k = 0; k < H; ++k)
+        for (int n = 0; n < G; ++n)
+            packed_t[((size_t)(k / width) * G + n) * width + k % width] = U[(size_t)k * G + n];
+}
+
+// d h_rec[b, :] = dA[b, n0 .. n0 + K) . U[:, n0 .. n0 + K)^T for rows [b0, b1) (dA row b at
+// dA + (b - b0) * lda), handed to out(b, k0, vector, n) per W units from k0 (n of them real)
+template <class V, class T, class Out>
+ATTNX_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t lda, int n0, int K, const T* packed_t, int H,
+                                      int G, Out&& out) {
+    constexpr int W = Lanes<V>::W, width = 3 * W;
+    packed_product<V, 3>(b0, b1, LeftRows<T>{dA + n0, lda, K, nullptr, 0, 0}, packed_t + (size_t)n0 * width, width,
+                         (size_t)G * width,
+                         (H + width - 1) / width,
+                         [&](int b, GateVectors<V, 3> pre, int c) __attribute__((always_inline)) {
+                             for (int q = 0; q < 3; ++q) {
+                                 const int k0 = c * width + q * W;
+                                 if (k0 < H) out(b, k0, pre.q[q], std::min(W, H - k0));
+                             }
+                         });
+}
+
+// Reverse-time steps of rows [b0, b1) on vectors V, U^T packed by pack_recurrent_kernel_t with
+// W = Lanes<V>::W. dh, dc (B, H) come in as the gradient of the final state and leave as that of
+// the initial state. dgates (B, T, G*H) receives d(x W + b_in) per step; dhu (B, T, G*H) receives
+// d(h_rec U + b_rec) (the same buffer as dgates except for GRU reset_after); dhrec (B, H) is
+// workspace.
+template <class V, class T, class Slopes>
+ATTNX_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc,
+                                     T* dgates, T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache,
+                                     const T* packed_t, const uint8_t* mask, const T* rec_mask) {
+    const int Tn = cfg.T, H = cfg.H, G = cfg.G();
     const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
     const bool gru_classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
+    // dh_{t-1} += d h_rec * recurrent dropout mask (padded rows have d h_rec = 0)
+    auto add_to_dh = [&](int b, int k0, V d_hrec, int n) __attribute__((always_inline)) {
+        T* d = dh + (size_t)b * H + k0;
+        if (rec_mask) d_hrec *= vload<V>(rec_mask + (size_t)b * H + k0, n);
+        vstore(d, vload<V>(d, n) + d_hrec, n);
+    };
     for (int s = Tn - 1; s >= 0; --s) {
         const int t = cfg.time_at(s);
         for (int b = b0; b < b1; ++b) {
@@ -383,10 +653,12 @@ void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1
             }
         }
         const T* du0 = dhu + (size_t)b0 * TG + (size_t)t * G;
-        T* dhr0 = dhrec + (size_t)b0 * H;
         if (gru_classic) {
             // d(r h_rec) = dn . U_n^T; dr = d(r h_rec) h_rec ract'(r); d h_rec = d(r h_rec) r + d[r, z] . U_rz^T
-            gemm<T>(false, true, nb, H, H, T(1), du0 + 2 * H, (int)TG, U + 2 * H, G, T(0), dhr0, H);
+            recurrent_product_t<V>(b0, b1, du0, TG, 2 * H, H, packed_t, H, G,
+                                   [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
+                                       vstore(dhrec + (size_t)b * H + k0, v, n);
+                                   });
             for (int b = b0; b < b1; ++b) {
                 if (mask && !mask[(size_t)b * Tn + t]) continue;
                 const size_t row = (size_t)b * TH + (size_t)t * H, grow = (size_t)b * TG + (size_t)t * G;
@@ -398,23 +670,50 @@ void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1
                     dhrb[j] *= r;
                 }
             }
-            gemm<T>(false, true, nb, H, 2 * H, T(1), du0, (int)TG, U, G, T(1), dhr0, H);
+            recurrent_product_t<V>(b0, b1, du0, TG, 0, 2 * H, packed_t, H, G,
+                                   [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
+                                       add_to_dh(b, k0, v + vload<V>(dhrec + (size_t)b * H + k0, n), n);
+                                   });
         } else {
             // d h_rec = d(h_rec U) . U^T
-            gemm<T>(false, true, nb, H, G, T(1), du0, (int)TG, U, G, T(0), dhr0, H);
-        }
-        // dh_{t-1} += d h_rec * recurrent dropout mask (padded rows have d h_rec = 0)
-        for (int b = b0; b < b1; ++b) {
-            T* dhb = dh + (size_t)b * H;
-            const T* dhrb = dhrec + (size_t)b * H;
-            if (rec_mask) {
-                const T* m = rec_mask + (size_t)b * H;
-                for (int j = 0; j < H; ++j) dhb[j] += dhrb[j] * m[j];
-            } else {
-                for (int j = 0; j < H; ++j) dhb[j] += dhrb[j];
-            }
+            recurrent_product_t<V>(b0, b1, du0, TG, 0, G, packed_t, H, G, add_to_dh);
         }
     }
+}
+
+// The reverse time loop on AVX2 + FMA vectors, chosen at run time (see rnn_steps_avx2)
+template <class Slopes>
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void rnn_backward_steps_avx2(
+    const RNNConfig& cfg, const Slopes& slope, int b0, int b1, float* dh, float* dc, float* dgates, float* dhu,
+    float* dhrec, const float* dy, const RNNCache<float>& cache, const float* packed_t, const uint8_t* mask,
+    const float* rec_mask) {
+    rnn_backward_steps<float8>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
+}
+
+template <class T, class Slopes>
+void rnn_backward_packed_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates,
+                              T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache, const T* packed_t,
+                              const uint8_t* mask, const T* rec_mask) {
+    if constexpr (std::is_same_v<T, double>)
+        rnn_backward_steps<double>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask,
+                                   rec_mask);
+    else if (cpu_has_avx2_fma())
+        rnn_backward_steps_avx2(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
+    else
+        rnn_backward_steps<float4>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask,
+                                   rec_mask);
+}
+
+// Reverse-time steps of rows [b0, b1) with the recurrent kernel U as stored (the decoder's per-step
+// calls): U^T is packed into this thread's buffer first. Arguments as rnn_backward_steps.
+template <class T, class Slopes>
+void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu,
+                       T* dhrec, const T* dy, const RNNCache<T>& cache, const T* U, const uint8_t* mask,
+                       const T* rec_mask) {
+    thread_local std::vector<T> packed_t;
+    pack_recurrent_kernel_t(packed_t, U, cfg.H, cfg.G(), recurrent_lanes<T>());
+    rnn_backward_packed_rows<T>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t.data(), mask,
+                                rec_mask);
 }
 
 // Whole-sequence backward. dy (B, T, H) may be null (only the final state used); dh, dc (B, H): in
@@ -425,26 +724,46 @@ template <class T>
 void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec, T* dh, T* dc, const T* dy,
                   const RNNCache<T>& cache, const T* x, const T* W, const T* U, const uint8_t* mask,
                   const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
-    const int BT = cfg.B * cfg.T, H = cfg.H, G = cfg.G();
+    const int H = cfg.H, G = cfg.G(), C = cfg.C;
+    thread_local std::vector<T> packed;
+    pack_recurrent_kernel_t(packed, U, H, G, recurrent_lanes<T>());
+    const T* packed_t = packed.data();  // this thread's buffer, read by every thread of the batch split
+    // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T, dU += h_rec^T . dhu, db_rec += sum dhu
+    // over the n steps of rows from r0 (as rows of (B * T, .)): one GEMM each
+    auto weight_grads = [&](T* dW_, T* dU_, T* db_in_, T* db_rec_, size_t r0, int n) {
+        dense_backward<T>(dx ? dx + r0 * C : nullptr, dW_, db_in_, dgates + r0 * G, x + r0 * C, W, n, C, G);
+        const T* hr = cache.recurrent_input() + r0 * H;
+        if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
+            // dU_rz += h_rec^T . d[r, z]; dU_n += (r h_rec)^T . dn
+            gemm<T>(true, false, H, 2 * H, n, T(1), hr, H, dhu + r0 * G, G, T(1), dU_, G);
+            gemm<T>(true, false, H, H, n, T(1), cache.aux + r0 * H, H, dhu + r0 * G + 2 * H, G, T(1), dU_ + 2 * H, G);
+        } else {
+            dense_backward<T>(nullptr, dU_, db_rec_, dhu + r0 * G, hr, U, n, H, G);
+        }
+    };
+    std::mutex sum_lock;
     for_batch_rows(cfg, [&](int b0, int b1) {
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
-            rnn_backward_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, U, mask,
-                                 rec_mask);
+            rnn_backward_packed_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache,
+                                        packed_t, mask, rec_mask);
         else
-            rnn_backward_rows<T>(cfg, AnySlopes<T>{cfg.activation, cfg.recurrent_activation}, b0, b1, dh, dc, dgates,
-                                 dhu, dhrec, dy, cache, U, mask, rec_mask);
+            rnn_backward_packed_rows<T>(cfg, AnySlopes<T>{cfg.activation, cfg.recurrent_activation}, b0, b1, dh, dc,
+                                        dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
+        // the rows' weight gradients in the same parallel region: one thread accumulates in place,
+        // several into their own sums, added under the lock
+        const size_t r0 = (size_t)b0 * cfg.T;
+        const int n = (b1 - b0) * cfg.T;
+        if (b0 == 0 && b1 == cfg.B) return weight_grads(dW, dU, db_in, db_rec, r0, n);
+        std::vector<T> sums((size_t)(C + H + 2) * G, T(0));
+        T *sW = sums.data(), *sU = sW + (size_t)C * G, *sb_in = sU + (size_t)H * G, *sb_rec = sb_in + G;
+        weight_grads(sW, sU, sb_in, sb_rec, r0, n);
+        std::lock_guard<std::mutex> hold(sum_lock);
+        auto add = [](T* to, const T* from, size_t count) {
+            if (to)
+                for (size_t i = 0; i < count; ++i) to[i] += from[i];
+        };
+        add(dW, sW, (size_t)C * G), add(dU, sU, (size_t)H * G), add(db_in, sb_in, G), add(db_rec, sb_rec, G);
     });
-    // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T: one GEMM each over all steps
-    dense_backward<T>(dx, dW, db_in, dgates, x, W, BT, cfg.C, G);
-    const T* hr = cache.recurrent_input();
-    if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
-        // dU_rz += h_rec^T . d[r, z]; dU_n += (r h_rec)^T . dn
-        gemm<T>(true, false, H, 2 * H, BT, T(1), hr, H, dhu, G, T(1), dU, G);
-        gemm<T>(true, false, H, H, BT, T(1), cache.aux, H, dhu + 2 * H, G, T(1), dU + 2 * H, G);
-    } else {
-        // dU += h_rec^T . dhu, db_rec += sum dhu
-        dense_backward<T>(nullptr, dU, db_rec, dhu, hr, U, BT, H, G);
-    }
 }
 
 }  // namespace attnx

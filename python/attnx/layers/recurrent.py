@@ -146,8 +146,10 @@ class _Recurrent(Layer):
             spaces[key] = buffers
         return buffers
 
-    def _level_forward(self, level, x, mask, h0, c0, reverse, training, input_keep=None, recurrent_keep=None):
-        """Runs level `level` over x (B, T, C); returns (y (B, T, H), h, c, ctx for backward)."""
+    def _level_forward(self, level, x, mask, h0, c0, reverse, training, input_keep=None, recurrent_keep=None,
+                       need_y=True):
+        """Runs level `level` over x (B, T, C); returns (y (B, T, H), or None unless `need_y`, h, c, ctx for
+        backward)."""
         sfx = self._suffix(level)
         if input_keep is not None:
             x = np.ascontiguousarray(x * input_keep)
@@ -156,12 +158,12 @@ class _Recurrent(Layer):
         seq = (B, T, H)
         phase = "train" if training else ("infer", threading.get_ident())
         workspace = self._workspace((phase, level, reverse), [
-            (B, T, G), seq, seq if recurrent_keep is not None else None, seq if self._cell == "lstm" else None,
-            seq if self._cell != "simple" else None, (B, G)])
+            (B, T, G), seq if training else None, seq if recurrent_keep is not None else None,
+            seq if self._cell == "lstm" and training else None, seq if self._cell != "simple" else None, (B, G)])
         y, h, c, cache = _core.rnn_forward(
             self._cell, x, self.params["kernel" + sfx], self.params["recurrent_kernel" + sfx], b_in, b_rec, h0, c0,
             mask, recurrent_keep, reverse, self.reset_after, self.activation, self.recurrent_activation, True,
-            workspace)
+            workspace, training, need_y)
         ctx = (x, mask, input_keep, recurrent_keep, cache, reverse) if training else None
         return y, h, c, ctx
 
@@ -297,7 +299,8 @@ class _RNN(_Recurrent):
         for level in range(self.num_layers):
             keep, rec = self._level_noise(level, B, T, seq.shape[2], training)
             seq, h, c, ctx = self._level_forward(level, seq, step_mask, h0s[level], c0s[level], self.go_backwards,
-                                                 training, keep, rec)
+                                                 training, keep, rec,
+                                                 need_y=self.return_sequences or level + 1 < self.num_layers)
             hs.append(h)
             cs.append(c)
             ctxs.append(ctx)
@@ -453,7 +456,7 @@ class _Cell(_Recurrent):
         states = [None] * n if states is None else [self._state_input(s, f"states[{i}]", (B, self.units))
                                                   for i, s in enumerate(states)]
         _, h, c, ctx = self._level_forward(0, x[:, None, :], None, states[0], states[1] if n == 2 else None, False,
-                                           training)
+                                           training, need_y=False)
         if training:
             self._cache = (ctx, B, states[0] is not None)
         return [h, c] if self._has_cell_state else h
@@ -630,7 +633,8 @@ class Bidirectional(Layer):
             for d, (_, layer, reverse) in enumerate(self._directions):
                 keep, rec = layer._level_noise(level, B, T, seq.shape[2], training)
                 y, h, c, ctx = layer._level_forward(level, seq, step_mask, init[d][0][level], init[d][1][level],
-                                                    reverse, training, keep, rec)
+                                                    reverse, training, keep, rec,
+                                                    need_y=self.return_sequences or level + 1 < fwd.num_layers)
                 outs.append(y)
                 finals[d][0].append(h)
                 finals[d][1].append(c)
