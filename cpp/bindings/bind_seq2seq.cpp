@@ -11,7 +11,7 @@
 namespace attnx::bind {
 
 static DecoderConfig decoder_config(const std::string& kind, const std::string& score, const std::string& cell,
-                                    int local_window) {
+                                    int local_window, const std::string& local_mode) {
     DecoderConfig cfg;
     if (kind == "bahdanau") cfg.kind = DecoderKind::bahdanau;
     else if (kind == "luong") cfg.kind = DecoderKind::luong;
@@ -28,6 +28,9 @@ static DecoderConfig decoder_config(const std::string& kind, const std::string& 
     if (local_window >= 0 && cfg.kind != DecoderKind::luong)
         throw py::value_error("decoder: local attention is a Luong option");
     cfg.local_window = local_window;
+    if (local_mode == "m") cfg.local_mode = LocalMode::monotonic;
+    else if (local_mode == "p") cfg.local_mode = LocalMode::predictive;
+    else throw py::value_error("decoder: unknown local_mode '" + local_mode + "'; expected m or p");
     return cfg;
 }
 
@@ -74,6 +77,8 @@ static DecoderParams<P> decoder_params(const DecoderConfig& cfg, const py::dict&
     p.key_kernel = param<T, P>(params, "key_kernel", {K, cfg.Dk()}, cfg.score != ScoreKind::dot, fn);
     p.score_vector = param<T, P>(params, "score_vector", {U}, additive, fn);
     p.attentional_kernel = param<T, P>(params, "attentional_kernel", {K + H, H}, luong, fn);
+    p.position_kernel = param<T, P>(params, "position_kernel", {H, cfg.P}, cfg.predictive(), fn);
+    p.position_vector = param<T, P>(params, "position_vector", {cfg.P}, cfg.predictive(), fn);
     p.output_kernel = param<T, P>(params, "output_kernel", {H, V}, true, fn);
     p.output_bias = param<T, P>(params, "output_bias", {V}, true, fn);
     return p;
@@ -90,6 +95,7 @@ static void size_config(DecoderConfig& cfg, const py::dict& params, const py::ar
     cfg.B = (int)enc.shape(0), cfg.S = (int)enc.shape(1), cfg.K = (int)enc.shape(2);
     cfg.E = dim("embeddings", 1), cfg.H = dim("recurrent_kernel", 0), cfg.V = dim("output_kernel", 1);
     cfg.U = cfg.score == ScoreKind::additive ? dim("score_vector", 0) : 0;
+    cfg.P = cfg.predictive() ? dim("position_vector", 0) : 0;
     if (cfg.score == ScoreKind::dot && cfg.K != cfg.H)
         throw py::value_error(std::string(fn) + ": the dot score needs encoder outputs of the decoder's size " +
                               std::to_string(cfg.H) + ", got " + std::to_string(cfg.K));
@@ -131,6 +137,9 @@ template <class T> static DecoderCache<T> decoder_cache(const DecoderConfig& cfg
     c.concat = buffer("concat", {Tn, B, K + H}, luong, T{});
     c.window = buffer("window", {Tn, B, S}, cfg.local(), uint8_t{});
     c.gauss = buffer("gauss", {Tn, B, S}, cfg.local(), T{});
+    c.position = buffer("position", {Tn, B}, cfg.local(), T{});
+    c.position_hidden = buffer("position_hidden", {Tn, B, cfg.P}, cfg.predictive(), T{});
+    c.source_length = buffer("source_length", {B}, cfg.predictive(), T{});
     c.out = buffer("out", {B, Tn, H}, true, T{});
     return c;
 }
@@ -141,8 +150,8 @@ void init_seq2seq(py::module_& m) {
         [](const std::string& kind, const std::string& score, const std::string& cell, const py::array& ids,
            const py::array& enc, const py::object& source_mask, const py::object& target_mask, const py::array& h0,
            const py::object& c0, const py::object& feed0, const py::dict& params, const py::object& keys,
-           int local_window, int first_step) {
-            DecoderConfig cfg = decoder_config(kind, score, cell, local_window);
+           int local_window, const std::string& local_mode, int first_step) {
+            DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode);
             if (first_step < 0) throw py::value_error("decoder_forward: first_step must be >= 0");
             cfg.first_step = first_step;
             return dispatch_float(enc, "decoder_forward: enc", [&](auto tag) -> py::tuple {
@@ -216,7 +225,7 @@ void init_seq2seq(py::module_& m) {
                     decoder_forward<T>(cfg, pl, ph, pc, pf, c, w, pids, penc, psm, ptm, keys_ready, phu);
                     time_to_batch_major(pw, c.weights, (int)Tn, (int)B, (int)S);  // (B, T, S) for users
                 }
-                cache["config"] = py::make_tuple(kind, score, cell, local_window, first_step);
+                cache["config"] = py::make_tuple(kind, score, cell, local_window, local_mode, first_step);
                 py::object keys_out = c.keys ? py::object(cache["keys"]) : py::object(py::none());
                 py::object c_out = lstm ? py::object(cs) : py::none();
                 py::object feed_out = luong ? py::object(feed) : py::none();
@@ -226,12 +235,12 @@ void init_seq2seq(py::module_& m) {
         py::arg("kind"), py::arg("score"), py::arg("cell"), py::arg("ids"), py::arg("enc"),
         py::arg("source_mask") = py::none(), py::arg("target_mask") = py::none(), py::arg("h0"),
         py::arg("c0") = py::none(), py::arg("feed0") = py::none(), py::arg("params"), py::arg("keys") = py::none(),
-        py::arg("local_window") = -1, py::arg("first_step") = 0,
+        py::arg("local_window") = -1, py::arg("local_mode") = "m", py::arg("first_step") = 0,
         "Attention decoder over all target steps (teacher forcing) or one step (T = 1). kind bahdanau|luong, score "
         "additive|concat|general|dot, cell gru|lstm. ids (B, T) int64 previous words, enc (B, S, K), masks bool "
         "(True = real), h0 (B, H), c0 (B, H) for LSTM, feed0 (B, H) Luong's previous attentional state, params the "
         "layer's dict, keys: enc W_k from an earlier call (decoding steps), first_step: the target position of "
-        "ids[:, 0]. Returns (logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
+        "ids[:, 0], local_mode m (p_t = t) or p (predicted from h_t by position_kernel, position_vector). Returns (logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
 
     m.def(
         "decoder_backward",
@@ -241,8 +250,9 @@ void init_seq2seq(py::module_& m) {
                 throw py::value_error("decoder_backward: cache: not a decoder_forward cache");
             const py::tuple conf = cache["config"].cast<py::tuple>();
             DecoderConfig cfg = decoder_config(conf[0].cast<std::string>(), conf[1].cast<std::string>(),
-                                               conf[2].cast<std::string>(), conf[3].cast<int>());
-            cfg.first_step = conf[4].cast<int>();
+                                               conf[2].cast<std::string>(), conf[3].cast<int>(),
+                                               conf[4].cast<std::string>());
+            cfg.first_step = conf[5].cast<int>();
             return dispatch_float(enc, "decoder_backward: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const char* fn = "decoder_backward";
