@@ -321,6 +321,28 @@ class _AttentionDecoder(Layer):
                                                               None, state.feed, state.keys, state.position)
         return logits[:, 0], DecoderState(h, c, feed, keys, state.position + 1), weights[:, 0]
 
+    def greedy(self, encoder_outputs, states, start_id, end_id, max_length, source_mask=None):
+        """Greedy decoding in one C++ call (the step loop and argmax included).
+
+        Args:
+            encoder_outputs: (B, S, K); states: ``[h0]`` or ``[h0, c0]``; source_mask (B, S) bool or lengths.
+            start_id: the first input word; end_id: the word that ends a row; max_length: most steps.
+        Returns:
+            (tokens (B, L) ints, 0 after a row's end token; attention (B, L, S)), L <= max_length.
+        """
+        if not self.built:
+            raise RuntimeError(f"Layer '{self.name}': greedy() needs a built decoder (call it once or build it)")
+        enc = self._float_input(encoder_outputs, "encoder_outputs", ndim=3, last_dim=self.source_dim)
+        B, S = enc.shape[:2]
+        if len(states) != self.n_states:
+            raise ValueError(f"Layer '{self.name}': expected {self.n_states} initial state(s), got {len(states)}")
+        states = [self._state(s, f"initial_state[{i}]", (B, self.units)) for i, s in enumerate(states)]
+        return _core.decoder_greedy(
+            self._kind, self.score, self.cell, enc, _sequence_mask(self, source_mask, B, S, "source_mask"), states[0],
+            states[1] if self.n_states == 2 else None, self.params,
+            -1 if self.local_window is None else self.local_window, self.local_mode, int(start_id), int(end_id),
+            _positive_int(type(self).__name__, "max_length", max_length))
+
     def compute_output_shape(self, input_shape):
         return (input_shape[0][0], input_shape[0][1], self.vocab_size)
 
@@ -670,21 +692,7 @@ class Seq2Seq:
         self.build(source.shape[1])
         L = self._decode_length(max_length)
         enc, smask, states = self._encode(source, False)
-        B = len(source)
-        state = DecoderState(*states)
-        prev = np.full(B, self.start_id, dtype=np.int64)
-        tokens = np.zeros((B, L), dtype=np.int64)
-        attention = np.zeros((B, L, source.shape[1]), dtype=enc.dtype)
-        done = np.zeros(B, dtype=bool)
-        for t in range(L):  # each step needs the previous step's choice
-            logits, state, weights = self.decoder.step(prev, state, enc, smask)
-            prev = np.where(done, 0, logits.argmax(axis=-1))
-            tokens[:, t] = prev
-            attention[:, t] = np.where(done[:, None], 0, weights)
-            done |= prev == self.end_id
-            if done.all():
-                return tokens[:, :t + 1], attention[:, :t + 1]
-        return tokens, attention
+        return self.decoder.greedy(enc, states, self.start_id, self.end_id, L, smask)
 
     def beam_search(self, source, width=4, length_penalty=0.0, max_length=None, end_token=None):
         """Batched beam search: the B sentences' `width` hypotheses run as B * width rows.

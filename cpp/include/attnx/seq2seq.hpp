@@ -121,6 +121,45 @@ template <class T> struct DecoderCache {
     const T* keys_or_enc(const T* enc) const { return keys ? keys : enc; }
 };
 
+// The cache buffers a configuration uses, each from alloc(name, shape, tag) with tag a value of the
+// element type; the others stay null. One layout for the bindings' NumPy arrays and owned buffers.
+template <class T, class Alloc>
+DecoderCache<T> decoder_cache_layout(const DecoderConfig& cfg, bool has_step_mask, Alloc&& alloc) {
+    const size_t B = cfg.B, Tn = cfg.T, S = cfg.S, H = cfg.H, K = cfg.K, U = cfg.U;
+    const bool luong = cfg.kind == DecoderKind::luong, additive = cfg.score == ScoreKind::additive;
+    DecoderCache<T> c;
+    c.ids = alloc("ids", std::vector<size_t>{Tn, B}, int64_t{});
+    if (has_step_mask) c.step_mask = alloc("step_mask", std::vector<size_t>{Tn, B}, uint8_t{});
+    if (cfg.score != ScoreKind::dot) c.keys = alloc("keys", std::vector<size_t>{B, S, (size_t)cfg.Dk()}, T{});
+    c.emb = alloc("emb", std::vector<size_t>{Tn, B, (size_t)cfg.E}, T{});
+    c.feed = alloc("feed", std::vector<size_t>{Tn, B, (size_t)cfg.F()}, T{});
+    c.gates = alloc("gates", std::vector<size_t>{Tn, B, (size_t)cfg.G()}, T{});
+    c.h_prev = alloc("h_prev", std::vector<size_t>{Tn, B, H}, T{});
+    if (cfg.cell == RNNCell::lstm) c.c_prev = alloc("c_prev", std::vector<size_t>{Tn, B, H}, T{});
+    c.aux = alloc("aux", std::vector<size_t>{Tn, B, H}, T{});
+    c.states = alloc("states", std::vector<size_t>{Tn, B, H}, T{});
+    if (additive) {
+        c.query_proj = alloc("query_proj", std::vector<size_t>{Tn, B, U}, T{});
+        c.score_hidden = alloc("score_hidden", std::vector<size_t>{Tn, B, S, U}, T{});
+    }
+    c.weights = alloc("weights", std::vector<size_t>{Tn, B, S}, T{});
+    if (luong) {
+        c.context = alloc("context", std::vector<size_t>{Tn, B, K}, T{});
+        c.concat = alloc("concat", std::vector<size_t>{Tn, B, K + H}, T{});
+    }
+    if (cfg.local()) {
+        c.window = alloc("window", std::vector<size_t>{Tn, B, S}, uint8_t{});
+        c.gauss = alloc("gauss", std::vector<size_t>{Tn, B, S}, T{});
+        c.position = alloc("position", std::vector<size_t>{Tn, B}, T{});
+    }
+    if (cfg.predictive()) {
+        c.position_hidden = alloc("position_hidden", std::vector<size_t>{Tn, B, (size_t)cfg.P}, T{});
+        c.source_length = alloc("source_length", std::vector<size_t>{B}, T{});
+    }
+    c.out = alloc("out", std::vector<size_t>{B, Tn, H}, T{});
+    return c;
+}
+
 // ------------------------------------------------------------------------------ attention step
 // a_t = masked_softmax(score(q_t, enc)) and c_t = a_t . enc for batch rows [b0, b1) of step t (Tq = 1).
 // query (B, H) and context (B, K) are whole-batch buffers; only rows [b0, b1) are read / written.
@@ -472,6 +511,55 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
         dense_backward<T>((T*)nullptr, dw.key_kernel, (T*)nullptr, work.dkeys.data(), enc, w.key_kernel, B * S, K, Dk);
         matmul<T>(denc, work.dkeys.data(), w.key_kernel, B * S, K, Dk, false, true, T(1));
     }
+}
+
+// ------------------------------------------------------------------------------ greedy decoding
+// Greedy decoding: steps of decoder_forward (T = 1), each reading the argmax of the previous step's
+// logits (the first reads start_id; a row that has produced end_id then reads 0, the padding id).
+//   cfg: sizes with T = 1. h, c, feed (B, H): the initial state (c: LSTM, feed: Luong, zeros at the
+//   start), left as the final one. tokens (B, L): the chosen ids, 0 after a row's end token;
+//   attention (B, L, S): each step's weights, 0 after the end token. Returns the steps run (< L
+//   when every row has ended).
+template <class T>
+int decoder_greedy(DecoderConfig cfg, int64_t* tokens, T* attention, T* h, T* c, T* feed,
+                   const DecoderParams<const T*>& w, const T* enc, const uint8_t* source_mask, int64_t start_id,
+                   int64_t end_id, int L) {
+    const int B = cfg.B, S = cfg.S, V = cfg.V;
+    cfg.T = 1;
+    std::vector<std::vector<char>> storage;  // the step's cache, reused by every step
+    const DecoderCache<T> cache = decoder_cache_layout<T>(cfg, false, [&](const char*, std::vector<size_t> shape,
+                                                                          auto tag) {
+        size_t n = 1;
+        for (size_t d : shape) n *= d;
+        storage.emplace_back(n * sizeof(tag));
+        return reinterpret_cast<decltype(tag)*>(storage.back().data());
+    });
+    std::vector<T> logits((size_t)B * V), hu((size_t)B * cfg.G());
+    std::vector<int64_t> prev((size_t)B, start_id);
+    std::vector<uint8_t> done((size_t)B, 0);
+    std::fill(tokens, tokens + (size_t)B * L, int64_t(0));
+    std::fill(attention, attention + (size_t)B * L * S, T(0));
+    for (int t = 0; t < L; ++t) {
+        cfg.first_step = t;
+        decoder_forward<T>(cfg, logits.data(), h, c, feed, cache, w, prev.data(), enc, source_mask, nullptr, t > 0,
+                           hu.data());
+        bool all_done = true;
+        for (int b = 0; b < B; ++b) {
+            if (done[b]) {
+                prev[b] = 0;
+                continue;
+            }
+            const T* row = logits.data() + (size_t)b * V;
+            prev[b] = std::max_element(row, row + V) - row;  // the first maximum, as np.argmax
+            tokens[(size_t)b * L + t] = prev[b];
+            std::copy(cache.weights + (size_t)b * S, cache.weights + (size_t)(b + 1) * S,
+                      attention + ((size_t)b * L + t) * S);
+            done[b] = prev[b] == end_id;
+            all_done = all_done && done[b];
+        }
+        if (all_done) return t + 1;
+    }
+    return L;
 }
 
 }  // namespace attnx
