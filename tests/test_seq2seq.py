@@ -333,6 +333,56 @@ def test_translate_returns_words_and_attention(text_model):
     assert text_model.evaluate_bleu(src[:50], tgt[:50]) > 0.9
 
 
+def test_save_load_round_trip_translates_identically(text_model, tmp_path):
+    from attnx import seq2seq
+    path = tmp_path / "nmt.attnx"
+    text_model.save(path)
+    loaded = seq2seq.load(path)
+    assert isinstance(attnx.saving.load_model(path), Seq2Seq)
+    for name, p in text_model.params.items():
+        np.testing.assert_array_equal(loaded.params[name], p)
+    assert loaded.source_tokenizer.word_index == text_model.source_tokenizer.word_index
+    assert loaded.target_tokenizer.index_word == text_model.target_tokenizer.index_word
+    for sentence in ("<start> cat two . <end>", "<start> one dog three . <end>"):
+        words, attention = text_model.translate(sentence)
+        loaded_words, loaded_attention = loaded.translate(sentence)
+        assert loaded_words == words
+        np.testing.assert_array_equal(loaded_attention, attention)
+        assert loaded.translate(sentence, width=3)[0] == text_model.translate(sentence, width=3)[0]
+    # the optimizer state came along: one more step gives the same loss and weights on both
+    src = text_model.encode_sources(["<start> cat two . <end>", "<start> one . <end>"])
+    tgt = text_model.encode_targets(["<start> chat deux . <end>", "<start> un . <end>"])
+    assert loaded.optimizer.iterations == text_model.optimizer.iterations
+    copy = seq2seq.load(path)
+    assert copy.train_on_batch(src, tgt) == loaded.train_on_batch(src, tgt)
+    for name, p in copy.params.items():
+        np.testing.assert_array_equal(loaded.params[name], p)
+
+
+def test_seq2seq_save_load_luong_local_p_and_corrupted_file(tmp_path):
+    from attnx import seq2seq
+    src, tgt = reversal_data(64, seed=5)
+    attnx.set_random_seed(0)
+    model = Seq2Seq(13, 13, embedding_dim=8, units=16, attention="luong", score="concat", cell="lstm",
+                    bidirectional=True, local_window=2, local_mode="p", start_token=1, end_token=2, max_length=8)
+    path = tmp_path / "luong.attnx"
+    model.save(path)  # uncompiled, no tokenizers
+    loaded = seq2seq.load(path)
+    assert loaded.decoder.local_mode == "p" and loaded.optimizer is None
+    tokens, attention = model.greedy_decode(src)
+    loaded_tokens, loaded_attention = loaded.greedy_decode(src)
+    np.testing.assert_array_equal(loaded_tokens, tokens)
+    np.testing.assert_array_equal(loaded_attention, attention)
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    (tmp_path / "flipped.attnx").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="corrupted"):
+        seq2seq.load(tmp_path / "flipped.attnx")
+    (tmp_path / "cut.attnx").write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        seq2seq.load(tmp_path / "cut.attnx")
+
+
 def test_attention_heatmap_draws_translation(text_model):
     import matplotlib
     matplotlib.use("Agg")

@@ -33,7 +33,7 @@ from .layers.base import Layer
 from .layers.core import Embedding
 from .layers.recurrent import GRU, LSTM, Bidirectional
 
-__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq"]
+__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq", "load"]
 
 _CELLS = {"gru": GRU, "lstm": LSTM}
 
@@ -527,6 +527,45 @@ class Seq2Seq:
     def count_params(self):
         return int(sum(p.size for p in self.params.values()))
 
+    @property
+    def built(self):
+        return self.encoder.built and self.decoder.built
+
+    @property
+    def compiled(self):
+        return self.optimizer is not None
+
+    @property
+    def _compile_config(self):
+        return {"loss": losses.serialize(self.loss)}
+
+    def get_config(self):
+        """Everything `from_config` needs to rebuild the model, tokenizers included (as their JSON)."""
+        dec = self.decoder
+        return {"source_vocab_size": self.encoder.vocab_size, "target_vocab_size": dec.vocab_size,
+                "embedding_dim": self.encoder.embedding_dim, "units": dec.units, "attention": self.attention,
+                "score": None if self.attention == "bahdanau" else dec.score, "cell": dec.cell,
+                "bidirectional": self.encoder.bidirectional, "attention_units": dec.attention_units,
+                "local_window": dec.local_window, "local_mode": dec.local_mode, "start_token": self.start_id,
+                "end_token": self.end_id, "max_length": self.max_length, "dtype": dec.dtype.name,
+                "source_tokenizer": None if self.source_tokenizer is None else self.source_tokenizer.to_json(),
+                "target_tokenizer": None if self.target_tokenizer is None else self.target_tokenizer.to_json()}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("source_tokenizer", "target_tokenizer"):
+            if config.get(key) is not None:
+                config[key] = text.tokenizer_from_json(config[key])
+        return cls(**config)
+
+    def save(self, path):
+        """Saves config, tokenizers, weights, optimizer and its state to `path` (the `.attnx` zip
+        format of `attnx.saving`, written atomically); `attnx.seq2seq.load` reads it back."""
+        from . import saving
+        self.build()
+        saving.save_model(self, path)
+
     def get_weights(self):
         return [p.copy() for p in self.params.values()]
 
@@ -803,3 +842,13 @@ class Seq2Seq:
                 hyps += [self.target_words(h[0].tokens) for h in beams]
         refs = [[[w for w in r.split() if w not in ("<start>", "<end>")]] for r in references]
         return metrics.corpus_bleu(refs, hyps)
+
+
+def load(path):
+    """A `Seq2Seq` saved with `Seq2Seq.save` (weights, tokenizers, optimizer state); raises
+    ValueError for a corrupted or truncated file or one that holds another kind of model."""
+    from . import saving
+    model = saving.load_model(path)
+    if not isinstance(model, Seq2Seq):
+        raise ValueError(f"{path}: holds a {type(model).__name__}, not a Seq2Seq model")
+    return model
