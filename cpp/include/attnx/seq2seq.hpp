@@ -160,6 +160,20 @@ DecoderCache<T> decoder_cache_layout(const DecoderConfig& cfg, bool has_step_mas
     return c;
 }
 
+// Every buffer a DecoderCache of `cfg` points to, owned (decoding loops, C++ tests).
+template <class T> struct OwnedDecoderCache {
+    std::vector<std::vector<char>> storage;  // moving a buffer keeps its address
+    DecoderCache<T> cache;
+    OwnedDecoderCache(const DecoderConfig& cfg, bool has_step_mask) {
+        cache = decoder_cache_layout<T>(cfg, has_step_mask, [&](const char*, std::vector<size_t> shape, auto tag) {
+            size_t n = 1;
+            for (size_t d : shape) n *= d;
+            storage.emplace_back(n * sizeof(tag));
+            return reinterpret_cast<decltype(tag)*>(storage.back().data());
+        });
+    }
+};
+
 // ------------------------------------------------------------------------------ attention step
 // a_t = masked_softmax(score(q_t, enc)) and c_t = a_t . enc for batch rows [b0, b1) of step t (Tq = 1).
 // query (B, H) and context (B, K) are whole-batch buffers; only rows [b0, b1) are read / written.
@@ -526,14 +540,8 @@ int decoder_greedy(DecoderConfig cfg, int64_t* tokens, T* attention, T* h, T* c,
                    int64_t end_id, int L) {
     const int B = cfg.B, S = cfg.S, V = cfg.V;
     cfg.T = 1;
-    std::vector<std::vector<char>> storage;  // the step's cache, reused by every step
-    const DecoderCache<T> cache = decoder_cache_layout<T>(cfg, false, [&](const char*, std::vector<size_t> shape,
-                                                                          auto tag) {
-        size_t n = 1;
-        for (size_t d : shape) n *= d;
-        storage.emplace_back(n * sizeof(tag));
-        return reinterpret_cast<decltype(tag)*>(storage.back().data());
-    });
+    const OwnedDecoderCache<T> step_cache(cfg, false);  // reused by every step
+    const DecoderCache<T>& cache = step_cache.cache;
     std::vector<T> logits((size_t)B * V), hu((size_t)B * cfg.G());
     std::vector<int64_t> prev((size_t)B, start_id);
     std::vector<uint8_t> done((size_t)B, 0);
