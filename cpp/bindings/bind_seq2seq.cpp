@@ -214,7 +214,8 @@ void init_seq2seq(py::module_& m) {
         "additive|concat|general|dot, cell gru|lstm. ids (B, T) int64 previous words, enc (B, S, K), masks bool "
         "(True = real), h0 (B, H), c0 (B, H) for LSTM, feed0 (B, H) Luong's previous attentional state, params the "
         "layer's dict, keys: enc W_k from an earlier call (decoding steps), first_step: the target position of "
-        "ids[:, 0], local_mode m (p_t = t) or p (predicted from h_t by position_kernel, position_vector). Returns (logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
+        "ids[:, 0], local_mode m (p_t = t) or p (predicted from h_t by position_kernel, position_vector). Returns "
+        "(logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
 
     m.def(
         "decoder_backward",
@@ -272,12 +273,13 @@ void init_seq2seq(py::module_& m) {
                 size_config(cfg, params, enc, fn);
                 cfg.T = 1;
                 const py::ssize_t B = cfg.B, S = cfg.S, H = cfg.H, L = max_length;
-                if (B == 0 || S == 0) throw py::value_error("decoder_greedy: empty batch or source, enc " + shape_str(enc));
+                if (B == 0 || S == 0)
+                    throw py::value_error("decoder_greedy: empty batch or source, enc " + shape_str(enc));
                 const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
                 const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
                 if (start_id < 0 || start_id >= vocab)
-                    throw py::index_error("decoder_greedy: start id " + std::to_string(start_id) + " out of range [0, " +
-                                          std::to_string(vocab) + ")");
+                    throw py::index_error("decoder_greedy: start id " + std::to_string(start_id) +
+                                          " out of range [0, " + std::to_string(vocab) + ")");
                 const T* penc = in_ptr<T>(enc, "decoder_greedy: enc");
                 const uint8_t* psm = bool_mask(source_mask, B, S, "decoder_greedy: source_mask");
                 const bool lstm = cfg.cell == RNNCell::lstm, luong = cfg.kind == DecoderKind::luong;
