@@ -44,7 +44,18 @@ inline float4 exp_float4(float4 x) {
     return p * scale;
 }
 
-// dst[k] = e^(src[k] - shift) for k < n; returns their sum (float: exp_float4, double: libm).
+// max_k x[k] (n >= 1), four running maxima so that the loop vectorizes
+template <class T> T row_max(const T* x, size_t n) {
+    T m[4] = {x[0], x[0], x[0], x[0]};
+    size_t k = 0;
+    for (; k + 4 <= n; k += 4)
+        for (int j = 0; j < 4; ++j) m[j] = x[k + j] > m[j] ? x[k + j] : m[j];
+    for (; k < n; ++k) m[0] = x[k] > m[0] ? x[k] : m[0];
+    return std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+}
+
+// dst[k] = e^(src[k] - shift) for k < n (float: exp_float4, double: libm); returns their sum,
+// accumulated in double over four independent chains (one chain would wait on each add).
 template <class T> double exp_shifted(T* dst, const T* src, size_t n, T shift) {
     for (size_t k = 0; k < n; ++k) dst[k] = src[k] - shift;
     if constexpr (std::is_same_v<T, float>) {
@@ -52,9 +63,12 @@ template <class T> double exp_shifted(T* dst, const T* src, size_t n, T shift) {
     } else {
         for (size_t k = 0; k < n; ++k) dst[k] = std::exp(dst[k]);
     }
-    double sum = 0;
-    for (size_t k = 0; k < n; ++k) sum += dst[k];
-    return sum;
+    double sum[4] = {0, 0, 0, 0};
+    size_t k = 0;
+    for (; k + 4 <= n; k += 4)
+        for (int j = 0; j < 4; ++j) sum[j] += dst[k + j];
+    for (; k < n; ++k) sum[0] += dst[k];
+    return (sum[0] + sum[1]) + (sum[2] + sum[3]);
 }
 
 // l = max(z, 0) - z y + log(1 + exp(-|z|)),  dl/dz = sigmoid(z) - y
@@ -103,7 +117,7 @@ T sparse_cce(T* dz, const T* z, const int64_t* labels, const T* w, size_t rows, 
             if (label == ignore_index || wr == T(0)) { std::fill(dzr, dzr + K, T(0)); continue; }
             if (from_logits) {
                 // one exp per score: dz holds exp(z - max) until it is normalised into softmax - onehot
-                const T maxv = *std::max_element(zr, zr + K);
+                const T maxv = row_max(zr, K);
                 const double sum = exp_shifted(dzr, zr, K, maxv);
                 row_loss[r] = double(wr) * (std::log(sum) + double(maxv) - double(zr[label]));
                 const T scale = T(double(wr) / (double(denom) * sum));
