@@ -4,7 +4,7 @@
 // Both decoders read target ids y (B, T) (y_{t-1}, the previous word, at step t), encoder outputs
 // enc (B, S, K) with a source mask, and an initial state from the encoder. Per step t:
 //
-//   Bahdanau (TensorFlow NMT tutorial):           Luong (global, or local-m with a window D):
+//   Bahdanau (TensorFlow NMT tutorial):           Luong (global, or local with a window D):
 //     a_t = softmax(score(s_{t-1}, enc))            h_t = RNN([emb(y_{t-1}); h~_{t-1}], h_{t-1})
 //     c_t = a_t . enc                               a_t = softmax(score(h_t, enc)), c_t = a_t . enc
 //     s_t = RNN([emb(y_{t-1}); c_t], s_{t-1})       h~_t = tanh([c_t; h_t] . W_c)     (input feeding)
@@ -16,6 +16,13 @@
 // embedding half of x . W + b is one GEMM over all steps before the loop, the feed half (c_t or
 // h~_{t-1}) one small GEMM per step. The recurrence is rnn.hpp's (the T = 1 case of
 // rnn_forward_rows / rnn_backward_rows), scores and softmax + context are attention.hpp's.
+// Luong's local attention keeps |s - p_t| <= D with the Gaussian exp(-(s - p_t)^2 / (2 (D/2)^2))
+// (attention.hpp's local window): local-m p_t = t, local-p p_t = L sigmoid(v_p . tanh(h_t W_p)),
+// L the row's real source length, with the gradient through p_t.
+//
+// Batch rows never interact inside the time loop, so one thread runs every step of its rows
+// (single-threaded BLAS, no synchronization per step) while the products over all steps use the
+// whole thread budget.
 //
 // Per-step caches are time-major (T, B, ...) so that each step's slice is the contiguous (B, 1, ...)
 // block the T = 1 kernels expect; dU, dW and dW_out are single GEMMs over all steps after the loop.
