@@ -19,15 +19,25 @@ DECODERS = [
     ("luong", "general", "gru", None),
     ("luong", "concat", "lstm", None),
     ("luong", "general", "gru", 1),
+    ("luong", "general", "gru", (2, "p")),
+    ("luong", "concat", "lstm", (1, "p")),
 ]
 
 
-def make_decoder(kind, score, cell, local_window, dtype="float32", K=K):
+def local_options(local):
+    """A DECODERS entry's local attention: None (global), D (local-m) or (D, "p") (local-p)."""
+    if local is None or isinstance(local, int):
+        return {"local_window": local, "local_mode": "m"}
+    return {"local_window": local[0], "local_mode": local[1]}
+
+
+def make_decoder(kind, score, cell, local_window, dtype="float32", K=K, H=H, E=E, U=U, B=B, S=S):
     attnx.set_random_seed(0)
     if kind == "bahdanau":
         dec = BahdanauDecoder(V, E, H, cell=cell, attention_units=U, dtype=dtype)
     else:
-        dec = LuongDecoder(V, E, H, score=score, cell=cell, attention_units=U, local_window=local_window, dtype=dtype)
+        dec = LuongDecoder(V, E, H, score=score, cell=cell, attention_units=U, dtype=dtype,
+                           **local_options(local_window))
     n = 2 if cell == "lstm" else 1
     dec.build([(B, T), (B, S, H if score == "dot" else K)] + [(B, H)] * n)
     dec.built = True
@@ -37,7 +47,7 @@ def make_decoder(kind, score, cell, local_window, dtype="float32", K=K):
     return dec
 
 
-def make_inputs(score, cell, dtype=np.float32, seed=2):
+def make_inputs(score, cell, dtype=np.float32, seed=2, B=B, S=S, K=K, H=H):
     rng = np.random.default_rng(seed)
     Kx = H if score == "dot" else K
     ids = rng.integers(1, V, (B, T))
@@ -71,6 +81,7 @@ def torch_decoder(kind, score, cell, local_window, params, ids, enc, states, sou
     else:
         keys = enc_t
     Sn = enc.shape[1]
+    window, mode = local_options(local_window).values()
 
     def rnn(x, h, c):
         g = x @ W + b_in
@@ -93,16 +104,20 @@ def torch_decoder(kind, score, cell, local_window, params, ids, enc, states, sou
             scores = torch.einsum("bd,bsd->bs", q, keys)
         allowed = smask
         gauss = None
-        if local_window is not None:
-            p = min(t, Sn - 1)
-            dist = torch.arange(Sn, dtype=torch.float64) - p
-            inside = dist.abs() <= local_window
-            allowed = allowed & inside[None, :]
-            gauss = torch.where(inside, torch.exp(-dist ** 2 * 2 / local_window ** 2), torch.zeros(()))
+        if window is not None:
+            if mode == "p":  # p_t = L sigmoid(v_p . tanh(h_t W_p)), L the real source length
+                lengths = smask.sum(1).to(torch.float64)
+                p = lengths * torch.sigmoid(torch.tanh(q @ P["position_kernel"]) @ P["position_vector"])
+            else:
+                p = torch.full((q.shape[0],), float(min(t, Sn - 1)), dtype=torch.float64)
+            dist = torch.arange(Sn, dtype=torch.float64)[None, :] - p[:, None]
+            inside = dist.abs() <= window
+            allowed = allowed & inside
+            gauss = torch.where(inside, torch.exp(-dist ** 2 * 2 / window ** 2), torch.zeros(()))
         a = torch.softmax(scores.masked_fill(~allowed, -torch.inf), dim=-1)
         a = torch.nan_to_num(a)
         if gauss is not None:
-            a_used = a * gauss[None, :]
+            a_used = a * gauss
         else:
             a_used = a
         return torch.einsum("bs,bsk->bk", a_used, enc_t), a
@@ -318,6 +333,56 @@ def test_translate_returns_words_and_attention(text_model):
     assert text_model.evaluate_bleu(src[:50], tgt[:50]) > 0.9
 
 
+def test_save_load_round_trip_translates_identically(text_model, tmp_path):
+    from attnx import seq2seq
+    path = tmp_path / "nmt.attnx"
+    text_model.save(path)
+    loaded = seq2seq.load(path)
+    assert isinstance(attnx.saving.load_model(path), Seq2Seq)
+    for name, p in text_model.params.items():
+        np.testing.assert_array_equal(loaded.params[name], p)
+    assert loaded.source_tokenizer.word_index == text_model.source_tokenizer.word_index
+    assert loaded.target_tokenizer.index_word == text_model.target_tokenizer.index_word
+    for sentence in ("<start> cat two . <end>", "<start> one dog three . <end>"):
+        words, attention = text_model.translate(sentence)
+        loaded_words, loaded_attention = loaded.translate(sentence)
+        assert loaded_words == words
+        np.testing.assert_array_equal(loaded_attention, attention)
+        assert loaded.translate(sentence, width=3)[0] == text_model.translate(sentence, width=3)[0]
+    # the optimizer state came along: one more step gives the same loss and weights on both
+    src = text_model.encode_sources(["<start> cat two . <end>", "<start> one . <end>"])
+    tgt = text_model.encode_targets(["<start> chat deux . <end>", "<start> un . <end>"])
+    assert loaded.optimizer.iterations == text_model.optimizer.iterations
+    copy = seq2seq.load(path)
+    assert copy.train_on_batch(src, tgt) == loaded.train_on_batch(src, tgt)
+    for name, p in copy.params.items():
+        np.testing.assert_array_equal(loaded.params[name], p)
+
+
+def test_seq2seq_save_load_luong_local_p_and_corrupted_file(tmp_path):
+    from attnx import seq2seq
+    src, tgt = reversal_data(64, seed=5)
+    attnx.set_random_seed(0)
+    model = Seq2Seq(13, 13, embedding_dim=8, units=16, attention="luong", score="concat", cell="lstm",
+                    bidirectional=True, local_window=2, local_mode="p", start_token=1, end_token=2, max_length=8)
+    path = tmp_path / "luong.attnx"
+    model.save(path)  # uncompiled, no tokenizers
+    loaded = seq2seq.load(path)
+    assert loaded.decoder.local_mode == "p" and loaded.optimizer is None
+    tokens, attention = model.greedy_decode(src)
+    loaded_tokens, loaded_attention = loaded.greedy_decode(src)
+    np.testing.assert_array_equal(loaded_tokens, tokens)
+    np.testing.assert_array_equal(loaded_attention, attention)
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    (tmp_path / "flipped.attnx").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="corrupted"):
+        seq2seq.load(tmp_path / "flipped.attnx")
+    (tmp_path / "cut.attnx").write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        seq2seq.load(tmp_path / "cut.attnx")
+
+
 def test_attention_heatmap_draws_translation(text_model):
     import matplotlib
     matplotlib.use("Agg")
@@ -400,3 +465,55 @@ def test_fully_masked_source_gives_zero_context_not_nan():
     assert np.all(np.isfinite(logits)) and np.all(dec.attention_weights[0] == 0)
     _, denc, dh = dec.backward(np.ones_like(logits))
     assert np.all(np.isfinite(denc)) and np.all(denc[0] == 0) and np.all(np.isfinite(dh))
+
+
+def test_local_p_gradient_reaches_the_position_predictor():
+    dec = make_decoder("luong", "general", "gru", (2, "p"))
+    ids, enc, states, smask, tmask = make_inputs("general", "gru")
+    logits = dec([ids, enc] + states, training=True, mask=tmask, source_mask=smask)
+    dec.zero_grad()
+    dec.backward(np.random.default_rng(3).standard_normal(logits.shape).astype(np.float32))
+    assert np.abs(dec.grads["position_kernel"]).max() > 1e-4 and np.abs(dec.grads["position_vector"]).max() > 1e-4
+    with pytest.raises(ValueError, match="local_mode"):
+        LuongDecoder(V, E, H, local_window=2, local_mode="q")
+
+
+@pytest.mark.parametrize("kind,score,cell,local_window", DECODERS)
+def test_decoder_rows_split_across_threads_match_one_thread(kind, score, cell, local_window):
+    """Large enough that the time loop's batch rows run on two threads: same results as on one
+    (float64, so that only a real difference in the math shows)."""
+    sizes = dict(B=16, S=7, K=24, H=32)
+    dec = make_decoder(kind, score, cell, local_window, dtype="float64", E=16, U=16, **sizes)
+    ids, enc, states, smask, tmask = make_inputs(score, cell, dtype=np.float64, **sizes)
+    ids = np.random.default_rng(4).integers(1, V, (16, 6))
+    tmask = np.ones(ids.shape, bool)
+    tmask[0, 3:] = False
+    R = np.random.default_rng(5).standard_normal((16, 6, V))
+    results = []
+    for threads in (1, 2):
+        attnx.set_num_threads(threads)
+        try:
+            logits = dec([ids, enc] + states, training=True, mask=tmask, source_mask=smask)
+            dec.zero_grad()
+            grads = dec.backward(R)
+            results.append([logits, dec.attention_weights] + grads[1:] + [g.copy() for g in dec.grads.values()])
+        finally:
+            attnx.set_num_threads(2)
+    for one, two in zip(*results):
+        assert_close(two, one, atol=1e-9, rtol=1e-9, what="two threads vs one")
+
+
+@pytest.mark.parametrize("kind,score,cell,local_window", DECODERS)
+def test_greedy_equals_step_loop(kind, score, cell, local_window):
+    dec = make_decoder(kind, score, cell, local_window)
+    _, enc, states, smask, _ = make_inputs(score, cell)
+    end_id = 4
+    tokens, attention = dec.greedy(enc, states, 1, end_id, 7, smask)
+    state, prev, done = DecoderState(*states), np.ones(B, np.int64), np.zeros(B, bool)
+    for t in range(tokens.shape[1]):
+        logits, state, weights = dec.step(prev, state, enc, smask)
+        prev = np.where(done, 0, logits.argmax(-1))
+        np.testing.assert_array_equal(tokens[:, t], prev)
+        assert_close(attention[:, t], np.where(done[:, None], 0, weights), atol=1e-6, what=f"step {t} weights")
+        done |= prev == end_id
+    assert tokens.shape[1] == 7 or done.all()

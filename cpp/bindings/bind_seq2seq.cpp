@@ -11,7 +11,7 @@
 namespace attnx::bind {
 
 static DecoderConfig decoder_config(const std::string& kind, const std::string& score, const std::string& cell,
-                                    int local_window) {
+                                    int local_window, const std::string& local_mode) {
     DecoderConfig cfg;
     if (kind == "bahdanau") cfg.kind = DecoderKind::bahdanau;
     else if (kind == "luong") cfg.kind = DecoderKind::luong;
@@ -28,6 +28,9 @@ static DecoderConfig decoder_config(const std::string& kind, const std::string& 
     if (local_window >= 0 && cfg.kind != DecoderKind::luong)
         throw py::value_error("decoder: local attention is a Luong option");
     cfg.local_window = local_window;
+    if (local_mode == "m") cfg.local_mode = LocalMode::monotonic;
+    else if (local_mode == "p") cfg.local_mode = LocalMode::predictive;
+    else throw py::value_error("decoder: unknown local_mode '" + local_mode + "'; expected m or p");
     return cfg;
 }
 
@@ -74,6 +77,8 @@ static DecoderParams<P> decoder_params(const DecoderConfig& cfg, const py::dict&
     p.key_kernel = param<T, P>(params, "key_kernel", {K, cfg.Dk()}, cfg.score != ScoreKind::dot, fn);
     p.score_vector = param<T, P>(params, "score_vector", {U}, additive, fn);
     p.attentional_kernel = param<T, P>(params, "attentional_kernel", {K + H, H}, luong, fn);
+    p.position_kernel = param<T, P>(params, "position_kernel", {H, cfg.P}, cfg.predictive(), fn);
+    p.position_vector = param<T, P>(params, "position_vector", {cfg.P}, cfg.predictive(), fn);
     p.output_kernel = param<T, P>(params, "output_kernel", {H, V}, true, fn);
     p.output_bias = param<T, P>(params, "output_bias", {V}, true, fn);
     return p;
@@ -90,13 +95,13 @@ static void size_config(DecoderConfig& cfg, const py::dict& params, const py::ar
     cfg.B = (int)enc.shape(0), cfg.S = (int)enc.shape(1), cfg.K = (int)enc.shape(2);
     cfg.E = dim("embeddings", 1), cfg.H = dim("recurrent_kernel", 0), cfg.V = dim("output_kernel", 1);
     cfg.U = cfg.score == ScoreKind::additive ? dim("score_vector", 0) : 0;
+    cfg.P = cfg.predictive() ? dim("position_vector", 0) : 0;
     if (cfg.score == ScoreKind::dot && cfg.K != cfg.H)
         throw py::value_error(std::string(fn) + ": the dot score needs encoder outputs of the decoder's size " +
                               std::to_string(cfg.H) + ", got " + std::to_string(cfg.K));
 }
 
-template <class T> static T* cache_ptr(const py::dict& cache, const char* name, bool used) {
-    if (!used) return nullptr;
+template <class T> static T* cache_ptr(const py::dict& cache, const char* name) {
     if (!cache.contains(name)) throw py::value_error(std::string("decoder_backward: cache: ") + name + " missing");
     py::array a = cache[name].cast<py::array>();
     if constexpr (std::is_same_v<T, uint8_t>) return static_cast<uint8_t*>(a.mutable_data());
@@ -106,33 +111,29 @@ template <class T> static T* cache_ptr(const py::dict& cache, const char* name, 
 
 // Allocates (into `dict`) or looks up every cache buffer the configuration uses.
 template <class T> static DecoderCache<T> decoder_cache(const DecoderConfig& cfg, py::dict& dict, bool allocate) {
-    const py::ssize_t B = cfg.B, Tn = cfg.T, S = cfg.S, H = cfg.H, K = cfg.K;
-    const bool luong = cfg.kind == DecoderKind::luong, additive = cfg.score == ScoreKind::additive;
-    auto buffer = [&](const char* name, std::vector<py::ssize_t> shape, bool used, auto tag) {
-        using E = decltype(tag);
-        if (allocate && used) dict[name] = py::array_t<E>(shape);
-        return cache_ptr<E>(dict, name, used);
-    };
-    DecoderCache<T> c;
-    c.ids = buffer("ids", {Tn, B}, true, int64_t{});
-    c.step_mask = buffer("step_mask", {Tn, B}, dict.contains("has_step_mask"), uint8_t{});
-    c.keys = buffer("keys", {B, S, cfg.Dk()}, cfg.score != ScoreKind::dot, T{});
-    c.emb = buffer("emb", {Tn, B, cfg.E}, true, T{});
-    c.feed = buffer("feed", {Tn, B, cfg.F()}, true, T{});
-    c.gates = buffer("gates", {Tn, B, cfg.G()}, true, T{});
-    c.h_prev = buffer("h_prev", {Tn, B, H}, true, T{});
-    c.c_prev = buffer("c_prev", {Tn, B, H}, cfg.cell == RNNCell::lstm, T{});
-    c.aux = buffer("aux", {Tn, B, H}, true, T{});
-    c.states = buffer("states", {Tn, B, H}, true, T{});
-    c.query_proj = buffer("query_proj", {Tn, B, cfg.U}, additive, T{});
-    c.score_hidden = buffer("score_hidden", {Tn, B, S, cfg.U}, additive, T{});
-    c.weights = buffer("weights", {Tn, B, S}, true, T{});
-    c.context = buffer("context", {Tn, B, K}, luong, T{});
-    c.concat = buffer("concat", {Tn, B, K + H}, luong, T{});
-    c.window = buffer("window", {Tn, B, S}, cfg.local(), uint8_t{});
-    c.gauss = buffer("gauss", {Tn, B, S}, cfg.local(), T{});
-    c.out = buffer("out", {B, Tn, H}, true, T{});
-    return c;
+    return decoder_cache_layout<T>(cfg, dict.contains("has_step_mask"),
+                                   [&](const char* name, const std::vector<size_t>& shape, auto tag) {
+                                       using E = decltype(tag);
+                                       if (allocate)
+                                           dict[name] = py::array_t<E>(std::vector<py::ssize_t>(shape.begin(),
+                                                                                                 shape.end()));
+                                       return cache_ptr<E>(dict, name);
+                                   });
+}
+
+// A fresh (B, H) copy of an initial state (zeros when not given); (0, H) when the variant has none.
+template <class T>
+static py::array_t<T> state_copy(const py::object& given, py::ssize_t B, py::ssize_t H, bool used, const char* what) {
+    py::array_t<T> out = new_array<T>({used ? B : 0, H});
+    T* po = out.mutable_data();
+    std::fill(po, po + out.size(), T(0));
+    if (used && !given.is_none()) {
+        py::array a = given.cast<py::array>();
+        check_shape(a, {B, H}, what);
+        const T* pa = in_ptr<T>(a, what);
+        std::copy(pa, pa + B * H, po);
+    }
+    return out;
 }
 
 void init_seq2seq(py::module_& m) {
@@ -141,8 +142,8 @@ void init_seq2seq(py::module_& m) {
         [](const std::string& kind, const std::string& score, const std::string& cell, const py::array& ids,
            const py::array& enc, const py::object& source_mask, const py::object& target_mask, const py::array& h0,
            const py::object& c0, const py::object& feed0, const py::dict& params, const py::object& keys,
-           int local_window, int first_step) {
-            DecoderConfig cfg = decoder_config(kind, score, cell, local_window);
+           int local_window, const std::string& local_mode, int first_step) {
+            DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode);
             if (first_step < 0) throw py::value_error("decoder_forward: first_step must be >= 0");
             cfg.first_step = first_step;
             return dispatch_float(enc, "decoder_forward: enc", [&](auto tag) -> py::tuple {
@@ -171,7 +172,6 @@ void init_seq2seq(py::module_& m) {
                 const uint8_t* psm = bool_mask(source_mask, B, S, "decoder_forward: source_mask");
                 const uint8_t* ptm = bool_mask(target_mask, B, Tn, "decoder_forward: target_mask");
                 const bool lstm = cfg.cell == RNNCell::lstm, luong = cfg.kind == DecoderKind::luong;
-                check_shape(h0, {B, H}, "decoder_forward: h0");
                 if (lstm == c0.is_none())
                     throw py::value_error("decoder_forward: c0 is given exactly for an LSTM cell");
                 if (!luong && !feed0.is_none()) throw py::value_error("decoder_forward: feed0 is a Luong input");
@@ -186,26 +186,9 @@ void init_seq2seq(py::module_& m) {
                     std::copy(pk, pk + k.size(), c.keys);
                     keys_ready = true;
                 }
-                auto h = new_array<T>({B, H});
-                std::copy(in_ptr<T>(h0, "decoder_forward: h0"), in_ptr<T>(h0, "decoder_forward: h0") + B * H,
-                          h.mutable_data());
-                py::array_t<T> cs = new_array<T>({lstm ? B : 0, H});
-                if (lstm) {
-                    py::array c0a = c0.cast<py::array>();
-                    check_shape(c0a, {B, H}, "decoder_forward: c0");
-                    const T* pc0 = in_ptr<T>(c0a, "decoder_forward: c0");
-                    std::copy(pc0, pc0 + B * H, cs.mutable_data());
-                }
-                py::array_t<T> feed = new_array<T>({luong ? B : 0, H});
-                if (luong) {
-                    std::fill(feed.mutable_data(), feed.mutable_data() + B * H, T(0));
-                    if (!feed0.is_none()) {
-                        py::array f0 = feed0.cast<py::array>();
-                        check_shape(f0, {B, H}, "decoder_forward: feed0");
-                        const T* pf = in_ptr<T>(f0, "decoder_forward: feed0");
-                        std::copy(pf, pf + B * H, feed.mutable_data());
-                    }
-                }
+                py::array_t<T> h = state_copy<T>(h0, B, H, true, "decoder_forward: h0");
+                py::array_t<T> cs = state_copy<T>(c0, B, H, lstm, "decoder_forward: c0");
+                py::array_t<T> feed = state_copy<T>(feed0, B, H, luong, "decoder_forward: feed0");
                 auto logits = new_array<T>({B, Tn, cfg.V});
                 auto weights = new_array<T>({B, Tn, S});
                 auto hu = new_array<T>({B, cfg.G()});
@@ -216,7 +199,7 @@ void init_seq2seq(py::module_& m) {
                     decoder_forward<T>(cfg, pl, ph, pc, pf, c, w, pids, penc, psm, ptm, keys_ready, phu);
                     time_to_batch_major(pw, c.weights, (int)Tn, (int)B, (int)S);  // (B, T, S) for users
                 }
-                cache["config"] = py::make_tuple(kind, score, cell, local_window, first_step);
+                cache["config"] = py::make_tuple(kind, score, cell, local_window, local_mode, first_step);
                 py::object keys_out = c.keys ? py::object(cache["keys"]) : py::object(py::none());
                 py::object c_out = lstm ? py::object(cs) : py::none();
                 py::object feed_out = luong ? py::object(feed) : py::none();
@@ -226,12 +209,13 @@ void init_seq2seq(py::module_& m) {
         py::arg("kind"), py::arg("score"), py::arg("cell"), py::arg("ids"), py::arg("enc"),
         py::arg("source_mask") = py::none(), py::arg("target_mask") = py::none(), py::arg("h0"),
         py::arg("c0") = py::none(), py::arg("feed0") = py::none(), py::arg("params"), py::arg("keys") = py::none(),
-        py::arg("local_window") = -1, py::arg("first_step") = 0,
+        py::arg("local_window") = -1, py::arg("local_mode") = "m", py::arg("first_step") = 0,
         "Attention decoder over all target steps (teacher forcing) or one step (T = 1). kind bahdanau|luong, score "
         "additive|concat|general|dot, cell gru|lstm. ids (B, T) int64 previous words, enc (B, S, K), masks bool "
         "(True = real), h0 (B, H), c0 (B, H) for LSTM, feed0 (B, H) Luong's previous attentional state, params the "
         "layer's dict, keys: enc W_k from an earlier call (decoding steps), first_step: the target position of "
-        "ids[:, 0]. Returns (logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
+        "ids[:, 0], local_mode m (p_t = t) or p (predicted from h_t by position_kernel, position_vector). Returns "
+        "(logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
 
     m.def(
         "decoder_backward",
@@ -241,8 +225,9 @@ void init_seq2seq(py::module_& m) {
                 throw py::value_error("decoder_backward: cache: not a decoder_forward cache");
             const py::tuple conf = cache["config"].cast<py::tuple>();
             DecoderConfig cfg = decoder_config(conf[0].cast<std::string>(), conf[1].cast<std::string>(),
-                                               conf[2].cast<std::string>(), conf[3].cast<int>());
-            cfg.first_step = conf[4].cast<int>();
+                                               conf[2].cast<std::string>(), conf[3].cast<int>(),
+                                               conf[4].cast<std::string>());
+            cfg.first_step = conf[5].cast<int>();
             return dispatch_float(enc, "decoder_backward: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const char* fn = "decoder_backward";
@@ -258,21 +243,8 @@ void init_seq2seq(py::module_& m) {
                 check_shape(dlogits, {B, Tn, cfg.V}, "decoder_backward: dlogits");
                 const T* pdl = in_ptr<T>(dlogits, "decoder_backward: dlogits");
                 const T* penc = in_ptr<T>(enc, "decoder_backward: enc");
-                auto dh0 = new_array<T>({B, H});
-                auto dc0 = new_array<T>({lstm ? B : 0, H});
-                auto state_grad = [&](const py::object& g, py::array_t<T>& out, const char* what) {
-                    T* po = out.mutable_data();
-                    if (g.is_none()) {
-                        std::fill(po, po + out.size(), T(0));
-                        return;
-                    }
-                    py::array a = g.cast<py::array>();
-                    check_shape(a, {B, H}, what);
-                    const T* pa = in_ptr<T>(a, what);
-                    std::copy(pa, pa + B * H, po);
-                };
-                state_grad(dh, dh0, "decoder_backward: dh");
-                if (lstm) state_grad(dc, dc0, "decoder_backward: dc");
+                py::array_t<T> dh0 = state_copy<T>(dh, B, H, true, "decoder_backward: dh");
+                py::array_t<T> dc0 = state_copy<T>(dc, B, H, lstm, "decoder_backward: dc");
                 auto denc = new_array<T>({B, S, K});
                 T *pde = denc.mutable_data(), *pdh = dh0.mutable_data(), *pdc = lstm ? dc0.mutable_data() : nullptr;
                 {
@@ -286,6 +258,55 @@ void init_seq2seq(py::module_& m) {
         py::arg("params"), py::arg("grads"),
         "Backward of decoder_forward: returns (denc (B, S, K), dh0 (B, H), dc0 or None); parameter gradients "
         "accumulate into grads.");
+
+    m.def(
+        "decoder_greedy",
+        [](const std::string& kind, const std::string& score, const std::string& cell, const py::array& enc,
+           const py::object& source_mask, const py::array& h0, const py::object& c0, const py::dict& params,
+           int local_window, const std::string& local_mode, int64_t start_id, int64_t end_id, int max_length) {
+            DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode);
+            if (max_length < 1) throw py::value_error("decoder_greedy: max_length must be >= 1");
+            return dispatch_float(enc, "decoder_greedy: enc", [&](auto tag) -> py::tuple {
+                using T = decltype(tag);
+                const char* fn = "decoder_greedy";
+                check_rank(enc, 3, "decoder_greedy: enc");
+                size_config(cfg, params, enc, fn);
+                cfg.T = 1;
+                const py::ssize_t B = cfg.B, S = cfg.S, H = cfg.H, L = max_length;
+                if (B == 0 || S == 0)
+                    throw py::value_error("decoder_greedy: empty batch or source, enc " + shape_str(enc));
+                const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
+                const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
+                if (start_id < 0 || start_id >= vocab)
+                    throw py::index_error("decoder_greedy: start id " + std::to_string(start_id) +
+                                          " out of range [0, " + std::to_string(vocab) + ")");
+                const T* penc = in_ptr<T>(enc, "decoder_greedy: enc");
+                const uint8_t* psm = bool_mask(source_mask, B, S, "decoder_greedy: source_mask");
+                const bool lstm = cfg.cell == RNNCell::lstm, luong = cfg.kind == DecoderKind::luong;
+                if (lstm == c0.is_none()) throw py::value_error("decoder_greedy: c0 is given exactly for an LSTM cell");
+                py::array_t<T> h = state_copy<T>(h0, B, H, true, "decoder_greedy: h0");
+                py::array_t<T> cs = state_copy<T>(c0, B, H, lstm, "decoder_greedy: c0");
+                py::array_t<T> feed = state_copy<T>(py::none(), B, H, luong, "decoder_greedy: feed");
+                py::array_t<int64_t> tokens = new_array<int64_t>({B, L});
+                py::array_t<T> attention = new_array<T>({B, L, S});
+                int64_t* ptok = tokens.mutable_data();
+                T *pa = attention.mutable_data(), *ph = h.mutable_data(), *pc = lstm ? cs.mutable_data() : nullptr;
+                T* pf = luong ? feed.mutable_data() : nullptr;
+                int steps;
+                {
+                    py::gil_scoped_release release;
+                    steps = decoder_greedy<T>(cfg, ptok, pa, ph, pc, pf, w, penc, psm, start_id, end_id, (int)L);
+                }
+                py::slice first(0, steps, 1), all(0, B, 1);
+                return py::make_tuple(tokens[py::make_tuple(all, first)], attention[py::make_tuple(all, first)]);
+            });
+        },
+        py::arg("kind"), py::arg("score"), py::arg("cell"), py::arg("enc"), py::arg("source_mask") = py::none(),
+        py::arg("h0"), py::arg("c0") = py::none(), py::arg("params"), py::arg("local_window") = -1,
+        py::arg("local_mode") = "m", py::arg("start_id"), py::arg("end_id"), py::arg("max_length"),
+        "Greedy decoding in one call: each step's argmax is the next step's input (0 after a row's end_id). "
+        "Returns (tokens (B, L) int64 with 0 after the end token, attention (B, L, S)); L <= max_length steps, "
+        "fewer when every row has ended.");
 }
 
 }  // namespace attnx::bind

@@ -1,5 +1,6 @@
 // Fused attention decoders: T single steps equal one fused call, and backward matches central
-// differences (double, tiny sizes) for Bahdanau (GRU) and Luong (general score, LSTM, local-m).
+// differences (double, tiny sizes) for Bahdanau (GRU), Luong (general score, LSTM, local-m) and
+// Luong (concat score, GRU, local-p).
 #include <functional>
 #include <random>
 #include <vector>
@@ -9,35 +10,16 @@
 
 using namespace attnx;
 
-// Owns every buffer a DecoderCache of `cfg` points to.
-struct CacheBuffers {
-    std::vector<int64_t> ids;
-    std::vector<uint8_t> step_mask, window;
-    std::vector<double> keys, emb, feed, gates, h_prev, c_prev, aux, states, query_proj, score_hidden, weights, context,
-        concat, gauss, out;
-    DecoderCache<double> cache;
-
-    explicit CacheBuffers(const DecoderConfig& c) {
-        const size_t TB = (size_t)c.T * c.B, TBH = TB * c.H;
-        ids.resize(TB), step_mask.resize(TB), window.resize(TB * c.S);
-        keys.resize((size_t)c.B * c.S * c.Dk()), emb.resize(TB * c.E), feed.resize(TB * c.F());
-        gates.resize(TB * c.G()), h_prev.resize(TBH), c_prev.resize(TBH), aux.resize(TBH), states.resize(TBH);
-        query_proj.resize(TB * c.U), score_hidden.resize(TB * c.S * c.U), weights.resize(TB * c.S);
-        context.resize(TB * c.K), concat.resize(TB * (c.K + c.H)), gauss.resize(TB * c.S), out.resize(TBH);
-        const bool luong = c.kind == DecoderKind::luong;
-        cache = {ids.data(), step_mask.data(), c.score == ScoreKind::dot ? nullptr : keys.data(), emb.data(),
-                 feed.data(), gates.data(), h_prev.data(), c.cell == RNNCell::lstm ? c_prev.data() : nullptr, aux.data(),
-                 states.data(), query_proj.data(), score_hidden.data(), weights.data(),
-                 luong ? context.data() : nullptr, luong ? concat.data() : nullptr, window.data(), gauss.data(),
-                 out.data()};
-    }
+// Every cache buffer, with a step mask
+struct CacheBuffers : OwnedDecoderCache<double> {
+    explicit CacheBuffers(const DecoderConfig& c) : OwnedDecoderCache<double>(c, true) {}
 };
 
 struct Problem {
     DecoderConfig cfg;
     // the parameters, in DecoderParams' order
     enum { embeddings, kernel, recurrent_kernel, bias, query_kernel, query_bias, key_kernel, score_vector,
-           attentional_kernel, output_kernel, output_bias, n_params };
+           attentional_kernel, output_kernel, output_bias, position_kernel, position_vector, n_params };
     std::vector<double> w[n_params];
     std::vector<double> enc, h0, c0;
     std::vector<int64_t> ids;
@@ -53,7 +35,7 @@ struct Problem {
         fill(w[recurrent_kernel], (size_t)H * G), fill(w[bias], 2 * (size_t)G), fill(w[query_kernel], (size_t)H * c.U);
         fill(w[query_bias], c.U), fill(w[key_kernel], (size_t)K * c.Dk()), fill(w[score_vector], c.U);
         fill(w[attentional_kernel], (size_t)(K + H) * H), fill(w[output_kernel], (size_t)H * c.V);
-        fill(w[output_bias], c.V);
+        fill(w[output_bias], c.V), fill(w[position_kernel], (size_t)H * c.P), fill(w[position_vector], c.P);
         fill(enc, (size_t)c.B * c.S * K), fill(h0, (size_t)c.B * H), fill(c0, (size_t)c.B * H);
         ids.resize((size_t)c.B * c.T);
         for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int64_t)(i * 5 % vocab);
@@ -70,6 +52,7 @@ struct Problem {
         p.bias_rec = cfg.cell == RNNCell::gru ? at(3) + cfg.G() : nullptr;
         p.query_kernel = at(4), p.query_bias = at(5), p.key_kernel = at(6), p.score_vector = at(7);
         p.attentional_kernel = at(8), p.output_kernel = at(9), p.output_bias = at(10);
+        p.position_kernel = at(11), p.position_vector = at(12);
         return p;
     }
     std::vector<double>* buffers() { return w; }
@@ -139,10 +122,11 @@ static void check_gradients(DecoderConfig cfg) {
     };
     for (size_t i = 0; i < p.enc.size(); i += 5) CHECK_CLOSE(denc[i], numeric(p.enc, i), 1e-6);
     for (size_t i = 0; i < p.h0.size(); i += 3) CHECK_CLOSE(dh[i], numeric(p.h0, i), 1e-6);
-    const bool used[11] = {true, true, true, true, cfg.score == ScoreKind::additive, cfg.score == ScoreKind::additive,
-                           cfg.score != ScoreKind::dot, cfg.score == ScoreKind::additive,
-                           cfg.kind == DecoderKind::luong, true, true};
-    for (int k = 0; k < 11; ++k) {
+    const bool used[Problem::n_params] = {true, true, true, true, cfg.score == ScoreKind::additive,
+                                          cfg.score == ScoreKind::additive, cfg.score != ScoreKind::dot,
+                                          cfg.score == ScoreKind::additive, cfg.kind == DecoderKind::luong, true, true,
+                                          cfg.predictive(), cfg.predictive()};
+    for (int k = 0; k < Problem::n_params; ++k) {
         if (!used[k]) continue;
         std::vector<double>& weight = p.w[k];
         // LSTM has one bias vector (the second half of the buffer is unused)
@@ -159,7 +143,10 @@ int main() {
     DecoderConfig luong = bahdanau;
     luong.kind = DecoderKind::luong, luong.score = ScoreKind::general, luong.cell = RNNCell::lstm;
     luong.local_window = 1;
-    for (const DecoderConfig& cfg : {bahdanau, luong}) {
+    DecoderConfig local_p = luong;
+    local_p.score = ScoreKind::additive, local_p.cell = RNNCell::gru, local_p.local_window = 2;
+    local_p.local_mode = LocalMode::predictive, local_p.P = 3;
+    for (const DecoderConfig& cfg : {bahdanau, luong, local_p}) {
         check_steps_equal_fused(cfg);
         check_gradients(cfg);
     }

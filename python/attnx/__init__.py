@@ -1,5 +1,14 @@
 """attnx: attention-based sequence models with a C++ core and a Keras-style API."""
-from . import _core
+import os
+
+# OpenBLAS' idle workers spin (sched_yield) for 2^28 cycles (~0.1 s) after every threaded product,
+# taking a core from attnx's own threads that run between products (time loops split over batch
+# rows, losses, Adam): 275 -> 55 ms of system time per seq2seq training step. 2^20 cycles (< 1 ms)
+# still covers back-to-back products. OpenBLAS reads it once, when it loads with _core; a value
+# the user set wins.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
+
+from . import _core  # noqa: E402
 from . import activations, backend, callbacks, initializers, layers, losses, metrics, optimizers, regularizers
 from .backend import set_num_threads, set_random_seed
 from .models import Input, Model, Sequential, load_model

@@ -307,14 +307,24 @@ def save_model(model, path):
 
 def load_model(path):
     from .models import Model, Sequential
+    from .seq2seq import Seq2Seq
     header, weights = _read_archive(path, FORMAT)
-    cls = {"Model": Model, "Sequential": Sequential}.get(header["model"]["class_name"])
+    cls = {"Model": Model, "Sequential": Sequential, "Seq2Seq": Seq2Seq}.get(header["model"]["class_name"])
     if cls is None:
         raise ValueError(f"{path}: unknown model class {header['model']['class_name']!r}")
-    model = cls.from_config(header["model"]["config"])
+    try:
+        model = cls.from_config(header["model"]["config"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: the model config does not describe a {cls.__name__} ({exc})") from exc
+    if isinstance(model, Seq2Seq):
+        model.build()
     _assign(model, weights, path)
     compile_config = header.get("compile")
-    if compile_config:
+    if compile_config and isinstance(model, Seq2Seq):
+        from . import losses, optimizers
+        model.compile(optimizer=optimizers.get(compile_config["optimizer"]), loss=losses.get(compile_config["loss"]))
+        _restore_optimizer_state(model, header, path)
+    elif compile_config:
         from . import losses, optimizers
         model.compile(optimizer=optimizers.get(compile_config["optimizer"]),
                       loss=[losses.get(l) for l in compile_config["loss"]] if len(compile_config["loss"]) > 1

@@ -10,7 +10,9 @@ inference time. Equations (y_{t-1} the previous target word):
 - Luong: ``h_t = RNN([emb(y_{t-1}); h~_{t-1}], h_{t-1})`` (input feeding), ``a_t = softmax(score(h_t,
   enc))`` with score dot ``h_t . enc_s``, general ``h_t . (enc_s W_k)`` or concat
   ``v . tanh(h_t W_q + b_q + enc_s W_k)``, ``h~_t = tanh([c_t; h_t] W_c)``, ``logits_t = h~_t W_out + b_out``;
-  ``local_window=D`` restricts a_t to |s - t| <= D with a Gaussian (Luong's local-m).
+  ``local_window=D`` restricts a_t to |s - p_t| <= D with a Gaussian around p_t: Luong's local-m
+  (``local_mode="m"``, p_t = t) or local-p (``local_mode="p"``, ``p_t = L sigmoid(v_p . tanh(h_t W_p))``
+  with L the source length).
 
 Typical use::
 
@@ -31,7 +33,7 @@ from .layers.base import Layer
 from .layers.core import Embedding
 from .layers.recurrent import GRU, LSTM, Bidirectional
 
-__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq"]
+__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq", "load"]
 
 _CELLS = {"gru": GRU, "lstm": LSTM}
 
@@ -185,8 +187,8 @@ class _AttentionDecoder(Layer):
     _kind = None
 
     def __init__(self, vocab_size, embedding_dim, units, cell="gru", score="additive", attention_units=None,
-                 local_window=None, embeddings_initializer="uniform", kernel_initializer="glorot_uniform",
-                 recurrent_initializer="orthogonal", **kwargs):
+                 local_window=None, local_mode="m", embeddings_initializer="uniform",
+                 kernel_initializer="glorot_uniform", recurrent_initializer="orthogonal", **kwargs):
         super().__init__(**kwargs)
         kind = type(self).__name__
         self.vocab_size = _positive_int(kind, "vocab_size", vocab_size)
@@ -199,6 +201,7 @@ class _AttentionDecoder(Layer):
         self.local_window = None if local_window is None else int(local_window)
         if self.local_window is not None and self.local_window < 0:
             raise ValueError(f"{kind}: `local_window` must be >= 0 or None, got {local_window}")
+        self.local_mode = _check_choice(kind, "local_mode", local_mode, ("m", "p"))
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.kernel_initializer = initializers.get(kernel_initializer)
         self.recurrent_initializer = initializers.get(recurrent_initializer)
@@ -211,6 +214,10 @@ class _AttentionDecoder(Layer):
     @property
     def _feeds_context(self):
         return self._kind == "bahdanau"
+
+    @property
+    def _predictive(self):
+        return self.local_window is not None and self.local_mode == "p"
 
     def build(self, input_shape):
         if not isinstance(input_shape, list) or len(input_shape) < 2 or len(input_shape[1]) != 3:
@@ -237,6 +244,9 @@ class _AttentionDecoder(Layer):
             self.add_weight("key_kernel", (K, H), self.kernel_initializer)
         if self._kind == "luong":
             self.add_weight("attentional_kernel", (K + H, H), self.kernel_initializer)
+        if self._predictive:
+            self.add_weight("position_kernel", (H, U), self.kernel_initializer)
+            self.add_weight("position_vector", (U,), "glorot_uniform")
         self.add_weight("output_kernel", (H, V), self.kernel_initializer)
         self.add_weight("output_bias", (V,), "zeros")
 
@@ -265,7 +275,7 @@ class _AttentionDecoder(Layer):
         return _core.decoder_forward(
             self._kind, self.score, self.cell, np.ascontiguousarray(ids, dtype=np.int64), enc, smask, tmask,
             states[0], states[1] if self.n_states == 2 else None, feed, self.params, keys,
-            -1 if self.local_window is None else self.local_window, first_step), enc
+            -1 if self.local_window is None else self.local_window, self.local_mode, first_step), enc
 
     def _state(self, value, arg, shape):
         arr = np.asarray(value)
@@ -311,6 +321,28 @@ class _AttentionDecoder(Layer):
                                                               None, state.feed, state.keys, state.position)
         return logits[:, 0], DecoderState(h, c, feed, keys, state.position + 1), weights[:, 0]
 
+    def greedy(self, encoder_outputs, states, start_id, end_id, max_length, source_mask=None):
+        """Greedy decoding in one C++ call (the step loop and argmax included).
+
+        Args:
+            encoder_outputs: (B, S, K); states: ``[h0]`` or ``[h0, c0]``; source_mask (B, S) bool or lengths.
+            start_id: the first input word; end_id: the word that ends a row; max_length: most steps.
+        Returns:
+            (tokens (B, L) ints, 0 after a row's end token; attention (B, L, S)), L <= max_length.
+        """
+        if not self.built:
+            raise RuntimeError(f"Layer '{self.name}': greedy() needs a built decoder (call it once or build it)")
+        enc = self._float_input(encoder_outputs, "encoder_outputs", ndim=3, last_dim=self.source_dim)
+        B, S = enc.shape[:2]
+        if len(states) != self.n_states:
+            raise ValueError(f"Layer '{self.name}': expected {self.n_states} initial state(s), got {len(states)}")
+        states = [self._state(s, f"initial_state[{i}]", (B, self.units)) for i, s in enumerate(states)]
+        return _core.decoder_greedy(
+            self._kind, self.score, self.cell, enc, _sequence_mask(self, source_mask, B, S, "source_mask"), states[0],
+            states[1] if self.n_states == 2 else None, self.params,
+            -1 if self.local_window is None else self.local_window, self.local_mode, int(start_id), int(end_id),
+            _positive_int(type(self).__name__, "max_length", max_length))
+
     def compute_output_shape(self, input_shape):
         return (input_shape[0][0], input_shape[0][1], self.vocab_size)
 
@@ -318,6 +350,7 @@ class _AttentionDecoder(Layer):
         return {**super().get_config(), "vocab_size": self.vocab_size, "embedding_dim": self.embedding_dim,
                 "units": self.units, "cell": self.cell, "score": self.score,
                 "attention_units": self.attention_units, "local_window": self.local_window,
+                "local_mode": self.local_mode,
                 "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
                 "recurrent_initializer": initializers.serialize(self.recurrent_initializer)}
@@ -357,12 +390,14 @@ class BahdanauDecoder(_AttentionDecoder):
     def __init__(self, vocab_size, embedding_dim, units, cell="gru", attention_units=None, **kwargs):
         kwargs.pop("score", None)
         kwargs.pop("local_window", None)
+        kwargs.pop("local_mode", None)
         super().__init__(vocab_size, embedding_dim, units, cell=cell, score="additive",
                          attention_units=attention_units, **kwargs)
 
     def get_config(self):
         config = super().get_config()
         config.pop("local_window")
+        config.pop("local_mode")
         config.pop("score")
         return config
 
@@ -373,8 +408,10 @@ class LuongDecoder(_AttentionDecoder):
     fed to the next step (input feeding, F = H), logits from h~_t.
 
         score: "dot" (needs K == H), "general" or "concat".
-        local_window: D for local-m attention (only |s - t| <= D, times a Gaussian of sigma D / 2);
+        local_window: D for local attention (only |s - p_t| <= D, times a Gaussian of sigma D / 2);
             None for global attention.
+        local_mode: "m" (local-m: p_t = t) or "p" (local-p: ``p_t = L sigmoid(v_p . tanh(h_t W_p))``,
+            L the row's source length, with weights ``position_kernel (H, U)`` and ``position_vector (U,)``).
     """ + _DECODER_DOC
     _kind = "luong"
 
@@ -415,7 +452,8 @@ class Seq2Seq:
         cell: "gru" or "lstm" (both sides).
         bidirectional: bidirectional encoder.
         attention_units: additive score size (default units).
-        local_window: Luong local-m window half-width (None: global).
+        local_window: Luong local attention window half-width (None: global).
+        local_mode: "m" (local-m, p_t = t) or "p" (local-p, p_t predicted from h_t).
         start_token, end_token: target start and end ids, or words looked up in `target_tokenizer`.
         max_length: longest target (tokens after the start token, end token included) that
             training accepts and decoding produces.
@@ -423,7 +461,7 @@ class Seq2Seq:
     """
 
     def __init__(self, source_vocab_size, target_vocab_size, embedding_dim=256, units=512, attention="bahdanau",
-                 score=None, cell="gru", bidirectional=False, attention_units=None, local_window=None,
+                 score=None, cell="gru", bidirectional=False, attention_units=None, local_window=None, local_mode="m",
                  start_token="<start>", end_token="<end>", max_length=50, source_tokenizer=None,
                  target_tokenizer=None, dtype="float32"):
         _check_choice("Seq2Seq", "attention", attention, ("bahdanau", "luong"))
@@ -444,7 +482,8 @@ class Seq2Seq:
                                            attention_units=attention_units, dtype=dtype)
         else:
             self.decoder = LuongDecoder(target_vocab_size, embedding_dim, units, score=score or "general", cell=cell,
-                                        attention_units=attention_units, local_window=local_window, dtype=dtype)
+                                        attention_units=attention_units, local_window=local_window,
+                                        local_mode=local_mode, dtype=dtype)
         self.optimizer = None
         self.loss = losses.SparseCategoricalCrossentropy(from_logits=True, ignore_index=0)
         self.history = {}
@@ -487,6 +526,45 @@ class Seq2Seq:
 
     def count_params(self):
         return int(sum(p.size for p in self.params.values()))
+
+    @property
+    def built(self):
+        return self.encoder.built and self.decoder.built
+
+    @property
+    def compiled(self):
+        return self.optimizer is not None
+
+    @property
+    def _compile_config(self):
+        return {"loss": losses.serialize(self.loss)}
+
+    def get_config(self):
+        """Everything `from_config` needs to rebuild the model, tokenizers included (as their JSON)."""
+        dec = self.decoder
+        return {"source_vocab_size": self.encoder.vocab_size, "target_vocab_size": dec.vocab_size,
+                "embedding_dim": self.encoder.embedding_dim, "units": dec.units, "attention": self.attention,
+                "score": None if self.attention == "bahdanau" else dec.score, "cell": dec.cell,
+                "bidirectional": self.encoder.bidirectional, "attention_units": dec.attention_units,
+                "local_window": dec.local_window, "local_mode": dec.local_mode, "start_token": self.start_id,
+                "end_token": self.end_id, "max_length": self.max_length, "dtype": dec.dtype.name,
+                "source_tokenizer": None if self.source_tokenizer is None else self.source_tokenizer.to_json(),
+                "target_tokenizer": None if self.target_tokenizer is None else self.target_tokenizer.to_json()}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("source_tokenizer", "target_tokenizer"):
+            if config.get(key) is not None:
+                config[key] = text.tokenizer_from_json(config[key])
+        return cls(**config)
+
+    def save(self, path):
+        """Saves config, tokenizers, weights, optimizer and its state to `path` (the `.attnx` zip
+        format of `attnx.saving`, written atomically); `attnx.seq2seq.load` reads it back."""
+        from . import saving
+        self.build()
+        saving.save_model(self, path)
 
     def get_weights(self):
         return [p.copy() for p in self.params.values()]
@@ -653,21 +731,7 @@ class Seq2Seq:
         self.build(source.shape[1])
         L = self._decode_length(max_length)
         enc, smask, states = self._encode(source, False)
-        B = len(source)
-        state = DecoderState(*states)
-        prev = np.full(B, self.start_id, dtype=np.int64)
-        tokens = np.zeros((B, L), dtype=np.int64)
-        attention = np.zeros((B, L, source.shape[1]), dtype=enc.dtype)
-        done = np.zeros(B, dtype=bool)
-        for t in range(L):  # each step needs the previous step's choice
-            logits, state, weights = self.decoder.step(prev, state, enc, smask)
-            prev = np.where(done, 0, logits.argmax(axis=-1))
-            tokens[:, t] = prev
-            attention[:, t] = np.where(done[:, None], 0, weights)
-            done |= prev == self.end_id
-            if done.all():
-                return tokens[:, :t + 1], attention[:, :t + 1]
-        return tokens, attention
+        return self.decoder.greedy(enc, states, self.start_id, self.end_id, L, smask)
 
     def beam_search(self, source, width=4, length_penalty=0.0, max_length=None, end_token=None):
         """Batched beam search: the B sentences' `width` hypotheses run as B * width rows.
@@ -778,3 +842,13 @@ class Seq2Seq:
                 hyps += [self.target_words(h[0].tokens) for h in beams]
         refs = [[[w for w in r.split() if w not in ("<start>", "<end>")]] for r in references]
         return metrics.corpus_bleu(refs, hyps)
+
+
+def load(path):
+    """A `Seq2Seq` saved with `Seq2Seq.save` (weights, tokenizers, optimizer state); raises
+    ValueError for a corrupted or truncated file or one that holds another kind of model."""
+    from . import saving
+    model = saving.load_model(path)
+    if not isinstance(model, Seq2Seq):
+        raise ValueError(f"{path}: holds a {type(model).__name__}, not a Seq2Seq model")
+    return model

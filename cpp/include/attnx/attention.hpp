@@ -18,6 +18,7 @@
 #include "attnx/activations.hpp"
 #include "attnx/gemm.hpp"
 #include "attnx/parallel.hpp"
+#include "attnx/rnn.hpp"  // activate_block
 
 namespace attnx {
 
@@ -287,11 +288,10 @@ void additive_scores_forward(T* scores, T* hidden, const T* pq, const T* pk, con
                     const size_t row = (b * Tq + t) * (size_t)S + s;
                     const T* pks = pk + (b * S + s) * (size_t)U;
                     T* h = hidden + row * U;
+                    for (int u = 0; u < U; ++u) h[u] = pqt[u] + pks[u];
+                    activate_block(Activation::tanh, h, U);  // vectorized for float
                     T acc = 0;
-                    for (int u = 0; u < U; ++u) {
-                        h[u] = std::tanh(pqt[u] + pks[u]);
-                        acc += v[u] * h[u];
-                    }
+                    for (int u = 0; u < U; ++u) acc += v[u] * h[u];
                     scores[row] = acc;
                 }
             }

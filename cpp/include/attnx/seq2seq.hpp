@@ -4,7 +4,7 @@
 // Both decoders read target ids y (B, T) (y_{t-1}, the previous word, at step t), encoder outputs
 // enc (B, S, K) with a source mask, and an initial state from the encoder. Per step t:
 //
-//   Bahdanau (TensorFlow NMT tutorial):           Luong (global, or local-m with a window D):
+//   Bahdanau (TensorFlow NMT tutorial):           Luong (global, or local with a window D):
 //     a_t = softmax(score(s_{t-1}, enc))            h_t = RNN([emb(y_{t-1}); h~_{t-1}], h_{t-1})
 //     c_t = a_t . enc                               a_t = softmax(score(h_t, enc)), c_t = a_t . enc
 //     s_t = RNN([emb(y_{t-1}); c_t], s_{t-1})       h~_t = tanh([c_t; h_t] . W_c)     (input feeding)
@@ -16,6 +16,13 @@
 // embedding half of x . W + b is one GEMM over all steps before the loop, the feed half (c_t or
 // h~_{t-1}) one small GEMM per step. The recurrence is rnn.hpp's (the T = 1 case of
 // rnn_forward_rows / rnn_backward_rows), scores and softmax + context are attention.hpp's.
+// Luong's local attention keeps |s - p_t| <= D with the Gaussian exp(-(s - p_t)^2 / (2 (D/2)^2))
+// (attention.hpp's local window): local-m p_t = t, local-p p_t = L sigmoid(v_p . tanh(h_t W_p)),
+// L the row's real source length, with the gradient through p_t.
+//
+// Batch rows never interact inside the time loop, so one thread runs every step of its rows
+// (single-threaded BLAS, no synchronization per step) while the products over all steps use the
+// whole thread budget.
 //
 // Per-step caches are time-major (T, B, ...) so that each step's slice is the contiguous (B, 1, ...)
 // block the T = 1 kernels expect; dU, dW and dW_out are single GEMMs over all steps after the loop.
@@ -24,6 +31,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "attnx/attention.hpp"
@@ -36,6 +44,7 @@ namespace attnx {
 
 enum class DecoderKind { bahdanau, luong };
 enum class ScoreKind { additive, general, dot };  // Luong's "concat" is the additive score
+enum class LocalMode { monotonic, predictive };   // Luong's local-m (p_t = t) and local-p (p_t predicted)
 
 struct DecoderConfig {
     DecoderKind kind = DecoderKind::bahdanau;
@@ -44,13 +53,16 @@ struct DecoderConfig {
     int B = 0, T = 0, S = 0;      // batch, target steps, source steps
     int E = 0, K = 0, H = 0;      // target embedding, encoder output, decoder state sizes
     int U = 0, V = 0;             // additive score units, target vocabulary
-    int local_window = -1;        // Luong local-m: attend to |s - t| <= D with a Gaussian (-1: global)
+    int local_window = -1;        // Luong local: attend to |s - p_t| <= D with a Gaussian (-1: global)
+    LocalMode local_mode = LocalMode::monotonic;
+    int P = 0;                    // local-p: hidden size of the position predictor
     int first_step = 0;           // target position of step 0 (local-m's p_t when decoding step by step)
 
     int F() const { return kind == DecoderKind::bahdanau ? K : H; }  // feed: c_t or h~_{t-1}
     int G() const { return (cell == RNNCell::lstm ? 4 : 3) * H; }
     int Dk() const { return score == ScoreKind::additive ? U : score == ScoreKind::general ? H : K; }
     bool local() const { return kind == DecoderKind::luong && local_window >= 0; }
+    bool predictive() const { return local() && local_mode == LocalMode::predictive; }
     // one step of the recurrence, as rnn.hpp runs it
     RNNConfig rnn_step() const {
         RNNConfig r;
@@ -71,6 +83,8 @@ template <class P> struct DecoderParams {
     P key_kernel = nullptr;          // additive: (K, U); general: (K, H)
     P score_vector = nullptr;        // additive: (U,)
     P attentional_kernel = nullptr;  // Luong: (K + H, H) = W_c
+    P position_kernel = nullptr;     // local-p: (H, P) = W_p
+    P position_vector = nullptr;     // local-p: (P,) = v_p
     P output_kernel = nullptr;       // (H, V)
     P output_bias = nullptr;         // (V,)
 };
@@ -92,8 +106,11 @@ template <class T> struct DecoderCache {
     T* weights = nullptr;        // (T, B, S) attention weights a_t
     T* context = nullptr;        // (T, B, K) Luong's c_t (Bahdanau's is the feed)
     T* concat = nullptr;         // (T, B, K + H) Luong [c_t; h_t]
-    uint8_t* window = nullptr;   // (T, B, S) local-m: positions inside the window
-    T* gauss = nullptr;          // (T, B, S) local-m: Gaussian factor
+    uint8_t* window = nullptr;   // (T, B, S) local: positions inside the window
+    T* gauss = nullptr;          // (T, B, S) local: Gaussian factor
+    T* position = nullptr;       // (T, B) local: the window's centre p_t
+    T* position_hidden = nullptr;  // (T, B, P) local-p: tanh(h_t W_p)
+    T* source_length = nullptr;  // (B,) local-p: real source tokens L_b
     T* out = nullptr;            // (B, T, H) batch-major: what the output projection reads
 
     RNNCache<T> rnn_at(const DecoderConfig& cfg, int t) const {
@@ -111,71 +128,174 @@ template <class T> struct DecoderCache {
     const T* keys_or_enc(const T* enc) const { return keys ? keys : enc; }
 };
 
+// The cache buffers a configuration uses, each from alloc(name, shape, tag) with tag a value of the
+// element type; the others stay null. One layout for the bindings' NumPy arrays and owned buffers.
+template <class T, class Alloc>
+DecoderCache<T> decoder_cache_layout(const DecoderConfig& cfg, bool has_step_mask, Alloc&& alloc) {
+    const size_t B = cfg.B, Tn = cfg.T, S = cfg.S, H = cfg.H, K = cfg.K, U = cfg.U;
+    const bool luong = cfg.kind == DecoderKind::luong, additive = cfg.score == ScoreKind::additive;
+    DecoderCache<T> c;
+    c.ids = alloc("ids", std::vector<size_t>{Tn, B}, int64_t{});
+    if (has_step_mask) c.step_mask = alloc("step_mask", std::vector<size_t>{Tn, B}, uint8_t{});
+    if (cfg.score != ScoreKind::dot) c.keys = alloc("keys", std::vector<size_t>{B, S, (size_t)cfg.Dk()}, T{});
+    c.emb = alloc("emb", std::vector<size_t>{Tn, B, (size_t)cfg.E}, T{});
+    c.feed = alloc("feed", std::vector<size_t>{Tn, B, (size_t)cfg.F()}, T{});
+    c.gates = alloc("gates", std::vector<size_t>{Tn, B, (size_t)cfg.G()}, T{});
+    c.h_prev = alloc("h_prev", std::vector<size_t>{Tn, B, H}, T{});
+    if (cfg.cell == RNNCell::lstm) c.c_prev = alloc("c_prev", std::vector<size_t>{Tn, B, H}, T{});
+    c.aux = alloc("aux", std::vector<size_t>{Tn, B, H}, T{});
+    c.states = alloc("states", std::vector<size_t>{Tn, B, H}, T{});
+    if (additive) {
+        c.query_proj = alloc("query_proj", std::vector<size_t>{Tn, B, U}, T{});
+        c.score_hidden = alloc("score_hidden", std::vector<size_t>{Tn, B, S, U}, T{});
+    }
+    c.weights = alloc("weights", std::vector<size_t>{Tn, B, S}, T{});
+    if (luong) {
+        c.context = alloc("context", std::vector<size_t>{Tn, B, K}, T{});
+        c.concat = alloc("concat", std::vector<size_t>{Tn, B, K + H}, T{});
+    }
+    if (cfg.local()) {
+        c.window = alloc("window", std::vector<size_t>{Tn, B, S}, uint8_t{});
+        c.gauss = alloc("gauss", std::vector<size_t>{Tn, B, S}, T{});
+        c.position = alloc("position", std::vector<size_t>{Tn, B}, T{});
+    }
+    if (cfg.predictive()) {
+        c.position_hidden = alloc("position_hidden", std::vector<size_t>{Tn, B, (size_t)cfg.P}, T{});
+        c.source_length = alloc("source_length", std::vector<size_t>{B}, T{});
+    }
+    c.out = alloc("out", std::vector<size_t>{B, Tn, H}, T{});
+    return c;
+}
+
+// Every buffer a DecoderCache of `cfg` points to, owned (decoding loops, C++ tests).
+template <class T> struct OwnedDecoderCache {
+    std::vector<std::vector<char>> storage;  // moving a buffer keeps its address
+    DecoderCache<T> cache;
+    OwnedDecoderCache(const DecoderConfig& cfg, bool has_step_mask) {
+        cache = decoder_cache_layout<T>(cfg, has_step_mask, [&](const char*, std::vector<size_t> shape, auto tag) {
+            size_t n = 1;
+            for (size_t d : shape) n *= d;
+            storage.emplace_back(n * sizeof(tag));
+            return reinterpret_cast<decltype(tag)*>(storage.back().data());
+        });
+    }
+};
+
 // ------------------------------------------------------------------------------ attention step
-// a_t = masked_softmax(score(q_t, enc)) and c_t = a_t . enc for all B rows of step t (Tq = 1).
+// a_t = masked_softmax(score(q_t, enc)) and c_t = a_t . enc for batch rows [b0, b1) of step t (Tq = 1).
+// query (B, H) and context (B, K) are whole-batch buffers; only rows [b0, b1) are read / written.
 template <class T>
 void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>& w, const DecoderCache<T>& cache,
-                         int t, const T* query, const T* enc, const uint8_t* source_mask, T* context) {
-    const int B = cfg.B, S = cfg.S, U = cfg.U;
-    const size_t bs = (size_t)t * B * S;
+                         int t, int b0, int b1, const T* query, const T* enc, const uint8_t* source_mask, T* context) {
+    const int B = cfg.B, S = cfg.S, U = cfg.U, H = cfg.H, K = cfg.K, Dk = cfg.Dk(), nb = b1 - b0;
+    const size_t tb = (size_t)t * B + b0, bs = tb * S;  // row b0 of step t in (T, B) and (T, B, S)
+    const T* q = query + (size_t)b0 * H;
     T* scores = cache.weights + bs;  // scores, turned into weights in place
     if (cfg.score == ScoreKind::additive) {
-        T* pq = cache.query_proj + (size_t)t * B * U;
+        T* pq = cache.query_proj + tb * U;
         // pq = q W_q + b_q;  scores[b, s] = v . tanh(pq[b] + keys[b, s])
-        dense_forward<T>(pq, query, w.query_kernel, w.query_bias, B, cfg.H, U);
-        additive_scores_forward<T>(scores, cache.score_hidden + bs * U, pq, cache.keys, w.score_vector, B, 1, S, U);
+        dense_forward<T>(pq, q, w.query_kernel, w.query_bias, nb, H, U);
+        additive_scores_forward<T>(scores, cache.score_hidden + bs * U, pq, cache.keys + (size_t)b0 * S * U,
+                                   w.score_vector, nb, 1, S, U);
     } else {
         // scores[b, s] = q[b] . keys[b, s]  (keys = enc W_k for general, enc for dot)
-        dot_scores_forward<T>(scores, query, cache.keys_or_enc(enc), B, 1, 1, S, cfg.Dk(), T(1));
+        dot_scores_forward<T>(scores, q, cache.keys_or_enc(enc) + (size_t)b0 * S * Dk, nb, 1, 1, S, Dk, T(1));
     }
     AttendMask mask;
-    mask.data = source_mask;
+    mask.data = source_mask ? source_mask + (size_t)b0 * S : nullptr;
     mask.stride_b = (size_t)S;
     const T* keep = nullptr;
     if (cfg.local()) {
-        // local-m: aligned position p_t = t (clipped to the source), Gaussian window of half-width D
-        std::vector<T> p((size_t)B, T(std::min(cfg.first_step + t, S - 1)));
-        local_window_forward<T>(cache.window + bs, cache.gauss + bs, p.data(), source_mask, B, 1, S, cfg.local_window);
+        T* p = cache.position + tb;
+        if (cfg.predictive()) {
+            // local-p: p_t = L_b sigmoid(v_p . tanh(h_t W_p)), L_b the real source length of row b
+            const int P = cfg.P;
+            T* hidden = cache.position_hidden + tb * P;
+            matmul<T>(hidden, q, w.position_kernel, nb, P, H);
+            activate_block(Activation::tanh, hidden, nb * P);
+            for (int i = 0; i < nb; ++i) {
+                T z = 0;
+                for (int u = 0; u < P; ++u) z += w.position_vector[u] * hidden[(size_t)i * P + u];
+                p[i] = cache.source_length[b0 + i] * sigmoid(z);
+            }
+        } else {
+            // local-m: p_t = t (clipped to the source)
+            std::fill(p, p + nb, T(std::min(cfg.first_step + t, S - 1)));
+        }
+        local_window_forward<T>(cache.window + bs, cache.gauss + bs, p, mask.data, nb, 1, S, cfg.local_window);
         mask.data = cache.window + bs;
         keep = cache.gauss + bs;
     }
-    softmax_context_forward<T>(context, scores, enc, mask, keep, B, 1, 1, S, cfg.K);
+    softmax_context_forward<T>(context + (size_t)b0 * K, scores, enc + (size_t)b0 * S * K, mask, keep, nb, 1, 1, S, K);
 }
 
-// Workspace of the backward pass, allocated once per call (never inside the time loop).
+// Workspace of the backward pass for all B rows, allocated once per call (never inside the time loop).
 template <class T> struct AttendGradWork {
-    std::vector<T> dscores, denc_step, dquery_step, dkeys_step;
+    std::vector<T> dscores, denc_step, dquery_step, dkeys_step, dgauss, dposition;
     AttendGradWork(const DecoderConfig& cfg)
         : dscores((size_t)cfg.B * cfg.S), denc_step((size_t)cfg.B * cfg.S * cfg.K),
-          dquery_step((size_t)cfg.B * std::max(cfg.Dk(), cfg.U)), dkeys_step((size_t)cfg.B * cfg.S * cfg.Dk()) {}
+          dquery_step((size_t)cfg.B * std::max(cfg.Dk(), cfg.U)), dkeys_step((size_t)cfg.B * cfg.S * cfg.Dk()),
+          dgauss(cfg.predictive() ? (size_t)cfg.B * cfg.S : 0), dposition(cfg.predictive() ? cfg.B : 0) {}
 };
 
-// Backward of attend_step_forward. Accumulates: dquery (B, H), denc (B, S, K), dkeys (B, S, Dk),
-// dw.score_vector; dquery_proj (B, U) (additive) is overwritten, for dW_q after the loop.
+// Backward of attend_step_forward for rows [b0, b1). Accumulates: dquery (B, H), denc (B, S, K),
+// dkeys (B, S, Dk), dscore_vector (U,); overwrites the step's rows of dquery_proj (T, B, U) (additive,
+// for dW_q after the loop) and of dposition_logit (T, B) and dposition_hidden (T, B, P) (local-p, for
+// d v_p and dW_p after the loop).
 template <class T>
-void attend_step_backward(const DecoderConfig& cfg, const DecoderParams<const T*>& w, const DecoderParams<T*>& dw,
-                          const DecoderCache<T>& cache, int t, const T* query, const T* enc, const T* dcontext,
-                          T* dquery, T* denc, T* dkeys, T* dquery_proj, AttendGradWork<T>& work) {
-    const int B = cfg.B, S = cfg.S, U = cfg.U, K = cfg.K, Dk = cfg.Dk();
-    const size_t bs = (size_t)t * B * S;
+void attend_step_backward(const DecoderConfig& cfg, const DecoderParams<const T*>& w, const DecoderCache<T>& cache,
+                          int t, int b0, int b1, const T* query, const T* enc, const T* dcontext, T* dquery, T* denc,
+                          T* dkeys, T* dscore_vector, T* dquery_proj, T* dposition_logit, T* dposition_hidden,
+                          AttendGradWork<T>& work) {
+    const int B = cfg.B, S = cfg.S, U = cfg.U, H = cfg.H, K = cfg.K, Dk = cfg.Dk(), nb = b1 - b0;
+    const size_t tb = (size_t)t * B + b0, bs = tb * S;
     const T* keep = cfg.local() ? cache.gauss + bs : nullptr;
-    softmax_context_backward<T>(work.dscores.data(), work.denc_step.data(), (T*)nullptr, dcontext, (const T*)nullptr,
-                                cache.weights + bs, enc, keep, B, 1, 1, S, K);
+    T* dscores = work.dscores.data() + (size_t)b0 * S;
+    T* denc_step = work.denc_step.data() + (size_t)b0 * S * K;
+    T* dkeys_step = work.dkeys_step.data() + (size_t)b0 * S * Dk;
+    T* dgauss = cfg.predictive() ? work.dgauss.data() + (size_t)b0 * S : nullptr;
+    softmax_context_backward<T>(dscores, denc_step, dgauss, dcontext + (size_t)b0 * K, (const T*)nullptr,
+                                cache.weights + bs, enc + (size_t)b0 * S * K, keep, nb, 1, 1, S, K);
     // denc += a_t^T . dc_t (per row b)
-    for (size_t i = 0; i < work.denc_step.size(); ++i) denc[i] += work.denc_step[i];
+    T* denc_rows = denc + (size_t)b0 * S * K;
+    for (size_t i = 0; i < (size_t)nb * S * K; ++i) denc_rows[i] += denc_step[i];
+    T* dq = dquery + (size_t)b0 * H;
     if (cfg.score == ScoreKind::additive) {
-        additive_scores_backward<T>(dquery_proj, work.dkeys_step.data(), dw.score_vector, work.dscores.data(),
-                                    cache.score_hidden + bs * U, w.score_vector, B, 1, S, U);
+        T* dpq = dquery_proj + tb * U;
+        additive_scores_backward<T>(dpq, dkeys_step, dscore_vector, dscores, cache.score_hidden + bs * U,
+                                    w.score_vector, nb, 1, S, U);
         // dq += d(pq) . W_q^T
-        matmul<T>(dquery, dquery_proj, w.query_kernel, B, cfg.H, U, false, true, T(1));
+        gemm<T>(false, true, nb, H, U, T(1), dpq, U, w.query_kernel, U, T(1), dq, H);
     } else {
-        dot_scores_backward<T>(work.dquery_step.data(), work.dkeys_step.data(), (T*)nullptr, work.dscores.data(), query,
-                               cache.keys_or_enc(enc), B, 1, 1, S, Dk, T(1));
-        for (size_t i = 0; i < (size_t)B * cfg.H; ++i) dquery[i] += work.dquery_step[i];
+        T* dq_step = work.dquery_step.data() + (size_t)b0 * Dk;
+        dot_scores_backward<T>(dq_step, dkeys_step, (T*)nullptr, dscores, query + (size_t)b0 * H,
+                               cache.keys_or_enc(enc) + (size_t)b0 * S * Dk, nb, 1, 1, S, Dk, T(1));
+        for (size_t i = 0; i < (size_t)nb * H; ++i) dq[i] += dq_step[i];
     }
     // the keys' gradient: into dkeys (projected keys) or straight into denc (dot: keys = enc)
-    T* dk_total = cfg.score == ScoreKind::dot ? denc : dkeys;
-    for (size_t i = 0; i < work.dkeys_step.size(); ++i) dk_total[i] += work.dkeys_step[i];
+    T* dk_rows = (cfg.score == ScoreKind::dot ? denc : dkeys) + (size_t)b0 * S * Dk;
+    for (size_t i = 0; i < (size_t)nb * S * Dk; ++i) dk_rows[i] += dkeys_step[i];
+    if (cfg.predictive()) {
+        // the Gaussian's centre p_t = L sigmoid(z), z = v_p . hidden, hidden = tanh(h_t W_p):
+        //   dp from local_window_backward;  dz = dp p (1 - p / L);  d hidden = dz v_p (1 - hidden^2);
+        //   dq += d hidden . W_p^T
+        const int P = cfg.P;
+        const T* p = cache.position + tb;
+        T* dp = work.dposition.data() + b0;
+        local_window_backward<T>(dp, dgauss, cache.gauss + bs, p, nb, 1, S, cfg.local_window);
+        const T* hidden = cache.position_hidden + tb * P;
+        T* dhidden = dposition_hidden + tb * P;
+        for (int i = 0; i < nb; ++i) {
+            const T L = cache.source_length[b0 + i];
+            const T dz = L > T(0) ? dp[i] * p[i] * (T(1) - p[i] / L) : T(0);
+            dposition_logit[tb + i] = dz;
+            for (int u = 0; u < P; ++u) {
+                const size_t k = (size_t)i * P + u;
+                dhidden[k] = dz * w.position_vector[u] * (T(1) - hidden[k] * hidden[k]);
+            }
+        }
+        gemm<T>(false, true, nb, H, P, T(1), dhidden, P, w.position_kernel, P, T(1), dq, H);
+    }
 }
 
 // (T, B, C) <-> (B, T, C) copies around the batch-major output projection
@@ -195,21 +315,70 @@ template <class T> void batch_to_time_major(T* dst, const T* src, int Tn, int B,
 }
 
 // ------------------------------------------------------------------------------------- forward
+// One step t of the recurrence and attention for batch rows [b0, b1) (see decoder_forward).
+template <class T>
+void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h, T* c, T* feed,
+                          const DecoderCache<T>& cache, const DecoderParams<const T*>& w, const T* enc,
+                          const uint8_t* source_mask, T* hu) {
+    const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), nb = b1 - b0;
+    const size_t tb = (size_t)t * B + b0;  // row b0 of step t in (T, B, .)
+    T* feed_t = cache.feed + (size_t)t * B * F;
+    T* states_t = cache.states + (size_t)t * B * H;
+    if (cfg.kind == DecoderKind::bahdanau) {
+        // c_t from s_{t-1} (the state entering the step) is the feed
+        attend_step_forward<T>(cfg, w, cache, t, b0, b1, h, enc, source_mask, feed_t);
+    } else {
+        std::copy(feed + (size_t)b0 * H, feed + (size_t)b1 * H, feed_t + (size_t)b0 * H);  // h~_{t-1}
+    }
+    // gates[t] += feed_t W_f; then the recurrence of one step (h, c updated in place)
+    gemm<T>(false, false, nb, G, F, T(1), cache.feed + tb * F, F, w.kernel + (size_t)E * G, G, T(1),
+            cache.gates + tb * G, G);
+    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t), w.recurrent_kernel, w.bias_rec,
+                        cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr, (const T*)nullptr, hu);
+    if (cfg.kind == DecoderKind::luong) {
+        T* ctx_t = cache.context + (size_t)t * B * K;
+        attend_step_forward<T>(cfg, w, cache, t, b0, b1, states_t, enc, source_mask, ctx_t);
+        // h~_t = tanh([c_t; h_t] W_c), the next step's feed
+        T* cat = cache.concat + tb * (K + H);
+        for (int b = b0; b < b1; ++b) {
+            T* row = cache.concat + ((size_t)t * B + b) * (K + H);
+            std::copy(ctx_t + (size_t)b * K, ctx_t + (size_t)(b + 1) * K, row);
+            std::copy(states_t + (size_t)b * H, states_t + (size_t)(b + 1) * H, row + K);
+        }
+        T* feed_rows = feed + (size_t)b0 * H;
+        matmul<T>(feed_rows, cat, w.attentional_kernel, nb, H, K + H);
+        activate_block(Activation::tanh, feed_rows, nb * H);
+        for (int b = b0; b < b1; ++b)  // out_t = h~_t, batch-major
+            std::copy(feed + (size_t)b * H, feed + (size_t)(b + 1) * H, cache.out + ((size_t)b * Tn + t) * H);
+    }
+}
+
+// Multiply-adds of the time loop, for the decision to split its rows across threads.
+inline double decoder_loop_work(const DecoderConfig& cfg) {
+    return (double)cfg.T * cfg.B * (cfg.G() * (cfg.H + cfg.F()) + cfg.S * (cfg.K + cfg.U) + cfg.H * cfg.U);
+}
+
 // Teacher-forced decoder over T steps (T = 1: one inference step).
 //   ids (B, T) target inputs; enc (B, S, K); source_mask (B, S) and target_mask (B, T) nonzero =
 //   real (null: all real). h, c (B, H): in the initial state, out the final one (c: LSTM only).
 //   feed (B, F), Luong only: in h~ of the previous step (zeros at the start), out h~ of the last.
 //   keys_ready: cache.keys already holds enc W_k (decoding steps reuse it).
 //   logits (B, T, V) written. hu (B, G) is workspace.
+// Batch rows never interact inside the time loop, so each thread runs every step of its own rows
+// (single-threaded BLAS, no synchronization per step); the products over all steps run before
+// and after it on the whole BLAS thread budget.
 template <class T>
 void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, const DecoderCache<T>& cache,
                      const DecoderParams<const T*>& w, const int64_t* ids, const T* enc, const uint8_t* source_mask,
                      const uint8_t* target_mask, bool keys_ready, T* hu) {
-    const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G();
-    const RNNConfig rc = cfg.rnn_step();
+    const int B = cfg.B, Tn = cfg.T, E = cfg.E, S = cfg.S, H = cfg.H, K = cfg.K, G = cfg.G();
     // keys = enc W_k, once for all steps
     if (cache.keys && !keys_ready)
-        dense_forward<T>(cache.keys, enc, w.key_kernel, (const T*)nullptr, B * cfg.S, K, cfg.Dk());
+        dense_forward<T>(cache.keys, enc, w.key_kernel, (const T*)nullptr, B * S, K, cfg.Dk());
+    if (cfg.predictive())  // L_b, the scale of local-p's position
+        for (int b = 0; b < B; ++b)
+            cache.source_length[b] =
+                source_mask ? T(std::count(source_mask + (size_t)b * S, source_mask + (size_t)(b + 1) * S, 1)) : T(S);
     // time-major ids and step mask, then emb[t, b] = embeddings[y[b, t]]
     for (int b = 0; b < B; ++b)
         for (int t = 0; t < Tn; ++t) {
@@ -219,46 +388,92 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
     embedding_forward<T>(cache.emb, cache.ids, w.embeddings, (size_t)Tn * B, (size_t)E);
     // gates[t] = emb_t W_e + b_in for all steps in one GEMM; the feed half joins per step
     dense_forward<T>(cache.gates, cache.emb, w.kernel, w.bias_in, Tn * B, E, G);
-    const T* W_feed = w.kernel + (size_t)E * G;
-    const size_t BH = (size_t)B * H;
-    for (int t = 0; t < Tn; ++t) {
-        T* feed_t = cache.feed + (size_t)t * B * F;
-        T* states_t = cache.states + (size_t)t * BH;
-        const uint8_t* mask_t = cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr;
-        if (cfg.kind == DecoderKind::bahdanau) {
-            // c_t from s_{t-1} (the state entering the step) is the feed
-            attend_step_forward<T>(cfg, w, cache, t, h, enc, source_mask, feed_t);
-        } else {
-            std::copy(feed, feed + BH, feed_t);  // h~_{t-1}
-        }
-        // gates[t] += feed_t W_f; then the recurrence of one step (h, c updated in place)
-        matmul<T>(cache.gates + (size_t)t * B * G, feed_t, W_feed, B, G, F, false, false, T(1));
-        const RNNCache<T> rnn_t = cache.rnn_at(cfg, t);
-        for_batch_rows(rc, [&](int b0, int b1) {
-            rnn_forward_rows<T>(rc, b0, b1, states_t, h, c, rnn_t, w.recurrent_kernel, w.bias_rec, mask_t,
-                                (const T*)nullptr, hu);
-        });
-        if (cfg.kind == DecoderKind::luong) {
-            T* ctx_t = cache.context + (size_t)t * B * K;
-            attend_step_forward<T>(cfg, w, cache, t, states_t, enc, source_mask, ctx_t);
-            // h~_t = tanh([c_t; h_t] W_c), the next step's feed
-            T* cat = cache.concat + (size_t)t * B * (K + H);
-            for (int b = 0; b < B; ++b) {
-                std::copy(ctx_t + (size_t)b * K, ctx_t + (size_t)(b + 1) * K, cat + (size_t)b * (K + H));
-                std::copy(states_t + (size_t)b * H, states_t + (size_t)(b + 1) * H, cat + (size_t)b * (K + H) + K);
-            }
-            matmul<T>(feed, cat, w.attentional_kernel, B, H, K + H);
-            for (size_t i = 0; i < BH; ++i) feed[i] = std::tanh(feed[i]);
-            for (int b = 0; b < B; ++b)  // out_t = h~_t, batch-major
-                std::copy(feed + (size_t)b * H, feed + (size_t)(b + 1) * H, cache.out + ((size_t)b * Tn + t) * H);
-        }
-    }
+    parallel_for((size_t)B, decoder_loop_work(cfg), [&](size_t b0, size_t b1) {
+        for (int t = 0; t < Tn; ++t)
+            decoder_step_forward<T>(cfg, t, (int)b0, (int)b1, h, c, feed, cache, w, enc, source_mask, hu);
+    });
     if (cfg.kind == DecoderKind::bahdanau) time_to_batch_major(cache.out, cache.states, Tn, B, H);
     // logits = out W_out + b_out: one GEMM over all B * T rows
     dense_forward<T>(logits, cache.out, w.output_kernel, w.output_bias, B * Tn, H, cfg.V);
 }
 
 // ------------------------------------------------------------------------------------ backward
+// Workspace of decoder_backward, allocated once per call. Step buffers are (B, .) and each thread
+// touches only its rows; the (T, B, .) ones feed the GEMMs over all steps after the loop.
+template <class T> struct DecoderGradWork {
+    std::vector<T> dout, dgates, dhu_gru, dhrec, dfeed, dkeys, dquery_proj, dstate, dpre, dcat, dcontext, dfeed_next;
+    std::vector<T> dposition_logit, dposition_hidden;
+    AttendGradWork<T> attend;
+    DecoderGradWork(const DecoderConfig& cfg)
+        : dout((size_t)cfg.T * cfg.B * cfg.H), dgates((size_t)cfg.T * cfg.B * cfg.G()),
+          dhu_gru(cfg.cell == RNNCell::gru ? dgates.size() : 0), dhrec((size_t)cfg.B * cfg.H),
+          dfeed((size_t)cfg.B * cfg.F()), dkeys((size_t)cfg.B * cfg.S * cfg.Dk(), T(0)),
+          dquery_proj(cfg.score == ScoreKind::additive ? (size_t)cfg.T * cfg.B * cfg.U : 0),
+          dstate((size_t)cfg.B * cfg.H), dpre(luong(cfg) ? dout.size() : 0),
+          dcat(luong(cfg) ? (size_t)cfg.B * (cfg.K + cfg.H) : 0), dcontext(luong(cfg) ? (size_t)cfg.B * cfg.K : 0),
+          dfeed_next(luong(cfg) ? (size_t)cfg.B * cfg.H : 0, T(0)),
+          dposition_logit(cfg.predictive() ? (size_t)cfg.T * cfg.B : 0),
+          dposition_hidden(cfg.predictive() ? (size_t)cfg.T * cfg.B * cfg.P : 0), attend(cfg) {}
+    static bool luong(const DecoderConfig& cfg) { return cfg.kind == DecoderKind::luong; }
+    // d(h U + b_rec): its own buffer for GRU (the candidate's r * (.) splits it from dgates), else dgates
+    T* dhu() { return dhu_gru.empty() ? dgates.data() : dhu_gru.data(); }
+};
+
+// Backward of decoder_step_forward: step t of rows [b0, b1). dh, dc (B, H) carry the state's
+// gradient from step t + 1 to step t - 1; dscore_vector is this thread's partial sum.
+template <class T>
+void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* denc, T* dh, T* dc, T* dscore_vector,
+                           DecoderGradWork<T>& work, const DecoderCache<T>& cache, const DecoderParams<const T*>& w,
+                           const T* enc) {
+    const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), nb = b1 - b0;
+    const T* W_feed = w.kernel + (size_t)E * G;
+    T* dg_t = work.dgates.data() + (size_t)t * B * G;
+    const T* dy_t = work.dout.data() + (size_t)t * B * H;
+    // one step of rnn.hpp's BPTT (the decoder's cells are tanh / sigmoid): dh, dc from h_t to h_{t-1}
+    auto rnn_step_backward = [&](const T* d_out) {
+        rnn_backward_rows<T>(cfg.rnn_step(), TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dg_t,
+                             work.dhu() + (size_t)t * B * G, work.dhrec.data(), d_out, cache.rnn_at(cfg, t),
+                             w.recurrent_kernel, cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr,
+                             (const T*)nullptr);
+    };
+    auto attend_backward = [&](const T* dcontext, T* dquery) {
+        attend_step_backward<T>(cfg, w, cache, t, b0, b1, cache.query_at(cfg, t), enc, dcontext, dquery, denc,
+                                work.dkeys.data(), dscore_vector, work.dquery_proj.data(),
+                                work.dposition_logit.data(), work.dposition_hidden.data(), work.attend);
+    };
+    if (cfg.kind == DecoderKind::bahdanau) {
+        // s_t's gradient enters the recurrence; then d c_t = dgates_t W_f^T reaches s_{t-1} via attention
+        rnn_step_backward(dy_t);
+        gemm<T>(false, true, nb, F, G, T(1), dg_t + (size_t)b0 * G, G, W_feed, G, T(0),
+                work.dfeed.data() + (size_t)b0 * F, F);
+        attend_backward(work.dfeed.data(), dh);
+        return;
+    }
+    // Luong: d h~_t = d out_t + (from step t + 1's input); d pre = d h~_t (1 - h~_t^2)
+    T* dpre_t = work.dpre.data() + (size_t)t * B * H;
+    const T* dfeed_next = work.dfeed_next.data();
+    for (int b = b0; b < b1; ++b)
+        for (int j = 0; j < H; ++j) {
+            const size_t i = (size_t)b * H + j;
+            const T a = cache.out[((size_t)b * Tn + t) * H + j];  // batch-major h~
+            dpre_t[i] = (dy_t[i] + dfeed_next[i]) * (T(1) - a * a);
+        }
+    // d[c_t; h_t] = d pre W_c^T
+    matmul<T>(work.dcat.data() + (size_t)b0 * (K + H), dpre_t + (size_t)b0 * H, w.attentional_kernel, nb, K + H, H,
+              false, true);
+    for (int b = b0; b < b1; ++b) {
+        const T* row = work.dcat.data() + (size_t)b * (K + H);
+        std::copy(row, row + K, work.dcontext.data() + (size_t)b * K);
+        std::copy(row + K, row + K + H, work.dstate.data() + (size_t)b * H);
+    }
+    // h_t's gradient: from h~_t and from its score as the query
+    attend_backward(work.dcontext.data(), work.dstate.data());
+    rnn_step_backward(work.dstate.data());
+    // d h~_{t-1} = dgates_t W_f^T (h~_{-1} is the given initial feed)
+    gemm<T>(false, true, nb, F, G, T(1), dg_t + (size_t)b0 * G, G, W_feed, G, T(0),
+            work.dfeed_next.data() + (size_t)b0 * F, F);
+}
+
 // Backward of decoder_forward with the caches of a training pass.
 //   dlogits (B, T, V); dh, dc (B, H): in the gradient of the final state (zeros if unused), out that
 //   of the initial state. denc (B, S, K) overwritten. Parameter gradients in dw accumulate.
@@ -266,98 +481,100 @@ template <class T>
 void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const DecoderParams<T*>& dw,
                       const T* dlogits, const DecoderCache<T>& cache, const DecoderParams<const T*>& w, const T* enc) {
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), U = cfg.U;
-    const int S = cfg.S, Dk = cfg.Dk();
-    const size_t BH = (size_t)B * H, TB = (size_t)Tn * B;
-    const RNNConfig rc = cfg.rnn_step();
+    const int S = cfg.S, Dk = cfg.Dk(), TB = Tn * B;
     const bool luong = cfg.kind == DecoderKind::luong, additive = cfg.score == ScoreKind::additive;
-    const T* W_feed = w.kernel + (size_t)E * G;
+    DecoderGradWork<T> work(cfg);
 
     // d out = dlogits W_out^T; dW_out += out^T dlogits; db_out += sum dlogits (one GEMM each)
-    std::vector<T> dout_bm(TB * H), dout(TB * H);
-    dense_backward<T>(dout_bm.data(), dw.output_kernel, dw.output_bias, dlogits, cache.out, w.output_kernel, (int)TB, H,
+    std::vector<T> dout_bm((size_t)TB * H);
+    dense_backward<T>(dout_bm.data(), dw.output_kernel, dw.output_bias, dlogits, cache.out, w.output_kernel, TB, H,
                       cfg.V);
-    batch_to_time_major(dout.data(), dout_bm.data(), Tn, B, H);
+    batch_to_time_major(work.dout.data(), dout_bm.data(), Tn, B, H);
 
     std::fill(denc, denc + (size_t)B * S * K, T(0));
-    std::vector<T> dgates(TB * G), dhu_gru(cfg.cell == RNNCell::gru ? TB * G : 0), dhrec(BH), dfeed((size_t)B * F),
-        dkeys((size_t)B * S * Dk, T(0));
-    std::vector<T> dquery_proj(additive ? TB * U : 0), dstate(BH), dpre(luong ? TB * H : 0), dcat((size_t)B * (K + H)),
-        dcontext((size_t)B * K);
-    std::vector<T> dfeed_next(luong ? BH : 0, T(0));  // Luong: d h~_t arriving from step t + 1's input
-    // d(h U + b_rec): its own buffer for GRU (the candidate's r * (.) splits it from dgates), else dgates
-    T* dhu = cfg.cell == RNNCell::gru ? dhu_gru.data() : dgates.data();
-    AttendGradWork<T> work(cfg);
-
-    for (int t = Tn - 1; t >= 0; --t) {
-        T* dg_t = dgates.data() + (size_t)t * B * G;
-        T* dhu_t = dhu + (size_t)t * B * G;
-        const uint8_t* mask_t = cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr;
-        T* dqp_t = additive ? dquery_proj.data() + (size_t)t * B * U : nullptr;
-        const T* dy_t = dout.data() + (size_t)t * BH;
-        // one step of rnn.hpp's BPTT (the decoder's cells are tanh / sigmoid): dh, dc from h_t to h_{t-1}
-        const RNNCache<T> rnn_t = cache.rnn_at(cfg, t);
-        auto rnn_step_backward = [&](const T* d_out) {
-            for_batch_rows(rc, [&](int b0, int b1) {
-                rnn_backward_rows<T>(rc, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dg_t, dhu_t, dhrec.data(), d_out,
-                                     rnn_t, w.recurrent_kernel, mask_t, (const T*)nullptr);
-            });
-        };
-        if (!luong) {
-            // s_t's gradient enters the recurrence; then d c_t = dgates_t W_f^T reaches s_{t-1} via attention
-            rnn_step_backward(dy_t);
-            matmul<T>(dfeed.data(), dg_t, W_feed, B, F, G, false, true);
-            attend_step_backward<T>(cfg, w, dw, cache, t, cache.query_at(cfg, t), enc, dfeed.data(), dh, denc,
-                                    dkeys.data(), dqp_t, work);
-        } else {
-            // d h~_t = d out_t + (from step t + 1's input); d pre = d h~_t (1 - h~_t^2)
-            T* dpre_t = dpre.data() + (size_t)t * BH;
-            const T* ht = cache.out;  // batch-major h~
-            for (int b = 0; b < B; ++b)
-                for (int j = 0; j < H; ++j) {
-                    const size_t i = (size_t)b * H + j;
-                    const T a = ht[((size_t)b * Tn + t) * H + j];
-                    dpre_t[i] = (dy_t[i] + dfeed_next[i]) * (T(1) - a * a);
-                }
-            // d[c_t; h_t] = d pre W_c^T
-            matmul<T>(dcat.data(), dpre_t, w.attentional_kernel, B, K + H, H, false, true);
-            for (int b = 0; b < B; ++b) {
-                const T* row = dcat.data() + (size_t)b * (K + H);
-                std::copy(row, row + K, dcontext.data() + (size_t)b * K);
-                std::copy(row + K, row + K + H, dstate.data() + (size_t)b * H);
-            }
-            // h_t's gradient: from h~_t and from its score as the query
-            attend_step_backward<T>(cfg, w, dw, cache, t, cache.query_at(cfg, t), enc, dcontext.data(), dstate.data(),
-                                    denc, dkeys.data(), dqp_t, work);
-            rnn_step_backward(dstate.data());
-            // d h~_{t-1} = dgates_t W_f^T (h~_{-1} is the given initial feed)
-            matmul<T>(dfeed_next.data(), dg_t, W_feed, B, F, G, false, true);
-        }
-    }
+    std::mutex dscore_vector_lock;
+    parallel_for((size_t)B, 2 * decoder_loop_work(cfg), [&](size_t b0, size_t b1) {
+        std::vector<T> dscore_vector(additive ? U : 0, T(0));  // this thread's part of dv
+        for (int t = Tn - 1; t >= 0; --t)
+            decoder_step_backward<T>(cfg, t, (int)b0, (int)b1, denc, dh, dc, dscore_vector.data(), work, cache, w,
+                                     enc);
+        std::lock_guard<std::mutex> guard(dscore_vector_lock);
+        for (int u = 0; u < (int)dscore_vector.size(); ++u) dw.score_vector[u] += dscore_vector[u];
+    });
     // after the loop, one GEMM each over all T * B rows:
     // dW_e += emb^T dgates, db_in += sum dgates, d emb = dgates W_e^T -> dembeddings by id
-    std::vector<T> demb(TB * E);
-    dense_backward<T>(demb.data(), dw.kernel, dw.bias_in, dgates.data(), cache.emb, w.kernel, (int)TB, E, G);
+    std::vector<T> demb((size_t)TB * E);
+    dense_backward<T>(demb.data(), dw.kernel, dw.bias_in, work.dgates.data(), cache.emb, w.kernel, TB, E, G);
     embedding_backward<T>(dw.embeddings, demb.data(), cache.ids, TB, (size_t)E);
     // dW_f += feed^T dgates
-    matmul<T>(dw.kernel + (size_t)E * G, cache.feed, dgates.data(), F, G, (int)TB, true, false, T(1));
+    matmul<T>(dw.kernel + (size_t)E * G, cache.feed, work.dgates.data(), F, G, TB, true, false, T(1));
     // dU += h_prev^T dhu, db_rec += sum dhu
-    dense_backward<T>((T*)nullptr, dw.recurrent_kernel, dw.bias_rec, dhu, cache.h_prev, w.recurrent_kernel,
-                      (int)TB, H, G);
+    dense_backward<T>((T*)nullptr, dw.recurrent_kernel, dw.bias_rec, work.dhu(), cache.h_prev, w.recurrent_kernel,
+                      TB, H, G);
     if (luong) {
         // dW_c += [c; h]^T d pre
-        matmul<T>(dw.attentional_kernel, cache.concat, dpre.data(), K + H, H, (int)TB, true, false, T(1));
+        matmul<T>(dw.attentional_kernel, cache.concat, work.dpre.data(), K + H, H, TB, true, false, T(1));
     }
     if (additive) {
         // dW_q += q^T d pq, db_q += sum d pq (q: s_{t-1} or h_t of every step)
         const T* queries = luong ? cache.states : cache.h_prev;
-        dense_backward<T>((T*)nullptr, dw.query_kernel, dw.query_bias, dquery_proj.data(), queries, w.query_kernel,
-                          (int)TB, H, U);
+        dense_backward<T>((T*)nullptr, dw.query_kernel, dw.query_bias, work.dquery_proj.data(), queries,
+                          w.query_kernel, TB, H, U);
+    }
+    if (cfg.predictive()) {
+        // dW_p += h^T d hidden;  d v_p += sum over steps and rows of dz hidden
+        matmul<T>(dw.position_kernel, cache.states, work.dposition_hidden.data(), H, cfg.P, TB, true, false, T(1));
+        matmul<T>(dw.position_vector, work.dposition_logit.data(), cache.position_hidden, 1, cfg.P, TB, false, false,
+                  T(1));
     }
     if (cfg.score != ScoreKind::dot) {
         // keys = enc W_k: dW_k += enc^T dkeys, denc += dkeys W_k^T
-        dense_backward<T>((T*)nullptr, dw.key_kernel, (T*)nullptr, dkeys.data(), enc, w.key_kernel, B * S, K, Dk);
-        matmul<T>(denc, dkeys.data(), w.key_kernel, B * S, K, Dk, false, true, T(1));
+        dense_backward<T>((T*)nullptr, dw.key_kernel, (T*)nullptr, work.dkeys.data(), enc, w.key_kernel, B * S, K, Dk);
+        matmul<T>(denc, work.dkeys.data(), w.key_kernel, B * S, K, Dk, false, true, T(1));
     }
+}
+
+// ------------------------------------------------------------------------------ greedy decoding
+// Greedy decoding: steps of decoder_forward (T = 1), each reading the argmax of the previous step's
+// logits (the first reads start_id; a row that has produced end_id then reads 0, the padding id).
+//   cfg: sizes with T = 1. h, c, feed (B, H): the initial state (c: LSTM, feed: Luong, zeros at the
+//   start), left as the final one. tokens (B, L): the chosen ids, 0 after a row's end token;
+//   attention (B, L, S): each step's weights, 0 after the end token. Returns the steps run (< L
+//   when every row has ended).
+template <class T>
+int decoder_greedy(DecoderConfig cfg, int64_t* tokens, T* attention, T* h, T* c, T* feed,
+                   const DecoderParams<const T*>& w, const T* enc, const uint8_t* source_mask, int64_t start_id,
+                   int64_t end_id, int L) {
+    const int B = cfg.B, S = cfg.S, V = cfg.V;
+    cfg.T = 1;
+    const OwnedDecoderCache<T> step_cache(cfg, false);  // reused by every step
+    const DecoderCache<T>& cache = step_cache.cache;
+    std::vector<T> logits((size_t)B * V), hu((size_t)B * cfg.G());
+    std::vector<int64_t> prev((size_t)B, start_id);
+    std::vector<uint8_t> done((size_t)B, 0);
+    std::fill(tokens, tokens + (size_t)B * L, int64_t(0));
+    std::fill(attention, attention + (size_t)B * L * S, T(0));
+    for (int t = 0; t < L; ++t) {
+        cfg.first_step = t;
+        decoder_forward<T>(cfg, logits.data(), h, c, feed, cache, w, prev.data(), enc, source_mask, nullptr, t > 0,
+                           hu.data());
+        bool all_done = true;
+        for (int b = 0; b < B; ++b) {
+            if (done[b]) {
+                prev[b] = 0;
+                continue;
+            }
+            const T* row = logits.data() + (size_t)b * V;
+            prev[b] = std::max_element(row, row + V) - row;  // the first maximum, as np.argmax
+            tokens[(size_t)b * L + t] = prev[b];
+            std::copy(cache.weights + (size_t)b * S, cache.weights + (size_t)(b + 1) * S,
+                      attention + ((size_t)b * L + t) * S);
+            done[b] = prev[b] == end_id;
+            all_done = all_done && done[b];
+        }
+        if (all_done) return t + 1;
+    }
+    return L;
 }
 
 }  // namespace attnx
