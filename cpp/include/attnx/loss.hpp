@@ -6,43 +6,17 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "attnx/activations.hpp"
 #include "attnx/parallel.hpp"
-#include "attnx/rnn.hpp"  // float4, map_float4
 
 namespace attnx {
 
 constexpr double kProbEpsilon = 1e-7;  // Keras' backend epsilon for losses on probabilities
 
 template <class T> inline T weight_at(const T* w, size_t i) { return w ? w[i] : T(1); }
-
-// e^x four at a time without libm (Cephes' expf): x = n ln2 + r with |r| <= ln2 / 2,
-// e^r by its degree-6 polynomial, 2^n through the exponent bits; relative error < 3e-7.
-// x is clamped to [-87.3, 88.7], where 2^n stays a normal float.
-inline float4 exp_float4(float4 x) {
-    typedef int int4 __attribute__((vector_size(16)));
-    x = x > 88.7f ? float4{} + 88.7f : x;
-    x = x < -87.3f ? float4{} - 87.3f : x;
-    float4 n = x * 1.44269504088896341f + 0.5f;
-    const float4 truncated = __builtin_convertvector(__builtin_convertvector(n, int4), float4);
-    n = truncated > n ? truncated - 1.0f : truncated;  // floor
-    const float4 r = x - n * 0.693359375f - n * -2.12194440e-4f;  // ln2 split in two for exactness
-    float4 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int4 two_n = (__builtin_convertvector(n, int4) + 127) << 23;
-    float4 scale;
-    std::memcpy(&scale, &two_n, sizeof scale);
-    return p * scale;
-}
 
 // max_k x[k] (n >= 1), four running maxima so that the loop vectorizes
 template <class T> T row_max(const T* x, size_t n) {
@@ -54,21 +28,11 @@ template <class T> T row_max(const T* x, size_t n) {
     return std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
 }
 
-// dst[k] = e^(src[k] - shift) for k < n (float: exp_float4, double: libm); returns their sum,
-// accumulated in double over four independent chains (one chain would wait on each add).
+// dst[k] = e^(src[k] - shift) for k < n (activations.hpp's exp kernel); returns their sum in double
 template <class T> double exp_shifted(T* dst, const T* src, size_t n, T shift) {
     for (size_t k = 0; k < n; ++k) dst[k] = src[k] - shift;
-    if constexpr (std::is_same_v<T, float>) {
-        map_float4(dst, (int)n, exp_float4);
-    } else {
-        for (size_t k = 0; k < n; ++k) dst[k] = std::exp(dst[k]);
-    }
-    double sum[4] = {0, 0, 0, 0};
-    size_t k = 0;
-    for (; k + 4 <= n; k += 4)
-        for (int j = 0; j < 4; ++j) sum[j] += dst[k + j];
-    for (; k < n; ++k) sum[0] += dst[k];
-    return (sum[0] + sum[1]) + (sum[2] + sum[3]);
+    exp_array(dst, dst, n);
+    return sum_lanes<double>(n, [&](size_t k) { return double(dst[k]); });
 }
 
 // l = max(z, 0) - z y + log(1 + exp(-|z|)),  dl/dz = sigmoid(z) - y
