@@ -18,7 +18,6 @@
 #include "attnx/activations.hpp"
 #include "attnx/gemm.hpp"
 #include "attnx/parallel.hpp"
-#include "attnx/rnn.hpp"  // activate_block
 
 namespace attnx {
 

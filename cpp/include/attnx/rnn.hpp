@@ -64,87 +64,16 @@ inline bool rnn_activation_ok(Activation a) {
     return a == Activation::tanh || a == Activation::sigmoid || a == Activation::relu || a == Activation::linear;
 }
 
-// Four or eight floats as one value (GCC/Clang vector extension): one SSE register in portable
-// builds, one AVX register inside the AVX2 time loop. Branch-free code on it vectorizes regardless
-// of -ftrapping-math, which keeps GCC from if-converting the scalar loops.
-typedef float float4 __attribute__((vector_size(16)));
-typedef float float8 __attribute__((vector_size(32)));
-
-#define ATTNX_INLINE inline __attribute__((always_inline))
-
-// The scalar type and the lane count of the values the time loop computes on (double: one lane,
-// for the gradient checks).
-template <class V> struct Lanes;
-template <> struct Lanes<double> { using T = double; static constexpr int W = 1; };
-template <> struct Lanes<float4> { using T = float; static constexpr int W = 4; };
-template <> struct Lanes<float8> { using T = float; static constexpr int W = 8; };
-
-// n <= W contiguous values as one vector (lanes past n zero) and back
-template <class V, class T = typename Lanes<V>::T> ATTNX_INLINE V vload(const T* p, int n) {
-    V v = {};
-    if (n == Lanes<V>::W) std::memcpy(&v, p, sizeof v);
-    else std::memcpy(&v, p, (size_t)n * sizeof(T));
-    return v;
-}
-template <class V, class T = typename Lanes<V>::T> ATTNX_INLINE void vstore(T* p, V v, int n) {
-    if (n == Lanes<V>::W) std::memcpy(p, &v, sizeof v);
-    else std::memcpy(p, &v, (size_t)n * sizeof(T));
-}
-
-// tanh without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float precision
-// beyond); |error| < 4e-7.
-template <class V> ATTNX_INLINE V tanh_rational(V x) {
-    const V limit = V{} + 7.90531110763549805f;
-    x = x > limit ? limit : x;
-    x = x < -limit ? -limit : x;
-    const V x2 = x * x;
-    V p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
-    p = p * x2 + -8.60467152213735e-11f;
-    p = p * x2 + 5.12229709037114e-08f;
-    p = p * x2 + 1.48572235717979e-05f;
-    p = p * x2 + 6.37261928875436e-04f;
-    p = p * x2 + 4.89352455891786e-03f;
-    V q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
-    q = q * x2 + 2.26843463243900e-03f;
-    q = q * x2 + 4.89352518554385e-03f;
-    return x * p / q;
-}
-
-// act(v) lane by lane. Floats use tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2); double, for
-// the gradient checks, the exact libm functions.
-template <class V> ATTNX_INLINE V activate(Activation a, V v) {
-    switch (a) {
-        case Activation::tanh:
-            if constexpr (std::is_same_v<V, double>) return std::tanh(v);
-            else return tanh_rational(v);
-        case Activation::sigmoid:
-            if constexpr (std::is_same_v<V, double>) return sigmoid(v);
-            else return 0.5f + 0.5f * tanh_rational(0.5f * v);
-        case Activation::relu: return v > typename Lanes<V>::T(0) ? v : V{};
-        default: return v;
-    }
-}
-
-// v = act(v) over n contiguous values (what the float activations' accuracy test runs)
-template <class T> void activate_block(Activation a, T* v, int n) {
-    using V = std::conditional_t<std::is_same_v<T, float>, float4, double>;
-    constexpr int W = Lanes<V>::W;
-    for (int k = 0; k < n; k += W) {
-        const int m = std::min(W, n - k);
-        vstore(v + k, activate(a, vload<V>(v + k, m)), m);
-    }
-}
-
 // The cells' activations as a policy: the default (tanh, sigmoid) pair compiles without a switch in
 // the time loop; any other pair goes through activate's.
 struct TanhSigmoid {
-    template <class V> ATTNX_INLINE V act(V v) const { return activate(Activation::tanh, v); }
-    template <class V> ATTNX_INLINE V ract(V v) const { return activate(Activation::sigmoid, v); }
+    template <class V> ATTNX_ALWAYS_INLINE V act(V v) const { return activate(Activation::tanh, v); }
+    template <class V> ATTNX_ALWAYS_INLINE V ract(V v) const { return activate(Activation::sigmoid, v); }
 };
 struct AnyActivations {
     Activation a, r;
-    template <class V> ATTNX_INLINE V act(V v) const { return activate(a, v); }
-    template <class V> ATTNX_INLINE V ract(V v) const { return activate(r, v); }
+    template <class V> ATTNX_ALWAYS_INLINE V act(V v) const { return activate(a, v); }
+    template <class V> ATTNX_ALWAYS_INLINE V ract(V v) const { return activate(r, v); }
 };
 
 // d act(x) / dx written through y = act(x), which is what the caches hold
@@ -193,7 +122,7 @@ template <class V, int Q> struct GateVectors {
     V q[Q];
 };
 
-template <class V, class T = typename Lanes<V>::T> ATTNX_INLINE V vbroadcast(T s) {
+template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE V vbroadcast(T s) {
     if constexpr (Lanes<V>::W == 1) {
         return s;
     } else {
@@ -216,7 +145,7 @@ template <class T> struct LeftRows {
 
 // pre[r].q[q] = sum_k [A | X][r, k] panel[k * k_stride + q * W .. + W) for R rows and Q gates
 template <class V, int Q, int R, class T>
-ATTNX_INLINE void gate_tile(GateVectors<V, Q> (&pre)[R], const LeftRows<T>& left, const T* panel, size_t k_stride) {
+ATTNX_ALWAYS_INLINE void gate_tile(GateVectors<V, Q> (&pre)[R], const LeftRows<T>& left, const T* panel, size_t k_stride) {
     constexpr int W = Lanes<V>::W;
     V acc[R][Q] = {};  // local until the end: GCC then keeps it in registers
     for (int part = 0; part < 2; ++part) {
@@ -246,7 +175,7 @@ ATTNX_INLINE void gate_tile(GateVectors<V, Q> (&pre)[R], const LeftRows<T>& left
 // then cell(b, pre, c). R rows share each load of the panel (R = 3 measured fastest for Q = 3 and
 // 4 on Zen 3: up to 12 accumulators in AVX2's 16 registers).
 template <class V, int Q, class T, class Cell>
-ATTNX_INLINE void packed_product(int b0, int b1, const LeftRows<T>& left, const T* panel0, size_t k_stride,
+ATTNX_ALWAYS_INLINE void packed_product(int b0, int b1, const LeftRows<T>& left, const T* panel0, size_t k_stride,
                                  size_t block_stride, int blocks, Cell&& cell) {
     constexpr int R = Q >= 3 ? 3 : 4;
     for (int c = 0; c < blocks; ++c) {
@@ -275,7 +204,7 @@ ATTNX_INLINE void packed_product(int b0, int b1, const LeftRows<T>& left, const 
 // real) and every row b of [b0, b1): pre.q[q] = left[b - b0] . [U; W][:, (q0 + q)*H + u0 .. + W);
 // then cell(b, pre, u0, n)
 template <class V, int Q, class T, class Cell>
-ATTNX_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& left, const T* packed, int H, int Qt, int q0,
+ATTNX_ALWAYS_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& left, const T* packed, int H, int Qt, int q0,
                                     Cell&& cell) {
     constexpr int W = Lanes<V>::W;
     const size_t k_stride = (size_t)Qt * W;
@@ -289,7 +218,7 @@ ATTNX_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& left, con
 // pre.q[q] += the input term of gate q0 + q for n units from u0: b_in when the step's product holds
 // x_t W, else the projection that gates (at unit u0 of the step's row) holds
 template <class V, int Q, class T>
-ATTNX_INLINE void add_input_terms(GateVectors<V, Q>& pre, int q0, bool fused, const T* gates, const T* b_in, int H,
+ATTNX_ALWAYS_INLINE void add_input_terms(GateVectors<V, Q>& pre, int q0, bool fused, const T* gates, const T* b_in, int H,
                                   int u0, int n) {
     for (int q = 0; q < Q; ++q) {
         const size_t at = (size_t)(q0 + q) * H;
@@ -304,7 +233,7 @@ ATTNX_INLINE void add_input_terms(GateVectors<V, Q>& pre, int q0, bool fused, co
 // initial state and leave with the final one; hu (B, >= H) receives h_t while h_{t-1} is still
 // read. Without cache.h_prev (inference) nothing is kept for backward.
 template <class V, class T, class Acts>
-ATTNX_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int b1, T* y, T* h, T* c,
+ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int b1, T* y, T* h, T* c,
                             const RNNCache<T>& cache, const T* x, const T* b_in, const T* packed_u, const T* b_rec,
                             const uint8_t* mask, const T* rec_mask, T* hu, size_t ld_hu) {
     const int Tn = cfg.T, H = cfg.H, G = cfg.G(), Q = cfg.gates();
@@ -530,7 +459,7 @@ template <class T> struct AnySlopes {
 
 // SimpleRNN: d pre = dh act'(h_t); h_{t-1} reaches h_t only through U
 template <class T, class Slopes>
-ATTNX_INLINE void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g) {
+ATTNX_ALWAYS_INLINE void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g) {
     for (int j = 0; j < H; ++j) {
         dg[j] = dh[j] * slope.act(g[j]);
         dh[j] = T(0);
@@ -540,7 +469,7 @@ ATTNX_INLINE void simple_row_backward(const Slopes& slope, int H, T* __restrict_
 // LSTM: dc_t += dh o act'(c_t); di = dc g, df = dc c_{t-1}, dg = dc i, do = dh act(c_t), each times
 // its activation's slope; dc_{t-1} = dc_t f
 template <class T, class Slopes>
-ATTNX_INLINE void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, T* __restrict__ dc,
+ATTNX_ALWAYS_INLINE void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, T* __restrict__ dc,
                        const T* __restrict__ g, const T* __restrict__ act_c, const T* __restrict__ c_prev) {
     for (int j = 0; j < H; ++j) {
         const T i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
@@ -557,7 +486,7 @@ ATTNX_INLINE void lstm_row_backward(const Slopes& slope, int H, T* __restrict__ 
 // GRU: dn = dh (T(1) - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z. The reset
 // gate's gradient follows in gru_after_row_backward or, for the classic form, after U_n^T.
 template <class T, class Slopes>
-ATTNX_INLINE void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g,
+ATTNX_ALWAYS_INLINE void gru_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g,
                       const T* __restrict__ h_prev) {
     for (int j = 0; j < H; ++j) {
         const T z = g[H + j], n = g[2 * H + j];
@@ -570,7 +499,7 @@ ATTNX_INLINE void gru_row_backward(const Slopes& slope, int H, T* __restrict__ d
 // GRU reset_after: n's pre-activation is x_n + r * hn, so dr = dn hn and d hn = dn r; dhu is the
 // gradient of h U + b_rec
 template <class T, class Slopes>
-ATTNX_INLINE void gru_after_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dhu,
+ATTNX_ALWAYS_INLINE void gru_after_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dhu,
                             const T* __restrict__ g, const T* __restrict__ hn) {
     for (int j = 0; j < H; ++j) {
         const T r = g[j], dn = dg[2 * H + j];
@@ -594,7 +523,7 @@ template <class T> void pack_recurrent_kernel_t(std::vector<T>& packed_t, const 
 // d h_rec[b, :] = dA[b, n0 .. n0 + K) . U[:, n0 .. n0 + K)^T for rows [b0, b1) (dA row b at
 // dA + (b - b0) * lda), handed to out(b, k0, vector, n) per W units from k0 (n of them real)
 template <class V, class T, class Out>
-ATTNX_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t lda, int n0, int K, const T* packed_t, int H,
+ATTNX_ALWAYS_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t lda, int n0, int K, const T* packed_t, int H,
                                       int G, Out&& out) {
     constexpr int W = Lanes<V>::W, width = 3 * W;
     packed_product<V, 3>(b0, b1, LeftRows<T>{dA + n0, lda, K, nullptr, 0, 0}, packed_t + (size_t)n0 * width, width,
@@ -614,7 +543,7 @@ ATTNX_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t lda, i
 // d(h_rec U + b_rec) (the same buffer as dgates except for GRU reset_after); dhrec (B, H) is
 // workspace.
 template <class V, class T, class Slopes>
-ATTNX_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc,
+ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc,
                                      T* dgates, T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache,
                                      const T* packed_t, const uint8_t* mask, const T* rec_mask) {
     const int Tn = cfg.T, H = cfg.H, G = cfg.G();
