@@ -405,15 +405,17 @@ void rnn_packed_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, con
     else run(AnyActivations{cfg.activation, cfg.recurrent_activation});
 }
 
-// Steps of rows [b0, b1) with the recurrent kernel U as stored and cache.gates holding the input
-// projection (the decoder's per-step calls): U is packed into this thread's buffer first. hu
-// (B, G*H) is workspace.
-template <class T>
-void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache, const T* U,
-                      const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
-    thread_local std::vector<T> packed;
+// The recurrent kernel U packed for rnn_forward_rows (once per call of a caller that steps).
+template <class T> void pack_recurrent_kernel_rows(std::vector<T>& packed, const RNNConfig& cfg, const T* U) {
     pack_recurrent_kernel(packed, U, (const T*)nullptr, cfg.H, 0, cfg.gates(), recurrent_lanes<T>());
-    rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, nullptr, nullptr, packed.data(), b_rec, mask, rec_mask, hu,
+}
+
+// Steps of rows [b0, b1) with cache.gates holding the input projection (the decoder's per-step
+// calls); packed_u from pack_recurrent_kernel_rows. hu (B, G*H) is workspace.
+template <class T>
+void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache,
+                      const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
+    rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, nullptr, nullptr, packed_u, b_rec, mask, rec_mask, hu,
                        (size_t)cfg.G());
 }
 
@@ -633,16 +635,18 @@ void rnn_backward_packed_rows(const RNNConfig& cfg, const Slopes& slope, int b0,
                                    rec_mask);
 }
 
-// Reverse-time steps of rows [b0, b1) with the recurrent kernel U as stored (the decoder's per-step
-// calls): U^T is packed into this thread's buffer first. Arguments as rnn_backward_steps.
+// U^T packed for rnn_backward_rows (once per call of a caller that steps).
+template <class T> void pack_recurrent_kernel_rows_t(std::vector<T>& packed_t, const RNNConfig& cfg, const T* U) {
+    pack_recurrent_kernel_t(packed_t, U, cfg.H, cfg.G(), recurrent_lanes<T>());
+}
+
+// Reverse-time steps of rows [b0, b1) (the decoder's per-step calls); packed_t from
+// pack_recurrent_kernel_rows_t. Arguments as rnn_backward_steps.
 template <class T, class Slopes>
 void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu,
-                       T* dhrec, const T* dy, const RNNCache<T>& cache, const T* U, const uint8_t* mask,
+                       T* dhrec, const T* dy, const RNNCache<T>& cache, const T* packed_t, const uint8_t* mask,
                        const T* rec_mask) {
-    thread_local std::vector<T> packed_t;
-    pack_recurrent_kernel_t(packed_t, U, cfg.H, cfg.G(), recurrent_lanes<T>());
-    rnn_backward_packed_rows<T>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t.data(), mask,
-                                rec_mask);
+    rnn_backward_packed_rows<T>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
 }
 
 // Whole-sequence backward. dy (B, T, H) may be null (only the final state used); dh, dc (B, H): in

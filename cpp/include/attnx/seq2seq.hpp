@@ -319,7 +319,7 @@ template <class T> void batch_to_time_major(T* dst, const T* src, int Tn, int B,
 template <class T>
 void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h, T* c, T* feed,
                           const DecoderCache<T>& cache, const DecoderParams<const T*>& w, const T* enc,
-                          const uint8_t* source_mask, T* hu) {
+                          const uint8_t* source_mask, const T* packed_u, T* hu) {
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), nb = b1 - b0;
     const size_t tb = (size_t)t * B + b0;  // row b0 of step t in (T, B, .)
     T* feed_t = cache.feed + (size_t)t * B * F;
@@ -333,7 +333,7 @@ void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h,
     // gates[t] += feed_t W_f; then the recurrence of one step (h, c updated in place)
     gemm<T>(false, false, nb, G, F, T(1), cache.feed + tb * F, F, w.kernel + (size_t)E * G, G, T(1),
             cache.gates + tb * G, G);
-    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t), w.recurrent_kernel, w.bias_rec,
+    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t), packed_u, w.bias_rec,
                         cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr, (const T*)nullptr, hu);
     if (cfg.kind == DecoderKind::luong) {
         T* ctx_t = cache.context + (size_t)t * B * K;
@@ -388,9 +388,12 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
     embedding_forward<T>(cache.emb, cache.ids, w.embeddings, (size_t)Tn * B, (size_t)E);
     // gates[t] = emb_t W_e + b_in for all steps in one GEMM; the feed half joins per step
     dense_forward<T>(cache.gates, cache.emb, w.kernel, w.bias_in, Tn * B, E, G);
+    std::vector<T> packed_u;  // U packed once, read by every step of every thread
+    pack_recurrent_kernel_rows(packed_u, cfg.rnn_step(), w.recurrent_kernel);
     parallel_for((size_t)B, decoder_loop_work(cfg), [&](size_t b0, size_t b1) {
         for (int t = 0; t < Tn; ++t)
-            decoder_step_forward<T>(cfg, t, (int)b0, (int)b1, h, c, feed, cache, w, enc, source_mask, hu);
+            decoder_step_forward<T>(cfg, t, (int)b0, (int)b1, h, c, feed, cache, w, enc, source_mask,
+                                    packed_u.data(), hu);
     });
     if (cfg.kind == DecoderKind::bahdanau) time_to_batch_major(cache.out, cache.states, Tn, B, H);
     // logits = out W_out + b_out: one GEMM over all B * T rows
@@ -424,7 +427,7 @@ template <class T> struct DecoderGradWork {
 template <class T>
 void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* denc, T* dh, T* dc, T* dscore_vector,
                            DecoderGradWork<T>& work, const DecoderCache<T>& cache, const DecoderParams<const T*>& w,
-                           const T* enc) {
+                           const T* enc, const T* packed_t) {
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), nb = b1 - b0;
     const T* W_feed = w.kernel + (size_t)E * G;
     T* dg_t = work.dgates.data() + (size_t)t * B * G;
@@ -433,7 +436,7 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
     auto rnn_step_backward = [&](const T* d_out) {
         rnn_backward_rows<T>(cfg.rnn_step(), TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dg_t,
                              work.dhu() + (size_t)t * B * G, work.dhrec.data(), d_out, cache.rnn_at(cfg, t),
-                             w.recurrent_kernel, cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr,
+                             packed_t, cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr,
                              (const T*)nullptr);
     };
     auto attend_backward = [&](const T* dcontext, T* dquery) {
@@ -493,11 +496,13 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
 
     std::fill(denc, denc + (size_t)B * S * K, T(0));
     std::mutex dscore_vector_lock;
+    std::vector<T> packed_t;  // U^T packed once, read by every step of every thread
+    pack_recurrent_kernel_rows_t(packed_t, cfg.rnn_step(), w.recurrent_kernel);
     parallel_for((size_t)B, 2 * decoder_loop_work(cfg), [&](size_t b0, size_t b1) {
         std::vector<T> dscore_vector(additive ? U : 0, T(0));  // this thread's part of dv
         for (int t = Tn - 1; t >= 0; --t)
             decoder_step_backward<T>(cfg, t, (int)b0, (int)b1, denc, dh, dc, dscore_vector.data(), work, cache, w,
-                                     enc);
+                                     enc, packed_t.data());
         std::lock_guard<std::mutex> guard(dscore_vector_lock);
         for (int u = 0; u < (int)dscore_vector.size(); ++u) dw.score_vector[u] += dscore_vector[u];
     });
