@@ -27,6 +27,7 @@
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
 #include "attnx/gemm.hpp"
+#include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 
 namespace attnx {
@@ -117,89 +118,6 @@ void pack_recurrent_kernel(std::vector<T>& packed, const T* U, const T* Wx, int 
         }
 }
 
-// Q gate vectors of one row (GCC keeps a small struct of vectors in registers, an array it spills)
-template <class V, int Q> struct GateVectors {
-    V q[Q];
-};
-
-template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE V vbroadcast(T s) {
-    if constexpr (Lanes<V>::W == 1) {
-        return s;
-    } else {
-        typedef int Lane0 __attribute__((vector_size(sizeof(V))));
-        return __builtin_shuffle(V{s}, Lane0{});  // one vbroadcastss (s + V{} is an add: -0 + 0 = +0)
-    }
-}
-
-// The left operand of a packed product: row r at a + r * lda (K values), followed by row r of x at
-// x + r * ldx (C values; C = 0 unless the input projection is fused)
-template <class T> struct LeftRows {
-    const T* a;
-    size_t lda;
-    int K;
-    const T* x;
-    size_t ldx;
-    int C;
-    LeftRows from_row(int r) const { return {a + (size_t)r * lda, lda, K, x ? x + (size_t)r * ldx : x, ldx, C}; }
-};
-
-// pre[r].q[q] = sum_k [A | X][r, k] panel[k * k_stride + q * W .. + W) for R rows and Q gates
-template <class V, int Q, int R, class T>
-ATTNX_ALWAYS_INLINE void gate_tile(GateVectors<V, Q> (&pre)[R], const LeftRows<T>& left, const T* panel, size_t k_stride) {
-    constexpr int W = Lanes<V>::W;
-    V acc[R][Q] = {};  // local until the end: GCC then keeps it in registers
-    for (int part = 0; part < 2; ++part) {
-        const T* M = part ? left.x : left.a;
-        const size_t ld = part ? left.ldx : left.lda;
-        const int count = part ? left.C : left.K;
-        const T* rows = part ? panel + (size_t)left.K * k_stride : panel;
-        for (int k = 0; k < count; ++k) {
-            V u[Q];
-#pragma GCC unroll 4
-            for (int q = 0; q < Q; ++q) u[q] = vload<V>(rows + (size_t)k * k_stride + (size_t)q * W, W);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; ++r) {
-                const V a = vbroadcast<V>(M[(size_t)r * ld + k]);
-#pragma GCC unroll 4
-                for (int q = 0; q < Q; ++q) acc[r][q] += a * u[q];
-            }
-        }
-    }
-    for (int r = 0; r < R; ++r)
-        for (int q = 0; q < Q; ++q) pre[r].q[q] = acc[r][q];
-}
-
-// A small product on a packed right operand: for every block c < blocks (panel0 + c * block_stride,
-// K + C rows of Q vectors, k_stride apart) and every row b of [b0, b1) (left row b - b0):
-//   pre.q[q] = left[b - b0, 0..K+C) . panel_c[0..K+C)[q]
-// then cell(b, pre, c). R rows share each load of the panel (R = 3 measured fastest for Q = 3 and
-// 4 on Zen 3: up to 12 accumulators in AVX2's 16 registers).
-template <class V, int Q, class T, class Cell>
-ATTNX_ALWAYS_INLINE void packed_product(int b0, int b1, const LeftRows<T>& left, const T* panel0, size_t k_stride,
-                                 size_t block_stride, int blocks, Cell&& cell) {
-    constexpr int R = Q >= 3 ? 3 : 4;
-    for (int c = 0; c < blocks; ++c) {
-        const T* panel = panel0 + (size_t)c * block_stride;
-        int b = b0;
-        for (; b + R <= b1; b += R) {
-            GateVectors<V, Q> pre[R];
-            gate_tile<V, Q, R>(pre, left.from_row(b - b0), panel, k_stride);
-            for (int r = 0; r < R; ++r) cell(b + r, pre[r], c);
-        }
-        if (b + 2 <= b1) {  // the rows left over: a pair shares the loads too
-            GateVectors<V, Q> pre[2];
-            gate_tile<V, Q, 2>(pre, left.from_row(b - b0), panel, k_stride);
-            cell(b, pre[0], c), cell(b + 1, pre[1], c);
-            b += 2;
-        }
-        for (; b < b1; ++b) {
-            GateVectors<V, Q> pre[1];
-            gate_tile<V, Q, 1>(pre, left.from_row(b - b0), panel, k_stride);
-            cell(b, pre[0], c);
-        }
-    }
-}
-
 // [h, x] . [U; W] on pack_recurrent_kernel's layout: for every block of W units (from u0, n of them
 // real) and every row b of [b0, b1): pre.q[q] = left[b - b0] . [U; W][:, (q0 + q)*H + u0 .. + W);
 // then cell(b, pre, u0, n)
@@ -210,7 +128,7 @@ ATTNX_ALWAYS_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& le
     const size_t k_stride = (size_t)Qt * W;
     packed_product<V, Q>(b0, b1, left, packed + (size_t)q0 * W, k_stride, (size_t)(H + left.C) * k_stride,
                          (H + W - 1) / W,
-                         [&](int b, GateVectors<V, Q> pre, int c) __attribute__((always_inline)) {
+                         [&](int b, TileRow<V, Q> pre, int c) __attribute__((always_inline)) {
                              cell(b, pre, c * W, std::min(W, H - c * W));
                          });
 }
@@ -218,7 +136,7 @@ ATTNX_ALWAYS_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& le
 // pre.q[q] += the input term of gate q0 + q for n units from u0: b_in when the step's product holds
 // x_t W, else the projection that gates (at unit u0 of the step's row) holds
 template <class V, int Q, class T>
-ATTNX_ALWAYS_INLINE void add_input_terms(GateVectors<V, Q>& pre, int q0, bool fused, const T* gates, const T* b_in, int H,
+ATTNX_ALWAYS_INLINE void add_input_terms(TileRow<V, Q>& pre, int q0, bool fused, const T* gates, const T* b_in, int H,
                                   int u0, int n) {
     for (int q = 0; q < Q; ++q) {
         const size_t at = (size_t)(q0 + q) * H;
@@ -281,7 +199,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
             case RNNCell::simple:
                 // h_t = act(x_t W + b + h_{t-1} U)
                 recurrent_product<V, 1>(b0, b1, left, packed_u, H, Q, 0,
-                                        [&](int b, GateVectors<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
+                                        [&](int b, TileRow<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                                             const Block k = block(b, u0);
                                             if (!real(b)) return carry(k, n);
                                             add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
@@ -294,7 +212,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                 // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
                 recurrent_product<V, 4>(
                     b0, b1, left, packed_u, H, Q, 0,
-                    [&](int b, GateVectors<V, 4> hu_, int u0, int n) __attribute__((always_inline)) {
+                    [&](int b, TileRow<V, 4> hu_, int u0, int n) __attribute__((always_inline)) {
                         const Block k = block(b, u0);
                         if (!real(b)) return carry(k, n);
                         add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
@@ -317,7 +235,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                     // h_t = z h_{t-1} + (T(1) - z) n
                     recurrent_product<V, 3>(
                         b0, b1, left, packed_u, H, Q, 0,
-                        [&](int b, GateVectors<V, 3> hu_, int u0, int n) __attribute__((always_inline)) {
+                        [&](int b, TileRow<V, 3> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return carry(k, n);
                             // (never fused: x W + b_in is in gates)
@@ -339,7 +257,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                     // r, z = ract(x W + b + h_rec U_rz); aux = r * h_rec, which the candidate's product needs
                     recurrent_product<V, 2>(
                         b0, b1, left, packed_u, H, Q, 0,
-                        [&](int b, GateVectors<V, 2> hu_, int u0, int n) __attribute__((always_inline)) {
+                        [&](int b, TileRow<V, 2> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return carry(k, n);
                             add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
@@ -351,7 +269,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                     recurrent_product<V, 1>(
                         b0, b1, LeftRows<T>{cache.aux + (size_t)b0 * TH + (size_t)t * H, TH, H, x_t, TC, left.C},
                         packed_u, H, Q, 2,
-                        [&](int b, GateVectors<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
+                        [&](int b, TileRow<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return;  // carried in the first pass
                             add_input_terms(hu_, 2, fused, k.g, b_in, H, u0, n);
@@ -376,17 +294,6 @@ __attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void rnn_steps
     rnn_steps<float8>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
 }
 
-inline bool cpu_has_avx2_fma() {
-    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return yes;
-}
-
-// Lanes of the time loop that runs for T here (what pack_recurrent_kernel must pack for)
-template <class T> int recurrent_lanes() {
-    if constexpr (std::is_same_v<T, double>) return 1;
-    else return cpu_has_avx2_fma() ? 8 : 4;
-}
-
 // rnn_steps on the widest vectors this CPU runs, with the activations known at compile time for
 // the default pair
 template <class T>
@@ -407,7 +314,7 @@ void rnn_packed_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, con
 
 // The recurrent kernel U packed for rnn_forward_rows (once per call of a caller that steps).
 template <class T> void pack_recurrent_kernel_rows(std::vector<T>& packed, const RNNConfig& cfg, const T* U) {
-    pack_recurrent_kernel(packed, U, (const T*)nullptr, cfg.H, 0, cfg.gates(), recurrent_lanes<T>());
+    pack_recurrent_kernel(packed, U, (const T*)nullptr, cfg.H, 0, cfg.gates(), tile_lanes<T>());
 }
 
 // Steps of rows [b0, b1) with cache.gates holding the input projection (the decoder's per-step
@@ -433,7 +340,7 @@ void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cach
     // whose candidate needs x_n W_n apart from r * (h U_n): its projection is one GEMM per thread.
     const bool fuse = !(cfg.cell == RNNCell::gru && cfg.reset_after);
     thread_local std::vector<T> packed;
-    pack_recurrent_kernel(packed, U, fuse ? W : nullptr, cfg.H, fuse ? cfg.C : 0, cfg.gates(), recurrent_lanes<T>());
+    pack_recurrent_kernel(packed, U, fuse ? W : nullptr, cfg.H, fuse ? cfg.C : 0, cfg.gates(), tile_lanes<T>());
     const T* packed_u = packed.data();  // this thread's buffer, read by every thread of the batch split
     const size_t TG = (size_t)cfg.T * cfg.G(), TC = (size_t)cfg.T * cfg.C;
     for_batch_rows(cfg, [&](int b0, int b1) {
@@ -512,16 +419,6 @@ ATTNX_ALWAYS_INLINE void gru_after_row_backward(const Slopes& slope, int H, T* _
     }
 }
 
-// U^T packed for d h_rec = d(h_rec U) . U^T, in blocks of 3 W units (three vectors per gate column n):
-//   packed_t[((k0 / (3 W)) * G + n) * 3 W + j] = U[k0 + j, n], zero past H
-template <class T> void pack_recurrent_kernel_t(std::vector<T>& packed_t, const T* U, int H, int G, int W) {
-    const int width = 3 * W, blocks = (H + width - 1) / width;
-    packed_t.assign((size_t)blocks * G * width, T(0));
-    for (int k = 0; k < H; ++k)
-        for (int n = 0; n < G; ++n)
-            packed_t[((size_t)(k / width) * G + n) * width + k % width] = U[(size_t)k * G + n];
-}
-
 // d h_rec[b, :] = dA[b, n0 .. n0 + K) . U[:, n0 .. n0 + K)^T for rows [b0, b1) (dA row b at
 // dA + (b - b0) * lda), handed to out(b, k0, vector, n) per W units from k0 (n of them real)
 template <class V, class T, class Out>
@@ -531,7 +428,7 @@ ATTNX_ALWAYS_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t
     packed_product<V, 3>(b0, b1, LeftRows<T>{dA + n0, lda, K, nullptr, 0, 0}, packed_t + (size_t)n0 * width, width,
                          (size_t)G * width,
                          (H + width - 1) / width,
-                         [&](int b, GateVectors<V, 3> pre, int c) __attribute__((always_inline)) {
+                         [&](int b, TileRow<V, 3> pre, int c) __attribute__((always_inline)) {
                              for (int q = 0; q < 3; ++q) {
                                  const int k0 = c * width + q * W;
                                  if (k0 < H) out(b, k0, pre.q[q], std::min(W, H - k0));
@@ -539,7 +436,7 @@ ATTNX_ALWAYS_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t
                          });
 }
 
-// Reverse-time steps of rows [b0, b1) on vectors V, U^T packed by pack_recurrent_kernel_t with
+// Reverse-time steps of rows [b0, b1) on vectors V, U^T packed by pack_panels_t in panels of 3 W,
 // W = Lanes<V>::W. dh, dc (B, H) come in as the gradient of the final state and leave as that of
 // the initial state. dgates (B, T, G*H) receives d(x W + b_in) per step; dhu (B, T, G*H) receives
 // d(h_rec U + b_rec) (the same buffer as dgates except for GRU reset_after); dhrec (B, H) is
@@ -637,7 +534,7 @@ void rnn_backward_packed_rows(const RNNConfig& cfg, const Slopes& slope, int b0,
 
 // U^T packed for rnn_backward_rows (once per call of a caller that steps).
 template <class T> void pack_recurrent_kernel_rows_t(std::vector<T>& packed_t, const RNNConfig& cfg, const T* U) {
-    pack_recurrent_kernel_t(packed_t, U, cfg.H, cfg.G(), recurrent_lanes<T>());
+    pack_panels_t(packed_t, U, cfg.G(), cfg.G(), cfg.H, 3 * tile_lanes<T>());
 }
 
 // Reverse-time steps of rows [b0, b1) (the decoder's per-step calls); packed_t from
@@ -659,7 +556,7 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
                   const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
     const int H = cfg.H, G = cfg.G(), C = cfg.C;
     thread_local std::vector<T> packed;
-    pack_recurrent_kernel_t(packed, U, H, G, recurrent_lanes<T>());
+    pack_panels_t(packed, U, G, G, H, 3 * tile_lanes<T>());
     const T* packed_t = packed.data();  // this thread's buffer, read by every thread of the batch split
     // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T, dU += h_rec^T . dhu, db_rec += sum dhu
     // over the n steps of rows from r0 (as rows of (B * T, .)): one GEMM each

@@ -1,0 +1,136 @@
+// Register-tiled products on a packed right operand: what the recurrent time loops and the fused
+// attention core multiply with. BLAS packs both operands on every call, which at these sizes (a few
+// hundred columns, K of 32 to 512, called once per time step or per attention head) costs as much
+// as the product itself; here the right operand is packed once and R left rows x Q vectors of it
+// accumulate in registers (R * Q <= 12 of AVX2's 16 registers).
+//
+// Panel layout: a right operand B (K, N) in panels of `width` columns (Q vectors of W lanes), each
+// panel's K rows one after another, zero past N:
+//   packed[((n / width) * K + k) * width + n % width] = B[k, n]
+// The loops run on vectors V (Lanes<V>: float4, float8 or double); callers compile them for AVX2 +
+// FMA and for baseline x86-64 and pick at run time (cpu_has_avx2_fma), so wheels stay portable.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+#include "attnx/activations.hpp"
+
+namespace attnx {
+
+inline bool cpu_has_avx2_fma() {
+    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return yes;
+}
+
+// Lanes of the vectors the tiled loops for T run on here (what their operands must be packed for)
+template <class T> int tile_lanes() {
+    if constexpr (std::is_same_v<T, double>) return 1;
+    else return cpu_has_avx2_fma() ? 8 : 4;
+}
+
+// B (K, N), rows ldb apart, packed in panels of `width` columns (layout above)
+template <class T> void pack_panels(std::vector<T>& packed, const T* B, size_t ldb, int K, int N, int width) {
+    const int panels = (N + width - 1) / width;
+    packed.assign((size_t)panels * K * width, T(0));
+    for (int p = 0; p < panels; ++p)
+        for (int k = 0; k < K; ++k) {
+            const T* row = B + (size_t)k * ldb + (size_t)p * width;
+            std::copy(row, row + std::min(width, N - p * width), packed.data() + ((size_t)p * K + k) * width);
+        }
+}
+
+// B = Bt^T packed the same way, from Bt (N, K) with rows ldbt apart
+template <class T> void pack_panels_t(std::vector<T>& packed, const T* Bt, size_t ldbt, int K, int N, int width) {
+    const int panels = (N + width - 1) / width;
+    packed.assign((size_t)panels * K * width, T(0));
+    for (int n = 0; n < N; ++n)
+        for (int k = 0; k < K; ++k)
+            packed[((size_t)(n / width) * K + k) * width + n % width] = Bt[(size_t)n * ldbt + k];
+}
+
+// Q vectors of one tile row (GCC keeps a small struct of vectors in registers, an array it spills)
+template <class V, int Q> struct TileRow {
+    V q[Q];
+};
+
+template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE V vbroadcast(T s) {
+    if constexpr (Lanes<V>::W == 1) {
+        return s;
+    } else {
+        typedef int Lane0 __attribute__((vector_size(sizeof(V))));
+        return __builtin_shuffle(V{s}, Lane0{});  // one vbroadcastss (s + V{} is an add: -0 + 0 = +0)
+    }
+}
+
+// The left operand of a packed product: row r at a + r * lda (K values), followed by row r of x at
+// x + r * ldx (C values; C = 0 unless the input projection is fused)
+template <class T> struct LeftRows {
+    const T* a;
+    size_t lda;
+    int K;
+    const T* x;
+    size_t ldx;
+    int C;
+    LeftRows from_row(int r) const { return {a + (size_t)r * lda, lda, K, x ? x + (size_t)r * ldx : x, ldx, C}; }
+};
+
+// pre[r].q[q] = sum_k [A | X][r, k] panel[k * k_stride + q * W .. + W) for R rows and Q vectors
+template <class V, int Q, int R, class T>
+ATTNX_ALWAYS_INLINE void row_tile(TileRow<V, Q> (&pre)[R], const LeftRows<T>& left, const T* panel, size_t k_stride) {
+    constexpr int W = Lanes<V>::W;
+    V acc[R][Q] = {};  // local until the end: GCC then keeps it in registers
+    for (int part = 0; part < 2; ++part) {
+        const T* M = part ? left.x : left.a;
+        const size_t ld = part ? left.ldx : left.lda;
+        const int count = part ? left.C : left.K;
+        const T* rows = part ? panel + (size_t)left.K * k_stride : panel;
+        for (int k = 0; k < count; ++k) {
+            V u[Q];
+#pragma GCC unroll 4
+            for (int q = 0; q < Q; ++q) u[q] = vload<V>(rows + (size_t)k * k_stride + (size_t)q * W, W);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+                const V a = vbroadcast<V>(M[(size_t)r * ld + k]);
+#pragma GCC unroll 4
+                for (int q = 0; q < Q; ++q) acc[r][q] += a * u[q];
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int q = 0; q < Q; ++q) pre[r].q[q] = acc[r][q];
+}
+
+// A small product on a packed right operand: for every block c < blocks (panel0 + c * block_stride,
+// K + C rows of Q vectors, k_stride apart) and every row b of [b0, b1) (left row b - b0):
+//   pre.q[q] = left[b - b0, 0..K+C) . panel_c[0..K+C)[q]
+// then cell(b, pre, c). R rows share each load of the panel (R = 3 measured fastest for Q = 3 and
+// 4 on Zen 3: up to 12 accumulators in AVX2's 16 registers).
+template <class V, int Q, class T, class Cell>
+ATTNX_ALWAYS_INLINE void packed_product(int b0, int b1, const LeftRows<T>& left, const T* panel0, size_t k_stride,
+                                 size_t block_stride, int blocks, Cell&& cell) {
+    constexpr int R = Q >= 3 ? 3 : 4;
+    for (int c = 0; c < blocks; ++c) {
+        const T* panel = panel0 + (size_t)c * block_stride;
+        int b = b0;
+        for (; b + R <= b1; b += R) {
+            TileRow<V, Q> pre[R];
+            row_tile<V, Q, R>(pre, left.from_row(b - b0), panel, k_stride);
+            for (int r = 0; r < R; ++r) cell(b + r, pre[r], c);
+        }
+        if (b + 2 <= b1) {  // the rows left over: a pair shares the loads too
+            TileRow<V, Q> pre[2];
+            row_tile<V, Q, 2>(pre, left.from_row(b - b0), panel, k_stride);
+            cell(b, pre[0], c), cell(b + 1, pre[1], c);
+            b += 2;
+        }
+        for (; b < b1; ++b) {
+            TileRow<V, Q> pre[1];
+            row_tile<V, Q, 1>(pre, left.from_row(b - b0), panel, k_stride);
+            cell(b, pre[0], c);
+        }
+    }
+}
+
+}  // namespace attnx
