@@ -36,51 +36,116 @@ template <class T> inline T sigmoid(T x) {
 template <class T> inline T gelu_cdf(T x) { return T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440))); }
 template <class T> inline T gelu_pdf(T x) { return T(0.39894228040143267794) * std::exp(T(-0.5) * x * x); }
 
+// ----------------------------------------------------------------------------- vectors
+#define ATTNX_ALWAYS_INLINE inline __attribute__((always_inline))
+
+// Four or eight floats as one value (GCC/Clang vector extension): one SSE register in portable
+// builds, one AVX register inside the loops compiled for AVX2. Branch-free code on it vectorizes regardless
+// of -ftrapping-math, which keeps GCC from if-converting the scalar loops.
+typedef float float4 __attribute__((vector_size(16)));
+typedef float float8 __attribute__((vector_size(32)));
+
+typedef int32_t int4 __attribute__((vector_size(16)));
+typedef int32_t int8 __attribute__((vector_size(32)));
+
+// The scalar type, the lane count and the integer vector of the values the vector loops compute
+// on (one float or double: one lane; double for the gradient checks).
+template <class V> struct Lanes;
+template <> struct Lanes<double> { using T = double; using I = int64_t; static constexpr int W = 1; };
+template <> struct Lanes<float> { using T = float; using I = int32_t; static constexpr int W = 1; };
+template <> struct Lanes<float4> { using T = float; using I = int4; static constexpr int W = 4; };
+template <> struct Lanes<float8> { using T = float; using I = int8; static constexpr int W = 8; };
+
+// n <= W contiguous values as one vector (lanes past n zero) and back
+template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE V vload(const T* p, int n) {
+    V v = {};
+    if (n == Lanes<V>::W) std::memcpy(&v, p, sizeof v);
+    else std::memcpy(&v, p, (size_t)n * sizeof(T));
+    return v;
+}
+template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE void vstore(T* p, V v, int n) {
+    if (n == Lanes<V>::W) std::memcpy(p, &v, sizeof v);
+    else std::memcpy(p, &v, (size_t)n * sizeof(T));
+}
+
+// Lane j of v (v itself for a single lane)
+template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE T lane(V v, int j) {
+    if constexpr (Lanes<V>::W == 1) return v;
+    else return v[j];
+}
+
+inline bool cpu_has_avx2_fma() {
+    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return yes;
+}
+
+// body(V{}) on the widest vectors this CPU runs for T: float8 in a copy compiled for AVX2 + FMA
+// (multiply-adds fused), float4 on baseline x86-64, double (one lane) for the gradient checks.
+// body is an always-inline generic lambda, so that its loops compile inside the copy that calls
+// it; returns what body returns.
+template <class Body>
+__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) auto on_avx2_lanes(Body& body) {
+    return body(float8{});
+}
+template <class T, class Body> auto on_widest_lanes(Body&& body) {
+    if constexpr (std::is_same_v<T, double>) return body(double{});
+    else if (cpu_has_avx2_fma()) return on_avx2_lanes(body);
+    else return body(float4{});
+}
+
 // ----------------------------------------------------------------------------- exp
-// The one exp kernel for float loops: Cephes' expf, branch-free so loops over it vectorize:
+// The one exp kernel for floats, on vectors V (or one float): Cephes' expf, branch-free:
 //   exp(x) = 2^n * p(r),  n = round(x / ln 2),  r = x - n ln 2 in [-ln2 / 2, ln2 / 2]
 // with p a degree-7 polynomial (relative error < 2e-7, about 1 ulp). exp(x) = 0 below
-// -87.3365 (where the result would be subnormal), inf above 88.7228, NaN for NaN.
-// The double build keeps std::exp (gradchecks want the last bits).
-#define ATTNX_ALWAYS_INLINE inline __attribute__((always_inline))
-ATTNX_ALWAYS_INLINE float exp_poly(float x) {
-    const float round_bias = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in any FP mode
-    const float lowest = -87.33654475f, highest = 88.72283935f;
-    const float t = x * 1.44269504088896341f + round_bias;
-    const float n = t - round_bias;
-    // r = x - n ln2, ln2 split in two so n * ln2_hi is exact
-    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    // 2^n from the exponent bits; n = 128 (x near the top of the range) as 2^127 * 2
-    const int32_t e = (int32_t)n;
-    const int32_t e_capped = e > 127 ? 127 : e;
-    uint32_t bits = (uint32_t)(e_capped + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    const float y = p * scale * (e > 127 ? 2.0f : 1.0f);
-    return x < lowest ? 0.0f : (x > highest ? std::numeric_limits<float>::infinity() : y);
+// -87.3365 (where the result would be subnormal), inf above 88.7228, NaN for NaN. `nonpositive`
+// (the softmax's x - max) drops the overflow handling. Doubles keep std::exp (gradchecks want the
+// last bits).
+template <class V, bool nonpositive = false> ATTNX_ALWAYS_INLINE V exp_lanes(V x) {
+    if constexpr (std::is_same_v<V, double>) {
+        return std::exp(x);
+    } else {
+        using I = typename Lanes<V>::I;
+        const V round_bias = V{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in any FP mode
+        const V t = x * 1.44269504088896341f + round_bias;
+        const V n = t - round_bias;
+        // r = x - n ln2, ln2 split in two so n * ln2_hi is exact
+        const V r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+        V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+        p = p * r + 8.3334519073e-3f;
+        p = p * r + 4.1665795894e-2f;
+        p = p * r + 1.6666665459e-1f;
+        p = p * r + 5.0000001201e-1f;
+        p = p * (r * r) + r + 1.0f;
+        // 2^n from the exponent bits; n = 128 (x near the top of the range) as 2^127 * 2
+        I e;
+        if constexpr (Lanes<V>::W == 1) e = (I)n;
+        else e = __builtin_convertvector(n, I);
+        const I max_exponent = I{} + 127;
+        if constexpr (!nonpositive) e = e > max_exponent ? max_exponent : e;
+        const I bits = (e + 127) << 23;
+        V scale;
+        std::memcpy(&scale, &bits, sizeof scale);
+        V y = p * scale;
+        if constexpr (!nonpositive) {
+            const V doubled = y + y;
+            y = n > V{} + 127.0f ? doubled : y;
+            y = x > V{} + 88.72283935f ? V{} + std::numeric_limits<float>::infinity() : y;
+        }
+        return x < V{} - 87.33654475f ? V{} : y;
+    }
 }
 
 // y[i] = exp(x[i]) for i < n; y may alias x.
-__attribute__((target_clones("avx2", "default"))) inline void exp_array(float* y, const float* x, size_t n) {
-    for (size_t i = 0; i < n; ++i) y[i] = exp_poly(x[i]);
-}
-inline void exp_array(double* y, const double* x, size_t n) {
-    for (size_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
-}
-
-template <class T> ATTNX_ALWAYS_INLINE T exp_value(T x) {
-    if constexpr (sizeof(T) == sizeof(float)) return exp_poly(x);
-    else return std::exp(x);
+template <class T> inline void exp_array(T* y, const T* x, size_t n) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        constexpr size_t W = Lanes<V>::W;
+        size_t i = 0;
+        for (; i + W <= n; i += W) vstore(y + i, exp_lanes(vload<V>(x + i, W)), W);
+        for (; i < n; ++i) y[i] = exp_lanes(x[i]);
+    });
 }
 
-// ----------------------------------------------------------------------------- softmax
 // ----------------------------------------------------------------------------- row reductions
 // Reductions over a row keep kLanes partial results so that they vectorize: one accumulator
 // would chain every add behind the last (4 cycles each), which costs more than the math.
@@ -98,12 +163,14 @@ template <class T, class Term> ATTNX_ALWAYS_INLINE T sum_lanes(size_t n, Term te
     return sum;
 }
 
+// ----------------------------------------------------------------------------- softmax
 // The softmax of x over the entries with mask[c] != 0 (mask null: all entries) before its
-// normalization: y[c] = exp(x[c] - max) where allowed, 0 elsewhere; returns 1 / sum_c y[c], so
-// that softmax = y * the result. A fully masked row gives zeros (and 0), never NaN; a NaN row
-// gives NaNs. One row of length cols; y may alias x. Every pass is a plain loop so it vectorizes.
-template <class T>
+// normalization, on vectors V: y[c] = exp(x[c] - max) where allowed, 0 elsewhere; returns
+// 1 / sum_c y[c], so that softmax = y * the result. A fully masked row gives zeros (and 0), never
+// NaN; a NaN row gives NaNs. One row of length cols; y may alias x.
+template <class V, class T>
 ATTNX_ALWAYS_INLINE T masked_exp_row_lanes(T* y, const T* x, const uint8_t* mask, size_t cols) {
+    constexpr size_t W = Lanes<V>::W;
     constexpr T minus_inf = -std::numeric_limits<T>::infinity();
     // y = x where allowed, -inf (weight exp(-inf) = 0) elsewhere
     if (mask)
@@ -111,14 +178,15 @@ ATTNX_ALWAYS_INLINE T masked_exp_row_lanes(T* y, const T* x, const uint8_t* mask
     else if (y != x)
         std::copy(x, x + cols, y);
     // m = max_c y[c] (NaNs skipped here; they reach the sum below, and the whole row, through exp)
-    T lane_max[kLanes];
-    for (size_t j = 0; j < kLanes; ++j) lane_max[j] = minus_inf;
-    const size_t body = cols - cols % kLanes;
-    for (size_t c = 0; c < body; c += kLanes)
-        for (size_t j = 0; j < kLanes; ++j) lane_max[j] = y[c + j] > lane_max[j] ? y[c + j] : lane_max[j];
+    const size_t body = cols - cols % W;
+    V lane_max = V{} + minus_inf;
+    for (size_t c = 0; c < body; c += W) {
+        const V v = vload<V>(y + c, W);
+        lane_max = v > lane_max ? v : lane_max;
+    }
     T maxv = minus_inf;
+    for (size_t j = 0; j < W; ++j) maxv = lane(lane_max, j) > maxv ? lane(lane_max, j) : maxv;
     for (size_t c = body; c < cols; ++c) maxv = y[c] > maxv ? y[c] : maxv;
-    for (size_t j = 0; j < kLanes; ++j) maxv = lane_max[j] > maxv ? lane_max[j] : maxv;
     if (maxv == minus_inf) {  // nothing to attend to, unless NaN (a row of NaNs must not pass for a masked one)
         const bool nan = std::any_of(y, y + cols, [](T v) { return v != v; });
         const T fill = nan ? std::numeric_limits<T>::quiet_NaN() : T(0);
@@ -126,37 +194,40 @@ ATTNX_ALWAYS_INLINE T masked_exp_row_lanes(T* y, const T* x, const uint8_t* mask
         return fill;
     }
     // y = exp(y - m),  sum = sum_c y[c]
-    for (size_t c = 0; c < cols; ++c) y[c] = exp_value(y[c] - maxv);
-    return T(1) / sum_lanes<T>(cols, [&](size_t c) { return y[c]; });
+    V lane_sum = {};
+    for (size_t c = 0; c < body; c += W) {
+        const V e = exp_lanes<V, true>(vload<V>(y + c, W) - maxv);
+        vstore(y + c, e, W);
+        lane_sum += e;
+    }
+    T sum = 0;
+    for (size_t c = body; c < cols; ++c) sum += (y[c] = exp_lanes<T, true>(y[c] - maxv));
+    for (size_t j = 0; j < W; ++j) sum += lane(lane_sum, j);
+    return T(1) / sum;
 }
 
-__attribute__((target_clones("avx2", "default"))) inline float masked_exp_row(float* y, const float* x,
-                                                                             const uint8_t* mask, size_t cols) {
-    return masked_exp_row_lanes(y, x, mask, cols);
-}
-inline double masked_exp_row(double* y, const double* x, const uint8_t* mask, size_t cols) {
-    return masked_exp_row_lanes(y, x, mask, cols);
-}
-
-// y = softmax(x) over the entries with mask[c] != 0 (mask null: all entries); masked entries get 0
-// and a fully masked row is all zeros, never NaN. One row of length cols; y may alias x.
-template <class T>
+// y = softmax(x) over the entries with mask[c] != 0 (mask null: all entries), on vectors V;
+// masked entries get 0 and a fully masked row is all zeros, never NaN. One row of length cols;
+// y may alias x.
+template <class V, class T>
 ATTNX_ALWAYS_INLINE void masked_softmax_row_lanes(T* y, const T* x, const uint8_t* mask, size_t cols) {
-    const T norm = masked_exp_row_lanes(y, x, mask, cols);
+    const T norm = masked_exp_row_lanes<V>(y, x, mask, cols);
     for (size_t c = 0; c < cols; ++c) y[c] *= norm;
 }
 
-__attribute__((target_clones("avx2", "default"))) inline void masked_softmax_row(float* y, const float* x,
-                                                                                const uint8_t* mask, size_t cols) {
-    masked_softmax_row_lanes(y, x, mask, cols);
-}
-inline void masked_softmax_row(double* y, const double* x, const uint8_t* mask, size_t cols) {
-    masked_softmax_row_lanes(y, x, mask, cols);
+// masked_softmax_row_lanes on the widest vectors this CPU runs
+template <class T> inline void masked_softmax_row(T* y, const T* x, const uint8_t* mask, size_t cols) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        masked_softmax_row_lanes<decltype(lanes)>(y, x, mask, cols);
+    });
 }
 
 // y[r, :] = softmax(x[r, :]) for rows of length cols; y may alias x.
 template <class T> inline void softmax_rows(T* y, const T* x, size_t rows, size_t cols) {
-    for (size_t r = 0; r < rows; ++r) masked_softmax_row(y + r * cols, x + r * cols, nullptr, cols);
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        for (size_t r = 0; r < rows; ++r)
+            masked_softmax_row_lanes<decltype(lanes)>(y + r * cols, x + r * cols, nullptr, cols);
+    });
 }
 
 // dx[r, c] = y[r, c] * (dy[r, c] - sum_k dy[r, k] y[r, k]); dx may alias dy. Also the backward of
@@ -204,31 +275,6 @@ void activation_backward(T* dx, const T* dy, const T* x, const T* y, size_t rows
 
 // ------------------------------------------------------------------------ vector activations
 // What the recurrent time loops and the additive score compute on.
-// Four or eight floats as one value (GCC/Clang vector extension): one SSE register in portable
-// builds, one AVX register inside the AVX2 time loop. Branch-free code on it vectorizes regardless
-// of -ftrapping-math, which keeps GCC from if-converting the scalar loops.
-typedef float float4 __attribute__((vector_size(16)));
-typedef float float8 __attribute__((vector_size(32)));
-
-// The scalar type and the lane count of the values the time loop computes on (double: one lane,
-// for the gradient checks).
-template <class V> struct Lanes;
-template <> struct Lanes<double> { using T = double; static constexpr int W = 1; };
-template <> struct Lanes<float4> { using T = float; static constexpr int W = 4; };
-template <> struct Lanes<float8> { using T = float; static constexpr int W = 8; };
-
-// n <= W contiguous values as one vector (lanes past n zero) and back
-template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE V vload(const T* p, int n) {
-    V v = {};
-    if (n == Lanes<V>::W) std::memcpy(&v, p, sizeof v);
-    else std::memcpy(&v, p, (size_t)n * sizeof(T));
-    return v;
-}
-template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE void vstore(T* p, V v, int n) {
-    if (n == Lanes<V>::W) std::memcpy(p, &v, sizeof v);
-    else std::memcpy(p, &v, (size_t)n * sizeof(T));
-}
-
 // tanh without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float precision
 // beyond); |error| < 4e-7.
 template <class V> ATTNX_ALWAYS_INLINE V tanh_rational(V x) {

@@ -17,6 +17,7 @@
 
 #include "attnx/activations.hpp"
 #include "attnx/gemm.hpp"
+#include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 
 namespace attnx {
@@ -63,35 +64,69 @@ template <class T> inline T* head_block(T* base, size_t n, int H, int T_, int D)
     return base + ((n / H) * (size_t)T_ * H + n % H) * (size_t)D;
 }
 
-// One problem's softmax and context for its query rows [t0, t0 + Tq), from their scores
-// (overwritten by the weights):
-//   weights = masked_softmax(scores)                            (Tq, S), saved for backward and plotting
-//   context = (weights * keep) . V                              (Tq, Dv), rows ldv apart
-// `keep` multiplies the weights after the softmax: the dropout keep mask scaled by 1 / (1 - rate),
-// local attention's Gaussian, or null. `dropped` (Tq * S) and `row_mask` (S) are the caller's scratch.
-// With `row_norm` (Tq of scratch), for callers that discard the weights, the normalization moves
-// after the product, onto Tq * Dv entries instead of Tq * S (the weights are left unnormalized):
-//   context = diag(row_norm) . ((exp(scores - rowmax) * keep) . V),  row_norm = 1 / rowsum(exp(...))
+// Per-thread scratch of the tiled attention loops (sized by their first use, reused per problem)
+template <class T> struct AttendScratch {
+    std::vector<T> key_panels, value_panels, scores, dropped, row_norm;
+    std::vector<uint8_t> row_mask;
+};
+
+// V (S, Dv), rows ldv apart, as the right operand of softmax_context_rows: in place when its rows
+// split into whole panels of `width`, else packed (pack_panels) into scratch.value_panels.
+// Returns {panels, k_stride, panel_stride}.
+template <class T> struct RightPanels {
+    const T* data;
+    size_t k_stride, panel_stride;
+};
 template <class T>
-void softmax_context_problem(T* context, T* weights, const T* value, const AttendMask& mask, size_t b, int t0,
-                             const T* keep, int Tq, int S, int Dv, int ldv, T* dropped, uint8_t* row_mask,
-                             T* row_norm = nullptr) {
-    for (int t = 0; t < Tq; ++t) {
-        T* w = weights + (size_t)t * S;
-        const uint8_t* allowed = mask.row(row_mask, b, t0 + t, S);
-        if (row_norm) row_norm[t] = masked_exp_row(w, w, allowed, (size_t)S);
-        else masked_softmax_row(w, w, allowed, (size_t)S);
-    }
-    const T* used = weights;
-    if (keep) {
-        for (size_t i = 0; i < (size_t)Tq * S; ++i) dropped[i] = weights[i] * keep[i];
-        used = dropped;
-    }
-    gemm<T>(false, false, Tq, Dv, S, T(1), used, S, value, ldv, T(0), context, ldv);
-    if (row_norm)
-        for (int t = 0; t < Tq; ++t)
-            for (int d = 0; d < Dv; ++d) context[(size_t)t * ldv + d] *= row_norm[t];
+RightPanels<T> value_panels(const T* value, size_t ldv, int S, int Dv, int width, AttendScratch<T>& scratch) {
+    if (Dv % width == 0) return {value, ldv, (size_t)width};
+    pack_panels(scratch.value_panels, value, ldv, S, Dv, width);
+    return {scratch.value_panels.data(), (size_t)width, (size_t)S * width};
 }
+
+// One problem's softmax and context for r query rows (the first is query t0), from their scores
+// w (rows ldw apart, overwritten):
+//   weights = masked_softmax(scores)                            (r, S), saved for backward and plotting
+//   context = (weights * keep) . V                              (r, Dv), rows ldc apart
+// `keep` (r, S) multiplies the weights after the softmax: the dropout keep mask scaled by
+// 1 / (1 - rate), local attention's Gaussian, or null. Without `normalize` (callers that discard
+// the weights), the normalization moves after the product, onto r * Dv entries instead of r * S
+// (w is left unnormalized):
+//   context = diag(row_norm) . ((exp(scores - rowmax) * keep) . V),  row_norm = 1 / rowsum(exp(...))
+// The product runs in register tiles of Q vectors V on `value` (from value_panels).
+template <class V, int Q, class T>
+ATTNX_ALWAYS_INLINE void softmax_context_rows(T* context, size_t ldc, T* w, size_t ldw, RightPanels<T> value,
+                                              const AttendMask& mask, size_t b, int t0, const T* keep, int r, int S,
+                                              int Dv, bool normalize, AttendScratch<T>& scratch) {
+    constexpr int W = Lanes<V>::W, width = Q * W;
+    scratch.row_norm.resize(r);
+    scratch.row_mask.resize(mask.causal ? S : 0);
+    for (int t = 0; t < r; ++t) {
+        T* wt = w + (size_t)t * ldw;
+        const uint8_t* allowed = mask.row(scratch.row_mask.data(), b, t0 + t, S);
+        if (normalize) masked_softmax_row_lanes<V>(wt, wt, allowed, (size_t)S), scratch.row_norm[t] = T(1);
+        else scratch.row_norm[t] = masked_exp_row_lanes<V>(wt, wt, allowed, (size_t)S);
+    }
+    const T* used = w;
+    if (keep) {
+        scratch.dropped.resize((size_t)r * ldw);
+        for (int t = 0; t < r; ++t)
+            for (int s = 0; s < S; ++s) scratch.dropped[(size_t)t * ldw + s] = w[(size_t)t * ldw + s] * keep[(size_t)t * S + s];
+        used = scratch.dropped.data();
+    }
+    const T* row_norm = scratch.row_norm.data();
+    packed_product<V, Q>(0, r, LeftRows<T>{used, ldw, S, nullptr, 0, 0}, value.data, value.k_stride,
+                         value.panel_stride, (Dv + width - 1) / width,
+                         [&](int t, TileRow<V, Q> sum, int p) __attribute__((always_inline)) {
+                             for (int j = 0; j < Q; ++j) {
+                                 const int d0 = p * width + j * W;
+                                 if (d0 < Dv) vstore(context + (size_t)t * ldc + d0, sum.q[j] * row_norm[t], std::min(W, Dv - d0));
+                             }
+                         });
+}
+
+// Vectors per tile row of the attention products (Q * lanes columns per panel)
+constexpr int kAttendTileVectors = 4;
 
 // Backward of softmax_context_problem (dvalue overwritten, rows ldv apart):
 //   dV       = (P * keep)^T . dC
@@ -126,12 +161,18 @@ void softmax_context_forward(T* context, T* weights, const T* value, const Atten
                              int H, int Tq, int S, int Dv) {
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
     parallel_for(N, double(N) * block * (Dv + 4), [&](size_t lo, size_t hi) {
-        std::vector<uint8_t> row_mask(mask.causal ? S : 0);
-        std::vector<T> dropped(keep ? block : 0);
-        for (size_t n = lo; n < hi; ++n)
-            softmax_context_problem(head_block(context, n, H, Tq, Dv), weights + n * block,
-                                    head_block(value, n, H, S, Dv), mask, n / H, 0, keep ? keep + n * block : nullptr,
-                                    Tq, S, Dv, H * Dv, dropped.data(), row_mask.data());
+        on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+            using V = decltype(lanes);
+            constexpr int Q = kAttendTileVectors;
+            AttendScratch<T> scratch;
+            for (size_t n = lo; n < hi; ++n) {
+                const RightPanels<T> v = value_panels(head_block(value, n, H, S, Dv), (size_t)H * Dv, S, Dv,
+                                                      Q * Lanes<V>::W, scratch);
+                softmax_context_rows<V, Q>(head_block(context, n, H, Tq, Dv), (size_t)H * Dv, weights + n * block,
+                                           (size_t)S, v, mask, n / H, 0, keep ? keep + n * block : nullptr, Tq, S,
+                                           Dv, true, scratch);
+            }
+        });
     });
 }
 
@@ -215,30 +256,51 @@ inline int sdpa_block_rows(int Tq, int S) { return std::max(1, std::min(Tq, 3276
 // Scaled dot-product attention for one or more heads (the core multi-head attention uses):
 //   scores[n]  = scale * Q[n] . K[n]^T                          (Tq, S)
 //   weights[n] = masked_softmax(scores[n]),  context[n] = (weights[n] * keep[n]) . V[n]
-// Fused per problem and block of query rows (sdpa_block_rows). `weights` null (inference
-// without the weights): each block lives in per-thread scratch, the (B, H, Tq, S) weights are
-// never written, and the softmax is normalized on the context (softmax_context_problem's row_norm).
+// Fused per problem and block of query rows (sdpa_block_rows), both products in register tiles on
+// K^T and V packed once per problem. `weights` null (inference without the weights): each block
+// lives in per-thread scratch, the (B, H, Tq, S) weights are never written, and the softmax is
+// normalized on the context (softmax_context_rows without normalize).
 template <class T>
 void sdpa_forward(T* context, T* weights, const T* q, const T* k, const T* v, const AttendMask& mask,
                   const T* keep, int B, int H, int Tq, int S, int Dk, int Dv, T scale) {
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
     const int rows = sdpa_block_rows(Tq, S);
     parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
-        std::vector<uint8_t> row_mask(mask.causal ? S : 0);
-        std::vector<T> dropped(keep ? (size_t)rows * S : 0), scratch(weights ? 0 : (size_t)rows * S),
-            row_norm(weights ? 0 : rows);
-        for (size_t n = lo; n < hi; ++n)
-            for (int t0 = 0; t0 < Tq; t0 += rows) {
-                const int r = std::min(rows, Tq - t0);
-                const size_t first = n * block + (size_t)t0 * S;  // row t0 of problem n in (B, H, Tq, S)
-                T* w = weights ? weights + first : scratch.data();
-                dot_scores_problem(w, head_block(q, n, H, Tq, Dk) + (size_t)t0 * H * Dk, head_block(k, n, H, S, Dk),
-                                   r, S, Dk, H * Dk, scale);
-                softmax_context_problem(head_block(context, n, H, Tq, Dv) + (size_t)t0 * H * Dv, w,
-                                        head_block(v, n, H, S, Dv), mask, n / H, t0, keep ? keep + first : nullptr,
-                                        r, S, Dv, H * Dv, dropped.data(), row_mask.data(),
-                                        weights ? nullptr : row_norm.data());
+        on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+            using V = decltype(lanes);
+            constexpr int Q = kAttendTileVectors, W = Lanes<V>::W, width = Q * W;
+            // scratch score rows are padded to whole panels, so every store is a full vector
+            const int ld_scratch = (S + width - 1) / width * width;
+            AttendScratch<T> scratch;
+            if (!weights) scratch.scores.resize((size_t)rows * ld_scratch);
+            for (size_t n = lo; n < hi; ++n) {
+                pack_panels_t(scratch.key_panels, head_block(k, n, H, S, Dk), (size_t)H * Dk, Dk, S, width);
+                const RightPanels<T> value = value_panels(head_block(v, n, H, S, Dv), (size_t)H * Dv, S, Dv, width,
+                                                          scratch);
+                for (int t0 = 0; t0 < Tq; t0 += rows) {
+                    const int r = std::min(rows, Tq - t0);
+                    const size_t first = n * block + (size_t)t0 * S;  // row t0 of problem n in (B, H, Tq, S)
+                    T* w = weights ? weights + first : scratch.scores.data();
+                    const size_t ldw = weights ? (size_t)S : (size_t)ld_scratch;
+                    // w = scale * Q . K^T
+                    const LeftRows<T> query{head_block(q, n, H, Tq, Dk) + (size_t)t0 * H * Dk, (size_t)H * Dk, Dk,
+                                            nullptr, 0, 0};
+                    packed_product<V, Q>(0, r, query, scratch.key_panels.data(), width, (size_t)Dk * width,
+                                         (S + width - 1) / width,
+                                         [&](int t, TileRow<V, Q> dot, int p) __attribute__((always_inline)) {
+                                             for (int j = 0; j < Q; ++j) {
+                                                 const int s0 = p * width + j * W;
+                                                 if (s0 < (int)ldw)
+                                                     vstore(w + (size_t)t * ldw + s0, dot.q[j] * scale,
+                                                            std::min(W, (int)ldw - s0));
+                                             }
+                                         });
+                    softmax_context_rows<V, Q>(head_block(context, n, H, Tq, Dv) + (size_t)t0 * H * Dv,
+                                               (size_t)H * Dv, w, ldw, value, mask, n / H, t0,
+                                               keep ? keep + first : nullptr, r, S, Dv, weights != nullptr, scratch);
+                }
             }
+        });
     });
 }
 

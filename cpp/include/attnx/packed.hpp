@@ -8,7 +8,7 @@
 // panel's K rows one after another, zero past N:
 //   packed[((n / width) * K + k) * width + n % width] = B[k, n]
 // The loops run on vectors V (Lanes<V>: float4, float8 or double); callers compile them for AVX2 +
-// FMA and for baseline x86-64 and pick at run time (cpu_has_avx2_fma), so wheels stay portable.
+// FMA and for baseline x86-64 and pick at run time (on_widest_lanes), so wheels stay portable.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -18,11 +18,6 @@
 #include "attnx/activations.hpp"
 
 namespace attnx {
-
-inline bool cpu_has_avx2_fma() {
-    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return yes;
-}
 
 // Lanes of the vectors the tiled loops for T run on here (what their operands must be packed for)
 template <class T> int tile_lanes() {
@@ -44,10 +39,17 @@ template <class T> void pack_panels(std::vector<T>& packed, const T* B, size_t l
 // B = Bt^T packed the same way, from Bt (N, K) with rows ldbt apart
 template <class T> void pack_panels_t(std::vector<T>& packed, const T* Bt, size_t ldbt, int K, int N, int width) {
     const int panels = (N + width - 1) / width;
-    packed.assign((size_t)panels * K * width, T(0));
-    for (int n = 0; n < N; ++n)
-        for (int k = 0; k < K; ++k)
-            packed[((size_t)(n / width) * K + k) * width + n % width] = Bt[(size_t)n * ldbt + k];
+    packed.resize((size_t)panels * K * width);
+    // writes in order; the reads walk `width` rows of Bt at once, which stay in L1
+    for (int p = 0; p < panels; ++p) {
+        const int real = std::min(width, N - p * width);
+        const T* rows = Bt + (size_t)p * width * ldbt;
+        for (int k = 0; k < K; ++k) {
+            T* out = packed.data() + ((size_t)p * K + k) * width;
+            for (int j = 0; j < real; ++j) out[j] = rows[(size_t)j * ldbt + k];
+            std::fill(out + real, out + width, T(0));
+        }
+    }
 }
 
 // Q vectors of one tile row (GCC keeps a small struct of vectors in registers, an array it spills)
