@@ -1,6 +1,7 @@
 // Elementwise activations and the row softmax, forward and backward.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -74,9 +75,16 @@ template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE T lane(V 
     else return v[j];
 }
 
-inline bool cpu_has_avx2_fma() {
-    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return yes;
+// Set, the baseline copies run even on an AVX2 CPU: how the tests check them (_core._force_baseline_lanes).
+inline std::atomic<bool>& force_baseline_lanes() {
+    static std::atomic<bool> on{false};
+    return on;
+}
+
+// Whether the copies compiled for AVX2 + FMA run
+inline bool use_avx2_fma() {
+    static const bool cpu = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return cpu && !force_baseline_lanes().load(std::memory_order_relaxed);
 }
 
 // body(V{}) on the widest vectors this CPU runs for T: float8 in a copy compiled for AVX2 + FMA
@@ -89,7 +97,7 @@ __attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) auto on_avx2_l
 }
 template <class T, class Body> auto on_widest_lanes(Body&& body) {
     if constexpr (std::is_same_v<T, double>) return body(double{});
-    else if (cpu_has_avx2_fma()) return on_avx2_lanes(body);
+    else if (use_avx2_fma()) return on_avx2_lanes(body);
     else return body(float4{});
 }
 

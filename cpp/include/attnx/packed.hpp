@@ -22,7 +22,7 @@ namespace attnx {
 // Lanes of the vectors the tiled loops for T run on here (what their operands must be packed for)
 template <class T> int tile_lanes() {
     if constexpr (std::is_same_v<T, double>) return 1;
-    else return cpu_has_avx2_fma() ? 8 : 4;
+    else return use_avx2_fma() ? 8 : 4;
 }
 
 // B (K, N), rows ldb apart, packed in panels of `width` columns (layout above)

@@ -284,16 +284,6 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
     }
 }
 
-// The time loop on AVX2 + FMA vectors (8 floats, the multiply-adds fused), compiled for that
-// instruction set alone and chosen at run time (distributed wheels target baseline x86-64).
-template <class Acts>
-__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void rnn_steps_avx2(
-    const RNNConfig& cfg, const Acts& acts, int b0, int b1, float* y, float* h, float* c,
-    const RNNCache<float>& cache, const float* x, const float* b_in, const float* packed_u, const float* b_rec,
-    const uint8_t* mask, const float* rec_mask, float* hu, size_t ld_hu) {
-    rnn_steps<float8>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
-}
-
 // rnn_steps on the widest vectors this CPU runs, with the activations known at compile time for
 // the default pair
 template <class T>
@@ -301,12 +291,10 @@ void rnn_packed_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, con
                      const T* b_in, const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu,
                      size_t ld_hu) {
     auto run = [&](const auto& acts) {
-        if constexpr (std::is_same_v<T, double>)
-            rnn_steps<double>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
-        else if (cpu_has_avx2_fma())
-            rnn_steps_avx2(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
-        else
-            rnn_steps<float4>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask, hu, ld_hu);
+        on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+            rnn_steps<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, cache, x, b_in, packed_u, b_rec, mask, rec_mask,
+                                       hu, ld_hu);
+        });
     };
     if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid) run(TanhSigmoid{});
     else run(AnyActivations{cfg.activation, cfg.recurrent_activation});
@@ -509,27 +497,14 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
     }
 }
 
-// The reverse time loop on AVX2 + FMA vectors, chosen at run time (see rnn_steps_avx2)
-template <class Slopes>
-__attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) void rnn_backward_steps_avx2(
-    const RNNConfig& cfg, const Slopes& slope, int b0, int b1, float* dh, float* dc, float* dgates, float* dhu,
-    float* dhrec, const float* dy, const RNNCache<float>& cache, const float* packed_t, const uint8_t* mask,
-    const float* rec_mask) {
-    rnn_backward_steps<float8>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
-}
-
 template <class T, class Slopes>
 void rnn_backward_packed_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates,
                               T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache, const T* packed_t,
                               const uint8_t* mask, const T* rec_mask) {
-    if constexpr (std::is_same_v<T, double>)
-        rnn_backward_steps<double>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask,
-                                   rec_mask);
-    else if (cpu_has_avx2_fma())
-        rnn_backward_steps_avx2(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
-    else
-        rnn_backward_steps<float4>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask,
-                                   rec_mask);
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        rnn_backward_steps<decltype(lanes)>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t,
+                                            mask, rec_mask);
+    });
 }
 
 // U^T packed for rnn_backward_rows (once per call of a caller that steps).
