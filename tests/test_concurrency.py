@@ -170,3 +170,41 @@ def test_kernels_release_the_gil():
     finally:
         attnx.set_num_threads(previous)
     assert during_rate > 0.05 * solo_rate, (during_rate, solo_rate)
+
+
+def test_forked_child_runs_parallel_kernels():
+    """The kernels' worker threads do not survive fork(): a forked child (multiprocessing's default
+    start method on Linux) starts its own and computes what the parent does, instead of waiting
+    forever on workers it does not have."""
+    import os
+    import select
+    import signal
+
+    attnx.set_num_threads(2)
+    attnx.set_random_seed(0)
+    layer = layers.MultiHeadAttention(4, 32)
+    x = np.random.default_rng(0).standard_normal((16, 64, 64)).astype(np.float32)
+    want = layer([x, x])  # the parent's pool is running now
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: compute, send the bytes, leave without running pytest's exit handlers
+        try:
+            os.write(write_end, np.ascontiguousarray(layer([x, x])).tobytes())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    got = b""
+    try:
+        while len(got) < want.nbytes:
+            ready, _, _ = select.select([read_end], [], [], 60)
+            assert ready, "forked child hung in a kernel"
+            chunk = os.read(read_end, 1 << 20)
+            if not chunk:
+                break
+            got += chunk
+    finally:
+        os.close(read_end)
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):  # still running: hung
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    np.testing.assert_array_equal(np.frombuffer(got, np.float32).reshape(want.shape), want)

@@ -1,7 +1,13 @@
 // The one place kernels split work across threads, within the budget attnx.set_num_threads sets.
 #pragma once
+#include <pthread.h>
+
 #include <algorithm>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -31,6 +37,88 @@ inline bool& inside_parallel_for() {
     return inside;
 }
 
+// The threads parallel_for runs chunks on, started once and asleep between calls: starting a
+// thread per call cost ~28 us, which a layer with ten parallel regions pays ten times. Workers
+// sleep on a condition variable (never spin: a spinning worker would take a core from OpenBLAS'
+// threads between our calls). One call holds the pool at a time; a caller that finds it busy
+// (another Python thread inside a kernel) runs its chunks itself. Never destroyed, so exit never
+// waits on a sleeping worker; a forked child starts a fresh pool (its parent's workers are gone).
+class WorkerPool {
+  public:
+    static WorkerPool& get() {
+        static bool registered = (pthread_atfork(nullptr, nullptr, [] { current() = new WorkerPool(); }), true);
+        (void)registered;
+        return *current();
+    }
+
+    // task(i) for every i < n: i = 0 on the calling thread, the rest on workers; returns when all
+    // are done, rethrowing the first exception a task threw. False (nothing run) if the pool is busy.
+    template <class Task> bool run(size_t n, Task& task) {
+        std::unique_lock<std::mutex> job(job_lock_, std::try_to_lock);
+        if (!job.owns_lock()) return false;
+        {
+            std::lock_guard<std::mutex> lock(state_lock_);
+            for (; workers_ + 1 < n; ++workers_)
+                std::thread([this, index = workers_ + 1, seen = generation_] { work(index, seen); }).detach();
+            call_ = [](void* t, size_t i) { (*static_cast<Task*>(t))(i); };
+            task_ = &task;
+            active_ = n;
+            pending_ = n - 1;
+            error_ = nullptr;
+            ++generation_;
+        }
+        wake_.notify_all();
+        std::exception_ptr error;
+        try {
+            task(0);
+        } catch (...) {
+            error = std::current_exception();
+        }
+        std::unique_lock<std::mutex> lock(state_lock_);
+        done_.wait(lock, [this] { return pending_ == 0; });
+        if (!error) error = error_;
+        lock.unlock();
+        if (error) std::rethrow_exception(error);
+        return true;
+    }
+
+  private:
+    static WorkerPool*& current() {
+        static WorkerPool* pool = new WorkerPool();
+        return pool;
+    }
+
+    // Worker `index` (from 1): runs task(index) of every call after generation `seen` that has one
+    void work(size_t index, uint64_t seen) {
+        std::unique_lock<std::mutex> lock(state_lock_);
+        for (;;) {
+            wake_.wait(lock, [&] { return generation_ != seen; });
+            seen = generation_;
+            if (index >= active_) continue;
+            lock.unlock();
+            std::exception_ptr error;
+            try {
+                call_(task_, index);
+            } catch (...) {
+                error = std::current_exception();
+            }
+            lock.lock();
+            if (error && !error_) error_ = error;
+            if (--pending_ == 0) done_.notify_one();
+        }
+    }
+
+    std::mutex job_lock_;    // held by the one call running
+    std::mutex state_lock_;  // guards everything below
+    std::condition_variable wake_, done_;
+    size_t workers_ = 0;         // started so far, with indices 1 .. workers_
+    uint64_t generation_ = 0;    // bumped per call: what wakes the workers
+    size_t active_ = 0, pending_ = 0;
+    void (*call_)(void*, size_t) = nullptr;
+    void* task_ = nullptr;
+    std::exception_ptr error_;
+};
+
 // Runs fn(begin, end) over contiguous chunks of [0, count), on several threads when `work`
 // (total multiply-adds) makes it pay. fn must write disjoint outputs per index.
 template <class F> void parallel_for(size_t count, double work, F&& fn) {
@@ -41,16 +129,14 @@ template <class F> void parallel_for(size_t count, double work, F&& fn) {
         return;
     }
     SingleThreadedBlas blas_guard;
-    auto chunk_of = [&fn](size_t lo, size_t hi) {
+    const size_t chunk = (count + threads - 1) / threads, chunks = (count + chunk - 1) / chunk;
+    auto run_chunk = [&](size_t i) {
         inside_parallel_for() = true;
-        fn(lo, hi);
+        fn(i * chunk, std::min(count, (i + 1) * chunk));
         inside_parallel_for() = false;
     };
-    std::vector<std::thread> pool;
-    const size_t chunk = (count + threads - 1) / threads;
-    for (size_t lo = chunk; lo < count; lo += chunk) pool.emplace_back(chunk_of, lo, std::min(count, lo + chunk));
-    chunk_of(size_t(0), std::min(count, chunk));
-    for (auto& t : pool) t.join();
+    if (!WorkerPool::get().run(chunks, run_chunk))
+        for (size_t i = 0; i < chunks; ++i) run_chunk(i);
 }
 
 }  // namespace attnx
