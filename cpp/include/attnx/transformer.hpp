@@ -24,21 +24,21 @@ template <class T>
 void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta, size_t N, size_t C,
                        T eps) {
     parallel_for(N, double(N) * C * 4, [&](size_t lo, size_t hi) {
-        for (size_t n = lo; n < hi; ++n) {
-            const T* xr = x + n * C;
-            T* yr = y + n * C;
-            const T m = sum_lanes<T>(C, [&](size_t c) { return xr[c]; }) / T(C);
-            // two passes: the one-pass E[x^2] - m^2 loses precision for large means
-            const T sq = sum_lanes<T>(C, [&](size_t c) { return (xr[c] - m) * (xr[c] - m); });
-            const T s = T(1) / std::sqrt(sq / T(C) + eps);
-            for (size_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s;
-            if (gamma)
-                for (size_t c = 0; c < C; ++c) yr[c] *= gamma[c];
-            if (beta)
-                for (size_t c = 0; c < C; ++c) yr[c] += beta[c];
-            mean[n] = m;
-            rstd[n] = s;
-        }
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize for AVX2 there
+            for (size_t n = lo; n < hi; ++n) {
+                const T* xr = x + n * C;
+                T* yr = y + n * C;
+                const T m = sum_lanes<T>(C, [&](size_t c) __attribute__((always_inline)) { return xr[c]; }) / T(C);
+                // two passes: the one-pass E[x^2] - m^2 loses precision for large means
+                const T sq = sum_lanes<T>(
+                    C, [&](size_t c) __attribute__((always_inline)) { return (xr[c] - m) * (xr[c] - m); });
+                const T s = T(1) / std::sqrt(sq / T(C) + eps);
+                for (size_t c = 0; c < C; ++c)
+                    yr[c] = (xr[c] - m) * s * (gamma ? gamma[c] : T(1)) + (beta ? beta[c] : T(0));
+                mean[n] = m;
+                rstd[n] = s;
+            }
+        });
     });
 }
 
@@ -52,21 +52,24 @@ void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, con
     parallel_for(N, double(N) * C * 8, [&](size_t lo, size_t hi) {
         // this thread's rows' share of dgamma and dbeta, added in once at the end
         std::vector<T> dgamma_part(dgamma ? C : 0, T(0)), dbeta_part(dbeta ? C : 0, T(0)), g(C), xhat(C);
-        for (size_t n = lo; n < hi; ++n) {
-            const T* xr = x + n * C;
-            const T* dyr = dy + n * C;
-            T* dxr = dx + n * C;
-            const T m = mean[n], s = rstd[n];
-            for (size_t c = 0; c < C; ++c) xhat[c] = (xr[c] - m) * s;
-            for (size_t c = 0; c < C; ++c) g[c] = gamma ? dyr[c] * gamma[c] : dyr[c];
-            if (dgamma)
-                for (size_t c = 0; c < C; ++c) dgamma_part[c] += dyr[c] * xhat[c];
-            if (dbeta)
-                for (size_t c = 0; c < C; ++c) dbeta_part[c] += dyr[c];
-            const T g_mean = sum_lanes<T>(C, [&](size_t c) { return g[c]; }) / T(C);
-            const T gx_mean = sum_lanes<T>(C, [&](size_t c) { return g[c] * xhat[c]; }) / T(C);
-            for (size_t c = 0; c < C; ++c) dxr[c] = s * (g[c] - g_mean - xhat[c] * gx_mean);
-        }
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize for AVX2 there
+            for (size_t n = lo; n < hi; ++n) {
+                const T* xr = x + n * C;
+                const T* dyr = dy + n * C;
+                T* dxr = dx + n * C;
+                const T m = mean[n], s = rstd[n];
+                for (size_t c = 0; c < C; ++c) xhat[c] = (xr[c] - m) * s;
+                for (size_t c = 0; c < C; ++c) g[c] = gamma ? dyr[c] * gamma[c] : dyr[c];
+                if (dgamma)
+                    for (size_t c = 0; c < C; ++c) dgamma_part[c] += dyr[c] * xhat[c];
+                if (dbeta)
+                    for (size_t c = 0; c < C; ++c) dbeta_part[c] += dyr[c];
+                const T g_mean = sum_lanes<T>(C, [&](size_t c) __attribute__((always_inline)) { return g[c]; }) / T(C);
+                const T gx_mean =
+                    sum_lanes<T>(C, [&](size_t c) __attribute__((always_inline)) { return g[c] * xhat[c]; }) / T(C);
+                for (size_t c = 0; c < C; ++c) dxr[c] = s * (g[c] - g_mean - xhat[c] * gx_mean);
+            }
+        });
         std::lock_guard<std::mutex> guard(sums_lock);
         for (size_t c = 0; c < dgamma_part.size(); ++c) dgamma[c] += dgamma_part[c];
         for (size_t c = 0; c < dbeta_part.size(); ++c) dbeta[c] += dbeta_part[c];
