@@ -66,9 +66,20 @@ static void test_exp_array() {
         worst = std::max(worst, std::abs(y[i] - want) / want);
     }
     CHECK(worst < 2e-7);
-    float special[5] = {-INFINITY, -100.f, 0.f, 89.f, NAN};
-    exp_array(special, special, 5);
+    // eleven values: a vector's worth and a scalar tail, both meeting every special case
+    float special[11] = {-INFINITY, -100.f, 0.f, 89.f, NAN, -1e30f, 1e30f, -1e7f, INFINITY, NAN, -1e30f};
+    exp_array(special, special, 11);
     CHECK(special[0] == 0 && special[1] == 0 && special[2] == 1 && std::isinf(special[3]) && std::isnan(special[4]));
+    CHECK(special[5] == 0 && std::isinf(special[6]) && special[7] == 0 && std::isinf(special[8]) &&
+          std::isnan(special[9]) && special[10] == 0);
+    // a softmax row whose scores span the float range: the huge negative ones weigh 0, never NaN
+    float row[11] = {-1e30f, 0.f, -1e30f, 1.f, -3e38f, 0.f, -1e30f, 2.f, -1e7f, 1.f, -3e38f}, weights[11];
+    masked_softmax_row(weights, row, nullptr, 11);
+    const double norm = 2 + 2 * std::exp(1.0) + std::exp(2.0);
+    for (int c = 0; c < 11; ++c) {
+        const double want = row[c] < -100 ? 0.0 : std::exp((double)row[c]) / norm;
+        CHECK(std::abs(weights[c] - want) < 1e-6);
+    }
 }
 
 static void test_embedding() {

@@ -48,14 +48,16 @@ typedef float float8 __attribute__((vector_size(32)));
 
 typedef int32_t int4 __attribute__((vector_size(16)));
 typedef int32_t int8 __attribute__((vector_size(32)));
+typedef uint32_t uint4 __attribute__((vector_size(16)));
+typedef uint32_t uint8 __attribute__((vector_size(32)));
 
-// The scalar type, the lane count and the integer vector of the values the vector loops compute
-// on (one float or double: one lane; double for the gradient checks).
+// The scalar type, the lane count and the (signed, unsigned) integer vectors of the values the
+// vector loops compute on (one float or double: one lane; double for the gradient checks).
 template <class V> struct Lanes;
-template <> struct Lanes<double> { using T = double; using I = int64_t; static constexpr int W = 1; };
-template <> struct Lanes<float> { using T = float; using I = int32_t; static constexpr int W = 1; };
-template <> struct Lanes<float4> { using T = float; using I = int4; static constexpr int W = 4; };
-template <> struct Lanes<float8> { using T = float; using I = int8; static constexpr int W = 8; };
+template <> struct Lanes<double> { using T = double; static constexpr int W = 1; };
+template <> struct Lanes<float> { using T = float; using I = int32_t; using U = uint32_t; static constexpr int W = 1; };
+template <> struct Lanes<float4> { using T = float; using I = int4; using U = uint4; static constexpr int W = 4; };
+template <> struct Lanes<float8> { using T = float; using I = int8; using U = uint8; static constexpr int W = 8; };
 
 // n <= W contiguous values as one vector (lanes past n zero) and back
 template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE V vload(const T* p, int n) {
@@ -124,13 +126,17 @@ template <class V, bool nonpositive = false> ATTNX_ALWAYS_INLINE V exp_lanes(V x
         p = p * r + 1.6666665459e-1f;
         p = p * r + 5.0000001201e-1f;
         p = p * (r * r) + r + 1.0f;
-        // 2^n from the exponent bits; n = 128 (x near the top of the range) as 2^127 * 2
-        I e;
-        if constexpr (Lanes<V>::W == 1) e = (I)n;
-        else e = __builtin_convertvector(n, I);
+        // 2^n from the exponent bits; n = 128 (x near the top of the range) as 2^127 * 2. The
+        // integer n is t's low mantissa bits (no float-to-int conversion, which NaN would make
+        // undefined; out of range, the selects below replace what comes of it).
+        // Integer arithmetic in unsigned: it wraps where signed would overflow.
+        using U = typename Lanes<V>::U;
+        U t_bits;
+        std::memcpy(&t_bits, &t, sizeof t_bits);
+        I e = (I)(t_bits - 0x4B400000u);  // minus the bits of round_bias
         const I max_exponent = I{} + 127;
         if constexpr (!nonpositive) e = e > max_exponent ? max_exponent : e;
-        const I bits = (e + 127) << 23;
+        const U bits = ((U)e + 127u) << 23;
         V scale;
         std::memcpy(&scale, &bits, sizeof scale);
         V y = p * scale;

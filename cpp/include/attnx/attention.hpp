@@ -70,13 +70,14 @@ template <class T> struct AttendScratch {
     std::vector<uint8_t> row_mask;
 };
 
-// V (S, Dv), rows ldv apart, as the right operand of softmax_context_rows: in place when its rows
-// split into whole panels of `width`, else packed (pack_panels) into scratch.value_panels.
-// Returns {panels, k_stride, panel_stride}.
+// The right operand of a packed_product: panel p's row k at data + p * panel_stride + k * k_stride
 template <class T> struct RightPanels {
     const T* data;
     size_t k_stride, panel_stride;
 };
+
+// V (S, Dv), rows ldv apart, as the right operand of softmax_context_rows: in place when its rows
+// split into whole panels of `width`, else packed (pack_panels) into scratch.value_panels.
 template <class T>
 RightPanels<T> value_panels(const T* value, size_t ldv, int S, int Dv, int width, AttendScratch<T>& scratch) {
     if (Dv % width == 0) return {value, ldv, (size_t)width};
@@ -111,7 +112,8 @@ ATTNX_ALWAYS_INLINE void softmax_context_rows(T* context, size_t ldc, T* w, size
     if (keep) {
         scratch.dropped.resize((size_t)r * ldw);
         for (int t = 0; t < r; ++t)
-            for (int s = 0; s < S; ++s) scratch.dropped[(size_t)t * ldw + s] = w[(size_t)t * ldw + s] * keep[(size_t)t * S + s];
+            for (int s = 0; s < S; ++s)
+                scratch.dropped[(size_t)t * ldw + s] = w[(size_t)t * ldw + s] * keep[(size_t)t * S + s];
         used = scratch.dropped.data();
     }
     const T* row_norm = scratch.row_norm.data();
@@ -120,7 +122,9 @@ ATTNX_ALWAYS_INLINE void softmax_context_rows(T* context, size_t ldc, T* w, size
                          [&](int t, TileRow<V, Q> sum, int p) __attribute__((always_inline)) {
                              for (int j = 0; j < Q; ++j) {
                                  const int d0 = p * width + j * W;
-                                 if (d0 < Dv) vstore(context + (size_t)t * ldc + d0, sum.q[j] * row_norm[t], std::min(W, Dv - d0));
+                                 if (d0 < Dv)
+                                     vstore(context + (size_t)t * ldc + d0, sum.q[j] * row_norm[t],
+                                            std::min(W, Dv - d0));
                              }
                          });
 }
@@ -128,7 +132,7 @@ ATTNX_ALWAYS_INLINE void softmax_context_rows(T* context, size_t ldc, T* w, size
 // Vectors per tile row of the attention products (Q * lanes columns per panel)
 constexpr int kAttendTileVectors = 4;
 
-// Backward of softmax_context_problem (dvalue overwritten, rows ldv apart):
+// Backward of softmax_context_rows for Tq rows (dvalue overwritten, rows ldv apart):
 //   dV       = (P * keep)^T . dC
 //   dkeep    = (dC . V^T) * P                                   (only when dkeep is not null)
 //   dP       = (dC . V^T) * keep + dweights                     (dweights may be null)
