@@ -3,6 +3,8 @@
 Reduction follows Keras' "sum_over_batch_size": the mean over every scored element; a mask or
 `ignore_index` leaves its elements out of the mean, as PyTorch's ignore_index and Keras' masks do.
 """
+import math
+
 import numpy as np
 
 from . import _core
@@ -60,8 +62,8 @@ class Loss:
             e = np.broadcast_to(e.reshape(e.shape + (1,) * (len(shape) - e.ndim)), shape)
             w = e if w is None else w * e
         if w is None:
-            return None, float(np.prod(shape))
-        denom = float(np.prod(shape)) if mask is None else float(
+            return None, float(math.prod(shape))
+        denom = float(math.prod(shape)) if mask is None else float(
             np.broadcast_to(np.asarray(mask, dtype=bool).reshape(
                 np.shape(mask) + (1,) * (len(shape) - np.ndim(mask))), shape).sum())
         return np.ascontiguousarray(w), max(denom, 1.0)

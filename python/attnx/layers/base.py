@@ -151,10 +151,11 @@ class Layer:
 
     # --------------------------------------------------------------- calling
     def __call__(self, inputs, *args, training=False, mask=None, **kwargs):
-        from ..models import SymbolicTensor, symbolic_call
-        flat = inputs if isinstance(inputs, (list, tuple)) else [inputs]
-        if any(isinstance(t, SymbolicTensor) for t in flat):
-            return symbolic_call(self, inputs, args, kwargs)
+        flat = inputs if isinstance(inputs, (list, tuple)) else (inputs,)
+        if not all(type(t) is np.ndarray for t in flat):  # arrays (the common case) skip the import
+            from ..models import SymbolicTensor, symbolic_call
+            if any(isinstance(t, SymbolicTensor) for t in flat):
+                return symbolic_call(self, inputs, args, kwargs)
         if not self.built:
             self.build(_shapes_of(inputs))
             self.built = True
@@ -223,6 +224,9 @@ class Layer:
         if arr.dtype.kind not in "fiu":
             raise TypeError(f"Layer '{self.name}': `{arg}` must be a numeric array, got dtype {arr.dtype}")
         self._check_shape(arr, arg, ndim, min_ndim, last_dim)
+        flags = arr.flags
+        if arr.dtype == self.dtype and flags.c_contiguous and flags.aligned:
+            return arr  # as the kernels read it already (np.require costs a microsecond to say so)
         return np.require(arr, self.dtype, "CA")  # C-contiguous and aligned, as the kernels read it
 
     def _check_shape(self, arr, arg, ndim=None, min_ndim=None, last_dim=None):

@@ -1,5 +1,7 @@
 """Core layers: Dense, Embedding, Activation, Dropout, and the shape and merge pieces functional
 models need (Flatten, Reshape, Concatenate, Add, GlobalAveragePooling1D)."""
+import math
+
 import numpy as np
 
 from .. import _core, activations, backend, initializers, regularizers
@@ -47,7 +49,7 @@ class Dense(Layer):
         kernel = self.params["kernel"]
         x = self._float_input(inputs, min_ndim=2, last_dim=kernel.shape[0])
         lead = x.shape[:-1]
-        x2 = x.reshape(int(np.prod(lead, dtype=np.int64)), kernel.shape[0])  # -1 fails for 0 features
+        x2 = x.reshape(math.prod(lead), kernel.shape[0])  # -1 fails for 0 features
         y, z = _core.dense_forward(x2, kernel, self.params.get("bias"), self.activation)
         if training:
             self._cache = (x2, y, z, lead)
@@ -232,7 +234,7 @@ class Flatten(Layer):
 
     def backward(self, dy):
         shape = self._saved()
-        return self._grad_input(dy, (shape[0], int(np.prod(shape[1:], dtype=np.int64)))).reshape(shape)
+        return self._grad_input(dy, (shape[0], math.prod(shape[1:]))).reshape(shape)
 
     def compute_output_shape(self, input_shape):
         rest = input_shape[1:]
@@ -250,8 +252,8 @@ class Reshape(Layer):
 
     def call(self, inputs, training=False):
         x = self._float_input(inputs, min_ndim=1)
-        sample = int(np.prod(x.shape[1:], dtype=np.int64))
-        known = int(np.prod([d for d in self.target_shape if d != -1], dtype=np.int64))
+        sample = math.prod(x.shape[1:])
+        known = math.prod(d for d in self.target_shape if d != -1)
         if (-1 in self.target_shape and sample % known) or (-1 not in self.target_shape and sample != known):
             raise ValueError(f"Layer '{self.name}': cannot reshape samples of shape {x.shape[1:]} to "
                              f"{self.target_shape}")
