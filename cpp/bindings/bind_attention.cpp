@@ -298,13 +298,9 @@ void init_attention(py::module_& m) {
                 const py::ssize_t S = k.shape(1);
                 const T* pq = in_ptr<T>(q, "dot_scores_forward: query");
                 const T* pk = in_ptr<T>(k, "dot_scores_forward: key");
-                auto scores = new_array<T>({B, Tq, S});
-                T* ps = scores.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>({B, Tq, S}, [&](T* ps) {
                     dot_scores_forward<T>(ps, pq, pk, (int)B, 1, (int)Tq, (int)S, (int)Dk, T(scale));
-                }
-                return std::move(scores);
+                });
             });
         },
         py::arg("query"), py::arg("key"), py::arg("scale") = 1.0,
@@ -391,13 +387,9 @@ void init_attention(py::module_& m) {
                 const T* pdg = in_ptr<T>(dgauss, "local_window_backward: dgauss");
                 const T* pg = in_ptr<T>(gauss, "local_window_backward: gauss");
                 const T* pp = in_ptr<T>(positions, "local_window_backward: positions");
-                auto dp = new_array<T>({B, Tq});
-                T* pdp = dp.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>({B, Tq}, [&](T* pdp) {
                     local_window_backward<T>(pdp, pdg, pg, pp, (int)B, (int)Tq, (int)S, window);
-                }
-                return std::move(dp);
+                });
             });
         },
         py::arg("dgauss"), py::arg("gauss"), py::arg("positions"), py::arg("window"),
@@ -474,14 +466,10 @@ void init_attention(py::module_& m) {
                 T* pdk = inout_ptr<T>(dkernel, "attention_pooling_backward: dkernel");
                 T* pdb = inout_ptr<T>(dbias, "attention_pooling_backward: dbias");
                 const bool per_step = dbias.shape(0) == Tn && Tn != 1;
-                auto dx = new_array<T>({B, Tn, C});
-                T* pdx = dx.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>({B, Tn, C}, [&](T* pdx) {
                     attention_pooling_backward<T>(pdx, pdk, pdb, pdo, pdw, pa, pe, px, pk, per_step, (int)B, (int)Tn,
-                                                  (int)C, return_sequences);
-                }
-                return std::move(dx);
+                    (int)C, return_sequences);
+                });
             });
         },
         py::arg("dout"), py::arg("dweights"), py::arg("weights"), py::arg("energy"), py::arg("x"), py::arg("kernel"),
@@ -496,13 +484,9 @@ void init_attention(py::module_& m) {
                 const py::ssize_t B = scores.shape(0), H = scores.shape(1), Tq = scores.shape(2), S = scores.shape(3);
                 const AttendMask am = parse_mask(mask, causal, B, Tq, S, "masked_softmax_forward: mask");
                 const T* ps = in_ptr<T>(scores, "masked_softmax_forward: scores");
-                auto weights = new_array<T>({B, H, Tq, S});
-                T* pw = weights.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>({B, H, Tq, S}, [&](T* pw) {
                     masked_softmax_scores<T>(pw, ps, am, (int)B, (int)H, (int)Tq, (int)S);
-                }
-                return std::move(weights);
+                });
             });
         },
         py::arg("scores"), py::arg("mask") = py::none(), py::arg("causal") = false,

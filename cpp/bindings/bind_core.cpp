@@ -95,13 +95,9 @@ void init_core(py::module_& m) {
                 const size_t cols = x.ndim() ? (size_t)x.shape(x.ndim() - 1) : 1;
                 const size_t rows = cols ? (size_t)x.size() / cols : 0;
                 std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
-                auto y = new_array<T>(shape);
-                T* py_ = y.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>(shape, [&](T* py_) {
                     activation_forward<T>(py_, px, rows, cols, act);
-                }
-                return std::move(y);
+                });
             });
         },
         py::arg("x"), py::arg("activation"), "Elementwise activation (softmax over the last axis).");
@@ -120,13 +116,9 @@ void init_core(py::module_& m) {
                 const T* py_ = in_ptr<T>(y, "activation_backward: y");
                 const size_t cols = dy.ndim() ? (size_t)dy.shape(dy.ndim() - 1) : 1;
                 const size_t rows = cols ? (size_t)dy.size() / cols : 0;
-                auto dx = new_array<T>(shape);
-                T* pdx = dx.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>(shape, [&](T* pdx) {
                     activation_backward<T>(pdx, pdy, px, py_, rows, cols, act);
-                }
-                return std::move(dx);
+                });
             });
         },
         py::arg("dy"), py::arg("x"), py::arg("y"), py::arg("activation"));

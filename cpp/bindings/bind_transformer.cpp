@@ -69,13 +69,9 @@ void init_transformer(py::module_& m) {
                 const T* px = in_ptr<T>(x, "layernorm_backward: x");
                 const T* pm = in_ptr<T>(mean, "layernorm_backward: mean");
                 const T* ps = in_ptr<T>(rstd, "layernorm_backward: rstd");
-                auto dx = new_array<T>({N, C});
-                T* pdx = dx.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>({N, C}, [&](T* pdx) {
                     layernorm_backward<T>(pdx, pdg, pdb, pdy, px, pm, ps, pg, N, C);
-                }
-                return std::move(dx);
+                });
             });
         },
         py::arg("dy"), py::arg("x"), py::arg("mean"), py::arg("rstd"), py::arg("gamma"), py::arg("dgamma"),
@@ -115,13 +111,9 @@ void init_transformer(py::module_& m) {
                                           " exceeds the table's " + std::to_string(table.shape(0)) + " positions");
                 const T* px = in_ptr<T>(x, "add_positions_forward: x");
                 const T* pt = in_ptr<T>(table, "add_positions_forward: table");
-                auto y = new_array<T>({B, Tn, D});
-                T* py_ = y.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>({B, Tn, D}, [&](T* py_) {
                     add_positions_forward<T>(py_, px, pt, B, Tn, D);
-                }
-                return std::move(y);
+                });
             });
         },
         py::arg("x"), py::arg("table"), "y[b, t] = x[b, t] + table[t] for x (B, T, D) and table (>= T, D).");
@@ -179,13 +171,9 @@ void init_transformer(py::module_& m) {
                 check_shape(keep, shape_of(x), "apply_keep: keep");
                 const T* px = in_ptr<T>(x, "apply_keep: x");
                 const T* pk = in_ptr<T>(keep, "apply_keep: keep");
-                auto y = new_array<T>(shape_of(x));
-                T* py_ = y.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>(shape_of(x), [&](T* py_) {
                     apply_keep<T>(py_, px, pk, (size_t)x.size());
-                }
-                return std::move(y);
+                });
             });
         },
         py::arg("x"), py::arg("keep"), "y = x * keep (dropout forward, and backward on dy).");
@@ -210,13 +198,9 @@ void init_transformer(py::module_& m) {
                 const T* pw2 = in_ptr<T>(kernel2, "feed_forward_forward: kernel2");
                 const T* pb1 = optional_in_ptr<T>(bias1, "feed_forward_forward: bias1");
                 const T* pb2 = optional_in_ptr<T>(bias2, "feed_forward_forward: bias2");
-                auto y = new_array<T>({N, OC});
-                T* py_ = y.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>({N, OC}, [&](T* py_) {
                     feed_forward_forward<T>(py_, px, pw1, pb1, pw2, pb2, (int)N, (int)C, (int)F, (int)OC, act);
-                }
-                return std::move(y);
+                });
             });
         },
         py::arg("x"), py::arg("kernel1"), py::arg("bias1"), py::arg("kernel2"), py::arg("bias2"),
@@ -234,13 +218,9 @@ void init_transformer(py::module_& m) {
                 const T* px = in_ptr<T>(x, "residual_add: x");
                 const T* ps = in_ptr<T>(sub, "residual_add: sub");
                 const T* pk = optional_in_ptr<T>(keep, "residual_add: keep");
-                auto y = new_array<T>(shape_of(x));
-                T* py_ = y.mutable_data();
-                {
-                    py::gil_scoped_release release;
+                return released_result<T>(shape_of(x), [&](T* py_) {
                     residual_add<T>(py_, px, ps, pk, (size_t)x.size());
-                }
-                return std::move(y);
+                });
             });
         },
         py::arg("x"), py::arg("sub"), py::arg("keep"), "y = x + keep * sub (keep None: y = x + sub).");

@@ -160,6 +160,19 @@ template <class T> py::array_t<T> new_array(const std::vector<py::ssize_t>& shap
     return py::array_t<T>(shape, static_cast<T*>(data), py::capsule(data, &BufferCache::give));
 }
 
+// The tail a single-result binding shares: a new_array of `shape` that kernel(out) fills with the
+// GIL released.
+template <class T, class Kernel>
+py::array_t<T> released_result(const std::vector<py::ssize_t>& shape, Kernel&& kernel) {
+    auto result = new_array<T>(shape);
+    T* out = result.mutable_data();
+    {
+        py::gil_scoped_release release;
+        kernel(out);
+    }
+    return result;
+}
+
 // Runs f(T{}) for the floating dtype of `a` (float32 or float64).
 template <class F> auto dispatch_float(const py::array& a, const char* what, F&& f) {
     if (a.dtype().is(py::dtype::of<float>())) return f(float{});
