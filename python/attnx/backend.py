@@ -1,4 +1,6 @@
 """Process-wide settings: the random generator behind initializers, dropout and shuffling, and threads."""
+import re
+
 import numpy as np
 
 from . import _core
@@ -41,3 +43,19 @@ def as_float_dtype(dtype, where="dtype"):
     if dt not in FLOAT_DTYPES:
         raise TypeError(f"{where}: attnx computes in float32 or float64, got {dt}")
     return dt
+
+
+_name_counts = {}
+
+
+def snake_case(name):
+    """Keras' naming: "MultiHeadAttention" -> "multi_head_attention", "LSTM" -> "lstm"."""
+    name = re.sub(r"(.)([A-Z][a-z0-9]+)", r"\1_\2", name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def unique_name(prefix):
+    """`prefix`, then `prefix_1`, `prefix_2`, ... for later objects of the same kind."""
+    n = _name_counts.get(prefix, 0)
+    _name_counts[prefix] = n + 1
+    return prefix if n == 0 else f"{prefix}_{n}"

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from . import _core
-from .layers.base import snake_case
+from .backend import snake_case
 
 
 class Loss:

@@ -1,71 +1,41 @@
-"""The layer contract every attnx layer follows (see DESIGN.md).
+"""The layer contract every attnx layer follows (ARCHITECTURE.md, "The layer contract").
 
-- ``y = layer(x, training=False, mask=None)`` runs the forward pass; with ``training=True`` the
-  layer keeps in ``self._cache`` what its backward pass needs.
-- ``dx = layer.backward(dy)`` returns the gradient of each input (the same structure as the
-  inputs: one array, or a list for layers called on a list) and **adds** the parameter gradients
-  into ``layer.grads``.
-- ``layer.params`` / ``layer.grads`` are ordered dicts name -> ndarray that the C++ kernels read
-  and write in place, so optimizer updates and ``set_weights`` never invalidate them.
+A layer implements two methods, and everything else calls them:
+
+- ``forward(inputs, training=False, mask=None, ...) -> (outputs, cache)``: the forward pass.
+  `cache` is everything backward needs from this one call (None when not training). The layer
+  keeps no per-call state of its own: a layer called several times in a model, or by several
+  threads at once, keeps each call's state apart because each call has its own cache.
+- ``backprop(cache, dy) -> dinputs``: the gradient of each input of the call that made `cache`
+  (the same structure as the inputs; None for inputs without one, e.g. token ids), and **adds**
+  the parameter gradients into ``layer.grads``, so a shared layer receives the sum over its calls.
+  When ``layer.input_gradient_needed`` is False (set by a model for layers fed only by its
+  inputs) the layer may skip its input gradient and return None.
+
+Callers use them as:
+- ``y = layer(x, training=...)``: forward; a training call's cache is kept as the layer's last
+  call, for ``dx = layer.backward(dy)`` (the one-layer convenience: backprop of the last call).
+- ``y, cache = layer.apply(x, training=...)`` then ``layer.backprop(cache, dy)``: what models and
+  composite layers do (builds the layer on its first call, as ``__call__`` does).
+
+``layer.params`` / ``layer.grads`` are ordered dicts name -> ndarray that the C++ kernels read and
+write in place, so optimizer updates and ``set_weights`` never invalidate them.
 """
-import re
 from collections import OrderedDict
 
 import numpy as np
 
 from .. import backend, initializers, regularizers
-
-_name_counts = {}
-
-
-def snake_case(name):
-    """Keras' layer naming: "MultiHeadAttention" -> "multi_head_attention", "LSTM" -> "lstm"."""
-    name = re.sub(r"(.)([A-Z][a-z0-9]+)", r"\1_\2", name)
-    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
-
-
-def unique_name(prefix):
-    n = _name_counts.get(prefix, 0)
-    _name_counts[prefix] = n + 1
-    return prefix if n == 0 else f"{prefix}_{n}"
-
-
-def attend_mask(mask, batch, source_len, query_len=None, where="mask", shared_ok=False, min_length=0):
-    """`mask` as the kernels take it: a C-contiguous bool array (B, S) (positions of a sequence,
-    e.g. key padding or an RNN's steps) or (B, Tq, S) (per query), or None. The one check of masks
-    and lengths for every layer that takes them.
-
-    Accepts bool (or 0/1 integer) masks of those shapes and lengths ``(B,)`` (integers in
-    ``[min_length, S]``: the first ``lengths[b]`` positions are real); with `shared_ok`, also a
-    leading axis of 1 for a mask shared by the batch. Raises TypeError (dtype) or ValueError
-    (shape, range) naming `where` otherwise.
-    """
-    if mask is None:
-        return None
-    m = np.asarray(mask)
-    if m.dtype.kind not in "biu":
-        raise TypeError(f"{where}: expected a bool mask or integer lengths, got dtype {m.dtype}")
-    if m.ndim in (2, 3) and m.shape[0] == 1 and batch != 1 and shared_ok:
-        batch = 1  # one mask for every batch row (functional API)
-    if m.ndim == 1 and m.dtype.kind in "iu":
-        if m.shape != (batch,):
-            raise ValueError(f"{where}: lengths expected shape ({batch},), got {m.shape}")
-        if m.size and (m.min() < min_length or m.max() > source_len):
-            raise ValueError(f"{where}: lengths must lie in [{min_length}, {source_len}], got {m.min()}..{m.max()}")
-        return np.ascontiguousarray(np.arange(source_len)[None, :] < m[:, None])
-    shapes = [(batch, source_len)] + ([(batch, query_len, source_len)] if query_len is not None else [])
-    if m.shape not in shapes:
-        raise ValueError(f"{where}: expected shape {' or '.join(map(str, shapes))} (True = real position) or "
-                         f"lengths ({batch},), got {m.shape}")
-    return np.ascontiguousarray(m != 0 if m.dtype != bool else m)
+from ..backend import snake_case, unique_name
+from ..symbolic import any_symbolic, symbolic_call
 
 
 class Layer:
     """Base class of all layers.
 
     Subclasses implement ``build(input_shape)`` (create weights with ``add_weight``),
-    ``call(inputs, training=False, mask=None)`` (forward), ``backward(dy)``,
-    ``compute_output_shape(input_shape)`` and ``get_config()``.
+    ``forward(inputs, training=False, mask=None) -> (outputs, cache)``, ``backprop(cache, dy)``,
+    ``compute_output_shape(input_shape)`` and ``get_config()`` (see the module docstring).
 
     Args:
         name: unique layer name (default: the class name in snake case, numbered).
@@ -151,40 +121,50 @@ class Layer:
 
     # --------------------------------------------------------------- calling
     def __call__(self, inputs, *args, training=False, mask=None, **kwargs):
-        flat = inputs if isinstance(inputs, (list, tuple)) else (inputs,)
-        if not all(type(t) is np.ndarray for t in flat):  # arrays (the common case) skip the import
-            from ..models import SymbolicTensor, symbolic_call
-            if any(isinstance(t, SymbolicTensor) for t in flat):
-                return symbolic_call(self, inputs, args, kwargs)
+        if type(inputs) is not np.ndarray and any_symbolic(inputs):
+            return symbolic_call(self, inputs, args, kwargs)
+        outputs, cache = self.apply(inputs, *args, training=training, mask=mask, **kwargs)
+        if training:
+            self._cache = cache  # the last training call, for backward(dy)
+        return outputs
+
+    def apply(self, inputs, *args, training=False, mask=None, **kwargs):
+        """Runs the forward pass and returns ``(outputs, cache)``, the cache being this call's state
+        for `backprop` (None unless training). Builds the layer on its first call."""
         if not self.built:
             self.build(_shapes_of(inputs))
             self.built = True
-        call_kwargs = dict(kwargs)
         if self._accepts("training"):
-            call_kwargs["training"] = training
-        if self._accepts("mask") and mask is not None:
-            call_kwargs["mask"] = mask
-        if not training:
-            self._cache = None  # a later backward() must not reuse a stale training cache
-        return self.call(inputs, *args, **call_kwargs)
+            kwargs["training"] = training
+        if mask is not None and self._accepts("mask"):
+            kwargs["mask"] = mask
+        return self.forward(inputs, *args, **kwargs)
 
     def _accepts(self, arg):
         key = ("_accepts_" + arg)
         found = self.__dict__.get(key)
         if found is None:
             import inspect  # on first call only: inspect is slow to import and `import attnx` must stay fast
-            found = arg in inspect.signature(self.call).parameters
+            found = arg in inspect.signature(self.forward).parameters
             self.__dict__[key] = found
         return found
 
     def build(self, input_shape):
         """Creates the weights for inputs of `input_shape` (batch axis first, may be None)."""
 
-    def call(self, inputs, training=False):
-        raise NotImplementedError(f"{type(self).__name__}.call")
+    def forward(self, inputs, training=False):
+        """Returns ``(outputs, cache)``: the outputs, and what `backprop` needs (None unless training)."""
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def backprop(self, cache, dy):
+        """Gradients of the inputs of the call that returned `cache`; adds into ``self.grads``."""
+        raise NotImplementedError(f"{type(self).__name__}.backprop")
 
     def backward(self, dy):
-        raise NotImplementedError(f"{type(self).__name__}.backward")
+        """Backpropagates `dy` through this layer's last training call (``layer(x, training=True)``)."""
+        if self._cache is None:
+            raise RuntimeError(f"Layer '{self.name}': backward() needs a forward pass with training=True first")
+        return self.backprop(self._cache, dy)
 
     def compute_mask(self, inputs, mask=None):
         return mask if self.supports_masking else None
@@ -193,7 +173,7 @@ class Layer:
         """Output shape for an input shape (batch axis None). The default runs the layer on
         small zero inputs, once with each unknown axis of size 2 and once of size 3, and
         reports axes that changed as unknown."""
-        outs = [_as_list(self.call(_dummy(input_shape, fill), training=False))
+        outs = [_as_list(self.apply(_dummy(input_shape, fill), training=False)[0])
                 for fill in (2, 3)]
         shapes = []
         for a, b in zip(*outs):
@@ -212,12 +192,6 @@ class Layer:
         return cls(**config)
 
     # ------------------------------------------------------------- helpers
-    def _saved(self):
-        """The forward cache, or a clear error if there was no training forward pass."""
-        if self._cache is None:
-            raise RuntimeError(f"Layer '{self.name}': backward() needs a forward pass with training=True first")
-        return self._cache
-
     def _float_input(self, x, arg="inputs", ndim=None, min_ndim=None, last_dim=None):
         """x as a C-contiguous array of this layer's dtype, after checking its kind and shape."""
         arr = np.asarray(x)

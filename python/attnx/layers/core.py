@@ -5,7 +5,8 @@ import math
 import numpy as np
 
 from .. import _core, activations, backend, initializers, regularizers
-from .base import Layer, attend_mask
+from ..masking import as_mask
+from .base import Layer
 
 
 class Dense(Layer):
@@ -45,18 +46,16 @@ class Dense(Layer):
         if self.use_bias:
             self.add_weight("bias", (self.units,), self.bias_initializer, self.bias_regularizer)
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         kernel = self.params["kernel"]
         x = self._float_input(inputs, min_ndim=2, last_dim=kernel.shape[0])
         lead = x.shape[:-1]
         x2 = x.reshape(math.prod(lead), kernel.shape[0])  # -1 fails for 0 features
         y, z = _core.dense_forward(x2, kernel, self.params.get("bias"), self.activation)
-        if training:
-            self._cache = (x2, y, z, lead)
-        return y.reshape(lead + (self.units,))
+        return y.reshape(lead + (self.units,)), ((x2, y, z, lead) if training else None)
 
-    def backward(self, dy):
-        x2, y, z, lead = self._saved()
+    def backprop(self, cache, dy):
+        x2, y, z, lead = cache
         dy = self._grad_input(dy, lead + (self.units,)).reshape(-1, self.units)
         dx = _core.dense_backward(dy, x2, self.params["kernel"], y, z, self.activation, self.grads["kernel"],
                                   self.grads.get("bias"), self.input_gradient_needed)
@@ -118,15 +117,12 @@ class Embedding(Layer):
                              f"(input_dim={self.input_dim})")
         return ids
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         ids = self.token_ids(inputs)
-        out = _core.embedding_forward(ids, self.params["embeddings"])
-        if training:
-            self._cache = ids
-        return out
+        return _core.embedding_forward(ids, self.params["embeddings"]), (ids if training else None)
 
-    def backward(self, dy):
-        ids = self._saved()
+    def backprop(self, cache, dy):
+        ids = cache
         dy = self._grad_input(dy, ids.shape + (self.output_dim,))
         _core.embedding_backward(self.grads["embeddings"], dy, ids)
         return None  # integer ids have no gradient
@@ -155,15 +151,13 @@ class Activation(Layer):
         super().__init__(**kwargs)
         self.activation = activations.get(activation)
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         x = self._float_input(inputs, min_ndim=1)
         y = _core.activation_forward(x, self.activation)
-        if training:
-            self._cache = (x, y)
-        return y
+        return y, ((x, y) if training else None)
 
-    def backward(self, dy):
-        x, y = self._saved()
+    def backprop(self, cache, dy):
+        x, y = cache
         return _core.activation_backward(self._grad_input(dy, y.shape), x, y, self.activation)
 
     def compute_output_shape(self, input_shape):
@@ -193,12 +187,12 @@ class Dropout(Layer):
         self.seed = seed
         self._rng = None if seed is None else np.random.default_rng(seed)
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         x = self._float_input(inputs, min_ndim=1)
-        if not training or self.rate == 0.0:
-            if training:
-                self._cache = (None, x.shape)
-            return x
+        if not training:
+            return x, None
+        if self.rate == 0.0:
+            return x, (None, x.shape)
         shape = x.shape
         if self.noise_shape is not None:
             if len(self.noise_shape) != x.ndim:
@@ -207,11 +201,10 @@ class Dropout(Layer):
             shape = tuple(s if n is None else n for s, n in zip(x.shape, self.noise_shape))
         rng = self._rng or backend.rng()
         keep = (rng.random(shape) >= self.rate).astype(self.dtype) * self.dtype.type(1.0 / (1.0 - self.rate))
-        self._cache = (keep, x.shape)
-        return x * keep
+        return x * keep, (keep, x.shape)
 
-    def backward(self, dy):
-        keep, shape = self._saved()
+    def backprop(self, cache, dy):
+        keep, shape = cache
         dy = self._grad_input(dy, shape)
         return dy.copy() if keep is None else dy * keep
 
@@ -226,14 +219,12 @@ class Dropout(Layer):
 class Flatten(Layer):
     """Flattens every axis but the batch axis: (B, d1, d2, ...) -> (B, d1 * d2 * ...)."""
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         x = self._float_input(inputs, min_ndim=1)
-        if training:
-            self._cache = x.shape
-        return x.reshape(x.shape[0], -1)
+        return x.reshape(x.shape[0], -1), (x.shape if training else None)
 
-    def backward(self, dy):
-        shape = self._saved()
+    def backprop(self, cache, dy):
+        shape = cache
         return self._grad_input(dy, (shape[0], math.prod(shape[1:]))).reshape(shape)
 
     def compute_output_shape(self, input_shape):
@@ -250,7 +241,7 @@ class Reshape(Layer):
         if sum(d == -1 for d in self.target_shape) > 1 or any(d < -1 or d == 0 for d in self.target_shape):
             raise ValueError(f"Reshape: invalid target_shape {target_shape}")
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         x = self._float_input(inputs, min_ndim=1)
         sample = math.prod(x.shape[1:])
         known = math.prod(d for d in self.target_shape if d != -1)
@@ -258,12 +249,10 @@ class Reshape(Layer):
             raise ValueError(f"Layer '{self.name}': cannot reshape samples of shape {x.shape[1:]} to "
                              f"{self.target_shape}")
         y = x.reshape((x.shape[0],) + self.target_shape)
-        if training:
-            self._cache = (x.shape, y.shape)
-        return y
+        return y, ((x.shape, y.shape) if training else None)
 
-    def backward(self, dy):
-        shape, out_shape = self._saved()
+    def backprop(self, cache, dy):
+        shape, out_shape = cache
         return self._grad_input(dy, out_shape).reshape(shape)
 
     def compute_output_shape(self, input_shape):
@@ -306,7 +295,7 @@ class Concatenate(_Merge):
         super().__init__(**kwargs)
         self.axis = int(axis)
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         xs = self._inputs(inputs)
         ndim = xs[0].ndim
         if not -ndim <= self.axis < ndim:  # `%` alone would silently concatenate on another axis
@@ -317,12 +306,10 @@ class Concatenate(_Merge):
                 raise ValueError(f"Layer '{self.name}': inputs must match except on axis {self.axis}; "
                                  f"got shapes {[x.shape for x in xs]}")
         y = np.concatenate(xs, axis=axis)
-        if training:
-            self._cache = ([x.shape[axis] for x in xs], y.shape, axis)
-        return y
+        return y, (([x.shape[axis] for x in xs], y.shape, axis) if training else None)
 
-    def backward(self, dy):
-        sizes, out_shape, axis = self._saved()
+    def backprop(self, cache, dy):
+        sizes, out_shape, axis = cache
         dy = self._grad_input(dy, out_shape)
         cuts = np.cumsum(sizes)[:-1]
         return [np.ascontiguousarray(g) for g in np.split(dy, cuts, axis=axis)]
@@ -341,19 +328,17 @@ class Concatenate(_Merge):
 class Add(_Merge):
     """Adds a list of inputs of the same shape (no broadcasting)."""
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         xs = self._inputs(inputs)
         if any(x.shape != xs[0].shape for x in xs):
             raise ValueError(f"Layer '{self.name}': inputs must have the same shape, got {[x.shape for x in xs]}")
-        if training:
-            self._cache = (len(xs), xs[0].shape)
         out = xs[0].copy()
         for x in xs[1:]:
             out += x
-        return out
+        return out, ((len(xs), xs[0].shape) if training else None)
 
-    def backward(self, dy):
-        n, shape = self._saved()
+    def backprop(self, cache, dy):
+        n, shape = cache
         dy = self._grad_input(dy, shape)
         return [dy.copy() for _ in range(n)]
 
@@ -370,20 +355,18 @@ class GlobalAveragePooling1D(Layer):
 
     supports_masking = True
 
-    def call(self, inputs, training=False, mask=None):
+    def forward(self, inputs, training=False, mask=None):
         x = self._float_input(inputs, ndim=3)
         if mask is None:
             weights = np.full(x.shape[:2], 1.0 / max(x.shape[1], 1), dtype=self.dtype)  # T = 0 pools to zeros
         else:
-            mask = attend_mask(mask, x.shape[0], x.shape[1], where=f"Layer '{self.name}': `mask`")
+            mask = as_mask(mask, x.shape[0], x.shape[1], f"Layer '{self.name}': `mask`")
             m = mask.astype(self.dtype)
             weights = m / np.maximum(m.sum(axis=1, keepdims=True), 1)  # a fully masked row pools to zeros
-        if training:
-            self._cache = (weights, x.shape)
-        return np.einsum("bt,btc->bc", weights, x)
+        return np.einsum("bt,btc->bc", weights, x), ((weights, x.shape) if training else None)
 
-    def backward(self, dy):
-        weights, shape = self._saved()
+    def backprop(self, cache, dy):
+        weights, shape = cache
         dy = self._grad_input(dy, (shape[0], shape[2]))
         return np.ascontiguousarray(weights[:, :, None] * dy[:, None, :])
 
