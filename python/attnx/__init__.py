@@ -10,16 +10,16 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 from . import _core  # noqa: E402
 from . import activations, backend, callbacks, initializers, layers, losses, metrics, optimizers, regularizers
+from ._version import __version__  # noqa: F401
 from .backend import set_num_threads, set_random_seed
 from .models import Input, Model, Sequential, load_model
-
-__version__ = "0.1.0"
+from . import seq2seq  # noqa: E402  (registers Seq2Seq, which load_model may meet in a file)
 
 
 def __getattr__(name):
-    # datasets, text, seq2seq, interop (torch), plot (matplotlib) and testing load on first use,
-    # keeping `import attnx` fast
-    if name in ("datasets", "interop", "plot", "seq2seq", "testing", "text"):
+    # datasets, interop (torch), plot (matplotlib) and testing load on first use, keeping
+    # `import attnx` fast
+    if name in ("datasets", "interop", "plot", "testing", "text"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'attnx' has no attribute {name!r}")

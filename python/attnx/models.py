@@ -1,103 +1,28 @@
-"""Models: `Input`, the functional `Model`, `Sequential`, and Keras' training API
-(compile / fit / evaluate / predict, summary, save / load).
+"""Models: the functional `Model`, `Sequential`, models written as classes, and Keras' training
+API (compile / fit / evaluate / predict, the *_on_batch steps, summary, save / load).
 
-A model records every layer call made on symbolic tensors as a node. Running it walks the nodes
-in order; its backward walks them in reverse, restoring each call's forward cache first, so a
-layer called twice (shared weights) still gets each call's gradient.
+A functional model records every layer call made on symbolic tensors as a node
+(`attnx.symbolic`). Running it walks the nodes in order, keeping each call's cache in a list that
+is the model's own cache; its backward walks the nodes in reverse, handing each layer the cache of
+that very call, so a layer called several times (shared weights) gets each call's gradient and
+their sum in its ``grads``. Nothing about a call is stored on the model or its layers: inference in
+one thread never disturbs a training step in flight in another.
 
-Tensor arguments of a call are its `inputs` (one tensor or a list), then tensors among the extra
-positional arguments, then tensors among the keyword arguments (e.g. ``initial_state=[h, c]``),
-in that order. A layer's ``backward`` returns the gradients in that same order (None for those
-it has none for, e.g. masks or token ids).
+Training is one loop for every model: `fit` and `evaluate` call `train_step` / `test_step`, which
+run `forward`, the compiled losses and `backprop`. A model written as a class (its layers as
+attributes, its own `forward` and `backprop`, like `attnx.seq2seq.Seq2Seq`) trains through the same
+loop, and may override `train_data` to derive its inputs and targets from a batch.
 """
-import inspect
+import time
 
 import numpy as np
 
 from . import backend, callbacks as callbacks_module, losses as losses_module
-from . import metrics as metrics_module, optimizers
-from .layers.base import Layer, unique_name
-
-
-# ------------------------------------------------------------------------ symbolic graph
-class SymbolicTensor:
-    """A placeholder for an array inside a model definition: its shape (batch axis None) and dtype."""
-
-    def __init__(self, shape, dtype, node=None, index=0, name=None):
-        self.shape = tuple(shape)
-        self.dtype = np.dtype(dtype)
-        self.node = node
-        self.index = index
-        self.name = name
-
-    @property
-    def ndim(self):
-        return len(self.shape)
-
-    def __repr__(self):
-        source = self.node.layer.name if self.node else "input"
-        return f"<SymbolicTensor shape={self.shape} dtype={self.dtype} from {source}>"
-
-
-def Input(shape, dtype="float32", name=None, batch_size=None):
-    """A model input: ``attnx.Input(shape=(32,), dtype="int32")`` for batches of 32 token ids."""
-    if isinstance(shape, int):
-        shape = (shape,)
-    return SymbolicTensor((batch_size,) + tuple(shape), dtype, name=name or unique_name("input"))
-
-
-class Node:
-    """One recorded layer call: the layer, its argument structure and its output tensors."""
-
-    def __init__(self, layer, inputs, args, kwargs):
-        self.layer = layer
-        self.call_spec = (inputs, args, kwargs)
-        self.input_tensors = _tensors_in(self.call_spec)
-        self.outputs = []
-        self.multi_output = False
-        self.cache = None
-
-
-def _is_tensor(x):
-    return isinstance(x, SymbolicTensor)
-
-
-def _tensors_in(spec):
-    """Every SymbolicTensor in (inputs, args, kwargs), in the documented order."""
-    inputs, args, kwargs = spec
-    found = []
-    for part in [inputs, *args, *kwargs.values()]:
-        items = part if isinstance(part, (list, tuple)) else [part]
-        found.extend(x for x in items if _is_tensor(x))
-    return found
-
-
-def _substitute(x, values):
-    if _is_tensor(x):
-        return values[id(x)]
-    if isinstance(x, (list, tuple)):
-        return type(x)(_substitute(v, values) for v in x)
-    return x
-
-
-def symbolic_call(layer, inputs, args, kwargs):
-    """Records `layer(inputs, *args, **kwargs)` on symbolic tensors and returns symbolic outputs."""
-    node = Node(layer, inputs, tuple(args), dict(kwargs))
-    if not layer.built:
-        shapes = [t.shape for t in inputs] if isinstance(inputs, (list, tuple)) else inputs.shape
-        layer.build(shapes)
-        layer.built = True
-    in_shape = [t.shape for t in inputs] if isinstance(inputs, (list, tuple)) else inputs.shape
-    # call options that change the outputs (e.g. return_attention_scores) reach compute_output_shape
-    # when it names them
-    accepted = inspect.signature(layer.compute_output_shape).parameters
-    options = {k: v for k, v in kwargs.items() if k in accepted and not _tensors_in(((), (), {k: v}))}
-    out_shape = layer.compute_output_shape(in_shape, **options)
-    node.multi_output = isinstance(out_shape, list)
-    shapes = out_shape if node.multi_output else [out_shape]
-    dtype = layer.dtype
-    node.outputs = [SymbolicTensor(s, dtype, node, i) for i, s in enumerate(shapes)]
-    return list(node.outputs) if node.multi_output else node.outputs[0]
+from . import metrics as metrics_module, optimizers, saving
+from .backend import unique_name
+from .layers import base as layers_base
+from .layers.base import Layer
+from .symbolic import Input, SymbolicTensor, is_symbolic, substitute
 
 
 def _structure(x):
@@ -129,16 +54,23 @@ def _check_finite(values, where):
 
 # ----------------------------------------------------------------------------- models
 class Model(Layer):
-    """A model from symbolic inputs to outputs (Keras' functional API)::
+    """A model: from symbolic inputs to outputs (Keras' functional API), or written as a class.
+
+    Functional::
 
         inputs = attnx.Input(shape=(32,), dtype="int32")
         x = attnx.layers.Embedding(5000, 32)(inputs)
         outputs = attnx.layers.Dense(1, activation="sigmoid")(attnx.layers.Flatten()(x))
         model = attnx.Model(inputs, outputs)
 
-    Several inputs and outputs are given as lists. A Model is also a Layer: it can be called on
-    arrays (``model(x, training=True)``), backpropagated (``model.backward(dy)``) and nested.
+    Several inputs and outputs are given as lists. As a class: subclass `Model`, set the layers as
+    attributes in ``__init__`` and implement ``forward`` and ``backprop`` with their ``apply`` and
+    ``backprop`` (the layer contract); the class then compiles, fits, saves and loads like any model.
+    A Model is also a Layer: it can be called on arrays, backpropagated and nested.
     """
+
+    _multi_input = False
+    _multi_output = False
 
     def __init__(self, inputs=None, outputs=None, name=None, **kwargs):
         self._nodes = []
@@ -149,6 +81,14 @@ class Model(Layer):
         if inputs is not None:
             self._init_graph(inputs, outputs)
 
+    def __setattr__(self, name, value):
+        # a model written as a class owns the layers it keeps as attributes (Keras' tracking)
+        if isinstance(value, Layer) and not name.startswith("_"):
+            tracked = self.__dict__.setdefault("_tracked_layers", [])
+            if not any(value is layer for layer in tracked):
+                tracked.append(value)
+        super().__setattr__(name, value)
+
     # ---------------------------------------------------------------- graph
     def _init_graph(self, inputs, outputs):
         self._multi_input = isinstance(inputs, (list, tuple))
@@ -156,7 +96,7 @@ class Model(Layer):
         self.inputs = _structure(inputs)
         self.outputs = _structure(outputs)
         for t in self.inputs + self.outputs:
-            if not _is_tensor(t):
+            if not is_symbolic(t):
                 raise TypeError(f"Model '{self.name}': inputs and outputs must be symbolic tensors "
                                 f"(from attnx.Input and layer calls), got {type(t).__name__}")
         for t in self.inputs:
@@ -197,7 +137,14 @@ class Model(Layer):
         return order
 
     @property
+    def _functional(self):
+        return bool(self._nodes)
+
+    @property
     def layers(self):
+        """The model's layers, each once: graph order for a functional model, attribute order for a class."""
+        if not self._functional:
+            return list(self.__dict__.get("_tracked_layers", []))
         out, seen = [], set()
         for node in self._nodes:
             if id(node.layer) not in seen:
@@ -248,16 +195,6 @@ class Model(Layer):
     def count_params(self):
         return int(sum(l.count_params() for l in self.layers))
 
-    @property
-    def _cache(self):
-        caches = [node.cache for node in self._nodes]
-        return None if all(c is None for c in caches) else caches
-
-    @_cache.setter
-    def _cache(self, caches):
-        for i, node in enumerate(self._nodes):
-            node.cache = None if caches is None else caches[i]
-
     # --------------------------------------------------------- forward/backward
     def _feed(self, inputs):
         """Model inputs (array, list, or dict by input name) as a list matching self.inputs."""
@@ -276,50 +213,64 @@ class Model(Layer):
                                  f"(shape {t.shape}), got shape {arr.shape}")
         return xs
 
-    def call(self, inputs, training=False, mask=None):
-        self.output_masks = []
+    def forward(self, inputs, training=False, mask=None):
+        if not self._functional:
+            raise NotImplementedError(f"Model '{self.name}' has no graph: build it from attnx.Input tensors, "
+                                      "or subclass Model and implement forward and backprop")
+        outputs, _, caches = self._run_graph(inputs, training, mask)
+        return outputs, caches
+
+    def backprop(self, cache, dy):
+        return self._backprop_graph(cache, dy, self.input_gradient_needed)
+
+    def _run_graph(self, inputs, training=False, mask=None, check=False):
+        """Runs the recorded calls; returns (outputs, output masks (a list), per-call caches or None).
+        `check`: raise NonFiniteError on the first non-finite input or layer output."""
         values, masks = {}, {}
         for t, x in zip(self.inputs, self._feed(inputs)):
             values[id(t)] = x
-        check = training and self._check_numerics
         if check:
             _check_finite([values[id(t)] for t in self.inputs], lambda i: f"model input '{self.inputs[i].name}'")
         if mask is not None:
             for t, m in zip(self.inputs, _structure(mask) if self._multi_input else [mask]):
                 masks[id(t)] = m
+        caches = [] if training else None
         for node in self._nodes:
             inputs_spec, args, kwargs = node.call_spec
-            x = _substitute(inputs_spec, values)
-            call_args = _substitute(args, values)
-            call_kwargs = _substitute(kwargs, values)
+            x = substitute(inputs_spec, values)
+            call_args = substitute(args, values)
+            call_kwargs = substitute(kwargs, values)
             in_mask = None
             if "mask" not in call_kwargs:
                 m = [masks.get(id(t)) for t in _structure(inputs_spec)]
                 in_mask = (m if isinstance(inputs_spec, (list, tuple)) else m[0]) if any(
                     v is not None for v in m) else None
             layer = node.layer
-            out = layer(x, *call_args, training=training, mask=in_mask, **call_kwargs)
-            node.cache = layer._cache if training else None
+            if isinstance(layer, Model) and layer._functional:  # a nested model: its masks come with its outputs
+                out, out_masks, cache = layer._run_graph(x, training, in_mask, check)
+            else:
+                out, cache = layer.apply(x, *call_args, training=training, mask=in_mask, **call_kwargs)
+                out_mask = layer.compute_mask(x, in_mask if in_mask is not None else call_kwargs.get("mask"))
+                out_masks = out_mask if isinstance(out_mask, list) else [out_mask]
+            if training:
+                caches.append(cache)
             outs = _structure(out) if node.multi_output else [out]
             if check:
                 _check_finite(outs, lambda i: f"output {i} of layer '{layer.name}' ({type(layer).__name__}) "
                                               "in the forward pass")
-            out_mask = layer.compute_mask(x, in_mask if in_mask is not None else call_kwargs.get("mask"))
-            out_masks = out_mask if isinstance(out_mask, list) else [out_mask] + [None] * (len(outs) - 1)
-            for t, o, m in zip(node.outputs, outs, out_masks):
+            for t, o, m in zip(node.outputs, outs, out_masks + [None] * (len(outs) - len(out_masks))):
                 values[id(t)] = o
                 if m is not None:
                     masks[id(t)] = m
-        self.output_masks = [masks.get(id(t)) for t in self.outputs]
         result = [values[id(t)] for t in self.outputs]
-        return result if self._multi_output else result[0]
+        return (result if self._multi_output else result[0]), [masks.get(id(t)) for t in self.outputs], caches
 
-    def backward(self, dy, input_gradients=True):
-        """Backpropagates output gradients `dy` through the recorded calls; returns the gradients
-        of the model inputs (None for each when `input_gradients` is False, which lets layers fed
-        only by model inputs skip that work)."""
-        if all(node.cache is None for node in self._nodes) and self._nodes:
-            raise RuntimeError(f"Model '{self.name}': backward() needs a forward pass with training=True first")
+    def _backprop_graph(self, caches, dy, input_gradients=True, check=False):
+        """Backpropagates output gradients `dy` through the calls that made `caches`; returns the
+        gradients of the model inputs (None for each when `input_gradients` is False, which lets
+        layers fed only by model inputs skip that work)."""
+        if caches is None:
+            raise RuntimeError(f"Model '{self.name}': backward needs a forward pass with training=True first")
         grads = {}
         dys = _structure(dy) if self._multi_output else [dy]
         if len(dys) != len(self.outputs):
@@ -328,23 +279,27 @@ class Model(Layer):
             if g is not None:
                 grads[id(t)] = np.asarray(g)
         input_ids = {id(t) for t in self.inputs}
-        for node in reversed(self._nodes):
+        for node, cache in zip(reversed(self._nodes), reversed(caches)):
             out_grads = [grads.get(id(t)) for t in node.outputs]
             if all(g is None for g in out_grads):
                 continue
             layer = node.layer
-            layer._cache = node.cache
-            layer.input_gradient_needed = input_gradients or not all(id(t) in input_ids for t in node.input_tensors)
-            try:
-                d_in = layer.backward(out_grads if node.multi_output else out_grads[0])
-            finally:
-                layer.input_gradient_needed = True
+            d_out = out_grads if node.multi_output else out_grads[0]
+            needed = input_gradients or not all(id(t) in input_ids for t in node.input_tensors)
+            if isinstance(layer, Model) and layer._functional:
+                d_in = layer._backprop_graph(cache, d_out, needed, check)
+            else:
+                layer.input_gradient_needed = needed
+                try:
+                    d_in = layer.backprop(cache, d_out)
+                finally:
+                    layer.input_gradient_needed = True
             inputs_spec = node.call_spec[0]
             if isinstance(inputs_spec, (list, tuple)) or len(node.input_tensors) > 1:
                 d_in = _structure(d_in)
             else:
                 d_in = [d_in]
-            if self._check_numerics:
+            if check:
                 _check_finite(d_in, lambda i: f"gradient of input {i} of layer '{layer.name}' "
                                               f"({type(layer).__name__}) in the backward pass")
                 names = list(layer.grads)
@@ -358,11 +313,16 @@ class Model(Layer):
         return result if self._multi_input else result[0]
 
     def compute_output_shape(self, input_shape):
+        if not self._functional:
+            return super().compute_output_shape(input_shape)
         shapes = [t.shape for t in self.outputs]
         return shapes if self._multi_output else shapes[0]
 
     def compute_mask(self, inputs, mask=None):
-        masks = getattr(self, "output_masks", None) or [None]
+        """The output masks for `inputs` (a functional model runs to find them; models nest without this)."""
+        if not self._functional:
+            return None
+        masks = self._run_graph(inputs, False, mask)[1]
         return masks if self._multi_output else masks[0]
 
     # --------------------------------------------------------------- training
@@ -398,11 +358,11 @@ class Model(Layer):
         self.compiled = True
 
     def _num_outputs(self):
-        return len(self.outputs)
+        return len(self.outputs) if self._functional else (2 if self._multi_output else 1)
 
-    def _ensure_graph(self):
-        if not self.built:
-            raise ValueError(f"Model '{self.name}' has no inputs yet; build it first")
+    def _build_for(self, x):
+        """Builds the model from a first batch `x` if it has no graph yet (Keras builds on the first
+        fit, evaluate, predict or *_on_batch call). Functional models are built already."""
 
     def _check_compiled(self):
         if not self.compiled:
@@ -415,9 +375,8 @@ class Model(Layer):
             names.extend(prefix + tag + m.name for m in ms)
         return names
 
-    def _losses_and_grads(self, ys, preds, sample_weight):
+    def _losses_and_grads(self, ys, preds, sample_weight, masks):
         total, dys = 0.0, []
-        masks = getattr(self, "output_masks", None) or [None] * len(preds)
         for lf, w, y, p, m in zip(self.loss_functions, self.loss_weights, ys, preds, masks):
             if m is not None and np.shape(m) != np.shape(p)[:np.ndim(m)]:
                 m = None  # an output mask that does not index the prediction (e.g. pooled away)
@@ -426,44 +385,108 @@ class Model(Layer):
             dys.append(dy * dy.dtype.type(w) if w != 1.0 else dy)
         return total, dys
 
-    def _update_metrics(self, ys, preds, sample_weight):
-        masks = getattr(self, "output_masks", None) or [None] * len(preds)
+    def _update_metrics(self, ys, preds, sample_weight, masks):
         for ms, y, p, m in zip(self.compiled_metrics, ys, preds, masks):
             if m is not None and np.shape(m) != np.shape(p)[:np.ndim(m)]:
                 m = None
             for metric in ms:
                 metric.update_state(y, p, sample_weight, mask=m)
 
-    _check_numerics = False  # set while train_on_batch(check_numerics=True) runs
+    def _reset_metrics(self):
+        for ms in self.compiled_metrics:
+            for m in ms:
+                m.reset_state()
+
+    def train_data(self, x, y):
+        """The (inputs, targets) a training or test step feeds to `forward` and the losses, from a
+        batch (x, y) as `fit` and `evaluate` were given it. Identity here; a model that derives
+        both from its data overrides it (Seq2Seq: teacher forcing, targets shifted by one)."""
+        return x, y
+
+    def _forward_for_loss(self, x, training, check=False):
+        """(predictions, output masks, cache), predictions and masks as lists (one per output)."""
+        if self._functional:
+            out, masks, cache = self._run_graph(x, training, None, check)
+        else:
+            out, cache = self.apply(x, training=training)
+            masks = [None] * self._num_outputs()
+            if check:
+                _check_finite(_structure(out), lambda i: f"output {i} of model '{self.name}' in the forward pass")
+        return (_structure(out) if self._multi_output else [out]), masks, cache
+
+    def _backprop_for_loss(self, cache, dys, check=False):
+        dy = dys if self._multi_output else dys[0]
+        if self._functional:
+            self._backprop_graph(cache, dy, input_gradients=False, check=check)
+            return
+        self.input_gradient_needed = False
+        try:
+            self.backprop(cache, dy)
+        finally:
+            self.input_gradient_needed = True
+        if check:
+            names = list(self.grads)
+            _check_finite(self.grads.values(), lambda i: f"gradient of weight '{names[i]}' in the backward pass")
+
+    def train_step(self, x, y, sample_weight=None, check_numerics=False):
+        """One optimization step on the batch (x, y): forward, losses, backprop, optimizer, metrics.
+        Returns the batch loss (regularization included). `check_numerics`: as in `fit`."""
+        x, y = self.train_data(x, y)
+        ys = _structure(y) if self._multi_output else [y]
+        self.zero_grad()
+        preds, masks, cache = self._forward_for_loss(x, True, check_numerics)
+        loss, dys = self._losses_and_grads(ys, preds, sample_weight, masks)
+        loss += self.regularization_loss()
+        if check_numerics:
+            _check_finite([loss], lambda i: "the loss")
+            _check_finite(dys, lambda i: f"gradient of the loss for output {i}" + (
+                f" (layer '{self.outputs[i].node.layer.name}')" if self._functional else ""))
+        self._backprop_for_loss(cache, dys, check_numerics)
+        self.add_regularization_grads()
+        self.optimizer.apply([(p, g) for _, p, g in self.trainable_params])
+        if check_numerics:
+            names = [n for n, _, _ in self.trainable_params]
+            _check_finite([p for _, p, _ in self.trainable_params],
+                          lambda i: f"weight '{names[i]}' after the optimizer step")
+        self._update_metrics(ys, preds, sample_weight, masks)
+        return loss
+
+    def test_step(self, x, y, sample_weight=None):
+        """The batch loss (regularization included, as Keras reports it) in inference mode; updates the metrics."""
+        x, y = self.train_data(x, y)
+        ys = _structure(y) if self._multi_output else [y]
+        preds, masks, _ = self._forward_for_loss(x, False)
+        loss, _ = self._losses_and_grads(ys, preds, sample_weight, masks)
+        self._update_metrics(ys, preds, sample_weight, masks)
+        return loss + self.regularization_loss()
+
+    def predict_step(self, x):
+        """The outputs for one batch in inference mode."""
+        return self.apply(x, training=False)[0]
 
     def train_on_batch(self, x, y, sample_weight=None, check_numerics=False):
         """One optimization step on one batch; returns the batch loss (regularization included).
         `check_numerics`: as in `fit`."""
         self._check_compiled()
-        if check_numerics and not self._check_numerics:
-            self._check_numerics = True
-            try:
-                return self.train_on_batch(x, y, sample_weight)
-            finally:
-                self._check_numerics = False
-        ys = _structure(y) if self._multi_output else [y]
-        self.zero_grad()
-        preds = _structure(self.call(x, training=True)) if self._multi_output else [self.call(x, training=True)]
-        loss, dys = self._losses_and_grads(ys, preds, sample_weight)
-        loss += self.regularization_loss()
-        if self._check_numerics:
-            _check_finite([loss], lambda i: "the loss")
-            _check_finite(dys, lambda i: f"gradient of the loss for output {i} (layer "
-                                         f"'{self.outputs[i].node.layer.name}')")
-        self.backward(dys if self._multi_output else dys[0], input_gradients=False)
-        self.add_regularization_grads()
-        self.optimizer.apply([(p, g) for _, p, g in self.trainable_params])
-        if self._check_numerics:
-            names = [n for n, _, _ in self.trainable_params]
-            _check_finite([p for _, p, _ in self.trainable_params],
-                          lambda i: f"weight '{names[i]}' after the optimizer step")
-        self._update_metrics(ys, preds, sample_weight)
-        return loss
+        self._build_for(x)
+        return self.train_step(x, y, sample_weight, check_numerics)
+
+    def test_on_batch(self, x, y, sample_weight=None, return_dict=False):
+        """Loss (and metrics) of one batch in inference mode, as `evaluate` on that batch alone."""
+        self._check_compiled()
+        self._build_for(x)
+        self._reset_metrics()
+        loss = self.test_step(x, y, None if sample_weight is None else np.asarray(sample_weight))
+        return self._result(loss, return_dict)
+
+    def predict_on_batch(self, x):
+        """Outputs for one batch (inference mode)."""
+        self._build_for(x)
+        return self.predict_step(x)
+
+    def _result(self, loss, return_dict):
+        result = {"loss": loss, **self._metric_results()}
+        return result if return_dict else (list(result.values()) if len(result) > 1 else result["loss"])
 
     def _batches(self, n, batch_size, shuffle):
         order = backend.rng().permutation(n) if shuffle else np.arange(n)
@@ -492,6 +515,7 @@ class Model(Layer):
                 (it scans every activation and gradient, which costs time).
         """
         self._check_compiled()
+        self._build_for(x)
         if int(batch_size) <= 0:
             raise ValueError(f"fit: batch_size must be positive, got {batch_size}")
         xs, ys = self._as_data(x, "x"), self._as_data(y, "y", outputs=True)
@@ -518,12 +542,9 @@ class Model(Layer):
         steps = (n + batch_size - 1) // batch_size
         for epoch in range(initial_epoch, epochs):
             cbs.on_epoch_begin(epoch)
-            for ms in self.compiled_metrics:
-                for m in ms:
-                    m.reset_state()
+            self._reset_metrics()
             loss_mean = metrics_module.Mean("loss")
             bar = _progress(steps, f"Epoch {epoch + 1}/{epochs}", verbose == 1)
-            import time
             start = time.perf_counter()
             for step, idx in enumerate(self._batches(n, int(batch_size), shuffle)):
                 cbs.on_train_batch_begin(step)
@@ -562,8 +583,10 @@ class Model(Layer):
     def _as_data(self, data, what, outputs=False):
         if data is None:
             raise ValueError(f"Model '{self.name}': {what} is required")
-        tensors = self.outputs if outputs else self.inputs
         multi = self._multi_output if outputs else self._multi_input
+        if not self._functional:  # a model written as a class takes what its train_data and forward take
+            return [np.asarray(a) for a in data] if multi else [np.asarray(data)]
+        tensors = self.outputs if outputs else self.inputs
         if isinstance(data, dict):
             key = (lambda t: t.node.layer.name) if outputs else (lambda t: t.name)
             return [np.asarray(data[key(t)]) for t in tensors]
@@ -590,44 +613,34 @@ class Model(Layer):
     def evaluate(self, x=None, y=None, batch_size=32, verbose="auto", sample_weight=None, return_dict=False):
         """Loss (regularization included, as Keras reports it) and metrics over (x, y)."""
         self._check_compiled()
+        self._build_for(x)
         xs, ys = self._as_data(x, "x"), self._as_data(y, "y", outputs=True)
         n = self._num_samples(xs, ys)
-        for ms in self.compiled_metrics:
-            for m in ms:
-                m.reset_state()
+        self._reset_metrics()
         loss_mean = metrics_module.Mean("loss")
         sw = None if sample_weight is None else np.asarray(sample_weight)
         verbose = 1 if verbose == "auto" else int(verbose)
         bar = _progress((n + batch_size - 1) // batch_size, "Evaluate", verbose == 1)
         for idx in self._batches(n, int(batch_size), False):
-            xb, yb = self._pick(xs, idx, self._multi_input), self._pick(ys, idx, self._multi_output)
-            preds = self.call(xb, training=False)
-            preds = _structure(preds) if self._multi_output else [preds]
-            ys_b = _structure(yb) if self._multi_output else [yb]
-            swb = None if sw is None else sw[idx]
-            loss, _ = self._losses_and_grads(ys_b, preds, swb)
-            loss_mean.update_state(loss + self.regularization_loss(), len(idx))
-            self._update_metrics(ys_b, preds, swb)
+            loss = self.test_step(self._pick(xs, idx, self._multi_input), self._pick(ys, idx, self._multi_output),
+                                  None if sw is None else sw[idx])
+            loss_mean.update_state(loss, len(idx))
             if bar is not None:
                 bar.update(1)
         if bar is not None:
             bar.close()
-        result = {"loss": loss_mean.result(), **self._metric_results()}
-        return result if return_dict else (list(result.values()) if len(result) > 1 else result["loss"])
+        return self._result(loss_mean.result(), return_dict)
 
     def predict(self, x, batch_size=32, verbose=0):
         """Outputs for x, computed in batches (inference mode)."""
-        self._ensure_graph_for(x)
+        self._build_for(x)
         xs = self._as_data(x, "x")
         n = self._num_samples(xs)
-        outs = [self.call(self._pick(xs, idx, self._multi_input), training=False)
+        outs = [self.predict_step(self._pick(xs, idx, self._multi_input))
                 for idx in self._batches(n, int(batch_size), False)]
         if self._multi_output:
             return [np.concatenate([o[i] for o in outs]) for i in range(len(self.outputs))]
         return np.concatenate(outs)
-
-    def _ensure_graph_for(self, x):
-        self._ensure_graph()
 
     # ----------------------------------------------------------------- summary
     def summary(self, print_fn=print):
@@ -658,25 +671,88 @@ class Model(Layer):
     # ---------------------------------------------------------- save and load
     def save(self, path):
         """Saves config, weights and compile settings to one `.attnx` file, atomically."""
-        from .saving import save_model
-        save_model(self, path)
+        saving.save_model(self, path)
 
     def save_weights(self, path):
-        from .saving import save_weights
-        save_weights(self, path)
+        saving.save_weights(self, path)
 
     def load_weights(self, path):
-        from .saving import load_weights
-        load_weights(self, path)
+        saving.load_weights(self, path)
 
     def get_config(self):
-        from .saving import functional_config
-        return functional_config(self)
+        """A functional model's layers and every recorded call with its tensor references (a model
+        written as a class returns its constructor arguments instead)."""
+        input_index = {id(t): i for i, t in enumerate(self.inputs)}
+        node_index = {}
+        for i, node in enumerate(self._nodes):
+            for j, t in enumerate(node.outputs):
+                node_index[id(t)] = (i, j)
+
+        def ref(t):
+            return {"input": input_index[id(t)]} if id(t) in input_index else dict(
+                zip(("node", "output"), node_index[id(t)]))
+        nodes = []
+        for node in self._nodes:
+            inputs, args, kwargs = node.call_spec
+            nodes.append({"layer": node.layer.name, "inputs": _encode(inputs, ref),
+                          "args": [_encode(a, ref) for a in args],
+                          "kwargs": {k: _encode(v, ref) for k, v in kwargs.items()},
+                          "multi_output": node.multi_output})
+        return {
+            "name": self.name,
+            "layers": [_layer_entry(l) for l in self.layers],
+            "inputs": [{"shape": list(t.shape[1:]), "dtype": t.dtype.name, "name": t.name} for t in self.inputs],
+            "multi_input": self._multi_input,
+            "nodes": nodes,
+            "outputs": [ref(t) for t in self.outputs],
+            "multi_output": self._multi_output,
+        }
 
     @classmethod
     def from_config(cls, config):
-        from .saving import functional_from_config
-        return functional_from_config(config)
+        layers = {}
+        for entry in config["layers"]:
+            layer = _layer_from_entry(entry)
+            layers[layer.name] = layer
+        tensors = {"input": [Input(tuple(i["shape"]), dtype=i["dtype"], name=i["name"]) for i in config["inputs"]],
+                   "node": []}
+        for node in config["nodes"]:
+            layer = layers[node["layer"]]
+            out = layer(_decode(node["inputs"], tensors), *[_decode(a, tensors) for a in node["args"]],
+                        **{k: _decode(v, tensors) for k, v in node["kwargs"].items()})
+            tensors["node"].append(out if node["multi_output"] else [out])
+        inputs = tensors["input"] if config["multi_input"] else tensors["input"][0]
+        outputs = [_decode({"tensor": r}, tensors) for r in config["outputs"]]
+        return cls(inputs, outputs if config["multi_output"] else outputs[0], name=config["name"])
+
+
+def _layer_entry(layer):
+    entry = {"class_name": type(layer).__name__, "config": layer.get_config()}
+    if isinstance(layer, Model):
+        entry["config"]["name"] = layer.name
+    return entry
+
+
+def _layer_from_entry(entry):
+    return layers_base.get(entry["class_name"]).from_config(entry["config"])
+
+
+def _encode(value, ref):
+    if isinstance(value, SymbolicTensor):
+        return {"tensor": ref(value)}
+    if isinstance(value, (list, tuple)):
+        return {"list": [_encode(v, ref) for v in value]}
+    saving.check_json(value)  # raises for values a config cannot hold
+    return {"value": value}
+
+
+def _decode(value, tensors):
+    if "tensor" in value:
+        ref = value["tensor"]
+        return tensors["input"][ref["input"]] if "input" in ref else tensors["node"][ref["node"]][ref["output"]]
+    if "list" in value:
+        return [_decode(v, tensors) for v in value["list"]]
+    return value["value"]
 
 
 class Sequential(Model):
@@ -688,7 +764,7 @@ class Sequential(Model):
         ])
 
     The graph is built from the first layer's `input_shape` (or a leading ``attnx.Input``), or
-    else on the first call, fit or predict, from the data.
+    else from the data of the first call, fit, evaluate, predict or *_on_batch.
     """
 
     def __init__(self, layers=None, name=None, **kwargs):
@@ -699,7 +775,7 @@ class Sequential(Model):
             self.add(layer)
 
     def add(self, layer):
-        if _is_tensor(layer):
+        if is_symbolic(layer):
             if self._stack:
                 raise ValueError(f"Sequential '{self.name}': an Input must come first")
             self._input_spec = layer
@@ -726,37 +802,21 @@ class Sequential(Model):
 
     def build(self, input_shape):
         if not self.built:
-            dtype = "int64" if isinstance(self._stack[0], _token_layers()) else "float32"
-            self._build_graph(Input(tuple(input_shape[1:]), dtype=dtype))
+            self._build_graph(Input(tuple(input_shape[1:]), dtype=_input_dtype(self._stack[0])))
 
-    def _ensure_data_graph(self, x):
+    def _build_for(self, x):
         if self.built:
             return
         if not self._stack:
             raise ValueError(f"Sequential '{self.name}' has no layers")
-        arr = np.asarray(x)
+        arr = np.asarray(x[0] if isinstance(x, (list, tuple)) else x)
         if arr.ndim == 0:
             raise ValueError(f"Sequential '{self.name}': input must have a batch axis, got a scalar")
         self._build_graph(Input(arr.shape[1:], dtype=arr.dtype if arr.dtype.kind in "iu" else "float32"))
 
-    def call(self, inputs, training=False, mask=None):
-        self._ensure_data_graph(inputs)
-        return super().call(inputs, training=training, mask=mask)
-
-    def _ensure_graph(self):
-        if not self.built and not self._stack:
-            raise ValueError(f"Sequential '{self.name}' has no layers")
-
-    def _ensure_graph_for(self, x):
-        self._ensure_data_graph(x[0] if isinstance(x, (list, tuple)) else x)
-
-    def fit(self, x=None, y=None, *args, **kwargs):
-        self._ensure_data_graph(x)
-        return super().fit(x, y, *args, **kwargs)
-
-    def evaluate(self, x=None, y=None, *args, **kwargs):
-        self._ensure_data_graph(x)
-        return super().evaluate(x, y, *args, **kwargs)
+    def forward(self, inputs, training=False, mask=None):
+        self._build_for(inputs)
+        return super().forward(inputs, training=training, mask=mask)
 
     def _num_outputs(self):
         return 1
@@ -772,22 +832,25 @@ class Sequential(Model):
         super().summary(print_fn)
 
     def get_config(self):
-        from .saving import sequential_config
-        return sequential_config(self)
+        config = {"name": self.name, "layers": [_layer_entry(l) for l in self.layers]}
+        if self.built:
+            t = self.inputs[0]
+            config["input"] = {"shape": list(t.shape[1:]), "dtype": t.dtype.name}
+        return config
 
     @classmethod
     def from_config(cls, config):
-        from .saving import sequential_from_config
-        return sequential_from_config(config)
-
-
-def _token_layers():
-    from .layers.core import Embedding
-    return (Embedding,)
+        model = cls(name=config["name"])
+        if "input" in config:
+            model.add(Input(tuple(config["input"]["shape"]), dtype=config["input"]["dtype"]))
+        for entry in config["layers"]:
+            model.add(_layer_from_entry(entry))
+        return model
 
 
 def _input_dtype(layer):
-    return "int64" if isinstance(layer, _token_layers()) else "float32"
+    from .layers.core import Embedding
+    return "int64" if isinstance(layer, Embedding) else "float32"
 
 
 def _progress(total, desc, enabled):
@@ -798,6 +861,26 @@ def _progress(total, desc, enabled):
 
 
 def load_model(path):
-    """Loads a model saved with ``model.save(path)`` (config, weights and compile settings)."""
-    from .saving import load_model as _load
-    return _load(path)
+    """Loads a model saved with ``model.save(path)`` (config, weights, compile settings and optimizer
+    state): a functional model, a Sequential, or a model class such as `attnx.seq2seq.Seq2Seq`."""
+    header, weights = saving.read_model(path)
+    name = header["model"]["class_name"]
+    cls = Layer.registry.get(name)
+    if cls is None or not issubclass(cls, Model):
+        raise ValueError(f"{path}: unknown model class {name!r}")
+    try:
+        model = cls.from_config(header["model"]["config"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: the model config does not describe a {cls.__name__} ({exc})") from exc
+    saving.assign(model, weights, path)
+    compile_config = header.get("compile")
+    if compile_config:
+        from . import losses, optimizers
+        model.compile(optimizer=optimizers.get(compile_config["optimizer"]),
+                      loss=[losses.get(l) for l in compile_config["loss"]] if len(compile_config["loss"]) > 1
+                      else losses.get(compile_config["loss"][0]),
+                      metrics=compile_config["metrics"] if len(compile_config["metrics"]) > 1
+                      else compile_config["metrics"][0],
+                      loss_weights=compile_config["loss_weights"])
+        saving.restore_optimizer_state(model, header, path)
+    return model

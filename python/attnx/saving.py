@@ -28,112 +28,16 @@ import zlib
 
 import numpy as np
 
+from ._version import __version__
+
 FORMAT = "attnx-model"
 WEIGHTS_FORMAT = "attnx-weights"
 FORMAT_VERSION = 1
 
 
-# ------------------------------------------------------------------------- configs
-def _layer_entry(layer):
-    from .models import Model
-    entry = {"class_name": type(layer).__name__, "config": layer.get_config()}
-    if isinstance(layer, Model):
-        entry["config"]["name"] = layer.name
-    return entry
-
-
-def _ref(tensor, input_index, node_index):
-    if id(tensor) in input_index:
-        return {"input": input_index[id(tensor)]}
-    node_i, out_i = node_index[id(tensor)]
-    return {"node": node_i, "output": out_i}
-
-
-def _encode(value, refs):
-    from .models import SymbolicTensor
-    if isinstance(value, SymbolicTensor):
-        return {"tensor": refs(value)}
-    if isinstance(value, (list, tuple)):
-        return {"list": [_encode(v, refs) for v in value]}
-    json.dumps(value)  # raises for values a config cannot hold
-    return {"value": value}
-
-
-def _decode(value, tensors):
-    if "tensor" in value:
-        ref = value["tensor"]
-        return tensors["input"][ref["input"]] if "input" in ref else tensors["node"][ref["node"]][ref["output"]]
-    if "list" in value:
-        return [_decode(v, tensors) for v in value["list"]]
-    return value["value"]
-
-
-def functional_config(model):
-    input_index = {id(t): i for i, t in enumerate(model.inputs)}
-    node_index = {}
-    for i, node in enumerate(model._nodes):
-        for j, t in enumerate(node.outputs):
-            node_index[id(t)] = (i, j)
-    refs = lambda t: _ref(t, input_index, node_index)  # noqa: E731
-    nodes = []
-    for node in model._nodes:
-        inputs, args, kwargs = node.call_spec
-        nodes.append({"layer": node.layer.name, "inputs": _encode(inputs, refs),
-                      "args": [_encode(a, refs) for a in args],
-                      "kwargs": {k: _encode(v, refs) for k, v in kwargs.items()},
-                      "multi_output": node.multi_output})
-    return {
-        "name": model.name,
-        "layers": [_layer_entry(l) for l in model.layers],
-        "inputs": [{"shape": list(t.shape[1:]), "dtype": t.dtype.name, "name": t.name} for t in model.inputs],
-        "multi_input": model._multi_input,
-        "nodes": nodes,
-        "outputs": [refs(t) for t in model.outputs],
-        "multi_output": model._multi_output,
-    }
-
-
-def _layer_from_entry(entry):
-    from .layers.base import get
-    from .models import Model, Sequential
-    cls = {"Model": Model, "Sequential": Sequential}.get(entry["class_name"]) or get(entry["class_name"])
-    return cls.from_config(entry["config"])
-
-
-def functional_from_config(config):
-    from .models import Input, Model
-    layers = {}
-    for entry in config["layers"]:
-        layer = _layer_from_entry(entry)
-        layers[layer.name] = layer
-    tensors = {"input": [Input(tuple(i["shape"]), dtype=i["dtype"], name=i["name"]) for i in config["inputs"]],
-               "node": []}
-    for node in config["nodes"]:
-        layer = layers[node["layer"]]
-        out = layer(_decode(node["inputs"], tensors), *[_decode(a, tensors) for a in node["args"]],
-                    **{k: _decode(v, tensors) for k, v in node["kwargs"].items()})
-        tensors["node"].append(out if node["multi_output"] else [out])
-    inputs = tensors["input"] if config["multi_input"] else tensors["input"][0]
-    outputs = [_decode({"tensor": r}, tensors) for r in config["outputs"]]
-    return Model(inputs, outputs if config["multi_output"] else outputs[0], name=config["name"])
-
-
-def sequential_config(model):
-    config = {"name": model.name, "layers": [_layer_entry(l) for l in model.layers]}
-    if model.built:
-        t = model.inputs[0]
-        config["input"] = {"shape": list(t.shape[1:]), "dtype": t.dtype.name}
-    return config
-
-
-def sequential_from_config(config):
-    from .models import Input, Sequential
-    model = Sequential(name=config["name"])
-    if "input" in config:
-        model.add(Input(tuple(config["input"]["shape"]), dtype=config["input"]["dtype"]))
-    for entry in config["layers"]:
-        model.add(_layer_from_entry(entry))
-    return model
+def check_json(value):
+    """Raises TypeError for a value a JSON config cannot hold."""
+    json.dumps(value)
 
 
 # --------------------------------------------------------------------- the archive
@@ -233,7 +137,7 @@ def _read_archive(path, expected_format):
     return header, weights
 
 
-def _assign(model, weights, path):
+def assign(model, weights, path):
     """Copies the saved weights into the model's parameters in order (as Keras matches weights by
     topological order, so a same-architecture model with other layer names loads them too)."""
     params = list(model.params.items())
@@ -265,7 +169,7 @@ def _optimizer_state(model):
     return {"iterations": int(opt.iterations), "slots": slots}, arrays
 
 
-def _restore_optimizer_state(model, header, path):
+def restore_optimizer_state(model, header, path):
     state = header.get("optimizer_state")
     if not state or model.optimizer is None:
         return
@@ -290,7 +194,6 @@ def _restore_optimizer_state(model, header, path):
 
 def save_model(model, path):
     """Writes config, weights, compile settings and optimizer state to `path`, atomically."""
-    from . import __version__
     if not model.built:
         raise ValueError(f"Model '{model.name}' has no weights yet: build it (call it on data) before saving")
     header = {"format": FORMAT, "attnx_version": __version__,
@@ -305,35 +208,9 @@ def save_model(model, path):
     _write_archive(path, header, model.params, arrays)
 
 
-def load_model(path):
-    from .models import Model, Sequential
-    from .seq2seq import Seq2Seq
-    header, weights = _read_archive(path, FORMAT)
-    cls = {"Model": Model, "Sequential": Sequential, "Seq2Seq": Seq2Seq}.get(header["model"]["class_name"])
-    if cls is None:
-        raise ValueError(f"{path}: unknown model class {header['model']['class_name']!r}")
-    try:
-        model = cls.from_config(header["model"]["config"])
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: the model config does not describe a {cls.__name__} ({exc})") from exc
-    if isinstance(model, Seq2Seq):
-        model.build()
-    _assign(model, weights, path)
-    compile_config = header.get("compile")
-    if compile_config and isinstance(model, Seq2Seq):
-        from . import losses, optimizers
-        model.compile(optimizer=optimizers.get(compile_config["optimizer"]), loss=losses.get(compile_config["loss"]))
-        _restore_optimizer_state(model, header, path)
-    elif compile_config:
-        from . import losses, optimizers
-        model.compile(optimizer=optimizers.get(compile_config["optimizer"]),
-                      loss=[losses.get(l) for l in compile_config["loss"]] if len(compile_config["loss"]) > 1
-                      else losses.get(compile_config["loss"][0]),
-                      metrics=compile_config["metrics"] if len(compile_config["metrics"]) > 1
-                      else compile_config["metrics"][0],
-                      loss_weights=compile_config["loss_weights"])
-        _restore_optimizer_state(model, header, path)
-    return model
+def read_model(path):
+    """(header, [(name, array), ...]) of a model file, every check passed (`attnx.load_model` builds the model)."""
+    return _read_archive(path, FORMAT)
 
 
 def save_weights(model, path):
@@ -344,4 +221,4 @@ def save_weights(model, path):
 
 def load_weights(model, path):
     _, weights = _read_archive(path, WEIGHTS_FORMAT)
-    _assign(model, weights, path)
+    assign(model, weights, path)
