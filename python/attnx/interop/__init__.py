@@ -15,25 +15,7 @@ itself here, one way:
   of several torch weights (an RNN's b_ih + b_hh): its gradient is each one's, not their sum.
 - ``@register_to_torch(Dense)`` decorates ``fn(layer) -> torch module`` with the weights copied.
 """
-import numpy as np
-
-_FROM_TORCH = {}
-_TO_TORCH = {}
-
-
-def register_from_torch(torch_class_name):
-    def wrap(fn):
-        _FROM_TORCH[torch_class_name] = fn
-        return fn
-    return wrap
-
-
-def register_to_torch(layer_class):
-    def wrap(fn):
-        _TO_TORCH[layer_class.__name__] = fn
-        return fn
-    return wrap
-
+from .registry import _FROM_TORCH, _TO_TORCH, register_from_torch, register_to_torch, set_torch_params  # noqa: F401
 
 def _import_converters():
     # the converter modules register themselves when imported (torch is imported only inside them)
@@ -94,13 +76,3 @@ def _input_shape_from_weights(layer, weights):
     return (None, first.shape[0])
 
 
-def set_torch_params(module, tensors):
-    """Copies {torch parameter name: ndarray} into `module` (shapes must match)."""
-    import torch
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            value = np.asarray(tensors[name])
-            if tuple(value.shape) != tuple(p.shape):
-                raise ValueError(f"set_torch_params: '{name}' expected shape {tuple(p.shape)}, got {value.shape}")
-            p.copy_(torch.from_numpy(np.ascontiguousarray(value)).to(p.dtype))
-    return module

@@ -1,6 +1,6 @@
 """PyTorch converters of the core layers: Linear <-> Dense, Embedding <-> Embedding."""
 from ..layers.core import Dense, Embedding
-from . import register_from_torch, register_to_torch, set_torch_params
+from .registry import register_from_torch, register_to_torch, set_torch_params
 
 
 @register_from_torch("Linear")

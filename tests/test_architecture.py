@@ -1,0 +1,109 @@
+"""The package's structure: the imports of python/attnx form a graph without cycles, layer modules
+do not import interop, models or saving, and the code's design references point at a file that
+exists (ARCHITECTURE.md)."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "attnx"
+ROOT = PACKAGE.parents[1]
+
+
+def _module_name(path):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules():
+    found = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    found["attnx._core"] = PACKAGE / "_core.pyi"  # the extension module: imports nothing of ours
+    return found
+
+
+def _imports(name, path, modules):
+    """The attnx modules `name` imports anywhere in its file (function-level imports included)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    if path.suffix == ".pyi":
+        return found
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                base = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            # `from . import x` imports the submodule x when there is one, else a name of the package
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in modules:  # `import attnx.layers.core.Dense`-like: the longest module prefix
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _graph():
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycle(graph):
+    """One import cycle as a list of module names, or None."""
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = "done"
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle():
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("layer_module", sorted(m for m in _modules() if m.startswith("attnx.layers")))
+def test_layers_do_not_import_interop_models_or_saving(layer_module):
+    graph = _graph()
+    banned = {m for m in graph[layer_module]
+              if m.startswith(("attnx.interop", "attnx.models", "attnx.saving", "attnx.seq2seq"))}
+    assert not banned, f"{layer_module} imports {sorted(banned)}"
+
+
+def test_design_references_point_at_architecture_md():
+    assert (ROOT / "ARCHITECTURE.md").is_file()
+    stale = []
+    for path in list(PACKAGE.rglob("*.py")) + list((ROOT / "cpp").rglob("*.[hc]pp")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\bDESIGN\.md\b", line):
+                stale.append(f"{path.relative_to(ROOT)}:{i}")
+    assert not stale, f"references to a DESIGN.md the repository does not have: {stale}"
