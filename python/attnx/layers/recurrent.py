@@ -10,7 +10,7 @@ gate blocks along the last axis in the order
 
 - SimpleRNN: one block; ``bias (units,)``.
 - LSTM: i, f, g (Keras' "c"), o (Keras' and PyTorch's order); ``bias (4 * units,)``.
-- GRU: r, z, n (PyTorch's order, DESIGN.md). ``reset_after=True`` (default, PyTorch's form
+- GRU: r, z, n (PyTorch's order). ``reset_after=True`` (default, PyTorch's form
   ``n = tanh(x W_n + b_in + r * (h U_n + b_hn))``): ``bias (2, 3 * units)`` = [input bias,
   recurrent bias] as Keras stores it. ``reset_after=False`` (Keras' classic form
   ``n = tanh(x W_n + b_n + (r * h) U_n)``): ``bias (3 * units,)``.
@@ -20,17 +20,22 @@ gate blocks along the last axis in the order
 Stacked layers (``num_layers > 1``) name the weights of level l > 0 ``kernel_l``,
 ``recurrent_kernel_l``, ``bias_l``; Bidirectional prefixes ``forward_`` / ``backward_``.
 
-Masks: a padded step (mask False) carries the state through unchanged and outputs zeros, as
-PyTorch's pack_padded_sequence does, for post- and pre-padding alike. ``lengths=`` (B,) is the
-same as the mask ``t < lengths[b]``.
+Masks follow the one mask rule (`attnx.masking`): a padded step (mask False) carries the state
+through unchanged and outputs zeros, as PyTorch's pack_padded_sequence does, for post- and
+pre-padding alike; ``lengths=`` (B,) is the same as the mask ``t < lengths[b]``. A row of length 0
+keeps its initial state and outputs zeros.
+
+Each training call's kernel state (gates, previous states, dropout masks) lives in the cache that
+`forward` returns and nowhere else, so a layer called several times in a model gets the sum of its
+calls' parameter gradients (ARCHITECTURE.md, "The layer contract").
 """
-import threading
+from typing import NamedTuple
 
 import numpy as np
 
 from .. import _core, backend, initializers, regularizers
-from ..interop import register_from_torch, register_to_torch, set_torch_params
-from .base import Layer, attend_mask
+from ..masking import as_mask
+from .base import Layer
 
 _ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
 
@@ -43,17 +48,28 @@ def _activation(layer_name, arg, value):
 
 
 def _step_mask(layer, mask, lengths, batch, steps):
-    """The (B, T) bool step mask from `mask` or `lengths` (None when every step is real)."""
+    """The (B, T) bool step mask from `mask` or `lengths` (None when every step is real, which
+    spares the kernel its per-step mask test)."""
     if mask is not None and lengths is not None:
         raise ValueError(f"Layer '{layer.name}': pass `mask` or `lengths`, not both")
-    given = "lengths" if lengths is not None else "mask"
-    if lengths is not None and np.ndim(lengths) != 1:
-        raise ValueError(f"Layer '{layer.name}': `lengths` expected shape ({batch},), got {np.shape(lengths)}")
-    if mask is not None and np.ndim(mask) != 2:  # lengths go through `lengths=`, where 0 is refused
-        raise ValueError(f"Layer '{layer.name}': `mask` expected shape ({batch}, {steps}), got {np.shape(mask)}")
-    step_mask = attend_mask(lengths if lengths is not None else mask, batch, steps, where=f"Layer '{layer.name}': "
-                            f"`{given}`", min_length=1)
+    given = "mask" if lengths is None else "lengths"
+    step_mask = as_mask(mask if lengths is None else lengths, batch, steps, f"Layer '{layer.name}': `{given}`")
     return None if step_mask is None or step_mask.all() else step_mask
+
+
+def level_suffix(level):
+    """The suffix of level `level`'s weight names: "" for the first, "_1", "_2", ... above it."""
+    return "" if level == 0 else f"_{level}"
+
+
+class _LevelCache(NamedTuple):
+    """What the backward pass of one level in one direction needs from its training forward."""
+    x: np.ndarray  # the level's input, after input dropout
+    mask: np.ndarray  # (B, T) bool step mask, or None
+    input_keep: np.ndarray  # input dropout's scaled keep mask, or None
+    recurrent_keep: np.ndarray  # recurrent dropout's scaled keep mask (B, H), or None
+    kernel_cache: tuple  # what rnn_forward returned for rnn_backward
+    reverse: bool
 
 
 class _Recurrent(Layer):
@@ -90,16 +106,12 @@ class _Recurrent(Layer):
         return [self.units] * (2 if self._has_cell_state else 1)
 
     # --------------------------------------------------------------------- weights
-    @staticmethod
-    def _suffix(level):
-        return "" if level == 0 else f"_{level}"
-
     def _build_levels(self, input_dim, stacked_input_dim):
         """Creates the weights of every level: level 0 reads `input_dim` features, the others
         `stacked_input_dim` (units, or 2 * units below a bidirectional level)."""
         G = self._gates * self.units
         for level in range(self.num_layers):
-            sfx = self._suffix(level)
+            sfx = level_suffix(level)
             in_dim = input_dim if level == 0 else stacked_input_dim
             self.add_weight("kernel" + sfx, (in_dim, G), self.kernel_initializer, self.kernel_regularizer)
             self.add_weight("recurrent_kernel" + sfx, (self.units, G), self.recurrent_initializer,
@@ -113,7 +125,7 @@ class _Recurrent(Layer):
 
     def _biases(self, tensors, level):
         """(input bias, recurrent bias) views of `tensors` (params or grads) for the kernel."""
-        b = tensors.get("bias" + self._suffix(level))
+        b = tensors.get("bias" + level_suffix(level))
         if b is None:
             return None, None
         if b.ndim == 2:
@@ -121,7 +133,7 @@ class _Recurrent(Layer):
         return b, None
 
     def _input_dim(self, level=0):
-        return self.params["kernel" + self._suffix(level)].shape[0]
+        return self.params["kernel" + level_suffix(level)].shape[0]
 
     # ----------------------------------------------------------- one level of recurrence
     def _noise_rng(self):
@@ -132,55 +144,37 @@ class _Recurrent(Layer):
         keep = self._noise_rng().random(shape) >= rate
         return keep.astype(self.dtype) * self.dtype.type(1.0 / (1.0 - rate))
 
-    def _workspace(self, key, shapes):
-        """Kernel buffers kept across calls (one set per key), reallocated when a shape changes, so
-        that steady-state training does not page-fault fresh memory on every step. A training
-        forward's cache lives in them until the next training forward of the same level and
-        direction; inference uses its own set per Python thread, so concurrent predictions on one
-        model neither share scratch memory nor disturb a pending backward."""
-        spaces = self.__dict__.setdefault("_workspaces", {})
-        buffers = spaces.get(key)
-        if buffers is None or [None if b is None else b.shape for b in buffers] != shapes or \
-                any(b is not None and b.dtype != self.dtype for b in buffers):
-            buffers = tuple(None if s is None else np.empty(s, self.dtype) for s in shapes)
-            spaces[key] = buffers
-        return buffers
-
     def _level_forward(self, level, x, mask, h0, c0, reverse, training, input_keep=None, recurrent_keep=None,
                        need_y=True):
-        """Runs level `level` over x (B, T, C); returns (y (B, T, H), or None unless `need_y`, h, c, ctx for
-        backward)."""
-        sfx = self._suffix(level)
+        """Runs level `level` over x (B, T, C). Returns (y (B, T, H), or None unless `need_y`; final h;
+        final c or None; the level's cache for `_level_backward`, or None unless training)."""
+        sfx = level_suffix(level)
         if input_keep is not None:
             x = np.ascontiguousarray(x * input_keep)
-        b_in, b_rec = self._biases(self.params, level)
-        B, T, H, G = x.shape[0], x.shape[1], self.units, self._gates * self.units
-        seq = (B, T, H)
-        phase = "train" if training else ("infer", threading.get_ident())
-        workspace = self._workspace((phase, level, reverse), [
-            (B, T, G), seq if training else None, seq if recurrent_keep is not None else None,
-            seq if self._cell == "lstm" and training else None, seq if self._cell != "simple" else None, (B, G)])
-        y, h, c, cache = _core.rnn_forward(
-            self._cell, x, self.params["kernel" + sfx], self.params["recurrent_kernel" + sfx], b_in, b_rec, h0, c0,
-            mask, recurrent_keep, reverse, self.reset_after, self.activation, self.recurrent_activation, True,
-            workspace, training, need_y)
-        ctx = (x, mask, input_keep, recurrent_keep, cache, reverse) if training else None
-        return y, h, c, ctx
+        bias, recurrent_bias = self._biases(self.params, level)
+        y, h, c, kernel_cache = _core.rnn_forward(
+            cell=self._cell, x=x, kernel=self.params["kernel" + sfx],
+            recurrent_kernel=self.params["recurrent_kernel" + sfx], bias=bias, recurrent_bias=recurrent_bias,
+            h0=h0, c0=c0, mask=mask, recurrent_mask=recurrent_keep, reverse=reverse, reset_after=self.reset_after,
+            activation=self.activation, recurrent_activation=self.recurrent_activation, training=training,
+            return_sequences=need_y)
+        cache = _LevelCache(x, mask, input_keep, recurrent_keep, kernel_cache, reverse) if training else None
+        return y, h, c, cache
 
-    def _level_backward(self, level, ctx, dy, dh, dc):
-        """Backward of `_level_forward`; adds into self.grads, returns (dx, dh0, dc0)."""
-        x, mask, input_keep, recurrent_keep, cache, reverse = ctx
-        sfx = self._suffix(level)
-        db_in, db_rec = self._biases(self.grads, level)
-        B, T, G = x.shape[0], x.shape[1], self._gates * self.units
-        workspace = self._workspace(("backward", level, reverse), [
-            (B, T, G), (B, T, G) if self._cell == "gru" and self.reset_after else None, (B, self.units)])
+    def _level_backward(self, level, cache, dy, dh, dc, need_dx=True):
+        """Backward of `_level_forward` from the gradients of its y, final h and final c (each may be
+        None); adds into self.grads and returns (dx, or None unless `need_dx`; dh0; dc0 or None)."""
+        sfx = level_suffix(level)
+        dbias, drecurrent_bias = self._biases(self.grads, level)
         dx, dh0, dc0 = _core.rnn_backward(
-            self._cell, x, self.params["kernel" + sfx], self.params["recurrent_kernel" + sfx], cache, mask,
-            recurrent_keep, dy, dh, dc, self.grads["kernel" + sfx], self.grads["recurrent_kernel" + sfx], db_in,
-            db_rec, reverse, self.reset_after, self.activation, self.recurrent_activation, True, True, workspace)
-        if input_keep is not None:
-            dx *= input_keep
+            cell=self._cell, x=cache.x, kernel=self.params["kernel" + sfx],
+            recurrent_kernel=self.params["recurrent_kernel" + sfx], cache=cache.kernel_cache, mask=cache.mask,
+            recurrent_mask=cache.recurrent_keep, dy=dy, dh=dh, dc=dc, dkernel=self.grads["kernel" + sfx],
+            drecurrent_kernel=self.grads["recurrent_kernel" + sfx], dbias=dbias, drecurrent_bias=drecurrent_bias,
+            reverse=cache.reverse, reset_after=self.reset_after, activation=self.activation,
+            recurrent_activation=self.recurrent_activation, need_dx=need_dx)
+        if dx is not None and cache.input_keep is not None:
+            dx *= cache.input_keep
         return dx, dh0, dc0
 
     def _state_input(self, value, arg, shape):
@@ -227,6 +221,96 @@ def _split_states(layer, inputs, initial_state):
     return inputs, states
 
 
+class _SequenceCache(NamedTuple):
+    """What backprop needs from one training call of a sequence layer (SimpleRNN, GRU, LSTM,
+    Bidirectional)."""
+    levels: list  # levels[level][direction]: that level's _LevelCache
+    batch: int
+    steps: int
+    had_states: bool  # initial states were given: backprop returns their gradients too
+    outputs: tuple = None  # Bidirectional with merge_mode "mul": the two directions' outputs
+
+
+def _stack_forward(directions, x, mask, initial_states, training, need_sequences):
+    """Runs the levels of a stack of one direction, or of two (Bidirectional), over x (B, T, C).
+
+    `directions` lists (layer, reverse); every level runs each direction over the same input and
+    feeds the next level their outputs concatenated. `initial_states[d]` is direction d's
+    (h0s, c0s) per level. Returns (the top level's outputs per direction, or None unless
+    `need_sequences`; per direction the final (hs, cs) per level; the caches per level and direction).
+    """
+    B, T = x.shape[:2]
+    num_layers = directions[0][0].num_layers
+    seq, finals, caches = x, [([], []) for _ in directions], []
+    for level in range(num_layers):
+        top = level + 1 == num_layers
+        ys, level_caches = [], []
+        for (layer, reverse), (h0s, c0s), (hs, cs) in zip(directions, initial_states, finals):
+            input_keep, recurrent_keep = layer._level_noise(level, B, T, seq.shape[2], training)
+            y, h, c, cache = layer._level_forward(level, seq, mask, h0s[level], c0s[level], reverse, training,
+                                                  input_keep, recurrent_keep, need_y=need_sequences or not top)
+            ys.append(y)
+            hs.append(h)
+            cs.append(c)
+            level_caches.append(cache)
+        caches.append(level_caches)
+        seq = ys if top else (ys[0] if len(ys) == 1 else np.concatenate(ys, axis=-1))
+    return seq, finals, caches
+
+
+def _stack_backward(directions, caches, d_seqs, dhs, dcs, need_dx):
+    """Backward of `_stack_forward`, adding into each layer's grads.
+
+    `d_seqs[d]` is the gradient of direction d's top-level outputs (or None), `dhs[d]` / `dcs[d]`
+    those of its final h / c per level (entries may be None). Returns (dx, or None unless
+    `need_dx`; per direction dh0 and dc0 per level).
+    """
+    num_layers = len(caches)
+    dh0s = [[None] * num_layers for _ in directions]
+    dc0s = [[None] * num_layers for _ in directions]
+    dx = None
+    for level in reversed(range(num_layers)):
+        dxs = []
+        for d, (layer, _) in enumerate(directions):
+            # the levels above the first need dx to go on; the first only when the caller reads it
+            dx_d, dh0s[d][level], dc0s[d][level] = layer._level_backward(
+                level, caches[level][d], d_seqs[d], dhs[d][level], dcs[d][level], need_dx=need_dx or level > 0)
+            dxs.append(dx_d)
+        dx = None if dxs[0] is None else sum(dxs[1:], dxs[0])  # every direction read the same input
+        if level > 0:  # that input was the directions' outputs of the level below, side by side
+            d_seqs = [np.ascontiguousarray(g) for g in np.split(dx, len(directions), axis=-1)]
+    return dx, dh0s, dc0s
+
+
+def _gradient_list(layer, dy, count):
+    """The upstream gradients of a call's `count` outputs as a list (dy itself when count is 1)."""
+    grads = list(dy) if count > 1 else [dy]
+    if len(grads) != count:
+        raise ValueError(f"Layer '{layer.name}': backprop expected {count} gradients (one per output), got "
+                         f"{len(grads)}")
+    return grads
+
+
+def _state_grads(layer, grads, shape, first_index):
+    """The final states' gradients `grads` (entries may be None) as arrays of `shape`; errors name
+    them dy[first_index], dy[first_index + 1], ..."""
+    return [None if g is None else layer._grad_input(g, shape, f"dy[{i}]")
+            for i, g in enumerate(grads, start=first_index)]
+
+
+def _direction_grads(layer, d_out, d_states, return_sequences):
+    """One direction's (gradient of the top level's outputs, of the final h per level, of the final
+    c per level) from the gradient of its output and of its final states [h(, c)] (arrays or None).
+    Without return_sequences the output is the top level's final h, so its gradient joins that one."""
+    dh = layer._per_level(d_states[0] if d_states else None)
+    dc = layer._per_level(d_states[1] if len(d_states) > 1 else None)
+    if return_sequences:
+        return d_out, dh, dc
+    if d_out is not None:
+        dh[-1] = d_out if dh[-1] is None else dh[-1] + d_out
+    return None, dh, dc
+
+
 class _RNN(_Recurrent):
     """Base of SimpleRNN, GRU and LSTM: a whole sequence, optionally `num_layers` levels deep."""
 
@@ -266,13 +350,24 @@ class _RNN(_Recurrent):
         if len(states) != want:
             raise ValueError(f"Layer '{self.name}': expected {want} initial state(s) "
                              f"({'[h, c]' if want == 2 else '[h]'}), got {len(states)}")
-        shape = (batch, self.units) if L == 1 else (L, batch, self.units)
-        arrays = [self._state_input(s, "initial_state[%d]" % i, shape) for i, s in enumerate(states)]
-        per_level = [[a] if L == 1 else list(a) for a in arrays]
-        return per_level[0], per_level[1] if want == 2 else [None] * L
+        arrays = [self._state_input(s, f"initial_state[{i}]", self._state_shape(batch)) for i, s in enumerate(states)]
+        return self._per_level(arrays[0]), self._per_level(arrays[1] if want == 2 else None)
 
-    def _stack_states(self, per_level):
-        return per_level[0] if self.num_layers == 1 else np.stack(per_level)
+    def _state_shape(self, batch):
+        """The shape of one state, (B, H), or (num_layers, B, H) for a stack."""
+        return (batch, self.units) if self.num_layers == 1 else (self.num_layers, batch, self.units)
+
+    def _per_level(self, state):
+        """A state (or its gradient) of `_state_shape`, or None, as a list of one entry per level."""
+        if state is None:
+            return [None] * self.num_layers
+        return [state] if self.num_layers == 1 else list(state)
+
+    def _final_states(self, hs, cs):
+        """The states a call returns, [h(, c)], from the per-level lists (also their gradients)."""
+        def stacked(per_level):
+            return per_level[0] if self.num_layers == 1 else np.stack(per_level)
+        return [stacked(hs)] + ([stacked(cs)] if self._has_cell_state else [])
 
     def _level_noise(self, level, batch, steps, in_dim, training):
         """(input keep mask, recurrent keep mask) for one level: `dropout` and `recurrent_dropout`
@@ -289,60 +384,38 @@ class _RNN(_Recurrent):
         return keep, rec
 
     # ----------------------------------------------------------------------- forward
-    def call(self, inputs, training=False, mask=None, initial_state=None, lengths=None):
+    def forward(self, inputs, training=False, mask=None, initial_state=None, lengths=None):
         x, states = _split_states(self, inputs, initial_state)
         x = self._float_input(x, "inputs", ndim=3, last_dim=self._input_dim())
         B, T = x.shape[:2]
         step_mask = _step_mask(self, mask, lengths, B, T)
-        h0s, c0s = self._initial_states(states, B)
-        seq, hs, cs, ctxs = x, [], [], []
-        for level in range(self.num_layers):
-            keep, rec = self._level_noise(level, B, T, seq.shape[2], training)
-            seq, h, c, ctx = self._level_forward(level, seq, step_mask, h0s[level], c0s[level], self.go_backwards,
-                                                 training, keep, rec,
-                                                 need_y=self.return_sequences or level + 1 < self.num_layers)
-            hs.append(h)
-            cs.append(c)
-            ctxs.append(ctx)
-        if training:
-            self._cache = (ctxs, B, T, states is not None)
-        out = seq if self.return_sequences else hs[-1]
-        if self.return_sequences and self.go_backwards:
-            out = np.ascontiguousarray(out[:, ::-1])  # Keras: outputs in processing order
-        if not self.return_state:
-            return out
-        return [out, self._stack_states(hs)] + ([self._stack_states(cs)] if self._has_cell_state else [])
+        top_seqs, finals, level_caches = _stack_forward([(self, self.go_backwards)], x, step_mask,
+                                                        [self._initial_states(states, B)], training,
+                                                        self.return_sequences)
+        hs, cs = finals[0]
+        if not self.return_sequences:
+            out = hs[-1]
+        elif self.go_backwards:
+            out = np.ascontiguousarray(top_seqs[0][:, ::-1])  # Keras: outputs in processing order
+        else:
+            out = top_seqs[0]
+        cache = _SequenceCache(level_caches, B, T, states is not None) if training else None
+        return ([out] + self._final_states(hs, cs) if self.return_state else out), cache
 
-    def backward(self, dy):
-        ctxs, B, T, had_states = self._saved()
-        H, L = self.units, self.num_layers
-        n_out = 1 + (len(self.state_size) if self.return_state else 0)
-        grads = list(dy) if self.return_state else [dy]
-        if len(grads) != n_out:
-            raise ValueError(f"Layer '{self.name}': backward expected {n_out} gradients (one per output), got "
-                             f"{len(grads)}")
-        state_shape = (B, H) if L == 1 else (L, B, H)
-        d_states = [None if g is None else self._grad_input(g, state_shape, f"dy[{i + 1}]")
-                    for i, g in enumerate(grads[1:])]
-        d_h = [None] * L if d_states == [] or d_states[0] is None else (
-            [d_states[0]] if L == 1 else list(d_states[0]))
-        d_c = [None] * L if len(d_states) < 2 or d_states[1] is None else (
-            [d_states[1]] if L == 1 else list(d_states[1]))
-        d_seq = None
-        if grads[0] is not None:
-            if self.return_sequences:
-                d_seq = self._grad_input(grads[0], (B, T, H), "dy")
-                if self.go_backwards:
-                    d_seq = np.ascontiguousarray(d_seq[:, ::-1])
-            else:
-                d_last = self._grad_input(grads[0], (B, H), "dy")
-                d_h[-1] = d_last if d_h[-1] is None else d_h[-1] + d_last
-        dh0s, dc0s = [None] * L, [None] * L
-        for level in reversed(range(L)):
-            d_seq, dh0s[level], dc0s[level] = self._level_backward(level, ctxs[level], d_seq, d_h[level], d_c[level])
-        if not had_states:
-            return d_seq
-        return [d_seq, self._stack_states(dh0s)] + ([self._stack_states(dc0s)] if self._has_cell_state else [])
+    def backprop(self, cache, dy):
+        B, T = cache.batch, cache.steps
+        n_states = len(self.state_size) if self.return_state else 0
+        grads = _gradient_list(self, dy, 1 + n_states)
+        d_out = grads[0]
+        if d_out is not None:
+            d_out = self._grad_input(d_out, (B, T, self.units) if self.return_sequences else (B, self.units), "dy")
+            if self.return_sequences and self.go_backwards:
+                d_out = np.ascontiguousarray(d_out[:, ::-1])
+        d_states = _state_grads(self, grads[1:], self._state_shape(B), first_index=1)
+        d_seq, dh, dc = _direction_grads(self, d_out, d_states, self.return_sequences)
+        dx, dh0s, dc0s = _stack_backward([(self, self.go_backwards)], cache.levels, [d_seq], [dh], [dc],
+                                         self.input_gradient_needed)
+        return ([dx] + self._final_states(dh0s[0], dc0s[0])) if cache.had_states else dx
 
     def compute_mask(self, inputs, mask=None):
         return mask if self.return_sequences else None
@@ -383,16 +456,17 @@ _RNN_DOC = """
         stack_dropout: PyTorch's `dropout`: elementwise dropout on each level's output but the last.
 
     Call arguments:
-        inputs: (B, T, features), or a list ``[inputs, h0(, c0)]`` (then backward returns their gradients).
-        mask: bool (B, T), True = real step (e.g. from ``Embedding(mask_zero=True)``); padded steps carry
-            the state and output zeros. ``lengths``: (B,) ints in [1, T], the same as ``t < lengths``.
+        inputs: (B, T, features), or a list ``[inputs, h0(, c0)]`` (then backprop returns their gradients).
+        mask: bool or 0/1 integer (B, T), True = real step (e.g. from ``Embedding(mask_zero=True)``);
+            padded steps carry the state and output zeros. ``lengths``: (B,) ints in [0, T], the same
+            as ``t < lengths`` (give one of the two).
         initial_state: ``[h0(, c0)]`` each (B, units).
-        training: keep what backward needs and apply dropout.
+        training: keep what backprop needs and apply dropout.
 
     Input shape: (batch, steps, features).
     Output shape: (batch, steps, units) with return_sequences, else (batch, units); plus the states.
-    backward(dy) takes the same structure as the output (None for unused parts) and returns dx, or
-    ``[dx, dh0(, dc0)]`` when initial states were given.
+    backprop(cache, dy) takes the same structure as the output (None for unused parts) and returns
+    dx, or ``[dx, dh0(, dc0)]`` when initial states were given.
 """
 
 
@@ -446,34 +520,31 @@ class _Cell(_Recurrent):
                              f"got shape {input_shape}")
         self._build_levels(input_shape[-1], self.units)
 
-    def call(self, inputs, states=None, training=False):
+    def forward(self, inputs, states=None, training=False):
         x, states = _split_states(self, inputs, states)
         x = self._float_input(x, "inputs", ndim=2, last_dim=self._input_dim())
         B = x.shape[0]
         n = len(self.state_size)
         if states is not None and len(states) != n:
             raise ValueError(f"Layer '{self.name}': expected {n} state(s), got {len(states)}")
-        states = [None] * n if states is None else [self._state_input(s, f"states[{i}]", (B, self.units))
-                                                  for i, s in enumerate(states)]
-        _, h, c, ctx = self._level_forward(0, x[:, None, :], None, states[0], states[1] if n == 2 else None, False,
-                                           training, need_y=False)
-        if training:
-            self._cache = (ctx, B, states[0] is not None)
-        return [h, c] if self._has_cell_state else h
+        had_states = states is not None
+        states = [self._state_input(s, f"states[{i}]", (B, self.units)) for i, s in enumerate(states or [])]
+        h_prev, c_prev = (states + [None, None])[:2]
+        _, h, c, level_cache = self._level_forward(0, x[:, None, :], None, h_prev, c_prev, False, training,
+                                                   need_y=False)
+        cache = (level_cache, had_states) if training else None
+        return ([h, c] if self._has_cell_state else h), cache
 
-    def backward(self, dy):
-        ctx, B, had_states = self._saved()
-        grads = list(dy) if self._has_cell_state else [dy]
-        if len(grads) != len(self.state_size):
-            raise ValueError(f"Layer '{self.name}': backward expected {len(self.state_size)} gradients, "
-                             f"got {len(grads)}")
-        grads = [None if g is None else self._grad_input(g, (B, self.units), f"dy[{i}]")
-                 for i, g in enumerate(grads)]
-        dx, dh, dc = self._level_backward(0, ctx, None, grads[0], grads[1] if len(grads) > 1 else None)
-        dx = dx[:, 0, :]
-        if not had_states:
-            return dx
-        return [dx, dh] + ([dc] if self._has_cell_state else [])
+    def backprop(self, cache, dy):
+        level_cache, had_states = cache
+        B = level_cache.x.shape[0]
+        d_states = _state_grads(self, _gradient_list(self, dy, len(self.state_size)), (B, self.units),
+                                first_index=0)
+        dh, dc = (d_states + [None])[:2]
+        dx, dh_prev, dc_prev = self._level_backward(0, level_cache, None, dh, dc,
+                                                    need_dx=self.input_gradient_needed)
+        dx = None if dx is None else dx[:, 0, :]
+        return ([dx, dh_prev] + ([dc_prev] if self._has_cell_state else [])) if had_states else dx
 
     def compute_output_shape(self, input_shape):
         if isinstance(input_shape, list):
@@ -490,8 +561,8 @@ _CELL_DOC = """
 
     Call: ``cell(x, states)`` or ``cell([x, *states])`` with x (batch, features) and states
     ``{states}`` each (batch, units) (zeros when omitted). Returns the new state{ret}.
-    backward(dy) takes the gradient of that output and returns dx, or ``[dx, {dstates}]`` when states
-    were given.
+    backprop(cache, dy) takes the gradient of that output and returns dx, or ``[dx, {dstates}]`` when
+    states were given.
 """
 
 
@@ -569,7 +640,8 @@ class Bidirectional(Layer):
 
     @property
     def _directions(self):
-        return (("forward_", self.forward_layer, False), ("backward_", self.backward_layer, True))
+        """(layer, reverse) of each direction, as `_stack_forward` takes them."""
+        return [(self.forward_layer, False), (self.backward_layer, True)]
 
     def build(self, input_shape):
         if isinstance(input_shape, list):
@@ -577,7 +649,7 @@ class Bidirectional(Layer):
         if len(input_shape) != 3 or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': expects inputs (batch, steps, features) with known features, "
                              f"got shape {input_shape}")
-        for prefix, layer, _ in self._directions:
+        for prefix, layer in (("forward_", self.forward_layer), ("backward_", self.backward_layer)):
             if not layer.built:
                 layer._build_levels(input_shape[-1], 2 * layer.units)
                 layer.built = True
@@ -598,8 +670,9 @@ class Bidirectional(Layer):
             return (yf + yb) * self.dtype.type(0.5)
         return [yf, yb]
 
-    def _unmerge(self, d, yf, yb, shape):
-        """Gradients of the two directions' outputs from that of the merged output."""
+    def _unmerge(self, d, outputs, shape):
+        """Gradients of the two directions' outputs (each of `shape`) from that of the merged output;
+        `outputs` are the two outputs, kept by training calls with merge_mode "mul"."""
         if self.merge_mode is None:
             return [None if g is None else self._grad_input(g, shape, "dy") for g in d]
         if d is None:
@@ -613,9 +686,10 @@ class Bidirectional(Layer):
         if self.merge_mode == "ave":
             half = d * self.dtype.type(0.5)
             return [half, half]
+        yf, yb = outputs
         return [d * yb, d * yf]  # mul
 
-    def call(self, inputs, training=False, mask=None, initial_state=None, lengths=None):
+    def forward(self, inputs, training=False, mask=None, initial_state=None, lengths=None):
         fwd, bwd = self.forward_layer, self.backward_layer
         x, states = _split_states(self, inputs, initial_state)
         x = self._float_input(x, "inputs", ndim=3, last_dim=fwd._input_dim())
@@ -625,80 +699,37 @@ class Bidirectional(Layer):
         if states is not None and len(states) != 2 * n:
             raise ValueError(f"Layer '{self.name}': expected {2 * n} initial states (forward then backward), got "
                              f"{len(states)}")
-        init = [fwd._initial_states(None if states is None else states[:n], B),
-                bwd._initial_states(None if states is None else states[n:], B)]
-        seq, finals, ctxs = x, [[[], []], [[], []]], []
-        for level in range(fwd.num_layers):
-            outs, level_ctx = [], []
-            for d, (_, layer, reverse) in enumerate(self._directions):
-                keep, rec = layer._level_noise(level, B, T, seq.shape[2], training)
-                y, h, c, ctx = layer._level_forward(level, seq, step_mask, init[d][0][level], init[d][1][level],
-                                                    reverse, training, keep, rec,
-                                                    need_y=self.return_sequences or level + 1 < fwd.num_layers)
-                outs.append(y)
-                finals[d][0].append(h)
-                finals[d][1].append(c)
-                level_ctx.append(ctx)
-            ctxs.append(level_ctx)
-            seq = np.concatenate(outs, axis=-1) if level + 1 < fwd.num_layers else outs
-        yf, yb = seq if self.return_sequences else (finals[0][0][-1], finals[1][0][-1])
+        initial_states = [fwd._initial_states(None if states is None else states[:n], B),
+                          bwd._initial_states(None if states is None else states[n:], B)]
+        top_seqs, finals, level_caches = _stack_forward(self._directions, x, step_mask, initial_states, training,
+                                                        self.return_sequences)
+        yf, yb = top_seqs if self.return_sequences else (finals[0][0][-1], finals[1][0][-1])
+        merged = self._merge(yf, yb)
+        out = merged if isinstance(merged, list) else [merged]
+        if self.return_state:
+            out += fwd._final_states(*finals[0]) + bwd._final_states(*finals[1])
+        cache = None
         if training:
-            self._cache = (ctxs, B, T, states is not None, yf, yb)
-        out = self._merge(yf, yb)
-        out = out if isinstance(out, list) else [out]
-        if not self.return_state:
-            return out if len(out) > 1 else out[0]
-        state_out = []
-        for d, layer in ((0, fwd), (1, bwd)):
-            state_out.append(layer._stack_states(finals[d][0]))
-            if layer._has_cell_state:
-                state_out.append(layer._stack_states(finals[d][1]))
-        return out + state_out
+            cache = _SequenceCache(level_caches, B, T, states is not None,
+                                   (yf, yb) if self.merge_mode == "mul" else None)
+        return (out if len(out) > 1 else out[0]), cache
 
-    def backward(self, dy):
-        ctxs, B, T, had_states, yf, yb = self._saved()
-        fwd = self.forward_layer
-        H, L, n = fwd.units, fwd.num_layers, len(fwd.state_size)
+    def backprop(self, cache, dy):
+        fwd, bwd = self.forward_layer, self.backward_layer
+        B, T, H = cache.batch, cache.steps, fwd.units
+        n = len(fwd.state_size)
         n_merged = 2 if self.merge_mode is None else 1
-        grads = list(dy) if (self.return_state or self.merge_mode is None) else [dy]
-        n_out = n_merged + (2 * n if self.return_state else 0)
-        if len(grads) != n_out:
-            raise ValueError(f"Layer '{self.name}': backward expected {n_out} gradients (one per output), got "
-                             f"{len(grads)}")
-        d_out = self._unmerge(grads[:n_merged] if n_merged == 2 else grads[0], yf, yb, yf.shape)
-        state_shape = (B, H) if L == 1 else (L, B, H)
-        d_states = [None if g is None else self._grad_input(g, state_shape, "d state") for g in grads[n_merged:]]
-        d_states += [None] * (2 * n - len(d_states))
-
-        def per_level(g):
-            return [None] * L if g is None else ([g] if L == 1 else list(g))
-        dh = [per_level(d_states[0]), per_level(d_states[n])]
-        dc = [per_level(d_states[1]) if n == 2 else [None] * L, per_level(d_states[n + 1]) if n == 2 else [None] * L]
-        if self.return_sequences:
-            d_seq = d_out
-        else:
-            d_seq = [None, None]
-            for d in range(2):
-                if d_out[d] is not None:
-                    dh[d][-1] = d_out[d] if dh[d][-1] is None else dh[d][-1] + d_out[d]
-        dh0, dc0 = [[None] * L, [None] * L], [[None] * L, [None] * L]
-        for level in reversed(range(L)):
-            dxs = []
-            for d, (_, layer, _) in enumerate(self._directions):
-                dx, dh0[d][level], dc0[d][level] = layer._level_backward(level, ctxs[level][d], d_seq[d],
-                                                                         dh[d][level], dc[d][level])
-                dxs.append(dx)
-            dx = dxs[0] + dxs[1]
-            if level > 0:  # the level below produced [forward, backward] concatenated
-                d_seq = [np.ascontiguousarray(dx[..., :H]), np.ascontiguousarray(dx[..., H:])]
-        if not had_states:
+        grads = _gradient_list(self, dy, n_merged + (2 * n if self.return_state else 0))
+        d_outs = self._unmerge(grads[:2] if self.merge_mode is None else grads[0], cache.outputs,
+                               (B, T, H) if self.return_sequences else (B, H))
+        d_states = _state_grads(self, grads[n_merged:], fwd._state_shape(B), first_index=n_merged)
+        d_seqs, dhs, dcs = zip(*(_direction_grads(layer, d_out, d_states[d * n:(d + 1) * n], self.return_sequences)
+                                 for d, (layer, d_out) in enumerate(zip((fwd, bwd), d_outs))))
+        dx, dh0s, dc0s = _stack_backward(self._directions, cache.levels, d_seqs, dhs, dcs,
+                                         self.input_gradient_needed)
+        if not cache.had_states:
             return dx
-        out = [dx]
-        for d, layer in ((0, fwd), (1, self.backward_layer)):
-            out.append(layer._stack_states(dh0[d]))
-            if n == 2:
-                out.append(layer._stack_states(dc0[d]))
-        return out
+        return [dx] + fwd._final_states(dh0s[0], dc0s[0]) + bwd._final_states(dh0s[1], dc0s[1])
 
     def compute_mask(self, inputs, mask=None):
         return mask if self.return_sequences else None
@@ -732,87 +763,3 @@ class Bidirectional(Layer):
         if back is not None:
             back = Layer.registry[back["class_name"]].from_config(back["config"])
         return cls(layer, backward_layer=back, **config)
-
-
-# ------------------------------------------------------------------------ PyTorch interop
-_TORCH_KINDS = {"RNN": SimpleRNN, "GRU": GRU, "LSTM": LSTM}
-
-
-def _torch_level_to_attnx(kind, t, torch_sfx, use_bias, grads):
-    """One level/direction of torch tensors -> {kernel, recurrent_kernel, bias} (attnx layout).
-    PyTorch adds b_ih and b_hh; Keras' single bias for SimpleRNN and LSTM is their sum, so its
-    gradient is that of either one (both equal)."""
-    out = {"kernel": t["weight_ih" + torch_sfx].T, "recurrent_kernel": t["weight_hh" + torch_sfx].T}
-    if use_bias:
-        b_ih, b_hh = t["bias_ih" + torch_sfx], t["bias_hh" + torch_sfx]
-        out["bias"] = np.stack([b_ih, b_hh]) if kind == "GRU" else b_ih if grads else b_ih + b_hh
-    return out
-
-
-def _rnn_from_torch(module, dtype):
-    kind = type(module).__name__
-    if getattr(module, "proj_size", 0):
-        raise ValueError("from_torch: LSTM with proj_size is not supported")
-    extra = {}
-    if kind == "RNN":
-        extra["activation"] = module.nonlinearity
-    layer = _TORCH_KINDS[kind](module.hidden_size, use_bias=module.bias, num_layers=module.num_layers,
-                               stack_dropout=module.dropout, return_sequences=True, return_state=True,
-                               dtype=dtype, **extra)
-    directions = [("", "")]
-    if module.bidirectional:
-        layer = Bidirectional(layer)
-        directions = [("forward_", ""), ("backward_", "_reverse")]
-    layer.build((None, None, module.input_size))
-    layer.built = True
-
-    def to_attnx(t, grads=False):
-        out = {}
-        for prefix, torch_dir in directions:
-            for level in range(module.num_layers):
-                level_weights = _torch_level_to_attnx(kind, t, f"_l{level}{torch_dir}", module.bias, grads)
-                for k, v in level_weights.items():
-                    out[prefix + k + _Recurrent._suffix(level)] = v
-        return out
-    return layer, to_attnx
-
-
-for _kind in _TORCH_KINDS:
-    register_from_torch(_kind)(_rnn_from_torch)
-
-
-def _rnn_to_torch(layer):
-    import torch
-    base = layer.forward_layer if isinstance(layer, Bidirectional) else layer
-    kind = {"simple": "RNN", "gru": "GRU", "lstm": "LSTM"}[base._cell]
-    if base._cell == "gru" and not base.reset_after:
-        raise ValueError(f"to_torch: GRU '{base.name}' has reset_after=False; torch.nn.GRU computes the "
-                         "reset_after=True form")
-    if base._cell != "simple" and (base.activation, base.recurrent_activation) != ("tanh", "sigmoid"):
-        raise ValueError(f"to_torch: '{base.name}' uses activations ({base.activation}, "
-                         f"{base.recurrent_activation}); torch.nn.{kind} has (tanh, sigmoid)")
-    if base._cell == "simple" and base.activation not in ("tanh", "relu"):
-        raise ValueError(f"to_torch: SimpleRNN '{base.name}' has activation {base.activation!r}; torch.nn.RNN "
-                         "supports tanh and relu")
-    extra = {"nonlinearity": base.activation} if kind == "RNN" else {}
-    bidirectional = isinstance(layer, Bidirectional)
-    module = getattr(torch.nn, kind)(base._input_dim(), base.units, num_layers=base.num_layers, bias=base.use_bias,
-                                     batch_first=True, dropout=base.stack_dropout, bidirectional=bidirectional,
-                                     dtype=getattr(torch, layer.dtype.name), **extra)
-    tensors = {}
-    directions = [("forward_", "", layer.forward_layer), ("backward_", "_reverse", layer.backward_layer)] \
-        if bidirectional else [("", "", layer)]
-    for _, torch_dir, sub in directions:
-        for level in range(base.num_layers):
-            sfx, tsfx = _Recurrent._suffix(level), f"_l{level}{torch_dir}"
-            tensors["weight_ih" + tsfx] = sub.params["kernel" + sfx].T
-            tensors["weight_hh" + tsfx] = sub.params["recurrent_kernel" + sfx].T
-            if base.use_bias:
-                b_in, b_rec = sub._biases(sub.params, level)
-                tensors["bias_ih" + tsfx] = b_in
-                tensors["bias_hh" + tsfx] = np.zeros_like(b_in) if b_rec is None else b_rec
-    return set_torch_params(module, tensors)
-
-
-for _cls in (SimpleRNN, GRU, LSTM, Bidirectional):
-    register_to_torch(_cls)(_rnn_to_torch)
