@@ -240,8 +240,8 @@ class Model(Layer):
             x = substitute(inputs_spec, values)
             call_args = substitute(args, values)
             call_kwargs = substitute(kwargs, values)
-            in_mask = None
-            if "mask" not in call_kwargs:
+            in_mask = call_kwargs.pop("mask", None)  # a mask given to the call wins over the propagated one
+            if in_mask is None:
                 m = [masks.get(id(t)) for t in _structure(inputs_spec)]
                 in_mask = (m if isinstance(inputs_spec, (list, tuple)) else m[0]) if any(
                     v is not None for v in m) else None
@@ -250,7 +250,7 @@ class Model(Layer):
                 out, out_masks, cache = layer._run_graph(x, training, in_mask, check)
             else:
                 out, cache = layer.apply(x, *call_args, training=training, mask=in_mask, **call_kwargs)
-                out_mask = layer.compute_mask(x, in_mask if in_mask is not None else call_kwargs.get("mask"))
+                out_mask = layer.compute_mask(x, in_mask)
                 out_masks = out_mask if isinstance(out_mask, list) else [out_mask]
             if training:
                 caches.append(cache)
