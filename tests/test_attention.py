@@ -208,7 +208,7 @@ def test_luong_attentional_state_gradcheck(score):
     step = gradcheck(layer, [inputs[0][:, 0], inputs[1]], call_kwargs=dict(mask=[np.array([True, False]), None]))
     assert step["inputs[0]"] < 1e-6
     # h~ = tanh(W_c [c; h]) with the context from the plain attention
-    ctx = layers.Attention.call(layer, inputs, return_attention_scores=False)
+    ctx, _ = layers.Attention.forward(layer, inputs)
     want = np.tanh(np.concatenate([ctx, inputs[0]], -1) @ layer.params["attentional_kernel"])
     assert_close(state, want, atol=1e-12, what="attentional state")
 
@@ -349,24 +349,28 @@ def test_hard_attention_reinforce_learns_the_marked_position():
                                                                           layer.grads.values())])
     x, y = _marker_task(np.random.default_rng(1), 1000)
     query = np.ones((1000, 3), np.float32)
-    accuracy = np.mean(classify(attend([query, x])).argmax(1) == y)
+    context, positions = attend([query, x], return_positions=True)
+    accuracy = np.mean(classify(context).argmax(1) == y)
     assert accuracy >= 0.95, accuracy
     marked = x[:, :, 0].argmax(1)
-    assert np.mean(attend.positions[:, 0] == marked) >= 0.95
+    assert np.mean(positions == marked) >= 0.95
     assert attend.baseline is not None and attend.baseline > 0.5
 
 
 def test_hard_attention_requires_reward_and_masks_rows():
     layer = layers.HardAttention(dtype="float64")
     q, v = rand(B, 4, seed=1), rand(B, S, 4, seed=2)
-    ctx = layer([q, v], mask=[None, np.array([[0, 1, 0, 0], [0, 0, 0, 0]], bool)], training=True)
-    assert np.all(layer.positions[0] == 1) and np.all(ctx[0] == v[0, 1]) and np.all(ctx[1] == 0)
+    with pytest.raises(RuntimeError, match="set_reward.*training=True first"):
+        layer.set_reward(np.ones(B))
+    ctx, positions = layer([q, v], mask=[None, np.array([[0, 1, 0, 0], [0, 0, 0, 0]], bool)], training=True,
+                           return_positions=True)
+    assert positions[0] == 1 and np.all(ctx[0] == v[0, 1]) and np.all(ctx[1] == 0)
     with pytest.raises(RuntimeError, match="set_reward"):
-        layer.backward(np.ones_like(ctx))
+        layer.backward([np.ones_like(ctx), None])
     with pytest.raises(ValueError, match="rewards expected shape"):
         layer.set_reward(np.ones(3))
     layer.set_reward(np.ones(B))
-    dq, dv = layer.backward(np.ones_like(ctx))
+    dq, dv = layer.backward([np.ones_like(ctx), None])
     assert np.all(dv[0, 1] == 1) and np.all(dv[1] == 0) and np.all(np.isfinite(dq))
 
 
@@ -458,24 +462,25 @@ def test_bad_inputs_raise_clear_errors():
     general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))])
     with pytest.raises(ValueError, match=r"Layer 'gen': built for query \(\.\.\., 3\).*got query \(2, 3, 5\)"):
         general([np.zeros((B, TQ, 5)), np.zeros((B, S, 4))])
-    with pytest.raises(ValueError, match=r"`value_mask`: expected shape \(2, 4\) or \(2, 3, 4\).*got \(2, 5\)"):
+    with pytest.raises(ValueError, match=r"`value_mask`: expected a mask of shape \(2, 4\) or \(2, 3, 4\).*got shape "
+                                         r"\(2, 5\)"):
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[None, np.ones((B, 5), bool)])
-    with pytest.raises(ValueError, match=r"`query_mask`: expected shape \(2, 3\).*got \(3, 2\)"):
+    with pytest.raises(ValueError, match=r"`query_mask`: expected a mask of shape \(2, 3\).*got shape \(3, 2\)"):
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[np.ones((3, 2), bool), None])
-    with pytest.raises(ValueError, match=r"lengths expected shape \(2,\), got \(3,\)"):
+    with pytest.raises(ValueError, match=r"expected lengths of shape \(2,\), got shape \(3,\)"):
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[None, np.array([1, 2, 3])])
     with pytest.raises(ValueError, match=r"`key` expected batch size 2"):
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4)), np.zeros((3, S, 4))])
     with pytest.raises(ValueError, match=r"`key` expected length 4"):
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4)), np.zeros((B, 5, 4))])
-    with pytest.raises(TypeError, match="bool mask or integer lengths"):
+    with pytest.raises(TypeError, match="bool mask .* or integer lengths"):
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[None, np.ones((B, S)) * 0.5])
     with pytest.raises(ValueError, match="expects inputs \\[query, value\\]"):
         layers.Attention()(np.zeros((B, TQ, 4)))
     with pytest.raises(ValueError, match="score must be one of"):
         layers.Attention(score="cosine")
     pooling = layers.AttentionPooling(name="pool")
-    with pytest.raises(ValueError, match=r"Layer 'pool': `mask`: expected shape \(2, 4\)"):
+    with pytest.raises(ValueError, match=r"Layer 'pool': `mask`: expected a mask of shape \(2, 4\)"):
         pooling(np.zeros((B, 4, 3)), mask=np.ones((B, 5), bool))
     with pytest.raises(ValueError, match=r"sdpa_forward: key.*expected shape \(2, \*, 6\), got \(2, 4, 4\)"):
         A.scaled_dot_product_attention(np.zeros((B, TQ, 6)), np.zeros((B, S, 4)), np.zeros((B, S, 4)))
@@ -552,12 +557,12 @@ def test_attention_dropout_drops_weights_in_training_only():
     layer = layers.Attention(score="dot", dropout=0.5, dtype="float64")
     q, h = rand(B, TQ, 4, seed=1), rand(B, S, 4, seed=2)
     ctx_eval, w = layer([q, h], return_attention_scores=True)
-    ctx_train = layer([q, h], training=True)
-    keep = layer._cache["attend"]["keep"][:, 0]
+    ctx_train, cache = layer.apply([q, h], training=True)
+    keep = cache["attend"]["keep"][:, 0]
     assert set(np.unique(keep)) <= {0.0, 2.0} and 0 < np.mean(keep == 0) < 1
     assert_close(ctx_eval, w @ h, atol=1e-12, what="inference context")
     assert_close(ctx_train, (w * keep) @ h, atol=1e-12, what="training context")
-    dq, dh = layer.backward(np.ones_like(ctx_train))
+    dq, dh = layer.backprop(cache, np.ones_like(ctx_train))
     # NumPy backward of sum((softmax(q h^T) * keep) h): key and value are both h
     dP = keep * (np.ones_like(ctx_train) @ h.transpose(0, 2, 1))
     dS = w * (dP - (dP * w).sum(-1, keepdims=True))
@@ -572,13 +577,14 @@ def test_hard_attention_inference_argmax_and_sampling_follow_the_weights():
     h[0, :, 0] = [0.0, 1.0, 2.0]
     q = np.tile([[np.log(2.0), 0.0]], (4000, 1))  # weights proportional to 1, 2, 4
     values = np.repeat(h, 4000, axis=0)
-    _, w = layer([q, values], return_attention_scores=True)
-    counts = np.bincount(layer.positions[:, 0], minlength=3) / 4000
+    _, w, positions = layer([q, values], return_attention_scores=True, return_positions=True)
+    assert positions.shape == (4000,) and positions.dtype.kind == "i"
+    counts = np.bincount(positions, minlength=3) / 4000
     assert_close(w[0], [1 / 7, 2 / 7, 4 / 7], atol=1e-12, what="weights")
     assert_close(counts, w[0], atol=0.03, what="sample frequencies")
     argmax = layers.HardAttention(score="dot", inference="argmax", dtype="float64")
-    ctx = argmax([q[:2], values[:2]])
-    assert np.all(argmax.positions == 2) and np.all(ctx == h[0, 2])
+    ctx, positions = argmax([q[:2], values[:2]], return_positions=True)
+    assert np.all(positions == 2) and np.all(ctx == h[0, 2])
 
 
 def test_functional_model_with_attention_weights_as_outputs_gradchecks():

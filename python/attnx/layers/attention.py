@@ -10,19 +10,21 @@ Functional API (NumPy in, NumPy out; usable without a layer):
   ``softmax_context_backward``: the masked softmax and context for scores from any score function.
 - ``masked_softmax(scores, mask=None, causal=False)``: the softmax over source positions alone
   (its backward is ``attnx.activations`` softmax backward: masked entries have weight 0).
-- ``attend_mask(mask, batch, source_len, query_len)``: a mask or lengths as the kernels take it.
 
-Masks given to the functional API may also have a leading axis of 1, shared by the whole batch.
+Masks follow the one rule of `attnx.masking` (Keras: True = may attend; 0/1 integer masks and
+lengths too). Masks given to the functional API may also have a leading axis of 1, shared by the
+whole batch. A query row with nothing to attend to gets zero weights and a zero context, never NaN.
 
-Masks follow Keras: True = may attend. A query row with nothing to attend to gets zero weights and
-a zero context, never NaN.
+The layers follow the contract of `attnx.layers.base`: everything one call's backprop needs is in
+the cache that call returns, so a layer applied several times keeps each call's state apart.
 """
 import math
 
 import numpy as np
 
 from .. import _core, backend, initializers
-from .base import Layer, attend_mask
+from ..masking import as_mask
+from .base import Layer
 
 SCORES = ("dot", "scaled_dot", "general", "concat", "additive")
 
@@ -31,6 +33,21 @@ SCORES = ("dot", "scaled_dot", "general", "concat", "additive")
 def _as_float(x, dtype=None):
     x = np.asarray(x)
     return np.ascontiguousarray(x, dtype=dtype or (np.float64 if x.dtype == np.float64 else np.float32))
+
+
+def _default_scale(query, heads):
+    """1 / sqrt(Dk), Dk the per-head size of `query` (B, Tq, H * Dk)."""
+    return 1.0 / math.sqrt(max(1, query.shape[-1] // max(1, int(heads))))
+
+
+def _with_head_axis(scores):
+    """Scores (B, Tq, S) as the kernels' (B, H = 1, Tq, S); (B, H, Tq, S) unchanged."""
+    return scores if scores.ndim == 4 else scores.reshape(scores.shape[0], 1, *scores.shape[1:])
+
+
+def _scores_mask(mask, scores4, where):
+    B, _, Tq, S = scores4.shape
+    return as_mask(mask, B, S, where, queries=Tq, shared=True)
 
 
 def scaled_dot_product_attention(query, key, value, mask=None, causal=False, scale=None, heads=1,
@@ -55,11 +72,12 @@ def scaled_dot_product_attention(query, key, value, mask=None, causal=False, sca
     """
     q = _as_float(query)
     k, v = _as_float(key, q.dtype), _as_float(value, q.dtype)
-    if scale is None:
-        scale = 1.0 / math.sqrt(max(1, q.shape[-1] // max(1, int(heads))))
-    m = attend_mask(mask, q.shape[0], k.shape[1], q.shape[1], shared_ok=True) if q.ndim == 3 and k.ndim == 3 else mask
-    return _core.sdpa_forward(q, k, v, m, bool(causal), float(scale), int(heads), dropout_keep,
-                              bool(return_weights))
+    if q.ndim == 3 and k.ndim == 3:  # otherwise the binding reports the ranks, before any mask shape
+        mask = as_mask(mask, q.shape[0], k.shape[1], "scaled_dot_product_attention: `mask`", queries=q.shape[1],
+                       shared=True)
+    return _core.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(causal),
+                              scale=_default_scale(q, heads) if scale is None else float(scale), heads=int(heads),
+                              dropout_keep=dropout_keep, return_weights=bool(return_weights))
 
 
 def scaled_dot_product_attention_backward(dcontext, weights, query, key, value, scale=None, heads=1, dweights=None,
@@ -70,10 +88,10 @@ def scaled_dot_product_attention_backward(dcontext, weights, query, key, value, 
     of the input dtype, accumulates the gradient with respect to `scale` (for a learned scale).
     """
     q = _as_float(query)
-    if scale is None:
-        scale = 1.0 / math.sqrt(max(1, q.shape[-1] // max(1, int(heads))))
-    return _core.sdpa_backward(_as_float(dcontext, q.dtype), weights, q, _as_float(key, q.dtype),
-                               _as_float(value, q.dtype), float(scale), int(heads), dweights, dropout_keep, dscale)
+    return _core.sdpa_backward(dcontext=_as_float(dcontext, q.dtype), weights=weights, query=q,
+                               key=_as_float(key, q.dtype), value=_as_float(value, q.dtype),
+                               scale=_default_scale(q, heads) if scale is None else float(scale), heads=int(heads),
+                               dweights=dweights, dropout_keep=dropout_keep, dscale=dscale)
 
 
 def softmax_context(scores, value, mask=None, causal=False, dropout_keep=None):
@@ -83,9 +101,10 @@ def softmax_context(scores, value, mask=None, causal=False, dropout_keep=None):
     ``(context, weights)`` with weights shaped like `scores`.
     """
     s = _as_float(scores)
-    s4 = s if s.ndim == 4 else s.reshape(s.shape[0], 1, *s.shape[1:])
-    m = attend_mask(mask, s4.shape[0], s4.shape[3], s4.shape[2], shared_ok=True)
-    context, weights = _core.softmax_context_forward(s4, _as_float(value, s.dtype), m, bool(causal), dropout_keep)
+    s4 = _with_head_axis(s)
+    context, weights = _core.softmax_context_forward(
+        scores=s4, value=_as_float(value, s.dtype), mask=_scores_mask(mask, s4, "softmax_context: `mask`"),
+        causal=bool(causal), dropout_keep=dropout_keep)
     return context, weights.reshape(s.shape)
 
 
@@ -93,19 +112,32 @@ def masked_softmax(scores, mask=None, causal=False):
     """Softmax of scores (B, Tq, S) or (B, H, Tq, S) over the last axis where `mask` allows
     ((B, S), (B, Tq, S), lengths (B,), or a leading 1 for the whole batch); fully masked rows are 0."""
     s = _as_float(scores)
-    s4 = s if s.ndim == 4 else s.reshape(s.shape[0], 1, *s.shape[1:])
-    m = attend_mask(mask, s4.shape[0], s4.shape[3], s4.shape[2], shared_ok=True)
-    return _core.masked_softmax_forward(s4, m, bool(causal)).reshape(s.shape)
+    s4 = _with_head_axis(s)
+    return _core.masked_softmax_forward(scores=s4, mask=_scores_mask(mask, s4, "masked_softmax: `mask`"),
+                                        causal=bool(causal)).reshape(s.shape)
 
 
 def softmax_context_backward(dcontext, weights, value, dweights=None, dropout_keep=None):
     """Backward of `softmax_context`: returns ``(dscores, dvalue)``, dscores shaped like `weights`."""
     w = np.asarray(weights)
-    w4 = w if w.ndim == 4 else w.reshape(w.shape[0], 1, *w.shape[1:])
+    w4 = _with_head_axis(w)
     dw4 = None if dweights is None else _as_float(dweights, w.dtype).reshape(w4.shape)
-    dscores, dvalue, _ = _core.softmax_context_backward(_as_float(dcontext, w.dtype), w4, _as_float(value, w.dtype),
-                                                        dw4, dropout_keep)
+    dscores, dvalue, _ = _core.softmax_context_backward(dcontext=_as_float(dcontext, w.dtype), weights=w4,
+                                                        value=_as_float(value, w.dtype), dweights=dw4,
+                                                        dropout_keep=dropout_keep)
     return dscores.reshape(w.shape), dvalue
+
+
+def _dense(x, kernel, bias=None, activation="linear"):
+    """``activation(x . kernel + bias)`` for x (N, C): the projections inside the scores."""
+    return _core.dense_forward(x=x, kernel=kernel, bias=bias, activation=activation)[0]
+
+
+def _dense_backward(dy, x, kernel, y, activation, dkernel, dbias=None, need_dx=True):
+    """Backward of `_dense` (y its output): adds into dkernel (and dbias), returns dx or None."""
+    # the kernel reads the pre-activation z only for gelu; for the activations used here z is y
+    return _core.dense_backward(dy=dy, x=x, kernel=kernel, y=y, z=y, activation=activation, dkernel=dkernel,
+                                dbias=dbias, need_dx=need_dx)
 
 
 # ----------------------------------------------------------------------------- layers
@@ -135,9 +167,9 @@ class Attention(Layer):
     Call arguments:
         inputs: ``[query, value]`` or ``[query, value, key]`` (key defaults to value).
             query (B, Tq, Dq), or (B, Dq) for a single decoder step; value (B, S, Dv); key (B, S, Dk).
-        mask: ``[query_mask, value_mask]`` (either may be None). value_mask (B, S) or (B, Tq, S)
-            bool, True = may attend, or lengths (B,); query_mask (B, Tq) zeroes the context of
-            padded query rows (Keras).
+        mask: ``[query_mask, value_mask]`` (either may be None), by the rule of `attnx.masking`.
+            value_mask (B, S) or (B, Tq, S), True = may attend, or lengths (B,); query_mask
+            (B, Tq) (or (B,) for a single-step query) zeroes the context of padded query rows (Keras).
         return_attention_scores: also return the weights.
         use_causal_mask: query t attends only to source positions s <= t.
 
@@ -146,9 +178,9 @@ class Attention(Layer):
         the weights (B, Tq, S) (or (B, S)). A query with nothing to attend to gets zero weights
         and a zero context.
 
-    ``backward(dy)`` takes the gradient of the context (and, with ``return_attention_scores``, a
-    pair ``[dcontext, dweights]``, dweights may be None) and returns ``[dquery, dvalue]`` or
-    ``[dquery, dvalue, dkey]``, the order of the inputs.
+    ``backprop(cache, dy)`` (and ``backward(dy)``) takes the gradient of the context (and, with
+    ``return_attention_scores``, a pair ``[dcontext, dweights]``, dweights may be None) and returns
+    ``[dquery, dvalue]`` or ``[dquery, dvalue, dkey]``, the order of the inputs.
     """
 
     def __init__(self, score="dot", use_scale=False, units=None, normalize=False, use_bias=None, dropout=0.0,
@@ -184,7 +216,7 @@ class Attention(Layer):
         return q, v, k
 
     def build(self, input_shape):
-        q, v, k = self._split_shapes(input_shape)
+        q, _, k = self._split_shapes(input_shape)
         dq, dk = q[-1], k[-1]
         self._sizes = (dq, dk)  # the query and key sizes later calls must match
         if self.score in ("dot", "scaled_dot") and dq != dk:
@@ -206,7 +238,11 @@ class Attention(Layer):
             self.add_weight("scale", (1,), "ones")
 
     # ------------------------------------------------------------------ inputs
+    per_query_mask = True  # the value mask may be (B, Tq, S) as well as (B, S)
+
     def _inputs(self, inputs, mask):
+        """The call's arrays as (query (B, Tq, Dq), value, key, single_step, query_mask (B, Tq) float or
+        None, value_mask bool or None); a single-step query (B, Dq) gets Tq = 1."""
         if not isinstance(inputs, (list, tuple)) or len(inputs) not in (2, 3):
             raise ValueError(f"Layer '{self.name}': expects inputs [query, value] or [query, value, key], "
                              f"got {type(inputs).__name__}")
@@ -234,17 +270,28 @@ class Attention(Layer):
             if not isinstance(mask, (list, tuple)) or len(mask) != 2:
                 raise ValueError(f"Layer '{self.name}': mask must be [query_mask, value_mask], got "
                                  f"{type(mask).__name__}")
-            value_mask = attend_mask(mask[1], B, S, Tq, where=f"Layer '{self.name}': `value_mask`")
-            if mask[0] is not None and single_step:
-                query_mask = np.asarray(mask[0])
-                if query_mask.shape != (B,):
-                    raise ValueError(f"Layer '{self.name}': `query_mask` expected shape ({B},) for a single-step "
-                                     f"query, got {query_mask.shape}")
-                query_mask = query_mask.reshape(B, 1).astype(self.dtype)
-            elif mask[0] is not None:  # (B, Tq) bool or lengths (B,)
-                query_mask = attend_mask(mask[0], B, Tq, where=f"Layer '{self.name}': `query_mask`")
-                query_mask = query_mask.astype(self.dtype)
-        return query, value, key, len(inputs) == 3, single_step, query_mask, value_mask
+            value_mask = as_mask(mask[1], B, S, f"Layer '{self.name}': `value_mask`",
+                                 queries=Tq if self.per_query_mask else None)
+            query_mask = self._query_mask(mask[0], B, Tq, single_step)
+        return query, value, key, single_step, query_mask, value_mask
+
+    def _query_mask(self, mask, batch, steps, single_step):
+        """Keras' query mask as a float (B, Tq) multiplier of the context, or None."""
+        if mask is None:
+            return None
+        where = f"Layer '{self.name}': `query_mask`"
+        if single_step:  # one flag per row, (B,); as (B, 1) it follows the mask rule like any other
+            flags = np.asarray(mask)
+            if flags.shape != (batch,):
+                raise ValueError(f"{where}: expected shape ({batch},) for a single-step query, got {flags.shape}")
+            mask = flags.reshape(batch, 1)
+        return as_mask(mask, batch, steps, where).astype(self.dtype)
+
+    def _dropout_keep(self, shape, training):
+        """The scaled keep mask of the attention weights for a training call, else None."""
+        if not (training and self.dropout > 0):
+            return None
+        return ((backend.rng().random(shape) >= self.dropout) / (1.0 - self.dropout)).astype(self.dtype)
 
     # ------------------------------------------------------------------ forward
     def _v(self):
@@ -258,111 +305,56 @@ class Attention(Layer):
         """scores (B, Tq, S) for query (B, Tq, Dq), key (B, S, Dk), and what _score_backward needs."""
         B, Tq, Dq = query.shape
         S = key.shape[1]
-        q2 = query.reshape(B * Tq, Dq)
         if self.score in ("dot", "scaled_dot", "general"):
             base_scale = 1.0 / math.sqrt(key.shape[-1]) if self.score == "scaled_dot" else 1.0
             scale = base_scale * float(self.params["scale"][0]) if self.use_scale else base_scale
             projected = query
             if self.score == "general":  # q^T W_a k = (q W_a) . k, one GEMM over all query rows
-                projected = _core.dense_forward(q2, self.params["kernel"], None, "linear")[0].reshape(B, Tq, -1)
-            return _core.dot_scores_forward(projected, key, scale), dict(projected=projected, scale=scale,
-                                                                         base_scale=base_scale)
+                projected = _dense(query.reshape(B * Tq, Dq), self.params["kernel"]).reshape(B, Tq, -1)
+            scores = _core.dot_scores_forward(query=projected, key=key, scale=scale)
+            return scores, {"projected": projected, "scale": scale, "base_scale": base_scale}
         units = self.params["key_kernel"].shape[1]
         # W_a [q; k] = W_q q + W_k k: project each side once, combine inside the score kernel
-        pq = _core.dense_forward(q2, self.params["query_kernel"], self.params.get("bias"), "linear")[0]
-        pk = _core.dense_forward(key.reshape(B * S, -1), self.params["key_kernel"], None, "linear")[0]
+        pq = _dense(query.reshape(B * Tq, Dq), self.params["query_kernel"], self.params.get("bias"))
+        pk = _dense(key.reshape(B * S, -1), self.params["key_kernel"])
         v = self._v()
         pq, pk = pq.reshape(B, Tq, units), pk.reshape(B, S, units)
-        scores, hidden = _core.additive_scores_forward(pq, pk, v)
-        return scores, dict(hidden=hidden, v=v, pq=pq, pk=pk)
+        scores, hidden = _core.additive_scores_forward(pq=pq, pk=pk, v=v)
+        return scores, {"hidden": hidden, "v": v, "pq": pq, "pk": pk}
 
     def _score_backward(self, dscores, query, key, sc):
-        """(dquery, dkey) from the gradient of the scores; adds the score parameters' gradients."""
+        """(dquery, dkey) from the gradient of the scores, (None, None) when the input gradient is not
+        needed; adds the score parameters' gradients."""
+        need_dx = self.input_gradient_needed
         B, Tq, Dq = query.shape
         S = key.shape[1]
-        q2 = query.reshape(B * Tq, Dq)
         if self.score in ("dot", "scaled_dot", "general"):
             dscale = np.zeros(1, self.dtype) if self.use_scale else None
-            dproj, dkey = _core.dot_scores_backward(dscores, sc["projected"], key, sc["scale"], dscale)
+            # the kernel has no flag to skip dquery and dkey; general's kernel gradient needs dprojected anyway
+            dprojected, dkey = _core.dot_scores_backward(dscores=dscores, query=sc["projected"], key=key,
+                                                         scale=sc["scale"], dscale=dscale)
             if self.use_scale:  # scores = base * s * q.k; the kernel gave sum(dscores * q.k)
                 self.grads["scale"] += sc["base_scale"] * dscale
-            if self.score != "general":
-                return dproj, dkey
-            proj2 = sc["projected"].reshape(B * Tq, -1)
-            dquery = _core.dense_backward(dproj.reshape(B * Tq, -1), q2, self.params["kernel"], proj2, proj2, "linear",
-                                          self.grads["kernel"], None, True)
-            return dquery.reshape(B, Tq, Dq), dkey
+            dquery = dprojected
+            if self.score == "general":
+                dquery = _dense_backward(dprojected.reshape(B * Tq, -1), query.reshape(B * Tq, Dq),
+                                         self.params["kernel"], sc["projected"].reshape(B * Tq, -1), "linear",
+                                         self.grads["kernel"], need_dx=need_dx)
+                dquery = None if dquery is None else dquery.reshape(B, Tq, Dq)
+            return (dquery, dkey) if need_dx else (None, None)
         v = sc["v"]
         dv_used = np.zeros_like(v)
-        dpq, dpk = _core.additive_scores_backward(dscores, sc["hidden"], v, dv_used)
+        dpq, dpk = _core.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=v, dv=dv_used)
         self._v_backward(dv_used)
         units = v.shape[0]
-        pq, pk = sc["pq"].reshape(B * Tq, units), sc["pk"].reshape(B * S, units)
-        dquery = _core.dense_backward(dpq.reshape(B * Tq, units), q2, self.params["query_kernel"], pq, pq, "linear",
-                                      self.grads["query_kernel"], self.grads.get("bias"), True)
-        dkey = _core.dense_backward(dpk.reshape(B * S, units), key.reshape(B * S, -1), self.params["key_kernel"], pk,
-                                    pk, "linear", self.grads["key_kernel"], None, True)
+        dquery = _dense_backward(dpq.reshape(B * Tq, units), query.reshape(B * Tq, Dq), self.params["query_kernel"],
+                                 sc["pq"].reshape(B * Tq, units), "linear", self.grads["query_kernel"],
+                                 self.grads.get("bias"), need_dx=need_dx)
+        dkey = _dense_backward(dpk.reshape(B * S, units), key.reshape(B * S, -1), self.params["key_kernel"],
+                               sc["pk"].reshape(B * S, units), "linear", self.grads["key_kernel"], need_dx=need_dx)
+        if not need_dx:
+            return None, None
         return dquery.reshape(B, Tq, Dq), dkey.reshape(B, S, -1)
-
-    def _attend(self, scores, query, value, value_mask, causal, training):
-        """Masked softmax and context from the scores: (context, weights (B, Tq, S), cache)."""
-        B, Tq, S = scores.shape
-        keep = None
-        if training and self.dropout > 0:
-            keep = ((backend.rng().random((B, 1, Tq, S)) >= self.dropout) / (1.0 - self.dropout)).astype(self.dtype)
-        context, weights = _core.softmax_context_forward(scores.reshape(B, 1, Tq, S), value, value_mask, causal, keep)
-        return context, weights.reshape(B, Tq, S), dict(keep=keep, weights=weights)
-
-    def _attend_backward(self, dcontext, dweights, value, ac):
-        """(dscores, dvalue, extra dquery or None) from the gradients of the context and weights."""
-        B, S = value.shape[:2]
-        dw = None if dweights is None else dweights.reshape(ac["weights"].shape)
-        dscores, dvalue, _ = _core.softmax_context_backward(dcontext, ac["weights"], value, dw, ac["keep"], False)
-        return dscores.reshape(B, -1, S), dvalue, None
-
-    def call(self, inputs, training=False, mask=None, return_attention_scores=False, use_causal_mask=False):
-        query, value, key, key_given, single_step, query_mask, value_mask = self._inputs(inputs, mask)
-        scores, score_cache = self._score_forward(query, key)
-        context, weights, attend_cache = self._attend(scores, query, value, value_mask, bool(use_causal_mask),
-                                                      training)
-        if query_mask is not None:
-            context *= query_mask[:, :, None]
-        if training:
-            self._cache = dict(query=query, value=value, key=key, key_given=key_given, single_step=single_step,
-                               query_mask=query_mask, return_weights=return_attention_scores, score=score_cache,
-                               attend=attend_cache)
-        if single_step:
-            context, weights = context[:, 0], weights[:, 0]
-        return (context, weights) if return_attention_scores else context
-
-    def backward(self, dy):
-        c = self._saved()
-        query, value, key = c["query"], c["value"], c["key"]
-        B, Tq, Dq = query.shape
-        S, Dv = value.shape[1], value.shape[2]
-        out_shape = (B, Dv) if c["single_step"] else (B, Tq, Dv)
-        w_shape = (B, S) if c["single_step"] else (B, Tq, S)
-        if c["return_weights"]:
-            if not isinstance(dy, (list, tuple)) or len(dy) != 2:
-                raise ValueError(f"Layer '{self.name}': backward expected [dcontext, dweights] (the layer returned "
-                                 f"the weights too), got {type(dy).__name__}")
-            dcontext, dweights = dy
-        else:
-            dcontext, dweights = dy, None
-        dcontext = self._grad_input(dcontext, out_shape, "dcontext").reshape(B, Tq, Dv)
-        if c["query_mask"] is not None:
-            dcontext = dcontext * c["query_mask"][:, :, None]
-        if dweights is not None:
-            dweights = self._grad_input(dweights, w_shape, "dweights").reshape(B, Tq, S)
-        dscores, dvalue, dquery_extra = self._attend_backward(dcontext, dweights, value, c["attend"])
-        dquery, dkey = self._score_backward(dscores, query, key, c["score"])
-        if dquery_extra is not None:
-            dquery = dquery + dquery_extra
-        if c["single_step"]:
-            dquery = dquery[:, 0]
-        if c["key_given"]:
-            return [dquery, dvalue, dkey]
-        return [dquery, dvalue + dkey]
 
     def _v_backward(self, dv_used):
         """Adds the gradient of the used score vector into v (and g when weight-normalized)."""
@@ -376,6 +368,91 @@ class Attention(Layer):
         along = float(dv_used @ direction)
         self.grads["g"][0] += along
         self.grads["v"][:, 0] += self.params["g"][0] / norm * (dv_used - along * direction)
+
+    def _attend(self, scores, query, value, value_mask, causal, training):
+        """Masked softmax and context from the scores: (context, weights (B, Tq, S), cache)."""
+        B, Tq, S = scores.shape
+        keep = self._dropout_keep((B, 1, Tq, S), training)
+        context, weights = _core.softmax_context_forward(scores=scores.reshape(B, 1, Tq, S), value=value,
+                                                         mask=value_mask, causal=causal, dropout_keep=keep)
+        return context, weights.reshape(B, Tq, S), {"keep": keep, "weights": weights}
+
+    def _attend_backward(self, dcontext, dweights, value, ac):
+        """(dscores (B, Tq, S), dvalue, a further dquery or None) from the gradients of the context and
+        weights."""
+        weights = ac["weights"]
+        dw = None if dweights is None else dweights.reshape(weights.shape)
+        dscores, dvalue, _ = _core.softmax_context_backward(dcontext=dcontext, weights=weights, value=value,
+                                                            dweights=dw, dropout_keep=ac["keep"])
+        return dscores.reshape(dcontext.shape[0], -1, value.shape[1]), dvalue, None
+
+    def _context(self, inputs, mask, causal, training, **attend_options):
+        """One call's context (B, Tq, Dv), weights (B, Tq, S) and state: the arrays its backprop needs."""
+        query, value, key, single_step, query_mask, value_mask = self._inputs(inputs, mask)
+        scores, score_cache = self._score_forward(query, key)
+        context, weights, attend_cache = self._attend(scores, query, value, value_mask, causal, training,
+                                                      **attend_options)
+        if query_mask is not None:
+            context *= query_mask[:, :, None]
+        state = {"query": query, "value": value, "key": key, "key_given": len(inputs) == 3,
+                 "single_step": single_step, "query_mask": query_mask, "score": score_cache, "attend": attend_cache}
+        return context, weights, state
+
+    def _outputs(self, output, weights, state, return_attention_scores, training, extra_outputs=()):
+        """``(outputs, cache)`` of a call from its (B, Tq, ...) output and weights; the cache (None unless
+        training) records which outputs were returned, for backprop to read their gradients."""
+        outputs = [output] + ([weights] if return_attention_scores else []) + list(extra_outputs)
+        if state["single_step"]:
+            outputs = [o[:, 0] for o in outputs]
+        state.update(return_weights=bool(return_attention_scores), n_outputs=len(outputs))
+        return (outputs if len(outputs) > 1 else outputs[0]), (state if training else None)
+
+    def forward(self, inputs, training=False, mask=None, return_attention_scores=False, use_causal_mask=False):
+        context, weights, state = self._context(inputs, mask, bool(use_causal_mask), training)
+        return self._outputs(context, weights, state, return_attention_scores, training)
+
+    # ------------------------------------------------------------------ backward
+    def _output_grads(self, cache, dy):
+        """The gradients of the call's output (B, Tq, out) and weights (B, Tq, S) (or None) from `dy`, the
+        structure of the call's outputs."""
+        B, Tq, _ = cache["query"].shape
+        S = cache["value"].shape[1]
+        if cache["n_outputs"] > 1:
+            if not isinstance(dy, (list, tuple)) or len(dy) != cache["n_outputs"]:
+                raise ValueError(f"Layer '{self.name}': backward expected a list of {cache['n_outputs']} gradients "
+                                 f"(one per output of the call; None for the weights), got {type(dy).__name__}")
+            doutput, dweights = dy[0], (dy[1] if cache["return_weights"] else None)
+        else:
+            doutput, dweights = dy, None
+        lead = (B,) if cache["single_step"] else (B, Tq)
+        size = self._output_size(cache["value"].shape[2])
+        doutput = self._grad_input(doutput, lead + (size,), "dy").reshape(B, Tq, size)
+        if dweights is not None:
+            dweights = self._grad_input(dweights, lead + (S,), "dweights").reshape(B, Tq, S)
+        return doutput, dweights
+
+    def _context_backward(self, cache, dcontext, dweights, dquery_outside=None):
+        """Input gradients (in the order of the inputs) from those of the context (B, Tq, Dv) and weights;
+        `dquery_outside` is a gradient of the query that bypassed the attention. None when the layer's
+        input gradient is not needed."""
+        if cache["query_mask"] is not None:
+            dcontext = dcontext * cache["query_mask"][:, :, None]
+        dscores, dvalue, dquery_attend = self._attend_backward(dcontext, dweights, cache["value"], cache["attend"])
+        dquery, dkey = self._score_backward(dscores, cache["query"], cache["key"], cache["score"])
+        if not self.input_gradient_needed:
+            return None
+        for extra in (dquery_attend, dquery_outside):
+            if extra is not None:
+                dquery = dquery + extra.reshape(dquery.shape)
+        if cache["single_step"]:
+            dquery = dquery[:, 0]
+        if cache["key_given"]:
+            return [dquery, dvalue, dkey]
+        return [dquery, dvalue + dkey]
+
+    def backprop(self, cache, dy):
+        dcontext, dweights = self._output_grads(cache, dy)
+        return self._context_backward(cache, dcontext, dweights)
 
     def compute_mask(self, inputs, mask=None):
         if mask is None or not isinstance(mask, (list, tuple)):
@@ -456,38 +533,28 @@ class LuongAttention(Attention):
             q, v, _ = self._split_shapes(input_shape)
             self.add_weight("attentional_kernel", (v[-1] + q[-1], self.attentional_units), self.kernel_initializer)
 
-    def call(self, inputs, training=False, mask=None, return_attention_scores=False, use_causal_mask=False):
-        context, weights = super().call(inputs, training=training, mask=mask, return_attention_scores=True,
-                                        use_causal_mask=use_causal_mask)
-        if not self.attentional_units:
-            if training:  # backward takes what this call returned: [dcontext, dweights] only with the weights
-                self._cache["return_weights"] = bool(return_attention_scores)
-            return (context, weights) if return_attention_scores else context
-        query = self._float_input(inputs[0], "query")
-        lead = context.shape[:-1]
-        joined = np.concatenate([context, query], axis=-1).reshape(-1, self.params["attentional_kernel"].shape[0])
-        state = _core.dense_forward(joined, self.params["attentional_kernel"], None, "tanh")[0]
-        if training:
-            self._cache.update(joined=joined, state=state, return_weights=True, luong_weights=return_attention_scores)
-        state = state.reshape(lead + (self.attentional_units,))
-        return (state, weights) if return_attention_scores else state
+    def forward(self, inputs, training=False, mask=None, return_attention_scores=False, use_causal_mask=False):
+        context, weights, state = self._context(inputs, mask, bool(use_causal_mask), training)
+        output = context
+        if self.attentional_units:
+            B, Tq, _ = context.shape
+            joined = np.concatenate([context, state["query"]], axis=-1).reshape(B * Tq, -1)
+            attentional = _dense(joined, self.params["attentional_kernel"], activation="tanh")
+            state.update(joined=joined, attentional=attentional)
+            output = attentional.reshape(B, Tq, self.attentional_units)
+        return self._outputs(output, weights, state, return_attention_scores, training)
 
-    def backward(self, dy):
+    def backprop(self, cache, dy):
+        doutput, dweights = self._output_grads(cache, dy)
         if not self.attentional_units:
-            return super().backward(dy)
-        c = self._saved()
-        dstate, dweights = dy if c["luong_weights"] else (dy, None)
-        joined, state = c["joined"], c["state"]
-        Dv = c["value"].shape[2]
-        lead = (c["query"].shape[0],) if c["single_step"] else c["query"].shape[:2]
-        dstate = self._grad_input(dstate, lead + (self.attentional_units,), "dy").reshape(-1, self.attentional_units)
+            return self._context_backward(cache, doutput, dweights)
+        B, Tq = cache["query"].shape[:2]
+        Dv = cache["value"].shape[2]
         # h~ = tanh([c; h] W_c): split the gradient of [c; h] back into the context and the query
-        djoined = _core.dense_backward(dstate, joined, self.params["attentional_kernel"], state, state, "tanh",
-                                       self.grads["attentional_kernel"], None, True)
-        dcontext = djoined[:, :Dv].reshape(lead + (Dv,))
-        grads = super().backward([dcontext, dweights])
-        grads[0] = grads[0] + djoined[:, Dv:].reshape(grads[0].shape)
-        return grads
+        djoined = _dense_backward(doutput.reshape(B * Tq, -1), cache["joined"], self.params["attentional_kernel"],
+                                  cache["attentional"], "tanh", self.grads["attentional_kernel"])
+        dcontext = np.ascontiguousarray(djoined[:, :Dv].reshape(B, Tq, Dv))
+        return self._context_backward(cache, dcontext, dweights, dquery_outside=djoined[:, Dv:])
 
     def _output_size(self, value_size):
         return self.attentional_units or value_size
@@ -534,7 +601,6 @@ class LocalAttention(Attention):
         super().__init__(score=score, units=units, dropout=dropout, **kwargs)
         self.window, self.mode = int(window), mode
         self.position_units = None if position_units is None else int(position_units)
-        self._positions = None
 
     def build(self, input_shape):
         super().build(input_shape)
@@ -543,48 +609,48 @@ class LocalAttention(Attention):
             self.add_weight("position_kernel", (self._sizes[0], units), self.kernel_initializer)
             self.add_weight("position_v", (units, 1), self.kernel_initializer)
 
-    def call(self, inputs, training=False, mask=None, return_attention_scores=False, use_causal_mask=False,
-             positions=None):
-        self._positions = positions
-        return super().call(inputs, training=training, mask=mask, return_attention_scores=return_attention_scores,
-                            use_causal_mask=use_causal_mask)
+    per_query_mask = False  # the window is placed within each row's real length, read from a (B, S) mask
 
-    def _aligned_positions(self, query, lengths):
+    def forward(self, inputs, training=False, mask=None, return_attention_scores=False, use_causal_mask=False,
+                positions=None):
+        if positions is not None and self.mode != "local-m":
+            raise ValueError(f"Layer '{self.name}': `positions` applies to mode='local-m'; local-p predicts them")
+        context, weights, state = self._context(inputs, mask, bool(use_causal_mask), training, positions=positions)
+        return self._outputs(context, weights, state, return_attention_scores, training)
+
+    def _aligned_positions(self, query, lengths, positions):
         """p (B, Tq) and, for local-p, the activations its backward needs."""
         B, Tq, Dq = query.shape
-        last = np.maximum(lengths - 1, 0)[:, None]
         if self.mode == "local-m":
-            if self._positions is None:
+            if positions is None:
                 p = np.broadcast_to(np.arange(Tq), (B, Tq))
             else:
-                p = np.asarray(self._positions)
+                p = np.asarray(positions)
                 if p.size != B * Tq:
                     raise ValueError(f"Layer '{self.name}': `positions` expected shape ({B}, {Tq}), got {p.shape}")
                 p = p.reshape(B, Tq)
+            last = np.maximum(lengths - 1, 0)[:, None]
             return np.ascontiguousarray(np.clip(p, 0, last), dtype=self.dtype), None
         q2 = query.reshape(B * Tq, Dq)
-        hidden = _core.dense_forward(q2, self.params["position_kernel"], None, "tanh")[0]
-        gate = _core.dense_forward(hidden, self.params["position_v"], None, "sigmoid")[0]
+        hidden = _dense(q2, self.params["position_kernel"], activation="tanh")
+        gate = _dense(hidden, self.params["position_v"], activation="sigmoid")
         p = np.ascontiguousarray(lengths[:, None] * gate.reshape(B, Tq), dtype=self.dtype)
-        return p, dict(q2=q2, hidden=hidden, gate=gate)
+        return p, {"q2": q2, "hidden": hidden, "gate": gate}
 
-    def _attend(self, scores, query, value, value_mask, causal, training):
+    def _attend(self, scores, query, value, value_mask, causal, training, positions=None):
         B, Tq, S = scores.shape
-        if value_mask is not None and value_mask.ndim != 2:
-            raise ValueError(f"Layer '{self.name}': local attention takes a value mask of shape ({B}, {S}) or "
-                             f"lengths ({B},), got shape {value_mask.shape}")
-        lengths = np.full(B, S) if value_mask is None else value_mask.sum(axis=1)
-        p, position_cache = self._aligned_positions(query, lengths.astype(self.dtype))
-        allowed, gauss = _core.local_window_forward(p, S, self.window, value_mask)
-        keep = None
-        if training and self.dropout > 0:
-            keep = ((backend.rng().random((B, 1, Tq, S)) >= self.dropout) / (1.0 - self.dropout)).astype(self.dtype)
+        lengths = (np.full(B, S) if value_mask is None else value_mask.sum(axis=1)).astype(self.dtype)
+        p, position_cache = self._aligned_positions(query, lengths, positions)
+        allowed, gauss = _core.local_window_forward(positions=p, source_len=S, window=self.window,
+                                                    source_mask=value_mask)
+        keep = self._dropout_keep((B, 1, Tq, S), training)
         multiplier = gauss if keep is None else gauss * keep
-        context, align = _core.softmax_context_forward(scores.reshape(B, 1, Tq, S), value, allowed, causal,
-                                                       multiplier)
+        context, align = _core.softmax_context_forward(scores=scores.reshape(B, 1, Tq, S), value=value, mask=allowed,
+                                                       causal=causal, dropout_keep=multiplier)
         weights = align * gauss
-        return context, weights.reshape(B, Tq, S), dict(p=p, gauss=gauss, align=align, multiplier=multiplier,
-                                                        keep=keep, lengths=lengths, position=position_cache)
+        return context, weights.reshape(B, Tq, S), {"p": p, "gauss": gauss, "align": align, "keep": keep,
+                                                    "multiplier": multiplier, "lengths": lengths,
+                                                    "position": position_cache}
 
     def _attend_backward(self, dcontext, dweights, value, ac):
         gauss, align = ac["gauss"], ac["align"]
@@ -592,22 +658,24 @@ class LocalAttention(Attention):
         dw = None if dweights is None else dweights.reshape(B, 1, Tq, S)
         # weights = align * gauss, and the context used align * gauss * keep
         dscores, dvalue, dmultiplier = _core.softmax_context_backward(
-            dcontext, align, value, None if dw is None else np.ascontiguousarray(dw * gauss), ac["multiplier"], True)
+            dcontext=dcontext, weights=align, value=value, dweights=None if dw is None else np.ascontiguousarray(
+                dw * gauss), dropout_keep=ac["multiplier"], need_dkeep=True)
         dscores = dscores.reshape(B, Tq, S)
         if self.mode == "local-m":
             return dscores, dvalue, None
         dgauss = dmultiplier if ac["keep"] is None else dmultiplier * ac["keep"]
         if dw is not None:
             dgauss = dgauss + dw * align
-        dp = _core.local_window_backward(np.ascontiguousarray(dgauss), gauss, ac["p"], self.window)
+        dp = _core.local_window_backward(dgauss=np.ascontiguousarray(dgauss), gauss=gauss, positions=ac["p"],
+                                         window=self.window)
         pc = ac["position"]
         # p = S_b * sigmoid(v_p . tanh(W_p h))
         dgate = np.ascontiguousarray((dp * ac["lengths"][:, None]).reshape(-1, 1), dtype=self.dtype)
-        dhidden = _core.dense_backward(dgate, pc["hidden"], self.params["position_v"], pc["gate"], pc["gate"],
-                                       "sigmoid", self.grads["position_v"], None, True)
-        dquery = _core.dense_backward(dhidden, pc["q2"], self.params["position_kernel"], pc["hidden"], pc["hidden"],
-                                      "tanh", self.grads["position_kernel"], None, True)
-        return dscores, dvalue, dquery.reshape(B, Tq, -1)
+        dhidden = _dense_backward(dgate, pc["hidden"], self.params["position_v"], pc["gate"], "sigmoid",
+                                  self.grads["position_v"])
+        dquery = _dense_backward(dhidden, pc["q2"], self.params["position_kernel"], pc["hidden"], "tanh",
+                                 self.grads["position_kernel"], need_dx=self.input_gradient_needed)
+        return dscores, dvalue, dquery
 
     def get_config(self):
         config = {**super().get_config(), "window": self.window, "mode": self.mode,
@@ -629,8 +697,10 @@ class HardAttention(Attention):
         d loss / d scores = -(R - b) * (onehot(s) - weights)      (= -(R - b) grad log a_s)
 
     while the value gets the ordinary gradient through the chosen context. Call
-    ``layer.set_reward(rewards)`` with rewards (B,) or (B, Tq) (higher is better, e.g. -loss or
-    1 for a correct prediction) **before** ``backward``; backward then updates
+    ``layer.set_reward(rewards, cache)`` with rewards (B,) or (B, Tq) of that training call (higher
+    is better, e.g. -loss or 1 for a correct prediction) **before** its backprop (``cache``
+    defaults to the last ``layer(..., training=True)`` call, for ``backward``). Each call's
+    advantage uses the baseline of the time of the call; each backprop then updates
     ``b <- decay * b + (1 - decay) * mean(R)``.
 
     Args:
@@ -639,9 +709,12 @@ class HardAttention(Attention):
         baseline_decay: decay of the moving-average reward baseline.
         Other arguments as `Attention` (no dropout).
 
-    Output: the context (and the soft weights with ``return_attention_scores=True``); the chosen
-    positions are in ``layer.positions`` (B, Tq) after each call. A query with nothing to attend
-    to gets a zero context.
+    Call arguments as `Attention`, plus ``return_positions``: also return the chosen positions
+    (B, Tq) (or (B,)), integers, after the weights when those are returned too (their gradient is
+    ignored).
+
+    Output: the context (and the soft weights with ``return_attention_scores=True``). A query
+    with nothing to attend to gets a zero context.
     """
 
     def __init__(self, score="dot", inference="argmax", baseline_decay=0.9, **kwargs):
@@ -651,24 +724,32 @@ class HardAttention(Attention):
             raise ValueError(f"HardAttention: baseline_decay must be in [0, 1), got {baseline_decay}")
         super().__init__(score=score, **kwargs)
         self.inference, self.baseline_decay = inference, float(baseline_decay)
-        self.baseline = None
-        self.positions = None
-        self._reward = None
+        self.baseline = None  # the moving average of the rewards: learned state, like a batch norm's statistics
 
-    def set_reward(self, rewards):
-        """Rewards (B,) or (B, Tq) for the positions sampled in the last training call."""
-        c = self._saved()
-        B, Tq = c["attend"]["positions"].shape
+    def forward(self, inputs, training=False, mask=None, return_attention_scores=False, use_causal_mask=False,
+                return_positions=False):
+        context, weights, state = self._context(inputs, mask, bool(use_causal_mask), training)
+        positions = [state["attend"]["positions"]] if return_positions else []
+        return self._outputs(context, weights, state, return_attention_scores, training, positions)
+
+    def set_reward(self, rewards, cache=None):
+        """Rewards (B,) or (B, Tq) of the positions sampled by the training call that returned `cache`
+        (default: the last ``layer(..., training=True)``)."""
+        cache = self._cache if cache is None else cache
+        if cache is None:
+            raise RuntimeError(f"Layer '{self.name}': set_reward() needs a forward pass with training=True first")
+        B, Tq = cache["attend"]["positions"].shape
         r = np.asarray(rewards, dtype=np.float64)
         if r.shape == (B,):
             r = np.repeat(r[:, None], Tq, axis=1)
         if r.shape != (B, Tq):
             raise ValueError(f"Layer '{self.name}': rewards expected shape ({B},) or ({B}, {Tq}), got {r.shape}")
-        self._reward = r
+        cache["attend"]["reward"] = r
 
     def _attend(self, scores, query, value, value_mask, causal, training):
         B, Tq, S = scores.shape
-        weights = _core.masked_softmax_forward(scores.reshape(B, 1, Tq, S), value_mask, causal).reshape(B, Tq, S)
+        weights = _core.masked_softmax_forward(scores=scores.reshape(B, 1, Tq, S), mask=value_mask,
+                                               causal=causal).reshape(B, Tq, S)
         if training or self.inference == "sample":
             u = backend.rng().random((B, Tq, 1))
             positions = np.minimum((np.cumsum(weights, axis=-1) < u).sum(axis=-1), S - 1)
@@ -676,31 +757,36 @@ class HardAttention(Attention):
             positions = weights.argmax(axis=-1)
         has_source = weights.sum(axis=-1) > 0  # fully masked rows: zero context
         context = np.take_along_axis(value, positions[:, :, None], axis=1) * has_source[:, :, None]
-        self.positions = positions
-        self._reward = None
-        return np.ascontiguousarray(context, dtype=self.dtype), weights, dict(weights=weights, positions=positions,
-                                                                               has_source=has_source)
+        return np.ascontiguousarray(context, dtype=self.dtype), weights, {
+            "weights": weights, "positions": positions, "has_source": has_source, "baseline": self.baseline}
 
     def _attend_backward(self, dcontext, dweights, value, ac):
-        weights, positions, has_source = ac["weights"], ac["positions"], ac["has_source"]
-        B, Tq, S = weights.shape
+        if "reward" not in ac:
+            raise RuntimeError(f"Layer '{self.name}': call set_reward(rewards) before backward() (REINFORCE needs "
+                               f"the reward of the sampled positions)")
+        weights, positions, has_source, reward = ac["weights"], ac["positions"], ac["has_source"], ac["reward"]
+        B, Tq, _ = weights.shape
         rows = np.repeat(np.arange(B), Tq)
         dvalue = np.zeros_like(value)
         np.add.at(dvalue, (rows, positions.reshape(-1)), (dcontext * has_source[:, :, None]).reshape(B * Tq, -1))
-        if self._reward is None:
-            raise RuntimeError(f"Layer '{self.name}': call set_reward(rewards) before backward() (REINFORCE needs "
-                               f"the reward of the sampled positions)")
-        reward = self._reward
-        baseline = float(reward.mean()) if self.baseline is None else self.baseline
+        mean_reward = float(reward.mean())
+        baseline = mean_reward if ac["baseline"] is None else ac["baseline"]
         advantage = ((reward - baseline) * has_source).astype(self.dtype)
         onehot = np.zeros_like(weights)
         np.put_along_axis(onehot, positions[:, :, None], 1.0, axis=-1)
         dscores = -advantage[:, :, None] * (onehot - weights)
         if dweights is not None:
-            dscores += _core.activation_backward(dweights, weights, weights, "softmax")
-        self.baseline = self.baseline_decay * baseline + (1.0 - self.baseline_decay) * float(reward.mean())
-        self._reward = None
+            dscores += _core.activation_backward(dy=dweights, x=weights, y=weights, activation="softmax")
+        running = mean_reward if self.baseline is None else self.baseline
+        self.baseline = self.baseline_decay * running + (1.0 - self.baseline_decay) * mean_reward
         return np.ascontiguousarray(dscores), dvalue, None
+
+    def compute_output_shape(self, input_shape, return_attention_scores=False, return_positions=False):
+        shape = super().compute_output_shape(input_shape, return_attention_scores)
+        if not return_positions:
+            return shape
+        positions = tuple(self._split_shapes(input_shape)[0][:-1])
+        return (shape if return_attention_scores else [shape]) + [positions]
 
     def get_config(self):
         config = {**super().get_config(), "inference": self.inference, "baseline_decay": self.baseline_decay}
@@ -753,7 +839,7 @@ class AttentionPooling(Layer):
         self.add_weight("kernel", (input_shape[-1], 1), self.kernel_initializer)
         self.add_weight("bias", (1 if self.length_agnostic else input_shape[1], 1), self.bias_initializer)
 
-    def call(self, inputs, training=False, mask=None, return_attention_scores=False):
+    def forward(self, inputs, training=False, mask=None, return_attention_scores=False):
         kernel = self.params["kernel"]
         x = self._float_input(inputs, ndim=3, last_dim=kernel.shape[0])
         B, T, _ = x.shape
@@ -761,23 +847,24 @@ class AttentionPooling(Layer):
             raise ValueError(f"Layer '{self.name}': built for T={self.params['bias'].shape[0]} time steps (bias "
                              f"of shape {self.params['bias'].shape}), got inputs of shape {x.shape}; use "
                              f"AttentionPooling(length_agnostic=True) to accept any length")
-        m = attend_mask(mask, B, T, where=f"Layer '{self.name}': `mask`")
-        out, weights, energy = _core.attention_pooling_forward(x, kernel, self.params["bias"], m,
-                                                               self.return_sequences)
-        if training:
-            self._cache = dict(x=x, weights=weights, energy=energy, return_weights=return_attention_scores)
-        return (out, weights) if return_attention_scores else out
+        out, weights, energy = _core.attention_pooling_forward(
+            x=x, kernel=kernel, bias=self.params["bias"], mask=as_mask(mask, B, T, f"Layer '{self.name}': `mask`"),
+            return_sequences=self.return_sequences)
+        cache = {"x": x, "weights": weights, "energy": energy, "return_weights": bool(return_attention_scores)}
+        return ((out, weights) if return_attention_scores else out), (cache if training else None)
 
-    def backward(self, dy):
-        c = self._saved()
-        x = c["x"]
+    def backprop(self, cache, dy):
+        x = cache["x"]
         B, T, d = x.shape
-        dout, dweights = (dy if c["return_weights"] else (dy, None))
+        dout, dweights = dy if cache["return_weights"] else (dy, None)
         dout = self._grad_input(dout, (B, T, d) if self.return_sequences else (B, d))
         if dweights is not None:
             dweights = self._grad_input(dweights, (B, T), "dweights")
-        return _core.attention_pooling_backward(dout, dweights, c["weights"], c["energy"], x, self.params["kernel"],
-                                                self.grads["kernel"], self.grads["bias"], self.return_sequences)
+        # the kernel computes dx in the same pass as the parameter gradients (no flag to skip it)
+        return _core.attention_pooling_backward(dout=dout, dweights=dweights, weights=cache["weights"],
+                                                energy=cache["energy"], x=x, kernel=self.params["kernel"],
+                                                dkernel=self.grads["kernel"], dbias=self.grads["bias"],
+                                                return_sequences=self.return_sequences)
 
     def compute_mask(self, inputs, mask=None):
         return mask if self.return_sequences else None
