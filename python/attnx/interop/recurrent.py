@@ -8,7 +8,7 @@ attnx's layout is in `attnx.layers.recurrent`.
 import numpy as np
 
 from ..layers.recurrent import GRU, LSTM, Bidirectional, SimpleRNN, level_suffix
-from . import register_from_torch, register_to_torch, set_torch_params
+from .registry import register_from_torch, register_to_torch, set_torch_params
 
 _LAYER_OF_TORCH = {"RNN": SimpleRNN, "GRU": GRU, "LSTM": LSTM}
 _TORCH_OF_CELL = {"simple": "RNN", "gru": "GRU", "lstm": "LSTM"}
