@@ -78,9 +78,9 @@ def test_activation_gradcheck(activation, rng):
 class _FixedMaskDropout(layers.Dropout):
     """Dropout whose generator restarts from `seed` at every call, so every call draws one mask."""
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         self._rng = np.random.default_rng(self.seed)
-        return super().call(inputs, training=training)
+        return super().forward(inputs, training=training)
 
 
 def test_dropout_gradcheck_fixed_mask(rng):
@@ -361,8 +361,8 @@ def test_set_weights_errors():
 
 # --------------------------------------------------------------------------- the harnesses catch bugs
 class _WrongBackwardDense(layers.Dense):
-    def backward(self, dy):
-        dx = super().backward(dy)
+    def backprop(self, cache, dy):
+        dx = super().backprop(cache, dy)
         self.grads["kernel"][0, 0] += 1e-3  # a wrong parameter gradient
         return dx
 

@@ -17,14 +17,11 @@ class GradBlowup(Layer):
         super().__init__(**kwargs)
         self.factor = factor
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         x = np.asarray(inputs, dtype=self.dtype)
-        if training:
-            self._cache = x.shape
-        return x
+        return x, (x.shape if training else None)
 
-    def backward(self, dy):
-        self._saved()
+    def backprop(self, cache, dy):
         return np.asarray(dy) * self.dtype.type(self.factor)
 
     def compute_output_shape(self, input_shape):
@@ -37,14 +34,11 @@ class WeightGradNaN(Layer):
     def build(self, input_shape):
         self.add_weight("scale", (input_shape[-1],), "ones")
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         x = np.asarray(inputs, dtype=self.dtype)
-        if training:
-            self._cache = x
-        return x * self.params["scale"]
+        return x * self.params["scale"], (x if training else None)
 
-    def backward(self, dy):
-        self._saved()
+    def backprop(self, cache, dy):
         self.grads["scale"] += np.nan
         return np.asarray(dy) * self.params["scale"]
 

@@ -73,11 +73,13 @@ def tensors_in(spec):
 
 
 def substitute(x, values):
-    """`x` with each SymbolicTensor replaced by ``values[id(tensor)]`` (lists and tuples kept)."""
+    """`x` with each SymbolicTensor replaced by ``values[id(tensor)]`` (lists, tuples and dicts kept)."""
     if is_symbolic(x):
         return values[id(x)]
     if isinstance(x, (list, tuple)):
         return type(x)(substitute(v, values) for v in x)
+    if isinstance(x, dict):
+        return {k: substitute(v, values) for k, v in x.items()}
     return x
 
 
