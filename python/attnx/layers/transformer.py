@@ -2,19 +2,24 @@
 network, multi-head attention, and encoder / decoder layers and stacks.
 
 The math runs in C++ (`transformer.hpp`, `attention.hpp`, `dense.hpp`); these classes check
-inputs, lay out buffers and chain the backward passes. Composite layers (FeedForward, the encoder
-and decoder layers and their stacks) expose their sublayers' weights in their own ``params`` /
-``grads`` under ``"<sublayer>/<weight>"`` names, sharing the same arrays.
+inputs, lay out buffers and chain the backward passes. Every layer follows the contract of
+`layers.base`: ``forward`` returns ``(outputs, cache)`` and ``backprop(cache, dy)`` takes the cache
+back. Composite layers (FeedForward, the encoder and decoder layers and their stacks) call their
+sublayers through ``apply`` / ``backprop`` and keep the sublayers' caches inside their own, so a
+composite layer called several times keeps each call's state apart. They expose their sublayers'
+weights in their own ``params`` / ``grads`` under ``"<sublayer>/<weight>"`` names, sharing the
+same arrays.
 
-Masks follow Keras: bool, True = real token / may attend. A padding mask ``(batch, S)`` may also be
-given as lengths ``(batch,)`` of ints. A query that may attend to nothing gets zero attention
+Masks follow `attnx.masking` (bool or 0/1 integers, True = real token / may attend; a padding mask
+``(batch, S)`` may also be lengths ``(batch,)``). An attention mask is ``(batch, T, S)``, or one
+``(T, S)`` mask shared by the batch. A query that may attend to nothing gets zero attention
 weights (and so only the output bias), never NaN.
 """
 import numpy as np
 
 from .. import _core, activations, backend, initializers
-from .attention import (attend_mask, scaled_dot_product_attention,
-                        scaled_dot_product_attention_backward)
+from ..masking import as_mask
+from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
 from .base import Layer
 from .core import Dense
 
@@ -24,21 +29,59 @@ def _dropout_keep(shape, rate, dtype):
     generator, or None when rate is 0."""
     if rate == 0.0:
         return None
-    return _core.dropout_keep(list(shape), rate, int(backend.rng().integers(0, 2 ** 63)), dtype)
+    return _core.dropout_keep(shape=list(shape), rate=rate, seed=int(backend.rng().integers(0, 2 ** 63)),
+                              dtype=dtype)
+
+
+def _where(layer, arg):
+    """The start of an error message about argument `arg` of `layer`."""
+    return f"Layer '{layer.name}': `{arg}`"
+
+
+def _attention_mask(mask, batch, queries, keys, where):
+    """An attention mask as the kernel takes it, or None: (batch, queries, keys), or
+    (1, queries, keys) for one (queries, keys) mask shared by the batch (as torch's attn_mask)."""
+    if mask is not None and np.ndim(mask) == 2:
+        mask = np.asarray(mask)[None]
+    mask = as_mask(mask, batch, keys, where, queries=queries, shared=True)
+    if mask is not None and mask.ndim == 2:  # given as lengths: every query sees the same keys
+        mask = np.ascontiguousarray(np.broadcast_to(mask[:, None, :], (batch, queries, keys)))
+    return mask
+
+
+def _combine_masks(attention_mask, padding_mask):
+    """The one mask the attention kernel takes: the padding (B, S), the attention mask, or their AND."""
+    if attention_mask is None:
+        return padding_mask
+    if padding_mask is None:
+        return attention_mask
+    return attention_mask & padding_mask[:, None, :]
 
 
 class _Composite(Layer):
-    """A layer made of sublayers whose weights it exposes as its own, "<prefix>/<name>"."""
+    """A layer made of sublayers whose weights it exposes as its own, "<prefix>/<name>".
 
-    def _output_grad(self, dy, shape):
-        """The output's gradient; with return_attention_scores, dy may be (doutput, None, ...):
-        gradients into the returned weights are only taken by MultiHeadAttention itself."""
-        if isinstance(dy, (list, tuple)):
-            if any(d is not None for d in dy[1:]):
-                raise ValueError(f"Layer '{self.name}': backward takes no gradient for the returned attention "
-                                 "weights; pass (doutput, None)")
-            dy = dy[0]
-        return self._grad_input(dy, shape)
+    ``input_gradient_needed`` reaches the sublayers listed by `_input_sublayers`: those whose
+    input gradient goes nowhere but into this layer's own input gradient, so that they skip it
+    when a model does not read it. (The model sets the flag on every backward pass, after the
+    first forward pass has built the sublayers.)
+    """
+
+    _input_gradient_needed = True
+
+    @property
+    def input_gradient_needed(self):
+        return self._input_gradient_needed
+
+    @input_gradient_needed.setter
+    def input_gradient_needed(self, needed):
+        self._input_gradient_needed = needed
+        if self.built:
+            for sublayer in self._input_sublayers():
+                sublayer.input_gradient_needed = needed
+
+    def _input_sublayers(self):
+        return ()
 
     def _add_sublayer(self, prefix, layer, input_shape):
         layer.build(input_shape)
@@ -47,6 +90,16 @@ class _Composite(Layer):
             self.params[f"{prefix}/{name}"] = layer.params[name]
             self.grads[f"{prefix}/{name}"] = layer.grads[name]
         return layer
+
+    def _output_grad(self, dy, shape):
+        """The output's gradient; with return_attention_scores, dy may be (doutput, None, ...):
+        gradients into the returned weights are only taken by MultiHeadAttention itself."""
+        if isinstance(dy, (list, tuple)):
+            if any(d is not None for d in dy[1:]):
+                raise ValueError(f"Layer '{self.name}': backprop takes no gradient for the returned attention "
+                                 "weights; pass (doutput, None)")
+            dy = dy[0]
+        return self._grad_input(dy, shape)
 
 
 # ---------------------------------------------------------------------------- normalization
@@ -88,19 +141,19 @@ class LayerNormalization(Layer):
         if self.center:
             self.add_weight("beta", (self.features,), self.beta_initializer)
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         x = self._float_input(inputs, min_ndim=2, last_dim=self.features)
-        x2 = x.reshape(-1, self.features)
-        y, mean, rstd = _core.layernorm_forward(x2, self.params.get("gamma"), self.params.get("beta"), self.epsilon)
-        if training:
-            self._cache = (x2, mean, rstd, x.shape)
-        return y.reshape(x.shape)
+        rows = x.reshape(-1, self.features)
+        y, mean, rstd = _core.layernorm_forward(x=rows, gamma=self.params.get("gamma"), beta=self.params.get("beta"),
+                                                eps=self.epsilon)
+        return y.reshape(x.shape), ((rows, mean, rstd, x.shape) if training else None)
 
-    def backward(self, dy):
-        x2, mean, rstd, shape = self._saved()
-        dy = self._grad_input(dy, shape).reshape(x2.shape)
-        dx = _core.layernorm_backward(dy, x2, mean, rstd, self.params.get("gamma"), self.grads.get("gamma"),
-                                      self.grads.get("beta"))
+    def backprop(self, cache, dy):
+        rows, mean, rstd, shape = cache
+        dy = self._grad_input(dy, shape).reshape(rows.shape)
+        # layernorm_backward always returns dx: the binding has no switch to skip it
+        dx = _core.layernorm_backward(dy=dy, x=rows, mean=mean, rstd=rstd, gamma=self.params.get("gamma"),
+                                      dgamma=self.grads.get("gamma"), dbeta=self.grads.get("beta"))
         return dx.reshape(shape)
 
     def compute_output_shape(self, input_shape):
@@ -113,6 +166,13 @@ class LayerNormalization(Layer):
 
 
 # ---------------------------------------------------------------------------- positions
+def _positions_input_grad(layer, dy, shape):
+    """The input gradient of ``x + positions``: dy itself, as a new array (callers may add into it),
+    or None when nobody reads it."""
+    dy = layer._grad_input(dy, shape)
+    return dy.copy() if layer.input_gradient_needed else None
+
+
 class PositionalEncoding(Layer):
     """Adds the fixed sinusoidal position encoding of Vaswani et al. (2017) to a sequence:
     ``output[b, t, 2i] = inputs[b, t, 2i] + sin(t / max_wavelength^(2i / D))`` and cos on the odd
@@ -132,20 +192,23 @@ class PositionalEncoding(Layer):
         self._table = np.zeros((0, 0), dtype=self.dtype)
 
     def table(self, length, dim):
-        """The (length, dim) encoding, recomputed only when a longer sequence or new size arrives."""
-        if self._table.shape[0] < length or self._table.shape[1] != dim:
-            self._table = _core.sinusoidal_table(length, dim, self.dtype, self.max_wavelength)
-        return self._table
+        """The (>= length, dim) encoding, recomputed only when a longer sequence or new size arrives."""
+        table = self._table
+        if table.shape[0] < length or table.shape[1] != dim:
+            table = _core.sinusoidal_table(num_positions=length, dim=dim, dtype=self.dtype,
+                                           max_wavelength=self.max_wavelength)
+            # a memo of a pure function, read once per call: calls racing to replace it each use
+            # the table they read, which is right for them
+            self._table = table
+        return table
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         x = self._float_input(inputs, ndim=3)
-        y = _core.add_positions_forward(x, self.table(x.shape[1], x.shape[2]))
-        if training:
-            self._cache = x.shape
-        return y
+        y = _core.add_positions_forward(x=x, table=self.table(x.shape[1], x.shape[2]))
+        return y, (x.shape if training else None)
 
-    def backward(self, dy):
-        return self._grad_input(dy, self._saved())
+    def backprop(self, cache, dy):
+        return _positions_input_grad(self, dy, cache)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -180,22 +243,18 @@ class PositionEmbedding(Layer):
                              f"got shape {input_shape}")
         self.add_weight("embeddings", (self.sequence_length, input_shape[-1]), self.initializer)
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         table = self.params["embeddings"]
         x = self._float_input(inputs, ndim=3, last_dim=table.shape[1])
         if x.shape[1] > self.sequence_length:
             raise ValueError(f"Layer '{self.name}': `inputs` has {x.shape[1]} positions (shape {x.shape}), more "
                              f"than the table's sequence_length={self.sequence_length}")
-        y = _core.add_positions_forward(x, table)
-        if training:
-            self._cache = x.shape
-        return y
+        return _core.add_positions_forward(x=x, table=table), (x.shape if training else None)
 
-    def backward(self, dy):
-        shape = self._saved()
-        dy = self._grad_input(dy, shape)
-        _core.add_positions_backward(self.grads["embeddings"], dy)
-        return dy
+    def backprop(self, cache, dy):
+        shape = cache
+        _core.add_positions_backward(dtable=self.grads["embeddings"], dy=self._grad_input(dy, shape))
+        return _positions_input_grad(self, dy, shape)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -244,27 +303,30 @@ class FeedForward(_Composite):
             "output", Dense(out_dim, dtype=self.dtype, name=f"{self.name}/output"),
             tuple(input_shape[:-1]) + (self.intermediate_dim,))
 
-    def call(self, inputs, training=False):
-        if not training:  # one kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never stored
-            x = self._float_input(inputs, min_ndim=2, last_dim=self.intermediate_dense.params["kernel"].shape[0])
-            inner, outer = self.intermediate_dense.params, self.output_dense.params
-            y = _core.feed_forward_forward(x.reshape(-1, x.shape[-1]), inner["kernel"], inner.get("bias"),
-                                           outer["kernel"], outer.get("bias"), self.activation)
-            return y.reshape(x.shape[:-1] + (y.shape[-1],))
-        hidden = self.intermediate_dense(inputs, training=training)
-        keep = _dropout_keep(hidden.shape, self.dropout, self.dtype) if training else None
-        if keep is not None:
-            hidden = _core.apply_keep(hidden, keep)
-        if training:
-            self._cache = (keep,)
-        return self.output_dense(hidden, training=training)
+    def _input_sublayers(self):
+        return (self.intermediate_dense,)
 
-    def backward(self, dy):
-        keep, = self._saved()
-        dhidden = self.output_dense.backward(dy)
+    def forward(self, inputs, training=False):
+        if not training:  # one kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never stored
+            inner, outer = self.intermediate_dense.params, self.output_dense.params
+            x = self._float_input(inputs, min_ndim=2, last_dim=inner["kernel"].shape[0])
+            y = _core.feed_forward_forward(x=x.reshape(-1, x.shape[-1]), kernel1=inner["kernel"],
+                                           bias1=inner.get("bias"), kernel2=outer["kernel"], bias2=outer.get("bias"),
+                                           activation=self.activation)
+            return y.reshape(x.shape[:-1] + (y.shape[-1],)), None
+        hidden, intermediate_cache = self.intermediate_dense.apply(inputs, training=True)
+        keep = _dropout_keep(hidden.shape, self.dropout, self.dtype)
         if keep is not None:
-            dhidden = _core.apply_keep(dhidden, keep)
-        return self.intermediate_dense.backward(dhidden)
+            hidden = _core.apply_keep(x=hidden, keep=keep)
+        y, output_cache = self.output_dense.apply(hidden, training=True)
+        return y, (intermediate_cache, keep, output_cache)
+
+    def backprop(self, cache, dy):
+        intermediate_cache, keep, output_cache = cache
+        dhidden = self.output_dense.backprop(output_cache, dy)
+        if keep is not None:
+            dhidden = _core.apply_keep(x=dhidden, keep=keep)
+        return self.intermediate_dense.backprop(intermediate_cache, dhidden)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
@@ -274,49 +336,18 @@ class FeedForward(_Composite):
                 "dropout": self.dropout, "output_dim": self.output_dim}
 
 
-# ---------------------------------------------------------------------------- masks
-def _attention_mask(layer, mask, batch, target_len, source_len, arg):
-    """A (batch, target_len, source_len) bool mask from (batch, T, S) or a shared (T, S), or None."""
-    if mask is None:
-        return None
-    m = np.asarray(mask)
-    if m.dtype != np.bool_:
-        raise TypeError(f"Layer '{layer.name}': `{arg}` must be a bool mask with True = may attend "
-                        f"(additive float masks are not supported); got dtype {m.dtype}")
-    if m.shape == (target_len, source_len):
-        m = np.broadcast_to(m, (batch, target_len, source_len))
-    elif m.shape != (batch, target_len, source_len):
-        raise ValueError(f"Layer '{layer.name}': `{arg}` expected shape ({batch}, {target_len}, {source_len}) or "
-                         f"({target_len}, {source_len}), got {m.shape}")
-    return np.ascontiguousarray(m)
-
-
-def _combine_masks(attention_mask, padding_mask):
-    """The one mask the attention kernel takes: (B, S) padding, (B, T, S) full, or their AND."""
-    if attention_mask is None:
-        return padding_mask
-    if padding_mask is None:
-        return attention_mask
-    return attention_mask & padding_mask[:, None, :]
-
-
-def _with_weights(out, returned):
-    """A sublayer's (output, weights), from a call that returned weights only when asked: the
-    weights of every head are only written out when someone will read them."""
-    return out if returned else (out, None)
-
-
-def _linear_backward(dy2, x2, kernel, dkernel, dbias, need_dx=True):
-    """Backward of a linear projection (2-D views); a linear activation reads neither y nor z,
-    so dy stands in for both."""
-    return _core.dense_backward(dy2, x2, kernel, dy2, dy2, "linear", dkernel, dbias, need_dx)
-
-
 # ---------------------------------------------------------------------------- attention
-class MultiHeadAttention(Layer):
-    """Multi-head scaled dot-product attention (Vaswani et al. 2017) with Keras' signature.
+def _value_and_key(value, key):
+    """The positional arguments after the query that a call gave: (), (value,) or (value, key)."""
+    if value is None:
+        return ()
+    return (value,) if key is None else (value, key)
 
-    Each head h projects ``q_h = query @ Wq_h + bq_h`` (and k_h, v_h likewise), attends with
+
+class MultiHeadAttention(Layer):
+    """Multi-head attention (Vaswani et al. 2017) with Keras' weight layout.
+
+    Each head h projects the inputs, ``q_h = query W^Q_h``, ``k_h = key W^K_h``, ``v_h = value W^V_h``;
     ``softmax(q_h k_h^T / sqrt(key_dim)) v_h`` and the concatenated heads are projected to the
     output. The attention core is `attnx.layers.attention.scaled_dot_product_attention` (one
     kernel call for all batch rows and heads, reading the projections in place).
@@ -334,17 +365,17 @@ class MultiHeadAttention(Layer):
         query: ``(batch, T, query_dim)``; or a list ``[query, value]`` / ``[query, value, key]``.
         value: ``(batch, S, value_dim_in)``.
         key: ``(batch, S, key_dim_in)``; default: value.
-        attention_mask: bool ``(batch, T, S)`` or ``(T, S)``, True = query t may attend to key s.
-        key_padding_mask: bool ``(batch, S)`` (True = real token) or lengths ``(batch,)``.
+        attention_mask: ``(batch, T, S)`` or ``(T, S)``, True = query t may attend to key s.
+        key_padding_mask: ``(batch, S)`` (True = real token) or lengths ``(batch,)``.
         use_causal_mask: query t attends only to keys s <= t.
         return_attention_scores: also return the per-head weights ``(batch, num_heads, T, S)``.
-        training: apply dropout and keep what backward needs.
+        training: apply dropout and keep what backprop needs.
 
     Output shape: ``(batch, T, output_shape or query_dim)``.
     Weights (Keras order and shapes): query_kernel ``(query_dim, heads, key_dim)``, query_bias
     ``(heads, key_dim)``, key_kernel, key_bias, value_kernel ``(value_dim_in, heads, value_dim)``,
     value_bias, output_kernel ``(heads, value_dim, out)``, output_bias ``(out,)``.
-    ``backward(dy)`` (dy may be ``(doutput, dweights)``) returns ``[dquery, dvalue]``, or
+    ``backprop(cache, dy)`` (dy may be ``(doutput, dweights)``) returns ``[dquery, dvalue]``, or
     ``[dquery, dvalue, dkey]`` when a key was given; with no key, dvalue includes the key's path.
     """
 
@@ -364,14 +395,21 @@ class MultiHeadAttention(Layer):
         self.kernel_initializer = initializers.get(kernel_initializer)
         self.bias_initializer = initializers.get(bias_initializer)
 
+    # Keras-style calls layer(query, value, key): Layer.__call__ and Layer.apply would build from
+    # the query's shape alone, so both build here from all three, on arrays and on a model's
+    # symbolic tensors alike.
     def __call__(self, query, value=None, key=None, **kwargs):
-        # Keras-style call layer(query, value, key): build from all three shapes (Layer.__call__
-        # alone would see only the query's), on arrays and on a model's symbolic tensors alike.
+        self._build_from_inputs(query, value, key)
+        return super().__call__(query, *_value_and_key(value, key), **kwargs)
+
+    def apply(self, query, value=None, key=None, **kwargs):
+        self._build_from_inputs(query, value, key)
+        return super().apply(query, *_value_and_key(value, key), **kwargs)
+
+    def _build_from_inputs(self, query, value, key):
         if not self.built and value is not None and not isinstance(query, (list, tuple)):
             self.build([tuple(t.shape) for t in (query, value, key) if t is not None])
             self.built = True
-        args = (value,) if key is None else (value, key)
-        return super().__call__(query, *(args if value is not None else ()), **kwargs)
 
     def build(self, input_shape):
         """Creates the weights for [query, value] or [query, value, key] shapes."""
@@ -398,19 +436,21 @@ class MultiHeadAttention(Layer):
         """The Keras-shaped kernel as the (in, out) matrix dense_forward takes (a view)."""
         return kernel.reshape(-1, kernel.shape[-1]) if name == "output" else kernel.reshape(kernel.shape[0], -1)
 
-    def _project(self, name, x2):
+    def _project(self, name, rows):
         bias = self.params.get(f"{name}_bias")
-        return _core.dense_forward(x2, self._matrix(name, self.params[f"{name}_kernel"]),
-                                   None if bias is None else bias.reshape(-1), "linear")[0]
+        y, _ = _core.dense_forward(x=rows, kernel=self._matrix(name, self.params[f"{name}_kernel"]),
+                                   bias=None if bias is None else bias.reshape(-1), activation="linear")
+        return y
 
-    def _project_backward(self, name, dy2, x2):
+    def _project_backward(self, name, dy, rows, need_dx):
         dbias = self.grads.get(f"{name}_bias")
-        return _linear_backward(dy2, x2, self._matrix(name, self.params[f"{name}_kernel"]),
-                                self._matrix(name, self.grads[f"{name}_kernel"]),
-                                None if dbias is None else dbias.reshape(-1))
+        # a linear activation reads neither its output y nor its pre-activation z: dy stands in for both
+        return _core.dense_backward(dy=dy, x=rows, kernel=self._matrix(name, self.params[f"{name}_kernel"]), y=dy,
+                                    z=dy, activation="linear", dkernel=self._matrix(name, self.grads[f"{name}_kernel"]),
+                                    dbias=None if dbias is None else dbias.reshape(-1), need_dx=need_dx)
 
-    def call(self, query, value=None, key=None, attention_mask=None, key_padding_mask=None, use_causal_mask=False,
-             return_attention_scores=False, training=False):
+    def forward(self, query, value=None, key=None, attention_mask=None, key_padding_mask=None,
+                use_causal_mask=False, return_attention_scores=False, training=False):
         if isinstance(query, (list, tuple)):
             if not 2 <= len(query) <= 3 or value is not None:
                 raise ValueError(f"Layer '{self.name}': call with [query, value] or [query, value, key], got "
@@ -431,45 +471,48 @@ class MultiHeadAttention(Layer):
             in_dim = self.params[f"{name}_kernel"].shape[0]
             if arr.shape[2] != in_dim:
                 raise ValueError(f"Layer '{self.name}': `{name}` expected shape ({B}, *, {in_dim}), got {arr.shape}")
-        mask = _combine_masks(_attention_mask(self, attention_mask, B, T, S, "attention_mask"),
-                              attend_mask(key_padding_mask, B, S, where=f"Layer '{self.name}': `key_padding_mask`"))
+        mask = _combine_masks(_attention_mask(attention_mask, B, T, S, _where(self, "attention_mask")),
+                              as_mask(key_padding_mask, B, S, _where(self, "key_padding_mask")))
 
         H = self.num_heads
-        q2, k2, v2 = q_in.reshape(B * T, -1), k_in.reshape(B * S, -1), v_in.reshape(B * S, -1)
-        q = self._project("query", q2).reshape(B, T, -1)
-        k = self._project("key", k2).reshape(B, S, -1)
-        v = self._project("value", v2).reshape(B, S, -1)
+        q_rows, k_rows, v_rows = q_in.reshape(B * T, -1), k_in.reshape(B * S, -1), v_in.reshape(B * S, -1)
+        q = self._project("query", q_rows).reshape(B, T, -1)
+        k = self._project("key", k_rows).reshape(B, S, -1)
+        v = self._project("value", v_rows).reshape(B, S, -1)
         keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype) if training else None
-        context, weights = scaled_dot_product_attention(q, k, v, mask, bool(use_causal_mask), heads=H,
+        context, weights = scaled_dot_product_attention(q, k, v, mask=mask, causal=bool(use_causal_mask), heads=H,
                                                         dropout_keep=keep,
                                                         return_weights=training or return_attention_scores)
-        context2 = context.reshape(B * T, -1)
-        out = self._project("output", context2).reshape(B, T, -1)
-        if training:
-            self._cache = (q2, k2 if has_key else None, v2, q, k, v, keep, weights, context2, has_key)
-        return (out, weights) if return_attention_scores else out
+        context_rows = context.reshape(B * T, -1)
+        out = self._project("output", context_rows).reshape(B, T, -1)
+        outputs = (out, weights) if return_attention_scores else out
+        if not training:
+            return outputs, None
+        # with no key given, the key projection read the value: k_rows is None says so to backprop
+        return outputs, (q_rows, k_rows if has_key else None, v_rows, q, k, v, keep, weights, context_rows)
 
-    def backward(self, dy):
-        q2, k2, v2, q, k, v, keep, weights, context2, has_key = self._saved()
+    def backprop(self, cache, dy):
+        q_rows, k_rows, v_rows, q, k, v, keep, weights, context_rows = cache
         dweights = None
         if isinstance(dy, (list, tuple)):
             dy, dweights = dy
             if dweights is not None:
                 dweights = self._grad_input(dweights, weights.shape, "dweights")
-        B, T = q.shape[:2]
+        (B, T, _), S = q.shape, v.shape[1]
         dy = self._grad_input(dy, (B, T, self.params["output_kernel"].shape[-1]))
-        dcontext = self._project_backward("output", dy.reshape(B * T, -1), context2)
+        dcontext = self._project_backward("output", dy.reshape(B * T, -1), context_rows, need_dx=True)
         dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, -1), weights, q, k, v,
                                                            heads=self.num_heads, dweights=dweights, dropout_keep=keep)
-        dquery = self._project_backward("query", dq.reshape(q2.shape[0], -1), q2).reshape(B, T, -1)
-        dvalue = self._project_backward("value", dv.reshape(v2.shape[0], -1), v2)
-        dkey = self._project_backward("key", dk.reshape(v2.shape[0], -1), k2 if has_key else v2)
-        S = v.shape[1]
-        dvalue = dvalue.reshape(B, S, -1)
-        dkey = dkey.reshape(B, S, -1)
-        if has_key:
+        need_dx = self.input_gradient_needed
+        dquery = self._project_backward("query", dq.reshape(B * T, -1), q_rows, need_dx)
+        dvalue = self._project_backward("value", dv.reshape(B * S, -1), v_rows, need_dx)
+        dkey = self._project_backward("key", dk.reshape(B * S, -1), v_rows if k_rows is None else k_rows, need_dx)
+        if not need_dx:
+            return None
+        dquery, dvalue, dkey = dquery.reshape(B, T, -1), dvalue.reshape(B, S, -1), dkey.reshape(B, S, -1)
+        if k_rows is not None:
             return [dquery, dvalue, dkey]
-        dvalue += dkey
+        dvalue += dkey  # the value was the key too
         return [dquery, dvalue]
 
     def compute_output_shape(self, input_shape, return_attention_scores=False):
@@ -491,7 +534,13 @@ class MultiHeadAttention(Layer):
 # ---------------------------------------------------------------------------- encoder / decoder
 class _TransformerLayerBase(_Composite):
     """What encoder and decoder layers share: the config, the sublayer wiring, and the residual
-    block ``x + dropout(sublayer(x))`` in both norm orders."""
+    block ``x + dropout(sublayer(x))`` in both norm orders.
+
+    A residual block's sublayer is a pair of functions: ``sublayer(h) -> (output, cache, weights)``
+    (weights: the attention weights when returned, else None) and
+    ``sublayer_backprop(cache, doutput) -> (dh, dsource)`` (dsource: the gradient of the memory a
+    cross-attention attends to, else None).
+    """
 
     def __init__(self, num_heads, intermediate_dim, dropout=0.0, activation="relu", layer_norm_epsilon=1e-5,
                  norm_first=False, **kwargs):
@@ -534,34 +583,63 @@ class _TransformerLayerBase(_Composite):
             self.intermediate_dim, self.activation, self.dropout, dtype=self.dtype,
             name=f"{self.name}/feed_forward"), input_shape)
 
-    def _residual(self, x, sublayer, norm, training):
+    def _input_sublayers(self):
+        # post-norm: the self-attention reads the layer's input itself, and its input gradient only
+        # joins the residual's; pre-norm: it reads norm1's output, whose gradient norm1's weights need
+        return () if self.norm_first else (self.self_attention,)
+
+    def _residual(self, x, norm, sublayer, training):
         """One residual block: post-norm ``norm(x + dropout(sublayer(x)))``, or with norm_first
-        ``x + dropout(sublayer(norm(x)))``. `sublayer(h)` returns (output, extra); the block
-        returns (y, extra) and pushes what its backward needs onto `self._keeps`."""
-        inner, extra = sublayer(norm(x, training=training) if self.norm_first else x)
-        keep = _dropout_keep(x.shape, self.dropout, self.dtype) if training else None
-        y = _core.residual_add(x, inner, keep)
-        if not self.norm_first:
-            y = norm(y, training=training)
-        if training:
-            self._keeps.append(keep)
-        return y, extra
-
-    def _residual_backward(self, dy, keep, sublayer_backward, norm):
-        """Backward of `_residual`: returns dx; sublayer_backward(dinner) returns the gradient
-        into the sublayer's own input (the residual stream or the normed stream)."""
-        if not self.norm_first:
-            dy = norm.backward(dy)
-        dinner = dy if keep is None else _core.apply_keep(dy, keep)
-        dsub = sublayer_backward(dinner)
+        ``x + dropout(sublayer(norm(x)))``. Returns (y, weights, cache)."""
+        norm_cache = None
+        h = x
         if self.norm_first:
-            dsub = norm.backward(dsub)
-        return dy + dsub
+            h, norm_cache = norm.apply(x, training=training)
+        inner, sublayer_cache, weights = sublayer(h)
+        keep = _dropout_keep(x.shape, self.dropout, self.dtype) if training else None
+        y = _core.residual_add(x=x, sub=inner, keep=keep)
+        if not self.norm_first:
+            y, norm_cache = norm.apply(y, training=training)
+        return y, weights, (norm_cache, sublayer_cache, keep)
 
-    def _self_attention_backward(self, dinner):
-        dquery, dvalue = self.self_attention.backward(dinner)
+    def _residual_backprop(self, cache, dy, norm, sublayer_backprop):
+        """Backward of `_residual`: returns (dx, dsource); dx is None when the sublayer skipped the
+        input gradient nobody reads (see `_input_sublayers`)."""
+        norm_cache, sublayer_cache, keep = cache
+        if not self.norm_first:
+            dy = norm.backprop(norm_cache, dy)
+        dinner = dy if keep is None else _core.apply_keep(x=dy, keep=keep)
+        dh, dsource = sublayer_backprop(sublayer_cache, dinner)
+        if dh is None:
+            return None, dsource
+        if self.norm_first:
+            dh = norm.backprop(norm_cache, dh)
+        return dy + dh, dsource
+
+    @staticmethod
+    def _attention_sublayer(attention, source, return_attention_scores, **kwargs):
+        """`attention` as a residual block's sublayer: the stream h attends to `source` (to itself
+        when None)."""
+        def sublayer(h):
+            outputs, cache = attention.apply(h, h if source is None else source,
+                                             return_attention_scores=return_attention_scores, **kwargs)
+            output, weights = outputs if return_attention_scores else (outputs, None)
+            return output, cache, weights
+        return sublayer
+
+    def _feed_forward_sublayer(self, training):
+        return lambda h: (*self.feed_forward.apply(h, training=training), None)
+
+    def _feed_forward_backprop(self, cache, doutput):
+        return self.feed_forward.backprop(cache, doutput), None
+
+    def _self_attention_backprop(self, cache, doutput):
+        grads = self.self_attention.backprop(cache, doutput)
+        if grads is None:  # skipped: input_gradient_needed is False
+            return None, None
+        dquery, dvalue = grads
         dquery += dvalue  # query, key and value are one stream
-        return dquery
+        return dquery, None
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "intermediate_dim": self.intermediate_dim,
@@ -587,14 +665,14 @@ class TransformerEncoderLayer(_TransformerLayerBase):
 
     Call arguments:
         inputs: ``(batch, T, D)``.
-        padding_mask: bool ``(batch, T)`` (True = real token) or lengths ``(batch,)``; the `mask`
+        padding_mask: ``(batch, T)`` (True = real token) or lengths ``(batch,)``; the `mask`
             an upstream layer (e.g. ``Embedding(mask_zero=True)``) passes is used when not given.
-        attention_mask: bool ``(batch, T, T)`` or ``(T, T)``, True = may attend.
+        attention_mask: ``(batch, T, T)`` or ``(T, T)``, True = may attend.
         use_causal_mask: each position attends only to itself and earlier ones.
         return_attention_scores: also return the weights ``(batch, num_heads, T, T)``.
 
     Output shape: ``(batch, T, D)``. Weights: ``self_attention/*`` (see MultiHeadAttention),
-    ``norm1/*``, ``feed_forward/*``, ``norm2/*``. ``backward(dy)`` returns dinputs (with
+    ``norm1/*``, ``feed_forward/*``, ``norm2/*``. ``backprop(cache, dy)`` returns dinputs (with
     return_attention_scores, dy may be ``(doutput, None)``).
     """
 
@@ -607,28 +685,26 @@ class TransformerEncoderLayer(_TransformerLayerBase):
         self.feed_forward = self._feed_forward(input_shape)
         self.norm2 = self._norm("norm2", input_shape)
 
-    def call(self, inputs, padding_mask=None, attention_mask=None, use_causal_mask=False,
-             return_attention_scores=False, training=False, mask=None):
+    def forward(self, inputs, padding_mask=None, attention_mask=None, use_causal_mask=False,
+                return_attention_scores=False, training=False, mask=None):
         x = self._float_input(inputs, ndim=3, last_dim=self.model_dim)
-        self._keeps = []
+        B, T = x.shape[:2]
+        self_attend = self._attention_sublayer(
+            self.self_attention, None, return_attention_scores, training=training, use_causal_mask=use_causal_mask,
+            attention_mask=_attention_mask(attention_mask, B, T, T, _where(self, "attention_mask")),
+            key_padding_mask=as_mask(mask if padding_mask is None else padding_mask, B, T,
+                                     _where(self, "padding_mask")))
+        y, weights, attention_block = self._residual(x, self.norm1, self_attend, training)
+        y, _, feed_forward_block = self._residual(y, self.norm2, self._feed_forward_sublayer(training), training)
+        outputs = (y, weights) if return_attention_scores else y
+        return outputs, ((attention_block, feed_forward_block, y.shape) if training else None)
 
-        def attend(h):
-            return _with_weights(self.self_attention(
-                h, h, attention_mask=attention_mask, key_padding_mask=mask if padding_mask is None else padding_mask,
-                use_causal_mask=use_causal_mask, return_attention_scores=return_attention_scores,
-                training=training), return_attention_scores)
-
-        y, weights = self._residual(x, attend, self.norm1, training)
-        y, _ = self._residual(y, lambda h: (self.feed_forward(h, training=training), None), self.norm2, training)
-        if training:
-            self._cache = (tuple(self._keeps), y.shape)
-        return (y, weights) if return_attention_scores else y
-
-    def backward(self, dy):
-        (keep_attention, keep_ff), shape = self._saved()
+    def backprop(self, cache, dy):
+        attention_block, feed_forward_block, shape = cache
         dy = self._output_grad(dy, shape)
-        dy = self._residual_backward(dy, keep_ff, self.feed_forward.backward, self.norm2)
-        return self._residual_backward(dy, keep_attention, self._self_attention_backward, self.norm1)
+        dy, _ = self._residual_backprop(feed_forward_block, dy, self.norm2, self._feed_forward_backprop)
+        dx, _ = self._residual_backprop(attention_block, dy, self.norm1, self._self_attention_backprop)
+        return dx
 
     def compute_output_shape(self, input_shape, return_attention_scores=False):
         if not return_attention_scores:
@@ -642,21 +718,21 @@ class TransformerDecoderLayer(_TransformerLayerBase):
 
     Post-norm (default): ``x = norm1(x + dropout(self_attn(x)))``,
     ``x = norm2(x + dropout(cross_attn(x, memory)))``, ``y = norm3(x + dropout(ff(x)))``;
-    ``norm_first=True`` normalizes each block's input instead (as in MultiHeadAttention's args).
+    ``norm_first=True`` normalizes each block's input instead (as in TransformerEncoderLayer).
 
     Args: as TransformerEncoderLayer.
 
     Call arguments:
         inputs: ``[target (batch, T, D), memory (batch, S, D_memory)]``.
-        decoder_padding_mask: bool ``(batch, T)`` or lengths, for the target's keys.
-        decoder_attention_mask: bool ``(batch, T, T)`` or ``(T, T)`` for self-attention.
-        encoder_padding_mask: bool ``(batch, S)`` or lengths, for the memory's keys.
-        encoder_attention_mask: bool ``(batch, T, S)`` or ``(T, S)`` for cross-attention.
+        decoder_padding_mask: ``(batch, T)`` or lengths, for the target's keys.
+        decoder_attention_mask: ``(batch, T, T)`` or ``(T, T)`` for self-attention.
+        encoder_padding_mask: ``(batch, S)`` or lengths, for the memory's keys.
+        encoder_attention_mask: ``(batch, T, S)`` or ``(T, S)`` for cross-attention.
         use_causal_mask: target position t attends only to targets <= t (default True).
         return_attention_scores: also return the self- and cross-attention weights
             ``(batch, heads, T, T)`` and ``(batch, heads, T, S)``.
 
-    Output shape: ``(batch, T, D)``. ``backward(dy)`` returns ``[dtarget, dmemory]``.
+    Output shape: ``(batch, T, D)``. ``backprop(cache, dy)`` returns ``[dtarget, dmemory]``.
     Weights: ``self_attention/*``, ``norm1/*``, ``cross_attention/*``, ``norm2/*``,
     ``feed_forward/*``, ``norm3/*``.
     """
@@ -675,9 +751,9 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         self.feed_forward = self._feed_forward(target_shape)
         self.norm3 = self._norm("norm3", target_shape)
 
-    def call(self, inputs, decoder_padding_mask=None, decoder_attention_mask=None, encoder_padding_mask=None,
-             encoder_attention_mask=None, use_causal_mask=True, return_attention_scores=False, training=False,
-             mask=None):
+    def forward(self, inputs, decoder_padding_mask=None, decoder_attention_mask=None, encoder_padding_mask=None,
+                encoder_attention_mask=None, use_causal_mask=True, return_attention_scores=False, training=False,
+                mask=None):
         if not isinstance(inputs, (list, tuple)) or len(inputs) != 2:
             raise ValueError(f"Layer '{self.name}': call with [target, memory], got {type(inputs).__name__}")
         x = self._float_input(inputs[0], "target", ndim=3, last_dim=self.model_dim)
@@ -685,39 +761,30 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         if isinstance(mask, (list, tuple)):  # masks propagated from upstream layers
             decoder_padding_mask = mask[0] if decoder_padding_mask is None else decoder_padding_mask
             encoder_padding_mask = mask[1] if encoder_padding_mask is None else encoder_padding_mask
-        self._keeps = []
+        (B, T, _), S = x.shape, memory.shape[1]
+        self_attend = self._attention_sublayer(
+            self.self_attention, None, return_attention_scores, training=training, use_causal_mask=use_causal_mask,
+            attention_mask=_attention_mask(decoder_attention_mask, B, T, T, _where(self, "decoder_attention_mask")),
+            key_padding_mask=as_mask(decoder_padding_mask, B, T, _where(self, "decoder_padding_mask")))
+        cross_attend = self._attention_sublayer(
+            self.cross_attention, memory, return_attention_scores, training=training,
+            attention_mask=_attention_mask(encoder_attention_mask, B, T, S, _where(self, "encoder_attention_mask")),
+            key_padding_mask=as_mask(encoder_padding_mask, B, S, _where(self, "encoder_padding_mask")))
+        y, self_weights, self_attention_block = self._residual(x, self.norm1, self_attend, training)
+        y, cross_weights, cross_attention_block = self._residual(y, self.norm2, cross_attend, training)
+        y, _, feed_forward_block = self._residual(y, self.norm3, self._feed_forward_sublayer(training), training)
+        outputs = (y, self_weights, cross_weights) if return_attention_scores else y
+        if not training:
+            return outputs, None
+        return outputs, (self_attention_block, cross_attention_block, feed_forward_block, y.shape)
 
-        def self_attend(h):
-            return _with_weights(self.self_attention(
-                h, h, attention_mask=decoder_attention_mask, key_padding_mask=decoder_padding_mask,
-                use_causal_mask=use_causal_mask, return_attention_scores=return_attention_scores,
-                training=training), return_attention_scores)
-
-        def cross_attend(h):
-            return _with_weights(self.cross_attention(
-                h, memory, attention_mask=encoder_attention_mask, key_padding_mask=encoder_padding_mask,
-                return_attention_scores=return_attention_scores, training=training), return_attention_scores)
-
-        y, self_weights = self._residual(x, self_attend, self.norm1, training)
-        y, cross_weights = self._residual(y, cross_attend, self.norm2, training)
-        y, _ = self._residual(y, lambda h: (self.feed_forward(h, training=training), None), self.norm3, training)
-        if training:
-            self._cache = (tuple(self._keeps), y.shape)
-        return (y, self_weights, cross_weights) if return_attention_scores else y
-
-    def backward(self, dy):
-        (keep_self, keep_cross, keep_ff), shape = self._saved()
+    def backprop(self, cache, dy):
+        self_attention_block, cross_attention_block, feed_forward_block, shape = cache
         dy = self._output_grad(dy, shape)
-        dy = self._residual_backward(dy, keep_ff, self.feed_forward.backward, self.norm3)
-        dmemory = []
-
-        def cross_backward(dinner):
-            dquery, dvalue = self.cross_attention.backward(dinner)
-            dmemory.append(dvalue)
-            return dquery
-        dy = self._residual_backward(dy, keep_cross, cross_backward, self.norm2)
-        dy = self._residual_backward(dy, keep_self, self._self_attention_backward, self.norm1)
-        return [dy, dmemory[0]]
+        dy, _ = self._residual_backprop(feed_forward_block, dy, self.norm3, self._feed_forward_backprop)
+        dy, dmemory = self._residual_backprop(cross_attention_block, dy, self.norm2, self.cross_attention.backprop)
+        dtarget, _ = self._residual_backprop(self_attention_block, dy, self.norm1, self._self_attention_backprop)
+        return [dtarget, dmemory]
 
     def compute_mask(self, inputs, mask=None):
         return mask[0] if isinstance(mask, (list, tuple)) else None
@@ -751,6 +818,9 @@ class _TransformerStack(_Composite):
         for i, block in enumerate(self.blocks):
             self._add_sublayer(f"layer_{i}", block, input_shape)
 
+    def _input_sublayers(self):
+        return self.blocks[:1]
+
     def get_config(self):
         return {**super().get_config(), "num_layers": self.num_layers, **self.layer_config}
 
@@ -768,23 +838,24 @@ class TransformerEncoder(_TransformerStack):
     layer_class = TransformerEncoderLayer
     supports_masking = True
 
-    def call(self, inputs, padding_mask=None, attention_mask=None, use_causal_mask=False,
-             return_attention_scores=False, training=False, mask=None):
-        y, all_weights = inputs, []
+    def forward(self, inputs, padding_mask=None, attention_mask=None, use_causal_mask=False,
+                return_attention_scores=False, training=False, mask=None):
+        y, block_caches, all_weights = inputs, [], []
         for block in self.blocks:
-            y, weights = _with_weights(block(y, padding_mask=mask if padding_mask is None else padding_mask,
-                                             attention_mask=attention_mask, use_causal_mask=use_causal_mask,
-                                             return_attention_scores=return_attention_scores, training=training),
-                                       return_attention_scores)
+            outputs, cache = block.apply(y, padding_mask=mask if padding_mask is None else padding_mask,
+                                         attention_mask=attention_mask, use_causal_mask=use_causal_mask,
+                                         return_attention_scores=return_attention_scores, training=training)
+            y, weights = outputs if return_attention_scores else (outputs, None)
+            block_caches.append(cache)
             all_weights.append(weights)
-        if training:
-            self._cache = y.shape
-        return (y, all_weights) if return_attention_scores else y
+        outputs = (y, all_weights) if return_attention_scores else y
+        return outputs, ((block_caches, y.shape) if training else None)
 
-    def backward(self, dy):
-        dy = self._output_grad(dy, self._saved())
-        for block in reversed(self.blocks):
-            dy = block.backward(dy)
+    def backprop(self, cache, dy):
+        block_caches, shape = cache
+        dy = self._output_grad(dy, shape)
+        for block, block_cache in zip(reversed(self.blocks), reversed(block_caches)):
+            dy = block.backprop(block_cache, dy)
         return dy
 
     def compute_output_shape(self, input_shape):
@@ -797,36 +868,38 @@ class TransformerDecoder(_TransformerStack):
     Args: num_layers, then those of TransformerDecoderLayer.
     Call arguments: as TransformerDecoderLayer; with return_attention_scores the self- and
     cross-attention weights come as two lists, one array per layer.
-    Output shape ``(batch, T, D)``; ``backward(dy)`` returns ``[dtarget, dmemory]``.
+    Output shape ``(batch, T, D)``; ``backprop(cache, dy)`` returns ``[dtarget, dmemory]``.
     """
 
     layer_class = TransformerDecoderLayer
 
-    def call(self, inputs, decoder_padding_mask=None, decoder_attention_mask=None, encoder_padding_mask=None,
-             encoder_attention_mask=None, use_causal_mask=True, return_attention_scores=False, training=False,
-             mask=None):
+    def forward(self, inputs, decoder_padding_mask=None, decoder_attention_mask=None, encoder_padding_mask=None,
+                encoder_attention_mask=None, use_causal_mask=True, return_attention_scores=False, training=False,
+                mask=None):
         if not isinstance(inputs, (list, tuple)) or len(inputs) != 2:
             raise ValueError(f"Layer '{self.name}': call with [target, memory], got {type(inputs).__name__}")
         y, memory = inputs
-        self_weights, cross_weights = [], []
+        block_caches, self_weights, cross_weights = [], [], []
         for block in self.blocks:
-            out = block([y, memory], decoder_padding_mask=decoder_padding_mask,
-                        decoder_attention_mask=decoder_attention_mask, encoder_padding_mask=encoder_padding_mask,
-                        encoder_attention_mask=encoder_attention_mask, use_causal_mask=use_causal_mask,
-                        return_attention_scores=return_attention_scores, training=training, mask=mask)
-            y, w_self, w_cross = out if return_attention_scores else (out, None, None)
+            outputs, cache = block.apply(
+                [y, memory], decoder_padding_mask=decoder_padding_mask, decoder_attention_mask=decoder_attention_mask,
+                encoder_padding_mask=encoder_padding_mask, encoder_attention_mask=encoder_attention_mask,
+                use_causal_mask=use_causal_mask, return_attention_scores=return_attention_scores, training=training,
+                mask=mask)
+            y, w_self, w_cross = outputs if return_attention_scores else (outputs, None, None)
+            block_caches.append(cache)
             self_weights.append(w_self)
             cross_weights.append(w_cross)
-        if training:
-            self._cache = y.shape
-        return (y, self_weights, cross_weights) if return_attention_scores else y
+        outputs = (y, self_weights, cross_weights) if return_attention_scores else y
+        return outputs, ((block_caches, y.shape) if training else None)
 
-    def backward(self, dy):
-        dy = self._output_grad(dy, self._saved())
-        dmemory = 0
-        for block in reversed(self.blocks):
-            dy, dmem = block.backward(dy)
-            dmemory = dmemory + dmem
+    def backprop(self, cache, dy):
+        block_caches, shape = cache
+        dy = self._output_grad(dy, shape)
+        dmemory = None
+        for block, block_cache in zip(reversed(self.blocks), reversed(block_caches)):
+            dy, dblock_memory = block.backprop(block_cache, dy)
+            dmemory = dblock_memory if dmemory is None else dmemory + dblock_memory  # every block reads the memory
         return [dy, dmemory]
 
     def compute_mask(self, inputs, mask=None):
@@ -834,247 +907,3 @@ class TransformerDecoder(_TransformerStack):
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[0])
-
-
-# ---------------------------------------------------------------------------- PyTorch converters
-def _register_converters():
-    from ..interop import register_from_torch, register_to_torch, set_torch_params
-
-    def torch_dtype(layer):
-        import torch
-        return getattr(torch, layer.dtype.name)
-
-    @register_from_torch("LayerNorm")
-    def _layernorm_from(module, dtype):
-        if len(module.normalized_shape) != 1:
-            raise ValueError(f"from_torch: LayerNorm over {tuple(module.normalized_shape)}; attnx normalizes the "
-                             "last axis only")
-        affine = module.weight is not None
-        layer = LayerNormalization(epsilon=module.eps, scale=affine, center=module.bias is not None, dtype=dtype)
-        layer.build((None, module.normalized_shape[0]))
-        layer.built = True
-
-        def to_attnx(t, grads=False):
-            return {name: t[torch_name] for name, torch_name in (("gamma", "weight"), ("beta", "bias"))
-                    if torch_name in t}
-        return layer, to_attnx
-
-    @register_to_torch(LayerNormalization)
-    def _layernorm_to(layer):
-        import torch
-        if layer.center and not layer.scale:
-            raise ValueError(f"to_torch: LayerNormalization '{layer.name}' has beta without gamma; "
-                             "torch.nn.LayerNorm cannot")
-        module = torch.nn.LayerNorm(layer.features, eps=layer.epsilon, elementwise_affine=layer.scale,
-                                    bias=layer.center, dtype=torch_dtype(layer))
-        tensors = {}
-        if layer.scale:
-            tensors["weight"] = layer.params["gamma"]
-        if layer.center:
-            tensors["bias"] = layer.params["beta"]
-        return set_torch_params(module, tensors)
-
-    # -- MultiheadAttention: torch keeps (out, in) weights with heads stacked along `out`
-    # (in_proj_weight = [Wq; Wk; Wv] when query, key and value sizes agree), attnx Keras' (in, heads, size).
-    def mha_to_attnx(t, prefix, num_heads):
-        if prefix + "in_proj_weight" in t:
-            wq, wk, wv = np.split(t[prefix + "in_proj_weight"], 3)
-        else:
-            wq, wk, wv = (t[prefix + n] for n in ("q_proj_weight", "k_proj_weight", "v_proj_weight"))
-        out_w = t[prefix + "out_proj.weight"]
-        out = {}
-        for name, w in (("query", wq), ("key", wk), ("value", wv)):
-            out[f"{name}_kernel"] = w.T.reshape(w.shape[1], num_heads, -1)
-        out["output_kernel"] = out_w.T.reshape(num_heads, -1, out_w.shape[0])
-        if prefix + "in_proj_bias" in t:
-            for name, b in zip(("query", "key", "value"), np.split(t[prefix + "in_proj_bias"], 3)):
-                out[f"{name}_bias"] = b.reshape(num_heads, -1)
-            out["output_bias"] = t[prefix + "out_proj.bias"]
-        return out
-
-    def mha_to_torch(layer):
-        """{torch name: array} for `layer`, checking torch can hold it."""
-        H, E = layer.num_heads, layer.params["query_kernel"].shape[0]
-        if layer.key_dim * H != E or layer.value_dim * H != E or layer.params["output_kernel"].shape[-1] != E:
-            raise ValueError(f"to_torch: MultiHeadAttention '{layer.name}' needs num_heads * key_dim == "
-                             f"num_heads * value_dim == query size == output size for torch.nn.MultiheadAttention; "
-                             f"got heads={H}, key_dim={layer.key_dim}, value_dim={layer.value_dim}, query size {E}, "
-                             f"output size {layer.params['output_kernel'].shape[-1]}")
-        p = layer.params
-        w = {n: p[f"{n}_kernel"].reshape(p[f"{n}_kernel"].shape[0], -1).T for n in ("query", "key", "value")}
-        tensors = {"out_proj.weight": p["output_kernel"].reshape(E, E).T}
-        if w["key"].shape[1] == E and w["value"].shape[1] == E:
-            tensors["in_proj_weight"] = np.concatenate([w["query"], w["key"], w["value"]])
-        else:
-            tensors.update(q_proj_weight=w["query"], k_proj_weight=w["key"], v_proj_weight=w["value"])
-        if layer.use_bias:
-            tensors["in_proj_bias"] = np.concatenate([p[f"{n}_bias"].reshape(-1) for n in ("query", "key", "value")])
-            tensors["out_proj.bias"] = p["output_bias"]
-        return tensors
-
-    def check_plain_mha(module):
-        if module.bias_k is not None or module.add_zero_attn:
-            raise ValueError("from_torch: MultiheadAttention with add_bias_kv or add_zero_attn has no attnx "
-                             "equivalent")
-
-    @register_from_torch("MultiheadAttention")
-    def _mha_from(module, dtype):
-        check_plain_mha(module)
-        layer = MultiHeadAttention(module.num_heads, module.head_dim, dropout=module.dropout,
-                                   use_bias=module.in_proj_bias is not None, dtype=dtype)
-        layer.build_from_dims(module.embed_dim, module.vdim, module.kdim)
-        layer.built = True
-        return layer, lambda t, grads=False: mha_to_attnx(t, "", module.num_heads)
-
-    @register_to_torch(MultiHeadAttention)
-    def _mha_to(layer):
-        import torch
-        tensors = mha_to_torch(layer)
-        module = torch.nn.MultiheadAttention(
-            layer.params["query_kernel"].shape[0], layer.num_heads, dropout=layer.dropout, bias=layer.use_bias,
-            kdim=layer.params["key_kernel"].shape[0], vdim=layer.params["value_kernel"].shape[0], batch_first=True,
-            dtype=torch_dtype(layer))
-        return set_torch_params(module, tensors)
-
-    # -- encoder and decoder layers: the same pieces under torch's and attnx's sublayer names
-    attention_names = {"self_attn.": "self_attention/", "multihead_attn.": "cross_attention/"}
-    plain_names = {"linear1.weight": ("feed_forward/intermediate/kernel", True),
-                   "linear1.bias": ("feed_forward/intermediate/bias", False),
-                   "linear2.weight": ("feed_forward/output/kernel", True),
-                   "linear2.bias": ("feed_forward/output/bias", False)}
-    for i in (1, 2, 3):
-        plain_names[f"norm{i}.weight"] = (f"norm{i}/gamma", False)
-        plain_names[f"norm{i}.bias"] = (f"norm{i}/beta", False)
-
-    def block_to_attnx(t, num_heads):
-        out = {}
-        for torch_prefix, attnx_prefix in attention_names.items():
-            if any(k.startswith(torch_prefix) for k in t):
-                for name, value in mha_to_attnx(t, torch_prefix, num_heads).items():
-                    out[attnx_prefix + name] = value
-        for torch_name, (attnx_name, transpose) in plain_names.items():
-            if torch_name in t:
-                out[attnx_name] = t[torch_name].T if transpose else t[torch_name]
-        return out
-
-    def block_to_torch(layer):
-        tensors = {}
-        for torch_prefix, attnx_prefix in attention_names.items():
-            sublayer = getattr(layer, attnx_prefix[:-1], None)
-            if sublayer is not None:
-                tensors.update({torch_prefix + k: v for k, v in mha_to_torch(sublayer).items()})
-        for torch_name, (attnx_name, transpose) in plain_names.items():
-            if attnx_name in layer.params:
-                tensors[torch_name] = layer.params[attnx_name].T if transpose else layer.params[attnx_name]
-        return tensors
-
-    def block_activation(module):
-        import torch
-        act = module.activation
-        for name, fn, cls in (("relu", torch.nn.functional.relu, torch.nn.ReLU),
-                              ("gelu", torch.nn.functional.gelu, torch.nn.GELU)):
-            if act is fn or isinstance(act, cls):
-                return name
-        raise ValueError(f"from_torch: {type(module).__name__} activation {act!r}; attnx converts relu and gelu")
-
-    def block_from(module, layer_class, dtype):
-        check_plain_mha(module.self_attn)
-        if module.linear1.bias is None:
-            raise ValueError(f"from_torch: {type(module).__name__} with bias=False has no attnx equivalent")
-        heads, dim = module.self_attn.num_heads, module.self_attn.embed_dim
-        layer = layer_class(heads, module.linear1.out_features, dropout=module.dropout.p,
-                            activation=block_activation(module), layer_norm_epsilon=module.norm1.eps,
-                            norm_first=module.norm_first, dtype=dtype)
-        shape = (None, None, dim)
-        layer.build(shape if layer_class is TransformerEncoderLayer else [shape, shape])
-        layer.built = True
-        return layer, lambda t, grads=False: block_to_attnx(t, heads)
-
-    def block_to(layer, torch_class):
-        import torch
-        if layer.activation not in ("relu", "gelu"):
-            raise ValueError(f"to_torch: {type(layer).__name__} '{layer.name}' activation {layer.activation!r}; "
-                             "torch supports relu and gelu")
-        module = torch_class(layer.model_dim, layer.num_heads, layer.intermediate_dim, dropout=layer.dropout,
-                             activation=layer.activation, layer_norm_eps=layer.layer_norm_epsilon, batch_first=True,
-                             norm_first=layer.norm_first, dtype=torch_dtype(layer))
-        return set_torch_params(module, block_to_torch(layer))
-
-    @register_from_torch("TransformerEncoderLayer")
-    def _encoder_layer_from(module, dtype):
-        return block_from(module, TransformerEncoderLayer, dtype)
-
-    @register_to_torch(TransformerEncoderLayer)
-    def _encoder_layer_to(layer):
-        import torch
-        return block_to(layer, torch.nn.TransformerEncoderLayer)
-
-    @register_from_torch("TransformerDecoderLayer")
-    def _decoder_layer_from(module, dtype):
-        return block_from(module, TransformerDecoderLayer, dtype)
-
-    @register_to_torch(TransformerDecoderLayer)
-    def _decoder_layer_to(layer):
-        import torch
-        memory_dim = layer.params["cross_attention/key_kernel"].shape[0]
-        if memory_dim != layer.model_dim:
-            raise ValueError(f"to_torch: TransformerDecoderLayer '{layer.name}' attends to a memory of size "
-                             f"{memory_dim}; torch.nn.TransformerDecoderLayer needs d_model={layer.model_dim}")
-        return block_to(layer, torch.nn.TransformerDecoderLayer)
-
-    # -- stacks: nn.TransformerEncoder / nn.TransformerDecoder without a final norm
-    def stack_from(module, stack_class, dtype):
-        if module.norm is not None:
-            raise ValueError(f"from_torch: {type(module).__name__} with a final norm; attnx stacks have none "
-                             "(apply a LayerNormalization after the stack)")
-        first, _ = block_from(module.layers[0], stack_class.layer_class, dtype)
-        config = {k: v for k, v in first.get_config().items() if k not in ("name", "trainable", "dtype")}
-        stack = stack_class(len(module.layers), dtype=dtype, **config)
-        shape = (None, None, first.model_dim)
-        stack.build(shape if stack_class is TransformerEncoder else [shape, shape])
-        stack.built = True
-        heads = first.num_heads
-
-        def to_attnx(t, grads=False):
-            out = {}
-            for i in range(len(module.layers)):
-                prefix = f"layers.{i}."
-                block = block_to_attnx({k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}, heads)
-                out.update({f"layer_{i}/{k}": v for k, v in block.items()})
-            return out
-        return stack, to_attnx
-
-    def stack_to(stack, torch_stack_class):
-        import torch
-        blocks = [to_torch_block(block) for block in stack.blocks]
-        module = torch_stack_class(blocks[0], len(blocks), **(
-            {"enable_nested_tensor": False} if torch_stack_class is torch.nn.TransformerEncoder else {}))
-        for i, block in enumerate(blocks):  # the constructor deep-copies the first block into every slot
-            module.layers[i] = block
-        return module
-
-    def to_torch_block(block):
-        import torch
-        return block_to(block, torch.nn.TransformerEncoderLayer if isinstance(block, TransformerEncoderLayer)
-                        else torch.nn.TransformerDecoderLayer)
-
-    @register_from_torch("TransformerEncoder")
-    def _encoder_from(module, dtype):
-        return stack_from(module, TransformerEncoder, dtype)
-
-    @register_to_torch(TransformerEncoder)
-    def _encoder_to(stack):
-        import torch
-        return stack_to(stack, torch.nn.TransformerEncoder)
-
-    @register_from_torch("TransformerDecoder")
-    def _decoder_from(module, dtype):
-        return stack_from(module, TransformerDecoder, dtype)
-
-    @register_to_torch(TransformerDecoder)
-    def _decoder_to(stack):
-        import torch
-        return stack_to(stack, torch.nn.TransformerDecoder)
-
-
-_register_converters()
