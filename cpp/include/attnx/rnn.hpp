@@ -5,7 +5,7 @@
 // Shapes: x (B, T, C); kernel W (C, G*H); recurrent kernel U (H, G*H); G gates of H units each,
 // in the order SimpleRNN (h), GRU (r, z, n), LSTM (i, f, g, o).
 //
-// Plan (DESIGN.md, performance): each step computes [h_{t-1}, x_t] . [U; W] in register tiles (R
+// Plan (ARCHITECTURE.md, "Threads and SIMD"): each step computes [h_{t-1}, x_t] . [U; W] in register tiles (R
 // rows x Q gates x W units) on a copy of [U; W] packed once per call, and applies the gate math to
 // the tile while it is still in registers: no per-step BLAS call (whose packing of U cost as much as
 // the product at these sizes), no pre-activation buffer round trip. GRU reset_after projects its
