@@ -595,3 +595,113 @@ def test_functional_model_with_attention_weights_as_outputs_gradchecks():
     assert [t.shape for t in model.outputs] == [(None, 3), (None, 3, 5), (None, 3)]
     report = gradcheck(model, [rand(B, 3, 4, seed=1), rand(B, 5, 4, seed=2)])
     assert report["inputs[0]"] < 1e-6 and report["inputs[1]"] < 1e-6
+
+
+# ----------------------------------------------------------------------------- per-call state
+# Every attention layer, as a factory of a fresh float64 layer and its family (what it is called on).
+LAYER_CASES = {
+    "dot": (lambda: layers.Attention(score="dot", dtype="float64"), "attention"),
+    "scaled_dot_use_scale": (lambda: layers.Attention(score="scaled_dot", use_scale=True, dtype="float64"),
+                             "attention"),
+    "general_dropout": (lambda: layers.Attention(score="general", dropout=0.3, dtype="float64"), "attention"),
+    "concat": (lambda: layers.Attention(score="concat", units=3, dtype="float64"), "attention"),
+    "additive_normalize": (lambda: layers.AdditiveAttention(units=3, normalize=True, dtype="float64"), "attention"),
+    "luong_state": (lambda: layers.LuongAttention(attentional_units=3, dtype="float64"), "attention"),
+    "luong_context": (lambda: layers.LuongAttention(score="dot", dtype="float64"), "attention"),
+    "local_m": (lambda: layers.LocalAttention(window=1, mode="local-m", dtype="float64"), "attention"),
+    "local_p": (lambda: layers.LocalAttention(window=2, score="concat", units=3, dtype="float64"), "attention"),
+    "hard": (lambda: layers.HardAttention(score="general", dtype="float64"), "attention"),
+    "pooling": (lambda: layers.AttentionPooling(length_agnostic=True, dtype="float64"), "pooling"),
+    "pooling_sequences": (lambda: layers.AttentionPooling(return_sequences=True, dtype="float64"), "pooling"),
+}
+
+
+def _structure(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _random_mask(rng, B, S, Tq=None):
+    """None, lengths (B,) or a bool mask (B, S) (or (B, Tq, S) when Tq is given); with few positions
+    some rows come out fully masked."""
+    kind = int(rng.integers(4 if Tq else 3))
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.integers(0, S + 1, size=B)
+    return rng.random((B, S) if kind == 2 else (B, Tq, S)) < 0.6
+
+
+def _fixed_sizes(rng, layer, family):
+    """The sizes every call of a built layer must keep: (Dq, Dv, Dk, key given) or (features, T)."""
+    if family == "pooling":
+        return int(rng.integers(1, 4)), int(rng.integers(1, 5))
+    dk = int(rng.integers(1, 5))
+    dq = dk if layer.score in ("dot", "scaled_dot") else int(rng.integers(1, 5))
+    key_given = bool(rng.integers(2))
+    return dq, int(rng.integers(1, 4)) if key_given else dk, dk, key_given
+
+
+def _random_call(rng, layer, family, sizes):
+    """Random inputs and call arguments (masks, return_attention_scores) within the fixed sizes."""
+    B = int(rng.integers(1, 4))
+    if family == "pooling":
+        features, T = sizes
+        T = int(rng.integers(1, 6)) if layer.length_agnostic else T
+        return rng.standard_normal((B, T, features)), dict(mask=_random_mask(rng, B, T),
+                                                           return_attention_scores=bool(rng.integers(2)))
+    dq, dv, dk, key_given = sizes
+    S, single_step = int(rng.integers(1, 6)), rng.random() < 0.3
+    Tq = 1 if single_step else int(rng.integers(1, 4))
+    inputs = [rng.standard_normal((B, dq) if single_step else (B, Tq, dq)), rng.standard_normal((B, S, dv))]
+    if key_given:
+        inputs.append(rng.standard_normal((B, S, dk)))
+    query_mask = None if rng.random() < 0.5 else rng.random((B,) if single_step else (B, Tq)) < 0.7
+    value_mask = _random_mask(rng, B, S, Tq if layer.per_query_mask else None)
+    return inputs, dict(mask=[query_mask, value_mask], return_attention_scores=bool(rng.integers(2)))
+
+
+def _train_calls(callees, calls, seed):
+    """``callee.apply`` of each call in turn, in training mode, from one random state: the same draws
+    (dropout, sampled positions) for the same call order."""
+    attnx.set_random_seed(seed)
+    return [callee.apply(x, training=True, **kwargs) for callee, (x, kwargs) in zip(callees, calls)]
+
+
+def _set_rewards(layer, runs, rewards):
+    if isinstance(layer, layers.HardAttention):
+        for (_, cache), reward in zip(runs, rewards):
+            layer.set_reward(reward, cache)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_a_layer_applied_twice_gets_the_sum_of_its_calls_gradients(case, seed):
+    """Two calls of one layer, backpropagated in reverse order, against two fresh twins with the same
+    weights: parameter gradients add up, and each call gets its own input gradients."""
+    make, family = LAYER_CASES[case]
+    rng = np.random.default_rng(seed)
+    shared, twins = make(), [make(), make()]
+    sizes = _fixed_sizes(rng, shared, family)
+    calls = [_random_call(rng, shared, family, sizes) for _ in twins]
+    for layer in (shared, *twins):
+        layer.apply(calls[0][0])  # builds it (an inference call draws no random numbers)
+    for twin in twins:
+        twin.set_weights(shared.get_weights())
+    shared_runs = _train_calls([shared, shared], calls, seed)
+    twin_runs = _train_calls(twins, calls, seed)
+    for i, ((shared_out, _), (twin_out, _)) in enumerate(zip(shared_runs, twin_runs)):
+        for a, b in zip(_structure(shared_out), _structure(twin_out)):
+            assert_close(a, b, atol=0, what=f"call {i} output")
+    upstream = [[rng.standard_normal(np.shape(o)) for o in _structure(out)] for out, _ in shared_runs]
+    upstream = [dy if len(dy) > 1 else dy[0] for dy in upstream]
+    rewards = [rng.random(np.shape(_structure(x)[0])[0]) for x, _ in calls]
+    _set_rewards(shared, shared_runs, rewards)
+    for twin, run, reward in zip(twins, twin_runs, rewards):
+        _set_rewards(twin, [run], [reward])
+    shared_dx = [shared.backprop(cache, dy) for (_, cache), dy in reversed(list(zip(shared_runs, upstream)))][::-1]
+    twin_dx = [twin.backprop(cache, dy) for twin, (_, cache), dy in zip(twins, twin_runs, upstream)]
+    for i, (got, want) in enumerate(zip(shared_dx, twin_dx)):
+        for j, (g, w) in enumerate(zip(_structure(got), _structure(want))):
+            assert_close(g, w, atol=1e-12, what=f"call {i} d inputs[{j}]")
+    for name, grad in shared.grads.items():
+        assert_close(grad, twins[0].grads[name] + twins[1].grads[name], atol=1e-12, what=f"d {name}")
