@@ -333,6 +333,192 @@ def test_split_batch_threads_match_single_thread():
     assert_close(dx1, dx2, 1e-6)
 
 
+# ------------------------------------------------------------------------ per-call state
+SB, ST, SC = 3, 4, 2  # batch, steps, features of the inputs below
+SHARED_LENGTHS = {"lengths": np.array([4, 1, 3])}
+
+
+def _sequence(states=0, state_shape=(SB, 3)):
+    """inputs(seed): x (SB, ST, SC), followed by `states` initial states when there are any."""
+    def inputs(seed):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((SB, ST, SC))
+        return [x] + [rng.standard_normal(state_shape) for _ in range(states)] if states else x
+    return inputs
+
+
+def _step(states):
+    """inputs(seed) of a cell: x (SB, SC), followed by `states` states when there are any."""
+    def inputs(seed):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((SB, SC))
+        return [x] + [rng.standard_normal((SB, 3)) for _ in range(states)] if states else x
+    return inputs
+
+
+def _f64_bi(cls, merge_mode="concat", **kw):
+    return lambda: Bidirectional(cls(3, dtype="float64", **kw), merge_mode=merge_mode)
+
+
+# name: (a fresh layer, inputs(seed), call kwargs)
+SHARED_CASES = {
+    "SimpleRNN": (lambda: _f64(SimpleRNN, return_sequences=True), _sequence(), SHARED_LENGTHS),
+    "GRU reset_after": (lambda: _f64(GRU), _sequence(), SHARED_LENGTHS),
+    "GRU classic": (lambda: _f64(GRU, reset_after=False, return_sequences=True), _sequence(), SHARED_LENGTHS),
+    "LSTM": (lambda: _f64(LSTM), _sequence(), SHARED_LENGTHS),
+    "LSTM stacked": (lambda: _f64(LSTM, num_layers=2, return_sequences=True), _sequence(), SHARED_LENGTHS),
+    "LSTM return_state, initial states": (lambda: _f64(LSTM, return_state=True, go_backwards=True),
+                                          _sequence(states=2), SHARED_LENGTHS),
+    "GRU stacked, sequences and states": (lambda: _f64(GRU, num_layers=2, return_sequences=True,
+                                                       return_state=True),
+                                          _sequence(states=1, state_shape=(2, SB, 3)), {}),
+    "LSTM stacked dropout": (lambda: _f64(LSTM, num_layers=2, dropout=0.3, recurrent_dropout=0.3,
+                                          stack_dropout=0.2, return_sequences=True), _sequence(), SHARED_LENGTHS),
+    **{f"Bidirectional {mode}": (_f64_bi(LSTM, mode, return_sequences=True), _sequence(), SHARED_LENGTHS)
+       for mode in ("concat", "sum", "mul", "ave", None)},
+    "Bidirectional GRU stacked, states, dropout": (
+        _f64_bi(GRU, "concat", num_layers=2, return_state=True, dropout=0.2, recurrent_dropout=0.2),
+        _sequence(states=2, state_shape=(2, SB, 3)), SHARED_LENGTHS),
+    "SimpleRNNCell": (lambda: SimpleRNNCell(3, dtype="float64"), _step(1), {}),
+    "GRUCell reset_after": (lambda: GRUCell(3, dtype="float64"), _step(1), {}),
+    "GRUCell classic": (lambda: GRUCell(3, reset_after=False, dtype="float64"), _step(0), {}),
+    "LSTMCell": (lambda: LSTMCell(3, dtype="float64"), _step(2), {}),
+}
+
+
+def _items(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _share_noise(layers, seed):
+    """Makes the dropout masks of `layers` come from one generator, so that calls made in the
+    same order draw the same masks."""
+    rng = np.random.default_rng(seed)
+    for layer in layers:
+        for sub in (layer.forward_layer, layer.backward_layer) if isinstance(layer, Bidirectional) else (layer,):
+            sub._noise_rng = lambda: rng
+
+
+@pytest.mark.parametrize("case", list(SHARED_CASES))
+def test_layer_applied_twice_gets_each_calls_gradients(case):
+    """One layer applied to two inputs, then backprop of both caches in reverse order, gives each
+    call's own input gradients and the sum of the parameter gradients of two unshared twins (the
+    same shapes on purpose: reused workspaces let the second call overwrite the first's state)."""
+    make, inputs, kwargs = SHARED_CASES[case]
+    xs = [inputs(1), inputs(2)]
+    shared, twins = make(), [make(), make()]
+    for layer in [shared] + twins:
+        layer.apply(xs[0], **kwargs)  # builds
+    for twin in twins:
+        twin.set_weights(shared.get_weights())
+    _share_noise([shared], seed=7)
+    _share_noise(twins, seed=7)
+
+    calls = [shared.apply(x, training=True, **kwargs) for x in xs]
+    twin_calls = [twin.apply(x, training=True, **kwargs) for twin, x in zip(twins, xs)]
+    rng = np.random.default_rng(0)
+    upstream = [[rng.standard_normal(np.shape(o)) for o in _items(out)] for out, _ in calls]
+    upstream = [u if isinstance(out, list) else u[0] for u, (out, _) in zip(upstream, calls)]
+    dxs = [None, None]
+    for i in (1, 0):
+        dxs[i] = shared.backprop(calls[i][1], upstream[i])
+    for i, (twin, (twin_out, twin_cache)) in enumerate(zip(twins, twin_calls)):
+        for got, want in zip(_items(calls[i][0]), _items(twin_out)):
+            assert_close(got, want, 1e-12, what=f"call {i} output")
+        twin_dx = twin.backprop(twin_cache, upstream[i])
+        assert len(_items(dxs[i])) == len(_items(twin_dx))
+        for k, (got, want) in enumerate(zip(_items(dxs[i]), _items(twin_dx))):
+            assert_close(got, want, 1e-10, what=f"call {i} input gradient {k}")
+    for name, g in shared.grads.items():
+        assert_close(g, twins[0].grads[name] + twins[1].grads[name], 1e-10, what=f"d {name}")
+
+
+@pytest.mark.parametrize("case", ["LSTM stacked dropout", "LSTM return_state, initial states",
+                                  "Bidirectional GRU stacked, states, dropout", "LSTMCell"])
+def test_input_gradient_not_needed_skips_dx_only(case):
+    """With input_gradient_needed False the input's gradient is None; the parameters' (and the
+    initial states') are unchanged."""
+    make, inputs, kwargs = SHARED_CASES[case]
+    x = inputs(1)
+    layers = [make(), make()]
+    for layer in layers:
+        layer.apply(x, **kwargs)
+    layers[1].set_weights(layers[0].get_weights())
+    _share_noise(layers[:1], seed=7)
+    _share_noise(layers[1:], seed=7)
+    layers[1].input_gradient_needed = False
+    calls = [layer.apply(x, training=True, **kwargs) for layer in layers]
+    dy = [np.ones_like(o) for o in _items(calls[0][0])]
+    dy = dy if isinstance(calls[0][0], list) else dy[0]
+    full, skipped = [_items(layer.backprop(cache, dy)) for layer, (_, cache) in zip(layers, calls)]
+    assert full[0] is not None and skipped[0] is None
+    for got, want in zip(skipped[1:], full[1:]):
+        assert_close(got, want, 0, what="state gradient")
+    for name, g in layers[0].grads.items():
+        assert_close(layers[1].grads[name], g, 0, what=f"d {name}")
+
+
+RNN_LAYERS = {
+    "SimpleRNN": lambda **kw: _f64(SimpleRNN, **kw),
+    "GRU": lambda **kw: _f64(GRU, **kw),
+    "GRU classic": lambda **kw: _f64(GRU, reset_after=False, **kw),
+    "LSTM stacked": lambda **kw: _f64(LSTM, num_layers=2, **kw),
+    "Bidirectional LSTM": lambda **kw: Bidirectional(_f64(LSTM, **kw)),
+}
+
+
+@pytest.mark.parametrize("name", list(RNN_LAYERS))
+def test_zero_length_row_keeps_initial_state_and_outputs_zeros(name):
+    """lengths 0: every step is padding, so the row outputs zeros, its final state is its initial
+    state and the state's gradient passes straight back; no NaN anywhere."""
+    layer = RNN_LAYERS[name](return_sequences=True, return_state=True)
+    x = _x(B=2, T=4, C=3)
+    layer.apply(x)
+    n_states = len(layer(x)) - 1
+    state_shape = np.shape(layer(x)[1])
+    rng = np.random.default_rng(1)
+    states = [rng.standard_normal(state_shape) for _ in range(n_states)]
+    lengths = np.array([0, 3])
+    out = layer([x] + states, training=True, lengths=lengths)
+    assert all(np.all(np.isfinite(o)) for o in out)
+    assert not out[0][0].any()
+    for final, initial in zip(out[1:], states):
+        assert_close(final[..., 0, :], initial[..., 0, :], 0, what="final state of the empty row")
+    upstream = [rng.standard_normal(np.shape(o)) for o in out]
+    grads = layer.backward(upstream)
+    assert all(np.all(np.isfinite(g)) for g in grads)
+    assert not grads[0][0].any()
+    for d_initial, d_final in zip(grads[1:], upstream[1:]):
+        assert_close(d_initial[..., 0, :], d_final[..., 0, :], 0, what="state gradient of the empty row")
+    gradcheck(layer, [x] + states, call_kwargs={"lengths": lengths})
+
+
+@pytest.mark.parametrize("name", list(RNN_LAYERS))
+def test_all_rows_empty(name):
+    layer = RNN_LAYERS[name](return_sequences=True)
+    y = layer(_x(), training=True, lengths=np.array([0, 0]))
+    assert y.shape[:2] == (2, 4) and not y.any()
+    dx = layer.backward(np.ones_like(y))
+    assert dx.shape == (2, 4, 3) and not dx.any()
+    assert all(np.all(np.isfinite(g)) for g in layer.grads.values())
+
+
+@pytest.mark.parametrize("name", list(RNN_LAYERS))
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8])
+def test_integer_mask_equals_bool_mask(name, dtype):
+    layer = RNN_LAYERS[name](return_sequences=True)
+    x = _x()
+    upstream = np.random.default_rng(3).standard_normal(np.shape(layer(x)))
+    results = []
+    for mask in (PRE_PAD, PRE_PAD.astype(dtype)):
+        y = layer(x, training=True, mask=mask)
+        layer.zero_grad()
+        dx = layer.backward(upstream)
+        results.append([y, dx] + [g.copy() for g in layer.grads.values()])
+    for got, want in zip(*results):
+        assert_close(got, want, 0)
+
+
 # ------------------------------------------------------------------------ bad input
 def _built_lstm():
     layer = LSTM(4, name="enc")
