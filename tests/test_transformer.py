@@ -246,6 +246,141 @@ def test_to_torch_round_trips(torch):
         assert_close(again.params[name], p, atol=0, what=name)
 
 
+# ----------------------------------------------------------------------------- layers called more than once
+def random_upstream(outputs, seed):
+    """A random gradient for each array output (the attention weights included); None for lists
+    of weights, which the stacks take no gradient for."""
+    rng = np.random.default_rng(seed)
+    if isinstance(outputs, np.ndarray):
+        return rng.standard_normal(outputs.shape)
+    return [rng.standard_normal(o.shape) if isinstance(o, np.ndarray) else None for o in outputs]
+
+
+def assert_same_gradients(got, want, what):
+    if isinstance(want, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(want), f"{what}: {got!r} vs {want!r}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same_gradients(g, w, f"{what}[{i}]")
+    elif want is None:
+        assert got is None, f"{what}: expected None"
+    else:
+        assert_close(got, want, atol=1e-12, what=what)
+
+
+def check_calls_add_up(make, calls):
+    """Applies one layer to each call's ``(args, kwargs)`` in turn, then backpropagates the calls'
+    caches in reverse order: its parameter gradients must be the sum of fresh copies' (same
+    weights, one call each), and each call must get its own outputs and input gradients."""
+    shared = make()
+    runs = [shared.apply(*args, training=True, **kwargs) for args, kwargs in calls]
+    upstream = [random_upstream(outputs, seed=i) for i, (outputs, _) in enumerate(runs)]
+    shared.zero_grad()
+    input_grads = [shared.backprop(cache, dy) for (_, cache), dy in reversed(list(zip(runs, upstream)))][::-1]
+    summed = {name: np.zeros_like(g) for name, g in shared.grads.items()}
+    for i, ((args, kwargs), (outputs, _), dy) in enumerate(zip(calls, runs, upstream)):
+        fresh = make()
+        fresh.apply(*args, **kwargs)  # builds it
+        fresh.set_weights(shared.get_weights())
+        fresh_outputs, cache = fresh.apply(*args, training=True, **kwargs)
+        assert_same_gradients(fresh_outputs, outputs, f"call {i} outputs")
+        assert_same_gradients(fresh.backprop(cache, dy), input_grads[i], f"call {i} input gradients")
+        for name, g in fresh.grads.items():
+            summed[name] += g
+    for name, g in shared.grads.items():
+        assert_close(g, summed[name], atol=1e-12, what=f"gradient of {name}")
+
+
+def encoder_calls():
+    return [((rand(B, T, D, seed=1),), {"padding_mask": np.array([2, 3])}),
+            ((rand(3, 5, D, seed=2),), {"attention_mask": np.tril(np.ones((5, 5), np.int64)),
+                                        "padding_mask": np.array([[1, 1, 1, 0, 0], [1] * 5, [1, 0, 0, 0, 0]], bool)})]
+
+
+def decoder_calls():
+    return [(([rand(B, T, D, seed=1), rand(B, S, 6, seed=2)],), {"encoder_padding_mask": np.array([4, 1])}),
+            (([rand(3, 5, D, seed=3), rand(3, 2, 6, seed=4)],),
+             {"decoder_padding_mask": np.array([5, 2, 1]), "encoder_attention_mask": rand(5, 2, seed=5) > -0.5,
+              "use_causal_mask": False})]
+
+
+SHARED_CASES = {
+    "layernorm": (lambda: layers.LayerNormalization(dtype="float64"),
+                  [((rand(B, T, D, seed=1),), {}), ((rand(3, 5, D, seed=2),), {})]),
+    "sinusoidal": (lambda: layers.PositionalEncoding(dtype="float64"),
+                   [((rand(B, T, D, seed=1),), {}), ((rand(3, 5, D, seed=2),), {})]),
+    "learned-positions": (lambda: layers.PositionEmbedding(6, dtype="float64"),
+                          [((rand(B, T, D, seed=1),), {}), ((rand(3, 5, D, seed=2),), {})]),
+    "feed-forward": (lambda: layers.FeedForward(6, activation="gelu", dtype="float64"),
+                     [((rand(B, T, D, seed=1),), {}), ((rand(3, 5, D, seed=2),), {})]),
+    "self-attention": (lambda: layers.MultiHeadAttention(H, 3, dtype="float64"),
+                       [((rand(B, T, D, seed=1),) * 2, {"key_padding_mask": np.array([3, 1]),
+                                                         "return_attention_scores": True}),
+                        ((rand(3, 5, D, seed=2),) * 2, {"use_causal_mask": True,
+                                                         "attention_mask": rand(5, 5, seed=3) > 0})]),
+    "cross-attention": (lambda: layers.MultiHeadAttention(H, 3, value_dim=2, output_shape=5, dtype="float64"),
+                        [(([rand(B, T, D, seed=1), rand(B, S, 6, seed=2), rand(B, S, 3, seed=3)],),
+                          {"attention_mask": rand(B, T, S, seed=4) > 0}),
+                         (([rand(3, 2, D, seed=5), rand(3, 6, 6, seed=6), rand(3, 6, 3, seed=7)],),
+                          {"key_padding_mask": np.array([6, 0, 2])})]),
+    "encoder-layer": (lambda: layers.TransformerEncoderLayer(H, 5, dtype="float64"), encoder_calls()),
+    "encoder-layer-pre-norm": (lambda: layers.TransformerEncoderLayer(H, 5, norm_first=True, dtype="float64"),
+                               encoder_calls()),
+    "decoder-layer": (lambda: layers.TransformerDecoderLayer(H, 5, dtype="float64"), decoder_calls()),
+    "decoder-layer-pre-norm": (lambda: layers.TransformerDecoderLayer(H, 5, norm_first=True, dtype="float64"),
+                               decoder_calls()),
+    "encoder-three-calls": (lambda: layers.TransformerEncoder(2, H, 5, dtype="float64"),
+                            encoder_calls() + [((rand(1, 4, D, seed=9),), {"use_causal_mask": True})]),
+    "decoder": (lambda: layers.TransformerDecoder(2, H, 5, norm_first=True, dtype="float64"), decoder_calls()),
+}
+
+
+@pytest.mark.parametrize("make, calls", SHARED_CASES.values(), ids=SHARED_CASES.keys())
+def test_a_layer_called_several_times_gets_each_calls_gradients(make, calls):
+    check_calls_add_up(make, calls)
+
+
+def test_encoder_layer_returning_weights_takes_no_weight_gradient_per_call():
+    layer = layers.TransformerEncoderLayer(H, 5, dtype="float64")
+    x = rand(B, T, D)
+    (y, weights), cache = layer.apply(x, return_attention_scores=True, training=True)
+    assert weights.shape == (B, H, T, T)
+    dy = rand(B, T, D, seed=1)
+    assert_close(layer.backprop(cache, (dy, None)), layer.backprop(layer.apply(x, training=True)[1], dy),
+                 atol=1e-12, what="dinputs")
+    with pytest.raises(ValueError, match=r"\(doutput, None\)"):
+        layer.backprop(cache, (dy, weights))
+
+
+INPUT_GRADIENT_CASES = {
+    "feed-forward": (lambda: layers.FeedForward(6, dtype="float64"), (rand(B, T, D),)),
+    "attention": (lambda: layers.MultiHeadAttention(H, 3, dtype="float64"), (rand(B, T, D), rand(B, S, D))),
+    "learned-positions": (lambda: layers.PositionEmbedding(6, dtype="float64"), (rand(B, T, D),)),
+    "encoder": (lambda: layers.TransformerEncoder(2, H, 5, dtype="float64"), (rand(B, T, D),)),
+    "decoder-layer": (lambda: layers.TransformerDecoderLayer(H, 5, dtype="float64"),
+                      ([rand(B, T, D), rand(B, S, D)],)),
+}
+
+
+@pytest.mark.parametrize("make, args", INPUT_GRADIENT_CASES.values(), ids=INPUT_GRADIENT_CASES.keys())
+def test_input_gradient_skipped_when_not_needed_with_the_same_weight_gradients(make, args):
+    # what a model does for a layer fed only by its inputs
+    needed, skipped = make(), make()
+    outputs, cache = needed.apply(*args, training=True)
+    skipped.apply(*args)
+    skipped.set_weights(needed.get_weights())
+    skipped.input_gradient_needed = False
+    dy = random_upstream(outputs, seed=1)
+    dinputs = needed.backprop(cache, dy)
+    skipped_dinputs = skipped.backprop(skipped.apply(*args, training=True)[1], dy)
+    if isinstance(skipped, layers.TransformerDecoderLayer):  # the memory's gradient is still needed
+        assert skipped_dinputs[0] is None
+        assert_close(skipped_dinputs[1], dinputs[1], atol=1e-12, what="dmemory")
+    else:
+        assert skipped_dinputs is None
+    for name, g in needed.grads.items():
+        assert_close(skipped.grads[name], g, atol=1e-12, what=f"gradient of {name}")
+
+
 # ----------------------------------------------------------------------------- behaviour
 def test_fully_masked_queries_give_zero_weights_not_nan():
     layer = layers.MultiHeadAttention(H, 2)
@@ -321,6 +456,10 @@ def test_lengths_and_bool_masks_agree_and_padding_is_ignored():
     y1 = layer(x, padding_mask=np.array([2, 3]))
     y2 = layer(x, padding_mask=np.array([[1, 1, 0], [1, 1, 1]], bool))
     assert_close(y1, y2, atol=0)
+    assert_close(layer(x, padding_mask=np.array([[1, 1, 0], [1, 1, 1]])), y1, atol=0)  # 0/1 integers
+    causal = np.tril(np.ones((T, T), np.int64))
+    assert_close(layer(x, attention_mask=causal), layer(x, attention_mask=causal.astype(bool)), atol=0)
+    assert_close(layer(x, attention_mask=causal), layer(x, use_causal_mask=True), atol=1e-6)
     x_changed = x.copy()
     x_changed[0, 2] += 5  # a padded key: the real positions must not see it
     assert_close(layer(x_changed, padding_mask=np.array([2, 3]))[0, :2], y1[0, :2], atol=1e-6)
