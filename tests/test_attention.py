@@ -647,8 +647,8 @@ def _random_call(rng, layer, family, sizes):
     if family == "pooling":
         features, T = sizes
         T = int(rng.integers(1, 6)) if layer.length_agnostic else T
-        return rng.standard_normal((B, T, features)), dict(mask=_random_mask(rng, B, T),
-                                                           return_attention_scores=bool(rng.integers(2)))
+        return rng.standard_normal((B, T, features)), {"mask": _random_mask(rng, B, T),
+                                                       "return_attention_scores": bool(rng.integers(2))}
     dq, dv, dk, key_given = sizes
     S, single_step = int(rng.integers(1, 6)), rng.random() < 0.3
     Tq = 1 if single_step else int(rng.integers(1, 4))
@@ -657,7 +657,7 @@ def _random_call(rng, layer, family, sizes):
         inputs.append(rng.standard_normal((B, S, dk)))
     query_mask = None if rng.random() < 0.5 else rng.random((B,) if single_step else (B, Tq)) < 0.7
     value_mask = _random_mask(rng, B, S, Tq if layer.per_query_mask else None)
-    return inputs, dict(mask=[query_mask, value_mask], return_attention_scores=bool(rng.integers(2)))
+    return inputs, {"mask": [query_mask, value_mask], "return_attention_scores": bool(rng.integers(2))}
 
 
 def _train_calls(callees, calls, seed):
@@ -705,3 +705,69 @@ def test_a_layer_applied_twice_gets_the_sum_of_its_calls_gradients(case, seed):
             assert_close(g, w, atol=1e-12, what=f"call {i} d inputs[{j}]")
     for name, grad in shared.grads.items():
         assert_close(grad, twins[0].grads[name] + twins[1].grads[name], atol=1e-12, what=f"d {name}")
+
+
+# ----------------------------------------------------------------------------- every layer, one mask rule
+def _masked_call(family, mask, query_mask=None):
+    """Fixed inputs of batch 2 over 4 positions (Dq = Dk, as the dot scores need) with `mask` on them
+    (and `query_mask` on the 3 queries), returning the weights too."""
+    rng = np.random.default_rng(1)
+    if family == "pooling":
+        return rng.standard_normal((2, 4, 3)), {"mask": mask, "return_attention_scores": True}
+    inputs = [rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 4, 4))]
+    return inputs, {"mask": [query_mask, mask], "return_attention_scores": True}
+
+
+@pytest.mark.parametrize("mask", [np.array([0, 3]), np.array([[0, 0, 0, 0], [1, 1, 0, 1]], bool)],
+                         ids=["lengths", "bool"])
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_a_fully_masked_row_gives_zero_weights_and_context_and_finite_gradients(case, mask):
+    make, family = LAYER_CASES[case]
+    layer = make()
+    inputs, kwargs = _masked_call(family, mask)
+    (output, weights), cache = layer.apply(inputs, training=True, **kwargs)
+    assert np.all(weights[0] == 0) and np.all(np.isfinite(weights))
+    if getattr(layer, "attentional_units", None):  # h~ = tanh(W_c [c; h]) with a zero context c
+        value_size = inputs[1].shape[2]
+        assert_close(output[0], np.tanh(inputs[0][0] @ layer.params["attentional_kernel"][value_size:]), atol=1e-12,
+                     what="attentional state of the masked row")
+    else:
+        assert np.all(output[0] == 0)
+    _set_rewards(layer, [(output, cache)], [np.ones(2)])
+    rng = np.random.default_rng(2)
+    dinputs = layer.backprop(cache, [rng.standard_normal(output.shape), rng.standard_normal(weights.shape)])
+    dvalue = dinputs if family == "pooling" else dinputs[1]
+    assert np.all(dvalue[0] == 0)  # the row attended to nothing: nothing flows back into it
+    assert all(np.all(np.isfinite(g)) for g in _structure(dinputs) + list(layer.grads.values()))
+
+
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_a_01_integer_mask_is_the_bool_mask(case):
+    make, family = LAYER_CASES[case]
+    layer = make()
+    value_mask, query_mask = np.array([[0, 0, 0, 0], [1, 1, 0, 1]], bool), np.array([[1, 0, 1], [1, 1, 1]], bool)
+    layer(_masked_call(family, None)[0])  # builds it first, so each call below starts from the same random state
+    results = []
+    for dtype in (bool, np.int64, np.uint8):
+        inputs, kwargs = _masked_call(family, value_mask.astype(dtype), query_mask.astype(dtype))
+        (output, weights), cache = _train_calls([layer], [(inputs, kwargs)], seed=0)[0]
+        _set_rewards(layer, [(output, cache)], [np.ones(2)])
+        layer.zero_grad()
+        dinputs = layer.backprop(cache, [np.ones_like(output), np.ones_like(weights)])
+        results.append([output, weights, *_structure(dinputs), *(g.copy() for g in layer.grads.values())])
+    for integer_result in results[1:]:
+        for got, want in zip(integer_result, results[0]):
+            assert_close(got, want, atol=0, what="integer mask against bool mask")
+
+
+@pytest.mark.parametrize("case", sorted(LAYER_CASES))
+def test_an_integer_mask_holding_a_2_raises(case):
+    make, family = LAYER_CASES[case]
+    layer = make()
+    inputs, kwargs = _masked_call(family, np.array([[1, 2, 0, 1], [1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match=r"mask`: an integer mask must hold only 0 and 1, got values 0\.\.2"):
+        layer(inputs, **kwargs)
+    if family == "attention":
+        inputs, kwargs = _masked_call(family, None, query_mask=np.array([[1, 2, 0], [1, 1, 1]]))
+        with pytest.raises(ValueError, match=r"`query_mask`: an integer mask must hold only 0 and 1"):
+            layer(inputs, **kwargs)
