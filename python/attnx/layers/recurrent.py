@@ -268,7 +268,6 @@ def _stack_backward(directions, caches, d_seqs, dhs, dcs, need_dx):
     num_layers = len(caches)
     dh0s = [[None] * num_layers for _ in directions]
     dc0s = [[None] * num_layers for _ in directions]
-    dx = None
     for level in reversed(range(num_layers)):
         dxs = []
         for d, (layer, _) in enumerate(directions):
