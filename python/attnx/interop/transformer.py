@@ -5,7 +5,7 @@ import numpy as np
 
 from ..layers.transformer import (LayerNormalization, MultiHeadAttention, TransformerDecoder,
                                   TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
-from . import register_from_torch, register_to_torch, set_torch_params
+from .registry import register_from_torch, register_to_torch, set_torch_params
 
 
 def _torch_dtype(layer):
