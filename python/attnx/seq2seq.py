@@ -14,6 +14,12 @@ inference time. Equations (y_{t-1} the previous target word):
   (``local_mode="m"``, p_t = t) or local-p (``local_mode="p"``, ``p_t = L sigmoid(v_p . tanh(h_t W_p))``
   with L the source length).
 
+The encoder and the decoders follow the layer contract (`attnx.layers.base`): a training call's
+state lives in the cache its `forward` returns (the decoder kernel's buffers are a fresh dict per
+call), so a shared encoder or decoder gets the sum of its calls' gradients. `Seq2Seq` is a model
+written as a class: it trains through `Model.fit` (callbacks, validation, history,
+``check_numerics``) and saves and loads like any model.
+
 Typical use::
 
     splits = attnx.datasets.load_anki_pairs(data_dir=..., max_words=10)
@@ -21,19 +27,21 @@ Typical use::
     model.compile(optimizer="adam")
     model.fit_texts(splits.train.source, splits.train.target, epochs=10)
     translation, attention = model.translate("<start> i am hungry . <end>")
+    model.save("mar.attnx")  # attnx.load_model("mar.attnx") reads it back
 """
-import time
-from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
 
-from . import _core, initializers, losses, metrics, optimizers, text
+from . import _core, initializers, losses, metrics, text
+from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Embedding
 from .layers.recurrent import GRU, LSTM, Bidirectional
+from .masking import as_mask
+from .models import Model
 
-__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq", "load"]
+__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq"]
 
 _CELLS = {"gru": GRU, "lstm": LSTM}
 
@@ -50,40 +58,12 @@ def _positive_int(owner, arg, value):
     return int(value)
 
 
-def _sequence_mask(layer, mask, batch, steps, arg):
-    """A (B, L) bool mask from a bool mask or (B,) lengths (None: every position real)."""
-    if mask is None:
-        return None
-    arr = np.asarray(mask)
-    if arr.dtype.kind in "iu" and arr.ndim == 1:  # lengths
-        if arr.shape != (batch,):
-            raise ValueError(f"Layer '{layer.name}': `{arg}` lengths expected shape ({batch},), got {arr.shape}")
-        if arr.min() < 0 or arr.max() > steps:
-            raise ValueError(f"Layer '{layer.name}': `{arg}` lengths must lie in [0, {steps}], got "
-                             f"{arr.min()}..{arr.max()}")
-        arr = np.arange(steps)[None, :] < arr[:, None]
-    if arr.dtype != np.bool_:
-        raise TypeError(f"Layer '{layer.name}': `{arg}` must be a bool mask (True = real token) or int lengths, "
-                        f"got dtype {arr.dtype}")
-    if arr.shape != (batch, steps):
-        raise ValueError(f"Layer '{layer.name}': `{arg}` expected shape ({batch}, {steps}), got {arr.shape}")
-    return np.ascontiguousarray(arr)
+class _EncoderCache(NamedTuple):
+    embedding: object  # the caches of the sublayers' calls, for their backprop
+    rnn: object
 
 
-class _Composite(Layer):
-    """A layer made of sublayers: its params / grads are theirs under "<sublayer>/<name>" keys
-    (the same arrays, so the sublayers' kernels and the optimizer share them)."""
-
-    def _adopt(self, prefix, layer, input_shape):
-        layer.build(input_shape)
-        layer.built = True
-        for name, p in layer.params.items():
-            self.params[f"{prefix}/{name}"] = p
-            self.grads[f"{prefix}/{name}"] = layer.grads[name]
-        return layer
-
-
-class Encoder(_Composite):
+class Encoder(Layer):
     """Source encoder: ``Embedding(mask_zero=True)`` then a (bidirectional) GRU or LSTM over the
     source, returning every step's output for attention and the final state for the decoder.
 
@@ -100,7 +80,9 @@ class Encoder(_Composite):
 
     Input shape: (batch, source_steps) ints.
     Output: ``[outputs (B, S, K), mask (B, S) bool, h (B, K)(, c (B, K))]`` with K = units or 2 * units.
-    backward([d_outputs, None, dh(, dc)]) returns None (token ids have no gradient).
+    Weights: the embedding's and the RNN's, named ``embedding/...`` and ``rnn/...`` (the sublayers'
+    own arrays). ``backprop(cache, [d_outputs, None, dh(, dc)])`` returns None (token ids have no
+    gradient).
     """
 
     def __init__(self, vocab_size, embedding_dim, units, cell="gru", bidirectional=False, **kwargs):
@@ -123,36 +105,39 @@ class Encoder(_Composite):
         return 2 if self.cell == "lstm" else 1
 
     def build(self, input_shape):
-        self._adopt("embedding", self.embedding, tuple(input_shape))
-        self._adopt("rnn", self.rnn, (input_shape[0], input_shape[1], self.embedding_dim))
+        for prefix, layer, shape in (("embedding", self.embedding, tuple(input_shape)),
+                                     ("rnn", self.rnn, (input_shape[0], input_shape[1], self.embedding_dim))):
+            layer.build(shape)
+            layer.built = True
+            for name, p in layer.params.items():  # the same arrays: optimizers and set_weights reach the sublayer
+                self.params[f"{prefix}/{name}"] = p
+                self.grads[f"{prefix}/{name}"] = layer.grads[name]
 
-    def call(self, inputs, training=False):
+    def forward(self, inputs, training=False):
         ids = self.embedding.token_ids(inputs)
         self._check_shape(ids, "inputs", ndim=2)
         mask = ids != 0
-        x = self.embedding(ids, training=training)
-        outs = self.rnn(x, training=training, mask=mask)
-        seq, states = outs[0], outs[1:]
+        x, embedding_cache = self.embedding.apply(ids, training=training)
+        outputs, rnn_cache = self.rnn.apply(x, training=training, mask=mask)
+        sequence, states = outputs[0], outputs[1:]
         if self.bidirectional:  # [h_f(, c_f), h_b(, c_b)] -> [h_f|h_b(, c_f|c_b)]
             n = self.n_states
             states = [np.concatenate([states[i], states[n + i]], axis=-1) for i in range(n)]
-        if training:
-            self._cache = ids.shape
-        return [seq, mask] + list(states)
+        cache = _EncoderCache(embedding_cache, rnn_cache) if training else None
+        return [sequence, mask] + list(states), cache
 
-    def backward(self, dy):
-        B, S = self._saved()
-        d_seq, _, *d_states = dy
-        n = self.n_states
-        if len(d_states) != n:
-            raise ValueError(f"Layer '{self.name}': backward expected [d_outputs, None] + {n} state gradient(s), "
-                             f"got {len(d_states)}")
-        if self.bidirectional:
+    def backprop(self, cache, dy):
+        d_sequence, _, *d_states = dy
+        if len(d_states) != self.n_states:
+            raise ValueError(f"Layer '{self.name}': backprop expected [d_outputs, None] + {self.n_states} state "
+                             f"gradient(s), got {len(d_states)}")
+        if self.bidirectional:  # the concatenated states' gradients back to each direction's
             H = self.units
             d_states = [None if g is None else g[..., :H] for g in d_states] + \
                        [None if g is None else g[..., H:] for g in d_states]
-        dx = self.rnn.backward([d_seq] + [None if g is None else np.ascontiguousarray(g) for g in d_states])
-        self.embedding.backward(dx)
+        dx = self.rnn.backprop(cache.rnn, [d_sequence] + [None if g is None else np.ascontiguousarray(g)
+                                                          for g in d_states])
+        self.embedding.backprop(cache.embedding, dx)
         return None
 
     def compute_output_shape(self, input_shape):
@@ -181,8 +166,15 @@ class DecoderState(NamedTuple):
         return DecoderState(*arrays, position=self.position)
 
 
+class _DecoderCache(NamedTuple):
+    kernel: dict  # decoder_forward's buffers, read by decoder_backward
+    encoder_outputs: np.ndarray  # as the kernel read them (the backward pass reads them again)
+    logits_shape: tuple
+    returned_weights: bool  # the call returned [logits, attention weights]
+
+
 class _AttentionDecoder(Layer):
-    """Base of BahdanauDecoder and LuongDecoder (parameters, fused call, backward, step)."""
+    """Base of BahdanauDecoder and LuongDecoder (parameters, fused forward and backprop, step, greedy)."""
 
     _kind = None
 
@@ -205,7 +197,6 @@ class _AttentionDecoder(Layer):
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.kernel_initializer = initializers.get(kernel_initializer)
         self.recurrent_initializer = initializers.get(recurrent_initializer)
-        self.attention_weights = None  # (B, T, S) of the last call, for plotting
 
     @property
     def n_states(self):
@@ -218,6 +209,12 @@ class _AttentionDecoder(Layer):
     @property
     def _predictive(self):
         return self.local_window is not None and self.local_mode == "p"
+
+    @property
+    def _variant(self):
+        """The kernels' arguments that choose the decoder variant."""
+        return {"kind": self._kind, "score": self.score, "cell": self.cell,
+                "local_window": -1 if self.local_window is None else self.local_window, "local_mode": self.local_mode}
 
     def build(self, input_shape):
         if not isinstance(input_shape, list) or len(input_shape) < 2 or len(input_shape[1]) != 3:
@@ -250,32 +247,16 @@ class _AttentionDecoder(Layer):
         self.add_weight("output_kernel", (H, V), self.kernel_initializer)
         self.add_weight("output_bias", (V,), "zeros")
 
-    def _run(self, ids, enc, states, source_mask, target_mask, feed=None, keys=None, first_step=0):
-        ids = np.asarray(ids)
-        if ids.dtype.kind not in "iu":
-            raise TypeError(f"Layer '{self.name}': target ids must be integers, got dtype {ids.dtype}")
-        if ids.ndim != 2:
-            raise ValueError(f"Layer '{self.name}': target ids expected shape (batch, steps), got {ids.shape}")
-        enc = self._float_input(enc, "encoder_outputs", ndim=3, last_dim=self.source_dim)
-        B, S = enc.shape[:2]
-        if ids.shape[0] != B:
-            raise ValueError(f"Layer '{self.name}': target ids batch {ids.shape[0]} does not match encoder outputs "
-                             f"batch {B}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            bad = ids.min() if ids.min() < 0 else ids.max()
-            raise IndexError(f"Layer '{self.name}': target token id {bad} out of range [0, {self.vocab_size})")
+    # ------------------------------------------------------------------------ input checks
+    def _encoder_outputs(self, value):
+        return self._float_input(value, "encoder_outputs", ndim=3, last_dim=self.source_dim)
+
+    def _initial_states(self, states, batch):
+        """[h0] or [h0, c0] checked and as the kernels read them."""
         if len(states) != self.n_states:
             raise ValueError(f"Layer '{self.name}': expected {self.n_states} initial state(s) "
                              f"({'[h0, c0]' if self.n_states == 2 else '[h0]'}), got {len(states)}")
-        states = [self._state(s, f"initial_state[{i}]", (B, self.units)) for i, s in enumerate(states)]
-        smask = _sequence_mask(self, source_mask, B, S, "source_mask")
-        tmask = _sequence_mask(self, target_mask, B, ids.shape[1], "mask")
-        if feed is not None:
-            feed = self._state(feed, "feed", (B, self.units))
-        return _core.decoder_forward(
-            self._kind, self.score, self.cell, np.ascontiguousarray(ids, dtype=np.int64), enc, smask, tmask,
-            states[0], states[1] if self.n_states == 2 else None, feed, self.params, keys,
-            -1 if self.local_window is None else self.local_window, self.local_mode, first_step), enc
+        return [self._state(s, f"initial_state[{i}]", (batch, self.units)) for i, s in enumerate(states)]
 
     def _state(self, value, arg, shape):
         arr = np.asarray(value)
@@ -283,23 +264,67 @@ class _AttentionDecoder(Layer):
             raise ValueError(f"Layer '{self.name}': `{arg}` expected shape {tuple(shape)}, got {arr.shape}")
         return np.ascontiguousarray(arr, dtype=self.dtype)
 
-    def call(self, inputs, training=False, mask=None, source_mask=None):
-        """inputs ``[target_ids (B, T), encoder_outputs (B, S, K), h0 (B, H)(, c0 (B, H))]`` -> logits (B, T, V).
-        mask: (B, T) bool target mask or lengths; source_mask: (B, S) bool or lengths."""
+    def _mask(self, mask, batch, steps, arg):
+        return as_mask(mask, batch, steps, f"Layer '{self.name}': `{arg}`")
+
+    def _run(self, ids, encoder_outputs, states, source_mask, target_mask, feed=None, keys=None, first_step=0):
+        """Checks the inputs and runs the fused kernel over the steps of `ids` (B, T); returns its
+        (logits, h, c, feed, weights, keys, cache) and the encoder outputs as it read them."""
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"Layer '{self.name}': target ids must be integers, got dtype {ids.dtype}")
+        if ids.ndim != 2:
+            raise ValueError(f"Layer '{self.name}': target ids expected shape (batch, steps), got {ids.shape}")
+        enc = self._encoder_outputs(encoder_outputs)
+        B, S = enc.shape[:2]
+        if ids.shape[0] != B:
+            raise ValueError(f"Layer '{self.name}': target ids batch {ids.shape[0]} does not match encoder outputs "
+                             f"batch {B}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = ids.min() if ids.min() < 0 else ids.max()
+            raise IndexError(f"Layer '{self.name}': target token id {bad} out of range [0, {self.vocab_size})")
+        states = self._initial_states(states, B)
+        outputs = _core.decoder_forward(
+            **self._variant, ids=np.ascontiguousarray(ids, dtype=np.int64), enc=enc,
+            source_mask=self._mask(source_mask, B, S, "source_mask"),
+            target_mask=self._mask(target_mask, B, ids.shape[1], "mask"),
+            h0=states[0], c0=states[1] if self.n_states == 2 else None,
+            feed0=None if feed is None else self._state(feed, "feed", (B, self.units)),
+            params=self.params, keys=keys, first_step=first_step)
+        return outputs, enc
+
+    # ------------------------------------------------------------------------ training
+    def forward(self, inputs, training=False, mask=None, source_mask=None, return_attention_scores=False):
+        """inputs ``[target_ids (B, T), encoder_outputs (B, S, K), h0 (B, H)(, c0 (B, H))]`` -> logits (B, T, V),
+        or ``[logits, attention weights (B, T, S)]`` with `return_attention_scores`.
+        mask: the target mask (B, T) or lengths; source_mask: (B, S) or lengths (`attnx.masking`)."""
         if not isinstance(inputs, (list, tuple)) or len(inputs) < 3:
             raise ValueError(f"Layer '{self.name}': inputs must be [target_ids, encoder_outputs, h0(, c0)]")
-        ids, enc, *states = inputs
-        (logits, _, _, _, weights, _, cache), enc = self._run(ids, enc, states, source_mask, mask)
-        self.attention_weights = weights
-        if training:
-            self._cache = (cache, enc, logits.shape)
-        return logits
+        ids, encoder_outputs, *states = inputs
+        (logits, _, _, _, weights, _, kernel_cache), enc = self._run(ids, encoder_outputs, states, source_mask,
+                                                                     mask)
+        cache = _DecoderCache(kernel_cache, enc, logits.shape, bool(return_attention_scores)) if training else None
+        return ([logits, weights] if return_attention_scores else logits), cache
 
-    def backward(self, dy):
-        cache, enc, shape = self._saved()
-        dlogits = self._grad_input(dy, shape)
-        denc, dh0, dc0 = _core.decoder_backward(cache, dlogits, None, None, enc, self.params, self.grads)
-        return [None, denc, dh0] + ([dc0] if self.n_states == 2 else [])
+    def backprop(self, cache, dy):
+        """dy: dlogits (or ``[dlogits, None]`` after `return_attention_scores`) -> ``[None, d_encoder_outputs,
+        dh0(, dc0)]``. The kernel has no switch to skip the input gradients, so it computes them
+        whatever `input_gradient_needed` says."""
+        if cache.returned_weights:
+            dy, d_weights = dy
+            if d_weights is not None:
+                raise ValueError(f"Layer '{self.name}': the attention weights are returned for inspection; the "
+                                 "fused kernel does not backpropagate a gradient given for them")
+        dlogits = self._grad_input(dy, cache.logits_shape)
+        d_encoder_outputs, dh0, dc0 = _core.decoder_backward(cache=cache.kernel, dlogits=dlogits,
+                                                             enc=cache.encoder_outputs, params=self.params,
+                                                             grads=self.grads)
+        return [None, d_encoder_outputs, dh0] + ([dc0] if self.n_states == 2 else [])
+
+    # ------------------------------------------------------------------------ inference
+    def _require_built(self, method):
+        if not self.built:
+            raise RuntimeError(f"Layer '{self.name}': {method}() needs a built decoder (call it once or build it)")
 
     def step(self, ids, state, encoder_outputs, source_mask=None):
         """One inference step.
@@ -307,12 +332,11 @@ class _AttentionDecoder(Layer):
         Args:
             ids: (B,) the previous words.
             state: a `DecoderState` (``DecoderState(h0)`` / ``DecoderState(h0, c0)`` at the start).
-            encoder_outputs: (B, S, K); source_mask (B, S) bool or lengths.
+            encoder_outputs: (B, S, K); source_mask (B, S) or lengths.
         Returns:
             (logits (B, V), the next `DecoderState`, attention weights (B, S)).
         """
-        if not self.built:
-            raise RuntimeError(f"Layer '{self.name}': step() needs a built decoder (call it once or build it)")
+        self._require_built("step")
         ids = np.asarray(ids)
         if ids.ndim != 1:
             raise ValueError(f"Layer '{self.name}': step ids expected shape (batch,), got {ids.shape}")
@@ -325,26 +349,24 @@ class _AttentionDecoder(Layer):
         """Greedy decoding in one C++ call (the step loop and argmax included).
 
         Args:
-            encoder_outputs: (B, S, K); states: ``[h0]`` or ``[h0, c0]``; source_mask (B, S) bool or lengths.
+            encoder_outputs: (B, S, K); states: ``[h0]`` or ``[h0, c0]``; source_mask (B, S) or lengths.
             start_id: the first input word; end_id: the word that ends a row; max_length: most steps.
         Returns:
             (tokens (B, L) ints, 0 after a row's end token; attention (B, L, S)), L <= max_length.
         """
-        if not self.built:
-            raise RuntimeError(f"Layer '{self.name}': greedy() needs a built decoder (call it once or build it)")
-        enc = self._float_input(encoder_outputs, "encoder_outputs", ndim=3, last_dim=self.source_dim)
+        self._require_built("greedy")
+        enc = self._encoder_outputs(encoder_outputs)
         B, S = enc.shape[:2]
-        if len(states) != self.n_states:
-            raise ValueError(f"Layer '{self.name}': expected {self.n_states} initial state(s), got {len(states)}")
-        states = [self._state(s, f"initial_state[{i}]", (B, self.units)) for i, s in enumerate(states)]
+        states = self._initial_states(states, B)
         return _core.decoder_greedy(
-            self._kind, self.score, self.cell, enc, _sequence_mask(self, source_mask, B, S, "source_mask"), states[0],
-            states[1] if self.n_states == 2 else None, self.params,
-            -1 if self.local_window is None else self.local_window, self.local_mode, int(start_id), int(end_id),
-            _positive_int(type(self).__name__, "max_length", max_length))
+            **self._variant, enc=enc, source_mask=self._mask(source_mask, B, S, "source_mask"), h0=states[0],
+            c0=states[1] if self.n_states == 2 else None, params=self.params, start_id=int(start_id),
+            end_id=int(end_id), max_length=_positive_int(type(self).__name__, "max_length", max_length))
 
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0][0], input_shape[0][1], self.vocab_size)
+    def compute_output_shape(self, input_shape, return_attention_scores=False):
+        (B, T), S = input_shape[0], input_shape[1][1]
+        logits = (B, T, self.vocab_size)
+        return [logits, (B, T, S)] if return_attention_scores else logits
 
     def get_config(self):
         return {**super().get_config(), "vocab_size": self.vocab_size, "embedding_dim": self.embedding_dim,
@@ -373,11 +395,14 @@ _DECODER_DOC = """
     Call arguments:
         inputs: ``[target_ids (B, T), encoder_outputs (B, S, K), h0 (B, H)(, c0)]``, target_ids the
             previous words (teacher forcing: the target shifted right, starting with the start token).
-        mask: target mask (B, T) bool or lengths; padded steps keep the state.
-        source_mask: (B, S) bool (True = real token) or lengths; fully masked rows give zero context.
+        mask: target mask (B, T) or lengths (the mask rule of `attnx.masking`); padded steps keep
+            the state.
+        source_mask: (B, S) mask (True = real token) or lengths; fully masked rows give zero context.
+        return_attention_scores: also return the attention weights (B, T, S) (for inspection: no
+            gradient flows back through them).
 
-    Input shape: as above. Output shape: logits (B, T, V); ``attention_weights`` (B, T, S) afterwards.
-    backward(dlogits) returns ``[None, d_encoder_outputs, dh0(, dc0)]``.
+    Input shape: as above. Output shape: logits (B, T, V), or ``[logits, weights (B, T, S)]``.
+    ``backprop(cache, dlogits)`` returns ``[None, d_encoder_outputs, dh0(, dc0)]``.
 """
 
 
@@ -439,8 +464,21 @@ def _length_penalty(length, alpha):
     return ((5.0 + length) / 6.0) ** alpha
 
 
-class Seq2Seq:
-    """An encoder-decoder translation model with attention, trained with Keras-like compile/fit.
+class _Seq2SeqCache(NamedTuple):
+    encoder: object
+    decoder: object
+
+
+def _without_trailing_padding(ids):
+    """ids without the columns at the end that are padding in every row (at least one column)."""
+    real_columns = np.flatnonzero((ids != 0).any(axis=0))
+    return ids[:, :real_columns[-1] + 1 if real_columns.size else 1]
+
+
+class Seq2Seq(Model):
+    """An encoder-decoder translation model with attention: a `Model` written as a class, trained
+    with Keras' compile / fit / evaluate (callbacks, validation data, history, ``check_numerics``),
+    saved with ``save`` and read back with ``attnx.load_model``.
 
     Args:
         source_vocab_size, target_vocab_size: vocabulary sizes (id 0 is padding).
@@ -458,14 +496,24 @@ class Seq2Seq:
         max_length: longest target (tokens after the start token, end token included) that
             training accepts and decoding produces.
         source_tokenizer, target_tokenizer: `attnx.text.Tokenizer`s for `translate` / `fit_texts`.
+
+    Data: ``fit(source, target)``, ``evaluate(source, target)`` take source ids (B, S) and target ids
+    (B, T) that begin with the start token, 0 = padding; `train_data` turns them into teacher
+    forcing. ``predict(source)`` returns greedy translations (see `predict_step`).
+
+    Call: ``model([source, decoder_input])`` gives the teacher-forced logits (B, T, V), step t
+    predicting the word after ``decoder_input[:, t]``.
+
+    Layers: ``encoder`` (an `Encoder`) and ``decoder`` (a `BahdanauDecoder` or `LuongDecoder`); the
+    weights are built with the model (their shapes depend on the sizes above, not on the data).
     """
 
     def __init__(self, source_vocab_size, target_vocab_size, embedding_dim=256, units=512, attention="bahdanau",
                  score=None, cell="gru", bidirectional=False, attention_units=None, local_window=None, local_mode="m",
                  start_token="<start>", end_token="<end>", max_length=50, source_tokenizer=None,
-                 target_tokenizer=None, dtype="float32"):
-        _check_choice("Seq2Seq", "attention", attention, ("bahdanau", "luong"))
-        self.attention = attention
+                 target_tokenizer=None, dtype="float32", name=None):
+        super().__init__(name=name or unique_name("seq2seq"), dtype=dtype)
+        self.attention = _check_choice("Seq2Seq", "attention", attention, ("bahdanau", "luong"))
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
         self.start_id = self._token_id(start_token, "start_token")
         self.end_id = self._token_id(end_token, "end_token")
@@ -473,20 +521,19 @@ class Seq2Seq:
         units = _positive_int("Seq2Seq", "units", units)
         if bidirectional and units % 2:
             raise ValueError(f"Seq2Seq: a bidirectional encoder needs even units, got {units}")
+        # fixed layer names: the weights are "encoder/..." and "decoder/..." in every Seq2Seq
         self.encoder = Encoder(source_vocab_size, embedding_dim, units // 2 if bidirectional else units, cell=cell,
-                               bidirectional=bidirectional, dtype=dtype)
+                               bidirectional=bidirectional, dtype=dtype, name="encoder")
         if attention == "bahdanau":
             if score not in (None, "additive"):
                 raise ValueError(f"Seq2Seq: the Bahdanau decoder scores additively, got score={score!r}")
             self.decoder = BahdanauDecoder(target_vocab_size, embedding_dim, units, cell=cell,
-                                           attention_units=attention_units, dtype=dtype)
+                                           attention_units=attention_units, dtype=dtype, name="decoder")
         else:
             self.decoder = LuongDecoder(target_vocab_size, embedding_dim, units, score=score or "general", cell=cell,
                                         attention_units=attention_units, local_window=local_window,
-                                        local_mode=local_mode, dtype=dtype)
-        self.optimizer = None
-        self.loss = losses.SparseCategoricalCrossentropy(from_logits=True, ignore_index=0)
-        self.history = {}
+                                        local_mode=local_mode, dtype=dtype, name="decoder")
+        self.build()
 
     @classmethod
     def from_texts(cls, sources, targets, num_words=None, oov_token=None, **kwargs):
@@ -507,42 +554,21 @@ class Seq2Seq:
             raise ValueError(f"Seq2Seq: `{arg}` {token!r} is not an id and not a word of the target tokenizer")
         return self.target_tokenizer.word_index[token]
 
-    # ------------------------------------------------------------------------ weights
-    def build(self, source_steps=2):
+    def build(self, input_shape=None):
+        """Creates the weights (`input_shape` is not needed: no weight depends on the sequence lengths)."""
         if not self.encoder.built:
-            self.encoder.build((None, source_steps))
+            self.encoder.build((None, None))
             self.encoder.built = True
         if not self.decoder.built:
-            self.decoder.build([(None, 1), (None, source_steps, self.encoder.output_dim)]
+            self.decoder.build([(None, None), (None, None, self.encoder.output_dim)]
                                + [(None, self.decoder.units)] * self.decoder.n_states)
             self.decoder.built = True
-
-    @property
-    def params(self):
-        """Every parameter, named "encoder/..." and "decoder/..."."""
-        self.build()
-        return OrderedDict([(f"encoder/{k}", v) for k, v in self.encoder.params.items()]
-                           + [(f"decoder/{k}", v) for k, v in self.decoder.params.items()])
-
-    def count_params(self):
-        return int(sum(p.size for p in self.params.values()))
-
-    @property
-    def built(self):
-        return self.encoder.built and self.decoder.built
-
-    @property
-    def compiled(self):
-        return self.optimizer is not None
-
-    @property
-    def _compile_config(self):
-        return {"loss": losses.serialize(self.loss)}
+        self.built = True
 
     def get_config(self):
-        """Everything `from_config` needs to rebuild the model, tokenizers included (as their JSON)."""
+        """The constructor's arguments, tokenizers included (as their JSON)."""
         dec = self.decoder
-        return {"source_vocab_size": self.encoder.vocab_size, "target_vocab_size": dec.vocab_size,
+        return {"name": self.name, "source_vocab_size": self.encoder.vocab_size, "target_vocab_size": dec.vocab_size,
                 "embedding_dim": self.encoder.embedding_dim, "units": dec.units, "attention": self.attention,
                 "score": None if self.attention == "bahdanau" else dec.score, "cell": dec.cell,
                 "bidirectional": self.encoder.bidirectional, "attention_units": dec.attention_units,
@@ -559,33 +585,46 @@ class Seq2Seq:
                 config[key] = text.tokenizer_from_json(config[key])
         return cls(**config)
 
-    def save(self, path):
-        """Saves config, tokenizers, weights, optimizer and its state to `path` (the `.attnx` zip
-        format of `attnx.saving`, written atomically); `attnx.seq2seq.load` reads it back."""
-        from . import saving
-        self.build()
-        saving.save_model(self, path)
-
-    def get_weights(self):
-        return [p.copy() for p in self.params.values()]
-
-    def set_weights(self, weights):
-        params = list(self.params.values())
-        if len(weights) != len(params):
-            raise ValueError(f"Seq2Seq: set_weights expected {len(params)} arrays, got {len(weights)}")
-        for p, w in zip(params, weights):
-            if np.shape(w) != p.shape:
-                raise ValueError(f"Seq2Seq: set_weights expected shape {p.shape}, got {np.shape(w)}")
-            np.copyto(p, w, casting="same_kind")
-
     # ------------------------------------------------------------------------ training
-    def compile(self, optimizer="adam", loss=None):
-        """optimizer: an `attnx.optimizers` instance or name; loss: default masked sparse
-        cross-entropy from logits that ignores the padding id 0."""
-        self.optimizer = optimizers.get(optimizer)
-        if loss is not None:
-            self.loss = losses.get(loss)
-        return self
+    def compile(self, optimizer="adam", loss=None, metrics=None, loss_weights=None):
+        """As `Model.compile`, with Seq2Seq's defaults: Adam, and the cross-entropy of each next
+        target word from the logits, padding (id 0) ignored, averaged over the real words."""
+        if loss is None:
+            loss = losses.SparseCategoricalCrossentropy(from_logits=True, ignore_index=0)
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, loss_weights=loss_weights)
+
+    def forward(self, inputs, training=False):
+        """``[source (B, S), decoder_input (B, T)]`` -> (logits (B, T, V), cache)."""
+        if not isinstance(inputs, (list, tuple)) or len(inputs) != 2:
+            raise ValueError(f"Model '{self.name}': inputs must be [source ids, decoder input ids]")
+        source, decoder_input = inputs
+        (encoder_outputs, source_mask, *states), encoder_cache = self.encoder.apply(source, training=training)
+        decoder_input = np.asarray(decoder_input)
+        logits, decoder_cache = self.decoder.apply([decoder_input, encoder_outputs] + states, training=training,
+                                                   mask=decoder_input != 0, source_mask=source_mask)
+        return logits, (_Seq2SeqCache(encoder_cache, decoder_cache) if training else None)
+
+    def backprop(self, cache, dy):
+        _, d_encoder_outputs, *d_states = self.decoder.backprop(cache.decoder, dy)
+        self.encoder.backprop(cache.encoder, [d_encoder_outputs, None] + d_states)
+        return [None, None]  # token ids have no gradient
+
+    def train_data(self, x, y):
+        """Teacher forcing: source ids `x` (B, S) and target ids `y` (B, T) starting with the start
+        token give the inputs ``[x, y[:, :-1]]`` and the targets ``y[:, 1:]`` (each step predicts the
+        next word from the true previous one). The trailing columns that are padding in every row
+        of the batch are cut first: the kernels would step through them for nothing."""
+        source, target = self._source(x), self._target(y)
+        if len(source) != len(target):
+            raise ValueError(f"Seq2Seq: {len(source)} sources but {len(target)} targets")
+        source, target = _without_trailing_padding(source), _without_trailing_padding(target)
+        return [source, target[:, :-1]], target[:, 1:]
+
+    def predict_step(self, x):
+        """Greedy translations of source ids `x` (B, S): target ids (B, max_length), each row ending
+        with the end token (unless cut at max_length) and padded with 0 after it."""
+        tokens, _ = self.greedy_decode(x)
+        return np.pad(tokens, ((0, 0), (0, self.max_length - tokens.shape[1])))
 
     def _source(self, source, arg="source"):
         ids = np.asarray(source)
@@ -613,72 +652,10 @@ class Seq2Seq:
             raise ValueError(f"Seq2Seq: targets must begin with the start token id {self.start_id}")
         return ids
 
-    def _encode(self, source, training):
-        enc, smask, *states = self.encoder(source, training=training)
-        return enc, smask, states
-
-    def train_on_batch(self, source, target):
-        """One optimizer step on a batch of source ids (B, S) and target ids (B, T) that begin with
-        the start token; returns the loss."""
-        if self.optimizer is None:
-            raise RuntimeError("Seq2Seq: call compile() before training")
-        source, target = self._source(source), self._target(target)
-        self.build(source.shape[1])
-        dec_in, dec_out = target[:, :-1], target[:, 1:]
-        enc, smask, states = self._encode(source, True)
-        logits = self.decoder([dec_in, enc] + states, training=True, mask=dec_in != 0, source_mask=smask)
-        loss, dlogits = self.loss.compute(dec_out, logits)
-        self.encoder.zero_grad()
-        self.decoder.zero_grad()
-        _, denc, *dstates = self.decoder.backward(dlogits)
-        self.encoder.backward([denc, None] + dstates)
-        self.optimizer.apply([(p, g) for layer in (self.encoder, self.decoder) for _, p, g in layer.trainable_params])
-        return float(loss)
-
-    def evaluate(self, source, target, batch_size=64):
-        """Mean masked cross-entropy of teacher-forced predictions."""
-        source, target = self._source(source), self._target(target)
-        total, count = 0.0, 0
-        for lo in range(0, len(source), batch_size):
-            s, t = source[lo:lo + batch_size], target[lo:lo + batch_size]
-            enc, smask, states = self._encode(s, False)
-            logits = self.decoder([t[:, :-1], enc] + states, mask=t[:, :-1] != 0, source_mask=smask)
-            n = int((t[:, 1:] != 0).sum())
-            total += float(self.loss(t[:, 1:], logits)) * n
-            count += n
-        return total / max(count, 1)
-
-    def fit(self, source, target, batch_size=64, epochs=1, validation_data=None, shuffle=True, verbose=1,
-            time_limit=None, seed=0):
-        """Trains on id arrays; `time_limit` (seconds) stops after the batch that crosses it.
-        Returns the history dict {"loss": [...], "val_loss": [...]} (per epoch)."""
-        source, target = self._source(source), self._target(target)
-        if len(source) != len(target):
-            raise ValueError(f"Seq2Seq: {len(source)} sources but {len(target)} targets")
-        rng = np.random.default_rng(seed)
-        start = time.perf_counter()
-        for epoch in range(epochs):
-            order = rng.permutation(len(source)) if shuffle else np.arange(len(source))
-            losses_seen = []
-            for lo in range(0, len(order), batch_size):
-                rows = order[lo:lo + batch_size]
-                s, t = source[rows], target[rows]
-                # trim padding columns shared by the whole batch
-                s = s[:, :max(1, int((s != 0).sum(axis=1).max()))]
-                t = t[:, :int((t != 0).sum(axis=1).max())]
-                losses_seen.append(self.train_on_batch(s, t))
-                if time_limit is not None and time.perf_counter() - start > time_limit:
-                    break
-            self.history.setdefault("loss", []).append(float(np.mean(losses_seen)))
-            line = f"epoch {epoch + 1}/{epochs} loss {self.history['loss'][-1]:.4f}"
-            if validation_data is not None:
-                self.history.setdefault("val_loss", []).append(self.evaluate(*validation_data, batch_size))
-                line += f" val_loss {self.history['val_loss'][-1]:.4f}"
-            if verbose:
-                print(line + f" ({time.perf_counter() - start:.0f} s)", flush=True)
-            if time_limit is not None and time.perf_counter() - start > time_limit:
-                break
-        return self.history
+    def _encode(self, source):
+        """(encoder outputs, source mask, initial decoder states) of source ids, in inference mode."""
+        (encoder_outputs, source_mask, *states), _ = self.encoder.apply(source)
+        return encoder_outputs, source_mask, states
 
     # ------------------------------------------------------------------------ texts
     def _require_tokenizers(self, what):
@@ -728,9 +705,8 @@ class Seq2Seq:
 
         Returns (tokens (B, L) ints with the end token and 0 after it, attention (B, L, S))."""
         source = self._source(source)
-        self.build(source.shape[1])
         L = self._decode_length(max_length)
-        enc, smask, states = self._encode(source, False)
+        enc, smask, states = self._encode(source)
         return self.decoder.greedy(enc, states, self.start_id, self.end_id, L, smask)
 
     def beam_search(self, source, width=4, length_penalty=0.0, max_length=None, end_token=None):
@@ -750,11 +726,10 @@ class Seq2Seq:
         if length_penalty < 0:
             raise ValueError(f"Seq2Seq.beam_search: `length_penalty` must be >= 0, got {length_penalty}")
         source = self._source(source)
-        self.build(source.shape[1])
         L = self._decode_length(max_length)
         end = self.end_id if end_token is None else int(end_token)
         B, S, W = len(source), source.shape[1], int(width)
-        enc, smask, states = self._encode(source, False)
+        enc, smask, states = self._encode(source)
         rows = np.repeat(np.arange(B), W)
         enc, smask = np.ascontiguousarray(enc[rows]), smask[rows]
         state = DecoderState(*states).select(rows)
@@ -843,12 +818,3 @@ class Seq2Seq:
         refs = [[[w for w in r.split() if w not in ("<start>", "<end>")]] for r in references]
         return metrics.corpus_bleu(refs, hyps)
 
-
-def load(path):
-    """A `Seq2Seq` saved with `Seq2Seq.save` (weights, tokenizers, optimizer state); raises
-    ValueError for a corrupted or truncated file or one that holds another kind of model."""
-    from . import saving
-    model = saving.load_model(path)
-    if not isinstance(model, Seq2Seq):
-        raise ValueError(f"{path}: holds a {type(model).__name__}, not a Seq2Seq model")
-    return model
