@@ -419,7 +419,7 @@ class Attention(Layer):
         S = cache["value"].shape[1]
         if cache["n_outputs"] > 1:
             if not isinstance(dy, (list, tuple)) or len(dy) != cache["n_outputs"]:
-                raise ValueError(f"Layer '{self.name}': backward expected a list of {cache['n_outputs']} gradients "
+                raise ValueError(f"Layer '{self.name}': backprop expected a list of {cache['n_outputs']} gradients "
                                  f"(one per output of the call; None for the weights), got {type(dy).__name__}")
             doutput, dweights = dy[0], (dy[1] if cache["return_weights"] else None)
         else:
@@ -762,8 +762,8 @@ class HardAttention(Attention):
 
     def _attend_backward(self, dcontext, dweights, value, ac):
         if "reward" not in ac:
-            raise RuntimeError(f"Layer '{self.name}': call set_reward(rewards) before backward() (REINFORCE needs "
-                               f"the reward of the sampled positions)")
+            raise RuntimeError(f"Layer '{self.name}': call set_reward(rewards, cache) before this call's backprop "
+                               f"(REINFORCE needs the reward of the sampled positions)")
         weights, positions, has_source, reward = ac["weights"], ac["positions"], ac["has_source"], ac["reward"]
         B, Tq, _ = weights.shape
         rows = np.repeat(np.arange(B), Tq)
