@@ -8,8 +8,8 @@
 #
 # `attnx.seq2seq.Seq2Seq` wraps an `Encoder` (embedding + GRU over the source) and a decoder
 # (`BahdanauDecoder` or `LuongDecoder`) whose every teacher-forced training step runs in one C++
-# call, forward and backward. Its API follows Keras: `compile`, `fit`, plus `translate`,
-# `beam_search` and `evaluate_bleu`.
+# call, forward and backward. It is an attnx `Model`: `compile`, `fit` (with validation data and
+# callbacks), `save` / `attnx.load_model`, plus `translate`, `beam_search` and `evaluate_bleu`.
 
 # %%
 import os
@@ -18,7 +18,6 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import font_manager
-from tqdm.auto import tqdm
 
 import attnx
 from attnx.seq2seq import Seq2Seq
@@ -105,13 +104,11 @@ val_data = (bahdanau.encode_sources(val.source[:n_val]), bahdanau.encode_targets
 
 def train_model(model, name):
     start = time.perf_counter()
-    bar = tqdm(range(EPOCHS), desc=name)
-    for epoch in bar:
-        model.fit(src_train, tgt_train, batch_size=64, epochs=1, validation_data=val_data, seed=epoch, verbose=0)
-        bar.set_postfix(loss=f"{model.history['loss'][-1]:.3f}", val_loss=f"{model.history['val_loss'][-1]:.3f}")
+    history = model.fit(src_train, tgt_train, batch_size=64, epochs=EPOCHS, validation_data=val_data,
+                        verbose=2).history
     seconds = time.perf_counter() - start
-    print(f"{name}: {EPOCHS} epochs in {seconds:.0f} s; final loss {model.history['loss'][-1]:.3f}, "
-          f"validation loss {model.history['val_loss'][-1]:.3f}")
+    print(f"{name}: {EPOCHS} epochs in {seconds:.0f} s; final loss {history['loss'][-1]:.3f}, "
+          f"validation loss {history['val_loss'][-1]:.3f}")
     return seconds
 
 
@@ -121,9 +118,10 @@ seconds = {"Bahdanau": train_model(bahdanau, "Bahdanau")}
 def plot_losses(models):
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, model in models.items():
-        epochs = np.arange(1, len(model.history["loss"]) + 1)
-        line, = ax.plot(epochs, model.history["loss"], label=f"{name} train")
-        ax.plot(epochs, model.history["val_loss"], "--", color=line.get_color(), label=f"{name} validation")
+        history = model.history.history
+        epochs = np.arange(1, len(history["loss"]) + 1)
+        line, = ax.plot(epochs, history["loss"], label=f"{name} train")
+        ax.plot(epochs, history["val_loss"], "--", color=line.get_color(), label=f"{name} validation")
     ax.set_xlabel("epoch")
     ax.set_ylabel("cross-entropy per target word")
     ax.legend()
@@ -219,8 +217,9 @@ rows = ["| attention | parameters | final train loss | final val. loss | test BL
         "|---|---|---|---|---|---|"]
 for name, model in [("Bahdanau", bahdanau), ("Luong (general)", luong)]:
     key = name.split()[0]
-    rows.append(f"| {name} | {model.count_params():,} | {model.history['loss'][-1]:.3f} | "
-                f"{model.history['val_loss'][-1]:.3f} | {bleu[key]:.2f} | {seconds[key]:.0f} s |")
+    history = model.history.history
+    rows.append(f"| {name} | {model.count_params():,} | {history['loss'][-1]:.3f} | "
+                f"{history['val_loss'][-1]:.3f} | {bleu[key]:.2f} | {seconds[key]:.0f} s |")
 display(Markdown("\n".join(rows)))
 
 # %% [markdown]
