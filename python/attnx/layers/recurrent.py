@@ -398,8 +398,9 @@ class _RNN(_Recurrent):
             out = np.ascontiguousarray(top_seqs[0][:, ::-1])  # Keras: outputs in processing order
         else:
             out = top_seqs[0]
-        cache = _SequenceCache(level_caches, B, T, states is not None) if training else None
-        return ([out] + self._final_states(hs, cs) if self.return_state else out), cache
+        if self.return_state:
+            out = [out] + self._final_states(hs, cs)
+        return out, (_SequenceCache(level_caches, B, T, states is not None) if training else None)
 
     def backprop(self, cache, dy):
         B, T = cache.batch, cache.steps
