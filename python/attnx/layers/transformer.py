@@ -63,8 +63,8 @@ class _Composite(Layer):
 
     ``input_gradient_needed`` reaches the sublayers listed by `_input_sublayers`: those whose
     input gradient goes nowhere but into this layer's own input gradient, so that they skip it
-    when a model does not read it. (The model sets the flag on every backward pass, after the
-    first forward pass has built the sublayers.)
+    when a model does not read it. (A model sets the flag around each backprop, once a forward
+    pass has built the sublayers.)
     """
 
     _input_gradient_needed = True
@@ -166,13 +166,6 @@ class LayerNormalization(Layer):
 
 
 # ---------------------------------------------------------------------------- positions
-def _positions_input_grad(layer, dy, shape):
-    """The input gradient of ``x + positions``: dy itself, as a new array (callers may add into it),
-    or None when nobody reads it."""
-    dy = layer._grad_input(dy, shape)
-    return dy.copy() if layer.input_gradient_needed else None
-
-
 class PositionalEncoding(Layer):
     """Adds the fixed sinusoidal position encoding of Vaswani et al. (2017) to a sequence:
     ``output[b, t, 2i] = inputs[b, t, 2i] + sin(t / max_wavelength^(2i / D))`` and cos on the odd
@@ -208,7 +201,8 @@ class PositionalEncoding(Layer):
         return y, (x.shape if training else None)
 
     def backprop(self, cache, dy):
-        return _positions_input_grad(self, dy, cache)
+        dy = self._grad_input(dy, cache)
+        return dy.copy() if self.input_gradient_needed else None  # a new array: callers may add into it
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -252,9 +246,9 @@ class PositionEmbedding(Layer):
         return _core.add_positions_forward(x=x, table=table), (x.shape if training else None)
 
     def backprop(self, cache, dy):
-        shape = cache
-        _core.add_positions_backward(dtable=self.grads["embeddings"], dy=self._grad_input(dy, shape))
-        return _positions_input_grad(self, dy, shape)
+        dy = self._grad_input(dy, cache)
+        _core.add_positions_backward(dtable=self.grads["embeddings"], dy=dy)
+        return dy.copy() if self.input_gradient_needed else None  # a new array: callers may add into it
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
