@@ -306,7 +306,7 @@ def _hard_reward(layer, x):
     layer.set_reward(np.ones(np.shape(x[0])[0]))
 
 
-RNN_MASK = dict(mask=True, mask_kinds=("bool", "int01"), ranks=[(3,)])
+RNN_MASK = dict(mask=True, ranks=[(3,)])
 LAYER_CASES.update({
     "SimpleRNN": LayerCase(_rnn(layers.SimpleRNN), _seq_sample, **RNN_MASK),
     "GRU": LayerCase(_rnn(layers.GRU), _seq_sample, **RNN_MASK),
