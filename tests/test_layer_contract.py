@@ -93,9 +93,9 @@ CASES = {
     "TransformerDecoder": (lambda: layers.TransformerDecoder(2, 2, 6, dtype=F64),
                            lambda r, B, T: [(_seq(r, B, 3), "x"), (_seq(r, B, T), "x")]),
 }
-# HardAttention samples its positions and keeps a running reward baseline (state across calls by
-# design, as a BatchNormalization's moving mean): shared and twin calls see different baselines.
-# It is checked in inference mode only.
+# HardAttention trains by REINFORCE: each training call needs its reward (`set_reward(rewards, cache)`)
+# before backprop, which a generic model does not give it; its shared-call gradients are checked
+# with rewards in test_attention.py. Here: inference only.
 TRAINING_EXEMPT = {"HardAttention"}
 
 
