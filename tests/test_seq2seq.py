@@ -3,6 +3,7 @@ same equations, float64 gradient checks, layers applied twice against fresh twin
 reversal task through Model.fit (callbacks, validation, check_numerics, save / load), greedy and
 beam decoding, BLEU, the mask rule and bad input."""
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -424,6 +425,30 @@ def test_loaded_model_continues_training_like_the_original(tmp_path):
     assert loaded.history.history == model.history.history
     for name, p in model.params.items():
         np.testing.assert_array_equal(loaded.params[name], p)
+
+
+def test_predicting_in_another_thread_does_not_disturb_training():
+    src, tgt = reversal_data(128, seed=9)
+
+    def trained_weights(predict_meanwhile):
+        model = small_model()
+        done = threading.Event()
+
+        def predict_until_done():
+            while not done.is_set():
+                model.predict(src[:8])
+        predictor = threading.Thread(target=predict_until_done)
+        if predict_meanwhile:
+            predictor.start()
+        try:
+            model.fit(src, tgt, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        finally:
+            done.set()
+            if predict_meanwhile:
+                predictor.join()
+        return model.get_weights()
+    for alone, shared in zip(trained_weights(False), trained_weights(True)):
+        np.testing.assert_array_equal(shared, alone)
 
 
 def test_predict_gives_greedy_translations_padded_to_max_length(reversal_model):

@@ -470,9 +470,8 @@ class _Seq2SeqCache(NamedTuple):
 
 
 def _without_trailing_padding(ids):
-    """ids without the columns at the end that are padding in every row (at least one column)."""
-    real_columns = np.flatnonzero((ids != 0).any(axis=0))
-    return ids[:, :real_columns[-1] + 1 if real_columns.size else 1]
+    """ids without the columns at the end that are padding in every row (ids has a real token)."""
+    return ids[:, :np.flatnonzero((ids != 0).any(axis=0))[-1] + 1]
 
 
 class Seq2Seq(Model):
@@ -686,7 +685,9 @@ class Seq2Seq(Model):
         return text.pad_sequences(seqs, padding="post").astype(np.int64)
 
     def fit_texts(self, sources, targets, validation_data=None, **kwargs):
-        """`fit` on preprocessed sentence lists (see `attnx.datasets.load_anki_pairs`)."""
+        """`fit` on preprocessed sentence lists (see `attnx.datasets.load_anki_pairs`);
+        `validation_data` is a pair of sentence lists too, the other arguments are `Model.fit`'s.
+        Returns the `History`."""
         val = None if validation_data is None else (self.encode_sources(validation_data[0]),
                                                     self.encode_targets(validation_data[1]))
         return self.fit(self.encode_sources(sources), self.encode_targets(targets), validation_data=val, **kwargs)
