@@ -646,7 +646,7 @@ class Model(Layer):
     def summary(self, print_fn=print):
         """Prints each layer with its output shape and parameter count."""
         rows = [("Layer (type)", "Output Shape", "Param #")]
-        for t in self.inputs:
+        for t in (self.inputs if self._functional else []):
             rows.append((f"{t.name} (Input)", str(t.shape), "0"))
         listed = set()
         for node in self._nodes:  # each layer once, as Keras does: a shared layer's weights count once
@@ -656,6 +656,8 @@ class Model(Layer):
             shapes = [o.shape for o in node.outputs]
             rows.append((f"{node.layer.name} ({type(node.layer).__name__})",
                          str(shapes[0]) if len(shapes) == 1 else str(shapes), str(node.layer.count_params())))
+        if not self._functional:  # a model written as a class: its layers, shapes unknown until called
+            rows += [(f"{l.name} ({type(l).__name__})", "?", str(l.count_params())) for l in self.layers]
         widths = [max(len(r[i]) for r in rows) + 2 for i in range(3)]
         line = "=" * sum(widths)
         print_fn(f'Model: "{self.name}"')
