@@ -20,7 +20,7 @@ def get(name):
 def _apply(name):
     def fn(x):
         x = np.require(x, np.result_type(np.asarray(x).dtype, np.float32), "CA")
-        return _core.activation_forward(x, name)
+        return _core.activation_forward(x=x, activation=name)
     fn.__name__ = name
     fn.__doc__ = f"{name}(x), elementwise (softmax over the last axis)."
     return fn

@@ -80,7 +80,7 @@ class BinaryCrossentropy(Loss):
         pred = self._pred(y_pred)
         target = self._elementwise_target(y_true, pred)
         w, denom = self._weights(sample_weight, mask, pred.shape, pred.dtype)
-        return _core.binary_crossentropy(pred, target, w, self.from_logits, denom)
+        return _core.binary_crossentropy(pred=pred, target=target, weights=w, from_logits=self.from_logits, denom=denom)
 
     def get_config(self):
         return {**super().get_config(), "from_logits": self.from_logits}
@@ -94,7 +94,7 @@ class MeanSquaredError(Loss):
         pred = self._pred(y_pred)
         target = self._elementwise_target(y_true, pred)
         w, denom = self._weights(sample_weight, mask, pred.shape, pred.dtype)
-        return _core.mean_squared_error(pred, target, w, denom)
+        return _core.mean_squared_error(pred=pred, target=target, weights=w, denom=denom)
 
 
 class SparseCategoricalCrossentropy(Loss):
@@ -138,8 +138,9 @@ class SparseCategoricalCrossentropy(Loss):
                 raise ValueError(f"{self.name}: sample_weight shape {sw.shape} must match the leading axes of {rows}")
             w = w * sw.reshape(sw.shape + (1,) * (len(rows) - sw.ndim))
         denom = float(keep.sum()) if (mask is not None or self.ignore_index is not None) else float(labels.size)
-        return _core.sparse_categorical_crossentropy(pred, labels, np.ascontiguousarray(w), self.from_logits,
-                                                     ignore, max(denom, 1.0))
+        return _core.sparse_categorical_crossentropy(pred=pred, labels=labels, weights=np.ascontiguousarray(w),
+                                                     from_logits=self.from_logits, ignore_index=ignore,
+                                                     denom=max(denom, 1.0))
 
     def get_config(self):
         return {**super().get_config(), "from_logits": self.from_logits, "ignore_index": self.ignore_index}
@@ -156,7 +157,8 @@ class CategoricalCrossentropy(Loss):
         pred = self._pred(y_pred)
         target = self._elementwise_target(y_true, pred)
         w, denom = self._weights(sample_weight, mask, pred.shape[:-1], pred.dtype)
-        return _core.categorical_crossentropy(pred, target, w, self.from_logits, denom)
+        return _core.categorical_crossentropy(pred=pred, target=target, weights=w, from_logits=self.from_logits,
+                                              denom=denom)
 
     def get_config(self):
         return {**super().get_config(), "from_logits": self.from_logits}

@@ -111,7 +111,7 @@ class Optimizer:
         else:
             grads = [np.require(g, requirements="CAW") for g in grads]  # any layout, read-only too
         if self.clipvalue is not None:
-            _core.clip_(grads, -float(self.clipvalue), float(self.clipvalue))
+            _core.clip_(grads, lo=-float(self.clipvalue), hi=float(self.clipvalue))
         if self.clipnorm is not None:
             for g in grads:
                 norm = _core.global_norm([g])
@@ -169,7 +169,8 @@ class SGD(Optimizer):
         self.momentum, self.nesterov, self.weight_decay = float(momentum), bool(nesterov), float(weight_decay)
 
     def _update(self, params, grads, states, lr):
-        _core.sgd_update(params, grads, [s[0] for s in states], lr, self.momentum, self.nesterov, self.weight_decay)
+        _core.sgd_update(params=params, grads=grads, bufs=[s[0] for s in states], lr=lr, momentum=self.momentum,
+                         nesterov=self.nesterov, weight_decay=self.weight_decay)
 
     def get_config(self):
         return {**super().get_config(), "momentum": self.momentum, "nesterov": self.nesterov,
@@ -188,8 +189,9 @@ class Adam(Optimizer):
         self.weight_decay = float(weight_decay)
 
     def _update(self, params, grads, states, lr):
-        _core.adam_update(params, grads, [s[0] for s in states], [s[1] for s in states], lr, self.beta_1,
-                          self.beta_2, self.epsilon, self.iterations, self.weight_decay, self.decoupled)
+        _core.adam_update(params=params, grads=grads, ms=[s[0] for s in states], vs=[s[1] for s in states], lr=lr,
+                          beta1=self.beta_1, beta2=self.beta_2, eps=self.epsilon, step=self.iterations,
+                          weight_decay=self.weight_decay, decoupled=self.decoupled)
 
     def get_config(self):
         return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
@@ -216,10 +218,11 @@ class RMSprop(Optimizer):
         self.num_slots = 3
 
     def _update(self, params, grads, states, lr):
-        _core.rmsprop_update(params, grads, [s[0] for s in states],
-                             [s[1] for s in states] if self.centered else None,
-                             [s[2] for s in states] if self.momentum else None,
-                             lr, self.rho, self.epsilon, self.momentum, self.weight_decay)
+        _core.rmsprop_update(params=params, grads=grads, vs=[s[0] for s in states],
+                             mean_grads=[s[1] for s in states] if self.centered else None,
+                             bufs=[s[2] for s in states] if self.momentum else None,
+                             lr=lr, rho=self.rho, eps=self.epsilon, momentum=self.momentum,
+                             weight_decay=self.weight_decay)
 
     def get_config(self):
         return {**super().get_config(), "rho": self.rho, "momentum": self.momentum, "epsilon": self.epsilon,

@@ -51,14 +51,15 @@ class Dense(Layer):
         x = self._float_input(inputs, min_ndim=2, last_dim=kernel.shape[0])
         lead = x.shape[:-1]
         x2 = x.reshape(math.prod(lead), kernel.shape[0])  # -1 fails for 0 features
-        y, z = _core.dense_forward(x2, kernel, self.params.get("bias"), self.activation)
+        y, z = _core.dense_forward(x=x2, kernel=kernel, bias=self.params.get("bias"), activation=self.activation)
         return y.reshape(lead + (self.units,)), ((x2, y, z, lead) if training else None)
 
     def backprop(self, cache, dy):
         x2, y, z, lead = cache
         dy = self._grad_input(dy, lead + (self.units,)).reshape(-1, self.units)
-        dx = _core.dense_backward(dy, x2, self.params["kernel"], y, z, self.activation, self.grads["kernel"],
-                                  self.grads.get("bias"), self.input_gradient_needed)
+        dx = _core.dense_backward(dy=dy, x=x2, kernel=self.params["kernel"], y=y, z=z, activation=self.activation,
+                                  dkernel=self.grads["kernel"], dbias=self.grads.get("bias"),
+                                  need_dx=self.input_gradient_needed)
         return None if dx is None else dx.reshape(lead + (x2.shape[1],))
 
     def compute_output_shape(self, input_shape):
@@ -119,12 +120,12 @@ class Embedding(Layer):
 
     def forward(self, inputs, training=False):
         ids = self.token_ids(inputs)
-        return _core.embedding_forward(ids, self.params["embeddings"]), (ids if training else None)
+        return _core.embedding_forward(ids=ids, table=self.params["embeddings"]), (ids if training else None)
 
     def backprop(self, cache, dy):
         ids = cache
         dy = self._grad_input(dy, ids.shape + (self.output_dim,))
-        _core.embedding_backward(self.grads["embeddings"], dy, ids)
+        _core.embedding_backward(dtable=self.grads["embeddings"], dout=dy, ids=ids)
         return None  # integer ids have no gradient
 
     def compute_mask(self, inputs, mask=None):
@@ -153,12 +154,12 @@ class Activation(Layer):
 
     def forward(self, inputs, training=False):
         x = self._float_input(inputs, min_ndim=1)
-        y = _core.activation_forward(x, self.activation)
+        y = _core.activation_forward(x=x, activation=self.activation)
         return y, ((x, y) if training else None)
 
     def backprop(self, cache, dy):
         x, y = cache
-        return _core.activation_backward(self._grad_input(dy, y.shape), x, y, self.activation)
+        return _core.activation_backward(dy=self._grad_input(dy, y.shape), x=x, y=y, activation=self.activation)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
