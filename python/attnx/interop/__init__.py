@@ -17,6 +17,7 @@ itself here, one way:
 """
 from .registry import _FROM_TORCH, _TO_TORCH, register_from_torch, register_to_torch, set_torch_params  # noqa: F401
 
+
 def _import_converters():
     # the converter modules register themselves when imported (torch is imported only inside them)
     from . import core, recurrent, transformer  # noqa: F401

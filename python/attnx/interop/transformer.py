@@ -206,7 +206,6 @@ def _decoder_layer_from(module, dtype):
     return _block_from(module, TransformerDecoderLayer, dtype)
 
 
-
 # ----------------------------------------------------------------------------- stacks
 # nn.TransformerEncoder / nn.TransformerDecoder without a final norm
 def _stack_from(module, stack_class, dtype):
