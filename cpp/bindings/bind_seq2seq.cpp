@@ -34,16 +34,6 @@ static DecoderConfig decoder_config(const std::string& kind, const std::string& 
     return cfg;
 }
 
-static const uint8_t* bool_mask(const py::object& mask, py::ssize_t B, py::ssize_t L, const char* what) {
-    if (mask.is_none()) return nullptr;
-    py::array m = mask.cast<py::array>();
-    if (!m.dtype().is(py::dtype::of<bool>()))
-        throw py::type_error(std::string(what) + ": expected dtype bool, got " + dtype_str(m));
-    if (!(m.flags() & py::array::c_style)) throw py::value_error(std::string(what) + ": expected a C-contiguous array");
-    check_shape(m, {B, L}, what);
-    return static_cast<const uint8_t*>(m.data());
-}
-
 // params[name] checked against `shape`; null when the variant does not use it.
 template <class T, class P>
 static P param(const py::dict& params, const char* name, const std::vector<py::ssize_t>& shape, bool used,
@@ -169,8 +159,10 @@ void init_seq2seq(py::module_& m) {
                     throw py::index_error("decoder_forward: ids: token id " + std::to_string(*lo < 0 ? *lo : *hi) +
                                           " out of range [0, " + std::to_string(vocab) + ")");
                 const T* penc = in_ptr<T>(enc, "decoder_forward: enc");
-                const uint8_t* psm = bool_mask(source_mask, B, S, "decoder_forward: source_mask");
-                const uint8_t* ptm = bool_mask(target_mask, B, Tn, "decoder_forward: target_mask");
+                const MaskRows source_rows = parse_position_mask(source_mask, B, S, "decoder_forward", "source_mask");
+                const uint8_t* psm = source_rows.data;
+                const MaskRows target_rows = parse_position_mask(target_mask, B, Tn, "decoder_forward", "target_mask");
+                const uint8_t* ptm = target_rows.data;
                 const bool lstm = cfg.cell == RNNCell::lstm, luong = cfg.kind == DecoderKind::luong;
                 if (lstm == c0.is_none())
                     throw py::value_error("decoder_forward: c0 is given exactly for an LSTM cell");
@@ -281,7 +273,8 @@ void init_seq2seq(py::module_& m) {
                     throw py::index_error("decoder_greedy: start id " + std::to_string(start_id) +
                                           " out of range [0, " + std::to_string(vocab) + ")");
                 const T* penc = in_ptr<T>(enc, "decoder_greedy: enc");
-                const uint8_t* psm = bool_mask(source_mask, B, S, "decoder_greedy: source_mask");
+                const MaskRows source_rows = parse_position_mask(source_mask, B, S, "decoder_greedy", "source_mask");
+                const uint8_t* psm = source_rows.data;
                 const bool lstm = cfg.cell == RNNCell::lstm, luong = cfg.kind == DecoderKind::luong;
                 if (lstm == c0.is_none()) throw py::value_error("decoder_greedy: c0 is given exactly for an LSTM cell");
                 py::array_t<T> h = state_copy<T>(h0, B, H, true, "decoder_greedy: h0");

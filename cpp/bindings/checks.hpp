@@ -5,6 +5,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -93,6 +95,80 @@ inline void check_shape(const py::array& a, const std::vector<py::ssize_t>& expe
         s << (expected.size() == 1 ? ",)" : ")") << ", got " << shape_str(a);
         throw py::value_error(s.str());
     }
+}
+
+// ----------------------------------------------------------------------------- masks
+// The one mask rule of every binding that takes a mask (ARCHITECTURE.md, "Masks"):
+//  - None (everything allowed) or an array of dtype bool or of any integer dtype whose values are
+//    all 0 or 1 (TypeError for any other dtype, ValueError for any other value);
+//    True / 1 = a real token / a position that may be attended to.
+//  - shape (B, L), one flag per position, or, where the binding takes it, (B, Tq, L), one row per
+//    query; a leading axis of 1 instead of B is one mask shared by the whole batch.
+//  - any layout: a non-contiguous or integer mask is read through a C-contiguous uint8 copy.
+//  - a fully masked row is allowed everywhere: the kernels give it zero weights, a zero context
+//    and no state update, never NaN.
+struct MaskRows {
+    const uint8_t* data = nullptr;      // null: no mask
+    size_t stride_b = 0, stride_t = 0;  // elements between batch rows (0: shared) and between query rows
+    py::object owner;                   // the converted copy `data` points into, if one was made
+};
+
+// `mask` under the rule above. query_len < 0: the binding takes only the per-position form (B, L).
+inline MaskRows parse_mask(const py::object& mask, py::ssize_t batch, py::ssize_t query_len, py::ssize_t len,
+                           const char* fn, const char* arg) {
+    MaskRows out;
+    if (mask.is_none()) return out;
+    const std::string what = std::string(fn) + ": " + arg;
+    py::array m = py::array::ensure(mask);
+    if (!m) {
+        PyErr_Clear();
+        throw py::type_error(what + ": expected a bool or 0/1 integer mask array, got " +
+                             py::str(py::type::of(mask)).cast<std::string>());
+    }
+    const char kind = m.dtype().kind();
+    if (kind != 'b' && kind != 'i' && kind != 'u')
+        throw py::type_error(what + ": expected a bool or 0/1 integer mask, got dtype " + dtype_str(m));
+    const bool shared = m.ndim() >= 2 && m.shape(0) == 1 && batch != 1;
+    const py::ssize_t rows = shared ? 1 : batch;
+    const bool per_query = m.ndim() == 3 && query_len >= 0;
+    if (per_query ? (m.shape(0) != rows || m.shape(1) != query_len || m.shape(2) != len)
+                  : (m.ndim() != 2 || m.shape(0) != rows || m.shape(1) != len)) {
+        std::string expected = "(" + std::to_string(batch) + ", " + std::to_string(len) + ")";
+        if (query_len >= 0)
+            expected += " or (" + std::to_string(batch) + ", " + std::to_string(query_len) + ", " +
+                        std::to_string(len) + ")";
+        throw py::value_error(what + ": expected shape " + expected + " (a leading 1 shares one mask across the " +
+                              "batch), got " + shape_str(m));
+    }
+    if (kind != 'b') {
+        const py::object outside = (m.attr("__lt__")(0)).attr("__or__")(m.attr("__gt__")(1));
+        if (outside.attr("any")().cast<bool>())
+            throw py::value_error(what + ": an integer mask holds only 0 and 1, got " +
+                                  py::str(m[outside].attr("flat")[py::int_(0)]).cast<std::string>());
+    }
+    if (kind != 'b' || !(m.flags() & py::array::c_style)) {
+        m = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>::ensure(m);
+        out.owner = m;
+    }
+    out.data = static_cast<const uint8_t*>(m.data());
+    out.stride_t = per_query ? (size_t)len : 0;
+    out.stride_b = shared ? 0 : (size_t)(per_query ? query_len * len : len);
+    return out;
+}
+
+// A per-position mask (B, L) for kernels that read one dense row per batch row: a shared mask is
+// copied out to every row.
+inline MaskRows parse_position_mask(const py::object& mask, py::ssize_t batch, py::ssize_t len, const char* fn,
+                                    const char* arg) {
+    MaskRows out = parse_mask(mask, batch, -1, len, fn, arg);
+    if (out.data && out.stride_b == 0 && batch > 1) {
+        py::array_t<uint8_t> rows({batch, len});
+        for (py::ssize_t b = 0; b < batch; ++b) std::copy(out.data, out.data + len, rows.mutable_data() + b * len);
+        out.data = rows.data();
+        out.stride_b = (size_t)len;
+        out.owner = std::move(rows);
+    }
+    return out;
 }
 
 // Freed result buffers of 64 KiB and more, kept by size for the next array of that size: training

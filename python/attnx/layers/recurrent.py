@@ -24,7 +24,6 @@ Masks: a padded step (mask False) carries the state through unchanged and output
 PyTorch's pack_padded_sequence does, for post- and pre-padding alike. ``lengths=`` (B,) is the
 same as the mask ``t < lengths[b]``.
 """
-import threading
 
 import numpy as np
 
@@ -132,20 +131,6 @@ class _Recurrent(Layer):
         keep = self._noise_rng().random(shape) >= rate
         return keep.astype(self.dtype) * self.dtype.type(1.0 / (1.0 - rate))
 
-    def _workspace(self, key, shapes):
-        """Kernel buffers kept across calls (one set per key), reallocated when a shape changes, so
-        that steady-state training does not page-fault fresh memory on every step. A training
-        forward's cache lives in them until the next training forward of the same level and
-        direction; inference uses its own set per Python thread, so concurrent predictions on one
-        model neither share scratch memory nor disturb a pending backward."""
-        spaces = self.__dict__.setdefault("_workspaces", {})
-        buffers = spaces.get(key)
-        if buffers is None or [None if b is None else b.shape for b in buffers] != shapes or \
-                any(b is not None and b.dtype != self.dtype for b in buffers):
-            buffers = tuple(None if s is None else np.empty(s, self.dtype) for s in shapes)
-            spaces[key] = buffers
-        return buffers
-
     def _level_forward(self, level, x, mask, h0, c0, reverse, training, input_keep=None, recurrent_keep=None,
                        need_y=True):
         """Runs level `level` over x (B, T, C); returns (y (B, T, H), or None unless `need_y`, h, c, ctx for
@@ -154,16 +139,10 @@ class _Recurrent(Layer):
         if input_keep is not None:
             x = np.ascontiguousarray(x * input_keep)
         b_in, b_rec = self._biases(self.params, level)
-        B, T, H, G = x.shape[0], x.shape[1], self.units, self._gates * self.units
-        seq = (B, T, H)
-        phase = "train" if training else ("infer", threading.get_ident())
-        workspace = self._workspace((phase, level, reverse), [
-            (B, T, G), seq if training else None, seq if recurrent_keep is not None else None,
-            seq if self._cell == "lstm" and training else None, seq if self._cell != "simple" else None, (B, G)])
         y, h, c, cache = _core.rnn_forward(
             self._cell, x, self.params["kernel" + sfx], self.params["recurrent_kernel" + sfx], b_in, b_rec, h0, c0,
             mask, recurrent_keep, reverse, self.reset_after, self.activation, self.recurrent_activation, True,
-            workspace, training, need_y)
+            training, need_y)
         ctx = (x, mask, input_keep, recurrent_keep, cache, reverse) if training else None
         return y, h, c, ctx
 
@@ -172,13 +151,10 @@ class _Recurrent(Layer):
         x, mask, input_keep, recurrent_keep, cache, reverse = ctx
         sfx = self._suffix(level)
         db_in, db_rec = self._biases(self.grads, level)
-        B, T, G = x.shape[0], x.shape[1], self._gates * self.units
-        workspace = self._workspace(("backward", level, reverse), [
-            (B, T, G), (B, T, G) if self._cell == "gru" and self.reset_after else None, (B, self.units)])
         dx, dh0, dc0 = _core.rnn_backward(
             self._cell, x, self.params["kernel" + sfx], self.params["recurrent_kernel" + sfx], cache, mask,
             recurrent_keep, dy, dh, dc, self.grads["kernel" + sfx], self.grads["recurrent_kernel" + sfx], db_in,
-            db_rec, reverse, self.reset_after, self.activation, self.recurrent_activation, True, True, workspace)
+            db_rec, reverse, self.reset_after, self.activation, self.recurrent_activation, True, True)
         if input_keep is not None:
             dx *= input_keep
         return dx, dh0, dc0
