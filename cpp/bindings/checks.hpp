@@ -110,7 +110,7 @@ inline void check_shape(const py::array& a, const std::vector<py::ssize_t>& expe
 struct MaskRows {
     const uint8_t* data = nullptr;      // null: no mask
     size_t stride_b = 0, stride_t = 0;  // elements between batch rows (0: shared) and between query rows
-    py::object owner;                   // the converted copy `data` points into, if one was made
+    py::object owner;                   // the array `data` points into (maybe a converted copy)
 };
 
 // `mask` under the rule above. query_len < 0: the binding takes only the per-position form (B, L).
@@ -146,10 +146,9 @@ inline MaskRows parse_mask(const py::object& mask, py::ssize_t batch, py::ssize_
             throw py::value_error(what + ": an integer mask holds only 0 and 1, got " +
                                   py::str(m[outside].attr("flat")[py::int_(0)]).cast<std::string>());
     }
-    if (kind != 'b' || !(m.flags() & py::array::c_style)) {
+    if (kind != 'b' || !(m.flags() & py::array::c_style))
         m = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>::ensure(m);
-        out.owner = m;
-    }
+    out.owner = m;  // a list or a converted copy lives only as long as this reference
     out.data = static_cast<const uint8_t*>(m.data());
     out.stride_t = per_query ? (size_t)len : 0;
     out.stride_b = shared ? 0 : (size_t)(per_query ? query_len * len : len);
