@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <sstream>
@@ -45,6 +46,19 @@ inline bool is_aligned(const py::array& a) { return a.flags() & py::detail::npy_
 
 template <class T> const char* dtype_name() { return sizeof(T) == 4 ? "float32" : "float64"; }
 
+// The kernels index with int (BLAS' own index type, and their loops over rows, steps and
+// features): every axis and every array's element count must fit in one, or the casts wrap
+// around (a segfault, or rows silently left out).
+constexpr py::ssize_t kMaxIndex = std::numeric_limits<int>::max();
+
+inline void check_index_range(const py::array& a, const char* what) {
+    bool ok = a.size() <= kMaxIndex;
+    for (py::ssize_t i = 0; ok && i < a.ndim(); ++i) ok = a.shape(i) <= kMaxIndex;
+    if (!ok)
+        throw py::value_error(std::string(what) + ": shape " + shape_str(a) +
+                              " exceeds the kernels' limit of 2**31 - 1 per axis and per array");
+}
+
 template <class T> void check_dtype(const py::array& a, const char* what) {
     if (!a.dtype().is(py::dtype::of<T>()))
         throw py::type_error(std::string(what) + ": expected dtype " + py::str(py::dtype::of<T>()).cast<std::string>() +
@@ -54,6 +68,7 @@ template <class T> void check_dtype(const py::array& a, const char* what) {
     // e.g. np.frombuffer(..., offset=1): C-contiguous, but reading it as T* is undefined behaviour
     if (!is_aligned(a))
         throw py::value_error(std::string(what) + ": expected an aligned array (np.require(a, requirements='CA'))");
+    check_index_range(a, what);
 }
 
 // Read-only view of a C-contiguous array of exactly dtype T.
@@ -95,6 +110,23 @@ inline void check_shape(const py::array& a, const std::vector<py::ssize_t>& expe
         s << (expected.size() == 1 ? ",)" : ")") << ", got " << shape_str(a);
         throw py::value_error(s.str());
     }
+}
+
+// Token ids: a C-contiguous, aligned int64 array (TypeError otherwise) whose values index a table
+// of `vocab` rows (IndexError otherwise).
+inline const int64_t* ids_ptr(const py::array& ids, py::ssize_t vocab, const char* fn, const char* arg) {
+    const std::string what = std::string(fn) + ": " + arg;
+    if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style) || !is_aligned(ids))
+        throw py::type_error(what + ": expected a C-contiguous, aligned int64 array (np.require(ids, np.int64, "
+                             "'CA')), got dtype " + dtype_str(ids) + (is_aligned(ids) ? "" : ", misaligned"));
+    check_index_range(ids, what.c_str());
+    const int64_t* p = static_cast<const int64_t*>(ids.data());
+    if (ids.size() == 0) return p;
+    const auto [lo, hi] = std::minmax_element(p, p + ids.size());
+    if (*lo < 0 || *hi >= vocab)
+        throw py::index_error(what + ": token id " + std::to_string(*lo < 0 ? *lo : *hi) + " out of range [0, " +
+                              std::to_string(vocab) + ")");
+    return p;
 }
 
 // ----------------------------------------------------------------------------- masks
@@ -228,7 +260,13 @@ class BufferCache {
 // An uninitialized C-contiguous result array (large ones from the BufferCache).
 template <class T> py::array_t<T> new_array(const std::vector<py::ssize_t>& shape) {
     size_t count = 1;
-    for (auto s : shape) count *= (size_t)s;
+    bool fits = true;
+    for (auto s : shape) fits = fits && s <= kMaxIndex && !__builtin_mul_overflow(count, (size_t)s, &count);
+    if (!fits || count > (size_t)kMaxIndex) {
+        std::string dims;
+        for (auto s : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(s);
+        throw py::value_error("a result of shape (" + dims + ") exceeds the kernels' limit of 2**31 - 1 elements");
+    }
     const size_t bytes = count * sizeof(T);
     if (bytes < BufferCache::kMinBytes) return py::array_t<T>(shape);
     void* data = BufferCache::instance().take(bytes);
@@ -240,6 +278,7 @@ template <class T> py::array_t<T> new_array(const std::vector<py::ssize_t>& shap
 template <class T, class Kernel>
 py::array_t<T> released_result(const std::vector<py::ssize_t>& shape, Kernel&& kernel) {
     auto result = new_array<T>(shape);
+    if (result.size() == 0) return result;  // nothing to compute
     T* out = result.mutable_data();
     {
         py::gil_scoped_release release;
