@@ -16,6 +16,7 @@ for arg in "$@"; do
   esac
 done
 dir=build/dev-${build_type}${extra:+-custom}
+mkdir -p build  # the logs sit beside the build folder, which a fresh clone lacks
 cmake -S . -B "$dir" -DATTNX_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE="$build_type" \
   -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
   -DPython_EXECUTABLE="$(command -v python3)" "${extra[@]}" > "$dir.configure.log" 2>&1 \

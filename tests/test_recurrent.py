@@ -584,7 +584,9 @@ def test_kernel_binding_rejects_bad_buffers():
     with pytest.raises(TypeError, match="dtype"):
         _core.rnn_forward("lstm", x, W.astype(np.float64), U, None, None, None, None, None, None)
     with pytest.raises(TypeError, match="mask"):
-        _core.rnn_forward("lstm", x, W, U, None, None, None, None, np.ones((2, 3), np.int32), None)
+        _core.rnn_forward("lstm", x, W, U, None, None, None, None, np.ones((2, 3), np.float32), None)
+    with pytest.raises(ValueError, match="mask: an integer mask holds only 0 and 1"):
+        _core.rnn_forward("lstm", x, W, U, None, None, None, None, np.full((2, 3), 2, np.int32), None)
     with pytest.raises(ValueError, match="unknown cell"):
         _core.rnn_forward("lstmx", x, W, U, None, None, None, None, None, None)
 

@@ -12,40 +12,20 @@
 
 namespace attnx::bind {
 
-// A bool (or uint8) C-contiguous mask; nonzero = may attend.
-static const uint8_t* mask_ptr(const py::array& m, const std::string& what) {
-    const char kind = m.dtype().kind();
-    if (!(kind == 'b' || m.dtype().is(py::dtype::of<uint8_t>())) || m.itemsize() != 1)
-        throw py::type_error(what + ": expected a bool array, got dtype " + dtype_str(m));
-    if (!(m.flags() & py::array::c_style)) throw py::value_error(what + ": expected a C-contiguous array");
-    return static_cast<const uint8_t*>(m.data());
-}
-
-// mask: None, a key padding mask (B, S) or a full mask (B, Tq, S); a leading axis of 1 is one
-// mask for the whole batch.
-static AttendMask parse_mask(const py::object& mask, bool causal, py::ssize_t B, py::ssize_t Tq, py::ssize_t S,
-                             const std::string& what) {
+// The kernels' view of a mask parsed by parse_mask (checks.hpp), with the causal limit.
+static AttendMask attend_mask(const MaskRows& rows, bool causal) {
     AttendMask out;
+    out.data = rows.data;
+    out.stride_b = rows.stride_b;
+    out.stride_t = rows.stride_t;
     out.causal = causal;
-    if (mask.is_none()) return out;
-    py::array m = mask.cast<py::array>();
-    const bool shared = m.ndim() >= 1 && m.shape(0) == 1;
-    const py::ssize_t rows = shared ? 1 : B;
-    if (m.ndim() == 2) {
-        check_shape(m, {rows, S}, what.c_str());
-        out.stride_b = shared ? 0 : (size_t)S;
-    } else {
-        check_shape(m, {rows, Tq, S}, what.c_str());
-        out.stride_b = shared ? 0 : (size_t)(Tq * S);
-        out.stride_t = (size_t)S;
-    }
-    out.data = mask_ptr(m, what);
     return out;
 }
 
 // Sizes of the (B, T, H * D) operands of the scaled dot-product core.
 struct SdpaDims {
     py::ssize_t B, H, Tq, S, Dk, Dv;
+    AttendShape shape() const { return {(int)B, (int)H, (int)Tq, (int)S, (int)Dk, (int)Dv}; }
 };
 
 static SdpaDims sdpa_dims(const py::array& q, const py::array& k, const py::array& v, int heads, const char* fn) {
@@ -91,7 +71,8 @@ void init_attention(py::module_& m) {
             return dispatch_float(q, "sdpa_forward: query", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const SdpaDims d = sdpa_dims(q, k, v, heads, "sdpa_forward");
-                const AttendMask am = parse_mask(mask, causal, d.B, d.Tq, d.S, "sdpa_forward: mask");
+                const MaskRows mask_rows = parse_mask(mask, d.B, d.Tq, d.S, "sdpa_forward", "mask");
+                const AttendMask am = attend_mask(mask_rows, causal);
                 const T* pq = in_ptr<T>(q, "sdpa_forward: query");
                 const T* pk = in_ptr<T>(k, "sdpa_forward: key");
                 const T* pv = in_ptr<T>(v, "sdpa_forward: value");
@@ -107,8 +88,7 @@ void init_attention(py::module_& m) {
                 T* pc = context.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    sdpa_forward<T>(pc, pw, pq, pk, pv, am, pkeep, (int)d.B, (int)d.H, (int)d.Tq, (int)d.S, (int)d.Dk,
-                                    (int)d.Dv, T(scale));
+                    sdpa_forward<T>(d.shape(), pc, pw, pq, pk, pv, am, pkeep, T(scale));
                 }
                 return py::make_tuple(context, weights);
             });
@@ -154,8 +134,7 @@ void init_attention(py::module_& m) {
                 T* pdv = dv.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    sdpa_backward<T>(pdq, pdk, pdv, pds, pdc, pdw, pw, pq, pk, pv, pkeep, (int)d.B, (int)d.H,
-                                     (int)d.Tq, (int)d.S, (int)d.Dk, (int)d.Dv, T(scale));
+                    sdpa_backward<T>(d.shape(), pdq, pdk, pdv, pds, pdc, pdw, pw, pq, pk, pv, pkeep, T(scale));
                 }
                 return py::make_tuple(dq, dk, dv);
             });
@@ -172,7 +151,8 @@ void init_attention(py::module_& m) {
             return dispatch_float(scores, "softmax_context_forward: scores", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const SdpaDims d = scores_dims(scores, value, "softmax_context_forward");
-                const AttendMask am = parse_mask(mask, causal, d.B, d.Tq, d.S, "softmax_context_forward: mask");
+                const MaskRows mask_rows = parse_mask(mask, d.B, d.Tq, d.S, "softmax_context_forward", "mask");
+                const AttendMask am = attend_mask(mask_rows, causal);
                 const T* pv = in_ptr<T>(value, "softmax_context_forward: value");
                 const T* pkeep = optional_block<T>(dropout_keep, d, "softmax_context_forward: dropout_keep");
                 const T* ps = in_ptr<T>(scores, "softmax_context_forward: scores");
@@ -183,8 +163,7 @@ void init_attention(py::module_& m) {
                 {
                     py::gil_scoped_release release;
                     std::copy(ps, ps + weights.size(), pw);  // the kernel turns scores into weights in place
-                    softmax_context_forward<T>(pc, pw, pv, am, pkeep, (int)d.B, (int)d.H, (int)d.Tq, (int)d.S,
-                                               (int)d.Dv);
+                    softmax_context_forward<T>(d.shape(), pc, pw, pv, am, pkeep);
                 }
                 return py::make_tuple(context, weights);
             });
@@ -222,8 +201,7 @@ void init_attention(py::module_& m) {
                 T* pdv = dvalue.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    softmax_context_backward<T>(pds, pdv, pdk, pdc, pdw, pw, pv, pkeep, (int)d.B, (int)d.H, (int)d.Tq,
-                                                (int)d.S, (int)d.Dv);
+                    softmax_context_backward<T>(d.shape(), pds, pdv, pdk, pdc, pdw, pw, pv, pkeep);
                 }
                 return py::make_tuple(dscores, dvalue, dkeep);
             });
@@ -299,7 +277,7 @@ void init_attention(py::module_& m) {
                 const T* pq = in_ptr<T>(q, "dot_scores_forward: query");
                 const T* pk = in_ptr<T>(k, "dot_scores_forward: key");
                 return released_result<T>({B, Tq, S}, [&](T* ps) {
-                    dot_scores_forward<T>(ps, pq, pk, (int)B, 1, (int)Tq, (int)S, (int)Dk, T(scale));
+                    dot_scores_forward<T>(AttendShape{(int)B, 1, (int)Tq, (int)S, (int)Dk, 0}, ps, pq, pk, T(scale));
                 });
             });
         },
@@ -332,8 +310,8 @@ void init_attention(py::module_& m) {
                 T* pdk = dk.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    dot_scores_backward<T>(pdq, pdk, pdscale, pds, pq, pk, (int)B, 1, (int)Tq, (int)S, (int)Dk,
-                                           T(scale));
+                    dot_scores_backward<T>(AttendShape{(int)B, 1, (int)Tq, (int)S, (int)Dk, 0}, pdq, pdk, pdscale, pds,
+                                           pq, pk, T(scale));
                 }
                 return py::make_tuple(dq, dk);
             });
@@ -351,12 +329,8 @@ void init_attention(py::module_& m) {
                     throw py::value_error("local_window_forward: window D must be >= 0, got " + std::to_string(window));
                 check_rank(positions, 2, "local_window_forward: positions");
                 const py::ssize_t B = positions.shape(0), Tq = positions.shape(1), S = source_len;
-                const uint8_t* pm = nullptr;
-                if (!source_mask.is_none()) {
-                    py::array m = source_mask.cast<py::array>();
-                    check_shape(m, {B, S}, "local_window_forward: source_mask");
-                    pm = mask_ptr(m, "local_window_forward: source_mask");
-                }
+                const MaskRows source_rows = parse_position_mask(source_mask, B, S, "local_window_forward", "source_mask");
+                const uint8_t* pm = source_rows.data;
                 const T* pp = in_ptr<T>(positions, "local_window_forward: positions");
                 py::array_t<bool> allowed({B, Tq, S});
                 auto gauss = new_array<T>({B, 1, Tq, S});
@@ -406,16 +380,12 @@ void init_attention(py::module_& m) {
                 if (!(bias.size() == 1 || bias.size() == Tn) || bias.ndim() != 2 || bias.shape(1) != 1)
                     throw py::value_error("attention_pooling_forward: bias expected shape (" + std::to_string(Tn) +
                                           ", 1) or (1, 1), got " + shape_str(bias));
-                const uint8_t* pm = nullptr;
-                if (!mask.is_none()) {
-                    py::array m = mask.cast<py::array>();
-                    check_shape(m, {B, Tn}, "attention_pooling_forward: mask");
-                    pm = mask_ptr(m, "attention_pooling_forward: mask");
-                }
+                const MaskRows mask_rows = parse_position_mask(mask, B, Tn, "attention_pooling_forward", "mask");
+                const uint8_t* pm = mask_rows.data;
                 const T* px = in_ptr<T>(x, "attention_pooling_forward: x");
                 const T* pw = in_ptr<T>(kernel, "attention_pooling_forward: kernel");
                 const T* pb = in_ptr<T>(bias, "attention_pooling_forward: bias");
-                const bool per_step = bias.shape(0) == Tn && Tn != 1;
+                const PoolingConfig cfg{(int)B, (int)Tn, (int)C, bias.shape(0) == Tn && Tn != 1, return_sequences};
                 auto out = return_sequences ? new_array<T>({B, Tn, C}) : new_array<T>({B, C});
                 auto weights = new_array<T>({B, Tn});
                 auto energy = new_array<T>({B, Tn});
@@ -424,8 +394,7 @@ void init_attention(py::module_& m) {
                 T* pe = energy.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    attention_pooling_forward<T>(po, pa, pe, px, pw, pb, per_step, pm, (int)B, (int)Tn, (int)C,
-                                                 return_sequences);
+                    attention_pooling_forward<T>(cfg, po, pa, pe, px, pw, pb, pm);
                 }
                 return py::make_tuple(out, weights, energy);
             });
@@ -465,10 +434,9 @@ void init_attention(py::module_& m) {
                 const T* pk = in_ptr<T>(kernel, "attention_pooling_backward: kernel");
                 T* pdk = inout_ptr<T>(dkernel, "attention_pooling_backward: dkernel");
                 T* pdb = inout_ptr<T>(dbias, "attention_pooling_backward: dbias");
-                const bool per_step = dbias.shape(0) == Tn && Tn != 1;
+                const PoolingConfig cfg{(int)B, (int)Tn, (int)C, dbias.shape(0) == Tn && Tn != 1, return_sequences};
                 return released_result<T>({B, Tn, C}, [&](T* pdx) {
-                    attention_pooling_backward<T>(pdx, pdk, pdb, pdo, pdw, pa, pe, px, pk, per_step, (int)B, (int)Tn,
-                    (int)C, return_sequences);
+                    attention_pooling_backward<T>(cfg, pdx, pdk, pdb, pdo, pdw, pa, pe, px, pk);
                 });
             });
         },
@@ -482,10 +450,11 @@ void init_attention(py::module_& m) {
                 using T = decltype(tag);
                 check_rank(scores, 4, "masked_softmax_forward: scores");
                 const py::ssize_t B = scores.shape(0), H = scores.shape(1), Tq = scores.shape(2), S = scores.shape(3);
-                const AttendMask am = parse_mask(mask, causal, B, Tq, S, "masked_softmax_forward: mask");
+                const MaskRows mask_rows = parse_mask(mask, B, Tq, S, "masked_softmax_forward", "mask");
+                const AttendMask am = attend_mask(mask_rows, causal);
                 const T* ps = in_ptr<T>(scores, "masked_softmax_forward: scores");
                 return released_result<T>({B, H, Tq, S}, [&](T* pw) {
-                    masked_softmax_scores<T>(pw, ps, am, (int)B, (int)H, (int)Tq, (int)S);
+                    masked_softmax_scores<T>(AttendShape{(int)B, (int)H, (int)Tq, (int)S, 0, 0}, pw, ps, am);
                 });
             });
         },

@@ -129,17 +129,9 @@ void init_core(py::module_& m) {
             return dispatch_float(table, "embedding_forward: table", [&](auto tag) -> py::array {
                 using T = decltype(tag);
                 check_rank(table, 2, "embedding_forward: table");
-                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style) ||
-                    !is_aligned(ids))
-                    throw py::type_error("embedding_forward: ids must be a C-contiguous int64 array, got " +
-                                         dtype_str(ids));
-                const auto V = table.shape(0), D = table.shape(1);
-                const int64_t* pid = static_cast<const int64_t*>(ids.data());
+                const auto D = table.shape(1);
+                const int64_t* pid = ids_ptr(ids, table.shape(0), "embedding_forward", "ids");
                 const size_t N = (size_t)ids.size();
-                for (size_t n = 0; n < N; ++n)
-                    if (pid[n] < 0 || pid[n] >= V)
-                        throw py::index_error("embedding_forward: token index " + std::to_string(pid[n]) +
-                                              " out of range [0, " + std::to_string(V) + ")");
                 std::vector<py::ssize_t> shape(ids.shape(), ids.shape() + ids.ndim());
                 shape.push_back(D);
                 auto out = new_array<T>(shape);
@@ -160,18 +152,12 @@ void init_core(py::module_& m) {
             dispatch_float(dtable, "embedding_backward: dtable", [&](auto tag) {
                 using T = decltype(tag);
                 check_rank(dtable, 2, "embedding_backward: dtable");
-                const auto V = dtable.shape(0), D = dtable.shape(1);
-                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style) ||
-                    !is_aligned(ids))
-                    throw py::type_error("embedding_backward: ids must be a C-contiguous int64 array");
+                const auto D = dtable.shape(1);
+                const int64_t* pid = ids_ptr(ids, dtable.shape(0), "embedding_backward", "ids");
                 std::vector<py::ssize_t> shape(ids.shape(), ids.shape() + ids.ndim());
                 shape.push_back(D);
                 check_shape(dout, shape, "embedding_backward: dout");
-                const int64_t* pid = static_cast<const int64_t*>(ids.data());
                 const size_t N = (size_t)ids.size();
-                for (size_t n = 0; n < N; ++n)
-                    if (pid[n] < 0 || pid[n] >= V)
-                        throw py::index_error("embedding_backward: token index out of range");
                 T* pdt = inout_ptr<T>(dtable, "embedding_backward: dtable");
                 const T* pdo = in_ptr<T>(dout, "embedding_backward: dout");
                 py::gil_scoped_release release;

@@ -29,17 +29,6 @@ static RNNConfig rnn_config(const std::string& cell, bool reset_after, bool reve
     return cfg;
 }
 
-// The step mask as uint8 (B, T), or null.
-static const uint8_t* mask_ptr(const py::object& mask, py::ssize_t B, py::ssize_t T) {
-    if (mask.is_none()) return nullptr;
-    py::array m = mask.cast<py::array>();
-    if (!m.dtype().is(py::dtype::of<bool>()) && !m.dtype().is(py::dtype::of<uint8_t>()))
-        throw py::type_error("rnn: mask: expected dtype bool, got " + dtype_str(m));
-    if (!(m.flags() & py::array::c_style)) throw py::value_error("rnn: mask: expected a C-contiguous array");
-    check_shape(m, {B, T}, "rnn: mask");
-    return static_cast<const uint8_t*>(m.data());
-}
-
 template <class T> static T* optional_inout(const py::object& a, const std::vector<py::ssize_t>& shape, const char* what) {
     if (a.is_none()) return nullptr;
     py::array arr = a.cast<py::array>();
@@ -56,21 +45,6 @@ template <class T> static const T* optional_in(const py::object& a, const std::v
 
 static py::object none_or(bool cond, const py::object& a) { return cond ? a : py::none(); }
 
-// Buffer i of a caller's workspace tuple (checked: shape, dtype, writeable), or a new array when
-// the caller keeps none. Layers pass their buffers back in so that steady-state training reuses
-// memory instead of page-faulting fresh arrays on every step.
-template <class T>
-static py::array_t<T> buffer(const py::object& workspace, size_t i, const std::vector<py::ssize_t>& shape,
-                             const char* what) {
-    if (workspace.is_none()) return new_array<T>(shape);
-    py::tuple ws = workspace.cast<py::tuple>();
-    if (i >= ws.size() || ws[i].is_none()) return new_array<T>(shape);
-    py::array a = ws[i].cast<py::array>();
-    check_shape(a, shape, what);
-    inout_ptr<T>(a, what);
-    return py::reinterpret_borrow<py::array_t<T>>(a);
-}
-
 void init_rnn(py::module_& m) {
     m.def(
         "rnn_forward",
@@ -78,7 +52,7 @@ void init_rnn(py::module_& m) {
            const py::object& bias, const py::object& recurrent_bias, const py::object& h0, const py::object& c0,
            const py::object& mask, const py::object& recurrent_mask, bool reverse, bool reset_after,
            const std::string& activation, const std::string& recurrent_activation, bool split_batch,
-           const py::object& workspace, bool training, bool return_sequences) {
+           bool training, bool return_sequences) {
             RNNConfig cfg = rnn_config(cell, reset_after, reverse, activation, recurrent_activation);
             return dispatch_float(x, "rnn_forward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -102,22 +76,21 @@ void init_rnn(py::module_& m) {
                 const T* ph0 = optional_in<T>(h0, {B, H}, "rnn_forward: initial h");
                 if (!c0.is_none() && !lstm) throw py::value_error("rnn_forward: c0 is only used by LSTM");
                 const T* pc0 = optional_in<T>(c0, {B, H}, "rnn_forward: initial c");
-                const uint8_t* pm = mask_ptr(mask, B, Tn);
+                const MaskRows mask_rows = parse_position_mask(mask, B, Tn, "rnn_forward", "mask");
+                const uint8_t* pm = mask_rows.data;
                 const T* prm = optional_in<T>(recurrent_mask, {B, H}, "rnn_forward: recurrent_mask");
 
-                const char* ws_what = "rnn_forward: workspace";
                 py::array_t<T> y = return_sequences ? new_array<T>({B, Tn, H}) : new_array<T>({0});
                 auto h = new_array<T>({B, H});
                 py::array_t<T> c = lstm ? new_array<T>({B, H}) : new_array<T>({0});
-                auto gates = buffer<T>(workspace, 0, {B, Tn, G}, ws_what);
+                auto gates = new_array<T>({B, Tn, G});
                 // inference keeps nothing for backward: no h_prev, c_prev
-                py::array_t<T> h_prev = training ? buffer<T>(workspace, 1, {B, Tn, H}, ws_what) : new_array<T>({0});
-                py::array_t<T> h_rec = prm ? buffer<T>(workspace, 2, {B, Tn, H}, ws_what) : new_array<T>({0});
+                py::array_t<T> h_prev = training ? new_array<T>({B, Tn, H}) : new_array<T>({0});
+                py::array_t<T> h_rec = prm ? new_array<T>({B, Tn, H}) : new_array<T>({0});
                 const bool keep_c = lstm && training;
-                py::array_t<T> c_prev = keep_c ? buffer<T>(workspace, 3, {B, Tn, H}, ws_what) : new_array<T>({0});
-                py::array_t<T> aux =
-                    cfg.cell != RNNCell::simple ? buffer<T>(workspace, 4, {B, Tn, H}, ws_what) : new_array<T>({0});
-                auto hu = buffer<T>(workspace, 5, {B, G}, ws_what);
+                py::array_t<T> c_prev = keep_c ? new_array<T>({B, Tn, H}) : new_array<T>({0});
+                py::array_t<T> aux = cfg.cell != RNNCell::simple ? new_array<T>({B, Tn, H}) : new_array<T>({0});
+                auto hu = new_array<T>({B, G});
                 RNNCache<T> cache;
                 cache.gates = gates.mutable_data();
                 cache.h_prev = training ? h_prev.mutable_data() : nullptr;
@@ -145,12 +118,11 @@ void init_rnn(py::module_& m) {
         py::arg("cell"), py::arg("x"), py::arg("kernel"), py::arg("recurrent_kernel"), py::arg("bias"),
         py::arg("recurrent_bias"), py::arg("h0"), py::arg("c0"), py::arg("mask"), py::arg("recurrent_mask"),
         py::arg("reverse") = false, py::arg("reset_after") = true, py::arg("activation") = "tanh",
-        py::arg("recurrent_activation") = "sigmoid", py::arg("split_batch") = true, py::arg("workspace") = py::none(),
+        py::arg("recurrent_activation") = "sigmoid", py::arg("split_batch") = true,
         py::arg("training") = true, py::arg("return_sequences") = true,
         "Runs a SimpleRNN ('simple'), GRU or LSTM over x (B, T, C). Returns (y (B, T, H), h (B, H), c (B, H) or "
-        "None, cache) where cache = (gates, h_prev, h_rec, c_prev, aux) is what rnn_backward needs. `workspace` "
-        "(gates, h_prev, h_rec, c_prev, aux, hu), entries None or arrays of those shapes, is reused for the cache. "
-        "training=False keeps nothing for backward (h_prev, c_prev are None; workspace entries 1 and 3 unused); "
+        "None, cache) where cache = (gates, h_prev, h_rec, c_prev, aux) is what rnn_backward needs. "
+        "training=False keeps nothing for backward (h_prev, c_prev are None); "
         "return_sequences=False computes no y (returned as None).");
 
     m.def(
@@ -159,8 +131,7 @@ void init_rnn(py::module_& m) {
            const py::tuple& cache_t, const py::object& mask, const py::object& recurrent_mask, const py::object& dy,
            const py::object& dh, const py::object& dc, py::array& dkernel, py::array& drecurrent_kernel,
            const py::object& dbias, const py::object& drecurrent_bias, bool reverse, bool reset_after,
-           const std::string& activation, const std::string& recurrent_activation, bool need_dx, bool split_batch,
-           const py::object& workspace) {
+           const std::string& activation, const std::string& recurrent_activation, bool need_dx, bool split_batch) {
             RNNConfig cfg = rnn_config(cell, reset_after, reverse, activation, recurrent_activation);
             return dispatch_float(x, "rnn_backward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -193,7 +164,8 @@ void init_rnn(py::module_& m) {
                 const T* px = in_ptr<T>(x, "rnn_backward: x");
                 const T* pw = in_ptr<T>(kernel, "rnn_backward: kernel");
                 const T* pu = in_ptr<T>(recurrent_kernel, "rnn_backward: recurrent_kernel");
-                const uint8_t* pm = mask_ptr(mask, B, Tn);
+                const MaskRows mask_rows = parse_position_mask(mask, B, Tn, "rnn_backward", "mask");
+                const uint8_t* pm = mask_rows.data;
                 const T* pdy = optional_in<T>(dy, {B, Tn, H}, "rnn_backward: dy");
                 const T* pdh_in = optional_in<T>(dh, {B, H}, "rnn_backward: dh");
                 const T* pdc_in = optional_in<T>(dc, {B, H}, "rnn_backward: dc");
@@ -207,11 +179,10 @@ void init_rnn(py::module_& m) {
                 py::array_t<T> dx = need_dx ? new_array<T>({B, Tn, C}) : new_array<T>({0});
                 auto dh0 = new_array<T>({B, H});
                 py::array_t<T> dc0 = lstm ? new_array<T>({B, H}) : new_array<T>({0});
-                const char* ws_what = "rnn_backward: workspace";
-                auto dgates = buffer<T>(workspace, 0, {B, Tn, G}, ws_what);
+                auto dgates = new_array<T>({B, Tn, G});
                 // only GRU reset_after has a recurrent pre-activation gradient unlike the input one
-                py::array_t<T> dhu = gru_after ? buffer<T>(workspace, 1, {B, Tn, G}, ws_what) : dgates;
-                auto dhrec = buffer<T>(workspace, 2, {B, H}, ws_what);
+                py::array_t<T> dhu = gru_after ? new_array<T>({B, Tn, G}) : dgates;
+                auto dhrec = new_array<T>({B, H});
                 T* pdx = need_dx ? dx.mutable_data() : nullptr;
                 T* pdh = dh0.mutable_data();
                 T* pdc = lstm ? dc0.mutable_data() : nullptr;
@@ -235,10 +206,9 @@ void init_rnn(py::module_& m) {
         py::arg("mask"), py::arg("recurrent_mask"), py::arg("dy"), py::arg("dh"), py::arg("dc"), py::arg("dkernel"),
         py::arg("drecurrent_kernel"), py::arg("dbias"), py::arg("drecurrent_bias"), py::arg("reverse") = false,
         py::arg("reset_after") = true, py::arg("activation") = "tanh", py::arg("recurrent_activation") = "sigmoid",
-        py::arg("need_dx") = true, py::arg("split_batch") = true, py::arg("workspace") = py::none(),
+        py::arg("need_dx") = true, py::arg("split_batch") = true,
         "Backpropagation through time of rnn_forward: accumulates into dkernel, drecurrent_kernel, dbias, "
-        "drecurrent_bias; returns (dx or None, dh0, dc0 or None). dy (B, T, H), dh / dc (B, H) may be None. "
-        "`workspace` (dgates, dhu, dhrec) of shapes (B, T, G*H), (B, T, G*H), (B, H) is reused if given.");
+        "drecurrent_bias; returns (dx or None, dh0, dc0 or None). dy (B, T, H), dh / dc (B, H) may be None.");
 }
 
 }  // namespace attnx::bind

@@ -34,16 +34,6 @@ static DecoderConfig decoder_config(const std::string& kind, const std::string& 
     return cfg;
 }
 
-static const uint8_t* bool_mask(const py::object& mask, py::ssize_t B, py::ssize_t L, const char* what) {
-    if (mask.is_none()) return nullptr;
-    py::array m = mask.cast<py::array>();
-    if (!m.dtype().is(py::dtype::of<bool>()))
-        throw py::type_error(std::string(what) + ": expected dtype bool, got " + dtype_str(m));
-    if (!(m.flags() & py::array::c_style)) throw py::value_error(std::string(what) + ": expected a C-contiguous array");
-    check_shape(m, {B, L}, what);
-    return static_cast<const uint8_t*>(m.data());
-}
-
 // params[name] checked against `shape`; null when the variant does not use it.
 template <class T, class P>
 static P param(const py::dict& params, const char* name, const std::vector<py::ssize_t>& shape, bool used,
@@ -86,12 +76,14 @@ static DecoderParams<P> decoder_params(const DecoderConfig& cfg, const py::dict&
 
 static void size_config(DecoderConfig& cfg, const py::dict& params, const py::array& enc, const char* fn) {
     auto dim = [&](const char* name, int axis) -> int {
-        if (!params.contains(name)) throw py::value_error(std::string(fn) + ": " + name + ": missing");
+        const std::string what = std::string(fn) + ": " + name;
+        if (!params.contains(name)) throw py::value_error(what + ": missing");
         py::array a = params[name].cast<py::array>();
-        if (a.ndim() <= axis)
-            throw py::value_error(std::string(fn) + ": " + name + ": bad rank, shape " + shape_str(a));
+        if (a.ndim() <= axis) throw py::value_error(what + ": bad rank, shape " + shape_str(a));
+        check_index_range(a, what.c_str());
         return (int)a.shape(axis);
     };
+    check_index_range(enc, (std::string(fn) + ": enc").c_str());
     cfg.B = (int)enc.shape(0), cfg.S = (int)enc.shape(1), cfg.K = (int)enc.shape(2);
     cfg.E = dim("embeddings", 1), cfg.H = dim("recurrent_kernel", 0), cfg.V = dim("output_kernel", 1);
     cfg.U = cfg.score == ScoreKind::additive ? dim("score_vector", 0) : 0;
@@ -101,24 +93,37 @@ static void size_config(DecoderConfig& cfg, const py::dict& params, const py::ar
                               std::to_string(cfg.H) + ", got " + std::to_string(cfg.K));
 }
 
-template <class T> static T* cache_ptr(const py::dict& cache, const char* name) {
-    if (!cache.contains(name)) throw py::value_error(std::string("decoder_backward: cache: ") + name + " missing");
-    py::array a = cache[name].cast<py::array>();
-    if constexpr (std::is_same_v<T, uint8_t>) return static_cast<uint8_t*>(a.mutable_data());
-    else if constexpr (std::is_same_v<T, int64_t>) return static_cast<int64_t*>(a.mutable_data());
-    else return inout_ptr<T>(a, name);
+// cache[name] as the cache's entry, a ValueError naming it when missing or not an array.
+static py::array cache_entry(const py::dict& cache, const char* name) {
+    const std::string what = std::string("decoder_backward: cache[\"") + name + "\"]";
+    if (!cache.contains(name)) throw py::value_error(what + ": missing (not a decoder_forward cache)");
+    const py::object entry = cache[name];
+    if (!py::isinstance<py::array>(entry))
+        throw py::value_error(what + ": expected an array, got " + py::str(py::type::of(entry)).cast<std::string>());
+    return entry.cast<py::array>();
 }
 
-// Allocates (into `dict`) or looks up every cache buffer the configuration uses.
+// Allocates (into `dict`) or looks up every cache buffer the configuration uses. A looked-up
+// buffer must have exactly the shape and dtype the configuration gives it (a crafted or stale cache,
+// e.g. from a call with other sizes, is refused instead of read or written out of bounds).
 template <class T> static DecoderCache<T> decoder_cache(const DecoderConfig& cfg, py::dict& dict, bool allocate) {
     return decoder_cache_layout<T>(cfg, dict.contains("has_step_mask"),
                                    [&](const char* name, const std::vector<size_t>& shape, auto tag) {
                                        using E = decltype(tag);
-                                       if (allocate)
-                                           dict[name] = py::array_t<E>(std::vector<py::ssize_t>(shape.begin(),
-                                                                                                 shape.end()));
-                                       return cache_ptr<E>(dict, name);
+                                       const std::vector<py::ssize_t> dims(shape.begin(), shape.end());
+                                       if (allocate) dict[name] = new_array<E>(dims);
+                                       py::array a = cache_entry(dict, name);
+                                       const std::string what = std::string("decoder_backward: cache[\"") + name + "\"]";
+                                       check_shape(a, dims, what.c_str());
+                                       return inout_ptr<E>(a, what.c_str());
                                    });
+}
+
+// first_step + t, the target position of step t, must stay an int.
+static void check_first_step(int first_step, py::ssize_t steps, const char* fn) {
+    if (first_step < 0 || first_step > kMaxIndex - steps)
+        throw py::value_error(std::string(fn) + ": first_step must lie in [0, 2**31 - 1 - T] for T = " +
+                              std::to_string(steps) + " target steps, got " + std::to_string(first_step));
 }
 
 // A fresh (B, H) copy of an initial state (zeros when not given); (0, H) when the variant has none.
@@ -144,17 +149,15 @@ void init_seq2seq(py::module_& m) {
            const py::object& c0, const py::object& feed0, const py::dict& params, const py::object& keys,
            int local_window, const std::string& local_mode, int first_step) {
             DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode);
-            if (first_step < 0) throw py::value_error("decoder_forward: first_step must be >= 0");
             cfg.first_step = first_step;
             return dispatch_float(enc, "decoder_forward: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const char* fn = "decoder_forward";
                 check_rank(enc, 3, "decoder_forward: enc");
                 check_rank(ids, 2, "decoder_forward: ids");
-                if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style))
-                    throw py::type_error("decoder_forward: ids: expected a C-contiguous int64 array, got " +
-                                         dtype_str(ids));
+                check_index_range(ids, "decoder_forward: ids");
                 size_config(cfg, params, enc, fn);
+                check_first_step(first_step, ids.shape(1), fn);
                 cfg.T = (int)ids.shape(1);
                 const py::ssize_t B = cfg.B, Tn = cfg.T, S = cfg.S, H = cfg.H;
                 if (B == 0 || Tn == 0 || S == 0)
@@ -163,14 +166,12 @@ void init_seq2seq(py::module_& m) {
                 check_shape(ids, {B, Tn}, "decoder_forward: ids (batch must match enc's)");
                 const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
                 const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
-                const int64_t* pids = static_cast<const int64_t*>(ids.data());
-                const auto [lo, hi] = std::minmax_element(pids, pids + ids.size());
-                if (*lo < 0 || *hi >= vocab)
-                    throw py::index_error("decoder_forward: ids: token id " + std::to_string(*lo < 0 ? *lo : *hi) +
-                                          " out of range [0, " + std::to_string(vocab) + ")");
+                const int64_t* pids = ids_ptr(ids, vocab, fn, "ids");
                 const T* penc = in_ptr<T>(enc, "decoder_forward: enc");
-                const uint8_t* psm = bool_mask(source_mask, B, S, "decoder_forward: source_mask");
-                const uint8_t* ptm = bool_mask(target_mask, B, Tn, "decoder_forward: target_mask");
+                const MaskRows source_rows = parse_position_mask(source_mask, B, S, "decoder_forward", "source_mask");
+                const uint8_t* psm = source_rows.data;
+                const MaskRows target_rows = parse_position_mask(target_mask, B, Tn, "decoder_forward", "target_mask");
+                const uint8_t* ptm = target_rows.data;
                 const bool lstm = cfg.cell == RNNCell::lstm, luong = cfg.kind == DecoderKind::luong;
                 if (lstm == c0.is_none())
                     throw py::value_error("decoder_forward: c0 is given exactly for an LSTM cell");
@@ -221,25 +222,37 @@ void init_seq2seq(py::module_& m) {
         "decoder_backward",
         [](const py::dict& cache, const py::array& dlogits, const py::object& dh, const py::object& dc,
            const py::array& enc, const py::dict& params, const py::dict& grads) {
-            if (!cache.contains("config"))
-                throw py::value_error("decoder_backward: cache: not a decoder_forward cache");
-            const py::tuple conf = cache["config"].cast<py::tuple>();
-            DecoderConfig cfg = decoder_config(conf[0].cast<std::string>(), conf[1].cast<std::string>(),
-                                               conf[2].cast<std::string>(), conf[3].cast<int>(),
-                                               conf[4].cast<std::string>());
-            cfg.first_step = conf[5].cast<int>();
+            const py::object conf = cache.contains("config") ? py::object(cache["config"]) : py::none();
+            if (!py::isinstance<py::tuple>(conf) || py::len(conf) != 6)
+                throw py::value_error("decoder_backward: cache[\"config\"]: missing or not the 6-tuple of a "
+                                      "decoder_forward cache");
+            DecoderConfig cfg;
+            try {
+                cfg = decoder_config(conf[py::int_(0)].cast<std::string>(), conf[py::int_(1)].cast<std::string>(),
+                                     conf[py::int_(2)].cast<std::string>(), conf[py::int_(3)].cast<int>(),
+                                     conf[py::int_(4)].cast<std::string>());
+                cfg.first_step = conf[py::int_(5)].cast<int>();
+            } catch (const py::cast_error&) {
+                throw py::value_error("decoder_backward: cache[\"config\"]: expected (kind, score, cell, "
+                                      "local_window, local_mode, first_step) as decoder_forward writes it");
+            }
             return dispatch_float(enc, "decoder_backward: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const char* fn = "decoder_backward";
                 check_rank(enc, 3, "decoder_backward: enc");
                 size_config(cfg, params, enc, fn);
-                cfg.T = (int)cache["ids"].cast<py::array>().shape(0);
+                const py::array cached_ids = cache_entry(cache, "ids");
+                check_rank(cached_ids, 2, "decoder_backward: cache[\"ids\"]");
+                check_index_range(cached_ids, "decoder_backward: cache[\"ids\"]");
+                check_first_step(cfg.first_step, cached_ids.shape(0), fn);
+                cfg.T = (int)cached_ids.shape(0);
                 const py::ssize_t B = cfg.B, Tn = cfg.T, S = cfg.S, H = cfg.H, K = cfg.K;
                 const bool lstm = cfg.cell == RNNCell::lstm;
                 const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
                 const DecoderParams<T*> dw = decoder_params<T, T*>(cfg, grads, "decoder_backward: grads");
                 py::dict cache_mut = cache;
                 DecoderCache<T> c = decoder_cache<T>(cfg, cache_mut, false);
+                ids_ptr(cached_ids, params["embeddings"].cast<py::array>().shape(0), fn, "cache[\"ids\"]");
                 check_shape(dlogits, {B, Tn, cfg.V}, "decoder_backward: dlogits");
                 const T* pdl = in_ptr<T>(dlogits, "decoder_backward: dlogits");
                 const T* penc = in_ptr<T>(enc, "decoder_backward: enc");
@@ -277,11 +290,17 @@ void init_seq2seq(py::module_& m) {
                     throw py::value_error("decoder_greedy: empty batch or source, enc " + shape_str(enc));
                 const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
                 const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
+                // each step's argmax over the V outputs is the next step's input
+                if (cfg.V > vocab)
+                    throw py::value_error("decoder_greedy: the output vocabulary (output_kernel's " +
+                                          std::to_string(cfg.V) + " columns) exceeds the embedding table's " +
+                                          std::to_string(vocab) + " rows");
                 if (start_id < 0 || start_id >= vocab)
                     throw py::index_error("decoder_greedy: start id " + std::to_string(start_id) +
                                           " out of range [0, " + std::to_string(vocab) + ")");
                 const T* penc = in_ptr<T>(enc, "decoder_greedy: enc");
-                const uint8_t* psm = bool_mask(source_mask, B, S, "decoder_greedy: source_mask");
+                const MaskRows source_rows = parse_position_mask(source_mask, B, S, "decoder_greedy", "source_mask");
+                const uint8_t* psm = source_rows.data;
                 const bool lstm = cfg.cell == RNNCell::lstm, luong = cfg.kind == DecoderKind::luong;
                 if (lstm == c0.is_none()) throw py::value_error("decoder_greedy: c0 is given exactly for an LSTM cell");
                 py::array_t<T> h = state_copy<T>(h0, B, H, true, "decoder_greedy: h0");

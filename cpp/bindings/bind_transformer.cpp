@@ -42,8 +42,8 @@ void init_transformer(py::module_& m) {
     m.def(
         "layernorm_backward",
         [](const py::array& dy, const py::array& x, const py::array& mean, const py::array& rstd,
-           const py::object& gamma, const py::object& dgamma, const py::object& dbeta) {
-            return dispatch_float(dy, "layernorm_backward: dy", [&](auto tag) -> py::array {
+           const py::object& gamma, const py::object& dgamma, const py::object& dbeta, bool need_dx) {
+            return dispatch_float(dy, "layernorm_backward: dy", [&](auto tag) -> py::object {
                 using T = decltype(tag);
                 check_rank(x, 2, "layernorm_backward: x");
                 const auto N = x.shape(0), C = x.shape(1);
@@ -69,13 +69,19 @@ void init_transformer(py::module_& m) {
                 const T* px = in_ptr<T>(x, "layernorm_backward: x");
                 const T* pm = in_ptr<T>(mean, "layernorm_backward: mean");
                 const T* ps = in_ptr<T>(rstd, "layernorm_backward: rstd");
+                if (!need_dx) {
+                    py::gil_scoped_release release;
+                    layernorm_backward<T>((T*)nullptr, pdg, pdb, pdy, px, pm, ps, pg, N, C);
+                    return py::none();
+                }
                 return released_result<T>({N, C}, [&](T* pdx) {
                     layernorm_backward<T>(pdx, pdg, pdb, pdy, px, pm, ps, pg, N, C);
                 });
             });
         },
         py::arg("dy"), py::arg("x"), py::arg("mean"), py::arg("rstd"), py::arg("gamma"), py::arg("dgamma"),
-        py::arg("dbeta"), "Backward of layernorm_forward: returns dx, accumulates into dgamma / dbeta.");
+        py::arg("dbeta"), py::arg("need_dx") = true,
+        "Backward of layernorm_forward: returns dx (None when need_dx is False), accumulates into dgamma / dbeta.");
 
     m.def(
         "sinusoidal_table",

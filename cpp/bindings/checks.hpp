@@ -5,7 +5,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <sstream>
@@ -43,6 +46,19 @@ inline bool is_aligned(const py::array& a) { return a.flags() & py::detail::npy_
 
 template <class T> const char* dtype_name() { return sizeof(T) == 4 ? "float32" : "float64"; }
 
+// The kernels index with int (BLAS' own index type, and their loops over rows, steps and
+// features): every axis and every array's element count must fit in one, or the casts wrap
+// around (a segfault, or rows silently left out).
+constexpr py::ssize_t kMaxIndex = std::numeric_limits<int>::max();
+
+inline void check_index_range(const py::array& a, const char* what) {
+    bool ok = a.size() <= kMaxIndex;
+    for (py::ssize_t i = 0; ok && i < a.ndim(); ++i) ok = a.shape(i) <= kMaxIndex;
+    if (!ok)
+        throw py::value_error(std::string(what) + ": shape " + shape_str(a) +
+                              " exceeds the kernels' limit of 2**31 - 1 per axis and per array");
+}
+
 template <class T> void check_dtype(const py::array& a, const char* what) {
     if (!a.dtype().is(py::dtype::of<T>()))
         throw py::type_error(std::string(what) + ": expected dtype " + py::str(py::dtype::of<T>()).cast<std::string>() +
@@ -52,6 +68,7 @@ template <class T> void check_dtype(const py::array& a, const char* what) {
     // e.g. np.frombuffer(..., offset=1): C-contiguous, but reading it as T* is undefined behaviour
     if (!is_aligned(a))
         throw py::value_error(std::string(what) + ": expected an aligned array (np.require(a, requirements='CA'))");
+    check_index_range(a, what);
 }
 
 // Read-only view of a C-contiguous array of exactly dtype T.
@@ -93,6 +110,96 @@ inline void check_shape(const py::array& a, const std::vector<py::ssize_t>& expe
         s << (expected.size() == 1 ? ",)" : ")") << ", got " << shape_str(a);
         throw py::value_error(s.str());
     }
+}
+
+// Token ids: a C-contiguous, aligned int64 array (TypeError otherwise) whose values index a table
+// of `vocab` rows (IndexError otherwise).
+inline const int64_t* ids_ptr(const py::array& ids, py::ssize_t vocab, const char* fn, const char* arg) {
+    const std::string what = std::string(fn) + ": " + arg;
+    if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style) || !is_aligned(ids))
+        throw py::type_error(what + ": expected a C-contiguous, aligned int64 array (np.require(ids, np.int64, "
+                             "'CA')), got dtype " + dtype_str(ids) + (is_aligned(ids) ? "" : ", misaligned"));
+    check_index_range(ids, what.c_str());
+    const int64_t* p = static_cast<const int64_t*>(ids.data());
+    if (ids.size() == 0) return p;
+    const auto [lo, hi] = std::minmax_element(p, p + ids.size());
+    if (*lo < 0 || *hi >= vocab)
+        throw py::index_error(what + ": token id " + std::to_string(*lo < 0 ? *lo : *hi) + " out of range [0, " +
+                              std::to_string(vocab) + ")");
+    return p;
+}
+
+// ----------------------------------------------------------------------------- masks
+// The one mask rule of every binding that takes a mask (ARCHITECTURE.md, "Masks"):
+//  - None (everything allowed) or an array of dtype bool or of any integer dtype whose values are
+//    all 0 or 1 (TypeError for any other dtype, ValueError for any other value);
+//    True / 1 = a real token / a position that may be attended to.
+//  - shape (B, L), one flag per position, or, where the binding takes it, (B, Tq, L), one row per
+//    query; a leading axis of 1 instead of B is one mask shared by the whole batch.
+//  - any layout: a non-contiguous or integer mask is read through a C-contiguous uint8 copy.
+//  - a fully masked row is allowed everywhere: the kernels give it zero weights, a zero context
+//    and no state update, never NaN.
+struct MaskRows {
+    const uint8_t* data = nullptr;      // null: no mask
+    size_t stride_b = 0, stride_t = 0;  // elements between batch rows (0: shared) and between query rows
+    py::object owner;                   // the array `data` points into (maybe a converted copy)
+};
+
+// `mask` under the rule above. query_len < 0: the binding takes only the per-position form (B, L).
+inline MaskRows parse_mask(const py::object& mask, py::ssize_t batch, py::ssize_t query_len, py::ssize_t len,
+                           const char* fn, const char* arg) {
+    MaskRows out;
+    if (mask.is_none()) return out;
+    const std::string what = std::string(fn) + ": " + arg;
+    py::array m = py::array::ensure(mask);
+    if (!m) {
+        PyErr_Clear();
+        throw py::type_error(what + ": expected a bool or 0/1 integer mask array, got " +
+                             py::str(py::type::of(mask)).cast<std::string>());
+    }
+    const char kind = m.dtype().kind();
+    if (kind != 'b' && kind != 'i' && kind != 'u')
+        throw py::type_error(what + ": expected a bool or 0/1 integer mask, got dtype " + dtype_str(m));
+    const bool shared = m.ndim() >= 2 && m.shape(0) == 1 && batch != 1;
+    const py::ssize_t rows = shared ? 1 : batch;
+    const bool per_query = m.ndim() == 3 && query_len >= 0;
+    if (per_query ? (m.shape(0) != rows || m.shape(1) != query_len || m.shape(2) != len)
+                  : (m.ndim() != 2 || m.shape(0) != rows || m.shape(1) != len)) {
+        std::string expected = "(" + std::to_string(batch) + ", " + std::to_string(len) + ")";
+        if (query_len >= 0)
+            expected += " or (" + std::to_string(batch) + ", " + std::to_string(query_len) + ", " +
+                        std::to_string(len) + ")";
+        throw py::value_error(what + ": expected shape " + expected + " (a leading 1 shares one mask across the " +
+                              "batch), got " + shape_str(m));
+    }
+    if (kind != 'b') {
+        const py::object outside = (m.attr("__lt__")(0)).attr("__or__")(m.attr("__gt__")(1));
+        if (outside.attr("any")().cast<bool>())
+            throw py::value_error(what + ": an integer mask holds only 0 and 1, got " +
+                                  py::str(m[outside].attr("flat")[py::int_(0)]).cast<std::string>());
+    }
+    if (kind != 'b' || !(m.flags() & py::array::c_style))
+        m = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>::ensure(m);
+    out.owner = m;  // a list or a converted copy lives only as long as this reference
+    out.data = static_cast<const uint8_t*>(m.data());
+    out.stride_t = per_query ? (size_t)len : 0;
+    out.stride_b = shared ? 0 : (size_t)(per_query ? query_len * len : len);
+    return out;
+}
+
+// A per-position mask (B, L) for kernels that read one dense row per batch row: a shared mask is
+// copied out to every row.
+inline MaskRows parse_position_mask(const py::object& mask, py::ssize_t batch, py::ssize_t len, const char* fn,
+                                    const char* arg) {
+    MaskRows out = parse_mask(mask, batch, -1, len, fn, arg);
+    if (out.data && out.stride_b == 0 && batch > 1) {
+        py::array_t<uint8_t> rows({batch, len});
+        for (py::ssize_t b = 0; b < batch; ++b) std::copy(out.data, out.data + len, rows.mutable_data() + b * len);
+        out.data = rows.data();
+        out.stride_b = (size_t)len;
+        out.owner = std::move(rows);
+    }
+    return out;
 }
 
 // Freed result buffers of 64 KiB and more, kept by size for the next array of that size: training
@@ -153,7 +260,13 @@ class BufferCache {
 // An uninitialized C-contiguous result array (large ones from the BufferCache).
 template <class T> py::array_t<T> new_array(const std::vector<py::ssize_t>& shape) {
     size_t count = 1;
-    for (auto s : shape) count *= (size_t)s;
+    bool fits = true;
+    for (auto s : shape) fits = fits && s <= kMaxIndex && !__builtin_mul_overflow(count, (size_t)s, &count);
+    if (!fits || count > (size_t)kMaxIndex) {
+        std::string dims;
+        for (auto s : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(s);
+        throw py::value_error("a result of shape (" + dims + ") exceeds the kernels' limit of 2**31 - 1 elements");
+    }
     const size_t bytes = count * sizeof(T);
     if (bytes < BufferCache::kMinBytes) return py::array_t<T>(shape);
     void* data = BufferCache::instance().take(bytes);
@@ -165,6 +278,7 @@ template <class T> py::array_t<T> new_array(const std::vector<py::ssize_t>& shap
 template <class T, class Kernel>
 py::array_t<T> released_result(const std::vector<py::ssize_t>& shape, Kernel&& kernel) {
     auto result = new_array<T>(shape);
+    if (result.size() == 0) return result;  // nothing to compute
     T* out = result.mutable_data();
     {
         py::gil_scoped_release release;

@@ -52,8 +52,9 @@ static void test_sdpa_against_loops_and_finite_differences() {
     mask.stride_b = S;
     mask.causal = true;
     const double scale = 0.8;
+    const AttendShape shape{B, H, Tq, S, Dk, Dv};
     Vec ctx(B * Tq * H * Dv), w(B * H * Tq * S);
-    sdpa_forward(ctx.data(), w.data(), q.data(), k.data(), v.data(), mask, keep.data(), B, H, Tq, S, Dk, Dv, scale);
+    sdpa_forward(shape, ctx.data(), w.data(), q.data(), k.data(), v.data(), mask, keep.data(), scale);
 
     for (int b = 0; b < B; ++b)
         for (int h = 0; h < H; ++h)
@@ -84,13 +85,13 @@ static void test_sdpa_against_loops_and_finite_differences() {
     const Vec rc = randn(ctx.size(), 5), rw = randn(w.size(), 6);
     auto loss = [&]() {
         Vec c2(ctx.size()), w2(w.size());
-        sdpa_forward(c2.data(), w2.data(), q.data(), k.data(), v.data(), mask, keep.data(), B, H, Tq, S, Dk, Dv, scale);
+        sdpa_forward(shape, c2.data(), w2.data(), q.data(), k.data(), v.data(), mask, keep.data(), scale);
         return dot(c2, rc) + dot(w2, rw);
     };
     Vec dq(q.size()), dk(k.size()), dv(v.size());
     double dscale = 0;
-    sdpa_backward(dq.data(), dk.data(), dv.data(), &dscale, rc.data(), rw.data(), w.data(), q.data(), k.data(),
-                  v.data(), keep.data(), B, H, Tq, S, Dk, Dv, scale);
+    sdpa_backward(shape, dq.data(), dk.data(), dv.data(), &dscale, rc.data(), rw.data(), w.data(), q.data(), k.data(),
+                  v.data(), keep.data(), scale);
     check_gradient(q, dq, loss, "dq");
     check_gradient(k, dk, loss, "dk");
     check_gradient(v, dv, loss, "dv");
@@ -98,7 +99,7 @@ static void test_sdpa_against_loops_and_finite_differences() {
     const double eps = 1e-6;
     auto loss_at = [&](double sc) {
         Vec c2(ctx.size()), w2(w.size());
-        sdpa_forward(c2.data(), w2.data(), q.data(), k.data(), v.data(), mask, keep.data(), B, H, Tq, S, Dk, Dv, sc);
+        sdpa_forward(shape, c2.data(), w2.data(), q.data(), k.data(), v.data(), mask, keep.data(), sc);
         return dot(c2, rc) + dot(w2, rw);
     };
     CHECK_CLOSE(dscale, (loss_at(scale + eps) - loss_at(scale - eps)) / (2 * eps), 1e-6);
@@ -110,12 +111,13 @@ static void test_parallel_matches_serial() {
     Vec q = randn(B * T * H * D, 7), k = randn(B * T * H * D, 8), v = randn(B * T * H * D, 9);
     Vec ctx(q.size()), w(B * H * T * T), ctx1(q.size()), w1(w.size());
     AttendMask mask;
-    sdpa_forward(ctx.data(), w.data(), q.data(), k.data(), v.data(), mask, (const double*)nullptr, B, H, T, T, D, D,
-                 0.25);
+    sdpa_forward(AttendShape{B, H, T, T, D, D}, ctx.data(), w.data(), q.data(), k.data(), v.data(), mask,
+                 (const double*)nullptr, 0.25);
     for (int b = 0; b < B; ++b)  // one batch row at a time: below the threading threshold
-        sdpa_forward(ctx1.data() + (size_t)b * T * H * D, w1.data() + (size_t)b * H * T * T,
-                     q.data() + (size_t)b * T * H * D, k.data() + (size_t)b * T * H * D,
-                     v.data() + (size_t)b * T * H * D, mask, (const double*)nullptr, 1, H, T, T, D, D, 0.25);
+        sdpa_forward(AttendShape{1, H, T, T, D, D}, ctx1.data() + (size_t)b * T * H * D,
+                     w1.data() + (size_t)b * H * T * T, q.data() + (size_t)b * T * H * D,
+                     k.data() + (size_t)b * T * H * D, v.data() + (size_t)b * T * H * D, mask,
+                     (const double*)nullptr, 0.25);
     double worst = 0;
     for (size_t i = 0; i < ctx.size(); ++i) worst = std::max(worst, std::abs(ctx[i] - ctx1[i]));
     CHECK(worst < 1e-12);
@@ -173,8 +175,8 @@ static void test_pooling() {
     Vec x = randn(B * T * C, 15), W = randn(C, 16), bias = randn(T, 17);
     const uint8_t mask[B * T] = {1, 1, 0, 0, 0, 0};
     Vec out(B * C), a(B * T), e(B * T);
-    attention_pooling_forward(out.data(), a.data(), e.data(), x.data(), W.data(), bias.data(), true, mask, B, T, C,
-                              false);
+    attention_pooling_forward(PoolingConfig{B, T, C, true, false}, out.data(), a.data(), e.data(), x.data(), W.data(),
+                              bias.data(), mask);
     double z[T], sum = 0;
     for (int t = 0; t < 2; ++t) {
         z[t] = std::exp(std::tanh(x[t * C] * W[0] + x[t * C + 1] * W[1] + bias[t]));

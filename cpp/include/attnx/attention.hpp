@@ -43,11 +43,18 @@ struct AttendMask {
     }
 };
 
+// Sizes of one attention call: B batch rows, H heads, Tq queries, S source positions, Dk and Dv
+// the per-head query/key and value sizes (a kernel that reads no keys or values ignores Dk or Dv).
+struct AttendShape {
+    int B = 0, H = 1, Tq = 0, S = 0, Dk = 0, Dv = 0;
+};
+
 // ----------------------------------------------------------------------------- softmax + context
 // weights[n, t, :] = masked_softmax(scores[n, t, :]) for the B * H * Tq rows of (B, H, Tq, S)
 // scores; weights may alias scores. Fully masked rows become zeros.
 template <class T>
-void masked_softmax_scores(T* weights, const T* scores, const AttendMask& mask, int B, int H, int Tq, int S) {
+void masked_softmax_scores(const AttendShape& shape, T* weights, const T* scores, const AttendMask& mask) {
+    const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S;
     const size_t N = (size_t)B * H;
     parallel_for(N, double(N) * Tq * S * 8, [&](size_t lo, size_t hi) {
         std::vector<uint8_t> row_mask(mask.causal ? S : 0);
@@ -161,8 +168,9 @@ void softmax_context_backward_problem(T* dscores, T* dvalue, T* dkeep, const T* 
 // Softmax and context from precomputed scores (any score kernel), all B * H problems.
 // `weights` holds the scores on entry and the attention weights on return.
 template <class T>
-void softmax_context_forward(T* context, T* weights, const T* value, const AttendMask& mask, const T* keep, int B,
-                             int H, int Tq, int S, int Dv) {
+void softmax_context_forward(const AttendShape& shape, T* context, T* weights, const T* value, const AttendMask& mask,
+                             const T* keep) {
+    const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dv = shape.Dv;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
     parallel_for(N, double(N) * block * (Dv + 4), [&](size_t lo, size_t hi) {
         on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
@@ -182,8 +190,9 @@ void softmax_context_forward(T* context, T* weights, const T* value, const Atten
 
 // Backward of softmax_context_forward: dscores (B, H, Tq, S), dvalue and dkeep (if not null) overwritten.
 template <class T>
-void softmax_context_backward(T* dscores, T* dvalue, T* dkeep, const T* dcontext, const T* dweights,
-                              const T* weights, const T* value, const T* keep, int B, int H, int Tq, int S, int Dv) {
+void softmax_context_backward(const AttendShape& shape, T* dscores, T* dvalue, T* dkeep, const T* dcontext,
+                              const T* dweights, const T* weights, const T* value, const T* keep) {
+    const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dv = shape.Dv;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
     parallel_for(N, double(N) * block * (2 * Dv + 4), [&](size_t lo, size_t hi) {
         std::vector<T> dropped(keep ? block : 0);
@@ -223,7 +232,8 @@ T dot_scores_backward_problem(T* dq, T* dk, const T* dscores, const T* q, const 
 
 // scores[n] = scale * Q[n] . K[n]^T for all B * H problems; scores (B, H, Tq, S).
 template <class T>
-void dot_scores_forward(T* scores, const T* q, const T* k, int B, int H, int Tq, int S, int Dk, T scale) {
+void dot_scores_forward(const AttendShape& shape, T* scores, const T* q, const T* k, T scale) {
+    const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
     parallel_for(N, double(N) * block * Dk, [&](size_t lo, size_t hi) {
         for (size_t n = lo; n < hi; ++n)
@@ -234,8 +244,9 @@ void dot_scores_forward(T* scores, const T* q, const T* k, int B, int H, int Tq,
 
 // Backward of dot_scores_forward: dq, dk overwritten; dscale (null to skip) accumulates.
 template <class T>
-void dot_scores_backward(T* dq, T* dk, T* dscale, const T* dscores, const T* q, const T* k, int B, int H, int Tq,
-                         int S, int Dk, T scale) {
+void dot_scores_backward(const AttendShape& shape, T* dq, T* dk, T* dscale, const T* dscores, const T* q, const T* k,
+                         T scale) {
+    const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
     std::mutex dscale_lock;
     parallel_for(N, double(N) * block * Dk * 2, [&](size_t lo, size_t hi) {
@@ -265,8 +276,9 @@ inline int sdpa_block_rows(int Tq, int S) { return std::max(1, std::min(Tq, 3276
 // lives in per-thread scratch, the (B, H, Tq, S) weights are never written, and the softmax is
 // normalized on the context (softmax_context_rows without normalize).
 template <class T>
-void sdpa_forward(T* context, T* weights, const T* q, const T* k, const T* v, const AttendMask& mask,
-                  const T* keep, int B, int H, int Tq, int S, int Dk, int Dv, T scale) {
+void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, const T* k, const T* v,
+                  const AttendMask& mask, const T* keep, T scale) {
+    const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
     const int rows = sdpa_block_rows(Tq, S);
     parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
@@ -312,9 +324,9 @@ void sdpa_forward(T* context, T* weights, const T* q, const T* k, const T* v, co
 // gradient flowing into the returned weights, or null) joins before the softmax backward;
 // dscale (null to skip) accumulates d loss / d scale for a learned scale.
 template <class T>
-void sdpa_backward(T* dq, T* dk, T* dv, T* dscale, const T* dcontext, const T* dweights, const T* weights,
-                   const T* q, const T* k, const T* v, const T* keep, int B, int H, int Tq, int S, int Dk, int Dv,
-                   T scale) {
+void sdpa_backward(const AttendShape& shape, T* dq, T* dk, T* dv, T* dscale, const T* dcontext, const T* dweights,
+                   const T* weights, const T* q, const T* k, const T* v, const T* keep, T scale) {
+    const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
     std::mutex dscale_lock;
     parallel_for(N, double(N) * block * (2 * Dk + 2 * Dv), [&](size_t lo, size_t hi) {

@@ -11,13 +11,22 @@
 
 namespace attnx {
 
+// Sizes and options of one pooling call: x (B, T, C); a bias per time step or one for all.
+struct PoolingConfig {
+    int B = 0, T = 0, C = 0;
+    bool bias_per_step = false;     // bias (T,) rather than (1,)
+    bool return_sequences = false;  // out (B, T, C) = weights * x instead of the pooled (B, C)
+};
+
 // energy[b, t]  = tanh(sum_c x[b, t, c] W[c] + bias[t or 0])       saved for backward
 // weights[b, :] = masked_softmax(energy[b, :])                      (mask (B, T) or null)
 // out[b, c]     = sum_t weights[b, t] x[b, t, c]                     (pooled, (B, C))
 //            or = weights[b, t] x[b, t, c]                           (return_sequences, (B, T, C))
 template <class T>
-void attention_pooling_forward(T* out, T* weights, T* energy, const T* x, const T* W, const T* bias,
-                               bool bias_per_step, const uint8_t* mask, int B, int Tn, int C, bool return_sequences) {
+void attention_pooling_forward(const PoolingConfig& cfg, T* out, T* weights, T* energy, const T* x, const T* W,
+                               const T* bias, const uint8_t* mask) {
+    const int B = cfg.B, Tn = cfg.T, C = cfg.C;
+    const bool bias_per_step = cfg.bias_per_step, return_sequences = cfg.return_sequences;
     matmul<T>(energy, x, W, B * Tn, 1, C);
     parallel_for((size_t)B, double(B) * Tn * C * 2, [&](size_t lo, size_t hi) {
         for (size_t b = lo; b < hi; ++b) {
@@ -45,9 +54,10 @@ void attention_pooling_forward(T* out, T* weights, T* energy, const T* x, const 
 //   dx[b, t, c] = weights[b, t] dout[b, (t,) c] + dZ[b, t] W[c]
 //   dW[c] += sum_{b,t} dZ[b, t] x[b, t, c],   dbias[t or 0] += sum_b dZ[b, t]
 template <class T>
-void attention_pooling_backward(T* dx, T* dW, T* dbias, const T* dout, const T* dweights, const T* weights,
-                                const T* energy, const T* x, const T* W, bool bias_per_step, int B, int Tn, int C,
-                                bool return_sequences) {
+void attention_pooling_backward(const PoolingConfig& cfg, T* dx, T* dW, T* dbias, const T* dout, const T* dweights,
+                                const T* weights, const T* energy, const T* x, const T* W) {
+    const int B = cfg.B, Tn = cfg.T, C = cfg.C;
+    const bool bias_per_step = cfg.bias_per_step, return_sequences = cfg.return_sequences;
     std::vector<T> dz((size_t)B * Tn);
     parallel_for((size_t)B, double(B) * Tn * C * 3, [&](size_t lo, size_t hi) {
         for (size_t b = lo; b < hi; ++b) {

@@ -199,7 +199,8 @@ void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>
                                    w.score_vector, nb, 1, S, U);
     } else {
         // scores[b, s] = q[b] . keys[b, s]  (keys = enc W_k for general, enc for dot)
-        dot_scores_forward<T>(scores, q, cache.keys_or_enc(enc) + (size_t)b0 * S * Dk, nb, 1, 1, S, Dk, T(1));
+        dot_scores_forward<T>(AttendShape{nb, 1, 1, S, Dk, 0}, scores, q, cache.keys_or_enc(enc) + (size_t)b0 * S * Dk,
+                              T(1));
     }
     AttendMask mask;
     mask.data = source_mask ? source_mask + (size_t)b0 * S : nullptr;
@@ -226,7 +227,8 @@ void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>
         mask.data = cache.window + bs;
         keep = cache.gauss + bs;
     }
-    softmax_context_forward<T>(context + (size_t)b0 * K, scores, enc + (size_t)b0 * S * K, mask, keep, nb, 1, 1, S, K);
+    softmax_context_forward<T>(AttendShape{nb, 1, 1, S, 0, K}, context + (size_t)b0 * K, scores, enc + (size_t)b0 * S * K,
+                               mask, keep);
 }
 
 // Workspace of the backward pass for all B rows, allocated once per call (never inside the time loop).
@@ -254,8 +256,8 @@ void attend_step_backward(const DecoderConfig& cfg, const DecoderParams<const T*
     T* denc_step = work.denc_step.data() + (size_t)b0 * S * K;
     T* dkeys_step = work.dkeys_step.data() + (size_t)b0 * S * Dk;
     T* dgauss = cfg.predictive() ? work.dgauss.data() + (size_t)b0 * S : nullptr;
-    softmax_context_backward<T>(dscores, denc_step, dgauss, dcontext + (size_t)b0 * K, (const T*)nullptr,
-                                cache.weights + bs, enc + (size_t)b0 * S * K, keep, nb, 1, 1, S, K);
+    softmax_context_backward<T>(AttendShape{nb, 1, 1, S, 0, K}, dscores, denc_step, dgauss, dcontext + (size_t)b0 * K,
+                                (const T*)nullptr, cache.weights + bs, enc + (size_t)b0 * S * K, keep);
     // denc += a_t^T . dc_t (per row b)
     T* denc_rows = denc + (size_t)b0 * S * K;
     for (size_t i = 0; i < (size_t)nb * S * K; ++i) denc_rows[i] += denc_step[i];
@@ -268,8 +270,8 @@ void attend_step_backward(const DecoderConfig& cfg, const DecoderParams<const T*
         gemm<T>(false, true, nb, H, U, T(1), dpq, U, w.query_kernel, U, T(1), dq, H);
     } else {
         T* dq_step = work.dquery_step.data() + (size_t)b0 * Dk;
-        dot_scores_backward<T>(dq_step, dkeys_step, (T*)nullptr, dscores, query + (size_t)b0 * H,
-                               cache.keys_or_enc(enc) + (size_t)b0 * S * Dk, nb, 1, 1, S, Dk, T(1));
+        dot_scores_backward<T>(AttendShape{nb, 1, 1, S, Dk, 0}, dq_step, dkeys_step, (T*)nullptr, dscores,
+                               query + (size_t)b0 * H, cache.keys_or_enc(enc) + (size_t)b0 * S * Dk, T(1));
         for (size_t i = 0; i < (size_t)nb * H; ++i) dq[i] += dq_step[i];
     }
     // the keys' gradient: into dkeys (projected keys) or straight into denc (dot: keys = enc)

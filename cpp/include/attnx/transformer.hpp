@@ -44,7 +44,7 @@ void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const
 
 // With xhat = (x - mean) * rstd and g = dy * gamma:
 // dx[n, c] = rstd[n] * (g[n, c] - mean_c g[n, :] - xhat[n, c] * mean_c (g[n, :] xhat[n, :])) (overwritten),
-// dgamma[c] += sum_n dy[n, c] xhat[n, c],  dbeta[c] += sum_n dy[n, c]. dx may alias dy.
+// dgamma[c] += sum_n dy[n, c] xhat[n, c],  dbeta[c] += sum_n dy[n, c]. dx may alias dy, or be null.
 template <class T>
 void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, const T* mean, const T* rstd,
                         const T* gamma, size_t N, size_t C) {
@@ -64,6 +64,7 @@ void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, con
                     for (size_t c = 0; c < C; ++c) dgamma_part[c] += dyr[c] * xhat[c];
                 if (dbeta)
                     for (size_t c = 0; c < C; ++c) dbeta_part[c] += dyr[c];
+                if (!dx) continue;  // the parameter gradients only (need_dx=False)
                 const T g_mean = sum_lanes<T>(C, [&](size_t c) __attribute__((always_inline)) { return g[c]; }) / T(C);
                 const T gx_mean =
                     sum_lanes<T>(C, [&](size_t c) __attribute__((always_inline)) { return g[c] * xhat[c]; }) / T(C);

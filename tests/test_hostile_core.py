@@ -1,0 +1,237 @@
+"""Issue 14's hostile calls on the raw `_core` bindings: sizes past int (faked with zero-size and
+zero-stride arrays, which cost no memory), crafted seq2seq caches and parameter dicts, ids of the
+wrong dtype, range or alignment, first_step overflow, thread counts above the machine's, and
+per-thread inference scratch. Each must raise a clear Python exception (or work), never crash,
+hang, allocate what the input does not justify, or return a wrong answer."""
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import attnx
+from attnx import _core, layers
+
+f32 = np.float32
+BIG = 2 ** 31 + 16   # one past int: the cast wrapped to a negative size (segfault)
+HUGE = 2 ** 32 + 16  # wrapped to 16: only 16 rows were computed, the rest silently 0
+LIMIT = r"exceeds the kernels' limit of 2\*\*31 - 1"
+
+
+# ------------------------------------------------------------------------- sizes past int
+@pytest.mark.parametrize("rows", [BIG, HUGE])
+def test_dense_rows_past_int(rows):
+    x = np.empty((rows, 0), f32)  # zero columns: no memory, yet rows results are asked for
+    with pytest.raises(ValueError, match=r"dense_forward: x: shape \(\d+, 0\) " + LIMIT):
+        _core.dense_forward(x=x, kernel=np.empty((0, 1), f32), bias=np.zeros(1, f32))
+
+
+def test_dense_layer_rows_past_int():
+    layer = layers.Dense(1)
+    with pytest.raises(ValueError, match=LIMIT):
+        layer(np.empty((BIG, 0), f32))
+
+
+def test_attention_pooling_batch_past_int_does_not_hang():
+    x = np.empty((2 ** 31 + 7, 0, 4), f32)
+    with pytest.raises(ValueError, match=r"attention_pooling_forward: x: .*" + LIMIT):
+        _core.attention_pooling_forward(x=x, kernel=np.zeros((4, 1), f32), bias=np.zeros((1, 1), f32),
+                                        return_sequences=True)
+    pool = layers.AttentionPooling(return_sequences=True, length_agnostic=True)
+    with pytest.raises(ValueError, match=LIMIT):
+        pool(x)
+
+
+def test_zero_stride_views_are_refused_not_read():
+    """A broadcast view of one element posing as a (2**31 + 16, 4) array: refused by layout before
+    any size is cast."""
+    fake = np.lib.stride_tricks.as_strided(np.zeros(1, f32), shape=(BIG, 4), strides=(0, 0))
+    with pytest.raises(ValueError, match="dense_forward: x: expected a C-contiguous array"):
+        _core.dense_forward(x=fake, kernel=np.zeros((4, 1), f32), bias=None)
+    fake_mask = np.broadcast_to(np.ones(1, bool), (2, BIG))
+    with pytest.raises(ValueError, match=r"masked_softmax_forward: mask: expected shape \(2, 3\)"):
+        _core.masked_softmax_forward(scores=np.zeros((2, 1, 1, 3), f32), mask=fake_mask)
+
+
+def test_results_past_int_are_refused_before_allocating():
+    """Small inputs whose (B, H, Tq, S) weights would hold 2.5e9 elements."""
+    q = np.zeros((1, 50_000, 1), f32)
+    with pytest.raises(ValueError, match=r"result of shape \(1, 1, 50000, 50000\) " + LIMIT):
+        _core.sdpa_forward(query=q, key=q, value=q)
+
+
+def test_zero_size_inputs_return_at_once():
+    assert _core.activation_forward(x=np.empty((0, 5), f32), activation="softmax").shape == (0, 5)
+    assert _core.masked_softmax_forward(scores=np.empty((0, 2, 3, 4), f32)).shape == (0, 2, 3, 4)
+    y, _ = _core.dense_forward(x=np.empty((3, 0), f32), kernel=np.empty((0, 2), f32), bias=np.ones(2, f32))
+    np.testing.assert_array_equal(y, np.ones((3, 2), f32))
+
+
+# ------------------------------------------------------------------------- threads
+def test_set_num_threads_is_capped_at_the_cpu_count():
+    cpus, before = os.cpu_count(), _core.get_num_threads()
+    try:
+        with pytest.raises(ValueError, match=rf"set_num_threads: n must lie in \[1, {cpus}\].*got 5000"):
+            _core.set_num_threads(n=5000)
+        with pytest.raises(ValueError, match="got 0"):
+            attnx.set_num_threads(0)
+        _core.set_num_threads(n=cpus)
+        assert _core.get_num_threads() == cpus
+    finally:
+        _core.set_num_threads(n=before)
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc")
+def test_inference_scratch_does_not_outlive_its_threads():
+    """Layers kept one set of inference buffers per thread that ever called them (a 32-thread
+    burst on a GRU(256) left 908 MiB against 70 MiB); results now come from the bounded cache."""
+    gru = layers.GRU(256, return_sequences=True)
+    x = np.random.default_rng(0).normal(size=(32, 64, 64)).astype(f32)
+    want = gru(x)
+    before = _rss_bytes()
+    outputs = []
+    threads = [threading.Thread(target=lambda: outputs.append(gru(x))) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(outputs) == 32
+    for y in outputs:
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    del outputs
+    grown = (_rss_bytes() - before) / 2 ** 20
+    # 32 threads x (gates + aux + y) of 6 + 2 + 2 MiB each kept 320 MiB; the cache keeps <= 128 MiB
+    assert grown < 200, f"RSS grew by {grown:.0f} MiB after 32 inference threads"
+
+
+# ------------------------------------------------------------------------- raw seq2seq bindings
+V, E, H, K, U = 7, 3, 4, 4, 3
+
+
+def _params(vocab=V, out_vocab=V):
+    r = np.random.default_rng(1)
+    f = lambda *s: r.uniform(-0.5, 0.5, s).astype(f32)  # noqa: E731
+    return {"embeddings": f(vocab, E), "kernel": f(E + K, 3 * H), "recurrent_kernel": f(H, 3 * H),
+            "bias": f(2, 3 * H), "query_kernel": f(H, U), "query_bias": f(U), "key_kernel": f(K, U),
+            "score_vector": f(U), "output_kernel": f(H, out_vocab), "output_bias": f(out_vocab)}
+
+
+def _forward(B=2, S=3, T=2, params=None, ids=None, **kw):
+    params = params or _params()
+    ids = np.ones((B, T), np.int64) if ids is None else ids
+    enc = np.random.default_rng(2).normal(size=(B, S, K)).astype(f32)
+    out = _core.decoder_forward(kind="bahdanau", score="additive", cell="gru", ids=ids, enc=enc,
+                                h0=np.zeros((B, H), f32), params=params, **kw)
+    return out, enc, params
+
+
+def _backward(cache, enc, params, B=2, T=2):
+    grads = {k: np.zeros_like(v) for k, v in params.items()}
+    return _core.decoder_backward(cache=cache, dlogits=np.ones((B, T, V), f32), enc=enc, params=params,
+                                  grads=grads)
+
+
+@pytest.mark.parametrize("extra", [1, 2, 1000])
+def test_decoder_greedy_output_vocabulary_must_fit_the_embedding_table(extra):
+    params = _params(vocab=V, out_vocab=V + extra)
+    with pytest.raises(ValueError, match=rf"decoder_greedy: the output vocabulary .*{V + extra} columns\) exceeds "
+                                         rf"the embedding table's {V} rows"):
+        _core.decoder_greedy(kind="bahdanau", score="additive", cell="gru", enc=np.zeros((2, 3, K), f32),
+                             h0=np.zeros((2, H), f32), params=params, start_id=1, end_id=2, max_length=4)
+
+
+def test_decoder_backward_accepts_its_own_cache():
+    (_, _, _, _, _, _, cache), enc, params = _forward()
+    denc, dh0, dc0 = _backward(cache, enc, params)
+    assert denc.shape == enc.shape and np.isfinite(denc).all() and dc0 is None
+
+
+def test_decoder_backward_refuses_a_cache_of_other_sizes():
+    """A cache from a B=1, S=2 call with a (64, 30, K) encoder output (heap-use-after-free before)."""
+    (_, _, _, _, _, _, cache), _, params = _forward(B=1, S=2)
+    enc = np.zeros((64, 30, K), f32)
+    with pytest.raises(ValueError, match=r'decoder_backward: cache\["\w+"\]: expected shape'):
+        _backward(cache, enc, params, B=64)
+
+
+@pytest.mark.parametrize("name", ["gates", "weights", "score_hidden", "emb"])
+def test_decoder_backward_refuses_shrunken_cache_buffers(name):
+    (_, _, _, _, _, _, cache), enc, params = _forward()
+    cache[name] = np.ascontiguousarray(cache[name][..., :1])
+    with pytest.raises(ValueError, match=rf'decoder_backward: cache\["{name}"\]: expected shape'):
+        _backward(cache, enc, params)
+
+
+@pytest.mark.parametrize("bad, exc, pattern", [
+    (lambda ids: ids.astype(np.int8), TypeError, r'cache\["ids"\]: expected dtype int64, got int8'),
+    (lambda ids: ids + 100, IndexError, r'cache\["ids"\]: token id 101 out of range \[0, 7\)'),
+    (lambda ids: ids - 2, IndexError, r'cache\["ids"\]: token id -1 out of range'),
+    (lambda ids: ids.astype(np.float32), TypeError, r"expected dtype int64, got float32"),
+    (lambda ids: "ids", ValueError, r'cache\["ids"\]: expected an array'),
+])
+def test_decoder_backward_refuses_bad_cached_ids(bad, exc, pattern):
+    (_, _, _, _, _, _, cache), enc, params = _forward()
+    cache["ids"] = bad(cache["ids"])
+    with pytest.raises(exc, match=pattern):
+        _backward(cache, enc, params)
+
+
+@pytest.mark.parametrize("config", [None, (1, 2), ("bahdanau", "additive", "gru", "x", "m", 0), 5])
+def test_decoder_backward_refuses_a_crafted_config(config):
+    (_, _, _, _, _, _, cache), enc, params = _forward()
+    if config is None:
+        del cache["config"]
+    else:
+        cache["config"] = config
+    with pytest.raises(ValueError, match=r'decoder_backward: cache\["config"\]'):
+        _backward(cache, enc, params)
+
+
+def test_decoder_backward_refuses_missing_buffers():
+    (_, _, _, _, _, _, cache), enc, params = _forward()
+    del cache["h_prev"]
+    with pytest.raises(ValueError, match=r'cache\["h_prev"\]: missing'):
+        _backward(cache, enc, params)
+
+
+@pytest.mark.parametrize("ids, exc, pattern", [
+    (np.ones((2, 2), np.int8), TypeError, r"decoder_forward: ids: expected a C-contiguous, aligned int64"),
+    (np.full((2, 2), V, np.int64), IndexError, r"decoder_forward: ids: token id 7 out of range \[0, 7\)"),
+    (np.ones((2, 4), np.int64)[:, ::2], TypeError, r"decoder_forward: ids: expected a C-contiguous"),
+])
+def test_decoder_forward_ids(ids, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        _forward(ids=ids)
+
+
+def _misaligned_int64(shape):
+    raw = np.zeros(np.prod(shape) * 8 + 1, np.uint8)
+    out = raw[1:].view(np.int64).reshape(shape)
+    assert not out.flags.aligned and out.flags.c_contiguous
+    return out
+
+
+def test_misaligned_int64_ids_are_refused_not_read():
+    ids = _misaligned_int64((2, 2))
+    ids[...] = 1
+    with pytest.raises(TypeError, match="decoder_forward: ids: .*aligned int64.*misaligned"):
+        _forward(ids=ids)
+    with pytest.raises(TypeError, match="embedding_forward: ids: .*misaligned"):
+        _core.embedding_forward(ids=ids, table=np.zeros((3, 2), f32))
+
+
+@pytest.mark.parametrize("first_step", [2 ** 31 - 1, 2 ** 31 - 2])
+def test_decoder_first_step_overflow(first_step):
+    with pytest.raises(ValueError, match=r"decoder_forward: first_step must lie in \[0, 2\*\*31 - 1 - T\]"):
+        _forward(first_step=first_step)
+    _forward(first_step=2 ** 31 - 3)  # the last target position is 2**31 - 2: fine
+
+
+def test_decoder_first_step_negative():
+    with pytest.raises(ValueError, match="first_step must lie in"):
+        _forward(first_step=-1)
