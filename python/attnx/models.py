@@ -14,10 +14,11 @@ attributes, its own `forward` and `backprop`, like `attnx.seq2seq.Seq2Seq`) trai
 loop, and may override `train_data` to derive its inputs and targets from a batch.
 """
 import time
+import warnings
 
 import numpy as np
 
-from . import backend, callbacks as callbacks_module, losses as losses_module
+from . import callbacks as callbacks_module, data_adapter, losses as losses_module
 from . import metrics as metrics_module, optimizers, saving
 from .backend import unique_name
 from .layers import base as layers_base
@@ -432,7 +433,7 @@ class Model(Layer):
         """One optimization step on the batch (x, y): forward, losses, backprop, optimizer, metrics.
         Returns the batch loss (regularization included). `check_numerics`: as in `fit`."""
         x, y = self.train_data(x, y)
-        ys = _structure(y) if self._multi_output else [y]
+        ys = self._target_list(y)
         self.zero_grad()
         preds, masks, cache = self._forward_for_loss(x, True, check_numerics)
         loss, dys = self._losses_and_grads(ys, preds, sample_weight, masks)
@@ -454,7 +455,7 @@ class Model(Layer):
     def test_step(self, x, y, sample_weight=None):
         """The batch loss (regularization included, as Keras reports it) in inference mode; updates the metrics."""
         x, y = self.train_data(x, y)
-        ys = _structure(y) if self._multi_output else [y]
+        ys = self._target_list(y)
         preds, masks, _ = self._forward_for_loss(x, False)
         loss, _ = self._losses_and_grads(ys, preds, sample_weight, masks)
         self._update_metrics(ys, preds, sample_weight, masks)
@@ -477,36 +478,42 @@ class Model(Layer):
         self._build_for(x)
         self._reset_metrics()
         loss = self.test_step(x, y, None if sample_weight is None else np.asarray(sample_weight))
-        return self._result(loss, return_dict)
+        return self._result({"loss": loss, **self._metric_results()}, return_dict)
 
     def predict_on_batch(self, x):
         """Outputs for one batch (inference mode)."""
         self._build_for(x)
         return self.predict_step(x)
 
-    def _result(self, loss, return_dict):
-        result = {"loss": loss, **self._metric_results()}
-        return result if return_dict else (list(result.values()) if len(result) > 1 else result["loss"])
+    @staticmethod
+    def _result(logs, return_dict):
+        return logs if return_dict else (list(logs.values()) if len(logs) > 1 else logs["loss"])
 
-    def _batches(self, n, batch_size, shuffle):
-        order = backend.rng().permutation(n) if shuffle else np.arange(n)
-        for start in range(0, n, batch_size):
-            yield order[start:start + batch_size]
-
-    def fit(self, x=None, y=None, batch_size=32, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
-            validation_data=None, shuffle=True, initial_epoch=0, sample_weight=None, check_numerics=False):
-        """Trains for `epochs` passes over (x, y), Keras-style; returns a `History`.
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
+            validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
+            steps_per_epoch=None, validation_steps=None, validation_batch_size=None, check_numerics=False):
+        """Trains for `epochs` epochs, Keras-style; returns a `History`.
 
         Args:
-            x, y: arrays (or lists / dicts of arrays for several inputs / outputs).
-            batch_size: samples per step.
+            x, y: arrays (or lists / dicts of arrays for several inputs / outputs); or `x` a
+                generator or any other iterable of batches ``(x, y)`` / ``(x, y, sample_weight)``
+                and `y` None (see `attnx.data_adapter` for the rules).
+            batch_size: samples per step for arrays (default 32); an iterable fixes its own.
             epochs: index of the last epoch (training runs epochs initial_epoch .. epochs - 1).
             verbose: 0 silent, 1 a progress bar per epoch (default), 2 one line per epoch.
             callbacks: e.g. ``[attnx.callbacks.EarlyStopping(patience=2)]``.
-            validation_split: fraction of the data, taken from the end before shuffling, held out.
-            validation_data: (x_val, y_val) evaluated after each epoch (overrides validation_split).
-            shuffle: reshuffle the training samples every epoch (seed with attnx.set_random_seed).
-            sample_weight: per-sample loss weights (batch,).
+            validation_split: fraction of the array data, taken from the end before shuffling, held out.
+            validation_data: ``(x_val, y_val)`` or ``(x_val, y_val, sample_weight_val)`` arrays, or
+                an iterable of batches, evaluated after each epoch (overrides validation_split).
+            shuffle: reshuffle array samples every epoch (seed with attnx.set_random_seed).
+            class_weight: {class index: weight} weighting each sample's loss by its target's class
+                (sparse ids, (B, 1) binary or one-hot targets; one output; not with sample_weight).
+            sample_weight: per-sample loss weights (batch,) for array data.
+            initial_epoch: the epoch to start from (to continue an earlier fit).
+            steps_per_epoch: batches per epoch; the next epoch continues where the last one
+                stopped (a generator then runs across epochs). Default: one pass over the data.
+            validation_steps: batches of validation data per evaluation (default: one pass).
+            validation_batch_size: batch size for array validation data (default `batch_size`).
             check_numerics: stop with `attnx.models.NonFiniteError` (a FloatingPointError) as soon as
                 a value becomes NaN or infinite, naming where: a model input, the output of the
                 first layer that produced one in the forward pass, the loss or its gradient, the
@@ -515,131 +522,158 @@ class Model(Layer):
                 (it scans every activation and gradient, which costs time).
         """
         self._check_compiled()
-        self._build_for(x)
-        if int(batch_size) <= 0:
-            raise ValueError(f"fit: batch_size must be positive, got {batch_size}")
-        xs, ys = self._as_data(x, "x"), self._as_data(y, "y", outputs=True)
-        n = self._num_samples(xs, ys)
-        sw = None if sample_weight is None else np.asarray(sample_weight)
-        if validation_data is None and validation_split:
-            if not 0.0 < validation_split < 1.0:
-                raise ValueError(f"fit: validation_split must be in (0, 1), got {validation_split}")
-            cut = int(n * (1.0 - validation_split))
-            if cut == 0 or cut == n:
-                raise ValueError(f"fit: validation_split={validation_split} leaves no training or validation data "
-                                 f"from {n} samples")
-            tail = slice(cut, None)
-            validation_data = (self._pick(xs, tail, self._multi_input), self._pick(ys, tail, self._multi_output))
-            xs, ys = [a[:cut] for a in xs], [a[:cut] for a in ys]
-            sw = None if sw is None else sw[:cut]
-            n = cut
+        if validation_split and validation_data is None:
+            (x, y, sample_weight), validation_data = data_adapter.train_validation_split(
+                x, y, sample_weight, validation_split)
+        data = data_adapter.DataAdapter("fit", x, y, sample_weight, batch_size=batch_size, steps=steps_per_epoch,
+                                        shuffle=shuffle, class_weight=class_weight)
+        validation = None if validation_data is None else self._validation_adapter(
+            validation_data, validation_batch_size or batch_size, validation_steps)
+        if data.arrays:  # built now, so that callbacks find the weights at on_train_begin
+            self._build_for(x)
         verbose = 1 if verbose == "auto" else int(verbose)
         history = callbacks_module.History()
         cbs = callbacks_module.CallbackList(list(callbacks or []) + [history], self,  # History last, as Keras
-                                            {"epochs": epochs, "verbose": verbose})
+                                            {"epochs": epochs, "steps": data.steps_per_epoch, "verbose": verbose})
         self.stop_training = False
-        cbs.on_train_begin()
-        steps = (n + batch_size - 1) // batch_size
-        for epoch in range(initial_epoch, epochs):
-            cbs.on_epoch_begin(epoch)
-            self._reset_metrics()
-            loss_mean = metrics_module.Mean("loss")
-            bar = _progress(steps, f"Epoch {epoch + 1}/{epochs}", verbose == 1)
-            start = time.perf_counter()
-            for step, idx in enumerate(self._batches(n, int(batch_size), shuffle)):
-                cbs.on_train_batch_begin(step)
-                loss = self.train_on_batch(self._pick(xs, idx, self._multi_input), self._pick(ys, idx, self._multi_output),
-                                           None if sw is None else sw[idx], check_numerics=check_numerics)
-                loss_mean.update_state(loss, len(idx))
-                logs = {"loss": loss_mean.result(), **self._metric_results()}
-                cbs.on_train_batch_end(step, {**logs, "loss": loss})
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix({k: f"{v:.4f}" for k, v in logs.items()}, refresh=False)
-                if self.stop_training:
+        # where training is, for training_state(): the next batch to train is `step` of `epoch`
+        self._fit_data, self._fit_position = data, {"epoch": int(initial_epoch), "step": 0}
+        try:
+            cbs.on_train_begin()
+            trained_any = False
+            while self._fit_position["epoch"] < epochs and not self.stop_training:
+                epoch, first_step = self._fit_position["epoch"], self._fit_position["step"]
+                cbs.on_epoch_begin(epoch)
+                self._reset_metrics()
+                loss_mean = metrics_module.Mean("loss")
+                bar = _progress(data.steps_per_epoch, f"Epoch {epoch + 1}/{epochs}", verbose == 1, initial=first_step)
+                start = time.perf_counter()
+                for step, batch in enumerate(data.epoch(first_step), first_step):
+                    cbs.on_train_batch_begin(step)
+                    loss = self.train_on_batch(batch.x, batch.y, batch.sample_weight, check_numerics=check_numerics)
+                    self._fit_position["step"] = step + 1
+                    trained_any = True
+                    loss_mean.update_state(loss, batch.size)
+                    logs = {"loss": loss_mean.result(), **self._metric_results()}
+                    cbs.on_train_batch_end(step, {**logs, "loss": loss})
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix({k: f"{v:.4f}" for k, v in logs.items()}, refresh=False)
+                    if self.stop_training:
+                        break
+                if self._fit_position["step"] == first_step:  # the epoch found no batch
+                    if bar is not None:
+                        bar.close()
+                    if not trained_any:
+                        raise ValueError("fit: the data gave no batch")
+                    warnings.warn(f"fit: the data ran out in epoch {epoch + 1}, training stops (a generator gives "
+                                  "its batches once: give steps_per_epoch and a generator that yields "
+                                  "steps_per_epoch * epochs batches, or data that can be iterated again)",
+                                  stacklevel=2)
                     break
-            logs = {"loss": loss_mean.result(), **self._metric_results()}
-            if validation_data is not None:
-                val = self.evaluate(*validation_data[:2], batch_size=batch_size, verbose=0, return_dict=True)
-                logs.update({f"val_{k}": v for k, v in val.items()})
-            if bar is not None:
-                bar.set_postfix({k: f"{v:.4f}" for k, v in logs.items()})
-                bar.close()
-            elif verbose == 2:
-                parts = " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
-                print(f"Epoch {epoch + 1}/{epochs} - {time.perf_counter() - start:.1f}s - {parts}", flush=True)
-            cbs.on_epoch_end(epoch, logs)
-            if self.stop_training:
-                break
-        cbs.on_train_end()
+                self._fit_position.update(epoch=epoch + 1, step=0)
+                logs = {"loss": loss_mean.result(), **self._metric_results()}
+                if validation is not None:
+                    logs.update({f"val_{k}": v for k, v in self._evaluate(validation, "validation_data").items()})
+                if bar is not None:
+                    bar.set_postfix({k: f"{v:.4f}" for k, v in logs.items()})
+                    bar.close()
+                elif verbose == 2:
+                    parts = " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
+                    print(f"Epoch {epoch + 1}/{epochs} - {time.perf_counter() - start:.1f}s - {parts}", flush=True)
+                cbs.on_epoch_end(epoch, logs)
+            cbs.on_train_end()
+        finally:
+            self._fit_data = self._fit_position = None
         self.history = history
         return history
+
+    @staticmethod
+    def _validation_adapter(validation_data, batch_size, steps):
+        if data_adapter.is_array_data(validation_data):
+            if not isinstance(validation_data, (list, tuple)) or len(validation_data) not in (2, 3):
+                raise ValueError("fit: validation_data must be (x_val, y_val), (x_val, y_val, sample_weight_val) "
+                                 f"or an iterable of batches, got {type(validation_data).__name__}")
+            return data_adapter.DataAdapter("validation_data", *validation_data, batch_size=batch_size, steps=steps)
+        return data_adapter.DataAdapter("validation_data", validation_data, steps=steps)
+
+    def training_state(self):
+        """Where the `fit` in progress is: ``{"epoch", "step", "data"}``, the epoch and batch it
+        trains next and the position in its data (JSON-able; `attnx.callbacks.BackupAndRestore`
+        saves it with the weights and the random generator)."""
+        if self._fit_position is None:
+            raise RuntimeError(f"Model '{self.name}': training_state() is only defined while fit runs")
+        return {**self._fit_position, "data": self._fit_data.get_state()}
+
+    def restore_training_state(self, state):
+        """Makes the `fit` in progress continue from a `training_state()`; call it from a callback's
+        ``on_train_begin`` with the same data given to fit as to the fit the state came from."""
+        if self._fit_position is None:
+            raise RuntimeError(f"Model '{self.name}': restore_training_state() is only possible while fit runs")
+        self._fit_data.set_state(state["data"])
+        self._fit_position.update(epoch=int(state["epoch"]), step=int(state["step"]))
+
+    _fit_data = _fit_position = None
 
     def _metric_results(self):
         names = self._metric_names()
         values = [m.result() for ms in self.compiled_metrics for m in ms]
         return dict(zip(names, values))
 
-    def _as_data(self, data, what, outputs=False):
-        if data is None:
-            raise ValueError(f"Model '{self.name}': {what} is required")
-        multi = self._multi_output if outputs else self._multi_input
-        if not self._functional:  # a model written as a class takes what its train_data and forward take
-            return [np.asarray(a) for a in data] if multi else [np.asarray(data)]
-        tensors = self.outputs if outputs else self.inputs
-        if isinstance(data, dict):
-            key = (lambda t: t.node.layer.name) if outputs else (lambda t: t.name)
-            return [np.asarray(data[key(t)]) for t in tensors]
-        items = list(data) if (multi and isinstance(data, (list, tuple))) else [data]
-        if len(items) != len(tensors):
-            raise ValueError(f"Model '{self.name}': expected {len(tensors)} arrays for {what}, got {len(items)}")
-        return [np.asarray(a) for a in items]
+    def _target_list(self, y):
+        """Targets as a list, one per output (a dict is keyed by output layer name)."""
+        if self._functional and isinstance(y, dict):
+            missing = [t.node.layer.name for t in self.outputs if t.node.layer.name not in y]
+            if missing:
+                raise ValueError(f"Model '{self.name}': missing targets for outputs {missing}")
+            return [y[t.node.layer.name] for t in self.outputs]
+        ys = _structure(y) if self._multi_output else [y]
+        if len(ys) != self._num_outputs():
+            raise ValueError(f"Model '{self.name}': expected {self._num_outputs()} target arrays, got {len(ys)}")
+        return ys
 
-    def _num_samples(self, *groups):
-        sizes = {a.shape[0] if a.ndim else -1 for g in groups for a in g}
-        if len(sizes) != 1:
-            raise ValueError(f"Model '{self.name}': inputs and targets have different numbers of samples: "
-                             f"{sorted(sizes)}")
-        n = sizes.pop()
-        if n <= 0:
-            raise ValueError(f"Model '{self.name}': no samples (empty batch)")
-        return n
-
-    @staticmethod
-    def _pick(arrays, idx, multi):
-        picked = [a[idx] for a in arrays]
-        return picked if multi else picked[0]
-
-    def evaluate(self, x=None, y=None, batch_size=32, verbose="auto", sample_weight=None, return_dict=False):
-        """Loss (regularization included, as Keras reports it) and metrics over (x, y)."""
-        self._check_compiled()
-        self._build_for(x)
-        xs, ys = self._as_data(x, "x"), self._as_data(y, "y", outputs=True)
-        n = self._num_samples(xs, ys)
+    def _evaluate(self, data, what, verbose=0):
+        """Loss and metrics over the batches of one epoch of `data` (a DataAdapter), as a dict."""
         self._reset_metrics()
         loss_mean = metrics_module.Mean("loss")
-        sw = None if sample_weight is None else np.asarray(sample_weight)
-        verbose = 1 if verbose == "auto" else int(verbose)
-        bar = _progress((n + batch_size - 1) // batch_size, "Evaluate", verbose == 1)
-        for idx in self._batches(n, int(batch_size), False):
-            loss = self.test_step(self._pick(xs, idx, self._multi_input), self._pick(ys, idx, self._multi_output),
-                                  None if sw is None else sw[idx])
-            loss_mean.update_state(loss, len(idx))
+        bar = _progress(data.steps_per_epoch, "Evaluate", verbose == 1)
+        for batch in data.epoch():
+            self._build_for(batch.x)
+            loss_mean.update_state(self.test_step(batch.x, batch.y, batch.sample_weight), batch.size)
             if bar is not None:
                 bar.update(1)
         if bar is not None:
             bar.close()
-        return self._result(loss_mean.result(), return_dict)
+        if not loss_mean.count:
+            raise ValueError(f"{what}: the data gave no batch (a generator gives its batches once: give "
+                             f"{'validation_steps' if what == 'validation_data' else 'steps'} and enough batches)")
+        return {"loss": loss_mean.result(), **self._metric_results()}
 
-    def predict(self, x, batch_size=32, verbose=0):
-        """Outputs for x, computed in batches (inference mode)."""
-        self._build_for(x)
-        xs = self._as_data(x, "x")
-        n = self._num_samples(xs)
-        outs = [self.predict_step(self._pick(xs, idx, self._multi_input))
-                for idx in self._batches(n, int(batch_size), False)]
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
+                 return_dict=False):
+        """Loss (regularization included, as Keras reports it) and metrics over (x, y): arrays, or
+        `x` an iterable of batches (as in `fit`); `steps` batches of it (default: one pass)."""
+        self._check_compiled()
+        data = data_adapter.DataAdapter("evaluate", x, y, sample_weight, batch_size=batch_size, steps=steps)
+        verbose = 1 if verbose == "auto" else int(verbose)
+        return self._result(self._evaluate(data, "evaluate", verbose), return_dict)
+
+    def predict(self, x, batch_size=None, verbose=0, steps=None):
+        """Outputs for x (arrays, or an iterable of batches as in `fit`, targets ignored), computed
+        in batches in inference mode; `steps` batches (default: one pass)."""
+        data = data_adapter.DataAdapter("predict", x, batch_size=batch_size, steps=steps, targets=False)
+        bar = _progress(data.steps_per_epoch, "Predict", int(verbose) == 1)
+        outs = []
+        for batch in data.epoch():
+            outs.append(self.predict_on_batch(batch.x))
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        if not outs:
+            raise ValueError("predict: the data gave no batch")
         if self._multi_output:
-            return [np.concatenate([o[i] for o in outs]) for i in range(len(self.outputs))]
+            return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
         return np.concatenate(outs)
 
     # ----------------------------------------------------------------- summary
@@ -855,11 +889,11 @@ def _input_dtype(layer):
     return "int64" if isinstance(layer, Embedding) else "float32"
 
 
-def _progress(total, desc, enabled):
+def _progress(total, desc, enabled, initial=0):
     if not enabled:
         return None
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, unit="step", leave=True, dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", leave=True, dynamic_ncols=True)
 
 
 def load_model(path):
