@@ -12,6 +12,10 @@ A layer implements two methods, and everything else calls them:
   When ``layer.input_gradient_needed`` is False (set by a model for layers fed only by its
   inputs) the layer may skip its input gradient and return None.
 
+A layer may instead define only ``call(inputs, ...)`` written with `attnx.ops` (Keras' way): the
+default ``forward`` runs it, recording a training call on an `attnx.ops.Tape` (its cache), and the
+default ``backprop`` replays that tape.
+
 Callers use them as:
 - ``y = layer(x, training=...)``: forward; a training call's cache is kept as the layer's last
   call, for ``dx = layer.backward(dy)`` (the one-layer convenience: backprop of the last call).
@@ -21,11 +25,12 @@ Callers use them as:
 ``layer.params`` / ``layer.grads`` are ordered dicts name -> ndarray that the C++ kernels read and
 write in place, so optimizer updates and ``set_weights`` never invalidate them.
 """
+import functools
 from collections import OrderedDict
 
 import numpy as np
 
-from .. import backend, initializers, regularizers
+from .. import backend, initializers, ops, regularizers
 from ..backend import snake_case, unique_name
 from ..symbolic import any_symbolic, symbolic_call
 
@@ -35,7 +40,9 @@ class Layer:
 
     Subclasses implement ``build(input_shape)`` (create weights with ``add_weight``),
     ``forward(inputs, training=False, mask=None) -> (outputs, cache)``, ``backprop(cache, dy)``,
-    ``compute_output_shape(input_shape)`` and ``get_config()`` (see the module docstring).
+    ``compute_output_shape(input_shape)`` and ``get_config()`` (see the module docstring); or,
+    Keras' way, only ``build`` and ``call(inputs)`` written with `attnx.ops`, which the default
+    `forward` / `backprop` differentiate.
 
     Args:
         name: unique layer name (default: the class name in snake case, numbered).
@@ -152,13 +159,55 @@ class Layer:
     def build(self, input_shape):
         """Creates the weights for inputs of `input_shape` (batch axis first, may be None)."""
 
-    def forward(self, inputs, training=False):
-        """Returns ``(outputs, cache)``: the outputs, and what `backprop` needs (None unless training)."""
-        raise NotImplementedError(f"{type(self).__name__}.forward")
+    def forward(self, inputs, *args, training=False, mask=None, **kwargs):
+        """Returns ``(outputs, cache)``: the outputs, and what `backprop` needs (None unless training).
+
+        Layers with their own kernels override it. This default runs ``self.call(inputs, ...)``,
+        Keras' way of writing a layer with `attnx.ops` (`training` and `mask` reach `call` if it
+        names them): on plain arrays outside training; in a training call under an
+        `attnx.ops.Tape` that watches the float inputs and every array of ``self.params``, the tape
+        being the cache. Called from inside another layer's traced `call`, it records on that tape.
+        """
+        call = getattr(self, "call", None)
+        if call is None:
+            raise NotImplementedError(f"{type(self).__name__}: define `call` (written with attnx.ops), or "
+                                      f"`forward` and `backprop`")
+        accepted = _parameters(type(self).call)
+        kwargs.update({k: v for k, v in (("training", training), ("mask", mask)) if k in accepted})
+        inputs = _map(inputs, lambda x: x if isinstance(x, ops.TracedArray) else self._as_call_input(x))
+        tape = ops.active_tape()
+        if tape is None and not training:
+            return call(inputs, *args, **kwargs), None
+        nested = tape is not None
+        tape = tape or ops.Tape()
+        with tape:
+            if not nested:
+                inputs = _map(inputs, lambda x: tape.watch(x) if x.dtype.kind == "f" else x)
+            for name, p in self.params.items():
+                tape.watch(p, into=self.grads[name])
+            outputs = call(inputs, *args, **kwargs)
+        if nested:  # the outer call's tape holds this call: its outputs stay traced
+            return outputs, None
+        return _map(outputs, ops.untraced), {"tape": tape, "inputs": inputs, "outputs": outputs}
 
     def backprop(self, cache, dy):
-        """Gradients of the inputs of the call that returned `cache`; adds into ``self.grads``."""
-        raise NotImplementedError(f"{type(self).__name__}.backprop")
+        """Gradients of the inputs of the call that returned `cache`; adds into ``self.grads``.
+
+        Layers with their own kernels override it. This default replays the tape of a `call`
+        layer's training call (see `forward`): None for inputs that were not float.
+        """
+        if type(self).forward is not Layer.forward:
+            raise NotImplementedError(f"{type(self).__name__}.backprop")
+        tape, inputs, outputs = cache["tape"], cache["inputs"], cache["outputs"]
+        sources = [x for x in _as_list(inputs) if isinstance(x, ops.TracedArray)]
+        multi = isinstance(outputs, (list, tuple))
+        grads = iter(tape.backward(_as_list(outputs), list(dy) if multi else [dy], sources))
+        return _map(inputs, lambda x: next(grads) if isinstance(x, ops.TracedArray) else None)
+
+    def _as_call_input(self, x):
+        """An input of `call` as an array; floats in this layer's dtype (Keras' autocast)."""
+        x = np.asarray(x)
+        return x.astype(self.dtype) if x.dtype.kind == "f" and x.dtype != self.dtype else x
 
     def backward(self, dy):
         """Backpropagates `dy` through this layer's last training call (``layer(x, training=True)``)."""
@@ -227,6 +276,18 @@ class Layer:
 
 def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _map(x, fn):
+    """`fn` applied to `x`, or to each item of a list or tuple `x` (the structure kept)."""
+    return type(x)(fn(v) for v in x) if isinstance(x, (list, tuple)) else fn(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(function):
+    """The parameter names of `function` (a layer class's `call`), looked up once."""
+    import inspect  # on first use only: inspect is slow to import and `import attnx` must stay fast
+    return frozenset(inspect.signature(function).parameters)
 
 
 def _shapes_of(inputs):

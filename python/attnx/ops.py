@@ -1,0 +1,663 @@
+"""Array operations with Keras 3's `keras.ops` names, and the reverse-mode autodiff that lets a layer
+written with them train without a hand-written backward pass.
+
+    from attnx import ops as K
+
+    class Attention(attnx.layers.Layer):
+        def build(self, input_shape):
+            self.W = self.add_weight("att_weight", (input_shape[-1], 1), "random_normal")
+            self.b = self.add_weight("att_bias", (input_shape[1], 1), "zeros")
+
+        def call(self, x):
+            et = K.squeeze(K.tanh(K.dot(x, self.W) + self.b), axis=-1)
+            at = K.expand_dims(K.softmax(et), axis=-1)
+            return K.sum(x * at, axis=1)
+
+Outside training every op takes and returns plain NumPy arrays (with NumPy's broadcasting and
+dtype rules), so `call` runs inference at NumPy speed. A training call of a layer that defines
+`call` and no `forward` runs `call` under a `Tape` (`attnx.layers.base.Layer.forward`): the call's
+inputs and the layer's weights are *watched* and become `TracedArray` leaves (a weight is found by
+the identity of the array `add_weight` returned, so `K.dot(x, self.W)` needs nothing special); every
+op on a traced value records itself and returns a `TracedArray`, which also has the arithmetic
+operators (``+ - * / ** @``, unary ``-``, ``abs``), indexing ``x[:, -1]``, ``.shape``, ``.ndim``,
+``.dtype`` and ``.T``. The tape is that call's cache; `Layer.backprop` replays it in reverse.
+
+One caveat: an expression of weights and constants alone that does not go through an op, such as
+``self.W * 2`` or ``self.W.T``, is NumPy's and is not traced; write ``K.multiply(self.W, 2)`` or
+``K.transpose(self.W)`` (or let a traced value take part: ``x * self.W`` is traced).
+
+Gradients: each op's rule is in `_GRADIENTS` (the equation above it); the tape sums the gradients
+of a value used several times and sums a gradient over the axes an input was broadcast along
+(`_unbroadcast`). Integer and boolean values are never traced and get no gradient. Heavy ops run
+on BLAS (`matmul`, `dot` and two-operand `einsum` become one batched matrix product) or on attnx's
+C++ kernels (`scaled_dot_product_attention`, `attention_pooling`).
+"""
+import builtins
+import string
+import threading
+
+import numpy as np
+
+from . import _core
+from .masking import as_mask
+
+__all__ = ["Tape", "TracedArray", "add", "subtract", "multiply", "divide", "power", "negative", "abs", "absolute",
+           "square", "sqrt", "exp", "log", "tanh", "sigmoid", "relu", "softmax", "matmul", "dot", "einsum", "sum",
+           "mean", "max", "maximum", "minimum", "clip", "where", "expand_dims", "squeeze", "reshape", "transpose",
+           "concatenate", "stack", "scaled_dot_product_attention", "attention_pooling", "active_tape", "untraced"]
+
+
+# ============================================================================ the tape
+class TracedArray:
+    """A value computed on a `Tape`: an array whose ops are recorded for the backward pass.
+
+    `value` is the NumPy array. NumPy functions are not traced and refuse a TracedArray (use the
+    ops of this module); ``ndarray <op> TracedArray`` defers to the TracedArray.
+    """
+
+    __slots__ = ("value", "tape", "index")
+    __array_ufunc__ = None  # `ndarray + traced` calls traced.__radd__ instead of NumPy's add
+
+    def __init__(self, value, tape, index):
+        self.value, self.tape, self.index = value, tape, index
+
+    shape = property(lambda self: self.value.shape)
+    ndim = property(lambda self: self.value.ndim)
+    dtype = property(lambda self: self.value.dtype)
+    size = property(lambda self: self.value.size)
+    T = property(lambda self: transpose(self))
+
+    def __len__(self):
+        return len(self.value)
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("a TracedArray (a value inside a training call) cannot become a NumPy array: NumPy "
+                        "functions would drop its gradient; use the functions of attnx.ops")
+
+    def __repr__(self):
+        return f"TracedArray(shape={self.shape}, dtype={self.dtype})"
+
+    def __getitem__(self, key):
+        return _apply("getitem", _getitem, self, key=key)
+
+    def __add__(self, other): return add(self, other)
+    def __radd__(self, other): return add(other, self)
+    def __sub__(self, other): return subtract(self, other)
+    def __rsub__(self, other): return subtract(other, self)
+    def __mul__(self, other): return multiply(self, other)
+    def __rmul__(self, other): return multiply(other, self)
+    def __truediv__(self, other): return divide(self, other)
+    def __rtruediv__(self, other): return divide(other, self)
+    def __pow__(self, other): return power(self, other)
+    def __rpow__(self, other): return power(other, self)
+    def __matmul__(self, other): return matmul(self, other)
+    def __rmatmul__(self, other): return matmul(other, self)
+    def __neg__(self): return negative(self)
+    def __abs__(self): return absolute(self)
+    # comparisons give plain bool arrays (no gradient), e.g. for `where`
+    def __lt__(self, other): return self.value < untraced(other)
+    def __le__(self, other): return self.value <= untraced(other)
+    def __gt__(self, other): return self.value > untraced(other)
+    def __ge__(self, other): return self.value >= untraced(other)
+
+    def sum(self, axis=None, keepdims=False): return sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return mean(self, axis, keepdims)
+    def max(self, axis=None, keepdims=False): return max(self, axis, keepdims)
+    def reshape(self, *shape): return reshape(self, shape[0] if len(shape) == 1 else shape)
+
+
+_active = threading.local()  # .tapes: this thread's stack of recording tapes
+
+
+class Tape:
+    """The record of the ops run while it is active (``with tape:``), replayed by `backward`.
+
+    One training call of a layer owns one tape (its cache), so two calls keep two records.
+
+        tape = Tape()
+        with tape:
+            x = tape.watch(x_array)                      # a leaf whose gradient is wanted
+            w = tape.watch(weight, into=weight_grad)     # a leaf whose gradient is added into a buffer
+            y = ops.tanh(ops.dot(x, weight))             # the raw `weight` array is found by identity
+        dx, = tape.backward([y], [dy], sources=[x])      # also adds dL/dweight into weight_grad
+    """
+
+    def __init__(self):
+        self._ops = []        # (rule, out index, out, input indices (None: constant), input values, attrs)
+        self._count = 0       # values on the tape (leaves and op outputs)
+        self._watched = {}    # id(array) -> its leaf, for arrays given by identity (weights)
+        self._buffers = []    # (leaf, gradient buffer) from watch(into=...)
+
+    def __enter__(self):
+        tapes = _active.__dict__.setdefault("tapes", [])
+        tapes.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _active.tapes.pop()
+
+    def watch(self, array, into=None):
+        """The leaf of `array` on this tape (the same leaf each time for the same array object).
+        `into`: a buffer that `backward` adds the gradient of `array` into."""
+        leaf = self._watched.get(id(array))
+        if leaf is None or leaf.value is not array:
+            leaf = TracedArray(array, self, self._new_index())
+            self._watched[id(array)] = leaf
+            if into is not None:
+                self._buffers.append((leaf, into))
+        return leaf
+
+    def traced(self, x):
+        """`x` as this tape sees it: a TracedArray of this tape, the leaf of a watched array, or `x`."""
+        if isinstance(x, TracedArray):
+            if x.tape is not self:
+                raise ValueError("a TracedArray from another training call was used: keep values of one call "
+                                 "inside that call")
+            return x
+        leaf = self._watched.get(id(x))
+        return leaf if leaf is not None and leaf.value is x else x
+
+    def _new_index(self):
+        self._count += 1
+        return self._count - 1
+
+    def record(self, rule, out, inputs, values, attrs):
+        index = self._new_index()
+        ids = [x.index if isinstance(x, TracedArray) else None for x in inputs]
+        self._ops.append((rule, index, out, ids, values, attrs))
+        return TracedArray(out, self, index)
+
+    def backward(self, outputs, output_grads, sources=()):
+        """Replays the tape from `outputs` (their gradients `output_grads`; None or an untraced
+        output contributes nothing). Adds the gradient of every leaf watched with `into` into its
+        buffer and returns the gradients of `sources` (zeros for a source the outputs do not use)."""
+        grads = {}
+        for out, g in zip(outputs, output_grads):
+            if isinstance(out, TracedArray) and g is not None:
+                _accumulate(grads, out.index, _unbroadcast(np.asarray(g), out.value))
+        for rule, index, out, ids, values, attrs in reversed(self._ops):
+            g = grads.pop(index, None)
+            if g is None:
+                continue
+            for i, x, dx in zip(ids, values, _GRADIENTS[rule](g, out, *values, **attrs)):
+                if i is not None and dx is not None:
+                    _accumulate(grads, i, _unbroadcast(dx, x))
+        for leaf, buffer in self._buffers:
+            if leaf.index in grads:
+                buffer += grads[leaf.index]
+        return [grads[s.index] if s.index in grads else np.zeros_like(s.value) for s in sources]
+
+
+def _accumulate(grads, index, g):
+    # never in place: a rule may hand the same array to two inputs (d(x + y) = (g, g))
+    grads[index] = g if index not in grads else grads[index] + g
+
+
+def _unbroadcast(g, x):
+    """`g`, the gradient of a value broadcast from `x`, summed back to x's shape (and dtype):
+    a broadcast copies x along an axis, so the gradient adds over that axis."""
+    shape = np.shape(x)
+    if g.shape != shape:
+        g = g.sum(axis=tuple(range(g.ndim - len(shape)))) if g.ndim > len(shape) else g
+        axes = tuple(a for a, (n, m) in enumerate(zip(shape, g.shape)) if n == 1 and m != 1)
+        g = g.sum(axis=axes, keepdims=True) if axes else g
+        g = g.reshape(shape)
+    dtype = getattr(x, "dtype", None)
+    return g.astype(dtype, copy=False) if dtype is not None and dtype.kind == "f" else g
+
+
+def active_tape():
+    """The tape recording on this thread (inside a training call of a `call` layer), or None."""
+    tapes = getattr(_active, "tapes", None)
+    return tapes[-1] if tapes else None
+
+
+def untraced(x):
+    """The array behind `x` (x itself when it is not a TracedArray): what a training call returns."""
+    return x.value if isinstance(x, TracedArray) else x
+
+
+def _trace(args):
+    """(active tape or None, `args` as the tape sees them, the arrays behind them)."""
+    tape = active_tape()
+    if tape is None:
+        if any(isinstance(a, TracedArray) for a in args):
+            raise ValueError("a TracedArray was used outside its training call")
+        return None, args, args
+    inputs = [tape.traced(a) for a in args]
+    return tape, inputs, [untraced(a) for a in inputs]
+
+
+def _output(tape, rule, out, inputs, values, attrs):
+    """`out`, recorded on `tape` as made by `rule` when one of `inputs` is traced."""
+    if tape is None or not any(isinstance(a, TracedArray) for a in inputs):
+        return out
+    return tape.record(rule, out, inputs, values, attrs)
+
+
+def _apply(rule, forward, *args, **attrs):
+    """``forward(*values, **attrs)`` on the arrays behind `args`, recorded as `rule` when a tape is
+    active and an argument is traced (a traced value or a watched array)."""
+    tape, inputs, values = _trace(args)
+    return _output(tape, rule, forward(*values, **attrs), inputs, values, attrs)
+
+
+# ============================================================================ the ops
+def add(x1, x2):
+    """``x1 + x2`` with broadcasting."""
+    return _apply("add", np.add, x1, x2)
+
+
+def subtract(x1, x2):
+    """``x1 - x2`` with broadcasting."""
+    return _apply("subtract", np.subtract, x1, x2)
+
+
+def multiply(x1, x2):
+    """``x1 * x2`` with broadcasting."""
+    return _apply("multiply", np.multiply, x1, x2)
+
+
+def divide(x1, x2):
+    """``x1 / x2`` with broadcasting."""
+    return _apply("divide", np.true_divide, x1, x2)
+
+
+def power(x1, x2):
+    """``x1 ** x2`` with broadcasting."""
+    return _apply("power", np.power, x1, x2)
+
+
+def negative(x):
+    return _apply("negative", np.negative, x)
+
+
+def absolute(x):
+    return _apply("absolute", np.absolute, x)
+
+
+abs = absolute  # noqa: A001  (Keras' name)
+
+
+def square(x):
+    return _apply("square", np.square, x)
+
+
+def sqrt(x):
+    return _apply("sqrt", np.sqrt, x)
+
+
+def exp(x):
+    return _apply("exp", np.exp, x)
+
+
+def log(x):
+    """Natural logarithm."""
+    return _apply("log", np.log, x)
+
+
+def tanh(x):
+    return _apply("tanh", np.tanh, x)
+
+
+def _sigmoid(x):
+    # 1 / (1 + e^-x) without overflow for large |x|: e^-|x| <= 1
+    z = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + z), z / (1 + z))
+
+
+def sigmoid(x):
+    return _apply("sigmoid", _sigmoid, x)
+
+
+def relu(x):
+    """``max(x, 0)``."""
+    return _apply("relu", lambda v: np.maximum(v, 0), x)
+
+
+def _softmax(x, axis, mask):
+    if mask is None:
+        e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+        return e / np.sum(e, axis=axis, keepdims=True)
+    keep = np.broadcast_to(mask, x.shape)
+    top = np.max(np.where(keep, x, -np.inf), axis=axis, keepdims=True)
+    e = np.where(keep, np.exp(x - np.where(np.isfinite(top), top, 0)), 0)
+    total = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(total > 0, total, 1)  # a fully masked row: all weights 0
+
+
+def softmax(x, axis=-1, mask=None):
+    """Softmax over `axis`. `mask` (bool, broadcast to x; True = keep) gives masked entries weight
+    0, and a fully masked row all zeros (never NaN)."""
+    return _apply("softmax", _softmax, x, axis=axis, mask=None if mask is None else np.asarray(mask, bool))
+
+
+def matmul(x1, x2):
+    """Matrix product with NumPy's rules: batch axes broadcast, 1-D operands are vectors."""
+    return _apply("matmul", np.matmul, x1, x2)
+
+
+def dot(x1, x2):
+    """NumPy's (and Keras') dot: for N-D `x1` and 2-D `x2` the product over the last axis of x1,
+    ``(..., C) . (C, D) -> (..., D)``; in general the sum over the last axis of x1 and the
+    second-to-last of x2 (the last if x2 is 1-D); a scalar operand multiplies."""
+    n1, n2 = np.ndim(untraced(x1)), np.ndim(untraced(x2))
+    if n1 == 0 or n2 == 0:
+        return multiply(x1, x2)
+    letters = iter(string.ascii_letters)
+    a = "".join(next(letters) for _ in range(n1 - 1))
+    b = "".join(next(letters) for _ in range(builtins.max(n2 - 2, 0)))
+    contracted, last = next(letters), ("" if n2 == 1 else next(letters))
+    return einsum(f"{a}{contracted},{b}{contracted}{last}->{a}{b}{last}", x1, x2)
+
+
+def _einsum_parts(subscripts, ndims):
+    """(input subscripts, output subscript) of an explicit or implicit einsum without ellipsis."""
+    spec = subscripts.replace(" ", "")
+    if "." in spec:
+        raise ValueError(f"einsum: '...' is not supported ({subscripts!r}); name every axis")
+    inputs, arrow, out = spec.partition("->")
+    inputs = inputs.split(",")
+    if len(inputs) != len(ndims) or any(len(s) != n for s, n in zip(inputs, ndims)):
+        raise ValueError(f"einsum: subscripts {subscripts!r} do not match operands of ranks {list(ndims)}")
+    if not arrow:  # implicit output: the letters that appear once, in alphabetical order
+        joined = "".join(inputs)
+        out = "".join(sorted(c for c in set(joined) if joined.count(c) == 1))
+    return inputs, out
+
+
+def _einsum2(a, b, sa, sb, out):
+    """The two-operand einsum as one batched matrix product (BLAS): the letters of both operands and
+    the output are batch axes, of both but not the output contracted, of one and the output free."""
+    only_a = "".join(c for c in sa if c not in sb and c not in out)
+    only_b = "".join(c for c in sb if c not in sa and c not in out)
+    if only_a or only_b:  # axes summed away before the product
+        a, sa = np.einsum(f"{sa}->{''.join(c for c in sa if c not in only_a)}", a), sa.translate({ord(c): None for c in only_a})
+        b, sb = np.einsum(f"{sb}->{''.join(c for c in sb if c not in only_b)}", b), sb.translate({ord(c): None for c in only_b})
+    batch = [c for c in out if c in sa and c in sb]
+    left = [c for c in sa if c not in sb]
+    right = [c for c in sb if c not in sa]
+    contracted = [c for c in sa if c in sb and c not in out]
+    size = dict(zip(sa, a.shape)) | dict(zip(sb, b.shape))
+
+    def product(letters):
+        return int(np.prod([size[c] for c in letters], dtype=np.int64))
+
+    a3 = np.transpose(a, [sa.index(c) for c in batch + left + contracted]).reshape(
+        [size[c] for c in batch] + [product(left), product(contracted)])
+    b3 = np.transpose(b, [sb.index(c) for c in batch + contracted + right]).reshape(
+        [size[c] for c in batch] + [product(contracted), product(right)])
+    result = np.matmul(a3, b3).reshape([size[c] for c in batch + left + right])
+    order = batch + left + right
+    return np.transpose(result, [order.index(c) for c in out])
+
+
+def _einsum(*operands, subscripts):
+    inputs, out = _einsum_parts(subscripts, [np.ndim(x) for x in operands])
+    if len(operands) == 2 and all(len(set(s)) == len(s) for s in inputs) and len(set(out)) == len(out):
+        return _einsum2(*operands, *inputs, out)
+    return np.einsum(f"{','.join(inputs)}->{out}", *operands, optimize=True)
+
+
+def einsum(subscripts, *operands):
+    """Einstein summation, e.g. ``einsum("bqd,bkd->bqk", q, k)``. Two operands run as one batched
+    BLAS product; more as NumPy's optimized einsum. Gradients need subscripts without '...' and
+    without a letter repeated within one operand."""
+    return _apply("einsum", _einsum, *operands, subscripts=subscripts)
+
+
+def _reduce(numpy_reduction):
+    return lambda x, axis, keepdims: numpy_reduction(x, axis=axis, keepdims=keepdims)
+
+
+def sum(x, axis=None, keepdims=False):  # noqa: A001  (Keras' name)
+    """Sum over `axis` (int, tuple or None for all)."""
+    return _apply("sum", _reduce(np.sum), x, axis=axis, keepdims=keepdims)
+
+
+def mean(x, axis=None, keepdims=False):
+    return _apply("mean", _reduce(np.mean), x, axis=axis, keepdims=keepdims)
+
+
+def max(x, axis=None, keepdims=False):  # noqa: A001  (Keras' name)
+    """Maximum over `axis`; its gradient is shared equally by tied maxima."""
+    return _apply("max", _reduce(np.max), x, axis=axis, keepdims=keepdims)
+
+
+def maximum(x1, x2):
+    """Elementwise maximum with broadcasting (ties: the gradient goes to x1)."""
+    return _apply("maximum", np.maximum, x1, x2)
+
+
+def minimum(x1, x2):
+    """Elementwise minimum with broadcasting (ties: the gradient goes to x1)."""
+    return _apply("minimum", np.minimum, x1, x2)
+
+
+def clip(x, x_min, x_max):
+    """`x` limited to [x_min, x_max] (constants); no gradient where it is clipped."""
+    return _apply("clip", np.clip, x, x_min, x_max)
+
+
+def where(condition, x1, x2):
+    """`x1` where `condition` (bool, not differentiated) holds, else `x2`, with broadcasting."""
+    return _apply("where", np.where, np.asarray(untraced(condition), dtype=bool), x1, x2)
+
+
+def expand_dims(x, axis):
+    return _apply("reshape", np.expand_dims, x, axis=axis)
+
+
+def squeeze(x, axis=None):
+    return _apply("reshape", np.squeeze, x, axis=axis)
+
+
+def reshape(x, newshape):
+    return _apply("reshape", np.reshape, x, shape=newshape)
+
+
+def transpose(x, axes=None):
+    """Permutes the axes (reverses them when `axes` is None)."""
+    return _apply("transpose", np.transpose, x, axes=axes)
+
+
+def _concatenate(*xs, axis):
+    return np.concatenate(xs, axis=axis)
+
+
+def concatenate(xs, axis=0):
+    """Joins the arrays of the list `xs` along an existing axis."""
+    return _apply("concatenate", _concatenate, *xs, axis=axis)
+
+
+def _stack(*xs, axis):
+    return np.stack(xs, axis=axis)
+
+
+def stack(x, axis=0):
+    """Joins the arrays of the list `x` along a new axis."""
+    return _apply("stack", _stack, *x, axis=axis)
+
+
+def _getitem(x, key):
+    return x[key]
+
+
+def _kernel_inputs(*args):
+    """`_trace` for a C++ kernel: the arrays as C-contiguous float32, or float64 when the first is."""
+    tape, inputs, values = _trace(args)
+    dtype = np.float64 if np.asarray(values[0]).dtype == np.float64 else np.float32
+    return tape, inputs, [np.ascontiguousarray(v, dtype=dtype) for v in values]
+
+
+def scaled_dot_product_attention(query, key, value, mask=None, causal=False, scale=None, heads=1):
+    """``softmax(scale * Q K^T) V`` per head, on attnx's C++ attention kernel.
+
+    query (B, Tq, H * Dk), key (B, S, H * Dk), value (B, S, H * Dv) -> context (B, Tq, H * Dv).
+    mask: (B, S) or (B, Tq, S) bool (True = may attend) or lengths (B,) (the `attnx.masking` rule);
+    causal: query t sees keys s <= t; scale: 1 / sqrt(Dk) by default; heads: H.
+    """
+    tape, inputs, (q, k, v) = _kernel_inputs(query, key, value)
+    scale = 1.0 / np.sqrt(builtins.max(1, q.shape[-1] // int(heads))) if scale is None else float(scale)
+    if q.ndim == 3 and k.ndim == 3:
+        mask = as_mask(mask, q.shape[0], k.shape[1], "scaled_dot_product_attention: `mask`", queries=q.shape[1],
+                       shared=True)
+    context, weights = _core.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(causal), scale=scale,
+                                          heads=int(heads), return_weights=tape is not None)
+    return _output(tape, "scaled_dot_product_attention", context, inputs, [q, k, v],
+                   {"weights": weights, "scale": scale, "heads": int(heads)})
+
+
+def attention_pooling(x, kernel, bias, mask=None):
+    """The sentiment tutorial's attention pooling on attnx's C++ kernel:
+    ``e_t = tanh(x_t . kernel + bias_t)``, ``a = softmax(e)`` over time, ``sum_t a_t x_t``.
+
+    x (B, T, d), kernel (d, 1), bias (T, 1) or (1, 1); mask (B, T) or lengths (B,) -> (B, d).
+    """
+    tape, inputs, (xv, kv, bv) = _kernel_inputs(x, kernel, bias)
+    B, T, _ = xv.shape
+    out, weights, energy = _core.attention_pooling_forward(
+        x=xv, kernel=kv, bias=bv, mask=as_mask(mask, B, T, "attention_pooling: `mask`"), return_sequences=False)
+    return _output(tape, "attention_pooling", out, inputs, [xv, kv, bv], {"weights": weights, "energy": energy})
+
+
+# ============================================================================ gradient rules
+# Each rule maps (g = dL/d out, out, *input values, **attrs) to dL/d input for every input, None
+# where an input has none; the tape then sums each over the axes the input was broadcast along.
+def _matmul_grad(g, out, x1, x2):
+    # out = x1 @ x2:   dx1 = g @ x2^T,   dx2 = x1^T @ g   (1-D operands as a row / a column)
+    a = x1[None, :] if x1.ndim == 1 else x1
+    b = x2[:, None] if x2.ndim == 1 else x2
+    g = g[..., None] if x2.ndim == 1 else g
+    g = g[..., None, :] if x1.ndim == 1 else g
+    da = np.matmul(g, np.swapaxes(b, -1, -2))
+    db = np.matmul(np.swapaxes(a, -1, -2), g)
+    return (da[..., 0, :] if x1.ndim == 1 else da), (db[..., 0] if x2.ndim == 1 else db)
+
+
+def _einsum_grad(g, out, *operands, subscripts):
+    # out = einsum(s_1, ..., s_n -> o):   d operand_k = einsum(o, s_j (j != k) -> s_k)(g, operands_j),
+    # then broadcast along the letters of s_k that appear nowhere else (they were summed away)
+    inputs, out_letters = _einsum_parts(subscripts, [np.ndim(x) for x in operands])
+    if any(len(set(s)) != len(s) for s in inputs):
+        raise ValueError(f"einsum: no gradient for a letter repeated in one operand ({subscripts!r})")
+    grads = []
+    for k, target in enumerate(inputs):
+        others = [s for j, s in enumerate(inputs) if j != k]
+        reachable = "".join(c for c in target if c in out_letters or any(c in s for s in others))
+        d = _einsum(g, *[x for j, x in enumerate(operands) if j != k],
+                    subscripts=f"{','.join([out_letters] + others)}->{reachable}")
+        if reachable != target:
+            d = np.broadcast_to(np.expand_dims(d, tuple(i for i, c in enumerate(target) if c not in reachable)),
+                                operands[k].shape)
+        grads.append(d)
+    return grads
+
+
+def _restore_axes(g, x, axis, keepdims):
+    """g of a reduction over `axis` broadcast back to the shape of x."""
+    if axis is not None and not keepdims:
+        g = np.expand_dims(g, axis)
+    elif axis is None and not keepdims:
+        g = np.reshape(g, (1,) * np.ndim(x))
+    return np.broadcast_to(g, np.shape(x))
+
+
+def _max_grad(g, out, x, axis, keepdims):
+    # out = max_i x_i:   dx_i = g / (number of maxima) where x_i is a maximum, else 0
+    top = _restore_axes(out, x, axis, keepdims)
+    winners = (x == top)
+    return (_restore_axes(g, x, axis, keepdims) * winners / winners.sum(axis=axis, keepdims=True),)
+
+
+def _split_grad(g, out, *xs, axis):
+    # out = concatenate(x_1, ..., x_n):   dx_k = the slice of g where x_k was placed
+    ends = np.cumsum([x.shape[axis] for x in xs])[:-1]
+    return np.split(g, ends, axis=axis)
+
+
+def _sdpa_grad(g, out, q, k, v, weights, scale, heads):
+    # out = softmax(scale q k^T) v: the C++ backward (dq, dk, dv)
+    return _core.sdpa_backward(dcontext=np.ascontiguousarray(g, dtype=q.dtype), weights=weights, query=q, key=k,
+                               value=v, scale=scale, heads=heads)
+
+
+def _pooling_grad(g, out, x, kernel, bias, weights, energy):
+    # out = sum_t softmax(tanh(x kernel + bias))_t x_t: the C++ backward (dx, and adds into dkernel, dbias)
+    dkernel, dbias = np.zeros_like(kernel), np.zeros_like(bias)
+    dx = _core.attention_pooling_backward(dout=np.ascontiguousarray(g, dtype=x.dtype), dweights=None,
+                                          weights=weights, energy=energy, x=x, kernel=kernel, dkernel=dkernel,
+                                          dbias=dbias, return_sequences=False)
+    return dx, dkernel, dbias
+
+
+def _power_grad(g, out, x1, x2):
+    # out = x1^x2:   dx1 = g x2 x1^(x2 - 1),   dx2 = g out ln(x1)  (0 where x1 <= 0, as TF and PyTorch)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dx2 = np.where(np.asarray(x1) > 0, g * out * np.log(np.where(np.asarray(x1) > 0, x1, 1)), 0)
+        return g * x2 * np.power(x1, np.subtract(x2, 1)), dx2
+
+
+_GRADIENTS = {
+    # out = x1 + x2:  dx1 = g,  dx2 = g
+    "add": lambda g, out, x1, x2: (g, g),
+    # out = x1 - x2:  dx1 = g,  dx2 = -g
+    "subtract": lambda g, out, x1, x2: (g, -g),
+    # out = x1 x2:  dx1 = g x2,  dx2 = g x1
+    "multiply": lambda g, out, x1, x2: (g * x2, g * x1),
+    # out = x1 / x2:  dx1 = g / x2,  dx2 = -g x1 / x2^2 = -g out / x2
+    "divide": lambda g, out, x1, x2: (g / x2, -g * out / x2),
+    "power": _power_grad,
+    # out = -x:  dx = -g
+    "negative": lambda g, out, x: (-g,),
+    # out = |x|:  dx = g sign(x)
+    "absolute": lambda g, out, x: (g * np.sign(x),),
+    # out = x^2:  dx = 2 x g
+    "square": lambda g, out, x: (2 * x * g,),
+    # out = sqrt(x):  dx = g / (2 out)
+    "sqrt": lambda g, out, x: (g / (2 * out),),
+    # out = e^x:  dx = g out
+    "exp": lambda g, out, x: (g * out,),
+    # out = ln x:  dx = g / x
+    "log": lambda g, out, x: (g / x,),
+    # out = tanh x:  dx = g (1 - out^2)
+    "tanh": lambda g, out, x: (g * (1 - out * out),),
+    # out = sigmoid x:  dx = g out (1 - out)
+    "sigmoid": lambda g, out, x: (g * out * (1 - out),),
+    # out = max(x, 0):  dx = g [x > 0]
+    "relu": lambda g, out, x: (g * (x > 0),),
+    # out = softmax(x):  dx = out (g - sum_axis(g out))   (masked entries have out = 0, so dx = 0)
+    "softmax": lambda g, out, x, axis, mask: (out * (g - np.sum(g * out, axis=axis, keepdims=True)),),
+    "matmul": _matmul_grad,
+    "einsum": _einsum_grad,
+    # out = sum_axis x:  dx = g, copied along the summed axes
+    "sum": lambda g, out, x, axis, keepdims: (_restore_axes(g, x, axis, keepdims),),
+    # out = mean_axis x:  dx = g / n, copied along the n averaged entries
+    "mean": lambda g, out, x, axis, keepdims: (_restore_axes(g, x, axis, keepdims) * (out.size / np.size(x)),),
+    "max": _max_grad,
+    # out = max(x1, x2):  dx1 = g [x1 >= x2],  dx2 = g [x1 < x2]
+    "maximum": lambda g, out, x1, x2: (g * (x1 >= x2), g * (x1 < x2)),
+    # out = min(x1, x2):  dx1 = g [x1 <= x2],  dx2 = g [x1 > x2]
+    "minimum": lambda g, out, x1, x2: (g * (x1 <= x2), g * (x1 > x2)),
+    # out = clip(x, lo, hi):  dx = g [lo <= x <= hi]
+    "clip": lambda g, out, x, lo, hi: (g * ((x >= lo) & (x <= hi)), None, None),
+    # out = cond ? x1 : x2:  dx1 = g [cond],  dx2 = g [not cond]
+    "where": lambda g, out, cond, x1, x2: (None, g * cond, g * ~cond),
+    # expand_dims, squeeze, reshape move no values:  dx = g in the shape of x
+    "reshape": lambda g, out, x, **shape_args: (np.reshape(g, np.shape(x)),),
+    # out = transpose(x, axes):  dx = transpose(g, inverse of axes)
+    "transpose": lambda g, out, x, axes: (np.transpose(g, None if axes is None else np.argsort(axes)),),
+    "concatenate": _split_grad,
+    # out = stack(x_1, ..., x_n):  dx_k = g[..., k, ...] along the new axis
+    "stack": lambda g, out, *xs, axis: tuple(np.moveaxis(g, axis, 0)),
+    # out = x[key]:  dx = zeros like x with g added at key (repeated indices add)
+    "getitem": lambda g, out, x, key: (_scatter_add(x, key, g),),
+    "scaled_dot_product_attention": _sdpa_grad,
+    "attention_pooling": _pooling_grad,
+}
+
+
+def _scatter_add(x, key, g):
+    dx = np.zeros(np.shape(x), dtype=np.result_type(g))
+    np.add.at(dx, key, g)
+    return dx
