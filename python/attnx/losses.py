@@ -1,20 +1,41 @@
-"""Losses, each computed together with its gradient by one C++ kernel.
+"""Losses: the built-in ones computed together with their gradient by one C++ kernel; your own
+written with `attnx.ops` and differentiated by its tape.
 
 Reduction follows Keras' "sum_over_batch_size": the mean over every scored element; a mask or
 `ignore_index` leaves its elements out of the mean, as PyTorch's ignore_index and Keras' masks do.
+
+Your own loss, as in Keras, is a function ``fn(y_true, y_pred)`` returning one value per sample
+(or per scored element), given straight to ``compile(loss=fn)``, or a `Loss` subclass that
+implements only ``call(y_true, y_pred)``:
+
+    from attnx import ops as K
+    model.compile("adam", loss=lambda y_true, y_pred: K.mean(K.square(y_true - y_pred), axis=-1))
+
+The loss is then the (sample-weighted) mean of those values, and its gradient comes from
+replaying the ops of `call` (`attnx.ops.Tape`).
 """
 import math
 
 import numpy as np
 
-from . import _core
+from . import _core, ops
 from .backend import snake_case
 
 
 class Loss:
-    """Base class. ``loss(y_true, y_pred)`` gives the value; ``compute`` gives value and gradient."""
+    """Base class. ``loss(y_true, y_pred)`` gives the value; ``compute`` gives value and gradient.
+
+    Subclasses implement ``compute`` (the built-in losses, on their C++ kernels), or only
+    ``call(y_true, y_pred)`` written with `attnx.ops`, returning per-sample values: the default
+    ``compute`` reduces them as Keras does and differentiates them.
+    """
 
     from_logits = False
+    registry = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        Loss.registry[cls.__name__] = cls
 
     def __init__(self, name=None):
         self.name = name or snake_case(type(self).__name__)
@@ -23,11 +44,39 @@ class Loss:
         return self.compute(y_true, y_pred, sample_weight, mask)[0]
 
     def compute(self, y_true, y_pred, sample_weight=None, mask=None):
-        """Returns (loss, d loss / d y_pred)."""
-        raise NotImplementedError
+        """Returns (loss, d loss / d y_pred).
+
+        This default runs ``call(y_true, y_pred)`` with `y_pred` watched by a tape. With v the
+        values it returns and w the weights (`sample_weight` and `mask` over their leading axes):
+            loss = sum(w v) / n,   d loss / d v = w / n,
+        n being the number of values (of unmasked values when a mask is given); the tape takes
+        d loss / d v back to `y_pred`.
+        """
+        call = getattr(self, "call", None)
+        if call is None:
+            raise NotImplementedError(f"{type(self).__name__}: define `call(y_true, y_pred)` (with attnx.ops) "
+                                      f"or `compute`")
+        pred = self._pred(y_pred)
+        target = np.asarray(y_true)
+        if target.ndim == pred.ndim - 1 and pred.shape[-1] == 1:  # labels (B,) for predictions (B, 1)
+            target = target.reshape(pred.shape)
+        target = target.astype(pred.dtype, copy=False)  # Keras casts y_true to the prediction's dtype
+        tape = ops.Tape()
+        with tape:
+            traced_pred = tape.watch(pred)
+            values = call(target, traced_pred)
+        v = np.asarray(ops.untraced(values))
+        w, denom = self._weights(sample_weight, mask, v.shape, pred.dtype)
+        w = np.ones(v.shape, dtype=pred.dtype) if w is None else w
+        dpred, = tape.backward([values], [w / pred.dtype.type(denom)], [traced_pred])
+        return float(np.sum(v * w) / denom), dpred
 
     def get_config(self):
         return {"name": self.name}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
 
     # -- helpers shared by the elementwise losses
     def _pred(self, y_pred):
@@ -172,8 +221,25 @@ _ALIASES = {
 }
 
 
+class LossFunctionWrapper(Loss):
+    """A function ``fn(y_true, y_pred)`` written with `attnx.ops`, as a `Loss` (what ``compile``
+    makes of ``loss=fn``): its values are reduced and differentiated by `Loss.compute`."""
+
+    def __init__(self, fn, name=None):
+        super().__init__(name or getattr(fn, "__name__", None) or "loss")
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+    @classmethod
+    def from_config(cls, config):
+        raise ValueError(f"the loss {config.get('name')!r} was a function, which a saved config cannot "
+                         f"restore: compile the model again with it")
+
+
 def get(identifier):
-    """A loss from a name, a config dict or an instance."""
+    """A loss from a name, a config dict, an instance, or a function ``fn(y_true, y_pred)``."""
     if isinstance(identifier, Loss):
         return identifier
     if isinstance(identifier, str):
@@ -181,8 +247,12 @@ def get(identifier):
             raise ValueError(f"Unknown loss {identifier!r}; expected one of {sorted(_ALIASES)}")
         return _ALIASES[identifier]()
     if isinstance(identifier, dict):
-        cls = {c.__name__: c for c in _ALIASES.values()}[identifier["class_name"]]
-        return cls(**identifier["config"])
+        cls = Loss.registry.get(identifier["class_name"])
+        if cls is None:
+            raise ValueError(f"Unknown loss class {identifier['class_name']!r}")
+        return cls.from_config(identifier["config"])
+    if callable(identifier) and not isinstance(identifier, type):
+        return LossFunctionWrapper(identifier)
     raise TypeError(f"Cannot interpret {identifier!r} as a loss")
 
 
