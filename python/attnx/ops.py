@@ -321,7 +321,8 @@ def _softmax(x, axis, mask):
         return e / np.sum(e, axis=axis, keepdims=True)
     keep = np.broadcast_to(mask, x.shape)
     top = np.max(np.where(keep, x, -np.inf), axis=axis, keepdims=True)
-    e = np.where(keep, np.exp(x - np.where(np.isfinite(top), top, 0)), 0)
+    top = np.where(np.isfinite(top), top, 0)  # a fully masked row has no maximum
+    e = np.exp(np.where(keep, x - top, -np.inf))
     total = np.sum(e, axis=axis, keepdims=True)
     return e / np.where(total > 0, total, 1)  # a fully masked row: all weights 0
 
