@@ -1,8 +1,13 @@
 """Callbacks for `Model.fit`, with Keras' names and behaviour."""
+import csv
+import json
 import math
 import os
+import tempfile
 
 import numpy as np
+
+from . import backend, optimizers, saving
 
 
 class Callback:
@@ -188,3 +193,174 @@ class LambdaCallback(Callback):
             if not hasattr(Callback, name):
                 raise ValueError(f"LambdaCallback: unknown hook {name!r}")
             setattr(self, name, fn)
+
+
+class CSVLogger(Callback):
+    """Writes every epoch's logs as a row of a CSV file: ``epoch`` (from 0, as Keras) then the
+    logs' keys in sorted order. With ``append=True`` an existing file is continued (its header is
+    written only if it is empty), e.g. when training resumes."""
+
+    def __init__(self, filename, separator=",", append=False):
+        super().__init__()
+        self.filename, self.separator, self.append = os.fspath(filename), separator, append
+        self._file = self._writer = self._keys = None
+
+    def on_train_begin(self, logs=None):
+        write_header = not (self.append and os.path.exists(self.filename) and os.path.getsize(self.filename))
+        self._file = open(self.filename, "a" if self.append else "w", newline="", encoding="utf-8")
+        self._writer, self._keys, self._write_header = None, None, write_header
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if self._writer is None:
+            self._keys = sorted(logs)
+            self._writer = csv.DictWriter(self._file, ["epoch"] + self._keys, delimiter=self.separator,
+                                          extrasaction="ignore")
+            if self._write_header:
+                self._writer.writeheader()
+        self._writer.writerow({"epoch": epoch, **{k: logs.get(k, "NA") for k in self._keys}})
+        self._file.flush()  # each epoch reaches the file even if training dies later
+
+    def on_train_end(self, logs=None):
+        self._file.close()
+        self._file = self._writer = None
+
+
+class ReduceLROnPlateau(Callback):
+    """Multiplies the learning rate by `factor` when `monitor` has not improved by more than
+    `min_delta` for `patience` epochs, then waits `cooldown` epochs before counting again; never
+    below `min_lr`. Adds ``learning_rate`` to the epoch logs. The optimizer needs a constant
+    learning rate (a schedule already decides it)."""
+
+    def __init__(self, monitor="val_loss", factor=0.1, patience=10, verbose=0, mode="auto", min_delta=1e-4,
+                 cooldown=0, min_lr=0.0):
+        super().__init__()
+        if not 0.0 <= factor < 1.0:
+            raise ValueError(f"ReduceLROnPlateau: factor must be in [0, 1), got {factor}")
+        self.monitor, self.factor, self.patience, self.verbose = monitor, float(factor), int(patience), verbose
+        self.min_delta, self.cooldown, self.min_lr = abs(float(min_delta)), int(cooldown), float(min_lr)
+        self.mode = _mode_better(mode, monitor)
+
+    def _improved(self, current):
+        if self.mode == "min":
+            return current < self.best - self.min_delta
+        return current > self.best + self.min_delta
+
+    def on_train_begin(self, logs=None):
+        if isinstance(self.model.optimizer.learning_rate, optimizers.LearningRateSchedule):
+            raise ValueError("ReduceLROnPlateau: the optimizer's learning rate is a schedule; give it a number")
+        self.best = math.inf if self.mode == "min" else -math.inf
+        self.wait = self.cooldown_counter = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs if logs is not None else {}
+        optimizer = self.model.optimizer
+        logs["learning_rate"] = float(optimizer.learning_rate)
+        current = logs.get(self.monitor)
+        if current is None:
+            raise KeyError(f"ReduceLROnPlateau: metric '{self.monitor}' is not in the logs ({sorted(logs)})")
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.wait = 0
+        if self._improved(current):
+            self.best, self.wait = current, 0
+        elif self.cooldown_counter == 0:
+            self.wait += 1
+            # compared in float32 as Keras does, so that a rate stored as float32 counts as reaching min_lr
+            if self.wait >= self.patience and np.float32(optimizer.learning_rate) > np.float32(self.min_lr):
+                optimizer.learning_rate = max(float(optimizer.learning_rate) * self.factor, self.min_lr)
+                self.cooldown_counter, self.wait = self.cooldown, 0
+                if self.verbose:
+                    print(f"Epoch {epoch + 1}: ReduceLROnPlateau reducing learning rate to {optimizer.learning_rate}.")
+
+
+class BackupAndRestore(Callback):
+    """Backs up training so that a `fit` that was interrupted (an exception, a killed process)
+    resumes where the backup was taken when the same fit is run again: same model, compile
+    arguments, data and fit arguments (a generator made anew, from its beginning).
+
+    A backup in `backup_dir` holds the model with its weights, optimizer state and learning rate
+    (an `.attnx` file), the position of the fit (epoch, batch within the epoch and position in the
+    data) and the state of attnx's random generator (`attnx.backend.rng()`: shuffling, dropout), so
+    the resumed run continues bit for bit as the uninterrupted one would have. It is written at the
+    end of every epoch (``save_freq="epoch"``) or every `save_freq` batches, each backup replacing
+    the last one only once it is complete. A fit that completes deletes it (``delete_checkpoint``).
+
+    Not restored, as in Keras: the other callbacks' state, and the running loss and metric means
+    of an epoch resumed in its middle (its logs count only the batches after the resume).
+    """
+
+    STATE_FILE = "backup.json"
+
+    def __init__(self, backup_dir, save_freq="epoch", delete_checkpoint=True):
+        super().__init__()
+        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq <= 0):
+            raise ValueError(f"BackupAndRestore: save_freq must be 'epoch' or a positive number of batches, "
+                             f"got {save_freq!r}")
+        self.backup_dir, self.save_freq, self.delete_checkpoint = os.fspath(backup_dir), save_freq, delete_checkpoint
+        self._batches_since_backup = 0
+
+    @property
+    def _state_path(self):
+        return os.path.join(self.backup_dir, self.STATE_FILE)
+
+    def _read_state(self):
+        if not os.path.exists(self._state_path):
+            return None
+        with open(self._state_path, encoding="utf-8") as f:
+            return json.load(f)
+
+    def on_train_begin(self, logs=None):
+        if not self.model.built:
+            raise ValueError("BackupAndRestore: the model must have its weights when fit begins (give the first "
+                             "layer an input_shape, or call the model on data first)")
+        os.makedirs(self.backup_dir, exist_ok=True)
+        self._batches_since_backup = 0
+        state = self._read_state()
+        if state is None:
+            return
+        model_path = os.path.join(self.backup_dir, state["model_file"])
+        header, weights = saving.read_model(model_path)
+        saving.assign(self.model, weights, model_path)
+        saving.restore_optimizer_state(self.model, header, model_path)
+        self.model.optimizer.learning_rate = optimizers.get(header["compile"]["optimizer"]).learning_rate
+        self.model.restore_training_state(state["training"])
+        backend.rng().bit_generator.state = state["rng"]
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.save_freq == "epoch":
+            return
+        self._batches_since_backup += 1
+        if self._batches_since_backup >= self.save_freq:
+            self._backup()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.save_freq == "epoch":
+            self._backup()
+
+    def _backup(self):
+        """Writes the model under a new name, then the state naming it (atomically), then deletes
+        the previous model file: a crash at any point leaves one complete backup."""
+        self._batches_since_backup = 0
+        previous = self._read_state()
+        number = 0 if previous is None else previous["number"] + 1
+        model_file = f"model-{number}.attnx"
+        self.model.save(os.path.join(self.backup_dir, model_file))
+        state = {"number": number, "model_file": model_file, "training": self.model.training_state(),
+                 "rng": backend.rng().bit_generator.state}
+        fd, tmp = tempfile.mkstemp(prefix=".backup-", suffix=".tmp", dir=self.backup_dir)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._state_path)
+        if previous is not None:
+            os.remove(os.path.join(self.backup_dir, previous["model_file"]))
+
+    def on_train_end(self, logs=None):
+        if not self.delete_checkpoint:
+            return
+        state = self._read_state()
+        if state is not None:
+            os.remove(os.path.join(self.backup_dir, state["model_file"]))
+            os.remove(self._state_path)

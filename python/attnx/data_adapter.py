@@ -237,12 +237,12 @@ class DataAdapter:
         while self.steps is None or step < self.steps:
             batch = self._next()
             if batch is _END:
-                if step == first_step and not started and self.reiterable:
+                if step == 0 and not started and self.reiterable:
                     # the last epoch ended the pass exactly (steps per epoch): this epoch starts a new one
                     self._start_pass()
                     started = True
                     continue
-                if self.steps is not None and step > first_step:
+                if self.steps is not None and step > 0:
                     warnings.warn(f"{self.what}: the data ran out after {step} of {self.steps} steps of this epoch",
                                   stacklevel=3)
                 return

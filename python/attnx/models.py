@@ -561,7 +561,9 @@ class Model(Layer):
                         bar.set_postfix({k: f"{v:.4f}" for k, v in logs.items()}, refresh=False)
                     if self.stop_training:
                         break
-                if self._fit_position["step"] == first_step:  # the epoch found no batch
+                # an epoch that found no batch (a resumed epoch whose batches had all been trained
+                # goes on to its end: validation and on_epoch_end)
+                if self._fit_position["step"] == first_step == 0:
                     if bar is not None:
                         bar.close()
                     if not trained_any:
