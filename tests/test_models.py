@@ -536,3 +536,33 @@ def test_model_checkpoint_max_mode_on_accuracy(tmp_path):
                                      save_best_only=True)
     model.fit(x, y, epochs=4, verbose=0, callbacks=[Acc(), ckpt])
     assert sorted(os.listdir(tmp_path)) == ["best-1.attnx", "best-2.attnx", "best-4.attnx"]
+
+
+# --------------------------------------------------------- symbolic keyword arguments
+def test_encoder_decoder_with_initial_state_keywords_trains_through_fit():
+    """Keras' encoder-decoder: the decoder LSTM starts from the encoder's states given as
+    ``initial_state=[h, c]``; the encoder learns only through those keyword tensors."""
+    attnx.set_random_seed(0)
+    encoder_inputs, decoder_inputs = attnx.Input(shape=(5, 3)), attnx.Input(shape=(4, 3))
+    _, h, c = layers.LSTM(6, return_state=True, name="encoder")(encoder_inputs)
+    decoded = layers.LSTM(6, return_sequences=True, name="decoder")(decoder_inputs, initial_state=[h, c])
+    model = attnx.Model([encoder_inputs, decoder_inputs], layers.Dense(2, name="head")(decoded))
+    model.compile(optimizer=optimizers.Adam(0.01), loss="mse")
+    rng = np.random.default_rng(0)
+    source, target_in = rng.standard_normal((32, 5, 3)), rng.standard_normal((32, 4, 3))
+    target = np.repeat(source[:, -1:, :2], 4, axis=1)  # only the encoder sees what the outputs must be
+    encoder_before = [w.copy() for w in model.get_layer("encoder").get_weights()]
+    history = model.fit([source, target_in], target, batch_size=8, epochs=15, verbose=0)
+    assert history.history["loss"][-1] < 0.6 * history.history["loss"][0]
+    assert all(not np.array_equal(a, b) for a, b in zip(encoder_before, model.get_layer("encoder").get_weights()))
+
+
+def test_initial_state_keyword_inputs_get_gradients():
+    attnx.set_random_seed(0)
+    x_in, h_in, c_in = attnx.Input(shape=(4, 3)), attnx.Input(shape=(5,)), attnx.Input(shape=(5,))
+    out = layers.LSTM(5, dtype="float64")(x_in, initial_state=[h_in, c_in])
+    model = attnx.Model([x_in, h_in, c_in], out, dtype="float64")
+    rng = np.random.default_rng(1)
+    report = gradcheck(model, [rng.standard_normal((2, 4, 3)), rng.standard_normal((2, 5)),
+                               rng.standard_normal((2, 5))])
+    assert {"inputs[0]", "inputs[1]", "inputs[2]"} <= set(report)
