@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
-packages="g++ libxtensor-dev libxtensor-blas-dev libopenblas-dev"
+packages="g++ libxtensor-dev libxtensor-blas-dev libopenblas-dev fonts-lohit-deva"
 missing=""
 for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -17,7 +17,6 @@ import time
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib import font_manager
 
 import attnx
 from attnx.seq2seq import Seq2Seq
@@ -32,16 +31,8 @@ UNITS, EMBEDDING_DIM = (32, 16) if QUICK else (128, 64)
 EPOCHS = 1 if QUICK else 10
 attnx.set_random_seed(0)
 
-# Marathi is written in Devanagari: use a system font that has it for the plots, if there is one
-# (e.g. `apt-get install fonts-noto-core` or `fonts-lohit-deva`); otherwise the labels are boxes.
-deva = [f.name for f in font_manager.fontManager.ttflist
-        if any(k in f.name for k in ("Devanagari", "Lohit", "Mukta", "Gargi", "Kalimati", "Sarai"))]
-if deva:
-    plt.rcParams["font.family"] = ["DejaVu Sans", deva[0]]  # fallback list (matplotlib >= 3.6)
-else:
-    print("no Devanagari font found: Marathi labels in the plots will show as boxes")
-    import warnings
-    warnings.filterwarnings("ignore", message="Glyph .* missing from")
+# Marathi is written in Devanagari: `attnx.plot.attention_heatmap` draws it with an installed font
+# that has it (e.g. `apt-get install fonts-lohit-deva` or `fonts-noto-core`); without one, boxes.
 
 # %% [markdown]
 # ## Data

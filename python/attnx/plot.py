@@ -1,4 +1,6 @@
 """Plots: attention heatmaps with tokens on the axes, and training curves (matplotlib)."""
+import functools
+
 import numpy as np
 
 
@@ -8,6 +10,48 @@ def _pyplot():
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("attnx.plot needs matplotlib: pip install 'attnx[plot]'") from exc
     return plt
+
+
+@functools.lru_cache(maxsize=None)
+def _charmap(path):
+    """The code points the font file at `path` has glyphs for (empty if it cannot be read)."""
+    from matplotlib import ft2font
+    try:
+        return frozenset(ft2font.FT2Font(path).get_charmap())
+    except (OSError, RuntimeError, ValueError):
+        return frozenset()
+
+
+@functools.lru_cache(maxsize=None)
+def _fonts_covering(missing):
+    """Names of installed fonts that together have the code points in `missing` (a frozenset),
+    the most covering first; as many as have any of them when none has all."""
+    from matplotlib import font_manager
+    candidates = {}
+    for entry in font_manager.fontManager.ttflist:  # name -> the code points of `missing` it has
+        covered = missing & _charmap(entry.fname)
+        if covered and len(covered) > len(candidates.get(entry.name, ())):
+            candidates[entry.name] = covered
+    chosen, left = [], set(missing)
+    for name, covered in sorted(candidates.items(), key=lambda item: (-len(item[1]), item[0])):
+        if left & covered:
+            chosen.append(name)
+            left -= covered
+    return tuple(chosen)
+
+
+def font_family_for(texts):
+    """A font family list for matplotlib text that shows every character of `texts`: the default
+    family, followed by installed fonts with the glyphs it lacks (e.g. a Devanagari font for
+    Marathi, found through matplotlib's font manager). None when the default font has them all,
+    or no installed font has any of the missing ones (matplotlib then draws boxes and warns)."""
+    from matplotlib import font_manager, rcParams
+    chars = frozenset(ord(ch) for text in texts for ch in str(text) if not ch.isspace())
+    missing = chars - _charmap(font_manager.findfont(font_manager.FontProperties()))
+    if not missing:
+        return None
+    fallbacks = _fonts_covering(missing)
+    return [*rcParams["font.family"], *fallbacks] if fallbacks else None
 
 
 def attention_heatmap(weights, source_tokens=None, target_tokens=None, ax=None, cmap="viridis", title=None,
@@ -20,6 +64,9 @@ def attention_heatmap(weights, source_tokens=None, target_tokens=None, ax=None, 
         source_tokens: labels of the columns (len S).
         target_tokens: labels of the rows (len T).
         ax: a matplotlib Axes to draw on (default: a new figure).
+    Labels in scripts the default font lacks (Devanagari, CJK, ...) are drawn with an installed
+    font that has them (`font_family_for`), without changing matplotlib's settings.
+
     Returns:
         The Axes.
     """
@@ -36,14 +83,16 @@ def attention_heatmap(weights, source_tokens=None, target_tokens=None, ax=None, 
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4, 0.5 * w.shape[1] + 2), max(2, 0.5 * w.shape[0] + 1.5)))
     image = ax.imshow(w, cmap=cmap, aspect="auto", vmin=0.0, vmax=max(1e-12, float(w.max())))
+    family = font_family_for([*(source_tokens or []), *(target_tokens or []), title or ""])
+    font = {} if family is None else {"fontfamily": family}
     if source_tokens is not None:
         ax.set_xticks(range(w.shape[1]))
-        ax.set_xticklabels(source_tokens, rotation=90)
+        ax.set_xticklabels(source_tokens, rotation=90, **font)
     if target_tokens is not None:
         ax.set_yticks(range(w.shape[0]))
-        ax.set_yticklabels(target_tokens)
+        ax.set_yticklabels(target_tokens, **font)
     if title:
-        ax.set_title(title)
+        ax.set_title(title, **font)
     if colorbar:
         ax.figure.colorbar(image, ax=ax)
     return ax
