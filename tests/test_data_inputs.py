@@ -61,8 +61,8 @@ def test_fit_from_batches_equals_fit_from_arrays(source):
         data, steps = (b for _ in range(3) for b in batches), len(batches)
     else:
         data, steps = BatchList(batches), None
-    h_batches = from_batches.fit(data, epochs=3, steps_per_epoch=steps, validation_data=BatchList(array_batches(5, xv, yv)),
-                                 verbose=0)
+    h_batches = from_batches.fit(data, epochs=3, steps_per_epoch=steps,
+                                 validation_data=BatchList(array_batches(5, xv, yv)), verbose=0)
     assert_same_weights(from_arrays, from_batches)
     assert h_arrays.history["loss"] == h_batches.history["loss"]
     assert h_arrays.history["val_accuracy"] == h_batches.history["val_accuracy"]
@@ -209,7 +209,8 @@ BAD_BATCHES = [
     ((np.zeros((2, 6), np.float32),) * 4, r"got a tuple of 4"),
     ((np.zeros((2, 6), np.float32), None), r"the y of a batch must be an array.*got NoneType"),
     (("text", np.zeros((2, 1), np.float32)), r"the x of a batch must be an array.*got str"),
-    ((np.zeros((2, 6), np.float32), np.zeros((3, 1), np.float32)), r"inputs, targets and sample weights have different numbers of samples \(batch 1"),
+    ((np.zeros((2, 6), np.float32), np.zeros((3, 1), np.float32)),
+     r"inputs, targets and sample weights have different numbers of samples \(batch 1"),
     ((np.zeros((0, 6), np.float32), np.zeros((0, 1), np.float32)), r"no samples \(empty batch\)"),
 ]
 

@@ -81,7 +81,8 @@ def _num_samples(what, x, y, sample_weight, where=""):
 def class_weight_to_sample_weight(what, y, class_weight):
     """Each sample's weight from its class (Keras' `class_weight`): ``class_weight.get(class, 1.0)``."""
     if not isinstance(class_weight, dict):
-        raise TypeError(f"{what}: class_weight must be a dict {{class index: weight}}, got {type(class_weight).__name__}")
+        raise TypeError(f"{what}: class_weight must be a dict {{class index: weight}}, "
+                        f"got {type(class_weight).__name__}")
     targets = _leaves(y)
     if len(targets) != 1:
         raise ValueError(f"{what}: class_weight needs a model with one output, got {len(targets)} target arrays")
@@ -212,7 +213,8 @@ class DataAdapter:
             x, y, sw = item, None, None
         else:
             shape = f"a tuple of {len(item)}" if isinstance(item, tuple) else type(item).__name__
-            expected = "(x, y) or (x, y, sample_weight)" if self.targets else "x, or (x,), (x, y), (x, y, sample_weight)"
+            expected = ("(x, y) or (x, y, sample_weight)" if self.targets
+                        else "x, or (x,), (x, y), (x, y, sample_weight)")
             raise ValueError(f"{self.what}: each batch of a generator or iterable must be {expected}, "
                              f"got {shape}{where}")
         if not self.arrays:
