@@ -370,11 +370,12 @@ def _einsum_parts(subscripts, ndims):
 def _einsum2(a, b, sa, sb, out):
     """The two-operand einsum as one batched matrix product (BLAS): the letters of both operands and
     the output are batch axes, of both but not the output contracted, of one and the output free."""
-    only_a = "".join(c for c in sa if c not in sb and c not in out)
-    only_b = "".join(c for c in sb if c not in sa and c not in out)
-    if only_a or only_b:  # axes summed away before the product
-        a, sa = np.einsum(f"{sa}->{''.join(c for c in sa if c not in only_a)}", a), sa.translate({ord(c): None for c in only_a})
-        b, sb = np.einsum(f"{sb}->{''.join(c for c in sb if c not in only_b)}", b), sb.translate({ord(c): None for c in only_b})
+    def summed_away(x, letters, other):
+        """x with the axes of letters in neither the other operand nor the output summed."""
+        kept = "".join(c for c in letters if c in other or c in out)
+        return (x, letters) if kept == letters else (np.einsum(f"{letters}->{kept}", x), kept)
+
+    (a, sa), (b, sb) = summed_away(a, sa, sb), summed_away(b, sb, sa)
     batch = [c for c in out if c in sa and c in sb]
     left = [c for c in sa if c not in sb]
     right = [c for c in sb if c not in sa]
