@@ -126,7 +126,7 @@ def _truncated_normal(shape, std):
 
 _ALIASES = {
     "zeros": Zeros, "ones": Ones, "constant": Constant, "random_uniform": RandomUniform,
-    "uniform": RandomUniform, "random_normal": RandomNormal, "glorot_uniform": GlorotUniform,
+    "uniform": RandomUniform, "random_normal": RandomNormal, "normal": RandomNormal, "glorot_uniform": GlorotUniform,
     "glorot_normal": GlorotNormal, "he_uniform": HeUniform, "orthogonal": Orthogonal,
 }
 

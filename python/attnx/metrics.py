@@ -149,6 +149,17 @@ class Mean(Metric):
         self.count += weight
 
 
+class MeanMetricWrapper(Metric):
+    """The running (weighted) mean of ``fn(y_true, y_pred)``: a function used as a metric (Keras' wrapper)."""
+
+    def __init__(self, fn, name=None):
+        self.fn = fn
+        super().__init__(name or getattr(fn, "__name__", "metric"))
+
+    def _values(self, y_true, y_pred):
+        return np.asarray(self.fn(y_true, y_pred), dtype=np.float64)
+
+
 _ALIASES = {
     "binary_accuracy": BinaryAccuracy, "sparse_categorical_accuracy": SparseCategoricalAccuracy,
     "categorical_accuracy": CategoricalAccuracy, "precision": Precision, "recall": Recall, "f1": F1Score,
@@ -157,7 +168,8 @@ _ALIASES = {
 
 
 def get(identifier, loss=None):
-    """A metric from a name or instance; "accuracy"/"acc" picks the variant matching `loss`."""
+    """A metric from a name, an instance or a function ``fn(y_true, y_pred)`` (its mean over samples);
+    "accuracy"/"acc" picks the variant matching `loss`."""
     if isinstance(identifier, Metric):
         return identifier
     if identifier in ("accuracy", "acc"):
@@ -171,6 +183,8 @@ def get(identifier, loss=None):
         return Accuracy(name=identifier)
     if identifier in _ALIASES:
         return _ALIASES[identifier]()
+    if callable(identifier):
+        return MeanMetricWrapper(identifier)
     raise ValueError(f"Unknown metric {identifier!r}; expected 'accuracy' or one of {sorted(_ALIASES)}")
 
 
