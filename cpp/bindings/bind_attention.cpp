@@ -58,7 +58,7 @@ static SdpaDims scores_dims(const py::array& scores, const py::array& value, con
 
 template <class T> static const T* optional_block(const py::object& a, const SdpaDims& d, const std::string& what) {
     if (a.is_none()) return nullptr;
-    py::array arr = a.cast<py::array>();
+    py::array arr = array_arg(a, what.c_str());
     check_shape(arr, {d.B, d.H, d.Tq, d.S}, what.c_str());
     return in_ptr<T>(arr, what.c_str());
 }
@@ -122,7 +122,7 @@ void init_attention(py::module_& m) {
                 T* pds = nullptr;
                 py::array dscale_arr;
                 if (!dscale.is_none()) {
-                    dscale_arr = dscale.cast<py::array>();
+                    dscale_arr = array_arg(dscale, "sdpa_backward: dscale");
                     check_shape(dscale_arr, {1}, "sdpa_backward: dscale");
                     pds = inout_ptr<T>(dscale_arr, "sdpa_backward: dscale");
                 }
@@ -300,7 +300,7 @@ void init_attention(py::module_& m) {
                 T* pdscale = nullptr;
                 py::array dscale_arr;
                 if (!dscale.is_none()) {
-                    dscale_arr = dscale.cast<py::array>();
+                    dscale_arr = array_arg(dscale, "dot_scores_backward: dscale");
                     check_shape(dscale_arr, {1}, "dot_scores_backward: dscale");
                     pdscale = inout_ptr<T>(dscale_arr, "dot_scores_backward: dscale");
                 }
@@ -423,7 +423,7 @@ void init_attention(py::module_& m) {
                                           ", 1) or (1, 1), got " + shape_str(dbias));
                 const T* pdw = nullptr;
                 if (!dweights.is_none()) {
-                    py::array arr = dweights.cast<py::array>();
+                    py::array arr = array_arg(dweights, "attention_pooling_backward: dweights");
                     check_shape(arr, {B, Tn}, "attention_pooling_backward: dweights");
                     pdw = in_ptr<T>(arr, "attention_pooling_backward: dweights");
                 }
