@@ -407,8 +407,9 @@ void init_attention(py::module_& m) {
     m.def(
         "attention_pooling_backward",
         [](const py::array& dout, const py::object& dweights, const py::array& weights, const py::array& energy,
-           const py::array& x, const py::array& kernel, py::array& dkernel, py::array& dbias, bool return_sequences) {
-            return dispatch_float(x, "attention_pooling_backward: x", [&](auto tag) -> py::array {
+           const py::array& x, const py::array& kernel, py::array& dkernel, py::array& dbias, bool return_sequences,
+           bool need_dx) {
+            return dispatch_float(x, "attention_pooling_backward: x", [&](auto tag) -> py::object {
                 using T = decltype(tag);
                 check_rank(x, 3, "attention_pooling_backward: x");
                 const py::ssize_t B = x.shape(0), Tn = x.shape(1), C = x.shape(2);
@@ -435,14 +436,20 @@ void init_attention(py::module_& m) {
                 T* pdk = inout_ptr<T>(dkernel, "attention_pooling_backward: dkernel");
                 T* pdb = inout_ptr<T>(dbias, "attention_pooling_backward: dbias");
                 const PoolingConfig cfg{(int)B, (int)Tn, (int)C, dbias.shape(0) == Tn && Tn != 1, return_sequences};
+                if (!need_dx) {
+                    py::gil_scoped_release release;
+                    attention_pooling_backward<T>(cfg, (T*)nullptr, pdk, pdb, pdo, pdw, pa, pe, px, pk);
+                    return py::none();
+                }
                 return released_result<T>({B, Tn, C}, [&](T* pdx) {
                     attention_pooling_backward<T>(cfg, pdx, pdk, pdb, pdo, pdw, pa, pe, px, pk);
                 });
             });
         },
         py::arg("dout"), py::arg("dweights"), py::arg("weights"), py::arg("energy"), py::arg("x"), py::arg("kernel"),
-        py::arg("dkernel"), py::arg("dbias"), py::arg("return_sequences") = false,
-        "Backward of attention_pooling_forward: returns dx and accumulates into dkernel and dbias.");
+        py::arg("dkernel"), py::arg("dbias"), py::arg("return_sequences") = false, py::arg("need_dx") = true,
+        "Backward of attention_pooling_forward: returns dx (None when need_dx is False) and accumulates into "
+        "dkernel and dbias.");
     m.def(
         "masked_softmax_forward",
         [](const py::array& scores, const py::object& mask, bool causal) {
