@@ -12,13 +12,15 @@
 # and on for the C++ tests; any UBSan report aborts the run (halt_on_error=1).
 #
 # The fast subset (SANITIZE_SUBSET below, by file) exercises every binding without PyTorch: the
-# fuzz (with ATTNX_FUZZ_EXAMPLES=6 unless set), bad-input, NaN-guard and concurrency tests. The
-# parity tests import torch; they run with --all, torch loading under the preloaded runtime too.
+# fuzz (with ATTNX_FUZZ_EXAMPLES=6 unless set), bad-input, NaN-guard, concurrency, mask-rule and
+# hostile-input tests. The parity tests import torch; they run with --all, torch loading under the
+# preloaded runtime too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
 
-SANITIZE_SUBSET=(tests/test_bad_input.py tests/test_fuzz.py tests/test_nan_guard.py tests/test_concurrency.py)
+SANITIZE_SUBSET=(tests/test_bad_input.py tests/test_fuzz.py tests/test_nan_guard.py tests/test_concurrency.py
+                 tests/test_masks_core.py tests/test_hostile_core.py)
 
 pytest_args=()
 if [ "${1:-}" = "--all" ]; then
@@ -52,6 +54,7 @@ libasan="$(readlink -f "$libasan")"
 preload="$libasan $(readlink -f "$(gcc -print-file-name=libstdc++.so)")"
 
 dir=build/sanitize
+mkdir -p build  # the logs sit beside the build folder, which a fresh clone lacks
 # -O1 (from ATTNX_SANITIZE) and line tables only (-g1): enough for the reports' stack traces, and
 # the build stays short for CI
 jobs="${ATTNX_BUILD_JOBS:-$(nproc)}"

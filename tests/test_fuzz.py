@@ -1063,6 +1063,8 @@ def _core_calls(draw):
     table = f(5, OC)
     P = np.abs(f(N + 1, K)) + 0.1
     P /= P.sum(-1, keepdims=True)
+    xl, gamma, beta = f(N, C + 1), f(C + 1), f(C + 1)
+    _, mean, rstd = _core.layernorm_forward(xl, gamma, beta, 1e-5)
     return {
         "dense_forward": (_core.dense_forward, dict(x=x, kernel=W, bias=b, activation=act), ()),
         "dense_backward": (_core.dense_backward, dict(dy=f(N, OC), x=x, kernel=W, y=y, z=z, activation=act,
@@ -1084,6 +1086,14 @@ def _core_calls(draw):
         "categorical_crossentropy": (_core.categorical_crossentropy, dict(
             pred=P, target=np.eye(K, dtype=np.float32)[r.integers(0, K, N + 1)], weights=None, from_logits=False,
             denom=1.0), ()),
+        "sdpa_forward": (_core.sdpa_forward, dict(query=f(N, K, 2), key=f(N, OC + 1, 2), value=f(N, OC + 1, 3),
+                                                  scale=0.5), ()),
+        "layernorm_forward": (_core.layernorm_forward, dict(x=xl, gamma=gamma, beta=beta, eps=1e-5), ()),
+        "layernorm_backward": (_core.layernorm_backward, dict(dy=f(N, C + 1), x=xl, mean=mean, rstd=rstd, gamma=gamma,
+                                                              dgamma=np.zeros_like(gamma), dbeta=np.zeros_like(beta)),
+                               ("dgamma", "dbeta")),
+        "attention_pooling_forward": (_core.attention_pooling_forward, dict(x=f(N, K, C + 1), kernel=f(C + 1, 1),
+                                                                            bias=f(1, 1)), ()),
     }
 
 
@@ -1111,10 +1121,13 @@ def _mutations(value, inplace):
 
 # arguments whose shape the others do not pin down (any rank / any class count)
 SHAPE_FREE = {("activation_forward", "x"), ("embedding_forward", "ids"), ("embedding_forward", "table"),
-              ("sparse_categorical_crossentropy", "pred"), ("sparse_categorical_crossentropy", "labels")}
+              ("sparse_categorical_crossentropy", "pred"), ("sparse_categorical_crossentropy", "labels"),
+              ("sdpa_forward", "value")}
+OPTIONAL = ("weights", "dbias", "bias", "gamma", "beta", "dgamma", "dbeta")  # None is a legitimate value
 CORE_NAMES = ["dense_forward", "dense_backward", "activation_forward", "activation_backward", "embedding_forward",
               "embedding_backward", "binary_crossentropy", "mean_squared_error", "sparse_categorical_crossentropy",
-              "categorical_crossentropy"]
+              "categorical_crossentropy", "sdpa_forward", "layernorm_forward", "layernorm_backward",
+              "attention_pooling_forward"]
 
 
 @pytest.mark.parametrize("name", CORE_NAMES)
@@ -1133,7 +1146,7 @@ def test_core_binding_arguments(name, data):
     want = fn(**base)
     bad = fresh(kwargs)
     bad[arg] = muts[mut]
-    if arg in ("weights", "dbias", "bias") and mut == "none":
+    if arg in OPTIONAL and mut == "none":
         return  # optional arguments
     kind, got = outcome(lambda: fn(**bad))
     if kind == "err":

@@ -1,10 +1,13 @@
 """The one mask rule of the raw `_core` bindings (checks.hpp parse_mask): every entry point that
 takes a mask accepts the same masks, rejects the same bad ones with the same error pattern
 ("<function>: <argument>: ..."), and gives a fully masked row zeros, never NaN."""
+import os
 import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnx import _core
 
@@ -159,3 +162,29 @@ def test_fully_masked_row_gives_zeros(name):
         assert not out[1].any()
         return
     assert not out[1].any(), f"{name}: a fully masked row is not zero"
+
+
+INT_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+@settings(max_examples=int(os.environ.get("ATTNX_FUZZ_EXAMPLES", "25")), derandomize=True, deadline=None,
+          database=None)
+@given(data=st.data())
+def test_fuzzed_masks(name, data):
+    """Random masks: accepted exactly when bool or 0/1 integer of an accepted shape, and then equal
+    to the same mask as bool; refused with the "<function>: <argument>: " prefix otherwise."""
+    arg, per_query, call = ENTRY_POINTS[name]
+    shapes = [(B, L), (1, L), (B, L + 1), (B + 1, L), (L,), (B, TQ, L), (1, TQ, L), (B, TQ + 1, L)]
+    shape = data.draw(st.sampled_from(shapes))
+    dtype = data.draw(st.sampled_from([bool, np.float32] + INT_DTYPES))
+    values = data.draw(st.sampled_from([(0, 1), (0, 2), (0, 1, 255)]))
+    r = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1)))
+    mask = r.choice(values, size=shape).astype(dtype)
+    valid_shape = shape in [(B, L), (1, L)] or (per_query and shape in [(B, TQ, L), (1, TQ, L)])
+    valid = valid_shape and dtype is not np.float32 and (dtype is bool or (mask.min() >= 0 and mask.max() <= 1))
+    if not valid:
+        with pytest.raises((TypeError, ValueError), match="^" + _prefix(name)):
+            call(mask)
+        return
+    np.testing.assert_array_equal(call(mask), call(mask.astype(bool)))

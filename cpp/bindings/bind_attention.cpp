@@ -58,7 +58,7 @@ static SdpaDims scores_dims(const py::array& scores, const py::array& value, con
 
 template <class T> static const T* optional_block(const py::object& a, const SdpaDims& d, const std::string& what) {
     if (a.is_none()) return nullptr;
-    py::array arr = a.cast<py::array>();
+    py::array arr = array_arg(a, what.c_str());
     check_shape(arr, {d.B, d.H, d.Tq, d.S}, what.c_str());
     return in_ptr<T>(arr, what.c_str());
 }
@@ -122,7 +122,7 @@ void init_attention(py::module_& m) {
                 T* pds = nullptr;
                 py::array dscale_arr;
                 if (!dscale.is_none()) {
-                    dscale_arr = dscale.cast<py::array>();
+                    dscale_arr = array_arg(dscale, "sdpa_backward: dscale");
                     check_shape(dscale_arr, {1}, "sdpa_backward: dscale");
                     pds = inout_ptr<T>(dscale_arr, "sdpa_backward: dscale");
                 }
@@ -300,7 +300,7 @@ void init_attention(py::module_& m) {
                 T* pdscale = nullptr;
                 py::array dscale_arr;
                 if (!dscale.is_none()) {
-                    dscale_arr = dscale.cast<py::array>();
+                    dscale_arr = array_arg(dscale, "dot_scores_backward: dscale");
                     check_shape(dscale_arr, {1}, "dot_scores_backward: dscale");
                     pdscale = inout_ptr<T>(dscale_arr, "dot_scores_backward: dscale");
                 }
@@ -407,8 +407,9 @@ void init_attention(py::module_& m) {
     m.def(
         "attention_pooling_backward",
         [](const py::array& dout, const py::object& dweights, const py::array& weights, const py::array& energy,
-           const py::array& x, const py::array& kernel, py::array& dkernel, py::array& dbias, bool return_sequences) {
-            return dispatch_float(x, "attention_pooling_backward: x", [&](auto tag) -> py::array {
+           const py::array& x, const py::array& kernel, py::array& dkernel, py::array& dbias, bool return_sequences,
+           bool need_dx) {
+            return dispatch_float(x, "attention_pooling_backward: x", [&](auto tag) -> py::object {
                 using T = decltype(tag);
                 check_rank(x, 3, "attention_pooling_backward: x");
                 const py::ssize_t B = x.shape(0), Tn = x.shape(1), C = x.shape(2);
@@ -423,7 +424,7 @@ void init_attention(py::module_& m) {
                                           ", 1) or (1, 1), got " + shape_str(dbias));
                 const T* pdw = nullptr;
                 if (!dweights.is_none()) {
-                    py::array arr = dweights.cast<py::array>();
+                    py::array arr = array_arg(dweights, "attention_pooling_backward: dweights");
                     check_shape(arr, {B, Tn}, "attention_pooling_backward: dweights");
                     pdw = in_ptr<T>(arr, "attention_pooling_backward: dweights");
                 }
@@ -435,14 +436,20 @@ void init_attention(py::module_& m) {
                 T* pdk = inout_ptr<T>(dkernel, "attention_pooling_backward: dkernel");
                 T* pdb = inout_ptr<T>(dbias, "attention_pooling_backward: dbias");
                 const PoolingConfig cfg{(int)B, (int)Tn, (int)C, dbias.shape(0) == Tn && Tn != 1, return_sequences};
+                if (!need_dx) {
+                    py::gil_scoped_release release;
+                    attention_pooling_backward<T>(cfg, (T*)nullptr, pdk, pdb, pdo, pdw, pa, pe, px, pk);
+                    return py::none();
+                }
                 return released_result<T>({B, Tn, C}, [&](T* pdx) {
                     attention_pooling_backward<T>(cfg, pdx, pdk, pdb, pdo, pdw, pa, pe, px, pk);
                 });
             });
         },
         py::arg("dout"), py::arg("dweights"), py::arg("weights"), py::arg("energy"), py::arg("x"), py::arg("kernel"),
-        py::arg("dkernel"), py::arg("dbias"), py::arg("return_sequences") = false,
-        "Backward of attention_pooling_forward: returns dx and accumulates into dkernel and dbias.");
+        py::arg("dkernel"), py::arg("dbias"), py::arg("return_sequences") = false, py::arg("need_dx") = true,
+        "Backward of attention_pooling_forward: returns dx (None when need_dx is False) and accumulates into "
+        "dkernel and dbias.");
     m.def(
         "masked_softmax_forward",
         [](const py::array& scores, const py::object& mask, bool causal) {

@@ -20,7 +20,7 @@ void init_core(py::module_& m) {
                 check_rank(kernel, 2, "dense_forward: kernel");
                 const auto N = x.shape(0), C = x.shape(1), OC = kernel.shape(1);
                 check_shape(kernel, {C, -1}, "dense_forward: kernel");
-                if (!bias.is_none()) check_shape(bias.cast<py::array>(), {OC}, "dense_forward: bias");
+                if (!bias.is_none()) check_shape(array_arg(bias, "dense_forward: bias"), {OC}, "dense_forward: bias");
                 const T* px = in_ptr<T>(x, "dense_forward: x");
                 const T* pw = in_ptr<T>(kernel, "dense_forward: kernel");
                 const T* pb = optional_in_ptr<T>(bias, "dense_forward: bias");
@@ -58,7 +58,7 @@ void init_core(py::module_& m) {
                 T* pdb = nullptr;
                 py::array dbias_arr;
                 if (!dbias.is_none()) {
-                    dbias_arr = dbias.cast<py::array>();
+                    dbias_arr = array_arg(dbias, "dense_backward: dbias");
                     check_shape(dbias_arr, {OC}, "dense_backward: dbias");
                     pdb = inout_ptr<T>(dbias_arr, "dense_backward: dbias");
                 }

@@ -9,7 +9,7 @@ namespace attnx::bind {
 
 template <class T> static const T* weights_ptr(const py::object& w, py::ssize_t expected, const char* what) {
     if (w.is_none()) return nullptr;
-    py::array arr = w.cast<py::array>();
+    py::array arr = array_arg(w, what);
     if (arr.size() != expected)
         throw py::value_error(std::string(what) + ": expected " + std::to_string(expected) + " weights, got shape " +
                               shape_str(arr));

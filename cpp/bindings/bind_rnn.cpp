@@ -31,14 +31,14 @@ static RNNConfig rnn_config(const std::string& cell, bool reset_after, bool reve
 
 template <class T> static T* optional_inout(const py::object& a, const std::vector<py::ssize_t>& shape, const char* what) {
     if (a.is_none()) return nullptr;
-    py::array arr = a.cast<py::array>();
+    py::array arr = array_arg(a, what);
     check_shape(arr, shape, what);
     return inout_ptr<T>(arr, what);
 }
 
 template <class T> static const T* optional_in(const py::object& a, const std::vector<py::ssize_t>& shape, const char* what) {
     if (a.is_none()) return nullptr;
-    py::array arr = a.cast<py::array>();
+    py::array arr = array_arg(a, what);
     check_shape(arr, shape, what);
     return in_ptr<T>(arr, what);
 }
@@ -152,7 +152,7 @@ void init_rnn(py::module_& m) {
                 auto cache_arr = [&](int i, bool used, const char* what) -> T* {
                     if (!used) return nullptr;
                     if (cache_t[i].is_none()) throw py::value_error(std::string(what) + ": missing from the cache");
-                    py::array a = cache_t[i].cast<py::array>();
+                    py::array a = array_arg(cache_t[i], what);
                     check_shape(a, {B, Tn, i == 0 ? G : H}, what);
                     return inout_ptr<T>(a, what);
                 };

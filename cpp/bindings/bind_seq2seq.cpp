@@ -41,7 +41,7 @@ static P param(const py::dict& params, const char* name, const std::vector<py::s
     if (!used) return nullptr;
     const std::string what = std::string(fn) + ": " + name;
     if (!params.contains(name)) throw py::value_error(what + ": missing");
-    py::array a = params[name].cast<py::array>();
+    py::array a = array_arg(params[name], what.c_str());
     check_shape(a, shape, what.c_str());
     if constexpr (std::is_const_v<std::remove_pointer_t<P>>) return in_ptr<T>(a, what.c_str());
     else return inout_ptr<T>(a, what.c_str());
@@ -78,7 +78,7 @@ static void size_config(DecoderConfig& cfg, const py::dict& params, const py::ar
     auto dim = [&](const char* name, int axis) -> int {
         const std::string what = std::string(fn) + ": " + name;
         if (!params.contains(name)) throw py::value_error(what + ": missing");
-        py::array a = params[name].cast<py::array>();
+        py::array a = array_arg(params[name], what.c_str());
         if (a.ndim() <= axis) throw py::value_error(what + ": bad rank, shape " + shape_str(a));
         check_index_range(a, what.c_str());
         return (int)a.shape(axis);
@@ -133,7 +133,7 @@ static py::array_t<T> state_copy(const py::object& given, py::ssize_t B, py::ssi
     T* po = out.mutable_data();
     std::fill(po, po + out.size(), T(0));
     if (used && !given.is_none()) {
-        py::array a = given.cast<py::array>();
+        py::array a = array_arg(given, what);
         check_shape(a, {B, H}, what);
         const T* pa = in_ptr<T>(a, what);
         std::copy(pa, pa + B * H, po);
@@ -181,7 +181,7 @@ void init_seq2seq(py::module_& m) {
                 DecoderCache<T> c = decoder_cache<T>(cfg, cache, true);
                 bool keys_ready = false;
                 if (!keys.is_none() && c.keys) {
-                    py::array k = keys.cast<py::array>();
+                    py::array k = array_arg(keys, "decoder_forward: keys");
                     check_shape(k, {B, S, cfg.Dk()}, "decoder_forward: keys");
                     const T* pk = in_ptr<T>(k, "decoder_forward: keys");
                     std::copy(pk, pk + k.size(), c.keys);

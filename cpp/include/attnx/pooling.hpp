@@ -46,8 +46,8 @@ void attention_pooling_forward(const PoolingConfig& cfg, T* out, T* weights, T* 
     });
 }
 
-// Backward (dx overwritten; dW, dbias accumulate; dweights, the gradient into the returned
-// weights, may be null):
+// Backward (dx overwritten, or null to skip it; dW, dbias accumulate; dweights, the gradient into the
+// returned weights, may be null):
 //   dA[b, t] = sum_c dout[b, c] x[b, t, c]   (pooled)   or   sum_c dout[b, t, c] x[b, t, c]   (sequences)
 //              + dweights[b, t]
 //   dE       = softmax_backward(dA, weights),   dZ = dE * (1 - energy^2)
@@ -63,14 +63,14 @@ void attention_pooling_backward(const PoolingConfig& cfg, T* dx, T* dW, T* dbias
         for (size_t b = lo; b < hi; ++b) {
             const T* xb = x + b * (size_t)Tn * C;
             const T* a = weights + b * Tn;
-            T* dxb = dx + b * (size_t)Tn * C;
+            T* dxb = dx ? dx + b * (size_t)Tn * C : nullptr;
             T* dzb = dz.data() + b * Tn;
             for (int t = 0; t < Tn; ++t) {
                 const T* dot = return_sequences ? dout + (b * Tn + t) * (size_t)C : dout + b * (size_t)C;
                 T acc = dweights ? dweights[b * Tn + t] : T(0);
                 for (int c = 0; c < C; ++c) {
                     acc += dot[c] * xb[(size_t)t * C + c];
-                    dxb[(size_t)t * C + c] = a[t] * dot[c];
+                    if (dxb) dxb[(size_t)t * C + c] = a[t] * dot[c];
                 }
                 dzb[t] = acc;
             }
@@ -82,7 +82,7 @@ void attention_pooling_backward(const PoolingConfig& cfg, T* dx, T* dW, T* dbias
         }
     });
     // dx += dZ W^T, dW += x^T dZ (one GEMM each over all B * T rows)
-    matmul<T>(dx, dz.data(), W, B * Tn, C, 1, false, true, T(1));
+    if (dx) matmul<T>(dx, dz.data(), W, B * Tn, C, 1, false, true, T(1));
     matmul<T>(dW, x, dz.data(), C, 1, B * Tn, true, false, T(1));
     for (int b = 0; b < B; ++b)
         for (int t = 0; t < Tn; ++t) dbias[bias_per_step ? t : 0] += dz[(size_t)b * Tn + t];
