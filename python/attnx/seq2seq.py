@@ -285,7 +285,7 @@ class _AttentionDecoder(Layer):
             raise IndexError(f"Layer '{self.name}': target token id {bad} out of range [0, {self.vocab_size})")
         states = self._initial_states(states, B)
         outputs = _core.decoder_forward(
-            **self._variant, ids=np.ascontiguousarray(ids, dtype=np.int64), enc=enc,
+            **self._variant, ids=np.require(ids, np.int64, "CA"), enc=enc,
             source_mask=self._mask(source_mask, B, S, "source_mask"),
             target_mask=self._mask(target_mask, B, ids.shape[1], "mask"),
             h0=states[0], c0=states[1] if self.n_states == 2 else None,
