@@ -254,3 +254,19 @@ def test_custom_loss_value_and_gradient_with_weights_and_mask():
         np.testing.assert_allclose(grad, grad_ref, rtol=1e-9, atol=1e-12)
     # labels (B,) for predictions (B, 1), as the built-in losses take them
     np.testing.assert_allclose(losses.get(_mse)(target[:, 0], pred[:, :1]), losses.mse(target[:, 0], pred[:, :1]))
+
+
+def test_function_metric_is_its_mean_over_samples():
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((32, 3)).astype("float32"), rng.standard_normal((32, 1)).astype("float32")
+
+    def mean_abs_error(y_true, y_pred):
+        return np.mean(np.abs(y_true - y_pred), axis=-1)
+    model = attnx.Sequential([attnx.layers.Dense(1, input_shape=(3,))])
+    model.compile("sgd", "mse", metrics=[mean_abs_error])
+    logs = model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    assert np.isclose(logs["mean_abs_error"], np.mean(np.abs(y - model.predict(x))), rtol=1e-6)
+
+
+def test_tutorial_normal_initializer_name():
+    assert isinstance(attnx.initializers.get("normal"), attnx.initializers.RandomNormal)

@@ -354,7 +354,7 @@ class Model(Layer):
                                  for ms, lf in zip(per_output, self.loss_functions)]
         self._compile_config = {"optimizer": optimizers.serialize(self.optimizer),
                                 "loss": [losses_module.serialize(l) for l in self.loss_functions],
-                                "metrics": [[m if isinstance(m, str) else m.name for m in ms] for ms in per_output],
+                                "metrics": [[m.name for m in ms] for ms in self.compiled_metrics],
                                 "loss_weights": self.loss_weights}
         self.compiled = True
 
