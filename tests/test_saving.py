@@ -273,3 +273,30 @@ def test_save_weights_load_weights(tmp_path):
     model.save(tmp_path / "full.attnx")
     with pytest.raises(ValueError, match="not an attnx-weights file"):
         other.load_weights(tmp_path / "full.attnx")
+
+
+# ------------------------------------------------------------------------- permissions
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o444], ids=oct)
+def test_save_keeps_the_mode_of_the_file_it_replaces(tmp_path, mode):
+    """Another account reading the served model can still read it after a re-save (mkstemp made it 0600)."""
+    model = attnx.Sequential([layers.Dense(2, input_shape=(3,))])
+    path = tmp_path / "m.attnx"
+    model.save(path)
+    os.chmod(path, mode)
+    model.save(path)
+    assert os.stat(path).st_mode & 0o777 == mode
+    model.save_weights(path.with_suffix(".w"))
+    os.chmod(path.with_suffix(".w"), mode)
+    model.save_weights(path.with_suffix(".w"))
+    assert os.stat(path.with_suffix(".w")).st_mode & 0o777 == mode
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077], ids=oct)
+def test_new_file_gets_the_umask_mode(tmp_path, umask):
+    model = attnx.Sequential([layers.Dense(2, input_shape=(3,))])
+    previous = os.umask(umask)
+    try:
+        model.save(tmp_path / "m.attnx")
+    finally:
+        os.umask(previous)
+    assert os.stat(tmp_path / "m.attnx").st_mode & 0o777 == 0o666 & ~umask
