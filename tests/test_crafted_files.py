@@ -346,19 +346,30 @@ def _load_in_child(path):
     return eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - our own child's repr of a tuple
 
 
-def _huge_embedding(h):
-    """The config's Embedding grows to 2e8 x 4 float32 (3 GiB), and so does its header entry."""
+def _huge_embedding(h, entry_too):
+    """The config's Embedding grows to 2e8 x 4 float32 (3 GiB), and its header entry too, or not."""
     h["model"]["config"]["layers"][0]["config"]["input_dim"] = 200_000_000
-    h["weights"][0]["shape"] = [200_000_000, 4]
+    if entry_too:
+        h["weights"][0]["shape"] = [200_000_000, 4]
 
 
-@pytest.mark.parametrize("case", ["npy shape (2e9,)", "header and npy shape (2e9,)", "Embedding(2e8)"])
+# Building the model from its config creates its weights: only a weight budget in Layer.add_weight,
+# set by load_model to the file's weight bytes, stops a config that lies alone (see the report of
+# issue 14: the patch to layers/base.py and models.py).
+_NO_BUDGET = pytest.mark.xfail(not hasattr(layers.base, "weight_budget"), strict=True,
+                               reason="load_model builds the config's weights without a budget")
+
+
+@pytest.mark.parametrize("case", ["npy shape (2e9,)", "header and npy shape (2e9,)", "Embedding(2e8)",
+                                  pytest.param("Embedding(2e8) in the config only", marks=_NO_BUDGET)])
 def test_huge_declared_sizes_raise_quickly_without_allocating(valid, tmp_path, case):
     path = tmp_path / "huge.attnx"
-    if case == "Embedding(2e8)":
-        path.write_bytes(_with_header(valid, _huge_embedding))
-        expected = r"weight 'embedding.*' declares shape \[200000000, 4\] float32 \(3200000000 bytes\), " \
-                   r"its member holds \d+ bytes"
+    if case.startswith("Embedding"):
+        entry_too = case == "Embedding(2e8)"
+        path.write_bytes(_with_header(valid, lambda h: _huge_embedding(h, entry_too)))
+        expected = (r"weight 'embedding.*' declares shape \[200000000, 4\] float32 \(3200000000 bytes\), "
+                    r"its member holds \d+ bytes" if entry_too else
+                    r"layer 'embedding.*' would create weight 'embeddings' of shape \(200000000, 4\)")
     else:
         blob = _npy((2_000_000_000,), "<f4", data=np.zeros((12, 4), np.float32).tobytes())
         agree = case.startswith("header")
