@@ -378,3 +378,58 @@ def test_losses_accept_any_layout():
         for variant in (np.asfortranarray(z), np.repeat(z, 2, axis=0)[::2], ro):
             v2, g2 = loss.compute(np.asfortranarray(target) if target.ndim == 2 else target[::-1][::-1], variant)
             assert v2 == value and np.array_equal(g2, grad)
+
+
+# ------------------------------------------------------------------------- attention inputs
+@pytest.mark.parametrize("call", [lambda m: m(1.5, 2.5), lambda m: m([1.5, 2.5]), lambda m: m([[1.0, 2.0]] * 2),
+                                  lambda m: m(1.5, np.ones((1, 2, 4), f32))],
+                         ids=["floats", "list of floats", "lists", "float query"])
+def test_fresh_multi_head_attention_given_non_arrays(call):
+    """Not AttributeError / IndexError from building on shapes the inputs do not have."""
+    with pytest.raises(ValueError, match=r"Layer 'mha_bad': query, value and key should be rank 3 "
+                                         r"\(batch, time, features\), got shapes \[\("):
+        call(layers.MultiHeadAttention(2, 4, name="mha_bad"))
+
+
+ATTENTION_LAYERS = {
+    "Attention": lambda: layers.Attention(), "general": lambda: layers.Attention(score="general"),
+    "Additive": lambda: layers.AdditiveAttention(), "Luong": lambda: layers.LuongAttention(),
+    "Luong attentional": lambda: layers.LuongAttention(attentional_units=5),
+    "Local": lambda: layers.LocalAttention(window=1), "MultiHeadAttention": lambda: layers.MultiHeadAttention(2, 4),
+}
+
+
+@pytest.mark.parametrize("lengths", [(0, 3), (3, 0), (0, 0)], ids=["Tq=0", "S=0", "both 0"])
+@pytest.mark.parametrize("make", ATTENTION_LAYERS.values(), ids=ATTENTION_LAYERS.keys())
+def test_zero_length_sequences_work_in_attention_layers(make, lengths):
+    """A zero-length query gives an empty output; a zero-length value a zero context (every query
+    fully masked); forward and backward, never a raw 'cannot reshape array of size 0'."""
+    (Tq, S), layer = lengths, make()
+    query, value = np.ones((2, Tq, 4), f32), np.ones((2, S, 4), f32)
+    inputs = (query, value) if isinstance(layer, layers.MultiHeadAttention) else ([query, value],)
+    y = layer(*inputs, training=True)
+    assert y.shape[:2] == (2, Tq) and np.isfinite(y).all()
+    grads = layer.backward(np.ones_like(y))
+    assert grads[0].shape == query.shape and grads[1].shape == value.shape
+
+
+def test_hard_attention_zero_length_value_names_the_layer():
+    with pytest.raises(ValueError, match=r"Layer 'hard_bad': hard attention picks one of the value's positions; "
+                                         r"got a value of length 0"):
+        layers.HardAttention(name="hard_bad")([np.ones((2, 3, 4), f32), np.ones((2, 0, 4), f32)])
+
+
+@pytest.mark.parametrize("decoder", ["BahdanauDecoder", "LuongDecoder"])
+@pytest.mark.parametrize("state", [np.full((2, 4), None, object), np.full((2, 4), "a"), np.zeros((2, 4), "M8[s]"),
+                                   np.zeros((2, 4), complex)], ids=["object", "str", "datetime", "complex"])
+@pytest.mark.parametrize("which", [0, 1], ids=["h0", "c0"])
+def test_decoders_refuse_non_numeric_states_as_lstm_does(decoder, state, which):
+    from attnx import seq2seq
+    dec = getattr(seq2seq, decoder)(vocab_size=7, embedding_dim=3, units=4, cell="lstm", name="dec_bad")
+    states = [np.zeros((2, 4), f32), np.zeros((2, 4), f32)]
+    states[which] = state
+    with pytest.raises(TypeError, match=rf"Layer 'dec_bad': `initial_state\[{which}\]` must be a numeric array, "
+                                        rf"got dtype {re.escape(str(state.dtype))}"):
+        dec([np.ones((2, 3), np.int64), np.ones((2, 5, 4), f32)] + states)
+    with pytest.raises(TypeError, match="must be a numeric array"):
+        attnx.layers.LSTM(4)(np.ones((2, 3, 4), f32), initial_state=states)

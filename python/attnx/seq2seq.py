@@ -259,10 +259,12 @@ class _AttentionDecoder(Layer):
         return [self._state(s, f"initial_state[{i}]", (batch, self.units)) for i, s in enumerate(states)]
 
     def _state(self, value, arg, shape):
-        arr = np.asarray(value)
+        # _float_input refuses object, str, datetime and complex states as LSTM does (None would become
+        # NaN, a complex state would lose its imaginary part)
+        arr = self._float_input(value, arg)
         if arr.shape != tuple(shape):
             raise ValueError(f"Layer '{self.name}': `{arg}` expected shape {tuple(shape)}, got {arr.shape}")
-        return np.ascontiguousarray(arr, dtype=self.dtype)
+        return arr
 
     def _mask(self, mask, batch, steps, arg):
         return as_mask(mask, batch, steps, f"Layer '{self.name}': `{arg}`")
@@ -585,12 +587,13 @@ class Seq2Seq(Model):
         return cls(**config)
 
     # ------------------------------------------------------------------------ training
-    def compile(self, optimizer="adam", loss=None, metrics=None, loss_weights=None):
+    def compile(self, optimizer="adam", loss=None, metrics=None, loss_weights=None, distribute=None):
         """As `Model.compile`, with Seq2Seq's defaults: Adam, and the cross-entropy of each next
         target word from the logits, padding (id 0) ignored, averaged over the real words."""
         if loss is None:
             loss = losses.SparseCategoricalCrossentropy(from_logits=True, ignore_index=0)
-        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, loss_weights=loss_weights)
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, loss_weights=loss_weights,
+                        distribute=distribute)
 
     def forward(self, inputs, training=False):
         """``[source (B, S), decoder_input (B, T)]`` -> (logits (B, T, V), cache)."""

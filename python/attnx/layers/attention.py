@@ -310,13 +310,14 @@ class Attention(Layer):
             scale = base_scale * float(self.params["scale"][0]) if self.use_scale else base_scale
             projected = query
             if self.score == "general":  # q^T W_a k = (q W_a) . k, one GEMM over all query rows
-                projected = _dense(query.reshape(B * Tq, Dq), self.params["kernel"]).reshape(B, Tq, -1)
+                # sizes spelled out, not -1, here and below: a zero-length query or key has none to infer
+                projected = _dense(query.reshape(B * Tq, Dq), self.params["kernel"]).reshape(B, Tq, key.shape[2])
             scores = _core.dot_scores_forward(query=projected, key=key, scale=scale)
             return scores, {"projected": projected, "scale": scale, "base_scale": base_scale}
         units = self.params["key_kernel"].shape[1]
         # W_a [q; k] = W_q q + W_k k: project each side once, combine inside the score kernel
         pq = _dense(query.reshape(B * Tq, Dq), self.params["query_kernel"], self.params.get("bias"))
-        pk = _dense(key.reshape(B * S, -1), self.params["key_kernel"])
+        pk = _dense(key.reshape(B * S, key.shape[2]), self.params["key_kernel"])
         v = self._v()
         pq, pk = pq.reshape(B, Tq, units), pk.reshape(B, S, units)
         scores, hidden = _core.additive_scores_forward(pq=pq, pk=pk, v=v)
@@ -337,8 +338,9 @@ class Attention(Layer):
                 self.grads["scale"] += sc["base_scale"] * dscale
             dquery = dprojected
             if self.score == "general":
-                dquery = _dense_backward(dprojected.reshape(B * Tq, -1), query.reshape(B * Tq, Dq),
-                                         self.params["kernel"], sc["projected"].reshape(B * Tq, -1), "linear",
+                Dk = key.shape[2]
+                dquery = _dense_backward(dprojected.reshape(B * Tq, Dk), query.reshape(B * Tq, Dq),
+                                         self.params["kernel"], sc["projected"].reshape(B * Tq, Dk), "linear",
                                          self.grads["kernel"], need_dx=need_dx)
                 dquery = None if dquery is None else dquery.reshape(B, Tq, Dq)
             return (dquery, dkey) if need_dx else (None, None)
@@ -350,11 +352,11 @@ class Attention(Layer):
         dquery = _dense_backward(dpq.reshape(B * Tq, units), query.reshape(B * Tq, Dq), self.params["query_kernel"],
                                  sc["pq"].reshape(B * Tq, units), "linear", self.grads["query_kernel"],
                                  self.grads.get("bias"), need_dx=need_dx)
-        dkey = _dense_backward(dpk.reshape(B * S, units), key.reshape(B * S, -1), self.params["key_kernel"],
+        dkey = _dense_backward(dpk.reshape(B * S, units), key.reshape(B * S, key.shape[2]), self.params["key_kernel"],
                                sc["pk"].reshape(B * S, units), "linear", self.grads["key_kernel"], need_dx=need_dx)
         if not need_dx:
             return None, None
-        return dquery.reshape(B, Tq, Dq), dkey.reshape(B, S, -1)
+        return dquery.reshape(B, Tq, Dq), dkey.reshape(B, S, key.shape[2])
 
     def _v_backward(self, dv_used):
         """Adds the gradient of the used score vector into v (and g when weight-normalized)."""
@@ -384,7 +386,7 @@ class Attention(Layer):
         dw = None if dweights is None else dweights.reshape(weights.shape)
         dscores, dvalue, _ = _core.softmax_context_backward(dcontext=dcontext, weights=weights, value=value,
                                                             dweights=dw, dropout_keep=ac["keep"])
-        return dscores.reshape(dcontext.shape[0], -1, value.shape[1]), dvalue, None
+        return dscores.reshape(dcontext.shape[0], dcontext.shape[1], value.shape[1]), dvalue, None
 
     def _context(self, inputs, mask, causal, training, **attend_options):
         """One call's context (B, Tq, Dv), weights (B, Tq, S) and state: the arrays its backprop needs."""
@@ -538,7 +540,8 @@ class LuongAttention(Attention):
         output = context
         if self.attentional_units:
             B, Tq, _ = context.shape
-            joined = np.concatenate([context, state["query"]], axis=-1).reshape(B * Tq, -1)
+            joined = np.concatenate([context, state["query"]], axis=-1)
+            joined = joined.reshape(B * Tq, joined.shape[2])
             attentional = _dense(joined, self.params["attentional_kernel"], activation="tanh")
             state.update(joined=joined, attentional=attentional)
             output = attentional.reshape(B, Tq, self.attentional_units)
@@ -551,7 +554,8 @@ class LuongAttention(Attention):
         B, Tq = cache["query"].shape[:2]
         Dv = cache["value"].shape[2]
         # h~ = tanh([c; h] W_c): split the gradient of [c; h] back into the context and the query
-        djoined = _dense_backward(doutput.reshape(B * Tq, -1), cache["joined"], self.params["attentional_kernel"],
+        djoined = _dense_backward(doutput.reshape(B * Tq, self.attentional_units), cache["joined"],
+                                  self.params["attentional_kernel"],
                                   cache["attentional"], "tanh", self.grads["attentional_kernel"])
         dcontext = np.ascontiguousarray(djoined[:, :Dv].reshape(B, Tq, Dv))
         return self._context_backward(cache, dcontext, dweights, dquery_outside=djoined[:, Dv:])
@@ -748,6 +752,9 @@ class HardAttention(Attention):
 
     def _attend(self, scores, query, value, value_mask, causal, training):
         B, Tq, S = scores.shape
+        if S == 0:
+            raise ValueError(f"Layer '{self.name}': hard attention picks one of the value's positions; got a value "
+                             f"of length 0 (shape {value.shape})")
         weights = _core.masked_softmax_forward(scores=scores.reshape(B, 1, Tq, S), mask=value_mask,
                                                causal=causal).reshape(B, Tq, S)
         if training or self.inference == "sample":
@@ -768,7 +775,8 @@ class HardAttention(Attention):
         B, Tq, _ = weights.shape
         rows = np.repeat(np.arange(B), Tq)
         dvalue = np.zeros_like(value)
-        np.add.at(dvalue, (rows, positions.reshape(-1)), (dcontext * has_source[:, :, None]).reshape(B * Tq, -1))
+        np.add.at(dvalue, (rows, positions.reshape(-1)),
+                  (dcontext * has_source[:, :, None]).reshape(B * Tq, dcontext.shape[2]))
         mean_reward = float(reward.mean())
         baseline = mean_reward if ac["baseline"] is None else ac["baseline"]
         advantage = ((reward - baseline) * has_source).astype(self.dtype)

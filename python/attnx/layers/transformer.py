@@ -402,7 +402,7 @@ class MultiHeadAttention(Layer):
 
     def _build_from_inputs(self, query, value, key):
         if not self.built and value is not None and not isinstance(query, (list, tuple)):
-            self.build([tuple(t.shape) for t in (query, value, key) if t is not None])
+            self.build([tuple(np.shape(t)) for t in (query, value, key) if t is not None])
             self.built = True
 
     def build(self, input_shape):
@@ -410,6 +410,9 @@ class MultiHeadAttention(Layer):
         if not isinstance(input_shape, list) or not 2 <= len(input_shape) <= 3:
             raise ValueError(f"Layer '{self.name}': call with (query, value[, key]) or [query, value[, key]], "
                              f"got input shape {input_shape}")
+        if any(len(shape) != 3 for shape in input_shape):
+            raise ValueError(f"Layer '{self.name}': query, value and key should be rank 3 (batch, time, "
+                             f"features), got shapes {input_shape}")
         shapes = list(input_shape) + [input_shape[1]] * (3 - len(input_shape))
         self.build_from_dims(shapes[0][-1], shapes[1][-1], shapes[2][-1])
 
@@ -469,16 +472,18 @@ class MultiHeadAttention(Layer):
                               as_mask(key_padding_mask, B, S, _where(self, "key_padding_mask")))
 
         H = self.num_heads
-        q_rows, k_rows, v_rows = q_in.reshape(B * T, -1), k_in.reshape(B * S, -1), v_in.reshape(B * S, -1)
-        q = self._project("query", q_rows).reshape(B, T, -1)
-        k = self._project("key", k_rows).reshape(B, S, -1)
-        v = self._project("value", v_rows).reshape(B, S, -1)
+        # sizes spelled out, not -1: a zero-length query or value (B * T == 0) has no size to infer from
+        q_rows, k_rows, v_rows = (q_in.reshape(B * T, q_in.shape[2]), k_in.reshape(B * S, k_in.shape[2]),
+                                  v_in.reshape(B * S, v_in.shape[2]))
+        q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
+        k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
+        v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
         keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype) if training else None
         context, weights = scaled_dot_product_attention(q, k, v, mask=mask, causal=bool(use_causal_mask), heads=H,
                                                         dropout_keep=keep,
                                                         return_weights=training or return_attention_scores)
-        context_rows = context.reshape(B * T, -1)
-        out = self._project("output", context_rows).reshape(B, T, -1)
+        context_rows = context.reshape(B * T, H * self.value_dim)
+        out = self._project("output", context_rows).reshape(B, T, self.params["output_kernel"].shape[-1])
         outputs = (out, weights) if return_attention_scores else out
         if not training:
             return outputs, None
@@ -494,16 +499,20 @@ class MultiHeadAttention(Layer):
                 dweights = self._grad_input(dweights, weights.shape, "dweights")
         (B, T, _), S = q.shape, v.shape[1]
         dy = self._grad_input(dy, (B, T, self.params["output_kernel"].shape[-1]))
-        dcontext = self._project_backward("output", dy.reshape(B * T, -1), context_rows, need_dx=True)
-        dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, -1), weights, q, k, v,
-                                                           heads=self.num_heads, dweights=dweights, dropout_keep=keep)
+        # sizes spelled out, not -1, as in forward (zero-length sequences)
+        dcontext = self._project_backward("output", dy.reshape(B * T, dy.shape[2]), context_rows, need_dx=True)
+        dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, context_rows.shape[1]), weights,
+                                                           q, k, v, heads=self.num_heads, dweights=dweights,
+                                                           dropout_keep=keep)
         need_dx = self.input_gradient_needed
-        dquery = self._project_backward("query", dq.reshape(B * T, -1), q_rows, need_dx)
-        dvalue = self._project_backward("value", dv.reshape(B * S, -1), v_rows, need_dx)
-        dkey = self._project_backward("key", dk.reshape(B * S, -1), v_rows if k_rows is None else k_rows, need_dx)
+        key_rows = v_rows if k_rows is None else k_rows
+        dquery = self._project_backward("query", dq.reshape(B * T, q.shape[2]), q_rows, need_dx)
+        dvalue = self._project_backward("value", dv.reshape(B * S, v.shape[2]), v_rows, need_dx)
+        dkey = self._project_backward("key", dk.reshape(B * S, k.shape[2]), key_rows, need_dx)
         if not need_dx:
             return None
-        dquery, dvalue, dkey = dquery.reshape(B, T, -1), dvalue.reshape(B, S, -1), dkey.reshape(B, S, -1)
+        dquery, dvalue, dkey = (dquery.reshape(B, T, q_rows.shape[1]), dvalue.reshape(B, S, v_rows.shape[1]),
+                                dkey.reshape(B, S, key_rows.shape[1]))
         if k_rows is not None:
             return [dquery, dvalue, dkey]
         dvalue += dkey  # the value was the key too
