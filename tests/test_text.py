@@ -356,3 +356,16 @@ def test_pad_sequences_bad_arguments():
         pad_sequences(SEQUENCES, maxlen=2.5)
     with pytest.raises(ValueError, match="maxlen"):
         pad_sequences(SEQUENCES, maxlen=-1)
+
+
+def test_tokenizer_config_is_the_same_in_every_process():
+    """Data-parallel ranks compare model configs (a Seq2Seq's holds its tokenizers): no set order in them."""
+    import os
+    import subprocess
+    import sys
+    code = ("import attnx; t = attnx.text.Tokenizer(oov_token='<unk>'); "
+            "t.fit_on_texts(['a b c d e f g h', 'h g f e d c b a', 'c a b']); t.fit_on_sequences([[3, 1, 2, 5, 4]]); "
+            "print(t.to_json())")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2, 3)}
+    assert len(outs) == 1

@@ -18,6 +18,13 @@ def set_random_seed(seed):
     _rng = np.random.default_rng(seed)
 
 
+def set_generator(generator):
+    """Makes `generator` (a numpy Generator) the one attnx draws from (attnx.distributed gives each
+    rank its own stream this way)."""
+    global _rng
+    _rng = generator
+
+
 def rng():
     """The generator attnx draws from; reseed it with `set_random_seed`."""
     return _rng

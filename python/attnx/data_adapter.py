@@ -127,14 +127,16 @@ class DataAdapter:
         x, y, sample_weight: arrays; or `x` an iterable of batches and `y`, `sample_weight` None.
         batch_size: samples per batch for arrays (default 32); must be None for an iterable.
         steps: batches per epoch (None: one pass); must be positive.
-        shuffle: a new sample order each pass (arrays only), drawn from `attnx.backend.rng()`.
+        shuffle: a new sample order each pass (arrays only), drawn from `rng`.
+        rng: the generator the shuffle draws from (default `attnx.backend.rng()`; data-parallel
+            training gives one that is the same on every rank).
         class_weight: {class: weight}, turned into each batch's sample weights.
         targets: whether batches carry targets (fit, evaluate) or not (predict).
     """
 
     def __init__(self, what, x, y=None, sample_weight=None, batch_size=None, steps=None, shuffle=False,
-                 class_weight=None, targets=True):
-        self.what, self.targets = what, targets
+                 class_weight=None, targets=True, rng=None):
+        self.what, self.targets, self._rng = what, targets, rng
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps <= 0):
             raise ValueError(f"{what}: steps must be a positive integer or None, got {steps!r}")
         self.steps = None if steps is None else int(steps)
@@ -180,7 +182,7 @@ class DataAdapter:
 
     # ----------------------------------------------------------------- passes
     def _start_pass(self, rng=None):
-        rng = rng or backend.rng()
+        rng = rng or self._rng or backend.rng()
         self._pass_rng_state = copy.deepcopy(rng.bit_generator.state) if self.shuffle else None
         if self.arrays:
             order = rng.permutation(self.num_samples) if self.shuffle else None
@@ -266,7 +268,7 @@ class DataAdapter:
             return
         rng = None
         if state["pass_rng_state"] is not None:
-            rng = copy.deepcopy(backend.rng())
+            rng = copy.deepcopy(self._rng or backend.rng())
             rng.bit_generator.state = state["pass_rng_state"]
         self._start_pass(rng)
         for _ in range(state["drawn"]):

@@ -71,6 +71,16 @@ class Loss:
         dpred, = tape.backward([values], [w / pred.dtype.type(denom)], [traced_pred])
         return float(np.sum(v * w) / denom), dpred
 
+    def count(self, y_true, y_pred, mask=None):
+        """The number the mean of `compute` divides by on this batch (Keras' "sum_over_batch_size":
+        the values, or the unmasked ones), so that ``value * count`` is the batch's weighted sum:
+        data-parallel training combines the shards' losses with it, exactly as one process would."""
+        pred = self._pred(y_pred)
+        target = np.asarray(y_true)
+        if target.ndim == pred.ndim - 1 and pred.shape[-1] == 1:
+            target = target.reshape(pred.shape)
+        return _denominator(mask, np.shape(ops.untraced(self.call(target.astype(pred.dtype, copy=False), pred))))
+
     def get_config(self):
         return {"name": self.name}
 
@@ -110,12 +120,15 @@ class Loss:
                 raise ValueError(f"{self.name}: {what} shape {e.shape} must match the leading axes of {shape}")
             e = np.broadcast_to(e.reshape(e.shape + (1,) * (len(shape) - e.ndim)), shape)
             w = e if w is None else w * e
-        if w is None:
-            return None, float(math.prod(shape))
-        denom = float(math.prod(shape)) if mask is None else float(
-            np.broadcast_to(np.asarray(mask, dtype=bool).reshape(
-                np.shape(mask) + (1,) * (len(shape) - np.ndim(mask))), shape).sum())
-        return np.ascontiguousarray(w), max(denom, 1.0)
+        return (None if w is None else np.ascontiguousarray(w)), max(_denominator(mask, shape), 1.0)
+
+
+def _denominator(mask, shape):
+    """How many of the elements of `shape` a mean counts: all, or those `mask` (leading axes) keeps."""
+    if mask is None:
+        return float(math.prod(shape))
+    m = np.asarray(mask, dtype=bool)
+    return float(np.broadcast_to(m.reshape(m.shape + (1,) * (len(shape) - m.ndim)), shape).sum())
 
 
 class BinaryCrossentropy(Loss):
@@ -124,6 +137,9 @@ class BinaryCrossentropy(Loss):
     def __init__(self, from_logits=False, name="binary_crossentropy"):
         super().__init__(name)
         self.from_logits = bool(from_logits)
+
+    def count(self, y_true, y_pred, mask=None):
+        return _denominator(mask, np.shape(y_pred))
 
     def compute(self, y_true, y_pred, sample_weight=None, mask=None):
         pred = self._pred(y_pred)
@@ -138,6 +154,9 @@ class BinaryCrossentropy(Loss):
 class MeanSquaredError(Loss):
     def __init__(self, name="mean_squared_error"):
         super().__init__(name)
+
+    def count(self, y_true, y_pred, mask=None):
+        return _denominator(mask, np.shape(y_pred))
 
     def compute(self, y_true, y_pred, sample_weight=None, mask=None):
         pred = self._pred(y_pred)
@@ -159,8 +178,31 @@ class SparseCategoricalCrossentropy(Loss):
         self.from_logits = bool(from_logits)
         self.ignore_index = ignore_index
 
+    def count(self, y_true, y_pred, mask=None):
+        pred = self._pred(y_pred)
+        labels, keep, _ = self._labels_and_keep(y_true, pred, mask)
+        return self._scored(labels, keep, mask)
+
     def compute(self, y_true, y_pred, sample_weight=None, mask=None):
         pred = self._pred(y_pred)
+        labels, keep, ignore = self._labels_and_keep(y_true, pred, mask)
+        rows = labels.shape
+        w = keep.astype(pred.dtype)
+        if sample_weight is not None:
+            sw = np.asarray(sample_weight, dtype=pred.dtype)
+            if sw.shape != rows[:sw.ndim]:
+                raise ValueError(f"{self.name}: sample_weight shape {sw.shape} must match the leading axes of {rows}")
+            w = w * sw.reshape(sw.shape + (1,) * (len(rows) - sw.ndim))
+        return _core.sparse_categorical_crossentropy(pred=pred, labels=labels, weights=np.ascontiguousarray(w),
+                                                     from_logits=self.from_logits, ignore_index=ignore,
+                                                     denom=max(self._scored(labels, keep, mask), 1.0))
+
+    def _scored(self, labels, keep, mask):
+        """The mean's denominator: the labels scored (all of them unless masked or ignored)."""
+        return float(keep.sum()) if (mask is not None or self.ignore_index is not None) else float(labels.size)
+
+    def _labels_and_keep(self, y_true, pred, mask):
+        """(int64 labels, the bool (labels' shape) of those scored, the ignore index as the kernel takes it)."""
         labels = np.asarray(y_true)
         if labels.dtype.kind == "f":
             if np.any(labels != np.round(labels)):
@@ -179,17 +221,7 @@ class SparseCategoricalCrossentropy(Loss):
         if keep.shape != rows:
             raise ValueError(f"{self.name}: mask shape {keep.shape} does not match labels {rows}")
         ignore = -(2 ** 62) if self.ignore_index is None else int(self.ignore_index)
-        keep = keep & (labels != ignore)
-        w = keep.astype(pred.dtype)
-        if sample_weight is not None:
-            sw = np.asarray(sample_weight, dtype=pred.dtype)
-            if sw.shape != rows[:sw.ndim]:
-                raise ValueError(f"{self.name}: sample_weight shape {sw.shape} must match the leading axes of {rows}")
-            w = w * sw.reshape(sw.shape + (1,) * (len(rows) - sw.ndim))
-        denom = float(keep.sum()) if (mask is not None or self.ignore_index is not None) else float(labels.size)
-        return _core.sparse_categorical_crossentropy(pred=pred, labels=labels, weights=np.ascontiguousarray(w),
-                                                     from_logits=self.from_logits, ignore_index=ignore,
-                                                     denom=max(denom, 1.0))
+        return labels, keep & (labels != ignore), ignore
 
     def get_config(self):
         return {**super().get_config(), "from_logits": self.from_logits, "ignore_index": self.ignore_index}
@@ -201,6 +233,9 @@ class CategoricalCrossentropy(Loss):
     def __init__(self, from_logits=False, name="categorical_crossentropy"):
         super().__init__(name)
         self.from_logits = bool(from_logits)
+
+    def count(self, y_true, y_pred, mask=None):
+        return _denominator(mask, np.shape(y_pred)[:-1])
 
     def compute(self, y_true, y_pred, sample_weight=None, mask=None):
         pred = self._pred(y_pred)

@@ -7,6 +7,10 @@ import numpy as np
 
 
 class Metric:
+    # the running sums the result is made of: summing them over data-parallel ranks gives the
+    # metric of the whole data (attnx.distributed)
+    state_names = ("total", "count")
+
     def __init__(self, name=None):
         self.name = name or type(self).__name__.lower()
         self.reset_state()
@@ -93,6 +97,8 @@ class Accuracy(Metric):
 
 class _Confusion(Metric):
     """Binary true/false positive counts at `threshold`; subclasses combine them."""
+
+    state_names = ("tp", "fp", "fn")
 
     def __init__(self, name=None, threshold=0.5):
         self.threshold = threshold

@@ -327,7 +327,7 @@ class Model(Layer):
         return masks if self._multi_output else masks[0]
 
     # --------------------------------------------------------------- training
-    def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None):
+    def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None, distribute=None):
         """Configures training.
 
         Args:
@@ -336,8 +336,12 @@ class Model(Layer):
             metrics: list of names/instances ("accuracy", "precision", "recall", "f1"), or a list
                 of such lists for several outputs.
             loss_weights: weights of each output's loss in the total.
+            distribute: an `attnx.distributed.DataParallel` to train, evaluate and predict on every
+                rank of an MPI job (run under ``mpiexec``): each global batch is split across the
+                ranks, their gradients summed, and only rank 0 prints and writes files.
         """
         self.optimizer = optimizers.get(optimizer)
+        self._distribute = distribute
         n = self._num_outputs()
         if loss is None:
             raise ValueError(f"Model '{self.name}': compile() needs a loss")
@@ -377,19 +381,24 @@ class Model(Layer):
         return names
 
     def _losses_and_grads(self, ys, preds, sample_weight, masks):
+        """(the weighted total of the outputs' losses, each output's loss gradient). Under a
+        data-parallel strategy the value is this rank's part of the global batch's loss and the
+        gradients are scaled to match: each output's mean is taken over the whole global batch."""
+        masks = [_loss_mask(m, p) for m, p in zip(masks, preds)]
+        shares = [1.0] * len(preds)
+        if self._distribute is not None:
+            counts = [lf.count(y, p, m) for lf, y, p, m in zip(self.loss_functions, ys, preds, masks)]
+            shares = [c / t if t else 0.0 for c, t in zip(counts, self._distribute.sum(counts))]
         total, dys = 0.0, []
-        for lf, w, y, p, m in zip(self.loss_functions, self.loss_weights, ys, preds, masks):
-            if m is not None and np.shape(m) != np.shape(p)[:np.ndim(m)]:
-                m = None  # an output mask that does not index the prediction (e.g. pooled away)
+        for lf, w, y, p, m, share in zip(self.loss_functions, self.loss_weights, ys, preds, masks, shares):
             value, dy = lf.compute(y, p, sample_weight, mask=m)
-            total += w * value
-            dys.append(dy * dy.dtype.type(w) if w != 1.0 else dy)
+            total += w * share * value
+            dys.append(dy * dy.dtype.type(w * share) if w * share != 1.0 else dy)
         return total, dys
 
     def _update_metrics(self, ys, preds, sample_weight, masks):
         for ms, y, p, m in zip(self.compiled_metrics, ys, preds, masks):
-            if m is not None and np.shape(m) != np.shape(p)[:np.ndim(m)]:
-                m = None
+            m = _loss_mask(m, p)
             for metric in ms:
                 metric.update_state(y, p, sample_weight, mask=m)
 
@@ -431,39 +440,68 @@ class Model(Layer):
 
     def train_step(self, x, y, sample_weight=None, check_numerics=False):
         """One optimization step on the batch (x, y): forward, losses, backprop, optimizer, metrics.
-        Returns the batch loss (regularization included). `check_numerics`: as in `fit`."""
-        x, y = self.train_data(x, y)
-        ys = self._target_list(y)
+        Returns the batch loss (regularization included). `check_numerics`: as in `fit`.
+        Under a data-parallel strategy (x, y) is the global batch: this rank trains on its shard
+        and the ranks' gradients are summed before the one optimizer step every rank takes."""
+        dist = self._distribute
+        if dist is not None:
+            x, y, sample_weight = dist.shard_batch(x, y, sample_weight)
         self.zero_grad()
-        preds, masks, cache = self._forward_for_loss(x, True, check_numerics)
-        loss, dys = self._losses_and_grads(ys, preds, sample_weight, masks)
+        loss, ys = 0.0, None
+        if dist is None or dist.rows(x):  # a rank whose shard is empty only joins the sums
+            x, y = self.train_data(x, y)
+            ys = self._target_list(y)
+            preds, masks, cache = self._forward_for_loss(x, True, check_numerics)
+            loss, dys = self._losses_and_grads(ys, preds, sample_weight, masks)
+            if check_numerics:
+                _check_finite([loss], lambda i: "the loss")
+                _check_finite(dys, lambda i: f"gradient of the loss for output {i}" + (
+                    f" (layer '{self.outputs[i].node.layer.name}')" if self._functional else ""))
+            self._backprop_for_loss(cache, dys, check_numerics)
+        elif dist is not None:
+            dist.sum([0.0] * self._num_outputs())  # the loss counts: this rank scores nothing
+        if dist is not None:
+            loss = dist.allreduce_gradients([g for _, _, g in self.trainable_params], loss)
         loss += self.regularization_loss()
-        if check_numerics:
-            _check_finite([loss], lambda i: "the loss")
-            _check_finite(dys, lambda i: f"gradient of the loss for output {i}" + (
-                f" (layer '{self.outputs[i].node.layer.name}')" if self._functional else ""))
-        self._backprop_for_loss(cache, dys, check_numerics)
         self.add_regularization_grads()
         self.optimizer.apply([(p, g) for _, p, g in self.trainable_params])
         if check_numerics:
             names = [n for n, _, _ in self.trainable_params]
             _check_finite([p for _, p, _ in self.trainable_params],
                           lambda i: f"weight '{names[i]}' after the optimizer step")
-        self._update_metrics(ys, preds, sample_weight, masks)
+        if ys is not None:
+            self._update_metrics(ys, preds, sample_weight, masks)
         return loss
 
     def test_step(self, x, y, sample_weight=None):
-        """The batch loss (regularization included, as Keras reports it) in inference mode; updates the metrics."""
-        x, y = self.train_data(x, y)
-        ys = self._target_list(y)
-        preds, masks, _ = self._forward_for_loss(x, False)
-        loss, _ = self._losses_and_grads(ys, preds, sample_weight, masks)
-        self._update_metrics(ys, preds, sample_weight, masks)
+        """The batch loss (regularization included, as Keras reports it) in inference mode; updates
+        the metrics (with a data-parallel strategy: this rank's shard; `fit` and `evaluate` sum the
+        metrics over the ranks where they report them)."""
+        dist = self._distribute
+        if dist is not None:
+            x, y, sample_weight = dist.shard_batch(x, y, sample_weight)
+        loss = 0.0
+        if dist is None or dist.rows(x):
+            x, y = self.train_data(x, y)
+            ys = self._target_list(y)
+            preds, masks, _ = self._forward_for_loss(x, False)
+            loss, _ = self._losses_and_grads(ys, preds, sample_weight, masks)
+            self._update_metrics(ys, preds, sample_weight, masks)
+        elif dist is not None:
+            dist.sum([0.0] * self._num_outputs())
+        if dist is not None:
+            loss = dist.sum([loss])[0]
         return loss + self.regularization_loss()
 
     def predict_step(self, x):
-        """The outputs for one batch in inference mode."""
-        return self.apply(x, training=False)[0]
+        """The outputs for one batch in inference mode (with a data-parallel strategy every rank
+        computes its shard and every rank gets the whole batch's outputs)."""
+        dist = self._distribute
+        if dist is None:
+            return self.apply(x, training=False)[0]
+        x, = dist.shard_batch(x)
+        out = self.apply(x, training=False)[0] if dist.rows(x) else None
+        return dist.gather(out)
 
     def train_on_batch(self, x, y, sample_weight=None, check_numerics=False):
         """One optimization step on one batch; returns the batch loss (regularization included).
@@ -526,12 +564,20 @@ class Model(Layer):
             (x, y, sample_weight), validation_data = data_adapter.train_validation_split(
                 x, y, sample_weight, validation_split)
         data = data_adapter.DataAdapter("fit", x, y, sample_weight, batch_size=batch_size, steps=steps_per_epoch,
-                                        shuffle=shuffle, class_weight=class_weight)
+                                        shuffle=shuffle, class_weight=class_weight,
+                                        rng=None if self._distribute is None else self._distribute.shuffle_rng())
         validation = None if validation_data is None else self._validation_adapter(
             validation_data, validation_batch_size or batch_size, validation_steps)
         if data.arrays:  # built now, so that callbacks find the weights at on_train_begin
             self._build_for(x)
         verbose = 1 if verbose == "auto" else int(verbose)
+        dist = self._distribute
+        if dist is not None:
+            return dist.run(self, self._fit, data, validation, epochs, verbose if dist.is_main else 0, callbacks,
+                            initial_epoch, check_numerics)
+        return self._fit(data, validation, epochs, verbose, callbacks, initial_epoch, check_numerics)
+
+    def _fit(self, data, validation, epochs, verbose, callbacks, initial_epoch, check_numerics):
         history = callbacks_module.History()
         cbs = callbacks_module.CallbackList(list(callbacks or []) + [history], self,  # History last, as Keras
                                             {"epochs": epochs, "steps": data.steps_per_epoch, "verbose": verbose})
@@ -574,6 +620,7 @@ class Model(Layer):
                                   stacklevel=2)
                     break
                 self._fit_position.update(epoch=epoch + 1, step=0)
+                self._sum_metrics_over_ranks()
                 logs = {"loss": loss_mean.result(), **self._metric_results()}
                 if validation is not None:
                     logs.update({f"val_{k}": v for k, v in self._evaluate(validation, "validation_data").items()})
@@ -616,6 +663,12 @@ class Model(Layer):
         self._fit_position.update(epoch=int(state["epoch"]), step=int(state["step"]))
 
     _fit_data = _fit_position = None
+    _distribute = None
+
+    def _sum_metrics_over_ranks(self):
+        """Under a data-parallel strategy: every rank's metrics become those of all ranks' data."""
+        if self._distribute is not None:
+            self._distribute.sum_metrics([m for ms in self.compiled_metrics for m in ms])
 
     def _metric_results(self):
         names = self._metric_names()
@@ -646,6 +699,7 @@ class Model(Layer):
                 bar.update(1)
         if bar is not None:
             bar.close()
+        self._sum_metrics_over_ranks()
         if not loss_mean.count:
             raise ValueError(f"{what}: the data gave no batch (a generator gives its batches once: give "
                              f"{'validation_steps' if what == 'validation_data' else 'steps'} and enough batches)")
@@ -658,13 +712,24 @@ class Model(Layer):
         self._check_compiled()
         data = data_adapter.DataAdapter("evaluate", x, y, sample_weight, batch_size=batch_size, steps=steps)
         verbose = 1 if verbose == "auto" else int(verbose)
-        return self._result(self._evaluate(data, "evaluate", verbose), return_dict)
+        dist = self._distribute
+        if dist is not None:
+            logs = dist.run(self, self._evaluate, data, "evaluate", verbose if dist.is_main else 0)
+        else:
+            logs = self._evaluate(data, "evaluate", verbose)
+        return self._result(logs, return_dict)
 
     def predict(self, x, batch_size=None, verbose=0, steps=None):
         """Outputs for x (arrays, or an iterable of batches as in `fit`, targets ignored), computed
         in batches in inference mode; `steps` batches (default: one pass)."""
         data = data_adapter.DataAdapter("predict", x, batch_size=batch_size, steps=steps, targets=False)
-        bar = _progress(data.steps_per_epoch, "Predict", int(verbose) == 1)
+        dist = self._distribute
+        if dist is not None:
+            return dist.run(self, self._predict, data, int(verbose) if dist.is_main else 0)
+        return self._predict(data, int(verbose))
+
+    def _predict(self, data, verbose):
+        bar = _progress(data.steps_per_epoch, "Predict", verbose == 1)
         outs = []
         for batch in data.epoch():
             outs.append(self.predict_on_batch(batch.x))
@@ -708,11 +773,18 @@ class Model(Layer):
 
     # ---------------------------------------------------------- save and load
     def save(self, path):
-        """Saves config, weights and compile settings to one `.attnx` file, atomically."""
-        saving.save_model(self, path)
+        """Saves config, weights and compile settings to one `.attnx` file, atomically (under a
+        data-parallel strategy, rank 0 writes and the others skip)."""
+        if self._writes_files:
+            saving.save_model(self, path)
 
     def save_weights(self, path):
-        saving.save_weights(self, path)
+        if self._writes_files:
+            saving.save_weights(self, path)
+
+    @property
+    def _writes_files(self):
+        return self._distribute is None or self._distribute.is_main
 
     def load_weights(self, path):
         saving.load_weights(self, path)
@@ -889,6 +961,12 @@ class Sequential(Model):
 def _input_dtype(layer):
     from .layers.core import Embedding
     return "int64" if isinstance(layer, Embedding) else "float32"
+
+
+def _loss_mask(mask, pred):
+    """An output mask as the losses and metrics take it: None when it does not index the prediction
+    (e.g. a sequence mask after the time axis was pooled away)."""
+    return None if mask is None or np.shape(mask) != np.shape(pred)[:np.ndim(mask)] else mask
 
 
 def _progress(total, desc, enabled, initial=0):

@@ -132,7 +132,7 @@ class Tokenizer:
             tokens = self._tokenize(text)
             for token in tokens:
                 self.word_counts[token] = self.word_counts.get(token, 0) + 1
-            for token in set(tokens):
+            for token in dict.fromkeys(tokens):  # each once, in first-seen order: the same in every process
                 self.word_docs[token] += 1
 
         # `sorted` is stable: words with equal counts stay in first-seen order.
@@ -157,7 +157,7 @@ class Tokenizer:
         """
         self.document_count += len(sequences)
         for sequence in sequences:
-            for index in set(sequence):
+            for index in dict.fromkeys(sequence):
                 self.index_docs[index] += 1
 
     def _kept(self, index):

@@ -1,0 +1,182 @@
+"""Data-parallel training over MPI (mpi4py): every rank holds the model, takes its shard of each
+global batch, and the gradients are summed with one allreduce before one identical optimizer step
+on every rank (the scheme of Horovod and PyTorch's DistributedDataParallel).
+
+    # train.py, run as: mpiexec -n 2 python train.py
+    strategy = attnx.distributed.DataParallel()
+    model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+    model.fit(x, y, batch_size=64, epochs=10, distribute=strategy)   # 64 = the global batch
+
+What `fit` / `evaluate` / `predict` do with a strategy (see ARCHITECTURE.md, "Distributed"):
+- before the first step, rank 0's weights and optimizer state are broadcast to every rank, after a
+  check that every rank built the same model (config and parameter shapes);
+- each global batch (the same shuffle on every rank: rank 0's seed) is split into contiguous
+  shards, one per rank; a rank whose shard is empty still takes part in the reduction;
+- each rank backpropagates the loss of its shard weighted by its share of the global loss, the
+  gradients travel in one flat preallocated buffer through one in-place ``Allreduce``, and every
+  rank then applies the same optimizer step (clipping sees the global gradient);
+- losses and metrics are summed across ranks where Keras would report them (epoch logs, history,
+  validation): callbacks see the same values on every rank and so decide the same thing; only rank 0
+  shows a progress bar and writes files (`Model.save`, checkpoints);
+- an exception on any rank aborts every rank (``MPI_Abort``, non-zero exit) rather than leaving the
+  others waiting forever in a collective.
+
+A program run without ``mpiexec`` sees one rank and trains exactly as without a strategy.
+"""
+import hashlib
+import json
+import sys
+import time
+
+import numpy as np
+
+from . import backend, data_adapter
+
+
+def _comm_world():
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise ImportError("attnx.distributed needs mpi4py and an MPI library: pip install 'attnx[distributed]' "
+                          "(mpi4py and mpich)") from exc
+    return MPI, MPI.COMM_WORLD
+
+
+class DataParallel:
+    """Synchronous data parallelism over the ranks of an MPI communicator (default: COMM_WORLD)."""
+
+    def __init__(self, comm=None):
+        self._mpi, world = _comm_world()
+        self.comm = comm if comm is not None else world
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self._buffer = None
+        self.allreduce_seconds = 0.0  # time spent in the gradient allreduce, for the curious
+
+    @property
+    def is_main(self):
+        """True on rank 0, the rank that prints and writes files."""
+        return self.rank == 0
+
+    def __repr__(self):
+        return f"<DataParallel rank {self.rank} of {self.size}>"
+
+    # ------------------------------------------------------------------ batches
+    def shard_batch(self, *parts):
+        """This rank's contiguous share of a global batch: every array of `parts` (arrays, lists or
+        dicts of them, or None) cut along its first axis at the same rows (np.array_split's cuts)."""
+        n = self.rows(parts[0])
+        lo, hi = (n * self.rank) // self.size, (n * (self.rank + 1)) // self.size
+        return tuple(data_adapter.map_structure(lambda a: np.asarray(a)[lo:hi], p) for p in parts)
+
+    @staticmethod
+    def rows(x):
+        """The number of samples in `x` (an array or a list / dict of arrays)."""
+        first = x
+        while isinstance(first, (list, tuple, dict)):
+            first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+        return int(np.shape(first)[0])
+
+    def shuffle_rng(self):
+        """A generator that is the same on every rank (seeded from rank 0's `attnx.backend.rng()`),
+        for the epoch shuffle: every rank cuts its shard from the same global batch."""
+        seed = int(backend.rng().integers(0, 2 ** 62)) if self.is_main else None
+        return np.random.default_rng(self.comm.bcast(seed, root=0))
+
+    # --------------------------------------------------------------------- run
+    def run(self, model, fn, *args):
+        """`fn(*args)` (a model's fit, evaluate or predict) on every rank, after `setup(model)`; an
+        exception on this rank aborts all of them rather than leaving the others in a collective."""
+        try:
+            self.setup(model)
+            return fn(*args)
+        except BaseException as exc:
+            if self.size == 1:
+                raise
+            self.abort(exc)
+
+    # ------------------------------------------------------------------- setup
+    def setup(self, model):
+        """Checks that every rank built the same model, then gives every rank rank 0's weights and
+        optimizer state. Raises ValueError on every rank when the models differ."""
+        described = json.dumps({"config": model.get_config(),
+                                "shapes": [[n, list(p.shape), p.dtype.name] for n, p in model.params.items()]},
+                               sort_keys=True, default=str)
+        digest = hashlib.sha256(described.encode()).hexdigest()
+        digests = self.comm.allgather(digest)
+        if len(set(digests)) > 1:
+            differing = [r for r, d in enumerate(digests) if d != digests[0]]
+            raise ValueError(f"DataParallel: ranks {differing} built a model different from rank 0's "
+                             "(config or parameter shapes); every rank must build the same model")
+        for p in model.params.values():
+            self.comm.Bcast(p, root=0)
+        # rank r draws its dropout masks from rank 0's generator jumped r times: reproducible from
+        # one seed, and no two ranks draw the same masks
+        state = self.comm.bcast(backend.rng().bit_generator.state, root=0)
+        generator = np.random.PCG64()
+        generator.state = state
+        backend.set_generator(np.random.Generator(generator.jumped(self.rank) if self.rank else generator))
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None:  # a model loaded with its optimizer state on rank 0 resumes everywhere
+            optimizer.iterations = self.comm.bcast(optimizer.iterations, root=0)
+            has_state = self.comm.bcast([id(p) in optimizer._slots for p in model.params.values()], root=0)
+            for p, present in zip(model.params.values(), has_state):
+                if present:
+                    for buffer in optimizer._state(p):
+                        self.comm.Bcast(buffer, root=0)
+
+    # --------------------------------------------------------------- reductions
+    def allreduce_gradients(self, grads, loss):
+        """Sums `grads` over the ranks in place and returns the sum of `loss`, through one flat
+        buffer (reused from step to step) and one in-place Allreduce."""
+        if self.size == 1:
+            return loss
+        dtype = np.result_type(*grads) if grads else np.float64
+        total = sum(g.size for g in grads) + 1
+        if self._buffer is None or self._buffer.size != total or self._buffer.dtype != dtype:
+            self._buffer = np.empty(total, dtype)
+        buf, at = self._buffer, 0
+        for g in grads:
+            buf[at:at + g.size] = g.reshape(-1)
+            at += g.size
+        buf[at] = loss
+        start = time.perf_counter()
+        self.comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+        self.allreduce_seconds += time.perf_counter() - start
+        at = 0
+        for g in grads:
+            g.reshape(-1)[...] = buf[at:at + g.size]
+            at += g.size
+        return float(buf[at])
+
+    def sum(self, values):
+        """The sums over ranks of a list of floats."""
+        if self.size == 1:
+            return [float(v) for v in values]
+        arr = np.asarray(values, dtype=np.float64)
+        self.comm.Allreduce(self._mpi.IN_PLACE, arr, op=self._mpi.SUM)
+        return arr.tolist()
+
+    def sum_metrics(self, metrics):
+        """Replaces every metric's running sums (`state_names`) by their sums over the ranks."""
+        values = [getattr(m, n) for m in metrics for n in m.state_names]
+        summed = iter(self.sum(values))
+        for m in metrics:
+            for n in m.state_names:
+                setattr(m, n, next(summed))
+
+    def gather(self, outputs):
+        """Every rank's outputs (an array, a list of arrays, or None for an empty shard) joined
+        along the batch axis in rank order, on every rank."""
+        parts = [p for p in self.comm.allgather(outputs) if p is not None]
+        if isinstance(parts[0], list):
+            return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
+        return np.concatenate(parts)
+
+    def abort(self, exc):
+        """Ends every rank (non-zero exit) after printing `exc`'s traceback on this one."""
+        import traceback
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        sys.stderr.write(f"attnx.distributed: rank {self.rank} failed; aborting all {self.size} ranks\n")
+        sys.stderr.flush()
+        self.comm.Abort(1)
