@@ -10,7 +10,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 from . import _core  # noqa: E402
 from . import activations, backend, callbacks, initializers, layers, losses, metrics, optimizers, regularizers
-from .backend import set_num_threads, set_random_seed
+from .backend import set_num_threads, set_random_seed, show_config
 from .models import Input, Model, Sequential, load_model
 
 __version__ = "0.1.0"

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "attnx/activations.hpp"
 #include "attnx/parallel.hpp"
 
 namespace attnx {
@@ -40,14 +41,16 @@ void adam_update(T* p, const T* grad, T* m, T* v, size_t n, T lr, T beta1, T bet
         T* __restrict__ mm = m;
         T* __restrict__ vv = v;
         const T* __restrict__ gg = grad;
-        for (size_t i = lo; i < hi; ++i) {
-            const T g = gg[i] + l2 * pp[i];
-            const T mi = beta1 * mm[i] + (T(1) - beta1) * g;
-            const T vi = beta2 * vv[i] + (T(1) - beta2) * g * g;
-            mm[i] = mi;
-            vv[i] = vi;
-            pp[i] = pp[i] * shrink - step_size * mi / (std::sqrt(vi) * inv_sqrt_bias2 + eps);
-        }
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loop vectorizes to each level's width
+            for (size_t i = lo; i < hi; ++i) {
+                const T g = gg[i] + l2 * pp[i];
+                const T mi = beta1 * mm[i] + (T(1) - beta1) * g;
+                const T vi = beta2 * vv[i] + (T(1) - beta2) * g * g;
+                mm[i] = mi;
+                vv[i] = vi;
+                pp[i] = pp[i] * shrink - step_size * mi / (std::sqrt(vi) * inv_sqrt_bias2 + eps);
+            }
+        });
     });
 }
 

@@ -2,13 +2,14 @@
 // attention core multiply with. BLAS packs both operands on every call, which at these sizes (a few
 // hundred columns, K of 32 to 512, called once per time step or per attention head) costs as much
 // as the product itself; here the right operand is packed once and R left rows x Q vectors of it
-// accumulate in registers (R * Q <= 12 of AVX2's 16 registers).
+// accumulate in registers (R * Q <= 12 of AVX2's 16 registers, <= 24 of AVX-512's 32).
 //
 // Panel layout: a right operand B (K, N) in panels of `width` columns (Q vectors of W lanes), each
 // panel's K rows one after another, zero past N:
 //   packed[((n / width) * K + k) * width + n % width] = B[k, n]
-// The loops run on vectors V (Lanes<V>: float4, float8 or double); callers compile them for AVX2 +
-// FMA and for baseline x86-64 and pick at run time (on_widest_lanes), so wheels stay portable.
+// The loops run on vectors V (Lanes<V>: float4, float8, float16 or double); callers compile them for
+// AVX-512, AVX2 + FMA and baseline x86-64 and pick at run time (on_widest_lanes), so wheels stay
+// portable.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -22,7 +23,7 @@ namespace attnx {
 // Lanes of the vectors the tiled loops for T run on here (what their operands must be packed for)
 template <class T> int tile_lanes() {
     if constexpr (std::is_same_v<T, double>) return 1;
-    else return use_avx2_fma() ? 8 : 4;
+    else return simd_level() == SimdLevel::avx512 ? 16 : simd_level() == SimdLevel::avx2 ? 8 : 4;
 }
 
 // B (K, N), rows ldb apart, packed in panels of `width` columns (layout above)

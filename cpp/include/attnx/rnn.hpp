@@ -13,7 +13,7 @@
 // the rows are split across the thread budget (parallel_for) for the whole call. Backward walks
 // the steps in reverse with the same tiles for dgates . U^T, then computes each thread's dW, dU,
 // biases and dx with one GEMM each over its steps (single-threaded BLAS). The time loops are
-// compiled twice, for baseline x86-64 and for AVX2 + FMA, and the CPU picks at run time.
+// compiled for baseline x86-64, AVX2 + FMA and AVX-512, and the CPU picks at run time.
 #pragma once
 #include <algorithm>
 #include <cmath>
