@@ -1,6 +1,7 @@
 """Times the same workload in attnx and in PyTorch in one process, with the same thread count,
-after warm-up, and prints medians and the ratio (PyTorch time / attnx time: > 1 means attnx is
-faster). Benchmarks are never tests: nothing here asserts a timing."""
+after warm-up, in interleaved rounds, and prints the median ratio (PyTorch time / attnx time: > 1
+means attnx is faster) with its min-max over the rounds. Benchmarks are never tests: nothing here
+asserts a timing. ATTNX_BENCH_ROUNDS sets the rounds (5)."""
 import os
 import statistics
 import time
@@ -17,6 +18,9 @@ def setup_threads(threads=THREADS):
     return threads
 
 
+ROUNDS = int(os.environ.get("ATTNX_BENCH_ROUNDS", "5"))
+
+
 def median_time(fn, warmup=3, repeat=15, min_time=0.0):
     """Median wall time of fn() over `repeat` runs after `warmup` runs."""
     for _ in range(warmup):
@@ -30,13 +34,26 @@ def median_time(fn, warmup=3, repeat=15, min_time=0.0):
     return statistics.median(times)
 
 
-def compare(name, attnx_fn, torch_fn, warmup=3, repeat=15):
-    """Times both (interleaved in blocks so drift hits both alike); prints and returns the figures."""
-    a1 = median_time(attnx_fn, warmup, repeat // 2 + 1)
-    t1 = median_time(torch_fn, warmup, repeat // 2 + 1)
-    a2 = median_time(attnx_fn, 1, repeat // 2 + 1)
-    t2 = median_time(torch_fn, 1, repeat // 2 + 1)
-    a, t = min(a1, a2), min(t1, t2)
-    ratio = t / a
-    print(f"{name:<48s} attnx {a * 1e3:9.3f} ms   torch {t * 1e3:9.3f} ms   torch/attnx {ratio:5.2f}x", flush=True)
-    return {"name": name, "attnx_ms": a * 1e3, "torch_ms": t * 1e3, "ratio": ratio}
+def compare(name, attnx_fn, torch_fn, warmup=3, repeat=15, rounds=ROUNDS):
+    """Times both in `rounds` interleaved rounds (which one goes first alternates), each round the
+    median of about repeat / rounds runs of each, so that load from other processes hits both alike;
+    prints the median of the rounds' ratios (PyTorch time / attnx time) with their min-max, and the
+    median times. Returns the figures."""
+    for _ in range(warmup):
+        attnx_fn()
+        torch_fn()
+    per_round = max(1, -(-repeat // rounds))
+    a_times, t_times, ratios = [], [], []
+    for r in range(rounds):
+        if r % 2:
+            t = median_time(torch_fn, 0, per_round)
+            a = median_time(attnx_fn, 0, per_round)
+        else:
+            a = median_time(attnx_fn, 0, per_round)
+            t = median_time(torch_fn, 0, per_round)
+        a_times.append(a), t_times.append(t), ratios.append(t / a)
+    a, t, ratio = statistics.median(a_times), statistics.median(t_times), statistics.median(ratios)
+    print(f"{name:<48s} attnx {a * 1e3:9.3f} ms   torch {t * 1e3:9.3f} ms   torch/attnx {ratio:5.2f}x "
+          f"({min(ratios):.2f}-{max(ratios):.2f}, {rounds} rounds)", flush=True)
+    return {"name": name, "attnx_ms": a * 1e3, "torch_ms": t * 1e3, "ratio": ratio,
+            "ratio_min": min(ratios), "ratio_max": max(ratios)}

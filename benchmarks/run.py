@@ -8,8 +8,13 @@ import harness  # noqa: E402
 
 
 def main(names):
+    import torch
+
+    import attnx
     threads = harness.setup_threads()
-    print(f"threads: {threads} (attnx and torch)")
+    attnx.show_config()
+    print(f"torch {torch.__version__}: {torch.get_num_threads()} threads; benchmarks with {threads} threads each, "
+          f"{harness.ROUNDS} interleaved rounds")
     here = pathlib.Path(__file__).parent
     for path in sorted(here.glob("bench_*.py")):
         short = path.stem[len("bench_"):]

@@ -561,14 +561,23 @@ def test_layer_backward(name, data):
         _documented_error(got, layer)
 
 
-class baseline_lanes:
-    """Runs the kernels' baseline x86-64 copies (4-float vectors, no FMA) inside the block, as on a
-    CPU without AVX2; outside it they run the AVX2 + FMA copies this machine takes."""
+class simd_level:
+    """Runs the kernels' copies for at most `level` ("avx2": AVX2 + FMA, 8-float vectors;
+    "baseline": x86-64, 4-float vectors, no FMA) inside the block, as on a CPU without the wider
+    instructions; outside it they run the widest copies this CPU takes."""
+    def __init__(self, level):
+        self.level = level
+
     def __enter__(self):
-        _core._force_baseline_lanes(True)
+        _core._force_simd_level(self.level)
 
     def __exit__(self, *exc):
-        _core._force_baseline_lanes(False)
+        _core._force_simd_level("avx512")
+
+
+_LEVELS = ["baseline", "avx2", "avx512"]
+# the levels below this CPU's widest, each compared against the widest
+NARROWER_LEVELS = _LEVELS[:_LEVELS.index(_core._config()["cpu_simd_level"])]
 
 
 def _forward_backward(layer, x, dy_seed, before_backward=lambda layer, x: None):
@@ -586,19 +595,19 @@ def _forward_backward(layer, x, dy_seed, before_backward=lambda layer, x: None):
     return y, y_train, dx, {k: g.copy() for k, g in layer.grads.items()}
 
 
-@pytest.mark.skipif(not _core._uses_avx2(), reason="this CPU runs only the baseline copies")
+@pytest.mark.parametrize("level", NARROWER_LEVELS)
 @pytest.mark.parametrize("name", CASE_NAMES)
 @FUZZ
 @given(data=st.data())
-def test_layer_baseline_lanes(name, data):
-    """The baseline copies of the kernels (what a CPU without AVX2 runs) give the AVX2 results,
-    forward and backward, up to float rounding."""
+def test_layer_simd_levels(name, level, data):
+    """The narrower copies of the kernels (what a CPU without AVX-512, or without AVX2, runs) give
+    the results of the widest, forward and backward, up to float rounding."""
     case, layer, x = _draw_case(data, name)
     if name == "Dropout":
         return  # no kernel of its own
     seed = data.draw(st.integers(0, 2 ** 32 - 1))
     want = _forward_backward(layer, x, seed, case.before_backward)
-    with baseline_lanes():
+    with simd_level(level):
         got = _forward_backward(layer, x, seed, case.before_backward)
     for what, g, w in zip(["inference", "training", "dx"], got[:3], want[:3]):
         assert_same(g, w, rtol=1e-4, atol=1e-5, msg=what)
@@ -606,28 +615,30 @@ def test_layer_baseline_lanes(name, data):
         assert_same(got[3][k], want[3][k], rtol=1e-4, atol=1e-5, msg=f"grad {k}")
 
 
-@pytest.mark.skipif(not _core._uses_avx2(), reason="this CPU runs only the baseline copies")
+@pytest.mark.parametrize("level", NARROWER_LEVELS)
 @pytest.mark.parametrize("make, shapes", [
-    # full register tiles and their tails: 32-column panels, 3-row tiles, V used in place or packed
+    # full register tiles and their tails: 32-column panels (64 for AVX-512), 3-row tiles, V used in place or packed
     (lambda: layers.MultiHeadAttention(2, 32), [(3, 37, 40), (3, 45, 40)]),
+    (lambda: layers.MultiHeadAttention(2, 32), [(3, 70, 40), (3, 131, 40)]),
     (lambda: layers.MultiHeadAttention(3, 16, value_dim=20), [(2, 50, 24), (2, 35, 24)]),
     (lambda: layers.TransformerEncoderLayer(4, 96), [(2, 70, 64)]),
     (lambda: layers.TransformerDecoderLayer(3, 48), [(2, 50, 24), (2, 30, 24)]),  # causal self-attention
     (lambda: layers.LSTM(40, return_sequences=True), [(5, 9, 12)]),
+    (lambda: layers.LSTM(100, return_sequences=True), [(7, 5, 20)]),  # 16-unit blocks and a tail of 4
     (lambda: layers.GRU(33, reset_after=False), [(7, 6, 10)]),
     (lambda: layers.Bidirectional(layers.SimpleRNN(17, return_sequences=True)), [(4, 8, 5)]),
     (lambda: layers.AttentionPooling(), [(6, 41, 24)]),
     (lambda: layers.AdditiveAttention(), [(3, 11, 24), (3, 43, 24)]),
     (lambda: layers.LuongAttention(), [(3, 11, 24), (3, 43, 24)]),
 ])
-def test_kernels_baseline_lanes_at_tile_sizes(make, shapes):
+def test_kernels_simd_levels_at_tile_sizes(make, shapes, level):
     attnx.set_random_seed(1)
     layer = make()
     rng = np.random.default_rng(2)
     xs = [rng.uniform(-2, 2, s).astype(np.float32) for s in shapes]
     x = xs if len(xs) > 1 else xs[0]
     want = _forward_backward(layer, x, 3)
-    with baseline_lanes():
+    with simd_level(level):
         got = _forward_backward(layer, x, 3)
     for what, g, w in zip(["inference", "training", "dx"], got[:3], want[:3]):
         assert_same(g, w, rtol=1e-4, atol=1e-5, msg=what)

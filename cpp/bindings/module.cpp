@@ -23,9 +23,23 @@ PYBIND11_MODULE(_core, m) {
         py::arg("n"), "Threads the kernels and OpenBLAS use, at most the machine's CPU count.");
     m.def("get_num_threads", &attnx::get_blas_threads);
     m.def(
-        "_force_baseline_lanes", [](bool on) { attnx::force_baseline_lanes() = on; }, py::arg("on"),
-        "Tests only: run the kernels' baseline x86-64 copies (4-float vectors, no FMA) even on an AVX2 CPU.");
-    m.def("_uses_avx2", &attnx::use_avx2_fma, "Whether the kernels' AVX2 + FMA copies run.");
+        "_force_simd_level",
+        [](const std::string& level) {
+            for (auto l : {attnx::SimdLevel::baseline, attnx::SimdLevel::avx2, attnx::SimdLevel::avx512})
+                if (level == attnx::simd_level_name(l)) return void(attnx::simd_level_cap() = (int)l);
+            throw py::value_error("_force_simd_level: expected 'avx512', 'avx2' or 'baseline', got '" + level + "'");
+        },
+        py::arg("level"),
+        "Tests only: run the kernels' copies for at most `level` ('avx512' restores the CPU's widest).");
+    m.def("_config", [] {
+        py::dict d;
+        d["simd_level"] = attnx::simd_level_name(attnx::simd_level());
+        d["cpu_simd_level"] = attnx::simd_level_name(attnx::cpu_simd_level());
+        d["openblas_config"] = std::string(openblas_get_config());
+        d["openblas_core"] = std::string(openblas_get_corename());
+        d["threads"] = attnx::get_blas_threads();
+        return d;
+    }, "What runs: SIMD level, OpenBLAS build and core, thread budget.");
     attnx::bind::init_core(m);
     attnx::bind::init_loss(m);
     attnx::bind::init_optim(m);

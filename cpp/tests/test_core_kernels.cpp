@@ -55,6 +55,23 @@ static void test_softmax() {
 }
 
 // The float exp kernel: relative error about 1 ulp over the range, 0 below it, inf above, NaN kept.
+// Every SIMD level this CPU has: exp_array over lengths 1..40 (whole vectors and every tail) gives
+// libm's values and writes nothing past the end (the AVX-512 tails store under a lane mask).
+static void test_every_simd_level() {
+    for (int level = 0; level <= (int)cpu_simd_level(); ++level) {
+        simd_level_cap() = level;
+        CHECK((int)simd_level() == level);
+        for (size_t n = 1; n <= 40; ++n) {
+            std::vector<float> x(n), y(n + 16, -7.f);
+            for (size_t i = 0; i < n; ++i) x[i] = -3.f + 0.37f * (float)i;
+            exp_array(y.data(), x.data(), n);
+            for (size_t i = 0; i < n; ++i) CHECK_CLOSE(y[i], std::exp((double)x[i]), 2e-7);
+            for (size_t i = n; i < y.size(); ++i) CHECK(y[i] == -7.f);
+        }
+    }
+    simd_level_cap() = (int)SimdLevel::avx512;
+}
+
 static void test_exp_array() {
     std::vector<float> x, y;
     for (double v = -87.3; v < 88.7; v += 0.0137) x.push_back((float)v);
@@ -120,6 +137,7 @@ int main() {
     test_empty_gemm();
     test_softmax();
     test_exp_array();
+    test_every_simd_level();
     test_embedding();
     test_losses();
     test_adam_first_step();

@@ -1,4 +1,5 @@
 """Process-wide settings: the random generator behind initializers, dropout and shuffling, and threads."""
+import os
 import re
 
 import numpy as np
@@ -40,6 +41,19 @@ def set_num_threads(n):
 
 def get_num_threads():
     return _core.get_num_threads()
+
+
+def show_config(file=None):
+    """Prints what runs: the instruction set attnx's vector loops and register tiles use (picked at
+    run time), the OpenBLAS build, the kernels it picked (its core; the environment variable
+    OPENBLAS_CORETYPE pins them, and attnx never sets it), and the thread budget."""
+    config = _core._config()
+    pinned = os.environ.get("OPENBLAS_CORETYPE")
+    print(f"attnx SIMD level:  {config['simd_level']} (this CPU: {config['cpu_simd_level']})\n"
+          f"OpenBLAS:          {config['openblas_config'].strip()}\n"
+          f"OpenBLAS core:     {config['openblas_core']}"
+          f" ({'pinned by OPENBLAS_CORETYPE=' + pinned if pinned else 'picked for this CPU'})\n"
+          f"threads:           {config['threads']}", file=file)
 
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <immintrin.h>  // declares the AVX-512 builtins vload / vstore use
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -40,16 +41,20 @@ template <class T> inline T gelu_pdf(T x) { return T(0.39894228040143267794) * s
 // ----------------------------------------------------------------------------- vectors
 #define ATTNX_ALWAYS_INLINE inline __attribute__((always_inline))
 
-// Four or eight floats as one value (GCC/Clang vector extension): one SSE register in portable
-// builds, one AVX register inside the loops compiled for AVX2. Branch-free code on it vectorizes regardless
-// of -ftrapping-math, which keeps GCC from if-converting the scalar loops.
+// Four, eight or sixteen floats as one value (GCC/Clang vector extension): one SSE register in
+// portable builds, one AVX register inside the loops compiled for AVX2, one AVX-512 register inside
+// those compiled for AVX-512 (float16 is sixteen floats, not half precision). Branch-free code on
+// them vectorizes regardless of -ftrapping-math, which keeps GCC from if-converting scalar loops.
 typedef float float4 __attribute__((vector_size(16)));
 typedef float float8 __attribute__((vector_size(32)));
+typedef float float16 __attribute__((vector_size(64)));
 
 typedef int32_t int4 __attribute__((vector_size(16)));
 typedef int32_t int8 __attribute__((vector_size(32)));
+typedef int32_t int16 __attribute__((vector_size(64)));
 typedef uint32_t uint4 __attribute__((vector_size(16)));
 typedef uint32_t uint8 __attribute__((vector_size(32)));
+typedef uint32_t uint16 __attribute__((vector_size(64)));
 
 // The scalar type, the lane count and the (signed, unsigned) integer vectors of the values the
 // vector loops compute on (one float or double: one lane; double for the gradient checks).
@@ -58,16 +63,22 @@ template <> struct Lanes<double> { using T = double; static constexpr int W = 1;
 template <> struct Lanes<float> { using T = float; using I = int32_t; using U = uint32_t; static constexpr int W = 1; };
 template <> struct Lanes<float4> { using T = float; using I = int4; using U = uint4; static constexpr int W = 4; };
 template <> struct Lanes<float8> { using T = float; using I = int8; using U = uint8; static constexpr int W = 8; };
+template <> struct Lanes<float16> { using T = float; using I = int16; using U = uint16; static constexpr int W = 16; };
 
-// n <= W contiguous values as one vector (lanes past n zero) and back
+// n <= W contiguous values as one vector (lanes past n zero) and back. Sixteen floats exist only
+// inside the AVX-512 copies, whose tails load and store under a lane mask (the builtins behind
+// _mm512_maskz_loadu_ps / _mm512_mask_storeu_ps: those wrappers would not inline here, outside
+// the AVX-512 target); narrower tails go through memcpy.
 template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE V vload(const T* p, int n) {
     V v = {};
     if (n == Lanes<V>::W) std::memcpy(&v, p, sizeof v);
+    else if constexpr (Lanes<V>::W == 16) v = __builtin_ia32_loadups512_mask(p, v, (uint16_t)((1u << n) - 1));
     else std::memcpy(&v, p, (size_t)n * sizeof(T));
     return v;
 }
 template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE void vstore(T* p, V v, int n) {
     if (n == Lanes<V>::W) std::memcpy(p, &v, sizeof v);
+    else if constexpr (Lanes<V>::W == 16) __builtin_ia32_storeups512_mask(p, v, (uint16_t)((1u << n) - 1));
     else std::memcpy(p, &v, (size_t)n * sizeof(T));
 }
 
@@ -77,30 +88,62 @@ template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE T lane(V 
     else return v[j];
 }
 
-// Set, the baseline copies run even on an AVX2 CPU: how the tests check them (_core._force_baseline_lanes).
-inline std::atomic<bool>& force_baseline_lanes() {
-    static std::atomic<bool> on{false};
-    return on;
+// The instruction sets the kernels are compiled for, narrowest first: baseline x86-64 (SSE2),
+// AVX2 + FMA, AVX-512 (F, VL, BW, DQ).
+enum class SimdLevel { baseline, avx2, avx512 };
+
+inline const char* simd_level_name(SimdLevel level) {
+    return level == SimdLevel::avx512 ? "avx512" : level == SimdLevel::avx2 ? "avx2" : "baseline";
 }
 
-// Whether the copies compiled for AVX2 + FMA run
-inline bool use_avx2_fma() {
-    static const bool cpu = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return cpu && !force_baseline_lanes().load(std::memory_order_relaxed);
+// The widest level this CPU (and its OS, which must save the wider registers) runs
+inline SimdLevel cpu_simd_level() {
+    static const SimdLevel level =
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
+            ? SimdLevel::avx512
+        : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? SimdLevel::avx2
+                                                                          : SimdLevel::baseline;
+    return level;
 }
 
-// body(V{}) on the widest vectors this CPU runs for T: float8 in a copy compiled for AVX2 + FMA
-// (multiply-adds fused), float4 on baseline x86-64, double (one lane) for the gradient checks.
-// body is an always-inline generic lambda, so that its loops compile inside the copy that calls
-// it; returns what body returns.
+// The widest level the kernels may take: how the tests run each level's copies on this CPU
+// (_core._force_simd_level). Not for concurrent use with running kernels: operands packed for
+// one level must be read by the same level.
+inline std::atomic<int>& simd_level_cap() {
+    static std::atomic<int> cap{(int)SimdLevel::avx512};
+    return cap;
+}
+
+// The level the kernels run at: the CPU's, unless capped lower
+inline SimdLevel simd_level() {
+    return (SimdLevel)std::min((int)cpu_simd_level(), simd_level_cap().load(std::memory_order_relaxed));
+}
+
+// body(V{}) on the widest vectors this CPU runs for T: float16 in a copy compiled for AVX-512,
+// float8 in one for AVX2 + FMA (multiply-adds fused in both), float4 on baseline x86-64, double (one
+// lane) for the gradient checks. body is an always-inline generic lambda, so that its loops compile
+// inside the copy that calls it (scalar loops there vectorize to the copy's width); returns what
+// body returns.
+template <class Body>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512"),
+               optimize("fp-contract=fast"))) auto on_avx512_lanes(Body& body) {
+    return body(float16{});
+}
 template <class Body>
 __attribute__((target("avx2,fma"), optimize("fp-contract=fast"))) auto on_avx2_lanes(Body& body) {
     return body(float8{});
 }
 template <class T, class Body> auto on_widest_lanes(Body&& body) {
-    if constexpr (std::is_same_v<T, double>) return body(double{});
-    else if (use_avx2_fma()) return on_avx2_lanes(body);
-    else return body(float4{});
+    if constexpr (std::is_same_v<T, double>) {
+        return body(double{});
+    } else {
+        switch (simd_level()) {
+            case SimdLevel::avx512: return on_avx512_lanes(body);
+            case SimdLevel::avx2: return on_avx2_lanes(body);
+            default: return body(float4{});
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------- exp

@@ -73,7 +73,8 @@ template <class T> inline T* head_block(T* base, size_t n, int H, int T_, int D)
 
 // Per-thread scratch of the tiled attention loops (sized by their first use, reused per problem)
 template <class T> struct AttendScratch {
-    std::vector<T> key_panels, value_panels, scores, dropped, row_norm;
+    Panels<T> key_panels, value_panels;
+    std::vector<T> scores, dropped, row_norm;
     std::vector<uint8_t> row_mask;
 };
 

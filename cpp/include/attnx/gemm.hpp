@@ -12,6 +12,8 @@
 extern "C" {
 void openblas_set_num_threads(int num_threads);
 int openblas_get_num_threads(void);
+char* openblas_get_config(void);
+char* openblas_get_corename(void);
 }
 
 namespace attnx {

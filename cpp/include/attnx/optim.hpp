@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "attnx/activations.hpp"
 #include "attnx/parallel.hpp"
 
 namespace attnx {
@@ -22,6 +23,24 @@ void sgd_update(T* p, const T* grad, T* buf, size_t n, T lr, T momentum, bool ne
     }
 }
 
+// adam_update's loop over [lo, hi). Scalars by value and the buffers as restrict parameters (the
+// four never overlap), inlined where it is called: then no store in the loop can change what it
+// reads besides its own element, and it vectorizes (read through a closure's references, the
+// scalars kept it scalar).
+template <class T>
+ATTNX_ALWAYS_INLINE void adam_range(T* __restrict__ p, const T* __restrict__ grad, T* __restrict__ m,
+                                    T* __restrict__ v, size_t lo, size_t hi, T beta1, T beta2, T eps, T step_size,
+                                    T inv_sqrt_bias2, T shrink, T l2) {
+    for (size_t i = lo; i < hi; ++i) {
+        const T g = grad[i] + l2 * p[i];
+        const T mi = beta1 * m[i] + (T(1) - beta1) * g;
+        const T vi = beta2 * v[i] + (T(1) - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * shrink - step_size * mi / (std::sqrt(vi) * inv_sqrt_bias2 + eps);
+    }
+}
+
 // m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 // p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)      (AdamW first: p *= 1 - lr wd)
 template <class T>
@@ -36,18 +55,9 @@ void adam_update(T* p, const T* grad, T* m, T* v, size_t n, T lr, T beta1, T bet
     const T l2 = decoupled ? T(0) : weight_decay;
     const T inv_sqrt_bias2 = T(1) / sqrt_bias2;
     parallel_for(n, 8.0 * n, [=](size_t lo, size_t hi) {
-        T* __restrict__ pp = p;  // the four buffers never overlap
-        T* __restrict__ mm = m;
-        T* __restrict__ vv = v;
-        const T* __restrict__ gg = grad;
-        for (size_t i = lo; i < hi; ++i) {
-            const T g = gg[i] + l2 * pp[i];
-            const T mi = beta1 * mm[i] + (T(1) - beta1) * g;
-            const T vi = beta2 * vv[i] + (T(1) - beta2) * g * g;
-            mm[i] = mi;
-            vv[i] = vi;
-            pp[i] = pp[i] * shrink - step_size * mi / (std::sqrt(vi) * inv_sqrt_bias2 + eps);
-        }
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loop vectorizes to each level's width
+            adam_range(p, grad, m, v, lo, hi, beta1, beta2, eps, step_size, inv_sqrt_bias2, shrink, l2);
+        });
     });
 }
 

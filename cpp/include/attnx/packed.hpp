@@ -2,16 +2,18 @@
 // attention core multiply with. BLAS packs both operands on every call, which at these sizes (a few
 // hundred columns, K of 32 to 512, called once per time step or per attention head) costs as much
 // as the product itself; here the right operand is packed once and R left rows x Q vectors of it
-// accumulate in registers (R * Q <= 12 of AVX2's 16 registers).
+// accumulate in registers (R * Q <= 12 of AVX2's 16 registers, <= 24 of AVX-512's 32).
 //
 // Panel layout: a right operand B (K, N) in panels of `width` columns (Q vectors of W lanes), each
 // panel's K rows one after another, zero past N:
 //   packed[((n / width) * K + k) * width + n % width] = B[k, n]
-// The loops run on vectors V (Lanes<V>: float4, float8 or double); callers compile them for AVX2 +
-// FMA and for baseline x86-64 and pick at run time (on_widest_lanes), so wheels stay portable.
+// The loops run on vectors V (Lanes<V>: float4, float8, float16 or double); callers compile them for
+// AVX-512, AVX2 + FMA and baseline x86-64 and pick at run time (on_widest_lanes), so wheels stay
+// portable.
 #pragma once
 #include <algorithm>
 #include <cstddef>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -22,11 +24,25 @@ namespace attnx {
 // Lanes of the vectors the tiled loops for T run on here (what their operands must be packed for)
 template <class T> int tile_lanes() {
     if constexpr (std::is_same_v<T, double>) return 1;
-    else return use_avx2_fma() ? 8 : 4;
+    else return simd_level() == SimdLevel::avx512 ? 16 : simd_level() == SimdLevel::avx2 ? 8 : 4;
 }
 
+// Storage on 64-byte (cache line) boundaries: then no vector of a packed panel straddles two lines
+// (an AVX-512 load that does costs two loads; the tiles are bound by their loads there)
+template <class T> struct CacheLineAllocator {
+    using value_type = T;
+    CacheLineAllocator() = default;
+    template <class U> CacheLineAllocator(const CacheLineAllocator<U>&) {}
+    T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+    void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+    template <class U> bool operator==(const CacheLineAllocator<U>&) const { return true; }
+    template <class U> bool operator!=(const CacheLineAllocator<U>&) const { return false; }
+};
+// A packed right operand
+template <class T> using Panels = std::vector<T, CacheLineAllocator<T>>;
+
 // B (K, N), rows ldb apart, packed in panels of `width` columns (layout above)
-template <class T> void pack_panels(std::vector<T>& packed, const T* B, size_t ldb, int K, int N, int width) {
+template <class T> void pack_panels(Panels<T>& packed, const T* B, size_t ldb, int K, int N, int width) {
     const int panels = (N + width - 1) / width;
     packed.assign((size_t)panels * K * width, T(0));
     for (int p = 0; p < panels; ++p)
@@ -37,7 +53,7 @@ template <class T> void pack_panels(std::vector<T>& packed, const T* B, size_t l
 }
 
 // B = Bt^T packed the same way, from Bt (N, K) with rows ldbt apart
-template <class T> void pack_panels_t(std::vector<T>& packed, const T* Bt, size_t ldbt, int K, int N, int width) {
+template <class T> void pack_panels_t(Panels<T>& packed, const T* Bt, size_t ldbt, int K, int N, int width) {
     const int panels = (N + width - 1) / width;
     packed.resize((size_t)panels * K * width);
     for (int p = 0; p < panels; ++p) {
@@ -112,8 +128,16 @@ ATTNX_ALWAYS_INLINE void row_tile(TileRow<V, Q> (&pre)[R], const LeftRows<T>& le
         for (int k = 0; k < count; ++k) {
             V u[Q];
 #pragma GCC unroll 4
-            for (int q = 0; q < Q; ++q) u[q] = vload<V>(rows + (size_t)k * k_stride + (size_t)q * W, W);
-#pragma GCC unroll 4
+            for (int q = 0; q < Q; ++q) {
+                V v = vload<V>(rows + (size_t)k * k_stride + (size_t)q * W, W);
+                // AVX-512: in a register, where GCC would fold the load into each of the R
+                // multiply-adds, R loads instead of one (the tiles then wait on loads, not on the
+                // FMA units). AVX2's 16 registers hold the accumulators but not u as well: there
+                // the folded loads are the better code.
+                if constexpr (W == 16) asm("" : "+v"(v));
+                u[q] = v;
+            }
+#pragma GCC unroll 8
             for (int r = 0; r < R; ++r) {
                 const V a = vbroadcast<V>(M[(size_t)r * ld + k]);
 #pragma GCC unroll 4
@@ -129,11 +153,11 @@ ATTNX_ALWAYS_INLINE void row_tile(TileRow<V, Q> (&pre)[R], const LeftRows<T>& le
 // K + C rows of Q vectors, k_stride apart) and every row b of [b0, b1) (left row b - b0):
 //   pre.q[q] = left[b - b0, 0..K+C) . panel_c[0..K+C)[q]
 // then cell(b, pre, c). R rows share each load of the panel (R = 3 measured fastest for Q = 3 and
-// 4 on Zen 3: up to 12 accumulators in AVX2's 16 registers).
+// 4 on Zen 3: up to 12 accumulators in AVX2's 16 registers; AVX-512's 32 hold twice the rows).
 template <class V, int Q, class T, class Cell>
 ATTNX_ALWAYS_INLINE void packed_product(int b0, int b1, const LeftRows<T>& left, const T* panel0, size_t k_stride,
                                  size_t block_stride, int blocks, Cell&& cell) {
-    constexpr int R = Q >= 3 ? 3 : 4;
+    constexpr int R = (Q >= 3 ? 3 : 4) * (Lanes<V>::W == 16 ? 2 : 1);
     for (int c = 0; c < blocks; ++c) {
         const T* panel = panel0 + (size_t)c * block_stride;
         int b = b0;
@@ -142,11 +166,10 @@ ATTNX_ALWAYS_INLINE void packed_product(int b0, int b1, const LeftRows<T>& left,
             row_tile<V, Q, R>(pre, left.from_row(b - b0), panel, k_stride);
             for (int r = 0; r < R; ++r) cell(b + r, pre[r], c);
         }
-        if (b + 2 <= b1) {  // the rows left over: a pair shares the loads too
+        for (; b + 2 <= b1; b += 2) {  // the rows left over: pairs share the loads too
             TileRow<V, Q> pre[2];
             row_tile<V, Q, 2>(pre, left.from_row(b - b0), panel, k_stride);
             cell(b, pre[0], c), cell(b + 1, pre[1], c);
-            b += 2;
         }
         for (; b < b1; ++b) {
             TileRow<V, Q> pre[1];

@@ -13,7 +13,7 @@
 // the rows are split across the thread budget (parallel_for) for the whole call. Backward walks
 // the steps in reverse with the same tiles for dgates . U^T, then computes each thread's dW, dU,
 // biases and dx with one GEMM each over its steps (single-threaded BLAS). The time loops are
-// compiled twice, for baseline x86-64 and for AVX2 + FMA, and the CPU picks at run time.
+// compiled for baseline x86-64, AVX2 + FMA and AVX-512, and the CPU picks at run time.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -105,7 +105,7 @@ template <class F> void for_batch_rows(const RNNConfig& cfg, F&& fn) {
 //   packed[((u0 / W) * (H + C) + k) * Q + q][lane] = [U; W][k, q*H + u0 + lane]
 // so that one step's product streams each block contiguously (and no 4 KiB stride aliases in L1).
 template <class T>
-void pack_recurrent_kernel(std::vector<T>& packed, const T* U, const T* Wx, int H, int C, int Q, int W) {
+void pack_recurrent_kernel(Panels<T>& packed, const T* U, const T* Wx, int H, int C, int Q, int W) {
     const int blocks = (H + W - 1) / W, K = H + C;
     const size_t G = (size_t)Q * H;
     packed.assign((size_t)blocks * K * Q * W, T(0));
@@ -301,7 +301,7 @@ void rnn_packed_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, con
 }
 
 // The recurrent kernel U packed for rnn_forward_rows (once per call of a caller that steps).
-template <class T> void pack_recurrent_kernel_rows(std::vector<T>& packed, const RNNConfig& cfg, const T* U) {
+template <class T> void pack_recurrent_kernel_rows(Panels<T>& packed, const RNNConfig& cfg, const T* U) {
     pack_recurrent_kernel(packed, U, (const T*)nullptr, cfg.H, 0, cfg.gates(), tile_lanes<T>());
 }
 
@@ -327,7 +327,7 @@ void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cach
     // through memory (a (B, T, G*H) buffer that outgrows the caches). Not for GRU reset_after,
     // whose candidate needs x_n W_n apart from r * (h U_n): its projection is one GEMM per thread.
     const bool fuse = !(cfg.cell == RNNCell::gru && cfg.reset_after);
-    thread_local std::vector<T> packed;
+    thread_local Panels<T> packed;
     pack_recurrent_kernel(packed, U, fuse ? W : nullptr, cfg.H, fuse ? cfg.C : 0, cfg.gates(), tile_lanes<T>());
     const T* packed_u = packed.data();  // this thread's buffer, read by every thread of the batch split
     const size_t TG = (size_t)cfg.T * cfg.G(), TC = (size_t)cfg.T * cfg.C;
@@ -508,7 +508,7 @@ void rnn_backward_packed_rows(const RNNConfig& cfg, const Slopes& slope, int b0,
 }
 
 // U^T packed for rnn_backward_rows (once per call of a caller that steps).
-template <class T> void pack_recurrent_kernel_rows_t(std::vector<T>& packed_t, const RNNConfig& cfg, const T* U) {
+template <class T> void pack_recurrent_kernel_rows_t(Panels<T>& packed_t, const RNNConfig& cfg, const T* U) {
     pack_panels_t(packed_t, U, cfg.G(), cfg.G(), cfg.H, 3 * tile_lanes<T>());
 }
 
@@ -530,7 +530,7 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
                   const RNNCache<T>& cache, const T* x, const T* W, const T* U, const uint8_t* mask,
                   const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
     const int H = cfg.H, G = cfg.G(), C = cfg.C;
-    thread_local std::vector<T> packed;
+    thread_local Panels<T> packed;
     pack_panels_t(packed, U, G, G, H, 3 * tile_lanes<T>());
     const T* packed_t = packed.data();  // this thread's buffer, read by every thread of the batch split
     // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T, dU += h_rec^T . dhu, db_rec += sum dhu

@@ -390,7 +390,7 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
     embedding_forward<T>(cache.emb, cache.ids, w.embeddings, (size_t)Tn * B, (size_t)E);
     // gates[t] = emb_t W_e + b_in for all steps in one GEMM; the feed half joins per step
     dense_forward<T>(cache.gates, cache.emb, w.kernel, w.bias_in, Tn * B, E, G);
-    std::vector<T> packed_u;  // U packed once, read by every step of every thread
+    Panels<T> packed_u;  // U packed once, read by every step of every thread
     pack_recurrent_kernel_rows(packed_u, cfg.rnn_step(), w.recurrent_kernel);
     parallel_for((size_t)B, decoder_loop_work(cfg), [&](size_t b0, size_t b1) {
         for (int t = 0; t < Tn; ++t)
@@ -498,7 +498,7 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
 
     std::fill(denc, denc + (size_t)B * S * K, T(0));
     std::mutex dscore_vector_lock;
-    std::vector<T> packed_t;  // U^T packed once, read by every step of every thread
+    Panels<T> packed_t;  // U^T packed once, read by every step of every thread
     pack_recurrent_kernel_rows_t(packed_t, cfg.rnn_step(), w.recurrent_kernel);
     parallel_for((size_t)B, 2 * decoder_loop_work(cfg), [&](size_t b0, size_t b1) {
         std::vector<T> dscore_vector(additive ? U : 0, T(0));  // this thread's part of dv

@@ -24,7 +24,7 @@ template <class T>
 void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const T* beta, size_t N, size_t C,
                        T eps) {
     parallel_for(N, double(N) * C * 4, [&](size_t lo, size_t hi) {
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize for AVX2 there
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
             for (size_t n = lo; n < hi; ++n) {
                 const T* xr = x + n * C;
                 T* yr = y + n * C;
@@ -52,7 +52,7 @@ void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, con
     parallel_for(N, double(N) * C * 8, [&](size_t lo, size_t hi) {
         // this thread's rows' share of dgamma and dbeta, added in once at the end
         std::vector<T> dgamma_part(dgamma ? C : 0, T(0)), dbeta_part(dbeta ? C : 0, T(0)), g(C), xhat(C);
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize for AVX2 there
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
             for (size_t n = lo; n < hi; ++n) {
                 const T* xr = x + n * C;
                 const T* dyr = dy + n * C;

@@ -1,0 +1,77 @@
+"""The run-time SIMD dispatch: what show_config reports, the test switch, and inputs near the
+bottom of the float range (subnormals, ~1e-39) on every level the CPU has: the kernels give the
+float64 results for them on each level (their cost is benchmarks/bench_denormals.py's to print;
+tests never assert timings)."""
+import io
+
+import numpy as np
+import pytest
+
+import attnx
+from attnx import _core, layers
+
+LEVELS = ["baseline", "avx2", "avx512"]
+CPU_LEVELS = LEVELS[:LEVELS.index(_core._config()["cpu_simd_level"]) + 1]
+
+
+@pytest.fixture(params=CPU_LEVELS)
+def level(request):
+    _core._force_simd_level(request.param)
+    yield request.param
+    _core._force_simd_level("avx512")
+
+
+def test_show_config_names_level_blas_core_and_threads():
+    out = io.StringIO()
+    attnx.show_config(file=out)
+    text = out.getvalue()
+    assert f"SIMD level:  {_core._config()['simd_level']}" in text
+    assert "OpenBLAS core:" in text and "threads:" in text
+
+
+def test_forced_level_is_the_one_that_runs(level):
+    assert _core._config()["simd_level"] == level
+
+
+def test_force_simd_level_rejects_unknown_names():
+    with pytest.raises(ValueError, match="avx512"):
+        _core._force_simd_level("sse9")
+    assert _core._config()["simd_level"] == CPU_LEVELS[-1]
+
+
+def _twin(make, x):
+    """The layer in float32 and float64 with the same weights."""
+    attnx.set_random_seed(0)
+    f32 = make("float32")
+    f32(x)
+    f64 = make("float64")
+    f64(x.astype(np.float64))
+    f64.set_weights([w.astype(np.float64) for w in f32.get_weights()])
+    return f32, f64
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda dt: layers.LSTM(100, return_sequences=True, dtype=dt), (5, 7, 20)),
+    (lambda dt: layers.GRU(40, return_sequences=True, dtype=dt), (3, 6, 17)),
+    (lambda dt: layers.TransformerEncoderLayer(2, 48, dtype=dt), (2, 9, 24)),
+    (lambda dt: layers.LayerNormalization(dtype=dt), (4, 33)),
+    (lambda dt: layers.AttentionPooling(dtype=dt), (3, 70, 16)),
+])
+@pytest.mark.parametrize("scale", [1e-39, 1e-42])
+def test_subnormal_inputs_give_the_float64_results(make, shape, scale, level):
+    rng = np.random.default_rng(0)
+    x = (rng.uniform(-1, 1, shape) * scale).astype(np.float32)
+    assert np.count_nonzero(x) and np.all(np.abs(x) < np.finfo(np.float32).tiny)  # subnormal floats
+    f32, f64 = _twin(make, x)
+    dy = rng.uniform(-1, 1, np.shape(f32(x))).astype(np.float32)
+    for layer, dt in ((f32, np.float32), (f64, np.float64)):
+        layer.zero_grad()
+        layer(x.astype(dt), training=True)
+    dx32, dx64 = f32.backward(dy), f64.backward(dy.astype(np.float64))
+    y32, y64 = f32(x), f64(x.astype(np.float64))
+    assert np.all(np.isfinite(y32)) and np.all(np.isfinite(dx32))
+    np.testing.assert_allclose(y32, y64, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dx32, dx64, rtol=1e-3, atol=1e-4 * np.abs(dx64).max() + 1e-30)
+    for k in f32.grads:
+        np.testing.assert_allclose(f32.grads[k], f64.grads[k], rtol=1e-3, atol=1e-4 * np.abs(f64.grads[k]).max() + 1e-30,
+                                   err_msg=k)
