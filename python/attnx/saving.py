@@ -18,7 +18,7 @@ of the one it replaces (a new one gets 0666 less the umask).
 
 Loading trusts nothing in the file and raises ``ValueError`` for every malformed one, before it
 allocates more than the file's size: first the zip directory (only the members above, stored, not
-compressed or encrypted, inside the file, not overlapping), then the header's types (every weight's
+compressed or encrypted, inside the file, together no larger than it), then the header's types (every weight's
 name, shape, dtype - bool, integer or floating point only - and SHA-256; the model and compile
 sections), then each weight's declared size against its member's, and only then the members: their
 CRCs, SHA-256, and the .npy header's dtype, shape and byte count against the header. Weights come
@@ -181,7 +181,8 @@ def _entries(header, key, folder, path):
 
 def _check_directory(zf, path, file_size):
     """The zip directory describes only members the writer makes, stored (not compressed), unencrypted,
-    inside the file and not overlapping: so no member read below can allocate more than the file's size."""
+    each inside the file and all together no larger than it (overlapping members would be): so the
+    members read below never allocate more than the file's size."""
     infos = zf.infolist()
     names = [info.filename for info in infos]
     if len(set(names)) != len(names):
