@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 repo="$(pwd)"
 
 SANITIZE_SUBSET=(tests/test_bad_input.py tests/test_fuzz.py tests/test_nan_guard.py tests/test_concurrency.py
-                 tests/test_masks_core.py tests/test_hostile_core.py)
+                 tests/test_masks_core.py tests/test_hostile_core.py tests/test_crafted_files.py)
 
 pytest_args=()
 if [ "${1:-}" = "--all" ]; then

@@ -361,15 +361,10 @@ def _huge_embedding(h, entry_too):
         h["weights"][0]["shape"] = [200_000_000, 4]
 
 
-# Building the model from its config creates its weights: only a weight budget in Layer.add_weight,
-# set by load_model to the file's weight bytes, stops a config that lies alone (see the report of
-# issue 14: the patch to layers/base.py and models.py).
-_NO_BUDGET = pytest.mark.xfail(not hasattr(layers.base, "weight_budget"), strict=True,
-                               reason="load_model builds the config's weights without a budget")
-
-
+# Building the model from its config creates its weights: the weight budget load_model sets
+# (Layer.add_weight refuses more bytes than the file's weights hold) stops a config that lies alone.
 @pytest.mark.parametrize("case", ["npy shape (2e9,)", "header and npy shape (2e9,)", "Embedding(2e8)",
-                                  pytest.param("Embedding(2e8) in the config only", marks=_NO_BUDGET)])
+                                  "Embedding(2e8) in the config only"])
 def test_huge_declared_sizes_raise_quickly_without_allocating(valid, tmp_path, case):
     path = tmp_path / "huge.attnx"
     if case.startswith("Embedding"):

@@ -985,8 +985,9 @@ def load_model(path):
     if cls is None or not issubclass(cls, Model):
         raise ValueError(f"{path}: unknown model class {name!r}")
     try:
-        model = cls.from_config(header["model"]["config"])
-    except (KeyError, TypeError) as exc:
+        with layers_base.weight_budget(sum(w.nbytes for _, w in weights), path):
+            model = cls.from_config(header["model"]["config"])
+    except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: the model config does not describe a {cls.__name__} ({exc})") from exc
     saving.assign(model, weights, path)
     compile_config = header.get("compile")

@@ -25,7 +25,10 @@ Callers use them as:
 ``layer.params`` / ``layer.grads`` are ordered dicts name -> ndarray that the C++ kernels read and
 write in place, so optimizer updates and ``set_weights`` never invalidate them.
 """
+import contextlib
+import contextvars
 import functools
+import math
 from collections import OrderedDict
 
 import numpy as np
@@ -33,6 +36,21 @@ import numpy as np
 from .. import backend, initializers, ops, regularizers
 from ..backend import snake_case, unique_name
 from ..symbolic import any_symbolic, symbolic_call
+
+# What the weights created in this context may still take, or None: see weight_budget.
+_weight_budget = contextvars.ContextVar("attnx_weight_budget", default=None)
+
+
+@contextlib.contextmanager
+def weight_budget(nbytes, source):
+    """Within the block, creating weights of more than `nbytes` bytes in total raises ValueError naming
+    `source`, before anything is allocated: `attnx.load_model` builds a model from a file's config with
+    the file's weight bytes as the budget, so that no config can allocate more than its file holds."""
+    token = _weight_budget.set({"bytes": int(nbytes), "source": source})
+    try:
+        yield
+    finally:
+        _weight_budget.reset(token)
 
 
 class Layer:
@@ -78,6 +96,14 @@ class Layer:
     def add_weight(self, name, shape, initializer="glorot_uniform", regularizer=None):
         """Creates a parameter (and its zeroed gradient buffer) and returns it."""
         shape = tuple(int(s) for s in shape)
+        budget = _weight_budget.get()
+        if budget is not None:  # checked before the initializer allocates
+            nbytes = math.prod(shape) * np.dtype(self.dtype).itemsize
+            if nbytes > budget["bytes"]:
+                raise ValueError(f"{budget['source']}: layer '{self.name}' would create weight '{name}' of shape "
+                                 f"{shape} {self.dtype} ({nbytes} bytes); the file holds {budget['bytes']} bytes "
+                                 "of weights not yet created")
+            budget["bytes"] -= max(nbytes, 0)  # a negative size is the initializer's error to raise
         value = np.ascontiguousarray(initializers.get(initializer)(shape, self.dtype), dtype=self.dtype)
         if value.shape != shape:
             raise ValueError(f"{self.name}: initializer for '{name}' gave shape {value.shape}, expected {shape}")
