@@ -14,35 +14,25 @@ static double now(void) {
 #define CHAINS 12
 #define STEPS 1000000000L
 
-__attribute__((target("avx2,fma"))) static double peak256(void) {
-    __m256 acc[CHAINS], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm256_set1_ps((float)i);
-    const long steps = STEPS / 4;
-    double t0 = now();
-    for (long s = 0; s < steps; ++s)
-#pragma GCC unroll 12
-        for (int i = 0; i < CHAINS; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-    double t = now() - t0;
-    float sink = 0;
-    for (int i = 0; i < CHAINS; ++i) sink += acc[i][0];
-    if (sink == 12345.f) puts("");
-    return 2.0 * 8 * CHAINS * steps / t * 1e-9;
-}
+// One FMA-throughput loop per vector width: CHAINS independent accumulators hide the FMA latency.
+#define FMA_PEAK(name, isa, vec, set1, fmadd, lanes)                                         \
+    __attribute__((target(isa))) static double name(void) {                                  \
+        vec acc[CHAINS], a = set1(0.999999f), b = set1(1e-7f);                               \
+        for (int i = 0; i < CHAINS; ++i) acc[i] = set1((float)i);                            \
+        const long steps = STEPS / 4;                                                        \
+        double t0 = now();                                                                   \
+        for (long s = 0; s < steps; ++s)                                                     \
+            _Pragma("GCC unroll 12")                                                         \
+            for (int i = 0; i < CHAINS; ++i) acc[i] = fmadd(acc[i], a, b);                   \
+        double t = now() - t0;                                                               \
+        float sink = 0;                                                                      \
+        for (int i = 0; i < CHAINS; ++i) sink += acc[i][0];                                  \
+        if (sink == 12345.f) puts("");                                                       \
+        return 2.0 * lanes * CHAINS * steps / t * 1e-9;                                      \
+    }
 
-__attribute__((target("avx512f"))) static double peak512(void) {
-    __m512 acc[CHAINS], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_ps((float)i);
-    const long steps = STEPS / 4;
-    double t0 = now();
-    for (long s = 0; s < steps; ++s)
-#pragma GCC unroll 12
-        for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-    double t = now() - t0;
-    float sink = 0;
-    for (int i = 0; i < CHAINS; ++i) sink += acc[i][0];
-    if (sink == 12345.f) puts("");
-    return 2.0 * 16 * CHAINS * steps / t * 1e-9;
-}
+FMA_PEAK(peak256, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, 8)
+FMA_PEAK(peak512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, 16)
 
 int main(void) {
     double best256 = 0, best512 = 0;
