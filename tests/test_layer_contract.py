@@ -328,7 +328,25 @@ MASKED = {
                                               lambda l, x, m: l(x, x, key_padding_mask=m)),
     "TransformerEncoderLayer (padding_mask)": (lambda: layers.TransformerEncoderLayer(2, 8),
                                                lambda l, x, m: l(x, padding_mask=m)),
+    "HardAttention (value mask)": (lambda: layers.HardAttention(), lambda l, x, m: l([x, x], mask=[None, m])),
+    "LocalAttention (value mask)": (lambda: layers.LocalAttention(1), lambda l, x, m: l([x, x], mask=[None, m])),
+    "TransformerEncoder (padding_mask)": (lambda: layers.TransformerEncoder(2, 2, 8),
+                                          lambda l, x, m: l(x, padding_mask=m)),
+    "TransformerDecoderLayer (decoder_padding_mask)": (lambda: layers.TransformerDecoderLayer(2, 8),
+                                                       lambda l, x, m: l([x, x], decoder_padding_mask=m)),
+    "TransformerDecoderLayer (encoder_padding_mask)": (lambda: layers.TransformerDecoderLayer(2, 8),
+                                                       lambda l, x, m: l([x, x], encoder_padding_mask=m)),
+    "TransformerDecoder (encoder_padding_mask)": (lambda: layers.TransformerDecoder(2, 2, 8),
+                                                  lambda l, x, m: l([x, x], encoder_padding_mask=m)),
 }
+
+
+def test_every_masked_layer_is_in_the_mask_table():
+    import inspect
+    masked = {name for name in layers.__all__ if name != "Layer" and any(
+        p == "mask" or p.endswith("padding_mask") for p in inspect.signature(getattr(layers, name).forward).parameters)}
+    covered = {key.split(" ")[0] for key in MASKED}
+    assert masked <= covered, f"masked layers missing from the mask-rule table: {sorted(masked - covered)}"
 
 GOOD = {
     "bool": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=bool),
