@@ -843,10 +843,15 @@ class TransformerEncoder(_TransformerStack):
 
     def forward(self, inputs, padding_mask=None, attention_mask=None, use_causal_mask=False,
                 return_attention_scores=False, training=False, mask=None):
-        y, block_caches, all_weights = inputs, [], []
+        y = self._float_input(inputs, ndim=3)
+        B, T = y.shape[:2]
+        # checked once, here, so that errors name this layer and the blocks reuse the arrays
+        padding_mask = as_mask(mask if padding_mask is None else padding_mask, B, T, _where(self, "padding_mask"))
+        attention_mask = _attention_mask(attention_mask, B, T, T, _where(self, "attention_mask"))
+        block_caches, all_weights = [], []
         for block in self.blocks:
-            outputs, cache = block.apply(y, padding_mask=mask if padding_mask is None else padding_mask,
-                                         attention_mask=attention_mask, use_causal_mask=use_causal_mask,
+            outputs, cache = block.apply(y, padding_mask=padding_mask, attention_mask=attention_mask,
+                                         use_causal_mask=use_causal_mask,
                                          return_attention_scores=return_attention_scores, training=training)
             y, weights = outputs if return_attention_scores else (outputs, None)
             block_caches.append(cache)
@@ -881,14 +886,25 @@ class TransformerDecoder(_TransformerStack):
                 mask=None):
         if not isinstance(inputs, (list, tuple)) or len(inputs) != 2:
             raise ValueError(f"Layer '{self.name}': call with [target, memory], got {type(inputs).__name__}")
-        y, memory = inputs
+        y = self._float_input(inputs[0], "target", ndim=3)
+        memory = self._float_input(inputs[1], "memory", ndim=3)
+        (B, T), S = y.shape[:2], memory.shape[1]
+        if isinstance(mask, (list, tuple)):  # masks propagated from upstream layers
+            decoder_padding_mask = mask[0] if decoder_padding_mask is None else decoder_padding_mask
+            encoder_padding_mask = mask[1] if encoder_padding_mask is None else encoder_padding_mask
+        # checked once, here, so that errors name this layer and the blocks reuse the arrays
+        decoder_padding_mask = as_mask(decoder_padding_mask, B, T, _where(self, "decoder_padding_mask"))
+        encoder_padding_mask = as_mask(encoder_padding_mask, B, S, _where(self, "encoder_padding_mask"))
+        decoder_attention_mask = _attention_mask(decoder_attention_mask, B, T, T,
+                                                 _where(self, "decoder_attention_mask"))
+        encoder_attention_mask = _attention_mask(encoder_attention_mask, B, T, S,
+                                                 _where(self, "encoder_attention_mask"))
         block_caches, self_weights, cross_weights = [], [], []
         for block in self.blocks:
             outputs, cache = block.apply(
                 [y, memory], decoder_padding_mask=decoder_padding_mask, decoder_attention_mask=decoder_attention_mask,
                 encoder_padding_mask=encoder_padding_mask, encoder_attention_mask=encoder_attention_mask,
-                use_causal_mask=use_causal_mask, return_attention_scores=return_attention_scores, training=training,
-                mask=mask)
+                use_causal_mask=use_causal_mask, return_attention_scores=return_attention_scores, training=training)
             y, w_self, w_cross = outputs if return_attention_scores else (outputs, None, None)
             block_caches.append(cache)
             self_weights.append(w_self)
