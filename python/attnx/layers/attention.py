@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import _core, backend, initializers
 from ..masking import as_mask
-from .base import Layer
+from .base import Layer, dropout_keep
 
 SCORES = ("dot", "scaled_dot", "general", "concat", "additive")
 
@@ -291,7 +291,7 @@ class Attention(Layer):
         """The scaled keep mask of the attention weights for a training call, else None."""
         if not (training and self.dropout > 0):
             return None
-        return ((backend.rng().random(shape) >= self.dropout) / (1.0 - self.dropout)).astype(self.dtype)
+        return dropout_keep(backend.rng(), shape, self.dropout, self.dtype)
 
     # ------------------------------------------------------------------ forward
     def _v(self):

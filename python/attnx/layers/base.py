@@ -53,6 +53,12 @@ def weight_budget(nbytes, source):
         _weight_budget.reset(token)
 
 
+def dropout_keep(rng, shape, rate, dtype):
+    """Inverted dropout's scaled keep mask: 1 / (1 - rate) where ``rng.random(shape) >= rate``, else 0."""
+    dtype = np.dtype(dtype)
+    return (rng.random(shape) >= rate).astype(dtype) * dtype.type(1.0 / (1.0 - rate))
+
+
 class Layer:
     """Base class of all layers.
 
@@ -174,13 +180,7 @@ class Layer:
         return self.forward(inputs, *args, **kwargs)
 
     def _accepts(self, arg):
-        key = ("_accepts_" + arg)
-        found = self.__dict__.get(key)
-        if found is None:
-            import inspect  # on first call only: inspect is slow to import and `import attnx` must stay fast
-            found = arg in inspect.signature(self.forward).parameters
-            self.__dict__[key] = found
-        return found
+        return arg in _parameters(type(self).forward)
 
     def build(self, input_shape):
         """Creates the weights for inputs of `input_shape` (batch axis first, may be None)."""
@@ -311,7 +311,7 @@ def _map(x, fn):
 
 @functools.lru_cache(maxsize=None)
 def _parameters(function):
-    """The parameter names of `function` (a layer class's `call`), looked up once."""
+    """The parameter names of `function` (a layer class's `forward` or `call`), looked up once."""
     import inspect  # on first use only: inspect is slow to import and `import attnx` must stay fast
     return frozenset(inspect.signature(function).parameters)
 

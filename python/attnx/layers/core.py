@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _core, activations, backend, initializers, regularizers
 from ..masking import as_mask
-from .base import Layer
+from .base import Layer, dropout_keep
 
 
 class Dense(Layer):
@@ -200,8 +200,7 @@ class Dropout(Layer):
                 raise ValueError(f"Layer '{self.name}': noise_shape {self.noise_shape} does not match input "
                                  f"rank {x.ndim}")
             shape = tuple(s if n is None else n for s, n in zip(x.shape, self.noise_shape))
-        rng = self._rng or backend.rng()
-        keep = (rng.random(shape) >= self.rate).astype(self.dtype) * self.dtype.type(1.0 / (1.0 - self.rate))
+        keep = dropout_keep(self._rng or backend.rng(), shape, self.rate, self.dtype)
         return x * keep, (keep, x.shape)
 
     def backprop(self, cache, dy):

@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import _core, backend, initializers, regularizers
 from ..masking import as_mask
-from .base import Layer
+from .base import Layer, dropout_keep
 
 _ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
 
@@ -141,8 +141,7 @@ class _Recurrent(Layer):
         return backend.rng()
 
     def _keep_mask(self, shape, rate):
-        keep = self._noise_rng().random(shape) >= rate
-        return keep.astype(self.dtype) * self.dtype.type(1.0 / (1.0 - rate))
+        return dropout_keep(self._noise_rng(), shape, rate, self.dtype)
 
     def _level_forward(self, level, x, mask, h0, c0, reverse, training, input_keep=None, recurrent_keep=None,
                        need_y=True):
@@ -150,7 +149,7 @@ class _Recurrent(Layer):
         final c or None; the level's cache for `_level_backward`, or None unless training)."""
         sfx = level_suffix(level)
         if input_keep is not None:
-            x = np.ascontiguousarray(x * input_keep)
+            x = x * input_keep  # a new C-contiguous array
         bias, recurrent_bias = self._biases(self.params, level)
         y, h, c, kernel_cache = _core.rnn_forward(
             cell=self._cell, x=x, kernel=self.params["kernel" + sfx],
