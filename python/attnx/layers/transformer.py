@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _core, activations, backend, initializers
 from ..masking import as_mask
-from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
+from .attention import _dense, _dense_backward, scaled_dot_product_attention, scaled_dot_product_attention_backward
 from .base import Layer
 from .core import Dense
 
@@ -435,16 +435,14 @@ class MultiHeadAttention(Layer):
 
     def _project(self, name, rows):
         bias = self.params.get(f"{name}_bias")
-        y, _ = _core.dense_forward(x=rows, kernel=self._matrix(name, self.params[f"{name}_kernel"]),
-                                   bias=None if bias is None else bias.reshape(-1), activation="linear")
-        return y
+        return _dense(rows, self._matrix(name, self.params[f"{name}_kernel"]), None if bias is None else bias.reshape(-1))
 
     def _project_backward(self, name, dy, rows, need_dx):
         dbias = self.grads.get(f"{name}_bias")
-        # a linear activation reads neither its output y nor its pre-activation z: dy stands in for both
-        return _core.dense_backward(dy=dy, x=rows, kernel=self._matrix(name, self.params[f"{name}_kernel"]), y=dy,
-                                    z=dy, activation="linear", dkernel=self._matrix(name, self.grads[f"{name}_kernel"]),
-                                    dbias=None if dbias is None else dbias.reshape(-1), need_dx=need_dx)
+        # a linear activation does not read its output y: dy stands in for it
+        return _dense_backward(dy, rows, self._matrix(name, self.params[f"{name}_kernel"]), dy, "linear",
+                               self._matrix(name, self.grads[f"{name}_kernel"]),
+                               None if dbias is None else dbias.reshape(-1), need_dx)
 
     def forward(self, query, value=None, key=None, attention_mask=None, key_padding_mask=None,
                 use_causal_mask=False, return_attention_scores=False, training=False):
