@@ -39,7 +39,6 @@ def from_torch(module, dtype="float32"):
         raise TypeError(f"from_torch: no converter for torch.nn.{name}; supported: {', '.join(sorted(_FROM_TORCH))}")
     layer, to_attnx = _FROM_TORCH[name](module, dtype)
     weights = to_attnx(_numpy_params(module))
-    _ensure_built(layer, weights)
     layer.set_weights([weights[k] for k in layer.params])
     layer._torch_to_attnx = to_attnx
     return layer
@@ -63,17 +62,4 @@ def to_torch(layer):
     if not layer.built:
         raise ValueError(f"to_torch: layer '{layer.name}' has no weights yet; call it on data first")
     return _TO_TORCH[name](layer)
-
-
-def _ensure_built(layer, weights):
-    if not layer.built:
-        layer.build_from_weights(weights) if hasattr(layer, "build_from_weights") else layer.build(
-            _input_shape_from_weights(layer, weights))
-        layer.built = True
-
-
-def _input_shape_from_weights(layer, weights):
-    first = next(iter(weights.values()))
-    return (None, first.shape[0])
-
 
