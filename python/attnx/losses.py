@@ -57,10 +57,7 @@ class Loss:
             raise NotImplementedError(f"{type(self).__name__}: define `call(y_true, y_pred)` (with attnx.ops) "
                                       f"or `compute`")
         pred = self._pred(y_pred)
-        target = np.asarray(y_true)
-        if target.ndim == pred.ndim - 1 and pred.shape[-1] == 1:  # labels (B,) for predictions (B, 1)
-            target = target.reshape(pred.shape)
-        target = target.astype(pred.dtype, copy=False)  # Keras casts y_true to the prediction's dtype
+        target = self._call_target(y_true, pred)
         tape = ops.Tape()
         with tape:
             traced_pred = tape.watch(pred)
@@ -76,10 +73,7 @@ class Loss:
         the values, or the unmasked ones), so that ``value * count`` is the batch's weighted sum:
         data-parallel training combines the shards' losses with it, exactly as one process would."""
         pred = self._pred(y_pred)
-        target = np.asarray(y_true)
-        if target.ndim == pred.ndim - 1 and pred.shape[-1] == 1:
-            target = target.reshape(pred.shape)
-        return _denominator(mask, np.shape(ops.untraced(self.call(target.astype(pred.dtype, copy=False), pred))))
+        return _denominator(mask, np.shape(ops.untraced(self.call(self._call_target(y_true, pred), pred))))
 
     def get_config(self):
         return {"name": self.name}
@@ -87,6 +81,15 @@ class Loss:
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+    @staticmethod
+    def _call_target(y_true, pred):
+        """y_true as `call` sees it: labels (B,) shaped as predictions (B, 1), in the prediction's
+        dtype (Keras casts y_true so)."""
+        target = np.asarray(y_true)
+        if target.ndim == pred.ndim - 1 and pred.shape[-1] == 1:
+            target = target.reshape(pred.shape)
+        return target.astype(pred.dtype, copy=False)
 
     # -- helpers shared by the elementwise losses
     def _pred(self, y_pred):
