@@ -97,8 +97,10 @@ def class_weight_to_sample_weight(what, y, class_weight):
     else:
         raise ValueError(f"{what}: class_weight needs one class per sample: targets (B,), (B, 1) or one-hot "
                          f"(B, C), got shape {y.shape}")
-    table = {int(k): float(v) for k, v in class_weight.items()}
-    return np.array([table.get(int(c), 1.0) for c in classes], dtype=np.float64)
+    weights = np.ones(len(classes), dtype=np.float64)
+    for k, v in class_weight.items():  # a loop over the classes given, not over the samples
+        weights[classes == int(k)] = float(v)
+    return weights
 
 
 def train_validation_split(x, y, sample_weight, validation_split):

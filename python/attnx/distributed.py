@@ -72,10 +72,7 @@ class DataParallel:
     @staticmethod
     def rows(x):
         """The number of samples in `x` (an array or a list / dict of arrays)."""
-        first = x
-        while isinstance(first, (list, tuple, dict)):
-            first = next(iter(first.values())) if isinstance(first, dict) else first[0]
-        return int(np.shape(first)[0])
+        return int(np.shape(data_adapter._leaves(x)[0])[0])
 
     def shuffle_rng(self):
         """A generator that is the same on every rank (seeded from rank 0's `attnx.backend.rng()`),

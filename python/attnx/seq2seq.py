@@ -135,8 +135,7 @@ class Encoder(Layer):
             H = self.units
             d_states = [None if g is None else g[..., :H] for g in d_states] + \
                        [None if g is None else g[..., H:] for g in d_states]
-        dx = self.rnn.backprop(cache.rnn, [d_sequence] + [None if g is None else np.ascontiguousarray(g)
-                                                          for g in d_states])
+        dx = self.rnn.backprop(cache.rnn, [d_sequence] + d_states)  # the RNN makes its inputs contiguous
         self.embedding.backprop(cache.embedding, dx)
         return None
 
