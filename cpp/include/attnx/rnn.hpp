@@ -531,7 +531,7 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
                   const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
     const int H = cfg.H, G = cfg.G(), C = cfg.C;
     thread_local Panels<T> packed;
-    pack_panels_t(packed, U, G, G, H, 3 * tile_lanes<T>());
+    pack_recurrent_kernel_rows_t(packed, cfg, U);
     const T* packed_t = packed.data();  // this thread's buffer, read by every thread of the batch split
     // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T, dU += h_rec^T . dhu, db_rec += sum dhu
     // over the n steps of rows from r0 (as rows of (B * T, .)): one GEMM each
