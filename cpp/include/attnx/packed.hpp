@@ -24,7 +24,10 @@ namespace attnx {
 // Lanes of the vectors the tiled loops for T run on here (what their operands must be packed for)
 template <class T> int tile_lanes() {
     if constexpr (std::is_same_v<T, double>) return 1;
-    else return simd_level() == SimdLevel::avx512 ? 16 : simd_level() == SimdLevel::avx2 ? 8 : 4;
+    else {
+        const SimdLevel level = simd_level();  // read once: the tests may change the cap between calls
+        return level == SimdLevel::avx512 ? 16 : level == SimdLevel::avx2 ? 8 : 4;
+    }
 }
 
 // Storage on 64-byte (cache line) boundaries: then no vector of a packed panel straddles two lines
