@@ -3,15 +3,13 @@ on batches of other sizes and lengths than any the model saw, padding masks incl
 attnx's own `predict`; the exported Seq2Seq's greedy loop against `translate` / `greedy_decode`;
 and the errors of bad input."""
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 import attnx
-from attnx import layers
+from attnx import export, layers
 from attnx.seq2seq import Seq2Seq
-
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-from attnx import export  # noqa: E402  (needs onnx)
 
 VOCAB = 23
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
@@ -366,6 +364,14 @@ def test_unsupported_options_raise_naming_the_layer(tmp_path):
                     end_token=2)
     with pytest.raises(export.UnsupportedLayerError, match="'decoder'.*local"):
         export.to_onnx(model, tmp_path / "seq2seq")
+
+
+def test_mask_given_as_lengths_raises_naming_the_layer(tmp_path):
+    x, lengths = attnx.Input((None, 6)), attnx.Input((), dtype="int64")
+    attention = layers.MultiHeadAttention(2, 3, name="mha")
+    model = attnx.Model([x, lengths], attention(x, x, key_padding_mask=lengths))
+    with pytest.raises(export.UnsupportedLayerError, match="'mha'.*key_padding_mask"):
+        export.to_onnx(model, tmp_path / "model.onnx")
 
 
 def test_unbuilt_model_and_bad_paths(tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 from ..models import Model
 from ..symbolic import is_symbolic, substitute
 from .graph import OPSET, Graph
-from .registry import Call, convert, output_mask
+from .registry import Call, convert, output_mask, unsupported
 
 
 def _structure(x):
@@ -42,6 +42,7 @@ def convert_model(g, model, inputs, masks):
             if any(m is not None for m in found):
                 in_mask = found if isinstance(inputs_spec, (list, tuple)) else found[0]
         layer = node.layer
+        _refuse_lengths(layer, kwargs)
         if isinstance(layer, Model) and layer._functional:  # a nested model: its masks come with its outputs
             outs, out_masks = convert_model(g, layer, _structure(x),
                                             _structure(in_mask) if in_mask is not None else [None] * len(layer.inputs))
@@ -56,6 +57,15 @@ def convert_model(g, model, inputs, masks):
             if m is not None:
                 propagated[id(t)] = m
     return [values[id(t)] for t in model.outputs], [propagated.get(id(t)) for t in model.outputs]
+
+
+def _refuse_lengths(layer, kwargs):
+    """Masks passed to a call as model tensors must be bool (batch, ...) masks: lengths (batch,) would
+    need the steps of whichever sequence they measure (the recurrent layers' `lengths` is handled)."""
+    for name, value in kwargs.items():
+        if name.endswith("mask") and is_symbolic(value) and value.ndim == 1:
+            raise unsupported(layer, f"`{name}` is given as lengths {value.shape}; export takes masks as bool "
+                                     "(batch, steps) tensors")
 
 
 def _declared_shape(tensor):
