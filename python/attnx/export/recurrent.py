@@ -15,11 +15,11 @@ runs the operators with the rows' lengths, and moves the outputs back to the ori
 import numpy as np
 
 from ..layers.recurrent import GRU, LSTM, Bidirectional, SimpleRNN, level_suffix
-from .registry import converts, output_mask_of, unsupported
+from .registry import converts, output_mask_of
 
 OPERATORS = {"simple": "RNN", "gru": "GRU", "lstm": "LSTM"}
 _ONNX_GATE_ORDER = {"simple": [0], "gru": [1, 0, 2], "lstm": [0, 3, 1, 2]}  # attnx's gate blocks in ONNX's order
-_ONNX_ACTIVATIONS = {"tanh": "Tanh", "sigmoid": "Sigmoid", "relu": "Relu"}
+_ONNX_ACTIVATIONS = {"tanh": "Tanh", "sigmoid": "Sigmoid", "relu": "Relu", "linear": "Affine"}
 _INT32 = 6
 
 
@@ -50,14 +50,13 @@ def _level_weights(layer, level):
 
 
 def _activations(layer):
-    """The ONNX activation list of one direction: LSTM (f, g, h), GRU (f, g), RNN (f)."""
+    """The ONNX activation list of one direction, LSTM (f, g, h), GRU (f, g), RNN (f), and the
+    alphas and betas that list consumes (ONNX Runtime reads them only for the activations that
+    take them: Affine, attnx's "linear", is 1 * x + 0)."""
     names = {"simple": [layer.activation], "gru": [layer.recurrent_activation, layer.activation],
              "lstm": [layer.recurrent_activation, layer.activation, layer.activation]}[layer._cell]
-    for name in names:
-        if name not in _ONNX_ACTIVATIONS:
-            raise unsupported(layer, f"the activation {name!r} inside the recurrence (export supports "
-                                     f"{', '.join(_ONNX_ACTIVATIONS)})")
-    return [_ONNX_ACTIVATIONS[n] for n in names]
+    affine = names.count("linear")
+    return [_ONNX_ACTIVATIONS[n] for n in names], [1.0] * affine, [0.0] * affine
 
 
 def step_mask(g, call):
@@ -122,8 +121,10 @@ def run_stack(g, directions, x, mask, initial_states=None, need_sequences=True):
     seq = g.transpose(x, 1, 0, 2)  # ONNX's (T, B, C)
     D = len(directions)
     direction = "bidirectional" if D == 2 else ("reverse" if directions[0][1] else "forward")
-    attributes = {"direction": direction, "hidden_size": layer.units,
-                  "activations": sum((_activations(l) for l, _ in directions), [])}
+    activations, alphas, betas = (sum(parts, []) for parts in zip(*(_activations(l) for l, _ in directions)))
+    attributes = {"direction": direction, "hidden_size": layer.units, "activations": activations}
+    if alphas:
+        attributes.update(activation_alpha=alphas, activation_beta=betas)
     if layer._cell == "gru":
         attributes["linear_before_reset"] = int(layer.reset_after)
     finals = [([], []) for _ in directions]

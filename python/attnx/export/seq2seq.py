@@ -212,9 +212,12 @@ class OnnxSeq2Seq:
         source_tokenizer = self.source_tokenizer
         words = text.text_to_word_sequence(sentence, source_tokenizer.filters, source_tokenizer.lower,
                                            source_tokenizer.split)
+        index, limit = source_tokenizer.word_index, source_tokenizer.num_words
+        unknown = [w for w in words if w not in index or (limit and index[w] >= limit)]
+        if not words or (unknown and source_tokenizer.oov_token is None):  # as Seq2Seq.encode_sources
+            raise ValueError(f"OnnxSeq2Seq.translate: empty sentence or unknown source word(s) {unknown} in "
+                             f"{sentence!r}")
         ids = source_tokenizer.texts_to_sequences([words])[0]
-        if not ids:
-            raise ValueError(f"OnnxSeq2Seq.translate: no known word in {sentence!r}")
         tokens, attention = self.greedy_decode(np.asarray([ids], dtype=np.int64), max_length)
         row = tokens[0].tolist()
         n = row.index(self.end_id) + 1 if self.end_id in row else len(row)
