@@ -19,7 +19,7 @@ def _dense(g, layer, call):
 
 @converts(Embedding)
 def _embedding(g, layer, call):
-    ids = g.node("Cast", [call.inputs], to=7)  # int64: whatever integer (or integral float) type came
+    ids = g.cast(call.inputs, np.int64)  # whatever integer (or integral float) type came
     return g.node("Gather", [g.weight(layer.params["embeddings"], f"{layer.name}/embeddings"), ids], axis=0)
 
 
@@ -27,7 +27,7 @@ def _embedding(g, layer, call):
 def _embedding_mask(g, layer, call):
     if not layer.mask_zero:
         return None
-    ids = g.node("Cast", [call.inputs], to=7)
+    ids = g.cast(call.inputs, np.int64)
     return g.node("Not", [g.node("Equal", [ids, g.weight(np.asarray(0, np.int64), "zero")])])
 
 

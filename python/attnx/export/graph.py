@@ -126,15 +126,19 @@ class Graph:
             return self.node("Softmax", [scores], axis=-1)
         kept = self.node("Where", [allowed, scores, self.scalar(MASKED_SCORE)])
         weights = self.node("Softmax", [kept], axis=-1)
-        return self.node("Mul", [weights, self.node("Cast", [allowed], to=_onnx_type(np.float32))])
+        return self.node("Mul", [weights, self.float_of(allowed)])
 
     def causal_mask(self, query, key):
         """(Tq, S) bool: query step t may attend to key step s <= t (time on axis 1 of both)."""
         return self.node("LessOrEqual", [self.unsqueeze(self.steps(key, 1), 0), self.unsqueeze(self.steps(query, 1), 1)])
 
+    def cast(self, x, dtype):
+        """x as numpy `dtype`."""
+        return self.node("Cast", [x], to=_onnx_type(dtype))
+
     def as_bool(self, mask):
         """A mask given as bool or 0/1 integers, as bool."""
-        return self.node("Cast", [mask], to=_onnx_type(np.bool_))
+        return self.cast(mask, np.bool_)
 
     def unsqueeze(self, x, *axes):
         return self.node("Unsqueeze", [x, self.ints(axes)])
@@ -163,7 +167,7 @@ class Graph:
         return out
 
     def float_of(self, mask):
-        return self.node("Cast", [mask], to=_onnx_type(np.float32))
+        return self.cast(mask, np.float32)
 
 
 def _onnx_type(dtype):

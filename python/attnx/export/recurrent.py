@@ -20,7 +20,6 @@ from .registry import converts, output_mask_of
 OPERATORS = {"simple": "RNN", "gru": "GRU", "lstm": "LSTM"}
 _ONNX_GATE_ORDER = {"simple": [0], "gru": [1, 0, 2], "lstm": [0, 3, 1, 2]}  # attnx's gate blocks in ONNX's order
 _ONNX_ACTIVATIONS = {"tanh": "Tanh", "sigmoid": "Sigmoid", "relu": "Relu", "linear": "Affine"}
-_INT32 = 6
 
 
 def _onnx_gates(cell, units, w):
@@ -65,7 +64,7 @@ def step_mask(g, call):
     x = call.inputs[0] if isinstance(call.inputs, (list, tuple)) else call.inputs
     if lengths is not None:
         steps = g.unsqueeze(g.steps(x, 1), 0)
-        return g.node("Less", [steps, g.unsqueeze(g.node("Cast", [lengths], to=7), 1)])
+        return g.node("Less", [steps, g.unsqueeze(g.cast(lengths, np.int64), 1)])
     mask = call.mask
     return mask[0] if isinstance(mask, (list, tuple)) else mask
 
@@ -73,13 +72,13 @@ def step_mask(g, call):
 def _compaction(g, mask):
     """(order, inverse, lengths) of a (B, T) step mask: gathering steps by `order` puts each row's
     real steps first (in order), gathering by `inverse` puts them back; lengths (B,) int32."""
-    steps = g.node("Cast", [g.steps(mask, 1)], to=1)  # float keys: TopK sorts floats on every runtime
-    T = g.node("Cast", [g.shape_dim(mask, 1)], to=1)
+    steps = g.cast(g.steps(mask, 1), np.float32)  # float keys: TopK sorts floats on every runtime
+    T = g.cast(g.shape_dim(mask, 1), np.float32)
     key = g.node("Where", [mask, steps, g.node("Add", [steps, T])])
     k = g.shape_dim(mask, 1)
     _, order = g.node("TopK", [key, k], outputs=2, largest=0, sorted=1)
-    _, inverse = g.node("TopK", [g.node("Cast", [order], to=1), k], outputs=2, largest=0, sorted=1)
-    lengths = g.node("ReduceSum", [g.node("Cast", [mask], to=_INT32), g.ints([1])], keepdims=0)
+    _, inverse = g.node("TopK", [g.cast(order, np.float32), k], outputs=2, largest=0, sorted=1)
+    lengths = g.node("ReduceSum", [g.cast(mask, np.int32), g.ints([1])], keepdims=0)
     return order, inverse, lengths
 
 

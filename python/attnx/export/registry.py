@@ -8,7 +8,6 @@ from .graph import UnsupportedLayerError
 
 _CONVERTERS = {}  # layer class -> fn(graph, layer, call) -> output name or list of names
 _MASK_RULES = {}  # layer class -> fn(graph, layer, call) -> the output mask (name, list, or None)
-_REFUSED = {}  # layer class -> why it cannot be exported
 
 
 class Call(NamedTuple):
@@ -50,17 +49,12 @@ def output_mask_of(*layer_classes):
     return wrap
 
 
-def refuse(layer_class, reason):
-    """Records that `layer_class` is not exported, and why (the error says it)."""
-    _REFUSED[layer_class] = reason
-
-
 def convert(graph, layer, call):
     """The outputs of `layer` on `call` added to `graph`; UnsupportedLayerError names the layer when
     no converter handles its class."""
     fn = _CONVERTERS.get(type(layer))
     if fn is None:
-        raise unsupported(layer, _REFUSED.get(type(layer)) or _why_not(layer))
+        raise unsupported(layer, _why_not(layer))
     return fn(graph, layer, call)
 
 

@@ -6,8 +6,9 @@
   once for the score, as the decoder kernel does at its first step).
 - ``decoder.onnx``: one decoder step. Inputs ``previous_ids`` (batch,) int64, ``h`` (``c``), for
   Luong ``feed`` (h~ of the previous step, zeros at the start), ``encoder_outputs``, ``keys``,
-  ``source_mask``; outputs ``logits`` (batch, V), ``new_h`` (``new_c``, ``new_feed``) and
-  ``attention`` (batch, S), the step's attention weights.
+  ``source_mask``, and for local-m attention ``step`` (the target position, an int64 scalar);
+  outputs ``logits`` (batch, V), ``new_h`` (``new_c``, ``new_feed``) and ``attention`` (batch, S),
+  the step's attention weights.
 
 The greedy loop (`OnnxSeq2Seq.greedy_decode`) is `Seq2Seq.greedy_decode`'s: the first step reads
 the start id, each next one the argmax of the previous logits (the first maximum); a row that has
@@ -26,8 +27,8 @@ import numpy as np
 from .. import text
 from ..layers.recurrent import Bidirectional
 from .graph import OPSET, Graph
+from .attention import local_window, source_lengths
 from .recurrent import OPERATORS, cell_weights, run_stack
-from .registry import unsupported
 
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 _INT64 = np.int64
@@ -57,8 +58,9 @@ def _encoder_graph(model):
     return g
 
 
-def _attend(g, decoder, query, encoder_outputs, keys, source_mask):
-    """(context (B, K), weights (B, S)) of one step's query (B, H), as the decoder kernel attends."""
+def _attend(g, decoder, query, encoder_outputs, keys, source_mask, step):
+    """(context (B, K), weights (B, S)) of one step's query (B, H), as the decoder kernel attends;
+    `step` is the target position (a scalar tensor) for local-m attention."""
     params = decoder.params
     if decoder.score in ("additive", "concat"):  # v . tanh(q W_q + b_q + keys)
         pq = g.matmul(query, params["query_kernel"], params["query_bias"], "decoder/query")
@@ -66,8 +68,23 @@ def _attend(g, decoder, query, encoder_outputs, keys, source_mask):
         scores = g.node("MatMul", [hidden, g.weight(params["score_vector"], "decoder/score_vector")])
     else:  # q . keys (general: keys = enc W_k; dot: keys = enc)
         scores = g.squeeze(g.node("MatMul", [keys or encoder_outputs, g.unsqueeze(query, 2)]), 2)
-    weights = g.masked_softmax(scores, source_mask)
-    context = g.squeeze(g.node("MatMul", [g.unsqueeze(weights, 1), encoder_outputs]), 1)
+    if decoder.local_window is None:
+        weights = g.masked_softmax(scores, source_mask)
+        mixture = weights
+    else:  # the softmax over the window; the context reads it times the Gaussian, the weights are without
+        if decoder.local_mode == "m":  # p_t = t, clipped to the padded source
+            last = g.node("Sub", [g.cast(g.shape_dim(encoder_outputs, 1), np.float32), g.scalar(1.0)])
+            positions = g.reshape(g.node("Min", [g.cast(step, np.float32), last]), (1, 1))
+        else:  # p_t = L sigmoid(v_p . tanh(h_t W_p)), L the row's real source length
+            hidden = g.node("Tanh", [g.matmul(query, params["position_kernel"], hint="decoder/position")])
+            gate = g.node("Sigmoid", [g.node("MatMul", [hidden, g.weight(params["position_vector"],
+                                                                         "decoder/position_vector")])])
+            positions = g.unsqueeze(g.node("Mul", [source_lengths(g, source_mask, encoder_outputs), gate]), 1)
+        allowed, gauss = local_window(g, positions, decoder.local_window, source_mask, encoder_outputs)
+        aligned = g.masked_softmax(g.unsqueeze(scores, 1), allowed)
+        weights = g.squeeze(aligned, 1)
+        mixture = g.squeeze(g.node("Mul", [aligned, gauss]), 1)
+    context = g.squeeze(g.node("MatMul", [g.unsqueeze(mixture, 1), encoder_outputs]), 1)
     return context, weights
 
 
@@ -84,8 +101,6 @@ def _cell_step(g, decoder, x, states):
 
 def _decoder_graph(model):
     decoder = model.decoder
-    if decoder.local_window is not None:
-        raise unsupported(decoder, "local attention (local_window) is not implemented in export; use global attention")
     H, K = decoder.units, model.encoder.output_dim
     g = Graph(f"{model.name}_decoder")
     previous = g.add_input("previous_ids", _INT64, ["batch"])
@@ -97,14 +112,16 @@ def _decoder_graph(model):
     if decoder.score != "dot":
         keys = g.add_input("keys", np.float32, ["batch", "source_steps", decoder.params["key_kernel"].shape[1]])
     source_mask = g.add_input("source_mask", np.bool_, ["batch", "source_steps"])
+    local_m = decoder.local_window is not None and decoder.local_mode == "m"
+    step = g.add_input("step", _INT64, []) if local_m else None
     embedded = g.node("Gather", [g.weight(decoder.params["embeddings"], "decoder/embeddings"), previous], axis=0)
     if luong:  # h_t = RNN([emb; h~_{t-1}], h_{t-1}), a_t from h_t, h~_t = tanh([c_t; h_t] W_c)
         new_states = _cell_step(g, decoder, g.concat([embedded, feed], -1), states)
-        context, weights = _attend(g, decoder, new_states[0], encoder_outputs, keys, source_mask)
+        context, weights = _attend(g, decoder, new_states[0], encoder_outputs, keys, source_mask, step)
         out = g.node("Tanh", [g.matmul(g.concat([context, new_states[0]], -1), decoder.params["attentional_kernel"],
                                        hint="decoder/attentional")])
     else:  # a_t from s_{t-1}, s_t = RNN([emb; c_t], s_{t-1})
-        context, weights = _attend(g, decoder, states[0], encoder_outputs, keys, source_mask)
+        context, weights = _attend(g, decoder, states[0], encoder_outputs, keys, source_mask, step)
         new_states = _cell_step(g, decoder, g.concat([embedded, context], -1), states)
         out = new_states[0]
     logits = g.matmul(out, decoder.params["output_kernel"], decoder.params["output_bias"], "decoder/output")
@@ -188,7 +205,7 @@ class OnnxSeq2Seq:
         tokens = np.zeros((B, L), dtype=np.int64)
         attention = np.zeros((B, L, S), dtype=np.float32)
         for t in range(L):
-            values["previous_ids"] = previous
+            values["previous_ids"], values["step"] = previous, np.asarray(t, dtype=np.int64)
             step = dict(zip(self._decoder_outputs,
                             self.decoder.run(None, {name: values[name] for name in self._decoder_inputs})))
             for name in ("h", "c", "feed"):

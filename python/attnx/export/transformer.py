@@ -12,7 +12,6 @@ from ..layers.transformer import (FeedForward, LayerNormalization, MultiHeadAtte
 from .core import dense
 from .registry import converts, output_mask_of
 
-_DOUBLE, _FLOAT = 11, 1
 
 
 def layer_norm(g, layer, x):
@@ -35,11 +34,11 @@ def _positional_encoding(g, layer, call):
     # table[t, d] = sin or cos(t / max_wavelength^((d - d % 2) / D)), in double as attnx's table
     d = np.arange(D)
     wavelengths = g.weight(np.power(layer.max_wavelength, (d - d % 2) / D), f"{layer.name}/wavelengths")
-    positions = g.unsqueeze(g.node("Cast", [g.steps(x, 1)], to=_DOUBLE), 1)
+    positions = g.unsqueeze(g.cast(g.steps(x, 1), np.float64), 1)
     angles = g.node("Div", [positions, wavelengths])
     table = g.node("Where", [g.weight(d % 2 == 0, f"{layer.name}/even"), g.node("Sin", [angles]),
                              g.node("Cos", [angles])])
-    return g.node("Add", [x, g.node("Cast", [table], to=_FLOAT)])
+    return g.node("Add", [x, g.cast(table, np.float32)])
 
 
 @converts(PositionEmbedding)
