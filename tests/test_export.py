@@ -131,6 +131,16 @@ def test_recurrent_initial_states_from_the_graph(tmp_path, rng):
     assert_exports_like_predict(model, batches, tmp_path)
 
 
+def test_cells(tmp_path, rng):
+    x, h = attnx.Input((5,)), attnx.Input((4,))
+    outputs = [layers.SimpleRNNCell(4, activation="relu")(x), layers.GRUCell(4, reset_after=False)(x, [h]),
+               *layers.LSTMCell(4)([x, h, h]), layers.GRUCell(4)([x, h])]
+    model = attnx.Model([x, h], outputs)
+    batches = [[rng.standard_normal((b, 5)).astype(np.float32), rng.standard_normal((b, 4)).astype(np.float32)]
+               for b in (3, 6)]
+    assert_exports_like_predict(model, batches, tmp_path)
+
+
 def test_bigru_luong_classifier(tmp_path, rng):
     """A BiGRU encoder whose last state queries its own outputs with Luong attention (general score,
     attentional state), then a softmax classifier."""

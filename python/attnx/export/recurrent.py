@@ -14,7 +14,8 @@ runs the operators with the rows' lengths, and moves the outputs back to the ori
 """
 import numpy as np
 
-from ..layers.recurrent import GRU, LSTM, Bidirectional, SimpleRNN, level_suffix
+from ..layers.recurrent import (GRU, LSTM, Bidirectional, GRUCell, LSTMCell, SimpleRNN, SimpleRNNCell,
+                                level_suffix)
 from .registry import converts, output_mask_of
 
 OPERATORS = {"simple": "RNN", "gru": "GRU", "lstm": "LSTM"}
@@ -56,6 +57,28 @@ def _activations(layer):
              "lstm": [layer.recurrent_activation, layer.activation, layer.activation]}[layer._cell]
     affine = names.count("linear")
     return [_ONNX_ACTIVATIONS[n] for n in names], [1.0] * affine, [0.0] * affine
+
+
+def _operator_attributes(directions):
+    """The ONNX operator's attributes for the layers (or cells) of its directions, in order."""
+    layer = directions[0]
+    activations, alphas, betas = (sum(parts, []) for parts in zip(*(_activations(l) for l in directions)))
+    attributes = {"hidden_size": layer.units, "activations": activations}
+    if alphas:
+        attributes.update(activation_alpha=alphas, activation_beta=betas)
+    if layer._cell == "gru":
+        attributes["linear_before_reset"] = int(layer.reset_after)
+    return attributes
+
+
+def one_step(g, cell, weights, x, states, hint, **attributes):
+    """One step of the ONNX operator of `cell` ("simple", "gru", "lstm") with `weights` (W, R, B) of
+    `cell_weights`, on x (B, C) from states [h(, c)] (each (B, H); None: zeros). Returns [h(, c)]."""
+    W, R, B = (g.weight(w[None], f"{hint}/{part}") for w, part in zip(weights, "WRB"))
+    starts = [g.unsqueeze(s, 0) for s in states or []]
+    outputs = g.node(OPERATORS[cell], [g.unsqueeze(x, 0), W, R, B, ""] + starts, outputs=3 if cell == "lstm" else 2,
+                     **attributes)
+    return [g.squeeze(s, 0) for s in outputs[1:]]
 
 
 def step_mask(g, call):
@@ -120,12 +143,7 @@ def run_stack(g, directions, x, mask, initial_states=None, need_sequences=True):
     seq = g.transpose(x, 1, 0, 2)  # ONNX's (T, B, C)
     D = len(directions)
     direction = "bidirectional" if D == 2 else ("reverse" if directions[0][1] else "forward")
-    activations, alphas, betas = (sum(parts, []) for parts in zip(*(_activations(l) for l, _ in directions)))
-    attributes = {"direction": direction, "hidden_size": layer.units, "activations": activations}
-    if alphas:
-        attributes.update(activation_alpha=alphas, activation_beta=betas)
-    if layer._cell == "gru":
-        attributes["linear_before_reset"] = int(layer.reset_after)
+    attributes = {"direction": direction, **_operator_attributes([l for l, _ in directions])}
     finals = [([], []) for _ in directions]
     for level in range(layer.num_layers):
         weights = [_level_weights(l, level) for l, _ in directions]
@@ -211,6 +229,19 @@ def _bidirectional(g, layer, call):
     if layer.return_state:
         out += final_states(g, fwd, *finals[0]) + final_states(g, bwd, *finals[1])
     return out if len(out) > 1 else out[0]
+
+
+@converts(SimpleRNNCell, GRUCell, LSTMCell)
+def _cell(g, layer, call):
+    if isinstance(call.inputs, (list, tuple)):  # [x, *states]
+        x, states = call.inputs[0], list(call.inputs[1:])
+    else:
+        states = call.args[0] if call.args else call.option("states")
+        x, states = call.inputs, None if states is None else list(states) if isinstance(states, (list, tuple)) \
+            else [states]
+    new_states = one_step(g, layer._cell, _level_weights(layer, 0), x, states, layer.name,
+                          **_operator_attributes([layer]))
+    return new_states if layer._has_cell_state else new_states[0]
 
 
 @output_mask_of(SimpleRNN, GRU, LSTM, Bidirectional)

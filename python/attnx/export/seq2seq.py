@@ -28,7 +28,7 @@ from .. import text
 from ..layers.recurrent import Bidirectional
 from .graph import OPSET, Graph
 from .attention import local_window, source_lengths
-from .recurrent import OPERATORS, cell_weights, run_stack
+from .recurrent import cell_weights, one_step, run_stack
 
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
 _INT64 = np.int64
@@ -89,14 +89,11 @@ def _attend(g, decoder, query, encoder_outputs, keys, source_mask, step):
 
 
 def _cell_step(g, decoder, x, states):
-    """The decoder's RNN cell on x (B, E + F) from states [h(, c)]: the new [h(, c)]."""
+    """The decoder's RNN cell (default activations, GRU reset-after) on x (B, E + F) from [h(, c)]."""
     params = decoder.params
     weights = cell_weights(decoder.cell, decoder.units, params["kernel"], params["recurrent_kernel"], params["bias"])
-    W, R, B = (g.weight(w[None], f"decoder/{part}") for w, part in zip(weights, "WRB"))
     attributes = {"linear_before_reset": 1} if decoder.cell == "gru" else {}
-    outputs = g.node(OPERATORS[decoder.cell], [g.unsqueeze(x, 0), W, R, B, ""] + [g.unsqueeze(s, 0) for s in states],
-                     outputs=1 + len(states), hidden_size=decoder.units, **attributes)
-    return [g.squeeze(s, 0) for s in outputs[1:]]
+    return one_step(g, decoder.cell, weights, x, states, "decoder", hidden_size=decoder.units, **attributes)
 
 
 def _decoder_graph(model):
