@@ -82,6 +82,17 @@ def test_seed_sentiment_model(tmp_path, rng):
         assert_exports_like_predict(model, [padded_ids(rng, 7, 32), padded_ids(rng, 3, 32, "pre")], tmp_path)
 
 
+def test_dynamic_steps_for_a_model_built_with_a_fixed_length(tmp_path, rng):
+    model = attnx.Sequential([layers.Embedding(VOCAB, 8, input_shape=(10,), mask_zero=True), layers.GRU(6),
+                              layers.Dense(2)])
+    path = export.to_onnx(model, tmp_path / "fixed.onnx")
+    assert [d.dim_value for d in onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim][1] == 10
+    export.to_onnx(model, tmp_path / "model.onnx", dynamic_steps=True)
+    sess = session(tmp_path / "model.onnx")
+    for x in token_batches(rng, steps=(4, 17)):
+        np.testing.assert_allclose(sess.run(None, {sess.get_inputs()[0].name: x})[0], model.predict(x), **TOLERANCE)
+
+
 # ------------------------------------------------------------------ recurrent layers
 RECURRENT = {
     "simple_rnn": lambda: layers.SimpleRNN(6, return_sequences=True),

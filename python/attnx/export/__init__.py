@@ -9,8 +9,9 @@ Sequential and functional models built from attnx's layers export as one graph (
 also outputs the attention weights, with `OnnxSeq2Seq` running the greedy loop on them. The batch
 axis is dynamic, and so is every axis the model's inputs leave open (``attnx.Input((None,))``).
 Masks behave as in attnx: an ``Embedding(mask_zero=True)`` masks the padding for the layers after
-it, in the graph. A layer without a converter (HardAttention, LocalAttention, layers written as
-``call`` with attnx.ops, ...) raises `UnsupportedLayerError` naming it.
+it, in the graph. A layer without a converter (a layer written as ``call`` with attnx.ops) or with
+an option export cannot express (HardAttention sampling its positions, a mask given as lengths)
+raises `UnsupportedLayerError` naming it.
 
 Needs the ``onnx`` package (``pip install "attnx[onnx]"``, which also brings onnxruntime).
 """
@@ -27,7 +28,7 @@ __all__ = ["to_onnx", "OnnxSeq2Seq", "onnx_greedy_translate", "UnsupportedLayerE
 SUPPORTED_LAYERS = supported_layers()
 
 
-def to_onnx(model, path, opset=OPSET):
+def to_onnx(model, path, opset=OPSET, dynamic_steps=False):
     """Writes `model` as ONNX.
 
     Args:
@@ -36,6 +37,9 @@ def to_onnx(model, path, opset=OPSET):
         path: the ``.onnx`` file to write; for a Seq2Seq, a folder (created if missing) that gets
             ``encoder.onnx`` and ``decoder.onnx`` (read by `OnnxSeq2Seq`).
         opset: the ONNX opset of the graph (default `OPSET`; 18 or later).
+        dynamic_steps: also leave axis 1 of every input open (the steps), for a model built with a
+            fixed length (a Sequential's ``input_shape=(32,)``) that should take any length; the
+            batch axis and the axes the inputs leave open (``attnx.Input((None,))``) always are.
 
     Returns:
         The path written (for a Seq2Seq, the folder).
@@ -52,7 +56,7 @@ def to_onnx(model, path, opset=OPSET):
         raise TypeError(f"attnx.export.to_onnx: expected an attnx Model, Sequential or Seq2Seq, got "
                         f"{type(model).__name__}")
     path = check_path(path)
-    proto = model_to_onnx(model, opset)
+    proto = model_to_onnx(model, opset, dynamic_steps)
     onnx.checker.check_model(proto)
     onnx.save(proto, str(path))
     return path

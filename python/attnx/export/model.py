@@ -68,18 +68,20 @@ def _refuse_lengths(layer, kwargs):
                                      "(batch, steps) tensors")
 
 
-def _declared_shape(tensor):
-    """An input's or output's ONNX shape: "batch" first, the axes attnx leaves open named, the rest fixed."""
-    return ["batch"] + [f"{tensor.name}_axis{i}" if d is None else int(d) for i, d in enumerate(tensor.shape[1:], 1)]
+def _declared_shape(tensor, dynamic_steps):
+    """An input's ONNX shape: "batch" first, the axes attnx leaves open (and axis 1 with
+    `dynamic_steps`) named, the rest fixed."""
+    return ["batch"] + [f"{tensor.name}_axis{i}" if d is None or (i == 1 and dynamic_steps) else int(d)
+                        for i, d in enumerate(tensor.shape[1:], 1)]
 
 
-def model_to_onnx(model, opset=OPSET):
-    """The ONNX ModelProto of a built functional or Sequential `model`."""
+def model_to_onnx(model, opset=OPSET, dynamic_steps=False):
+    """The ONNX ModelProto of a built functional or Sequential `model` (see `attnx.export.to_onnx`)."""
     if not model.built or not model._functional:
         raise ValueError(f"attnx.export: model '{model.name}' is not built; give its first layer an input_shape (or "
                          "start it with attnx.Input), or call it on data once, before exporting")
     g = Graph(model.name)
-    inputs = [g.add_input(t.name, t.dtype, _declared_shape(t)) for t in model.inputs]
+    inputs = [g.add_input(t.name, t.dtype, _declared_shape(t, dynamic_steps)) for t in model.inputs]
     outputs, _ = convert_model(g, model, inputs, [None] * len(inputs))
     names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
     for value, name, t in zip(outputs, names, model.outputs):
