@@ -135,8 +135,8 @@ def run_stack(g, directions, x, mask, initial_states=None, need_sequences=True):
         (hs, cs) lists over the levels, each (B, H); cs empty without a cell state).
     """
     layer = directions[0][0]
-    lstm = layer._cell == "lstm"
-    order = inverse = lengths = None
+    n_states = len(layer.state_size)
+    inverse = lengths = None
     if mask is not None:
         order, inverse, lengths = _compaction(g, mask)
         x = _gather_steps(g, x, order)
@@ -149,12 +149,11 @@ def run_stack(g, directions, x, mask, initial_states=None, need_sequences=True):
         weights = [_level_weights(l, level) for l, _ in directions]
         W, R, B = (g.weight(np.stack([w[i] for w in weights]), f"{layer.name}/{part}{level_suffix(level)}")
                    for i, part in enumerate("WRB"))
-        starts = ["", ""]
-        if initial_states is not None:
-            starts = [g.concat([_level_state(g, l, states[i], level) for (l, _), states in
-                                zip(directions, initial_states)], 0) for i in range(2 if lstm else 1)] + [""]
-        outputs = g.node(OPERATORS[layer._cell], [seq, W, R, B, lengths or ""] + starts[:2 if lstm else 1],
-                         outputs=3 if lstm else 2, **attributes)
+        starts = [] if initial_states is None else [  # (D, B, H) each
+            g.concat([_level_state(g, l, states[i], level) for (l, _), states in zip(directions, initial_states)], 0)
+            for i in range(n_states)]
+        outputs = g.node(OPERATORS[layer._cell], [seq, W, R, B, lengths or ""] + starts, outputs=1 + n_states,
+                         **attributes)
         Y, final = outputs[0], outputs[1:]
         if initial_states is not None and lengths is not None:  # a row of length 0 keeps its initial state
             has_steps = g.node("Greater", [g.unsqueeze(lengths, 0, 2), g.weight(np.asarray(0, np.int32), "zero")])
@@ -162,7 +161,7 @@ def run_stack(g, directions, x, mask, initial_states=None, need_sequences=True):
         for d, (hs, cs) in enumerate(finals):
             index = g.weight(np.asarray(d, np.int64), "direction")
             hs.append(g.node("Gather", [final[0], index], axis=0))
-            if lstm:
+            if n_states == 2:
                 cs.append(g.node("Gather", [final[1], index], axis=0))
         seq = g.reshape(g.transpose(Y, 0, 2, 1, 3), (0, 0, -1))  # (T, B, D * H): the next level's input
     if not need_sequences:
@@ -181,11 +180,12 @@ def final_states(g, layer, hs, cs):
     return [stacked(hs)] + ([stacked(cs)] if cs else [])
 
 
-def _inputs_and_states(call):
-    """(x, list of initial state tensors or None) from ``[x, *states]`` or ``initial_state=``."""
+def _inputs_and_states(call, keyword="initial_state"):
+    """(x, list of initial state tensors or None) from ``[x, *states]``, the argument `keyword`, or
+    (cells) the positional argument after x."""
     if isinstance(call.inputs, (list, tuple)):
         return call.inputs[0], list(call.inputs[1:])
-    states = call.option("initial_state")
+    states = call.option(keyword, call.args[0] if call.args else None)
     if states is None:
         return call.inputs, None
     return call.inputs, list(states) if isinstance(states, (list, tuple)) else [states]
@@ -233,12 +233,7 @@ def _bidirectional(g, layer, call):
 
 @converts(SimpleRNNCell, GRUCell, LSTMCell)
 def _cell(g, layer, call):
-    if isinstance(call.inputs, (list, tuple)):  # [x, *states]
-        x, states = call.inputs[0], list(call.inputs[1:])
-    else:
-        states = call.args[0] if call.args else call.option("states")
-        x, states = call.inputs, None if states is None else list(states) if isinstance(states, (list, tuple)) \
-            else [states]
+    x, states = _inputs_and_states(call, "states")
     new_states = one_step(g, layer._cell, _level_weights(layer, 0), x, states, layer.name,
                           **_operator_attributes([layer]))
     return new_states if layer._has_cell_state else new_states[0]
