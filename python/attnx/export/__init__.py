@@ -17,8 +17,8 @@ Needs the ``onnx`` package (``pip install "attnx[onnx]"``, which also brings onn
 """
 from ..models import Model
 from ..seq2seq import Seq2Seq
+from .graph import OPSET, UnsupportedLayerError, write  # first: it says so when onnx is missing
 from . import attention, core, recurrent, transformer  # noqa: F401  (register the converters)
-from .graph import OPSET, UnsupportedLayerError
 from .model import check_path, model_to_onnx
 from .registry import supported_layers
 from .seq2seq import OnnxSeq2Seq, onnx_greedy_translate, seq2seq_to_onnx
@@ -49,14 +49,11 @@ def to_onnx(model, path, opset=OPSET, dynamic_steps=False):
         ValueError: the model is not built.
         FileNotFoundError: the folder of `path` does not exist.
     """
-    import onnx
     if isinstance(model, Seq2Seq):
         return seq2seq_to_onnx(model, path, opset)
     if not isinstance(model, Model):
         raise TypeError(f"attnx.export.to_onnx: expected an attnx Model, Sequential or Seq2Seq, got "
                         f"{type(model).__name__}")
     path = check_path(path)
-    proto = model_to_onnx(model, opset, dynamic_steps)
-    onnx.checker.check_model(proto)
-    onnx.save(proto, str(path))
+    write(model_to_onnx(model, opset, dynamic_steps), path)
     return path

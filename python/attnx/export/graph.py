@@ -2,6 +2,12 @@
 tensors by the strings it returns. Only standard ONNX operators of one opset (`OPSET`)."""
 import numpy as np
 
+try:
+    import onnx
+    from onnx import helper, numpy_helper
+except ImportError as error:  # the one optional dependency of attnx.export
+    raise ImportError('attnx.export needs the onnx package: pip install "attnx[onnx]"') from error
+
 OPSET = 18  # LayerNormalization (17) and reductions that take their axes as an input (18)
 
 # a masked score: below every real score, and finite so that a fully masked row stays NaN-free
@@ -10,6 +16,12 @@ MASKED_SCORE = float(np.finfo(np.float32).min)
 
 class UnsupportedLayerError(ValueError):
     """A layer (or a layer option) that `attnx.export` cannot express in standard ONNX operators."""
+
+
+def write(model, path):
+    """Checks ONNX ModelProto `model` with the ONNX checker and writes it to `path`."""
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
 
 
 class Graph:
@@ -33,20 +45,18 @@ class Graph:
         self._used.add(name)
         return name
 
-    def node(self, op, inputs, outputs=1, name=None, **attributes):
+    def node(self, op, inputs, outputs=1, **attributes):
         """Adds `op` on `inputs` (names; "" for an omitted optional input); returns its output name,
         or the list of names when `outputs` > 1."""
-        from onnx import helper
         inputs = list(inputs)
         while inputs and inputs[-1] == "":  # trailing omitted inputs are left out
             inputs.pop()
-        names = [self.unique(f"{name or op.lower()}") for _ in range(outputs)]
+        names = [self.unique(op.lower()) for _ in range(outputs)]
         self.nodes.append(helper.make_node(op, inputs, names, name=self.unique(f"{op}_node"), **attributes))
         return names[0] if outputs == 1 else names
 
     def weight(self, array, hint):
         """A constant (an initializer) holding `array`; equal small constants are shared."""
-        from onnx import numpy_helper
         array = np.asarray(array, order="C")  # (ascontiguousarray would make a scalar 1-D)
         key = None
         if array.size <= 16:
@@ -68,26 +78,25 @@ class Graph:
 
     def add_input(self, hint, dtype, shape):
         """A graph input of numpy `dtype` and `shape` (None or a string for a dynamic axis)."""
-        from onnx import helper
         name = self.unique(hint)
         self.inputs.append(helper.make_tensor_value_info(name, _onnx_type(dtype), list(shape)))
         return name
 
     def add_output(self, value, hint, dtype, shape):
         """Makes tensor `value` a graph output named `hint` (through an Identity when the name differs)."""
-        from onnx import helper
         name = self.unique(hint)
         self.nodes.append(helper.make_node("Identity", [value], [name], name=self.unique("output_node")))
         self.outputs.append(helper.make_tensor_value_info(name, _onnx_type(dtype), list(shape)))
         return name
 
-    def model(self, opset=OPSET, doc=""):
-        """The ONNX ModelProto of this graph."""
-        from onnx import helper
+    def model(self, opset=OPSET, doc="", metadata=None):
+        """The ONNX ModelProto of this graph, with `metadata` (a dict of strings) in its metadata_props."""
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="attnx",
                                   doc_string=doc)
         model.ir_version = min(model.ir_version, 10)  # what onnxruntime 1.17+ reads
+        if metadata:
+            helper.set_model_props(model, metadata)
         return model
 
     # ------------------------------------------------------------------ common pieces
@@ -130,7 +139,8 @@ class Graph:
 
     def causal_mask(self, query, key):
         """(Tq, S) bool: query step t may attend to key step s <= t (time on axis 1 of both)."""
-        return self.node("LessOrEqual", [self.unsqueeze(self.steps(key, 1), 0), self.unsqueeze(self.steps(query, 1), 1)])
+        key_steps, query_steps = self.unsqueeze(self.steps(key, 1), 0), self.unsqueeze(self.steps(query, 1), 1)
+        return self.node("LessOrEqual", [key_steps, query_steps])
 
     def cast(self, x, dtype):
         """x as numpy `dtype`."""
@@ -171,5 +181,4 @@ class Graph:
 
 
 def _onnx_type(dtype):
-    from onnx import helper
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))

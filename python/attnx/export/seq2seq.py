@@ -26,8 +26,8 @@ import numpy as np
 
 from .. import text
 from ..layers.recurrent import Bidirectional
-from .graph import OPSET, Graph
 from .attention import local_window, source_lengths
+from .graph import OPSET, Graph, write
 from .recurrent import cell_weights, one_step, run_stack
 
 ENCODER_FILE, DECODER_FILE = "encoder.onnx", "decoder.onnx"
@@ -134,26 +134,22 @@ def _decoder_graph(model):
 def seq2seq_to_onnx(model, folder, opset=OPSET):
     """Writes `model` (a Seq2Seq) as ``encoder.onnx`` and ``decoder.onnx`` in `folder` (created if
     missing; its parent must exist). Returns the folder."""
-    import onnx
-    from onnx import helper
     folder = Path(folder)
     if not folder.parent.is_dir():
         raise FileNotFoundError(f"attnx.export: cannot write into {str(folder)!r}: the folder "
                                 f"{str(folder.parent)!r} does not exist")
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"attnx.export: a Seq2Seq is written into a folder, and {str(folder)!r} is a file")
-    encoder = _encoder_graph(model).model(opset, doc=f"attnx Seq2Seq '{model.name}': encoder")
-    decoder = _decoder_graph(model).model(opset, doc=f"attnx Seq2Seq '{model.name}': one greedy decoder step")
     metadata = {"start_id": str(model.start_id), "end_id": str(model.end_id), "max_length": str(model.max_length)}
     for side, tokenizer in (("source", model.source_tokenizer), ("target", model.target_tokenizer)):
         if tokenizer is not None:
             metadata[f"{side}_tokenizer"] = tokenizer.to_json()
-    helper.set_model_props(decoder, metadata)
-    for proto in (encoder, decoder):
-        onnx.checker.check_model(proto)
+    encoder = _encoder_graph(model).model(opset, doc=f"attnx Seq2Seq '{model.name}': encoder")
+    decoder = _decoder_graph(model).model(opset, doc=f"attnx Seq2Seq '{model.name}': one greedy decoder step",
+                                          metadata=metadata)
     folder.mkdir(exist_ok=True)
-    onnx.save(encoder, str(folder / ENCODER_FILE))
-    onnx.save(decoder, str(folder / DECODER_FILE))
+    write(encoder, folder / ENCODER_FILE)
+    write(decoder, folder / DECODER_FILE)
     return folder
 
 
