@@ -151,6 +151,20 @@ def test_recurrent_mix_loads(tmp_path):
     _same_predictions(keras_model, model, [_ids(6, 6), _ids(2, 7)])
 
 
+def test_masked_attention_model_loads(tmp_path):
+    # Keras 3 records the mask's NotEqual and ConvertToTensor ops; attnx propagates the mask itself
+    inputs = keras.Input((MAXLEN,), dtype="int32")
+    h = keras.layers.Embedding(VOCAB, 6, mask_zero=True)(inputs)
+    h = keras.layers.LSTM(4, return_sequences=True)(h)
+    h = keras.layers.Attention(use_scale=True)([keras.layers.Dense(4)(h), h])
+    keras_model = keras.Model(inputs, keras.layers.GlobalAveragePooling1D()(h))
+    _randomize(keras_model, 5)
+    keras_model.save(tmp_path / "masked.keras")
+    with pytest.warns(UserWarning, match="zero_output_for_mask"):  # the padded steps are masked downstream here
+        model = from_keras(tmp_path / "masked.keras")
+    _same_predictions(keras_model, model, [_ids(5, 10), _ids(2, 11)])
+
+
 def test_sequential_stacked_and_bidirectional_lstm_loads(tmp_path):
     keras_model = keras.Sequential([
         keras.Input((MAXLEN,), dtype="int32"),
@@ -263,6 +277,14 @@ def test_layer_attnx_lacks_is_named(tmp_path):
     keras_model.save(tmp_path / "conv.keras")
     with pytest.raises(ValueError, match="Conv1D"):
         from_keras(tmp_path / "conv.keras")
+
+
+def test_op_between_layers_is_named(tmp_path):
+    inputs = keras.Input((4,))
+    keras_model = keras.Model(inputs, keras.layers.Dense(2)(K.multiply(inputs, 2.0)))
+    keras_model.save(tmp_path / "op.keras")
+    with pytest.raises(ValueError, match="Keras op Multiply"):
+        from_keras(tmp_path / "op.keras")
 
 
 def test_custom_layer_attnx_lacks_is_named(tmp_path):

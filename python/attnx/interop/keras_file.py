@@ -36,7 +36,16 @@ from .registry import _FROM_KERAS, _TO_KERAS
 # Every attnx layer converted from Keras creates at most this much more than the Keras weights it
 # reads (AdditiveAttention keeps as two identity matrices what Keras keeps implicit).
 _WEIGHT_ALLOWANCE = 16 << 20
-_MASK = object()  # the value of a Keras mask op (NotEqual) in a graph: attnx propagates masks itself
+
+
+class _OpOutput:
+    """The output of a Keras op in a functional graph. Keras 3 records the ops that compute and pass on
+    the mask of ``Embedding(mask_zero=True)`` (NotEqual, ConvertToTensor) and hands their result to
+    layers as ``mask=``; attnx propagates that mask itself, so these outputs are dropped. Any other use
+    of an op is an error naming it."""
+
+    def __init__(self, class_name, name):
+        self.class_name, self.name = class_name, name
 
 
 def _import_converters():
@@ -284,6 +293,18 @@ def _references(value):
     return isinstance(value, (list, tuple)) and bool(value) and isinstance(value[0], (list, tuple, dict))
 
 
+def _op_outputs(value):
+    """The `_OpOutput`s inside a resolved call argument structure."""
+    if isinstance(value, _OpOutput):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _op_outputs(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _op_outputs(v)
+
+
 def _functional(inner, entries, groups, loads, source, Model):
     outputs_of = {}  # (layer name, node index) -> the call's outputs
 
@@ -306,11 +327,8 @@ def _functional(inner, entries, groups, loads, source, Model):
                                                    cfg.get("dtype"), name)]
             continue
         if _is_op(entry):
-            if entry["class_name"] != "NotEqual":
-                raise ValueError(f"{source}: the graph applies the Keras op {entry['class_name']} ('{name}') "
-                                 "between layers; attnx converts layers only")
             for i in range(len(nodes)):
-                outputs_of[(name, i)] = [_MASK]
+                outputs_of[(name, i)] = [_OpOutput(entry["class_name"], name)]
             continue
         layer, load = _convert(entry, groups[id(entry)], source)
         loads.append((layer, load))
@@ -318,18 +336,15 @@ def _functional(inner, entries, groups, loads, source, Model):
             args, kwargs = resolve(node.get("args", [])), resolve(node.get("kwargs", {}))
             kwargs.pop("training", None)
             mask = kwargs.pop("mask", None)
-            if mask is not None and not all(m is _MASK or m is None for m in (mask if isinstance(mask, list)
-                                                                                  else [mask])):
-                raise ValueError(f"{source}: layer '{name}' is called with a mask computed by other means than "
-                                 "Embedding(mask_zero=True); attnx propagates that mask only")
+            op = next(_op_outputs([args, kwargs]), None)
+            if op is not None:
+                raise ValueError(f"{source}: layer '{name}' is fed by the Keras op {op.class_name} ('{op.name}'); "
+                                 "attnx converts layers, and masks from Embedding(mask_zero=True)")
             if mask is not None and entry["config"].get("return_sequences") and \
                     entry["config"].get("zero_output_for_mask") is False:
                 warnings.warn(f"{source}: Keras' {entry['class_name']} '{name}' outputs the previous step's output at "
                               "masked steps (zero_output_for_mask=False), attnx's outputs zeros: predictions agree "
                               "where the next layers read the mask, not where they ignore it", stacklevel=3)
-            if any(v is _MASK for v in kwargs.values()):
-                raise ValueError(f"{source}: layer '{name}' takes a mask as {sorted(kwargs)}; attnx converts the "
-                                 "masks Keras propagates from Embedding(mask_zero=True) only")
             out = layer(*args, **{k: v for k, v in kwargs.items() if v is not None})
             outputs_of[(name, i)] = out if isinstance(out, list) else [out]
 
