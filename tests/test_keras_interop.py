@@ -89,9 +89,11 @@ def _tutorial_model(mask_zero=False, bias_shape="column"):
 
 
 # ------------------------------------------------------------------------------ Keras -> attnx
-@pytest.mark.parametrize("bias_shape", ["column", "vector"])
-def test_seed_tutorial_model_loads(tmp_path, bias_shape):
-    keras_model = _tutorial_model(bias_shape=bias_shape)
+@pytest.mark.parametrize("mask_zero, bias_shape", [(False, "column"), (False, "vector"), (True, "column")])
+def test_seed_tutorial_model_loads(tmp_path, mask_zero, bias_shape):
+    # with mask_zero, the tutorial layer (given no mask by Keras) reads the LSTM's outputs at the
+    # padded steps: the last real step's output (Keras' zero_output_for_mask=False)
+    keras_model = _tutorial_model(mask_zero, bias_shape)
     path = tmp_path / "tutorial.keras"
     keras_model.save(path)
     model = from_keras(path)
@@ -102,13 +104,22 @@ def test_seed_tutorial_model_loads(tmp_path, bias_shape):
     _same_predictions(keras_model, model, [_ids(7, 1), _ids(1, 2), _ids(33, 3)])
 
 
-def test_masked_tutorial_model_warns_of_keras_carried_outputs(tmp_path):
-    # Keras' LSTM outputs its previous output at padded steps, which the tutorial layer (given no
-    # mask) reads; attnx's outputs zeros there
-    _tutorial_model(mask_zero=True).save(tmp_path / "masked.keras")
-    with pytest.warns(UserWarning, match="zero_output_for_mask"):
-        model = from_keras(tmp_path / "masked.keras")
-    assert not model.layers[2].use_mask
+@pytest.mark.parametrize("layer_class", ["SimpleRNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_masked_steps_output_as_keras(tmp_path, layer_class, go_backwards):
+    # a mask with holes anywhere: Keras carries the state and (zero_output_for_mask=False) the output
+    x = np.random.default_rng(0).normal(size=(3, 7, 4)).astype("float32")
+    mask = np.array([[1, 1, 1, 0, 0, 0, 0], [1, 0, 1, 1, 0, 1, 0], [0, 0, 1, 1, 1, 1, 1]], bool)
+    for zero_output in (False, True):
+        keras_layer = getattr(keras.layers, layer_class)(5, return_sequences=True, go_backwards=go_backwards,
+                                                         zero_output_for_mask=zero_output)
+        inputs = keras.Input((7, 4))
+        keras_model = keras.Model(inputs, keras_layer(inputs))
+        _randomize(keras_model, 7)
+        keras_model.save(tmp_path / "rnn.keras")
+        layer = from_keras(tmp_path / "rnn.keras").layers[0]
+        assert layer.zero_output_for_mask == zero_output
+        np.testing.assert_allclose(layer(x, mask=mask), np.asarray(keras_layer(x, mask=mask).detach()), **TOL)
 
 
 def test_weights_file_with_its_config(tmp_path):
@@ -160,8 +171,7 @@ def test_masked_attention_model_loads(tmp_path):
     keras_model = keras.Model(inputs, keras.layers.GlobalAveragePooling1D()(h))
     _randomize(keras_model, 5)
     keras_model.save(tmp_path / "masked.keras")
-    with pytest.warns(UserWarning, match="zero_output_for_mask"):  # the padded steps are masked downstream here
-        model = from_keras(tmp_path / "masked.keras")
+    model = from_keras(tmp_path / "masked.keras")
     _same_predictions(keras_model, model, [_ids(5, 10), _ids(2, 11)])
 
 

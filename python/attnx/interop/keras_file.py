@@ -23,7 +23,6 @@ import json
 import os
 import re
 import struct
-import warnings
 import zipfile
 import zlib
 
@@ -155,10 +154,10 @@ def from_keras(path, config=None):
         tutorial's custom attention layer (weights W (d, 1), b (T, 1): softmax over time of
         ``tanh(x W + b)``, then the weighted sum) becomes `layers.AttentionPooling`.
 
-    Masks: attnx propagates the mask of ``Embedding(mask_zero=True)`` as Keras does. Keras' recurrent
-    layers with ``return_sequences`` output the previous step's output at masked steps (their
-    default ``zero_output_for_mask=False``, except inside Bidirectional) where attnx's output zeros;
-    a warning says so when such a layer gets a mask.
+    Masks: attnx propagates the mask of ``Embedding(mask_zero=True)`` as Keras does, and its
+    recurrent layers take Keras' ``zero_output_for_mask``. Keras' MultiHeadAttention derives
+    query and value masks from its inputs' masks; attnx's takes explicit masks only, so a masked
+    MultiHeadAttention agrees with Keras where the next layers read the mask.
 
     Raises:
         FileNotFoundError: no file at `path`.
@@ -340,11 +339,6 @@ def _functional(inner, entries, groups, loads, source, Model):
             if op is not None:
                 raise ValueError(f"{source}: layer '{name}' is fed by the Keras op {op.class_name} ('{op.name}'); "
                                  "attnx converts layers, and masks from Embedding(mask_zero=True)")
-            if mask is not None and entry["config"].get("return_sequences") and \
-                    entry["config"].get("zero_output_for_mask") is False:
-                warnings.warn(f"{source}: Keras' {entry['class_name']} '{name}' outputs the previous step's output at "
-                              "masked steps (zero_output_for_mask=False), attnx's outputs zeros: predictions agree "
-                              "where the next layers read the mask, not where they ignore it", stacklevel=3)
             out = layer(*args, **{k: v for k, v in kwargs.items() if v is not None})
             outputs_of[(name, i)] = out if isinstance(out, list) else [out]
 

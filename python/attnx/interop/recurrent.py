@@ -116,6 +116,7 @@ def _rnn_layer_from_keras(class_name, config):
               "dropout": config.get("dropout", 0.0), "recurrent_dropout": config.get("recurrent_dropout", 0.0),
               "return_sequences": config.get("return_sequences", False),
               "return_state": config.get("return_state", False), "go_backwards": config.get("go_backwards", False),
+              "zero_output_for_mask": config.get("zero_output_for_mask", False),
               **{k: regularizers.get(config.get(k)) for k in _REGULARIZERS}, **keras_layer_kwargs(config)}
     if class_name != "SimpleRNN":
         kwargs["recurrent_activation"] = config.get("recurrent_activation", "sigmoid")
@@ -166,6 +167,9 @@ def _keras_rnn_chain(layer, keras, wrap=None):
                    "recurrent_dropout": base.recurrent_dropout,
                    "return_sequences": base.return_sequences or not last, "return_state": base.return_state,
                    "go_backwards": base.go_backwards and not wrap,
+                   # levels below the top feed a masked level above: zeros or not, their padded outputs are
+                   # skipped. Keras zeroes its last output too when it zeroes masked ones: only with sequences.
+                   "zero_output_for_mask": not last or base.zero_output_for_mask and base.return_sequences,
                    **{k: keras_regularizer(keras, getattr(base, k)) for k in _REGULARIZERS}}
         if base._cell != "simple":
             options["recurrent_activation"] = base.recurrent_activation
