@@ -624,7 +624,7 @@ def test_zero_output_for_mask_false_carries_the_last_real_output(layer_class, go
                         dtype="float64")
     carried = layer(x, mask=mask)
     zeroed = layer_class.from_config({**layer.get_config(), "zero_output_for_mask": True})
-    zeroed.build(x.shape)
+    zeroed(x, mask=mask)  # builds it
     zeroed.set_weights(layer.get_weights())
     expected = zeroed(x, mask=mask)
     processing_mask = mask[:, ::-1] if go_backwards else mask
