@@ -344,6 +344,19 @@ def test_config_declaring_more_than_the_file_holds(tmp_path):
         from_keras(tmp_path / "huge.keras")
 
 
+def test_weight_declaring_more_than_the_file_stores(tmp_path):
+    # a dataset of a huge declared shape with no data behind it: refused before anything is read
+    import h5py
+
+    keras_model = _tutorial_model()
+    keras_model.save_weights(tmp_path / "w.weights.h5")
+    with h5py.File(tmp_path / "w.weights.h5", "r+") as h5:
+        del h5["layers/embedding/vars/0"]
+        h5.create_dataset("layers/embedding/vars/0", shape=(10 ** 7, 10 ** 3), dtype="float32")
+    with pytest.raises(ValueError, match="declares shape"):
+        from_keras(tmp_path / "w.weights.h5", config=keras_model.to_json())
+
+
 def test_wrong_paths_and_arguments(tmp_path):
     with pytest.raises(FileNotFoundError):
         from_keras(tmp_path / "missing.keras")
