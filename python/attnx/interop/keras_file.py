@@ -230,8 +230,6 @@ def _input_tensor(batch_shape, dtype, name=None):
 
 
 def _build_model(config, h5, source, weights_bytes):
-    from ..models import Model, Sequential
-
     _import_converters()
     class_name, inner = config["class_name"], config.get("config")
     if class_name not in ("Sequential", "Functional", "Model") or not isinstance(inner, dict):
@@ -248,7 +246,7 @@ def _build_model(config, h5, source, weights_bytes):
         if class_name == "Sequential":
             model = _sequential(inner, entries, groups, loads, source)
         else:
-            model = _functional(inner, entries, groups, loads, source, Model)
+            model = _functional(inner, entries, groups, loads, source)
     for layer, load in loads:
         try:
             layer.set_weights(load())
@@ -287,11 +285,6 @@ def _history(ref):
     return str(name), int(node), int(index)
 
 
-def _references(value):
-    """Whether a config value is a list of tensor references rather than one."""
-    return isinstance(value, (list, tuple)) and bool(value) and isinstance(value[0], (list, tuple, dict))
-
-
 def _op_outputs(value):
     """The `_OpOutput`s inside a resolved call argument structure."""
     if isinstance(value, _OpOutput):
@@ -304,7 +297,9 @@ def _op_outputs(value):
             yield from _op_outputs(v)
 
 
-def _functional(inner, entries, groups, loads, source, Model):
+def _functional(inner, entries, groups, loads, source):
+    from ..models import Model
+
     outputs_of = {}  # (layer name, node index) -> the call's outputs
 
     def resolve(value):
@@ -343,9 +338,10 @@ def _functional(inner, entries, groups, loads, source, Model):
             outputs_of[(name, i)] = out if isinstance(out, list) else [out]
 
     def tensors(refs):
-        many = _references(refs) and isinstance(refs[0], list)
+        """The model's inputs or outputs: one reference [name, node, index], or a list of them."""
+        many = isinstance(refs[0], (list, dict))
         found = [outputs_of[_history(r)[:2]][_history(r)[2]] for r in (refs if many else [refs])]
-        return found if many else found[0]
+        return found if len(found) > 1 else found[0]
     return Model(tensors(inner["input_layers"]), tensors(inner["output_layers"]), name=inner.get("name"))
 
 
