@@ -131,6 +131,25 @@ def test_weights_file_with_its_config(tmp_path):
         _same_predictions(keras_model, model, [_ids(5, 4)])
 
 
+def test_reading_needs_neither_keras_nor_torch(tmp_path):
+    import subprocess
+    import sys
+
+    keras_model = _tutorial_model()
+    keras_model.save(tmp_path / "t.keras")
+    x = _ids(4, 1)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "expected.npy", _keras_predict(keras_model, x))
+    script = (
+        "import sys; sys.modules['keras'] = None; sys.modules['torch'] = None  # importing them fails\n"
+        "import numpy as np, attnx\n"
+        f"model = attnx.interop.from_keras({str(tmp_path / 't.keras')!r})\n"
+        f"got = model.predict(np.load({str(tmp_path / 'x.npy')!r}), verbose=0)\n"
+        f"np.testing.assert_allclose(got, np.load({str(tmp_path / 'expected.npy')!r}), rtol=1e-5, atol=1e-5)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=300)
+
+
 def test_loaded_model_trains_and_saves(tmp_path):
     keras_model = _tutorial_model()
     keras_model.save(tmp_path / "t.keras")
