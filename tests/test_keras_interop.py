@@ -158,7 +158,8 @@ def test_loaded_model_trains_and_saves(tmp_path):
     x = _ids(16, 5)
     model.fit(x, np.arange(16) % 2, epochs=1, verbose=0)
     model.save(tmp_path / "t.attnx")
-    np.testing.assert_allclose(attnx.load_model(tmp_path / "t.attnx").predict(x, verbose=0), model.predict(x, verbose=0))
+    loaded = attnx.load_model(tmp_path / "t.attnx")
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
 
 
 def test_recurrent_mix_loads(tmp_path):

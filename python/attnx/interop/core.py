@@ -75,7 +75,8 @@ def _dense_from_keras(class_name, config, weights):
 def _dense_to_keras(layer, keras):
     return [(keras.layers.Dense(layer.units, activation=layer.activation, use_bias=layer.use_bias,
                                 kernel_regularizer=keras_regularizer(keras, layer.kernel_regularizer),
-                                bias_regularizer=keras_regularizer(keras, layer.bias_regularizer), **keras_kwargs(layer)),
+                                bias_regularizer=keras_regularizer(keras, layer.bias_regularizer),
+                                **keras_kwargs(layer)),
              layer.get_weights())]
 
 

@@ -28,7 +28,7 @@ import zlib
 
 import numpy as np
 
-from ..layers.base import Layer, weight_budget
+from ..layers.base import weight_budget
 from ..symbolic import Input
 from .registry import _FROM_KERAS, _TO_KERAS
 
@@ -329,7 +329,7 @@ def _functional(inner, entries, groups, loads, source):
         for i, node in enumerate(nodes):
             args, kwargs = resolve(node.get("args", [])), resolve(node.get("kwargs", {}))
             kwargs.pop("training", None)
-            mask = kwargs.pop("mask", None)
+            kwargs.pop("mask", None)  # attnx propagates it
             op = next(_op_outputs([args, kwargs]), None)
             if op is not None:
                 raise ValueError(f"{source}: layer '{name}' is fed by the Keras op {op.class_name} ('{op.name}'); "
