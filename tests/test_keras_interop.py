@@ -195,6 +195,26 @@ def test_masked_attention_model_loads(tmp_path):
     _same_predictions(keras_model, model, [_ids(5, 10), _ids(2, 11)])
 
 
+def test_time_distributed_and_spatial_dropout_load(tmp_path):
+    keras_model = keras.Sequential([
+        keras.Input((MAXLEN,), dtype="int32"),
+        keras.layers.Embedding(VOCAB, 6),
+        keras.layers.SpatialDropout1D(0.3),
+        keras.layers.GRU(5, return_sequences=True),
+        keras.layers.TimeDistributed(keras.layers.Dense(3, activation="relu")),
+        keras.layers.TimeDistributed(keras.layers.LayerNormalization()),
+    ])
+    _randomize(keras_model, 8)
+    keras_model.save(tmp_path / "td.keras")
+    model = from_keras(tmp_path / "td.keras")
+    assert [type(layer).__name__ for layer in model.layers][-2:] == ["Dense", "LayerNormalization"]
+    _same_predictions(keras_model, model, [_ids(3, 9)])
+    conv = keras.Sequential([keras.Input((MAXLEN, 4)), keras.layers.TimeDistributed(keras.layers.Reshape((2, 2)))])
+    conv.save(tmp_path / "td_reshape.keras")
+    with pytest.raises(ValueError, match="wraps a Reshape"):
+        from_keras(tmp_path / "td_reshape.keras")
+
+
 def test_sequential_stacked_and_bidirectional_lstm_loads(tmp_path):
     keras_model = keras.Sequential([
         keras.Input((MAXLEN,), dtype="int32"),

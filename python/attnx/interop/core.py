@@ -1,11 +1,13 @@
 """Converters of the core layers. PyTorch: Linear <-> Dense, Embedding <-> Embedding. Keras: Dense,
 Embedding, Activation, Dropout, Flatten, Reshape, Concatenate, Add, GlobalAveragePooling1D, each to
-and from the layer of the same name."""
+and from the layer of the same name; from Keras also SpatialDropout1D (a Dropout of whole features)
+and TimeDistributed around a layer that acts on the last axis (that layer: attnx's take any rank)."""
 from .. import regularizers
 from ..layers.core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                            Reshape)
-from .registry import (check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer, register_from_keras,
-                       register_from_torch, register_to_keras, register_to_torch, set_torch_params)
+from .registry import (_FROM_KERAS, check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer,
+                       register_from_keras, register_from_torch, register_to_keras, register_to_torch,
+                       set_torch_params)
 
 
 @register_from_torch("Linear")
@@ -110,6 +112,26 @@ def _activation_to_keras(layer, keras):
 def _dropout_from_keras(class_name, config, weights):
     return Dropout(config["rate"], noise_shape=config.get("noise_shape"), seed=config.get("seed"),
                    **keras_layer_kwargs(config)), _no_weights
+
+
+@register_from_keras("SpatialDropout1D")
+def _spatial_dropout_from_keras(class_name, config, weights):
+    return Dropout(config["rate"], noise_shape=(None, 1, None), seed=config.get("seed"),
+                   **keras_layer_kwargs(config)), _no_weights
+
+
+# the Keras layers that act on the last axis alone, as their attnx counterparts do on inputs of any rank
+_PER_STEP = ("Dense", "Activation", "Dropout", "LayerNormalization")
+
+
+@register_from_keras("TimeDistributed")
+def _time_distributed_from_keras(class_name, config, weights):
+    inner = config["layer"]
+    if inner.get("class_name") not in _PER_STEP:
+        raise ValueError(f"TimeDistributed '{config.get('name')}' wraps a {inner.get('class_name')}; attnx converts "
+                         f"TimeDistributed around {', '.join(_PER_STEP)}")
+    inner_config = {**inner["config"], "name": config.get("name")}  # the wrapper's name is the unique one
+    return _FROM_KERAS[inner["class_name"]](inner["class_name"], inner_config, weights.sublayer("layer"))
 
 
 @register_to_keras(Dropout)

@@ -93,6 +93,10 @@ class WeightGroup:
                                  f"shape {ds.shape}, {nbytes} bytes; the file stores {ds.id.get_storage_size()})")
         return datasets
 
+    def sublayer(self, sub):
+        """The group of a wrapped layer (TimeDistributed's "layer")."""
+        return WeightGroup(self.h5, f"{self.path}/{sub}", self.source, self.file_bytes)
+
     def shapes(self, sub=""):
         return [tuple(ds.shape) for ds in self._datasets(sub)]
 
