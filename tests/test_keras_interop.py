@@ -416,3 +416,6 @@ def test_to_keras_names_a_layer_keras_lacks():
     q, v = attnx.Input((2, 4)), attnx.Input((3, 4))
     with pytest.raises(ValueError, match="general"):
         to_keras(attnx.Model([q, v], layers.Attention(score="general")([q, v])))
+    x, lengths = attnx.Input((3, 4)), attnx.Input((), dtype="int32")
+    with pytest.raises(ValueError, match="lengths"):
+        to_keras(attnx.Model([x, lengths], layers.LSTM(2)(x, lengths=lengths)))

@@ -386,7 +386,12 @@ def to_keras(model, path=None):
         inputs_spec, args, kwargs = node.call_spec
         x = substitute(inputs_spec, values)
         for k, (keras_layer, _) in enumerate(chains[id(layer)]):
-            x = keras_layer(x, *substitute(args, values), **substitute(kwargs, values)) if k == 0 else keras_layer(x)
+            try:
+                x = keras_layer(x, *substitute(args, values), **substitute(kwargs, values)) if k == 0 else \
+                    keras_layer(x)
+            except (TypeError, ValueError) as exc:  # e.g. a call argument only attnx has (lengths=)
+                raise ValueError(f"to_keras: Keras' {type(keras_layer).__name__} cannot make the call of attnx layer "
+                                 f"'{layer.name}' with arguments {sorted(kwargs)} ({exc})") from exc
         outs = x if node.multi_output else [x]
         for t, o in zip(node.outputs, outs):
             values[id(t)] = o
