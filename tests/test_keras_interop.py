@@ -349,6 +349,22 @@ def test_custom_layer_attnx_lacks_is_named(tmp_path):
         from_keras(tmp_path / "gate.keras")
 
 
+def test_tutorial_layer_under_another_name(tmp_path):
+    @keras.saving.register_keras_serializable(package="tests")
+    class WordAttention(attention):
+        pass
+
+    inputs = keras.Input((MAXLEN, 5))
+    keras_model = keras.Model(inputs, WordAttention()(inputs))
+    _randomize(keras_model, 6)
+    keras_model.save(tmp_path / "named.keras")
+    with pytest.raises(ValueError, match="custom layer WordAttention"):
+        from_keras(tmp_path / "named.keras")
+    model = from_keras(tmp_path / "named.keras", custom_objects={"WordAttention": layers.AttentionPooling})
+    x = np.random.default_rng(0).normal(size=(3, MAXLEN, 5)).astype("float32")
+    _same_predictions(keras_model, model, [x])
+
+
 def test_truncated_and_corrupted_files(tmp_path):
     _tutorial_model().save(tmp_path / "good.keras")
     data = (tmp_path / "good.keras").read_bytes()

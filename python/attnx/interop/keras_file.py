@@ -143,7 +143,7 @@ def _load_config(config, source):
     return config
 
 
-def from_keras(path, config=None):
+def from_keras(path, config=None, custom_objects=None):
     """An attnx model with the architecture and weights of a Keras 3 model.
 
     Args:
@@ -151,6 +151,9 @@ def from_keras(path, config=None):
             "m.weights.h5")`) together with `config`.
         config: for a weights file, the model's config: the path of a config.json, a JSON string
             (`model.to_json()`) or a dict (`model.get_config()`).
+        custom_objects: ``{Keras class name: attnx layer class}`` for custom layers under other
+            names than the tutorial's (``attention``, ``Attention``, ``AttentionLayer``), e.g.
+            ``{"MyAttention": attnx.layers.AttentionPooling}``, as Keras' ``custom_objects``.
 
     Returns:
         An `attnx.Sequential` for a Keras Sequential, else a functional `attnx.Model`, with the same
@@ -190,7 +193,7 @@ def from_keras(path, config=None):
             weights_bytes, weights_file = file_size, path
         config = _load_config(config, path)
         with h5py.File(weights_file, "r") as h5:
-            return _build_model(config, h5, path, weights_bytes)
+            return _build_model(config, h5, path, weights_bytes, custom_objects or {})
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib.error, struct.error, KeyError,
             TypeError, IndexError, AttributeError, RecursionError, RuntimeError, NotImplementedError) as exc:
         raise ValueError(f"{path}: truncated or corrupted Keras file, or a config attnx cannot read "
@@ -202,11 +205,14 @@ def _is_op(entry):
     return str(entry.get("module") or "").startswith("keras.src.ops")
 
 
-def _convert(entry, group, source):
+def _convert(entry, group, source, custom_objects):
     """(attnx layer, load) for one Keras layer entry of a config."""
     class_name = entry.get("class_name")
     builtin = str(entry.get("module") or "").startswith("keras")
-    key = class_name if builtin else f"custom>{str(class_name).lower()}"
+    if class_name in custom_objects:
+        key = f"custom>{custom_objects[class_name].__name__.lower()}"
+    else:
+        key = class_name if builtin else f"custom>{str(class_name).lower()}"
     if key not in _FROM_KERAS:
         kind = "Keras layer" if builtin else "custom layer"
         raise ValueError(f"{source}: {kind} {class_name} (layer '{entry.get('name') or entry['config'].get('name')}') "
@@ -233,7 +239,7 @@ def _input_tensor(batch_shape, dtype, name=None):
     return Input(tuple(batch_shape[1:]), dtype=dtype or "float32", name=name)
 
 
-def _build_model(config, h5, source, weights_bytes):
+def _build_model(config, h5, source, weights_bytes, custom_objects):
     _import_converters()
     class_name, inner = config["class_name"], config.get("config")
     if class_name not in ("Sequential", "Functional", "Model") or not isinstance(inner, dict):
@@ -246,11 +252,17 @@ def _build_model(config, h5, source, weights_bytes):
     groups = {id(e): WeightGroup(h5, f"layers/{name}", source, weights_bytes)
               for e, name in zip(layer_entries, _group_names(layer_entries))}
     loads = []
+
+    def convert(entry):
+        layer, load = _convert(entry, groups[id(entry)], source, custom_objects)
+        loads.append((layer, load))
+        return layer
+
     with weight_budget(2 * weights_bytes + _WEIGHT_ALLOWANCE, source):
         if class_name == "Sequential":
-            model = _sequential(inner, entries, groups, loads, source)
+            model = _sequential(inner, entries, convert, source)
         else:
-            model = _functional(inner, entries, groups, loads, source)
+            model = _functional(inner, entries, convert, source)
     for layer, load in loads:
         try:
             layer.set_weights(load())
@@ -259,7 +271,7 @@ def _build_model(config, h5, source, weights_bytes):
     return model
 
 
-def _sequential(inner, entries, groups, loads, source):
+def _sequential(inner, entries, convert, source):
     from ..models import Sequential
 
     first = entries[0] if entries else {}
@@ -272,12 +284,7 @@ def _sequential(inner, entries, groups, loads, source):
         dtype = None
     if shape is None:
         raise ValueError(f"{source}: the Sequential model has no input shape (Keras saves it once the model is built)")
-    layers = []
-    for entry in entries:
-        if id(entry) in groups:
-            layer, load = _convert(entry, groups[id(entry)], source)
-            layers.append(layer)
-            loads.append((layer, load))
+    layers = [convert(entry) for entry in entries if entry["class_name"] != "InputLayer"]
     return Sequential([_input_tensor(shape, dtype)] + layers, name=inner.get("name"))
 
 
@@ -301,7 +308,7 @@ def _op_outputs(value):
             yield from _op_outputs(v)
 
 
-def _functional(inner, entries, groups, loads, source):
+def _functional(inner, entries, convert, source):
     from ..models import Model
 
     outputs_of = {}  # (layer name, node index) -> the call's outputs
@@ -328,8 +335,7 @@ def _functional(inner, entries, groups, loads, source):
             for i in range(len(nodes)):
                 outputs_of[(name, i)] = [_OpOutput(entry["class_name"], name)]
             continue
-        layer, load = _convert(entry, groups[id(entry)], source)
-        loads.append((layer, load))
+        layer = convert(entry)
         for i, node in enumerate(nodes):
             args, kwargs = resolve(node.get("args", [])), resolve(node.get("kwargs", {}))
             kwargs.pop("training", None)
