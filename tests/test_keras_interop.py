@@ -278,7 +278,8 @@ def _randomize_attnx(model, seed=0):
 
 def test_seed_model_to_keras(tmp_path):
     model = attnx.Sequential([
-        layers.Embedding(VOCAB, 8, input_shape=(MAXLEN,), embeddings_regularizer=attnx.regularizers.L2(1e-3)),
+        layers.Embedding(VOCAB, 8, input_shape=(MAXLEN,), embeddings_regularizer=attnx.regularizers.L2(1e-3),
+                         trainable=False),  # frozen (pretrained) embeddings stay frozen both ways
         layers.LSTM(6, dropout=0.2, return_sequences=True),
         layers.AttentionPooling(),
         layers.Dense(1, activation="sigmoid"),
@@ -286,9 +287,12 @@ def test_seed_model_to_keras(tmp_path):
     _randomize_attnx(model)
     path = tmp_path / "seed.keras"
     to_keras(model, path)
-    _same_predictions(_keras_load(path), model, [_ids(5, 1), _ids(17, 2)])
-    np.testing.assert_allclose(from_keras(path).predict(_ids(5, 1), verbose=0), model.predict(_ids(5, 1), verbose=0),
-                               **TOL)
+    keras_model = _keras_load(path)
+    assert not keras_model.get_layer(model.layers[0].name).trainable
+    _same_predictions(keras_model, model, [_ids(5, 1), _ids(17, 2)])
+    back = from_keras(path)
+    assert not back.layers[0].trainable
+    np.testing.assert_allclose(back.predict(_ids(5, 1), verbose=0), model.predict(_ids(5, 1), verbose=0), **TOL)
 
 
 def test_masked_recurrent_model_to_keras(tmp_path):
