@@ -114,6 +114,10 @@ RECURRENT = {
     "bi_rnn_mul": lambda: layers.Bidirectional(layers.SimpleRNN(5, return_sequences=True), merge_mode="mul"),
     "bi_lstm_ave_states": lambda: layers.Bidirectional(layers.LSTM(5, return_state=True), merge_mode="ave"),
     "bi_gru_none": lambda: layers.Bidirectional(layers.GRU(5, return_sequences=True), merge_mode=None),
+    # Keras' default: a padded step outputs the last real step's output
+    "lstm_carry": lambda: layers.LSTM(6, return_sequences=True, zero_output_for_mask=False),
+    "gru_carry_go_backwards": lambda: layers.GRU(6, return_sequences=True, go_backwards=True,
+                                                 zero_output_for_mask=False),
 }
 
 
@@ -217,6 +221,13 @@ def test_attention_pooling_length_agnostic_with_weights(return_sequences, tmp_pa
         x, return_attention_scores=True)
     model = attnx.Model(ids, [pooled, weights])
     assert_exports_like_predict(model, token_batches(rng, padding="holes"), tmp_path)
+
+
+def test_attention_pooling_ignoring_its_mask(tmp_path, rng):
+    """The Keras tutorial's layer (use_mask=False) pools over the padded steps too."""
+    model = token_model(layers.LSTM(6, return_sequences=True, zero_output_for_mask=False),
+                        layers.AttentionPooling(use_mask=False), steps=9)
+    assert_exports_like_predict(model, token_batches(rng, steps=(9, 9), padding="holes"), tmp_path)
 
 
 # ------------------------------------------------------------------ transformer layers

@@ -138,7 +138,8 @@ def _attention_pooling(g, layer, call):
     x = call.inputs
     energy = g.node("Tanh", [g.node("Add", [g.matmul(x, layer.params["kernel"], hint=layer.name),
                                            g.weight(layer.params["bias"], f"{layer.name}/bias")])])
-    weights = g.masked_softmax(g.squeeze(energy, 2), None if call.mask is None else g.as_bool(call.mask))
+    mask = call.mask if layer.use_mask else None
+    weights = g.masked_softmax(g.squeeze(energy, 2), None if mask is None else g.as_bool(mask))
     weighted = g.node("Mul", [x, g.unsqueeze(weights, 2)])
     output = weighted if layer.return_sequences else g.node("ReduceSum", [weighted, g.ints([1])], keepdims=0)
     return [output, weights] if call.option("return_attention_scores") else output
@@ -146,4 +147,4 @@ def _attention_pooling(g, layer, call):
 
 @output_mask_of(AttentionPooling)
 def _pooled_mask(g, layer, call):
-    return call.mask if layer.return_sequences else None
+    return call.mask if layer.return_sequences and layer.use_mask else None

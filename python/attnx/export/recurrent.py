@@ -191,16 +191,35 @@ def _inputs_and_states(call, keyword="initial_state"):
     return call.inputs, list(states) if isinstance(states, (list, tuple)) else [states]
 
 
+def _carry_outputs(g, out, mask):
+    """Keras' ``zero_output_for_mask=False`` (the layer's `_carry_outputs`): a masked step outputs
+    the output of the last real step before it, zeros before the first. With count = the real steps
+    up to t, that step is the count-th of the row's real steps, which `_compaction`'s order lists."""
+    order = _compaction(g, mask)[0]
+    count = g.node("CumSum", [g.cast(mask, np.int64), g.weight(np.asarray(1, np.int64), "time_axis")])
+    last = g.node("Max", [g.node("Sub", [count, g.weight(np.asarray(1, np.int64), "one")]),
+                          g.weight(np.asarray(0, np.int64), "zero_index")])
+    carried = _gather_steps(g, out, g.node("GatherElements", [order, last], axis=1))
+    started = g.unsqueeze(g.node("Greater", [count, g.weight(np.asarray(0, np.int64), "zero_index")]), 2)
+    return g.node("Where", [started, carried, g.scalar(0.0)])
+
+
 @converts(SimpleRNN, GRU, LSTM)
 def _recurrent(g, layer, call):
     x, states = _inputs_and_states(call)
-    tops, finals = run_stack(g, [(layer, layer.go_backwards)], x, step_mask(g, call),
+    mask = step_mask(g, call)
+    tops, finals = run_stack(g, [(layer, layer.go_backwards)], x, mask,
                              None if states is None else [states], layer.return_sequences)
     hs, cs = finals[0]
     if not layer.return_sequences:
         out = hs[-1]
     else:
-        out = reverse_steps(g, tops[0]) if layer.go_backwards else tops[0]  # Keras: in processing order
+        out = tops[0]
+        if layer.go_backwards:  # Keras: outputs (and the mask with them) in processing order
+            out = reverse_steps(g, out)
+            mask = None if mask is None else reverse_steps(g, mask)
+        if mask is not None and not layer.zero_output_for_mask:
+            out = _carry_outputs(g, out, mask)
     return [out] + final_states(g, layer, hs, cs) if layer.return_state else out
 
 
