@@ -60,11 +60,13 @@ def test_wheel_installs_and_trains_without_the_system_openblas(tmp_path):
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing but the venv's attnx
     python = str(venv / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)], check=True)
+    subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)], check=True,
+                   env=clean_env)
 
     core = subprocess.run([python, "-c", "import attnx._core as c; print(c.__file__)"], check=True,
-                          capture_output=True, text=True, cwd=tmp_path).stdout.strip()
+                          capture_output=True, text=True, cwd=tmp_path, env=clean_env).stdout.strip()
     assert core.startswith(str(venv)), core
     ldd = subprocess.run(["ldd", core], check=True, capture_output=True, text=True).stdout
     blas_lines = [line for line in ldd.splitlines() if "blas" in line.lower()]
@@ -78,7 +80,7 @@ def test_wheel_installs_and_trains_without_the_system_openblas(tmp_path):
     command = [python, str(tmp_path / "train.py")]
     if hide and os.geteuid() == 0 and shutil.which("unshare"):
         command = ["unshare", "-m", "sh", "-c", f"{hide} exec {python} {tmp_path / 'train.py'}"]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=tmp_path, env=clean_env).stdout
     report = dict(line.split(" ", 1) for line in out.strip().splitlines())
     if hide and os.geteuid() == 0:
         assert report["system_blas"] == "unreachable", out
