@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian/Ubuntu machine for attnx: system packages (a C++17 compiler, xtensor,
-# xtensor-blas, OpenBLAS), then attnx itself with the Python extras given (default: none).
+# xtensor-blas; OpenBLAS for the C++ unit tests, the module links scipy-openblas32's), then attnx
+# itself with the Python extras given (default: none).
 #   bash scripts/setup.sh            # the package
 #   bash scripts/setup.sh test       # + pytest, hypothesis, torch==2.13.0 (parity), matplotlib
 set -euo pipefail
@@ -19,4 +20,7 @@ extras="${1:-}"
 target="."
 [ -n "$extras" ] && target=".[$extras]"
 echo "pip install $target"
-python3 -m pip install -q --disable-pip-version-check "$target"
+# the build requirements of pyproject.toml, installed here rather than in a throwaway isolated
+# env, so that later builds (scripts/build_wheel.sh, a reinstall) reuse build/<wheel tag>
+python3 -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" "scipy-openblas32>=0.3.27"
+python3 -m pip install -q --disable-pip-version-check --no-build-isolation "$target"

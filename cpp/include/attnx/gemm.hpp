@@ -4,6 +4,18 @@
 #include <atomic>
 #include <cstddef>
 
+// The OpenBLAS of the scipy-openblas32 wheel (what the Python module links, see CMakeLists.txt)
+// prefixes every symbol with scipy_ so that it never collides with another BLAS in the process;
+// renaming before the declarations below makes them declare, and the calls reach, those symbols.
+#ifdef ATTNX_SCIPY_OPENBLAS
+#define cblas_sgemm scipy_cblas_sgemm
+#define cblas_dgemm scipy_cblas_dgemm
+#define openblas_set_num_threads scipy_openblas_set_num_threads
+#define openblas_get_num_threads scipy_openblas_get_num_threads
+#define openblas_get_config scipy_openblas_get_config
+#define openblas_get_corename scipy_openblas_get_corename
+#endif
+
 // xtensor-blas' own CBLAS declarations (the system cblas.h would clash with them wherever both
 // are included); the symbols come from OpenBLAS at link time.
 #include <xtensor-blas/xblas_config.hpp>
