@@ -109,8 +109,8 @@ static void check_gradients(DecoderConfig cfg) {
     std::vector<double> grads[Problem::n_params];
     for (int i = 0; i < Problem::n_params; ++i) grads[i].assign(p.buffers()[i].size(), 0.0);
     std::vector<double> denc(p.enc.size()), dh((size_t)cfg.B * cfg.H, 0.0), dc(dh);
-    decoder_backward<double>(cfg, denc.data(), dh.data(), dc.data(), p.params<double*>(grads), R.data(), cb.cache,
-                             p.params<const double*>(p.buffers()), p.enc.data());
+    decoder_backward<double>(cfg, denc.data(), dh.data(), dc.data(), p.params<double*>(grads), R.data(), nullptr,
+                             cb.cache, p.params<const double*>(p.buffers()), p.enc.data());
     auto numeric = [&](std::vector<double>& v, size_t i) {
         const double old = v[i];
         v[i] = old + 1e-6;
