@@ -102,7 +102,8 @@ def test_doubly_stochastic_term_value_and_its_gradient_reach_the_weights():
 
 def _hard_problem(seed=3):
     attnx.set_random_seed(seed)
-    dec = BahdanauDecoder(V, 4, 7, cell="lstm", attention_units=5, gated=True, hard=True, dtype="float64")
+    dec = BahdanauDecoder(V, 4, 7, cell="lstm", attention_units=5, gated=True, hard=True, soft_fraction=0.0,
+                          dtype="float64")
     dec.build([(None, None), (None, None, D), (None, 7), (None, 7)])
     dec.built = True
     rng = np.random.default_rng(seed)
@@ -177,6 +178,12 @@ def test_hard_attention_reinforce_gradient_and_baseline():
     b, t = np.indices(positions.shape)
     expected[b, t, positions] = -(rewards - rewards.mean())[:, None] / (B * T * weights[b, t, positions])
     np.testing.assert_allclose(dec._reinforce_gradient(cache), expected, rtol=1e-12)
+    # Xu et al.'s variance reduction: with soft_fraction = 1 every training call attends softly
+    dec.soft_fraction = 1.0
+    (_, soft_weights), soft_cache = dec.apply([ids, enc, h0, c0], training=True, return_attention_scores=True)
+    assert soft_cache.reinforce is None and "positions" not in soft_cache.kernel
+    dec.set_reward(rewards, soft_cache)  # nothing to reinforce: ignored
+    dec.backprop(soft_cache, [np.ones_like(logits), None])
 
 
 def test_soft_options_off_give_the_plain_bahdanau_decoder_bit_for_bit():
@@ -290,6 +297,8 @@ def test_bad_input():
         LuongDecoder(V, 4, 7, gated=True)
     with pytest.raises(ValueError, match="baseline_decay"):
         BahdanauDecoder(V, 4, 7, hard=True, baseline_decay=1.0)
+    with pytest.raises(ValueError, match="soft_fraction"):
+        BahdanauDecoder(V, 4, 7, hard=True, soft_fraction=1.5)
     dec_hard, enc, ids, h0, c0, uniforms = _hard_problem()
     args = dict(kind="bahdanau", score="additive", cell="lstm", ids=ids, enc=enc, h0=h0, c0=c0, params=dec_hard.params,
                 gated=True)
@@ -324,61 +333,86 @@ def test_save_and_load_keep_the_captions(tmp_path):
 
 
 # ------------------------------------------------------------------------------ trained on digits
-CANVAS, WINDOW, STRIDE = (16, 48), 12, 4
-GRID = ((CANVAS[0] - WINDOW) // STRIDE + 1, (CANVAS[1] - WINDOW) // STRIDE + 1)
+# The encoder stands in for a small CNN: Dense features of every 8x8 window (a digit's size) every 2
+# pixels, max-pooled over 3x3 windows every 2, so that each region of the 2 x 10 grid covers 12x12
+# pixels every 4 and answers to a digit anywhere inside it.
+CANVAS, FINE = (16, 48), (5, 21)
+GRID, REGION, STRIDE = (2, 10), 12, 4
 
 
 class Windows(layers.Layer):
-    """A stand-in for a CNN: the WINDOW x WINDOW pixels every STRIDE pixels (im2col), one region each."""
+    """The 8x8 pixels every 2 pixels (im2col): (B, 5, 21, 64)."""
 
     def call(self, x):
-        (H, W), n = CANVAS, WINDOW // STRIDE
-        blocks = K.reshape(x, (-1, H // STRIDE, STRIDE, W // STRIDE, STRIDE))
-        blocks = K.reshape(K.transpose(blocks, (0, 1, 3, 2, 4)), (-1, H // STRIDE, W // STRIDE, STRIDE * STRIDE))
-        windows = K.concatenate([blocks[:, i:i + GRID[0], j:j + GRID[1]] for i in range(n) for j in range(n)], -1)
-        return K.reshape(windows, (-1, GRID[0] * GRID[1], WINDOW * WINDOW))
+        H, W = CANVAS
+        blocks = K.reshape(K.transpose(K.reshape(x, (-1, H // 2, 2, W // 2, 2)), (0, 1, 3, 2, 4)),
+                           (-1, H // 2, W // 2, 4))
+        return K.concatenate([blocks[:, i:i + FINE[0], j:j + FINE[1]] for i in range(4) for j in range(4)], -1)
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], GRID[0] * GRID[1], WINDOW * WINDOW)
+        return (input_shape[0],) + FINE + (64,)
 
 
-def _window_encoder(features=64):
+class MaxPool(layers.Layer):
+    """The maximum over 3x3 windows every 2 of the fine grid, as regions: (B, 20, features)."""
+
+    def call(self, x):
+        pooled = None
+        for i in range(3):
+            for j in range(3):
+                part = x[:, i:i + 2 * GRID[0] - 1:2, j:j + 2 * GRID[1] - 1:2]
+                pooled = part if pooled is None else K.maximum(pooled, part)
+        return K.reshape(pooled, (-1, GRID[0] * GRID[1], pooled.shape[-1]))
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], GRID[0] * GRID[1], input_shape[-1])
+
+
+def _window_encoder():
     x = attnx.Input(CANVAS + (1,))
-    h = layers.Dense(128, activation="relu")(Windows()(x))
-    h = layers.Dense(features, activation="relu")(h)
+    h = MaxPool()(layers.Dense(128, activation="relu")(Windows()(x)))
+    h = layers.Dense(64, activation="relu")(h)
     return attnx.Model(x, layers.PositionEmbedding(GRID[0] * GRID[1])(h))  # where a region is: for left to right
 
 
 def _attended_digit(attention, boxes):
-    """For each word's step (N, k, L), the digit whose box overlaps most the attended region's window."""
+    """For each word's step (N, k, L), the digit whose box overlaps most the attended region (-1: none)."""
     region = attention.argmax(-1)
     top, left = region // GRID[1] * STRIDE, region % GRID[1] * STRIDE
     overlap = []
     for d in range(boxes.shape[1]):
         box = boxes[:, d][:, None, :]
-        rows = np.clip(np.minimum(top + WINDOW, box[..., 2]) - np.maximum(top, box[..., 0]), 0, None)
-        cols = np.clip(np.minimum(left + WINDOW, box[..., 3]) - np.maximum(left, box[..., 1]), 0, None)
+        rows = np.clip(np.minimum(top + REGION, box[..., 2]) - np.maximum(top, box[..., 0]), 0, None)
+        cols = np.clip(np.minimum(left + REGION, box[..., 3]) - np.maximum(left, box[..., 1]), 0, None)
         overlap.append(rows * cols)
     overlap = np.stack(overlap, -1)
     return np.where(overlap.max(-1) > 0, overlap.argmax(-1), -1)
 
 
+def _train_on_fresh_compositions(model, epochs, decay_from):
+    """Each epoch on 6000 new images (compositions are free); the learning rate times 0.6 per epoch
+    from epoch `decay_from`."""
+    for epoch in range(epochs):
+        if epoch >= decay_from:
+            model.optimizer.learning_rate *= 0.6
+        data = attnx.datasets.load_digit_captions(6000, canvas=CANVAS, seed=100 + epoch)
+        model.fit(data.images, data.tokens, epochs=1, batch_size=64, verbose=0)
+
+
 @pytest.mark.slow
 def test_soft_captioner_captions_held_out_images_and_looks_at_each_digit():
     attnx.set_random_seed(0)
-    train = attnx.datasets.load_digit_captions(6000, canvas=CANVAS, seed=0)
     test = attnx.datasets.load_digit_captions(500, canvas=CANVAS, seed=1)
-    model = ImageCaptioner(_window_encoder(), CANVAS + (1,), vocabulary=train.vocabulary, embedding_dim=32,
+    model = ImageCaptioner(_window_encoder(), CANVAS + (1,), vocabulary=test.vocabulary, embedding_dim=32,
                            units=128, max_length=5)
-    model.compile(optimizer=attnx.optimizers.Adam(2e-3))
-    model.fit(train.images, train.tokens, epochs=EPOCHS, batch_size=64, verbose=0)
+    model.compile(optimizer=attnx.optimizers.Adam(3e-3))
+    _train_on_fresh_compositions(model, epochs=10, decay_from=8)
     tokens, attention = model.greedy_caption(test.images)
     exact = (tokens[:, :4] == test.tokens[:, 1:]).all(1).mean()
     on_digit = (_attended_digit(attention[:, :3], test.boxes) == np.arange(3)).mean()
-    assert exact >= 0.95, exact
-    assert on_digit >= 0.90, on_digit
+    assert exact >= 0.95, exact  # measured 0.966
+    assert on_digit >= 0.90, on_digit  # measured 0.999
     words, weights = model.caption(test.images[:1])[0]
     assert " ".join(words) == test.captions[0] and weights.shape == (3, GRID[0] * GRID[1])
-
-
-EPOCHS = 12
+    beams = model.beam_caption(test.images[:1], width=3)[0]
+    assert beams[0].tokens == list(test.tokens[0, 1:4]) and beams[0].attention.shape == (4, GRID[0] * GRID[1])

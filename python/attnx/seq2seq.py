@@ -179,7 +179,7 @@ class _AttentionDecoder(Layer):
     _kind = None
 
     def __init__(self, vocab_size, embedding_dim, units, cell="gru", score="additive", attention_units=None,
-                 local_window=None, local_mode="m", gated=False, hard=False, baseline_decay=0.9,
+                 local_window=None, local_mode="m", gated=False, hard=False, baseline_decay=0.9, soft_fraction=0.5,
                  embeddings_initializer="uniform", kernel_initializer="glorot_uniform",
                  recurrent_initializer="orthogonal", **kwargs):
         super().__init__(**kwargs)
@@ -190,6 +190,9 @@ class _AttentionDecoder(Layer):
         if not 0.0 <= float(baseline_decay) < 1.0:
             raise ValueError(f"{kind}: `baseline_decay` must be in [0, 1), got {baseline_decay}")
         self.baseline_decay = float(baseline_decay)
+        if not 0.0 <= float(soft_fraction) <= 1.0:
+            raise ValueError(f"{kind}: `soft_fraction` must be in [0, 1], got {soft_fraction}")
+        self.soft_fraction = float(soft_fraction)
         self.baseline = None  # hard attention: the moving average of the rewards (learned state, as HardAttention's)
         self.vocab_size = _positive_int(kind, "vocab_size", vocab_size)
         self.embedding_dim = _positive_int(kind, "embedding_dim", embedding_dim)
@@ -282,10 +285,11 @@ class _AttentionDecoder(Layer):
         return as_mask(mask, batch, steps, f"Layer '{self.name}': `{arg}`")
 
     def _run(self, ids, encoder_outputs, states, source_mask, target_mask, feed=None, keys=None, first_step=0,
-             sample=False):
+             sample=False, soft=False):
         """Checks the inputs and runs the fused kernel over the steps of `ids` (B, T); returns its
         (logits, h, c, feed, weights, keys, cache) and the encoder outputs as it read them.
-        `sample`: hard attention draws its regions (else it takes the most likely ones)."""
+        `sample`: hard attention draws its regions (else it takes the most likely ones);
+        `soft`: this call attends softly even if the layer's attention is hard."""
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"Layer '{self.name}': target ids must be integers, got dtype {ids.dtype}")
@@ -301,7 +305,7 @@ class _AttentionDecoder(Layer):
             raise IndexError(f"Layer '{self.name}': target token id {bad} out of range [0, {self.vocab_size})")
         states = self._initial_states(states, B)
         outputs = _core.decoder_forward(
-            **self._variant, ids=np.require(ids, np.int64, "CA"), enc=enc,
+            **{**self._variant, "hard": self.hard and not soft}, ids=np.require(ids, np.int64, "CA"), enc=enc,
             source_mask=self._mask(source_mask, B, S, "source_mask"),
             target_mask=self._mask(target_mask, B, ids.shape[1], "mask"),
             h0=states[0], c0=states[1] if self.n_states == 2 else None,
@@ -318,9 +322,11 @@ class _AttentionDecoder(Layer):
         if not isinstance(inputs, (list, tuple)) or len(inputs) < 3:
             raise ValueError(f"Layer '{self.name}': inputs must be [target_ids, encoder_outputs, h0(, c0)]")
         ids, encoder_outputs, *states = inputs
-        sample = training and self.hard
+        # Xu et al.'s variance reduction: a share of hard attention's training calls use the expected context
+        soft = training and self.hard and self.soft_fraction > 0 and backend.rng().random() < self.soft_fraction
+        sample = training and self.hard and not soft
         (logits, _, _, _, weights, _, kernel_cache), enc = self._run(ids, encoder_outputs, states, source_mask,
-                                                                     mask, sample=sample)
+                                                                     mask, sample=sample, soft=soft)
         cache = None
         if training:
             reinforce = None
@@ -334,9 +340,12 @@ class _AttentionDecoder(Layer):
     def set_reward(self, rewards, cache):
         """Hard attention: the rewards (B,) of the regions sampled by the training call that returned
         `cache` (higher is better; Show, Attend and Tell's is the log likelihood of the caption), set
-        before that call's backprop, as `HardAttention.set_reward`."""
-        if cache is None or cache.reinforce is None:
+        before that call's backprop, as `HardAttention.set_reward`. Ignored for a call that used the
+        expected context (`soft_fraction`)."""
+        if cache is None or not self.hard:
             raise RuntimeError(f"Layer '{self.name}': set_reward() needs the cache of a training call with hard=True")
+        if cache.reinforce is None:
+            return
         r = np.asarray(rewards, dtype=np.float64)
         B = cache.reinforce["weights"].shape[0]
         if r.shape != (B,) or not np.isfinite(r).all():
@@ -439,7 +448,7 @@ class _AttentionDecoder(Layer):
                 "units": self.units, "cell": self.cell, "score": self.score,
                 "attention_units": self.attention_units, "local_window": self.local_window,
                 "local_mode": self.local_mode, "gated": self.gated, "hard": self.hard,
-                "baseline_decay": self.baseline_decay,
+                "baseline_decay": self.baseline_decay, "soft_fraction": self.soft_fraction,
                 "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
                 "recurrent_initializer": initializers.serialize(self.recurrent_initializer)}
@@ -487,6 +496,8 @@ class BahdanauDecoder(_AttentionDecoder):
             training call (the score learns by REINFORCE: call ``set_reward(rewards, cache)``
             before that call's backprop, as `HardAttention`), the most likely one otherwise.
         baseline_decay: decay of hard attention's moving-average reward baseline.
+        soft_fraction: the probability that a training call of hard attention uses the expected
+            context instead (Xu et al. use 0.5 to reduce the variance of REINFORCE).
     """ + _DECODER_DOC
     _kind = "bahdanau"
 
