@@ -658,6 +658,9 @@ def test_layer_simd_levels(name, level, data):
     (lambda: layers.AttentionPooling(), [(6, 41, 24)]),
     (lambda: layers.AdditiveAttention(), [(3, 11, 24), (3, 43, 24)]),
     (lambda: layers.LuongAttention(), [(3, 11, 24), (3, 43, 24)]),
+    (lambda: layers.Conv2D(40, 3, strides=(1, 2), padding="same", activation="relu"), [(3, 12, 11, 17)]),
+    (lambda: layers.MaxPooling2D(3, strides=2, padding="same"), [(3, 12, 11, 37)]),
+    (lambda: layers.AveragePooling2D((2, 3), strides=1), [(3, 12, 11, 37)]),
 ])
 def test_kernels_simd_levels_at_tile_sizes(make, shapes, level):
     attnx.set_random_seed(1)

@@ -20,16 +20,26 @@ static Window2D windows(const py::array& x, Pair size, Pair strides, const std::
         throw py::value_error(f + ": padding must be 'same' or 'valid', got '" + padding + "'");
     check_rank(x, 4, (f + ": x").c_str());
     check_index_range(x, (f + ": x").c_str());
-    if ((long long)size[0] * size[1] * x.shape(3) > kMaxIndex)
-        throw py::value_error(f + ": a window of " + std::to_string(size[0]) + "x" + std::to_string(size[1]) +
-                              " pixels of " + std::to_string(x.shape(3)) +
-                              " channels exceeds the kernels' limit of 2**31 - 1 values");
     try {
         return window_2d((int)x.shape(0), (int)x.shape(1), (int)x.shape(2), (int)x.shape(3), size[0], size[1],
                          strides[0], strides[1], padding == "same");
     } catch (const std::invalid_argument& e) {
         throw py::value_error(f + ": " + e.what());
     }
+}
+
+// The windows of a convolution of x (B, H, W, C) with kernel (KH, KW, C, F), already checked as
+// arrays of the kernels' dtype; its patches (KH * KW * C values) must fit in int.
+static Window2D conv_windows(const py::array& x, const py::array& kernel, Pair strides, const std::string& padding,
+                             const char* fn) {
+    const std::string f(fn);
+    check_rank(kernel, 4, (f + ": kernel").c_str());
+    const Window2D w = windows(x, {(int)kernel.shape(0), (int)kernel.shape(1)}, strides, padding, fn);
+    check_shape(kernel, {w.KH, w.KW, w.C, -1}, (f + ": kernel (input channels as x's)").c_str());
+    if ((long long)w.KH * w.KW * w.C > kMaxIndex)
+        throw py::value_error(f + ": a patch of " + std::to_string(w.KH) + "x" + std::to_string(w.KW) + " pixels of " +
+                              std::to_string(w.C) + " channels exceeds the kernels' limit of 2**31 - 1 values");
+    return w;
 }
 
 static std::vector<py::ssize_t> out_shape(const Window2D& w, py::ssize_t channels) {
@@ -94,12 +104,9 @@ void init_conv(py::module_& m) {
             return dispatch_float(x, "conv2d_forward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const T* px = in_ptr<T>(x, "conv2d_forward: x");
-                check_rank(kernel, 4, "conv2d_forward: kernel");
                 const T* pk = in_ptr<T>(kernel, "conv2d_forward: kernel");
-                const Window2D w = windows(x, {(int)kernel.shape(0), (int)kernel.shape(1)}, strides, padding,
-                                           "conv2d_forward");
+                const Window2D w = conv_windows(x, kernel, strides, padding, "conv2d_forward");
                 const py::ssize_t F = kernel.shape(3);
-                check_shape(kernel, {w.KH, w.KW, w.C, F}, "conv2d_forward: kernel (input channels as x's)");
                 if (!bias.is_none()) check_shape(array_arg(bias, "conv2d_forward: bias"), {F}, "conv2d_forward: bias");
                 const T* pb = optional_in_ptr<T>(bias, "conv2d_forward: bias");
                 auto z = new_array<T>(out_shape(w, F));
@@ -128,12 +135,9 @@ void init_conv(py::module_& m) {
             return dispatch_float(x, "conv2d_backward: x", [&](auto tag) -> py::object {
                 using T = decltype(tag);
                 const T* px = in_ptr<T>(x, "conv2d_backward: x");
-                check_rank(kernel, 4, "conv2d_backward: kernel");
                 const T* pk = in_ptr<T>(kernel, "conv2d_backward: kernel");
-                const Window2D w = windows(x, {(int)kernel.shape(0), (int)kernel.shape(1)}, strides, padding,
-                                           "conv2d_backward");
+                const Window2D w = conv_windows(x, kernel, strides, padding, "conv2d_backward");
                 const py::ssize_t F = kernel.shape(3);
-                check_shape(kernel, {w.KH, w.KW, w.C, F}, "conv2d_backward: kernel (input channels as x's)");
                 check_shape(dkernel, {w.KH, w.KW, w.C, F}, "conv2d_backward: dkernel");
                 check_shape(dy, out_shape(w, F), "conv2d_backward: dy");
                 check_shape(y, out_shape(w, F), "conv2d_backward: y");
