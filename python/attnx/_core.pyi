@@ -141,3 +141,25 @@ def decoder_greedy(
     params: dict[str, Array], local_window: int = -1, local_mode: str = "m", start_id: int, end_id: int,
     max_length: int, gated: bool = False, hard: bool = False,
 ) -> tuple[Array, Array]: ...
+
+# ---------------------------------------------------------------------------- convolution, pooling: (B, H, W, C)
+def conv2d_forward(
+    x: Array, kernel: Array, bias: Array | None, strides: tuple[int, int], padding: str = "valid",
+    activation: str = "linear",
+) -> tuple[Array, Array]: ...
+def conv2d_backward(
+    dy: Array, x: Array, kernel: Array, y: Array, z: Array, strides: tuple[int, int], padding: str, activation: str,
+    dkernel: Array, dbias: Array | None, need_dx: bool = True,
+) -> Array | None: ...
+def max_pool2d_forward(
+    x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
+) -> Array: ...
+def max_pool2d_backward(
+    dy: Array, x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
+) -> Array: ...
+def avg_pool2d_forward(
+    x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
+) -> Array: ...
+def avg_pool2d_backward(
+    dy: Array, x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
+) -> Array: ...
