@@ -8,7 +8,6 @@ import pytest
 
 import attnx
 from attnx import _core, layers, losses
-from attnx import ops as K
 from attnx.seq2seq import BahdanauDecoder, LuongDecoder
 from attnx.vision import DoublyStochasticRegularization, ImageCaptioner
 
@@ -245,7 +244,8 @@ def _torch_show_attend_tell(model, images, tokens, torch):
     coverage = (weights * real[..., None]).sum(1)
     loss = ce + model.attention_regularization * ((1 - coverage) ** 2).sum(-1).mean()
     loss.backward()
-    return float(loss.detach()), logits.detach().numpy(), weights.detach().numpy(), {k: v.grad.numpy() for k, v in t.items()}
+    grads = {k: v.grad.numpy() for k, v in t.items()}
+    return float(loss.detach()), logits.detach().numpy(), weights.detach().numpy(), grads
 
 
 @pytest.mark.parametrize("gated", [True, False])
@@ -333,46 +333,19 @@ def test_save_and_load_keep_the_captions(tmp_path):
 
 
 # ------------------------------------------------------------------------------ trained on digits
-# The encoder stands in for a small CNN: Dense features of every 8x8 window (a digit's size) every 2
-# pixels, max-pooled over 3x3 windows every 2, so that each region of the 2 x 10 grid covers 12x12
-# pixels every 4 and answers to a digit anywhere inside it.
-CANVAS, FINE = (16, 48), (5, 21)
-GRID, REGION, STRIDE = (2, 10), 12, 4
+# A small CNN encoder: 8x8 convolutions (a digit's size) every 2 pixels, then 3x3 max pooling every
+# 2, leave a 2 x 10 feature map whose cells see 12x12 pixels every 4 and answer to a digit anywhere
+# inside them; a learned embedding of each region's place lets the decoder go from left to right.
+CANVAS, GRID, REGION, STRIDE = (16, 48), (2, 10), 12, 4
+FILTERS = 256
 
 
-class Windows(layers.Layer):
-    """The 8x8 pixels every 2 pixels (im2col): (B, 5, 21, 64)."""
-
-    def call(self, x):
-        H, W = CANVAS
-        blocks = K.reshape(K.transpose(K.reshape(x, (-1, H // 2, 2, W // 2, 2)), (0, 1, 3, 2, 4)),
-                           (-1, H // 2, W // 2, 4))
-        return K.concatenate([blocks[:, i:i + FINE[0], j:j + FINE[1]] for i in range(4) for j in range(4)], -1)
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0],) + FINE + (64,)
-
-
-class MaxPool(layers.Layer):
-    """The maximum over 3x3 windows every 2 of the fine grid, as regions: (B, 20, features)."""
-
-    def call(self, x):
-        pooled = None
-        for i in range(3):
-            for j in range(3):
-                part = x[:, i:i + 2 * GRID[0] - 1:2, j:j + 2 * GRID[1] - 1:2]
-                pooled = part if pooled is None else K.maximum(pooled, part)
-        return K.reshape(pooled, (-1, GRID[0] * GRID[1], pooled.shape[-1]))
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], GRID[0] * GRID[1], input_shape[-1])
-
-
-def _window_encoder():
+def _cnn_encoder():
     x = attnx.Input(CANVAS + (1,))
-    h = MaxPool()(layers.Dense(128, activation="relu")(Windows()(x)))
-    h = layers.Dense(64, activation="relu")(h)
-    return attnx.Model(x, layers.PositionEmbedding(GRID[0] * GRID[1])(h))  # where a region is: for left to right
+    h = layers.Conv2D(FILTERS, 8, strides=2, activation="relu", kernel_initializer="he_uniform")(x)
+    h = layers.MaxPooling2D(3, strides=2)(h)
+    h = layers.Dense(64, activation="relu")(layers.Reshape((GRID[0] * GRID[1], FILTERS))(h))
+    return attnx.Model(x, layers.PositionEmbedding(GRID[0] * GRID[1])(h))
 
 
 def _attended_digit(attention, boxes):
@@ -403,14 +376,14 @@ def _train_on_fresh_compositions(model, epochs, decay_from):
 def test_soft_captioner_captions_held_out_images_and_looks_at_each_digit():
     attnx.set_random_seed(0)
     test = attnx.datasets.load_digit_captions(500, canvas=CANVAS, seed=1)
-    model = ImageCaptioner(_window_encoder(), CANVAS + (1,), vocabulary=test.vocabulary, embedding_dim=32,
+    model = ImageCaptioner(_cnn_encoder(), CANVAS + (1,), vocabulary=test.vocabulary, embedding_dim=32,
                            units=128, max_length=5)
     model.compile(optimizer=attnx.optimizers.Adam(3e-3))
     _train_on_fresh_compositions(model, epochs=10, decay_from=8)
     tokens, attention = model.greedy_caption(test.images)
     exact = (tokens[:, :4] == test.tokens[:, 1:]).all(1).mean()
     on_digit = (_attended_digit(attention[:, :3], test.boxes) == np.arange(3)).mean()
-    assert exact >= 0.95, exact  # measured 0.966
+    assert exact >= 0.95, exact  # measured 0.966 (0.976 after 12 epochs)
     assert on_digit >= 0.90, on_digit  # measured 0.999
     words, weights = model.caption(test.images[:1])[0]
     assert " ".join(words) == test.captions[0] and weights.shape == (3, GRID[0] * GRID[1])

@@ -22,14 +22,13 @@ import numpy as np
 
 import attnx
 from attnx import layers
-from attnx import ops as K
 from attnx.vision import ImageCaptioner
 
 # ATTNX_QUICK=1 (set by the test suite): a few hundred images and one epoch, to check that the
 # notebook runs. The full run trains each captioner for a few minutes on a 2-core CPU.
 QUICK = os.environ.get("ATTNX_QUICK") == "1"
 N_TRAIN, N_TEST = (300, 100) if QUICK else (6000, 1000)
-SOFT_EPOCHS, HARD_EPOCHS = (1, 1) if QUICK else (10, 16)
+SOFT_EPOCHS, HARD_EPOCHS = (1, 1) if QUICK else (12, 20)
 CANVAS = (16, 48)
 attnx.set_random_seed(0)
 
@@ -43,7 +42,7 @@ attnx.set_random_seed(0)
 # training draws new ones every epoch.
 
 # %%
-train = attnx.datasets.load_digit_captions(N_TRAIN, canvas=CANVAS, seed=0)  # a look at the data; training draws fresh images
+train = attnx.datasets.load_digit_captions(N_TRAIN, canvas=CANVAS, seed=0)  # to look at; training draws fresh images
 test = attnx.datasets.load_digit_captions(N_TEST, canvas=CANVAS, seed=1)
 print("images", train.images.shape, "tokens", train.tokens.shape, "vocabulary", train.vocabulary)
 fig, axes = plt.subplots(1, 4, figsize=(12, 1.6))
@@ -56,58 +55,30 @@ for ax, image, caption, boxes in zip(axes, train.images, train.captions, train.b
 plt.show()
 
 # %% [markdown]
-# ## The encoder: one annotation per region
+# ## The encoder: a small CNN, one annotation per region
 #
 # The paper's encoder is a CNN whose last feature map (14 x 14 x 512) becomes $L = 196$ annotations.
-# Ours is a small stand-in built the same way from attnx layers: Dense features of every 8x8 window
-# (a digit's size) every 2 pixels — a convolution with an 8x8 kernel and stride 2 — then the maximum
-# over 3x3 neighbouring windows every 2 — a max pooling — which leaves a 2 x 10 grid of regions,
-# each covering 12x12 pixels every 4 and answering to a digit anywhere inside it. A Dense layer
-# makes $D = 64$ features and a learned embedding of each region's place is added (a CNN's features
-# carry where they are through their padding; ours need it to go from left to right). Any attnx
-# layer or model that maps images to $(B, L, D)$ can be the encoder.
+# Ours is a small one: a convolution with 8x8 kernels (a digit's size) every 2 pixels, then a 3x3
+# max pooling every 2, which leaves a 2 x 10 feature map: each of its cells sees 12x12 pixels, every
+# 4 pixels, and answers to a digit anywhere inside them. `Reshape` turns the map into $L = 20$
+# regions, a Dense layer makes $D = 64$ features, and a learned embedding of each region's place is
+# added (a deep CNN's features carry where they are through their padding; ours need it to go from
+# left to right). Any attnx layer or model that maps images to $(B, L, D)$ can be the encoder.
 
 # %%
-FINE, GRID = (5, 21), (2, 10)  # windows every 2 pixels; regions after the pooling
-REGION, STRIDE = 12, 4          # a region's pixels, and the step between regions
-
-
-class Windows(layers.Layer):
-    """The 8x8 pixels every 2 pixels (im2col): (B, 5, 21, 64)."""
-
-    def call(self, x):
-        H, W = CANVAS
-        blocks = K.reshape(K.transpose(K.reshape(x, (-1, H // 2, 2, W // 2, 2)), (0, 1, 3, 2, 4)),
-                           (-1, H // 2, W // 2, 4))
-        return K.concatenate([blocks[:, i:i + FINE[0], j:j + FINE[1]] for i in range(4) for j in range(4)], -1)
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0],) + FINE + (64,)
-
-
-class MaxPool(layers.Layer):
-    """The maximum over 3x3 windows every 2 of the fine grid, as regions: (B, 20, features)."""
-
-    def call(self, x):
-        pooled = None
-        for i in range(3):
-            for j in range(3):
-                part = x[:, i:i + 2 * GRID[0] - 1:2, j:j + 2 * GRID[1] - 1:2]
-                pooled = part if pooled is None else K.maximum(pooled, part)
-        return K.reshape(pooled, (-1, GRID[0] * GRID[1], pooled.shape[-1]))
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], GRID[0] * GRID[1], input_shape[-1])
+GRID = (2, 10)         # the feature map: rows x columns of regions
+REGION, STRIDE = 12, 4  # the pixels a region sees, and the step between regions
 
 
 def make_encoder():
     x = attnx.Input(CANVAS + (1,))
-    h = MaxPool()(layers.Dense(128, activation="relu")(Windows()(x)))
-    h = layers.Dense(64, activation="relu")(h)
+    h = layers.Conv2D(256, 8, strides=2, activation="relu", kernel_initializer="he_uniform")(x)  # 5 x 21
+    h = layers.MaxPooling2D(3, strides=2)(h)                                                     # 2 x 10
+    h = layers.Dense(64, activation="relu")(layers.Reshape((GRID[0] * GRID[1], 256))(h))
     return attnx.Model(x, layers.PositionEmbedding(GRID[0] * GRID[1])(h))
 
 
-print("regions", GRID, "->", GRID[0] * GRID[1], "annotations of size 64")
+make_encoder().summary()
 
 # %% [markdown]
 # ## The decoder
@@ -248,8 +219,7 @@ for image, (soft_words, soft_weights), (hard_words, hard_weights) in zip(images,
 # %% [markdown]
 # ## Save and load
 #
-# A captioner is saved with its encoder (here a functional model with our `Windows` layer, which
-# `attnx.load_model` finds by its class name) and reads back with the same captions.
+# A captioner is saved with its encoder and reads back with the same captions.
 
 # %%
 soft.save("visual_attention_soft.attnx")
