@@ -320,6 +320,22 @@ def test_bad_input():
         _core.decoder_forward(**args, params={k: v for k, v in dec_hard.params.items() if k != "gate_kernel"})
 
 
+def test_hard_captioner_trains_through_fit_with_the_caption_log_likelihood_as_reward():
+    model = _captioner(attention="hard", dtype="float32")
+    model.decoder.soft_fraction = 0.0  # every batch draws regions
+    images, tokens = _batch()
+    model.compile(optimizer=attnx.optimizers.SGD(0.1))
+    before = model.decoder.params["score_vector"].copy()
+    history = model.fit(images.astype(np.float32), tokens, epochs=2, batch_size=B, verbose=0)
+    assert np.isfinite(history.history["loss"]).all() and model.decoder.baseline is not None
+    assert np.abs(model.decoder.params["score_vector"] - before).max() > 0
+    inputs, _ = model.train_data(images.astype(np.float32), tokens)
+    with pytest.raises(ValueError, match="target ids"):  # the reward needs the targets
+        model.apply(inputs[:2], training=True)
+    tokens_out, attention = model.predict(images.astype(np.float32))
+    assert tokens_out.shape == (B, 6) and attention.shape == (B, 6, L)
+
+
 def test_save_and_load_keep_the_captions(tmp_path):
     model = _captioner(dtype="float32")
     images, _ = _batch()
