@@ -62,7 +62,8 @@ def test_attention_over_image_one_panel_per_word_with_the_grid_stretched_over_th
     overlay = axes[1].get_images()[1].get_array()
     assert overlay.shape == (16, 48)
     rows, cols = np.nonzero(overlay)
-    assert (rows.min(), rows.max(), cols.min(), cols.max()) == (8, 15, 19, 23)  # cell (1, 4): rows [8, 16), columns [19.2, 24)
+    # cell (1, 4) covers rows [8, 16) and columns [19.2, 24)
+    assert (rows.min(), rows.max(), cols.min(), cols.max()) == (8, 15, 19, 23)
     plt.close(axes[0].figure)
     fig, given = plt.subplots(1, 3)
     assert plot.attention_over_image(image[..., 0], weights, ["a", "b", "c"], (2, 10), axes=given)[2] is given[2]
