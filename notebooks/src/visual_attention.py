@@ -29,7 +29,7 @@ from attnx.vision import ImageCaptioner
 # notebook runs. The full run trains each captioner for a few minutes on a 2-core CPU.
 QUICK = os.environ.get("ATTNX_QUICK") == "1"
 N_TRAIN, N_TEST = (300, 100) if QUICK else (6000, 1000)
-SOFT_EPOCHS, HARD_EPOCHS = (1, 1) if QUICK else (12, 16)
+SOFT_EPOCHS, HARD_EPOCHS = (1, 1) if QUICK else (12, 24)
 CANVAS = (16, 48)
 attnx.set_random_seed(0)
 get_ipython().run_line_magic("matplotlib", "inline")  # the figures stay in the notebook even under MPLBACKEND=Agg
@@ -194,7 +194,7 @@ for hypotheses in soft.beam_caption(test.images[:3], width=3):
 # from $\alpha_t$; at inference, at the most likely region. Learning where to look from a reward
 # is slower than following a gradient. The paper reduces the variance of REINFORCE by using the
 # expected context instead of a drawn region in half of the training steps (`soft_fraction=0.5`,
-# the default); on our CPU budget we use it in three quarters of them, and train a little longer.
+# the default); on our CPU budget we use it in three quarters of them, and train twice as long.
 
 # %%
 attnx.set_random_seed(0)
@@ -207,9 +207,10 @@ report(soft, "soft attention")
 report(hard, "hard attention")
 
 # %% [markdown]
-# Soft against hard on the same images: soft attention spreads its weight over the windows that
-# hold the digit; hard attention's distribution is sharper, since the decoder only ever sees the
-# one region it picked.
+# Soft against hard on the same images, word by word. At inference the hard captioner reads only
+# its most likely region, so a word is right only if that one region holds the digit; the soft
+# captioner reads the weighted average and can still be right with the weight spread over
+# neighbouring regions.
 
 # %%
 images = test.images[3:5]
