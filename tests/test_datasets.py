@@ -350,3 +350,48 @@ def test_anki_errors(tmp_path):
     bad.write_text("Hello.\tनमस्कार.\nno tab here\n", encoding="utf-8")
     with pytest.raises(ValueError, match="line 2"):
         load_anki_pairs(path=bad)
+
+
+# ----------------------------------------------------------------------------- digit captions
+def test_digit_captions_are_deterministic_and_describe_the_image():
+    pytest.importorskip("sklearn")
+    first = datasets.load_digit_captions(50, canvas=(12, 40), digits_per_image=3, seed=7, min_gap=2)
+    again = datasets.load_digit_captions(50, canvas=(12, 40), digits_per_image=3, seed=7, min_gap=2)
+    other = datasets.load_digit_captions(50, canvas=(12, 40), digits_per_image=3, seed=8, min_gap=2)
+    np.testing.assert_array_equal(first.images, again.images)
+    assert not np.array_equal(first.images, other.images)
+    assert first.images.shape == (50, 12, 40, 1) and first.images.dtype == np.float32
+    assert first.images.min() >= 0 and first.images.max() <= 1
+    vocab = first.vocabulary
+    for image, digits, caption, tokens, boxes in zip(first.images[..., 0], first.digits, first.captions,
+                                                     first.tokens, first.boxes):
+        assert caption == " ".join(datasets.DIGIT_WORDS[d] for d in digits)
+        assert [vocab[t] for t in tokens] == ["<start>"] + caption.split() + ["<end>"]
+        # left to right, min_gap blank columns apart, inside the canvas, and all ink inside the boxes
+        assert (boxes[1:, 1] - boxes[:-1, 3] >= 2).all()
+        assert (boxes[:, :2] >= 0).all() and (boxes[:, 2] <= 12).all() and (boxes[:, 3] <= 40).all()
+        inside = np.zeros(image.shape, bool)
+        for top, left, bottom, right in boxes:
+            inside[top:bottom, left:right] = True
+            assert image[top:bottom, left:right].max() > 0
+        assert image[~inside].max(initial=0) == 0
+
+
+def test_digit_captions_held_out_handwriting_and_bad_arguments():
+    pytest.importorskip("sklearn")
+    train = datasets.load_digit_captions(400, seed=0, split="train")
+    test = datasets.load_digit_captions(400, seed=0, split="test")
+    crops = lambda d: {d.images[i, t:b, l:r, 0].tobytes() for i in range(len(d.images)) for t, l, b, r in d.boxes[i]}
+    assert not crops(train) & crops(test)  # no digit image in both
+    with pytest.raises(ValueError, match="cannot|need a canvas"):
+        datasets.load_digit_captions(5, canvas=(16, 25), digits_per_image=3)
+    with pytest.raises(ValueError, match="need a canvas"):
+        datasets.load_digit_captions(5, canvas=(7, 48))
+    with pytest.raises(ValueError, match="split"):
+        datasets.load_digit_captions(5, split="validation")
+    with pytest.raises(ValueError, match="`n`"):
+        datasets.load_digit_captions(0)
+    with pytest.raises(TypeError, match="digits_per_image"):
+        datasets.load_digit_captions(5, digits_per_image=2.5)
+    with pytest.raises(TypeError, match="canvas"):
+        datasets.load_digit_captions(5, canvas=16)

@@ -360,6 +360,34 @@ LAYER_CASES.update({
     "TransformerDecoder": LayerCase(lambda d: layers.TransformerDecoder(1, 2, 3), _dec_sample, multi_input=True,
                                     ranks=[(3,), (3,)]),
 })
+
+
+def _image_sample(draw, layer):
+    """(B, H, W, C) images at least as large as the layer's window (C fixed once per layer)."""
+    window = getattr(layer, "kernel_size", None) or layer.pool_size
+    if not hasattr(layer, "sample_channels"):
+        layer.sample_channels = draw(st.sampled_from([1, 3]))
+    shape = (draw(st.sampled_from([1, 2])), window[0] + draw(st.sampled_from([0, 1, 4])),
+             window[1] + draw(st.sampled_from([0, 2, 3])), layer.sample_channels)
+    return floats(draw, shape)
+
+
+IMAGE = dict(ranks=[(4,)])
+LAYER_CASES.update({
+    "Conv2D": LayerCase(lambda d: layers.Conv2D(d(st.sampled_from([1, 4])), d(st.sampled_from([1, 2, (3, 2)])),
+                                                strides=d(st.sampled_from([1, 2, (1, 3)])),
+                                                padding=d(st.sampled_from(["same", "valid"])),
+                                                activation=d(st.sampled_from(ACTS)), use_bias=d(st.booleans())),
+                        _image_sample, **IMAGE),
+    "MaxPooling2D": LayerCase(lambda d: layers.MaxPooling2D(d(st.sampled_from([1, 2, (2, 3)])),
+                                                            strides=d(st.sampled_from([None, 1, 2])),
+                                                            padding=d(st.sampled_from(["same", "valid"]))),
+                              _image_sample, **IMAGE),
+    "AveragePooling2D": LayerCase(lambda d: layers.AveragePooling2D(d(st.sampled_from([1, 2, (2, 3)])),
+                                                                    strides=d(st.sampled_from([None, 1, 2])),
+                                                                    padding=d(st.sampled_from(["same", "valid"]))),
+                                  _image_sample, **IMAGE),
+})
 CASE_NAMES = sorted(LAYER_CASES)
 
 
@@ -630,6 +658,9 @@ def test_layer_simd_levels(name, level, data):
     (lambda: layers.AttentionPooling(), [(6, 41, 24)]),
     (lambda: layers.AdditiveAttention(), [(3, 11, 24), (3, 43, 24)]),
     (lambda: layers.LuongAttention(), [(3, 11, 24), (3, 43, 24)]),
+    (lambda: layers.Conv2D(40, 3, strides=(1, 2), padding="same", activation="relu"), [(3, 12, 11, 17)]),
+    (lambda: layers.MaxPooling2D(3, strides=2, padding="same"), [(3, 12, 11, 37)]),
+    (lambda: layers.AveragePooling2D((2, 3), strides=1), [(3, 12, 11, 37)]),
 ])
 def test_kernels_simd_levels_at_tile_sizes(make, shapes, level):
     attnx.set_random_seed(1)

@@ -42,6 +42,39 @@ def test_attention_pooling_batch_past_int_does_not_hang():
         pool(x)
 
 
+@pytest.mark.parametrize("rows", [BIG, HUGE])
+def test_conv_and_pooling_rows_past_int(rows):
+    x = np.empty((1, rows, 0, 1), f32)  # no memory, yet rows x 0 pixels of one channel
+    with pytest.raises(ValueError, match=r"conv2d_forward: x: shape \(1, \d+, 0, 1\) " + LIMIT):
+        _core.conv2d_forward(x=x, kernel=np.zeros((1, 1, 1, 1), f32), bias=None, strides=(1, 1))
+    for pool in (_core.max_pool2d_forward, _core.avg_pool2d_forward):
+        with pytest.raises(ValueError, match=r"pool2d_forward: x: .*" + LIMIT):
+            pool(x=x, pool_size=(1, 1), strides=(1, 1))
+    with pytest.raises(ValueError, match=LIMIT):
+        layers.MaxPooling2D(1, padding="same")(x)
+
+
+def test_conv_patch_past_int():
+    """A kernel of no filters (no memory) whose patches would hold 2**32 values."""
+    with pytest.raises(ValueError, match=r"conv2d_forward: a patch of 65536x65536 pixels of 1 channels " + LIMIT):
+        _core.conv2d_forward(x=np.zeros((1, 3, 3, 1), f32), kernel=np.empty((2 ** 16, 2 ** 16, 1, 0), f32), bias=None,
+                             strides=(1, 1), padding="same")
+
+
+def test_pooling_windows_and_strides_near_int_on_small_images():
+    """'same' windows and strides of 2**31 - 1 on a 3x3 image (the padding arithmetic passes int)."""
+    x = np.arange(18, dtype=f32).reshape(1, 3, 3, 2)
+    top = 2 ** 31 - 1
+    y = _core.max_pool2d_forward(x=x, pool_size=(top, top), strides=(top, top), padding="same")
+    np.testing.assert_array_equal(y, x.max(axis=(1, 2), keepdims=True))
+    y = _core.avg_pool2d_forward(x=x, pool_size=(1, 1), strides=(top, 2), padding="valid")
+    np.testing.assert_array_equal(y, x[:, :1, ::2])
+    with pytest.raises(ValueError, match="max_pool2d_forward: window 2147483647x2147483647 is larger than the input"):
+        _core.max_pool2d_forward(x=x, pool_size=(top, top), strides=(1, 1))
+    with pytest.raises(TypeError):  # past int: pybind11 refuses the conversion
+        _core.max_pool2d_forward(x=x, pool_size=(2, 2), strides=(2 ** 31, 1))
+
+
 def test_zero_stride_views_are_refused_not_read():
     """A broadcast view of one element posing as a (2**31 + 16, 4) array: refused by layout before
     any size is cast."""
@@ -250,7 +283,9 @@ def test_decoder_first_step_negative():
                               recurrent_kernel=np.ones((2, 6)), bias=[0.0] * 6, recurrent_bias=None, h0=None,
                               c0=None, mask=None, recurrent_mask=None),
     lambda: _core.mean_squared_error(pred=np.ones((2, 2)), target=np.ones((2, 2)), weights=[1.0, 1.0], denom=1.0),
-], ids=["dense_bias", "layernorm_gamma", "sdpa_dropout_keep", "rnn_bias", "mse_weights"])
+    lambda: _core.conv2d_forward(x=np.ones((1, 2, 2, 1)), kernel=np.ones((1, 1, 1, 2)), bias=[1.0, 2.0],
+                                 strides=(1, 1)),
+], ids=["dense_bias", "layernorm_gamma", "sdpa_dropout_keep", "rnn_bias", "mse_weights", "conv_bias"])
 def test_optional_array_arguments_given_as_lists(call):
     """A list where an optional array goes was converted to a temporary float64 array that was freed
     before the kernel read it (use after free in a float64 call): now a TypeError."""

@@ -37,6 +37,10 @@ def _mask(rng, B, T):
     return m
 
 
+def _image(rng, B, T, C=2):
+    return rng.standard_normal((B, T, T + 1, C))
+
+
 def _ids(rng, B, T, vocab=7):
     return rng.integers(0, vocab, (B, T))
 
@@ -92,6 +96,11 @@ CASES = {
                            lambda r, B, T: [(_seq(r, B, T), "x"), (_mask(r, B, T), "padding_mask")]),
     "TransformerDecoder": (lambda: layers.TransformerDecoder(2, 2, 6, dtype=F64),
                            lambda r, B, T: [(_seq(r, B, 3), "x"), (_seq(r, B, T), "x")]),
+    "Conv2D": (lambda: layers.Conv2D(3, (2, 3), strides=(2, 1), padding="same", activation="tanh", dtype=F64),
+               lambda r, B, T: [(_image(r, B, T), "x")]),
+    "MaxPooling2D": (lambda: layers.MaxPooling2D(2, strides=1, dtype=F64), lambda r, B, T: [(_image(r, B, T), "x")]),
+    "AveragePooling2D": (lambda: layers.AveragePooling2D(2, padding="same", dtype=F64),
+                         lambda r, B, T: [(_image(r, B, T), "x")]),
 }
 # HardAttention trains by REINFORCE: each training call needs its reward (`set_reward(rewards, cache)`)
 # before backprop, which a generic model does not give it; its shared-call gradients are checked

@@ -51,3 +51,26 @@ def test_without_a_font_for_the_script_it_still_draws(monkeypatch):
     ax, missing = draw_and_collect_glyph_warnings()
     assert [t.get_text() for t in ax.get_yticklabels()] == MARATHI
     assert missing  # boxes, and matplotlib says so
+
+
+def test_attention_over_image_one_panel_per_word_with_the_grid_stretched_over_the_image():
+    image = np.random.default_rng(1).random((16, 48, 1))
+    weights = np.zeros((3, 2 * 10))
+    weights[[0, 1, 2], [1, 14, 8]] = 1.0  # regions (0, 1), (1, 4), (0, 8) of a 2 x 10 grid
+    axes = plot.attention_over_image(image, weights, ["seven", "two", "nine"], grid_shape=(2, 10))
+    assert [ax.get_title() for ax in axes] == ["seven", "two", "nine"]
+    overlay = axes[1].get_images()[1].get_array()
+    assert overlay.shape == (16, 48)
+    rows, cols = np.nonzero(overlay)
+    # cell (1, 4) covers rows [8, 16) and columns [19.2, 24)
+    assert (rows.min(), rows.max(), cols.min(), cols.max()) == (8, 15, 19, 23)
+    plt.close(axes[0].figure)
+    fig, given = plt.subplots(1, 3)
+    assert plot.attention_over_image(image[..., 0], weights, ["a", "b", "c"], (2, 10), axes=given)[2] is given[2]
+    plt.close(fig)
+    with pytest.raises(ValueError, match="grid_shape"):
+        plot.attention_over_image(image, weights, ["a", "b", "c"], grid_shape=(3, 10))
+    with pytest.raises(ValueError, match="3 words"):
+        plot.attention_over_image(image, weights[:2], ["a", "b", "c"], grid_shape=(2, 10))
+    with pytest.raises(ValueError, match="image"):
+        plot.attention_over_image(np.zeros((4, 4, 2)), weights, ["a", "b", "c"], grid_shape=(2, 10))

@@ -56,6 +56,9 @@ def _twin(make, x):
     (lambda dt: layers.TransformerEncoderLayer(2, 48, dtype=dt), (2, 9, 24)),
     (lambda dt: layers.LayerNormalization(dtype=dt), (4, 33)),
     (lambda dt: layers.AttentionPooling(dtype=dt), (3, 70, 16)),
+    (lambda dt: layers.Conv2D(12, 3, padding="same", activation="tanh", dtype=dt), (2, 9, 7, 5)),
+    (lambda dt: layers.MaxPooling2D(2, dtype=dt), (2, 8, 6, 20)),
+    (lambda dt: layers.AveragePooling2D(3, strides=2, padding="same", dtype=dt), (2, 9, 7, 20)),
 ])
 @pytest.mark.parametrize("scale", [1e-39, 1e-42])
 def test_subnormal_inputs_give_the_float64_results(make, shape, scale, level):

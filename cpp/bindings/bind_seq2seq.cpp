@@ -11,7 +11,8 @@
 namespace attnx::bind {
 
 static DecoderConfig decoder_config(const std::string& kind, const std::string& score, const std::string& cell,
-                                    int local_window, const std::string& local_mode) {
+                                    int local_window, const std::string& local_mode, bool gated = false,
+                                    bool hard = false) {
     DecoderConfig cfg;
     if (kind == "bahdanau") cfg.kind = DecoderKind::bahdanau;
     else if (kind == "luong") cfg.kind = DecoderKind::luong;
@@ -31,6 +32,9 @@ static DecoderConfig decoder_config(const std::string& kind, const std::string& 
     if (local_mode == "m") cfg.local_mode = LocalMode::monotonic;
     else if (local_mode == "p") cfg.local_mode = LocalMode::predictive;
     else throw py::value_error("decoder: unknown local_mode '" + local_mode + "'; expected m or p");
+    if ((gated || hard) && cfg.kind != DecoderKind::bahdanau)
+        throw py::value_error("decoder: gated and hard attention are Bahdanau options (Show, Attend and Tell)");
+    cfg.gated = gated, cfg.hard = hard;
     return cfg;
 }
 
@@ -69,6 +73,8 @@ static DecoderParams<P> decoder_params(const DecoderConfig& cfg, const py::dict&
     p.attentional_kernel = param<T, P>(params, "attentional_kernel", {K + H, H}, luong, fn);
     p.position_kernel = param<T, P>(params, "position_kernel", {H, cfg.P}, cfg.predictive(), fn);
     p.position_vector = param<T, P>(params, "position_vector", {cfg.P}, cfg.predictive(), fn);
+    p.gate_kernel = param<T, P>(params, "gate_kernel", {H}, cfg.gated, fn);
+    p.gate_bias = param<T, P>(params, "gate_bias", {1}, cfg.gated, fn);
     p.output_kernel = param<T, P>(params, "output_kernel", {H, V}, true, fn);
     p.output_bias = param<T, P>(params, "output_bias", {V}, true, fn);
     return p;
@@ -147,9 +153,13 @@ void init_seq2seq(py::module_& m) {
         [](const std::string& kind, const std::string& score, const std::string& cell, const py::array& ids,
            const py::array& enc, const py::object& source_mask, const py::object& target_mask, const py::array& h0,
            const py::object& c0, const py::object& feed0, const py::dict& params, const py::object& keys,
-           int local_window, const std::string& local_mode, int first_step) {
-            DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode);
+           int local_window, const std::string& local_mode, int first_step, bool gated, bool hard,
+           const py::object& uniforms) {
+            DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode, gated, hard);
             cfg.first_step = first_step;
+            if (!hard && !uniforms.is_none())
+                throw py::value_error("decoder_forward: uniforms draw hard attention's regions; give hard=True");
+            cfg.sample = !uniforms.is_none();
             return dispatch_float(enc, "decoder_forward: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 const char* fn = "decoder_forward";
@@ -179,6 +189,17 @@ void init_seq2seq(py::module_& m) {
                 py::dict cache;
                 if (ptm) cache["has_step_mask"] = true;
                 DecoderCache<T> c = decoder_cache<T>(cfg, cache, true);
+                if (c.uniforms) {
+                    py::array u = array_arg(uniforms, "decoder_forward: uniforms");
+                    check_shape(u, {B, Tn}, "decoder_forward: uniforms (batch, steps)");
+                    const T* pu = in_ptr<T>(u, "decoder_forward: uniforms");
+                    for (py::ssize_t i = 0; i < B * Tn; ++i)
+                        if (!(pu[i] >= T(0) && pu[i] < T(1)))
+                            throw py::value_error("decoder_forward: uniforms must lie in [0, 1), got " +
+                                                  std::to_string(pu[i]));
+                    for (py::ssize_t b = 0; b < B; ++b)  // time-major, as the kernel reads them
+                        for (py::ssize_t t = 0; t < Tn; ++t) c.uniforms[t * B + b] = pu[b * Tn + t];
+                }
                 bool keys_ready = false;
                 if (!keys.is_none() && c.keys) {
                     py::array k = array_arg(keys, "decoder_forward: keys");
@@ -200,7 +221,8 @@ void init_seq2seq(py::module_& m) {
                     decoder_forward<T>(cfg, pl, ph, pc, pf, c, w, pids, penc, psm, ptm, keys_ready, phu);
                     time_to_batch_major(pw, c.weights, (int)Tn, (int)B, (int)S);  // (B, T, S) for users
                 }
-                cache["config"] = py::make_tuple(kind, score, cell, local_window, local_mode, first_step);
+                cache["config"] =
+                    py::make_tuple(kind, score, cell, local_window, local_mode, first_step, gated, hard, cfg.sample);
                 py::object keys_out = c.keys ? py::object(cache["keys"]) : py::object(py::none());
                 py::object c_out = lstm ? py::object(cs) : py::none();
                 py::object feed_out = luong ? py::object(feed) : py::none();
@@ -211,30 +233,36 @@ void init_seq2seq(py::module_& m) {
         py::arg("source_mask") = py::none(), py::arg("target_mask") = py::none(), py::arg("h0"),
         py::arg("c0") = py::none(), py::arg("feed0") = py::none(), py::arg("params"), py::arg("keys") = py::none(),
         py::arg("local_window") = -1, py::arg("local_mode") = "m", py::arg("first_step") = 0,
+        py::arg("gated") = false, py::arg("hard") = false, py::arg("uniforms") = py::none(),
         "Attention decoder over all target steps (teacher forcing) or one step (T = 1). kind bahdanau|luong, score "
         "additive|concat|general|dot, cell gru|lstm. ids (B, T) int64 previous words, enc (B, S, K), masks bool "
         "(True = real), h0 (B, H), c0 (B, H) for LSTM, feed0 (B, H) Luong's previous attentional state, params the "
         "layer's dict, keys: enc W_k from an earlier call (decoding steps), first_step: the target position of "
-        "ids[:, 0], local_mode m (p_t = t) or p (predicted from h_t by position_kernel, position_vector). Returns "
-        "(logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
+        "ids[:, 0], local_mode m (p_t = t) or p (predicted from h_t by position_kernel, position_vector). Bahdanau "
+        "only: gated multiplies the context by sigmoid(s_{t-1} . gate_kernel + gate_bias); hard attends to one "
+        "region per step, drawn with uniforms (B, T) in [0, 1) or the argmax without (cache[\"positions\"] (T, B)). "
+        "Returns (logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
 
     m.def(
         "decoder_backward",
-        [](const py::dict& cache, const py::array& dlogits, const py::object& dh, const py::object& dc,
-           const py::array& enc, const py::dict& params, const py::dict& grads) {
+        [](const py::dict& cache, const py::array& dlogits, const py::object& dweights, const py::object& dh,
+           const py::object& dc, const py::array& enc, const py::dict& params, const py::dict& grads) {
             const py::object conf = cache.contains("config") ? py::object(cache["config"]) : py::none();
-            if (!py::isinstance<py::tuple>(conf) || py::len(conf) != 6)
-                throw py::value_error("decoder_backward: cache[\"config\"]: missing or not the 6-tuple of a "
+            if (!py::isinstance<py::tuple>(conf) || py::len(conf) != 9)
+                throw py::value_error("decoder_backward: cache[\"config\"]: missing or not the 9-tuple of a "
                                       "decoder_forward cache");
             DecoderConfig cfg;
             try {
                 cfg = decoder_config(conf[py::int_(0)].cast<std::string>(), conf[py::int_(1)].cast<std::string>(),
                                      conf[py::int_(2)].cast<std::string>(), conf[py::int_(3)].cast<int>(),
-                                     conf[py::int_(4)].cast<std::string>());
+                                     conf[py::int_(4)].cast<std::string>(), conf[py::int_(6)].cast<bool>(),
+                                     conf[py::int_(7)].cast<bool>());
                 cfg.first_step = conf[py::int_(5)].cast<int>();
+                cfg.sample = conf[py::int_(8)].cast<bool>();
             } catch (const py::cast_error&) {
                 throw py::value_error("decoder_backward: cache[\"config\"]: expected (kind, score, cell, "
-                                      "local_window, local_mode, first_step) as decoder_forward writes it");
+                                      "local_window, local_mode, first_step, gated, hard, sample) as decoder_forward "
+                                      "writes it");
             }
             return dispatch_float(enc, "decoder_backward: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -255,6 +283,12 @@ void init_seq2seq(py::module_& m) {
                 ids_ptr(cached_ids, params["embeddings"].cast<py::array>().shape(0), fn, "cache[\"ids\"]");
                 check_shape(dlogits, {B, Tn, cfg.V}, "decoder_backward: dlogits");
                 const T* pdl = in_ptr<T>(dlogits, "decoder_backward: dlogits");
+                const T* pdw = nullptr;
+                if (!dweights.is_none()) {
+                    py::array a = array_arg(dweights, "decoder_backward: dweights");
+                    check_shape(a, {B, Tn, S}, "decoder_backward: dweights");
+                    pdw = in_ptr<T>(a, "decoder_backward: dweights");
+                }
                 const T* penc = in_ptr<T>(enc, "decoder_backward: enc");
                 py::array_t<T> dh0 = state_copy<T>(dh, B, H, true, "decoder_backward: dh");
                 py::array_t<T> dc0 = state_copy<T>(dc, B, H, lstm, "decoder_backward: dc");
@@ -262,22 +296,23 @@ void init_seq2seq(py::module_& m) {
                 T *pde = denc.mutable_data(), *pdh = dh0.mutable_data(), *pdc = lstm ? dc0.mutable_data() : nullptr;
                 {
                     py::gil_scoped_release release;
-                    decoder_backward<T>(cfg, pde, pdh, pdc, dw, pdl, c, w, penc);
+                    decoder_backward<T>(cfg, pde, pdh, pdc, dw, pdl, pdw, c, w, penc);
                 }
                 return py::make_tuple(denc, dh0, lstm ? py::object(dc0) : py::none());
             });
         },
-        py::arg("cache"), py::arg("dlogits"), py::arg("dh") = py::none(), py::arg("dc") = py::none(), py::arg("enc"),
-        py::arg("params"), py::arg("grads"),
-        "Backward of decoder_forward: returns (denc (B, S, K), dh0 (B, H), dc0 or None); parameter gradients "
-        "accumulate into grads.");
+        py::arg("cache"), py::arg("dlogits"), py::arg("dweights") = py::none(), py::arg("dh") = py::none(),
+        py::arg("dc") = py::none(), py::arg("enc"), py::arg("params"), py::arg("grads"),
+        "Backward of decoder_forward: dweights (B, T, S) is a gradient of the attention weights (or None). Returns "
+        "(denc (B, S, K), dh0 (B, H), dc0 or None); parameter gradients accumulate into grads.");
 
     m.def(
         "decoder_greedy",
         [](const std::string& kind, const std::string& score, const std::string& cell, const py::array& enc,
            const py::object& source_mask, const py::array& h0, const py::object& c0, const py::dict& params,
-           int local_window, const std::string& local_mode, int64_t start_id, int64_t end_id, int max_length) {
-            DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode);
+           int local_window, const std::string& local_mode, int64_t start_id, int64_t end_id, int max_length,
+           bool gated, bool hard) {
+            DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode, gated, hard);
             if (max_length < 1) throw py::value_error("decoder_greedy: max_length must be >= 1");
             return dispatch_float(enc, "decoder_greedy: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -323,7 +358,9 @@ void init_seq2seq(py::module_& m) {
         py::arg("kind"), py::arg("score"), py::arg("cell"), py::arg("enc"), py::arg("source_mask") = py::none(),
         py::arg("h0"), py::arg("c0") = py::none(), py::arg("params"), py::arg("local_window") = -1,
         py::arg("local_mode") = "m", py::arg("start_id"), py::arg("end_id"), py::arg("max_length"),
-        "Greedy decoding in one call: each step's argmax is the next step's input (0 after a row's end_id). "
+        py::arg("gated") = false, py::arg("hard") = false,
+        "Greedy decoding in one call: each step's argmax is the next step's input (0 after a row's end_id); hard "
+        "attention attends to each step's most likely region. "
         "Returns (tokens (B, L) int64 with 0 after the end token, attention (B, L, S)); L <= max_length steps, "
         "fewer when every row has ended.");
 }

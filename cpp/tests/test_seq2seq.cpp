@@ -1,6 +1,6 @@
 // Fused attention decoders: T single steps equal one fused call, and backward matches central
-// differences (double, tiny sizes) for Bahdanau (GRU), Luong (general score, LSTM, local-m) and
-// Luong (concat score, GRU, local-p).
+// differences (double, tiny sizes) for Bahdanau (GRU), Luong (general score, LSTM, local-m),
+// Luong (concat score, GRU, local-p) and Show, Attend and Tell (Bahdanau, LSTM, gated context).
 #include <functional>
 #include <random>
 #include <vector>
@@ -19,7 +19,8 @@ struct Problem {
     DecoderConfig cfg;
     // the parameters, in DecoderParams' order
     enum { embeddings, kernel, recurrent_kernel, bias, query_kernel, query_bias, key_kernel, score_vector,
-           attentional_kernel, output_kernel, output_bias, position_kernel, position_vector, n_params };
+           attentional_kernel, output_kernel, output_bias, position_kernel, position_vector, gate_kernel, gate_bias,
+           n_params };
     std::vector<double> w[n_params];
     std::vector<double> enc, h0, c0;
     std::vector<int64_t> ids;
@@ -36,6 +37,7 @@ struct Problem {
         fill(w[query_bias], c.U), fill(w[key_kernel], (size_t)K * c.Dk()), fill(w[score_vector], c.U);
         fill(w[attentional_kernel], (size_t)(K + H) * H), fill(w[output_kernel], (size_t)H * c.V);
         fill(w[output_bias], c.V), fill(w[position_kernel], (size_t)H * c.P), fill(w[position_vector], c.P);
+        fill(w[gate_kernel], H), fill(w[gate_bias], 1);
         fill(enc, (size_t)c.B * c.S * K), fill(h0, (size_t)c.B * H), fill(c0, (size_t)c.B * H);
         ids.resize((size_t)c.B * c.T);
         for (size_t i = 0; i < ids.size(); ++i) ids[i] = (int64_t)(i * 5 % vocab);
@@ -52,7 +54,7 @@ struct Problem {
         p.bias_rec = cfg.cell == RNNCell::gru ? at(3) + cfg.G() : nullptr;
         p.query_kernel = at(4), p.query_bias = at(5), p.key_kernel = at(6), p.score_vector = at(7);
         p.attentional_kernel = at(8), p.output_kernel = at(9), p.output_bias = at(10);
-        p.position_kernel = at(11), p.position_vector = at(12);
+        p.position_kernel = at(11), p.position_vector = at(12), p.gate_kernel = at(13), p.gate_bias = at(14);
         return p;
     }
     std::vector<double>* buffers() { return w; }
@@ -109,8 +111,8 @@ static void check_gradients(DecoderConfig cfg) {
     std::vector<double> grads[Problem::n_params];
     for (int i = 0; i < Problem::n_params; ++i) grads[i].assign(p.buffers()[i].size(), 0.0);
     std::vector<double> denc(p.enc.size()), dh((size_t)cfg.B * cfg.H, 0.0), dc(dh);
-    decoder_backward<double>(cfg, denc.data(), dh.data(), dc.data(), p.params<double*>(grads), R.data(), cb.cache,
-                             p.params<const double*>(p.buffers()), p.enc.data());
+    decoder_backward<double>(cfg, denc.data(), dh.data(), dc.data(), p.params<double*>(grads), R.data(), nullptr,
+                             cb.cache, p.params<const double*>(p.buffers()), p.enc.data());
     auto numeric = [&](std::vector<double>& v, size_t i) {
         const double old = v[i];
         v[i] = old + 1e-6;
@@ -125,7 +127,7 @@ static void check_gradients(DecoderConfig cfg) {
     const bool used[Problem::n_params] = {true, true, true, true, cfg.score == ScoreKind::additive,
                                           cfg.score == ScoreKind::additive, cfg.score != ScoreKind::dot,
                                           cfg.score == ScoreKind::additive, cfg.kind == DecoderKind::luong, true, true,
-                                          cfg.predictive(), cfg.predictive()};
+                                          cfg.predictive(), cfg.predictive(), cfg.gated, cfg.gated};
     for (int k = 0; k < Problem::n_params; ++k) {
         if (!used[k]) continue;
         std::vector<double>& weight = p.w[k];
@@ -146,7 +148,9 @@ int main() {
     DecoderConfig local_p = luong;
     local_p.score = ScoreKind::additive, local_p.cell = RNNCell::gru, local_p.local_window = 2;
     local_p.local_mode = LocalMode::predictive, local_p.P = 3;
-    for (const DecoderConfig& cfg : {bahdanau, luong, local_p}) {
+    DecoderConfig show_attend_tell = bahdanau;
+    show_attend_tell.cell = RNNCell::lstm, show_attend_tell.gated = true;
+    for (const DecoderConfig& cfg : {bahdanau, luong, local_p, show_attend_tell}) {
         check_steps_equal_fused(cfg);
         check_gradients(cfg);
     }

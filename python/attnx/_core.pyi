@@ -130,13 +130,36 @@ def decoder_forward(
     kind: str, score: str, cell: str, ids: Array, enc: Array, source_mask: Mask = None, target_mask: Mask = None,
     *, h0: Array, c0: Array | None = None, feed0: Array | None = None, params: dict[str, Array],
     keys: Array | None = None, local_window: int = -1, local_mode: str = "m", first_step: int = 0,
+    gated: bool = False, hard: bool = False, uniforms: Array | None = None,
 ) -> tuple[Array, Array, Array | None, Array | None, Array, Array | None, dict[str, Any]]: ...
 def decoder_backward(
-    cache: dict[str, Any], dlogits: Array, dh: Array | None = None, dc: Array | None = None, *, enc: Array,
-    params: dict[str, Array], grads: dict[str, Array],
+    cache: dict[str, Any], dlogits: Array, dweights: Array | None = None, dh: Array | None = None,
+    dc: Array | None = None, *, enc: Array, params: dict[str, Array], grads: dict[str, Array],
 ) -> tuple[Array, Array, Array | None]: ...
 def decoder_greedy(
     kind: str, score: str, cell: str, enc: Array, source_mask: Mask = None, *, h0: Array, c0: Array | None = None,
     params: dict[str, Array], local_window: int = -1, local_mode: str = "m", start_id: int, end_id: int,
-    max_length: int,
+    max_length: int, gated: bool = False, hard: bool = False,
 ) -> tuple[Array, Array]: ...
+
+# ---------------------------------------------------------------------------- convolution, pooling: (B, H, W, C)
+def conv2d_forward(
+    x: Array, kernel: Array, bias: Array | None, strides: tuple[int, int], padding: str = "valid",
+    activation: str = "linear",
+) -> tuple[Array, Array]: ...
+def conv2d_backward(
+    dy: Array, x: Array, kernel: Array, y: Array, z: Array, strides: tuple[int, int], padding: str, activation: str,
+    dkernel: Array, dbias: Array | None, need_dx: bool = True,
+) -> Array | None: ...
+def max_pool2d_forward(
+    x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
+) -> Array: ...
+def max_pool2d_backward(
+    dy: Array, x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
+) -> Array: ...
+def avg_pool2d_forward(
+    x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
+) -> Array: ...
+def avg_pool2d_backward(
+    dy: Array, x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
+) -> Array: ...

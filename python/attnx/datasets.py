@@ -5,6 +5,9 @@
 * `load_anki_pairs`: Tatoeba/Anki sentence pairs in the manythings.org format
   (e.g. English-Marathi `mar.txt`), preprocessed as in the TensorFlow
   "neural machine translation with attention" tutorial.
+* `load_digit_captions`: images of a few handwritten digits side by side,
+  captioned left to right ("seven two nine"), composed on the fly from
+  scikit-learn's 8x8 digits (no download).
 
 attnx ships no data. A loader looks for its files, in this order, in the
 `data_dir` argument, in the folder named by the environment variable
@@ -16,6 +19,7 @@ into the cache when it is found nowhere else.
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import re
 import tempfile
@@ -30,12 +34,15 @@ __all__ = [
     "AnkiSplits",
     "DATA_DIR_ENV",
     "CACHE_DIR_ENV",
+    "DIGIT_CAPTION_VOCABULARY",
+    "DigitCaptions",
     "SentencePairs",
     "UCI_SENTIMENT_FILES",
     "UCI_SENTIMENT_URL",
     "download_file",
     "get_cache_dir",
     "load_anki_pairs",
+    "load_digit_captions",
     "load_uci_sentiment",
     "preprocess_sentence",
 ]
@@ -468,3 +475,105 @@ def load_anki_pairs(
             for start, stop in bounds
         )
     )
+
+
+# ----------------------------------------------------------------------------- digit captions
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+# token id -> word: 0 padding, 1 start, 2 end, then the digits (digit d is id d + 3)
+DIGIT_CAPTION_VOCABULARY = ("<pad>", "<start>", "<end>") + DIGIT_WORDS
+_DIGIT_SIZE = 8  # scikit-learn's digits are 8x8
+_DIGIT_TEST_FRACTION = 0.2  # split="test": this share of the 1797 digit images, the same for every seed
+
+
+class DigitCaptions(NamedTuple):
+    """Composed digit images and their captions (see `load_digit_captions`).
+
+    images: (N, H, W, 1) float32 in [0, 1]; digits: (N, k) the digits left to right;
+    captions: N strings ("seven two nine"); tokens: (N, k + 2) int64 ids ``<start> words <end>``
+    in `vocabulary`; boxes: (N, k, 4) int64 ``(top, left, bottom, right)`` of each digit's 8x8
+    square (bottom and right exclusive); vocabulary: token id -> word.
+    """
+
+    images: np.ndarray
+    digits: np.ndarray
+    captions: list
+    tokens: np.ndarray
+    boxes: np.ndarray
+    vocabulary: tuple
+
+
+@functools.lru_cache(maxsize=1)
+def _sklearn_digits():
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ImportError("attnx.datasets.load_digit_captions composes scikit-learn's 8x8 digits: install "
+                          "scikit-learn (pip install 'attnx[vision]')") from None
+    digits = load_digits()
+    return (digits.images / 16.0).astype(np.float32), digits.target.astype(np.int64)
+
+
+def _check_int(name, value, low):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}.")
+    if value < low:
+        raise ValueError(f"`{name}` must be >= {low}, got {value}.")
+    return int(value)
+
+
+def load_digit_captions(n, canvas=(16, 48), digits_per_image=3, seed=0, min_gap=1, split=None):
+    """Images of `digits_per_image` handwritten digits placed at random on a blank canvas, left to
+    right with at least `min_gap` blank columns between them, captioned with their names left to
+    right. Made on the fly from scikit-learn's 8x8 digits; the same arguments give the same data.
+
+    Args:
+        n: number of images.
+        canvas: (height, width) in pixels; every digit's 8x8 square must fit (height >= 8 and
+            width >= 8 k + min_gap (k - 1)).
+        digits_per_image: k, the digits (words) per image.
+        seed: seed of the placements and the choice of digit images.
+        min_gap: fewest blank columns between neighbouring digits.
+        split: None (all 1797 digit images), "train" or "test": a fixed 80 / 20 partition of the
+            digit images, so that test images show handwriting never seen in training.
+
+    Returns:
+        `DigitCaptions` (images, digits, captions, tokens, boxes, vocabulary).
+    """
+    n = _check_int("n", n, 1)
+    k = _check_int("digits_per_image", digits_per_image, 1)
+    gap = _check_int("min_gap", min_gap, 0)
+    try:
+        height, width = (int(v) for v in canvas)
+    except (TypeError, ValueError):
+        raise TypeError(f"`canvas` must be (height, width), got {canvas!r}.") from None
+    needed = _DIGIT_SIZE * k + gap * (k - 1)
+    if height < _DIGIT_SIZE or width < needed:
+        raise ValueError(f"{k} digits of 8x8 pixels with min_gap={gap} need a canvas of at least (8, {needed}), "
+                         f"got {(height, width)}.")
+    if split not in (None, "train", "test"):
+        raise ValueError(f"`split` must be None, 'train' or 'test', got {split!r}.")
+    pictures, labels = _sklearn_digits()  # cached: read-only use below
+    if split is not None:
+        order = np.random.default_rng(0).permutation(len(labels))
+        n_test = int(len(labels) * _DIGIT_TEST_FRACTION)
+        keep = order[:n_test] if split == "test" else order[n_test:]
+        pictures, labels = pictures[keep], labels[keep]
+    rng = np.random.default_rng(seed)
+    chosen = rng.integers(0, len(labels), size=(n, k))
+    # left edges: the blank columns beyond the digits and gaps, cut at k sorted random points
+    slack = width - needed
+    cuts = np.sort(rng.integers(0, slack + 1, size=(n, k)), axis=1)
+    left = cuts + np.arange(k) * (_DIGIT_SIZE + gap)
+    top = rng.integers(0, height - _DIGIT_SIZE + 1, size=(n, k))
+    images = np.zeros((n, height, width), dtype=np.float32)
+    rows = np.arange(n)[:, None, None]
+    square = np.arange(_DIGIT_SIZE)
+    for j in range(k):
+        ys = top[:, j, None, None] + square[None, :, None]
+        xs = left[:, j, None, None] + square[None, None, :]
+        images[rows, ys, xs] = pictures[chosen[:, j]]
+    digits = labels[chosen]
+    boxes = np.stack([top, left, top + _DIGIT_SIZE, left + _DIGIT_SIZE], axis=-1).astype(np.int64)
+    tokens = np.concatenate([np.ones((n, 1), np.int64), digits + 3, np.full((n, 1), 2, np.int64)], axis=1)
+    captions = [" ".join(DIGIT_WORDS[d] for d in row) for row in digits.tolist()]
+    return DigitCaptions(images[..., None], digits, captions, tokens, boxes, DIGIT_CAPTION_VOCABULARY)

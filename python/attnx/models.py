@@ -72,6 +72,7 @@ class Model(Layer):
 
     _multi_input = False
     _multi_output = False
+    output_names = ("output_1", "output_2")  # a class model's outputs (with _multi_output), in metric names
 
     def __init__(self, inputs=None, outputs=None, name=None, **kwargs):
         self._nodes = []
@@ -373,10 +374,14 @@ class Model(Layer):
         if not self.compiled:
             raise RuntimeError(f"Model '{self.name}': call compile(optimizer, loss) before training or evaluating")
 
+    def _output_name(self, i):
+        """Output i's name in the metric names: its layer's, or a class model's `output_names`."""
+        return self.outputs[i].node.layer.name if self._functional else self.output_names[i]
+
     def _metric_names(self, prefix=""):
         names = []
         for i, ms in enumerate(self.compiled_metrics):
-            tag = "" if len(self.compiled_metrics) == 1 else f"{self.outputs[i].node.layer.name}_"
+            tag = "" if len(self.compiled_metrics) == 1 else f"{self._output_name(i)}_"
             names.extend(prefix + tag + m.name for m in ms)
         return names
 

@@ -1,4 +1,5 @@
-"""Plots: attention heatmaps with tokens on the axes, and training curves (matplotlib)."""
+"""Plots: attention heatmaps with tokens on the axes, attention over an image, and training curves
+(matplotlib)."""
 import functools
 
 import numpy as np
@@ -96,6 +97,81 @@ def attention_heatmap(weights, source_tokens=None, target_tokens=None, ax=None, 
     if colorbar:
         ax.figure.colorbar(image, ax=ax)
     return ax
+
+
+def _upsample_to(grid, height, width):
+    """A (gh, gw) grid stretched over (height, width) pixels, each pixel taking the value of the cell
+    its centre falls in (the cells tile the image as the plot draws them)."""
+    gh, gw = grid.shape
+    rows = np.minimum(((np.arange(height) + 0.5) * gh / height).astype(int), gh - 1)
+    cols = np.minimum(((np.arange(width) + 0.5) * gw / width).astype(int), gw - 1)
+    return grid[rows[:, None], cols[None, :]]
+
+
+def attention_over_image(image, weights, words, grid_shape, axes=None, cmap="jet", alpha=0.5, ncols=None,
+                         image_cmap="gray"):
+    """The image once per word with that word's attention over it (Show, Attend and Tell's figure).
+
+    Args:
+        image: (H, W), (H, W, 1) or (H, W, 3) pixels.
+        weights: (n_words, L) attention over the L regions for each word (e.g. from
+            `attnx.vision.ImageCaptioner.caption`).
+        words: the n_words captions words, one panel title each.
+        grid_shape: (gh, gw) with gh * gw = L, the regions' grid (the encoder's last feature map),
+            upsampled to the image so that each cell covers its share of the pixels.
+        axes: n_words matplotlib Axes to draw on (default: a new figure).
+        cmap, alpha: colour map and opacity of the attention layer.
+        ncols: panels per row of a new figure (default all in one row).
+        image_cmap: colour map of a one-channel image.
+
+    Returns:
+        The list of Axes, one per word.
+    """
+    img = np.asarray(image, dtype=np.float64)
+    if img.ndim == 3 and img.shape[-1] == 1:
+        img = img[..., 0]
+    if img.ndim not in (2, 3) or (img.ndim == 3 and img.shape[-1] not in (3, 4)) or 0 in img.shape:
+        raise ValueError(f"attention_over_image: expected an image (H, W), (H, W, 1) or (H, W, 3), got "
+                         f"{np.shape(image)}")
+    w = np.asarray(weights, dtype=np.float64)
+    words = list(words)
+    try:
+        gh, gw = (int(v) for v in grid_shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"attention_over_image: `grid_shape` must be (rows, columns), got {grid_shape!r}") from None
+    if w.ndim == 1:
+        w = w[None, :]
+    if w.ndim != 2 or len(words) != w.shape[0]:
+        raise ValueError(f"attention_over_image: expected weights (n_words, L) for {len(words)} words, got "
+                         f"{np.shape(weights)}")
+    if gh < 1 or gw < 1 or gh * gw != w.shape[1]:
+        raise ValueError(f"attention_over_image: grid_shape {(gh, gw)} does not hold the {w.shape[1]} regions")
+    plt = _pyplot()
+    n = len(words)
+    if axes is None:
+        ncols = n if ncols is None else max(1, min(int(ncols), n))
+        nrows = -(-n // ncols)
+        height, width = img.shape[:2]
+        panel = 2.2
+        _, grid = plt.subplots(nrows, ncols, squeeze=False,
+                               figsize=(panel * ncols * max(1.0, width / height), panel * nrows + 0.3))
+        axes = list(grid.ravel())
+        for ax in axes[n:]:
+            ax.axis("off")
+    axes = list(np.ravel(np.asarray(axes, dtype=object)))[:n]
+    if len(axes) < n:
+        raise ValueError(f"attention_over_image: {len(axes)} axes for {n} words")
+    family = font_family_for(words)
+    font = {} if family is None else {"fontfamily": family}
+    height, width = img.shape[:2]
+    for ax, word, row in zip(axes, words, w):
+        ax.imshow(img, cmap=image_cmap if img.ndim == 2 else None)
+        ax.imshow(_upsample_to(row.reshape(gh, gw), height, width), cmap=cmap, alpha=alpha,
+                  vmin=0.0, vmax=max(1e-12, float(row.max())))
+        ax.set_title(word, **font)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return axes
 
 
 def plot_history(history, metrics=("loss",), ax=None):

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _core, initializers, losses, metrics, text
+from . import _core, backend, initializers, losses, metrics, text
 from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Embedding
@@ -41,7 +41,7 @@ from .layers.recurrent import GRU, LSTM, Bidirectional
 from .masking import as_mask
 from .models import Model
 
-__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq"]
+__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq", "beam_search"]
 
 _CELLS = {"gru": GRU, "lstm": LSTM}
 
@@ -170,6 +170,7 @@ class _DecoderCache(NamedTuple):
     encoder_outputs: np.ndarray  # as the kernel read them (the backward pass reads them again)
     logits_shape: tuple
     returned_weights: bool  # the call returned [logits, attention weights]
+    reinforce: object = None  # hard attention: {"weights", "target_mask", "baseline"} and, once set, "reward"
 
 
 class _AttentionDecoder(Layer):
@@ -178,10 +179,21 @@ class _AttentionDecoder(Layer):
     _kind = None
 
     def __init__(self, vocab_size, embedding_dim, units, cell="gru", score="additive", attention_units=None,
-                 local_window=None, local_mode="m", embeddings_initializer="uniform",
-                 kernel_initializer="glorot_uniform", recurrent_initializer="orthogonal", **kwargs):
+                 local_window=None, local_mode="m", gated=False, hard=False, baseline_decay=0.9, soft_fraction=0.5,
+                 embeddings_initializer="uniform", kernel_initializer="glorot_uniform",
+                 recurrent_initializer="orthogonal", **kwargs):
         super().__init__(**kwargs)
         kind = type(self).__name__
+        self.gated, self.hard = bool(gated), bool(hard)
+        if (self.gated or self.hard) and self._kind != "bahdanau":
+            raise ValueError(f"{kind}: `gated` and `hard` are options of the Bahdanau decoder (Show, Attend and Tell)")
+        if not 0.0 <= float(baseline_decay) < 1.0:
+            raise ValueError(f"{kind}: `baseline_decay` must be in [0, 1), got {baseline_decay}")
+        self.baseline_decay = float(baseline_decay)
+        if not 0.0 <= float(soft_fraction) <= 1.0:
+            raise ValueError(f"{kind}: `soft_fraction` must be in [0, 1], got {soft_fraction}")
+        self.soft_fraction = float(soft_fraction)
+        self.baseline = None  # hard attention: the moving average of the rewards (learned state, as HardAttention's)
         self.vocab_size = _positive_int(kind, "vocab_size", vocab_size)
         self.embedding_dim = _positive_int(kind, "embedding_dim", embedding_dim)
         self.units = _positive_int(kind, "units", units)
@@ -213,7 +225,8 @@ class _AttentionDecoder(Layer):
     def _variant(self):
         """The kernels' arguments that choose the decoder variant."""
         return {"kind": self._kind, "score": self.score, "cell": self.cell,
-                "local_window": -1 if self.local_window is None else self.local_window, "local_mode": self.local_mode}
+                "local_window": -1 if self.local_window is None else self.local_window, "local_mode": self.local_mode,
+                "gated": self.gated, "hard": self.hard}
 
     def build(self, input_shape):
         if not isinstance(input_shape, list) or len(input_shape) < 2 or len(input_shape[1]) != 3:
@@ -243,6 +256,9 @@ class _AttentionDecoder(Layer):
         if self._predictive:
             self.add_weight("position_kernel", (H, U), self.kernel_initializer)
             self.add_weight("position_vector", (U,), "glorot_uniform")
+        if self.gated:
+            self.add_weight("gate_kernel", (H,), "glorot_uniform")
+            self.add_weight("gate_bias", (1,), "zeros")
         self.add_weight("output_kernel", (H, V), self.kernel_initializer)
         self.add_weight("output_bias", (V,), "zeros")
 
@@ -268,9 +284,12 @@ class _AttentionDecoder(Layer):
     def _mask(self, mask, batch, steps, arg):
         return as_mask(mask, batch, steps, f"Layer '{self.name}': `{arg}`")
 
-    def _run(self, ids, encoder_outputs, states, source_mask, target_mask, feed=None, keys=None, first_step=0):
+    def _run(self, ids, encoder_outputs, states, source_mask, target_mask, feed=None, keys=None, first_step=0,
+             sample=False, soft=False):
         """Checks the inputs and runs the fused kernel over the steps of `ids` (B, T); returns its
-        (logits, h, c, feed, weights, keys, cache) and the encoder outputs as it read them."""
+        (logits, h, c, feed, weights, keys, cache) and the encoder outputs as it read them.
+        `sample`: hard attention draws its regions (else it takes the most likely ones);
+        `soft`: this call attends softly even if the layer's attention is hard."""
         ids = np.asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"Layer '{self.name}': target ids must be integers, got dtype {ids.dtype}")
@@ -286,12 +305,13 @@ class _AttentionDecoder(Layer):
             raise IndexError(f"Layer '{self.name}': target token id {bad} out of range [0, {self.vocab_size})")
         states = self._initial_states(states, B)
         outputs = _core.decoder_forward(
-            **self._variant, ids=np.require(ids, np.int64, "CA"), enc=enc,
+            **{**self._variant, "hard": self.hard and not soft}, ids=np.require(ids, np.int64, "CA"), enc=enc,
             source_mask=self._mask(source_mask, B, S, "source_mask"),
             target_mask=self._mask(target_mask, B, ids.shape[1], "mask"),
             h0=states[0], c0=states[1] if self.n_states == 2 else None,
             feed0=None if feed is None else self._state(feed, "feed", (B, self.units)),
-            params=self.params, keys=keys, first_step=first_step)
+            params=self.params, keys=keys, first_step=first_step,
+            uniforms=backend.rng().random(ids.shape, dtype=enc.dtype) if sample else None)
         return outputs, enc
 
     # ------------------------------------------------------------------------ training
@@ -302,22 +322,76 @@ class _AttentionDecoder(Layer):
         if not isinstance(inputs, (list, tuple)) or len(inputs) < 3:
             raise ValueError(f"Layer '{self.name}': inputs must be [target_ids, encoder_outputs, h0(, c0)]")
         ids, encoder_outputs, *states = inputs
+        # Xu et al.'s variance reduction: a share of hard attention's training calls use the expected context
+        soft = training and self.hard and self.soft_fraction > 0 and backend.rng().random() < self.soft_fraction
+        sample = training and self.hard and not soft
         (logits, _, _, _, weights, _, kernel_cache), enc = self._run(ids, encoder_outputs, states, source_mask,
-                                                                     mask)
-        cache = _DecoderCache(kernel_cache, enc, logits.shape, bool(return_attention_scores)) if training else None
+                                                                     mask, sample=sample, soft=soft)
+        cache = None
+        if training:
+            reinforce = None
+            if sample:
+                target_mask = as_mask(mask, *weights.shape[:2], f"Layer '{self.name}': `mask`")
+                reinforce = {"weights": weights, "baseline": self.baseline,
+                             "target_mask": np.ones(weights.shape[:2], bool) if target_mask is None else target_mask}
+            cache = _DecoderCache(kernel_cache, enc, logits.shape, bool(return_attention_scores), reinforce)
         return ([logits, weights] if return_attention_scores else logits), cache
 
+    def set_reward(self, rewards, cache):
+        """Hard attention: the rewards (B,) of the regions sampled by the training call that returned
+        `cache` (higher is better; Show, Attend and Tell's is the log likelihood of the caption), set
+        before that call's backprop, as `HardAttention.set_reward`. Ignored for a call that used the
+        expected context (`soft_fraction`)."""
+        if cache is None or not self.hard:
+            raise RuntimeError(f"Layer '{self.name}': set_reward() needs the cache of a training call with hard=True")
+        if cache.reinforce is None:
+            return
+        r = np.asarray(rewards, dtype=np.float64)
+        B = cache.reinforce["weights"].shape[0]
+        if r.shape != (B,) or not np.isfinite(r).all():
+            raise ValueError(f"Layer '{self.name}': rewards expected finite values of shape ({B},), got {r.shape}")
+        cache.reinforce["reward"] = r
+
+    def _reinforce_gradient(self, cache):
+        """REINFORCE with a moving-average baseline b for the sampled regions s_t, as a gradient of
+        the attention weights a (the kernel takes it through the softmax):
+            loss_r = -(1 / N) sum_b (R_b - b) sum_t log a_t[s_t],   d loss_r / d a_t[s_t] = -(R_b - b) / (N a_t[s_t])
+        N being the real target steps of the batch (the loss is a mean over them). Updates b."""
+        ac = cache.reinforce
+        if "reward" not in ac:
+            raise RuntimeError(f"Layer '{self.name}': call set_reward(rewards, cache) before this call's backprop "
+                               "(REINFORCE needs the reward of the sampled regions)")
+        weights, reward, real = ac["weights"], ac["reward"], ac["target_mask"]
+        positions = cache.kernel["positions"].T  # (B, T); -1 where a row had nothing to attend to
+        mean_reward = float(reward.mean())
+        baseline = mean_reward if ac["baseline"] is None else ac["baseline"]
+        chosen = real & (positions >= 0)
+        b, t = np.nonzero(chosen)
+        s = positions[b, t]
+        dweights = np.zeros_like(weights)
+        # a sampled region has a weight > 0; the floor keeps a float32 underflow finite
+        dweights[b, t, s] = -(reward[b] - baseline) / (max(int(real.sum()), 1) * np.maximum(weights[b, t, s], 1e-30))
+        running = mean_reward if self.baseline is None else self.baseline
+        self.baseline = self.baseline_decay * running + (1.0 - self.baseline_decay) * mean_reward
+        return dweights
+
     def backprop(self, cache, dy):
-        """dy: dlogits (or ``[dlogits, None]`` after `return_attention_scores`) -> ``[None, d_encoder_outputs,
-        dh0(, dc0)]``. The kernel has no switch to skip the input gradients, so it computes them
+        """dy: dlogits, or ``[dlogits, d_weights]`` after `return_attention_scores` (d_weights None or the
+        gradient of the attention weights (B, T, S), e.g. of a regularization of them) -> ``[None,
+        d_encoder_outputs, dh0(, dc0)]``. Hard attention adds REINFORCE's gradient of the weights
+        (`set_reward`). The kernel has no switch to skip the input gradients, so it computes them
         whatever `input_gradient_needed` says."""
+        d_weights = None
         if cache.returned_weights:
             dy, d_weights = dy
             if d_weights is not None:
-                raise ValueError(f"Layer '{self.name}': the attention weights are returned for inspection; the "
-                                 "fused kernel does not backpropagate a gradient given for them")
+                d_weights = self._grad_input(d_weights, cache.logits_shape[:2] + cache.encoder_outputs.shape[1:2],
+                                             "d_weights")
+        if cache.reinforce is not None:
+            reinforce = self._reinforce_gradient(cache)
+            d_weights = reinforce if d_weights is None else d_weights + reinforce
         dlogits = self._grad_input(dy, cache.logits_shape)
-        d_encoder_outputs, dh0, dc0 = _core.decoder_backward(cache=cache.kernel, dlogits=dlogits,
+        d_encoder_outputs, dh0, dc0 = _core.decoder_backward(cache=cache.kernel, dlogits=dlogits, dweights=d_weights,
                                                              enc=cache.encoder_outputs, params=self.params,
                                                              grads=self.grads)
         return [None, d_encoder_outputs, dh0] + ([dc0] if self.n_states == 2 else [])
@@ -373,7 +447,8 @@ class _AttentionDecoder(Layer):
         return {**super().get_config(), "vocab_size": self.vocab_size, "embedding_dim": self.embedding_dim,
                 "units": self.units, "cell": self.cell, "score": self.score,
                 "attention_units": self.attention_units, "local_window": self.local_window,
-                "local_mode": self.local_mode,
+                "local_mode": self.local_mode, "gated": self.gated, "hard": self.hard,
+                "baseline_decay": self.baseline_decay, "soft_fraction": self.soft_fraction,
                 "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
                 "recurrent_initializer": initializers.serialize(self.recurrent_initializer)}
@@ -399,8 +474,9 @@ _DECODER_DOC = """
         mask: target mask (B, T) or lengths (the mask rule of `attnx.masking`); padded steps keep
             the state.
         source_mask: (B, S) mask (True = real token) or lengths; fully masked rows give zero context.
-        return_attention_scores: also return the attention weights (B, T, S) (for inspection: no
-            gradient flows back through them).
+        return_attention_scores: also return the attention weights (B, T, S); backprop then takes
+            ``[dlogits, d_weights]`` (d_weights None, or a gradient of the weights, e.g. of a
+            regularization of them).
 
     Input shape: as above. Output shape: logits (B, T, V), or ``[logits, weights (B, T, S)]``.
     ``backprop(cache, dlogits)`` returns ``[None, d_encoder_outputs, dh0(, dc0)]``.
@@ -410,6 +486,18 @@ _DECODER_DOC = """
 class BahdanauDecoder(_AttentionDecoder):
     __doc__ = """Bahdanau attention decoder as in the TensorFlow NMT tutorial: additive scores from the
     previous state s_{t-1}, ``[emb(y_{t-1}); c_t]`` into the RNN, logits from s_t. Feed F = K.
+
+    With an LSTM cell it is Show, Attend and Tell's decoder (Xu et al. 2015) over image regions
+    (`attnx.vision.ImageCaptioner`), with its two options:
+
+        gated: the feed is ``beta_t c_t``, ``beta_t = sigmoid(s_{t-1} . gate_kernel + gate_bias)``
+            (weights ``gate_kernel (H,)``, ``gate_bias (1,)``).
+        hard: the context is the encoder output at one position per step, drawn from a_t in a
+            training call (the score learns by REINFORCE: call ``set_reward(rewards, cache)``
+            before that call's backprop, as `HardAttention`), the most likely one otherwise.
+        baseline_decay: decay of hard attention's moving-average reward baseline.
+        soft_fraction: the probability that a training call of hard attention uses the expected
+            context instead (Xu et al. use 0.5 to reduce the variance of REINFORCE).
     """ + _DECODER_DOC
     _kind = "bahdanau"
 
@@ -463,6 +551,79 @@ def _log_softmax(logits):
 def _length_penalty(length, alpha):
     """GNMT's ((5 + length) / 6) ** alpha (1 for alpha = 0)."""
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def beam_search(decoder, encoder_outputs, source_mask, states, start_id, end_id, width=4, length_penalty=0.0,
+                max_length=50, owner="beam_search"):
+    """Batched beam search with a built attention decoder: the B inputs' `width` hypotheses run as
+    B * width rows of `decoder.step`.
+
+    Args:
+        decoder: a `BahdanauDecoder` or `LuongDecoder`.
+        encoder_outputs: (B, S, K); source_mask: (B, S) or None; states: ``[h0]`` or ``[h0, c0]``.
+        start_id, end_id: the first input word and the word that ends a hypothesis.
+        width: beams per input (>= 1; 1 gives greedy decoding).
+        length_penalty: alpha of GNMT's ((5 + len) / 6) ** alpha dividing the final scores.
+        max_length: most tokens per hypothesis.
+        owner: the name error messages start with.
+    Returns:
+        For each input, its `width` `Hypothesis`es, best first.
+    """
+    if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
+        raise ValueError(f"{owner}: `width` must be a positive integer, got {width!r}")
+    if length_penalty < 0:
+        raise ValueError(f"{owner}: `length_penalty` must be >= 0, got {length_penalty}")
+    L = _positive_int(owner, "max_length", max_length)
+    end = int(end_id)
+    enc = np.asarray(encoder_outputs)
+    B, S, W = enc.shape[0], enc.shape[1], int(width)
+    rows = np.repeat(np.arange(B), W)
+    enc = np.ascontiguousarray(enc[rows])
+    smask = None if source_mask is None else np.asarray(source_mask)[rows]
+    state = DecoderState(*states).select(rows)
+    scores = np.full((B, W), -np.inf)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    tokens = np.zeros((B, W, L), dtype=np.int64)
+    attention = np.zeros((B, W, L, S), dtype=enc.dtype)
+    lengths = np.zeros((B, W), dtype=np.int64)
+    done = np.zeros((B, W), dtype=bool)
+    prev = np.full(B * W, start_id, dtype=np.int64)
+    for t in range(L):
+        logits, state, weights = decoder.step(prev, state, enc, smask)
+        logp = _log_softmax(logits.astype(np.float64)).reshape(B, W, -1)
+        V = logp.shape[-1]
+        # a finished hypothesis extends only with padding, at no cost
+        logp[done] = -np.inf
+        logp[done, 0] = 0.0
+        total = (scores[:, :, None] + logp).reshape(B, W * V)
+        best = np.argsort(-total, axis=1, kind="stable")[:, :W]
+        beam, word = best // V, best % V
+        scores = np.take_along_axis(total, best, axis=1)
+        pick = (np.arange(B)[:, None] * W + beam).reshape(-1)
+        state = state.select(pick)
+        tokens = tokens.reshape(B * W, L)[pick].reshape(B, W, L)
+        attention = attention.reshape(B * W, L, S)[pick].reshape(B, W, L, S)
+        was_done = done.reshape(-1)[pick].reshape(B, W)
+        lengths = lengths.reshape(-1)[pick].reshape(B, W) + ~was_done
+        tokens[:, :, t] = np.where(was_done, 0, word)
+        attention[:, :, t] = np.where(was_done[..., None], 0, weights.reshape(B * W, S)[pick].reshape(B, W, S))
+        done = was_done | (word == end)
+        prev = tokens[:, :, t].reshape(-1)
+        if done.all():
+            break
+    results = []
+    for b in range(B):
+        hyps = []
+        for w in range(W):
+            n = int(lengths[b, w])
+            seq = tokens[b, w, :n].tolist()
+            if seq and seq[-1] == end:
+                seq = seq[:-1]
+            hyps.append(Hypothesis(seq, float(scores[b, w]) / _length_penalty(n, length_penalty),
+                                   attention[b, w, :n].copy()))
+        hyps.sort(key=lambda h: -h.score)
+        results.append(hyps)
+    return results
 
 
 class _Seq2SeqCache(NamedTuple):
@@ -724,61 +885,11 @@ class Seq2Seq(Model):
         Returns:
             For each sentence, its `width` `Hypothesis`es, best first.
         """
-        if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
-            raise ValueError(f"Seq2Seq.beam_search: `width` must be a positive integer, got {width!r}")
-        if length_penalty < 0:
-            raise ValueError(f"Seq2Seq.beam_search: `length_penalty` must be >= 0, got {length_penalty}")
         source = self._source(source)
-        L = self._decode_length(max_length)
-        end = self.end_id if end_token is None else int(end_token)
-        B, S, W = len(source), source.shape[1], int(width)
         enc, smask, states = self._encode(source)
-        rows = np.repeat(np.arange(B), W)
-        enc, smask = np.ascontiguousarray(enc[rows]), smask[rows]
-        state = DecoderState(*states).select(rows)
-        scores = np.full((B, W), -np.inf)
-        scores[:, 0] = 0.0  # all beams start identical: expand only the first
-        tokens = np.zeros((B, W, L), dtype=np.int64)
-        attention = np.zeros((B, W, L, S), dtype=enc.dtype)
-        lengths = np.zeros((B, W), dtype=np.int64)
-        done = np.zeros((B, W), dtype=bool)
-        prev = np.full(B * W, self.start_id, dtype=np.int64)
-        for t in range(L):
-            logits, state, weights = self.decoder.step(prev, state, enc, smask)
-            logp = _log_softmax(logits.astype(np.float64)).reshape(B, W, -1)
-            V = logp.shape[-1]
-            # a finished hypothesis extends only with padding, at no cost
-            logp[done] = -np.inf
-            logp[done, 0] = 0.0
-            total = (scores[:, :, None] + logp).reshape(B, W * V)
-            best = np.argsort(-total, axis=1, kind="stable")[:, :W]
-            beam, word = best // V, best % V
-            scores = np.take_along_axis(total, best, axis=1)
-            pick = (np.arange(B)[:, None] * W + beam).reshape(-1)
-            state = state.select(pick)
-            tokens = tokens.reshape(B * W, L)[pick].reshape(B, W, L)
-            attention = attention.reshape(B * W, L, S)[pick].reshape(B, W, L, S)
-            was_done = done.reshape(-1)[pick].reshape(B, W)
-            lengths = lengths.reshape(-1)[pick].reshape(B, W) + ~was_done
-            tokens[:, :, t] = np.where(was_done, 0, word)
-            attention[:, :, t] = np.where(was_done[..., None], 0, weights.reshape(B * W, S)[pick].reshape(B, W, S))
-            done = was_done | (word == end)
-            prev = tokens[:, :, t].reshape(-1)
-            if done.all():
-                break
-        results = []
-        for b in range(B):
-            hyps = []
-            for w in range(W):
-                n = int(lengths[b, w])
-                seq = tokens[b, w, :n].tolist()
-                if seq and seq[-1] == end:
-                    seq = seq[:-1]
-                hyps.append(Hypothesis(seq, float(scores[b, w]) / _length_penalty(n, length_penalty),
-                                       attention[b, w, :n].copy()))
-            hyps.sort(key=lambda h: -h.score)
-            results.append(hyps)
-        return results
+        end = self.end_id if end_token is None else int(end_token)
+        return beam_search(self.decoder, enc, smask, states, self.start_id, end, width, length_penalty,
+                           self._decode_length(max_length), owner="Seq2Seq.beam_search")
 
     def translate(self, sentence, width=1, length_penalty=0.0, max_length=None):
         """Translates one preprocessed sentence (``<start> ... <end>``, see

@@ -20,6 +20,13 @@
 // (attention.hpp's local window): local-m p_t = t, local-p p_t = L sigmoid(v_p . tanh(h_t W_p)),
 // L the row's real source length, with the gradient through p_t.
 //
+// Show, Attend and Tell (Xu et al. 2015) is the Bahdanau decoder over image regions with two options:
+//   gated: the feed is beta_t c_t with the scalar gate beta_t = sigmoid(s_{t-1} . w_beta + b_beta);
+//   hard:  c_t = enc[s_t], one region s_t drawn from a_t (inverse CDF of given uniforms) or its
+//          argmax; no gradient reaches the scores through c_t: REINFORCE's arrives as dweights.
+// decoder_backward also takes dweights, a gradient of the attention weights a_t themselves (the
+// doubly stochastic regularization, REINFORCE), added to the scores' gradient.
+//
 // Batch rows never interact inside the time loop, so one thread runs every step of its rows
 // (single-threaded BLAS, no synchronization per step) while the products over all steps use the
 // whole thread budget.
@@ -57,6 +64,9 @@ struct DecoderConfig {
     LocalMode local_mode = LocalMode::monotonic;
     int P = 0;                    // local-p: hidden size of the position predictor
     int first_step = 0;           // target position of step 0 (local-m's p_t when decoding step by step)
+    bool gated = false;           // Bahdanau: feed = beta_t c_t (Show, Attend and Tell's gating scalar)
+    bool hard = false;            // Bahdanau: c_t = enc[s_t], one region per step
+    bool sample = false;          // hard: s_t drawn with cache.uniforms (else the argmax of a_t)
 
     int F() const { return kind == DecoderKind::bahdanau ? K : H; }  // feed: c_t or h~_{t-1}
     int G() const { return (cell == RNNCell::lstm ? 4 : 3) * H; }
@@ -85,6 +95,8 @@ template <class P> struct DecoderParams {
     P attentional_kernel = nullptr;  // Luong: (K + H, H) = W_c
     P position_kernel = nullptr;     // local-p: (H, P) = W_p
     P position_vector = nullptr;     // local-p: (P,) = v_p
+    P gate_kernel = nullptr;         // gated: (H,) = w_beta
+    P gate_bias = nullptr;           // gated: (1,) = b_beta
     P output_kernel = nullptr;       // (H, V)
     P output_bias = nullptr;         // (V,)
 };
@@ -104,7 +116,10 @@ template <class T> struct DecoderCache {
     T* query_proj = nullptr;     // (T, B, U) additive: q W_q + b_q
     T* score_hidden = nullptr;   // (T, B, S, U) additive: tanh(q W_q + b_q + enc W_k)
     T* weights = nullptr;        // (T, B, S) attention weights a_t
-    T* context = nullptr;        // (T, B, K) Luong's c_t (Bahdanau's is the feed)
+    T* context = nullptr;        // (T, B, K) Luong's c_t; gated Bahdanau's c_t before the gate
+    T* gate = nullptr;           // (T, B) gated: beta_t
+    int64_t* positions = nullptr;  // (T, B) hard: the region s_t (-1: a fully masked row attends nowhere)
+    T* uniforms = nullptr;       // (T, B) hard sampling: s_t = the first s with a_t[0..s] summing past it
     T* concat = nullptr;         // (T, B, K + H) Luong [c_t; h_t]
     uint8_t* window = nullptr;   // (T, B, S) local: positions inside the window
     T* gauss = nullptr;          // (T, B, S) local: Gaussian factor
@@ -150,10 +165,11 @@ DecoderCache<T> decoder_cache_layout(const DecoderConfig& cfg, bool has_step_mas
         c.score_hidden = alloc("score_hidden", std::vector<size_t>{Tn, B, S, U}, T{});
     }
     c.weights = alloc("weights", std::vector<size_t>{Tn, B, S}, T{});
-    if (luong) {
-        c.context = alloc("context", std::vector<size_t>{Tn, B, K}, T{});
-        c.concat = alloc("concat", std::vector<size_t>{Tn, B, K + H}, T{});
-    }
+    if (luong || cfg.gated) c.context = alloc("context", std::vector<size_t>{Tn, B, K}, T{});
+    if (luong) c.concat = alloc("concat", std::vector<size_t>{Tn, B, K + H}, T{});
+    if (cfg.gated) c.gate = alloc("gate", std::vector<size_t>{Tn, B}, T{});
+    if (cfg.hard) c.positions = alloc("positions", std::vector<size_t>{Tn, B}, int64_t{});
+    if (cfg.hard && cfg.sample) c.uniforms = alloc("uniforms", std::vector<size_t>{Tn, B}, T{});
     if (cfg.local()) {
         c.window = alloc("window", std::vector<size_t>{Tn, B, S}, uint8_t{});
         c.gauss = alloc("gauss", std::vector<size_t>{Tn, B, S}, T{});
@@ -182,6 +198,26 @@ template <class T> struct OwnedDecoderCache {
 };
 
 // ------------------------------------------------------------------------------ attention step
+// Hard attention's region: with a uniform u, the first s whose cumulative weight a[0..s] exceeds u
+// (a draw from a); without, the first maximum of a (np.argmax). Zero-weight (masked) regions are
+// never picked; a row of zeros gives -1.
+template <class T> int64_t pick_region(const T* weights, int S, const T* uniform) {
+    int64_t chosen = -1;
+    T best = 0, cumulative = 0;
+    for (int s = 0; s < S; ++s) {
+        if (!(weights[s] > T(0))) continue;
+        if (uniform) {
+            chosen = s;
+            cumulative += weights[s];
+            if (cumulative > *uniform) break;
+        } else if (weights[s] > best) {
+            best = weights[s];
+            chosen = s;
+        }
+    }
+    return chosen;
+}
+
 // a_t = masked_softmax(score(q_t, enc)) and c_t = a_t . enc for batch rows [b0, b1) of step t (Tq = 1).
 // query (B, H) and context (B, K) are whole-batch buffers; only rows [b0, b1) are read / written.
 template <class T>
@@ -229,6 +265,16 @@ void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>
     }
     softmax_context_forward<T>(AttendShape{nb, 1, 1, S, 0, K}, context + (size_t)b0 * K, scores, enc + (size_t)b0 * S * K,
                                mask, keep);
+    if (cfg.hard) {
+        // c_t = enc[s_t] replaces the soft context
+        for (int i = 0; i < nb; ++i) {
+            const int64_t s = pick_region(scores + (size_t)i * S, S, cache.uniforms ? cache.uniforms + tb + i : nullptr);
+            cache.positions[tb + i] = s;
+            T* ctx = context + (size_t)(b0 + i) * K;
+            if (s < 0) std::fill(ctx, ctx + K, T(0));
+            else std::copy_n(enc + ((size_t)(b0 + i) * S + s) * K, K, ctx);
+        }
+    }
 }
 
 // Workspace of the backward pass for all B rows, allocated once per call (never inside the time loop).
@@ -240,15 +286,16 @@ template <class T> struct AttendGradWork {
           dgauss(cfg.predictive() ? (size_t)cfg.B * cfg.S : 0), dposition(cfg.predictive() ? cfg.B : 0) {}
 };
 
-// Backward of attend_step_forward for rows [b0, b1). Accumulates: dquery (B, H), denc (B, S, K),
+// Backward of attend_step_forward for rows [b0, b1); dweights (T, B, S) the gradient of the weights
+// themselves, or null. Accumulates: dquery (B, H), denc (B, S, K),
 // dkeys (B, S, Dk), dscore_vector (U,); overwrites the step's rows of dquery_proj (T, B, U) (additive,
 // for dW_q after the loop) and of dposition_logit (T, B) and dposition_hidden (T, B, P) (local-p, for
 // d v_p and dW_p after the loop).
 template <class T>
 void attend_step_backward(const DecoderConfig& cfg, const DecoderParams<const T*>& w, const DecoderCache<T>& cache,
-                          int t, int b0, int b1, const T* query, const T* enc, const T* dcontext, T* dquery, T* denc,
-                          T* dkeys, T* dscore_vector, T* dquery_proj, T* dposition_logit, T* dposition_hidden,
-                          AttendGradWork<T>& work) {
+                          int t, int b0, int b1, const T* query, const T* enc, const T* dcontext, const T* dweights,
+                          T* dquery, T* denc, T* dkeys, T* dscore_vector, T* dquery_proj, T* dposition_logit,
+                          T* dposition_hidden, AttendGradWork<T>& work) {
     const int B = cfg.B, S = cfg.S, U = cfg.U, H = cfg.H, K = cfg.K, Dk = cfg.Dk(), nb = b1 - b0;
     const size_t tb = (size_t)t * B + b0, bs = tb * S;
     const T* keep = cfg.local() ? cache.gauss + bs : nullptr;
@@ -256,11 +303,27 @@ void attend_step_backward(const DecoderConfig& cfg, const DecoderParams<const T*
     T* denc_step = work.denc_step.data() + (size_t)b0 * S * K;
     T* dkeys_step = work.dkeys_step.data() + (size_t)b0 * S * Dk;
     T* dgauss = cfg.predictive() ? work.dgauss.data() + (size_t)b0 * S : nullptr;
-    softmax_context_backward<T>(AttendShape{nb, 1, 1, S, 0, K}, dscores, denc_step, dgauss, dcontext + (size_t)b0 * K,
-                                (const T*)nullptr, cache.weights + bs, enc + (size_t)b0 * S * K, keep);
-    // denc += a_t^T . dc_t (per row b)
+    const T* dweights_rows = dweights ? dweights + bs : nullptr;
     T* denc_rows = denc + (size_t)b0 * S * K;
-    for (size_t i = 0; i < (size_t)nb * S * K; ++i) denc_rows[i] += denc_step[i];
+    if (cfg.hard) {
+        // c_t = enc[s_t]: denc[s_t] += dc_t; the scores learn from dweights alone
+        for (int i = 0; i < nb; ++i) {
+            const int64_t s = cache.positions[tb + i];
+            if (s < 0) continue;
+            const T* dc = dcontext + (size_t)(b0 + i) * K;
+            T* de = denc_rows + ((size_t)i * S + s) * K;
+            for (int k = 0; k < K; ++k) de[k] += dc[k];
+        }
+        if (dweights_rows) std::copy_n(dweights_rows, (size_t)nb * S, dscores);
+        else std::fill(dscores, dscores + (size_t)nb * S, T(0));
+        softmax_rows_backward(dscores, dscores, cache.weights + bs, (size_t)nb, (size_t)S);
+    } else {
+        softmax_context_backward<T>(AttendShape{nb, 1, 1, S, 0, K}, dscores, denc_step, dgauss,
+                                    dcontext + (size_t)b0 * K, dweights_rows, cache.weights + bs,
+                                    enc + (size_t)b0 * S * K, keep);
+        // denc += a_t^T . dc_t (per row b)
+        for (size_t i = 0; i < (size_t)nb * S * K; ++i) denc_rows[i] += denc_step[i];
+    }
     T* dq = dquery + (size_t)b0 * H;
     if (cfg.score == ScoreKind::additive) {
         T* dpq = dquery_proj + tb * U;
@@ -328,7 +391,18 @@ void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h,
     T* states_t = cache.states + (size_t)t * B * H;
     if (cfg.kind == DecoderKind::bahdanau) {
         // c_t from s_{t-1} (the state entering the step) is the feed
-        attend_step_forward<T>(cfg, w, cache, t, b0, b1, h, enc, source_mask, feed_t);
+        T* ctx_t = cfg.gated ? cache.context + (size_t)t * B * K : feed_t;
+        attend_step_forward<T>(cfg, w, cache, t, b0, b1, h, enc, source_mask, ctx_t);
+        if (cfg.gated) {
+            // beta_t = sigmoid(s_{t-1} . w_beta + b_beta);  feed_t = beta_t c_t
+            for (int b = b0; b < b1; ++b) {
+                T z = w.gate_bias[0];
+                for (int j = 0; j < H; ++j) z += h[(size_t)b * H + j] * w.gate_kernel[j];
+                const T beta = sigmoid(z);
+                cache.gate[(size_t)t * B + b] = beta;
+                for (int k = 0; k < K; ++k) feed_t[(size_t)b * K + k] = beta * ctx_t[(size_t)b * K + k];
+            }
+        }
     } else {
         std::copy(feed + (size_t)b0 * H, feed + (size_t)b1 * H, feed_t + (size_t)b0 * H);  // h~_{t-1}
     }
@@ -407,7 +481,7 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
 // touches only its rows; the (T, B, .) ones feed the GEMMs over all steps after the loop.
 template <class T> struct DecoderGradWork {
     std::vector<T> dout, dgates, dhu_gru, dhrec, dfeed, dkeys, dquery_proj, dstate, dpre, dcat, dcontext, dfeed_next;
-    std::vector<T> dposition_logit, dposition_hidden;
+    std::vector<T> dposition_logit, dposition_hidden, dgate_logit, dweights;
     AttendGradWork<T> attend;
     DecoderGradWork(const DecoderConfig& cfg)
         : dout((size_t)cfg.T * cfg.B * cfg.H), dgates((size_t)cfg.T * cfg.B * cfg.G()),
@@ -418,7 +492,8 @@ template <class T> struct DecoderGradWork {
           dcat(luong(cfg) ? (size_t)cfg.B * (cfg.K + cfg.H) : 0), dcontext(luong(cfg) ? (size_t)cfg.B * cfg.K : 0),
           dfeed_next(luong(cfg) ? (size_t)cfg.B * cfg.H : 0, T(0)),
           dposition_logit(cfg.predictive() ? (size_t)cfg.T * cfg.B : 0),
-          dposition_hidden(cfg.predictive() ? (size_t)cfg.T * cfg.B * cfg.P : 0), attend(cfg) {}
+          dposition_hidden(cfg.predictive() ? (size_t)cfg.T * cfg.B * cfg.P : 0),
+          dgate_logit(cfg.gated ? (size_t)cfg.T * cfg.B : 0), attend(cfg) {}
     static bool luong(const DecoderConfig& cfg) { return cfg.kind == DecoderKind::luong; }
     // d(h U + b_rec): its own buffer for GRU (the candidate's r * (.) splits it from dgates), else dgates
     T* dhu() { return dhu_gru.empty() ? dgates.data() : dhu_gru.data(); }
@@ -442,7 +517,8 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
                              (const T*)nullptr);
     };
     auto attend_backward = [&](const T* dcontext, T* dquery) {
-        attend_step_backward<T>(cfg, w, cache, t, b0, b1, cache.query_at(cfg, t), enc, dcontext, dquery, denc,
+        attend_step_backward<T>(cfg, w, cache, t, b0, b1, cache.query_at(cfg, t), enc, dcontext,
+                                work.dweights.empty() ? nullptr : work.dweights.data(), dquery, denc,
                                 work.dkeys.data(), dscore_vector, work.dquery_proj.data(),
                                 work.dposition_logit.data(), work.dposition_hidden.data(), work.attend);
     };
@@ -451,6 +527,20 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
         rnn_step_backward(dy_t);
         gemm<T>(false, true, nb, F, G, T(1), dg_t + (size_t)b0 * G, G, W_feed, G, T(0),
                 work.dfeed.data() + (size_t)b0 * F, F);
+        if (cfg.gated) {
+            // feed = beta c:  dz = (dfeed . c) beta (1 - beta);  ds_{t-1} += dz w_beta;  dc = beta dfeed
+            const T* ctx_t = cache.context + (size_t)t * B * K;
+            for (int b = b0; b < b1; ++b) {
+                const T beta = cache.gate[(size_t)t * B + b];
+                T* df = work.dfeed.data() + (size_t)b * K;
+                T dbeta = 0;
+                for (int k = 0; k < K; ++k) dbeta += df[k] * ctx_t[(size_t)b * K + k];
+                const T dz = dbeta * beta * (T(1) - beta);
+                work.dgate_logit[(size_t)t * B + b] = dz;
+                for (int j = 0; j < H; ++j) dh[(size_t)b * H + j] += dz * w.gate_kernel[j];
+                for (int k = 0; k < K; ++k) df[k] *= beta;
+            }
+        }
         attend_backward(work.dfeed.data(), dh);
         return;
     }
@@ -480,11 +570,13 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
 }
 
 // Backward of decoder_forward with the caches of a training pass.
-//   dlogits (B, T, V); dh, dc (B, H): in the gradient of the final state (zeros if unused), out that
-//   of the initial state. denc (B, S, K) overwritten. Parameter gradients in dw accumulate.
+//   dlogits (B, T, V); dweights (B, T, S) the gradient of the attention weights, or null; dh, dc
+//   (B, H): in the gradient of the final state (zeros if unused), out that of the initial state.
+//   denc (B, S, K) overwritten. Parameter gradients in dw accumulate.
 template <class T>
 void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const DecoderParams<T*>& dw,
-                      const T* dlogits, const DecoderCache<T>& cache, const DecoderParams<const T*>& w, const T* enc) {
+                      const T* dlogits, const T* dweights, const DecoderCache<T>& cache,
+                      const DecoderParams<const T*>& w, const T* enc) {
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), U = cfg.U;
     const int S = cfg.S, Dk = cfg.Dk(), TB = Tn * B;
     const bool luong = cfg.kind == DecoderKind::luong, additive = cfg.score == ScoreKind::additive;
@@ -495,6 +587,10 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
     dense_backward<T>(dout_bm.data(), dw.output_kernel, dw.output_bias, dlogits, cache.out, w.output_kernel, TB, H,
                       cfg.V);
     batch_to_time_major(work.dout.data(), dout_bm.data(), Tn, B, H);
+    if (dweights) {
+        work.dweights.resize((size_t)TB * S);
+        batch_to_time_major(work.dweights.data(), dweights, Tn, B, S);
+    }
 
     std::fill(denc, denc + (size_t)B * S * K, T(0));
     std::mutex dscore_vector_lock;
@@ -527,6 +623,11 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
         const T* queries = luong ? cache.states : cache.h_prev;
         dense_backward<T>((T*)nullptr, dw.query_kernel, dw.query_bias, work.dquery_proj.data(), queries,
                           w.query_kernel, TB, H, U);
+    }
+    if (cfg.gated) {
+        // dw_beta += s_{t-1}^T dz;  db_beta += sum dz
+        matmul<T>(dw.gate_kernel, cache.h_prev, work.dgate_logit.data(), H, 1, TB, true, false, T(1));
+        for (int i = 0; i < TB; ++i) dw.gate_bias[0] += work.dgate_logit[i];
     }
     if (cfg.predictive()) {
         // dW_p += h^T d hidden;  d v_p += sum over steps and rows of dz hidden
