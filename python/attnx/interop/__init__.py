@@ -3,7 +3,7 @@
     layer = attnx.interop.from_torch(torch.nn.Linear(4, 3))
     module = attnx.interop.to_torch(layer)
 
-Every converter lives in this package, one module per layer module (`interop.core`,
+Every converter lives in this package, one module per layer module (`interop.core`, `interop.conv`,
 `interop.recurrent`, `interop.transformer`); layer modules never import interop. Each registers
 itself here, one way:
 
@@ -20,7 +20,7 @@ from .registry import _FROM_TORCH, _TO_TORCH, register_from_torch, register_to_t
 
 def _import_converters():
     # the converter modules register themselves when imported (torch is imported only inside them)
-    from . import core, recurrent, transformer  # noqa: F401
+    from . import conv, core, recurrent, transformer  # noqa: F401
 
 
 def _numpy_params(module, grads=False):
