@@ -157,20 +157,6 @@ def test_pooling_gradcheck(cls, padding, strides, window, rng):
     gradcheck(layer, rng.standard_normal((2, 5, 7, 3)))
 
 
-def test_conv2d_need_dx_false_skips_only_the_input_gradient(rng):
-    x, kernel, bias = rng.standard_normal((2, 6, 5, 3)), rng.standard_normal((3, 3, 3, 4)), rng.standard_normal(4)
-    args = dict(x=x, kernel=kernel, strides=(2, 1), padding="same", activation="tanh")
-    y, z = _core.conv2d_forward(bias=bias, **args)
-    grads = []
-    for need_dx in (True, False):
-        dkernel, dbias = np.zeros_like(kernel), np.zeros_like(bias)
-        dx = _core.conv2d_backward(dy=np.cos(y), y=y, z=z, dkernel=dkernel, dbias=dbias, need_dx=need_dx, **args)
-        assert (dx is None) == (not need_dx)
-        grads.append((dkernel, dbias))
-    for a, b in zip(*grads):
-        np.testing.assert_array_equal(a, b)
-
-
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs")
 def test_conv2d_threads_give_the_one_thread_gradients(rng):
     """Images split across threads, each summing its own kernel gradient: the one-thread results."""

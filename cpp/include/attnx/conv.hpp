@@ -7,11 +7,11 @@
 // patches meet the kernel, read as a (KH * KW * C, F) matrix and packed once per call, in the
 // register tiles of packed.hpp, and the activation runs on the block while it is in cache; backward
 // multiplies dz by the kernel's transpose the same way and takes the kernel gradient, a reduction
-// over the rows, from OpenBLAS (dense_backward). The tiles beat OpenBLAS on these shapes (3.8x for a
-// 9 x 16 kernel, 1.2x for 144 x 32, bench_cnn's layers: OpenBLAS repacks both operands per call). Images are split
-// across the thread budget (parallel_for), so that the input gradient each thread scatters back
-// (col2im) stays in its own images; each thread sums its kernel gradient apart and adds it under a
-// lock. A 1x1 kernel with stride 1 multiplies the input itself.
+// over the rows, from OpenBLAS (dense_backward). The tiles beat OpenBLAS on bench_cnn's layers
+// (3.8x for a 9 x 16 kernel, 1.2x for 144 x 32: OpenBLAS repacks both operands on every call).
+// Images are split across the thread budget (parallel_for), so that the input gradient each thread
+// scatters back (col2im) stays in its own images; each thread sums its kernel gradient apart and
+// adds it under a lock. A 1x1 kernel with stride 1 multiplies the input itself.
 // Pooling reads windows of the same geometry; padded positions are never part of a window (max
 // ignores them, the average divides by the real pixels only), as in TensorFlow.
 #pragma once
@@ -131,10 +131,10 @@ inline int tile_vectors(int N, int lanes) { return std::clamp((N + lanes - 1) / 
 template <class T> struct PackedRight {
     Panels<T> panels;
     int K, N, Q;
-    PackedRight(const T* B, int K_, int N_, bool transposed) : K(K_), N(N_), Q(tile_vectors(N_, tile_lanes<T>())) {
-        const int width = Q * tile_lanes<T>();
-        if (transposed) pack_panels_t(panels, B, (size_t)K, K, N, width);
-        else pack_panels(panels, B, (size_t)N, K, N, width);
+    PackedRight(const T* B, int K_, int N_, bool transposed, int lanes = tile_lanes<T>())
+        : K(K_), N(N_), Q(tile_vectors(N_, lanes)) {
+        if (transposed) pack_panels_t(panels, B, (size_t)K, K, N, Q * lanes);
+        else pack_panels(panels, B, (size_t)N, K, N, Q * lanes);
     }
 };
 
