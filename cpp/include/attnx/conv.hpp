@@ -78,37 +78,57 @@ inline Span inside(int o, int stride, int pad, int k, int size) {
     return {std::max(0, -start), std::min(k, size - start)};
 }
 
-// cols[r - r0, (i * KW + j) * C + c] = x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c], 0 outside
-// the image, for the n output rows r = (b * OH + oh) * OW + ow from r0
-template <class T> void im2col(T* cols, const T* x, const Window2D& w, size_t r0, int n) {
-    const int C = w.C, P = w.patch();
+// visit(k, b, oh, ow, rows, cols) for the n output rows r = (b * OH + oh) * OW + ow from r0, in order
+// (k = r - r0), with the window offsets inside the image; no division per row (three cost more than
+// a row's copy)
+template <class Visit> ATTNX_ALWAYS_INLINE void walk_rows(const Window2D& w, size_t r0, int n, Visit&& visit) {
+    size_t b = r0 / w.out_pixels();
+    int oh = int(r0 / w.OW % w.OH), ow = int(r0 % w.OW);
+    Span rows = inside(oh, w.SH, w.pad_top, w.KH, w.H);
     for (int k = 0; k < n; ++k) {
-        const size_t r = r0 + k, b = r / w.out_pixels();
-        const int oh = int(r / w.OW % w.OH), ow = int(r % w.OW);
-        const Span rows = inside(oh, w.SH, w.pad_top, w.KH, w.H), cols_ = inside(ow, w.SW, w.pad_left, w.KW, w.W);
-        T* out = cols + (size_t)k * P;
-        if (rows.hi - rows.lo < w.KH || cols_.hi - cols_.lo < w.KW) std::fill(out, out + P, T(0));
-        for (int i = rows.lo; i < rows.hi; ++i) {
-            const T* in = x + ((b * w.H + (size_t)(oh * w.SH - w.pad_top + i)) * w.W + (ow * w.SW - w.pad_left)) * C;
-            std::copy(in + (size_t)cols_.lo * C, in + (size_t)cols_.hi * C, out + ((size_t)i * w.KW + cols_.lo) * C);
-        }
+        visit(k, b, oh, ow, rows, inside(ow, w.SW, w.pad_left, w.KW, w.W));
+        if (++ow < w.OW) continue;
+        ow = 0;
+        if (++oh == w.OH) oh = 0, ++b;
+        rows = inside(oh, w.SH, w.pad_top, w.KH, w.H);
     }
+}
+
+// The input row of pixels that window row i of output pixel (b, oh, ow) reads, from its column 0
+template <class T> ATTNX_ALWAYS_INLINE T* window_row(T* x, const Window2D& w, size_t b, int oh, int ow, int i) {
+    return x + ((b * w.H + (size_t)(oh * w.SH - w.pad_top + i)) * w.W + (ow * w.SW - w.pad_left)) * w.C;
+}
+
+// cols[r - r0, (i * KW + j) * C + c] = x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c], 0 outside
+// the image, for the n output rows r = (b * OH + oh) * OW + ow from r0. The copies stay loops (GCC
+// would call memmove for each window row: 3 values for a 3x3 kernel on one channel, where the
+// calls cost more than the copy)
+template <class T>
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) void im2col(T* cols, const T* x, const Window2D& w,
+                                                                           size_t r0, int n) {
+    const int C = w.C, P = w.patch();
+    walk_rows(w, r0, n, [&](int k, size_t b, int oh, int ow, Span rows, Span cols_) __attribute__((always_inline)) {
+        T* out = cols + (size_t)k * P;
+        if (rows.hi - rows.lo < w.KH || cols_.hi - cols_.lo < w.KW)
+            for (int e = 0; e < P; ++e) out[e] = T(0);
+        for (int i = rows.lo; i < rows.hi; ++i) {
+            const T* in = window_row(x, w, b, oh, ow, i);
+            T* to = out + (size_t)i * w.KW * C;
+            for (size_t e = (size_t)cols_.lo * C; e < (size_t)cols_.hi * C; ++e) to[e] = in[e];
+        }
+    });
 }
 
 // The transpose of im2col: dx[b, ih, iw, c] += dcols[r - r0, (i * KW + j) * C + c] over the same rows
 template <class T> void col2im_add(T* dx, const T* dcols, const Window2D& w, size_t r0, int n) {
     const int C = w.C, P = w.patch();
-    for (int k = 0; k < n; ++k) {
-        const size_t r = r0 + k, b = r / w.out_pixels();
-        const int oh = int(r / w.OW % w.OH), ow = int(r % w.OW);
-        const Span rows = inside(oh, w.SH, w.pad_top, w.KH, w.H), cols_ = inside(ow, w.SW, w.pad_left, w.KW, w.W);
-        const T* from = dcols + (size_t)k * P;
+    walk_rows(w, r0, n, [&](int k, size_t b, int oh, int ow, Span rows, Span cols_) __attribute__((always_inline)) {
         for (int i = rows.lo; i < rows.hi; ++i) {
-            T* to = dx + ((b * w.H + (size_t)(oh * w.SH - w.pad_top + i)) * w.W + (ow * w.SW - w.pad_left)) * C;
-            const T* src = from + (size_t)i * w.KW * C;
-            for (size_t e = (size_t)cols_.lo * C; e < (size_t)cols_.hi * C; ++e) to[e] += src[e];
+            T* to = window_row(dx, w, b, oh, ow, i);
+            const T* from = dcols + (size_t)k * P + (size_t)i * w.KW * C;
+            for (size_t e = (size_t)cols_.lo * C; e < (size_t)cols_.hi * C; ++e) to[e] += from[e];
         }
-    }
+    });
 }
 
 // fn(b0, b1) over the images, split across the thread budget (`work`: multiply-adds)
