@@ -94,9 +94,9 @@ template <class Visit> ATTNX_ALWAYS_INLINE void walk_rows(const Window2D& w, siz
     }
 }
 
-// The input row of pixels that window row i of output pixel (b, oh, ow) reads, from its column 0
-template <class T> ATTNX_ALWAYS_INLINE T* window_row(T* x, const Window2D& w, size_t b, int oh, int ow, int i) {
-    return x + ((b * w.H + (size_t)(oh * w.SH - w.pad_top + i)) * w.W + (ow * w.SW - w.pad_left)) * w.C;
+// The offset in x of pixel (i, j) of output pixel (oh, ow)'s window in image b (inside the image)
+inline size_t window_pixel(const Window2D& w, size_t b, int oh, int ow, int i, int j) {
+    return ((b * w.H + (size_t)(oh * w.SH - w.pad_top + i)) * w.W + (size_t)(ow * w.SW - w.pad_left + j)) * w.C;
 }
 
 // cols[r - r0, (i * KW + j) * C + c] = x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c], 0 outside
@@ -111,10 +111,11 @@ __attribute__((optimize("no-tree-loop-distribute-patterns"))) void im2col(T* col
         T* out = cols + (size_t)k * P;
         if (rows.hi - rows.lo < w.KH || cols_.hi - cols_.lo < w.KW)
             for (int e = 0; e < P; ++e) out[e] = T(0);
+        const size_t count = (size_t)(cols_.hi - cols_.lo) * C;
         for (int i = rows.lo; i < rows.hi; ++i) {
-            const T* in = window_row(x, w, b, oh, ow, i);
-            T* to = out + (size_t)i * w.KW * C;
-            for (size_t e = (size_t)cols_.lo * C; e < (size_t)cols_.hi * C; ++e) to[e] = in[e];
+            const T* in = x + window_pixel(w, b, oh, ow, i, cols_.lo);
+            T* to = out + ((size_t)i * w.KW + cols_.lo) * C;
+            for (size_t e = 0; e < count; ++e) to[e] = in[e];
         }
     });
 }
@@ -123,10 +124,11 @@ __attribute__((optimize("no-tree-loop-distribute-patterns"))) void im2col(T* col
 template <class T> void col2im_add(T* dx, const T* dcols, const Window2D& w, size_t r0, int n) {
     const int C = w.C, P = w.patch();
     walk_rows(w, r0, n, [&](int k, size_t b, int oh, int ow, Span rows, Span cols_) __attribute__((always_inline)) {
+        const size_t count = (size_t)(cols_.hi - cols_.lo) * C;
         for (int i = rows.lo; i < rows.hi; ++i) {
-            T* to = window_row(dx, w, b, oh, ow, i);
-            const T* from = dcols + (size_t)k * P + (size_t)i * w.KW * C;
-            for (size_t e = (size_t)cols_.lo * C; e < (size_t)cols_.hi * C; ++e) to[e] += from[e];
+            T* to = dx + window_pixel(w, b, oh, ow, i, cols_.lo);
+            const T* from = dcols + (size_t)k * P + ((size_t)i * w.KW + cols_.lo) * C;
+            for (size_t e = 0; e < count; ++e) to[e] += from[e];
         }
     });
 }
@@ -254,11 +256,6 @@ void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const
 }
 
 // ---------------------------------------------------------------------------------- pooling
-// The offset in x of pixel (ih, iw) of image b
-inline size_t pixel_at(const Window2D& w, size_t b, int ih, int iw) {
-    return ((b * w.H + ih) * w.W + iw) * (size_t)w.C;
-}
-
 // visit(b, oh, ow, rows, cols) for every output pixel of images [b0, b1): the window offsets inside the image
 template <class Visit> ATTNX_ALWAYS_INLINE void visit_windows(const Window2D& w, int b0, int b1, Visit&& visit) {
     for (int b = b0; b < b1; ++b)
@@ -281,18 +278,24 @@ template <class T, class Visit> void for_windows(const Window2D& w, Visit&& visi
     for_images_lanes<T>(w, [&](int b0, int b1) __attribute__((always_inline)) { visit_windows(w, b0, b1, visit); });
 }
 
+// out[c] = max over the pixels inside the image of output pixel (oh, ow)'s window of x[b, ih, iw, c]
+// (a NaN wins)
+template <class T>
+ATTNX_ALWAYS_INLINE void window_max(T* out, const T* x, const Window2D& w, size_t b, int oh, int ow, Span rows,
+                                    Span cols) {
+    const T* first = x + window_pixel(w, b, oh, ow, rows.lo, cols.lo);
+    std::copy(first, first + w.C, out);
+    for (int i = rows.lo; i < rows.hi; ++i)
+        for (int j = cols.lo; j < cols.hi; ++j) {
+            const T* in = x + window_pixel(w, b, oh, ow, i, j);
+            for (int c = 0; c < w.C; ++c) out[c] = in[c] > out[c] || in[c] != in[c] ? in[c] : out[c];
+        }
+}
+
 // y[b, oh, ow, c] = max over the window's pixels inside the image of x[b, ih, iw, c] (a NaN wins)
 template <class T> void max_pool2d_forward(T* y, const T* x, const Window2D& w) {
-    const int C = w.C;
     for_windows<T>(w, [&](int b, int oh, int ow, Span rows, Span cols) __attribute__((always_inline)) {
-        T* out = y + (((size_t)b * w.OH + oh) * w.OW + ow) * C;
-        const T* first = x + pixel_at(w, b, oh * w.SH - w.pad_top + rows.lo, ow * w.SW - w.pad_left + cols.lo);
-        std::copy(first, first + C, out);
-        for (int i = rows.lo; i < rows.hi; ++i)
-            for (int j = cols.lo; j < cols.hi; ++j) {
-                const T* in = x + pixel_at(w, b, oh * w.SH - w.pad_top + i, ow * w.SW - w.pad_left + j);
-                for (int c = 0; c < C; ++c) out[c] = in[c] > out[c] || in[c] != in[c] ? in[c] : out[c];
-            }
+        window_max(y + (((size_t)b * w.OH + oh) * w.OW + ow) * w.C, x, w, b, oh, ow, rows, cols);
     });
 }
 
@@ -306,20 +309,12 @@ template <class T> void max_pool2d_backward(T* dx, const T* dy, const T* x, cons
     for_images_lanes<T>(w, [&](int b0, int b1) __attribute__((always_inline)) {
         std::vector<T> best(C), unsent(C);  // per channel: the window's maximum, 1 until dy went to it
         visit_windows(w, b0, b1, [&](int b, int oh, int ow, Span rows, Span cols) __attribute__((always_inline)) {
-            auto at = [&](int i, int j) __attribute__((always_inline)) {
-                return pixel_at(w, b, oh * w.SH - w.pad_top + i, ow * w.SW - w.pad_left + j);
-            };
-            std::copy(x + at(rows.lo, cols.lo), x + at(rows.lo, cols.lo) + C, best.data());
+            window_max(best.data(), x, w, b, oh, ow, rows, cols);
             std::fill(unsent.begin(), unsent.end(), T(1));
-            for (int i = rows.lo; i < rows.hi; ++i)
-                for (int j = cols.lo; j < cols.hi; ++j) {
-                    const T* in = x + at(i, j);
-                    for (int c = 0; c < C; ++c) best[c] = in[c] > best[c] || in[c] != in[c] ? in[c] : best[c];
-                }
             const T* g = dy + (((size_t)b * w.OH + oh) * w.OW + ow) * C;
             for (int i = rows.lo; i < rows.hi; ++i)
                 for (int j = cols.lo; j < cols.hi; ++j) {
-                    const size_t p = at(i, j);
+                    const size_t p = window_pixel(w, b, oh, ow, i, j);
                     for (int c = 0; c < C; ++c) {
                         const T v = x[p + c], m = best[c];
                         const bool hit = unsent[c] != T(0) && (v == m || (v != v && m != m));
@@ -339,7 +334,7 @@ template <class T> void avg_pool2d_forward(T* y, const T* x, const Window2D& w) 
         std::fill(out, out + C, T(0));
         for (int i = rows.lo; i < rows.hi; ++i)
             for (int j = cols.lo; j < cols.hi; ++j) {
-                const T* in = x + pixel_at(w, b, oh * w.SH - w.pad_top + i, ow * w.SW - w.pad_left + j);
+                const T* in = x + window_pixel(w, b, oh, ow, i, j);
                 for (int c = 0; c < C; ++c) out[c] += in[c];
             }
         const T scale = T(1) / T((rows.hi - rows.lo) * (cols.hi - cols.lo));
@@ -357,7 +352,7 @@ template <class T> void avg_pool2d_backward(T* dx, const T* dy, const Window2D& 
         const T scale = T(1) / T((rows.hi - rows.lo) * (cols.hi - cols.lo));
         for (int i = rows.lo; i < rows.hi; ++i)
             for (int j = cols.lo; j < cols.hi; ++j) {
-                T* to = dx + pixel_at(w, b, oh * w.SH - w.pad_top + i, ow * w.SW - w.pad_left + j);
+                T* to = dx + window_pixel(w, b, oh, ow, i, j);
                 for (int c = 0; c < C; ++c) to[c] += g[c] * scale;
             }
     });
