@@ -415,6 +415,20 @@ def test_embedding_mask_reaches_pooling_in_model():
     assert not g[[0, 6, 8, 9]].any() and g[[1, 2, 3, 4, 5, 7]].all()
 
 
+def test_explicit_mask_input_reaches_the_layer_in_a_functional_model():
+    # layer(x, mask=m) on symbolic tensors: m is an input of the call, as in Keras
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 5, 2)).astype(np.float32)
+    m = np.array([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=bool)
+    xs, ms = attnx.Input(shape=(5, 2)), attnx.Input(shape=(5,), dtype="bool")
+    lstm = layers.LSTM(4)
+    model = attnx.Model([xs, ms], lstm(xs, mask=ms))
+    out = model.predict([x, m])
+    assert_close(out, lstm(x, mask=m), atol=0)
+    assert_close(out[1:2], lstm(x[1:2, :1]), atol=1e-6)  # the masked steps change nothing
+    assert np.abs(out - lstm(x)).max() > 1e-3  # and the mask was not dropped
+
+
 # ------------------------------------------------------------------------- more graph cases
 def test_nested_model_gradcheck_and_save(tmp_path):
     attnx.set_random_seed(4)

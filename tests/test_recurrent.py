@@ -613,3 +613,25 @@ def test_sequential_masked_bidirectional_encoder_learns():
     pre_padded = np.take_along_axis(ids, shift, axis=1)
     assert (pre_padded[:, -1] != 0).all()
     assert_close(model.predict(pre_padded, verbose=0), model.predict(ids, verbose=0), 1e-5)
+
+
+@pytest.mark.parametrize("layer_class", [SimpleRNN, GRU, LSTM])
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_zero_output_for_mask_false_carries_the_last_real_output(layer_class, go_backwards):
+    x = np.random.default_rng(0).normal(size=(3, 6, 4))
+    mask = np.array([[1, 1, 1, 0, 0, 0], [1, 0, 1, 1, 0, 1], [0, 0, 1, 1, 1, 1]], bool)
+    layer = layer_class(5, return_sequences=True, zero_output_for_mask=False, go_backwards=go_backwards,
+                        dtype="float64")
+    carried = layer(x, mask=mask)
+    zeroed = layer_class.from_config({**layer.get_config(), "zero_output_for_mask": True})
+    zeroed(x, mask=mask)  # builds it
+    zeroed.set_weights(layer.get_weights())
+    expected = zeroed(x, mask=mask)
+    processing_mask = mask[:, ::-1] if go_backwards else mask
+    for b in range(3):
+        last = None
+        for t in range(6):
+            if processing_mask[b, t]:
+                last = expected[b, t]
+            np.testing.assert_allclose(carried[b, t], expected[b, t] if last is None else last)
+    assert max(gradcheck(layer, x, call_kwargs={"mask": mask}).values()) < 1e-7

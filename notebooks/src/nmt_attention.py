@@ -170,11 +170,16 @@ show_attention(bahdanau, examples[-3:], "Bahdanau")
 # the references over the whole test set: $\mathrm{BLEU} = \mathrm{BP} \cdot \exp\big(\frac14\sum_n
 # \log p_n\big)$, $p_n$ the clipped n-gram precision and BP a brevity penalty. With one reference
 # per sentence and short sentences, scores in the tens are typical. `evaluate_bleu` decodes
-# greedily by default; `width=4` uses beam search.
+# greedily by default; `width=4` uses beam search. It reports sacreBLEU (the `sacrebleu` package,
+# the score papers report: 13a tokenization, "exp" smoothing) when installed, else attnx's
+# `metrics.corpus_bleu` (NLTK's formula, no smoothing); the score says which (`score.scorer`,
+# `score.signature`).
 
 # %%
 n_test = 200 if QUICK else len(test.source)
-bleu = {"Bahdanau": 100 * bahdanau.evaluate_bleu(test.source[:n_test], test.target[:n_test])}
+score = bahdanau.evaluate_bleu(test.source[:n_test], test.target[:n_test])
+print(f"BLEU by {score.scorer} ({score.signature})")
+bleu = {"Bahdanau": 100 * score}
 print(f"Bahdanau: test BLEU-4 {bleu['Bahdanau']:.2f} (greedy, {n_test} sentences)")
 n_beam = 200 if QUICK else 1000
 beam = 100 * bahdanau.evaluate_bleu(test.source[:n_beam], test.target[:n_beam], width=4)
@@ -204,7 +209,8 @@ show_attention(luong, examples[-3:], "Luong (general)")
 # %%
 from IPython.display import Markdown, display
 
-rows = ["| attention | parameters | final train loss | final val. loss | test BLEU-4 (greedy) | training time |",
+rows = [f"| attention | parameters | final train loss | final val. loss | test BLEU-4 (greedy, {score.scorer}) "
+        "| training time |",
         "|---|---|---|---|---|---|"]
 for name, model in [("Bahdanau", bahdanau), ("Luong (general)", luong)]:
     key = name.split()[0]
@@ -218,6 +224,7 @@ display(Markdown("\n".join(rows)))
 # than Bahdanau's additive one, and input feeding gives the decoder the previous step's alignment,
 # but the two models do not learn at the same pace: in the run above (10 epochs each, 10,000
 # pairs, 128 units) the Bahdanau model reached a training loss of 0.88 and a test BLEU-4 of 19.7
-# (20.4 with beam search), while the Luong model was still at a loss of 3.03 and BLEU 3.2; its
+# (20.4 with beam search; attnx's NLTK-formula BLEU, before the notebook reported sacreBLEU), while
+# the Luong model was still at a loss of 3.03 and BLEU 3.2; its
 # loss stays on a plateau for the first epochs before it falls. Given more epochs it catches up;
 # compare them at equal loss, not only at equal time.

@@ -39,14 +39,25 @@ class Ones(Initializer):
 
 
 class Constant(Initializer):
+    """Fills a weight with `value`: a number, or an array of the weight's shape (Keras'
+    ``Constant(embedding_matrix)`` for pretrained embeddings)."""
+
     def __init__(self, value=0.0):
-        self.value = float(value)
+        value = np.asarray(value)
+        if value.dtype.kind not in "iuf":
+            raise TypeError(f"Constant: value must be a number or an array of numbers, got dtype {value.dtype}")
+        self.value = float(value) if value.ndim == 0 else value
 
     def __call__(self, shape, dtype="float32"):
-        return np.full(shape, self.value, dtype=dtype)
+        if isinstance(self.value, float):
+            return np.full(shape, self.value, dtype=dtype)
+        if self.value.shape != tuple(shape):
+            raise ValueError(f"Constant: value of shape {self.value.shape} for a weight of shape {tuple(shape)}")
+        return self.value.astype(dtype)
 
     def get_config(self):
-        return {"value": self.value}
+        # an array is written out in full, as Keras does (a model's weights hold it too)
+        return {"value": self.value if isinstance(self.value, float) else self.value.tolist()}
 
 
 class RandomUniform(Initializer):
@@ -132,9 +143,12 @@ _ALIASES = {
 
 
 def get(identifier):
-    """An initializer from a name, a config dict, an instance or a callable(shape, dtype)."""
+    """An initializer from a name, a config dict, an instance, a callable(shape, dtype) or an array (the
+    weight's value: `Constant`)."""
     if isinstance(identifier, Initializer) or callable(identifier) and not isinstance(identifier, type):
         return identifier
+    if isinstance(identifier, np.ndarray):
+        return Constant(identifier)
     if isinstance(identifier, str):
         if identifier not in _ALIASES:
             raise ValueError(f"Unknown initializer {identifier!r}; expected one of {sorted(_ALIASES)}")

@@ -194,18 +194,29 @@ def get(identifier, loss=None):
     raise ValueError(f"Unknown metric {identifier!r}; expected 'accuracy' or one of {sorted(_ALIASES)}")
 
 
-def corpus_bleu(references, hypotheses, max_n=4):
-    """Corpus BLEU (Papineni et al., 2002) without smoothing, as NLTK's ``corpus_bleu``.
+_SMOOTHING = (None, "floor", "exp")
+
+
+def corpus_bleu(references, hypotheses, max_n=4, smoothing=None):
+    """Corpus BLEU (Papineni et al., 2002) of token lists, equal to NLTK's ``corpus_bleu`` (uniform
+    weights) with the matching smoothing function.
 
     Args:
         references: for each hypothesis, a list of reference token lists.
         hypotheses: token lists, one per sentence.
-        max_n: longest n-gram (4: BLEU-4, uniform weights 1 / max_n).
+        max_n: longest n-gram (4: BLEU-4, weights 1 / max_n).
+        smoothing: of n-gram precisions without a match (sacreBLEU's names): None (NLTK's
+            ``method0``: the score is 0), "floor" (``method1``: 0.1 matches instead of 0) or
+            "exp" (``method3``, NIST's and sacreBLEU's default: 1 / 2^k of the n-gram count, k = 1
+            for the first such n, 2 for the next...).
+
     Returns:
         ``BP * exp(mean_n log p_n)`` in [0, 1], where p_n is the clipped n-gram precision summed
-        over the corpus and BP = exp(1 - r / c) when the hypotheses' total length c is below r,
-        the sum of the reference lengths closest to each hypothesis' length (ties: the shorter).
-        0 when some p_n is 0.
+        over the corpus (each sentence counting at least one n-gram in the denominator, as NLTK
+        does) and BP = exp(1 - r / c) when the hypotheses' total length c is below r, the sum of the
+        reference lengths closest to each hypothesis' length (ties: the shorter). 0 when no
+        unigram matches (NLTK returns ~1e-77 where a higher order has no match without smoothing;
+        attnx returns 0).
     """
     from collections import Counter
 
@@ -214,6 +225,8 @@ def corpus_bleu(references, hypotheses, max_n=4):
         raise ValueError(f"corpus_bleu: {len(references)} reference lists but {len(hypotheses)} hypotheses")
     if isinstance(max_n, bool) or not isinstance(max_n, int) or max_n < 1:
         raise ValueError(f"corpus_bleu: max_n must be a positive integer, got {max_n!r}")
+    if smoothing not in _SMOOTHING:
+        raise ValueError(f"corpus_bleu: smoothing must be one of {_SMOOTHING}, got {smoothing!r}")
     matches, totals = [0] * max_n, [0] * max_n
     hyp_len = ref_len = 0
     for refs, hyp in zip(references, hypotheses):
@@ -227,9 +240,78 @@ def corpus_bleu(references, hypotheses, max_n=4):
             for r in refs:  # clip each n-gram's count by its largest count in one reference
                 most |= Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
             matches[n - 1] += sum(min(c, most[g]) for g, c in grams.items())
-            totals[n - 1] += max(len(hyp) - n + 1, 0)
-    if hyp_len == 0 or min(matches) == 0:
+            totals[n - 1] += max(len(hyp) - n + 1, 1)  # NLTK's denominator: at least 1 per sentence
+    if hyp_len == 0 or matches[0] == 0:
         return 0.0
-    log_precision = sum(np.log(m / t) for m, t in zip(matches, totals)) / max_n
+    precisions, k = [], 1
+    for m, t in zip(matches, totals):
+        if m:
+            precisions.append(m / t)
+        elif smoothing == "floor":
+            precisions.append(0.1 / t)
+        elif smoothing == "exp":
+            precisions.append(1.0 / (2 ** k * t))
+            k += 1
+        else:
+            return 0.0
+    log_precision = sum(np.log(p) for p in precisions) / max_n
     brevity = 1.0 if hyp_len > ref_len else float(np.exp(1 - ref_len / hyp_len))
     return float(brevity * np.exp(log_precision))
+
+
+class BleuScore(float):
+    """A BLEU score in [0, 1] (a float, so existing arithmetic keeps working) that says which scorer
+    computed it: ``scorer`` is "sacrebleu" or "attnx", ``signature`` sacreBLEU's signature (which
+    tokenizer and smoothing) or attnx's formula."""
+
+    def __new__(cls, value, scorer, signature):
+        score = super().__new__(cls, value)
+        score.scorer, score.signature = scorer, signature
+        return score
+
+    def __repr__(self):
+        return f"BleuScore({float(self):.4f}, scorer={self.scorer!r}, signature={self.signature!r})"
+
+    def __str__(self):
+        return f"BLEU {100 * float(self):.2f} ({self.scorer}: {self.signature})"
+
+
+def bleu_score(references, hypotheses, scorer="auto"):
+    """Corpus BLEU-4 of tokenized sentences, reported by sacreBLEU when it is installed.
+
+    Args:
+        references: for each hypothesis, a list of reference token lists (the same number for
+            every hypothesis with sacreBLEU).
+        hypotheses: token lists.
+        scorer: "sacrebleu" (the `sacrebleu` package's ``corpus_bleu`` on the tokens joined by
+            spaces, its defaults: 13a tokenization, "exp" smoothing: the score papers report),
+            "attnx" (`corpus_bleu`, NLTK's formula on the tokens as given, no smoothing), or
+            "auto" (default): sacreBLEU if installed, else attnx.
+
+    Returns:
+        A `BleuScore`: a float in [0, 1] with ``scorer`` and ``signature`` saying how it was computed.
+    """
+    if scorer not in ("auto", "sacrebleu", "attnx"):
+        raise ValueError(f"bleu_score: scorer must be 'auto', 'sacrebleu' or 'attnx', got {scorer!r}")
+    references, hypotheses = list(references), list(hypotheses)
+    if scorer == "auto":
+        try:
+            import sacrebleu  # noqa: F401
+            scorer = "sacrebleu"
+        except ImportError:
+            scorer = "attnx"
+    if scorer == "attnx":
+        return BleuScore(corpus_bleu(references, hypotheses), "attnx", "corpus_bleu: NLTK's formula, max_n=4, "
+                                                                        "no smoothing")
+    from sacrebleu.metrics import BLEU
+
+    if len(references) != len(hypotheses):
+        raise ValueError(f"bleu_score: {len(references)} reference lists but {len(hypotheses)} hypotheses")
+    counts = {len(refs) for refs in references}
+    if len(counts) > 1:
+        raise ValueError(f"bleu_score: sacreBLEU needs the same number of references for every hypothesis, got "
+                         f"{sorted(counts)}")
+    streams = [[" ".join(refs[i]) for refs in references] for i in range(counts.pop() if counts else 0)]
+    metric = BLEU()
+    result = metric.corpus_score([" ".join(h) for h in hypotheses], streams)
+    return BleuScore(result.score / 100, "sacrebleu", str(metric.get_signature()))

@@ -803,9 +803,15 @@ class Seq2Seq(Model):
             words, weights = best.tokens, best.attention
         return " ".join(self.target_words(words)), weights
 
-    def evaluate_bleu(self, sources, references, width=1, length_penalty=0.0, batch_size=64, max_length=None):
+    def evaluate_bleu(self, sources, references, width=1, length_penalty=0.0, batch_size=64, max_length=None,
+                      scorer="auto"):
         """Corpus BLEU-4 of the translations of preprocessed `sources` against preprocessed
-        `references` (start/end tokens are not scored)."""
+        `references` (start/end tokens are not scored).
+
+        `scorer`: "sacrebleu" (the `sacrebleu` package, the score papers report), "attnx" (NLTK's
+        formula, `metrics.corpus_bleu`) or "auto" (sacreBLEU when installed). Returns a
+        `metrics.BleuScore`: a float in [0, 1] whose ``scorer`` and ``signature`` say which it is.
+        """
         self._require_tokenizers("evaluate_bleu")
         hyps = []
         for lo in range(0, len(sources), batch_size):
@@ -819,5 +825,5 @@ class Seq2Seq(Model):
                 beams = self.beam_search(src, width, length_penalty, max_length)
                 hyps += [self.target_words(h[0].tokens) for h in beams]
         refs = [[[w for w in r.split() if w not in ("<start>", "<end>")]] for r in references]
-        return metrics.corpus_bleu(refs, hyps)
+        return metrics.bleu_score(refs, hyps, scorer)
 

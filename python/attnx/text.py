@@ -13,12 +13,15 @@ from __future__ import annotations
 import json
 import numbers
 from collections import OrderedDict, defaultdict
+from typing import NamedTuple
 
 import numpy as np
 
 __all__ = [
     "DEFAULT_FILTERS",
     "Tokenizer",
+    "WordVectors",
+    "load_word_vectors",
     "pad_sequences",
     "text_to_word_sequence",
     "tokenizer_from_json",
@@ -457,3 +460,100 @@ def pad_sequences(sequences, maxlen=None, dtype="int32", padding="pre", truncati
         else:
             padded[position, -len(kept) :] = kept
     return padded
+
+
+class WordVectors(NamedTuple):
+    """What `load_word_vectors` found: ``matrix`` (num_words, dim), row i the vector of the word with
+    id i (row 0, the padding, zeros); ``hits`` / ``misses`` the words of the vocabulary found / not
+    found in the file, ``missing`` the latter."""
+    matrix: np.ndarray
+    hits: int
+    misses: int
+    missing: list
+
+
+def _parse_vector(parts, dim, path, line_number):
+    if len(parts) != dim:
+        raise ValueError(f"{path}, line {line_number}: a vector of {len(parts)} values, the file's vectors have "
+                         f"{dim}")
+    try:
+        vector = np.array(parts, dtype=np.float64)
+    except ValueError as exc:
+        raise ValueError(f"{path}, line {line_number}: not a number ({exc})") from exc
+    if not np.all(np.isfinite(vector)):
+        raise ValueError(f"{path}, line {line_number}: a non-finite value")
+    return vector
+
+
+def load_word_vectors(path, tokenizer, num_words=None, oov="normal", seed=None, dtype="float32", encoding="utf-8"):
+    """Pretrained word vectors (GloVe or word2vec text files) as an embedding matrix aligned to a
+    tokenizer's ids, for ``layers.Embedding(..., embeddings_initializer=matrix, trainable=False)``.
+
+    Args:
+        path: a text file with one ``word v1 v2 ... vd`` per line: GloVe's format, or word2vec's
+            text format, whose first line is ``count dim`` (recognized and checked). Words may contain
+            spaces (the last d fields are the vector).
+        tokenizer: a fitted `Tokenizer` (its ``word_index``).
+        num_words: rows of the matrix (ids 0 .. num_words - 1); default the tokenizer's
+            ``num_words``, else ``len(word_index) + 1``.
+        oov: how rows of words missing from the file start: "normal" draws from a normal
+            distribution with the mean and standard deviation of all the file's values (so they are
+            scaled like the found vectors), "zeros" leaves them zero.
+        seed: seed of the "normal" draws (default: `attnx.backend.rng()`).
+        dtype: of the matrix.
+
+    Returns:
+        `WordVectors(matrix, hits, misses, missing)`; the ``oov_token``, if any, counts as a miss.
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        ValueError: an empty file, a line with another number of values or a value that is not a
+            finite number (its line number said), a word2vec header the file disagrees with, an
+            unknown `oov`.
+    """
+    if oov not in ("normal", "zeros"):
+        raise ValueError(f"load_word_vectors: oov must be 'normal' or 'zeros', got {oov!r}")
+    if not tokenizer.word_index:
+        raise ValueError("load_word_vectors: the tokenizer has no vocabulary; fit it on texts first")
+    rows = num_words or tokenizer.num_words or len(tokenizer.word_index) + 1
+    wanted = {word: i for word, i in tokenizer.word_index.items() if 0 < i < rows}
+    found, dim, declared, count = {}, None, None, 0
+    total = total_sq = 0.0
+    with open(path, encoding=encoding) as f:
+        for line_number, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            if line_number == 1:
+                header = line.split()
+                if len(header) == 2 and all(h.isdigit() for h in header):  # word2vec: "count dim"
+                    declared, dim = int(header[0]), int(header[1])
+                    if dim == 0:
+                        raise ValueError(f"{path}: the word2vec header declares vectors of 0 values")
+                    continue
+            if dim is None:
+                dim = len(line.split()) - 1
+                if dim < 1:
+                    raise ValueError(f"{path}, line {line_number}: a word without a vector")
+            parts = line.rstrip().rsplit(maxsplit=dim)
+            vector = _parse_vector(parts[1:], dim, path, line_number)
+            count += 1
+            total += vector.sum()
+            total_sq += np.square(vector).sum()
+            if parts[0] in wanted and parts[0] not in found:  # the first of repeated words, as word2vec reads
+                found[parts[0]] = vector
+    if count == 0:
+        raise ValueError(f"{path}: no word vectors in the file")
+    if declared is not None and declared != count:
+        raise ValueError(f"{path}: the word2vec header declares {declared} vectors, the file holds {count}")
+    matrix = np.zeros((rows, dim), dtype=dtype)
+    missing = sorted((w for w in wanted if w not in found), key=wanted.get)
+    if oov == "normal" and missing:
+        from . import backend
+        mean = total / (count * dim)
+        std = np.sqrt(max(total_sq / (count * dim) - mean ** 2, 0.0))
+        rng = np.random.default_rng(seed) if seed is not None else backend.rng()
+        matrix[[wanted[w] for w in missing]] = rng.normal(mean, std, size=(len(missing), dim))
+    for word, vector in found.items():
+        matrix[wanted[word]] = vector
+    return WordVectors(matrix, len(found), len(missing), missing)

@@ -1,7 +1,10 @@
-"""Weights both ways between attnx layers and their PyTorch counterparts.
+"""Weights both ways between attnx layers and their PyTorch counterparts, and whole models both ways
+between attnx and Keras 3 (`.keras` files: see `interop.keras_file`).
 
     layer = attnx.interop.from_torch(torch.nn.Linear(4, 3))
     module = attnx.interop.to_torch(layer)
+    model = attnx.interop.from_keras("model.keras")
+    attnx.interop.to_keras(model, "model.keras")
 
 Every converter lives in this package, one module per layer module (`interop.core`, `interop.conv`,
 `interop.recurrent`, `interop.transformer`); layer modules never import interop. Each registers
@@ -14,13 +17,16 @@ itself here, one way:
   layout (what parity tests compare). ``grads=True`` matters only where one attnx weight is the sum
   of several torch weights (an RNN's b_ih + b_hh): its gradient is each one's, not their sum.
 - ``@register_to_torch(Dense)`` decorates ``fn(layer) -> torch module`` with the weights copied.
+- ``@register_from_keras("LSTM")`` / ``@register_to_keras(LSTM)``: the Keras converters of the same
+  modules (their contracts in `interop.registry`).
 """
+from .keras_file import from_keras, keras_objects, to_keras  # noqa: F401
 from .registry import _FROM_TORCH, _TO_TORCH, register_from_torch, register_to_torch, set_torch_params  # noqa: F401
 
 
 def _import_converters():
     # the converter modules register themselves when imported (torch is imported only inside them)
-    from . import conv, core, recurrent, transformer  # noqa: F401
+    from . import attention, conv, core, recurrent, transformer  # noqa: F401
 
 
 def _numpy_params(module, grads=False):

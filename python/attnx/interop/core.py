@@ -1,6 +1,13 @@
-"""PyTorch converters of the core layers: Linear <-> Dense, Embedding <-> Embedding."""
-from ..layers.core import Dense, Embedding
-from .registry import register_from_torch, register_to_torch, set_torch_params
+"""Converters of the core layers. PyTorch: Linear <-> Dense, Embedding <-> Embedding. Keras: Dense,
+Embedding, Activation, Dropout, Flatten, Reshape, Concatenate, Add, GlobalAveragePooling1D, each to
+and from the layer of the same name; from Keras also SpatialDropout1D (a Dropout of whole features)
+and TimeDistributed around a layer that acts on the last axis (that layer: attnx's take any rank)."""
+from .. import regularizers
+from ..layers.core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
+                           Reshape)
+from .registry import (_FROM_KERAS, check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer,
+                       register_from_keras, register_from_torch, register_to_keras, register_to_torch,
+                       set_torch_params)
 
 
 @register_from_torch("Linear")
@@ -51,3 +58,120 @@ def _embedding_to(layer):
     import torch
     module = torch.nn.Embedding(layer.input_dim, layer.output_dim, dtype=getattr(torch, layer.dtype.name))
     return set_torch_params(module, {"weight": layer.params["embeddings"]})
+
+
+# ----------------------------------------------------------------------------- Keras
+def _no_weights():
+    return []
+
+
+@register_from_keras("Dense")
+def _dense_from_keras(class_name, config, weights):
+    layer = Dense(config["units"], activation=config.get("activation"), use_bias=config.get("use_bias", True),
+                  kernel_regularizer=regularizers.get(config.get("kernel_regularizer")),
+                  bias_regularizer=regularizers.get(config.get("bias_regularizer")), **keras_layer_kwargs(config))
+    return layer, weights.read
+
+
+@register_to_keras(Dense)
+def _dense_to_keras(layer, keras):
+    return [(keras.layers.Dense(layer.units, activation=layer.activation, use_bias=layer.use_bias,
+                                kernel_regularizer=keras_regularizer(keras, layer.kernel_regularizer),
+                                bias_regularizer=keras_regularizer(keras, layer.bias_regularizer),
+                                **keras_kwargs(layer)),
+             layer.get_weights())]
+
+
+@register_from_keras("Embedding")
+def _embedding_from_keras(class_name, config, weights):
+    layer = Embedding(config["input_dim"], config["output_dim"], mask_zero=config.get("mask_zero", False),
+                      embeddings_regularizer=regularizers.get(config.get("embeddings_regularizer")),
+                      **keras_layer_kwargs(config))
+    return layer, weights.read
+
+
+@register_to_keras(Embedding)
+def _embedding_to_keras(layer, keras):
+    return [(keras.layers.Embedding(layer.input_dim, layer.output_dim, mask_zero=layer.mask_zero,
+                                    embeddings_regularizer=keras_regularizer(keras, layer.embeddings_regularizer),
+                                    **keras_kwargs(layer)),
+             layer.get_weights())]
+
+
+@register_from_keras("Activation")
+def _activation_from_keras(class_name, config, weights):
+    return Activation(config["activation"], **keras_layer_kwargs(config)), _no_weights
+
+
+@register_to_keras(Activation)
+def _activation_to_keras(layer, keras):
+    return [(keras.layers.Activation(layer.activation, **keras_kwargs(layer)), [])]
+
+
+@register_from_keras("Dropout")
+def _dropout_from_keras(class_name, config, weights):
+    return Dropout(config["rate"], noise_shape=config.get("noise_shape"), seed=config.get("seed"),
+                   **keras_layer_kwargs(config)), _no_weights
+
+
+@register_from_keras("SpatialDropout1D")
+def _spatial_dropout_from_keras(class_name, config, weights):
+    return Dropout(config["rate"], noise_shape=(None, 1, None), seed=config.get("seed"),
+                   **keras_layer_kwargs(config)), _no_weights
+
+
+# the Keras layers that act on the last axis alone, as their attnx counterparts do on inputs of any rank
+_PER_STEP = ("Dense", "Activation", "Dropout", "LayerNormalization")
+
+
+@register_from_keras("TimeDistributed")
+def _time_distributed_from_keras(class_name, config, weights):
+    inner = config["layer"]
+    if inner.get("class_name") not in _PER_STEP:
+        raise ValueError(f"TimeDistributed '{config.get('name')}' wraps a {inner.get('class_name')}; attnx converts "
+                         f"TimeDistributed around {', '.join(_PER_STEP)}")
+    inner_config = {**inner["config"], "name": config.get("name")}  # the wrapper's name is the unique one
+    return _FROM_KERAS[inner["class_name"]](inner["class_name"], inner_config, weights.sublayer("layer"))
+
+
+@register_to_keras(Dropout)
+def _dropout_to_keras(layer, keras):
+    return [(keras.layers.Dropout(layer.rate, noise_shape=layer.noise_shape, seed=layer.seed, **keras_kwargs(layer)),
+             [])]
+
+
+@register_from_keras("Flatten", "GlobalAveragePooling1D")
+def _pooling_from_keras(class_name, config, weights):
+    check_keras_options(class_name, config, data_format="channels_last", keepdims=False)
+    layer_class = Flatten if class_name == "Flatten" else GlobalAveragePooling1D
+    return layer_class(**keras_layer_kwargs(config)), _no_weights
+
+
+@register_from_keras("Reshape")
+def _reshape_from_keras(class_name, config, weights):
+    return Reshape(config["target_shape"], **keras_layer_kwargs(config)), _no_weights
+
+
+@register_from_keras("Concatenate")
+def _concatenate_from_keras(class_name, config, weights):
+    return Concatenate(axis=config.get("axis", -1), **keras_layer_kwargs(config)), _no_weights
+
+
+@register_from_keras("Add")
+def _add_from_keras(class_name, config, weights):
+    return Add(**keras_layer_kwargs(config)), _no_weights
+
+
+@register_to_keras(Flatten, GlobalAveragePooling1D, Add)
+def _plain_to_keras(layer, keras):
+    return [(getattr(keras.layers, type(layer).__name__)(**keras_kwargs(layer)), [])]
+
+
+@register_to_keras(Reshape)
+def _reshape_to_keras(layer, keras):
+    return [(keras.layers.Reshape(layer.target_shape, **keras_kwargs(layer)), [])]
+
+
+@register_to_keras(Concatenate)
+def _concatenate_to_keras(layer, keras):
+    return [(keras.layers.Concatenate(axis=layer.axis, **keras_kwargs(layer)), [])]

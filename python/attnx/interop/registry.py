@@ -1,10 +1,13 @@
-"""The converter registry: each converter module (interop.core, .recurrent, .transformer) registers
-its functions here; `attnx.interop` looks them up. Kept apart from the package's __init__ so that
-the converter modules import it without importing the package that imports them."""
+"""The converter registry: each converter module (interop.core, .recurrent, .transformer,
+.attention) registers its functions here; `attnx.interop` and `attnx.interop.keras_file` look them
+up. Kept apart from the package's __init__ so that the converter modules import it without
+importing the package that imports them."""
 import numpy as np
 
 _FROM_TORCH = {}
 _TO_TORCH = {}
+_FROM_KERAS = {}
+_TO_KERAS = {}
 
 
 def register_from_torch(torch_class_name):
@@ -31,3 +34,58 @@ def set_torch_params(module, tensors):
                 raise ValueError(f"set_torch_params: '{name}' expected shape {tuple(p.shape)}, got {value.shape}")
             p.copy_(torch.from_numpy(np.ascontiguousarray(value)).to(p.dtype))
     return module
+
+
+def register_from_keras(*keras_class_names):
+    """Decorates ``fn(class_name, config, weights) -> (layer, load)``: `config` is the Keras layer's
+    config dict, `weights` its `keras_file.WeightGroup` (shapes known, nothing read yet); ``load()``
+    returns the layer's arrays in attnx's `get_weights` order, read once the model around the layer is
+    built. A custom (not built-in) Keras class registers as ``"custom>" + its name in lower case``."""
+    def wrap(fn):
+        for name in keras_class_names:
+            _FROM_KERAS[name] = fn
+        return fn
+    return wrap
+
+
+def register_to_keras(*layer_classes):
+    """Decorates ``fn(layer, keras) -> [(keras layer, its weights for set_weights), ...]``: the Keras
+    layers applied one after the other in place of `layer` (one, except attnx's stacked RNNs)."""
+    def wrap(fn):
+        for cls in layer_classes:
+            _TO_KERAS[cls.__name__] = fn
+        return fn
+    return wrap
+
+
+def keras_layer_kwargs(config):
+    """The attnx Layer arguments (name, trainable, dtype) of a Keras layer config."""
+    dtype = config.get("dtype") or "float32"
+    if isinstance(dtype, dict):  # a DTypePolicy
+        dtype = dtype.get("config", {}).get("name", "float32")
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"layer '{config.get('name')}' has dtype policy {dtype!r}; attnx computes in float32 or "
+                         "float64")
+    return {"name": config.get("name"), "trainable": bool(config.get("trainable", True)), "dtype": dtype}
+
+
+def keras_kwargs(layer):
+    """The Keras layer arguments (name, trainable, dtype) of an attnx layer."""
+    return {"name": layer.name, "trainable": layer.trainable, "dtype": layer.dtype.name}
+
+
+def keras_regularizer(keras, regularizer):
+    """An attnx regularizer (L1L2) as Keras', or None."""
+    if regularizer is None:
+        return None
+    return keras.regularizers.L1L2(l1=regularizer.l1, l2=regularizer.l2)
+
+
+def check_keras_options(class_name, config, **supported):
+    """Raises ValueError for a Keras option attnx does not have, set to anything but its `supported`
+    value (e.g. ``stateful=False``)."""
+    for option, value in supported.items():
+        given = config.get(option, value)
+        if given != value and not (isinstance(value, (list, tuple)) and given in value):
+            raise ValueError(f"{class_name} '{config.get('name')}' has {option}={given!r}; attnx converts "
+                             f"{option}={value!r} only")

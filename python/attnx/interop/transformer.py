@@ -1,11 +1,13 @@
-"""PyTorch converters of the transformer layers: LayerNorm <-> LayerNormalization,
+"""Converters of the transformer layers. PyTorch: LayerNorm <-> LayerNormalization,
 MultiheadAttention <-> MultiHeadAttention, TransformerEncoderLayer / TransformerDecoderLayer and
-the TransformerEncoder / TransformerDecoder stacks (without a final norm) both ways."""
+the TransformerEncoder / TransformerDecoder stacks (without a final norm) both ways. Keras:
+LayerNormalization and MultiHeadAttention both ways (attnx keeps Keras' weight layout)."""
 import numpy as np
 
 from ..layers.transformer import (LayerNormalization, MultiHeadAttention, TransformerDecoder,
                                   TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
-from .registry import register_from_torch, register_to_torch, set_torch_params
+from .registry import (check_keras_options, keras_kwargs, keras_layer_kwargs, register_from_keras, register_from_torch,
+                       register_to_keras, register_to_torch, set_torch_params)
 
 
 def _torch_dtype(layer):
@@ -252,3 +254,47 @@ def _stack_to(stack):
     for i, block in enumerate(blocks):  # the constructor deep-copies the first block into every slot
         module.layers[i] = block
     return module
+
+
+# ----------------------------------------------------------------------------- Keras
+@register_from_keras("LayerNormalization")
+def _layernorm_from_keras(class_name, config, weights):
+    check_keras_options(class_name, config, rms_scaling=False)
+    if config.get("axis", -1) not in (-1, [-1]):
+        raise ValueError(f"LayerNormalization '{config.get('name')}' normalizes axis {config['axis']}; attnx "
+                         "normalizes the last axis (-1) only")
+    layer = LayerNormalization(epsilon=config.get("epsilon", 1e-3), center=config.get("center", True),
+                               scale=config.get("scale", True), **keras_layer_kwargs(config))
+    return layer, weights.read
+
+
+@register_to_keras(LayerNormalization)
+def _layernorm_to_keras(layer, keras):
+    return [(keras.layers.LayerNormalization(epsilon=layer.epsilon, center=layer.center, scale=layer.scale,
+                                             **keras_kwargs(layer)), layer.get_weights())]
+
+
+_MHA_PROJECTIONS = ("query", "key", "value", "output")
+
+
+@register_from_keras("MultiHeadAttention")
+def _mha_from_keras(class_name, config, weights):
+    check_keras_options(class_name, config, use_gate=False, sliding_window=None, attention_axes=(None, [1], 1))
+    output_shape = config.get("output_shape")
+    if isinstance(output_shape, (list, tuple)):
+        if len(output_shape) != 1:
+            raise ValueError(f"MultiHeadAttention '{config.get('name')}' has output_shape {output_shape}; attnx "
+                             "projects to a size (one axis)")
+        output_shape = output_shape[0]
+    layer = MultiHeadAttention(config["num_heads"], config["key_dim"], value_dim=config.get("value_dim"),
+                               dropout=config.get("dropout", 0.0), use_bias=config.get("use_bias", True),
+                               output_shape=output_shape, **keras_layer_kwargs(config))
+    return layer, lambda: [w for name in _MHA_PROJECTIONS for w in weights.read(f"{name}_dense")]
+
+
+@register_to_keras(MultiHeadAttention)
+def _mha_to_keras(layer, keras):
+    return [(keras.layers.MultiHeadAttention(layer.num_heads, layer.key_dim, value_dim=layer.value_dim,
+                                             dropout=layer.dropout, use_bias=layer.use_bias,
+                                             output_shape=layer.output_shape, **keras_kwargs(layer)),
+             layer.get_weights())]

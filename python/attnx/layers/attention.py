@@ -817,11 +817,13 @@ class AttentionPooling(Layer):
         length_agnostic: scalar bias, any sequence length.
         kernel_initializer: the tutorial's "random_normal" (stddev 0.05) by default.
         bias_initializer: "zeros".
+        use_mask: False ignores the mask the layer is given (an ``Embedding(mask_zero=True)``
+            upstream), as the tutorial's Keras layer does: its ``call`` takes no mask.
 
     Call arguments:
         inputs: (B, T, d).
         mask: (B, T) bool (True = real step) or lengths (B,); padded steps get weight 0, and a
-            fully padded row pools to zeros.
+            fully padded row pools to zeros. Ignored when ``use_mask=False``.
         return_attention_scores: also return the weights a (B, T).
 
     Output shape:
@@ -831,10 +833,11 @@ class AttentionPooling(Layer):
     supports_masking = True
 
     def __init__(self, return_sequences=False, length_agnostic=False, kernel_initializer="random_normal",
-                 bias_initializer="zeros", **kwargs):
+                 bias_initializer="zeros", use_mask=True, **kwargs):
         super().__init__(**kwargs)
         self.return_sequences = bool(return_sequences)
         self.length_agnostic = bool(length_agnostic)
+        self.use_mask = bool(use_mask)
         self.kernel_initializer = initializers.get(kernel_initializer)
         self.bias_initializer = initializers.get(bias_initializer)
 
@@ -855,8 +858,9 @@ class AttentionPooling(Layer):
             raise ValueError(f"Layer '{self.name}': built for T={self.params['bias'].shape[0]} time steps (bias "
                              f"of shape {self.params['bias'].shape}), got inputs of shape {x.shape}; use "
                              f"AttentionPooling(length_agnostic=True) to accept any length")
+        mask = as_mask(mask, B, T, f"Layer '{self.name}': `mask`") if self.use_mask else None
         out, weights, energy = _core.attention_pooling_forward(
-            x=x, kernel=kernel, bias=self.params["bias"], mask=as_mask(mask, B, T, f"Layer '{self.name}': `mask`"),
+            x=x, kernel=kernel, bias=self.params["bias"], mask=mask,
             return_sequences=self.return_sequences)
         cache = {"x": x, "weights": weights, "energy": energy, "return_weights": bool(return_attention_scores)}
         return ((out, weights) if return_attention_scores else out), (cache if training else None)
@@ -875,7 +879,7 @@ class AttentionPooling(Layer):
                                                 return_sequences=self.return_sequences)
 
     def compute_mask(self, inputs, mask=None):
-        return mask if self.return_sequences else None
+        return mask if self.return_sequences and self.use_mask else None
 
     def compute_output_shape(self, input_shape, return_attention_scores=False):
         out = tuple(input_shape) if self.return_sequences else (input_shape[0], input_shape[-1])
@@ -883,6 +887,6 @@ class AttentionPooling(Layer):
 
     def get_config(self):
         return {**super().get_config(), "return_sequences": self.return_sequences,
-                "length_agnostic": self.length_agnostic,
+                "length_agnostic": self.length_agnostic, "use_mask": self.use_mask,
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
                 "bias_initializer": initializers.serialize(self.bias_initializer)}

@@ -161,6 +161,8 @@ class Layer:
     # --------------------------------------------------------------- calling
     def __call__(self, inputs, *args, training=False, mask=None, **kwargs):
         if type(inputs) is not np.ndarray and any_symbolic(inputs):
+            if mask is not None:  # an explicit mask (a symbolic tensor) is an input of the call's node
+                kwargs["mask"] = mask
             return symbolic_call(self, inputs, args, kwargs)
         outputs, cache = self.apply(inputs, *args, training=training, mask=mask, **kwargs)
         if training:

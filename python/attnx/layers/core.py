@@ -80,15 +80,24 @@ class Embedding(Layer):
     Args:
         input_dim: vocabulary size; ids must lie in [0, input_dim).
         output_dim: embedding size.
-        embeddings_initializer: Keras' default uniform(-0.05, 0.05).
+        embeddings_initializer: Keras' default uniform(-0.05, 0.05); or a pretrained
+            ``(input_dim, output_dim)`` matrix (as it is, or ``initializers.Constant(matrix)``),
+            e.g. from `attnx.text.load_word_vectors`. The model's config then holds the matrix.
         embeddings_regularizer: e.g. ``attnx.regularizers.L2(1e-3)``.
         mask_zero: id 0 is padding; downstream layers get the mask ``ids != 0``.
+        weights: ``[matrix]``, Keras 2's way: the starting weights, kept out of the config.
+        trainable: False keeps the embeddings as they are (optimizers skip them; saved in the config).
 
     Input: integer ids ``(batch, T)`` (or any shape); output ``(batch, T, output_dim)``.
+
+    Pretrained, frozen GloVe vectors::
+
+        vectors = attnx.text.load_word_vectors("glove.6B.100d.txt", tokenizer)
+        layers.Embedding(*vectors.matrix.shape, embeddings_initializer=vectors.matrix, trainable=False)
     """
 
     def __init__(self, input_dim, output_dim, embeddings_initializer="uniform", embeddings_regularizer=None,
-                 mask_zero=False, input_length=None, **kwargs):
+                 mask_zero=False, input_length=None, weights=None, **kwargs):
         super().__init__(**kwargs)
         if int(input_dim) <= 0 or int(output_dim) <= 0:
             raise ValueError(f"Embedding: input_dim and output_dim must be positive, got {input_dim}, {output_dim}")
@@ -97,10 +106,14 @@ class Embedding(Layer):
         self.embeddings_regularizer = regularizers.get(embeddings_regularizer)
         self.mask_zero = bool(mask_zero)
         self.input_length = input_length
+        self._initial_weights = None if weights is None else list(weights)
 
     def build(self, input_shape):
         self.add_weight("embeddings", (self.input_dim, self.output_dim), self.embeddings_initializer,
                         self.embeddings_regularizer)
+        if self._initial_weights is not None:
+            self.set_weights(self._initial_weights)
+            self._initial_weights = None
 
     def token_ids(self, inputs):
         """inputs as a contiguous int64 array, checked against the vocabulary."""

@@ -228,6 +228,29 @@ class _SequenceCache(NamedTuple):
     steps: int
     had_states: bool  # initial states were given: backprop returns their gradients too
     outputs: tuple = None  # Bidirectional with merge_mode "mul": the two directions' outputs
+    carried_from: np.ndarray = None  # zero_output_for_mask=False: the step each output was taken from
+
+
+def _carry_outputs(seq, step_mask):
+    """Keras' ``zero_output_for_mask=False``: a masked step outputs the output of the last real step
+    before it (zeros before the first). Returns (outputs, the (B, T) index of the step each output
+    comes from, -1 for zeros)."""
+    T = seq.shape[1]
+    source = np.maximum.accumulate(np.where(step_mask, np.arange(T), -1), axis=1)
+    out = np.take_along_axis(seq, np.maximum(source, 0)[:, :, None], axis=1)
+    out[source < 0] = 0
+    return out, source
+
+
+def _carry_outputs_backward(d_out, source):
+    """The gradient of the kernel's outputs from that of `_carry_outputs`' (each output's gradient
+    goes to the step it was taken from)."""
+    B, T, H = d_out.shape
+    d_seq = np.zeros_like(d_out)
+    taken = source >= 0
+    rows = (np.arange(B)[:, None] * T + source)[taken]
+    np.add.at(d_seq.reshape(B * T, H), rows, d_out[taken])
+    return d_seq
 
 
 def _stack_forward(directions, x, mask, initial_states, training, need_sequences):
@@ -313,7 +336,8 @@ class _RNN(_Recurrent):
     """Base of SimpleRNN, GRU and LSTM: a whole sequence, optionally `num_layers` levels deep."""
 
     def __init__(self, units, dropout=0.0, recurrent_dropout=0.0, return_sequences=False, return_state=False,
-                 go_backwards=False, num_layers=1, stack_dropout=0.0, stateful=False, unroll=False, **kwargs):
+                 go_backwards=False, num_layers=1, stack_dropout=0.0, zero_output_for_mask=True, stateful=False,
+                 unroll=False, **kwargs):
         super().__init__(units, **kwargs)
         kind = type(self).__name__
         if stateful or unroll:
@@ -329,6 +353,7 @@ class _RNN(_Recurrent):
         self.return_sequences, self.return_state = bool(return_sequences), bool(return_state)
         self.go_backwards = bool(go_backwards)
         self.num_layers = int(num_layers)
+        self.zero_output_for_mask = bool(zero_output_for_mask)
 
     def build(self, input_shape):
         if isinstance(input_shape, list):  # [x, *initial_states]
@@ -391,15 +416,20 @@ class _RNN(_Recurrent):
                                                         [self._initial_states(states, B)], training,
                                                         self.return_sequences)
         hs, cs = finals[0]
+        carried_from = None
         if not self.return_sequences:
             out = hs[-1]
-        elif self.go_backwards:
-            out = np.ascontiguousarray(top_seqs[0][:, ::-1])  # Keras: outputs in processing order
         else:
             out = top_seqs[0]
+            if self.go_backwards:  # Keras: outputs (and the mask with them) in processing order
+                out = np.ascontiguousarray(out[:, ::-1])
+                step_mask = None if step_mask is None else step_mask[:, ::-1]
+            if step_mask is not None and not self.zero_output_for_mask:
+                out, carried_from = _carry_outputs(out, step_mask)
         if self.return_state:
             out = [out] + self._final_states(hs, cs)
-        return out, (_SequenceCache(level_caches, B, T, states is not None) if training else None)
+        return out, (_SequenceCache(level_caches, B, T, states is not None, carried_from=carried_from)
+                     if training else None)
 
     def backprop(self, cache, dy):
         B, T = cache.batch, cache.steps
@@ -408,6 +438,8 @@ class _RNN(_Recurrent):
         d_out = grads[0]
         if d_out is not None:
             d_out = self._grad_input(d_out, (B, T, self.units) if self.return_sequences else (B, self.units), "dy")
+            if cache.carried_from is not None:
+                d_out = _carry_outputs_backward(d_out, cache.carried_from)
             if self.return_sequences and self.go_backwards:
                 d_out = np.ascontiguousarray(d_out[:, ::-1])
         d_states = _state_grads(self, grads[1:], self._state_shape(B), first_index=1)
@@ -433,7 +465,8 @@ class _RNN(_Recurrent):
         return {**self._base_config(), **self._kind_config(), "dropout": self.dropout,
                 "recurrent_dropout": self.recurrent_dropout, "return_sequences": self.return_sequences,
                 "return_state": self.return_state, "go_backwards": self.go_backwards,
-                "num_layers": self.num_layers, "stack_dropout": self.stack_dropout}
+                "num_layers": self.num_layers, "stack_dropout": self.stack_dropout,
+                "zero_output_for_mask": self.zero_output_for_mask}
 
 
 _RNN_DOC = """
@@ -453,12 +486,16 @@ _RNN_DOC = """
         go_backwards: process the sequence in reverse (returned sequences are in processing order).
         num_layers: levels stacked as in PyTorch; states then have shape (num_layers, B, units).
         stack_dropout: PyTorch's `dropout`: elementwise dropout on each level's output but the last.
+        zero_output_for_mask: with return_sequences and a mask, padded steps output zeros (True,
+            the default, as PyTorch's packed sequences and Keras inside Bidirectional) or the
+            output of the last real step before them (False, Keras' default for a layer of its
+            own). Ignored inside Bidirectional.
 
     Call arguments:
         inputs: (B, T, features), or a list ``[inputs, h0(, c0)]`` (then backprop returns their gradients).
         mask: bool or 0/1 integer (B, T), True = real step (e.g. from ``Embedding(mask_zero=True)``);
-            padded steps carry the state and output zeros. ``lengths``: (B,) ints in [0, T], the same
-            as ``t < lengths`` (give one of the two).
+            padded steps carry the state and output zeros (or see zero_output_for_mask). ``lengths``:
+            (B,) ints in [0, T], the same as ``t < lengths`` (give one of the two).
         initial_state: ``[h0(, c0)]`` each (B, units).
         training: keep what backprop needs and apply dropout.
 

@@ -1,0 +1,100 @@
+"""Functional and Sequential models as ONNX graphs: the model's recorded layer calls are walked in
+order (as `Model._run_graph` runs them), each call becoming its layer's converter's nodes, and the
+masks propagated as Keras propagates them (`Layer.compute_mask`), as bool tensors of the graph."""
+from pathlib import Path
+
+import numpy as np
+
+from ..models import Model
+from ..symbolic import is_symbolic, substitute
+from .graph import OPSET, Graph
+from .registry import Call, convert, output_mask, unsupported
+
+
+def _structure(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _shapes(spec):
+    """`spec` (a call's inputs) with each symbolic tensor replaced by its shape."""
+    if is_symbolic(spec):
+        return spec.shape
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(_shapes(x) for x in spec)
+    return spec
+
+
+def convert_model(g, model, inputs, masks):
+    """Adds the calls of functional `model` on tensors `inputs` (names, one per model input) with
+    masks `masks` (names or None, one per input); returns (output names, output masks) as lists."""
+    values, propagated = {}, {}
+    for t, name, mask in zip(model.inputs, inputs, masks):
+        values[id(t)] = name
+        if mask is not None:
+            propagated[id(t)] = mask
+    for node in model._nodes:
+        inputs_spec, args, kwargs = node.call_spec
+        x = substitute(inputs_spec, values)
+        call_kwargs = substitute(kwargs, values)
+        in_mask = call_kwargs.pop("mask", None)  # a mask given to the call wins over the propagated one
+        if in_mask is None:
+            found = [propagated.get(id(t)) for t in _structure(inputs_spec)]
+            if any(m is not None for m in found):
+                in_mask = found if isinstance(inputs_spec, (list, tuple)) else found[0]
+        layer = node.layer
+        _refuse_lengths(layer, kwargs)
+        if isinstance(layer, Model) and layer._functional:  # a nested model: its masks come with its outputs
+            outs, out_masks = convert_model(g, layer, _structure(x),
+                                            _structure(in_mask) if in_mask is not None else [None] * len(layer.inputs))
+        else:
+            call = Call(x, _shapes(inputs_spec), substitute(args, values), call_kwargs, in_mask)
+            out = convert(g, layer, call)
+            outs = _structure(out) if node.multi_output else [out]
+            out_mask = output_mask(g, layer, call)
+            out_masks = out_mask if isinstance(out_mask, list) else [out_mask]
+        for t, o, m in zip(node.outputs, outs, list(out_masks) + [None] * (len(outs) - len(out_masks))):
+            values[id(t)] = o
+            if m is not None:
+                propagated[id(t)] = m
+    return [values[id(t)] for t in model.outputs], [propagated.get(id(t)) for t in model.outputs]
+
+
+def _refuse_lengths(layer, kwargs):
+    """Masks passed to a call as model tensors must be bool (batch, ...) masks: lengths (batch,) would
+    need the steps of whichever sequence they measure (the recurrent layers' `lengths` is handled)."""
+    for name, value in kwargs.items():
+        if name.endswith("mask") and is_symbolic(value) and value.ndim == 1:
+            raise unsupported(layer, f"`{name}` is given as lengths {value.shape}; export takes masks as bool "
+                                     "(batch, steps) tensors")
+
+
+def _declared_shape(tensor, dynamic_steps):
+    """An input's ONNX shape: "batch" first, the axes attnx leaves open (and axis 1 with
+    `dynamic_steps`) named, the rest fixed."""
+    return ["batch"] + [f"{tensor.name}_axis{i}" if d is None or (i == 1 and dynamic_steps) else int(d)
+                        for i, d in enumerate(tensor.shape[1:], 1)]
+
+
+def model_to_onnx(model, opset=OPSET, dynamic_steps=False):
+    """The ONNX ModelProto of a built functional or Sequential `model` (see `attnx.export.to_onnx`)."""
+    if not model.built or not model._functional:
+        raise ValueError(f"attnx.export: model '{model.name}' is not built; give its first layer an input_shape (or "
+                         "start it with attnx.Input), or call it on data once, before exporting")
+    g = Graph(model.name)
+    inputs = [g.add_input(t.name, t.dtype, _declared_shape(t, dynamic_steps)) for t in model.inputs]
+    outputs, _ = convert_model(g, model, inputs, [None] * len(inputs))
+    names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
+    for value, name, t in zip(outputs, names, model.outputs):
+        g.add_output(value, name, np.float32, ["batch"] + [None] * (len(t.shape) - 1))
+    return g.model(opset, doc=f"attnx model '{model.name}'")
+
+
+def check_path(path, what="path"):
+    """`path` as a Path whose folder exists (FileNotFoundError otherwise, before any work)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"attnx.export: cannot write {what} {str(path)!r}: the folder {str(path.parent)!r} "
+                                "does not exist")
+    if path.is_dir():
+        raise IsADirectoryError(f"attnx.export: cannot write {what} {str(path)!r}: it is a folder")
+    return path
