@@ -157,20 +157,6 @@ def test_pooling_gradcheck(cls, padding, strides, window, rng):
     gradcheck(layer, rng.standard_normal((2, 5, 7, 3)))
 
 
-def test_conv2d_need_dx_false_skips_only_the_input_gradient(rng):
-    x, kernel, bias = rng.standard_normal((2, 6, 5, 3)), rng.standard_normal((3, 3, 3, 4)), rng.standard_normal(4)
-    args = dict(x=x, kernel=kernel, strides=(2, 1), padding="same", activation="tanh")
-    y, z = _core.conv2d_forward(bias=bias, **args)
-    grads = []
-    for need_dx in (True, False):
-        dkernel, dbias = np.zeros_like(kernel), np.zeros_like(bias)
-        dx = _core.conv2d_backward(dy=np.cos(y), y=y, z=z, dkernel=dkernel, dbias=dbias, need_dx=need_dx, **args)
-        assert (dx is None) == (not need_dx)
-        grads.append((dkernel, dbias))
-    for a, b in zip(*grads):
-        np.testing.assert_array_equal(a, b)
-
-
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs")
 def test_conv2d_threads_give_the_one_thread_gradients(rng):
     """Images split across threads, each summing its own kernel gradient: the one-thread results."""
@@ -361,3 +347,52 @@ def _pool(fn, **kwargs):
 def test_raw_bindings_refuse_bad_arguments(call, error, pattern):
     with pytest.raises(error, match=pattern):
         call()
+
+
+# ----------------------------------------------------------------------------- PyTorch interop
+def _nhwc(module, inputs):
+    """A (B, C, H, W) torch module called on (B, H, W, C) inputs, as the attnx layer takes them."""
+    return module(inputs[0].permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda nn: nn.Conv2d(3, 5, (3, 2), stride=(2, 1)),
+    lambda nn: nn.Conv2d(3, 4, 3, padding=1, bias=False),
+    lambda nn: nn.Conv2d(3, 4, (2, 4), padding="same"),
+    lambda nn: nn.MaxPool2d(2),
+    lambda nn: nn.MaxPool2d((3, 2), stride=1),
+])
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")  # (a copy inside torch)
+def test_from_torch_parity_and_back(make, torch, rng):
+    from attnx.interop import from_torch, to_torch
+    from attnx.testing import torch_parity
+    module = make(torch.nn)
+    layer = from_torch(module)
+    x = rng.standard_normal((2, 7, 6, 3)).astype(f32)
+    torch_parity(layer, module, x, torch_call=_nhwc, atol=1e-5)
+    back = to_torch(layer)
+    t = torch.from_numpy(x).permute(0, 3, 1, 2)
+    np.testing.assert_allclose(back(t).detach().numpy(), module(t).detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("make, pattern", [
+    (lambda nn: nn.Conv2d(3, 4, 3, padding=1, stride=2), "pads otherwise than TensorFlow's"),
+    (lambda nn: nn.Conv2d(3, 4, 3, dilation=2), "dilation"),
+    (lambda nn: nn.Conv2d(4, 4, 3, groups=2), "groups"),
+    (lambda nn: nn.MaxPool2d(3, padding=1), "pads with -inf on both sides"),
+    (lambda nn: nn.MaxPool2d(2, ceil_mode=True), "ceil_mode"),
+])
+def test_from_torch_refuses_what_attnx_computes_otherwise(make, pattern, torch):
+    from attnx.interop import from_torch
+    with pytest.raises(ValueError, match=pattern):
+        from_torch(make(torch.nn))
+
+
+def test_to_torch_refuses_what_torch_computes_otherwise(torch):
+    from attnx.interop import to_torch
+    for layer, pattern in [(layers.Conv2D(2, 3, activation="relu"), "activation"),
+                           (layers.Conv2D(2, 3, strides=2, padding="same"), "stride 1 only"),
+                           (layers.MaxPooling2D(2, padding="same"), "pads 'same'")]:
+        layer(np.zeros((1, 4, 4, 1), f32))
+        with pytest.raises(ValueError, match=pattern):
+            to_torch(layer)

@@ -49,7 +49,17 @@ def _rnn(need_dx):
     return dx, grads
 
 
-@pytest.mark.parametrize("backward", [_dense, _layernorm, _pooling, _rnn], ids=["dense", "layernorm", "pooling", "rnn"])
+def _conv2d(need_dx):
+    x, K, b = f(2, 6, 5, 3), f(3, 3, 3, 4), f(4)
+    args = dict(x=x, kernel=K, strides=(2, 1), padding="same", activation="tanh")
+    y, z = _core.conv2d_forward(bias=b, **args)
+    grads = {"dkernel": np.zeros_like(K), "dbias": np.zeros_like(b)}
+    dx = _core.conv2d_backward(dy=np.cos(y), y=y, z=z, need_dx=need_dx, **args, **grads)
+    return dx, grads
+
+
+@pytest.mark.parametrize("backward", [_dense, _layernorm, _pooling, _rnn, _conv2d],
+                         ids=["dense", "layernorm", "pooling", "rnn", "conv2d"])
 def test_need_dx_false_skips_only_the_input_gradient(backward):
     global r
     r = np.random.default_rng(0)

@@ -6,7 +6,7 @@ between attnx and Keras 3 (`.keras` files: see `interop.keras_file`).
     model = attnx.interop.from_keras("model.keras")
     attnx.interop.to_keras(model, "model.keras")
 
-Every converter lives in this package, one module per layer module (`interop.core`,
+Every converter lives in this package, one module per layer module (`interop.core`, `interop.conv`,
 `interop.recurrent`, `interop.transformer`); layer modules never import interop. Each registers
 itself here, one way:
 
@@ -26,7 +26,7 @@ from .registry import _FROM_TORCH, _TO_TORCH, register_from_torch, register_to_t
 
 def _import_converters():
     # the converter modules register themselves when imported (torch is imported only inside them)
-    from . import attention, core, recurrent, transformer  # noqa: F401
+    from . import attention, conv, core, recurrent, transformer  # noqa: F401
 
 
 def _numpy_params(module, grads=False):

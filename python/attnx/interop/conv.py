@@ -1,0 +1,78 @@
+"""PyTorch converters of the image layers: Conv2d <-> Conv2D, MaxPool2d <-> MaxPooling2D. The
+weights convert; the layouts do not: PyTorch's modules read (B, C, H, W), attnx's (B, H, W, C)."""
+from ..layers.conv import Conv2D, MaxPooling2D
+from .registry import register_from_torch, register_to_torch, set_torch_params
+
+
+def _pair(value):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+
+
+def _padding_from(module, kind):
+    """attnx's padding for a torch module's: 'valid' for none, 'same' where torch pads as TensorFlow
+    does (stride 1, 'same' or (k - 1) / 2 on both sides of an odd kernel); ValueError otherwise."""
+    padding, window = module.padding, _pair(module.kernel_size)
+    if padding == "valid" or _pair(padding) == (0, 0):
+        return "valid"
+    symmetric = all(k % 2 and p == (k - 1) // 2 for k, p in zip(window, _pair(padding)))
+    if _pair(module.stride) == (1, 1) and (padding == "same" or symmetric):
+        return "same"
+    raise ValueError(f"from_torch: torch.nn.{kind} with padding={padding!r}, stride={module.stride} pads otherwise "
+                     "than TensorFlow's 'same' or 'valid'")
+
+
+@register_from_torch("Conv2d")
+def _conv2d_from(module, dtype):
+    if module.groups != 1 or _pair(module.dilation) != (1, 1) or module.padding_mode != "zeros":
+        raise ValueError("from_torch: torch.nn.Conv2d with groups, dilation or a padding_mode other than 'zeros' "
+                         "has no attnx equivalent")
+    layer = Conv2D(module.out_channels, _pair(module.kernel_size), strides=_pair(module.stride),
+                   padding=_padding_from(module, "Conv2d"), use_bias=module.bias is not None, dtype=dtype)
+    layer.build((None, None, None, module.in_channels))
+    layer.built = True
+
+    def to_attnx(t, grads=False):
+        out = {"kernel": t["weight"].transpose(2, 3, 1, 0)}  # (F, C, KH, KW) -> Keras' (KH, KW, C, F)
+        if "bias" in t:
+            out["bias"] = t["bias"]
+        return out
+    return layer, to_attnx
+
+
+@register_to_torch(Conv2D)
+def _conv2d_to(layer):
+    import torch
+    if layer.activation != "linear":
+        raise ValueError(f"to_torch: Conv2D '{layer.name}' has activation {layer.activation!r}; "
+                         "torch.nn.Conv2d has none")
+    if layer.padding == "same" and layer.strides != (1, 1):
+        raise ValueError(f"to_torch: Conv2D '{layer.name}': torch.nn.Conv2d pads 'same' for stride 1 only")
+    kernel = layer.params["kernel"]
+    module = torch.nn.Conv2d(kernel.shape[2], kernel.shape[3], layer.kernel_size, stride=layer.strides,
+                             padding=layer.padding, bias=layer.use_bias, dtype=getattr(torch, layer.dtype.name))
+    tensors = {"weight": kernel.transpose(3, 2, 0, 1)}
+    if layer.use_bias:
+        tensors["bias"] = layer.params["bias"]
+    return set_torch_params(module, tensors)
+
+
+@register_from_torch("MaxPool2d")
+def _max_pool2d_from(module, dtype):
+    if _pair(module.dilation) != (1, 1) or module.ceil_mode or module.return_indices:
+        raise ValueError("from_torch: torch.nn.MaxPool2d with dilation, ceil_mode or return_indices has no attnx "
+                         "equivalent")
+    if _pair(module.padding) != (0, 0):
+        raise ValueError("from_torch: torch.nn.MaxPool2d pads with -inf on both sides; attnx pools 'valid' or "
+                         "TensorFlow's 'same'")
+    stride = module.stride if module.stride is not None else module.kernel_size
+    layer = MaxPooling2D(_pair(module.kernel_size), strides=_pair(stride), dtype=dtype)
+    layer.built = True
+    return layer, lambda t, grads=False: {}
+
+
+@register_to_torch(MaxPooling2D)
+def _max_pool2d_to(layer):
+    import torch
+    if layer.padding != "valid":
+        raise ValueError(f"to_torch: MaxPooling2D '{layer.name}' pads 'same'; torch.nn.MaxPool2d pads both sides")
+    return torch.nn.MaxPool2d(layer.pool_size, stride=layer.strides)
