@@ -84,8 +84,8 @@ class DataParallel:
     def run(self, model, fn, *args):
         """`fn(*args)` (a model's fit, evaluate or predict) on every rank, after `setup(model)`; an
         exception on this rank aborts all of them rather than leaving the others in a collective."""
+        self.setup(model)  # its checks raise on every rank alike, leaving none inside a collective
         try:
-            self.setup(model)
             return fn(*args)
         except BaseException as exc:
             if self.size == 1:
@@ -176,4 +176,6 @@ class DataParallel:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         sys.stderr.write(f"attnx.distributed: rank {self.rank} failed; aborting all {self.size} ranks\n")
         sys.stderr.flush()
+        # the launcher forwards a rank's output asynchronously: aborting at once can end it unsent
+        time.sleep(0.5)
         self.comm.Abort(1)
