@@ -420,6 +420,15 @@ def test_unbuilt_model_and_bad_paths(tmp_path):
         export.OnnxSeq2Seq(tmp_path)
 
 
+def test_class_model_other_than_seq2seq_raises_naming_it(tmp_path):
+    from attnx.vision import ImageCaptioner
+    encoder = attnx.Sequential([layers.Reshape((16, 4), input_shape=(4, 4, 4)), layers.Dense(8)])
+    captioner = ImageCaptioner(encoder, (4, 4, 4), vocab_size=12)
+    captioner.build()
+    with pytest.raises(export.UnsupportedLayerError, match=r"'image_captioner' \(ImageCaptioner\) is a class model"):
+        export.to_onnx(captioner, tmp_path / "captioner.onnx")
+
+
 def test_supported_layers_are_listed():
     assert {"Embedding", "LSTM", "GRU", "Bidirectional", "AttentionPooling", "MultiHeadAttention",
             "TransformerEncoder", "TransformerDecoderLayer", "PositionalEncoding"} <= set(export.SUPPORTED_LAYERS)

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..models import Model
 from ..symbolic import is_symbolic, substitute
-from .graph import OPSET, Graph
+from .graph import OPSET, Graph, UnsupportedLayerError
 from .registry import Call, convert, output_mask, unsupported
 
 
@@ -77,7 +77,11 @@ def _declared_shape(tensor, dynamic_steps):
 
 def model_to_onnx(model, opset=OPSET, dynamic_steps=False):
     """The ONNX ModelProto of a built functional or Sequential `model` (see `attnx.export.to_onnx`)."""
-    if not model.built or not model._functional:
+    if model.built and not model._functional:
+        raise UnsupportedLayerError(f"attnx.export: model '{model.name}' ({type(model).__name__}) is a class model "
+                                    "with its own forward; to_onnx exports Sequential and functional models and "
+                                    "Seq2Seq")
+    if not model._functional:
         raise ValueError(f"attnx.export: model '{model.name}' is not built; give its first layer an input_shape (or "
                          "start it with attnx.Input), or call it on data once, before exporting")
     g = Graph(model.name)
