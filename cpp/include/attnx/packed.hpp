@@ -55,6 +55,7 @@ template <class T> struct RightPanels {
 
 // Columns of the last panel of N columns in panels of `width`, rounded up to whole vectors of `lanes`
 inline int last_panel_width(int N, int width, int lanes) {
+    if (N <= 0) return 0;
     const int real = N - (N - 1) / width * width;
     return (real + lanes - 1) / lanes * lanes;
 }
@@ -68,7 +69,7 @@ template <class T> RightPanels<T> packed_panels(const T* packed, int K, int N, i
 // to whole vectors of `lanes`
 template <class T> void pack_panels(Panels<T>& packed, const T* B, size_t ldb, int K, int N, int width, int lanes) {
     const int panels = (N + width - 1) / width, last_width = last_panel_width(N, width, lanes);
-    packed.assign(((size_t)(panels - 1) * width + last_width) * K, T(0));
+    packed.assign(((size_t)std::max(panels - 1, 0) * width + last_width) * K, T(0));
     for (int p = 0; p < panels; ++p) {
         const int pw = p + 1 == panels ? last_width : width;
         for (int k = 0; k < K; ++k) {
@@ -81,7 +82,7 @@ template <class T> void pack_panels(Panels<T>& packed, const T* B, size_t ldb, i
 // B = Bt^T packed the same way, from Bt (N, K) with rows ldbt apart
 template <class T> void pack_panels_t(Panels<T>& packed, const T* Bt, size_t ldbt, int K, int N, int width, int lanes) {
     const int panels = (N + width - 1) / width, last_width = last_panel_width(N, width, lanes);
-    packed.resize(((size_t)(panels - 1) * width + last_width) * K);
+    packed.resize(((size_t)std::max(panels - 1, 0) * width + last_width) * K);
     for (int p = 0; p < panels; ++p) {
         const int real = std::min(width, N - p * width), pw = p + 1 == panels ? last_width : width;
         const T* rows = Bt + (size_t)p * width * ldbt;

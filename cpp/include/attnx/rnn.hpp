@@ -123,7 +123,7 @@ template <class T>
 void pack_recurrent_kernel(Panels<T>& packed, const T* U, const T* Wx, int H, int C, int Q, int W) {
     const int blocks = (H + W - 1) / W, K = H + C, last_lanes = last_block_lanes(H, W);
     const size_t G = (size_t)Q * H;
-    packed.assign(((size_t)(blocks - 1) * W + last_lanes) * K * Q, T(0));
+    packed.assign(((size_t)std::max(blocks - 1, 0) * W + last_lanes) * K * Q, T(0));
     for (int u0 = 0; u0 < H; u0 += W) {
         const int lanes = u0 + W < H ? W : last_lanes;
         T* out = packed.data() + (size_t)(u0 / W) * K * Q * W;
