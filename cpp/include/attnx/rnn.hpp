@@ -99,67 +99,38 @@ template <class F> void for_batch_rows(const RNNConfig& cfg, F&& fn) {
 }
 
 // ------------------------------------------------------------------------------------- forward
-// Vectors of half the lanes of V (V itself below 8 lanes): what a last block of units that fills at
-// most half of V runs on. At H = 100 on 16 lanes the blocks hold 112 units; with the last one on 8
-// lanes, 104. Both widths reach the same multiply-add rate on the CPUs measured (one 512-bit or two
-// 256-bit per cycle), so the padding saved is time saved.
-template <class V> struct HalfLanes { using type = V; };
-template <> struct HalfLanes<float16> { using type = float8; };
-template <> struct HalfLanes<float8> { using type = float4; };
-
-// Lanes of the last block of H units in blocks of W: W / 2 when its units fit there
-inline int last_block_lanes(int H, int W) {
-    const int rest = H % W;
-    return W >= 8 && rest != 0 && rest <= W / 2 ? W / 2 : W;
-}
-
 // The recurrent kernel U (H, Q*H) stacked on the input kernel W (C, Q*H; C = 0 when the input
 // projection is not fused) and repacked for the time loop: per block of W units, per row k of
 // [U; W], the Q gates' W columns side by side, zero past H:
 //   packed[((u0 / W) * (H + C) + k) * Q + q][lane] = [U; W][k, q*H + u0 + lane]
-// except that the last block has last_block_lanes(H, W) lanes in place of W; so that one step's
-// product streams each block contiguously (and no 4 KiB stride aliases in L1).
+// so that one step's product streams each block contiguously (and no 4 KiB stride aliases in L1).
 template <class T>
 void pack_recurrent_kernel(Panels<T>& packed, const T* U, const T* Wx, int H, int C, int Q, int W) {
-    const int blocks = (H + W - 1) / W, K = H + C, last_lanes = last_block_lanes(H, W);
+    const int blocks = (H + W - 1) / W, K = H + C;
     const size_t G = (size_t)Q * H;
-    packed.assign(((size_t)std::max(blocks - 1, 0) * W + last_lanes) * K * Q, T(0));
-    for (int u0 = 0; u0 < H; u0 += W) {
-        const int lanes = u0 + W < H ? W : last_lanes;
-        T* out = packed.data() + (size_t)(u0 / W) * K * Q * W;
+    packed.assign((size_t)blocks * K * Q * W, T(0));
+    for (int u0 = 0; u0 < H; u0 += W)
         for (int k = 0; k < K; ++k) {
             const T* row = k < H ? U + (size_t)k * G : Wx + (size_t)(k - H) * G;
             for (int q = 0; q < Q; ++q)
                 std::copy(row + (size_t)q * H + u0, row + (size_t)q * H + std::min(H, u0 + W),
-                          out + ((size_t)k * Q + q) * lanes);
+                          packed.data() + (((size_t)(u0 / W) * K + k) * Q + q) * W);
         }
-    }
 }
 
 // [h, x] . [U; W] on pack_recurrent_kernel's layout: for every block of W units (from u0, n of them
 // real) and every row b of [b0, b1): pre.q[q] = left[b - b0] . [U; W][:, (q0 + q)*H + u0 .. + W);
-// then cell(b, pre, u0, n), with pre on vectors V, or on HalfLanes<V> for a narrowed last block
+// then cell(b, pre, u0, n)
 template <class V, int Q, class T, class Cell>
 ATTNX_ALWAYS_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& left, const T* packed, int H, int Qt, int q0,
                                     Cell&& cell) {
     constexpr int W = Lanes<V>::W;
-    const int blocks = (H + W - 1) / W, narrowed = last_block_lanes(H, W) < W;
-    const size_t k_stride = (size_t)Qt * W, block_stride = (size_t)(H + left.C) * k_stride;
-    packed_product<V, Q>(b0, b1, left, packed + (size_t)q0 * W, k_stride, block_stride, blocks - narrowed,
+    const size_t k_stride = (size_t)Qt * W;
+    packed_product<V, Q>(b0, b1, left, packed + (size_t)q0 * W, k_stride, (size_t)(H + left.C) * k_stride,
+                         (H + W - 1) / W,
                          [&](int b, TileRow<V, Q> pre, int c) __attribute__((always_inline)) {
                              cell(b, pre, c * W, std::min(W, H - c * W));
                          });
-    if constexpr (W >= 8) {
-        using Half = typename HalfLanes<V>::type;
-        constexpr int Wh = Lanes<Half>::W;
-        const int u0 = (blocks - 1) * W;
-        if (narrowed)
-            packed_product<Half, Q>(b0, b1, left, packed + (blocks - 1) * block_stride + (size_t)q0 * Wh,
-                                    (size_t)Qt * Wh, 0, 1,
-                                    [&](int b, TileRow<Half, Q> pre, int) __attribute__((always_inline)) {
-                                        cell(b, pre, u0, H - u0);
-                                    });
-    }
 }
 
 // pre.q[q] += the input term of gate q0 + q for n units from u0: b_in when the step's product holds
@@ -215,13 +186,12 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                     h + (size_t)b * H + u0, hu + (size_t)b * ld_hu + u0};
         };
         // padded step: the state carries through, the output is 0 (and aux, which meets dU's GEMM)
-        // (the cells below are generic: a narrowed last block runs on HalfLanes<V>, tile.q[0]'s type)
-        auto carry = [&](const Block& k, int n, auto zero) __attribute__((always_inline)) {
-            vstore(k.h_next, vload<decltype(zero)>(k.h, n), n);
-            if (k.y) vstore(k.y, zero, n);
-            if (k.aux) vstore(k.aux, zero, n);
+        auto carry = [&](const Block& k, int n) __attribute__((always_inline)) {
+            vstore(k.h_next, vload<V>(k.h, n), n);
+            if (k.y) vstore(k.y, V{}, n);
+            if (k.aux) vstore(k.aux, V{}, n);
         };
-        auto emit = [&](const Block& k, auto h_t, int n) __attribute__((always_inline)) {
+        auto emit = [&](const Block& k, V h_t, int n) __attribute__((always_inline)) {
             vstore(k.h_next, h_t, n);
             if (k.y) vstore(k.y, h_t, n);
         };
@@ -229,12 +199,11 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
             case RNNCell::simple:
                 // h_t = act(x_t W + b + h_{t-1} U)
                 recurrent_product<V, 1>(b0, b1, left, packed_u, H, Q, 0,
-                                        [&](int b, auto hu_, int u0, int n) __attribute__((always_inline)) {
-                                            using L = std::remove_reference_t<decltype(hu_.q[0])>;
+                                        [&](int b, TileRow<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                                             const Block k = block(b, u0);
-                                            if (!real(b)) return carry(k, n, L{});
+                                            if (!real(b)) return carry(k, n);
                                             add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
-                                            const L h_t = acts.act(hu_.q[0]);
+                                            const V h_t = acts.act(hu_.q[0]);
                                             if (keep) vstore(k.g, h_t, n);
                                             emit(k, h_t, n);
                                         });
@@ -243,16 +212,15 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                 // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
                 recurrent_product<V, 4>(
                     b0, b1, left, packed_u, H, Q, 0,
-                    [&](int b, auto hu_, int u0, int n) __attribute__((always_inline)) {
-                        using L = std::remove_reference_t<decltype(hu_.q[0])>;
+                    [&](int b, TileRow<V, 4> hu_, int u0, int n) __attribute__((always_inline)) {
                         const Block k = block(b, u0);
-                        if (!real(b)) return carry(k, n, L{});
+                        if (!real(b)) return carry(k, n);
                         add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
-                        const L i = acts.ract(hu_.q[0]), f = acts.ract(hu_.q[1]);
-                        const L g = acts.act(hu_.q[2]), o = acts.ract(hu_.q[3]);
+                        const V i = acts.ract(hu_.q[0]), f = acts.ract(hu_.q[1]);
+                        const V g = acts.act(hu_.q[2]), o = acts.ract(hu_.q[3]);
                         T* cb = c + (size_t)b * H + u0;
-                        const L c_t = f * vload<L>(cb, n) + i * g;
-                        const L act_c = acts.act(c_t);
+                        const V c_t = f * vload<V>(cb, n) + i * g;
+                        const V act_c = acts.act(c_t);
                         vstore(cb, c_t, n);
                         if (keep) {
                             vstore(k.g, i, n), vstore(k.g + H, f, n), vstore(k.g + 2 * H, g, n);
@@ -267,50 +235,47 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                     // h_t = z h_{t-1} + (T(1) - z) n
                     recurrent_product<V, 3>(
                         b0, b1, left, packed_u, H, Q, 0,
-                        [&](int b, auto hu_, int u0, int n) __attribute__((always_inline)) {
-                            using L = std::remove_reference_t<decltype(hu_.q[0])>;
+                        [&](int b, TileRow<V, 3> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
-                            if (!real(b)) return carry(k, n, L{});
+                            if (!real(b)) return carry(k, n);
                             // (never fused: x W + b_in is in gates)
-                            L pre_r = vload<L>(k.g, n) + hu_.q[0], pre_z = vload<L>(k.g + H, n) + hu_.q[1];
-                            L hn = hu_.q[2];
+                            V pre_r = vload<V>(k.g, n) + hu_.q[0], pre_z = vload<V>(k.g + H, n) + hu_.q[1];
+                            V hn = hu_.q[2];
                             if (b_rec) {
-                                pre_r += vload<L>(b_rec + u0, n), pre_z += vload<L>(b_rec + H + u0, n);
-                                hn += vload<L>(b_rec + 2 * H + u0, n);
+                                pre_r += vload<V>(b_rec + u0, n), pre_z += vload<V>(b_rec + H + u0, n);
+                                hn += vload<V>(b_rec + 2 * H + u0, n);
                             }
-                            const L r = acts.ract(pre_r), z = acts.ract(pre_z);
-                            const L nn = acts.act(vload<L>(k.g + 2 * H, n) + r * hn);
+                            const V r = acts.ract(pre_r), z = acts.ract(pre_z);
+                            const V nn = acts.act(vload<V>(k.g + 2 * H, n) + r * hn);
                             if (keep) {
                                 vstore(k.g, r, n), vstore(k.g + H, z, n), vstore(k.g + 2 * H, nn, n);
                                 vstore(k.aux, hn, n);
                             }
-                            emit(k, z * vload<L>(k.h, n) + (T(1) - z) * nn, n);
+                            emit(k, z * vload<V>(k.h, n) + (T(1) - z) * nn, n);
                         });
                 } else {
                     // r, z = ract(x W + b + h_rec U_rz); aux = r * h_rec, which the candidate's product needs
                     recurrent_product<V, 2>(
                         b0, b1, left, packed_u, H, Q, 0,
-                        [&](int b, auto hu_, int u0, int n) __attribute__((always_inline)) {
-                            using L = std::remove_reference_t<decltype(hu_.q[0])>;
+                        [&](int b, TileRow<V, 2> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
-                            if (!real(b)) return carry(k, n, L{});
+                            if (!real(b)) return carry(k, n);
                             add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
-                            const L r = acts.ract(hu_.q[0]);
+                            const V r = acts.ract(hu_.q[0]);
                             vstore(k.g, r, n), vstore(k.g + H, acts.ract(hu_.q[1]), n);
-                            vstore(k.aux, r * vload<L>(hr + (size_t)(b - b0) * ld_hr + u0, n), n);
+                            vstore(k.aux, r * vload<V>(hr + (size_t)(b - b0) * ld_hr + u0, n), n);
                         });
                     // n = act(x_n + (r * h_rec) U_n); h_t = z h_{t-1} + (T(1) - z) n
                     recurrent_product<V, 1>(
                         b0, b1, LeftRows<T>{cache.aux + (size_t)b0 * TH + (size_t)t * H, TH, H, x_t, TC, left.C},
                         packed_u, H, Q, 2,
-                        [&](int b, auto hu_, int u0, int n) __attribute__((always_inline)) {
-                            using L = std::remove_reference_t<decltype(hu_.q[0])>;
+                        [&](int b, TileRow<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return;  // carried in the first pass
                             add_input_terms(hu_, 2, fused, k.g, b_in, H, u0, n);
-                            const L nn = acts.act(hu_.q[0]), z = vload<L>(k.g + H, n);
+                            const V nn = acts.act(hu_.q[0]), z = vload<V>(k.g + H, n);
                             if (keep) vstore(k.g + 2 * H, nn, n);
-                            emit(k, z * vload<L>(k.h, n) + (T(1) - z) * nn, n);
+                            emit(k, z * vload<V>(k.h, n) + (T(1) - z) * nn, n);
                         });
                 }
                 break;
