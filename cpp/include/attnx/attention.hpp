@@ -78,19 +78,14 @@ template <class T> struct AttendScratch {
     std::vector<uint8_t> row_mask;
 };
 
-// The right operand of a packed_product: panel p's row k at data + p * panel_stride + k * k_stride
-template <class T> struct RightPanels {
-    const T* data;
-    size_t k_stride, panel_stride;
-};
-
 // V (S, Dv), rows ldv apart, as the right operand of softmax_context_rows: in place when its rows
 // split into whole panels of `width`, else packed (pack_panels) into scratch.value_panels.
 template <class T>
-RightPanels<T> value_panels(const T* value, size_t ldv, int S, int Dv, int width, AttendScratch<T>& scratch) {
-    if (Dv % width == 0) return {value, ldv, (size_t)width};
-    pack_panels(scratch.value_panels, value, ldv, S, Dv, width);
-    return {scratch.value_panels.data(), (size_t)width, (size_t)S * width};
+RightPanels<T> value_panels(const T* value, size_t ldv, int S, int Dv, int width, int lanes,
+                            AttendScratch<T>& scratch) {
+    if (Dv % width == 0) return {value, ldv, (size_t)width, ldv};
+    pack_panels(scratch.value_panels, value, ldv, S, Dv, width, lanes);
+    return packed_panels(scratch.value_panels.data(), S, Dv, width, lanes);
 }
 
 // One problem's softmax and context for r query rows (the first is query t0), from their scores
@@ -125,10 +120,9 @@ ATTNX_ALWAYS_INLINE void softmax_context_rows(T* context, size_t ldc, T* w, size
         used = scratch.dropped.data();
     }
     const T* row_norm = scratch.row_norm.data();
-    packed_product<V, Q>(0, r, LeftRows<T>{used, ldw, S, nullptr, 0, 0}, value.data, value.k_stride,
-                         value.panel_stride, (Dv + width - 1) / width,
-                         [&](int t, TileRow<V, Q> sum, int p) __attribute__((always_inline)) {
-                             for (int j = 0; j < Q; ++j) {
+    panels_product<V, Q>(0, r, LeftRows<T>{used, ldw, S, nullptr, 0, 0}, value, 0, Dv,
+                         [&](int t, auto sum, int p) __attribute__((always_inline)) {
+                             for (int j = 0; j < sum.count; ++j) {
                                  const int d0 = p * width + j * W;
                                  if (d0 < Dv)
                                      vstore(context + (size_t)t * ldc + d0, sum.q[j] * row_norm[t],
@@ -180,7 +174,7 @@ void softmax_context_forward(const AttendShape& shape, T* context, T* weights, c
             AttendScratch<T> scratch;
             for (size_t n = lo; n < hi; ++n) {
                 const RightPanels<T> v = value_panels(head_block(value, n, H, S, Dv), (size_t)H * Dv, S, Dv,
-                                                      Q * Lanes<V>::W, scratch);
+                                                      Q * Lanes<V>::W, Lanes<V>::W, scratch);
                 softmax_context_rows<V, Q>(head_block(context, n, H, Tq, Dv), (size_t)H * Dv, weights + n * block,
                                            (size_t)S, v, mask, n / H, 0, keep ? keep + n * block : nullptr, Tq, S,
                                            Dv, true, scratch);
@@ -291,9 +285,10 @@ void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, 
             AttendScratch<T> scratch;
             if (!weights) scratch.scores.resize((size_t)rows * ld_scratch);
             for (size_t n = lo; n < hi; ++n) {
-                pack_panels_t(scratch.key_panels, head_block(k, n, H, S, Dk), (size_t)H * Dk, Dk, S, width);
+                pack_panels_t(scratch.key_panels, head_block(k, n, H, S, Dk), (size_t)H * Dk, Dk, S, width, W);
+                const RightPanels<T> keys = packed_panels(scratch.key_panels.data(), Dk, S, width, W);
                 const RightPanels<T> value = value_panels(head_block(v, n, H, S, Dv), (size_t)H * Dv, S, Dv, width,
-                                                          scratch);
+                                                          W, scratch);
                 for (int t0 = 0; t0 < Tq; t0 += rows) {
                     const int r = std::min(rows, Tq - t0);
                     const size_t first = n * block + (size_t)t0 * S;  // row t0 of problem n in (B, H, Tq, S)
@@ -302,10 +297,9 @@ void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, 
                     // w = scale * Q . K^T
                     const LeftRows<T> query{head_block(q, n, H, Tq, Dk) + (size_t)t0 * H * Dk, (size_t)H * Dk, Dk,
                                             nullptr, 0, 0};
-                    packed_product<V, Q>(0, r, query, scratch.key_panels.data(), width, (size_t)Dk * width,
-                                         (S + width - 1) / width,
-                                         [&](int t, TileRow<V, Q> dot, int p) __attribute__((always_inline)) {
-                                             for (int j = 0; j < Q; ++j) {
+                    panels_product<V, Q>(0, r, query, keys, 0, S,
+                                         [&](int t, auto dot, int p) __attribute__((always_inline)) {
+                                             for (int j = 0; j < dot.count; ++j) {
                                                  const int s0 = p * width + j * W;
                                                  if (s0 < (int)ldw)
                                                      vstore(w + (size_t)t * ldw + s0, dot.q[j] * scale,

@@ -413,12 +413,10 @@ template <class V, class T, class Out>
 ATTNX_ALWAYS_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t lda, int n0, int K, const T* packed_t, int H,
                                       int G, Out&& out) {
     constexpr int W = Lanes<V>::W, width = 3 * W;
-    packed_product<V, 3>(b0, b1, LeftRows<T>{dA + n0, lda, K, nullptr, 0, 0}, packed_t + (size_t)n0 * width, width,
-                         (size_t)G * width,
-                         (H + width - 1) / width,
-                         [&](int b, TileRow<V, 3> pre, int c) __attribute__((always_inline)) {
-                             for (int q = 0; q < 3; ++q) {
-                                 const int k0 = c * width + q * W;
+    panels_product<V, 3>(b0, b1, LeftRows<T>{dA + n0, lda, K, nullptr, 0, 0}, packed_panels(packed_t, G, H, width, W),
+                         n0, H, [&](int b, auto pre, int p) __attribute__((always_inline)) {
+                             for (int q = 0; q < pre.count; ++q) {
+                                 const int k0 = p * width + q * W;
                                  if (k0 < H) out(b, k0, pre.q[q], std::min(W, H - k0));
                              }
                          });
@@ -509,7 +507,8 @@ void rnn_backward_packed_rows(const RNNConfig& cfg, const Slopes& slope, int b0,
 
 // U^T packed for rnn_backward_rows (once per call of a caller that steps).
 template <class T> void pack_recurrent_kernel_rows_t(Panels<T>& packed_t, const RNNConfig& cfg, const T* U) {
-    pack_panels_t(packed_t, U, cfg.G(), cfg.G(), cfg.H, 3 * tile_lanes<T>());
+    const int lanes = tile_lanes<T>();
+    pack_panels_t(packed_t, U, cfg.G(), cfg.G(), cfg.H, 3 * lanes, lanes);
 }
 
 // Reverse-time steps of rows [b0, b1) (the decoder's per-step calls); packed_t from
