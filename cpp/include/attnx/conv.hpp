@@ -155,8 +155,8 @@ template <class T> struct PackedRight {
     int K, N, Q;
     PackedRight(const T* B, int K_, int N_, bool transposed, int lanes = tile_lanes<T>())
         : K(K_), N(N_), Q(tile_vectors(N_, lanes)) {
-        if (transposed) pack_panels_t(panels, B, (size_t)K, K, N, Q * lanes);
-        else pack_panels(panels, B, (size_t)N, K, N, Q * lanes);
+        if (transposed) pack_panels_t(panels, B, (size_t)K, K, N, Q * lanes, lanes);
+        else pack_panels(panels, B, (size_t)N, K, N, Q * lanes, lanes);
     }
 };
 
@@ -166,11 +166,11 @@ template <class V, int Q, class T>
 ATTNX_ALWAYS_INLINE void packed_rows(T* out, const T* left, int rows, const PackedRight<T>& B, const T* bias) {
     constexpr int W = Lanes<V>::W;
     const int N = B.N;
-    packed_product<V, Q>(0, rows, LeftRows<T>{left, (size_t)B.K, B.K, nullptr, 0, 0}, B.panels.data(), (size_t)Q * W,
-                         (size_t)B.K * Q * W, (N + Q * W - 1) / (Q * W),
-                         [&](int r, TileRow<V, Q> pre, int c) __attribute__((always_inline)) {
-                             for (int q = 0; q < Q && (c * Q + q) * W < N; ++q) {
-                                 const int n0 = (c * Q + q) * W, m = std::min(W, N - n0);
+    panels_product<V, Q>(0, rows, LeftRows<T>{left, (size_t)B.K, B.K, nullptr, 0, 0},
+                         packed_panels(B.panels.data(), B.K, N, Q * W, W), 0, N,
+                         [&](int r, auto pre, int p) __attribute__((always_inline)) {
+                             for (int q = 0; q < pre.count && (p * Q + q) * W < N; ++q) {
+                                 const int n0 = (p * Q + q) * W, m = std::min(W, N - n0);
                                  if (bias) pre.q[q] += vload<V>(bias + n0, m);
                                  vstore(out + (size_t)r * N + n0, pre.q[q], m);
                              }
