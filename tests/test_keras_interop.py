@@ -541,16 +541,20 @@ def test_to_keras_names_a_layer_keras_lacks():
         to_keras(attnx.Model([x, lengths], layers.LSTM(2)(x, lengths=lengths)))
 
 
+CHANNELS_FIRST = "data_format='channels_first'"
+
+
 @pytest.mark.parametrize("layer, option", [
     (lambda: keras.layers.Conv2D(4, 3, dilation_rate=2, name="dilated"), "dilation_rate=\\(2, 2\\)"),
     (lambda: keras.layers.Conv2D(6, 3, groups=3, name="grouped"), "groups=3"),
-    (lambda: keras.layers.Conv2D(4, 3, data_format="channels_first", name="first"), "data_format='channels_first'"),
-    (lambda: keras.layers.MaxPooling2D(2, data_format="channels_first", name="first"), "data_format='channels_first'"),
-    (lambda: keras.layers.AveragePooling2D(2, data_format="channels_first", name="first"), "data_format='channels_first'"),
+    (lambda: keras.layers.Conv2D(4, 3, data_format="channels_first", name="first"), CHANNELS_FIRST),
+    (lambda: keras.layers.MaxPooling2D(2, data_format="channels_first", name="first"), CHANNELS_FIRST),
+    (lambda: keras.layers.AveragePooling2D(2, data_format="channels_first", name="first"), CHANNELS_FIRST),
 ])
 def test_image_options_attnx_lacks_are_named(tmp_path, layer, option):
     keras_layer = layer()
     keras_model = keras.Sequential([keras.Input((6, 6, 3)), keras_layer])
     keras_model.save(tmp_path / "option.keras")
-    with pytest.raises(ValueError, match=f"option.keras: {type(keras_layer).__name__} '{keras_layer.name}' has {option}"):
+    named = f"option.keras: {type(keras_layer).__name__} '{keras_layer.name}' has {option}"
+    with pytest.raises(ValueError, match=named):
         from_keras(tmp_path / "option.keras")

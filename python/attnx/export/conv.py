@@ -38,10 +38,10 @@ def _pads(g, layer, call, x):
     out = g.node("Div", [g.node("Add", [sizes, g.node("Sub", [s, g.ints([1])])]), s])
     span = g.node("Add", [g.node("Mul", [g.node("Sub", [out, g.ints([1])]), s]), k])
     total = g.node("Max", [g.node("Sub", [span, sizes]), g.ints([0])])
-    before, none = g.node("Div", [total, g.ints([2])]), g.ints([0, 0])
+    before, batch_and_channels = g.node("Div", [total, g.ints([2])]), g.ints([0, 0])
     # Pad's order over all four axes, not its `axes` input: ONNX Runtime's transpose optimizer (1.32)
     # moves the Transpose before a Pad past it without remapping `axes`, and fails
-    return g.node("Concat", [none, before, none, g.node("Sub", [total, before])], axis=0)
+    return g.node("Concat", [batch_and_channels, before, batch_and_channels, g.node("Sub", [total, before])], axis=0)
 
 
 def _padded(g, x, pads, fill):
