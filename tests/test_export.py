@@ -317,6 +317,59 @@ def test_merged_masks_reach_the_next_layer(tmp_path, rng):
     assert_exports_like_predict(model, token_batches(rng, padding="holes"), tmp_path)
 
 
+# ------------------------------------------------------------------ image layers
+def _random_image_layer(kind, padding, rng):
+    """A Conv2D / MaxPooling2D / AveragePooling2D of random window and strides (rows and cols apart)."""
+    window, strides = tuple(int(v) for v in rng.integers(1, 5, 2)), tuple(int(v) for v in rng.integers(1, 4, 2))
+    if kind == "Conv2D":
+        return layers.Conv2D(int(rng.integers(1, 5)), window, strides=strides, padding=padding,
+                             activation=str(rng.choice(["linear", "relu", "tanh", "softmax"])),
+                             use_bias=bool(rng.integers(0, 2)), bias_initializer="glorot_uniform")
+    return getattr(layers, kind)(window, strides=strides, padding=padding)
+
+
+def _images(rng, batch, rows, cols, channels):
+    return rng.standard_normal((batch, rows, cols, channels)).astype(np.float32)
+
+
+@pytest.mark.parametrize("size", ["fixed", "open", "dynamic_steps"])
+@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("kind", ["Conv2D", "MaxPooling2D", "AveragePooling2D"])
+def test_image_layers_of_random_geometries(kind, padding, size, tmp_path, rng):
+    """Odd and even sizes, strides above and below the window: 'same' pads are constants when the Input
+    fixes the size, computed in the graph when it is open (or opened by dynamic_steps=True)."""
+    for case in range(4):
+        layer = _random_image_layer(kind, padding, rng)
+        rows, cols = (int(v) for v in rng.integers(4, 10, 2))
+        inputs = attnx.Input((None, None, 3) if size == "open" else (rows, cols, 3))
+        model = attnx.Model(inputs, layer(inputs))
+        path = export.to_onnx(model, tmp_path / f"{case}.onnx", dynamic_steps=size == "dynamic_steps")
+        sess = session(path)
+        sizes = [(rows, cols)] + {"fixed": [], "open": [(rows + 1, cols + 2), (4, 5)],
+                                  "dynamic_steps": [(rows + 1, cols), (rows + 2, cols)]}[size]
+        for batch, (r, c) in zip((3, 1, 2), sizes):
+            x = _images(rng, batch, r, c, 3)
+            np.testing.assert_allclose(sess.run(None, {sess.get_inputs()[0].name: x})[0],
+                                       model.predict(x, batch_size=batch), **TOLERANCE,
+                                       err_msg=f"{layer.get_config()} on {x.shape}")
+
+
+@pytest.mark.parametrize("pooling", ["attention", "average"])
+def test_small_cnn(pooling, tmp_path, rng):
+    """Conv2D -> MaxPooling2D -> Conv2D -> AveragePooling2D -> regions (B, L, C) -> pooled -> Dense."""
+    inputs = attnx.Input((13, 11, 3))
+    x = layers.Conv2D(6, 3, strides=2, padding="same", activation="relu")(inputs)
+    x = layers.MaxPooling2D(3, strides=1, padding="same")(x)
+    x = layers.Conv2D(8, (2, 3), activation="tanh")(x)
+    x = layers.AveragePooling2D(2, strides=(1, 2), padding="same")(x)
+    x = layers.Reshape((-1, 8))(x)
+    x = layers.AttentionPooling()(x) if pooling == "attention" else layers.GlobalAveragePooling1D()(x)
+    model = attnx.Model(inputs, layers.Dense(4, activation="softmax")(x))
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.fit(_images(rng, 16, 13, 11, 3), rng.integers(0, 4, 16), epochs=1, batch_size=8, verbose=0)
+    assert_exports_like_predict(model, [_images(rng, b, 13, 11, 3) for b in (5, 1, 2)], tmp_path)
+
+
 # ------------------------------------------------------------------ Seq2Seq
 SEQ2SEQ = {
     "bahdanau_gru": dict(attention="bahdanau"),
@@ -431,5 +484,6 @@ def test_class_model_other_than_seq2seq_raises_naming_it(tmp_path):
 
 def test_supported_layers_are_listed():
     assert {"Embedding", "LSTM", "GRU", "Bidirectional", "AttentionPooling", "MultiHeadAttention",
-            "TransformerEncoder", "TransformerDecoderLayer", "PositionalEncoding"} <= set(export.SUPPORTED_LAYERS)
+            "TransformerEncoder", "TransformerDecoderLayer", "PositionalEncoding", "Conv2D", "MaxPooling2D",
+            "AveragePooling2D"} <= set(export.SUPPORTED_LAYERS)
     assert "Layer" not in export.SUPPORTED_LAYERS

@@ -265,6 +265,80 @@ def test_keras_concat_score_loads(tmp_path):
     _same_predictions(keras_model, from_keras(tmp_path / "concat.keras"), [batch])
 
 
+def _images(batch, seed, rows=13, cols=11, channels=3):
+    return np.random.default_rng(seed).normal(size=(batch, rows, cols, channels)).astype("float32")
+
+
+def _keras_cnn(pooling):
+    """Conv2D -> MaxPooling2D -> Conv2D -> AveragePooling2D -> regions -> pooled -> Dense. Average pooling
+    'same' is given pads even on each side: there Keras' torch backend excludes them as TensorFlow and
+    attnx do (see test_keras_torch_average_pooling_with_odd_pads)."""
+    inputs = keras.Input((13, 11, 3))
+    x = keras.layers.Conv2D(6, 3, strides=2, padding="same", activation="relu")(inputs)  # 7 x 6
+    x = keras.layers.MaxPooling2D(2, strides=1, padding="same")(x)
+    x = keras.layers.Conv2D(8, (2, 3), activation="tanh", use_bias=False)(x)  # 6 x 4
+    x = keras.layers.AveragePooling2D(3, strides=(1, 3), padding="same")(x)  # pads (1, 1) and (1, 1)
+    x = keras.layers.Reshape((-1, 8))(x)
+    x = attention()(x) if pooling == "attention" else keras.layers.GlobalAveragePooling1D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(4, activation="softmax")(x))
+    _randomize(model, 11)
+    return model
+
+
+@pytest.mark.parametrize("pooling", ["attention", "average"])
+def test_keras_cnn_loads(tmp_path, pooling):
+    keras_model = _keras_cnn(pooling)
+    keras_model.save(tmp_path / "cnn.keras")
+    model = from_keras(tmp_path / "cnn.keras")
+    assert [type(layer).__name__ for layer in model.layers][:4] == ["Conv2D", "MaxPooling2D", "Conv2D",
+                                                                    "AveragePooling2D"]
+    assert model.layers[2].kernel_size == (2, 3) and not model.layers[2].use_bias
+    _same_predictions(keras_model, model, [_images(5, 1), _images(1, 2)])
+
+
+def _odd_same_pads(size, window, stride):
+    """Whether TensorFlow's 'same' pads an odd number of pixels on this axis (one more at the end)."""
+    return max((-(-size // stride) - 1) * stride + window - size, 0) % 2 == 1
+
+
+@pytest.mark.parametrize("layer_class", ["Conv2D", "MaxPooling2D", "AveragePooling2D"])
+@pytest.mark.parametrize("padding", ["valid", "same"])
+def test_image_layers_of_random_geometries_load(tmp_path, layer_class, padding):
+    rng = np.random.default_rng(len(layer_class) + len(padding))
+    for case in range(4):
+        window, strides = tuple(int(v) for v in rng.integers(1, 5, 2)), tuple(int(v) for v in rng.integers(1, 4, 2))
+        rows, cols = (int(v) for v in rng.integers(5, 10, 2))
+        while layer_class == "AveragePooling2D" and padding == "same" and (
+                _odd_same_pads(rows, window[0], strides[0]) or _odd_same_pads(cols, window[1], strides[1])):
+            # Keras' torch backend agrees on even pads only (test_keras_torch_average_pooling_with_odd_pads)
+            window, strides = tuple(int(v) for v in rng.integers(1, 5, 2)), tuple(int(v) for v in rng.integers(1, 4, 2))
+            rows, cols = (int(v) for v in rng.integers(5, 10, 2))
+        options = dict(activation=str(rng.choice(["relu", "sigmoid", "softmax", "gelu"]))) \
+            if layer_class == "Conv2D" else {}
+        args = (int(rng.integers(1, 5)), window) if layer_class == "Conv2D" else (window,)
+        keras_model = keras.Sequential([keras.Input((rows, cols, 3)),
+                                        getattr(keras.layers, layer_class)(*args, strides=strides, padding=padding,
+                                                                           **options)])
+        _randomize(keras_model, case)
+        keras_model.save(tmp_path / "layer.keras")
+        _same_predictions(keras_model, from_keras(tmp_path / "layer.keras"), [_images(2, case, rows, cols)])
+
+
+def test_keras_torch_average_pooling_with_odd_pads():
+    """Keras 3's torch backend pads an odd 'same' total by repeating the edge pixels and counts them
+    (3.15.1, keras/src/backend/torch/nn.py); TensorFlow's, JAX's and attnx's averages exclude padding.
+    attnx keeps TensorFlow's rule, so such a layer agrees with Keras on those backends only."""
+    x = _images(2, 0, 6, 6)
+    keras_layer = keras.layers.AveragePooling2D(3, strides=2, padding="same")  # pads (0, 1) on each axis
+    attnx_layer = layers.AveragePooling2D(3, strides=2, padding="same")
+    expected = x[:, 4:, 4:].mean(axis=(1, 2))  # the last window: two real pixels each way
+    np.testing.assert_allclose(attnx_layer(x)[:, 2, 2], expected, **TOL)
+    keras_out = np.asarray(keras_layer(x).detach())
+    if np.allclose(keras_out[:, 2, 2], expected, **TOL):
+        pytest.skip("this Keras excludes the padding on the torch backend too")
+    np.testing.assert_allclose(keras_out[:, :2, :2], attnx_layer(x)[:, :2, :2], **TOL)  # unpadded windows agree
+
+
 # ------------------------------------------------------------------------------ attnx -> Keras
 def _keras_load(path):
     return keras.saving.load_model(path, custom_objects=keras_objects())
@@ -323,6 +397,32 @@ def test_attention_model_to_keras(tmp_path):
     batch = [rng.normal(size=(4, 5, 8)).astype("float32"), rng.normal(size=(4, 6, 8)).astype("float32")]
     _same_predictions(keras_model, model, [batch])
     _same_predictions(_keras_load(tmp_path / "att.keras"), model, [batch])
+
+
+def _attnx_cnn(pooling):
+    inputs = attnx.Input((13, 11, 3))
+    x = layers.Conv2D(6, 3, strides=2, padding="same", activation="relu")(inputs)
+    x = layers.MaxPooling2D(3, strides=2, padding="same")(x)
+    x = layers.Conv2D(8, (2, 2), activation="tanh", kernel_regularizer=attnx.regularizers.L2(1e-3))(x)  # 3 x 2
+    x = layers.AveragePooling2D((1, 2))(x)
+    x = layers.Reshape((-1, 8))(x)
+    x = layers.AttentionPooling()(x) if pooling == "attention" else layers.GlobalAveragePooling1D()(x)
+    model = attnx.Model(inputs, layers.Dense(4, activation="softmax")(x))
+    _randomize_attnx(model, 4)
+    return model
+
+
+@pytest.mark.parametrize("pooling", ["attention", "average"])
+def test_cnn_to_keras(tmp_path, pooling):
+    model = _attnx_cnn(pooling)
+    keras_model = to_keras(model, tmp_path / "cnn.keras")
+    conv = keras_model.get_layer(model.layers[0].name)
+    assert conv.strides == (2, 2) and conv.padding == "same" and conv.kernel.shape == (3, 3, 3, 6)
+    batches = [_images(4, 5), _images(1, 6)]
+    _same_predictions(keras_model, model, batches)
+    _same_predictions(_keras_load(tmp_path / "cnn.keras"), model, batches)
+    back = from_keras(tmp_path / "cnn.keras")
+    np.testing.assert_allclose(back.predict(batches[0], verbose=0), model.predict(batches[0], verbose=0), **TOL)
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -439,3 +539,22 @@ def test_to_keras_names_a_layer_keras_lacks():
     x, lengths = attnx.Input((3, 4)), attnx.Input((), dtype="int32")
     with pytest.raises(ValueError, match="lengths"):
         to_keras(attnx.Model([x, lengths], layers.LSTM(2)(x, lengths=lengths)))
+
+
+CHANNELS_FIRST = "data_format='channels_first'"
+
+
+@pytest.mark.parametrize("layer, option", [
+    (lambda: keras.layers.Conv2D(4, 3, dilation_rate=2, name="dilated"), "dilation_rate=\\(2, 2\\)"),
+    (lambda: keras.layers.Conv2D(6, 3, groups=3, name="grouped"), "groups=3"),
+    (lambda: keras.layers.Conv2D(4, 3, data_format="channels_first", name="first"), CHANNELS_FIRST),
+    (lambda: keras.layers.MaxPooling2D(2, data_format="channels_first", name="first"), CHANNELS_FIRST),
+    (lambda: keras.layers.AveragePooling2D(2, data_format="channels_first", name="first"), CHANNELS_FIRST),
+])
+def test_image_options_attnx_lacks_are_named(tmp_path, layer, option):
+    keras_layer = layer()
+    keras_model = keras.Sequential([keras.Input((6, 6, 3)), keras_layer])
+    keras_model.save(tmp_path / "option.keras")
+    named = f"option.keras: {type(keras_layer).__name__} '{keras_layer.name}' has {option}"
+    with pytest.raises(ValueError, match=named):
+        from_keras(tmp_path / "option.keras")

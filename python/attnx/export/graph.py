@@ -28,10 +28,12 @@ class Graph:
     """Nodes, initializers, inputs and outputs of one ONNX graph, with unique tensor names.
 
     Tensors are named by strings; `node` returns the name (or names) of a node's outputs.
+    `open_steps`: axis 1 of the graph's inputs is left open (`to_onnx(dynamic_steps=True)`) even where
+    attnx's shapes fix it, so converters must not bake a size of that axis into constants.
     """
 
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, name, open_steps=False):
+        self.name, self.open_steps = name, open_steps
         self.nodes, self.initializers, self.inputs, self.outputs = [], [], [], []
         self._used = set()
         self._constants = {}

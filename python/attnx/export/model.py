@@ -84,7 +84,7 @@ def model_to_onnx(model, opset=OPSET, dynamic_steps=False):
     if not model._functional:
         raise ValueError(f"attnx.export: model '{model.name}' is not built; give its first layer an input_shape (or "
                          "start it with attnx.Input), or call it on data once, before exporting")
-    g = Graph(model.name)
+    g = Graph(model.name, open_steps=dynamic_steps)
     inputs = [g.add_input(t.name, t.dtype, _declared_shape(t, dynamic_steps)) for t in model.inputs]
     outputs, _ = convert_model(g, model, inputs, [None] * len(inputs))
     names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]

@@ -1,4 +1,4 @@
-"""The converter registry: each converter module (export.core, .recurrent, .attention,
+"""The converter registry: each converter module (export.core, .conv, .recurrent, .attention,
 .transformer) registers one function per layer class here; `export.model` looks them up. Kept
 apart from the package's __init__ so that the converter modules import it without importing the
 package that imports them."""

@@ -1,7 +1,12 @@
-"""PyTorch converters of the image layers: Conv2d <-> Conv2D, MaxPool2d <-> MaxPooling2D. The
-weights convert; the layouts do not: PyTorch's modules read (B, C, H, W), attnx's (B, H, W, C)."""
-from ..layers.conv import Conv2D, MaxPooling2D
-from .registry import register_from_torch, register_to_torch, set_torch_params
+"""Converters of the image layers. PyTorch: Conv2d <-> Conv2D, MaxPool2d <-> MaxPooling2D; the
+weights convert, the layouts do not (PyTorch's modules read (B, C, H, W), attnx's (B, H, W, C)).
+Keras: Conv2D, MaxPooling2D, AveragePooling2D both ways, channels last on both sides and the kernel in
+the same (KH, KW, C, F) layout, so the weights go across as they are."""
+from .. import regularizers
+from ..layers.conv import AveragePooling2D, Conv2D, MaxPooling2D
+from .registry import (check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer, no_weights,
+                       register_from_keras, register_from_torch, register_to_keras, register_to_torch,
+                       set_torch_params)
 
 
 def _pair(value):
@@ -76,3 +81,53 @@ def _max_pool2d_to(layer):
     if layer.padding != "valid":
         raise ValueError(f"to_torch: MaxPooling2D '{layer.name}' pads 'same'; torch.nn.MaxPool2d pads both sides")
     return torch.nn.MaxPool2d(layer.pool_size, stride=layer.strides)
+
+
+# ----------------------------------------------------------------------------- Keras
+def _check_keras_image_options(class_name, config):
+    """ValueError naming the layer for the Keras options attnx's image layers lack: channels first, and a
+    convolution's dilation and groups (pair-valued options compared as pairs: JSON holds them as lists)."""
+    config = {**config, "data_format": config.get("data_format") or "channels_last"}
+    if class_name == "Conv2D":
+        config["dilation_rate"] = _pair(config.get("dilation_rate", 1))
+        check_keras_options(class_name, config, dilation_rate=(1, 1), groups=1)
+    check_keras_options(class_name, config, data_format="channels_last")
+
+
+@register_from_keras("Conv2D")
+def _conv2d_from_keras(class_name, config, weights):
+    _check_keras_image_options(class_name, config)
+    layer = Conv2D(config["filters"], _pair(config["kernel_size"]), strides=_pair(config.get("strides", 1)),
+                   padding=config.get("padding", "valid"), activation=config.get("activation"),
+                   use_bias=config.get("use_bias", True),
+                   kernel_regularizer=regularizers.get(config.get("kernel_regularizer")),
+                   bias_regularizer=regularizers.get(config.get("bias_regularizer")), **keras_layer_kwargs(config))
+    return layer, weights.read
+
+
+@register_to_keras(Conv2D)
+def _conv2d_to_keras(layer, keras):
+    return [(keras.layers.Conv2D(layer.filters, layer.kernel_size, strides=layer.strides, padding=layer.padding,
+                                 activation=layer.activation, use_bias=layer.use_bias,
+                                 kernel_regularizer=keras_regularizer(keras, layer.kernel_regularizer),
+                                 bias_regularizer=keras_regularizer(keras, layer.bias_regularizer),
+                                 **keras_kwargs(layer)),
+             layer.get_weights())]
+
+
+_POOLING = {cls.__name__: cls for cls in (MaxPooling2D, AveragePooling2D)}
+
+
+@register_from_keras(*_POOLING)
+def _pooling2d_from_keras(class_name, config, weights):
+    _check_keras_image_options(class_name, config)
+    strides = config.get("strides")  # None: the pool size, in both libraries
+    layer = _POOLING[class_name](_pair(config.get("pool_size", 2)), strides=None if strides is None else _pair(strides),
+                                 padding=config.get("padding", "valid"), **keras_layer_kwargs(config))
+    return layer, no_weights
+
+
+@register_to_keras(*_POOLING.values())
+def _pooling2d_to_keras(layer, keras):
+    keras_class = getattr(keras.layers, type(layer).__name__)
+    return [(keras_class(layer.pool_size, strides=layer.strides, padding=layer.padding, **keras_kwargs(layer)), [])]

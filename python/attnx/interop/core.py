@@ -6,7 +6,7 @@ from .. import regularizers
 from ..layers.core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                            Reshape)
 from .registry import (_FROM_KERAS, check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer,
-                       register_from_keras, register_from_torch, register_to_keras, register_to_torch,
+                       no_weights, register_from_keras, register_from_torch, register_to_keras, register_to_torch,
                        set_torch_params)
 
 
@@ -61,10 +61,6 @@ def _embedding_to(layer):
 
 
 # ----------------------------------------------------------------------------- Keras
-def _no_weights():
-    return []
-
-
 @register_from_keras("Dense")
 def _dense_from_keras(class_name, config, weights):
     layer = Dense(config["units"], activation=config.get("activation"), use_bias=config.get("use_bias", True),
@@ -100,7 +96,7 @@ def _embedding_to_keras(layer, keras):
 
 @register_from_keras("Activation")
 def _activation_from_keras(class_name, config, weights):
-    return Activation(config["activation"], **keras_layer_kwargs(config)), _no_weights
+    return Activation(config["activation"], **keras_layer_kwargs(config)), no_weights
 
 
 @register_to_keras(Activation)
@@ -111,13 +107,13 @@ def _activation_to_keras(layer, keras):
 @register_from_keras("Dropout")
 def _dropout_from_keras(class_name, config, weights):
     return Dropout(config["rate"], noise_shape=config.get("noise_shape"), seed=config.get("seed"),
-                   **keras_layer_kwargs(config)), _no_weights
+                   **keras_layer_kwargs(config)), no_weights
 
 
 @register_from_keras("SpatialDropout1D")
 def _spatial_dropout_from_keras(class_name, config, weights):
     return Dropout(config["rate"], noise_shape=(None, 1, None), seed=config.get("seed"),
-                   **keras_layer_kwargs(config)), _no_weights
+                   **keras_layer_kwargs(config)), no_weights
 
 
 # the Keras layers that act on the last axis alone, as their attnx counterparts do on inputs of any rank
@@ -144,22 +140,22 @@ def _dropout_to_keras(layer, keras):
 def _pooling_from_keras(class_name, config, weights):
     check_keras_options(class_name, config, data_format="channels_last", keepdims=False)
     layer_class = Flatten if class_name == "Flatten" else GlobalAveragePooling1D
-    return layer_class(**keras_layer_kwargs(config)), _no_weights
+    return layer_class(**keras_layer_kwargs(config)), no_weights
 
 
 @register_from_keras("Reshape")
 def _reshape_from_keras(class_name, config, weights):
-    return Reshape(config["target_shape"], **keras_layer_kwargs(config)), _no_weights
+    return Reshape(config["target_shape"], **keras_layer_kwargs(config)), no_weights
 
 
 @register_from_keras("Concatenate")
 def _concatenate_from_keras(class_name, config, weights):
-    return Concatenate(axis=config.get("axis", -1), **keras_layer_kwargs(config)), _no_weights
+    return Concatenate(axis=config.get("axis", -1), **keras_layer_kwargs(config)), no_weights
 
 
 @register_from_keras("Add")
 def _add_from_keras(class_name, config, weights):
-    return Add(**keras_layer_kwargs(config)), _no_weights
+    return Add(**keras_layer_kwargs(config)), no_weights
 
 
 @register_to_keras(Flatten, GlobalAveragePooling1D, Add)

@@ -48,7 +48,7 @@ class _OpOutput:
 
 
 def _import_converters():
-    from . import attention, core, recurrent, transformer  # noqa: F401  (they register themselves)
+    from . import attention, conv, core, recurrent, transformer  # noqa: F401  (they register themselves)
 
 
 def _import_keras():

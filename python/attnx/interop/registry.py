@@ -48,6 +48,11 @@ def register_from_keras(*keras_class_names):
     return wrap
 
 
+def no_weights():
+    """The `load` of a Keras layer without weights (see `register_from_keras`)."""
+    return []
+
+
 def register_to_keras(*layer_classes):
     """Decorates ``fn(layer, keras) -> [(keras layer, its weights for set_weights), ...]``: the Keras
     layers applied one after the other in place of `layer` (one, except attnx's stacked RNNs)."""
