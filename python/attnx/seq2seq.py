@@ -636,6 +636,23 @@ def _without_trailing_padding(ids):
     return ids[:, :np.flatnonzero((ids != 0).any(axis=0))[-1] + 1]
 
 
+def check_target_ids(target, owner, what, start_id, max_length):
+    """Teacher-forcing targets (B, steps) as integer ids, each row the start token, 1 to `max_length`
+    tokens, then padding; a ValueError naming `owner` and `what` otherwise."""
+    ids = np.asarray(target)
+    if ids.dtype.kind not in "iu" or ids.ndim != 2:
+        raise ValueError(f"{owner}: `{what}` expected integer ids of shape (batch, steps), got {ids.dtype} {ids.shape}")
+    lengths = (ids != 0).sum(axis=1) - 1  # tokens after the start token
+    if ids.shape[1] < 2 or lengths.min() < 1:
+        raise ValueError(f"{owner}: every {what} needs the start token and at least one more token")
+    if lengths.max() > max_length:
+        raise ValueError(f"{owner}: a {what} has {lengths.max()} tokens after the start token, longer than "
+                         f"max_length={max_length}")
+    if not (ids[:, 0] == start_id).all():
+        raise ValueError(f"{owner}: {what}s must begin with the start token id {start_id}")
+    return ids
+
+
 class Seq2Seq(Model):
     """An encoder-decoder translation model with attention: a `Model` written as a class, trained
     with Keras' compile / fit / evaluate (callbacks, validation data, history, ``check_numerics``),
@@ -800,19 +817,7 @@ class Seq2Seq(Model):
         return ids
 
     def _target(self, target):
-        ids = np.asarray(target)
-        if ids.dtype.kind not in "iu" or ids.ndim != 2:
-            raise ValueError(f"Seq2Seq: `target` expected integer ids of shape (batch, steps), got "
-                             f"{ids.dtype} {ids.shape}")
-        lengths = (ids != 0).sum(axis=1) - 1  # tokens after the start token
-        if ids.shape[1] < 2 or lengths.min() < 1:
-            raise ValueError("Seq2Seq: every target needs the start token and at least one more token")
-        if lengths.max() > self.max_length:
-            raise ValueError(f"Seq2Seq: a target has {lengths.max()} tokens after the start token, longer than "
-                             f"max_length={self.max_length}")
-        if not (ids[:, 0] == self.start_id).all():
-            raise ValueError(f"Seq2Seq: targets must begin with the start token id {self.start_id}")
-        return ids
+        return check_target_ids(target, "Seq2Seq", "target", self.start_id, self.max_length)
 
     def _encode(self, source):
         """(encoder outputs, source mask, initial decoder states) of source ids, in inference mode."""

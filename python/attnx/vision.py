@@ -35,7 +35,7 @@ from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Dense
 from .models import Model, _layer_entry, _layer_from_entry
-from .seq2seq import BahdanauDecoder, _positive_int, _without_trailing_padding, beam_search
+from .seq2seq import BahdanauDecoder, _positive_int, _without_trailing_padding, beam_search, check_target_ids
 
 __all__ = ["DoublyStochasticRegularization", "ImageCaptioner"]
 
@@ -250,19 +250,7 @@ class ImageCaptioner(Model):
         return [x, tokens[:, :-1], tokens[:, 1:]], [tokens[:, 1:], tokens[:, 1:]]
 
     def _tokens(self, tokens):
-        ids = np.asarray(tokens)
-        if ids.dtype.kind not in "iu" or ids.ndim != 2:
-            raise ValueError(f"ImageCaptioner: captions expected integer ids of shape (batch, steps), got "
-                             f"{ids.dtype} {ids.shape}")
-        lengths = (ids != 0).sum(axis=1) - 1  # tokens after the start token
-        if ids.shape[1] < 2 or lengths.min() < 1:
-            raise ValueError("ImageCaptioner: every caption needs the start token and at least one more token")
-        if lengths.max() > self.max_length:
-            raise ValueError(f"ImageCaptioner: a caption has {lengths.max()} tokens after the start token, longer "
-                             f"than max_length={self.max_length}")
-        if not (ids[:, 0] == self.start_id).all():
-            raise ValueError(f"ImageCaptioner: captions must begin with the start token id {self.start_id}")
-        return ids
+        return check_target_ids(tokens, "ImageCaptioner", "caption", self.start_id, self.max_length)
 
     def predict_step(self, x):
         """Greedy captions of images `x`: [tokens (B, max_length) with the end token and 0 after it,
