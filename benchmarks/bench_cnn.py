@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 import attnx
-from harness import compare
+from harness import compare, torch_step_and_inference
 
 BATCH, SIDE, CLASSES = 64, 32, 10
 
@@ -32,15 +32,7 @@ def build():
     tx = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
     ty = torch.from_numpy(y)
 
-    def torch_step():
-        opt.zero_grad()
-        tloss(net(tx), ty).backward()
-        opt.step()
-
-    def torch_infer():
-        with torch.no_grad():
-            net(tx)
-
+    torch_step, torch_infer = torch_step_and_inference(net, tloss, opt, tx, ty)
     return (lambda: model.train_on_batch(x, y)), torch_step, (lambda: model(x)), torch_infer
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 import attnx
-from harness import compare
+from harness import compare, torch_step_and_inference
 
 SIZES = [(32, 64, 128, 1), (256, 512, 1024, 10)]  # batch, in, hidden, out
 
@@ -28,15 +28,7 @@ def build(batch, n_in, hidden, n_out):
     tx = torch.from_numpy(x)
     ty = torch.from_numpy(y) if n_out > 1 else torch.from_numpy(y).reshape(-1, 1)
 
-    def torch_step():
-        opt.zero_grad()
-        tloss(net(tx), ty).backward()
-        opt.step()
-
-    def torch_infer():
-        with torch.no_grad():
-            net(tx)
-
+    torch_step, torch_infer = torch_step_and_inference(net, tloss, opt, tx, ty)
     return (lambda: model.train_on_batch(x, y)), torch_step, (lambda: model(x)), torch_infer
 
 

@@ -57,3 +57,19 @@ def compare(name, attnx_fn, torch_fn, warmup=3, repeat=15, rounds=ROUNDS):
           f"({min(ratios):.2f}-{max(ratios):.2f}, {rounds} rounds)", flush=True)
     return {"name": name, "attnx_ms": a * 1e3, "torch_ms": t * 1e3, "ratio": ratio,
             "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+
+def torch_step_and_inference(net, loss, optimizer, x, y):
+    """(training step, inference) closures of a PyTorch module on fixed tensors x, y."""
+    import torch
+
+    def step():
+        optimizer.zero_grad()
+        loss(net(x), y).backward()
+        optimizer.step()
+
+    def infer():
+        with torch.no_grad():
+            net(x)
+
+    return step, infer
