@@ -20,7 +20,9 @@ extras="${1:-}"
 target="."
 [ -n "$extras" ] && target=".[$extras]"
 echo "pip install $target"
-# the build requirements of pyproject.toml, installed here rather than in a throwaway isolated
-# env, so that later builds (scripts/build_wheel.sh, a reinstall) reuse build/<wheel tag>
-python3 -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" "scipy-openblas32>=0.3.27"
+# the build requirements of pyproject.toml (and the cmake and ninja scikit-build-core would fetch
+# into an isolated env), installed here rather than in a throwaway isolated env, so that later
+# builds (scripts/build_wheel.sh, a reinstall) reuse build/<wheel tag>
+python3 -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" \
+  "scipy-openblas32>=0.3.27" "cmake>=3.18" ninja
 python3 -m pip install -q --disable-pip-version-check --no-build-isolation "$target"
