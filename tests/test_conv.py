@@ -304,7 +304,11 @@ def _conv(**kwargs):
 
 
 def _pool(fn, **kwargs):
+    """A pooling binding on a (1, 3, 3, 2) image with 2x2 windows every pixel, but for `kwargs`
+    (max_pool2d_backward also gets the forward's output y)."""
     args = dict(x=np.zeros((1, 3, 3, 2), f32), pool_size=(2, 2), strides=(1, 1))
+    if fn is _core.max_pool2d_backward:
+        args["y"] = np.zeros((1, 2, 2, 2), f32)
     return fn(**{**args, **kwargs})
 
 
@@ -339,11 +343,20 @@ def _pool(fn, **kwargs):
      r"avg_pool2d_backward: dy: expected shape \(1, 2, 2, 2\), got \(1, 3, 3, 2\)"),
     (lambda: _pool(_core.max_pool2d_backward, dy=np.zeros((1, 1, 1, 2), f32), strides=(2, 2), padding="same"),
      ValueError, r"max_pool2d_backward: dy: expected shape \(1, 2, 2, 2\)"),
+    (lambda: _pool(_core.max_pool2d_backward, dy=np.zeros((1, 2, 2, 2), f32), y=np.zeros((1, 3, 3, 2), f32)),
+     ValueError, r"max_pool2d_backward: y: expected shape \(1, 2, 2, 2\), got \(1, 3, 3, 2\)"),
+    (lambda: _pool(_core.max_pool2d_backward, dy=np.zeros((1, 2, 2, 2), f32), y=np.zeros((1, 2, 2, 2))), TypeError,
+     "max_pool2d_backward: y: expected dtype float32"),
+    (lambda: _pool(_core.max_pool2d_backward, dy=np.zeros((1, 2, 2, 2), f32), y=[[0.0]]), TypeError,
+     "max_pool2d_backward: y: expected a NumPy array, got list"),
+    (lambda: _pool(_core.max_pool2d_backward, dy=np.zeros((1, 2, 2, 2), f32), y=None), TypeError,
+     "max_pool2d_backward: y: expected a NumPy array, got NoneType"),
     (lambda: _pool(_core.max_pool2d_backward, dy=np.zeros((1, 1, 1, 2)), strides=(2, 2)), TypeError,
      "max_pool2d_backward: dy: expected dtype float32"),
 ], ids=["kernel_channels", "kernel_too_large", "kernel_dtype", "kernel_rank", "bias_shape", "zero_stride",
         "three_strides", "bad_padding", "rank", "int_x", "activation", "conv_dy_shape", "dkernel_strided",
-        "pool_too_large", "negative_stride", "avg_dy_shape", "max_dy_shape_same", "max_dy_dtype"])
+        "pool_too_large", "negative_stride", "avg_dy_shape", "max_dy_shape_same", "max_y_shape", "max_y_dtype", "max_y_list", "max_y_none",
+        "max_dy_dtype"])
 def test_raw_bindings_refuse_bad_arguments(call, error, pattern):
     with pytest.raises(error, match=pattern):
         call()

@@ -46,51 +46,70 @@ static std::vector<py::ssize_t> out_shape(const Window2D& w, py::ssize_t channel
     return {w.B, w.OH, w.OW, channels};
 }
 
-// The pooling bindings: forward(x) and backward(dy, x), for max and average alike
-template <class Forward, class Backward>
-static void def_pool(py::module_& m, const char* name, const char* forward_doc, const char* backward_doc) {
-    const std::string fwd = std::string(name) + "_forward", bwd = std::string(name) + "_backward";
+// A pooling forward binding: y = Forward{}(x) over the windows
+template <class Forward> static void def_pool_forward(py::module_& m, const char* name, const char* doc) {
+    const std::string fn(name);
     m.def(
-        fwd.c_str(),
-        [fwd](const py::array& x, Pair pool_size, Pair strides, const std::string& padding) {
-            return dispatch_float(x, (fwd + ": x").c_str(), [&](auto tag) -> py::array {
+        name,
+        [fn](const py::array& x, Pair pool_size, Pair strides, const std::string& padding) {
+            return dispatch_float(x, (fn + ": x").c_str(), [&](auto tag) -> py::array {
                 using T = decltype(tag);
-                const T* px = in_ptr<T>(x, (fwd + ": x").c_str());
-                const Window2D w = windows(x, pool_size, strides, padding, fwd.c_str());
+                const T* px = in_ptr<T>(x, (fn + ": x").c_str());
+                const Window2D w = windows(x, pool_size, strides, padding, fn.c_str());
                 return released_result<T>(out_shape(w, w.C), [&](T* py_) { Forward{}(py_, px, w); });
             });
         },
-        py::arg("x"), py::arg("pool_size"), py::arg("strides"), py::arg("padding") = "valid", forward_doc);
-    m.def(
-        bwd.c_str(),
-        [bwd](const py::array& dy, const py::array& x, Pair pool_size, Pair strides, const std::string& padding) {
-            return dispatch_float(x, (bwd + ": x").c_str(), [&](auto tag) -> py::array {
-                using T = decltype(tag);
-                const T* px = in_ptr<T>(x, (bwd + ": x").c_str());
-                const Window2D w = windows(x, pool_size, strides, padding, bwd.c_str());
-                check_shape(dy, out_shape(w, w.C), (bwd + ": dy").c_str());
-                const T* pdy = in_ptr<T>(dy, (bwd + ": dy").c_str());
-                std::vector<py::ssize_t> shape(x.shape(), x.shape() + 4);
-                return released_result<T>(shape, [&](T* pdx) { Backward{}(pdx, pdy, px, w); });
-            });
-        },
-        py::arg("dy"), py::arg("x"), py::arg("pool_size"), py::arg("strides"), py::arg("padding") = "valid",
-        backward_doc);
+        py::arg("x"), py::arg("pool_size"), py::arg("strides"), py::arg("padding") = "valid", doc);
+}
+
+// A pooling backward binding: dx = backward(dx, dy, x, y, windows) with y the forward's output (or
+// None where the backward does not read it)
+template <class Backward>
+static void def_pool_backward(py::module_& m, const char* name, bool reads_output, const char* doc) {
+    const std::string fn(name);
+    auto binding = [fn, reads_output](const py::array& dy, const py::array& x, const py::object& y, Pair pool_size,
+                                      Pair strides, const std::string& padding) {
+        return dispatch_float(x, (fn + ": x").c_str(), [&](auto tag) -> py::array {
+            using T = decltype(tag);
+            const T* px = in_ptr<T>(x, (fn + ": x").c_str());
+            const Window2D w = windows(x, pool_size, strides, padding, fn.c_str());
+            check_shape(dy, out_shape(w, w.C), (fn + ": dy").c_str());
+            const T* pdy = in_ptr<T>(dy, (fn + ": dy").c_str());
+            const T* py_ = nullptr;
+            if (reads_output) {
+                const py::array output = array_arg(y, (fn + ": y").c_str());
+                check_shape(output, out_shape(w, w.C), (fn + ": y").c_str());
+                py_ = in_ptr<T>(output, (fn + ": y").c_str());
+            }
+            std::vector<py::ssize_t> shape(x.shape(), x.shape() + 4);
+            return released_result<T>(shape, [&](T* pdx) { Backward{}(pdx, pdy, px, py_, w); });
+        });
+    };
+    if (reads_output)
+        m.def(name, binding, py::arg("dy"), py::arg("x"), py::arg("y"), py::arg("pool_size"), py::arg("strides"),
+              py::arg("padding") = "valid", doc);
+    else
+        m.def(
+            name,
+            [binding](const py::array& dy, const py::array& x, Pair pool_size, Pair strides, const std::string& padding) {
+                return binding(dy, x, py::none(), pool_size, strides, padding);
+            },
+            py::arg("dy"), py::arg("x"), py::arg("pool_size"), py::arg("strides"), py::arg("padding") = "valid", doc);
 }
 
 struct MaxForward {
     template <class T> void operator()(T* y, const T* x, const Window2D& w) { max_pool2d_forward(y, x, w); }
 };
 struct MaxBackward {
-    template <class T> void operator()(T* dx, const T* dy, const T* x, const Window2D& w) {
-        max_pool2d_backward(dx, dy, x, w);
+    template <class T> void operator()(T* dx, const T* dy, const T* x, const T* y, const Window2D& w) {
+        max_pool2d_backward(dx, dy, x, y, w);
     }
 };
 struct AvgForward {
     template <class T> void operator()(T* y, const T* x, const Window2D& w) { avg_pool2d_forward(y, x, w); }
 };
 struct AvgBackward {
-    template <class T> void operator()(T* dx, const T* dy, const T*, const Window2D& w) {
+    template <class T> void operator()(T* dx, const T* dy, const T*, const T*, const Window2D& w) {
         avg_pool2d_backward(dx, dy, w);
     }
 };
@@ -167,12 +186,15 @@ void init_conv(py::module_& m) {
         py::arg("padding"), py::arg("activation"), py::arg("dkernel"), py::arg("dbias"), py::arg("need_dx") = true,
         "Backward of conv2d_forward: accumulates into dkernel/dbias, returns dx (or None).");
 
-    def_pool<MaxForward, MaxBackward>(
-        m, "max_pool2d", "y[b, oh, ow, c] = the maximum of x (B, H, W, C) over each window inside the image.",
-        "Backward of max_pool2d_forward: dy to the first maximum of each window; returns dx.");
-    def_pool<AvgForward, AvgBackward>(
-        m, "avg_pool2d", "y[b, oh, ow, c] = the mean of x (B, H, W, C) over each window's pixels inside the image.",
-        "Backward of avg_pool2d_forward: returns dx.");
+    def_pool_forward<MaxForward>(
+        m, "max_pool2d_forward", "y[b, oh, ow, c] = the maximum of x (B, H, W, C) over each window inside the image.");
+    def_pool_backward<MaxBackward>(m, "max_pool2d_backward", true,
+                                   "Backward of max_pool2d_forward from its input x and output y: dy to the first "
+                                   "pixel of each window equal to its maximum; returns dx.");
+    def_pool_forward<AvgForward>(
+        m, "avg_pool2d_forward",
+        "y[b, oh, ow, c] = the mean of x (B, H, W, C) over each window's pixels inside the image.");
+    def_pool_backward<AvgBackward>(m, "avg_pool2d_backward", false, "Backward of avg_pool2d_forward: returns dx.");
 }
 
 }  // namespace attnx::bind

@@ -155,7 +155,7 @@ def max_pool2d_forward(
     x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
 ) -> Array: ...
 def max_pool2d_backward(
-    dy: Array, x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
+    dy: Array, x: Array, y: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"
 ) -> Array: ...
 def avg_pool2d_forward(
     x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"

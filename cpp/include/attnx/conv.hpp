@@ -17,9 +17,11 @@
 #pragma once
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attnx/activations.hpp"
@@ -99,37 +101,53 @@ inline size_t window_pixel(const Window2D& w, size_t b, int oh, int ow, int i, i
     return ((b * w.H + (size_t)(oh * w.SH - w.pad_top + i)) * w.W + (size_t)(ow * w.SW - w.pad_left + j)) * w.C;
 }
 
+// to[0, n) = from[0, n) (add: to[e] += from[e]) on vectors V; the tail under a lane mask on AVX-512,
+// value by value below it (a memcpy call per window row costs more than the copy: 3 values for a
+// 3x3 kernel on one channel)
+template <class V, bool add = false, class T>
+ATTNX_ALWAYS_INLINE void copy_lanes(T* to, const T* from, size_t n) {
+    constexpr int W = Lanes<V>::W;
+    size_t e = 0;
+    for (; e + W <= n; e += W) vstore(to + e, add ? vload<V>(to + e, W) + vload<V>(from + e, W) : vload<V>(from + e, W), W);
+    if constexpr (W == 16) {
+        const int m = int(n - e);
+        if (m) vstore(to + e, add ? vload<V>(to + e, m) + vload<V>(from + e, m) : vload<V>(from + e, m), m);
+    } else {
+        for (; e < n; ++e) to[e] = add ? to[e] + from[e] : from[e];
+    }
+}
+
 // cols[r - r0, (i * KW + j) * C + c] = x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c], 0 outside
-// the image, for the n output rows r = (b * OH + oh) * OW + ow from r0. The copies stay loops (GCC
-// would call memmove for each window row: 3 values for a 3x3 kernel on one channel, where the
-// calls cost more than the copy)
+// the image, for the n output rows r = (b * OH + oh) * OW + ow from r0: one copy per window row
 template <class T>
 __attribute__((optimize("no-tree-loop-distribute-patterns"))) void im2col(T* cols, const T* x, const Window2D& w,
                                                                            size_t r0, int n) {
     const int C = w.C, P = w.patch();
-    walk_rows(w, r0, n, [&](int k, size_t b, int oh, int ow, Span rows, Span cols_) __attribute__((always_inline)) {
-        T* out = cols + (size_t)k * P;
-        if (rows.hi - rows.lo < w.KH || cols_.hi - cols_.lo < w.KW)
-            for (int e = 0; e < P; ++e) out[e] = T(0);
-        const size_t count = (size_t)(cols_.hi - cols_.lo) * C;
-        for (int i = rows.lo; i < rows.hi; ++i) {
-            const T* in = x + window_pixel(w, b, oh, ow, i, cols_.lo);
-            T* to = out + ((size_t)i * w.KW + cols_.lo) * C;
-            for (size_t e = 0; e < count; ++e) to[e] = in[e];
-        }
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        walk_rows(w, r0, n, [&](int k, size_t b, int oh, int ow, Span rows, Span cols_) __attribute__((always_inline)) {
+            T* out = cols + (size_t)k * P;
+            if (rows.hi - rows.lo < w.KH || cols_.hi - cols_.lo < w.KW)
+                for (int e = 0; e < P; ++e) out[e] = T(0);
+            const size_t count = (size_t)(cols_.hi - cols_.lo) * C;
+            for (int i = rows.lo; i < rows.hi; ++i)
+                copy_lanes<V>(out + ((size_t)i * w.KW + cols_.lo) * C, x + window_pixel(w, b, oh, ow, i, cols_.lo),
+                              count);
+        });
     });
 }
 
 // The transpose of im2col: dx[b, ih, iw, c] += dcols[r - r0, (i * KW + j) * C + c] over the same rows
 template <class T> void col2im_add(T* dx, const T* dcols, const Window2D& w, size_t r0, int n) {
     const int C = w.C, P = w.patch();
-    walk_rows(w, r0, n, [&](int k, size_t b, int oh, int ow, Span rows, Span cols_) __attribute__((always_inline)) {
-        const size_t count = (size_t)(cols_.hi - cols_.lo) * C;
-        for (int i = rows.lo; i < rows.hi; ++i) {
-            T* to = dx + window_pixel(w, b, oh, ow, i, cols_.lo);
-            const T* from = dcols + (size_t)k * P + ((size_t)i * w.KW + cols_.lo) * C;
-            for (size_t e = 0; e < count; ++e) to[e] += from[e];
-        }
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        walk_rows(w, r0, n, [&](int k, size_t b, int oh, int ow, Span rows, Span cols_) __attribute__((always_inline)) {
+            const size_t count = (size_t)(cols_.hi - cols_.lo) * C;
+            for (int i = rows.lo; i < rows.hi; ++i)
+                copy_lanes<V, true>(dx + window_pixel(w, b, oh, ow, i, cols_.lo),
+                                    dcols + (size_t)k * P + ((size_t)i * w.KW + cols_.lo) * C, count);
+        });
     });
 }
 
@@ -140,7 +158,7 @@ template <class F> void for_images(const Window2D& w, double work, F&& fn) {
 
 // fn(r0, n) over the output rows of images [b0, b1) in blocks whose patches take about 256 KiB
 template <class T, class F> void for_row_blocks(const Window2D& w, int b0, int b1, F&& fn) {
-    const size_t rows = std::max<size_t>(64, (size_t(1) << 16) * 4 / sizeof(T) / std::max(w.patch(), 1));
+    const size_t rows = std::max<size_t>(64, (size_t(1) << 16) * 4 / sizeof(T) / std::max(w.patch(), 1)) / 16 * 16;
     const size_t end = (size_t)b1 * w.out_pixels();
     for (size_t r0 = (size_t)b0 * w.out_pixels(); r0 < end; r0 += rows) fn(r0, (int)std::min(rows, end - r0));
 }
@@ -209,9 +227,41 @@ void conv2d_forward(T* y, T* z, const T* x, const T* kernel, const T* bias, cons
     });
 }
 
+// The widest vectors' lanes: the padding a matrix read in place as panels needs past its end
+constexpr int kMaxLanes = 16;
+
+// dKt[f, p] += sum_k dzt[f, k] cols[k, p] for a block of n rows: dzt (F, n) rows ldz apart, cols
+// (n, P) read in place as panels of Q vectors (no packing: its rows are the panels' rows, P apart).
+// A row's last vector may run past P into the next row (cols holds kMaxLanes values more at its end);
+// those lanes are dropped.
+template <class T> void kernel_gradient_rows(T* dKt, const T* dzt, size_t ldz, const T* cols, int n, int P, int F) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        constexpr int W = Lanes<V>::W;
+        auto product = [&](auto vectors) __attribute__((always_inline)) {
+            constexpr int Q = decltype(vectors)::value;
+            panels_product<V, Q>(0, F, LeftRows<T>{dzt, ldz, n, nullptr, 0, 0},
+                                 RightPanels<T>{cols, (size_t)P, (size_t)Q * W, (size_t)P}, 0, P,
+                                 [&](int f, auto pre, int p) __attribute__((always_inline)) {
+                                     for (int q = 0; q < pre.count && (p * Q + q) * W < P; ++q) {
+                                         T* to = dKt + (size_t)f * P + (p * Q + q) * W;
+                                         const int m = std::min(W, P - (p * Q + q) * W);
+                                         vstore(to, vload<V>(to, m) + pre.q[q], m);
+                                     }
+                                 });
+        };
+        const int Q = tile_vectors(P, W);
+        if (Q == 1) product(std::integral_constant<int, 1>{});
+        else if (Q == 2) product(std::integral_constant<int, 2>{});
+        else product(std::integral_constant<int, 3>{});
+    });
+}
+
 // Backward of conv2d_forward from dy and the forward's y and z: dz = dy * act'(z),
 // dK[i, j, c, f] += sum_{b, oh, ow} patch[b, oh, ow][i, j, c] dz[b, oh, ow, f], dbias[f] += sum dz[..., f],
 // dx = col2im(dz . K^T) (overwritten; null: not computed). dbias may be null.
+// The kernel gradient is taken transposed, dK^T (F, P) = dz^T . patches, so that the patches are the
+// right operand as im2col wrote them and only dz (F values a row against P) is transposed.
 template <class T>
 void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const T* kernel, const T* y, const T* z,
                      const Window2D& w, int F, Activation act) {
@@ -225,31 +275,30 @@ void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const
     const PackedRight<T> packed_kernel_t(kernel, F, P, true);
     std::mutex sum_lock;
     for_images(w, double(w.B) * w.out_pixels() * P * F * (dx ? 2 : 1), [&](int b0, int b1) {
-        // this thread's images' share of the kernel and bias gradients, added in at the end
-        const bool alone = b0 == 0 && b1 == w.B;
-        std::vector<T> sums(alone ? 0 : (size_t)(P + 1) * F, T(0)), cols, dcols, dz;
-        T* dK = alone ? dkernel : sums.data();
-        T* db = alone ? dbias : dbias ? sums.data() + (size_t)P * F : nullptr;
+        // this thread's images' share of dK^T and dbias, added in at the end
+        std::vector<T> dKt((size_t)F * P, T(0)), db(F, T(0)), cols, dcols, dz;
+        Panels<T> dzt;
         if (dx) std::fill(dx + b0 * in_image, dx + b1 * in_image, T(0));
         for_row_blocks<T>(w, b0, b1, [&](size_t r0, int n) {
             dz.resize((size_t)n * F);
             activation_backward<T>(dz.data(), dy + r0 * F, z + r0 * F, y + r0 * F, (size_t)n, (size_t)F, act);
-            const T* patches = x + r0 * P;
-            if (!w.identity_patches()) {
-                cols.resize((size_t)n * P);
-                im2col(cols.data(), x, w, r0, n);
-                patches = cols.data();
-            }
-            dense_backward<T>(nullptr, dK, db, dz.data(), patches, kernel, n, P, F);
+            for (int k = 0; k < n; ++k)
+                for (int f = 0; f < F; ++f) db[f] += dz[(size_t)k * F + f];
+            cols.resize((size_t)n * P + kMaxLanes);
+            if (w.identity_patches()) std::copy(x + r0 * P, x + (r0 + n) * P, cols.data());
+            else im2col(cols.data(), x, w, r0, n);
+            // dz^T (F, n), its rows padded to whole 4-lane blocks (the transpose runs on 4 x 4 blocks)
+            pack_panels_t(dzt, dz.data(), (size_t)F, F, n, n, 4);
+            kernel_gradient_rows(dKt.data(), dzt.data(), (size_t)last_panel_width(n, n, 4), cols.data(), n, P, F);
             if (!dx) return;
             if (w.identity_patches()) return packed_rows(dx + r0 * P, dz.data(), n, packed_kernel_t, (const T*)nullptr);
             dcols.resize((size_t)n * P);
             packed_rows(dcols.data(), dz.data(), n, packed_kernel_t, (const T*)nullptr);
             col2im_add(dx, dcols.data(), w, r0, n);
         });
-        if (alone) return;
         std::lock_guard<std::mutex> hold(sum_lock);
-        for (size_t e = 0; e < (size_t)P * F; ++e) dkernel[e] += dK[e];
+        for (int p = 0; p < P; ++p)
+            for (int f = 0; f < F; ++f) dkernel[(size_t)p * F + f] += dKt[(size_t)f * P + p];
         if (dbias)
             for (int f = 0; f < F; ++f) dbias[f] += db[f];
     });
@@ -265,63 +314,99 @@ template <class Visit> ATTNX_ALWAYS_INLINE void visit_windows(const Window2D& w,
         }
 }
 
-// fn(b0, b1) over the images split across threads, each inside on_widest_lanes (the channel loops
-// then vectorize to each level's width)
+// fn(b0, b1, lanes) over the images split across threads, each inside on_widest_lanes (lanes: a
+// vector of its width; scalar channel loops vectorize to it too)
 template <class T, class F> void for_images_lanes(const Window2D& w, F&& fn) {
     for_images(w, double(w.B) * w.out_pixels() * w.KH * w.KW * w.C, [&](int b0, int b1) {
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) { fn(b0, b1); });
+        on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) { fn(b0, b1, lanes); });
     });
 }
 
 // visit_windows over every image, split across threads
 template <class T, class Visit> void for_windows(const Window2D& w, Visit&& visit) {
-    for_images_lanes<T>(w, [&](int b0, int b1) __attribute__((always_inline)) { visit_windows(w, b0, b1, visit); });
+    for_images_lanes<T>(w, [&](int b0, int b1, auto) __attribute__((always_inline)) { visit_windows(w, b0, b1, visit); });
 }
 
-// out[c] = max over the pixels inside the image of output pixel (oh, ow)'s window of x[b, ih, iw, c]
-// (a NaN wins)
-template <class T>
-ATTNX_ALWAYS_INLINE void window_max(T* out, const T* x, const Window2D& w, size_t b, int oh, int ow, Span rows,
-                                    Span cols) {
-    const T* first = x + window_pixel(w, b, oh, ow, rows.lo, cols.lo);
-    std::copy(first, first + w.C, out);
-    for (int i = rows.lo; i < rows.hi; ++i)
-        for (int j = cols.lo; j < cols.hi; ++j) {
-            const T* in = x + window_pixel(w, b, oh, ow, i, j);
-            for (int c = 0; c < w.C; ++c) out[c] = in[c] > out[c] || in[c] != in[c] ? in[c] : out[c];
-        }
+// Keeps GCC from merging the vector selects around it into one select on a combined condition, which
+// it compiles to a scalar comparison per lane when a part of it tests for NaN
+template <class V> ATTNX_ALWAYS_INLINE void barrier(V& v) { asm("" : "+v"(v)); }
+
+// The lanes of v that are NaN (an integer test on the bits: see barrier)
+template <class V> ATTNX_ALWAYS_INLINE auto nan_lanes(V v) {
+    if constexpr (Lanes<V>::W == 1) {
+        return v != v;
+    } else {
+        typename Lanes<V>::I bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        return (bits & 0x7fffffff) > 0x7f800000;
+    }
+}
+
+// v where v > best or v is NaN, else best: the running maximum in which the last NaN wins
+template <class V> ATTNX_ALWAYS_INLINE V max_nan_wins(V best, V v) {
+    best = v > best ? v : best;
+    barrier(best);
+    return nan_lanes(v) ? v : best;
+}
+
+// `unsent` in the lanes where v is the window's maximum best (equal, or both NaN), else 0
+template <class V> ATTNX_ALWAYS_INLINE V maximum_lanes(V v, V best, V unsent) {
+    V taken = v == best ? unsent : V{}, if_nan = nan_lanes(v) ? unsent : V{};
+    barrier(taken), barrier(if_nan);
+    return nan_lanes(best) ? if_nan : taken;
 }
 
 // y[b, oh, ow, c] = max over the window's pixels inside the image of x[b, ih, iw, c] (a NaN wins)
 template <class T> void max_pool2d_forward(T* y, const T* x, const Window2D& w) {
-    for_windows<T>(w, [&](int b, int oh, int ow, Span rows, Span cols) __attribute__((always_inline)) {
-        window_max(y + (((size_t)b * w.OH + oh) * w.OW + ow) * w.C, x, w, b, oh, ow, rows, cols);
+    const int C = w.C;
+    for_images_lanes<T>(w, [&](int b0, int b1, auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        constexpr int W = Lanes<V>::W;
+        visit_windows(w, b0, b1, [&](int b, int oh, int ow, Span rows, Span cols) __attribute__((always_inline)) {
+            T* out = y + (((size_t)b * w.OH + oh) * w.OW + ow) * C;
+            for (int c = 0; c < C; c += W) {
+                const int m = std::min(W, C - c);
+                V best = vload<V>(x + window_pixel(w, b, oh, ow, rows.lo, cols.lo) + c, m);
+                for (int i = rows.lo; i < rows.hi; ++i)
+                    for (int j = cols.lo; j < cols.hi; ++j) {
+                        const V v = vload<V>(x + window_pixel(w, b, oh, ow, i, j) + c, m);
+                        best = max_nan_wins(best, v);
+                    }
+                vstore(out + c, best, m);
+            }
+        });
     });
 }
 
-// dx[b, ih, iw, c] = sum of dy[b, oh, ow, c] over the windows whose maximum x[b, ih, iw, c] is: the
-// first maximum in window order, as max_pool2d_forward took it (dx overwritten). Each window's maximum
-// first, then dy to the first pixel equal to it: selects on the channel vectors where tracking the
-// argmax took a branch per value (mispredicted on random inputs, 15x slower).
-template <class T> void max_pool2d_backward(T* dx, const T* dy, const T* x, const Window2D& w) {
+// dx[b, ih, iw, c] = sum of dy[b, oh, ow, c] over the windows whose maximum y[b, oh, oh, c] (the
+// forward's output) x[b, ih, iw, c] is: the first pixel equal to it in window order, as
+// max_pool2d_forward took it. Selects on channel vectors (tracking an argmax took a branch per value,
+// mispredicted on random inputs). Windows that tile the image exactly write dx once; others add into
+// a zeroed dx.
+template <class T> void max_pool2d_backward(T* dx, const T* dy, const T* x, const T* y, const Window2D& w) {
     const int C = w.C;
-    std::fill(dx, dx + (size_t)w.B * w.in_pixels() * C, T(0));
-    for_images_lanes<T>(w, [&](int b0, int b1) __attribute__((always_inline)) {
-        std::vector<T> best(C), unsent(C);  // per channel: the window's maximum, 1 until dy went to it
+    const bool tiles = w.SH == w.KH && w.SW == w.KW && w.pad_top == 0 && w.pad_left == 0 && w.OH * w.KH == w.H &&
+                       w.OW * w.KW == w.W;
+    if (!tiles) std::fill(dx, dx + (size_t)w.B * w.in_pixels() * C, T(0));
+    for_images_lanes<T>(w, [&](int b0, int b1, auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        constexpr int W = Lanes<V>::W;
         visit_windows(w, b0, b1, [&](int b, int oh, int ow, Span rows, Span cols) __attribute__((always_inline)) {
-            window_max(best.data(), x, w, b, oh, ow, rows, cols);
-            std::fill(unsent.begin(), unsent.end(), T(1));
-            const T* g = dy + (((size_t)b * w.OH + oh) * w.OW + ow) * C;
-            for (int i = rows.lo; i < rows.hi; ++i)
-                for (int j = cols.lo; j < cols.hi; ++j) {
-                    const size_t p = window_pixel(w, b, oh, ow, i, j);
-                    for (int c = 0; c < C; ++c) {
-                        const T v = x[p + c], m = best[c];
-                        const bool hit = unsent[c] != T(0) && (v == m || (v != v && m != m));
-                        dx[p + c] += hit ? g[c] : T(0);
-                        unsent[c] = hit ? T(0) : unsent[c];
+            const size_t o = (((size_t)b * w.OH + oh) * w.OW + ow) * C;
+            for (int c = 0; c < C; c += W) {
+                const int m = std::min(W, C - c);
+                const V g = vload<V>(dy + o + c, m), best = vload<V>(y + o + c, m);
+                V unsent = vbroadcast<V>(T(1));  // 1 until dy went to this channel's maximum
+                for (int i = rows.lo; i < rows.hi; ++i)
+                    for (int j = cols.lo; j < cols.hi; ++j) {
+                        T* to = dx + window_pixel(w, b, oh, ow, i, j) + c;
+                        const V v = vload<V>(x + window_pixel(w, b, oh, ow, i, j) + c, m);
+                        const V taken = maximum_lanes(v, best, unsent);
+                        const V share = taken != V{} ? g : V{};
+                        vstore(to, tiles ? share : vload<V>(to, m) + share, m);
+                        unsent = taken != V{} ? V{} : unsent;
                     }
-                }
+            }
         });
     });
 }

@@ -140,9 +140,11 @@ class Conv2D(_Windows2D):
 
 
 class _Pooling2D(_Windows2D):
-    """Pooling over windows of images; subclasses name their two kernels."""
+    """Pooling over windows of images; subclasses name their two kernels, and whether the backward
+    one reads the forward's output."""
 
     _forward_kernel = _backward_kernel = None
+    _backward_reads_output = False
 
     def __init__(self, pool_size=(2, 2), strides=None, padding="valid", **kwargs):
         super().__init__(**kwargs)
@@ -157,11 +159,12 @@ class _Pooling2D(_Windows2D):
     def forward(self, inputs, training=False):
         x = self._image(inputs)
         y = self._forward_kernel(x=x, pool_size=self.pool_size, strides=self.strides, padding=self.padding)
-        return y, ((x, y.shape) if training else None)
+        return y, ((x, y) if training else None)
 
     def backprop(self, cache, dy):
-        x, out_shape = cache
-        return self._backward_kernel(dy=self._grad_input(dy, out_shape), x=x, pool_size=self.pool_size,
+        x, y = cache
+        output = {"y": y} if self._backward_reads_output else {}
+        return self._backward_kernel(dy=self._grad_input(dy, y.shape), x=x, **output, pool_size=self.pool_size,
                                      strides=self.strides, padding=self.padding)
 
     def compute_output_shape(self, input_shape):
@@ -187,6 +190,7 @@ class MaxPooling2D(_Pooling2D):
 
     _forward_kernel = staticmethod(_core.max_pool2d_forward)
     _backward_kernel = staticmethod(_core.max_pool2d_backward)
+    _backward_reads_output = True
 
 
 class AveragePooling2D(_Pooling2D):
