@@ -80,19 +80,36 @@ inline Span inside(int o, int stride, int pad, int k, int size) {
     return {std::max(0, -start), std::min(k, size - start)};
 }
 
-// visit(k, b, oh, ow, rows, cols) for the n output rows r = (b * OH + oh) * OW + ow from r0, in order
-// (k = r - r0), with the window offsets inside the image; no division per row (three cost more than
-// a row's copy)
-template <class Visit> ATTNX_ALWAYS_INLINE void walk_rows(const Window2D& w, size_t r0, int n, Visit&& visit) {
+// For the n output rows r = (b * OH + oh) * OW + ow from r0, in order (k = r - r0): clipped(k) when
+// the window of row k leaves the image, then segment(k, x_offset, patch_offset, count) for each of
+// its window rows inside the image: the count values at x[x_offset] inside the image are those at
+// patch_offset in the patch (row k of im2col). The pixels of one output row run in an inner loop with
+// no division (bookkeeping per pixel cost more than copying a patch whose window rows are 3 values).
+template <class Clipped, class Segment>
+ATTNX_ALWAYS_INLINE void walk_window_rows(const Window2D& w, size_t r0, int n, Clipped&& clipped, Segment&& segment) {
+    const int C = w.C, KW = w.KW;
+    const size_t row_values = (size_t)KW * C;
     size_t b = r0 / w.out_pixels();
-    int oh = int(r0 / w.OW % w.OH), ow = int(r0 % w.OW);
-    Span rows = inside(oh, w.SH, w.pad_top, w.KH, w.H);
-    for (int k = 0; k < n; ++k) {
-        visit(k, b, oh, ow, rows, inside(ow, w.SW, w.pad_left, w.KW, w.W));
-        if (++ow < w.OW) continue;
-        ow = 0;
-        if (++oh == w.OH) oh = 0, ++b;
-        rows = inside(oh, w.SH, w.pad_top, w.KH, w.H);
+    int oh = int(r0 / w.OW % w.OH), ow0 = int(r0 % w.OW);
+    for (int k = 0; k < n;) {
+        const int run = std::min(n - k, w.OW - ow0);  // output pixels left in this output row
+        const Span rows = inside(oh, w.SH, w.pad_top, w.KH, w.H);
+        // window row i of output pixel ow starts at x offset top + i * W * C + left (may be negative
+        // outside the image: offsets, not pointers)
+        const ptrdiff_t top = ((ptrdiff_t)(b * w.H) + oh * w.SH - w.pad_top) * w.W * C;
+        for (int ow = ow0; ow < ow0 + run; ++ow, ++k) {
+            const Span cols = inside(ow, w.SW, w.pad_left, KW, w.W);
+            const ptrdiff_t left = (ptrdiff_t)(ow * w.SW - w.pad_left + cols.lo) * C;
+            const size_t count = (size_t)(cols.hi - cols.lo) * C;
+            if (rows.hi - rows.lo < w.KH || cols.hi - cols.lo < KW) clipped(k);
+            for (int i = rows.lo; i < rows.hi; ++i)
+                segment(k, (size_t)(top + (ptrdiff_t)i * w.W * C + left), i * row_values + (size_t)cols.lo * C, count);
+        }
+        ow0 += run;
+        if (ow0 == w.OW) {
+            ow0 = 0;
+            if (++oh == w.OH) oh = 0, ++b;
+        }
     }
 }
 
@@ -119,35 +136,31 @@ ATTNX_ALWAYS_INLINE void copy_lanes(T* to, const T* from, size_t n) {
 
 // cols[r - r0, (i * KW + j) * C + c] = x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c], 0 outside
 // the image, for the n output rows r = (b * OH + oh) * OW + ow from r0: one copy per window row
-template <class T>
-__attribute__((optimize("no-tree-loop-distribute-patterns"))) void im2col(T* cols, const T* x, const Window2D& w,
-                                                                           size_t r0, int n) {
-    const int C = w.C, P = w.patch();
+template <class T> void im2col(T* cols, const T* x, const Window2D& w, size_t r0, int n) {
+    const int P = w.patch();
     on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
         using V = decltype(lanes);
-        walk_rows(w, r0, n, [&](int k, size_t b, int oh, int ow, Span rows, Span cols_) __attribute__((always_inline)) {
-            T* out = cols + (size_t)k * P;
-            if (rows.hi - rows.lo < w.KH || cols_.hi - cols_.lo < w.KW)
-                for (int e = 0; e < P; ++e) out[e] = T(0);
-            const size_t count = (size_t)(cols_.hi - cols_.lo) * C;
-            for (int i = rows.lo; i < rows.hi; ++i)
-                copy_lanes<V>(out + ((size_t)i * w.KW + cols_.lo) * C, x + window_pixel(w, b, oh, ow, i, cols_.lo),
-                              count);
-        });
+        walk_window_rows(
+            w, r0, n,
+            [&](int k) __attribute__((always_inline)) {
+                for (int e = 0; e < P; ++e) cols[(size_t)k * P + e] = T(0);
+            },
+            [&](int k, size_t from, size_t at, size_t count) __attribute__((always_inline)) {
+                copy_lanes<V>(cols + (size_t)k * P + at, x + from, count);
+            });
     });
 }
 
 // The transpose of im2col: dx[b, ih, iw, c] += dcols[r - r0, (i * KW + j) * C + c] over the same rows
 template <class T> void col2im_add(T* dx, const T* dcols, const Window2D& w, size_t r0, int n) {
-    const int C = w.C, P = w.patch();
+    const int P = w.patch();
     on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
         using V = decltype(lanes);
-        walk_rows(w, r0, n, [&](int k, size_t b, int oh, int ow, Span rows, Span cols_) __attribute__((always_inline)) {
-            const size_t count = (size_t)(cols_.hi - cols_.lo) * C;
-            for (int i = rows.lo; i < rows.hi; ++i)
-                copy_lanes<V, true>(dx + window_pixel(w, b, oh, ow, i, cols_.lo),
-                                    dcols + (size_t)k * P + ((size_t)i * w.KW + cols_.lo) * C, count);
-        });
+        walk_window_rows(
+            w, r0, n, [](int) {},
+            [&](int k, size_t to, size_t at, size_t count) __attribute__((always_inline)) {
+                copy_lanes<V, true>(dx + to, dcols + (size_t)k * P + at, count);
+            });
     });
 }
 
