@@ -118,50 +118,34 @@ inline size_t window_pixel(const Window2D& w, size_t b, int oh, int ow, int i, i
     return ((b * w.H + (size_t)(oh * w.SH - w.pad_top + i)) * w.W + (size_t)(ow * w.SW - w.pad_left + j)) * w.C;
 }
 
-// to[0, n) = from[0, n) (add: to[e] += from[e]) on vectors V; the tail under a lane mask on AVX-512,
-// value by value below it (a memcpy call per window row costs more than the copy: 3 values for a
-// 3x3 kernel on one channel)
-template <class V, bool add = false, class T>
-ATTNX_ALWAYS_INLINE void copy_lanes(T* to, const T* from, size_t n) {
-    constexpr int W = Lanes<V>::W;
-    size_t e = 0;
-    for (; e + W <= n; e += W) vstore(to + e, add ? vload<V>(to + e, W) + vload<V>(from + e, W) : vload<V>(from + e, W), W);
-    if constexpr (W == 16) {
-        const int m = int(n - e);
-        if (m) vstore(to + e, add ? vload<V>(to + e, m) + vload<V>(from + e, m) : vload<V>(from + e, m), m);
-    } else {
-        for (; e < n; ++e) to[e] = add ? to[e] + from[e] : from[e];
-    }
-}
-
 // cols[r - r0, (i * KW + j) * C + c] = x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c], 0 outside
-// the image, for the n output rows r = (b * OH + oh) * OW + ow from r0: one copy per window row
-template <class T> void im2col(T* cols, const T* x, const Window2D& w, size_t r0, int n) {
+// the image, for the n output rows r = (b * OH + oh) * OW + ow from r0: one copy per window row. The
+// copies stay loops (GCC would call memmove for each window row: 3 values for a 3x3 kernel on one
+// channel, where the call costs more than the copy; masked AVX-512 copies were slower too).
+template <class T>
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) void im2col(T* cols, const T* x, const Window2D& w,
+                                                                           size_t r0, int n) {
     const int P = w.patch();
-    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
-        using V = decltype(lanes);
-        walk_window_rows(
-            w, r0, n,
-            [&](int k) __attribute__((always_inline)) {
-                for (int e = 0; e < P; ++e) cols[(size_t)k * P + e] = T(0);
-            },
-            [&](int k, size_t from, size_t at, size_t count) __attribute__((always_inline)) {
-                copy_lanes<V>(cols + (size_t)k * P + at, x + from, count);
-            });
-    });
+    walk_window_rows(
+        w, r0, n,
+        [&](int k) __attribute__((always_inline)) {
+            for (int e = 0; e < P; ++e) cols[(size_t)k * P + e] = T(0);
+        },
+        [&](int k, size_t from, size_t at, size_t count) __attribute__((always_inline)) {
+            T* to = cols + (size_t)k * P + at;
+            for (size_t e = 0; e < count; ++e) to[e] = x[from + e];
+        });
 }
 
 // The transpose of im2col: dx[b, ih, iw, c] += dcols[r - r0, (i * KW + j) * C + c] over the same rows
 template <class T> void col2im_add(T* dx, const T* dcols, const Window2D& w, size_t r0, int n) {
     const int P = w.patch();
-    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
-        using V = decltype(lanes);
-        walk_window_rows(
-            w, r0, n, [](int) {},
-            [&](int k, size_t to, size_t at, size_t count) __attribute__((always_inline)) {
-                copy_lanes<V, true>(dx + to, dcols + (size_t)k * P + at, count);
-            });
-    });
+    walk_window_rows(
+        w, r0, n, [](int) {},
+        [&](int k, size_t to, size_t at, size_t count) __attribute__((always_inline)) {
+            const T* from = dcols + (size_t)k * P + at;
+            for (size_t e = 0; e < count; ++e) dx[to + e] += from[e];
+        });
 }
 
 // fn(b0, b1) over the images, split across the thread budget (`work`: multiply-adds)
@@ -192,9 +176,10 @@ template <class T> struct PackedRight {
 };
 
 // out[r, n] = bias[n] + sum_k left[r, k] B[k, n] for the `rows` rows of left (K values each), B packed
-// in panels of Q vectors V; bias may be null
+// in panels of Q vectors V; bias may be null. `relu`: out = max(out, 0) as it is stored (a NaN stays).
 template <class V, int Q, class T>
-ATTNX_ALWAYS_INLINE void packed_rows(T* out, const T* left, int rows, const PackedRight<T>& B, const T* bias) {
+ATTNX_ALWAYS_INLINE void packed_rows(T* out, const T* left, int rows, const PackedRight<T>& B, const T* bias,
+                                     bool relu) {
     constexpr int W = Lanes<V>::W;
     const int N = B.N;
     panels_product<V, Q>(0, rows, LeftRows<T>{left, (size_t)B.K, B.K, nullptr, 0, 0},
@@ -203,27 +188,31 @@ ATTNX_ALWAYS_INLINE void packed_rows(T* out, const T* left, int rows, const Pack
                              for (int q = 0; q < pre.count && (p * Q + q) * W < N; ++q) {
                                  const int n0 = (p * Q + q) * W, m = std::min(W, N - n0);
                                  if (bias) pre.q[q] += vload<V>(bias + n0, m);
+                                 if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
                                  vstore(out + (size_t)r * N + n0, pre.q[q], m);
                              }
                          });
 }
 
 // packed_rows on the widest vectors this CPU runs (those B was packed for)
-template <class T> void packed_rows(T* out, const T* left, int rows, const PackedRight<T>& B, const T* bias) {
+template <class T>
+void packed_rows(T* out, const T* left, int rows, const PackedRight<T>& B, const T* bias, bool relu = false) {
     on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
         using V = decltype(lanes);
-        if (B.Q == 1) packed_rows<V, 1>(out, left, rows, B, bias);
-        else if (B.Q == 2) packed_rows<V, 2>(out, left, rows, B, bias);
-        else packed_rows<V, 3>(out, left, rows, B, bias);
+        if (B.Q == 1) packed_rows<V, 1>(out, left, rows, B, bias, relu);
+        else if (B.Q == 2) packed_rows<V, 2>(out, left, rows, B, bias, relu);
+        else packed_rows<V, 3>(out, left, rows, B, bias, relu);
     });
 }
 
 // z[b, oh, ow, f] = bias[f] + sum_{i, j, c} x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c] K[i, j, c, f]
-// y = act(z) (y may alias z: gelu's backward alone needs z). bias may be null.
+// y = act(z) (y may alias z: gelu's backward alone needs z). bias may be null. relu runs as the
+// product stores z when y is z.
 template <class T>
 void conv2d_forward(T* y, T* z, const T* x, const T* kernel, const T* bias, const Window2D& w, int F, Activation act) {
     const int P = w.patch();
     if (F == 0) return;  // no output (and the patches of a kernel of no filters may be any size)
+    const bool fused_relu = act == Activation::relu && y == z;
     const PackedRight<T> packed_kernel(kernel, P, F, false);
     for_images(w, double(w.B) * w.out_pixels() * P * F, [&](int b0, int b1) {
         std::vector<T> cols;
@@ -234,8 +223,8 @@ void conv2d_forward(T* y, T* z, const T* x, const T* kernel, const T* bias, cons
                 im2col(cols.data(), x, w, r0, n);
                 patches = cols.data();
             }
-            packed_rows(z + r0 * F, patches, n, packed_kernel, bias);
-            activation_forward<T>(y + r0 * F, z + r0 * F, (size_t)n, (size_t)F, act);
+            packed_rows(z + r0 * F, patches, n, packed_kernel, bias, fused_relu);
+            if (!fused_relu) activation_forward<T>(y + r0 * F, z + r0 * F, (size_t)n, (size_t)F, act);
         });
     });
 }
@@ -270,6 +259,20 @@ template <class T> void kernel_gradient_rows(T* dKt, const T* dzt, size_t ldz, c
     });
 }
 
+// sums[f] += sum_k m[k, f] for m (n, F)
+template <class T> void add_column_sums(T* sums, const T* m, int n, int F) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        constexpr int W = Lanes<V>::W;
+        for (int f = 0; f < F; f += W) {
+            const int count = std::min(W, F - f);
+            V sum = {};
+            for (int k = 0; k < n; ++k) sum += vload<V>(m + (size_t)k * F + f, count);
+            vstore(sums + f, vload<V>(sums + f, count) + sum, count);
+        }
+    });
+}
+
 // Backward of conv2d_forward from dy and the forward's y and z: dz = dy * act'(z),
 // dK[i, j, c, f] += sum_{b, oh, ow} patch[b, oh, ow][i, j, c] dz[b, oh, ow, f], dbias[f] += sum dz[..., f],
 // dx = col2im(dz . K^T) (overwritten; null: not computed). dbias may be null.
@@ -295,8 +298,7 @@ void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const
         for_row_blocks<T>(w, b0, b1, [&](size_t r0, int n) {
             dz.resize((size_t)n * F);
             activation_backward<T>(dz.data(), dy + r0 * F, z + r0 * F, y + r0 * F, (size_t)n, (size_t)F, act);
-            for (int k = 0; k < n; ++k)
-                for (int f = 0; f < F; ++f) db[f] += dz[(size_t)k * F + f];
+            add_column_sums(db.data(), dz.data(), n, F);
             cols.resize((size_t)n * P + kMaxLanes);
             if (w.identity_patches()) std::copy(x + r0 * P, x + (r0 + n) * P, cols.data());
             else im2col(cols.data(), x, w, r0, n);
