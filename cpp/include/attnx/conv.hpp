@@ -5,10 +5,11 @@
 // are walked in blocks of a few hundred KiB of patches (one row of KH * KW * C values per output
 // pixel, the kernel's (i, j, c) order, zero where the window leaves the image). Each block's
 // patches meet the kernel, read as a (KH * KW * C, F) matrix and packed once per call, in the
-// register tiles of packed.hpp, and the activation runs on the block while it is in cache; backward
-// multiplies dz by the kernel's transpose the same way and takes the kernel gradient, a reduction
-// over the rows, from OpenBLAS (dense_backward). The tiles beat OpenBLAS on bench_cnn's layers
-// (3.8x for a 9 x 16 kernel, 1.2x for 144 x 32: OpenBLAS repacks both operands on every call).
+// register tiles of packed.hpp, and the activation runs on the block while it is in cache (relu as
+// the product stores it); backward multiplies dz by the kernel's transpose the same way and takes the
+// kernel gradient, a reduction over the rows, on the same tiles as dK^T = dz^T . patches, the patches
+// read in place as the right operand. The tiles beat OpenBLAS on bench_cnn's layers (3.8x for a
+// 9 x 16 kernel, 1.2x for 144 x 32: OpenBLAS repacks both operands on every call).
 // Images are split across the thread budget (parallel_for), so that the input gradient each thread
 // scatters back (col2im) stays in its own images; each thread sums its kernel gradient apart and
 // adds it under a lock. A 1x1 kernel with stride 1 multiplies the input itself.
@@ -25,7 +26,6 @@
 #include <vector>
 
 #include "attnx/activations.hpp"
-#include "attnx/dense.hpp"
 #include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 
