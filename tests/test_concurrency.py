@@ -197,24 +197,78 @@ def test_kernels_release_the_gil():
     assert during_rate > 0.05 * solo_rate, (during_rate, solo_rate)
 
 
-def test_forked_child_runs_parallel_kernels():
-    """The kernels' worker threads do not survive fork(): a forked child (multiprocessing's default
-    start method on Linux) starts its own and computes what the parent does, instead of waiting
-    forever on workers it does not have."""
+def test_run_side_by_side_returns_both_results_and_raises_their_errors():
+    from attnx import backend
+    previous = _core.get_num_threads()
+    attnx.set_num_threads(2)
+    try:
+        assert backend.run_side_by_side(lambda: 1, lambda: 2) == (1, 2)
+        # inside a task, a nested pair runs in turn (the helper thread is the one running the task)
+        nested = backend.run_side_by_side(lambda: backend.run_side_by_side(lambda: "a", lambda: "b"),
+                                          lambda: backend.run_side_by_side(lambda: "c", lambda: "d"))
+        assert nested == (("a", "b"), ("c", "d"))
+
+        def fail(message):
+            raise ValueError(message)
+        with pytest.raises(ValueError, match="second"):
+            backend.run_side_by_side(lambda: 1, lambda: fail("second"))
+        with pytest.raises(ValueError, match="first"):
+            backend.run_side_by_side(lambda: fail("first"), lambda: 2)
+        assert backend.run_side_by_side(lambda: 3, lambda: 4) == (3, 4)  # still usable after errors
+    finally:
+        attnx.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU", "SimpleRNN"])
+def test_bidirectional_on_two_threads_equals_one_thread_bit_for_bit(cell):
+    """A Bidirectional layer runs its directions side by side on a budget of two threads, each
+    direction's kernels on one thread: outputs and every gradient equal those of a budget of one."""
+    rng = np.random.default_rng(1)
+    # big enough that one direction alone splits its batch across two threads
+    x = rng.standard_normal((48, 9, 16)).astype(np.float32)
+    mask = np.arange(9)[None, :] < rng.integers(0, 10, 48)[:, None]
+    dy = rng.standard_normal((48, 9, 2 * 48)).astype(np.float32)
+
+    def run(threads):
+        attnx.set_num_threads(threads)
+        attnx.set_random_seed(0)
+        layer = layers.Bidirectional(getattr(layers, cell)(48, return_sequences=True, num_layers=2))
+        layer.build(x.shape)
+        y, cache = layer.forward(x, training=True, mask=mask)
+        dx = layer.backprop(cache, dy)
+        return [y, dx] + [layer.grads[name] for name in sorted(layer.grads)]
+    previous = _core.get_num_threads()
+    try:
+        one, two = run(1), run(2)
+    finally:
+        attnx.set_num_threads(previous)
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("make", [lambda: layers.MultiHeadAttention(4, 32),
+                                  lambda: layers.Bidirectional(layers.LSTM(32, return_sequences=True))],
+                         ids=["mha_worker_pool", "bidirectional_side_by_side"])
+def test_forked_child_runs_parallel_kernels(make):
+    """The kernels' worker threads, and the helper thread that runs a bidirectional layer's second
+    direction, do not survive fork(): a forked child (multiprocessing's default start method on
+    Linux) starts its own and computes what the parent does, instead of waiting forever on threads
+    it does not have."""
     import os
     import select
     import signal
 
     attnx.set_num_threads(2)
     attnx.set_random_seed(0)
-    layer = layers.MultiHeadAttention(4, 32)
+    layer = make()
     x = np.random.default_rng(0).standard_normal((16, 64, 64)).astype(np.float32)
-    want = layer([x, x])  # the parent's pool is running now
+    want = layer([x, x]) if isinstance(layer, layers.MultiHeadAttention) else layer(x)  # the parent's threads run
+    call = (lambda: layer([x, x])) if isinstance(layer, layers.MultiHeadAttention) else (lambda: layer(x))
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: compute, send the bytes, leave without running pytest's exit handlers
         try:
-            os.write(write_end, np.ascontiguousarray(layer([x, x])).tobytes())
+            os.write(write_end, np.ascontiguousarray(call()).tobytes())
         finally:
             os._exit(0)
     os.close(write_end)

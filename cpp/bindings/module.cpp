@@ -5,6 +5,7 @@
 #include "bindings.hpp"
 #include "attnx/activations.hpp"
 #include "attnx/gemm.hpp"
+#include "attnx/parallel.hpp"
 
 namespace py = pybind11;
 
@@ -22,6 +23,13 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("n"), "Threads the kernels and OpenBLAS use, at most the machine's CPU count.");
     m.def("get_num_threads", &attnx::get_blas_threads);
+    m.def(
+        "_set_serial_kernels", [](bool serial) { attnx::serial_kernels() = serial; }, py::arg("serial"),
+        "Kernels called from this thread run on it alone (True) or split across the thread budget (False).");
+    m.def(
+        "_set_single_threaded_blas",
+        [](bool single) { openblas_set_num_threads(single ? 1 : attnx::get_blas_threads()); }, py::arg("single"),
+        "OpenBLAS on one thread (True) or on the thread budget again (False), the budget unchanged.");
     m.def(
         "_force_simd_level",
         [](const std::string& level) {

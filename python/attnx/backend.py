@@ -1,6 +1,8 @@
 """Process-wide settings: the random generator behind initializers, dropout and shuffling, and threads."""
+import concurrent.futures
 import os
 import re
+import threading
 
 import numpy as np
 
@@ -41,6 +43,44 @@ def set_num_threads(n):
 
 def get_num_threads():
     return _core.get_num_threads()
+
+
+_side = {"executor": None, "pid": None, "busy": threading.local()}
+
+
+def _serially(task):
+    """task() with the kernels it calls on this thread alone."""
+    _side["busy"].active = True
+    _core._set_serial_kernels(True)
+    try:
+        return task()
+    finally:
+        _core._set_serial_kernels(False)
+        _side["busy"].active = False
+
+
+def run_side_by_side(first, second):
+    """Returns (first(), second()), run at once on two threads (this one and a helper) with the
+    kernels each calls on its own thread, when the thread budget has two or more; else in turn.
+    For independent work such as a bidirectional layer's two directions: at the small batches
+    attnx is used for, one direction per core beats both directions each split across the cores
+    (no split bookkeeping, no waiting for the slower half at every step). Inside a task already
+    running side by side, the two run in turn."""
+    if _core.get_num_threads() < 2 or getattr(_side["busy"], "active", False):
+        return first(), second()
+    if _side["pid"] != os.getpid():  # none yet, or a forked child's copy whose thread is gone
+        _side["executor"] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="attnx-side")
+        _side["pid"] = os.getpid()
+    _core._set_single_threaded_blas(True)
+    try:
+        other = _side["executor"].submit(_serially, second)
+        try:
+            one = _serially(first)
+        finally:
+            two = other.result()
+    finally:
+        _core._set_single_threaded_blas(False)
+    return one, two
 
 
 def show_config(file=None):

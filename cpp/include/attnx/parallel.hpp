@@ -30,11 +30,13 @@ struct SingleThreadedBlas {
     ~SingleThreadedBlas() { openblas_set_num_threads(get_blas_threads()); }
 };
 
-// True on a thread while it runs a chunk of a parallel_for: a parallel_for nested inside one (a
-// kernel called on a row range by an outer split) then runs serially instead of oversubscribing.
-inline bool& inside_parallel_for() {
-    thread_local bool inside = false;
-    return inside;
+// True on a thread whose kernels run on it alone: while it runs a chunk of a parallel_for (a
+// parallel_for nested inside one, a kernel called on a row range by an outer split, then runs
+// serially instead of oversubscribing), and while it runs one of the tasks attnx runs side by side
+// on the thread budget (backend.run_side_by_side, through _core._set_serial_kernels).
+inline bool& serial_kernels() {
+    thread_local bool serial = false;
+    return serial;
 }
 
 // The threads parallel_for runs chunks on, started once and asleep between calls: starting a
@@ -122,7 +124,7 @@ class WorkerPool {
 // Runs fn(begin, end) over contiguous chunks of [0, count), on several threads when `work`
 // (total multiply-adds) makes it pay. fn must write disjoint outputs per index.
 template <class F> void parallel_for(size_t count, double work, F&& fn) {
-    const bool nested = inside_parallel_for();
+    const bool nested = serial_kernels();
     const size_t threads = work < kParallelMinWork || nested ? 1 : std::min<size_t>(count, kernel_threads());
     if (threads <= 1) {
         fn(size_t(0), count);
@@ -131,9 +133,9 @@ template <class F> void parallel_for(size_t count, double work, F&& fn) {
     SingleThreadedBlas blas_guard;
     const size_t chunk = (count + threads - 1) / threads, chunks = (count + chunk - 1) / chunk;
     auto run_chunk = [&](size_t i) {
-        inside_parallel_for() = true;
+        serial_kernels() = true;
         fn(i * chunk, std::min(count, (i + 1) * chunk));
-        inside_parallel_for() = false;
+        serial_kernels() = false;
     };
     if (!WorkerPool::get().run(chunks, run_chunk))
         for (size_t i = 0; i < chunks; ++i) run_chunk(i);

@@ -29,6 +29,7 @@ Each training call's kernel state (gates, previous states, dropout masks) lives 
 `forward` returns and nowhere else, so a layer called several times in a model gets the sum of its
 calls' parameter gradients (ARCHITECTURE.md, "The layer contract").
 """
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -266,11 +267,18 @@ def _stack_forward(directions, x, mask, initial_states, training, need_sequences
     seq, finals, caches = x, [([], []) for _ in directions], []
     for level in range(num_layers):
         top = level + 1 == num_layers
+
+        def run(direction, seq=seq, level=level, top=top):
+            (layer, reverse), (h0s, c0s), (input_keep, recurrent_keep) = direction
+            return layer._level_forward(level, seq, mask, h0s[level], c0s[level], reverse, training, input_keep,
+                                        recurrent_keep, need_y=need_sequences or not top)
+
+        # every direction's dropout noise first, in order: the draws do not depend on how they run
+        noise = [layer._level_noise(level, B, T, seq.shape[2], training) for layer, _ in directions]
+        runs = [functools.partial(run, d) for d in zip(directions, initial_states, noise)]
+        results = backend.run_side_by_side(*runs) if len(runs) == 2 else [runs[0]()]
         ys, level_caches = [], []
-        for (layer, reverse), (h0s, c0s), (hs, cs) in zip(directions, initial_states, finals):
-            input_keep, recurrent_keep = layer._level_noise(level, B, T, seq.shape[2], training)
-            y, h, c, cache = layer._level_forward(level, seq, mask, h0s[level], c0s[level], reverse, training,
-                                                  input_keep, recurrent_keep, need_y=need_sequences or not top)
+        for (y, h, c, cache), (hs, cs) in zip(results, finals):
             ys.append(y)
             hs.append(h)
             cs.append(c)
@@ -291,11 +299,15 @@ def _stack_backward(directions, caches, d_seqs, dhs, dcs, need_dx):
     dh0s = [[None] * num_layers for _ in directions]
     dc0s = [[None] * num_layers for _ in directions]
     for level in reversed(range(num_layers)):
-        dxs = []
-        for d, (layer, _) in enumerate(directions):
+        def run(d, level=level):
             # the levels above the first need dx to go on; the first only when the caller reads it
-            dx_d, dh0s[d][level], dc0s[d][level] = layer._level_backward(
-                level, caches[level][d], d_seqs[d], dhs[d][level], dcs[d][level], need_dx=need_dx or level > 0)
+            return directions[d][0]._level_backward(level, caches[level][d], d_seqs[d], dhs[d][level], dcs[d][level],
+                                                    need_dx=need_dx or level > 0)
+
+        runs = [functools.partial(run, d) for d in range(len(directions))]
+        results = backend.run_side_by_side(*runs) if len(runs) == 2 else [runs[0]()]
+        dxs = []
+        for d, (dx_d, dh0s[d][level], dc0s[d][level]) in enumerate(results):
             dxs.append(dx_d)
         dx = None if dxs[0] is None else sum(dxs[1:], dxs[0])  # every direction read the same input
         if level > 0:  # that input was the directions' outputs of the level below, side by side
