@@ -21,12 +21,14 @@ try:
     system_blas = "reachable"
 except OSError:
     system_blas = "unreachable"
+attnx.set_random_seed(0)
 rng = np.random.default_rng(0)
 x = rng.integers(1, 20, size=(256, 8))
 y = (x[:, 0] > 10).astype("float32")[:, None]
-model = attnx.Sequential([attnx.layers.Embedding(20, 8), attnx.layers.LSTM(8),
+# (LSTM(8) at Adam's default rate ended between 0.84 and 0.96 over seeds: too close to the bar)
+model = attnx.Sequential([attnx.layers.Embedding(20, 8), attnx.layers.LSTM(16),
                           attnx.layers.Dense(1, activation="sigmoid")])
-model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+model.compile(attnx.optimizers.Adam(0.01), "binary_crossentropy", metrics=["accuracy"])
 history = model.fit(x, y, epochs=30, batch_size=32, verbose=0)
 maps = open("/proc/self/maps").read()
 blas = sorted({line.split()[-1] for line in maps.splitlines() if "blas" in line.lower() and "/" in line})
