@@ -119,13 +119,7 @@ void init_attention(py::module_& m) {
                 const T* pv = in_ptr<T>(v, "sdpa_backward: value");
                 const T* pdw = optional_block<T>(dweights, d, "sdpa_backward: dweights");
                 const T* pkeep = optional_block<T>(dropout_keep, d, "sdpa_backward: dropout_keep");
-                T* pds = nullptr;
-                py::array dscale_arr;
-                if (!dscale.is_none()) {
-                    dscale_arr = array_arg(dscale, "sdpa_backward: dscale");
-                    check_shape(dscale_arr, {1}, "sdpa_backward: dscale");
-                    pds = inout_ptr<T>(dscale_arr, "sdpa_backward: dscale");
-                }
+                T* pds = optional_inout_ptr<T>(dscale, {1}, "sdpa_backward: dscale");
                 auto dq = new_array<T>({d.B, d.Tq, d.H * d.Dk});
                 auto dk = new_array<T>({d.B, d.S, d.H * d.Dk});
                 auto dv = new_array<T>({d.B, d.S, d.H * d.Dv});
@@ -297,13 +291,7 @@ void init_attention(py::module_& m) {
                 const T* pds = in_ptr<T>(dscores, "dot_scores_backward: dscores");
                 const T* pq = in_ptr<T>(q, "dot_scores_backward: query");
                 const T* pk = in_ptr<T>(k, "dot_scores_backward: key");
-                T* pdscale = nullptr;
-                py::array dscale_arr;
-                if (!dscale.is_none()) {
-                    dscale_arr = array_arg(dscale, "dot_scores_backward: dscale");
-                    check_shape(dscale_arr, {1}, "dot_scores_backward: dscale");
-                    pdscale = inout_ptr<T>(dscale_arr, "dot_scores_backward: dscale");
-                }
+                T* pdscale = optional_inout_ptr<T>(dscale, {1}, "dot_scores_backward: dscale");
                 auto dq = new_array<T>({B, Tq, Dk});
                 auto dk = new_array<T>({B, S, Dk});
                 T* pdq = dq.mutable_data();
@@ -422,12 +410,7 @@ void init_attention(py::module_& m) {
                 if (!(dbias.size() == 1 || dbias.size() == Tn) || dbias.ndim() != 2)
                     throw py::value_error("attention_pooling_backward: dbias expected shape (" + std::to_string(Tn) +
                                           ", 1) or (1, 1), got " + shape_str(dbias));
-                const T* pdw = nullptr;
-                if (!dweights.is_none()) {
-                    py::array arr = array_arg(dweights, "attention_pooling_backward: dweights");
-                    check_shape(arr, {B, Tn}, "attention_pooling_backward: dweights");
-                    pdw = in_ptr<T>(arr, "attention_pooling_backward: dweights");
-                }
+                const T* pdw = optional_in_ptr<T>(dweights, {B, Tn}, "attention_pooling_backward: dweights");
                 const T* pdo = in_ptr<T>(dout, "attention_pooling_backward: dout");
                 const T* pa = in_ptr<T>(weights, "attention_pooling_backward: weights");
                 const T* pe = in_ptr<T>(energy, "attention_pooling_backward: energy");

@@ -75,12 +75,9 @@ static void def_pool_backward(py::module_& m, const char* name, bool reads_outpu
             const Window2D w = windows(x, pool_size, strides, padding, fn.c_str());
             check_shape(dy, out_shape(w, w.C), (fn + ": dy").c_str());
             const T* pdy = in_ptr<T>(dy, (fn + ": dy").c_str());
-            const T* py_ = nullptr;
-            if (reads_output) {
-                const py::array output = array_arg(y, (fn + ": y").c_str());
-                check_shape(output, out_shape(w, w.C), (fn + ": y").c_str());
-                py_ = in_ptr<T>(output, (fn + ": y").c_str());
-            }
+            const std::string y_what = fn + ": y";
+            const T* py_ = reads_output ? in_ptr<T>(shaped_array_arg(y, out_shape(w, w.C), y_what.c_str()), y_what.c_str())
+                                        : nullptr;
             std::vector<py::ssize_t> shape(x.shape(), x.shape() + 4);
             return released_result<T>(shape, [&](T* pdx) { Backward{}(pdx, pdy, px, py_, w); });
         });
@@ -126,8 +123,7 @@ void init_conv(py::module_& m) {
                 const T* pk = in_ptr<T>(kernel, "conv2d_forward: kernel");
                 const Window2D w = conv_windows(x, kernel, strides, padding, "conv2d_forward");
                 const py::ssize_t F = kernel.shape(3);
-                if (!bias.is_none()) check_shape(array_arg(bias, "conv2d_forward: bias"), {F}, "conv2d_forward: bias");
-                const T* pb = optional_in_ptr<T>(bias, "conv2d_forward: bias");
+                const T* pb = optional_in_ptr<T>(bias, {F}, "conv2d_forward: bias");
                 auto z = new_array<T>(out_shape(w, F));
                 // gelu's backward needs the pre-activation; every other activation works from y
                 py::array_t<T> y = act == Activation::gelu ? new_array<T>(out_shape(w, F)) : z;
@@ -161,13 +157,7 @@ void init_conv(py::module_& m) {
                 check_shape(dy, out_shape(w, F), "conv2d_backward: dy");
                 check_shape(y, out_shape(w, F), "conv2d_backward: y");
                 check_shape(z, out_shape(w, F), "conv2d_backward: z");
-                T* pdb = nullptr;
-                py::array dbias_arr;
-                if (!dbias.is_none()) {
-                    dbias_arr = array_arg(dbias, "conv2d_backward: dbias");
-                    check_shape(dbias_arr, {F}, "conv2d_backward: dbias");
-                    pdb = inout_ptr<T>(dbias_arr, "conv2d_backward: dbias");
-                }
+                T* pdb = optional_inout_ptr<T>(dbias, {F}, "conv2d_backward: dbias");
                 const T* pdy = in_ptr<T>(dy, "conv2d_backward: dy");
                 const T* py_ = in_ptr<T>(y, "conv2d_backward: y");
                 const T* pz = in_ptr<T>(z, "conv2d_backward: z");

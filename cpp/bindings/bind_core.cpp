@@ -20,10 +20,9 @@ void init_core(py::module_& m) {
                 check_rank(kernel, 2, "dense_forward: kernel");
                 const auto N = x.shape(0), C = x.shape(1), OC = kernel.shape(1);
                 check_shape(kernel, {C, -1}, "dense_forward: kernel");
-                if (!bias.is_none()) check_shape(array_arg(bias, "dense_forward: bias"), {OC}, "dense_forward: bias");
                 const T* px = in_ptr<T>(x, "dense_forward: x");
                 const T* pw = in_ptr<T>(kernel, "dense_forward: kernel");
-                const T* pb = optional_in_ptr<T>(bias, "dense_forward: bias");
+                const T* pb = optional_in_ptr<T>(bias, {OC}, "dense_forward: bias");
                 auto z = new_array<T>({N, OC});
                 // gelu's backward needs the pre-activation; every other activation works from y
                 py::array_t<T> y = act == Activation::gelu ? new_array<T>({N, OC}) : z;
@@ -55,13 +54,7 @@ void init_core(py::module_& m) {
                 check_shape(y, {N, OC}, "dense_backward: y");
                 check_shape(z, {N, OC}, "dense_backward: z");
                 check_shape(dkernel, {C, OC}, "dense_backward: dkernel");
-                T* pdb = nullptr;
-                py::array dbias_arr;
-                if (!dbias.is_none()) {
-                    dbias_arr = array_arg(dbias, "dense_backward: dbias");
-                    check_shape(dbias_arr, {OC}, "dense_backward: dbias");
-                    pdb = inout_ptr<T>(dbias_arr, "dense_backward: dbias");
-                }
+                T* pdb = optional_inout_ptr<T>(dbias, {OC}, "dense_backward: dbias");
                 const T* pdy = in_ptr<T>(dy, "dense_backward: dy");
                 const T* px = in_ptr<T>(x, "dense_backward: x");
                 const T* pw = in_ptr<T>(kernel, "dense_backward: kernel");

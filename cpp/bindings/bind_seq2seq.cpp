@@ -283,12 +283,7 @@ void init_seq2seq(py::module_& m) {
                 ids_ptr(cached_ids, params["embeddings"].cast<py::array>().shape(0), fn, "cache[\"ids\"]");
                 check_shape(dlogits, {B, Tn, cfg.V}, "decoder_backward: dlogits");
                 const T* pdl = in_ptr<T>(dlogits, "decoder_backward: dlogits");
-                const T* pdw = nullptr;
-                if (!dweights.is_none()) {
-                    py::array a = array_arg(dweights, "decoder_backward: dweights");
-                    check_shape(a, {B, Tn, S}, "decoder_backward: dweights");
-                    pdw = in_ptr<T>(a, "decoder_backward: dweights");
-                }
+                const T* pdw = optional_in_ptr<T>(dweights, {B, Tn, S}, "decoder_backward: dweights");
                 const T* penc = in_ptr<T>(enc, "decoder_backward: enc");
                 py::array_t<T> dh0 = state_copy<T>(dh, B, H, true, "decoder_backward: dh");
                 py::array_t<T> dc0 = state_copy<T>(dc, B, H, lstm, "decoder_backward: dc");

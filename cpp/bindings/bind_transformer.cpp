@@ -19,12 +19,10 @@ void init_transformer(py::module_& m) {
                 using T = decltype(tag);
                 check_rank(x, 2, "layernorm_forward: x");
                 const auto N = x.shape(0), C = x.shape(1);
-                if (!gamma.is_none()) check_shape(array_arg(gamma, "layernorm_forward: gamma"), {C}, "layernorm_forward: gamma");
-                if (!beta.is_none()) check_shape(array_arg(beta, "layernorm_forward: beta"), {C}, "layernorm_forward: beta");
                 if (!(eps > 0)) throw py::value_error("layernorm_forward: eps must be positive");
                 const T* px = in_ptr<T>(x, "layernorm_forward: x");
-                const T* pg = optional_in_ptr<T>(gamma, "layernorm_forward: gamma");
-                const T* pb = optional_in_ptr<T>(beta, "layernorm_forward: beta");
+                const T* pg = optional_in_ptr<T>(gamma, {C}, "layernorm_forward: gamma");
+                const T* pb = optional_in_ptr<T>(beta, {C}, "layernorm_forward: beta");
                 auto y = new_array<T>({N, C});
                 auto mean = new_array<T>({N});
                 auto rstd = new_array<T>({N});
@@ -50,21 +48,9 @@ void init_transformer(py::module_& m) {
                 check_shape(dy, {N, C}, "layernorm_backward: dy");
                 check_shape(mean, {N}, "layernorm_backward: mean");
                 check_shape(rstd, {N}, "layernorm_backward: rstd");
-                T* pdg = nullptr;
-                T* pdb = nullptr;
-                py::array dg_arr, db_arr;
-                if (!dgamma.is_none()) {
-                    dg_arr = array_arg(dgamma, "layernorm_backward: dgamma");
-                    check_shape(dg_arr, {C}, "layernorm_backward: dgamma");
-                    pdg = inout_ptr<T>(dg_arr, "layernorm_backward: dgamma");
-                }
-                if (!dbeta.is_none()) {
-                    db_arr = array_arg(dbeta, "layernorm_backward: dbeta");
-                    check_shape(db_arr, {C}, "layernorm_backward: dbeta");
-                    pdb = inout_ptr<T>(db_arr, "layernorm_backward: dbeta");
-                }
-                if (!gamma.is_none()) check_shape(array_arg(gamma, "layernorm_backward: gamma"), {C}, "layernorm_backward: gamma");
-                const T* pg = optional_in_ptr<T>(gamma, "layernorm_backward: gamma");
+                T* pdg = optional_inout_ptr<T>(dgamma, {C}, "layernorm_backward: dgamma");
+                T* pdb = optional_inout_ptr<T>(dbeta, {C}, "layernorm_backward: dbeta");
+                const T* pg = optional_in_ptr<T>(gamma, {C}, "layernorm_backward: gamma");
                 const T* pdy = in_ptr<T>(dy, "layernorm_backward: dy");
                 const T* px = in_ptr<T>(x, "layernorm_backward: x");
                 const T* pm = in_ptr<T>(mean, "layernorm_backward: mean");
@@ -197,13 +183,11 @@ void init_transformer(py::module_& m) {
                 const auto N = x.shape(0), C = x.shape(1), F = kernel1.shape(1), OC = kernel2.shape(1);
                 check_shape(kernel1, {C, F}, "feed_forward_forward: kernel1");
                 check_shape(kernel2, {F, OC}, "feed_forward_forward: kernel2");
-                if (!bias1.is_none()) check_shape(array_arg(bias1, "feed_forward_forward: bias1"), {F}, "feed_forward_forward: bias1");
-                if (!bias2.is_none()) check_shape(array_arg(bias2, "feed_forward_forward: bias2"), {OC}, "feed_forward_forward: bias2");
                 const T* px = in_ptr<T>(x, "feed_forward_forward: x");
                 const T* pw1 = in_ptr<T>(kernel1, "feed_forward_forward: kernel1");
                 const T* pw2 = in_ptr<T>(kernel2, "feed_forward_forward: kernel2");
-                const T* pb1 = optional_in_ptr<T>(bias1, "feed_forward_forward: bias1");
-                const T* pb2 = optional_in_ptr<T>(bias2, "feed_forward_forward: bias2");
+                const T* pb1 = optional_in_ptr<T>(bias1, {F}, "feed_forward_forward: bias1");
+                const T* pb2 = optional_in_ptr<T>(bias2, {OC}, "feed_forward_forward: bias2");
                 return released_result<T>({N, OC}, [&](T* py_) {
                     feed_forward_forward<T>(py_, px, pw1, pb1, pw2, pb2, (int)N, (int)C, (int)F, (int)OC, act);
                 });
@@ -220,10 +204,9 @@ void init_transformer(py::module_& m) {
             return dispatch_float(x, "residual_add: x", [&](auto tag) -> py::array {
                 using T = decltype(tag);
                 check_shape(sub, shape_of(x), "residual_add: sub");
-                if (!keep.is_none()) check_shape(array_arg(keep, "residual_add: keep"), shape_of(x), "residual_add: keep");
                 const T* px = in_ptr<T>(x, "residual_add: x");
                 const T* ps = in_ptr<T>(sub, "residual_add: sub");
-                const T* pk = optional_in_ptr<T>(keep, "residual_add: keep");
+                const T* pk = optional_in_ptr<T>(keep, shape_of(x), "residual_add: keep");
                 return released_result<T>(shape_of(x), [&](T* py_) {
                     residual_add<T>(py_, px, ps, pk, (size_t)x.size());
                 });

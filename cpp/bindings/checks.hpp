@@ -94,11 +94,6 @@ inline py::array array_arg(const py::object& a, const char* what) {
     return py::reinterpret_borrow<py::array>(a);
 }
 
-template <class T> const T* optional_in_ptr(const py::object& a, const char* what) {
-    if (a.is_none()) return nullptr;
-    return in_ptr<T>(array_arg(a, what), what);
-}
-
 inline void check_rank(const py::array& a, py::ssize_t rank, const char* what) {
     if (a.ndim() != rank)
         throw py::value_error(std::string(what) + ": expected rank " + std::to_string(rank) + ", got shape " +
@@ -119,6 +114,28 @@ inline void check_shape(const py::array& a, const std::vector<py::ssize_t>& expe
         s << (expected.size() == 1 ? ",)" : ")") << ", got " << shape_str(a);
         throw py::value_error(s.str());
     }
+}
+
+// An array argument (declared py::object) of the given shape: array_arg, then check_shape
+inline py::array shaped_array_arg(const py::object& a, const std::vector<py::ssize_t>& shape, const char* what) {
+    py::array arr = array_arg(a, what);
+    check_shape(arr, shape, what);
+    return arr;  // borrows the caller's argument: its data outlives this handle
+}
+
+// An optional input (None: null) of the given shape and dtype T
+template <class T>
+const T* optional_in_ptr(const py::object& a, const std::vector<py::ssize_t>& shape, const char* what) {
+    if (a.is_none()) return nullptr;
+    return in_ptr<T>(shaped_array_arg(a, shape, what), what);
+}
+
+// An optional in-place result (None: null), e.g. a gradient to accumulate into, of the given shape
+// and dtype T
+template <class T> T* optional_inout_ptr(const py::object& a, const std::vector<py::ssize_t>& shape, const char* what) {
+    if (a.is_none()) return nullptr;
+    py::array arr = shaped_array_arg(a, shape, what);
+    return inout_ptr<T>(arr, what);
 }
 
 // Token ids: a C-contiguous, aligned int64 array (TypeError otherwise) whose values index a table
