@@ -395,3 +395,20 @@ def test_digit_captions_held_out_handwriting_and_bad_arguments():
         datasets.load_digit_captions(5, digits_per_image=2.5)
     with pytest.raises(TypeError, match="canvas"):
         datasets.load_digit_captions(5, canvas=16)
+
+
+def test_attended_box_names_the_box_under_the_most_attended_region():
+    # a 2 x 4 grid of 6-pixel squares every 4 pixels over a 10 x 18 image; two boxes
+    grid, window, stride = (2, 4), 6, 4
+    boxes = np.array([[[0, 0, 8, 8], [2, 10, 10, 18]]])  # (1, 2, 4): top, left, bottom, right
+    attention = np.zeros((1, 4, 8))
+    attention[0, 0, 0] = 1.0  # square (0..6, 0..6): inside box 0 only
+    attention[0, 1, 7] = 1.0  # square (4..10, 12..18): inside box 1 only
+    attention[0, 2, 6] = 1.0  # square (4..10, 8..14): box 0 overlaps 4 x 0, box 1 6 x 4 -> 1
+    attention[0, 3, 2] = 1.0  # square (0..6, 8..14): box 0 none (left 8 = its right), box 1 4 x 4 -> 1
+    np.testing.assert_array_equal(datasets.attended_box(attention, boxes, grid, window, stride), [[0, 1, 1, 1]])
+    far = np.array([[[0, 0, 8, 8], [0, 40, 8, 48]]])  # nothing under squares of columns 2-3
+    assert datasets.attended_box(attention, far, grid, window, stride)[0, 2] == -1
+    # each step's own argmax counts, not the sum over steps
+    attention[0, 1] = [0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.6]
+    assert datasets.attended_box(attention, boxes, grid, window, stride)[0, 1] == 1

@@ -138,26 +138,13 @@ print(f"soft attention: {SOFT_EPOCHS} epochs in {time.time() - start:.0f} s")
 # be the digit the word names.
 
 # %%
-def attended_digit(attention, boxes):
-    """For each word (N, k, L): the digit whose box overlaps the most-attended region's window (-1: none)."""
-    region = attention.argmax(-1)
-    top, left = region // GRID[1] * STRIDE, region % GRID[1] * STRIDE
-    overlap = []
-    for d in range(boxes.shape[1]):
-        box = boxes[:, d][:, None, :]
-        rows = np.clip(np.minimum(top + REGION, box[..., 2]) - np.maximum(top, box[..., 0]), 0, None)
-        cols = np.clip(np.minimum(left + REGION, box[..., 3]) - np.maximum(left, box[..., 1]), 0, None)
-        overlap.append(rows * cols)
-    overlap = np.stack(overlap, -1)
-    return np.where(overlap.max(-1) > 0, overlap.argmax(-1), -1)
-
-
 def report(model, name):
     tokens, attention = model.greedy_caption(test.images)
     n = min(tokens.shape[1], 4)
     exact = (tokens[:, :n] == test.tokens[:, 1:n + 1]).all(1).mean() if n == 4 else 0.0
     words = min(attention.shape[1], 3)
-    on_digit = (attended_digit(attention[:, :words], test.boxes) == np.arange(words)).mean()
+    on_digit = (attnx.datasets.attended_box(attention[:, :words], test.boxes, GRID, REGION, STRIDE)
+                == np.arange(words)).mean()
     print(f"{name}: exact captions {exact:.1%}, words whose most-attended region is their digit {on_digit:.1%}")
     return exact, on_digit
 

@@ -502,6 +502,22 @@ class DigitCaptions(NamedTuple):
     vocabulary: tuple
 
 
+def attended_box(attention, boxes, grid, window, stride):
+    """Which box each step's attention looked at: for attention over the regions of a feature map,
+    (N, steps, L) with L = rows x cols of `grid` and region r seeing the `window` x `window` square
+    of the image at (r // cols * stride, r % cols * stride), the index of the box in `boxes`
+    (N, k, 4), ``(top, left, bottom, right)`` as `DigitCaptions.boxes`, that overlaps the square of the
+    step's most-attended region most; -1 where none overlaps it. Returns (N, steps) int64."""
+    attention, boxes = np.asarray(attention), np.asarray(boxes)
+    region = attention.argmax(-1)
+    top, left = region // grid[1] * stride, region % grid[1] * stride
+    box = boxes[:, None, :, :]  # (N, 1, k, 4) against the (N, steps, 1) squares
+    rows = np.minimum(top[..., None] + window, box[..., 2]) - np.maximum(top[..., None], box[..., 0])
+    cols = np.minimum(left[..., None] + window, box[..., 3]) - np.maximum(left[..., None], box[..., 1])
+    overlap = np.clip(rows, 0, None) * np.clip(cols, 0, None)
+    return np.where(overlap.max(-1) > 0, overlap.argmax(-1), -1)
+
+
 @functools.lru_cache(maxsize=1)
 def _sklearn_digits():
     try:
