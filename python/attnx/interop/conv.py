@@ -6,7 +6,7 @@ from .. import regularizers
 from ..layers.conv import AveragePooling2D, Conv2D, MaxPooling2D
 from .registry import (check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer, no_weights,
                        register_from_keras, register_from_torch, register_to_keras, register_to_torch,
-                       set_torch_params)
+                       set_torch_params, torch_kernel_and_bias)
 
 
 def _pair(value):
@@ -35,13 +35,8 @@ def _conv2d_from(module, dtype):
                    padding=_padding_from(module, "Conv2d"), use_bias=module.bias is not None, dtype=dtype)
     layer.build((None, None, None, module.in_channels))
     layer.built = True
-
-    def to_attnx(t, grads=False):
-        out = {"kernel": t["weight"].transpose(2, 3, 1, 0)}  # (F, C, KH, KW) -> Keras' (KH, KW, C, F)
-        if "bias" in t:
-            out["bias"] = t["bias"]
-        return out
-    return layer, to_attnx
+    # (F, C, KH, KW) -> Keras' (KH, KW, C, F)
+    return layer, torch_kernel_and_bias(lambda weight: weight.transpose(2, 3, 1, 0))
 
 
 @register_to_torch(Conv2D)

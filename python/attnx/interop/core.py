@@ -7,7 +7,7 @@ from ..layers.core import (Activation, Add, Concatenate, Dense, Dropout, Embeddi
                            Reshape)
 from .registry import (_FROM_KERAS, check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer,
                        no_weights, register_from_keras, register_from_torch, register_to_keras, register_to_torch,
-                       set_torch_params)
+                       set_torch_params, torch_kernel_and_bias)
 
 
 @register_from_torch("Linear")
@@ -15,13 +15,7 @@ def _linear_from(module, dtype):
     layer = Dense(module.out_features, use_bias=module.bias is not None, dtype=dtype)
     layer.build((None, module.in_features))
     layer.built = True
-
-    def to_attnx(t, grads=False):
-        out = {"kernel": t["weight"].T}
-        if "bias" in t:
-            out["bias"] = t["bias"]
-        return out
-    return layer, to_attnx
+    return layer, torch_kernel_and_bias(lambda weight: weight.T)
 
 
 @register_to_torch(Dense)

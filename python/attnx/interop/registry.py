@@ -48,6 +48,17 @@ def register_from_keras(*keras_class_names):
     return wrap
 
 
+def torch_kernel_and_bias(kernel_from_weight):
+    """The `to_attnx` of a PyTorch module with `weight` and an optional `bias` (see
+    `register_from_torch`): kernel = kernel_from_weight(weight), bias as it is."""
+    def to_attnx(t, grads=False):
+        out = {"kernel": kernel_from_weight(t["weight"])}
+        if "bias" in t:
+            out["bias"] = t["bias"]
+        return out
+    return to_attnx
+
+
 def no_weights():
     """The `load` of a Keras layer without weights (see `register_from_keras`)."""
     return []
