@@ -294,12 +294,14 @@ void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const
         // this thread's images' share of dK^T and dbias, added in at the end
         std::vector<T> dKt((size_t)F * P, T(0)), db(F, T(0)), cols, dcols, dz;
         Panels<T> dzt;
-        if (dx) std::fill(dx + b0 * in_image, dx + b1 * in_image, T(0));
+        // col2im adds into dx; a 1x1 kernel's product writes it whole
+        if (dx && !w.identity_patches()) std::fill(dx + b0 * in_image, dx + b1 * in_image, T(0));
         for_row_blocks<T>(w, b0, b1, [&](size_t r0, int n) {
             dz.resize((size_t)n * F);
             activation_backward<T>(dz.data(), dy + r0 * F, z + r0 * F, y + r0 * F, (size_t)n, (size_t)F, act);
             add_column_sums(db.data(), dz.data(), n, F);
             cols.resize((size_t)n * P + kMaxLanes);
+            // a 1x1 kernel's patches are x itself, copied for the padding the in-place read runs into
             if (w.identity_patches()) std::copy(x + r0 * P, x + (r0 + n) * P, cols.data());
             else im2col(cols.data(), x, w, r0, n);
             // dz^T (F, n), its rows padded to whole 4-lane blocks (the transpose runs on 4 x 4 blocks)
