@@ -354,6 +354,41 @@ def test_beam_search_returns_ranked_hypotheses_with_attention(reversal_model):
             assert len(set(map(tuple, (h.tokens for h in hyps)))) == 3  # distinct hypotheses
 
 
+@pytest.mark.parametrize("cell, attention", [("gru", "bahdanau"), ("lstm", "luong")])
+def test_every_beam_hypothesis_rescores_to_its_score_and_attention(cell, attention):
+    """Each of the `width` hypotheses, fed back to the decoder word by word, gives its own score
+    (sum of log-probabilities over the GNMT length penalty) and attention rows: the beams' histories
+    follow their parents through the reorderings, for the lower-ranked hypotheses too."""
+    attnx.set_random_seed(5)  # barely trained: beams diverge, some end early, some run to max_length
+    model = Seq2Seq(13, 13, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=8, cell=cell,
+                    attention=attention)
+    src, tgt = reversal_data(64, seed=6)
+    model.compile(attnx.optimizers.Adam(0.01))
+    for _ in range(30):
+        model.train_on_batch(src, tgt)
+    src = src[:6]
+    alpha = 0.6
+    beams = model.beam_search(src, width=4, length_penalty=alpha, max_length=6)
+    enc, smask, states = model._encode(src)
+    lengths_seen = set()
+    for row, hyps in enumerate(beams):
+        for hyp in hyps:
+            full = list(hyp.tokens) + ([2] if len(hyp.attention) > len(hyp.tokens) else [])
+            lengths_seen.add(len(full))
+            state = DecoderState(*(st[row:row + 1] for st in states))
+            prev, total, rows = np.array([1]), 0.0, []
+            for word in full:
+                logits, state, weights = model.decoder.step(prev, state, enc[row:row + 1],
+                                                            None if smask is None else smask[row:row + 1])
+                z = logits[0].astype(np.float64)
+                total += (z - z.max() - np.log(np.exp(z - z.max()).sum()))[word]
+                rows.append(weights[0])
+                prev = np.array([word])
+            assert hyp.score == pytest.approx(total / ((5.0 + len(full)) / 6.0) ** alpha, rel=1e-9, abs=1e-9)
+            np.testing.assert_allclose(hyp.attention, np.array(rows), atol=1e-6)
+    assert len(lengths_seen) > 1, lengths_seen  # the check covered hypotheses of several lengths
+
+
 def test_luong_bidirectional_lstm_trains():
     attnx.set_random_seed(0)
     src, tgt = reversal_data(2000, seed=4)

@@ -583,8 +583,9 @@ def beam_search(decoder, encoder_outputs, source_mask, states, start_id, end_id,
     state = DecoderState(*states).select(rows)
     scores = np.full((B, W), -np.inf)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    tokens = np.zeros((B, W, L), dtype=np.int64)
-    attention = np.zeros((B, W, L, S), dtype=enc.dtype)
+    # per step: each beam's parent beam, its word (0 once finished) and attention; the histories
+    # are read back through the parents at the end instead of gathered at every step
+    parents, words, weights_per_step = [], [], []
     lengths = np.zeros((B, W), dtype=np.int64)
     done = np.zeros((B, W), dtype=bool)
     prev = np.full(B * W, start_id, dtype=np.int64)
@@ -601,16 +602,23 @@ def beam_search(decoder, encoder_outputs, source_mask, states, start_id, end_id,
         scores = np.take_along_axis(total, best, axis=1)
         pick = (np.arange(B)[:, None] * W + beam).reshape(-1)
         state = state.select(pick)
-        tokens = tokens.reshape(B * W, L)[pick].reshape(B, W, L)
-        attention = attention.reshape(B * W, L, S)[pick].reshape(B, W, L, S)
-        was_done = done.reshape(-1)[pick].reshape(B, W)
-        lengths = lengths.reshape(-1)[pick].reshape(B, W) + ~was_done
-        tokens[:, :, t] = np.where(was_done, 0, word)
-        attention[:, :, t] = np.where(was_done[..., None], 0, weights.reshape(B * W, S)[pick].reshape(B, W, S))
+        was_done = np.take_along_axis(done, beam, axis=1)
+        lengths = np.take_along_axis(lengths, beam, axis=1) + ~was_done
+        parents.append(beam)
+        words.append(np.where(was_done, 0, word))
+        weights_per_step.append(np.where(was_done[..., None], 0, weights.reshape(B * W, S)[pick].reshape(B, W, S)))
         done = was_done | (word == end)
-        prev = tokens[:, :, t].reshape(-1)
+        prev = words[-1].reshape(-1)
         if done.all():
             break
+    steps = len(words)
+    tokens = np.zeros((B, W, steps), dtype=np.int64)
+    attention = np.zeros((B, W, steps, S), dtype=enc.dtype)
+    beam = np.broadcast_to(np.arange(W), (B, W))
+    for t in reversed(range(steps)):
+        tokens[:, :, t] = np.take_along_axis(words[t], beam, axis=1)
+        attention[:, :, t] = np.take_along_axis(weights_per_step[t], beam[..., None], axis=1)
+        beam = np.take_along_axis(parents[t], beam, axis=1)
     results = []
     for b in range(B):
         hyps = []
