@@ -59,28 +59,29 @@ def _serially(task):
         _side["busy"].active = False
 
 
-def run_side_by_side(first, second):
-    """Returns (first(), second()), run at once on two threads (this one and a helper) with the
-    kernels each calls on its own thread, when the thread budget has two or more; else in turn.
-    For independent work such as a bidirectional layer's two directions: at the small batches
-    attnx is used for, one direction per core beats both directions each split across the cores
-    (no split bookkeeping, no waiting for the slower half at every step). Inside a task already
-    running side by side, the two run in turn."""
-    if _core.get_num_threads() < 2 or getattr(_side["busy"], "active", False):
-        return first(), second()
+def run_side_by_side(*tasks):
+    """Returns (tasks[0](), tasks[1](), ...), the first run on this thread and the others on a
+    helper thread at the same time, each with the kernels it calls on its own thread, when there are
+    two or more tasks and the thread budget has two or more threads; else in turn. For independent
+    work such as a bidirectional layer's two directions: at the small batches attnx is used for,
+    one direction per core beats both directions each split across the cores (no split
+    bookkeeping, no waiting for the slower half at every step). Inside a task already running side
+    by side, tasks run in turn."""
+    if len(tasks) < 2 or _core.get_num_threads() < 2 or getattr(_side["busy"], "active", False):
+        return tuple(task() for task in tasks)
     if _side["pid"] != os.getpid():  # none yet, or a forked child's copy whose thread is gone
         _side["executor"] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="attnx-side")
         _side["pid"] = os.getpid()
     _core._set_single_threaded_blas(True)
     try:
-        other = _side["executor"].submit(_serially, second)
+        others = [_side["executor"].submit(_serially, task) for task in tasks[1:]]
         try:
-            one = _serially(first)
+            first = _serially(tasks[0])
         finally:
-            two = other.result()
+            rest = [other.result() for other in others]
     finally:
         _core._set_single_threaded_blas(False)
-    return one, two
+    return (first, *rest)
 
 
 def show_config(file=None):

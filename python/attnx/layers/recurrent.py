@@ -276,7 +276,7 @@ def _stack_forward(directions, x, mask, initial_states, training, need_sequences
         # every direction's dropout noise first, in order: the draws do not depend on how they run
         noise = [layer._level_noise(level, B, T, seq.shape[2], training) for layer, _ in directions]
         runs = [functools.partial(run, d) for d in zip(directions, initial_states, noise)]
-        results = backend.run_side_by_side(*runs) if len(runs) == 2 else [runs[0]()]
+        results = backend.run_side_by_side(*runs)
         ys, level_caches = [], []
         for (y, h, c, cache), (hs, cs) in zip(results, finals):
             ys.append(y)
@@ -305,7 +305,7 @@ def _stack_backward(directions, caches, d_seqs, dhs, dcs, need_dx):
                                                     need_dx=need_dx or level > 0)
 
         runs = [functools.partial(run, d) for d in range(len(directions))]
-        results = backend.run_side_by_side(*runs) if len(runs) == 2 else [runs[0]()]
+        results = backend.run_side_by_side(*runs)
         dxs = []
         for d, (dx_d, dh0s[d][level], dc0s[d][level]) in enumerate(results):
             dxs.append(dx_d)
