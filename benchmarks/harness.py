@@ -19,11 +19,20 @@ def setup_threads(threads=THREADS):
 
 
 ROUNDS = int(os.environ.get("ATTNX_BENCH_ROUNDS", "5"))
+# Untimed runs that open each round's block, in seconds: PyTorch's OpenMP workers spin for tens of
+# milliseconds after its last call (measured: attnx's CNN step ran 2x slower for its first ~50 ms
+# after a PyTorch block), so each library is timed once the other's threads have gone idle, as in
+# a program that runs one of them.
+SETTLE = float(os.environ.get("ATTNX_BENCH_SETTLE", "0.1"))
 
 
-def median_time(fn, warmup=3, repeat=15, min_time=0.0):
-    """Median wall time of fn() over `repeat` runs after `warmup` runs."""
+def median_time(fn, warmup=3, repeat=15, min_time=0.0, settle=0.0):
+    """Median wall time of fn() over `repeat` runs after `warmup` runs and at least `settle` seconds
+    of untimed runs."""
+    start = time.perf_counter()
     for _ in range(warmup):
+        fn()
+    while time.perf_counter() - start < settle:
         fn()
     times = []
     start = time.perf_counter()
@@ -36,7 +45,8 @@ def median_time(fn, warmup=3, repeat=15, min_time=0.0):
 
 def compare(name, attnx_fn, torch_fn, warmup=3, repeat=15, rounds=ROUNDS):
     """Times both in `rounds` interleaved rounds (which one goes first alternates), each round the
-    median of about repeat / rounds runs of each, so that load from other processes hits both alike;
+    median of about repeat / rounds runs of each after SETTLE seconds of untimed runs, so that load
+    from other processes hits both alike;
     prints the median of the rounds' ratios (PyTorch time / attnx time) with their min-max, and the
     median times. Returns the figures."""
     for _ in range(warmup):
@@ -46,11 +56,11 @@ def compare(name, attnx_fn, torch_fn, warmup=3, repeat=15, rounds=ROUNDS):
     a_times, t_times, ratios = [], [], []
     for r in range(rounds):
         if r % 2:
-            t = median_time(torch_fn, 0, per_round)
-            a = median_time(attnx_fn, 0, per_round)
+            t = median_time(torch_fn, 1, per_round, settle=SETTLE)
+            a = median_time(attnx_fn, 1, per_round, settle=SETTLE)
         else:
-            a = median_time(attnx_fn, 0, per_round)
-            t = median_time(torch_fn, 0, per_round)
+            a = median_time(attnx_fn, 1, per_round, settle=SETTLE)
+            t = median_time(torch_fn, 1, per_round, settle=SETTLE)
         a_times.append(a), t_times.append(t), ratios.append(t / a)
     a, t, ratio = statistics.median(a_times), statistics.median(t_times), statistics.median(ratios)
     print(f"{name:<48s} attnx {a * 1e3:9.3f} ms   torch {t * 1e3:9.3f} ms   torch/attnx {ratio:5.2f}x "

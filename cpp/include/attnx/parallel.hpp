@@ -2,7 +2,11 @@
 #pragma once
 #include <pthread.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -39,10 +43,13 @@ inline bool& serial_kernels() {
     return serial;
 }
 
-// The threads parallel_for runs chunks on, started once and asleep between calls: starting a
-// thread per call cost ~28 us, which a layer with ten parallel regions pays ten times. Workers
-// sleep on a condition variable (never spin: a spinning worker would take a core from OpenBLAS'
-// threads between our calls). One call holds the pool at a time; a caller that finds it busy
+// The threads parallel_for runs chunks on, started once: starting a thread per call cost ~28 us,
+// which a layer with ten parallel regions pays ten times. Between calls a worker spins for
+// kSpinMicroseconds, then sleeps on a condition variable; the caller waits for the workers the same
+// way. Waking a sleeping thread on this class of VM costs up to milliseconds after an idle spell
+// (the vCPU was halted), and a training step's regions come a few microseconds of Python apart, so
+// the short spin catches the next one; a longer one would take a core from OpenBLAS' threads or
+// another process between steps. One call holds the pool at a time; a caller that finds it busy
 // (another Python thread inside a kernel) runs its chunks itself. Never destroyed, so exit never
 // waits on a sleeping worker; a forked child starts a fresh pool (its parent's workers are gone).
 class WorkerPool {
@@ -61,13 +68,13 @@ class WorkerPool {
         {
             std::lock_guard<std::mutex> lock(state_lock_);
             for (; workers_ + 1 < n; ++workers_)
-                std::thread([this, index = workers_ + 1, seen = generation_] { work(index, seen); }).detach();
+                std::thread([this, index = workers_ + 1, seen = generation_.load()] { work(index, seen); }).detach();
             call_ = [](void* t, size_t i) { (*static_cast<Task*>(t))(i); };
             task_ = &task;
             active_ = n;
-            pending_ = n - 1;
+            pending_.store(n - 1);
             error_ = nullptr;
-            ++generation_;
+            generation_.fetch_add(1);
         }
         wake_.notify_all();
         std::exception_ptr error;
@@ -76,8 +83,9 @@ class WorkerPool {
         } catch (...) {
             error = std::current_exception();
         }
+        spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; });
         std::unique_lock<std::mutex> lock(state_lock_);
-        done_.wait(lock, [this] { return pending_ == 0; });
+        done_.wait(lock, [this] { return pending_.load() == 0; });
         if (!error) error = error_;
         lock.unlock();
         if (error) std::rethrow_exception(error);
@@ -90,12 +98,28 @@ class WorkerPool {
         return pool;
     }
 
+    static constexpr int kSpinMicroseconds = 100;
+
+    // Returns when done() is true or after kSpinMicroseconds, whichever comes first
+    template <class Done> static void spin_until(Done&& done) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
+        while (!done()) {
+            for (int i = 0; i < 32; ++i) _mm_pause();
+            if (std::chrono::steady_clock::now() > until) return;
+        }
+    }
+
     // Worker `index` (from 1): runs task(index) of every call after generation `seen` that has one
     void work(size_t index, uint64_t seen) {
         std::unique_lock<std::mutex> lock(state_lock_);
         for (;;) {
-            wake_.wait(lock, [&] { return generation_ != seen; });
-            seen = generation_;
+            if (generation_.load() == seen) {
+                lock.unlock();
+                spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; });
+                lock.lock();
+            }
+            wake_.wait(lock, [&] { return generation_.load() != seen; });
+            seen = generation_.load();
             if (index >= active_) continue;
             lock.unlock();
             std::exception_ptr error;
@@ -106,7 +130,7 @@ class WorkerPool {
             }
             lock.lock();
             if (error && !error_) error_ = error;
-            if (--pending_ == 0) done_.notify_one();
+            if (pending_.fetch_sub(1) == 1) done_.notify_one();
         }
     }
 
@@ -114,8 +138,9 @@ class WorkerPool {
     std::mutex state_lock_;  // guards everything below
     std::condition_variable wake_, done_;
     size_t workers_ = 0;         // started so far, with indices 1 .. workers_
-    uint64_t generation_ = 0;    // bumped per call: what wakes the workers
-    size_t active_ = 0, pending_ = 0;
+    std::atomic<uint64_t> generation_{0};  // bumped per call: what wakes the workers
+    std::atomic<size_t> pending_{0};       // workers' tasks of this call not yet done
+    size_t active_ = 0;
     void (*call_)(void*, size_t) = nullptr;
     void* task_ = nullptr;
     std::exception_ptr error_;
