@@ -140,6 +140,32 @@ def test_conv2d_large_channels_torch_parity(seed, torch):
 
 
 # ----------------------------------------------------------------------------- gradient checks
+@pytest.mark.parametrize("B, image, C, F, window, strides, padding, dtype", [
+    # one channel, stride 1 along rows: the kernel gradient from the patches transposed
+    (3, (9, 7), 1, 5, (3, 3), (1, 1), "same", "float32"),
+    (2, (10, 8), 1, 20, (5, 3), (2, 1), "valid", "float32"),
+    (2, (8, 9), 1, 4, (2, 3), (1, 2), "same", "float32"),
+    # windows evenly spaced over the whole image (one product per image): 1x1, and windows that tile it
+    (2, (5, 6), 7, 3, (1, 1), (1, 1), "same", "float32"),
+    (2, (6, 8), 3, 4, (2, 2), (2, 2), "valid", "float32"),
+    # several blocks of output rows per image (float64: the float32 sums drift past 1e-5)
+    (2, (30, 28), 20, 6, (3, 3), (1, 1), "same", "float64"),
+    (1, (64, 61), 1, 18, (3, 3), (1, 1), "same", "float64"),
+])
+def test_conv2d_torch_parity_on_every_path(B, image, C, F, window, strides, padding, dtype, torch):
+    rng = np.random.default_rng(7)
+    layer = layers.Conv2D(F, window, strides=strides, padding=padding, activation="relu",
+                          bias_initializer="glorot_uniform", dtype=dtype)
+    x = rng.standard_normal((B,) + image + (C,)).astype(dtype)
+    layer(x)
+
+    def forward(tx, kernel, bias):
+        z = torch.nn.functional.conv2d(torch_nchw(torch, tx, window, strides, padding),
+                                       kernel.permute(3, 2, 0, 1).contiguous(), bias, stride=strides)
+        return torch.relu(z.permute(0, 2, 3, 1))
+    _parity(torch, layer, x, forward, ["kernel", "bias"])
+
+
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("padding, strides, window", [("same", (2, 1), (3, 2)), ("valid", (1, 2), (2, 3)),
                                                       ("same", (1, 1), (1, 1))])

@@ -1,18 +1,18 @@
 // 2-D convolution and pooling over channels-last images (Keras' layout): x (B, H, W, C), kernel
 // (KH, KW, C, F) as Keras stores it, outputs (B, OH, OW, F).
 //
-// Plan: the convolution is an im2col product. The rows of the output, r = (b * OH + oh) * OW + ow,
-// are walked in blocks of a few hundred KiB of patches (one row of KH * KW * C values per output
-// pixel, the kernel's (i, j, c) order, zero where the window leaves the image). Each block's
-// patches meet the kernel, read as a (KH * KW * C, F) matrix and packed once per call, in the
-// register tiles of packed.hpp, and the activation runs on the block while it is in cache (relu as
-// the product stores it); backward multiplies dz by the kernel's transpose the same way and takes the
+// Plan: each image is copied once with its padding written out (pad_image), so no window leaves it.
+// The forward reads the windows there in place as the left operand of the register tiles of
+// packed.hpp (a row per output pixel: KH runs of KW * C values), against the kernel read as a
+// (KH * KW * C, F) matrix and packed once per call, and the activation runs as the product stores
+// (relu) or on the rows just written. Backward copies the patches of a block of output rows (im2col,
+// one row of KH * KW * C values per output pixel, in the kernel's (i, j, c) order) and takes the
 // kernel gradient, a reduction over the rows, on the same tiles as dK^T = dz^T . patches, the patches
-// read in place as the right operand. The tiles beat OpenBLAS on bench_cnn's layers (3.8x for a
-// 9 x 16 kernel, 1.2x for 144 x 32: OpenBLAS repacks both operands on every call).
+// read in place as the right operand; dx = dz . K^T goes back through the windows into the padded
+// image (col2im) and is cropped out of it.
 // Images are split across the thread budget (parallel_for), so that the input gradient each thread
-// scatters back (col2im) stays in its own images; each thread sums its kernel gradient apart and
-// adds it under a lock. A 1x1 kernel with stride 1 multiplies the input itself.
+// scatters back stays in its own images; each thread sums its kernel gradient apart and adds it
+// under a lock.
 // Pooling reads windows of the same geometry; padded positions are never part of a window (max
 // ignores them, the average divides by the real pixels only), as in TensorFlow.
 #pragma once
@@ -41,8 +41,9 @@ struct Window2D {
     size_t out_pixels() const { return (size_t)OH * OW; }
     size_t in_pixels() const { return (size_t)H * W; }
     int patch() const { return KH * KW * C; }
-    // the patches are the input itself
-    bool identity_patches() const { return KH == 1 && KW == 1 && SH == 1 && SW == 1; }
+    // the rows and columns of the input the windows reach, padding included
+    int padded_rows() const { return (OH - 1) * SH + KH; }
+    int padded_cols() const { return (OW - 1) * SW + KW; }
 };
 
 // Keras / TensorFlow geometry. 'valid': only whole windows, OH = (H - KH) / SH + 1. 'same':
@@ -80,72 +81,9 @@ inline Span inside(int o, int stride, int pad, int k, int size) {
     return {std::max(0, -start), std::min(k, size - start)};
 }
 
-// For the n output rows r = (b * OH + oh) * OW + ow from r0, in order (k = r - r0): clipped(k) when
-// the window of row k leaves the image, then segment(k, x_offset, patch_offset, count) for each of
-// its window rows inside the image: the count values at x[x_offset] inside the image are those at
-// patch_offset in the patch (row k of im2col). The pixels of one output row run in an inner loop with
-// no division (bookkeeping per pixel cost more than copying a patch whose window rows are 3 values).
-template <class Clipped, class Segment>
-ATTNX_ALWAYS_INLINE void walk_window_rows(const Window2D& w, size_t r0, int n, Clipped&& clipped, Segment&& segment) {
-    const int C = w.C, KW = w.KW;
-    const size_t row_values = (size_t)KW * C;
-    size_t b = r0 / w.out_pixels();
-    int oh = int(r0 / w.OW % w.OH), ow0 = int(r0 % w.OW);
-    for (int k = 0; k < n;) {
-        const int run = std::min(n - k, w.OW - ow0);  // output pixels left in this output row
-        const Span rows = inside(oh, w.SH, w.pad_top, w.KH, w.H);
-        // window row i of output pixel ow starts at x offset top + i * W * C + left (may be negative
-        // outside the image: offsets, not pointers)
-        const ptrdiff_t top = ((ptrdiff_t)(b * w.H) + oh * w.SH - w.pad_top) * w.W * C;
-        for (int ow = ow0; ow < ow0 + run; ++ow, ++k) {
-            const Span cols = inside(ow, w.SW, w.pad_left, KW, w.W);
-            const ptrdiff_t left = (ptrdiff_t)(ow * w.SW - w.pad_left + cols.lo) * C;
-            const size_t count = (size_t)(cols.hi - cols.lo) * C;
-            if (rows.hi - rows.lo < w.KH || cols.hi - cols.lo < KW) clipped(k);
-            for (int i = rows.lo; i < rows.hi; ++i)
-                segment(k, (size_t)(top + (ptrdiff_t)i * w.W * C + left), i * row_values + (size_t)cols.lo * C, count);
-        }
-        ow0 += run;
-        if (ow0 == w.OW) {
-            ow0 = 0;
-            if (++oh == w.OH) oh = 0, ++b;
-        }
-    }
-}
-
 // The offset in x of pixel (i, j) of output pixel (oh, ow)'s window in image b (inside the image)
 inline size_t window_pixel(const Window2D& w, size_t b, int oh, int ow, int i, int j) {
     return ((b * w.H + (size_t)(oh * w.SH - w.pad_top + i)) * w.W + (size_t)(ow * w.SW - w.pad_left + j)) * w.C;
-}
-
-// cols[r - r0, (i * KW + j) * C + c] = x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c], 0 outside
-// the image, for the n output rows r = (b * OH + oh) * OW + ow from r0: one copy per window row. The
-// copies stay loops (GCC would call memmove for each window row: 3 values for a 3x3 kernel on one
-// channel, where the call costs more than the copy; masked AVX-512 copies were slower too).
-template <class T>
-__attribute__((optimize("no-tree-loop-distribute-patterns"))) void im2col(T* cols, const T* x, const Window2D& w,
-                                                                           size_t r0, int n) {
-    const int P = w.patch();
-    walk_window_rows(
-        w, r0, n,
-        [&](int k) __attribute__((always_inline)) {
-            for (int e = 0; e < P; ++e) cols[(size_t)k * P + e] = T(0);
-        },
-        [&](int k, size_t from, size_t at, size_t count) __attribute__((always_inline)) {
-            T* to = cols + (size_t)k * P + at;
-            for (size_t e = 0; e < count; ++e) to[e] = x[from + e];
-        });
-}
-
-// The transpose of im2col: dx[b, ih, iw, c] += dcols[r - r0, (i * KW + j) * C + c] over the same rows
-template <class T> void col2im_add(T* dx, const T* dcols, const Window2D& w, size_t r0, int n) {
-    const int P = w.patch();
-    walk_window_rows(
-        w, r0, n, [](int) {},
-        [&](int k, size_t to, size_t at, size_t count) __attribute__((always_inline)) {
-            const T* from = dcols + (size_t)k * P + at;
-            for (size_t e = 0; e < count; ++e) dx[to + e] += from[e];
-        });
 }
 
 // fn(b0, b1) over the images, split across the thread budget (`work`: multiply-adds)
@@ -153,14 +91,92 @@ template <class F> void for_images(const Window2D& w, double work, F&& fn) {
     parallel_for((size_t)w.B, work, [&](size_t b0, size_t b1) { fn((int)b0, (int)b1); });
 }
 
-// fn(r0, n) over the output rows of images [b0, b1) in blocks whose patches take about 256 KiB
-template <class T, class F> void for_row_blocks(const Window2D& w, int b0, int b1, F&& fn) {
-    const size_t rows = std::max<size_t>(64, (size_t(1) << 16) * 4 / sizeof(T) / std::max(w.patch(), 1)) / 16 * 16;
-    const size_t end = (size_t)b1 * w.out_pixels();
-    for (size_t r0 = (size_t)b0 * w.out_pixels(); r0 < end; r0 += rows) fn(r0, (int)std::min(rows, end - r0));
+// ---------------------------------------------------------------------------------- Conv2D
+// The widest vectors' lanes: the padding a matrix read in place as panels needs past its end
+constexpr int kMaxLanes = 16;
+
+// Image b of x as its windows read it: (padded_rows, padded_cols, C), x's pixel (ih, iw) at
+// (ih + pad_top, iw + pad_left), zeros around it (pixels no window reaches left out), and kMaxLanes
+// zeros past the end
+template <class T> void pad_image(std::vector<T>& xp, const T* x, const Window2D& w, int b) {
+    const int Wp = w.padded_cols(), C = w.C;
+    xp.assign((size_t)w.padded_rows() * Wp * C + kMaxLanes, T(0));
+    const int rows = std::min(w.H, w.padded_rows() - w.pad_top), cols = std::min(w.W, Wp - w.pad_left);
+    for (int ih = 0; ih < rows; ++ih)
+        std::copy_n(x + ((size_t)b * w.H + ih) * w.W * C, (size_t)cols * C,
+                    xp.data() + ((size_t)(ih + w.pad_top) * Wp + w.pad_left) * C);
 }
 
-// ---------------------------------------------------------------------------------- Conv2D
+// dx[b] = the pixels of a padded image's gradient dxp that are x's (0 for pixels no window reaches)
+template <class T> void crop_image(T* dx, const T* dxp, const Window2D& w, int b) {
+    const int Wp = w.padded_cols(), C = w.C;
+    const int rows = std::min(w.H, w.padded_rows() - w.pad_top), cols = std::min(w.W, Wp - w.pad_left);
+    T* image = dx + (size_t)b * w.in_pixels() * C;
+    std::fill(image, image + w.in_pixels() * C, T(0));
+    for (int ih = 0; ih < rows; ++ih)
+        std::copy_n(dxp + ((size_t)(ih + w.pad_top) * Wp + w.pad_left) * C, (size_t)cols * C,
+                    image + (size_t)ih * w.W * C);
+}
+
+// The patches of output rows oh, oh + 1, ... of a padded image, read in place as the left operand of
+// a product: row k is output pixel k's window, its KH rows (runs of KW * C values, padded_cols * C
+// apart) one after another. Consecutive output pixels' windows are SW * C apart: within an output
+// row, or across rows too when windows_evenly_spaced.
+template <class T> LeftRows<T> window_rows(const T* xp, const Window2D& w, int oh) {
+    const size_t row_values = (size_t)w.padded_cols() * w.C;
+    return {xp + (size_t)oh * w.SH * row_values, (size_t)w.SW * w.C, w.KW * w.C, nullptr, 0, 0, w.KH, row_values};
+}
+inline bool windows_evenly_spaced(const Window2D& w) { return (size_t)w.SH * w.padded_cols() == (size_t)w.OW * w.SW; }
+
+// fn(k, offset) for the output pixels k = (oh - oh0) * OW + ow of output rows [oh0, oh1): offset is
+// where the window of pixel (oh, ow) starts in a padded image
+template <class F> ATTNX_ALWAYS_INLINE void walk_windows(const Window2D& w, int oh0, int oh1, F&& fn) {
+    const size_t C = w.C, Wp = w.padded_cols();
+    for (int oh = oh0, k = 0; oh < oh1; ++oh)
+        for (int ow = 0; ow < w.OW; ++ow, ++k) fn(k, ((size_t)oh * w.SH * Wp + (size_t)ow * w.SW) * C);
+}
+
+// cols[k, (i * KW + j) * C + c] = xp[oh * SH + i, ow * SW + j, c] for the output pixels k of output rows
+// [oh0, oh1) of a padded image. The copies stay loops (GCC would call memmove for each window row:
+// 3 values for a 3x3 kernel on one channel, where the call costs more than the copy).
+template <class T>
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) void im2col(T* cols, const T* xp, const Window2D& w,
+                                                                           int oh0, int oh1) {
+    const size_t P = w.patch(), run = (size_t)w.KW * w.C, row_values = (size_t)w.padded_cols() * w.C;
+    walk_windows(w, oh0, oh1, [&](int k, size_t at) __attribute__((always_inline)) {
+        for (int i = 0; i < w.KH; ++i)
+            for (size_t e = 0; e < run; ++e) cols[k * P + i * run + e] = xp[at + i * row_values + e];
+    });
+}
+
+// The transpose of im2col: dxp[oh * SH + i, ow * SW + j, c] += dcols[k, (i * KW + j) * C + c]
+template <class T> void col2im_add(T* dxp, const T* dcols, const Window2D& w, int oh0, int oh1) {
+    const size_t P = w.patch(), run = (size_t)w.KW * w.C, row_values = (size_t)w.padded_cols() * w.C;
+    walk_windows(w, oh0, oh1, [&](int k, size_t at) __attribute__((always_inline)) {
+        for (int i = 0; i < w.KH; ++i)
+            for (size_t e = 0; e < run; ++e) dxp[at + i * row_values + e] += dcols[k * P + i * run + e];
+    });
+}
+
+// colsT[p, k] = cols[k, p], the patches of output rows [oh0, oh1) transposed (rows ld apart), for a
+// one-channel image and stride 1: each patch position's values along an output row are a run of
+// the padded image
+template <class T> void im2col_transposed(T* colsT, size_t ld, const T* xp, const Window2D& w, int oh0, int oh1) {
+    const size_t Wp = w.padded_cols();
+    for (int oh = oh0; oh < oh1; ++oh)
+        for (int i = 0; i < w.KH; ++i)
+            for (int j = 0; j < w.KW; ++j)
+                std::copy_n(xp + (size_t)(oh * w.SH + i) * Wp + j, w.OW,
+                            colsT + (size_t)(i * w.KW + j) * ld + (size_t)(oh - oh0) * w.OW);
+}
+
+// fn(oh0, oh1) over blocks of an image's output rows whose patches take about 256 KiB
+template <class T, class F> void for_output_row_blocks(const Window2D& w, F&& fn) {
+    const size_t row_values = std::max<size_t>((size_t)w.OW * w.patch(), 1);
+    const int rows = (int)std::max<size_t>(1, (size_t(1) << 16) * 4 / sizeof(T) / row_values);
+    for (int oh0 = 0; oh0 < w.OH; oh0 += rows) fn(oh0, std::min(w.OH, oh0 + rows));
+}
+
 // Vectors per panel of a packed right operand of N columns for vectors of `lanes`
 inline int tile_vectors(int N, int lanes) { return std::clamp((N + lanes - 1) / lanes, 1, 3); }
 
@@ -175,15 +191,14 @@ template <class T> struct PackedRight {
     }
 };
 
-// out[r, n] = bias[n] + sum_k left[r, k] B[k, n] for the `rows` rows of left (K values each), B packed
-// in panels of Q vectors V; bias may be null. `relu`: out = max(out, 0) as it is stored (a NaN stays).
+// out[r, n] = bias[n] + sum_k left[r, k] B[k, n] for `rows` rows of left (B.K values each), B packed in
+// panels of Q vectors V; bias may be null. `relu`: out = max(out, 0) as it is stored (a NaN stays).
 template <class V, int Q, class T>
-ATTNX_ALWAYS_INLINE void packed_rows(T* out, const T* left, int rows, const PackedRight<T>& B, const T* bias,
+ATTNX_ALWAYS_INLINE void packed_rows(T* out, const LeftRows<T>& left, int rows, const PackedRight<T>& B, const T* bias,
                                      bool relu) {
     constexpr int W = Lanes<V>::W;
     const int N = B.N;
-    panels_product<V, Q>(0, rows, LeftRows<T>{left, (size_t)B.K, B.K, nullptr, 0, 0},
-                         packed_panels(B.panels.data(), B.K, N, Q * W, W), 0, N,
+    panels_product<V, Q>(0, rows, left, packed_panels(B.panels.data(), B.K, N, Q * W, W), 0, N,
                          [&](int r, auto pre, int p) __attribute__((always_inline)) {
                              for (int q = 0; q < pre.count && (p * Q + q) * W < N; ++q) {
                                  const int n0 = (p * Q + q) * W, m = std::min(W, N - n0);
@@ -196,7 +211,8 @@ ATTNX_ALWAYS_INLINE void packed_rows(T* out, const T* left, int rows, const Pack
 
 // packed_rows on the widest vectors this CPU runs (those B was packed for)
 template <class T>
-void packed_rows(T* out, const T* left, int rows, const PackedRight<T>& B, const T* bias, bool relu = false) {
+void packed_rows(T* out, const LeftRows<T>& left, int rows, const PackedRight<T>& B, const T* bias,
+                 bool relu = false) {
     on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
         using V = decltype(lanes);
         if (B.Q == 1) packed_rows<V, 1>(out, left, rows, B, bias, relu);
@@ -206,53 +222,50 @@ void packed_rows(T* out, const T* left, int rows, const PackedRight<T>& B, const
 }
 
 // z[b, oh, ow, f] = bias[f] + sum_{i, j, c} x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c] K[i, j, c, f]
-// y = act(z) (y may alias z: gelu's backward alone needs z). bias may be null. relu runs as the
-// product stores z when y is z.
+// y = act(z) (y may alias z: gelu's backward alone needs z). bias may be null. The windows are read
+// in place from the padded image (no im2col); relu runs as the product stores z when y is z.
 template <class T>
 void conv2d_forward(T* y, T* z, const T* x, const T* kernel, const T* bias, const Window2D& w, int F, Activation act) {
     const int P = w.patch();
     if (F == 0) return;  // no output (and the patches of a kernel of no filters may be any size)
     const bool fused_relu = act == Activation::relu && y == z;
+    if (w.out_pixels() == 0) return;
     const PackedRight<T> packed_kernel(kernel, P, F, false);
+    const int rows_per_product = windows_evenly_spaced(w) ? w.OH : 1;
     for_images(w, double(w.B) * w.out_pixels() * P * F, [&](int b0, int b1) {
-        std::vector<T> cols;
-        for_row_blocks<T>(w, b0, b1, [&](size_t r0, int n) {
-            const T* patches = x + r0 * P;
-            if (!w.identity_patches()) {
-                cols.resize((size_t)n * P);
-                im2col(cols.data(), x, w, r0, n);
-                patches = cols.data();
+        std::vector<T> xp;
+        for (int b = b0; b < b1; ++b) {
+            pad_image(xp, x, w, b);
+            for (int oh = 0; oh < w.OH; oh += rows_per_product) {
+                const size_t r0 = ((size_t)b * w.OH + oh) * w.OW, n = (size_t)rows_per_product * w.OW;
+                packed_rows(z + r0 * F, window_rows(xp.data(), w, oh), (int)n, packed_kernel, bias, fused_relu);
+                if (!fused_relu) activation_forward<T>(y + r0 * F, z + r0 * F, n, (size_t)F, act);
             }
-            packed_rows(z + r0 * F, patches, n, packed_kernel, bias, fused_relu);
-            if (!fused_relu) activation_forward<T>(y + r0 * F, z + r0 * F, (size_t)n, (size_t)F, act);
-        });
+        }
     });
 }
 
-// The widest vectors' lanes: the padding a matrix read in place as panels needs past its end
-constexpr int kMaxLanes = 16;
-
-// dKt[f, p] += sum_k dzt[f, k] cols[k, p] for a block of n rows: dzt (F, n) rows ldz apart, cols
-// (n, P) read in place as panels of Q vectors (no packing: its rows are the panels' rows, P apart).
-// A row's last vector may run past P into the next row (cols holds kMaxLanes values more at its end);
-// those lanes are dropped.
-template <class T> void kernel_gradient_rows(T* dKt, const T* dzt, size_t ldz, const T* cols, int n, int P, int F) {
+// out[m, c] += sum_k left[m, k] right[k, c] for out (M, N): left (M, n) rows ld_left apart, right
+// (n, N) read in place as panels of Q vectors (no packing: its rows are the panels' rows, N apart).
+// A row's last vector may run past N into the next row (right holds kMaxLanes values more at its
+// end); those lanes are dropped.
+template <class T> void add_product_in_place(T* out, const T* left, size_t ld_left, int M, const T* right, int n, int N) {
     on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
         using V = decltype(lanes);
         constexpr int W = Lanes<V>::W;
         auto product = [&](auto vectors) __attribute__((always_inline)) {
             constexpr int Q = decltype(vectors)::value;
-            panels_product<V, Q>(0, F, LeftRows<T>{dzt, ldz, n, nullptr, 0, 0},
-                                 RightPanels<T>{cols, (size_t)P, (size_t)Q * W, (size_t)P}, 0, P,
-                                 [&](int f, auto pre, int p) __attribute__((always_inline)) {
-                                     for (int q = 0; q < pre.count && (p * Q + q) * W < P; ++q) {
-                                         T* to = dKt + (size_t)f * P + (p * Q + q) * W;
-                                         const int m = std::min(W, P - (p * Q + q) * W);
-                                         vstore(to, vload<V>(to, m) + pre.q[q], m);
+            panels_product<V, Q>(0, M, LeftRows<T>{left, ld_left, n, nullptr, 0, 0},
+                                 RightPanels<T>{right, (size_t)N, (size_t)Q * W, (size_t)N}, 0, N,
+                                 [&](int m, auto pre, int p) __attribute__((always_inline)) {
+                                     for (int q = 0; q < pre.count && (p * Q + q) * W < N; ++q) {
+                                         T* to = out + (size_t)m * N + (p * Q + q) * W;
+                                         const int count = std::min(W, N - (p * Q + q) * W);
+                                         vstore(to, vload<V>(to, count) + pre.q[q], count);
                                      }
                                  });
         };
-        const int Q = tile_vectors(P, W);
+        const int Q = tile_vectors(N, W);
         if (Q == 1) product(std::integral_constant<int, 1>{});
         else if (Q == 2) product(std::integral_constant<int, 2>{});
         else product(std::integral_constant<int, 3>{});
@@ -277,45 +290,61 @@ template <class T> void add_column_sums(T* sums, const T* m, int n, int F) {
 // dK[i, j, c, f] += sum_{b, oh, ow} patch[b, oh, ow][i, j, c] dz[b, oh, ow, f], dbias[f] += sum dz[..., f],
 // dx = col2im(dz . K^T) (overwritten; null: not computed). dbias may be null.
 // The kernel gradient is taken transposed, dK^T (F, P) = dz^T . patches, so that the patches are the
-// right operand as im2col wrote them and only dz (F values a row against P) is transposed.
+// right operand as im2col wrote them and only dz (F values a row against P) is transposed; on one
+// channel with stride 1 it is dK = patches^T . dz, patches^T copied in runs of the image and dz the
+// right operand as it is (nothing transposed: a 3 x 3 kernel's 9 values a patch filled 9 of 16 lanes).
 template <class T>
 void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const T* kernel, const T* y, const T* z,
                      const Window2D& w, int F, Activation act) {
     const int P = w.patch();
-    const size_t in_image = w.in_pixels() * w.C;
-    if (F == 0) {  // no output: no gradient, and no patches to read
-        if (dx) std::fill(dx, dx + w.B * in_image, T(0));
+    if (F == 0 || w.out_pixels() == 0) {  // no output: no gradient, and no patches to read
+        if (dx) std::fill(dx, dx + w.B * w.in_pixels() * w.C, T(0));
         return;
     }
+    const bool patches_transposed = w.C == 1 && w.SW == 1;
     // K^T (F, P), for dpatches = dz . K^T
     const PackedRight<T> packed_kernel_t(kernel, F, P, true);
     std::mutex sum_lock;
     for_images(w, double(w.B) * w.out_pixels() * P * F * (dx ? 2 : 1), [&](int b0, int b1) {
-        // this thread's images' share of dK^T and dbias, added in at the end
-        std::vector<T> dKt((size_t)F * P, T(0)), db(F, T(0)), cols, dcols, dz;
+        // this thread's images' share of dK (or dK^T) and dbias, added in at the end
+        std::vector<T> dK((size_t)F * P, T(0)), db(F, T(0)), xp, dxp, cols, dcols, dz;
         Panels<T> dzt;
-        // col2im adds into dx; a 1x1 kernel's product writes it whole
-        if (dx && !w.identity_patches()) std::fill(dx + b0 * in_image, dx + b1 * in_image, T(0));
-        for_row_blocks<T>(w, b0, b1, [&](size_t r0, int n) {
-            dz.resize((size_t)n * F);
-            activation_backward<T>(dz.data(), dy + r0 * F, z + r0 * F, y + r0 * F, (size_t)n, (size_t)F, act);
-            add_column_sums(db.data(), dz.data(), n, F);
-            cols.resize((size_t)n * P + kMaxLanes);
-            // a 1x1 kernel's patches are x itself, copied for the padding the in-place read runs into
-            if (w.identity_patches()) std::copy(x + r0 * P, x + (r0 + n) * P, cols.data());
-            else im2col(cols.data(), x, w, r0, n);
-            // dz^T (F, n), its rows padded to whole 4-lane blocks (the transpose runs on 4 x 4 blocks)
-            pack_panels_t(dzt, dz.data(), (size_t)F, F, n, n, 4);
-            kernel_gradient_rows(dKt.data(), dzt.data(), (size_t)last_panel_width(n, n, 4), cols.data(), n, P, F);
-            if (!dx) return;
-            if (w.identity_patches()) return packed_rows(dx + r0 * P, dz.data(), n, packed_kernel_t, (const T*)nullptr);
-            dcols.resize((size_t)n * P);
-            packed_rows(dcols.data(), dz.data(), n, packed_kernel_t, (const T*)nullptr);
-            col2im_add(dx, dcols.data(), w, r0, n);
-        });
+        for (int b = b0; b < b1; ++b) {
+            pad_image(xp, x, w, b);
+            if (dx) dxp.assign((size_t)w.padded_rows() * w.padded_cols() * w.C, T(0));
+            for_output_row_blocks<T>(w, [&](int oh0, int oh1) {
+                const size_t r0 = ((size_t)b * w.OH + oh0) * w.OW;
+                const int n = (oh1 - oh0) * w.OW;
+                // the transposes' rows a vector longer than a multiple of 64 values apart: 1024 values
+                // (a 32 x 32 image) apart, they fell in one L1 set and the transpose ran 7x slower
+                const int ld = (n + 3) / 4 * 4 + (n % 64 == 0 ? 4 : 0);
+                dz.resize((size_t)ld * F + kMaxLanes);
+                std::fill(dz.begin() + (size_t)n * F, dz.end(), T(0));
+                activation_backward<T>(dz.data(), dy + r0 * F, z + r0 * F, y + r0 * F, (size_t)n, (size_t)F, act);
+                add_column_sums(db.data(), dz.data(), n, F);
+                if (patches_transposed) {
+                    cols.resize((size_t)P * ld);
+                    im2col_transposed(cols.data(), (size_t)ld, xp.data(), w, oh0, oh1);
+                    add_product_in_place(dK.data(), cols.data(), (size_t)ld, P, dz.data(), n, F);
+                } else {
+                    cols.resize((size_t)n * P + kMaxLanes);
+                    im2col(cols.data(), xp.data(), w, oh0, oh1);
+                    // dz^T (F, ld) (the transpose runs on 4 x 4 blocks)
+                    pack_panels_t(dzt, dz.data(), (size_t)F, F, ld, ld, 4);
+                    add_product_in_place(dK.data(), dzt.data(), (size_t)ld, F, cols.data(), n, P);
+                }
+                if (!dx) return;
+                dcols.resize((size_t)n * P);
+                packed_rows(dcols.data(), LeftRows<T>{dz.data(), (size_t)F, F, nullptr, 0, 0}, n, packed_kernel_t,
+                            (const T*)nullptr);
+                col2im_add(dxp.data(), dcols.data(), w, oh0, oh1);
+            });
+            if (dx) crop_image(dx, dxp.data(), w, b);
+        }
         std::lock_guard<std::mutex> hold(sum_lock);
         for (int p = 0; p < P; ++p)
-            for (int f = 0; f < F; ++f) dkernel[(size_t)p * F + f] += dKt[(size_t)f * P + p];
+            for (int f = 0; f < F; ++f)
+                dkernel[(size_t)p * F + f] += patches_transposed ? dK[(size_t)p * F + f] : dK[(size_t)f * P + p];
         if (dbias)
             for (int f = 0; f < F; ++f) dbias[f] += db[f];
     });

@@ -131,8 +131,10 @@ template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE V vbroadc
     }
 }
 
-// The left operand of a packed product: row r at a + r * lda (K values), followed by row r of x at
-// x + r * ldx (C values; C = 0 unless the input projection is fused)
+// The left operand of a packed product: row r is `segments` runs of K values, run s at
+// a + r * lda + s * segment_stride (one run unless a convolution reads its windows in place: a run
+// per window row), followed by row r of x at x + r * ldx (C values; C = 0 unless the input
+// projection is fused)
 template <class T> struct LeftRows {
     const T* a;
     size_t lda;
@@ -140,7 +142,11 @@ template <class T> struct LeftRows {
     const T* x;
     size_t ldx;
     int C;
-    LeftRows from_row(int r) const { return {a + (size_t)r * lda, lda, K, x ? x + (size_t)r * ldx : x, ldx, C}; }
+    int segments = 1;
+    size_t segment_stride = 0;
+    LeftRows from_row(int r) const {
+        return {a + (size_t)r * lda, lda, K, x ? x + (size_t)r * ldx : x, ldx, C, segments, segment_stride};
+    }
 };
 
 // pre[r].q[q] = sum_k [A | X][r, k] panel[k * k_stride + q * W .. + W) for R rows and Q vectors
@@ -148,11 +154,13 @@ template <class V, int Q, int R, class T>
 ATTNX_ALWAYS_INLINE void row_tile(TileRow<V, Q> (&pre)[R], const LeftRows<T>& left, const T* panel, size_t k_stride) {
     constexpr int W = Lanes<V>::W;
     V acc[R][Q] = {};  // local until the end: GCC then keeps it in registers
-    for (int part = 0; part < 2; ++part) {
-        const T* M = part ? left.x : left.a;
-        const size_t ld = part ? left.ldx : left.lda;
-        const int count = part ? left.C : left.K;
-        const T* rows = part ? panel + (size_t)left.K * k_stride : panel;
+    // the runs of a, then x
+    for (int part = 0; part <= left.segments; ++part) {
+        const bool of_x = part == left.segments;
+        const T* M = of_x ? left.x : left.a + (size_t)part * left.segment_stride;
+        const size_t ld = of_x ? left.ldx : left.lda;
+        const int count = of_x ? left.C : left.K;
+        const T* rows = panel + (size_t)part * left.K * k_stride;
         for (int k = 0; k < count; ++k) {
             V u[Q];
 #pragma GCC unroll 4
