@@ -148,6 +148,17 @@ def test_conv2d_large_channels_torch_parity(seed, torch):
     # windows evenly spaced over the whole image (one product per image): 1x1, and windows that tile it
     (2, (5, 6), 7, 3, (1, 1), (1, 1), "same", "float32"),
     (2, (6, 8), 3, 4, (2, 2), (2, 2), "valid", "float32"),
+    # 3x3, stride 1, 8 channels or more: Winograd F(2x2, 3x3) (odd sizes, 'valid', an image smaller than
+    # the window, several blocks of tile rows (float64: the kernel gradient sums 1600 pixels)); dx, a
+    # stride-1 convolution of dz, through it too
+    (2, (9, 7), 8, 8, (3, 3), (1, 1), "same", "float32"),
+    (2, (10, 11), 9, 12, (3, 3), (1, 1), "valid", "float32"),
+    (1, (2, 1), 8, 3, (3, 3), (1, 1), "same", "float32"),
+    (1, (40, 40), 16, 16, (3, 3), (1, 1), "same", "float64"),
+    (2, (7, 6), 5, 16, (3, 3), (1, 1), "same", "float64"),
+    # dx as a convolution of dz with the kernel turned around: even windows, asymmetric 'same' padding
+    (2, (8, 9), 3, 5, (2, 4), (1, 1), "same", "float32"),
+    (2, (8, 9), 3, 5, (5, 3), (1, 1), "valid", "float32"),
     # several blocks of output rows per image (float64: the float32 sums drift past 1e-5)
     (2, (30, 28), 20, 6, (3, 3), (1, 1), "same", "float64"),
     (1, (64, 61), 1, 18, (3, 3), (1, 1), "same", "float64"),

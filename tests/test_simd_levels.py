@@ -57,6 +57,7 @@ def _twin(make, x):
     (lambda dt: layers.LayerNormalization(dtype=dt), (4, 33)),
     (lambda dt: layers.AttentionPooling(dtype=dt), (3, 70, 16)),
     (lambda dt: layers.Conv2D(12, 3, padding="same", activation="tanh", dtype=dt), (2, 9, 7, 5)),
+    (lambda dt: layers.Conv2D(6, 3, padding="valid", activation="tanh", dtype=dt), (2, 9, 8, 10)),  # Winograd
     (lambda dt: layers.MaxPooling2D(2, dtype=dt), (2, 8, 6, 20)),
     (lambda dt: layers.AveragePooling2D(3, strides=2, padding="same", dtype=dt), (2, 9, 7, 20)),
 ])

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -95,23 +96,24 @@ template <class F> void for_images(const Window2D& w, double work, F&& fn) {
 // The widest vectors' lanes: the padding a matrix read in place as panels needs past its end
 constexpr int kMaxLanes = 16;
 
-// Image b of x as its windows read it: (padded_rows, padded_cols, C), x's pixel (ih, iw) at
-// (ih + pad_top, iw + pad_left), zeros around it (pixels no window reaches left out), and kMaxLanes
-// zeros past the end
-template <class T> void pad_image(std::vector<T>& xp, const T* x, const Window2D& w, int b) {
-    const int Wp = w.padded_cols(), C = w.C;
-    xp.assign((size_t)w.padded_rows() * Wp * C + kMaxLanes, T(0));
-    const int rows = std::min(w.H, w.padded_rows() - w.pad_top), cols = std::min(w.W, Wp - w.pad_left);
-    for (int ih = 0; ih < rows; ++ih)
-        std::copy_n(x + ((size_t)b * w.H + ih) * w.W * C, (size_t)cols * C,
-                    xp.data() + ((size_t)(ih + w.pad_top) * Wp + w.pad_left) * C);
+// One image (H, W, C) as its windows read it: (rows, cols, C), rows and cols at least padded_rows()
+// and padded_cols(), pixel (ih, iw) at (ih + pad_top, iw + pad_left), zeros around it (pixels no
+// window reaches left out), and kMaxLanes zeros past the end
+template <class T> void pad_image(std::vector<T>& xp, const T* image, const Window2D& w, int rows, int cols) {
+    const int C = w.C;
+    xp.assign((size_t)rows * cols * C + kMaxLanes, T(0));
+    const int inside_rows = std::min(w.H, w.padded_rows() - w.pad_top);
+    const int inside_cols = std::min(w.W, w.padded_cols() - w.pad_left);
+    for (int ih = 0; ih < inside_rows; ++ih)
+        std::copy_n(image + (size_t)ih * w.W * C, (size_t)inside_cols * C,
+                    xp.data() + ((size_t)(ih + w.pad_top) * cols + w.pad_left) * C);
 }
 
-// dx[b] = the pixels of a padded image's gradient dxp that are x's (0 for pixels no window reaches)
-template <class T> void crop_image(T* dx, const T* dxp, const Window2D& w, int b) {
+// One image's gradient = the pixels of its padded image's gradient dxp that are the image's (0 for
+// pixels no window reaches)
+template <class T> void crop_image(T* image, const T* dxp, const Window2D& w) {
     const int Wp = w.padded_cols(), C = w.C;
     const int rows = std::min(w.H, w.padded_rows() - w.pad_top), cols = std::min(w.W, Wp - w.pad_left);
-    T* image = dx + (size_t)b * w.in_pixels() * C;
     std::fill(image, image + w.in_pixels() * C, T(0));
     for (int ih = 0; ih < rows; ++ih)
         std::copy_n(dxp + ((size_t)(ih + w.pad_top) * Wp + w.pad_left) * C, (size_t)cols * C,
@@ -221,27 +223,183 @@ void packed_rows(T* out, const LeftRows<T>& left, int rows, const PackedRight<T>
     });
 }
 
-// z[b, oh, ow, f] = bias[f] + sum_{i, j, c} x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c] K[i, j, c, f]
-// y = act(z) (y may alias z: gelu's backward alone needs z). bias may be null. The windows are read
-// in place from the padded image (no im2col); relu runs as the product stores z when y is z.
+// ------------------------------------------------ Winograd F(2x2, 3x3) (Lavin & Gray, 2016)
+// A 3x3 convolution with stride 1 computes each 2x2 block of outputs from the 4x4 block of the padded
+// image under it with 16 multiplies a channel pair instead of 36:
+//   Y = A^T [ (G g G^T) . (B^T d B) ] A, summed over the input channels,
+//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
+//   A^T = [1 1 1 0; 0 1 -1 -1].
+// The sum over channels is 16 products (blocks, C) . (C, F), one per position of the 4x4 block, on the
+// register tiles. Below 8 input channels those products are too thin to pay for the transforms
+// (measured against the direct product, one thread: 1-4 channels 1.6-4x slower, 8 the same, 16 to 128
+// channels 1.1-1.7x faster whatever the filters, 1 to 128).
+inline bool winograd_applies(const Window2D& w) { return w.KH == 3 && w.KW == 3 && w.SH == 1 && w.SW == 1 && w.C >= 8; }
+
+// B^T v (v: a column of the block, or B^T d's row)
+template <class V> ATTNX_ALWAYS_INLINE void winograd_input_4(V& v0, V& v1, V& v2, V& v3) {
+    const V t0 = v0 - v2, t1 = v1 + v2, t2 = v2 - v1, t3 = v1 - v3;
+    v0 = t0, v1 = t1, v2 = t2, v3 = t3;
+}
+
+// V[e, t, c] (at V + e * plane + t * C + c) = (B^T d_t B)[e / 4, e % 4] for the 4x4 blocks d_t (every
+// channel) of the tile rows [ty0, ty1) of a padded image (rows cols * C values apart): block
+// t = (ty - ty0) * tiles_w + tx starts at pixel (2 ty, 2 tx)
 template <class T>
-void conv2d_forward(T* y, T* z, const T* x, const T* kernel, const T* bias, const Window2D& w, int F, Activation act) {
-    const int P = w.patch();
-    if (F == 0) return;  // no output (and the patches of a kernel of no filters may be any size)
-    const bool fused_relu = act == Activation::relu && y == z;
-    if (w.out_pixels() == 0) return;
-    const PackedRight<T> packed_kernel(kernel, P, F, false);
-    const int rows_per_product = windows_evenly_spaced(w) ? w.OH : 1;
-    for_images(w, double(w.B) * w.out_pixels() * P * F, [&](int b0, int b1) {
-        std::vector<T> xp;
-        for (int b = b0; b < b1; ++b) {
-            pad_image(xp, x, w, b);
-            for (int oh = 0; oh < w.OH; oh += rows_per_product) {
-                const size_t r0 = ((size_t)b * w.OH + oh) * w.OW, n = (size_t)rows_per_product * w.OW;
-                packed_rows(z + r0 * F, window_rows(xp.data(), w, oh), (int)n, packed_kernel, bias, fused_relu);
-                if (!fused_relu) activation_forward<T>(y + r0 * F, z + r0 * F, n, (size_t)F, act);
+void winograd_input(T* V, size_t plane, const T* xp, int cols, int C, int ty0, int ty1, int tiles_w) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using Vec = decltype(lanes);
+        constexpr int W = Lanes<Vec>::W;
+        for (int ty = ty0; ty < ty1; ++ty)
+            for (int tx = 0; tx < tiles_w; ++tx) {
+                const size_t t = (size_t)(ty - ty0) * tiles_w + tx;
+                const T* block = xp + ((size_t)2 * ty * cols + 2 * tx) * C;
+                for (int c = 0; c < C; c += W) {
+                    const int m = std::min(W, C - c);
+                    // B^T d B: B^T on the block's columns, then on the rows of the result (named values:
+                    // an array of them GCC keeps on the stack)
+                    auto column = [&](int j, Vec& v0, Vec& v1, Vec& v2, Vec& v3) __attribute__((always_inline)) {
+                        auto at = [&](int i) __attribute__((always_inline)) {
+                            return vload<Vec>(block + ((size_t)i * cols + j) * C + c, m);
+                        };
+                        v0 = at(0), v1 = at(1), v2 = at(2), v3 = at(3);
+                        winograd_input_4(v0, v1, v2, v3);
+                    };
+                    Vec d00, d10, d20, d30, d01, d11, d21, d31, d02, d12, d22, d32, d03, d13, d23, d33;
+                    column(0, d00, d10, d20, d30), column(1, d01, d11, d21, d31);
+                    column(2, d02, d12, d22, d32), column(3, d03, d13, d23, d33);
+                    auto row = [&](int i, Vec v0, Vec v1, Vec v2, Vec v3) __attribute__((always_inline)) {
+                        winograd_input_4(v0, v1, v2, v3);
+                        T* to = V + (size_t)(4 * i) * plane + t * C + c;
+                        vstore(to, v0, m), vstore(to + plane, v1, m), vstore(to + 2 * plane, v2, m);
+                        vstore(to + 3 * plane, v3, m);
+                    };
+                    row(0, d00, d01, d02, d03), row(1, d10, d11, d12, d13);
+                    row(2, d20, d21, d22, d23), row(3, d30, d31, d32, d33);
+                }
+            }
+    });
+}
+
+// z's 2x2 blocks of output pixels of tile rows [ty0, ty1) = A^T M_t A (+ bias, relu as stored), for
+// M[e, t, f] (at M + e * plane + t * F + f) the products; pixels past the output (odd sizes) are dropped
+template <class T>
+void winograd_output(T* z, const T* M, size_t plane, const T* bias, bool relu, const Window2D& w, int F, int ty0,
+                     int ty1, int tiles_w) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using Vec = decltype(lanes);
+        constexpr int W = Lanes<Vec>::W;
+        for (int ty = ty0; ty < ty1; ++ty)
+            for (int tx = 0; tx < tiles_w; ++tx) {
+                const size_t t = (size_t)(ty - ty0) * tiles_w + tx;
+                const int rows = std::min(2, w.OH - 2 * ty), cols = std::min(2, w.OW - 2 * tx);
+                for (int f = 0; f < F; f += W) {
+                    const int m = std::min(W, F - f);
+                    auto at = [&](int e) __attribute__((always_inline)) {
+                        return vload<Vec>(M + e * plane + t * F + f, m);
+                    };
+                    // A^T M, column by column (named values: an array of them GCC keeps on the stack)
+                    const Vec m4 = at(4), m5 = at(5), m6 = at(6), m7 = at(7), m8 = at(8), m9 = at(9), m10 = at(10),
+                              m11 = at(11);
+                    const Vec s0 = at(0) + m4 + m8, s1 = at(1) + m5 + m9, s2 = at(2) + m6 + m10, s3 = at(3) + m7 + m11;
+                    const Vec d0 = m4 - m8 - at(12), d1 = m5 - m9 - at(13), d2 = m6 - m10 - at(14),
+                              d3 = m7 - m11 - at(15);
+                    const Vec b = bias ? vload<Vec>(bias + f, m) : Vec{};
+                    auto put = [&](int i, int j, Vec v) __attribute__((always_inline)) {
+                        if (i >= rows || j >= cols) return;
+                        if (relu) v = v < T(0) ? Vec{} : v;
+                        vstore(z + (((size_t)2 * ty + i) * w.OW + 2 * tx + j) * F + f, v, m);
+                    };
+                    put(0, 0, s0 + s1 + s2 + b), put(0, 1, s1 - s2 - s3 + b);
+                    put(1, 0, d0 + d1 + d2 + b), put(1, 1, d1 - d2 - d3 + b);
+                }
+            }
+    });
+}
+
+// A kernel (KH, KW, C, F) ready for conv2d_image: a (KH * KW * C, F) matrix packed for the direct
+// product, or, where Winograd applies, its 16 transformed (C, F) matrices G g G^T packed
+template <class T> struct ConvKernel {
+    bool winograd;
+    std::vector<PackedRight<T>> packed;
+    ConvKernel(const T* kernel, const Window2D& w, int F) : winograd(winograd_applies(w)) {
+        if (!winograd) {
+            packed.emplace_back(kernel, w.patch(), F, false);
+            return;
+        }
+        const size_t CF = (size_t)w.C * F;
+        std::vector<T> U(16 * CF);
+        for (size_t cf = 0; cf < CF; ++cf) {
+            T g[3][3], Gg[4][3];
+            for (int i = 0; i < 3; ++i)
+                for (int j = 0; j < 3; ++j) g[i][j] = kernel[(i * 3 + j) * CF + cf];
+            for (int j = 0; j < 3; ++j) {
+                Gg[0][j] = g[0][j], Gg[3][j] = g[2][j];
+                Gg[1][j] = (g[0][j] + g[1][j] + g[2][j]) / 2, Gg[2][j] = (g[0][j] - g[1][j] + g[2][j]) / 2;
+            }
+            for (int i = 0; i < 4; ++i) {
+                T* u = U.data() + (size_t)i * 4 * CF + cf;
+                u[0] = Gg[i][0], u[3 * CF] = Gg[i][2];
+                u[CF] = (Gg[i][0] + Gg[i][1] + Gg[i][2]) / 2, u[2 * CF] = (Gg[i][0] - Gg[i][1] + Gg[i][2]) / 2;
             }
         }
+        for (int e = 0; e < 16; ++e) packed.emplace_back(U.data() + e * CF, w.C, F, false);
+    }
+};
+
+// One image's z (OH, OW, F) = bias + its convolution with the kernel, y = act(z) (y may alias z; relu
+// then runs as z is stored). xp and scratch: the caller's buffers, reused from image to image.
+template <class T>
+void conv2d_image(T* y, T* z, const T* image, const ConvKernel<T>& kernel, const T* bias, const Window2D& w, int F,
+                  Activation act, std::vector<T>& xp, std::vector<T>& scratch) {
+    const bool fused_relu = act == Activation::relu && y == z;
+    auto activate = [&](int oh0, int oh1) {
+        const size_t r0 = (size_t)oh0 * w.OW * F;
+        if (!fused_relu) activation_forward<T>(y + r0, z + r0, (size_t)(oh1 - oh0) * w.OW, (size_t)F, act);
+    };
+    if (!kernel.winograd) {
+        pad_image(xp, image, w, w.padded_rows(), w.padded_cols());
+        const int rows = windows_evenly_spaced(w) ? w.OH : 1;
+        for (int oh = 0; oh < w.OH; oh += rows) {
+            packed_rows(z + (size_t)oh * w.OW * F, window_rows(xp.data(), w, oh), rows * w.OW, kernel.packed[0], bias,
+                        fused_relu);
+            activate(oh, oh + rows);
+        }
+        return;
+    }
+    const int C = w.C, tiles_h = (w.OH + 1) / 2, tiles_w = (w.OW + 1) / 2, cols = 2 * tiles_w + 2;
+    pad_image(xp, image, w, 2 * tiles_h + 2, cols);
+    // blocks of tile rows whose transformed blocks and products take about 512 KiB; the 16 planes of
+    // each a cache line more than a multiple of it apart (4 KiB apart, the transforms' 16 loads or
+    // stores of a block fell in one L1 set)
+    const int block_rows = std::max(1, (1 << 17) / (16 * (C + F) * tiles_w));
+    for (int ty0 = 0; ty0 < tiles_h; ty0 += block_rows) {
+        const int ty1 = std::min(tiles_h, ty0 + block_rows), n = (ty1 - ty0) * tiles_w;
+        const size_t plane_v = (size_t)n * C + kMaxLanes, plane_m = (size_t)n * F + kMaxLanes;
+        scratch.resize(16 * (plane_v + plane_m));
+        T *V = scratch.data(), *M = V + 16 * plane_v;
+        winograd_input(V, plane_v, xp.data(), cols, C, ty0, ty1, tiles_w);
+        for (int e = 0; e < 16; ++e)
+            packed_rows(M + e * plane_m, LeftRows<T>{V + e * plane_v, (size_t)C, C, nullptr, 0, 0}, n,
+                        kernel.packed[e], (const T*)nullptr);
+        winograd_output(z, M, plane_m, bias, fused_relu, w, F, ty0, ty1, tiles_w);
+        activate(2 * ty0, std::min(w.OH, 2 * ty1));
+    }
+}
+
+// z[b, oh, ow, f] = bias[f] + sum_{i, j, c} x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c] K[i, j, c, f]
+// y = act(z) (y may alias z: gelu's backward alone needs z). bias may be null. The windows are read
+// in place from the padded image (no im2col), or through Winograd's transforms; relu runs as z is
+// stored when y is z.
+template <class T>
+void conv2d_forward(T* y, T* z, const T* x, const T* kernel, const T* bias, const Window2D& w, int F, Activation act) {
+    if (F == 0 || w.out_pixels() == 0) return;  // no output (and a kernel of no filters may be any size)
+    const ConvKernel<T> packed_kernel(kernel, w, F);
+    const size_t in_image = w.in_pixels() * w.C, out_image = w.out_pixels() * F;
+    for_images(w, double(w.B) * w.out_pixels() * w.patch() * F, [&](int b0, int b1) {
+        std::vector<T> xp, scratch;
+        for (int b = b0; b < b1; ++b)
+            conv2d_image(y + b * out_image, z + b * out_image, x + b * in_image, packed_kernel, bias, w, F, act, xp,
+                         scratch);
     });
 }
 
@@ -286,9 +444,32 @@ template <class T> void add_column_sums(T* sums, const T* m, int n, int F) {
     });
 }
 
+// With stride 1, dx is dz convolved with the kernel turned half around, its channels swapped:
+//   dx[ih, iw, c] = sum_{i', j', f} dz[ih + i' - (KH - 1 - pad_top), iw + j' - (KW - 1 - pad_left), f]
+//                   K[KH - 1 - i', KW - 1 - j', c, f]
+// the geometry of that convolution (one image of dz in, one of dx out) ...
+inline Window2D input_gradient_windows(const Window2D& w, int F) {
+    Window2D t = w;
+    t.H = w.OH, t.W = w.OW, t.C = F, t.OH = w.H, t.OW = w.W;
+    t.pad_top = w.KH - 1 - w.pad_top, t.pad_left = w.KW - 1 - w.pad_left;
+    return t;
+}
+// ... and its kernel (KH, KW, F, C)
+template <class T> std::vector<T> turned_kernel(const T* kernel, const Window2D& w, int F) {
+    std::vector<T> turned((size_t)w.patch() * F);
+    for (int i = 0; i < w.KH; ++i)
+        for (int j = 0; j < w.KW; ++j)
+            for (int c = 0; c < w.C; ++c)
+                for (int f = 0; f < F; ++f)
+                    turned[(((size_t)i * w.KW + j) * F + f) * w.C + c] =
+                        kernel[(((size_t)(w.KH - 1 - i) * w.KW + (w.KW - 1 - j)) * w.C + c) * F + f];
+    return turned;
+}
+
 // Backward of conv2d_forward from dy and the forward's y and z: dz = dy * act'(z),
 // dK[i, j, c, f] += sum_{b, oh, ow} patch[b, oh, ow][i, j, c] dz[b, oh, ow, f], dbias[f] += sum dz[..., f],
-// dx = col2im(dz . K^T) (overwritten; null: not computed). dbias may be null.
+// dx = col2im(dz . K^T) (overwritten; null: not computed), with stride 1 the convolution above
+// (conv2d_image: Winograd for 3x3). dbias may be null.
 // The kernel gradient is taken transposed, dK^T (F, P) = dz^T . patches, so that the patches are the
 // right operand as im2col wrote them and only dz (F values a row against P) is transposed; on one
 // channel with stride 1 it is dK = patches^T . dz, patches^T copied in runs of the image and dz the
@@ -297,49 +478,60 @@ template <class T>
 void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const T* kernel, const T* y, const T* z,
                      const Window2D& w, int F, Activation act) {
     const int P = w.patch();
+    const size_t in_image = w.in_pixels() * w.C, out_image = w.out_pixels() * F;
     if (F == 0 || w.out_pixels() == 0) {  // no output: no gradient, and no patches to read
-        if (dx) std::fill(dx, dx + w.B * w.in_pixels() * w.C, T(0));
+        if (dx) std::fill(dx, dx + w.B * in_image, T(0));
         return;
     }
     const bool patches_transposed = w.C == 1 && w.SW == 1;
-    // K^T (F, P), for dpatches = dz . K^T
-    const PackedRight<T> packed_kernel_t(kernel, F, P, true);
+    const bool dx_by_convolution = w.SH == 1 && w.SW == 1;
+    const Window2D dx_windows = input_gradient_windows(w, F);
+    // dx's kernel: the turned kernel (dx_by_convolution), else K^T (F, P) for dpatches = dz . K^T
+    std::optional<ConvKernel<T>> turned;
+    std::optional<PackedRight<T>> packed_kernel_t;
+    if (dx && dx_by_convolution) turned.emplace(turned_kernel(kernel, w, F).data(), dx_windows, w.C);
+    else if (dx) packed_kernel_t.emplace(kernel, F, P, true);
     std::mutex sum_lock;
     for_images(w, double(w.B) * w.out_pixels() * P * F * (dx ? 2 : 1), [&](int b0, int b1) {
         // this thread's images' share of dK (or dK^T) and dbias, added in at the end
-        std::vector<T> dK((size_t)F * P, T(0)), db(F, T(0)), xp, dxp, cols, dcols, dz;
+        std::vector<T> dK((size_t)F * P, T(0)), db(F, T(0)), xp, dxp, cols, dcols, dz, scratch;
         Panels<T> dzt;
         for (int b = b0; b < b1; ++b) {
-            pad_image(xp, x, w, b);
-            if (dx) dxp.assign((size_t)w.padded_rows() * w.padded_cols() * w.C, T(0));
+            // the image's dz, and past its end the rows the transposes below read: zeros
+            dz.resize(out_image + (size_t)8 * F + kMaxLanes);
+            std::fill(dz.begin() + out_image, dz.end(), T(0));
+            activation_backward<T>(dz.data(), dy + b * out_image, z + b * out_image, y + b * out_image,
+                                   w.out_pixels(), (size_t)F, act);
+            add_column_sums(db.data(), dz.data(), (int)w.out_pixels(), F);
+            pad_image(xp, x + b * in_image, w, w.padded_rows(), w.padded_cols());
+            if (dx && !dx_by_convolution) dxp.assign((size_t)w.padded_rows() * w.padded_cols() * w.C, T(0));
             for_output_row_blocks<T>(w, [&](int oh0, int oh1) {
-                const size_t r0 = ((size_t)b * w.OH + oh0) * w.OW;
+                const T* dz_block = dz.data() + (size_t)oh0 * w.OW * F;
                 const int n = (oh1 - oh0) * w.OW;
                 // the transposes' rows a vector longer than a multiple of 64 values apart: 1024 values
                 // (a 32 x 32 image) apart, they fell in one L1 set and the transpose ran 7x slower
                 const int ld = (n + 3) / 4 * 4 + (n % 64 == 0 ? 4 : 0);
-                dz.resize((size_t)ld * F + kMaxLanes);
-                std::fill(dz.begin() + (size_t)n * F, dz.end(), T(0));
-                activation_backward<T>(dz.data(), dy + r0 * F, z + r0 * F, y + r0 * F, (size_t)n, (size_t)F, act);
-                add_column_sums(db.data(), dz.data(), n, F);
                 if (patches_transposed) {
                     cols.resize((size_t)P * ld);
                     im2col_transposed(cols.data(), (size_t)ld, xp.data(), w, oh0, oh1);
-                    add_product_in_place(dK.data(), cols.data(), (size_t)ld, P, dz.data(), n, F);
+                    add_product_in_place(dK.data(), cols.data(), (size_t)ld, P, dz_block, n, F);
                 } else {
                     cols.resize((size_t)n * P + kMaxLanes);
                     im2col(cols.data(), xp.data(), w, oh0, oh1);
                     // dz^T (F, ld) (the transpose runs on 4 x 4 blocks)
-                    pack_panels_t(dzt, dz.data(), (size_t)F, F, ld, ld, 4);
+                    pack_panels_t(dzt, dz_block, (size_t)F, F, ld, ld, 4);
                     add_product_in_place(dK.data(), dzt.data(), (size_t)ld, F, cols.data(), n, P);
                 }
-                if (!dx) return;
+                if (!dx || dx_by_convolution) return;
                 dcols.resize((size_t)n * P);
-                packed_rows(dcols.data(), LeftRows<T>{dz.data(), (size_t)F, F, nullptr, 0, 0}, n, packed_kernel_t,
+                packed_rows(dcols.data(), LeftRows<T>{dz_block, (size_t)F, F, nullptr, 0, 0}, n, *packed_kernel_t,
                             (const T*)nullptr);
                 col2im_add(dxp.data(), dcols.data(), w, oh0, oh1);
             });
-            if (dx) crop_image(dx, dxp.data(), w, b);
+            if (dx && dx_by_convolution)
+                conv2d_image(dx + b * in_image, dx + b * in_image, dz.data(), *turned, (const T*)nullptr,
+                             dx_windows, w.C, Activation::linear, dxp, scratch);
+            else if (dx) crop_image(dx + b * in_image, dxp.data(), w);
         }
         std::lock_guard<std::mutex> hold(sum_lock);
         for (int p = 0; p < P; ++p)
