@@ -4,15 +4,17 @@
 // Plan: each image is copied once with its padding written out (pad_image), so no window leaves it.
 // The forward reads the windows there in place as the left operand of the register tiles of
 // packed.hpp (a row per output pixel: KH runs of KW * C values), against the kernel read as a
-// (KH * KW * C, F) matrix and packed once per call, and the activation runs as the product stores
-// (relu) or on the rows just written. Backward copies the patches of a block of output rows (im2col,
-// one row of KH * KW * C values per output pixel, in the kernel's (i, j, c) order) and takes the
-// kernel gradient, a reduction over the rows, on the same tiles as dK^T = dz^T . patches, the patches
-// read in place as the right operand; dx = dz . K^T goes back through the windows into the padded
-// image (col2im) and is cropped out of it.
+// (KH * KW * C, F) matrix and packed once per call; a 3x3 kernel with stride 1 on 8 or more channels
+// goes through Winograd F(2x2, 3x3) instead. The activation runs as the product stores (relu) or on
+// the rows just written. Backward: with stride 1, dx is a forward convolution of dz with the kernel
+// turned around (the same code); with larger strides dz . K^T goes back through the windows into the
+// padded image (col2im) and is cropped out of it. The kernel gradient, a reduction over the output
+// pixels, runs on the same tiles: through Winograd's transforms where the forward does, else as
+// dK^T = dz^T . patches with the patches of a block of output rows copied (im2col, one row of
+// KH * KW * C values per output pixel, in the kernel's (i, j, c) order) and read in place as the
+// right operand.
 // Images are split across the thread budget (parallel_for), so that the input gradient each thread
-// scatters back stays in its own images; each thread sums its kernel gradient apart and adds it
-// under a lock.
+// writes stays in its own images; each thread sums its kernel gradient apart and adds it under a lock.
 // Pooling reads windows of the same geometry; padded positions are never part of a window (max
 // ignores them, the average divides by the real pixels only), as in TensorFlow.
 #pragma once
@@ -316,6 +318,80 @@ void winograd_output(T* z, const T* M, size_t plane, const T* bias, bool relu, c
     });
 }
 
+// dM[e, t, f] (at dM + e * plane + t * F + f) = (A dY_t A^T)[e / 4, e % 4], the gradient of the products
+// from the gradient dY_t of z's 2x2 block t of tile rows [ty0, ty1) (dz: one image's, (OH, OW, F); 0
+// past the output); A = [1 0; 1 1; 1 -1; 0 -1]
+template <class T>
+void winograd_output_gradient(T* dM, size_t plane, const T* dz, const Window2D& w, int F, int ty0, int ty1,
+                              int tiles_w) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using Vec = decltype(lanes);
+        constexpr int W = Lanes<Vec>::W;
+        for (int ty = ty0; ty < ty1; ++ty)
+            for (int tx = 0; tx < tiles_w; ++tx) {
+                const size_t t = (size_t)(ty - ty0) * tiles_w + tx;
+                const int rows = std::min(2, w.OH - 2 * ty), cols = std::min(2, w.OW - 2 * tx);
+                for (int f = 0; f < F; f += W) {
+                    const int m = std::min(W, F - f);
+                    auto at = [&](int i, int j) __attribute__((always_inline)) {
+                        return i < rows && j < cols ? vload<Vec>(dz + (((size_t)2 * ty + i) * w.OW + 2 * tx + j) * F + f, m)
+                                                    : Vec{};
+                    };
+                    const Vec y00 = at(0, 0), y01 = at(0, 1), y10 = at(1, 0), y11 = at(1, 1);
+                    // A dY: rows y0, y0 + y1, y0 - y1, -y1 of each column; then the same on the rows
+                    auto row = [&](int i, Vec a, Vec b) __attribute__((always_inline)) {
+                        T* to = dM + (size_t)(4 * i) * plane + t * F + f;
+                        vstore(to, a, m), vstore(to + plane, a + b, m), vstore(to + 2 * plane, a - b, m);
+                        vstore(to + 3 * plane, Vec{} - b, m);
+                    };
+                    row(0, y00, y01), row(1, y00 + y10, y01 + y11), row(2, y00 - y10, y01 - y11);
+                    row(3, Vec{} - y10, Vec{} - y11);
+                }
+            }
+    });
+}
+
+// dK[i, j, c, f] += (G^T dU[c, f] G)[i, j] for dU (16, C, F), the gradient of the transformed kernel;
+// G^T = [1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1]
+template <class T> void add_winograd_kernel_gradient(T* dK, const T* dU, int C, int F) {
+    const size_t CF = (size_t)C * F;
+    for (size_t cf = 0; cf < CF; ++cf) {
+        T u[4][4], a[3][4];
+        for (int e = 0; e < 16; ++e) u[e / 4][e % 4] = dU[e * CF + cf];
+        for (int j = 0; j < 4; ++j)
+            a[0][j] = u[0][j] + (u[1][j] + u[2][j]) / 2, a[1][j] = (u[1][j] - u[2][j]) / 2,
+            a[2][j] = (u[1][j] + u[2][j]) / 2 + u[3][j];
+        for (int i = 0; i < 3; ++i) {
+            dK[(i * 3 + 0) * CF + cf] += a[i][0] + (a[i][1] + a[i][2]) / 2;
+            dK[(i * 3 + 1) * CF + cf] += (a[i][1] - a[i][2]) / 2;
+            dK[(i * 3 + 2) * CF + cf] += (a[i][1] + a[i][2]) / 2 + a[i][3];
+        }
+    }
+}
+
+// A block of tile rows [ty0, ty1) of one image: tiles = (ty1 - ty0) * tiles_w 4x4 blocks of the padded
+// image, whose rows are `cols` pixels long
+struct WinogradBlock {
+    int ty0, ty1, tiles_w, tiles, cols;
+    // the values apart of the 16 planes of a transform with `channels` values a block: a cache line
+    // more than a multiple of it, past 8 blocks of padding (the transposes read up to 7 past the end;
+    // 4 KiB apart, the transforms' 16 loads or stores of a block fell in one L1 set)
+    size_t plane(int channels) const { return (size_t)(tiles + 8) * channels + kMaxLanes; }
+};
+
+// Pads one image for Winograd (whole 4x4 blocks) into xp and calls fn(block) for blocks of tile rows
+// whose transforms (C and F values a block, 16 planes each) take about 512 KiB
+template <class T, class Fn>
+void for_winograd_blocks(const Window2D& w, int F, const T* image, std::vector<T>& xp, Fn&& fn) {
+    const int tiles_h = (w.OH + 1) / 2, tiles_w = (w.OW + 1) / 2, cols = 2 * tiles_w + 2;
+    pad_image(xp, image, w, 2 * tiles_h + 2, cols);
+    const int rows = std::max(1, (1 << 17) / (16 * (w.C + F) * tiles_w));
+    for (int ty0 = 0; ty0 < tiles_h; ty0 += rows) {
+        const int ty1 = std::min(tiles_h, ty0 + rows);
+        fn(WinogradBlock{ty0, ty1, tiles_w, (ty1 - ty0) * tiles_w, cols});
+    }
+}
+
 // A kernel (KH, KW, C, F) ready for conv2d_image: a (KH * KW * C, F) matrix packed for the direct
 // product, or, where Winograd applies, its 16 transformed (C, F) matrices G g G^T packed
 template <class T> struct ConvKernel {
@@ -366,24 +442,19 @@ void conv2d_image(T* y, T* z, const T* image, const ConvKernel<T>& kernel, const
         }
         return;
     }
-    const int C = w.C, tiles_h = (w.OH + 1) / 2, tiles_w = (w.OW + 1) / 2, cols = 2 * tiles_w + 2;
-    pad_image(xp, image, w, 2 * tiles_h + 2, cols);
-    // blocks of tile rows whose transformed blocks and products take about 512 KiB; the 16 planes of
-    // each a cache line more than a multiple of it apart (4 KiB apart, the transforms' 16 loads or
-    // stores of a block fell in one L1 set)
-    const int block_rows = std::max(1, (1 << 17) / (16 * (C + F) * tiles_w));
-    for (int ty0 = 0; ty0 < tiles_h; ty0 += block_rows) {
-        const int ty1 = std::min(tiles_h, ty0 + block_rows), n = (ty1 - ty0) * tiles_w;
-        const size_t plane_v = (size_t)n * C + kMaxLanes, plane_m = (size_t)n * F + kMaxLanes;
+    const int C = w.C;
+    for_winograd_blocks(w, F, image, xp, [&](const WinogradBlock& block) {
+        const int n = block.tiles;
+        const size_t plane_v = block.plane(C), plane_m = block.plane(F);
         scratch.resize(16 * (plane_v + plane_m));
         T *V = scratch.data(), *M = V + 16 * plane_v;
-        winograd_input(V, plane_v, xp.data(), cols, C, ty0, ty1, tiles_w);
+        winograd_input(V, plane_v, xp.data(), block.cols, C, block.ty0, block.ty1, block.tiles_w);
         for (int e = 0; e < 16; ++e)
             packed_rows(M + e * plane_m, LeftRows<T>{V + e * plane_v, (size_t)C, C, nullptr, 0, 0}, n,
                         kernel.packed[e], (const T*)nullptr);
-        winograd_output(z, M, plane_m, bias, fused_relu, w, F, ty0, ty1, tiles_w);
-        activate(2 * ty0, std::min(w.OH, 2 * ty1));
-    }
+        winograd_output(z, M, plane_m, bias, fused_relu, w, F, block.ty0, block.ty1, block.tiles_w);
+        activate(2 * block.ty0, std::min(w.OH, 2 * block.ty1));
+    });
 }
 
 // z[b, oh, ow, f] = bias[f] + sum_{i, j, c} x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c] K[i, j, c, f]
@@ -470,32 +541,36 @@ template <class T> std::vector<T> turned_kernel(const T* kernel, const Window2D&
 // dK[i, j, c, f] += sum_{b, oh, ow} patch[b, oh, ow][i, j, c] dz[b, oh, ow, f], dbias[f] += sum dz[..., f],
 // dx = col2im(dz . K^T) (overwritten; null: not computed), with stride 1 the convolution above
 // (conv2d_image: Winograd for 3x3). dbias may be null.
-// The kernel gradient is taken transposed, dK^T (F, P) = dz^T . patches, so that the patches are the
-// right operand as im2col wrote them and only dz (F values a row against P) is transposed; on one
+// The kernel gradient: where Winograd applies, through its transforms (dU[e] = V[e]^T . dM[e] over the
+// blocks, then G^T dU G); else taken transposed, dK^T (F, P) = dz^T . patches, so that the patches are
+// the right operand as im2col wrote them and only dz (F values a row against P) is transposed; on one
 // channel with stride 1 it is dK = patches^T . dz, patches^T copied in runs of the image and dz the
 // right operand as it is (nothing transposed: a 3 x 3 kernel's 9 values a patch filled 9 of 16 lanes).
 template <class T>
 void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const T* kernel, const T* y, const T* z,
                      const Window2D& w, int F, Activation act) {
-    const int P = w.patch();
-    const size_t in_image = w.in_pixels() * w.C, out_image = w.out_pixels() * F;
+    const int P = w.patch(), C = w.C;
+    const size_t in_image = w.in_pixels() * C, out_image = w.out_pixels() * F;
     if (F == 0 || w.out_pixels() == 0) {  // no output: no gradient, and no patches to read
         if (dx) std::fill(dx, dx + w.B * in_image, T(0));
         return;
     }
-    const bool patches_transposed = w.C == 1 && w.SW == 1;
+    const bool winograd = winograd_applies(w), patches_transposed = C == 1 && w.SW == 1;
     const bool dx_by_convolution = w.SH == 1 && w.SW == 1;
     const Window2D dx_windows = input_gradient_windows(w, F);
     // dx's kernel: the turned kernel (dx_by_convolution), else K^T (F, P) for dpatches = dz . K^T
     std::optional<ConvKernel<T>> turned;
     std::optional<PackedRight<T>> packed_kernel_t;
-    if (dx && dx_by_convolution) turned.emplace(turned_kernel(kernel, w, F).data(), dx_windows, w.C);
+    if (dx && dx_by_convolution) turned.emplace(turned_kernel(kernel, w, F).data(), dx_windows, C);
     else if (dx) packed_kernel_t.emplace(kernel, F, P, true);
+    // the transposes' rows a vector longer than a multiple of 64 values apart: 1024 values (a 32 x 32
+    // image) apart, they fell in one L1 set and the transpose ran 7x slower
+    auto transposed_rows = [](int n) { return (n + 3) / 4 * 4 + (n % 64 == 0 ? 4 : 0); };
     std::mutex sum_lock;
     for_images(w, double(w.B) * w.out_pixels() * P * F * (dx ? 2 : 1), [&](int b0, int b1) {
-        // this thread's images' share of dK (or dK^T) and dbias, added in at the end
-        std::vector<T> dK((size_t)F * P, T(0)), db(F, T(0)), xp, dxp, cols, dcols, dz, scratch;
-        Panels<T> dzt;
+        // this thread's images' share of the kernel gradient (dU, dK or dK^T) and dbias, added at the end
+        std::vector<T> dK((size_t)F * (winograd ? 16 * C : P), T(0)), db(F, T(0)), xp, dxp, cols, dcols, dz, scratch;
+        Panels<T> transposed;
         for (int b = b0; b < b1; ++b) {
             // the image's dz, and past its end the rows the transposes below read: zeros
             dz.resize(out_image + (size_t)8 * F + kMaxLanes);
@@ -503,40 +578,54 @@ void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const
             activation_backward<T>(dz.data(), dy + b * out_image, z + b * out_image, y + b * out_image,
                                    w.out_pixels(), (size_t)F, act);
             add_column_sums(db.data(), dz.data(), (int)w.out_pixels(), F);
-            pad_image(xp, x + b * in_image, w, w.padded_rows(), w.padded_cols());
-            if (dx && !dx_by_convolution) dxp.assign((size_t)w.padded_rows() * w.padded_cols() * w.C, T(0));
-            for_output_row_blocks<T>(w, [&](int oh0, int oh1) {
-                const T* dz_block = dz.data() + (size_t)oh0 * w.OW * F;
-                const int n = (oh1 - oh0) * w.OW;
-                // the transposes' rows a vector longer than a multiple of 64 values apart: 1024 values
-                // (a 32 x 32 image) apart, they fell in one L1 set and the transpose ran 7x slower
-                const int ld = (n + 3) / 4 * 4 + (n % 64 == 0 ? 4 : 0);
-                if (patches_transposed) {
-                    cols.resize((size_t)P * ld);
-                    im2col_transposed(cols.data(), (size_t)ld, xp.data(), w, oh0, oh1);
-                    add_product_in_place(dK.data(), cols.data(), (size_t)ld, P, dz_block, n, F);
-                } else {
-                    cols.resize((size_t)n * P + kMaxLanes);
-                    im2col(cols.data(), xp.data(), w, oh0, oh1);
-                    // dz^T (F, ld) (the transpose runs on 4 x 4 blocks)
-                    pack_panels_t(dzt, dz_block, (size_t)F, F, ld, ld, 4);
-                    add_product_in_place(dK.data(), dzt.data(), (size_t)ld, F, cols.data(), n, P);
-                }
-                if (!dx || dx_by_convolution) return;
-                dcols.resize((size_t)n * P);
-                packed_rows(dcols.data(), LeftRows<T>{dz_block, (size_t)F, F, nullptr, 0, 0}, n, *packed_kernel_t,
-                            (const T*)nullptr);
-                col2im_add(dxp.data(), dcols.data(), w, oh0, oh1);
-            });
+            if (winograd) {
+                for_winograd_blocks(w, F, x + b * in_image, xp, [&](const WinogradBlock& block) {
+                    const int n = block.tiles, ld = transposed_rows(n);
+                    const size_t plane_v = block.plane(C), plane_m = block.plane(F);
+                    scratch.resize(16 * (plane_v + plane_m));
+                    T *V = scratch.data(), *dM = V + 16 * plane_v;
+                    winograd_input(V, plane_v, xp.data(), block.cols, C, block.ty0, block.ty1, block.tiles_w);
+                    winograd_output_gradient(dM, plane_m, dz.data(), w, F, block.ty0, block.ty1, block.tiles_w);
+                    for (int e = 0; e < 16; ++e) {
+                        pack_panels_t(transposed, V + e * plane_v, (size_t)C, C, ld, ld, 4);  // V[e]^T (C, ld)
+                        add_product_in_place(dK.data() + (size_t)e * C * F, transposed.data(), (size_t)ld, C,
+                                             dM + e * plane_m, n, F);
+                    }
+                });
+            } else {
+                pad_image(xp, x + b * in_image, w, w.padded_rows(), w.padded_cols());
+                if (dx && !dx_by_convolution) dxp.assign((size_t)w.padded_rows() * w.padded_cols() * C, T(0));
+                for_output_row_blocks<T>(w, [&](int oh0, int oh1) {
+                    const T* dz_block = dz.data() + (size_t)oh0 * w.OW * F;
+                    const int n = (oh1 - oh0) * w.OW, ld = transposed_rows(n);
+                    if (patches_transposed) {
+                        cols.resize((size_t)P * ld);
+                        im2col_transposed(cols.data(), (size_t)ld, xp.data(), w, oh0, oh1);
+                        add_product_in_place(dK.data(), cols.data(), (size_t)ld, P, dz_block, n, F);
+                    } else {
+                        cols.resize((size_t)n * P + kMaxLanes);
+                        im2col(cols.data(), xp.data(), w, oh0, oh1);
+                        pack_panels_t(transposed, dz_block, (size_t)F, F, ld, ld, 4);  // dz^T (F, ld)
+                        add_product_in_place(dK.data(), transposed.data(), (size_t)ld, F, cols.data(), n, P);
+                    }
+                    if (!dx || dx_by_convolution) return;
+                    dcols.resize((size_t)n * P);
+                    packed_rows(dcols.data(), LeftRows<T>{dz_block, (size_t)F, F, nullptr, 0, 0}, n, *packed_kernel_t,
+                                (const T*)nullptr);
+                    col2im_add(dxp.data(), dcols.data(), w, oh0, oh1);
+                });
+            }
             if (dx && dx_by_convolution)
-                conv2d_image(dx + b * in_image, dx + b * in_image, dz.data(), *turned, (const T*)nullptr,
-                             dx_windows, w.C, Activation::linear, dxp, scratch);
+                conv2d_image(dx + b * in_image, dx + b * in_image, dz.data(), *turned, (const T*)nullptr, dx_windows, C,
+                             Activation::linear, dxp, scratch);
             else if (dx) crop_image(dx + b * in_image, dxp.data(), w);
         }
         std::lock_guard<std::mutex> hold(sum_lock);
-        for (int p = 0; p < P; ++p)
-            for (int f = 0; f < F; ++f)
-                dkernel[(size_t)p * F + f] += patches_transposed ? dK[(size_t)p * F + f] : dK[(size_t)f * P + p];
+        if (winograd) add_winograd_kernel_gradient(dkernel, dK.data(), C, F);
+        else
+            for (int p = 0; p < P; ++p)
+                for (int f = 0; f < F; ++f)
+                    dkernel[(size_t)p * F + f] += patches_transposed ? dK[(size_t)p * F + f] : dK[(size_t)f * P + p];
         if (dbias)
             for (int f = 0; f < F; ++f) dbias[f] += db[f];
     });
