@@ -243,42 +243,51 @@ template <class V> ATTNX_ALWAYS_INLINE void winograd_input_4(V& v0, V& v1, V& v2
     v0 = t0, v1 = t1, v2 = t2, v3 = t3;
 }
 
+// fn(lanes, t, ty, tx, rows, cols, c, m) for every block t = (ty - ty0) * tiles_w + tx of the tile rows
+// [ty0, ty1) and every vector of `channels` (c its first channel, m its lanes, lanes a vector of the
+// widest width this CPU runs): rows x cols of the block's 2x2 output pixels lie inside the output
+template <class T, class Fn>
+void for_block_vectors(const Window2D& w, int channels, int ty0, int ty1, int tiles_w, Fn&& fn) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        constexpr int W = Lanes<decltype(lanes)>::W;
+        for (int ty = ty0; ty < ty1; ++ty)
+            for (int tx = 0; tx < tiles_w; ++tx) {
+                const size_t t = (size_t)(ty - ty0) * tiles_w + tx;
+                const int rows = std::min(2, w.OH - 2 * ty), cols = std::min(2, w.OW - 2 * tx);
+                for (int c = 0; c < channels; c += W) fn(lanes, t, ty, tx, rows, cols, c, std::min(W, channels - c));
+            }
+    });
+}
+
 // V[e, t, c] (at V + e * plane + t * C + c) = (B^T d_t B)[e / 4, e % 4] for the 4x4 blocks d_t (every
 // channel) of the tile rows [ty0, ty1) of a padded image (rows cols * C values apart): block
 // t = (ty - ty0) * tiles_w + tx starts at pixel (2 ty, 2 tx)
 template <class T>
-void winograd_input(T* V, size_t plane, const T* xp, int cols, int C, int ty0, int ty1, int tiles_w) {
-    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+void winograd_input(T* V, size_t plane, const T* xp, int cols, const Window2D& w, int ty0, int ty1, int tiles_w) {
+    const int C = w.C;
+    for_block_vectors<T>(w, C, ty0, ty1, tiles_w, [&](auto lanes, size_t t, int ty, int tx, int, int, int c, int m)
+                                                      __attribute__((always_inline)) {
         using Vec = decltype(lanes);
-        constexpr int W = Lanes<Vec>::W;
-        for (int ty = ty0; ty < ty1; ++ty)
-            for (int tx = 0; tx < tiles_w; ++tx) {
-                const size_t t = (size_t)(ty - ty0) * tiles_w + tx;
-                const T* block = xp + ((size_t)2 * ty * cols + 2 * tx) * C;
-                for (int c = 0; c < C; c += W) {
-                    const int m = std::min(W, C - c);
-                    // B^T d B: B^T on the block's columns, then on the rows of the result (named values:
-                    // an array of them GCC keeps on the stack)
-                    auto column = [&](int j, Vec& v0, Vec& v1, Vec& v2, Vec& v3) __attribute__((always_inline)) {
-                        auto at = [&](int i) __attribute__((always_inline)) {
-                            return vload<Vec>(block + ((size_t)i * cols + j) * C + c, m);
-                        };
-                        v0 = at(0), v1 = at(1), v2 = at(2), v3 = at(3);
-                        winograd_input_4(v0, v1, v2, v3);
-                    };
-                    Vec d00, d10, d20, d30, d01, d11, d21, d31, d02, d12, d22, d32, d03, d13, d23, d33;
-                    column(0, d00, d10, d20, d30), column(1, d01, d11, d21, d31);
-                    column(2, d02, d12, d22, d32), column(3, d03, d13, d23, d33);
-                    auto row = [&](int i, Vec v0, Vec v1, Vec v2, Vec v3) __attribute__((always_inline)) {
-                        winograd_input_4(v0, v1, v2, v3);
-                        T* to = V + (size_t)(4 * i) * plane + t * C + c;
-                        vstore(to, v0, m), vstore(to + plane, v1, m), vstore(to + 2 * plane, v2, m);
-                        vstore(to + 3 * plane, v3, m);
-                    };
-                    row(0, d00, d01, d02, d03), row(1, d10, d11, d12, d13);
-                    row(2, d20, d21, d22, d23), row(3, d30, d31, d32, d33);
-                }
-            }
+        const T* block = xp + ((size_t)2 * ty * cols + 2 * tx) * C;
+        // B^T d B: B^T on the block's columns, then on the rows of the result (named values: an array
+        // of them GCC keeps on the stack)
+        auto column = [&](int j, Vec& v0, Vec& v1, Vec& v2, Vec& v3) __attribute__((always_inline)) {
+            auto at = [&](int i) __attribute__((always_inline)) {
+                return vload<Vec>(block + ((size_t)i * cols + j) * C + c, m);
+            };
+            v0 = at(0), v1 = at(1), v2 = at(2), v3 = at(3);
+            winograd_input_4(v0, v1, v2, v3);
+        };
+        Vec d00, d10, d20, d30, d01, d11, d21, d31, d02, d12, d22, d32, d03, d13, d23, d33;
+        column(0, d00, d10, d20, d30), column(1, d01, d11, d21, d31);
+        column(2, d02, d12, d22, d32), column(3, d03, d13, d23, d33);
+        auto row = [&](int i, Vec v0, Vec v1, Vec v2, Vec v3) __attribute__((always_inline)) {
+            winograd_input_4(v0, v1, v2, v3);
+            T* to = V + (size_t)(4 * i) * plane + t * C + c;
+            vstore(to, v0, m), vstore(to + plane, v1, m), vstore(to + 2 * plane, v2, m), vstore(to + 3 * plane, v3, m);
+        };
+        row(0, d00, d01, d02, d03), row(1, d10, d11, d12, d13);
+        row(2, d20, d21, d22, d23), row(3, d30, d31, d32, d33);
     });
 }
 
@@ -287,34 +296,22 @@ void winograd_input(T* V, size_t plane, const T* xp, int cols, int C, int ty0, i
 template <class T>
 void winograd_output(T* z, const T* M, size_t plane, const T* bias, bool relu, const Window2D& w, int F, int ty0,
                      int ty1, int tiles_w) {
-    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+    for_block_vectors<T>(w, F, ty0, ty1, tiles_w, [&](auto lanes, size_t t, int ty, int tx, int rows, int cols, int f,
+                                                      int m) __attribute__((always_inline)) {
         using Vec = decltype(lanes);
-        constexpr int W = Lanes<Vec>::W;
-        for (int ty = ty0; ty < ty1; ++ty)
-            for (int tx = 0; tx < tiles_w; ++tx) {
-                const size_t t = (size_t)(ty - ty0) * tiles_w + tx;
-                const int rows = std::min(2, w.OH - 2 * ty), cols = std::min(2, w.OW - 2 * tx);
-                for (int f = 0; f < F; f += W) {
-                    const int m = std::min(W, F - f);
-                    auto at = [&](int e) __attribute__((always_inline)) {
-                        return vload<Vec>(M + e * plane + t * F + f, m);
-                    };
-                    // A^T M, column by column (named values: an array of them GCC keeps on the stack)
-                    const Vec m4 = at(4), m5 = at(5), m6 = at(6), m7 = at(7), m8 = at(8), m9 = at(9), m10 = at(10),
-                              m11 = at(11);
-                    const Vec s0 = at(0) + m4 + m8, s1 = at(1) + m5 + m9, s2 = at(2) + m6 + m10, s3 = at(3) + m7 + m11;
-                    const Vec d0 = m4 - m8 - at(12), d1 = m5 - m9 - at(13), d2 = m6 - m10 - at(14),
-                              d3 = m7 - m11 - at(15);
-                    const Vec b = bias ? vload<Vec>(bias + f, m) : Vec{};
-                    auto put = [&](int i, int j, Vec v) __attribute__((always_inline)) {
-                        if (i >= rows || j >= cols) return;
-                        if (relu) v = v < T(0) ? Vec{} : v;
-                        vstore(z + (((size_t)2 * ty + i) * w.OW + 2 * tx + j) * F + f, v, m);
-                    };
-                    put(0, 0, s0 + s1 + s2 + b), put(0, 1, s1 - s2 - s3 + b);
-                    put(1, 0, d0 + d1 + d2 + b), put(1, 1, d1 - d2 - d3 + b);
-                }
-            }
+        auto at = [&](int e) __attribute__((always_inline)) { return vload<Vec>(M + e * plane + t * F + f, m); };
+        // A^T M, column by column (named values: an array of them GCC keeps on the stack)
+        const Vec m4 = at(4), m5 = at(5), m6 = at(6), m7 = at(7), m8 = at(8), m9 = at(9), m10 = at(10), m11 = at(11);
+        const Vec s0 = at(0) + m4 + m8, s1 = at(1) + m5 + m9, s2 = at(2) + m6 + m10, s3 = at(3) + m7 + m11;
+        const Vec d0 = m4 - m8 - at(12), d1 = m5 - m9 - at(13), d2 = m6 - m10 - at(14), d3 = m7 - m11 - at(15);
+        const Vec b = bias ? vload<Vec>(bias + f, m) : Vec{};
+        auto put = [&](int i, int j, Vec v) __attribute__((always_inline)) {
+            if (i >= rows || j >= cols) return;
+            if (relu) v = v < T(0) ? Vec{} : v;
+            vstore(z + (((size_t)2 * ty + i) * w.OW + 2 * tx + j) * F + f, v, m);
+        };
+        put(0, 0, s0 + s1 + s2 + b), put(0, 1, s1 - s2 - s3 + b);
+        put(1, 0, d0 + d1 + d2 + b), put(1, 1, d1 - d2 - d3 + b);
     });
 }
 
@@ -324,30 +321,20 @@ void winograd_output(T* z, const T* M, size_t plane, const T* bias, bool relu, c
 template <class T>
 void winograd_output_gradient(T* dM, size_t plane, const T* dz, const Window2D& w, int F, int ty0, int ty1,
                               int tiles_w) {
-    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+    for_block_vectors<T>(w, F, ty0, ty1, tiles_w, [&](auto lanes, size_t t, int ty, int tx, int rows, int cols, int f,
+                                                      int m) __attribute__((always_inline)) {
         using Vec = decltype(lanes);
-        constexpr int W = Lanes<Vec>::W;
-        for (int ty = ty0; ty < ty1; ++ty)
-            for (int tx = 0; tx < tiles_w; ++tx) {
-                const size_t t = (size_t)(ty - ty0) * tiles_w + tx;
-                const int rows = std::min(2, w.OH - 2 * ty), cols = std::min(2, w.OW - 2 * tx);
-                for (int f = 0; f < F; f += W) {
-                    const int m = std::min(W, F - f);
-                    auto at = [&](int i, int j) __attribute__((always_inline)) {
-                        return i < rows && j < cols ? vload<Vec>(dz + (((size_t)2 * ty + i) * w.OW + 2 * tx + j) * F + f, m)
-                                                    : Vec{};
-                    };
-                    const Vec y00 = at(0, 0), y01 = at(0, 1), y10 = at(1, 0), y11 = at(1, 1);
-                    // A dY: rows y0, y0 + y1, y0 - y1, -y1 of each column; then the same on the rows
-                    auto row = [&](int i, Vec a, Vec b) __attribute__((always_inline)) {
-                        T* to = dM + (size_t)(4 * i) * plane + t * F + f;
-                        vstore(to, a, m), vstore(to + plane, a + b, m), vstore(to + 2 * plane, a - b, m);
-                        vstore(to + 3 * plane, Vec{} - b, m);
-                    };
-                    row(0, y00, y01), row(1, y00 + y10, y01 + y11), row(2, y00 - y10, y01 - y11);
-                    row(3, Vec{} - y10, Vec{} - y11);
-                }
-            }
+        auto at = [&](int i, int j) __attribute__((always_inline)) {
+            return i < rows && j < cols ? vload<Vec>(dz + (((size_t)2 * ty + i) * w.OW + 2 * tx + j) * F + f, m) : Vec{};
+        };
+        const Vec y00 = at(0, 0), y01 = at(0, 1), y10 = at(1, 0), y11 = at(1, 1);
+        // A dY: rows y0, y0 + y1, y0 - y1, -y1 of each column; then the same on the rows
+        auto row = [&](int i, Vec a, Vec b) __attribute__((always_inline)) {
+            T* to = dM + (size_t)(4 * i) * plane + t * F + f;
+            vstore(to, a, m), vstore(to + plane, a + b, m), vstore(to + 2 * plane, a - b, m);
+            vstore(to + 3 * plane, Vec{} - b, m);
+        };
+        row(0, y00, y01), row(1, y00 + y10, y01 + y11), row(2, y00 - y10, y01 - y11), row(3, Vec{} - y10, Vec{} - y11);
     });
 }
 
@@ -448,7 +435,7 @@ void conv2d_image(T* y, T* z, const T* image, const ConvKernel<T>& kernel, const
         const size_t plane_v = block.plane(C), plane_m = block.plane(F);
         scratch.resize(16 * (plane_v + plane_m));
         T *V = scratch.data(), *M = V + 16 * plane_v;
-        winograd_input(V, plane_v, xp.data(), block.cols, C, block.ty0, block.ty1, block.tiles_w);
+        winograd_input(V, plane_v, xp.data(), block.cols, w, block.ty0, block.ty1, block.tiles_w);
         for (int e = 0; e < 16; ++e)
             packed_rows(M + e * plane_m, LeftRows<T>{V + e * plane_v, (size_t)C, C, nullptr, 0, 0}, n,
                         kernel.packed[e], (const T*)nullptr);
@@ -584,7 +571,7 @@ void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const
                     const size_t plane_v = block.plane(C), plane_m = block.plane(F);
                     scratch.resize(16 * (plane_v + plane_m));
                     T *V = scratch.data(), *dM = V + 16 * plane_v;
-                    winograd_input(V, plane_v, xp.data(), block.cols, C, block.ty0, block.ty1, block.tiles_w);
+                    winograd_input(V, plane_v, xp.data(), block.cols, w, block.ty0, block.ty1, block.tiles_w);
                     winograd_output_gradient(dM, plane_m, dz.data(), w, F, block.ty0, block.ty1, block.tiles_w);
                     for (int e = 0; e < 16; ++e) {
                         pack_panels_t(transposed, V + e * plane_v, (size_t)C, C, ld, ld, 4);  // V[e]^T (C, ld)
