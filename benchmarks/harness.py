@@ -1,7 +1,8 @@
 """Times the same workload in attnx and in PyTorch in one process, with the same thread count,
 after warm-up, in interleaved rounds, and prints the median ratio (PyTorch time / attnx time: > 1
 means attnx is faster) with its min-max over the rounds. Benchmarks are never tests: nothing here
-asserts a timing. ATTNX_BENCH_ROUNDS sets the rounds (5)."""
+asserts a timing. ATTNX_BENCH_ROUNDS sets the rounds (5), ATTNX_BENCH_SETTLE and
+ATTNX_BENCH_ROUND_TIME the untimed and timed seconds of each round's block."""
 import os
 import statistics
 import time
@@ -24,6 +25,9 @@ ROUNDS = int(os.environ.get("ATTNX_BENCH_ROUNDS", "5"))
 # after a PyTorch block), so each library is timed once the other's threads have gone idle, as in
 # a program that runs one of them.
 SETTLE = float(os.environ.get("ATTNX_BENCH_SETTLE", "0.1"))
+# Timed runs per round's block: at least this many seconds of them (with 3 runs of a 4 ms step one
+# slow run moved a round: the CNN's rounds of one run ranged 0.62-1.75x; 0.05 s: 1.84-2.51x)
+ROUND_TIME = float(os.environ.get("ATTNX_BENCH_ROUND_TIME", "0.05"))
 
 
 def median_time(fn, warmup=3, repeat=15, min_time=0.0, settle=0.0):
@@ -45,10 +49,10 @@ def median_time(fn, warmup=3, repeat=15, min_time=0.0, settle=0.0):
 
 def compare(name, attnx_fn, torch_fn, warmup=3, repeat=15, rounds=ROUNDS):
     """Times both in `rounds` interleaved rounds (which one goes first alternates), each round the
-    median of about repeat / rounds runs of each after SETTLE seconds of untimed runs, so that load
-    from other processes hits both alike;
-    prints the median of the rounds' ratios (PyTorch time / attnx time) with their min-max, and the
-    median times. Returns the figures."""
+    median of at least repeat / rounds runs and ROUND_TIME seconds of runs of each, after SETTLE
+    seconds of untimed runs, so that load from other processes hits both alike; prints the median of
+    the rounds' ratios (PyTorch time / attnx time) with their min-max, and the median times. Returns
+    the figures."""
     for _ in range(warmup):
         attnx_fn()
         torch_fn()
@@ -56,11 +60,11 @@ def compare(name, attnx_fn, torch_fn, warmup=3, repeat=15, rounds=ROUNDS):
     a_times, t_times, ratios = [], [], []
     for r in range(rounds):
         if r % 2:
-            t = median_time(torch_fn, 1, per_round, settle=SETTLE)
-            a = median_time(attnx_fn, 1, per_round, settle=SETTLE)
+            t = median_time(torch_fn, 1, per_round, ROUND_TIME, SETTLE)
+            a = median_time(attnx_fn, 1, per_round, ROUND_TIME, SETTLE)
         else:
-            a = median_time(attnx_fn, 1, per_round, settle=SETTLE)
-            t = median_time(torch_fn, 1, per_round, settle=SETTLE)
+            a = median_time(attnx_fn, 1, per_round, ROUND_TIME, SETTLE)
+            t = median_time(torch_fn, 1, per_round, ROUND_TIME, SETTLE)
         a_times.append(a), t_times.append(t), ratios.append(t / a)
     a, t, ratio = statistics.median(a_times), statistics.median(t_times), statistics.median(ratios)
     print(f"{name:<48s} attnx {a * 1e3:9.3f} ms   torch {t * 1e3:9.3f} ms   torch/attnx {ratio:5.2f}x "
