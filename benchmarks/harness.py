@@ -60,11 +60,11 @@ def compare(name, attnx_fn, torch_fn, warmup=3, repeat=15, rounds=ROUNDS):
     a_times, t_times, ratios = [], [], []
     for r in range(rounds):
         if r % 2:
-            t = median_time(torch_fn, 1, per_round, ROUND_TIME, SETTLE)
-            a = median_time(attnx_fn, 1, per_round, ROUND_TIME, SETTLE)
+            t = median_time(torch_fn, 0, per_round, ROUND_TIME, SETTLE)
+            a = median_time(attnx_fn, 0, per_round, ROUND_TIME, SETTLE)
         else:
-            a = median_time(attnx_fn, 1, per_round, ROUND_TIME, SETTLE)
-            t = median_time(torch_fn, 1, per_round, ROUND_TIME, SETTLE)
+            a = median_time(attnx_fn, 0, per_round, ROUND_TIME, SETTLE)
+            t = median_time(torch_fn, 0, per_round, ROUND_TIME, SETTLE)
         a_times.append(a), t_times.append(t), ratios.append(t / a)
     a, t, ratio = statistics.median(a_times), statistics.median(t_times), statistics.median(ratios)
     print(f"{name:<48s} attnx {a * 1e3:9.3f} ms   torch {t * 1e3:9.3f} ms   torch/attnx {ratio:5.2f}x "

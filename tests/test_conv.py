@@ -124,8 +124,8 @@ def test_same_padding_with_stride_puts_the_odd_pixel_bottom_right(torch):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_conv2d_large_channels_torch_parity(seed, torch):
-    """Blocks of many rows and wide patches (the im2col blocks and the threads' kernel sums), in
-    float64: float32 sums of 1275 products differ from PyTorch's by more than 1e-5."""
+    """Wide patches on many channels (Winograd, and the threads' kernel sums), in float64: float32
+    sums of 1275 products differ from PyTorch's by more than 1e-5."""
     rng = np.random.default_rng(seed)
     layer = layers.Conv2D(24, 3, padding="same", activation="relu", bias_initializer="glorot_uniform",
                           dtype="float64")
@@ -141,12 +141,15 @@ def test_conv2d_large_channels_torch_parity(seed, torch):
 
 # ----------------------------------------------------------------------------- gradient checks
 @pytest.mark.parametrize("B, image, C, F, window, strides, padding, dtype", [
-    # one channel, stride 1 along rows: the kernel gradient from the patches transposed
+    # one channel, stride 1 along rows (SW = 1): the kernel gradient from the patches transposed; and
+    # one channel with SW = 2, where it is not
     (3, (9, 7), 1, 5, (3, 3), (1, 1), "same", "float32"),
     (2, (10, 8), 1, 20, (5, 3), (2, 1), "valid", "float32"),
     (2, (8, 9), 1, 4, (2, 3), (1, 2), "same", "float32"),
-    # windows evenly spaced over the whole image (one product per image): 1x1, and windows that tile it
+    # windows evenly spaced over the whole image (SH * padded columns = OW * SW: one product per
+    # image): 1x1, and windows as wide as their stride; windows that tile the image with SH = 2 are not
     (2, (5, 6), 7, 3, (1, 1), (1, 1), "same", "float32"),
+    (2, (6, 8), 3, 4, (3, 2), (1, 2), "valid", "float32"),
     (2, (6, 8), 3, 4, (2, 2), (2, 2), "valid", "float32"),
     # 3x3, stride 1, 8 channels or more: Winograd F(2x2, 3x3) (odd sizes, 'valid', an image smaller than
     # the window, several blocks of tile rows (float64: the kernel gradient sums 1600 pixels)); dx, a
@@ -159,9 +162,11 @@ def test_conv2d_large_channels_torch_parity(seed, torch):
     # dx as a convolution of dz with the kernel turned around: even windows, asymmetric 'same' padding
     (2, (8, 9), 3, 5, (2, 4), (1, 1), "same", "float32"),
     (2, (8, 9), 3, 5, (5, 3), (1, 1), "valid", "float32"),
-    # several blocks of output rows per image (float64: the float32 sums drift past 1e-5)
-    (2, (30, 28), 20, 6, (3, 3), (1, 1), "same", "float64"),
+    # several blocks of output rows per image (float64: the float32 sums drift past 1e-5): the im2col
+    # kernel gradient, the transposed patches, col2im with stride 2
+    (1, (40, 40), 4, 6, (3, 3), (1, 1), "same", "float64"),
     (1, (64, 61), 1, 18, (3, 3), (1, 1), "same", "float64"),
+    (1, (80, 80), 4, 6, (3, 3), (2, 2), "same", "float64"),
 ])
 def test_conv2d_torch_parity_on_every_path(B, image, C, F, window, strides, padding, dtype, torch):
     rng = np.random.default_rng(7)
@@ -175,6 +180,23 @@ def test_conv2d_torch_parity_on_every_path(B, image, C, F, window, strides, padd
                                        kernel.permute(3, 2, 0, 1).contiguous(), bias, stride=strides)
         return torch.relu(z.permute(0, 2, 3, 1))
     _parity(torch, layer, x, forward, ["kernel", "bias"])
+
+
+@pytest.mark.parametrize("channels", [4, 8], ids=["direct", "winograd"])
+def test_an_infinite_pixel_reaches_exactly_the_outputs_whose_windows_hold_it(channels, torch):
+    """The direct product gives +-Inf there; Winograd's transforms subtract, so it may give NaN,
+    but at the same outputs and nowhere else."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 8, 8, channels)).astype(f32)
+    x[0, 3, 4, 1] = np.inf
+    layer = layers.Conv2D(5, 3, padding="same")
+    y = layer(x)
+    expected = torch.nn.functional.conv2d(torch.from_numpy(x).permute(0, 3, 1, 2),
+                                          torch.from_numpy(layer.params["kernel"]).permute(3, 2, 0, 1), padding=1)
+    expected = expected.permute(0, 2, 3, 1).numpy() + layer.params["bias"]
+    assert np.array_equal(np.isfinite(y), np.isfinite(expected))
+    assert not np.isfinite(y[0, 2:5, 3:6]).any() and np.isfinite(y).sum() == y.size - 9 * 5
+    assert_close(y[np.isfinite(y)], expected[np.isfinite(expected)], atol=1e-5, rtol=1e-5, what="finite outputs")
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)

@@ -100,10 +100,10 @@ constexpr int kMaxLanes = 16;
 
 // One image (H, W, C) as its windows read it: (rows, cols, C), rows and cols at least padded_rows()
 // and padded_cols(), pixel (ih, iw) at (ih + pad_top, iw + pad_left), zeros around it (pixels no
-// window reaches left out), and kMaxLanes zeros past the end
+// window reaches left out)
 template <class T> void pad_image(std::vector<T>& xp, const T* image, const Window2D& w, int rows, int cols) {
     const int C = w.C;
-    xp.assign((size_t)rows * cols * C + kMaxLanes, T(0));
+    xp.assign((size_t)rows * cols * C, T(0));
     const int inside_rows = std::min(w.H, w.padded_rows() - w.pad_top);
     const int inside_cols = std::min(w.W, w.padded_cols() - w.pad_left);
     for (int ih = 0; ih < inside_rows; ++ih)
@@ -232,7 +232,9 @@ void packed_rows(T* out, const LeftRows<T>& left, int rows, const PackedRight<T>
 //   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
 //   A^T = [1 1 1 0; 0 1 -1 -1].
 // The sum over channels is 16 products (blocks, C) . (C, F), one per position of the 4x4 block, on the
-// register tiles. Below 8 input channels those products are too thin to pay for the transforms
+// register tiles. The transforms add and subtract the values of a block, so an infinite input comes
+// out NaN where the direct product gives +-Inf (at the same outputs: those whose windows hold it).
+// Below 8 input channels those products are too thin to pay for the transforms
 // (measured against the direct product, one thread: 1-4 channels 1.6-4x slower, 8 the same, 16 to 128
 // channels 1.1-1.7x faster whatever the filters, 1 to 128).
 inline bool winograd_applies(const Window2D& w) { return w.KH == 3 && w.KW == 3 && w.SH == 1 && w.SW == 1 && w.C >= 8; }
@@ -356,14 +358,23 @@ template <class T> void add_winograd_kernel_gradient(T* dK, const T* dU, int C, 
     }
 }
 
+// `values` (floats or doubles) rounded up to whole 64-byte lines, one line more if that is a multiple
+// of 4 KiB: rows or planes that far apart fall in the same L1 sets
+inline size_t lines_apart(size_t values) {
+    const size_t line = 16, page = 1024;  // in 4-byte values; doubles get twice the room
+    const size_t rounded = (values + line - 1) / line * line;
+    return rounded % page == 0 ? rounded + line : rounded;
+}
+
 // A block of tile rows [ty0, ty1) of one image: tiles = (ty1 - ty0) * tiles_w 4x4 blocks of the padded
 // image, whose rows are `cols` pixels long
 struct WinogradBlock {
     int ty0, ty1, tiles_w, tiles, cols;
-    // the values apart of the 16 planes of a transform with `channels` values a block: a cache line
-    // more than a multiple of it, past 8 blocks of padding (the transposes read up to 7 past the end;
-    // 4 KiB apart, the transforms' 16 loads or stores of a block fell in one L1 set)
-    size_t plane(int channels) const { return (size_t)(tiles + 8) * channels + kMaxLanes; }
+    // the values apart of the 16 planes of a transform with `channels` values a block: room for 8
+    // blocks more (the transposes read up to 4 past the end, the in-place panel reads kMaxLanes
+    // values), rounded to whole cache lines and then one more if they would be a multiple of 4 KiB
+    // apart (the transforms' 16 loads or stores of a block fell in one L1 set)
+    size_t plane(int channels) const { return lines_apart((size_t)(tiles + 8) * channels + kMaxLanes); }
 };
 
 // Pads one image for Winograd (whole 4x4 blocks) into xp and calls fn(block) for blocks of tile rows
@@ -372,7 +383,8 @@ template <class T, class Fn>
 void for_winograd_blocks(const Window2D& w, int F, const T* image, std::vector<T>& xp, Fn&& fn) {
     const int tiles_h = (w.OH + 1) / 2, tiles_w = (w.OW + 1) / 2, cols = 2 * tiles_w + 2;
     pad_image(xp, image, w, 2 * tiles_h + 2, cols);
-    const int rows = std::max(1, (1 << 17) / (16 * (w.C + F) * tiles_w));
+    const size_t block_values = (size_t)16 * ((size_t)w.C + F) * tiles_w;
+    const int rows = (int)std::clamp<size_t>((size_t(1) << 17) / block_values, 1, (size_t)tiles_h);
     for (int ty0 = 0; ty0 < tiles_h; ty0 += rows) {
         const int ty1 = std::min(tiles_h, ty0 + rows);
         fn(WinogradBlock{ty0, ty1, tiles_w, (ty1 - ty0) * tiles_w, cols});
@@ -527,7 +539,7 @@ template <class T> std::vector<T> turned_kernel(const T* kernel, const Window2D&
 // Backward of conv2d_forward from dy and the forward's y and z: dz = dy * act'(z),
 // dK[i, j, c, f] += sum_{b, oh, ow} patch[b, oh, ow][i, j, c] dz[b, oh, ow, f], dbias[f] += sum dz[..., f],
 // dx = col2im(dz . K^T) (overwritten; null: not computed), with stride 1 the convolution above
-// (conv2d_image: Winograd for 3x3). dbias may be null.
+// (conv2d_image: Winograd for 3x3 when F, its input channels, is 8 or more). dbias may be null.
 // The kernel gradient: where Winograd applies, through its transforms (dU[e] = V[e]^T . dM[e] over the
 // blocks, then G^T dU G); else taken transposed, dK^T (F, P) = dz^T . patches, so that the patches are
 // the right operand as im2col wrote them and only dz (F values a row against P) is transposed; on one
@@ -550,8 +562,8 @@ void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const
     std::optional<PackedRight<T>> packed_kernel_t;
     if (dx && dx_by_convolution) turned.emplace(turned_kernel(kernel, w, F).data(), dx_windows, C);
     else if (dx) packed_kernel_t.emplace(kernel, F, P, true);
-    // the transposes' rows a vector longer than a multiple of 64 values apart: 1024 values (a 32 x 32
-    // image) apart, they fell in one L1 set and the transpose ran 7x slower
+    // the transposes' rows (whole 4 x 4 blocks) 4 values more apart when they would be a multiple of
+    // 64: 1024 values (a 32 x 32 image) apart they fell in one L1 set and the transpose ran 7x slower
     auto transposed_rows = [](int n) { return (n + 3) / 4 * 4 + (n % 64 == 0 ? 4 : 0); };
     std::mutex sum_lock;
     for_images(w, double(w.B) * w.out_pixels() * P * F * (dx ? 2 : 1), [&](int b0, int b1) {
@@ -559,7 +571,8 @@ void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const
         std::vector<T> dK((size_t)F * (winograd ? 16 * C : P), T(0)), db(F, T(0)), xp, dxp, cols, dcols, dz, scratch;
         Panels<T> transposed;
         for (int b = b0; b < b1; ++b) {
-            // the image's dz, and past its end the rows the transposes below read: zeros
+            // the image's dz, and past its end zeros for the rows the transposes below read (up to 4) and
+            // the in-place panel reads (kMaxLanes values)
             dz.resize(out_image + (size_t)8 * F + kMaxLanes);
             std::fill(dz.begin() + out_image, dz.end(), T(0));
             activation_backward<T>(dz.data(), dy + b * out_image, z + b * out_image, y + b * out_image,

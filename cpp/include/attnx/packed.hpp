@@ -186,8 +186,8 @@ ATTNX_ALWAYS_INLINE void row_tile(TileRow<V, Q> (&pre)[R], const LeftRows<T>& le
 }
 
 // A small product on a packed right operand: for every block c < blocks (panel0 + c * block_stride,
-// K + C rows of Q vectors, k_stride apart) and every row b of [b0, b1) (left row b - b0):
-//   pre.q[q] = left[b - b0, 0..K+C) . panel_c[0..K+C)[q]
+// segments * K + C rows of Q vectors, k_stride apart) and every row b of [b0, b1) (left row b - b0):
+//   pre.q[q] = left[b - b0, 0..segments*K+C) . panel_c[0..segments*K+C)[q]
 // then cell(b, pre, c). R rows share each load of the panel (R = 3 measured fastest for Q = 3 and
 // 4 on Zen 3: up to 12 accumulators in AVX2's 16 registers; AVX-512's 32 hold twice the rows).
 template <class V, int Q, class T, class Cell>
@@ -225,8 +225,8 @@ ATTNX_ALWAYS_INLINE void last_panel_product(int vectors, int b0, int b1, const L
                          [&](int b, TileRow<V, Q> pre, int) __attribute__((always_inline)) { cell(b, pre, p); });
 }
 
-// A product on a right operand in panels of Q vectors (RightPanels), from its row k0 on (K + C rows
-// of left), N columns: for every panel p and row b of [b0, b1), cell(b, pre, p) with pre's
+// A product on a right operand in panels of Q vectors (RightPanels), from its row k0 on
+// (segments * K + C rows of left), N columns: for every panel p and row b of [b0, b1), cell(b, pre, p) with pre's
 // pre.count vectors the columns p * Q * W + [0, pre.count * W). Whole panels run in tiles of Q
 // vectors, a packed operand's narrowed last panel in tiles of the vectors it holds.
 template <class V, int Q, class T, class Cell>

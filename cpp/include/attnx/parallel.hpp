@@ -103,24 +103,27 @@ class WorkerPool {
     // Returns when done() is true or after kSpinMicroseconds, whichever comes first
     template <class Done> static void spin_until(Done&& done) {
         const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
-        while (!done()) {
-            for (int i = 0; i < 32; ++i) _mm_pause();
-            if (std::chrono::steady_clock::now() > until) return;
+        for (unsigned i = 1; !done(); ++i) {
+            _mm_pause();
+            if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return;
         }
     }
 
-    // Worker `index` (from 1): runs task(index) of every call after generation `seen` that has one
+    // Worker `index` (from 1): runs task(index) of every call after generation `seen` that has one;
+    // only a worker that just ran a task spins (the pool never shrinks: workers past a smaller
+    // budget go straight back to sleep)
     void work(size_t index, uint64_t seen) {
         std::unique_lock<std::mutex> lock(state_lock_);
-        for (;;) {
-            if (generation_.load() == seen) {
+        for (bool ran = false;;) {
+            if (ran && generation_.load() == seen) {
                 lock.unlock();
                 spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; });
                 lock.lock();
             }
             wake_.wait(lock, [&] { return generation_.load() != seen; });
             seen = generation_.load();
-            if (index >= active_) continue;
+            ran = index < active_;
+            if (!ran) continue;
             lock.unlock();
             std::exception_ptr error;
             try {

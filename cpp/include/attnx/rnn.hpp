@@ -120,7 +120,7 @@ void pack_recurrent_kernel(Panels<T>& packed, const T* U, const T* Wx, int H, in
 
 // [h, x] . [U; W] on pack_recurrent_kernel's layout: for every block of W units (from u0, n of them
 // real) and every row b of [b0, b1): pre.q[q] = left[b - b0] . [U; W][:, (q0 + q)*H + u0 .. + W);
-// then cell(b, pre, u0, n)
+// then cell(b, pre, u0, n). left is one run of H values (its segments 1) and x's C.
 template <class V, int Q, class T, class Cell>
 ATTNX_ALWAYS_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& left, const T* packed, int H, int Qt, int q0,
                                     Cell&& cell) {
