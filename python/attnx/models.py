@@ -239,14 +239,18 @@ class Model(Layer):
         caches = [] if training else None
         for node in self._nodes:
             inputs_spec, args, kwargs = node.call_spec
-            x = substitute(inputs_spec, values)
-            call_args = substitute(args, values)
-            call_kwargs = substitute(kwargs, values)
-            in_mask = call_kwargs.pop("mask", None)  # a mask given to the call wins over the propagated one
-            if in_mask is None:
-                m = [masks.get(id(t)) for t in _structure(inputs_spec)]
-                in_mask = (m if isinstance(inputs_spec, (list, tuple)) else m[0]) if any(
-                    v is not None for v in m) else None
+            if node.single_input:
+                x, call_args, call_kwargs = values[id(inputs_spec)], (), {}
+                in_mask = masks.get(id(inputs_spec))
+            else:
+                x = substitute(inputs_spec, values)
+                call_args = substitute(args, values)
+                call_kwargs = substitute(kwargs, values)
+                in_mask = call_kwargs.pop("mask", None)  # a mask given to the call wins over the propagated one
+                if in_mask is None:
+                    m = [masks.get(id(t)) for t in _structure(inputs_spec)]
+                    in_mask = (m if isinstance(inputs_spec, (list, tuple)) else m[0]) if any(
+                        v is not None for v in m) else None
             layer = node.layer
             if isinstance(layer, Model) and layer._functional:  # a nested model: its masks come with its outputs
                 out, out_masks, cache = layer._run_graph(x, training, in_mask, check)

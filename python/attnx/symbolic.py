@@ -48,6 +48,8 @@ class Node:
     def __init__(self, layer, inputs, args, kwargs):
         self.layer = layer
         self.call_spec = (inputs, args, kwargs)
+        # a call on one tensor and nothing else: running the graph looks its value up directly
+        self.single_input = is_symbolic(inputs) and not args and not kwargs
         self.input_tensors = tensors_in(self.call_spec)
         self.outputs = []
         self.multi_output = False
