@@ -4,6 +4,7 @@ wrong dtype, range or alignment, first_step overflow, thread counts above the ma
 per-thread inference scratch. Each must raise a clear Python exception (or work), never crash,
 hang, allocate what the input does not justify, or return a wrong answer."""
 import os
+import resource
 import threading
 
 import numpy as np
@@ -143,6 +144,31 @@ def test_inference_scratch_does_not_outlive_its_threads():
         del outputs, y
         grown = (_rss_bytes() - before) / 2 ** 20
         assert grown < 300, f"RSS grew by {grown:.0f} MiB after {burst + 1} bursts of 32 inference threads"
+
+
+def _minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def test_result_cache_keeps_the_shapes_in_use_after_other_shapes_filled_it():
+    """Results of 64 KiB and more come from a cache of freed blocks (at most 128 MiB). Once a large
+    model's results had filled it, a smaller model's blocks found no room: each of its results was
+    fresh memory again (a BiLSTM step took 900 page faults and 7 ms instead of 4.8). The least
+    recently freed blocks now make room."""
+    big = np.ones(8 << 20, f32)  # 32 MiB of results each
+    outputs = [_core.activation_forward(x=big, activation="relu") for _ in range(4)]
+    del outputs  # the cache now holds 128 MiB of a shape nothing uses again
+    small = np.full((256, 1024), -1.0, f32)  # 1 MiB: 256 pages
+    for _ in range(3):
+        y = _core.activation_forward(x=small, activation="relu")
+        del y
+    before = _minor_faults()
+    for _ in range(10):
+        y = _core.activation_forward(x=small, activation="relu")
+        assert not y.any()
+        del y
+    faults = _minor_faults() - before
+    assert faults < 256, f"{faults} page faults in 10 calls whose 1 MiB result the cache should have held"
 
 
 # ------------------------------------------------------------------------- raw seq2seq bindings
