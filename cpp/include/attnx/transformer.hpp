@@ -136,7 +136,8 @@ template <class T> void dropout_keep_scaled(T* keep, size_t n, double rate, uint
                 for (size_t k = 0; k < block; ++k) z[k] = splitmix64(seed + w0 + k + 1);
                 std::memcpy(uniforms, z, block * sizeof(uint64_t));
                 const size_t first = 4 * w0, count = std::min(4 * block, n - first);
-                for (size_t i = 0; i < count; ++i) keep[first + i] = scale * T(uniforms[i] >= threshold);  // branch-free: vectorizes
+                // a product, not a select: the select compiled to a branch per entry
+                for (size_t i = 0; i < count; ++i) keep[first + i] = scale * T(uniforms[i] >= threshold);
             }
         });
     });
