@@ -357,6 +357,18 @@ def test_every_masked_layer_is_in_the_mask_table():
     covered = {key.split(" ")[0] for key in MASKED}
     assert masked <= covered, f"masked layers missing from the mask-rule table: {sorted(masked - covered)}"
 
+@pytest.mark.parametrize("name", sorted(k for k in MASKED if " " not in k))  # the layers masked on one tensor
+def test_mask_propagated_through_a_functional_graph_equals_the_mask_given(name):
+    """A mask an Embedding(mask_zero=True) makes reaches the next layer of a functional model as if
+    the call had been given it (the graph looks a one-tensor call's input and mask up directly)."""
+    make, call = MASKED[name]
+    ids = np.array([[4, 2, 7, 0, 0], [1, 3, 5, 2, 6], [0, 0, 0, 0, 0]])
+    inp = attnx.Input((T,), dtype="int64")
+    embedding, layer = layers.Embedding(9, C, mask_zero=True), make()
+    model = attnx.Model(inp, layer(embedding(inp)))
+    np.testing.assert_array_equal(model(ids), call(layer, embedding(ids), ids != 0), err_msg=name)
+
+
 GOOD = {
     "bool": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=bool),
     "int 0/1": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=np.int32),
