@@ -138,7 +138,9 @@ class WorkerPool {
     }
 
     std::mutex job_lock_;    // held by the one call running
-    std::mutex state_lock_;  // guards everything below
+    // guards everything below; generation_ and pending_ are written under it and also read without it,
+    // by the spins
+    std::mutex state_lock_;
     std::condition_variable wake_, done_;
     size_t workers_ = 0;         // started so far, with indices 1 .. workers_
     std::atomic<uint64_t> generation_{0};  // bumped per call: what wakes the workers
