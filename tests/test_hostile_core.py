@@ -126,7 +126,8 @@ def test_inference_scratch_does_not_outlive_its_threads():
     """Each thread that ran inference kept its scratch after it ended: layers held one set of
     buffers per thread, and malloc kept freed result blocks in the arena of the thread that freed
     them (two 32-thread bursts on a GRU(256) grew RSS by 930 and 1190 MiB). Results now come from
-    the result cache (at most 128 MiB kept) and go back to the OS beyond it."""
+    the result cache (at most 128 MiB kept, or what one thread had live at once) and go back to the
+    OS beyond it."""
     gru = layers.GRU(256, return_sequences=True)
     x = np.random.default_rng(0).normal(size=(32, 256, 64)).astype(f32)
     want = gru(x)
@@ -170,6 +171,25 @@ def test_result_cache_keeps_the_shapes_in_use_after_other_shapes_filled_it():
     faults = _minor_faults() - before
     assert faults < 256, f"{faults} page faults in 10 calls whose 1 MiB result the cache should have held"
 
+
+
+def test_result_cache_holds_a_working_set_larger_than_its_floor():
+    """The cache kept at most 128 MiB, so a loop whose results add up to more than that between one
+    use of a shape and the next (a seq2seq step with V = 8000 frees about 150 MiB: logits, their
+    gradient, the decoder's caches) met fresh memory every step: 12,000 page faults, 12 ms of a
+    150 ms step. It now keeps as much as one thread has had live at once."""
+    x = np.full(8 << 20, -1.0, f32)  # 32 MiB results: 8192 pages each
+
+    def step():  # six results live together, 192 MiB, then all freed
+        outputs = [_core.activation_forward(x=x, activation="relu") for _ in range(6)]
+        assert not any(y.any() for y in outputs)
+
+    step()
+    before = _minor_faults()
+    for _ in range(3):
+        step()
+    faults = _minor_faults() - before
+    assert faults < 8192, f"{faults} page faults in 3 steps whose 192 MiB of results the cache should have held"
 
 # ------------------------------------------------------------------------- raw seq2seq bindings
 V, E, H, K, U = 7, 3, 4, 4, 3

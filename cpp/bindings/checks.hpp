@@ -15,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -232,14 +233,18 @@ inline MaskRows parse_position_mask(const py::object& mask, py::ssize_t batch, p
 // Freed result buffers of 64 KiB and more, kept by size for the next array of that size: training
 // and inference loops allocate the same shapes call after call, and every fresh page costs a page
 // fault (2500 faults, 10 MB, per transformer encoder-layer inference call without the cache).
-// At most kMaxCachedBytes are kept; past that the least recently freed blocks go back to the OS,
-// so the shapes of the model running now displace those of one that ran before (keeping the old
-// ones instead left a BiLSTM step at 900 page faults and 7 ms, from 4.8, after an LSTM(256) had
-// filled the cache). The cache is never destroyed (arrays may outlive static destruction).
+// It keeps at most kMinCachedBytes or, if more, as many bytes as one thread ever had live at once:
+// what a training loop needs from one step to the next (a seq2seq step with V = 8000 frees about
+// 150 MiB of results, and a fixed cap of 128 MiB left it 12,000 page faults and 12 ms per step),
+// while a burst of threads, each holding little, does not grow it. Past that the least recently
+// freed blocks go back to the OS, so the shapes of the model running now displace those of one that
+// ran before (keeping the old ones instead left a BiLSTM step at 900 page faults and 7 ms, from
+// 4.8, after an LSTM(256) had filled the cache). The cache is never destroyed (arrays may outlive
+// static destruction).
 class BufferCache {
   public:
-    static constexpr size_t kMinBytes = size_t(1) << 16, kMaxCachedBytes = size_t(128) << 20;
-    static constexpr size_t kHeader = 64;  // the block's size, keeping the data 64-byte aligned (blocks are pages)
+    static constexpr size_t kMinBytes = size_t(1) << 16, kMinCachedBytes = size_t(128) << 20;
+    static constexpr size_t kHeader = 64;  // the block's size and taker, keeping the data 64-byte aligned (blocks are pages)
 
     static BufferCache& instance() {
         static BufferCache* cache = new BufferCache;
@@ -257,6 +262,7 @@ class BufferCache {
                 void* data = freed->data;
                 by_age_.erase(freed);
                 cached_bytes_ -= bytes;
+                count_taken(data);
                 return data;
             }
         }
@@ -266,6 +272,8 @@ class BufferCache {
         if (mapped == MAP_FAILED) throw std::bad_alloc();
         char* block = static_cast<char*>(mapped);
         *reinterpret_cast<size_t*>(block) = bytes;
+        std::lock_guard<std::mutex> guard(lock_);
+        count_taken(block + kHeader);
         return block + kHeader;
     }
 
@@ -274,19 +282,24 @@ class BufferCache {
         BufferCache& cache = instance();
         const size_t bytes = block_bytes(data);
         std::vector<void*> evicted;
-        if (bytes > kMaxCachedBytes) {
-            evicted.push_back(data);
-        } else {
+        {
             std::lock_guard<std::mutex> guard(cache.lock_);
-            cache.free_[bytes].push_back(cache.by_age_.insert(cache.by_age_.end(), {bytes, data}));
-            cache.cached_bytes_ += bytes;
-            while (cache.cached_bytes_ > kMaxCachedBytes) {  // the oldest block is the first of its size
-                const Freed oldest = cache.by_age_.front();
-                auto& same_size = cache.free_[oldest.bytes];
-                same_size.erase(same_size.begin());
-                cache.by_age_.pop_front();
-                cache.cached_bytes_ -= oldest.bytes;
-                evicted.push_back(oldest.data);
+            auto live = cache.live_by_thread_.find(taker(data));
+            if ((live->second -= bytes) == 0) cache.live_by_thread_.erase(live);
+            const size_t cap = std::max(kMinCachedBytes, cache.peak_thread_live_bytes_);
+            if (bytes > cap) {
+                evicted.push_back(data);
+            } else {
+                cache.free_[bytes].push_back(cache.by_age_.insert(cache.by_age_.end(), {bytes, data}));
+                cache.cached_bytes_ += bytes;
+                while (cache.cached_bytes_ > cap) {  // the oldest block is the first of its size
+                    const Freed oldest = cache.by_age_.front();
+                    auto& same_size = cache.free_[oldest.bytes];
+                    same_size.erase(same_size.begin());
+                    cache.by_age_.pop_front();
+                    cache.cached_bytes_ -= oldest.bytes;
+                    evicted.push_back(oldest.data);
+                }
             }
         }
         for (void* block : evicted) munmap(static_cast<char*>(block) - kHeader, kHeader + block_bytes(block));
@@ -298,11 +311,24 @@ class BufferCache {
         void* data;
     };
     static size_t block_bytes(void* data) { return *reinterpret_cast<size_t*>(static_cast<char*>(data) - kHeader); }
+    // the thread that took the block, in the header after its size
+    static_assert(sizeof(size_t) + sizeof(std::thread::id) <= kHeader, "the header holds a size and a thread id");
+    static std::thread::id& taker(void* data) {
+        return *std::launder(reinterpret_cast<std::thread::id*>(static_cast<char*>(data) - kHeader + sizeof(size_t)));
+    }
+    // under lock_: data now belongs to this thread's live bytes
+    void count_taken(void* data) {
+        new (static_cast<char*>(data) - kHeader + sizeof(size_t)) std::thread::id(std::this_thread::get_id());
+        const size_t live = live_by_thread_[taker(data)] += block_bytes(data);
+        peak_thread_live_bytes_ = std::max(peak_thread_live_bytes_, live);
+    }
 
     std::mutex lock_;
     std::list<Freed> by_age_;  // cached blocks, least recently freed first
     std::unordered_map<size_t, std::vector<std::list<Freed>::iterator>> free_;  // by size, oldest first
     size_t cached_bytes_ = 0;
+    std::unordered_map<std::thread::id, size_t> live_by_thread_;  // bytes taken and not yet given back
+    size_t peak_thread_live_bytes_ = 0;
 };
 
 // An uninitialized C-contiguous result array (large ones from the BufferCache).
