@@ -373,14 +373,23 @@ template <class V> ATTNX_ALWAYS_INLINE V activate(Activation a, V v) {
     }
 }
 
-// v = act(v) over n contiguous values (four floats at a time)
+// v = act(v) over n contiguous values, on the widest vectors this CPU runs
 template <class T> void activate_block(Activation a, T* v, int n) {
-    using V = std::conditional_t<std::is_same_v<T, float>, float4, double>;
-    constexpr int W = Lanes<V>::W;
-    for (int k = 0; k < n; k += W) {
-        const int m = std::min(W, n - k);
-        vstore(v + k, activate(a, vload<V>(v + k, m)), m);
-    }
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        constexpr int W = Lanes<V>::W;
+        for (int k = 0; k < n; k += W) {
+            const int m = std::min(W, n - k);
+            vstore(v + k, activate(a, vload<V>(v + k, m)), m);
+        }
+    });
+}
+
+// The sum of v's lanes (v itself for a single lane)
+template <class V, class T = typename Lanes<V>::T> ATTNX_ALWAYS_INLINE T sum_of_lanes(V v) {
+    T sum = 0;
+    for (int j = 0; j < Lanes<V>::W; ++j) sum += lane(v, j);
+    return sum;
 }
 
 }  // namespace attnx

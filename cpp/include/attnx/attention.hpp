@@ -353,20 +353,28 @@ void sdpa_backward(const AttendShape& shape, T* dq, T* dk, T* dv, T* dscale, con
 template <class T>
 void additive_scores_forward(T* scores, T* hidden, const T* pq, const T* pk, const T* v, int B, int Tq, int S, int U) {
     parallel_for((size_t)B, double(B) * Tq * S * U * 8, [&](size_t lo, size_t hi) {
-        for (size_t b = lo; b < hi; ++b)
-            for (int t = 0; t < Tq; ++t) {
-                const T* pqt = pq + (b * Tq + t) * (size_t)U;
-                for (int s = 0; s < S; ++s) {
-                    const size_t row = (b * Tq + t) * (size_t)S + s;
-                    const T* pks = pk + (b * S + s) * (size_t)U;
-                    T* h = hidden + row * U;
-                    for (int u = 0; u < U; ++u) h[u] = pqt[u] + pks[u];
-                    activate_block(Activation::tanh, h, U);  // vectorized for float
-                    T acc = 0;
-                    for (int u = 0; u < U; ++u) acc += v[u] * h[u];
-                    scores[row] = acc;
+        on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+            using V = decltype(lanes);
+            constexpr int W = Lanes<V>::W;
+            for (size_t b = lo; b < hi; ++b)
+                for (int t = 0; t < Tq; ++t) {
+                    const T* pqt = pq + (b * Tq + t) * (size_t)U;
+                    for (int s = 0; s < S; ++s) {
+                        const size_t row = (b * Tq + t) * (size_t)S + s;
+                        const T* pks = pk + (b * S + s) * (size_t)U;
+                        T* h = hidden + row * U;
+                        // one pass: the hidden vector is scored while still in registers
+                        V score = {};
+                        for (int u = 0; u < U; u += W) {
+                            const int n = std::min(W, U - u);
+                            const V hu = activate(Activation::tanh, vload<V>(pqt + u, n) + vload<V>(pks + u, n));
+                            vstore(h + u, hu, n);
+                            score += vload<V>(v + u, n) * hu;
+                        }
+                        scores[row] = sum_of_lanes(score);
+                    }
                 }
-            }
+        });
     });
 }
 
@@ -380,24 +388,30 @@ void additive_scores_backward(T* dpq, T* dpk, T* dv, const T* dscores, const T* 
     std::mutex dv_lock;
     parallel_for((size_t)B, double(B) * Tq * S * U * 6, [&](size_t lo, size_t hi) {
         std::vector<T> dv_part(U, T(0));
-        for (size_t b = lo; b < hi; ++b)
-            for (int t = 0; t < Tq; ++t) {
-                T* dpqt = dpq + (b * Tq + t) * (size_t)U;
-                std::fill(dpqt, dpqt + U, T(0));
-                for (int s = 0; s < S; ++s) {
-                    const size_t row = (b * Tq + t) * (size_t)S + s;
-                    const T ds = dscores[row];
-                    if (ds == T(0)) continue;  // masked positions: nothing flows back
-                    const T* h = hidden + row * U;
-                    T* dpks = dpk + (b * S + s) * (size_t)U;
-                    for (int u = 0; u < U; ++u) {
-                        const T dpre = ds * v[u] * (T(1) - h[u] * h[u]);
-                        dpqt[u] += dpre;
-                        dpks[u] += dpre;
-                        dv_part[u] += ds * h[u];
+        on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+            using V = decltype(lanes);
+            constexpr int W = Lanes<V>::W;
+            for (size_t b = lo; b < hi; ++b)
+                for (int t = 0; t < Tq; ++t) {
+                    T* dpqt = dpq + (b * Tq + t) * (size_t)U;
+                    std::fill(dpqt, dpqt + U, T(0));
+                    for (int s = 0; s < S; ++s) {
+                        const size_t row = (b * Tq + t) * (size_t)S + s;
+                        const T ds = dscores[row];
+                        if (ds == T(0)) continue;  // masked positions: nothing flows back
+                        const T* h = hidden + row * U;
+                        T* dpks = dpk + (b * S + s) * (size_t)U;
+                        for (int u = 0; u < U; u += W) {
+                            const int n = std::min(W, U - u);
+                            const V hu = vload<V>(h + u, n);
+                            const V dpre = ds * vload<V>(v + u, n) * (T(1) - hu * hu);
+                            vstore(dpqt + u, vload<V>(dpqt + u, n) + dpre, n);
+                            vstore(dpks + u, vload<V>(dpks + u, n) + dpre, n);
+                            vstore(dv_part.data() + u, vload<V>(dv_part.data() + u, n) + ds * hu, n);
+                        }
                     }
                 }
-            }
+        });
         std::lock_guard<std::mutex> guard(dv_lock);
         for (int u = 0; u < U; ++u) dv[u] += dv_part[u];
     });
