@@ -355,7 +355,9 @@ template <class V> ATTNX_ALWAYS_INLINE V tanh_rational(V x) {
     V q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
     q = q * x2 + 2.26843463243900e-03f;
     q = q * x2 + 4.89352518554385e-03f;
-    return x * p / q;
+    const V y = x * p / q;
+    // exactly +-1 at the clamp, whether or not the multiply-adds fuse (fused, the rational gives 1 - 2^-24)
+    return x == limit ? V{} + 1.0f : x == -limit ? V{} - 1.0f : y;
 }
 
 // act(v) lane by lane. Floats use tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2); double, for
