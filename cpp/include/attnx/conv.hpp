@@ -181,50 +181,6 @@ template <class T, class F> void for_output_row_blocks(const Window2D& w, F&& fn
     for (int oh0 = 0; oh0 < w.OH; oh0 += rows) fn(oh0, std::min(w.OH, oh0 + rows));
 }
 
-// Vectors per panel of a packed right operand of N columns for vectors of `lanes`
-inline int tile_vectors(int N, int lanes) { return std::clamp((N + lanes - 1) / lanes, 1, 3); }
-
-// A right operand B (K, N) packed for packed_rows: `transposed` packs it from B^T (N, K)
-template <class T> struct PackedRight {
-    Panels<T> panels;
-    int K, N, Q;
-    PackedRight(const T* B, int K_, int N_, bool transposed, int lanes = tile_lanes<T>())
-        : K(K_), N(N_), Q(tile_vectors(N_, lanes)) {
-        if (transposed) pack_panels_t(panels, B, (size_t)K, K, N, Q * lanes, lanes);
-        else pack_panels(panels, B, (size_t)N, K, N, Q * lanes, lanes);
-    }
-};
-
-// out[r, n] = bias[n] + sum_k left[r, k] B[k, n] for `rows` rows of left (B.K values each), B packed in
-// panels of Q vectors V; bias may be null. `relu`: out = max(out, 0) as it is stored (a NaN stays).
-template <class V, int Q, class T>
-ATTNX_ALWAYS_INLINE void packed_rows(T* out, const LeftRows<T>& left, int rows, const PackedRight<T>& B, const T* bias,
-                                     bool relu) {
-    constexpr int W = Lanes<V>::W;
-    const int N = B.N;
-    panels_product<V, Q>(0, rows, left, packed_panels(B.panels.data(), B.K, N, Q * W, W), 0, N,
-                         [&](int r, auto pre, int p) __attribute__((always_inline)) {
-                             for (int q = 0; q < pre.count && (p * Q + q) * W < N; ++q) {
-                                 const int n0 = (p * Q + q) * W, m = std::min(W, N - n0);
-                                 if (bias) pre.q[q] += vload<V>(bias + n0, m);
-                                 if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
-                                 vstore(out + (size_t)r * N + n0, pre.q[q], m);
-                             }
-                         });
-}
-
-// packed_rows on the widest vectors this CPU runs (those B was packed for)
-template <class T>
-void packed_rows(T* out, const LeftRows<T>& left, int rows, const PackedRight<T>& B, const T* bias,
-                 bool relu = false) {
-    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
-        using V = decltype(lanes);
-        if (B.Q == 1) packed_rows<V, 1>(out, left, rows, B, bias, relu);
-        else if (B.Q == 2) packed_rows<V, 2>(out, left, rows, B, bias, relu);
-        else packed_rows<V, 3>(out, left, rows, B, bias, relu);
-    });
-}
-
 // ------------------------------------------------ Winograd F(2x2, 3x3) (Lavin & Gray, 2016)
 // A 3x3 convolution with stride 1 computes each 2x2 block of outputs from the 4x4 block of the padded
 // image under it with 16 multiplies a channel pair instead of 36:

@@ -28,6 +28,16 @@ template <class T> T row_max(const T* x, size_t n) {
     return std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
 }
 
+// The first k with x[k] = max x (n >= 1), as np.argmax; 0 if x[0] is NaN. The maximum first, in
+// vectorized passes, then a scan for it: std::max_element's one compare-and-branch per value cost
+// 0.25 ms per greedy decoding step at B = 64, V = 8000.
+template <class T> size_t row_argmax(const T* x, size_t n) {
+    const T m = row_max(x, n);
+    for (size_t k = 0; k < n; ++k)
+        if (x[k] == m) return k;
+    return 0;
+}
+
 // dst[k] = e^(src[k] - shift) for k < n (activations.hpp's exp kernel); returns their sum in double
 template <class T> double exp_shifted(T* dst, const T* src, size_t n, T shift) {
     for (size_t k = 0; k < n; ++k) dst[k] = src[k] - shift;

@@ -242,4 +242,51 @@ ATTNX_ALWAYS_INLINE void panels_product(int b0, int b1, const LeftRows<T>& left,
                                  right.last_k_stride, whole, cell);
 }
 
+// Vectors per panel of a packed right operand of N columns for vectors of `lanes`
+inline int tile_vectors(int N, int lanes) { return std::clamp((N + lanes - 1) / lanes, 1, 3); }
+
+// A right operand B (K, N) packed once for packed_rows, for products whose left operand changes from
+// call to call (a convolution's images, a decoder's steps): `transposed` packs it from B^T (N, K)
+template <class T> struct PackedRight {
+    Panels<T> panels;
+    int K, N, Q;
+    PackedRight(const T* B, int K_, int N_, bool transposed, int lanes = tile_lanes<T>())
+        : K(K_), N(N_), Q(tile_vectors(N_, lanes)) {
+        if (transposed) pack_panels_t(panels, B, (size_t)K, K, N, Q * lanes, lanes);
+        else pack_panels(panels, B, (size_t)N, K, N, Q * lanes, lanes);
+    }
+};
+
+// out[r, n] = bias[n] + sum_k left[r, k] B[k, n] for `rows` rows of left (B.K values each), B packed in
+// panels of Q vectors V; bias may be null. `relu`: out = max(out, 0) as it is stored (a NaN stays).
+// `accumulate`: out[r, n] += instead of =.
+template <class V, int Q, class T>
+ATTNX_ALWAYS_INLINE void packed_rows(T* out, const LeftRows<T>& left, int rows, const PackedRight<T>& B, const T* bias,
+                                     bool relu, bool accumulate) {
+    constexpr int W = Lanes<V>::W;
+    const int N = B.N;
+    panels_product<V, Q>(0, rows, left, packed_panels(B.panels.data(), B.K, N, Q * W, W), 0, N,
+                         [&](int r, auto pre, int p) __attribute__((always_inline)) {
+                             for (int q = 0; q < pre.count && (p * Q + q) * W < N; ++q) {
+                                 const int n0 = (p * Q + q) * W, m = std::min(W, N - n0);
+                                 if (bias) pre.q[q] += vload<V>(bias + n0, m);
+                                 if (accumulate) pre.q[q] += vload<V>(out + (size_t)r * N + n0, m);
+                                 if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
+                                 vstore(out + (size_t)r * N + n0, pre.q[q], m);
+                             }
+                         });
+}
+
+// packed_rows on the widest vectors this CPU runs (those B was packed for)
+template <class T>
+void packed_rows(T* out, const LeftRows<T>& left, int rows, const PackedRight<T>& B, const T* bias,
+                 bool relu = false, bool accumulate = false) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        if (B.Q == 1) packed_rows<V, 1>(out, left, rows, B, bias, relu, accumulate);
+        else if (B.Q == 2) packed_rows<V, 2>(out, left, rows, B, bias, relu, accumulate);
+        else packed_rows<V, 3>(out, left, rows, B, bias, relu, accumulate);
+    });
+}
+
 }  // namespace attnx

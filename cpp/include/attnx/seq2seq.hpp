@@ -39,12 +39,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "attnx/attention.hpp"
 #include "attnx/dense.hpp"
 #include "attnx/embedding.hpp"
 #include "attnx/gemm.hpp"
+#include "attnx/loss.hpp"
+#include "attnx/packed.hpp"
 #include "attnx/rnn.hpp"
 
 namespace attnx {
@@ -197,6 +200,22 @@ template <class T> struct OwnedDecoderCache {
     }
 };
 
+// The weights a decoder call multiplies a few rows by at every step, packed once for all its steps
+// (BLAS repacks its right operand on every call: at B = 64, V = 8000 that packing took 19% of greedy
+// decoding): the recurrent kernel for the step's tiles, the feed half of the input kernel and the
+// additive score's query kernel; the output layer too for a decoding loop, whose every step has a
+// few rows (teacher forcing multiplies all steps' rows at once, where BLAS is faster).
+template <class T> struct DecoderPanels {
+    Panels<T> recurrent;
+    std::optional<PackedRight<T>> feed, query, output;
+    DecoderPanels(const DecoderConfig& cfg, const DecoderParams<const T*>& w, bool with_output) {
+        pack_recurrent_kernel_rows(recurrent, cfg.rnn_step(), w.recurrent_kernel);
+        feed.emplace(w.kernel + (size_t)cfg.E * cfg.G(), cfg.F(), cfg.G(), false);
+        if (cfg.score == ScoreKind::additive) query.emplace(w.query_kernel, cfg.H, cfg.U, false);
+        if (with_output) output.emplace(w.output_kernel, cfg.H, cfg.V, false);
+    }
+};
+
 // ------------------------------------------------------------------------------ attention step
 // Hard attention's region: with a uniform u, the first s whose cumulative weight a[0..s] exceeds u
 // (a draw from a); without, the first maximum of a (np.argmax). Zero-weight (masked) regions are
@@ -221,8 +240,9 @@ template <class T> int64_t pick_region(const T* weights, int S, const T* uniform
 // a_t = masked_softmax(score(q_t, enc)) and c_t = a_t . enc for batch rows [b0, b1) of step t (Tq = 1).
 // query (B, H) and context (B, K) are whole-batch buffers; only rows [b0, b1) are read / written.
 template <class T>
-void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>& w, const DecoderCache<T>& cache,
-                         int t, int b0, int b1, const T* query, const T* enc, const uint8_t* source_mask, T* context) {
+void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>& w, const DecoderPanels<T>& panels,
+                         const DecoderCache<T>& cache, int t, int b0, int b1, const T* query, const T* enc,
+                         const uint8_t* source_mask, T* context) {
     const int B = cfg.B, S = cfg.S, U = cfg.U, H = cfg.H, K = cfg.K, Dk = cfg.Dk(), nb = b1 - b0;
     const size_t tb = (size_t)t * B + b0, bs = tb * S;  // row b0 of step t in (T, B) and (T, B, S)
     const T* q = query + (size_t)b0 * H;
@@ -230,7 +250,7 @@ void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>
     if (cfg.score == ScoreKind::additive) {
         T* pq = cache.query_proj + tb * U;
         // pq = q W_q + b_q;  scores[b, s] = v . tanh(pq[b] + keys[b, s])
-        dense_forward<T>(pq, q, w.query_kernel, w.query_bias, nb, H, U);
+        packed_rows<T>(pq, LeftRows<T>{q, (size_t)H, H, nullptr, 0, 0}, nb, *panels.query, w.query_bias);
         additive_scores_forward<T>(scores, cache.score_hidden + bs * U, pq, cache.keys + (size_t)b0 * S * U,
                                    w.score_vector, nb, 1, S, U);
     } else {
@@ -277,13 +297,17 @@ void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>
     }
 }
 
-// Workspace of the backward pass for all B rows, allocated once per call (never inside the time loop).
+// Workspace of the backward pass for all B rows, allocated once per call (never inside the time loop),
+// and W_q^T packed once for the steps' dq += d(pq) W_q^T.
 template <class T> struct AttendGradWork {
     std::vector<T> dscores, denc_step, dquery_step, dkeys_step, dgauss, dposition;
-    AttendGradWork(const DecoderConfig& cfg)
+    std::optional<PackedRight<T>> query_t;
+    AttendGradWork(const DecoderConfig& cfg, const DecoderParams<const T*>& w)
         : dscores((size_t)cfg.B * cfg.S), denc_step((size_t)cfg.B * cfg.S * cfg.K),
           dquery_step((size_t)cfg.B * std::max(cfg.Dk(), cfg.U)), dkeys_step((size_t)cfg.B * cfg.S * cfg.Dk()),
-          dgauss(cfg.predictive() ? (size_t)cfg.B * cfg.S : 0), dposition(cfg.predictive() ? cfg.B : 0) {}
+          dgauss(cfg.predictive() ? (size_t)cfg.B * cfg.S : 0), dposition(cfg.predictive() ? cfg.B : 0) {
+        if (cfg.score == ScoreKind::additive) query_t.emplace(w.query_kernel, cfg.U, cfg.H, true);
+    }
 };
 
 // Backward of attend_step_forward for rows [b0, b1); dweights (T, B, S) the gradient of the weights
@@ -330,7 +354,7 @@ void attend_step_backward(const DecoderConfig& cfg, const DecoderParams<const T*
         additive_scores_backward<T>(dpq, dkeys_step, dscore_vector, dscores, cache.score_hidden + bs * U,
                                     w.score_vector, nb, 1, S, U);
         // dq += d(pq) . W_q^T
-        gemm<T>(false, true, nb, H, U, T(1), dpq, U, w.query_kernel, U, T(1), dq, H);
+        packed_rows<T>(dq, LeftRows<T>{dpq, (size_t)U, U, nullptr, 0, 0}, nb, *work.query_t, nullptr, false, true);
     } else {
         T* dq_step = work.dquery_step.data() + (size_t)b0 * Dk;
         dot_scores_backward<T>(AttendShape{nb, 1, 1, S, Dk, 0}, dq_step, dkeys_step, (T*)nullptr, dscores,
@@ -384,7 +408,7 @@ template <class T> void batch_to_time_major(T* dst, const T* src, int Tn, int B,
 template <class T>
 void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h, T* c, T* feed,
                           const DecoderCache<T>& cache, const DecoderParams<const T*>& w, const T* enc,
-                          const uint8_t* source_mask, const T* packed_u, T* hu) {
+                          const uint8_t* source_mask, const DecoderPanels<T>& panels, T* hu) {
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), nb = b1 - b0;
     const size_t tb = (size_t)t * B + b0;  // row b0 of step t in (T, B, .)
     T* feed_t = cache.feed + (size_t)t * B * F;
@@ -392,7 +416,7 @@ void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h,
     if (cfg.kind == DecoderKind::bahdanau) {
         // c_t from s_{t-1} (the state entering the step) is the feed
         T* ctx_t = cfg.gated ? cache.context + (size_t)t * B * K : feed_t;
-        attend_step_forward<T>(cfg, w, cache, t, b0, b1, h, enc, source_mask, ctx_t);
+        attend_step_forward<T>(cfg, w, panels, cache, t, b0, b1, h, enc, source_mask, ctx_t);
         if (cfg.gated) {
             // beta_t = sigmoid(s_{t-1} . w_beta + b_beta);  feed_t = beta_t c_t
             for (int b = b0; b < b1; ++b) {
@@ -407,13 +431,13 @@ void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h,
         std::copy(feed + (size_t)b0 * H, feed + (size_t)b1 * H, feed_t + (size_t)b0 * H);  // h~_{t-1}
     }
     // gates[t] += feed_t W_f; then the recurrence of one step (h, c updated in place)
-    gemm<T>(false, false, nb, G, F, T(1), cache.feed + tb * F, F, w.kernel + (size_t)E * G, G, T(1),
-            cache.gates + tb * G, G);
-    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t), packed_u, w.bias_rec,
+    packed_rows<T>(cache.gates + tb * G, LeftRows<T>{cache.feed + tb * F, (size_t)F, F, nullptr, 0, 0}, nb,
+                   *panels.feed, nullptr, false, true);
+    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t), panels.recurrent.data(), w.bias_rec,
                         cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr, (const T*)nullptr, hu);
     if (cfg.kind == DecoderKind::luong) {
         T* ctx_t = cache.context + (size_t)t * B * K;
-        attend_step_forward<T>(cfg, w, cache, t, b0, b1, states_t, enc, source_mask, ctx_t);
+        attend_step_forward<T>(cfg, w, panels, cache, t, b0, b1, states_t, enc, source_mask, ctx_t);
         // h~_t = tanh([c_t; h_t] W_c), the next step's feed
         T* cat = cache.concat + tb * (K + H);
         for (int b = b0; b < b1; ++b) {
@@ -439,14 +463,15 @@ inline double decoder_loop_work(const DecoderConfig& cfg) {
 //   real (null: all real). h, c (B, H): in the initial state, out the final one (c: LSTM only).
 //   feed (B, F), Luong only: in h~ of the previous step (zeros at the start), out h~ of the last.
 //   keys_ready: cache.keys already holds enc W_k (decoding steps reuse it).
-//   logits (B, T, V) written. hu (B, G) is workspace.
+//   logits (B, T, V) written. hu (B, G) is workspace. panels: the weights packed for the steps (a
+//   decoding loop packs them once for all its calls); null: packed here.
 // Batch rows never interact inside the time loop, so each thread runs every step of its own rows
 // (single-threaded BLAS, no synchronization per step); the products over all steps run before
 // and after it on the whole BLAS thread budget.
 template <class T>
 void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, const DecoderCache<T>& cache,
                      const DecoderParams<const T*>& w, const int64_t* ids, const T* enc, const uint8_t* source_mask,
-                     const uint8_t* target_mask, bool keys_ready, T* hu) {
+                     const uint8_t* target_mask, bool keys_ready, T* hu, const DecoderPanels<T>* panels = nullptr) {
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, S = cfg.S, H = cfg.H, K = cfg.K, G = cfg.G();
     // keys = enc W_k, once for all steps
     if (cache.keys && !keys_ready)
@@ -464,26 +489,34 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
     embedding_forward<T>(cache.emb, cache.ids, w.embeddings, (size_t)Tn * B, (size_t)E);
     // gates[t] = emb_t W_e + b_in for all steps in one GEMM; the feed half joins per step
     dense_forward<T>(cache.gates, cache.emb, w.kernel, w.bias_in, Tn * B, E, G);
-    Panels<T> packed_u;  // U packed once, read by every step of every thread
-    pack_recurrent_kernel_rows(packed_u, cfg.rnn_step(), w.recurrent_kernel);
+    std::optional<DecoderPanels<T>> own_panels;  // read by every step of every thread
+    if (!panels) panels = &own_panels.emplace(cfg, w, false);
     parallel_for((size_t)B, decoder_loop_work(cfg), [&](size_t b0, size_t b1) {
         for (int t = 0; t < Tn; ++t)
-            decoder_step_forward<T>(cfg, t, (int)b0, (int)b1, h, c, feed, cache, w, enc, source_mask,
-                                    packed_u.data(), hu);
+            decoder_step_forward<T>(cfg, t, (int)b0, (int)b1, h, c, feed, cache, w, enc, source_mask, *panels, hu);
     });
     if (cfg.kind == DecoderKind::bahdanau) time_to_batch_major(cache.out, cache.states, Tn, B, H);
-    // logits = out W_out + b_out: one GEMM over all B * T rows
-    dense_forward<T>(logits, cache.out, w.output_kernel, w.output_bias, B * Tn, H, cfg.V);
+    // logits = out W_out + b_out: one GEMM over all B * T rows, or the rows split across threads on
+    // the packed output layer
+    if (!panels->output)
+        return dense_forward<T>(logits, cache.out, w.output_kernel, w.output_bias, B * Tn, H, cfg.V);
+    parallel_for((size_t)B * Tn, (double)B * Tn * H * cfg.V, [&](size_t r0, size_t r1) {
+        packed_rows<T>(logits + r0 * cfg.V, LeftRows<T>{cache.out + r0 * H, (size_t)H, H, nullptr, 0, 0},
+                       (int)(r1 - r0), *panels->output, w.output_bias);
+    });
 }
 
 // ------------------------------------------------------------------------------------ backward
 // Workspace of decoder_backward, allocated once per call. Step buffers are (B, .) and each thread
-// touches only its rows; the (T, B, .) ones feed the GEMMs over all steps after the loop.
+// touches only its rows; the (T, B, .) ones feed the GEMMs over all steps after the loop. U^T and
+// W_f^T are packed once for the steps' products.
 template <class T> struct DecoderGradWork {
     std::vector<T> dout, dgates, dhu_gru, dhrec, dfeed, dkeys, dquery_proj, dstate, dpre, dcat, dcontext, dfeed_next;
     std::vector<T> dposition_logit, dposition_hidden, dgate_logit, dweights;
     AttendGradWork<T> attend;
-    DecoderGradWork(const DecoderConfig& cfg)
+    Panels<T> recurrent_t;
+    PackedRight<T> feed_t;
+    DecoderGradWork(const DecoderConfig& cfg, const DecoderParams<const T*>& w)
         : dout((size_t)cfg.T * cfg.B * cfg.H), dgates((size_t)cfg.T * cfg.B * cfg.G()),
           dhu_gru(cfg.cell == RNNCell::gru ? dgates.size() : 0), dhrec((size_t)cfg.B * cfg.H),
           dfeed((size_t)cfg.B * cfg.F()), dkeys((size_t)cfg.B * cfg.S * cfg.Dk(), T(0)),
@@ -493,7 +526,10 @@ template <class T> struct DecoderGradWork {
           dfeed_next(luong(cfg) ? (size_t)cfg.B * cfg.H : 0, T(0)),
           dposition_logit(cfg.predictive() ? (size_t)cfg.T * cfg.B : 0),
           dposition_hidden(cfg.predictive() ? (size_t)cfg.T * cfg.B * cfg.P : 0),
-          dgate_logit(cfg.gated ? (size_t)cfg.T * cfg.B : 0), attend(cfg) {}
+          dgate_logit(cfg.gated ? (size_t)cfg.T * cfg.B : 0), attend(cfg, w),
+          feed_t(w.kernel + (size_t)cfg.E * cfg.G(), cfg.G(), cfg.F(), true) {
+        pack_recurrent_kernel_rows_t(recurrent_t, cfg.rnn_step(), w.recurrent_kernel);
+    }
     static bool luong(const DecoderConfig& cfg) { return cfg.kind == DecoderKind::luong; }
     // d(h U + b_rec): its own buffer for GRU (the candidate's r * (.) splits it from dgates), else dgates
     T* dhu() { return dhu_gru.empty() ? dgates.data() : dhu_gru.data(); }
@@ -504,16 +540,15 @@ template <class T> struct DecoderGradWork {
 template <class T>
 void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* denc, T* dh, T* dc, T* dscore_vector,
                            DecoderGradWork<T>& work, const DecoderCache<T>& cache, const DecoderParams<const T*>& w,
-                           const T* enc, const T* packed_t) {
+                           const T* enc) {
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), nb = b1 - b0;
-    const T* W_feed = w.kernel + (size_t)E * G;
     T* dg_t = work.dgates.data() + (size_t)t * B * G;
     const T* dy_t = work.dout.data() + (size_t)t * B * H;
     // one step of rnn.hpp's BPTT (the decoder's cells are tanh / sigmoid): dh, dc from h_t to h_{t-1}
     auto rnn_step_backward = [&](const T* d_out) {
         rnn_backward_rows<T>(cfg.rnn_step(), TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dg_t,
                              work.dhu() + (size_t)t * B * G, work.dhrec.data(), d_out, cache.rnn_at(cfg, t),
-                             packed_t, cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr,
+                             work.recurrent_t.data(), cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr,
                              (const T*)nullptr);
     };
     auto attend_backward = [&](const T* dcontext, T* dquery) {
@@ -525,8 +560,8 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
     if (cfg.kind == DecoderKind::bahdanau) {
         // s_t's gradient enters the recurrence; then d c_t = dgates_t W_f^T reaches s_{t-1} via attention
         rnn_step_backward(dy_t);
-        gemm<T>(false, true, nb, F, G, T(1), dg_t + (size_t)b0 * G, G, W_feed, G, T(0),
-                work.dfeed.data() + (size_t)b0 * F, F);
+        packed_rows<T>(work.dfeed.data() + (size_t)b0 * F, LeftRows<T>{dg_t + (size_t)b0 * G, (size_t)G, G, nullptr, 0, 0},
+                       nb, work.feed_t, nullptr);
         if (cfg.gated) {
             // feed = beta c:  dz = (dfeed . c) beta (1 - beta);  ds_{t-1} += dz w_beta;  dc = beta dfeed
             const T* ctx_t = cache.context + (size_t)t * B * K;
@@ -565,8 +600,8 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
     attend_backward(work.dcontext.data(), work.dstate.data());
     rnn_step_backward(work.dstate.data());
     // d h~_{t-1} = dgates_t W_f^T (h~_{-1} is the given initial feed)
-    gemm<T>(false, true, nb, F, G, T(1), dg_t + (size_t)b0 * G, G, W_feed, G, T(0),
-            work.dfeed_next.data() + (size_t)b0 * F, F);
+    packed_rows<T>(work.dfeed_next.data() + (size_t)b0 * F, LeftRows<T>{dg_t + (size_t)b0 * G, (size_t)G, G, nullptr, 0, 0},
+                   nb, work.feed_t, nullptr);
 }
 
 // Backward of decoder_forward with the caches of a training pass.
@@ -580,7 +615,7 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), U = cfg.U;
     const int S = cfg.S, Dk = cfg.Dk(), TB = Tn * B;
     const bool luong = cfg.kind == DecoderKind::luong, additive = cfg.score == ScoreKind::additive;
-    DecoderGradWork<T> work(cfg);
+    DecoderGradWork<T> work(cfg, w);
 
     // d out = dlogits W_out^T; dW_out += out^T dlogits; db_out += sum dlogits (one GEMM each)
     std::vector<T> dout_bm((size_t)TB * H);
@@ -594,13 +629,11 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
 
     std::fill(denc, denc + (size_t)B * S * K, T(0));
     std::mutex dscore_vector_lock;
-    Panels<T> packed_t;  // U^T packed once, read by every step of every thread
-    pack_recurrent_kernel_rows_t(packed_t, cfg.rnn_step(), w.recurrent_kernel);
     parallel_for((size_t)B, 2 * decoder_loop_work(cfg), [&](size_t b0, size_t b1) {
         std::vector<T> dscore_vector(additive ? U : 0, T(0));  // this thread's part of dv
         for (int t = Tn - 1; t >= 0; --t)
             decoder_step_backward<T>(cfg, t, (int)b0, (int)b1, denc, dh, dc, dscore_vector.data(), work, cache, w,
-                                     enc, packed_t.data());
+                                     enc);
         std::lock_guard<std::mutex> guard(dscore_vector_lock);
         for (int u = 0; u < (int)dscore_vector.size(); ++u) dw.score_vector[u] += dscore_vector[u];
     });
@@ -662,18 +695,22 @@ int decoder_greedy(DecoderConfig cfg, int64_t* tokens, T* attention, T* h, T* c,
     std::vector<uint8_t> done((size_t)B, 0);
     std::fill(tokens, tokens + (size_t)B * L, int64_t(0));
     std::fill(attention, attention + (size_t)B * L * S, T(0));
+    const DecoderPanels<T> panels(cfg, w, true);  // for every step
+    std::vector<int64_t> best((size_t)B);
     for (int t = 0; t < L; ++t) {
         cfg.first_step = t;
         decoder_forward<T>(cfg, logits.data(), h, c, feed, cache, w, prev.data(), enc, source_mask, nullptr, t > 0,
-                           hu.data());
+                           hu.data(), &panels);
+        parallel_for((size_t)B, (double)B * V, [&](size_t b0, size_t b1) {
+            for (size_t b = b0; b < b1; ++b) best[b] = row_argmax(logits.data() + b * V, (size_t)V);
+        });
         bool all_done = true;
         for (int b = 0; b < B; ++b) {
             if (done[b]) {
                 prev[b] = 0;
                 continue;
             }
-            const T* row = logits.data() + (size_t)b * V;
-            prev[b] = std::max_element(row, row + V) - row;  // the first maximum, as np.argmax
+            prev[b] = best[b];
             tokens[(size_t)b * L + t] = prev[b];
             std::copy(cache.weights + (size_t)b * S, cache.weights + (size_t)(b + 1) * S,
                       attention + ((size_t)b * L + t) * S);
