@@ -43,9 +43,11 @@ template <class T>
 void dense_backward(T* dx, T* dW, T* db, const T* dz, const T* x, const T* W, int N, int C, int OC) {
     if (dx) matmul<T>(dx, dz, W, N, C, OC, false, true);
     matmul<T>(dW, x, dz, C, OC, N, true, false, T(1));
-    if (db)
-        for (int n = 0; n < N; ++n)
-            for (int o = 0; o < OC; ++o) db[o] += dz[(size_t)n * OC + o];
+    if (db)  // compiled for the widest vectors (the baseline copy was 3% of an LSTM(256) backward)
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+            for (int n = 0; n < N; ++n)
+                for (int o = 0; o < OC; ++o) db[o] += dz[(size_t)n * OC + o];
+        });
 }
 
 }  // namespace attnx
