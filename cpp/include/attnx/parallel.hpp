@@ -21,6 +21,8 @@ namespace attnx {
 
 // Below this many multiply-adds (or element updates) a second thread costs more than it saves.
 constexpr double kParallelMinWork = 1 << 17;
+// Below this many multiply-adds (16 us on one core) a product is not worth waking OpenBLAS' threads.
+constexpr double kBlasThreadsMinWork = 1 << 22;
 
 inline unsigned kernel_threads() { return (unsigned)std::max(1, get_blas_threads()); }
 
@@ -110,14 +112,17 @@ class WorkerPool {
     }
 
     // Worker `index` (from 1): runs task(index) of every call after generation `seen` that has one;
-    // only a worker that just ran a task spins (the pool never shrinks: workers past a smaller
-    // budget go straight back to sleep)
+    // only a worker that just ran a task spins, and not while OpenBLAS runs a product on its own
+    // threads (the pool never shrinks: workers past a smaller budget go straight back to sleep)
     void work(size_t index, uint64_t seen) {
         std::unique_lock<std::mutex> lock(state_lock_);
         for (bool ran = false;;) {
             if (ran && generation_.load() == seen) {
                 lock.unlock();
-                spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; });
+                spin_until([&] {
+                    return generation_.load(std::memory_order_acquire) != seen ||
+                           blas_threaded_products().load(std::memory_order_relaxed) > 0;
+                });
                 lock.lock();
             }
             wake_.wait(lock, [&] { return generation_.load() != seen; });
