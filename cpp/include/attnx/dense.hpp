@@ -5,6 +5,7 @@
 
 #include "attnx/activations.hpp"
 #include "attnx/gemm.hpp"
+#include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 
 namespace attnx {
@@ -20,38 +21,54 @@ void dense_forward(T* z, const T* x, const T* W, const T* b, int N, int C, int O
     matmul<T>(z, x, W, N, OC, C, false, false, T(1));
 }
 
-// y = act(z), z = x . W + b, in blocks of rows split across threads (single-threaded BLAS each):
-// for tall products (B * T rows, a few hundred columns) this beats OpenBLAS' own threading (by
-// 25% at 4096 x 128 x 128 on 2 cores), and the activation reads each block (<= 1 MiB) while it
-// is in cache. A product that is one block and small runs on the calling thread alone: OpenBLAS'
-// threads, woken for it, took longer than the product (a CNN's last Dense, 64 x 2048 x 10, took
-// 0.19 ms after the pooling layer before it, 0.03 ms alone). y may alias z (gelu's backward needs z;
-// every other activation's only y).
+// y = act(z), z = x . W + b. Products of kPackedMinWork multiply-adds and more run on the register
+// tiles (packed.hpp) with W packed once per call, in blocks of rows (each <= 1 MiB, so that the
+// activation reads it while it is in cache), split across threads from kParallelProductMinWork on:
+// 360-450 GFLOP/s on 2 cores whether or not OpenBLAS is pinned to Haswell (OpenBLAS: 390-425 on its
+// AVX-512 kernels, 215-230 pinned). Smaller ones go to OpenBLAS, which runs them on the calling
+// thread with its small-matrix kernels (no packing). Neither wakes OpenBLAS' threads, which for a
+// product this size took longer than the product (a CNN's last Dense, 64 x 2048 x 10, took 0.19 ms
+// after the pooling layer before it, 0.03 ms alone). y may alias z (gelu's backward needs z; every
+// other activation's only y).
 template <class T>
 void dense_forward_rows(T* y, T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act) {
-    const int rows = std::max(16, (1 << 18) / std::max(OC, 1));
+    const double work = double(N) * C * OC;
+    if (work < kPackedMinWork) {
+        dense_forward<T>(z, x, W, b, N, C, OC);
+        activation_forward<T>(y, z, (size_t)N, (size_t)OC, act);
+        return;
+    }
+    const bool fused_relu = act == Activation::relu && y == z;
+    const PackedRight<T> packed(W, C, OC, false);
+    const int threads = work < kParallelProductMinWork ? 1 : (int)kernel_threads();
+    const int rows = std::max(16, std::min((1 << 18) / std::max(OC, 1), (N + threads - 1) / threads));
     const size_t blocks = ((size_t)N + rows - 1) / rows;
-    auto run_blocks = [&](size_t lo, size_t hi) {
+    parallel_for(blocks, work, [&](size_t lo, size_t hi) {
         for (size_t block = lo; block < hi; ++block) {
             const size_t r0 = block * rows;
             const int r = std::min(rows, N - (int)r0);
-            dense_forward<T>(z + r0 * OC, x + r0 * C, W, b, r, C, OC);
-            activation_forward<T>(y + r0 * OC, z + r0 * OC, (size_t)r, (size_t)OC, act);
+            packed_rows<T>(z + r0 * OC, LeftRows<T>{x + r0 * C, (size_t)C, C, nullptr, 0, 0}, r, packed, b,
+                           fused_relu);
+            if (!fused_relu) activation_forward<T>(y + r0 * OC, z + r0 * OC, (size_t)r, (size_t)OC, act);
         }
-    };
-    const double work = double(N) * C * OC;
-    if (blocks == 1 && work < kBlasThreadsMinWork) {
-        SingleThreadedBlas blas_guard;
-        return run_blocks(0, 1);
-    }
-    parallel_for(blocks, work, run_blocks);
+    });
 }
 
 // dx = dz . W^T (overwritten), dW += x^T . dz, db += sum_n dz[n, :]. dx may be null.
+// The rows of dx and of dW are split across our threads (single-threaded BLAS each), as the
+// forward's are: OpenBLAS' own threads, woken for these products, and ours, still spinning from the
+// layer before, took the cores from each other (Luong's general score, fwd+bwd: 0.34 or 0.73 ms).
 template <class T>
 void dense_backward(T* dx, T* dW, T* db, const T* dz, const T* x, const T* W, int N, int C, int OC) {
-    if (dx) matmul<T>(dx, dz, W, N, C, OC, false, true);
-    matmul<T>(dW, x, dz, C, OC, N, true, false, T(1));
+    const size_t parts = kernel_threads();
+    parallel_for(parts, 2.0 * N * C * OC, [&](size_t lo, size_t hi) {
+        const int n0 = (int)(N * lo / parts), n1 = (int)(N * hi / parts);
+        const int c0 = (int)(C * lo / parts), c1 = (int)(C * hi / parts);
+        // dx[n0:n1] = dz[n0:n1] . W^T;  dW[c0:c1] += x[:, c0:c1]^T . dz
+        if (dx)
+            gemm<T>(false, true, n1 - n0, C, OC, T(1), dz + (size_t)n0 * OC, OC, W, OC, T(0), dx + (size_t)n0 * C, C);
+        gemm<T>(true, false, c1 - c0, OC, N, T(1), x + c0, C, dz, OC, T(1), dW + (size_t)c0 * OC, OC);
+    });
     if (db)  // compiled for the widest vectors (the baseline copy was 3% of an LSTM(256) backward)
         on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
             for (int n = 0; n < N; ++n)

@@ -21,8 +21,10 @@ namespace attnx {
 
 // Below this many multiply-adds (or element updates) a second thread costs more than it saves.
 constexpr double kParallelMinWork = 1 << 17;
-// Below this many multiply-adds (16 us on one core) a product is not worth waking OpenBLAS' threads.
-constexpr double kBlasThreadsMinWork = 1 << 22;
+// Products (dense.hpp) of this many multiply-adds and more pay for packing their right operand for the
+// register tiles (OpenBLAS runs smaller ones on one thread, unpacked); from the second figure on
+// (4 us on one core) for a second thread, whose wake-up a smaller one does not repay.
+constexpr double kPackedMinWork = 1 << 18, kParallelProductMinWork = 1 << 20;
 
 inline unsigned kernel_threads() { return (unsigned)std::max(1, get_blas_threads()); }
 
