@@ -336,6 +336,11 @@ def _core_cases():
         (TypeError, "float32 or float64", lambda: _core.global_norm([np.ones(3, int)])),
         (ValueError, "read-only", lambda: _core.scale_([_ro(P[0])], 2.0)),
         (ValueError, "read-only", lambda: _core.clip_([_ro(P[0])], 0.0, 1.0)),
+        (TypeError, "l1l2_penalty: weights", lambda: _core.l1l2_penalty(np.ones(3, int), 0.0, 0.1)),
+        (ValueError, r"l1l2_add_gradient: grad: expected shape \(3,\)",
+         lambda: _core.l1l2_add_gradient(np.ones(2, f32), P[0], 0.0, 0.1)),
+        (TypeError, "l1l2_add_gradient: grad", lambda: _core.l1l2_add_gradient(np.ones(3), P[0], 0.0, 0.1)),
+        (ValueError, "read-only", lambda: _core.l1l2_add_gradient(_ro(G[0]), P[0], 0.0, 0.1)),
     ]
 
 

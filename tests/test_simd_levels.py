@@ -100,3 +100,25 @@ def test_dropout_mask_is_the_splitmix64_stream_on_every_level(level, n, dtype):
     for seed, rate in ((42, 0.25), (2 ** 63 + 5, 0.1)):
         keep = _core.dropout_keep([n], rate, seed, np.dtype(dtype))
         np.testing.assert_array_equal(keep, _splitmix64_keep(n, rate, seed).astype(dtype))
+
+
+@pytest.mark.parametrize("n", [1, 15, 33, 1027])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("l1, l2", [(0.0, 0.07), (0.02, 0.07)])
+def test_l1l2_regularization_kernels_on_every_level(level, n, dtype, l1, l2):
+    """The penalty (accumulated in double) and the gradient added in place, on lengths that end in
+    partial vectors, with zeros (sign 0) among the weights; a gradient that is not a contiguous
+    buffer of the weights' dtype gets the same update through NumPy."""
+    rng = np.random.default_rng(n)
+    reg = attnx.regularizers.L1L2(l1, l2)
+    w = rng.standard_normal(n).astype(dtype)
+    w[::7] = 0
+    w64 = w.astype(np.float64)
+    assert reg(w) == pytest.approx(l1 * np.abs(w64).sum() + l2 * np.square(w64).sum(), rel=1e-12)
+    grad = rng.standard_normal(n).astype(dtype)
+    want = grad + l1 * np.sign(w64) + 2 * l2 * w64
+    reg.add_gradient(w, grad)
+    np.testing.assert_allclose(grad, want, rtol=1e-6, atol=1e-7 if dtype == "float32" else 1e-12)
+    strided = np.zeros(2 * n, np.float64)[::2]
+    reg.add_gradient(w, strided)
+    np.testing.assert_allclose(strided, l1 * np.sign(w64) + 2 * l2 * w64, rtol=1e-6, atol=1e-12)

@@ -152,6 +152,35 @@ void init_optim(py::module_& m) {
                 });
         },
         py::arg("arrays"), py::arg("lo"), py::arg("hi"), "Clips every array in place to [lo, hi].");
+
+    // L1L2 regularization (the factors are checked where Python builds the regularizer)
+    m.def(
+        "l1l2_penalty",
+        [](const py::array& weights, double l1, double l2) {
+            return dispatch_float(weights, "l1l2_penalty: weights", [&](auto tag) {
+                using T = decltype(tag);
+                const T* w = in_ptr<T>(weights, "l1l2_penalty: weights");
+                py::gil_scoped_release release;
+                return l1l2_penalty<T>(w, (size_t)weights.size(), l1, l2);
+            });
+        },
+        py::arg("weights"), py::arg("l1"), py::arg("l2"), "sum(l1 |w| + l2 w^2), accumulated in double.");
+
+    m.def(
+        "l1l2_add_gradient",
+        [](py::array& grad, const py::array& weights, double l1, double l2) {
+            dispatch_float(weights, "l1l2_add_gradient: weights", [&](auto tag) {
+                using T = decltype(tag);
+                const T* w = in_ptr<T>(weights, "l1l2_add_gradient: weights");
+                check_shape(grad, std::vector<py::ssize_t>(weights.shape(), weights.shape() + weights.ndim()),
+                            "l1l2_add_gradient: grad");
+                T* g = inout_ptr<T>(grad, "l1l2_add_gradient: grad");
+                py::gil_scoped_release release;
+                add_l1l2_gradient<T>(g, w, (size_t)weights.size(), l1, l2);
+            });
+        },
+        py::arg("grad"), py::arg("weights"), py::arg("l1"), py::arg("l2"),
+        "grad += l1 sign(w) + 2 l2 w, in place (grad: the weights' shape and dtype).");
 }
 
 }  // namespace attnx::bind

@@ -233,18 +233,20 @@ inline MaskRows parse_position_mask(const py::object& mask, py::ssize_t batch, p
 // Freed result buffers of 64 KiB and more, kept by size for the next array of that size: training
 // and inference loops allocate the same shapes call after call, and every fresh page costs a page
 // fault (2500 faults, 10 MB, per transformer encoder-layer inference call without the cache).
-// It keeps at most kMinCachedBytes or, if more, as many bytes as one thread ever had live at once:
-// what a training loop needs from one step to the next (a seq2seq step with V = 8000 frees about
-// 150 MiB of results, and a fixed cap of 128 MiB left it 12,000 page faults and 12 ms per step),
-// while a burst of threads, each holding little, does not grow it. Past that the least recently
+// It keeps kMinCachedBytes or, if more, as many bytes as one thread ever had live at once, up to
+// kMaxCachedBytes: what a training loop needs from one step to the next (a seq2seq step with
+// V = 8000 frees about 150 MiB of results, and a fixed cap of 128 MiB left it 12,000 page faults and
+// 12 ms per step), while a burst of threads, each holding little, does not grow it. Past that the least recently
 // freed blocks go back to the OS, so the shapes of the model running now displace those of one that
 // ran before (keeping the old ones instead left a BiLSTM step at 900 page faults and 7 ms, from
 // 4.8, after an LSTM(256) had filled the cache). The cache is never destroyed (arrays may outlive
 // static destruction).
 class BufferCache {
   public:
-    static constexpr size_t kMinBytes = size_t(1) << 16, kMinCachedBytes = size_t(128) << 20;
-    static constexpr size_t kHeader = 64;  // the block's size and taker, keeping the data 64-byte aligned (blocks are pages)
+    static constexpr size_t kMinBytes = size_t(1) << 16, kMinCachedBytes = size_t(128) << 20,
+                            kMaxCachedBytes = size_t(1) << 30;
+    // the block's size and taker, keeping the data 64-byte aligned (blocks are pages)
+    static constexpr size_t kHeader = 64;
 
     static BufferCache& instance() {
         static BufferCache* cache = new BufferCache;
@@ -258,11 +260,11 @@ class BufferCache {
             auto it = free_.find(bytes);
             if (it != free_.end() && !it->second.empty()) {  // the most recently freed block of this size
                 auto freed = it->second.back();
-                it->second.pop_back();
                 void* data = freed->data;
+                count_taken(data);  // first: if it throws, the block stays cached
+                it->second.pop_back();
                 by_age_.erase(freed);
                 cached_bytes_ -= bytes;
-                count_taken(data);
                 return data;
             }
         }
@@ -272,8 +274,13 @@ class BufferCache {
         if (mapped == MAP_FAILED) throw std::bad_alloc();
         char* block = static_cast<char*>(mapped);
         *reinterpret_cast<size_t*>(block) = bytes;
-        std::lock_guard<std::mutex> guard(lock_);
-        count_taken(block + kHeader);
+        try {
+            std::lock_guard<std::mutex> guard(lock_);
+            count_taken(block + kHeader);
+        } catch (...) {
+            munmap(mapped, kHeader + bytes);
+            throw;
+        }
         return block + kHeader;
     }
 
@@ -286,7 +293,7 @@ class BufferCache {
             std::lock_guard<std::mutex> guard(cache.lock_);
             auto live = cache.live_by_thread_.find(taker(data));
             if ((live->second -= bytes) == 0) cache.live_by_thread_.erase(live);
-            const size_t cap = std::max(kMinCachedBytes, cache.peak_thread_live_bytes_);
+            const size_t cap = std::clamp(cache.peak_thread_live_bytes_, kMinCachedBytes, kMaxCachedBytes);
             if (bytes > cap) {
                 evicted.push_back(data);
             } else {

@@ -1,6 +1,8 @@
 """Weight regularizers: their loss is added to the training loss and their gradient to the weights'."""
 import numpy as np
 
+from attnx import _core
+
 
 class Regularizer:
     def __call__(self, w):
@@ -10,6 +12,10 @@ class Regularizer:
     def gradient(self, w):
         """d penalty / d w."""
         raise NotImplementedError
+
+    def add_gradient(self, w, grad):
+        """grad += d penalty / d w, in place."""
+        grad += self.gradient(w)
 
     def get_config(self):
         return {}
@@ -24,23 +30,31 @@ class L1L2(Regularizer):
             raise ValueError(f"L1L2: factors must be non-negative, got l1={l1}, l2={l2}")
 
     def __call__(self, w):
-        total = 0.0
-        if self.l1:
-            total += self.l1 * float(np.abs(w).sum(dtype=np.float64))
-        if self.l2:
-            total += self.l2 * float(np.square(w, dtype=np.float64).sum())
-        return total
+        return _core.l1l2_penalty(weights=_float_array(w), l1=self.l1, l2=self.l2)
 
     def gradient(self, w):
+        w = _float_array(w)
         g = np.zeros_like(w)
-        if self.l1:
-            g += self.l1 * np.sign(w)
-        if self.l2:
-            g += (2.0 * self.l2) * w
+        _core.l1l2_add_gradient(grad=g, weights=w, l1=self.l1, l2=self.l2)
         return g
+
+    def add_gradient(self, w, grad):
+        # in one pass where grad is a layer's buffer of w's shape and float dtype; else as any regularizer
+        w = _float_array(w)
+        if (isinstance(grad, np.ndarray) and grad.dtype == w.dtype and grad.shape == w.shape
+                and grad.flags.c_contiguous and grad.flags.writeable):
+            _core.l1l2_add_gradient(grad=grad, weights=w, l1=self.l1, l2=self.l2)
+        else:
+            super().add_gradient(w, grad)
 
     def get_config(self):
         return {"l1": self.l1, "l2": self.l2}
+
+
+def _float_array(w):
+    """w as a C-contiguous float32 / float64 array (other dtypes as float64)"""
+    w = np.asarray(w)
+    return np.ascontiguousarray(w, dtype=w.dtype if w.dtype in (np.float32, np.float64) else np.float64)
 
 
 def L1(l1=0.01):

@@ -208,15 +208,16 @@ template <class T> inline void exp_array(T* y, const T* x, size_t n) {
 // would chain every add behind the last (4 cycles each), which costs more than the math.
 constexpr size_t kLanes = 8;
 
-// sum_{c < n} term(c)
-template <class T, class Term> ATTNX_ALWAYS_INLINE T sum_lanes(size_t n, Term term) {
-    T lane[kLanes] = {};
-    const size_t body = n - n % kLanes;
-    for (size_t c = 0; c < body; c += kLanes)
-        for (size_t j = 0; j < kLanes; ++j) lane[j] += term(c + j);
+// sum_{c < n} term(c), in L partial sums (more where the loop runs on wide vectors: 32 doubles are
+// four AVX-512 chains)
+template <class T, size_t L = kLanes, class Term> ATTNX_ALWAYS_INLINE T sum_lanes(size_t n, Term term) {
+    T lane[L] = {};
+    const size_t body = n - n % L;
+    for (size_t c = 0; c < body; c += L)
+        for (size_t j = 0; j < L; ++j) lane[j] += term(c + j);
     T sum = 0;
     for (size_t c = body; c < n; ++c) sum += term(c);
-    for (size_t j = 0; j < kLanes; ++j) sum += lane[j];
+    for (size_t j = 0; j < L; ++j) sum += lane[j];
     return sum;
 }
 

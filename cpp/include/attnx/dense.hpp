@@ -40,10 +40,12 @@ void dense_forward_rows(T* y, T* z, const T* x, const T* W, const T* b, int N, i
     }
     const bool fused_relu = act == Activation::relu && y == z;
     const PackedRight<T> packed(W, C, OC, false);
-    const int threads = work < kParallelProductMinWork ? 1 : (int)kernel_threads();
-    const int rows = std::max(16, std::min((1 << 18) / std::max(OC, 1), (N + threads - 1) / threads));
+    const bool split = work >= kParallelProductMinWork;
+    const size_t threads = split ? kernel_threads() : 1;
+    const size_t per_thread = ((size_t)N + threads - 1) / threads;
+    const int rows = (int)std::max<size_t>(16, std::min<size_t>((1 << 18) / std::max(OC, 1), per_thread));
     const size_t blocks = ((size_t)N + rows - 1) / rows;
-    parallel_for(blocks, work, [&](size_t lo, size_t hi) {
+    parallel_for(blocks, split ? work : 0.0, [&](size_t lo, size_t hi) {
         for (size_t block = lo; block < hi; ++block) {
             const size_t r0 = block * rows;
             const int r = std::min(rows, N - (int)r0);

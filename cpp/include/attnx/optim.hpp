@@ -84,10 +84,32 @@ void rmsprop_update(T* p, const T* grad, T* v, T* mean_grad, T* buf, size_t n, T
     }
 }
 
+// sum_i x_i^2 in double, in kLanes partial sums (one running sum chained every add behind the last)
 template <class T> double sum_squares(const T* x, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
-    return s;
+    return sum_lanes<double>(n, [&](size_t i) { return double(x[i]) * double(x[i]); });
+}
+
+// The L1L2 regularization of weights w: penalty sum_i l1 |w_i| + l2 w_i^2 (in double) and gradient
+// grad += l1 sign(w) + 2 l2 w, each one pass on the widest vectors (NumPy took 105 us a step, and
+// temporaries, for the main job's 5000 x 32 embedding table).
+template <class T> double l1l2_penalty(const T* w, size_t n, double l1, double l2) {
+    return on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+        if (l1 == 0) return l2 * sum_lanes<double, 32>(n, [&](size_t i) { return double(w[i]) * double(w[i]); });
+        return sum_lanes<double, 32>(n, [&](size_t i) {
+            const double v = w[i];
+            return l1 * std::fabs(v) + l2 * v * v;
+        });
+    });
+}
+
+template <class T> void add_l1l2_gradient(T* grad, const T* w, size_t n, double l1, double l2) {
+    on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+        const T l1t = T(l1), two_l2 = T(2 * l2);
+        if (l1 == 0)
+            for (size_t i = 0; i < n; ++i) grad[i] += two_l2 * w[i];
+        else
+            for (size_t i = 0; i < n; ++i) grad[i] += l1t * (T(w[i] > T(0)) - T(w[i] < T(0))) + two_l2 * w[i];
+    });
 }
 
 template <class T> void scale_inplace(T* x, size_t n, T factor) {

@@ -1,7 +1,8 @@
-// Register-tiled products on a packed right operand: what the recurrent time loops and the fused
-// attention core multiply with. BLAS packs both operands on every call, which at these sizes (a few
-// hundred columns, K of 32 to 512, called once per time step or per attention head) costs as much
-// as the product itself; here the right operand is packed once and R left rows x Q vectors of it
+// Register-tiled products on a packed right operand: what the recurrent time loops, the fused
+// attention core, the decoders' steps, convolutions and Dense layers multiply with. BLAS packs both
+// operands on every call, which at these sizes (a few hundred columns, K of 32 to 512, called once
+// per time step or per attention head) costs as much as the product itself, and its threads fight
+// ours for the cores; here the right operand is packed once and R left rows x Q vectors of it
 // accumulate in registers (R * Q <= 12 of AVX2's 16 registers, <= 24 of AVX-512's 32).
 //
 // Panel layout: a right operand B (K, N) in panels of `width` columns (Q vectors of W lanes), each

@@ -9,12 +9,13 @@
 //     c_t = a_t . enc                               a_t = softmax(score(h_t, enc)), c_t = a_t . enc
 //     s_t = RNN([emb(y_{t-1}); c_t], s_{t-1})       h~_t = tanh([c_t; h_t] . W_c)     (input feeding)
 //     out_t = s_t                                   out_t = h~_t
-//   logits = out . W_out + b_out: one (B*T, H) x (H, V) GEMM after the loop.
+//   logits = out . W_out + b_out: one (B*T, H) x (H, V) GEMM after the loop (a decoding loop's
+//   one-step calls: rows split across threads on the output layer packed once, DecoderPanels).
 //
 // Scores: additive v . tanh(q W_q + b_q + enc W_k) (Bahdanau; Luong's "concat"), general
 // q . (enc W_k), dot q . enc. The decoder's input x_t = [emb_t; feed_t] is split in two: the
 // embedding half of x . W + b is one GEMM over all steps before the loop, the feed half (c_t or
-// h~_{t-1}) one small GEMM per step. The recurrence is rnn.hpp's (the T = 1 case of
+// h~_{t-1}) one small product per step on W_f packed once per call. The recurrence is rnn.hpp's (the T = 1 case of
 // rnn_forward_rows / rnn_backward_rows), scores and softmax + context are attention.hpp's.
 // Luong's local attention keeps |s - p_t| <= D with the Gaussian exp(-(s - p_t)^2 / (2 (D/2)^2))
 // (attention.hpp's local window): local-m p_t = t, local-p p_t = L sigmoid(v_p . tanh(h_t W_p)),
@@ -433,7 +434,8 @@ void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h,
     // gates[t] += feed_t W_f; then the recurrence of one step (h, c updated in place)
     packed_rows<T>(cache.gates + tb * G, LeftRows<T>{cache.feed + tb * F, (size_t)F, F, nullptr, 0, 0}, nb,
                    *panels.feed, nullptr, false, true);
-    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t), panels.recurrent.data(), w.bias_rec,
+    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t), panels.recurrent.data(),
+                        w.bias_rec,
                         cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr, (const T*)nullptr, hu);
     if (cfg.kind == DecoderKind::luong) {
         T* ctx_t = cache.context + (size_t)t * B * K;
@@ -543,6 +545,7 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
                            const T* enc) {
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), nb = b1 - b0;
     T* dg_t = work.dgates.data() + (size_t)t * B * G;
+    const LeftRows<T> dgates_rows{dg_t + (size_t)b0 * G, (size_t)G, G, nullptr, 0, 0};  // (dfeed = these . W_f^T)
     const T* dy_t = work.dout.data() + (size_t)t * B * H;
     // one step of rnn.hpp's BPTT (the decoder's cells are tanh / sigmoid): dh, dc from h_t to h_{t-1}
     auto rnn_step_backward = [&](const T* d_out) {
@@ -560,8 +563,7 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
     if (cfg.kind == DecoderKind::bahdanau) {
         // s_t's gradient enters the recurrence; then d c_t = dgates_t W_f^T reaches s_{t-1} via attention
         rnn_step_backward(dy_t);
-        packed_rows<T>(work.dfeed.data() + (size_t)b0 * F, LeftRows<T>{dg_t + (size_t)b0 * G, (size_t)G, G, nullptr, 0, 0},
-                       nb, work.feed_t, nullptr);
+        packed_rows<T>(work.dfeed.data() + (size_t)b0 * F, dgates_rows, nb, work.feed_t, nullptr);
         if (cfg.gated) {
             // feed = beta c:  dz = (dfeed . c) beta (1 - beta);  ds_{t-1} += dz w_beta;  dc = beta dfeed
             const T* ctx_t = cache.context + (size_t)t * B * K;
@@ -600,8 +602,7 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
     attend_backward(work.dcontext.data(), work.dstate.data());
     rnn_step_backward(work.dstate.data());
     // d h~_{t-1} = dgates_t W_f^T (h~_{-1} is the given initial feed)
-    packed_rows<T>(work.dfeed_next.data() + (size_t)b0 * F, LeftRows<T>{dg_t + (size_t)b0 * G, (size_t)G, G, nullptr, 0, 0},
-                   nb, work.feed_t, nullptr);
+    packed_rows<T>(work.dfeed_next.data() + (size_t)b0 * F, dgates_rows, nb, work.feed_t, nullptr);
 }
 
 // Backward of decoder_forward with the caches of a training pass.

@@ -156,7 +156,7 @@ class Layer:
     def add_regularization_grads(self):
         """Adds each regularizer's gradient into the matching ``grads`` buffer."""
         for n, reg in self._regularizers.items():
-            self.grads[n] += reg.gradient(self.params[n])
+            reg.add_gradient(self.params[n], self.grads[n])
 
     # --------------------------------------------------------------- calling
     def __call__(self, inputs, *args, training=False, mask=None, **kwargs):
