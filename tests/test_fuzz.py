@@ -656,6 +656,9 @@ def test_layer_simd_levels(name, level, data):
     (lambda: layers.GRU(33, reset_after=False), [(7, 6, 10)]),
     (lambda: layers.Bidirectional(layers.SimpleRNN(17, return_sequences=True)), [(4, 8, 5)]),
     (lambda: layers.AttentionPooling(), [(6, 41, 24)]),
+    # Dense on the tiles: one block on one thread (2^18..2^20 multiply-adds), and blocks split across threads
+    (lambda: layers.Dense(70, activation="relu"), [(9, 17, 130)]),
+    (lambda: layers.Dense(37, activation="gelu"), [(4, 700, 45)]),
     (lambda: layers.AdditiveAttention(), [(3, 11, 24), (3, 43, 24)]),
     (lambda: layers.LuongAttention(), [(3, 11, 24), (3, 43, 24)]),
     (lambda: layers.Conv2D(40, 3, strides=(1, 2), padding="same", activation="relu"), [(3, 12, 11, 17)]),

@@ -253,6 +253,21 @@ def test_dense_torch_parity_medium_size(torch, rng):
     torch_parity(layer, linear, x, torch_call=lambda m, t: torch.tanh(m(*t)), atol=1e-5)
 
 
+@pytest.mark.parametrize("rows, C, OC", [(32, 64, 100), (80, 70, 100), (700, 90, 130)],
+                         ids=["blas", "tiles-one-thread", "tiles-split"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_dense_torch_parity_on_every_product_path(rows, C, OC, activation, torch, rng):
+    """Below 2^18 multiply-adds OpenBLAS runs the product; from there the register tiles on one
+    thread, from 2^20 split across threads (relu fused into the tiles' stores, gelu after them)."""
+    from attnx.interop import from_torch
+    linear = torch.nn.Linear(C, OC)
+    layer = from_torch(linear)
+    layer.activation = activation
+    x = rng.standard_normal((rows, C)).astype(np.float32)
+    # atol 1e-4: the kernel gradient sums 700 rows, to values near 70
+    torch_parity(layer, linear, x, torch_call=lambda m, t: _torch_act(torch, activation)(m(*t)), atol=1e-4)
+
+
 def test_embedding_torch_parity(torch, rng):
     from attnx.interop import from_torch
     emb = torch.nn.Embedding(10, 4)

@@ -21,25 +21,14 @@ void dense_forward(T* z, const T* x, const T* W, const T* b, int N, int C, int O
     matmul<T>(z, x, W, N, OC, C, false, false, T(1));
 }
 
-// y = act(z), z = x . W + b. Products of kPackedMinWork multiply-adds and more run on the register
-// tiles (packed.hpp) with W packed once per call, in blocks of rows (each <= 1 MiB, so that the
-// activation reads it while it is in cache), split across threads from kParallelProductMinWork on:
-// 360-450 GFLOP/s on 2 cores whether or not OpenBLAS is pinned to Haswell (OpenBLAS: 390-425 on its
-// AVX-512 kernels, 215-230 pinned). Smaller ones go to OpenBLAS, which runs them on the calling
-// thread with its small-matrix kernels (no packing). Neither wakes OpenBLAS' threads, which for a
-// product this size took longer than the product (a CNN's last Dense, 64 x 2048 x 10, took 0.19 ms
-// after the pooling layer before it, 0.03 ms alone). y may alias z (gelu's backward needs z; every
-// other activation's only y).
+// y = act(z), z = x . W + b for N rows of x on W packed for the register tiles (W.K columns of x,
+// W.N of z), in blocks of rows (each <= 1 MiB, so that the activation reads it while it is in cache)
+// split across threads from kParallelProductMinWork on. y may alias z (relu then runs as z is stored).
 template <class T>
-void dense_forward_rows(T* y, T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act) {
+void packed_dense_rows(T* y, T* z, const T* x, const PackedRight<T>& W, const T* b, int N, Activation act) {
+    const int C = W.K, OC = W.N;
     const double work = double(N) * C * OC;
-    if (work < kPackedMinWork) {
-        dense_forward<T>(z, x, W, b, N, C, OC);
-        activation_forward<T>(y, z, (size_t)N, (size_t)OC, act);
-        return;
-    }
     const bool fused_relu = act == Activation::relu && y == z;
-    const PackedRight<T> packed(W, C, OC, false);
     const bool split = work >= kParallelProductMinWork;
     const size_t threads = split ? kernel_threads() : 1;
     const size_t per_thread = ((size_t)N + threads - 1) / threads;
@@ -49,11 +38,28 @@ void dense_forward_rows(T* y, T* z, const T* x, const T* W, const T* b, int N, i
         for (size_t block = lo; block < hi; ++block) {
             const size_t r0 = block * rows;
             const int r = std::min(rows, N - (int)r0);
-            packed_rows<T>(z + r0 * OC, LeftRows<T>{x + r0 * C, (size_t)C, C, nullptr, 0, 0}, r, packed, b,
+            packed_rows<T>(z + r0 * OC, LeftRows<T>{x + r0 * C, (size_t)C, C, nullptr, 0, 0}, r, W, b,
                            fused_relu);
             if (!fused_relu) activation_forward<T>(y + r0 * OC, z + r0 * OC, (size_t)r, (size_t)OC, act);
         }
     });
+}
+
+// y = act(z), z = x . W + b. Products of kPackedMinWork multiply-adds and more run on the register
+// tiles with W packed once per call (packed_dense_rows): 360-450 GFLOP/s on 2 cores whether or not
+// OpenBLAS is pinned to Haswell (OpenBLAS: 390-425 on its AVX-512 kernels, 215-230 pinned). Smaller
+// ones go to OpenBLAS, which runs them on the calling thread with its small-matrix kernels (no
+// packing). Neither wakes OpenBLAS' threads, which for a product this size took longer than the
+// product (a CNN's last Dense, 64 x 2048 x 10, took 0.19 ms after the pooling layer before it,
+// 0.03 ms alone). y may alias z (gelu's backward needs z; every other activation's only y).
+template <class T>
+void dense_forward_rows(T* y, T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act) {
+    if (double(N) * C * OC < kPackedMinWork) {
+        dense_forward<T>(z, x, W, b, N, C, OC);
+        activation_forward<T>(y, z, (size_t)N, (size_t)OC, act);
+        return;
+    }
+    packed_dense_rows<T>(y, z, x, PackedRight<T>(W, C, OC, false), b, N, act);
 }
 
 // dx = dz . W^T (overwritten), dW += x^T . dz, db += sum_n dz[n, :]. dx may be null.

@@ -84,17 +84,20 @@ void rmsprop_update(T* p, const T* grad, T* v, T* mean_grad, T* buf, size_t n, T
     }
 }
 
-// sum_i x_i^2 in double, in kLanes partial sums (one running sum chained every add behind the last)
+// sum_i x_i^2 in double, in 32 partial sums on the widest vectors (one running sum chained every add
+// behind the last)
 template <class T> double sum_squares(const T* x, size_t n) {
-    return sum_lanes<double>(n, [&](size_t i) { return double(x[i]) * double(x[i]); });
+    return on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+        return sum_lanes<double, 32>(n, [&](size_t i) { return double(x[i]) * double(x[i]); });
+    });
 }
 
 // The L1L2 regularization of weights w: penalty sum_i l1 |w_i| + l2 w_i^2 (in double) and gradient
 // grad += l1 sign(w) + 2 l2 w, each one pass on the widest vectors (NumPy took 105 us a step, and
 // temporaries, for the main job's 5000 x 32 embedding table).
 template <class T> double l1l2_penalty(const T* w, size_t n, double l1, double l2) {
+    if (l1 == 0) return l2 * sum_squares(w, n);
     return on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
-        if (l1 == 0) return l2 * sum_lanes<double, 32>(n, [&](size_t i) { return double(w[i]) * double(w[i]); });
         return sum_lanes<double, 32>(n, [&](size_t i) {
             const double v = w[i];
             return l1 * std::fabs(v) + l2 * v * v;

@@ -15,8 +15,9 @@
 // Scores: additive v . tanh(q W_q + b_q + enc W_k) (Bahdanau; Luong's "concat"), general
 // q . (enc W_k), dot q . enc. The decoder's input x_t = [emb_t; feed_t] is split in two: the
 // embedding half of x . W + b is one GEMM over all steps before the loop, the feed half (c_t or
-// h~_{t-1}) one small product per step on W_f packed once per call. The recurrence is rnn.hpp's (the T = 1 case of
-// rnn_forward_rows / rnn_backward_rows), scores and softmax + context are attention.hpp's.
+// h~_{t-1}) one small product per step on W_f packed once per call. The recurrence is rnn.hpp's
+// (the T = 1 case of rnn_forward_rows / rnn_backward_rows), scores and softmax + context are
+// attention.hpp's.
 // Luong's local attention keeps |s - p_t| <= D with the Gaussian exp(-(s - p_t)^2 / (2 (D/2)^2))
 // (attention.hpp's local window): local-m p_t = t, local-p p_t = L sigmoid(v_p . tanh(h_t W_p)),
 // L the row's real source length, with the gradient through p_t.
@@ -435,8 +436,8 @@ void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h,
     packed_rows<T>(cache.gates + tb * G, LeftRows<T>{cache.feed + tb * F, (size_t)F, F, nullptr, 0, 0}, nb,
                    *panels.feed, nullptr, false, true);
     rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t), panels.recurrent.data(),
-                        w.bias_rec,
-                        cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr, (const T*)nullptr, hu);
+                        w.bias_rec, cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr, (const T*)nullptr,
+                        hu);
     if (cfg.kind == DecoderKind::luong) {
         T* ctx_t = cache.context + (size_t)t * B * K;
         attend_step_forward<T>(cfg, w, panels, cache, t, b0, b1, states_t, enc, source_mask, ctx_t);
@@ -498,14 +499,11 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
             decoder_step_forward<T>(cfg, t, (int)b0, (int)b1, h, c, feed, cache, w, enc, source_mask, *panels, hu);
     });
     if (cfg.kind == DecoderKind::bahdanau) time_to_batch_major(cache.out, cache.states, Tn, B, H);
-    // logits = out W_out + b_out: one GEMM over all B * T rows, or the rows split across threads on
-    // the packed output layer
-    if (!panels->output)
-        return dense_forward<T>(logits, cache.out, w.output_kernel, w.output_bias, B * Tn, H, cfg.V);
-    parallel_for((size_t)B * Tn, (double)B * Tn * H * cfg.V, [&](size_t r0, size_t r1) {
-        packed_rows<T>(logits + r0 * cfg.V, LeftRows<T>{cache.out + r0 * H, (size_t)H, H, nullptr, 0, 0},
-                       (int)(r1 - r0), *panels->output, w.output_bias);
-    });
+    // logits = out W_out + b_out: one GEMM over all B * T rows, or on the packed output layer
+    if (panels->output)
+        packed_dense_rows<T>(logits, logits, cache.out, *panels->output, w.output_bias, B * Tn, Activation::linear);
+    else
+        dense_forward<T>(logits, cache.out, w.output_kernel, w.output_bias, B * Tn, H, cfg.V);
 }
 
 // ------------------------------------------------------------------------------------ backward
