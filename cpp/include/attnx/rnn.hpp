@@ -11,8 +11,9 @@
 // the product at these sizes), no pre-activation buffer round trip. GRU reset_after projects its
 // input with one GEMM first (its candidate keeps x_n W_n apart). Batch rows never interact, so
 // the rows are split across the thread budget (parallel_for) for the whole call. Backward walks
-// the steps in reverse with the same tiles for dgates . U^T, then computes each thread's dW, dU,
-// biases and dx with one GEMM each over its steps (single-threaded BLAS). The time loops are
+// the steps in reverse with the same tiles for dgates . U^T (LSTM and SimpleRNN: dgates . [U; W]^T,
+// dx with dh) and sums the bias gradients per step, then computes each thread's dW and dU (and
+// GRU's dx) with one GEMM each over its steps (single-threaded BLAS). The time loops are
 // compiled for baseline x86-64, AVX2 + FMA and AVX-512, and the CPU picks at run time.
 #pragma once
 #include <algorithm>
@@ -407,31 +408,48 @@ ATTNX_ALWAYS_INLINE void gru_after_row_backward(const Slopes& slope, int H, T* _
     }
 }
 
-// d h_rec[b, :] = dA[b, n0 .. n0 + K) . U[:, n0 .. n0 + K)^T for rows [b0, b1) (dA row b at
-// dA + (b - b0) * lda), handed to out(b, k0, vector, n) per W units from k0 (n of them real)
+// out[b, :N) = dA[b, n0 .. n0 + K) . B[n0 .. n0 + K, :N) for rows [b0, b1) (dA row b at
+// dA + (b - b0) * lda) on B (G, N) packed by pack_recurrent_kernel_rows_t (B = U^T, or [U^T | 0 | W^T]),
+// handed to out(b, k0, vector, n) per W columns from k0 (n of them real)
 template <class V, class T, class Out>
-ATTNX_ALWAYS_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t lda, int n0, int K, const T* packed_t, int H,
-                                      int G, Out&& out) {
+ATTNX_ALWAYS_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t lda, int n0, int K, const T* packed_t,
+                                             int N, int G, Out&& out) {
     constexpr int W = Lanes<V>::W, width = 3 * W;
-    panels_product<V, 3>(b0, b1, LeftRows<T>{dA + n0, lda, K, nullptr, 0, 0}, packed_panels(packed_t, G, H, width, W),
-                         n0, H, [&](int b, auto pre, int p) __attribute__((always_inline)) {
+    panels_product<V, 3>(b0, b1, LeftRows<T>{dA + n0, lda, K, nullptr, 0, 0}, packed_panels(packed_t, G, N, width, W),
+                         n0, N, [&](int b, auto pre, int p) __attribute__((always_inline)) {
                              for (int q = 0; q < pre.count; ++q) {
                                  const int k0 = p * width + q * W;
-                                 if (k0 < H) out(b, k0, pre.q[q], std::min(W, H - k0));
+                                 if (k0 < N) out(b, k0, pre.q[q], std::min(W, N - k0));
                              }
                          });
 }
 
-// Reverse-time steps of rows [b0, b1) on vectors V, U^T packed by pack_panels_t in panels of 3 W,
-// W = Lanes<V>::W. dh, dc (B, H) come in as the gradient of the final state and leave as that of
-// the initial state. dgates (B, T, G*H) receives d(x W + b_in) per step; dhu (B, T, G*H) receives
-// d(h_rec U + b_rec) (the same buffer as dgates except for GRU reset_after); dhrec (B, H) is
-// workspace.
+// The units H rounded up to whole vectors of `lanes`: where W^T starts in the columns of a packed
+// [U^T | 0 | W^T], so that no vector holds both dh and dx
+inline int padded_units(int H, int lanes) { return (H + lanes - 1) / lanes * lanes; }
+
+// What the reverse-time steps can produce besides dh, dc and dgates while a step's gradients are in
+// cache (each may be null): dx (B, T, C) = dgates . W^T in the same tiles as d h_rec (LSTM and
+// SimpleRNN, whose one product has one left operand; U^T then has W^T beside it), and the bias
+// gradients db_in += sum dgates, db_rec += sum dhu (GRU reset_after), summed over the steps.
+template <class T> struct StepGradients {
+    T* dx = nullptr;
+    T* db_in = nullptr;
+    T* db_rec = nullptr;
+};
+
+// Reverse-time steps of rows [b0, b1) on vectors V, U^T (and W^T for grads.dx) packed by
+// pack_recurrent_kernel_rows_t for W = Lanes<V>::W. dh, dc (B, H) come in as the gradient of the
+// final state and leave as that of the initial state. dgates (B, T, G*H) receives d(x W + b_in) per
+// step; dhu (B, T, G*H) receives d(h_rec U + b_rec) (the same buffer as dgates except for GRU
+// reset_after); dhrec (B, H) is workspace.
 template <class V, class T, class Slopes>
 ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc,
-                                     T* dgates, T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache,
-                                     const T* packed_t, const uint8_t* mask, const T* rec_mask) {
-    const int Tn = cfg.T, H = cfg.H, G = cfg.G();
+                                            T* dgates, T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache,
+                                            const T* packed_t, const uint8_t* mask, const T* rec_mask,
+                                            const StepGradients<T>& grads) {
+    constexpr int W = Lanes<V>::W;
+    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), C = cfg.C;
     const size_t TH = (size_t)Tn * H, TG = (size_t)Tn * G;
     const bool gru_classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
     // dh_{t-1} += d h_rec * recurrent dropout mask (padded rows have d h_rec = 0)
@@ -488,31 +506,60 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
                                    [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
                                        add_to_dh(b, k0, v + vload<V>(dhrec + (size_t)b * H + k0, n), n);
                                    });
+        } else if (grads.dx) {
+            // [d h_rec, dx_t] = d(h_rec U + x_t W) . [U; W]^T, W^T from column Hp of packed_t
+            const int Hp = padded_units(H, W);
+            recurrent_product_t<V>(b0, b1, du0, TG, 0, G, packed_t, Hp + C, G,
+                                   [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
+                                       if (k0 < Hp) add_to_dh(b, k0, v, std::min(n, H - k0));
+                                       else vstore(grads.dx + ((size_t)b * Tn + t) * C + (k0 - Hp), v, n);
+                                   });
         } else {
             // d h_rec = d(h_rec U) . U^T
             recurrent_product_t<V>(b0, b1, du0, TG, 0, G, packed_t, H, G, add_to_dh);
         }
+        // the bias gradients from the step's rows while they are in cache (padded steps' are 0)
+        auto add_rows = [&](T* sum, const T* rows) __attribute__((always_inline)) {
+            for (int b = b0; b < b1; ++b) {
+                const T* row = rows + (size_t)b * TG + (size_t)t * G;
+                for (int j = 0; j < G; j += W) {
+                    const int n = std::min(W, G - j);
+                    vstore(sum + j, vload<V>(sum + j, n) + vload<V>(row + j, n), n);
+                }
+            }
+        };
+        if (grads.db_in) add_rows(grads.db_in, dgates);
+        if (grads.db_rec) add_rows(grads.db_rec, dhu);
     }
 }
 
 template <class T, class Slopes>
 void rnn_backward_packed_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates,
                               T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache, const T* packed_t,
-                              const uint8_t* mask, const T* rec_mask) {
+                              const uint8_t* mask, const T* rec_mask, const StepGradients<T>& grads = {}) {
     on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
         rnn_backward_steps<decltype(lanes)>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t,
-                                            mask, rec_mask);
+                                            mask, rec_mask, grads);
     });
 }
 
-// U^T packed for rnn_backward_rows (once per call of a caller that steps).
-template <class T> void pack_recurrent_kernel_rows_t(Panels<T>& packed_t, const RNNConfig& cfg, const T* U) {
-    const int lanes = tile_lanes<T>();
-    pack_panels_t(packed_t, U, cfg.G(), cfg.G(), cfg.H, 3 * lanes, lanes);
+// The right operand of the reverse-time steps' product, packed once per call: U^T (G, H), or with W
+// (the input kernel, C rows) [U^T | 0 | W^T] (G, Hp + C) for dx in the same product (StepGradients).
+template <class T>
+void pack_recurrent_kernel_rows_t(Panels<T>& packed_t, const RNNConfig& cfg, const T* U, const T* W = nullptr) {
+    const int lanes = tile_lanes<T>(), G = cfg.G(), H = cfg.H;
+    if (!W) return pack_panels_t(packed_t, U, G, G, H, 3 * lanes, lanes);
+    // [U; 0; W] (Hp + C, G), transposed by the packing
+    const int Hp = padded_units(H, lanes);
+    thread_local Panels<T> stacked;
+    stacked.assign((size_t)(Hp + cfg.C) * G, T(0));
+    std::copy(U, U + (size_t)H * G, stacked.data());
+    std::copy(W, W + (size_t)cfg.C * G, stacked.data() + (size_t)Hp * G);
+    pack_panels_t(packed_t, stacked.data(), G, G, Hp + cfg.C, 3 * lanes, lanes);
 }
 
 // Reverse-time steps of rows [b0, b1) (the decoder's per-step calls); packed_t from
-// pack_recurrent_kernel_rows_t. Arguments as rnn_backward_steps.
+// pack_recurrent_kernel_rows_t without W. Arguments as rnn_backward_steps.
 template <class T, class Slopes>
 void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu,
                        T* dhrec, const T* dy, const RNNCache<T>& cache, const T* packed_t, const uint8_t* mask,
@@ -529,38 +576,44 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
                   const RNNCache<T>& cache, const T* x, const T* W, const T* U, const uint8_t* mask,
                   const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
     const int H = cfg.H, G = cfg.G(), C = cfg.C;
+    // LSTM and SimpleRNN take dx from the reverse-time tiles (StepGradients), GRU from one GEMM after
+    const bool dx_in_steps = dx && cfg.cell != RNNCell::gru;
     thread_local Panels<T> packed;
-    pack_recurrent_kernel_rows_t(packed, cfg, U);
+    pack_recurrent_kernel_rows_t(packed, cfg, U, dx_in_steps ? W : nullptr);
     const T* packed_t = packed.data();  // this thread's buffer, read by every thread of the batch split
-    // dW += x^T . dgates, db_in += sum dgates, dx = dgates . W^T, dU += h_rec^T . dhu, db_rec += sum dhu
-    // over the n steps of rows from r0 (as rows of (B * T, .)): one GEMM each
-    auto weight_grads = [&](T* dW_, T* dU_, T* db_in_, T* db_rec_, size_t r0, int n) {
-        dense_backward<T>(dx ? dx + r0 * C : nullptr, dW_, db_in_, dgates + r0 * G, x + r0 * C, W, n, C, G);
+    // dW += x^T . dgates, dU += h_rec^T . dhu (and for GRU dx = dgates . W^T) over the n steps of
+    // rows from r0 (as rows of (B * T, .)): one GEMM each
+    auto weight_grads = [&](T* dW_, T* dU_, size_t r0, int n) {
+        dense_backward<T>(dx && !dx_in_steps ? dx + r0 * C : nullptr, dW_, nullptr, dgates + r0 * G, x + r0 * C, W, n,
+                          C, G);
         const T* hr = cache.recurrent_input() + r0 * H;
         if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
             // dU_rz += h_rec^T . d[r, z]; dU_n += (r h_rec)^T . dn
             gemm<T>(true, false, H, 2 * H, n, T(1), hr, H, dhu + r0 * G, G, T(1), dU_, G);
             gemm<T>(true, false, H, H, n, T(1), cache.aux + r0 * H, H, dhu + r0 * G + 2 * H, G, T(1), dU_ + 2 * H, G);
         } else {
-            dense_backward<T>(nullptr, dU_, db_rec_, dhu + r0 * G, hr, U, n, H, G);
+            dense_backward<T>(nullptr, dU_, nullptr, dhu + r0 * G, hr, U, n, H, G);
         }
     };
     std::mutex sum_lock;
     for_batch_rows(cfg, [&](int b0, int b1) {
+        // one thread accumulates in place, several into their own sums, added under the lock
+        const bool whole = b0 == 0 && b1 == cfg.B;
+        std::vector<T> sums(whole ? 0 : (size_t)(C + H + 2) * G, T(0));
+        T* sW = whole ? dW : sums.data();
+        T* sU = whole ? dU : sums.data() + (size_t)C * G;
+        T* sb_in = whole ? db_in : sums.data() + (size_t)(C + H) * G;
+        T* sb_rec = whole ? db_rec : sums.data() + (size_t)(C + H + 1) * G;
+        const StepGradients<T> grads{dx_in_steps ? dx : nullptr, db_in ? sb_in : nullptr, db_rec ? sb_rec : nullptr};
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
             rnn_backward_packed_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache,
-                                        packed_t, mask, rec_mask);
+                                        packed_t, mask, rec_mask, grads);
         else
             rnn_backward_packed_rows<T>(cfg, AnySlopes<T>{cfg.activation, cfg.recurrent_activation}, b0, b1, dh, dc,
-                                        dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
-        // the rows' weight gradients in the same parallel region: one thread accumulates in place,
-        // several into their own sums, added under the lock
-        const size_t r0 = (size_t)b0 * cfg.T;
-        const int n = (b1 - b0) * cfg.T;
-        if (b0 == 0 && b1 == cfg.B) return weight_grads(dW, dU, db_in, db_rec, r0, n);
-        std::vector<T> sums((size_t)(C + H + 2) * G, T(0));
-        T *sW = sums.data(), *sU = sW + (size_t)C * G, *sb_in = sU + (size_t)H * G, *sb_rec = sb_in + G;
-        weight_grads(sW, sU, sb_in, sb_rec, r0, n);
+                                        dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask, grads);
+        // the rows' weight gradients in the same parallel region
+        weight_grads(sW, sU, (size_t)b0 * cfg.T, (b1 - b0) * cfg.T);
+        if (whole) return;
         std::lock_guard<std::mutex> hold(sum_lock);
         auto add = [](T* to, const T* from, size_t count) {
             if (to)
