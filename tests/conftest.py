@@ -39,3 +39,21 @@ def torch():
     _torch.set_num_threads(1)
     yield _torch
     _torch.set_num_threads(threads)
+
+
+def _cpu_simd_levels():
+    from attnx import _core
+    levels = ["baseline", "avx2", "avx512"]
+    return levels[:levels.index(_core._config()["cpu_simd_level"]) + 1]
+
+
+CPU_SIMD_LEVELS = _cpu_simd_levels()  # every copy of the vector kernels this CPU can run
+
+
+@pytest.fixture(params=CPU_SIMD_LEVELS)
+def level(request):
+    """The test runs with the kernels capped at each SIMD level this CPU has (the widest after)."""
+    from attnx import _core
+    _core._force_simd_level(request.param)
+    yield request.param
+    _core._force_simd_level("avx512")

@@ -307,6 +307,36 @@ def test_keras_layout_defaults_and_config_round_trip():
     assert len(bi.get_weights()) == 6
 
 
+@pytest.mark.parametrize("H", [1, 2, 4, 17, 20, 36, 100])
+def test_lstm_units_past_the_last_whole_vector_match_torch(torch, H, level):
+    """LSTM's last units share one vector of the time loop's product when four of them fit
+    (H mod 16 <= 4 on AVX-512, H mod 8 <= 2 on AVX2, H mod 4 == 1 on baseline): outputs, final
+    states and every gradient against torch on each SIMD level, with padded rows and both thread
+    halves (B = 9)."""
+    rng = np.random.default_rng(H)
+    B, T, C = 9, 5, 7
+    module = torch.nn.LSTM(C, H, batch_first=True)
+    layer = from_torch(module)
+    x = rng.standard_normal((B, T, C)).astype(np.float32)
+    lengths = np.array([5, 3, 1, 5, 4, 2, 5, 5, 3])
+    out = layer(x, training=True, lengths=lengths)
+    assert_close(layer(x, lengths=lengths)[0], out[0], 1e-6, what="inference = training output")
+    xt = torch.tensor(x, requires_grad=True)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(xt, torch.tensor(lengths), batch_first=True,
+                                                     enforce_sorted=False)
+    po, (h_t, c_t) = module(packed)
+    y_t, _ = torch.nn.utils.rnn.pad_packed_sequence(po, batch_first=True, total_length=T)
+    for got, want, what in zip(out, [y_t, h_t[0], c_t[0]], ["output", "h", "c"]):
+        assert_close(got, want.detach().numpy(), 1e-5, what=what)
+    upstream = [rng.standard_normal(np.shape(o)).astype(np.float32) for o in out]
+    layer.zero_grad()
+    dx = layer.backward(upstream)
+    torch.autograd.backward([y_t, h_t[0], c_t[0]], [torch.from_numpy(u) for u in upstream])
+    assert_close(dx, xt.grad.numpy(), 1e-5, what="dx")
+    for name, g in torch_grads(module, layer).items():
+        assert_close(layer.grads[name], g, 1e-5, what=f"d {name}")
+
+
 def test_edge_sizes_batch_one_and_length_one(torch):
     module = torch.nn.GRU(3, 4, batch_first=True, bidirectional=True)
     layer = from_torch(module)

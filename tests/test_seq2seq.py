@@ -154,9 +154,9 @@ def torch_decoder(kind, score, cell, local_window, params, ids, enc, states, sou
 
 
 @pytest.mark.parametrize("kind,score,cell,local_window", DECODERS)
-def test_decoder_matches_step_by_step_torch(kind, score, cell, local_window):
-    dec = make_decoder(kind, score, cell, local_window)
-    ids, enc, states, smask, tmask = make_inputs(score, cell)
+def test_decoder_matches_step_by_step_torch(kind, score, cell, local_window, units=H):
+    dec = make_decoder(kind, score, cell, local_window, H=units)
+    ids, enc, states, smask, tmask = make_inputs(score, cell, H=units)
     (logits, weights), cache = dec.apply([ids, enc] + states, training=True, mask=tmask, source_mask=smask,
                                          return_attention_scores=True)
     R = np.random.default_rng(3).standard_normal(logits.shape).astype(np.float32)
@@ -175,6 +175,14 @@ def test_decoder_matches_step_by_step_torch(kind, score, cell, local_window):
         assert_close(g, P[name].grad.numpy(), atol=1e-4, what=f"d {name}")
     # masked source positions get no weight, and every real row sums to one
     assert np.all(weights[1, :, 3:] == 0) and np.all(weights[2, :, 1:] == 0)
+
+
+@pytest.mark.parametrize("units", [17, 20])
+@pytest.mark.parametrize("kind,score,cell,local_window", [d for d in DECODERS if d[2] == "lstm"])
+def test_lstm_decoder_tail_units_match_torch_on_every_level(kind, score, cell, local_window, units, level):
+    """The decoders' LSTM steps with units past the last whole vector (rnn.hpp, lstm_tail_units;
+    the gates' input terms come from the step's projection, not the fused product)."""
+    test_decoder_matches_step_by_step_torch(kind, score, cell, local_window, units)
 
 
 @pytest.mark.parametrize("kind,score,cell,local_window", DECODERS)

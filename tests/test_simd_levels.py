@@ -10,15 +10,7 @@ import pytest
 import attnx
 from attnx import _core, layers
 
-LEVELS = ["baseline", "avx2", "avx512"]
-CPU_LEVELS = LEVELS[:LEVELS.index(_core._config()["cpu_simd_level"]) + 1]
-
-
-@pytest.fixture(params=CPU_LEVELS)
-def level(request):
-    _core._force_simd_level(request.param)
-    yield request.param
-    _core._force_simd_level("avx512")
+from conftest import CPU_SIMD_LEVELS as CPU_LEVELS
 
 
 def test_show_config_names_level_blas_core_and_threads():
