@@ -308,14 +308,16 @@ def test_keras_layout_defaults_and_config_round_trip():
 
 
 @pytest.mark.parametrize("H", [1, 2, 4, 17, 20, 36, 100])
-def test_lstm_units_past_the_last_whole_vector_match_torch(torch, H, level):
-    """LSTM's last units share one vector of the time loop's product when four of them fit
-    (H mod 16 <= 4 on AVX-512, H mod 8 <= 2 on AVX2, H mod 4 == 1 on baseline): outputs, final
-    states and every gradient against torch on each SIMD level, with padded rows and both thread
-    halves (B = 9)."""
+@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
+def test_units_past_the_last_whole_vector_match_torch(torch, kind, H, level):
+    """The time loops' edges on each SIMD level: LSTM's last units share one vector of the step's
+    product when four of them fit (H mod 16 <= 4 on AVX-512, H mod 8 <= 2 on AVX2, H mod 4 == 1 on
+    baseline), and the backward's one product gives dh and dx side by side (W^T from H rounded up
+    to whole vectors). Outputs, final states and every gradient against torch, with padded rows;
+    from H = 36 on the batch rows split across two threads."""
     rng = np.random.default_rng(H)
     B, T, C = 9, 5, 7
-    module = torch.nn.LSTM(C, H, batch_first=True)
+    module = getattr(torch.nn, kind)(C, H, batch_first=True)
     layer = from_torch(module)
     x = rng.standard_normal((B, T, C)).astype(np.float32)
     lengths = np.array([5, 3, 1, 5, 4, 2, 5, 5, 3])
@@ -324,14 +326,15 @@ def test_lstm_units_past_the_last_whole_vector_match_torch(torch, H, level):
     xt = torch.tensor(x, requires_grad=True)
     packed = torch.nn.utils.rnn.pack_padded_sequence(xt, torch.tensor(lengths), batch_first=True,
                                                      enforce_sorted=False)
-    po, (h_t, c_t) = module(packed)
+    po, finals = module(packed)
     y_t, _ = torch.nn.utils.rnn.pad_packed_sequence(po, batch_first=True, total_length=T)
-    for got, want, what in zip(out, [y_t, h_t[0], c_t[0]], ["output", "h", "c"]):
-        assert_close(got, want.detach().numpy(), 1e-5, what=what)
+    want = [y_t] + [f[0] for f in (finals if kind == "LSTM" else [finals])]
+    for got, w, what in zip(out, want, ["output", "h", "c"]):
+        assert_close(got, w.detach().numpy(), 1e-5, what=what)
     upstream = [rng.standard_normal(np.shape(o)).astype(np.float32) for o in out]
     layer.zero_grad()
     dx = layer.backward(upstream)
-    torch.autograd.backward([y_t, h_t[0], c_t[0]], [torch.from_numpy(u) for u in upstream])
+    torch.autograd.backward(want, [torch.from_numpy(u) for u in upstream])
     assert_close(dx, xt.grad.numpy(), 1e-5, what="dx")
     for name, g in torch_grads(module, layer).items():
         assert_close(layer.grads[name], g, 1e-5, what=f"d {name}")
@@ -348,19 +351,33 @@ def test_edge_sizes_batch_one_and_length_one(torch):
         assert dx.shape == shape
 
 
-def test_split_batch_threads_match_single_thread():
-    """The two-thread time loop (B >= 8) gives the same numbers as one thread."""
-    layer = LSTM(8, return_sequences=True)
-    x = np.random.default_rng(0).standard_normal((16, 5, 3)).astype(np.float32)
-    attnx.set_num_threads(2)
-    y2 = layer(x, training=True, lengths=np.arange(16) % 5 + 1)
-    dx2 = layer.backward(np.ones_like(y2))
-    attnx.set_num_threads(1)
-    y1 = layer(x, training=True, lengths=np.arange(16) % 5 + 1)
-    dx1 = layer.backward(np.ones_like(y1))
-    attnx.set_num_threads(2)
-    assert_close(y1, y2, 1e-6)
-    assert_close(dx1, dx2, 1e-6)
+@pytest.mark.parametrize("make", [lambda: SimpleRNN(40, return_sequences=True),
+                                  lambda: GRU(40, return_sequences=True),
+                                  lambda: GRU(40, return_sequences=True, reset_after=False),
+                                  lambda: LSTM(40, return_sequences=True)])
+def test_split_batch_threads_match_single_thread(make):
+    """The time loops with the batch rows split across two threads (B * T * G * H multiply-adds
+    of h . U >= 2^17: here 16 * 8 * 40 * 40 and more) give one thread's outputs, input gradient and
+    weight and bias gradients (each thread sums its own, added under a lock)."""
+    layer = make()
+    x = np.random.default_rng(0).standard_normal((16, 8, 3)).astype(np.float32)
+    lengths = np.arange(16) % 8 + 1
+    results, budget = [], attnx.backend.get_num_threads()
+    try:
+        for threads in (2, 1):
+            attnx.set_num_threads(threads)
+            y = layer(x, training=True, lengths=lengths)
+            layer.zero_grad()
+            dx = layer.backward(np.cos(np.arange(y.size, dtype=np.float32)).reshape(y.shape))
+            results.append((y, dx, {k: g.copy() for k, g in layer.grads.items()}))
+    finally:
+        attnx.set_num_threads(budget)
+    (y2, dx2, g2), (y1, dx1, g1) = results
+    assert_close(y1, y2, 1e-6, what="output")
+    assert_close(dx1, dx2, 1e-6, what="dx")
+    assert g1.keys() == g2.keys() and len(g1) >= 3
+    for k in g1:
+        assert_close(g1[k], g2[k], 1e-5 * max(1.0, np.abs(g1[k]).max()), what=f"d {k}")
 
 
 # ------------------------------------------------------------------------ per-call state

@@ -249,9 +249,8 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                 break;
             case RNNCell::lstm: {
                 // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
-                auto lstm_cell = [&](int b, int u0, int n, V pre_i, V pre_f, V pre_g, V pre_o)
+                auto lstm_cell = [&](const Block& k, int b, int u0, int n, V pre_i, V pre_f, V pre_g, V pre_o)
                     __attribute__((always_inline)) {
-                        const Block k = block(b, u0);
                         const V i = acts.ract(pre_i), f = acts.ract(pre_f), g = acts.act(pre_g), o = acts.ract(pre_o);
                         T* cb = c + (size_t)b * H + u0;
                         const V c_t = f * vload<V>(cb, n) + i * g;
@@ -266,9 +265,10 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                 const int r = tail_units, u_tail = H - r;
                 recurrent_product<V, 4>(b0, b1, left, packed_u, H, u_tail, Q, 0,
                                         [&](int b, TileRow<V, 4> hu_, int u0, int n) __attribute__((always_inline)) {
-                                            if (!real(b)) return carry(block(b, u0), n);
-                                            add_input_terms(hu_, 0, fused, block(b, u0).g, b_in, H, u0, n);
-                                            lstm_cell(b, u0, n, hu_.q[0], hu_.q[1], hu_.q[2], hu_.q[3]);
+                                            const Block k = block(b, u0);
+                                            if (!real(b)) return carry(k, n);
+                                            add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
+                                            lstm_cell(k, b, u0, n, hu_.q[0], hu_.q[1], hu_.q[2], hu_.q[3]);
                                         });
                 if (!r) break;
                 // the tail units' four gates in one vector (pack_recurrent_kernel), each gate's r
@@ -276,9 +276,10 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                 packed_product<V, 1>(
                     b0, b1, left, packed_u + (size_t)(u_tail / W) * (H + left.C) * Q * W, W, 0, 1,
                     [&](int b, TileRow<V, 1> pre, int) __attribute__((always_inline)) {
-                        if (!real(b)) return carry(block(b, u_tail), r);
-                        const V z = pre.q[0] + (fused ? tail_bias : interleave_tail(block(b, u_tail).g));
-                        lstm_cell(b, u_tail, r, z, lanes_from(z, r), lanes_from(z, 2 * r), lanes_from(z, 3 * r));
+                        const Block k = block(b, u_tail);
+                        if (!real(b)) return carry(k, r);
+                        const V z = pre.q[0] + (fused ? tail_bias : interleave_tail(k.g));
+                        lstm_cell(k, b, u_tail, r, z, lanes_from(z, r), lanes_from(z, 2 * r), lanes_from(z, 3 * r));
                     });
                 break;
             }
@@ -481,9 +482,9 @@ ATTNX_ALWAYS_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t
 inline int padded_units(int H, int lanes) { return (H + lanes - 1) / lanes * lanes; }
 
 // What the reverse-time steps can produce besides dh, dc and dgates while a step's gradients are in
-// cache (each may be null): dx (B, T, C) = dgates . W^T in the same tiles as d h_rec (LSTM and
-// SimpleRNN, whose one product has one left operand; U^T then has W^T beside it), and the bias
-// gradients db_in += sum dgates, db_rec += sum dhu (GRU reset_after), summed over the steps.
+// cache (each may be null): dx (B, T, C) = dgates . W^T in the same tiles as d h_rec, for LSTM and
+// SimpleRNN only (their dhu is dgates, so one product has one left operand; packed_t then has W^T
+// beside U^T), and the bias gradients db_in += sum dgates, db_rec += sum dhu, summed over the steps.
 template <class T> struct StepGradients {
     T* dx = nullptr;
     T* db_in = nullptr;
@@ -509,6 +510,16 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
         T* d = dh + (size_t)b * H + k0;
         if (rec_mask) d_hrec *= vload<V>(rec_mask + (size_t)b * H + k0, n);
         vstore(d, vload<V>(d, n) + d_hrec, n);
+    };
+    // sum += the rows [b0, b1) of step t (bias gradients, while the step's rows are in cache)
+    auto add_rows = [&](T* sum, const T* rows, int t) __attribute__((always_inline)) {
+        for (int b = b0; b < b1; ++b) {
+            const T* row = rows + (size_t)b * TG + (size_t)t * G;
+            for (int j = 0; j < G; j += W) {
+                const int n = std::min(W, G - j);
+                vstore(sum + j, vload<V>(sum + j, n) + vload<V>(row + j, n), n);
+            }
+        }
     };
     for (int s = Tn - 1; s >= 0; --s) {
         const int t = cfg.time_at(s);
@@ -559,7 +570,8 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
                                        add_to_dh(b, k0, v + vload<V>(dhrec + (size_t)b * H + k0, n), n);
                                    });
         } else if (grads.dx) {
-            // [d h_rec, dx_t] = d(h_rec U + x_t W) . [U; W]^T, W^T from column Hp of packed_t
+            // [d h_rec, dx_t] = d(h_rec U + x_t W) . [U; W]^T (du0 is dgates here), W^T from column
+            // Hp of packed_t
             const int Hp = padded_units(H, W);
             recurrent_product_t<V>(b0, b1, du0, TG, 0, G, packed_t, Hp + C, G,
                                    [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
@@ -570,18 +582,9 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
             // d h_rec = d(h_rec U) . U^T
             recurrent_product_t<V>(b0, b1, du0, TG, 0, G, packed_t, H, G, add_to_dh);
         }
-        // the bias gradients from the step's rows while they are in cache (padded steps' are 0)
-        auto add_rows = [&](T* sum, const T* rows) __attribute__((always_inline)) {
-            for (int b = b0; b < b1; ++b) {
-                const T* row = rows + (size_t)b * TG + (size_t)t * G;
-                for (int j = 0; j < G; j += W) {
-                    const int n = std::min(W, G - j);
-                    vstore(sum + j, vload<V>(sum + j, n) + vload<V>(row + j, n), n);
-                }
-            }
-        };
-        if (grads.db_in) add_rows(grads.db_in, dgates);
-        if (grads.db_rec) add_rows(grads.db_rec, dhu);
+        // (padded steps' rows are 0)
+        if (grads.db_in) add_rows(grads.db_in, dgates, t);
+        if (grads.db_rec) add_rows(grads.db_rec, dhu, t);
     }
 }
 
@@ -622,7 +625,7 @@ void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1
 // Whole-sequence backward. dy (B, T, H) may be null (only the final state used); dh, dc (B, H): in
 // the gradient of the final state (zeros if none), out that of the initial state. dx (B, T, C) is
 // overwritten (may be null); dW, dU, db_in, db_rec accumulate (biases may be null). Workspace:
-// dgates (B, T, G*H), dhu (B, T, G*H; may alias dgates except for GRU), dhrec (B, H).
+// dgates (B, T, G*H), dhu (B, T, G*H; dgates itself except for GRU reset_after), dhrec (B, H).
 template <class T>
 void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec, T* dh, T* dc, const T* dy,
                   const RNNCache<T>& cache, const T* x, const T* W, const T* U, const uint8_t* mask,
@@ -656,7 +659,9 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
         T* sU = whole ? dU : sums.data() + (size_t)C * G;
         T* sb_in = whole ? db_in : sums.data() + (size_t)(C + H) * G;
         T* sb_rec = whole ? db_rec : sums.data() + (size_t)(C + H + 1) * G;
-        const StepGradients<T> grads{dx_in_steps ? dx : nullptr, db_in ? sb_in : nullptr, db_rec ? sb_rec : nullptr};
+        // (GRU classic has no recurrent bias)
+        const bool rec_bias = db_rec && !(cfg.cell == RNNCell::gru && !cfg.reset_after);
+        const StepGradients<T> grads{dx_in_steps ? dx : nullptr, db_in ? sb_in : nullptr, rec_bias ? sb_rec : nullptr};
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
             rnn_backward_packed_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache,
                                         packed_t, mask, rec_mask, grads);
