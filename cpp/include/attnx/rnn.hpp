@@ -196,14 +196,19 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
         return vload<V>(lanes, W);
     };
     const V tail_bias = tail_units && b_in ? interleave_tail(b_in + H - tail_units) : V{};
+    // H values in vectors, inline: a row's copy is a few vectors, and a memmove call per row and step
+    // (three of them with the caches) cost more than the copy
+    auto copy_row = [&](T* to, const T* from) __attribute__((always_inline)) {
+        for (int j = 0; j < H; j += W) vstore(to + j, vload<V>(from + j, std::min(W, H - j)), std::min(W, H - j));
+    };
     for (int s = 0; s < Tn; ++s) {
         const int t = cfg.time_at(s);
         auto real = [&](int b) __attribute__((always_inline)) { return !mask || mask[(size_t)b * Tn + t]; };
         // cache the state entering step t (and its dropped-out copy that meets U)
         for (int b = b0; b < b1; ++b) {
             const size_t row = (size_t)b * TH + (size_t)t * H;
-            if (keep) std::copy(h + (size_t)b * H, h + (size_t)(b + 1) * H, cache.h_prev + row);
-            if (keep && cache.c_prev) std::copy(c + (size_t)b * H, c + (size_t)(b + 1) * H, cache.c_prev + row);
+            if (keep) copy_row(cache.h_prev + row, h + (size_t)b * H);
+            if (keep && cache.c_prev) copy_row(cache.c_prev + row, c + (size_t)b * H);
             if (rec_mask)
                 for (int j = 0; j < H; ++j) cache.h_rec[row + j] = h[(size_t)b * H + j] * rec_mask[(size_t)b * H + j];
         }
@@ -334,7 +339,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                 }
                 break;
         }
-        for (int b = b0; b < b1; ++b) std::copy(hu + (size_t)b * ld_hu, hu + (size_t)b * ld_hu + H, h + (size_t)b * H);
+        for (int b = b0; b < b1; ++b) copy_row(h + (size_t)b * H, hu + (size_t)b * ld_hu);
     }
 }
 
