@@ -340,6 +340,49 @@ def test_units_past_the_last_whole_vector_match_torch(torch, kind, H, level):
         assert_close(layer.grads[name], g, 1e-5, what=f"d {name}")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_weight_gradients_over_many_rows_match_torch(torch, kind, threads):
+    """Weight gradients summed over more rows than one block of the backward's product: LSTM and
+    SimpleRNN take [dW; dU] from [x | h]^T . dgates in blocks of 256 rows (B * T = 600 rows here:
+    one thread's 600 or two threads' 300, each a whole block and a part), GRU from its two GEMMs."""
+    rng = np.random.default_rng(len(kind) + threads)
+    B, T, C, H = 12, 50, 3, 40
+    module = getattr(torch.nn, kind)(C, H, batch_first=True)
+    layer = from_torch(module)
+    x = rng.standard_normal((B, T, C)).astype(np.float32)
+    lengths = rng.integers(1, T + 1, B)
+    budget = attnx.backend.get_num_threads()
+    try:
+        attnx.set_num_threads(threads)
+        out = layer(x, training=True, lengths=lengths)  # output and final states
+        upstream = [rng.standard_normal(np.shape(o)).astype(np.float32) for o in out]
+        layer.zero_grad()
+        dx = layer.backward(upstream)
+    finally:
+        attnx.set_num_threads(budget)
+    xt = torch.tensor(x, requires_grad=True)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(xt, torch.tensor(lengths), batch_first=True,
+                                                     enforce_sorted=False)
+    po, finals = module(packed)
+    y_t, _ = torch.nn.utils.rnn.pad_packed_sequence(po, batch_first=True, total_length=T)
+    want = [y_t] + [f[0] for f in (finals if kind == "LSTM" else [finals])]
+    torch.autograd.backward(want, [torch.from_numpy(u) for u in upstream])
+    for got, w, what in zip(out, want, ["output", "h", "c"]):
+        assert_close(got, w.detach().numpy(), 1e-5, what=what)
+    assert_close(dx, xt.grad.numpy(), 1e-4, what="dx")
+    for name, g in torch_grads(module, layer).items():
+        assert_close(layer.grads[name], g, 1e-4 * max(1.0, np.abs(g).max()), what=f"d {name}")
+
+
+@pytest.mark.parametrize("cls,kw", [(SimpleRNN, {}), (GRU, {"reset_after": False}), (GRU, {}), (LSTM, {})])
+def test_gradcheck_recurrent_dropout_over_many_rows(cls, kw):
+    """dU from the dropped-out state over 2 * 150 = 300 rows (a whole block of the product and a part)."""
+    layer = _f64(cls, recurrent_dropout=0.4, return_sequences=True, **kw)
+    layer._noise_rng = lambda: np.random.default_rng(3)  # the same masks on every forward pass
+    gradcheck(layer, _x(B=2, T=150, C=2), call_kwargs={"lengths": np.array([97, 150])})
+
+
 def test_edge_sizes_batch_one_and_length_one(torch):
     module = torch.nn.GRU(3, 4, batch_first=True, bidirectional=True)
     layer = from_torch(module)
