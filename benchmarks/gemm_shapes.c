@@ -2,12 +2,24 @@
 // recurrent layers run per thread in the benchmarks' (a) and (b) models, to set against the FMA
 // peak of benchmarks/fma_peak.c: what a tuned general library reaches on exactly these shapes, the
 // time step products with no gate math around them.
-//   gcc -O2 -o /tmp/gemm_shapes benchmarks/gemm_shapes.c -lopenblas && /tmp/gemm_shapes
-#include <cblas.h>
+// On the OpenBLAS the Python module links (scipy-openblas32, symbols prefixed scipy_):
+//   D=$(python -c "import scipy_openblas32 as s; print(s.get_lib_dir())")
+//   gcc -O2 -DATTNX_SCIPY_OPENBLAS -o /tmp/gemm_shapes benchmarks/gemm_shapes.c -L$D -lscipy_openblas -Wl,-rpath,$D
+//   /tmp/gemm_shapes
+// or on the system's: gcc -O2 -o /tmp/gemm_shapes benchmarks/gemm_shapes.c -lopenblas
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
+#ifdef ATTNX_SCIPY_OPENBLAS
+#define cblas_sgemm scipy_cblas_sgemm
+#define openblas_set_num_threads scipy_openblas_set_num_threads
+#define openblas_get_corename scipy_openblas_get_corename
+#endif
+enum { CblasRowMajor = 101 };
+enum { CblasNoTrans = 111, CblasTrans = 112 };
+void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                 const float* B, int ldb, float beta, float* C, int ldc);
 void openblas_set_num_threads(int);
 char* openblas_get_corename(void);
 
