@@ -307,6 +307,20 @@ def test_keras_layout_defaults_and_config_round_trip():
     assert len(bi.get_weights()) == 6
 
 
+def _torch_packed_run(torch, module, kind, x, lengths, upstream=None):
+    """torch's padded output and final states (h, and c for LSTM) for rows of `lengths`, and the
+    input tensor; with upstream, their gradients are backpropagated into module and the input."""
+    xt = torch.tensor(x, requires_grad=True)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(xt, torch.tensor(lengths), batch_first=True,
+                                                     enforce_sorted=False)
+    po, finals = module(packed)
+    y_t, _ = torch.nn.utils.rnn.pad_packed_sequence(po, batch_first=True, total_length=x.shape[1])
+    outputs = [y_t] + [f[0] for f in (finals if kind == "LSTM" else [finals])]
+    if upstream is not None:
+        torch.autograd.backward(outputs, [torch.from_numpy(u) for u in upstream])
+    return outputs, xt
+
+
 @pytest.mark.parametrize("H", [1, 2, 4, 17, 20, 36, 100])
 @pytest.mark.parametrize("kind", ["RNN", "LSTM"])
 def test_units_past_the_last_whole_vector_match_torch(torch, kind, H, level):
@@ -323,18 +337,12 @@ def test_units_past_the_last_whole_vector_match_torch(torch, kind, H, level):
     lengths = np.array([5, 3, 1, 5, 4, 2, 5, 5, 3])
     out = layer(x, training=True, lengths=lengths)
     assert_close(layer(x, lengths=lengths)[0], out[0], 1e-6, what="inference = training output")
-    xt = torch.tensor(x, requires_grad=True)
-    packed = torch.nn.utils.rnn.pack_padded_sequence(xt, torch.tensor(lengths), batch_first=True,
-                                                     enforce_sorted=False)
-    po, finals = module(packed)
-    y_t, _ = torch.nn.utils.rnn.pad_packed_sequence(po, batch_first=True, total_length=T)
-    want = [y_t] + [f[0] for f in (finals if kind == "LSTM" else [finals])]
+    upstream = [rng.standard_normal(np.shape(o)).astype(np.float32) for o in out]
+    want, xt = _torch_packed_run(torch, module, kind, x, lengths, upstream)
     for got, w, what in zip(out, want, ["output", "h", "c"]):
         assert_close(got, w.detach().numpy(), 1e-5, what=what)
-    upstream = [rng.standard_normal(np.shape(o)).astype(np.float32) for o in out]
     layer.zero_grad()
     dx = layer.backward(upstream)
-    torch.autograd.backward(want, [torch.from_numpy(u) for u in upstream])
     assert_close(dx, xt.grad.numpy(), 1e-5, what="dx")
     for name, g in torch_grads(module, layer).items():
         assert_close(layer.grads[name], g, 1e-5, what=f"d {name}")
@@ -361,13 +369,7 @@ def test_weight_gradients_over_many_rows_match_torch(torch, kind, threads):
         dx = layer.backward(upstream)
     finally:
         attnx.set_num_threads(budget)
-    xt = torch.tensor(x, requires_grad=True)
-    packed = torch.nn.utils.rnn.pack_padded_sequence(xt, torch.tensor(lengths), batch_first=True,
-                                                     enforce_sorted=False)
-    po, finals = module(packed)
-    y_t, _ = torch.nn.utils.rnn.pad_packed_sequence(po, batch_first=True, total_length=T)
-    want = [y_t] + [f[0] for f in (finals if kind == "LSTM" else [finals])]
-    torch.autograd.backward(want, [torch.from_numpy(u) for u in upstream])
+    want, xt = _torch_packed_run(torch, module, kind, x, lengths, upstream)
     for got, w, what in zip(out, want, ["output", "h", "c"]):
         assert_close(got, w.detach().numpy(), 1e-5, what=what)
     assert_close(dx, xt.grad.numpy(), 1e-4, what="dx")
