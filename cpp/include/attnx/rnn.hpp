@@ -655,9 +655,9 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
             for (int i0 = 0; i0 < n; i0 += block) {
                 const int m = std::min(block, n - i0);
                 for (int i = 0; i < m; ++i) {
-                    const size_t row = r0 + i0 + i;
-                    std::copy(x + row * C, x + (row + 1) * C, xh.data() + (size_t)i * (C + H));
-                    std::copy(hr + (size_t)(i0 + i) * H, hr + (size_t)(i0 + i + 1) * H, xh.data() + (size_t)i * (C + H) + C);
+                    T* to = xh.data() + (size_t)i * (C + H);
+                    std::copy_n(x + (r0 + i0 + i) * C, C, to);
+                    std::copy_n(hr + (size_t)(i0 + i) * H, H, to + C);
                 }
                 gemm<T>(true, false, C + H, G, m, T(1), xh.data(), C + H, dgates + (r0 + i0) * G, G, T(1), dWU, G);
             }
