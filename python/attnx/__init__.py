@@ -13,6 +13,7 @@ from . import activations, backend, callbacks, initializers, layers, losses, met
 from ._version import __version__  # noqa: F401
 from .backend import set_num_threads, set_random_seed, show_config
 from .models import Input, Model, Sequential, load_model
+from .ops import GradientTape
 from . import seq2seq, vision  # noqa: E402  (registers Seq2Seq, ImageCaptioner, which load_model may meet in a file)
 
 

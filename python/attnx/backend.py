@@ -1,5 +1,7 @@
 """Process-wide settings: the random generator behind initializers, dropout and shuffling, and threads."""
 import concurrent.futures
+import contextlib
+import contextvars
 import os
 import re
 import threading
@@ -31,6 +33,28 @@ def set_generator(generator):
 def rng():
     """The generator attnx draws from; reseed it with `set_random_seed`."""
     return _rng
+
+
+# False while a layer call recorded on a tape runs in inference mode (``training=False`` under a
+# GradientTape): the layer takes its training path, which keeps what its backward needs, without
+# training's randomness.
+_training_randomness = contextvars.ContextVar("attnx_training_randomness", default=True)
+
+
+def training_randomness(training):
+    """Whether a forward pass given `training` draws its training-only random numbers (dropout masks,
+    hard attention's samples): the one rule every layer asks."""
+    return bool(training) and _training_randomness.get()
+
+
+@contextlib.contextmanager
+def without_training_randomness():
+    """Within the block, training calls draw no dropout masks and take no samples (see above)."""
+    token = _training_randomness.set(False)
+    try:
+        yield
+    finally:
+        _training_randomness.reset(token)
 
 
 def set_num_threads(n):

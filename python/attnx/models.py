@@ -23,6 +23,7 @@ from . import metrics as metrics_module, optimizers, saving
 from .backend import unique_name
 from .layers import base as layers_base
 from .layers.base import Layer
+from .ops import TracedArray
 from .symbolic import Input, SymbolicTensor, is_symbolic, substitute
 
 
@@ -83,14 +84,6 @@ class Model(Layer):
         if inputs is not None:
             self._init_graph(inputs, outputs)
 
-    def __setattr__(self, name, value):
-        # a model written as a class owns the layers it keeps as attributes (Keras' tracking)
-        if isinstance(value, Layer) and not name.startswith("_"):
-            tracked = self.__dict__.setdefault("_tracked_layers", [])
-            if not any(value is layer for layer in tracked):
-                tracked.append(value)
-        super().__setattr__(name, value)
-
     # ---------------------------------------------------------------- graph
     def _init_graph(self, inputs, outputs):
         self._multi_input = isinstance(inputs, (list, tuple))
@@ -144,9 +137,10 @@ class Model(Layer):
 
     @property
     def layers(self):
-        """The model's layers, each once: graph order for a functional model, attribute order for a class."""
+        """The model's layers, each once: graph order for a functional model, attribute order for a class
+        (its sublayers: attributes, and layers in attribute lists, tuples and dicts)."""
         if not self._functional:
-            return list(self.__dict__.get("_tracked_layers", []))
+            return [layer for _, layer in self._sublayers()]
         out, seen = [], set()
         for node in self._nodes:
             if id(node.layer) not in seen:
@@ -161,9 +155,20 @@ class Model(Layer):
         raise ValueError(f"Model '{self.name}': no layer named '{name}'")
 
     # ------------------------------------------------------- params as a Layer
+    # A functional model's weights are its layers', named "<layer name>/<weight>"; a model written as a
+    # class has its own (add_weight) and its sublayers', named "<attribute path>/<weight>".
+    def _named_layers(self):
+        if self._functional:
+            return [(l.name, l) for l in self.layers]
+        return list(self._sublayers())
+
+    def _own_weights(self):
+        return self.__dict__.setdefault("_own_params", {}), self.__dict__.setdefault("_own_grads", {})
+
     @property
     def params(self):
-        return {f"{l.name}/{k}": p for l in self.layers for k, p in l.params.items()}
+        own = {} if self._functional else self._own_weights()[0]
+        return {**own, **{f"{path}/{k}": p for path, l in self._named_layers() for k, p in l.params.items()}}
 
     @params.setter
     def params(self, value):  # Layer.__init__ assigns an empty dict
@@ -171,7 +176,8 @@ class Model(Layer):
 
     @property
     def grads(self):
-        return {f"{l.name}/{k}": g for l in self.layers for k, g in l.grads.items()}
+        own = {} if self._functional else self._own_weights()[1]
+        return {**own, **{f"{path}/{k}": g for path, l in self._named_layers() for k, g in l.grads.items()}}
 
     @grads.setter
     def grads(self, value):
@@ -181,21 +187,31 @@ class Model(Layer):
     def trainable_params(self):
         if not self.trainable:
             return []
-        return [(f"{l.name}/{n}", p, g) for l in self.layers for n, p, g in l.trainable_params]
+        own = [] if self._functional else [(n, p, self._own_weights()[1][n]) for n, p in self._own_weights()[0].items()]
+        return own + [(f"{path}/{n}", p, g) for path, l in self._named_layers() for n, p, g in l.trainable_params]
+
+    def _adopt_sublayer_weights(self):
+        pass  # a model's params walk its layers at every access
+
+    def _all_regularizers(self):
+        own = list(self._regularizers.items())
+        return own + [(f"{path}/{n}", r) for path, l in self._named_layers() for n, r in l._all_regularizers()]
 
     def zero_grad(self):
-        for layer in self.layers:
-            layer.zero_grad()
+        for g in self.grads.values():
+            g.fill(0)
 
     def regularization_loss(self):
-        return float(sum(layer.regularization_loss() for layer in self.layers))
+        params = self.params
+        return float(sum(reg(params[n]) for n, reg in self._all_regularizers()))
 
     def add_regularization_grads(self):
-        for layer in self.layers:
-            layer.add_regularization_grads()
+        params, grads = self.params, self.grads
+        for n, reg in self._all_regularizers():
+            reg.add_gradient(params[n], grads[n])
 
     def count_params(self):
-        return int(sum(l.count_params() for l in self.layers))
+        return int(sum(p.size for p in self.params.values()))
 
     # --------------------------------------------------------- forward/backward
     def _feed(self, inputs):
@@ -215,15 +231,27 @@ class Model(Layer):
                                  f"(shape {t.shape}), got shape {arr.shape}")
         return xs
 
-    def forward(self, inputs, training=False, mask=None):
-        if not self._functional:
+    def forward(self, inputs, *args, training=False, mask=None, **kwargs):
+        if self._functional:
+            if args or kwargs:
+                raise TypeError(f"Model '{self.name}': a functional model takes its inputs only (got "
+                                f"{len(args)} more positional and {sorted(kwargs)} keyword arguments)")
+            outputs, _, caches = self._run_graph(inputs, training, mask)
+            return outputs, caches
+        if getattr(self, "call", None) is None:
             raise NotImplementedError(f"Model '{self.name}' has no graph: build it from attnx.Input tensors, "
-                                      "or subclass Model and implement forward and backprop")
-        outputs, _, caches = self._run_graph(inputs, training, mask)
-        return outputs, caches
+                                      "or subclass Model and implement call (or forward and backprop)")
+        if not hasattr(self, "_build_inputs"):  # what load_model calls the model on to create its weights
+            self._build_inputs = _input_spec([inputs] + list(args))
+        return super().forward(inputs, *args, training=training, mask=mask, **kwargs)
 
     def backprop(self, cache, dy):
-        return self._backprop_graph(cache, dy, self.input_gradient_needed)
+        if self._functional:
+            return self._backprop_graph(cache, dy, self.input_gradient_needed)
+        return super().backprop(cache, dy)
+
+    def _runs_call(self):
+        return type(self).forward is Model.forward and not self._functional
 
     def _run_graph(self, inputs, training=False, mask=None, check=False):
         """Runs the recorded calls; returns (outputs, output masks (a list), per-call caches or None).
@@ -801,6 +829,8 @@ class Model(Layer):
     def get_config(self):
         """A functional model's layers and every recorded call with its tensor references (a model
         written as a class returns its constructor arguments instead)."""
+        if not self._functional:
+            return super().get_config()
         input_index = {id(t): i for i, t in enumerate(self.inputs)}
         node_index = {}
         for i, node in enumerate(self._nodes):
@@ -829,6 +859,8 @@ class Model(Layer):
 
     @classmethod
     def from_config(cls, config):
+        if "nodes" not in config:  # a model written as a class
+            return super().from_config(config)
         layers = {}
         for entry in config["layers"]:
             layer = _layer_from_entry(entry)
@@ -843,6 +875,41 @@ class Model(Layer):
         inputs = tensors["input"] if config["multi_input"] else tensors["input"][0]
         outputs = [_decode({"tensor": r}, tensors) for r in config["outputs"]]
         return cls(inputs, outputs if config["multi_output"] else outputs[0], name=config["name"])
+
+
+def _input_spec(values):
+    """[{shape, dtype}] of the arrays among `values` (None for anything else), batch axis 1."""
+    spec = []
+    for v in values:
+        arr = v.value if isinstance(v, TracedArray) else v
+        spec.append({"shape": [1] + list(np.shape(arr))[1:], "dtype": np.asarray(arr).dtype.name}
+                    if isinstance(arr, np.ndarray) else None)
+    return spec
+
+
+def _build_from_spec(model, spec):
+    """Calls a model written as a class once on zeros of `spec` (`_input_spec`), creating its weights."""
+    values = [None if s is None else np.zeros(s["shape"], dtype=s["dtype"]) for s in spec]
+    model.apply(values[0], *values[1:], training=False)
+
+
+def _checked_spec(spec, path):
+    """A saved `_input_spec`, every entry checked: None or {shape: small non-negative ints, dtype: a numeric dtype}."""
+    if not isinstance(spec, list) or len(spec) > 64:
+        raise ValueError(f"{path}: model.build_inputs should be a list of input specs, got {type(spec).__name__}")
+    for i, entry in enumerate(spec):
+        if entry is None:
+            continue
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if not isinstance(shape, list) or len(shape) > 8 or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 4096 for d in shape) or \
+                np.prod(shape, dtype=np.int64) > 2 ** 24 or entry.get("dtype") not in _SPEC_DTYPES:
+            raise ValueError(f"{path}: model.build_inputs[{i}] should be {{shape: up to 8 sizes <= 4096, dtype: one of "
+                             f"{sorted(_SPEC_DTYPES)}}}, got {entry!r}")
+    return spec
+
+
+_SPEC_DTYPES = {"float32", "float64", "int32", "int64", "bool", "uint8", "int8", "int16"}
 
 
 def _layer_entry(layer):
@@ -996,6 +1063,9 @@ def load_model(path):
     try:
         with layers_base.weight_budget(sum(w.nbytes for _, w in weights), path):
             model = cls.from_config(header["model"]["config"])
+            build_inputs = header["model"].get("build_inputs")
+            if build_inputs is not None:
+                _build_from_spec(model, _checked_spec(build_inputs, path))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: the model config does not describe a {cls.__name__} ({exc})") from exc
     saving.assign(model, weights, path)

@@ -33,6 +33,7 @@ on BLAS (`matmul`, `dot` and two-operand `einsum` become one batched matrix prod
 C++ kernels (`scaled_dot_product_attention`, `attention_pooling`).
 """
 import builtins
+import contextlib
 import string
 import threading
 
@@ -41,7 +42,7 @@ import numpy as np
 from . import _core
 from .masking import as_mask
 
-__all__ = ["Tape", "TracedArray", "add", "subtract", "multiply", "divide", "power", "negative", "abs", "absolute",
+__all__ = ["Tape", "GradientTape", "TracedArray", "add", "subtract", "multiply", "divide", "power", "negative", "abs", "absolute",
            "square", "sqrt", "exp", "log", "tanh", "sigmoid", "relu", "softmax", "matmul", "dot", "einsum", "sum",
            "mean", "max", "maximum", "minimum", "clip", "where", "expand_dims", "squeeze", "reshape", "transpose",
            "concatenate", "stack", "scaled_dot_product_attention", "attention_pooling", "active_tape", "untraced"]
@@ -75,7 +76,14 @@ class TracedArray:
                         "functions would drop its gradient; use the functions of attnx.ops")
 
     def __repr__(self):
-        return f"TracedArray(shape={self.shape}, dtype={self.dtype})"
+        return f"TracedArray({self.value!r})"
+
+    def __float__(self):
+        return float(self.value)
+
+    def numpy(self):
+        """The array (TensorFlow's name)."""
+        return self.value
 
     def __getitem__(self, key):
         return _apply("getitem", _getitem, self, key=key)
@@ -120,13 +128,19 @@ class Tape:
             w = tape.watch(weight, into=weight_grad)     # a leaf whose gradient is added into a buffer
             y = ops.tanh(ops.dot(x, weight))             # the raw `weight` array is found by identity
         dx, = tape.backward([y], [dy], sources=[x])      # also adds dL/dweight into weight_grad
+
+    Besides the ops, a tape records whole calls with their own backward (`record_call`): a built-in
+    layer called inside a recorded computation is one such node, its backward the layer's C++ one.
     """
 
     def __init__(self):
-        self._ops = []        # (rule, out index, out, input indices (None: constant), input values, attrs)
+        # ops: (rule, out index, out, input indices (None: constant), input values, attrs); a recorded
+        # call: (None, its outputs' indices, its outputs, input indices, backward, None)
+        self._ops = []
         self._count = 0       # values on the tape (leaves and op outputs)
         self._watched = {}    # id(array) -> its leaf, for arrays given by identity (weights)
         self._buffers = []    # (leaf, gradient buffer) from watch(into=...)
+        self._weights = {}    # id(param) -> (param, gradient buffer) of every layer whose call was recorded
 
     def __enter__(self):
         tapes = _active.__dict__.setdefault("tapes", [])
@@ -135,6 +149,10 @@ class Tape:
 
     def __exit__(self, *exc):
         _active.tapes.pop()
+
+    @property
+    def recording(self):
+        return any(t is self for t in getattr(_active, "tapes", []))
 
     def watch(self, array, into=None):
         """The leaf of `array` on this tape (the same leaf each time for the same array object).
@@ -145,6 +163,7 @@ class Tape:
             self._watched[id(array)] = leaf
             if into is not None:
                 self._buffers.append((leaf, into))
+                self._weights[id(array)] = (array, into)
         return leaf
 
     def traced(self, x):
@@ -167,25 +186,138 @@ class Tape:
         self._ops.append((rule, index, out, ids, values, attrs))
         return TracedArray(out, self, index)
 
+    def record_call(self, backward, outputs, inputs, weights=()):
+        """Records a call computed outside the ops: `outputs` (arrays) from `inputs` (values as the
+        tape sees them), ``backward(output grads) -> input grads`` (None entries for outputs without a
+        gradient; None for inputs without one) adding its weights' gradients into their buffers;
+        `weights`: the (param, buffer) pairs it adds into. Returns the outputs, float ones traced."""
+        for param, buffer in weights:
+            self._weights[id(param)] = (param, buffer)
+        traced = [TracedArray(o, self, self._new_index()) if _is_float_array(o) else o for o in outputs]
+        ids = [x.index if isinstance(x, TracedArray) else None for x in inputs]
+        indices = [t.index if isinstance(t, TracedArray) else None for t in traced]
+        self._ops.append((None, indices, outputs, ids, backward, None))
+        return traced
+
     def backward(self, outputs, output_grads, sources=()):
         """Replays the tape from `outputs` (their gradients `output_grads`; None or an untraced
-        output contributes nothing). Adds the gradient of every leaf watched with `into` into its
-        buffer and returns the gradients of `sources` (zeros for a source the outputs do not use)."""
+        output contributes nothing). Adds the gradient of every weight (watched with `into`, or of a
+        recorded call) into its buffer and returns the gradients of `sources` (zeros for a source the
+        outputs do not use)."""
+        grads = self._replay(outputs, output_grads)
+        return [grads[s.index] if s.index in grads else np.zeros_like(s.value) for s in sources]
+
+    def _replay(self, outputs, output_grads):
         grads = {}
         for out, g in zip(outputs, output_grads):
             if isinstance(out, TracedArray) and g is not None:
-                _accumulate(grads, out.index, _unbroadcast(np.asarray(g), out.value))
+                g = np.asarray(g)
+                if g.shape != out.shape:
+                    raise ValueError(f"the gradient of an output of shape {out.shape} has shape {g.shape}")
+                _accumulate(grads, out.index, _unbroadcast(g, out.value))
         for rule, index, out, ids, values, attrs in reversed(self._ops):
-            g = grads.pop(index, None)
-            if g is None:
-                continue
-            for i, x, dx in zip(ids, values, _GRADIENTS[rule](g, out, *values, **attrs)):
+            if rule is None:  # a recorded call: `values` is its backward
+                gs = [None if i is None else grads.pop(i, None) for i in index]
+                if all(g is None for g in gs):
+                    continue
+                dxs = values(gs)
+                values = [None] * len(ids)
+            else:
+                g = grads.pop(index, None)
+                if g is None:
+                    continue
+                dxs = _GRADIENTS[rule](g, out, *values, **attrs)
+            for i, x, dx in zip(ids, values, dxs):
                 if i is not None and dx is not None:
-                    _accumulate(grads, i, _unbroadcast(dx, x))
+                    _accumulate(grads, i, dx if x is None else _unbroadcast(dx, x))
         for leaf, buffer in self._buffers:
             if leaf.index in grads:
                 buffer += grads[leaf.index]
-        return [grads[s.index] if s.index in grads else np.zeros_like(s.value) for s in sources]
+        return grads
+
+
+class GradientTape(Tape):
+    """TensorFlow's GradientTape: records what runs inside ``with`` and gives gradients.
+
+        with attnx.GradientTape() as tape:
+            predictions = model(x)                       # layers and `attnx.ops` record on the tape
+            loss = loss_fn(y, predictions)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    The weights of every layer called inside are watched; ``tape.watch(x)`` watches an input array
+    (ops then find it by identity). A tape gives gradients once unless ``persistent=True``. Tapes
+    belong to the thread that opened them. `gradient` uses the layers' ``grads`` buffers as its
+    accumulators (they are zeroed first) and returns copies.
+    """
+
+    def __init__(self, persistent=False, watch_accessed_variables=True):
+        super().__init__()
+        self.persistent = bool(persistent)
+        self._spent = False
+
+    def watch(self, array, into=None):
+        if isinstance(array, (list, tuple)):
+            return type(array)(self.watch(a) for a in array)
+        if isinstance(array, TracedArray):
+            return array
+        array = np.asarray(array) if not isinstance(array, np.ndarray) else array
+        if array.dtype.kind != "f":
+            raise TypeError(f"GradientTape.watch: only floating point arrays have gradients, got dtype {array.dtype}")
+        return super().watch(array, into)
+
+    def gradient(self, target, sources, output_gradients=None):
+        """d target / d source for each of `sources` (an array or a list of arrays: weights or watched
+        inputs), in their structure; None for a source `target` does not depend on (as TensorFlow).
+        `target` is a value computed on this tape (a list of them: the gradient of their sum)."""
+        if self._spent:
+            raise RuntimeError("GradientTape.gradient can only be called once on a non-persistent tape: "
+                               "use GradientTape(persistent=True) to compute several gradients")
+        if self.recording:
+            raise RuntimeError("GradientTape.gradient was called inside the tape's `with` block: call it after")
+        targets = list(target) if isinstance(target, (list, tuple)) else [target]
+        for t in targets:
+            if not isinstance(t, TracedArray) or t.tape is not self:
+                raise ValueError(f"GradientTape.gradient: the target ({_describe(t)}) was not computed on this tape "
+                                 "from watched values or layer weights inside its `with` block")
+        if output_gradients is None:
+            output_gradients = [np.ones_like(t.value) for t in targets]
+        else:
+            output_gradients = list(output_gradients) if isinstance(output_gradients, (list, tuple)) else [
+                output_gradients]
+            if len(output_gradients) != len(targets):
+                raise ValueError(f"GradientTape.gradient: {len(targets)} targets but {len(output_gradients)} "
+                                 "output_gradients")
+        if not self.persistent:
+            self._spent = True
+        for _, buffer in self._weights.values():
+            buffer.fill(0)
+        grads = self._replay(targets, output_gradients)
+
+        def result(source):
+            entry = self._weights.get(id(source))
+            if entry is not None and entry[0] is source:
+                return entry[1].copy()
+            leaf = source if isinstance(source, TracedArray) else self._watched.get(id(source))
+            if leaf is None or leaf.tape is not self or (leaf.value is not source and leaf is not source):
+                return None
+            g = grads.get(leaf.index)
+            return None if g is None else np.array(g, dtype=leaf.value.dtype)
+
+        out = type(sources)(result(s) for s in sources) if isinstance(sources, (list, tuple)) else result(sources)
+        if not self.persistent:
+            self._ops, self._watched, self._weights = [], {}, {}  # free what the replay needed
+        return out
+
+
+def _describe(x):
+    if isinstance(x, TracedArray):
+        return "a value of another tape"
+    return f"a {type(x).__name__}" + (f" of shape {np.shape(x)}" if isinstance(x, np.ndarray) else "")
+
+
+def _is_float_array(x):
+    return isinstance(x, np.ndarray) and x.dtype.kind == "f"
 
 
 def _accumulate(grads, index, g):
@@ -212,6 +344,17 @@ def active_tape():
     return tapes[-1] if tapes else None
 
 
+@contextlib.contextmanager
+def paused():
+    """Within the block nothing is recorded (a recorded layer call computes its own outputs)."""
+    tapes = _active.__dict__.setdefault("tapes", [])
+    tapes.append(None)
+    try:
+        yield
+    finally:
+        tapes.pop()
+
+
 def untraced(x):
     """The array behind `x` (x itself when it is not a TracedArray): what a training call returns."""
     return x.value if isinstance(x, TracedArray) else x
@@ -220,10 +363,9 @@ def untraced(x):
 def _trace(args):
     """(active tape or None, `args` as the tape sees them, the arrays behind them)."""
     tape = active_tape()
-    if tape is None:
-        if any(isinstance(a, TracedArray) for a in args):
-            raise ValueError("a TracedArray was used outside its training call")
-        return None, args, args
+    if tape is None:  # outside every tape a traced value is its array (e.g. a loss after the `with` block)
+        values = [untraced(a) for a in args]
+        return None, values, values
     inputs = [tape.traced(a) for a in args]
     return tape, inputs, [untraced(a) for a in inputs]
 

@@ -340,6 +340,9 @@ def save_model(model, path):
     header = {"format": FORMAT, "attnx_version": __version__,
               "model": {"class_name": type(model).__name__, "config": model.get_config()},
               "compile": None}
+    build_inputs = getattr(model, "_build_inputs", None)
+    if build_inputs is not None:  # a model written as a class creates its weights on this call
+        header["model"]["build_inputs"] = build_inputs
     if model.compiled:
         from . import optimizers  # the optimizer as it is now (e.g. a learning rate changed by a callback)
         header["compile"] = {**model._compile_config, "optimizer": optimizers.serialize(model.optimizer)}

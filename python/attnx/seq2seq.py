@@ -323,8 +323,8 @@ class _AttentionDecoder(Layer):
             raise ValueError(f"Layer '{self.name}': inputs must be [target_ids, encoder_outputs, h0(, c0)]")
         ids, encoder_outputs, *states = inputs
         # Xu et al.'s variance reduction: a share of hard attention's training calls use the expected context
-        soft = training and self.hard and self.soft_fraction > 0 and backend.rng().random() < self.soft_fraction
-        sample = training and self.hard and not soft
+        soft = backend.training_randomness(training) and self.hard and self.soft_fraction > 0 and backend.rng().random() < self.soft_fraction
+        sample = backend.training_randomness(training) and self.hard and not soft
         (logits, _, _, _, weights, _, kernel_cache), enc = self._run(ids, encoder_outputs, states, source_mask,
                                                                      mask, sample=sample, soft=soft)
         cache = None

@@ -289,7 +289,7 @@ class Attention(Layer):
 
     def _dropout_keep(self, shape, training):
         """The scaled keep mask of the attention weights for a training call, else None."""
-        if not (training and self.dropout > 0):
+        if not (backend.training_randomness(training) and self.dropout > 0):
             return None
         return dropout_keep(backend.rng(), shape, self.dropout, self.dtype)
 
@@ -757,7 +757,7 @@ class HardAttention(Attention):
                              f"of length 0 (shape {value.shape})")
         weights = _core.masked_softmax_forward(scores=scores.reshape(B, 1, Tq, S), mask=value_mask,
                                                causal=causal).reshape(B, Tq, S)
-        if training or self.inference == "sample":
+        if backend.training_randomness(training) or self.inference == "sample":
             u = backend.rng().random((B, Tq, 1))
             positions = np.minimum((np.cumsum(weights, axis=-1) < u).sum(axis=-1), S - 1)
         else:

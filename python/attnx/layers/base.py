@@ -12,9 +12,13 @@ A layer implements two methods, and everything else calls them:
   When ``layer.input_gradient_needed`` is False (set by a model for layers fed only by its
   inputs) the layer may skip its input gradient and return None.
 
-A layer may instead define only ``call(inputs, ...)`` written with `attnx.ops` (Keras' way): the
-default ``forward`` runs it, recording a training call on an `attnx.ops.Tape` (its cache), and the
-default ``backprop`` replays that tape.
+A layer may instead define only ``call(inputs, ...)`` written with `attnx.ops` and other layers
+(Keras' way): the default ``forward`` runs it, recording a training call on an `attnx.ops.Tape` (its
+cache), and the default ``backprop`` replays that tape. Inside a recorded computation (such a `call`,
+or an `attnx.GradientTape` block) every layer call is recorded on the tape: a `call` layer's ops
+directly, any other layer's call as one node whose backward is that layer's own ``backprop``. The
+layers a `call` layer holds as attributes (directly, in lists, tuples or dicts) are its sublayers: their
+weights are its weights, named ``<attribute>/<weight>``.
 
 Callers use them as:
 - ``y = layer(x, training=...)``: forward; a training call's cache is kept as the layer's last
@@ -39,6 +43,9 @@ from ..symbolic import any_symbolic, symbolic_call
 
 # What the weights created in this context may still take, or None: see weight_budget.
 _weight_budget = contextvars.ContextVar("attnx_weight_budget", default=None)
+# The `training` of the `call` running on this thread (Keras' call context): a layer called inside it
+# with training=None takes it.
+_call_training = contextvars.ContextVar("attnx_call_training", default=False)
 
 
 @contextlib.contextmanager
@@ -77,6 +84,9 @@ class Layer:
 
     registry = {}
     supports_masking = False  # True: the input mask passes through unchanged
+    # The argument (name, position among the extra positional arguments or None) holding initial
+    # states, whose gradients `backprop` returns after the inputs' when it is given (recurrent layers).
+    _state_argument = None
     # A model's training step clears this for layers fed only by its inputs, whose input
     # gradient nobody reads; layers may then skip computing it and return None.
     input_gradient_needed = True
@@ -84,6 +94,11 @@ class Layer:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         Layer.registry[cls.__name__] = cls
+
+    def __new__(cls, *args, **kwargs):
+        layer = super().__new__(cls)
+        layer._init_arguments = (args, kwargs)  # for the default get_config of a class without one (Keras 3)
+        return layer
 
     def __init__(self, name=None, trainable=True, dtype="float32", input_shape=None, **kwargs):
         if kwargs:
@@ -102,6 +117,9 @@ class Layer:
     def add_weight(self, name, shape, initializer="glorot_uniform", regularizer=None):
         """Creates a parameter (and its zeroed gradient buffer) and returns it."""
         shape = tuple(int(s) for s in shape)
+        params, grads = self._own_weights()
+        if name in params:
+            raise ValueError(f"Layer '{self.name}': a weight named '{name}' exists already")
         budget = _weight_budget.get()
         if budget is not None:  # checked before the initializer allocates
             nbytes = math.prod(shape) * np.dtype(self.dtype).itemsize
@@ -113,15 +131,59 @@ class Layer:
         value = np.ascontiguousarray(initializers.get(initializer)(shape, self.dtype), dtype=self.dtype)
         if value.shape != shape:
             raise ValueError(f"{self.name}: initializer for '{name}' gave shape {value.shape}, expected {shape}")
-        self.params[name] = value
-        self.grads[name] = np.zeros_like(value)
+        params[name] = value
+        grads[name] = np.zeros_like(value)
         if regularizer is not None:
             self._regularizers[name] = regularizers.get(regularizer)
         return value
 
+    def _own_weights(self):
+        """(params, grads): the dicts `add_weight` adds to."""
+        return self.params, self.grads
+
     def zero_grad(self):
         for g in self.grads.values():
             g.fill(0)
+
+    # ------------------------------------------------------------ sublayers
+    def _sublayers(self):
+        """(attribute path, layer) for each layer held as an attribute, directly or in a list, tuple or
+        dict (Keras' tracking), each layer once, in the order of the attributes."""
+        seen = {id(self)}
+        for name, value in list(self.__dict__.items()):
+            if name.startswith("_"):
+                continue
+            if isinstance(value, Layer):
+                items = [(name, value)]
+            elif isinstance(value, (list, tuple)):
+                items = [(f"{name}/{i}", v) for i, v in enumerate(value) if isinstance(v, Layer)]
+            elif isinstance(value, dict):
+                items = [(f"{name}/{k}", v) for k, v in value.items() if isinstance(v, Layer)]
+            else:
+                continue
+            for path, layer in items:
+                if id(layer) not in seen:
+                    seen.add(id(layer))
+                    yield path, layer
+
+    def _adopt_sublayer_weights(self):
+        """Makes the weights of the sublayers (built by now) this layer's, as ``<path>/<weight>``, sharing
+        the buffers: trained, counted, saved and loaded with this layer's (a `call` layer's sublayers)."""
+        for path, layer in self._sublayers():
+            for name, p in layer.params.items():
+                key = f"{path}/{name}"
+                if self.params.get(key) is not p:
+                    self.params[key] = p
+                    self.grads[key] = layer.grads[name]
+            for name, regularizer in layer._all_regularizers():
+                self._regularizers.setdefault(f"{path}/{name}", regularizer)
+
+    def _all_regularizers(self):
+        return list(self._regularizers.items())
+
+    def _frozen_params(self):
+        """ids of the weights of sublayers that are not trainable."""
+        return {id(p) for _, layer in self._sublayers() if not layer.trainable for p in layer.params.values()}
 
     def get_weights(self):
         """Copies of the parameters, in Keras' order."""
@@ -147,11 +209,36 @@ class Layer:
         """(name, param, grad) for every parameter an optimizer should update."""
         if not self.trainable:
             return []
-        return [(n, p, self.grads[n]) for n, p in self.params.items()]
+        frozen = self._frozen_params() if self._runs_call() else ()
+        return [(n, p, self.grads[n]) for n, p in self.params.items() if id(p) not in frozen]
+
+    @property
+    def trainable_variables(self):
+        """The weights an optimizer updates (Keras' name): what ``tape.gradient`` is asked for."""
+        return [p for _, p, _ in self.trainable_params]
+
+    trainable_weights = trainable_variables
+
+    @property
+    def weights(self):
+        """Every weight, sublayers' included (Keras' name)."""
+        return list(self.params.values())
+
+    variables = weights
+
+    @property
+    def non_trainable_weights(self):
+        trainable = {id(p) for p in self.trainable_variables}
+        return [p for p in self.weights if id(p) not in trainable]
 
     # ------------------------------------------------------------ regularizers
     def regularization_loss(self):
         return float(sum(reg(self.params[n]) for n, reg in self._regularizers.items()))
+
+    @property
+    def losses(self):
+        """The regularization penalties of this layer's weights (Keras' name), as one float in a list."""
+        return [self.regularization_loss()] if self._regularizers else []
 
     def add_regularization_grads(self):
         """Adds each regularizer's gradient into the matching ``grads`` buffer."""
@@ -159,13 +246,17 @@ class Layer:
             reg.add_gradient(self.params[n], self.grads[n])
 
     # --------------------------------------------------------------- calling
-    def __call__(self, inputs, *args, training=False, mask=None, **kwargs):
+    def __call__(self, inputs, *args, training=None, mask=None, **kwargs):
         if type(inputs) is not np.ndarray and any_symbolic(inputs):
             if mask is not None:  # an explicit mask (a symbolic tensor) is an input of the call's node
                 kwargs["mask"] = mask
             return symbolic_call(self, inputs, args, kwargs)
+        training = _call_training.get() if training is None else bool(training)  # Keras: inherited
+        tape = ops.active_tape()
+        if tape is not None and not self._runs_call():
+            return self._record_call(tape, inputs, args, kwargs, training, mask)
         outputs, cache = self.apply(inputs, *args, training=training, mask=mask, **kwargs)
-        if training:
+        if training and cache is not None:
             self._cache = cache  # the last training call, for backward(dy)
         return outputs
 
@@ -173,7 +264,8 @@ class Layer:
         """Runs the forward pass and returns ``(outputs, cache)``, the cache being this call's state
         for `backprop` (None unless training). Builds the layer on its first call."""
         if not self.built:
-            self.build(_shapes_of(inputs))
+            self._build_input_shape = _shapes_of(inputs)
+            self.build(self._build_input_shape)
             self.built = True
         if self._accepts("training"):
             kwargs["training"] = training
@@ -184,6 +276,55 @@ class Layer:
     def _accepts(self, arg):
         return arg in _parameters(type(self).forward)
 
+    def _runs_call(self):
+        """Whether `forward` is the default one that runs `call` (recording its ops on a tape)."""
+        return type(self).forward is Layer.forward
+
+    def _record_call(self, tape, inputs, args, kwargs, training, mask):
+        """This layer's call, inside a recorded computation, as one node of `tape`: the forward's
+        training path (without dropout and sampling unless `training`), its backward `backprop`."""
+        inputs, args, kwargs = self._with_state_inputs(inputs, args, kwargs)
+        for value in list(args) + list(kwargs.values()) + ([] if mask is None else [mask]):
+            if any(isinstance(v, ops.TracedArray) for v in _as_list(value)):
+                raise ValueError(f"Layer '{self.name}': a value with a gradient was given as an argument other than "
+                                 "the inputs, whose gradient this layer does not compute; pass it in the inputs")
+        traced = _map(inputs, tape.traced)
+        values = _map(traced, ops.untraced)
+        randomness = contextlib.nullcontext() if training else backend.without_training_randomness()
+        with randomness, ops.paused():  # the layer's own arithmetic is not the tape's
+            outputs, cache = self.apply(values, *args, training=True, mask=mask, **kwargs)
+        flat_inputs = _as_list(traced)
+        need_dx = any(isinstance(x, ops.TracedArray) for x in flat_inputs)
+        multi = isinstance(outputs, (list, tuple))
+
+        def backward(output_grads):
+            self.input_gradient_needed = need_dx
+            try:
+                dinputs = self.backprop(cache, list(output_grads) if multi else output_grads[0])
+            finally:
+                self.input_gradient_needed = True
+            return _as_list(dinputs) if isinstance(inputs, (list, tuple)) else [dinputs]
+
+        params, grads = self.params, self.grads
+        recorded = tape.record_call(backward, _as_list(outputs), flat_inputs,
+                                    weights=[(p, grads[n]) for n, p in params.items()])
+        return type(outputs)(recorded) if multi else recorded[0]
+
+    def _with_state_inputs(self, inputs, args, kwargs):
+        """(inputs, args, kwargs) with the initial states, when given, moved into the inputs list, whose
+        gradients `backprop` returns: ``rnn(x, initial_state=s)`` is ``rnn([x, *s])``."""
+        if self._state_argument is None:
+            return inputs, args, kwargs
+        name, position = self._state_argument
+        if kwargs.get(name) is not None:
+            kwargs = dict(kwargs)
+            states = kwargs.pop(name)
+        elif position is not None and len(args) > position and args[position] is not None:
+            states, args = args[position], args[:position] + args[position + 1:]
+        else:
+            return inputs, args, kwargs
+        return [inputs] + _as_list(states), args, kwargs
+
     def build(self, input_shape):
         """Creates the weights for inputs of `input_shape` (batch axis first, may be None)."""
 
@@ -191,32 +332,60 @@ class Layer:
         """Returns ``(outputs, cache)``: the outputs, and what `backprop` needs (None unless training).
 
         Layers with their own kernels override it. This default runs ``self.call(inputs, ...)``,
-        Keras' way of writing a layer with `attnx.ops` (`training` and `mask` reach `call` if it
-        names them): on plain arrays outside training; in a training call under an
-        `attnx.ops.Tape` that watches the float inputs and every array of ``self.params``, the tape
-        being the cache. Called from inside another layer's traced `call`, it records on that tape.
+        Keras' way of writing a layer with `attnx.ops` and other layers (`training` and `mask` reach
+        `call` if it names them, and layers called inside without `training` take this call's): on
+        plain arrays outside training; in a training call under an `attnx.ops.Tape` that watches the
+        float inputs and every array of ``self.params``, the tape being the cache. Called inside
+        another recorded computation, it records on that tape.
         """
         call = getattr(self, "call", None)
         if call is None:
             raise NotImplementedError(f"{type(self).__name__}: define `call` (written with attnx.ops), or "
                                       f"`forward` and `backprop`")
+        self._check_input_shapes(inputs)
         accepted = _parameters(type(self).call)
         kwargs.update({k: v for k, v in (("training", training), ("mask", mask)) if k in accepted})
         inputs = _map(inputs, lambda x: x if isinstance(x, ops.TracedArray) else self._as_call_input(x))
         tape = ops.active_tape()
-        if tape is None and not training:
-            return call(inputs, *args, **kwargs), None
         nested = tape is not None
+        if not nested and not training:
+            outputs = self._run_call(call, inputs, args, kwargs, training)
+            return outputs, None
         tape = tape or ops.Tape()
         with tape:
             if not nested:
                 inputs = _map(inputs, lambda x: tape.watch(x) if x.dtype.kind == "f" else x)
             for name, p in self.params.items():
                 tape.watch(p, into=self.grads[name])
-            outputs = call(inputs, *args, **kwargs)
+            outputs = self._run_call(call, inputs, args, kwargs, training)
         if nested:  # the outer call's tape holds this call: its outputs stay traced
             return outputs, None
         return _map(outputs, ops.untraced), {"tape": tape, "inputs": inputs, "outputs": outputs}
+
+    def _run_call(self, call, inputs, args, kwargs, training):
+        token = _call_training.set(bool(training))
+        try:
+            outputs = call(inputs, *args, **kwargs)
+        finally:
+            _call_training.reset(token)
+        self._adopt_sublayer_weights()
+        for value in _as_list(outputs):
+            if not isinstance(value, (np.ndarray, np.generic, ops.TracedArray)):
+                raise TypeError(f"Layer '{self.name}': `call` returned {type(value).__name__}; it must return an "
+                                "array (a value of attnx.ops) or a list or tuple of them")
+        return outputs
+
+    def _check_input_shapes(self, inputs):
+        """A `call` layer's inputs against those it was built for: the same rank and last axis."""
+        built = getattr(self, "_build_input_shape", None)
+        if built is None:
+            return
+        got = _shapes_of(inputs)
+        for b, g in zip(_as_list(built) if isinstance(built, list) else [built],
+                        got if isinstance(got, list) else [got]):
+            if isinstance(b, tuple) and isinstance(g, tuple) and (len(b) != len(g) or (b and b[-1] != g[-1])):
+                raise ValueError(f"Layer '{self.name}' was built for inputs of shape {b}, and is called on shape {g}: "
+                                 "a layer's weights fit the shape of its first call")
 
     def backprop(self, cache, dy):
         """Gradients of the inputs of the call that returned `cache`; adds into ``self.grads``.
@@ -224,12 +393,19 @@ class Layer:
         Layers with their own kernels override it. This default replays the tape of a `call`
         layer's training call (see `forward`): None for inputs that were not float.
         """
-        if type(self).forward is not Layer.forward:
+        if not self._runs_call():
             raise NotImplementedError(f"{type(self).__name__}.backprop")
         tape, inputs, outputs = cache["tape"], cache["inputs"], cache["outputs"]
         sources = [x for x in _as_list(inputs) if isinstance(x, ops.TracedArray)]
         multi = isinstance(outputs, (list, tuple))
-        grads = iter(tape.backward(_as_list(outputs), list(dy) if multi else [dy], sources))
+        dys = list(dy) if multi and isinstance(dy, (list, tuple)) else [dy]
+        if len(dys) != len(_as_list(outputs)):
+            raise ValueError(f"Layer '{self.name}': {len(_as_list(outputs))} output gradients expected, got "
+                             f"{len(dys)}")
+        try:
+            grads = iter(tape.backward(_as_list(outputs), dys, sources))
+        except ValueError as exc:
+            raise ValueError(f"Layer '{self.name}': {exc}") from None
         return _map(inputs, lambda x: next(grads) if isinstance(x, ops.TracedArray) else None)
 
     def _as_call_input(self, x):
@@ -259,14 +435,54 @@ class Layer:
 
     # ------------------------------------------------------------------ config
     def get_config(self):
+        """The arguments that make this layer again. A class of yours that does not define get_config gets
+        its constructor's arguments, when they are what a config holds (numbers, strings, lists, dicts,
+        None), as Keras 3 does; otherwise define get_config (and from_config)."""
         config = {"name": self.name, "trainable": self.trainable, "dtype": self.dtype.name}
         if self.input_shape_arg is not None:
             config["input_shape"] = list(self.input_shape_arg)
+        init = type(self).__init__
+        if getattr(type(self).get_config, "__func__", type(self).get_config) is Layer.get_config and \
+                init is not Layer.__init__ and not init.__module__.startswith("attnx."):
+            config.update(self._constructor_arguments())
         return config
+
+    def _constructor_arguments(self):
+        import inspect
+        args, kwargs = getattr(self, "_init_arguments", ((), {}))
+        try:
+            bound = inspect.signature(type(self).__init__).bind(None, *args, **kwargs)
+        except TypeError:
+            bound = None
+        arguments = {}
+        for i, (name, value) in enumerate(({} if bound is None else bound.arguments).items()):
+            if i == 0:  # self
+                continue
+            kind = bound.signature.parameters[name].kind
+            if kind == inspect.Parameter.VAR_POSITIONAL:
+                if value:
+                    raise NotImplementedError(f"Layer '{self.name}' ({type(self).__name__}): its constructor took "
+                                              "*args, which a config cannot name: define get_config()")
+                continue
+            items = value.items() if kind == inspect.Parameter.VAR_KEYWORD else [(name, value)]
+            for key, v in items:
+                if not _config_value(v):
+                    raise NotImplementedError(f"Layer '{self.name}' ({type(self).__name__}): its constructor argument "
+                                              f"{key}={type(v).__name__} is not what a config holds (numbers, strings, "
+                                              "lists, dicts): define get_config() and from_config()")
+                arguments[key] = v
+        return arguments
 
     @classmethod
     def from_config(cls, config):
-        return cls(**config)
+        import inspect
+        parameters = inspect.signature(cls.__init__).parameters
+        if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return cls(**config)
+        layer = cls(**{k: v for k, v in config.items() if k in parameters})  # a constructor without **kwargs
+        layer.name = config.get("name", layer.name)
+        layer.trainable = config.get("trainable", layer.trainable)
+        return layer
 
     # ------------------------------------------------------------- helpers
     def _float_input(self, x, arg="inputs", ndim=None, min_ndim=None, last_dim=None):
@@ -300,6 +516,17 @@ class Layer:
 
     def __repr__(self):
         return f"<{type(self).__name__} name={self.name!r}>"
+
+
+def _config_value(value):
+    """Whether `value` is what a JSON config holds."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_config_value(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _config_value(v) for k, v in value.items())
+    return False
 
 
 def _as_list(x):

@@ -205,7 +205,7 @@ class Dropout(Layer):
         x = self._float_input(inputs, min_ndim=1)
         if not training:
             return x, None
-        if self.rate == 0.0:
+        if self.rate == 0.0 or not backend.training_randomness(training):
             return x, (None, x.shape)
         shape = x.shape
         if self.noise_shape is not None:

@@ -407,7 +407,7 @@ class _RNN(_Recurrent):
     def _level_noise(self, level, batch, steps, in_dim, training):
         """(input keep mask, recurrent keep mask) for one level: `dropout` and `recurrent_dropout`
         draw one mask per sequence (Keras), `stack_dropout` one per element between levels (PyTorch)."""
-        if not training:
+        if not backend.training_randomness(training):
             return None, None
         keep = None
         if self.dropout > 0:

@@ -26,8 +26,8 @@ from .core import Dense
 
 def _dropout_keep(shape, rate, dtype):
     """A scaled dropout mask (entries 0 or 1 / (1 - rate)) drawn in C++ from a seed of attnx's
-    generator, or None when rate is 0."""
-    if rate == 0.0:
+    generator, or None when rate is 0 or a recorded inference call takes no randomness."""
+    if rate == 0.0 or not backend.training_randomness(True):
         return None
     return _core.dropout_keep(shape=list(shape), rate=rate, seed=int(backend.rng().integers(0, 2 ** 63)),
                               dtype=dtype)
