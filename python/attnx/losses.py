@@ -13,6 +13,11 @@ implements only ``call(y_true, y_pred)``:
 
 The loss is then the (sample-weighted) mean of those values, and its gradient comes from
 replaying the ops of `call` (`attnx.ops.Tape`).
+
+Called inside a recorded computation (an `attnx.GradientTape` block, a layer's `call`), a loss
+records itself on the tape: ``loss_object(y_true, y_pred)`` is a value of the tape whose backward is
+the loss kernel's gradient. ``reduction="none"`` (Keras) gives one value per sample instead of the
+mean: per label for the sparse cross-entropy, per row (the mean over the last axis) for the others.
 """
 import math
 
@@ -32,16 +37,55 @@ class Loss:
 
     from_logits = False
     registry = {}
+    _REDUCTIONS = ("sum_over_batch_size", "sum", "none")
+    # reduction "none" gives the mean over the last axis of the elementwise losses (Keras' per-sample values)
+    _per_row_mean = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         Loss.registry[cls.__name__] = cls
 
-    def __init__(self, name=None):
+    def __init__(self, name=None, reduction="sum_over_batch_size"):
         self.name = name or snake_case(type(self).__name__)
+        if reduction not in self._REDUCTIONS:
+            raise ValueError(f"{self.name}: `reduction` must be one of {', '.join(map(repr, self._REDUCTIONS))}, "
+                             f"got {reduction!r}")
+        self.reduction = reduction
 
     def __call__(self, y_true, y_pred, sample_weight=None, mask=None):
-        return self.compute(y_true, y_pred, sample_weight, mask)[0]
+        """The loss of a batch: a float (its `reduction` of the values), or per-sample values with
+        reduction "none"; inside a recorded computation, a value of the tape (see the module docstring)."""
+        tape = ops.active_tape()
+        traced = tape.traced(y_pred) if tape is not None else y_pred
+        pred = self._pred(ops.untraced(traced))
+        if self.reduction == "none":
+            if sample_weight is not None or mask is not None:
+                raise ValueError(f"{self.name}: reduction 'none' returns the unweighted values: multiply them by "
+                                 "your weights or mask")
+            values = self._values(y_true, pred)
+            if not isinstance(traced, ops.TracedArray):
+                return values
+            scale = self.count(y_true, pred) / (pred.shape[-1] if self._per_row_mean else 1)
+
+            def backward(output_grads):
+                # sum_i g_i v_i is `scale` times the mean that `compute` weighs with g and differentiates
+                dpred = self.compute(y_true, pred, sample_weight=np.asarray(output_grads[0], pred.dtype))[1]
+                return [dpred * pred.dtype.type(scale)]
+            return tape.record_call(backward, [values], [traced])[0]
+        value, dpred = self.compute(y_true, pred, sample_weight, mask)
+        scale = 1.0 if self.reduction == "sum_over_batch_size" else self.count(y_true, pred, mask)
+        if not isinstance(traced, ops.TracedArray):
+            return value * scale
+        dpred = dpred * pred.dtype.type(scale) if scale != 1.0 else dpred
+        return tape.record_call(lambda output_grads: [dpred * output_grads[0]],
+                                [np.asarray(value * scale, dtype=pred.dtype)], [traced])[0]
+
+    def _values(self, y_true, pred):
+        """The per-sample values of reduction "none" (plain arrays)."""
+        call = getattr(self, "call", None)
+        if call is None:
+            raise NotImplementedError(f"{self.name}: reduction 'none' is not available for this loss")
+        return np.asarray(ops.untraced(call(self._call_target(y_true, pred), pred)))
 
     def compute(self, y_true, y_pred, sample_weight=None, mask=None):
         """Returns (loss, d loss / d y_pred).
@@ -76,7 +120,10 @@ class Loss:
         return _denominator(mask, np.shape(ops.untraced(self.call(self._call_target(y_true, pred), pred))))
 
     def get_config(self):
-        return {"name": self.name}
+        config = {"name": self.name}
+        if self.reduction != "sum_over_batch_size":
+            config["reduction"] = self.reduction
+        return config
 
     @classmethod
     def from_config(cls, config):
@@ -126,6 +173,9 @@ class Loss:
         return (None if w is None else np.ascontiguousarray(w)), max(_denominator(mask, shape), 1.0)
 
 
+_PROB_EPSILON = 1e-7  # Keras' backend epsilon, as loss.hpp clips probabilities
+
+
 def _denominator(mask, shape):
     """How many of the elements of `shape` a mean counts: all, or those `mask` (leading axes) keeps."""
     if mask is None:
@@ -137,9 +187,21 @@ def _denominator(mask, shape):
 class BinaryCrossentropy(Loss):
     """Binary cross-entropy; numerically stable from logits, Keras-clipped from probabilities."""
 
-    def __init__(self, from_logits=False, name="binary_crossentropy"):
-        super().__init__(name)
+    _per_row_mean = True
+
+    def __init__(self, from_logits=False, name="binary_crossentropy", reduction="sum_over_batch_size"):
+        super().__init__(name, reduction)
         self.from_logits = bool(from_logits)
+
+    def _values(self, y_true, pred):
+        y = self._elementwise_target(y_true, pred)
+        if self.from_logits:  # max(z, 0) - z y + log(1 + e^-|z|)
+            values = np.maximum(pred, 0) - pred * y + np.log1p(np.exp(-np.abs(pred)))
+        else:  # the kernel's clip (loss.hpp)
+            eps = pred.dtype.type(_PROB_EPSILON)
+            p = np.clip(pred, eps, 1 - eps)
+            values = -(y * np.log(p + eps) + (1 - y) * np.log(1 - p + eps))
+        return values.mean(axis=-1)
 
     def count(self, y_true, y_pred, mask=None):
         return _denominator(mask, np.shape(y_pred))
@@ -155,8 +217,13 @@ class BinaryCrossentropy(Loss):
 
 
 class MeanSquaredError(Loss):
-    def __init__(self, name="mean_squared_error"):
-        super().__init__(name)
+    _per_row_mean = True
+
+    def __init__(self, name="mean_squared_error", reduction="sum_over_batch_size"):
+        super().__init__(name, reduction)
+
+    def _values(self, y_true, pred):
+        return np.square(pred - self._elementwise_target(y_true, pred)).mean(axis=-1)
 
     def count(self, y_true, y_pred, mask=None):
         return _denominator(mask, np.shape(y_pred))
@@ -176,10 +243,24 @@ class SparseCategoricalCrossentropy(Loss):
         ignore_index: a label value that contributes nothing, e.g. the padding id of targets.
     """
 
-    def __init__(self, from_logits=False, ignore_index=None, name="sparse_categorical_crossentropy"):
-        super().__init__(name)
+    def __init__(self, from_logits=False, ignore_index=None, name="sparse_categorical_crossentropy",
+                 reduction="sum_over_batch_size"):
+        super().__init__(name, reduction)
         self.from_logits = bool(from_logits)
         self.ignore_index = ignore_index
+
+    def _values(self, y_true, pred):
+        labels, keep, _ = self._labels_and_keep(y_true, pred, None)
+        if np.any(keep & ((labels < 0) | (labels >= pred.shape[-1]))):
+            raise IndexError(f"{self.name}: labels must lie in [0, {pred.shape[-1]})")
+        picked = np.take_along_axis(pred, np.where(keep, labels, 0)[..., None], axis=-1)[..., 0]
+        if self.from_logits:  # logsumexp(z) - z_y
+            top = pred.max(axis=-1)
+            values = top + np.log(np.exp(pred - top[..., None]).sum(axis=-1)) - picked
+        else:  # the kernel's normalized, clipped probabilities (loss.hpp)
+            eps = pred.dtype.type(_PROB_EPSILON)
+            values = -np.log(np.clip(picked / pred.sum(axis=-1), eps, 1 - eps))
+        return np.where(keep, values, 0).astype(pred.dtype, copy=False)
 
     def count(self, y_true, y_pred, mask=None):
         pred = self._pred(y_pred)
@@ -233,9 +314,17 @@ class SparseCategoricalCrossentropy(Loss):
 class CategoricalCrossentropy(Loss):
     """Cross-entropy between one-hot (or soft) targets (..., K) and class scores (..., K)."""
 
-    def __init__(self, from_logits=False, name="categorical_crossentropy"):
-        super().__init__(name)
+    def __init__(self, from_logits=False, name="categorical_crossentropy", reduction="sum_over_batch_size"):
+        super().__init__(name, reduction)
         self.from_logits = bool(from_logits)
+
+    def _values(self, y_true, pred):
+        y = self._elementwise_target(y_true, pred)
+        if self.from_logits:  # -sum_k y_k log_softmax(z)_k
+            shifted = pred - pred.max(axis=-1, keepdims=True)
+            return -(y * (shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)))).sum(axis=-1)
+        eps = pred.dtype.type(_PROB_EPSILON)
+        return -(y * np.log(np.clip(pred / pred.sum(axis=-1, keepdims=True), eps, 1 - eps))).sum(axis=-1)
 
     def count(self, y_true, y_pred, mask=None):
         return _denominator(mask, np.shape(y_pred)[:-1])

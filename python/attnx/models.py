@@ -253,6 +253,9 @@ class Model(Layer):
     def _runs_call(self):
         return type(self).forward is Model.forward and not self._functional
 
+    def _infers_shapes_by_calling(self):
+        return self._runs_call()
+
     def _run_graph(self, inputs, training=False, mask=None, check=False):
         """Runs the recorded calls; returns (outputs, output masks (a list), per-call caches or None).
         `check`: raise NonFiniteError on the first non-finite input or layer output."""

@@ -89,7 +89,10 @@ class Optimizer:
         return float(lr(self.iterations)) if callable(lr) else float(lr)
 
     def apply_gradients(self, grads_and_vars):
-        self.apply([(v, g) for g, v in grads_and_vars])
+        """One step from ``(gradient, variable)`` pairs (Keras' and TensorFlow's order), e.g.
+        ``zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables)``. A None
+        gradient (a variable the loss does not depend on) leaves its variable as it is, as in Keras."""
+        self.apply([(v, g) for g, v in grads_and_vars if g is not None])
 
     def apply(self, params_and_grads):
         params_and_grads = list(params_and_grads)

@@ -94,10 +94,29 @@ def symbolic_call(layer, inputs, args, kwargs):
         layer.built = True
     # call options that change the outputs (e.g. return_attention_scores) reach compute_output_shape
     # when it names them
-    accepted = inspect.signature(layer.compute_output_shape).parameters
-    options = {k: v for k, v in kwargs.items() if k in accepted and not tensors_in(((), (), {k: v}))}
-    out_shape = layer.compute_output_shape(in_shape, **options)
+    if layer._infers_shapes_by_calling():
+        layer._build_input_shape = in_shape
+        out_shape = _shapes_from_calls(layer, inputs, args, kwargs)
+    else:
+        accepted = inspect.signature(layer.compute_output_shape).parameters
+        options = {k: v for k, v in kwargs.items() if k in accepted and not tensors_in(((), (), {k: v}))}
+        out_shape = layer.compute_output_shape(in_shape, **options)
     node.multi_output = isinstance(out_shape, list)
     shapes = out_shape if node.multi_output else [out_shape]
     node.outputs = [SymbolicTensor(s, layer.dtype, node, i) for i, s in enumerate(shapes)]
     return list(node.outputs) if node.multi_output else node.outputs[0]
+
+
+def _shapes_from_calls(layer, inputs, args, kwargs):
+    """The output shape(s) of a `call` layer on symbolic tensors: it runs on zeros of their dtypes, once
+    with every unknown axis of size 2 and once of size 3; axes that changed are unknown (None)."""
+    runs = []
+    for fill in (2, 3):
+        values = {id(t): np.zeros(tuple(fill if d is None else d for d in t.shape), dtype=t.dtype)
+                  for t in tensors_in((inputs, args, kwargs))}
+        out = layer.apply(substitute(inputs, values), *substitute(list(args), values), training=False,
+                          **substitute(dict(kwargs), values))[0]
+        runs.append([np.shape(o) for o in out] if isinstance(out, (list, tuple)) else [np.shape(out)])
+    shapes = [tuple(None if i == 0 or a != b else a for i, (a, b) in enumerate(zip(sa, sb)))
+              for sa, sb in zip(*runs)]
+    return shapes if len(shapes) > 1 else shapes[0]

@@ -84,9 +84,11 @@ class Layer:
 
     registry = {}
     supports_masking = False  # True: the input mask passes through unchanged
-    # The argument (name, position among the extra positional arguments or None) holding initial
-    # states, whose gradients `backprop` returns after the inputs' when it is given (recurrent layers).
-    _state_argument = None
+    # The arguments besides `inputs` that are arrays with gradients, as (name, position among the extra
+    # positional arguments or None), in the order `backprop` returns their gradients after the inputs':
+    # a call recorded on a tape moves them into its inputs list (``mha(q, v)`` is ``mha([q, v])``,
+    # ``rnn(x, initial_state=s)`` is ``rnn([x, *s])``).
+    _gradient_arguments = ()
     # A model's training step clears this for layers fed only by its inputs, whose input
     # gradient nobody reads; layers may then skip computing it and return None.
     input_gradient_needed = True
@@ -280,10 +282,15 @@ class Layer:
         """Whether `forward` is the default one that runs `call` (recording its ops on a tape)."""
         return type(self).forward is Layer.forward
 
+    def _infers_shapes_by_calling(self):
+        """Whether a symbolic call finds the output shapes by calling the layer on zeros of the inputs'
+        dtypes (a `call` layer without its own compute_output_shape; its args and kwargs included)."""
+        return self._runs_call() and type(self).compute_output_shape is Layer.compute_output_shape
+
     def _record_call(self, tape, inputs, args, kwargs, training, mask):
         """This layer's call, inside a recorded computation, as one node of `tape`: the forward's
         training path (without dropout and sampling unless `training`), its backward `backprop`."""
-        inputs, args, kwargs = self._with_state_inputs(inputs, args, kwargs)
+        inputs, args, kwargs = self._with_gradient_arguments(inputs, args, kwargs)
         for value in list(args) + list(kwargs.values()) + ([] if mask is None else [mask]):
             if any(isinstance(v, ops.TracedArray) for v in _as_list(value)):
                 raise ValueError(f"Layer '{self.name}': a value with a gradient was given as an argument other than "
@@ -310,20 +317,22 @@ class Layer:
                                     weights=[(p, grads[n]) for n, p in params.items()])
         return type(outputs)(recorded) if multi else recorded[0]
 
-    def _with_state_inputs(self, inputs, args, kwargs):
-        """(inputs, args, kwargs) with the initial states, when given, moved into the inputs list, whose
-        gradients `backprop` returns: ``rnn(x, initial_state=s)`` is ``rnn([x, *s])``."""
-        if self._state_argument is None:
+    def _with_gradient_arguments(self, inputs, args, kwargs):
+        """(inputs, args, kwargs) with the `_gradient_arguments` given moved into the inputs list."""
+        extra, taken, kwargs = [], set(), dict(kwargs)
+        for name, position in self._gradient_arguments:
+            if kwargs.get(name) is not None:
+                value = kwargs.pop(name)
+            elif position is not None and position < len(args) and args[position] is not None:
+                value = args[position]
+                taken.add(position)
+            else:
+                break
+            extra += _as_list(value)
+        if not extra:
             return inputs, args, kwargs
-        name, position = self._state_argument
-        if kwargs.get(name) is not None:
-            kwargs = dict(kwargs)
-            states = kwargs.pop(name)
-        elif position is not None and len(args) > position and args[position] is not None:
-            states, args = args[position], args[:position] + args[position + 1:]
-        else:
-            return inputs, args, kwargs
-        return [inputs] + _as_list(states), args, kwargs
+        args = tuple(a for i, a in enumerate(args) if i not in taken)
+        return _as_list(inputs) + extra, args, kwargs
 
     def build(self, input_shape):
         """Creates the weights for inputs of `input_shape` (batch axis first, may be None)."""
@@ -442,8 +451,7 @@ class Layer:
         if self.input_shape_arg is not None:
             config["input_shape"] = list(self.input_shape_arg)
         init = type(self).__init__
-        if getattr(type(self).get_config, "__func__", type(self).get_config) is Layer.get_config and \
-                init is not Layer.__init__ and not init.__module__.startswith("attnx."):
+        if type(self).get_config.__module__.startswith("attnx.") and not init.__module__.startswith("attnx."):
             config.update(self._constructor_arguments())
         return config
 

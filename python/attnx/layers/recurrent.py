@@ -346,6 +346,7 @@ def _direction_grads(layer, d_out, d_states, return_sequences):
 
 class _RNN(_Recurrent):
     """Base of SimpleRNN, GRU and LSTM: a whole sequence, optionally `num_layers` levels deep."""
+    _gradient_arguments = (("initial_state", None),)  # see Layer._with_gradient_arguments
 
     def __init__(self, units, dropout=0.0, recurrent_dropout=0.0, return_sequences=False, return_state=False,
                  go_backwards=False, num_layers=1, stack_dropout=0.0, zero_output_for_mask=True, stateful=False,
@@ -559,6 +560,7 @@ def _swap_first_two_gates(w, units):
 # ------------------------------------------------------------------------------ cells
 class _Cell(_Recurrent):
     """One step of the recurrence, for decoders: the T = 1 case of the sequence kernels."""
+    _gradient_arguments = (("states", 0),)  # see Layer._with_gradient_arguments
 
     def build(self, input_shape):
         if isinstance(input_shape, list):
@@ -665,6 +667,7 @@ class Bidirectional(Layer):
     return_state. Weights: the forward layer's (prefixed ``forward_``), then the backward layer's
     (``backward_``), Keras' order.
     """
+    _gradient_arguments = (("initial_state", None),)  # see Layer._with_gradient_arguments
 
     def __init__(self, layer, merge_mode="concat", backward_layer=None, **kwargs):
         if not isinstance(layer, _RNN):

@@ -372,6 +372,7 @@ class MultiHeadAttention(Layer):
     ``backprop(cache, dy)`` (dy may be ``(doutput, dweights)``) returns ``[dquery, dvalue]``, or
     ``[dquery, dvalue, dkey]`` when a key was given; with no key, dvalue includes the key's path.
     """
+    _gradient_arguments = (("value", 0), ("key", 1))  # see Layer._with_gradient_arguments
 
     def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True, output_shape=None,
                  kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
