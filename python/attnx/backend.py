@@ -124,8 +124,23 @@ def show_config(file=None):
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+_floatx = "float32"
+
+
+def floatx():
+    """The dtype of layers made without one (Keras' `keras.config.floatx`): "float32" unless set."""
+    return _floatx
+
+
+def set_floatx(dtype):
+    """Makes "float32" or "float64" the dtype of the layers made from now on without a `dtype`
+    (Keras' `keras.config.set_floatx`; float64 is what the gradient checks use)."""
+    global _floatx
+    _floatx = as_float_dtype(dtype, "set_floatx").name
+
+
 def as_float_dtype(dtype, where="dtype"):
-    dt = np.dtype(dtype)
+    dt = np.dtype(floatx() if dtype is None else dtype)
     if dt not in FLOAT_DTYPES:
         raise TypeError(f"{where}: attnx computes in float32 or float64, got {dt}")
     return dt

@@ -78,7 +78,7 @@ class Layer:
     Args:
         name: unique layer name (default: the class name in snake case, numbered).
         trainable: whether optimizers update this layer's weights.
-        dtype: "float32" (default) or "float64" (used by the gradient checks).
+        dtype: "float32" or "float64" (used by the gradient checks); default `attnx.backend.floatx()`.
         input_shape: shape of one sample, for the first layer of a `Sequential` model.
     """
 
@@ -102,7 +102,7 @@ class Layer:
         layer._init_arguments = (args, kwargs)  # for the default get_config of a class without one (Keras 3)
         return layer
 
-    def __init__(self, name=None, trainable=True, dtype="float32", input_shape=None, **kwargs):
+    def __init__(self, name=None, trainable=True, dtype=None, input_shape=None, **kwargs):
         if kwargs:
             raise TypeError(f"{type(self).__name__}: unexpected keyword arguments {sorted(kwargs)}")
         self.name = name or unique_name(snake_case(type(self).__name__))
@@ -120,8 +120,6 @@ class Layer:
         """Creates a parameter (and its zeroed gradient buffer) and returns it."""
         shape = tuple(int(s) for s in shape)
         params, grads = self._own_weights()
-        if name in params:
-            raise ValueError(f"Layer '{self.name}': a weight named '{name}' exists already")
         budget = _weight_budget.get()
         if budget is not None:  # checked before the initializer allocates
             nbytes = math.prod(shape) * np.dtype(self.dtype).itemsize
@@ -385,14 +383,15 @@ class Layer:
         return outputs
 
     def _check_input_shapes(self, inputs):
-        """A `call` layer's inputs against those it was built for: the same rank and last axis."""
+        """A `call` layer's inputs against those it was built for: the same rank, and for float inputs
+        the same last axis (their features; token ids' last axis is time)."""
         built = getattr(self, "_build_input_shape", None)
         if built is None:
             return
-        got = _shapes_of(inputs)
-        for b, g in zip(_as_list(built) if isinstance(built, list) else [built],
-                        got if isinstance(got, list) else [got]):
-            if isinstance(b, tuple) and isinstance(g, tuple) and (len(b) != len(g) or (b and b[-1] != g[-1])):
+        for b, x in zip(built if isinstance(built, list) else [built], _as_list(inputs)):
+            g = np.shape(ops.untraced(x))
+            floats = getattr(x, "dtype", np.dtype("O")).kind == "f"
+            if isinstance(b, tuple) and (len(b) != len(g) or (floats and b and b[-1] not in (None, g[-1]))):
                 raise ValueError(f"Layer '{self.name}' was built for inputs of shape {b}, and is called on shape {g}: "
                                  "a layer's weights fit the shape of its first call")
 
