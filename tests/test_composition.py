@@ -389,3 +389,102 @@ def test_dy_of_the_wrong_shape_names_the_layer():
         layer.backprop(cache, np.ones((2, 4)))
     with pytest.raises(ValueError, match="inner_dy.*shape"):
         layer.backprop(cache, np.ones((5, 4, 4)))
+
+
+# --------------------------------------------------------- Keras' train_step and registration
+class CustomStep(Classifier):
+    """Keras' way of customizing fit: train_step(data) with a GradientTape, compute_loss, compute_metrics."""
+
+    def train_step(self, data):
+        x, y = data
+        with attnx.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        return {"loss": loss, **self.compute_metrics(x, y, y_pred)}
+
+
+def test_overridden_train_step_trains_as_the_built_in_one():
+    rng = np.random.default_rng(5)
+    x = rng.integers(1, 20, (64, 6))
+    y = (np.sum(x < 8, axis=1) >= 2).astype("float32")
+    models = []
+    for cls in (Classifier, CustomStep):
+        attnx.set_random_seed(3)
+        model = cls(20)
+        model.compile(attnx.optimizers.Adam(0.01), "binary_crossentropy", metrics=["accuracy"])
+        attnx.set_random_seed(4)
+        history = model.fit(x, y, batch_size=16, epochs=3, verbose=0).history
+        models.append((model, history))
+    (builtin, h1), (custom, h2) = models
+    np.testing.assert_allclose(h2["loss"], h1["loss"], rtol=1e-5)
+    np.testing.assert_allclose(h2["accuracy"], h1["accuracy"])
+    for a, b in zip(custom.get_weights(), builtin.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_compute_loss_includes_regularization_on_the_tape():
+    class Regularized(attnx.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = layers.Dense(2, kernel_regularizer=attnx.regularizers.L2(0.5), dtype=F64)
+
+        def call(self, x):
+            return self.dense(x)
+
+    rng = np.random.default_rng(6)
+    model = Regularized(dtype=F64)
+    model.compile("sgd", "mse")
+    x, y = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+    model(x)
+    with attnx.GradientTape() as tape:
+        loss = model.compute_loss(y=y, y_pred=model(x))
+    grads = dict(zip(["kernel", "bias"], tape.gradient(loss, model.trainable_variables)))
+    w, b = model.dense.params["kernel"], model.dense.params["bias"]
+    expected = 2 * x.T @ (x @ w + b - y) / y.size + 2 * 0.5 * w
+    assert float(loss) == pytest.approx(np.mean((x @ w + b - y) ** 2) + 0.5 * np.sum(w * w))
+    np.testing.assert_allclose(grads["kernel"], expected, rtol=1e-10)
+
+
+@attnx.register_serializable(package="Tests")
+def scaled_mse(y_true, y_pred):
+    return K.mean(K.square(y_true - y_pred) * 2.0, axis=-1)
+
+
+def test_registered_functions_and_custom_objects_load(tmp_path):
+    rng = np.random.default_rng(7)
+    x = rng.integers(1, 20, (16, 6))
+    y = rng.random(16).astype("float32")
+    model = Classifier(20)
+    model.compile("adam", loss=scaled_mse)
+    model.fit(x, y, epochs=1, verbose=0)
+    path = str(tmp_path / "registered.attnx")
+    model.save(path)
+    loaded = attnx.load_model(path)
+    assert loaded.loss_functions[0].fn is scaled_mse
+    np.testing.assert_array_equal(loaded.predict(x), model.predict(x))
+
+    def unregistered(y_true, y_pred):
+        return K.mean(K.abs(y_true - y_pred), axis=-1)
+    model.compile("adam", loss=unregistered)
+    model.save(path)
+    with pytest.raises(ValueError, match="not registered.*custom_objects"):
+        attnx.load_model(path)
+    loaded = attnx.load_model(path, custom_objects={"unregistered": unregistered})
+    assert loaded.loss_functions[0].fn is unregistered
+
+
+def test_a_class_whose_constructor_takes_objects_needs_get_config(tmp_path):
+    class Holder(attnx.Model):
+        def __init__(self, inner, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = inner
+
+        def call(self, x):
+            return self.inner(x)
+
+    model = Holder(layers.Dense(2))
+    model(np.ones((1, 3), "float32"))
+    with pytest.raises(NotImplementedError, match="inner=Dense.*get_config"):
+        model.save(str(tmp_path / "holder.attnx"))

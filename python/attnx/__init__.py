@@ -14,6 +14,7 @@ from ._version import __version__  # noqa: F401
 from .backend import set_num_threads, set_random_seed, show_config
 from .models import Input, Model, Sequential, load_model
 from .ops import GradientTape
+from .serialization import custom_object_scope, register_serializable
 from . import seq2seq, vision  # noqa: E402  (registers Seq2Seq, ImageCaptioner, which load_model may meet in a file)
 
 

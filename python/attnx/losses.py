@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from . import _core, ops
+from . import _core, ops, serialization
 from .backend import snake_case
 
 
@@ -359,10 +359,16 @@ class LossFunctionWrapper(Loss):
     def call(self, y_true, y_pred):
         return self.fn(y_true, y_pred)
 
+    def get_config(self):
+        return {**super().get_config(), "function": serialization.registered_name(self.fn)}
+
     @classmethod
     def from_config(cls, config):
-        raise ValueError(f"the loss {config.get('name')!r} was a function, which a saved config cannot "
-                         f"restore: compile the model again with it")
+        fn = serialization.get_registered_object(config.get("function") or config.get("name"))
+        if fn is None or isinstance(fn, type):
+            raise ValueError(f"the loss {config.get('name')!r} was a function that is not registered: decorate it "
+                             "with @attnx.register_serializable(), or give it in load_model's custom_objects")
+        return cls(fn, name=config.get("name"))
 
 
 def get(identifier):
@@ -374,7 +380,8 @@ def get(identifier):
             raise ValueError(f"Unknown loss {identifier!r}; expected one of {sorted(_ALIASES)}")
         return _ALIASES[identifier]()
     if isinstance(identifier, dict):
-        cls = Loss.registry.get(identifier["class_name"])
+        found = serialization.get_registered_object(identifier["class_name"])
+        cls = found if isinstance(found, type) and issubclass(found, Loss) else Loss.registry.get(identifier["class_name"])
         if cls is None:
             raise ValueError(f"Unknown loss class {identifier['class_name']!r}")
         return cls.from_config(identifier["config"])

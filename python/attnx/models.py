@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 from . import callbacks as callbacks_module, data_adapter, losses as losses_module
-from . import metrics as metrics_module, optimizers, saving
+from . import metrics as metrics_module, ops, optimizers, saving, serialization
 from .backend import unique_name
 from .layers import base as layers_base
 from .layers.base import Layer
@@ -548,7 +548,51 @@ class Model(Layer):
         `check_numerics`: as in `fit`."""
         self._check_compiled()
         self._build_for(x)
+        if _takes_one_argument(type(self).train_step):  # Keras' train_step(self, data), overridden
+            logs = self.train_step((x, y) if sample_weight is None else (x, y, sample_weight))
+            loss = logs.get("loss") if isinstance(logs, dict) else logs
+            if loss is None:
+                raise ValueError(f"Model '{self.name}': train_step(data) must return the loss, or a dict with "
+                                 f"'loss', got {logs!r}")
+            return float(ops.untraced(loss))
         return self.train_step(x, y, sample_weight, check_numerics)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+        """The compiled losses of `y_pred` against `y` (weighted by `loss_weights`) plus the weights'
+        regularization, as in Keras: inside a GradientTape block a value of the tape, whose gradient
+        reaches the predictions and the regularized weights. For an overridden ``train_step(data)``."""
+        self._check_compiled()
+        preds = _structure(y_pred) if self._multi_output else [y_pred]
+        total = 0.0
+        for lf, w, target, pred in zip(self.loss_functions, self.loss_weights, self._target_list(y), preds):
+            value = lf(target, pred, sample_weight)
+            total = total + (value if w == 1.0 else ops.multiply(value, w))
+        return ops.add(total, self._regularization_term())
+
+    def _regularization_term(self):
+        """The regularization loss; on a tape, a value whose backward adds the regularizers' gradients."""
+        value = self.regularization_loss()
+        tape = ops.active_tape()
+        if tape is None or not self._all_regularizers():
+            return value
+        params, grads = self.params, self.grads
+
+        def backward(output_grads):
+            scale = float(output_grads[0])
+            for name, regularizer in self._all_regularizers():
+                gradient = np.zeros_like(params[name])
+                regularizer.add_gradient(params[name], gradient)
+                grads[name] += gradient * gradient.dtype.type(scale)
+            return []
+        regularized = [(params[n], grads[n]) for n, _ in self._all_regularizers()]
+        return tape.record_call(backward, [np.asarray(value, dtype=self.dtype)], [], weights=regularized)[0]
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        """Updates the compiled metrics with a batch's predictions and returns their results (a dict), as
+        Keras' ``compute_metrics``, for an overridden ``train_step(data)``."""
+        preds = [ops.untraced(p) for p in (_structure(y_pred) if self._multi_output else [y_pred])]
+        self._update_metrics(self._target_list(y), preds, sample_weight, [None] * len(preds))
+        return self._metric_results()
 
     def test_on_batch(self, x, y, sample_weight=None, return_dict=False):
         """Loss (and metrics) of one batch in inference mode, as `evaluate` on that batch alone."""
@@ -880,6 +924,14 @@ class Model(Layer):
         return cls(inputs, outputs if config["multi_output"] else outputs[0], name=config["name"])
 
 
+def _takes_one_argument(method):
+    """Whether `method` is Keras' ``train_step(self, data)`` (one argument besides self)."""
+    import inspect
+    parameters = list(inspect.signature(method).parameters.values())[1:]
+    return len(parameters) == 1 and parameters[0].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                           inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
 def _input_spec(values):
     """[{shape, dtype}] of the arrays among `values` (None for anything else), batch axis 1."""
     spec = []
@@ -1055,14 +1107,23 @@ def _progress(total, desc, enabled, initial=0):
     return tqdm(total=total, initial=initial, desc=desc, unit="step", leave=True, dynamic_ncols=True)
 
 
-def load_model(path):
+def load_model(path, custom_objects=None):
     """Loads a model saved with ``model.save(path)`` (config, weights, compile settings and optimizer
-    state): a functional model, a Sequential, or a model class such as `attnx.seq2seq.Seq2Seq`."""
+    state): a functional model, a Sequential, a model class such as `attnx.seq2seq.Seq2Seq`, or a model
+    class of yours. `custom_objects` ({name: class or function}) names your layers, models and loss
+    functions not registered with `attnx.register_serializable`."""
+    with serialization.custom_object_scope(custom_objects):
+        return _load_model(path)
+
+
+def _load_model(path):
     header, weights = saving.read_model(path)
     name = header["model"]["class_name"]
-    cls = Layer.registry.get(name)
+    found = serialization.get_registered_object(name)
+    cls = found if isinstance(found, type) else Layer.registry.get(name)
     if cls is None or not issubclass(cls, Model):
-        raise ValueError(f"{path}: unknown model class {name!r}")
+        raise ValueError(f"{path}: unknown model class {name!r} (register it with @attnx.register_serializable() "
+                         "or give it in custom_objects)")
     try:
         with layers_base.weight_budget(sum(w.nbytes for _, w in weights), path):
             model = cls.from_config(header["model"]["config"])

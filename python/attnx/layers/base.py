@@ -37,7 +37,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import backend, initializers, ops, regularizers
+from .. import backend, initializers, ops, regularizers, serialization
 from ..backend import snake_case, unique_name
 from ..symbolic import any_symbolic, symbolic_call
 
@@ -565,7 +565,12 @@ def _dummy(input_shape, fill):
 
 
 def get(identifier):
-    """A layer class by name (used when loading saved models)."""
+    """A layer class by name (used when loading saved models): the active custom_objects, the
+    registered names (`attnx.register_serializable`), then every Layer class by its class name."""
+    found = serialization.get_registered_object(identifier)
+    if isinstance(found, type) and issubclass(found, Layer):
+        return found
     if identifier not in Layer.registry:
-        raise ValueError(f"Unknown layer class {identifier!r}")
+        raise ValueError(f"Unknown layer class {identifier!r}: register it with @attnx.register_serializable() or "
+                         "give it in load_model's custom_objects")
     return Layer.registry[identifier]
