@@ -450,7 +450,8 @@ class Layer:
         if self.input_shape_arg is not None:
             config["input_shape"] = list(self.input_shape_arg)
         init = type(self).__init__
-        if type(self).get_config.__module__.startswith("attnx.") and not init.__module__.startswith("attnx."):
+        own_class = not (init.__module__ or "").startswith("attnx.")
+        if own_class and (type(self).get_config.__module__ or "").startswith("attnx."):
             config.update(self._constructor_arguments())
         return config
 
