@@ -488,3 +488,35 @@ def test_a_class_whose_constructor_takes_objects_needs_get_config(tmp_path):
     model(np.ones((1, 3), "float32"))
     with pytest.raises(NotImplementedError, match="inner=Dense.*get_config"):
         model.save(str(tmp_path / "holder.attnx"))
+
+
+def test_a_layer_reachable_twice_is_one_set_of_weights():
+    """An attribute of the model that is also a sublayer of another sublayer: counted, saved and trained once."""
+    class Block(layers.Layer):
+        def __init__(self, shared, **kwargs):
+            super().__init__(**kwargs)
+            self.shared = shared
+
+        def call(self, x):
+            return self.shared(x)
+
+    class Twice(attnx.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = layers.Dense(3)
+            self.block = Block(self.dense)
+
+        def call(self, x):
+            return self.block(x) + self.dense(x)
+
+    model = Twice()
+    x = np.ones((4, 2), "float32")
+    model(x)
+    assert model.count_params() == 9 and len(model.trainable_variables) == 2
+    model.compile(attnx.optimizers.SGD(0.1), "mse")
+    before = model.dense.params["kernel"].copy()
+    with attnx.GradientTape() as tape:
+        loss = K.mean(K.square(model(x)))
+    grads = tape.gradient(loss, model.trainable_variables)
+    model.train_on_batch(x, np.zeros((4, 3), "float32"))
+    np.testing.assert_allclose(model.dense.params["kernel"], before - 0.1 * grads[0], rtol=1e-6)

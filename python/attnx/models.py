@@ -13,6 +13,7 @@ run `forward`, the compiled losses and `backprop`. A model written as a class (i
 attributes, its own `forward` and `backprop`, like `attnx.seq2seq.Seq2Seq`) trains through the same
 loop, and may override `train_data` to derive its inputs and targets from a batch.
 """
+import functools
 import time
 import warnings
 
@@ -168,7 +169,8 @@ class Model(Layer):
     @property
     def params(self):
         own = {} if self._functional else self._own_weights()[0]
-        return {**own, **{f"{path}/{k}": p for path, l in self._named_layers() for k, p in l.params.items()}}
+        return _unique_arrays({**own, **{f"{path}/{k}": p for path, l in self._named_layers()
+                                         for k, p in l.params.items()}})
 
     @params.setter
     def params(self, value):  # Layer.__init__ assigns an empty dict
@@ -177,7 +179,8 @@ class Model(Layer):
     @property
     def grads(self):
         own = {} if self._functional else self._own_weights()[1]
-        return {**own, **{f"{path}/{k}": g for path, l in self._named_layers() for k, g in l.grads.items()}}
+        return _unique_arrays({**own, **{f"{path}/{k}": g for path, l in self._named_layers()
+                                         for k, g in l.grads.items()}})
 
     @grads.setter
     def grads(self, value):
@@ -188,7 +191,9 @@ class Model(Layer):
         if not self.trainable:
             return []
         own = [] if self._functional else [(n, p, self._own_weights()[1][n]) for n, p in self._own_weights()[0].items()]
-        return own + [(f"{path}/{n}", p, g) for path, l in self._named_layers() for n, p, g in l.trainable_params]
+        entries = own + [(f"{path}/{n}", p, g) for path, l in self._named_layers() for n, p, g in l.trainable_params]
+        seen = set()  # a layer reachable twice (an attribute, and inside another sublayer) trains once
+        return [e for e in entries if not (id(e[1]) in seen or seen.add(id(e[1])))]
 
     def _adopt_sublayer_weights(self):
         pass  # a model's params walk its layers at every access
@@ -198,17 +203,22 @@ class Model(Layer):
         return own + [(f"{path}/{n}", r) for path, l in self._named_layers() for n, r in l._all_regularizers()]
 
     def zero_grad(self):
-        for g in self.grads.values():
+        for g in self._own_weights()[1].values():
             g.fill(0)
+        for layer in self.layers:
+            layer.zero_grad()
 
     def regularization_loss(self):
-        params = self.params
-        return float(sum(reg(params[n]) for n, reg in self._all_regularizers()))
+        params = self._own_weights()[0]
+        own = sum(reg(params[n]) for n, reg in self._regularizers.items())
+        return float(own + sum(layer.regularization_loss() for layer in self.layers))
 
     def add_regularization_grads(self):
-        params, grads = self.params, self.grads
-        for n, reg in self._all_regularizers():
+        params, grads = self._own_weights()
+        for n, reg in self._regularizers.items():
             reg.add_gradient(params[n], grads[n])
+        for layer in self.layers:
+            layer.add_regularization_grads()
 
     def count_params(self):
         return int(sum(p.size for p in self.params.values()))
@@ -924,8 +934,15 @@ class Model(Layer):
         return cls(inputs, outputs if config["multi_output"] else outputs[0], name=config["name"])
 
 
+def _unique_arrays(named):
+    """`named` without the entries whose array came earlier under another name (Keras dedupes weights)."""
+    seen = set()
+    return {n: a for n, a in named.items() if not (id(a) in seen or seen.add(id(a)))}
+
+
+@functools.lru_cache(maxsize=None)
 def _takes_one_argument(method):
-    """Whether `method` is Keras' ``train_step(self, data)`` (one argument besides self)."""
+    """Whether `method` is Keras' ``train_step(self, data)`` (one argument besides self); looked up once."""
     import inspect
     parameters = list(inspect.signature(method).parameters.values())[1:]
     return len(parameters) == 1 and parameters[0].kind in (inspect.Parameter.POSITIONAL_ONLY,

@@ -169,12 +169,13 @@ class Layer:
     def _adopt_sublayer_weights(self):
         """Makes the weights of the sublayers (built by now) this layer's, as ``<path>/<weight>``, sharing
         the buffers: trained, counted, saved and loaded with this layer's (a `call` layer's sublayers)."""
+        known = {id(p) for p in self.params.values()}  # a layer reachable by two paths counts once
         for path, layer in self._sublayers():
             for name, p in layer.params.items():
-                key = f"{path}/{name}"
-                if self.params.get(key) is not p:
-                    self.params[key] = p
-                    self.grads[key] = layer.grads[name]
+                if id(p) not in known:
+                    known.add(id(p))
+                    self.params[f"{path}/{name}"] = p
+                    self.grads[f"{path}/{name}"] = layer.grads[name]
             for name, regularizer in layer._all_regularizers():
                 self._regularizers.setdefault(f"{path}/{name}", regularizer)
 
@@ -209,7 +210,9 @@ class Layer:
         """(name, param, grad) for every parameter an optimizer should update."""
         if not self.trainable:
             return []
-        frozen = self._frozen_params() if self._runs_call() else ()
+        if not self._runs_call():
+            return [(n, p, self.grads[n]) for n, p in self.params.items()]
+        frozen = self._frozen_params()
         return [(n, p, self.grads[n]) for n, p in self.params.items() if id(p) not in frozen]
 
     @property
