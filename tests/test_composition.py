@@ -520,3 +520,19 @@ def test_a_layer_reachable_twice_is_one_set_of_weights():
     grads = tape.gradient(loss, model.trainable_variables)
     model.train_on_batch(x, np.zeros((4, 3), "float32"))
     np.testing.assert_allclose(model.dense.params["kernel"], before - 0.1 * grads[0], rtol=1e-6)
+
+
+def test_load_model_without_compile_needs_no_custom_loss(tmp_path):
+    def unregistered_loss(y_true, y_pred):
+        return K.mean(K.abs(y_true - y_pred), axis=-1)
+
+    model = Classifier(20)
+    model.compile("adam", loss=unregistered_loss, metrics=["accuracy"])
+    assert model.metrics_names == ["loss", "accuracy"]
+    x = np.ones((4, 6), np.int64)
+    model.predict(x)
+    path = str(tmp_path / "uncompiled.attnx")
+    model.save(path)
+    loaded = attnx.load_model(path, compile=False)
+    assert not loaded.compiled
+    np.testing.assert_array_equal(loaded.predict(x), model.predict(x))

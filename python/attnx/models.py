@@ -617,6 +617,12 @@ class Model(Layer):
         self._build_for(x)
         return self.predict_step(x)
 
+    @property
+    def metrics_names(self):
+        """The names `evaluate` returns its values under: "loss", then the compiled metrics' (Keras)."""
+        self._check_compiled()
+        return ["loss"] + self._metric_names()
+
     @staticmethod
     def _result(logs, return_dict):
         return logs if return_dict else (list(logs.values()) if len(logs) > 1 else logs["loss"])
@@ -1124,17 +1130,18 @@ def _progress(total, desc, enabled, initial=0):
     return tqdm(total=total, initial=initial, desc=desc, unit="step", leave=True, dynamic_ncols=True)
 
 
-def load_model(path, custom_objects=None):
+def load_model(path, custom_objects=None, compile=True):
     """Loads a model saved with ``model.save(path)`` (config, weights, compile settings and optimizer
     state): a functional model, a Sequential, a model class such as `attnx.seq2seq.Seq2Seq`, or a model
     class of yours. `custom_objects` ({name: class or function}) names your layers, models and loss
-    functions not registered with `attnx.register_serializable`."""
+    functions not registered with `attnx.register_serializable`; ``compile=False`` leaves the model
+    uncompiled (the saved optimizer, losses and metrics are not rebuilt), as in Keras."""
     with serialization.custom_object_scope(custom_objects):
-        return _load_model(path)
+        return _load_model(path, compile)
 
 
-def _load_model(path):
-    header, weights = saving.read_model(path)
+def _load_model(path, compile=True):
+    header, weights = saving.read_model(path, compile)
     name = header["model"]["class_name"]
     found = serialization.get_registered_object(name)
     cls = found if isinstance(found, type) else Layer.registry.get(name)
@@ -1151,7 +1158,7 @@ def _load_model(path):
         raise ValueError(f"{path}: the model config does not describe a {cls.__name__} ({exc})") from exc
     saving.assign(model, weights, path)
     compile_config = header.get("compile")
-    if compile_config:
+    if compile_config and compile:
         from . import losses, optimizers
         model.compile(optimizer=optimizers.get(compile_config["optimizer"]),
                       loss=[losses.get(l) for l in compile_config["loss"]] if len(compile_config["loss"]) > 1

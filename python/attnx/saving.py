@@ -352,14 +352,14 @@ def save_model(model, path):
     _write_archive(path, header, model.params, arrays)
 
 
-def _check_model_header(header, path):
+def _check_model_header(header, path, compile=True):
     """The model and compile sections have the types `attnx.load_model` reads, the compile settings name
     an optimizer, losses and metrics attnx has, and the optimizer state matches its buffer list."""
     model = _typed(header.get("model"), dict, path, "header field 'model'")
     _typed(model.get("class_name"), str, path, "model.class_name")
     _typed(model.get("config"), dict, path, "model.config")
     compile_config = header.get("compile")
-    if compile_config is not None:
+    if compile_config is not None and compile:  # load_model(compile=False) does not rebuild them
         _check_compile(_typed(compile_config, dict, path, "header field 'compile'"), path)
     state = header.get("optimizer_state")
     if state is not None:
@@ -409,10 +409,10 @@ def _check_compile(config, path):
         raise ValueError(f"{path}: compile settings this attnx cannot rebuild ({type(exc).__name__}: {exc})") from exc
 
 
-def read_model(path):
+def read_model(path, compile=True):
     """(header, [(name, array), ...]) of a model file, every check passed (`attnx.load_model` builds the
     model). The arrays are read-only views of the file's bytes; together they are never larger than the file."""
-    return _read_archive(path, FORMAT, _check_model_header)
+    return _read_archive(path, FORMAT, lambda header, where: _check_model_header(header, where, compile))
 
 
 def save_weights(model, path):
