@@ -12,6 +12,7 @@ import attnx
 from attnx import losses, optimizers
 from attnx.interop import to_torch
 from attnx.seq2seq import Transformer
+from attnx.translation import LengthBuckets
 from attnx.testing import assert_close, gradcheck
 from attnx.text import SubwordTokenizer, tokenizer_from_json
 
@@ -336,6 +337,28 @@ def test_bad_input_raises_clear_errors(text_model):
 
 
 # ----------------------------------------------------------------------------- training
+def test_length_buckets_cover_every_pair_once_with_little_padding():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 30, 1000)
+    source = (np.arange(30)[None, :] < lengths[:, None]) * (np.arange(1000)[:, None] + 1)  # row i holds i + 1
+    target = source[:, :20].copy()
+    target[:, 0] = 1
+    buckets = LengthBuckets(source, target, batch_size=16, window=20)
+    batches = list(buckets)
+    assert len(batches) == len(buckets) == 63
+    seen = np.sort(np.concatenate([s[:, 0] for s, _ in batches]))
+    assert (seen == np.arange(1, 1001)).all()
+    waste = (lambda ids: 1 - (ids != 0).sum() / (len(ids) * (ids != 0).sum(axis=1).max()))  # after trimming
+    assert np.mean([waste(t) for _, t in batches]) < 0.1
+    assert np.mean([waste(s) for s, _ in batches]) < 0.1
+    assert np.mean([waste(source[i:i + 16]) for i in range(0, 1000, 16)]) > 0.3  # unsorted rows
+    attnx.set_random_seed(5)
+    first = [s[:, 0].tolist() for s, _ in buckets]
+    attnx.set_random_seed(5)
+    assert first == [s[:, 0].tolist() for s, _ in buckets]
+    assert first != [s[:, 0].tolist() for s, _ in buckets]  # a new order each pass
+
+
 def test_learns_marathi_pairs_to_a_bleu():
     """320 short English -> Marathi pairs (the first translation of each sentence, so that a perfect
     score is possible), learned by heart in 200 steps: the training set's sacreBLEU must pass 90
@@ -350,3 +373,12 @@ def test_learns_marathi_pairs_to_a_bleu():
     model.fit_texts(source, target, epochs=20, batch_size=32, verbose=0)
     bleu = model.evaluate_bleu(source, target, scorer="sacrebleu")
     assert bleu > 0.9, f"training-set BLEU {100 * bleu:.1f}"
+
+
+def test_top_k_equals_a_stable_sort_with_ties_and_minus_infinity():
+    from attnx.translation import _top
+    rng = np.random.default_rng(0)
+    total = rng.integers(0, 4, (50, 40)).astype(float)  # many ties
+    total[::7, 5:] = -np.inf  # rows with few finite entries
+    for k in (1, 3, 6):
+        assert (_top(total, k) == np.argsort(-total, axis=1, kind="stable")[:, :k]).all()

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import initializers, losses, metrics, optimizers, text
+from . import backend, initializers, losses, metrics, optimizers, text
 from .backend import unique_name
 from .layers.attention import scaled_dot_product_attention
 from .layers.core import Dense, Dropout, Embedding
@@ -43,7 +43,7 @@ from .layers.transformer import (LayerNormalization, PositionalEncoding, Positio
                                  TransformerEncoder)
 from .models import Model
 
-__all__ = ["Transformer", "Hypothesis"]
+__all__ = ["Transformer", "Hypothesis", "LengthBuckets"]
 
 
 def _positive_int(owner, arg, value):
@@ -96,6 +96,17 @@ def _log_softmax(logits):
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
+def _top(total, k):
+    """The indices of the k largest entries of each row, largest first, ties to the smaller index
+    (``np.argsort(-total, kind="stable")[:, :k]``) without sorting whole rows: the entries at least
+    as large as each row's k-th largest are the only candidates."""
+    kth = np.partition(total, total.shape[1] - k, axis=1)[:, total.shape[1] - k]
+    rows, cols = np.nonzero(total >= kth[:, None])
+    order = np.lexsort((cols, -total[rows, cols], rows))
+    starts = np.cumsum(np.bincount(rows, minlength=len(total))) - np.bincount(rows, minlength=len(total))
+    return cols[order][starts[:, None] + np.arange(k)]
+
+
 def _strip_markers(sentence):
     """A sentence without the ``<start>`` / ``<end>`` markers of `attnx.datasets.preprocess_sentence`."""
     words = sentence.split()
@@ -104,6 +115,44 @@ def _strip_markers(sentence):
     if words and words[-1] == "<end>":
         words = words[:-1]
     return " ".join(words)
+
+
+class LengthBuckets:
+    """Batches of pairs of similar lengths, for `Model.fit` (an iterable it starts anew each pass).
+
+    Each pass shuffles the pairs (from attnx's generator, so `attnx.set_random_seed` repeats it),
+    sorts each window of `window` batches' worth of pairs by target then source length, cuts the
+    windows into batches of `batch_size` and shuffles the batches: a batch's rows then need little
+    padding, and the order still changes every pass (fairseq's and OpenNMT's bucketing).
+
+    Args:
+        source, target: id arrays (N, S), (N, T) padded with 0 at the end.
+        batch_size: rows per batch.
+        window: batches per sorted window.
+    """
+
+    def __init__(self, source, target, batch_size=32, window=50):
+        self.source, self.target = np.asarray(source), np.asarray(target)
+        if len(self.source) != len(self.target):
+            raise ValueError(f"LengthBuckets: {len(self.source)} sources but {len(self.target)} targets")
+        self.batch_size = _positive_int("LengthBuckets", "batch_size", batch_size)
+        self.window = _positive_int("LengthBuckets", "window", window)
+        self.lengths = (self.target != 0).sum(axis=1) * (self.source.shape[1] + 1) + (self.source != 0).sum(axis=1)
+
+    def __len__(self):
+        return -(-len(self.source) // self.batch_size)
+
+    def __iter__(self):
+        rng = backend.rng()
+        order = rng.permutation(len(self.source))
+        span = self.batch_size * self.window
+        batches = []
+        for lo in range(0, len(order), span):
+            chunk = order[lo:lo + span]
+            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+            batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        for i in rng.permutation(len(batches)):
+            yield self.source[batches[i]], self.target[batches[i]]
 
 
 class Transformer(Model):
@@ -405,12 +454,16 @@ class Transformer(Model):
         seqs = [[self.start_id] + self.target_tokenizer.encode(_strip_markers(s)) + [self.end_id] for s in sentences]
         return text.pad_sequences(seqs, padding="post").astype(np.int64)
 
-    def fit_texts(self, sources, targets, validation_data=None, **kwargs):
+    def fit_texts(self, sources, targets, validation_data=None, batch_size=32, length_buckets=True, **kwargs):
         """`fit` on sentence lists; `validation_data` is a pair of sentence lists too, the other
-        arguments are `Model.fit`'s. Returns the `History`."""
+        arguments are `Model.fit`'s. With `length_buckets`, each batch holds pairs of similar
+        lengths (`LengthBuckets`), so that little of a batch is padding. Returns the `History`."""
         val = None if validation_data is None else (self.encode_sources(validation_data[0]),
                                                     self.encode_targets(validation_data[1]))
-        return self.fit(self.encode_sources(sources), self.encode_targets(targets), validation_data=val, **kwargs)
+        source, target = self.encode_sources(sources), self.encode_targets(targets)
+        if length_buckets:
+            return self.fit(LengthBuckets(source, target, batch_size), validation_data=val, **kwargs)
+        return self.fit(source, target, batch_size=batch_size, validation_data=val, **kwargs)
 
     def target_text(self, tokens):
         """Target ids (without start / end tokens) -> the detokenized sentence."""
@@ -566,7 +619,7 @@ class Transformer(Model):
             logp[finished] = -np.inf  # a finished hypothesis extends only with padding, at no cost
             logp[finished, 0] = 0.0
             total = (scores[active][:, :, None] + logp).reshape(A, W * V)
-            best = np.argsort(-total, axis=1, kind="stable")[:, :W]
+            best = _top(total, W)
             beam, word = best // V, best % V
             pick = (np.arange(A)[:, None] * W + beam).reshape(-1)
             state = state.select(pick)
