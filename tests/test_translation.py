@@ -57,6 +57,10 @@ def test_label_smoothing_matches_torch_cross_entropy(torch, epsilon):
     assert abs(value - want.item()) < 1e-12
     assert_close(grad, t.grad.numpy(), atol=1e-12, what="d loss / d logits")
     assert losses.get(losses.serialize(loss)).label_smoothing == epsilon
+    per_token = losses.SparseCategoricalCrossentropy(from_logits=True, label_smoothing=epsilon, reduction="none")
+    want = torch.nn.functional.cross_entropy(torch.tensor(logits).reshape(-1, 7), torch.tensor(labels).reshape(-1),
+                                             label_smoothing=epsilon, reduction="none")
+    assert_close(per_token(labels, logits), want.reshape(3, 4).numpy(), atol=1e-12, what="reduction 'none'")
 
 
 def test_label_smoothing_needs_logits_and_a_rate_below_one():
@@ -245,7 +249,7 @@ def reference_beam_search(model, source, width, alpha, max_length):
 def test_beam_search_equals_a_plain_beam_search(width, alpha):
     attnx.set_random_seed(0)
     model = small_model(end_token=4)
-    model.params["output/kernel"] *= 3  # peaked: hypotheses end at different steps (0 to 5 tokens)
+    model.output_projection.params["kernel"] *= 3  # peaked: hypotheses end at different steps (0 to 5 tokens)
     source, _ = batch(seed=2, B=4)
     found = model.beam_search(source, width=width, length_penalty=alpha, max_length=5)
     ended = set()
@@ -263,7 +267,7 @@ def test_beam_search_equals_a_plain_beam_search(width, alpha):
 def test_beam_width_one_equals_greedy():
     attnx.set_random_seed(0)
     model = small_model(end_token=4)
-    model.params["output/kernel"] *= 3
+    model.output_projection.params["kernel"] *= 3
     source, _ = batch(seed=2, B=5)
     tokens, scores, attention = model.greedy_decode(source)
     for b, hyps in enumerate(model.beam_search(source, width=1)):
