@@ -29,6 +29,7 @@ import zlib
 import numpy as np
 
 from ..layers.base import weight_budget
+from ..saving import open_regular
 from ..symbolic import Input
 from .registry import _FROM_KERAS, _TO_KERAS
 
@@ -86,6 +87,10 @@ class WeightGroup:
         datasets = [group[str(i)] for i in range(count)]
         for i, ds in enumerate(datasets):
             nbytes = int(np.prod(ds.shape, dtype=np.int64)) * ds.dtype.itemsize
+            if ds.external or ds.is_virtual:
+                raise ValueError(f"{self.source}: weight '{path}/{i}' keeps its data outside the weight file "
+                                 f"({'HDF5 external storage' if ds.external else 'a virtual dataset'}); attnx reads "
+                                 "only the bytes inside it")
             if ds.dtype.kind != "f":
                 raise ValueError(f"{self.source}: weight '{path}/{i}' has dtype {ds.dtype}, expected floats")
             if nbytes > self.file_bytes or ds.id.get_storage_size() < nbytes:
@@ -124,7 +129,7 @@ def _load_config(config, source):
     """A Keras model config from a dict (`model.get_config()` or a `to_json()` dict), a JSON string or
     the path of a config.json."""
     if isinstance(config, (str, os.PathLike)) and not str(config).lstrip().startswith("{"):
-        with open(config, "rb") as f:
+        with open_regular(config, "Keras config file") as f:
             config = f.read()
     if isinstance(config, dict):  # as a file holds it: lists, not the tuples of get_config()
         try:
@@ -174,28 +179,34 @@ def from_keras(path, config=None, custom_objects=None):
     import h5py
 
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"from_keras: no file at {path}")
-    file_size = os.path.getsize(path)
     try:
-        if zipfile.is_zipfile(path):
-            if config is not None:
-                raise ValueError(f"{path}: a .keras file holds its config; pass config= with a weights file only")
-            with zipfile.ZipFile(path) as zf:
-                infos = _check_zip(zf, path, file_size)
-                config = zf.read("config.json")
-                weights_bytes = infos["model.weights.h5"].file_size
-                weights_file = io.BytesIO(zf.read("model.weights.h5"))
-        else:
-            if config is None:
-                raise ValueError(f"{path}: not a .keras file; for a weights file pass its model's config "
-                                 "(config='config.json', model.to_json() or model.get_config())")
-            weights_bytes, weights_file = file_size, path
-        config = _load_config(config, path)
-        with h5py.File(weights_file, "r") as h5:
-            return _build_model(config, h5, path, weights_bytes, custom_objects or {})
+        file = open_regular(path, "Keras file")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"from_keras: no file at {path}") from None
+    try:
+        with file:
+            file_size = os.fstat(file.fileno()).st_size
+            if zipfile.is_zipfile(file):
+                if config is not None:
+                    raise ValueError(f"{path}: a .keras file holds its config; pass config= with a weights file only")
+                with zipfile.ZipFile(file) as zf:
+                    infos = _check_zip(zf, path, file_size)
+                    config = zf.read("config.json")
+                    weights_bytes = infos["model.weights.h5"].file_size
+                    weights_file = io.BytesIO(zf.read("model.weights.h5"))
+            else:
+                if config is None:
+                    raise ValueError(f"{path}: not a .keras file; for a weights file pass its model's config "
+                                     "(config='config.json', model.to_json() or model.get_config())")
+                file.seek(0)
+                weights_bytes, weights_file = file_size, file
+            config = _load_config(config, path)
+            with h5py.File(weights_file, "r") as h5:
+                return _build_model(config, h5, path, weights_bytes, custom_objects or {})
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib.error, struct.error, KeyError,
-            TypeError, IndexError, AttributeError, RecursionError, RuntimeError, NotImplementedError) as exc:
+            TypeError, IndexError, AttributeError, RecursionError, RuntimeError, NotImplementedError,
+            # a number the converters cannot take, e.g. "units": Infinity
+            OverflowError) as exc:
         raise ValueError(f"{path}: truncated or corrupted Keras file, or a config attnx cannot read "
                          f"({type(exc).__name__}: {exc})") from exc
 
