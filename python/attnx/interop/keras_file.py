@@ -53,10 +53,16 @@ def _import_converters():
 
 
 def _import_keras():
+    import importlib.util
+    if importlib.util.find_spec("keras") is None:
+        raise ImportError("to_keras needs keras 3 (pip install 'attnx[keras]'); from_keras does not")
     try:
         import keras
-    except ImportError as exc:
-        raise ImportError("to_keras needs keras 3 (pip install 'attnx[keras]'); from_keras does not") from exc
+    except (ImportError, ValueError) as exc:  # keras is there, the backend it is set to is not
+        backend = os.environ.get("KERAS_BACKEND") or "the one ~/.keras/keras.json names"
+        raise ImportError(f"to_keras: keras is installed but its backend ({backend}) cannot be imported: "
+                          f"{type(exc).__name__}: {exc}. Install that backend, or choose an installed one "
+                          "with KERAS_BACKEND=torch (or tensorflow, jax) or in ~/.keras/keras.json") from exc
     return keras
 
 
