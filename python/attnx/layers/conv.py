@@ -16,8 +16,10 @@ MAX_SIZE = 2 ** 31 - 1
 def _positive_int(value, arg, owner):
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise TypeError(f"{owner}: {arg} must be an integer, got {value!r}")
-    if not 1 <= value <= MAX_SIZE:
-        raise ValueError(f"{owner}: {arg} must be in 1 .. {MAX_SIZE}, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{owner}: {arg} must be positive, got {value!r}")
+    if value > MAX_SIZE:
+        raise ValueError(f"{owner}: {arg} must be at most {MAX_SIZE} (the kernels index with C++ ints), got {value!r}")
     return int(value)
 
 
