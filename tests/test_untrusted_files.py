@@ -323,3 +323,30 @@ def test_keras_fifo_is_refused_not_waited_on(tmp_path):
                 os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
             except OSError:
                 pass
+
+
+def test_keras_multi_head_attention_fed_a_propagated_mask_is_refused(tmp_path):
+    """Keras' MultiHeadAttention masks the padded keys with the mask of Embedding(mask_zero=True);
+    attnx's takes explicit masks only: such a file is refused rather than predicting otherwise."""
+    script = tmp_path / "make.py"
+    script.write_text(
+        "import os, sys\nos.environ['KERAS_BACKEND'] = 'torch'\nimport keras\n"
+        "def save(mask_zero, path):\n"
+        "    ids = keras.Input((7,), dtype='int32')\n"
+        "    h = keras.layers.Embedding(20, 8, mask_zero=mask_zero)(ids)\n"
+        "    h = keras.layers.Dropout(0.1)(h)\n"
+        "    h = keras.layers.MultiHeadAttention(2, 4)(h, h)\n"
+        "    out = keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(h))\n"
+        "    keras.Model(ids, out).save(path)\n"
+        "save(True, sys.argv[1]); save(False, sys.argv[2])\n")
+    import importlib.util
+    import subprocess
+    import sys
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip("keras is not installed")
+    subprocess.run([sys.executable, str(script), str(tmp_path / "masked.keras"), str(tmp_path / "plain.keras")],
+                   check=True, capture_output=True, timeout=600)
+    with pytest.raises(ValueError, match=r"masked\.keras: MultiHeadAttention '.*' is fed the mask of "
+                                         r"Embedding\(mask_zero=True\)"):
+        attnx.interop.from_keras(tmp_path / "masked.keras")
+    assert attnx.interop.from_keras(tmp_path / "plain.keras").built

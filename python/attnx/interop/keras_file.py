@@ -174,8 +174,8 @@ def from_keras(path, config=None, custom_objects=None):
 
     Masks: attnx propagates the mask of ``Embedding(mask_zero=True)`` as Keras does, and its
     recurrent layers take Keras' ``zero_output_for_mask``. Keras' MultiHeadAttention derives
-    query and value masks from its inputs' masks; attnx's takes explicit masks only, so a masked
-    MultiHeadAttention agrees with Keras where the next layers read the mask.
+    query and value masks from its inputs' masks; attnx's takes explicit masks only, so a file whose
+    MultiHeadAttention is fed that mask is refused (its predictions would differ).
 
     Raises:
         FileNotFoundError: no file at `path`.
@@ -325,10 +325,38 @@ def _op_outputs(value):
             yield from _op_outputs(v)
 
 
+# Keras layers that pass the mask of Embedding(mask_zero=True) on to the layers after them (the
+# recurrent ones when they return sequences); any other layer ends it (pooling, Flatten, custom ones)
+_PASS_MASK = {"Dropout", "SpatialDropout1D", "Dense", "Activation", "LayerNormalization", "TimeDistributed",
+              "Attention", "AdditiveAttention", "MultiHeadAttention", "Add", "Concatenate"}
+_RECURRENT = {"SimpleRNN", "GRU", "LSTM", "Bidirectional"}
+
+
+def _passes_mask(entry):
+    config = entry.get("config") or {}
+    if entry["class_name"] == "Bidirectional":
+        config = (config.get("layer") or {}).get("config") or {}
+    return entry["class_name"] in _PASS_MASK or (entry["class_name"] in _RECURRENT and
+                                                 bool(config.get("return_sequences")))
+
+
+def _references(value):
+    """The (layer name, node index) of every Keras tensor in a call argument structure."""
+    if isinstance(value, dict) and value.get("class_name") == "__keras_tensor__":
+        yield _history(value)[:2]
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _references(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _references(v)
+
+
 def _functional(inner, entries, convert, source):
     from ..models import Model
 
     outputs_of = {}  # (layer name, node index) -> the call's outputs
+    masked = set()  # the (layer name, node index) whose outputs carry Embedding(mask_zero=True)'s mask
 
     def resolve(value):
         if isinstance(value, dict) and value.get("class_name") == "__keras_tensor__":
@@ -354,6 +382,15 @@ def _functional(inner, entries, convert, source):
             continue
         layer = convert(entry)
         for i, node in enumerate(nodes):
+            fed_masked = any(ref in masked for ref in _references([node.get("args", []), node.get("kwargs", {})]))
+            if fed_masked and entry["class_name"] == "MultiHeadAttention":
+                raise ValueError(f"{source}: MultiHeadAttention '{name}' is fed the mask of Embedding(mask_zero=True): "
+                                 "Keras masks the padded keys with it, attnx's MultiHeadAttention takes explicit masks "
+                                 "only, so the predictions would differ; give the Keras layer no propagated mask "
+                                 "(mask_zero=False) or build the model in attnx with attention_mask")
+            if (entry["class_name"] == "Embedding" and (entry.get("config") or {}).get("mask_zero")) or \
+                    (fed_masked and _passes_mask(entry)):
+                masked.add((name, i))
             args, kwargs = resolve(node.get("args", [])), resolve(node.get("kwargs", {}))
             kwargs.pop("training", None)
             kwargs.pop("mask", None)  # attnx propagates it
