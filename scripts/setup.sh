@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian/Ubuntu machine for attnx: system packages (a C++17 compiler, xtensor,
-# xtensor-blas; OpenBLAS for the C++ unit tests, the module links scipy-openblas32's), then attnx
-# itself with the Python extras given (default: none).
+# xtensor-blas; OpenBLAS for the C++ unit tests, the module links scipy-openblas32's; Devanagari and
+# CJK fonts for attnx.plot's labels), then attnx itself with the Python extras given (default: none).
 #   bash scripts/setup.sh            # the package
 #   bash scripts/setup.sh test       # + pytest, hypothesis, torch==2.13.0 (parity), matplotlib
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
-packages="g++ libxtensor-dev libxtensor-blas-dev libopenblas-dev fonts-lohit-deva"
+packages="g++ libxtensor-dev libxtensor-blas-dev libopenblas-dev fonts-lohit-deva fonts-wqy-microhei"
 missing=""
 for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

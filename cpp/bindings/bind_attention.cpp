@@ -407,7 +407,7 @@ void init_attention(py::module_& m) {
                 check_shape(energy, {B, Tn}, "attention_pooling_backward: energy");
                 check_shape(kernel, {C, 1}, "attention_pooling_backward: kernel");
                 check_shape(dkernel, {C, 1}, "attention_pooling_backward: dkernel");
-                if (!(dbias.size() == 1 || dbias.size() == Tn) || dbias.ndim() != 2)
+                if (!(dbias.size() == 1 || dbias.size() == Tn) || dbias.ndim() != 2 || dbias.shape(1) != 1)
                     throw py::value_error("attention_pooling_backward: dbias expected shape (" + std::to_string(Tn) +
                                           ", 1) or (1, 1), got " + shape_str(dbias));
                 const T* pdw = optional_in_ptr<T>(dweights, {B, Tn}, "attention_pooling_backward: dweights");

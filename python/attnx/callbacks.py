@@ -305,15 +305,77 @@ class BackupAndRestore(Callback):
         return os.path.join(self.backup_dir, self.STATE_FILE)
 
     def _read_state(self):
-        if not os.path.exists(self._state_path):
+        """The backup's state, None if there is none. Nothing in backup.json is trusted: the file must be
+        a regular file holding JSON, and every field has its type and range (`_check_state`) before
+        anything is loaded or deleted, so no file outside the backup folder is ever read or removed."""
+        try:
+            f = saving.open_regular(self._state_path, "backup state file")
+        except FileNotFoundError:
             return None
-        with open(self._state_path, encoding="utf-8") as f:
-            return json.load(f)
+        with f:
+            try:
+                state = json.loads(f.read().decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+                raise ValueError(f"{self._state_path}: not a backup this BackupAndRestore wrote "
+                                 f"({type(exc).__name__}: {exc})") from exc
+        return self._check_state(state)
+
+    def _check_state(self, state):
+        """`state` (backup.json's content) if every field is as `_backup` writes it, else ValueError naming
+        the file and the field. Ranges: `number` >= 0, `model_file` exactly ``model-<number>.attnx`` (a
+        regular file in the backup folder, not a link), the epoch within this fit's epochs, the step and
+        the batches drawn no more than the fit can have trained, generator states the generator takes."""
+        path = self._state_path
+
+        def field(container, key, expected, what):
+            value = container.get(key) if isinstance(container, dict) else None
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+                raise ValueError(f"{path}: field '{what}' should be {_KIND[expected]}, got {shown}")
+            return value
+
+        def at_most(value, low, high, what):
+            if not low <= value <= (math.inf if high is None else high):
+                raise ValueError(f"{path}: field '{what}' is {value}, expected {low} .. {high if high is not None else ''}")
+
+        if not isinstance(state, dict):
+            raise ValueError(f"{path}: should hold a JSON object, got {type(state).__name__}")
+        number = field(state, "number", int, "number")
+        at_most(number, 0, None, "number")
+        model_file = field(state, "model_file", str, "model_file")
+        if model_file != f"model-{number}.attnx":
+            raise ValueError(f"{path}: field 'model_file' is {model_file[:80]!r}, expected 'model-{number}.attnx' "
+                             "(a file in the backup folder)")
+        model_path = os.path.join(self.backup_dir, model_file)
+        if not os.path.isfile(model_path) or os.path.islink(model_path):
+            raise ValueError(f"{path}: field 'model_file' names {model_file!r}, which is not a regular file in "
+                             f"{self.backup_dir}")
+        training = field(state, "training", dict, "training")
+        epochs, steps = self.params.get("epochs"), self.params.get("steps")
+        epoch = field(training, "epoch", int, "training.epoch")
+        at_most(epoch, 0, epochs, "training.epoch")
+        step = field(training, "step", int, "training.step")
+        at_most(step, 0, steps, "training.step")
+        data = field(training, "data", dict, "training.data")
+        for key in ("drawn", "pass_rng_state"):
+            if key not in data:
+                raise ValueError(f"{path}: field 'training.data' has no '{key}'")
+        if data.get("drawn") is not None:
+            drawn = field(data, "drawn", int, "training.data.drawn")
+            # the batches drawn from the current pass were trained by this fit, epoch by epoch
+            at_most(drawn, 0, None if steps is None else epoch * steps + step, "training.data.drawn")
+        if data.get("pass_rng_state") is not None:
+            _check_rng_state(field(data, "pass_rng_state", dict, "training.data.pass_rng_state"), path,
+                             "training.data.pass_rng_state")
+        _check_rng_state(field(state, "rng", dict, "rng"), path, "rng")
+        return state
 
     def on_train_begin(self, logs=None):
         if not self.model.built:
             raise ValueError("BackupAndRestore: the model must have its weights when fit begins (give the first "
                              "layer an input_shape, or call the model on data first)")
+        if os.path.exists(self.backup_dir) and not os.path.isdir(self.backup_dir):
+            raise ValueError(f"BackupAndRestore: backup_dir {self.backup_dir} is not a folder")
         os.makedirs(self.backup_dir, exist_ok=True)
         self._batches_since_backup = 0
         state = self._read_state()
@@ -364,3 +426,17 @@ class BackupAndRestore(Callback):
         if state is not None:
             os.remove(os.path.join(self.backup_dir, state["model_file"]))
             os.remove(self._state_path)
+
+
+_KIND = {int: "an integer", str: "a string", dict: "an object"}
+
+
+def _check_rng_state(state, path, what):
+    """ValueError naming `path` and `what` unless `state` is one NumPy's generator takes (tried on a copy
+    of attnx's generator: the bit generator's own checks, e.g. of its counter's range)."""
+    trial = backend.rng().bit_generator.__class__()
+    try:
+        trial.state = state
+    except (TypeError, ValueError, KeyError, OverflowError) as exc:
+        raise ValueError(f"{path}: field '{what}' is not a state of {type(trial).__name__} "
+                         f"({type(exc).__name__}: {exc})") from exc

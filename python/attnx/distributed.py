@@ -4,8 +4,8 @@ on every rank (the scheme of Horovod and PyTorch's DistributedDataParallel).
 
     # train.py, run as: mpiexec -n 2 python train.py
     strategy = attnx.distributed.DataParallel()
-    model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
-    model.fit(x, y, batch_size=64, epochs=10, distribute=strategy)   # 64 = the global batch
+    model.compile("adam", "binary_crossentropy", metrics=["accuracy"], distribute=strategy)
+    model.fit(x, y, batch_size=64, epochs=10)   # 64 = the global batch
 
 What `fit` / `evaluate` / `predict` do with a strategy (see ARCHITECTURE.md, "Distributed"):
 - before the first step, rank 0's weights and optimizer state are broadcast to every rank, after a
@@ -19,10 +19,13 @@ What `fit` / `evaluate` / `predict` do with a strategy (see ARCHITECTURE.md, "Di
   validation): callbacks see the same values on every rank and so decide the same thing; only rank 0
   shows a progress bar and writes files (`Model.save`, checkpoints);
 - an exception on any rank aborts every rank (``MPI_Abort``, non-zero exit) rather than leaving the
-  others waiting forever in a collective.
+  others waiting forever in a collective: inside fit / evaluate / predict, and anywhere else once a
+  DataParallel of more than one rank exists (an uncaught exception reaches `sys.excepthook`, which
+  aborts the job, as ``python -m mpi4py`` does).
 
 A program run without ``mpiexec`` sees one rank and trains exactly as without a strategy.
 """
+import copy
 import hashlib
 import json
 import sys
@@ -47,11 +50,16 @@ class DataParallel:
 
     def __init__(self, comm=None):
         self._mpi, world = _comm_world()
+        if comm is not None and not isinstance(comm, self._mpi.Comm):
+            raise TypeError(f"DataParallel: comm must be an mpi4py communicator (e.g. MPI.COMM_WORLD), got "
+                            f"{type(comm).__name__}")
         self.comm = comm if comm is not None else world
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._buffer = None
         self.allreduce_seconds = 0.0  # time spent in the gradient allreduce, for the curious
+        if self.size > 1:
+            _abort_on_uncaught_exceptions(self)
 
     @property
     def is_main(self):
@@ -65,6 +73,8 @@ class DataParallel:
     def shard_batch(self, *parts):
         """This rank's contiguous share of a global batch: every array of `parts` (arrays, lists or
         dicts of them, or None) cut along its first axis at the same rows (np.array_split's cuts)."""
+        if not parts:
+            raise ValueError("DataParallel.shard_batch: give the batch's arrays (x, y, ...)")
         n = self.rows(parts[0])
         lo, hi = (n * self.rank) // self.size, (n * (self.rank + 1)) // self.size
         return tuple(data_adapter.map_structure(lambda a: np.asarray(a)[lo:hi], p) for p in parts)
@@ -72,13 +82,19 @@ class DataParallel:
     @staticmethod
     def rows(x):
         """The number of samples in `x` (an array or a list / dict of arrays)."""
-        return int(np.shape(data_adapter._leaves(x)[0])[0])
+        leaves = data_adapter._leaves(x)
+        if not leaves or np.ndim(leaves[0]) == 0:
+            raise ValueError(f"DataParallel: a batch must hold arrays with a batch axis, got {type(x).__name__} "
+                             f"{'with no arrays' if not leaves else 'of a scalar'}")
+        return int(np.shape(leaves[0])[0])
 
     def shuffle_rng(self):
         """A generator that is the same on every rank (seeded from rank 0's `attnx.backend.rng()`),
-        for the epoch shuffle: every rank cuts its shard from the same global batch."""
-        seed = int(backend.rng().integers(0, 2 ** 62)) if self.is_main else None
-        return np.random.default_rng(self.comm.bcast(seed, root=0))
+        for the epoch shuffle: every rank cuts its shard from the same global batch. The seed is drawn
+        (and broadcast) when the shuffle first draws, so a fit without shuffling leaves attnx's
+        generator where it was, as a fit without a strategy does."""
+        return _SharedGenerator(self)
+
 
     # --------------------------------------------------------------------- run
     def run(self, model, fn, *args):
@@ -179,3 +195,46 @@ class DataParallel:
         # the launcher forwards a rank's output asynchronously: aborting at once can end it unsent
         time.sleep(0.5)
         self.comm.Abort(1)
+
+
+class _SharedGenerator:
+    """`DataParallel.shuffle_rng()`: a NumPy Generator made on first use from a seed rank 0 draws and
+    broadcasts. Every rank shuffles alike, so every rank reaches the broadcast together."""
+
+    def __init__(self, strategy):
+        self._strategy, self._generator = strategy, None
+
+    def _made(self):
+        if self._generator is None:
+            strategy = self._strategy
+            seed = int(backend.rng().integers(0, 2 ** 62)) if strategy.is_main else None
+            self._generator = np.random.default_rng(strategy.comm.bcast(seed, root=0))
+        return self._generator
+
+    def __getattr__(self, name):  # bit_generator, permutation, ...: the generator's, made on first use
+        if name.startswith("__") or name in ("_strategy", "_generator"):
+            raise AttributeError(name)
+        return getattr(self._made(), name)
+
+    def __deepcopy__(self, memo):  # a copy of the generator, not of the communicator
+        twin = _SharedGenerator(self._strategy)
+        twin._generator = copy.deepcopy(self._made(), memo)
+        return twin
+
+
+def _abort_on_uncaught_exceptions(strategy):
+    """Makes an exception no code catches, on any rank, end the whole job (``MPI_Abort``) instead of
+    leaving the other ranks waiting in a collective forever; installed once per process."""
+    previous = sys.excepthook
+    if getattr(previous, "_attnx_aborts", False):
+        return
+
+    def hook(kind, value, traceback):
+        previous(kind, value, traceback)
+        sys.stderr.write(f"attnx.distributed: uncaught {kind.__name__} on rank {strategy.rank}; aborting all "
+                         f"{strategy.size} ranks\n")
+        sys.stderr.flush()
+        time.sleep(0.5)  # the launcher forwards a rank's output asynchronously
+        strategy.comm.Abort(1)
+    hook._attnx_aborts = True
+    sys.excepthook = hook

@@ -495,19 +495,43 @@ def dot(x1, x2):
     return einsum(f"{a}{contracted},{b}{contracted}{last}->{a}{b}{last}", x1, x2)
 
 
-def _einsum_parts(subscripts, ndims):
-    """(input subscripts, output subscript) of an explicit or implicit einsum without ellipsis."""
+def _einsum_parts(subscripts, shapes):
+    """(input subscripts, output subscript, whether an axis of size 1 broadcasts) of an explicit or
+    implicit einsum without ellipsis, checked against the operands' `shapes` as NumPy checks them:
+    letters only, each output letter once and from an input, a letter's sizes equal or 1."""
+    if not isinstance(subscripts, str):
+        raise TypeError(f"einsum: subscripts must be a string such as 'ij,jk->ik', got {type(subscripts).__name__}")
     spec = subscripts.replace(" ", "")
     if "." in spec:
         raise ValueError(f"einsum: '...' is not supported ({subscripts!r}); name every axis")
     inputs, arrow, out = spec.partition("->")
     inputs = inputs.split(",")
-    if len(inputs) != len(ndims) or any(len(s) != n for s, n in zip(inputs, ndims)):
-        raise ValueError(f"einsum: subscripts {subscripts!r} do not match operands of ranks {list(ndims)}")
-    if not arrow:  # implicit output: the letters that appear once, in alphabetical order
+    bad = next((c for c in "".join(inputs) + out if not c.isascii() or not c.isalpha()), None)
+    if bad is not None:
+        raise ValueError(f"einsum: invalid subscript {bad!r} in {subscripts!r}; subscripts must be letters")
+    if len(inputs) != len(shapes) or any(len(s) != len(n) for s, n in zip(inputs, shapes)):
+        raise ValueError(f"einsum: subscripts {subscripts!r} do not match operands of ranks "
+                         f"{[len(n) for n in shapes]}")
+    if arrow:
+        for c in out:
+            if out.count(c) > 1 or not any(c in s for s in inputs):
+                raise ValueError(f"einsum: output subscript {c!r} of {subscripts!r} " +
+                                 ("appears more than once" if out.count(c) > 1 else "appears in no input"))
+    else:  # implicit output: the letters that appear once, in alphabetical order
         joined = "".join(inputs)
         out = "".join(sorted(c for c in set(joined) if joined.count(c) == 1))
-    return inputs, out
+    sizes, broadcast = {}, False
+    for k, (letters, shape) in enumerate(zip(inputs, shapes)):
+        for c, n in zip(letters, shape):
+            seen, where = sizes.setdefault(c, (n, k))
+            if n != seen:
+                if 1 not in (n, seen):
+                    raise ValueError(f"einsum: {subscripts!r}: axis {c!r} has size {seen} in operand {where} and "
+                                     f"{n} in operand {k} (operand shapes {[tuple(s) for s in shapes]})")
+                broadcast = True
+                if seen == 1:
+                    sizes[c] = (n, k)
+    return inputs, out, broadcast
 
 
 def _einsum2(a, b, sa, sb, out):
@@ -538,8 +562,8 @@ def _einsum2(a, b, sa, sb, out):
 
 
 def _einsum(*operands, subscripts):
-    inputs, out = _einsum_parts(subscripts, [np.ndim(x) for x in operands])
-    if len(operands) == 2 and all(len(set(s)) == len(s) for s in inputs) and len(set(out)) == len(out):
+    inputs, out, broadcast = _einsum_parts(subscripts, [np.shape(x) for x in operands])
+    if len(operands) == 2 and not broadcast and all(len(set(s)) == len(s) for s in inputs):
         return _einsum2(*operands, *inputs, out)
     return np.einsum(f"{','.join(inputs)}->{out}", *operands, optimize=True)
 
@@ -628,11 +652,17 @@ def _getitem(x, key):
     return x[key]
 
 
-def _kernel_inputs(*args):
-    """`_trace` for a C++ kernel: the arrays as C-contiguous float32, or float64 when the first is."""
-    tape, inputs, values = _trace(args)
-    dtype = np.float64 if np.asarray(values[0]).dtype == np.float64 else np.float32
-    return tape, inputs, [np.ascontiguousarray(v, dtype=dtype) for v in values]
+def _kernel_inputs(op, **args):
+    """`_trace` for a C++ kernel: the arrays as C-contiguous float32, or float64 when the first is.
+    Real numbers only (a complex array would lose its imaginary part): else TypeError naming `op`
+    and the argument."""
+    tape, inputs, values = _trace(list(args.values()))
+    arrays = [np.asarray(v) for v in values]
+    for name, a in zip(args, arrays):
+        if a.dtype.kind not in "biuf":
+            raise TypeError(f"{op}: `{name}` must hold real numbers, got dtype {a.dtype}")
+    dtype = np.float64 if arrays[0].dtype == np.float64 else np.float32
+    return tape, inputs, [np.ascontiguousarray(a, dtype=dtype) for a in arrays]
 
 
 def scaled_dot_product_attention(query, key, value, mask=None, causal=False, scale=None, heads=1):
@@ -642,7 +672,9 @@ def scaled_dot_product_attention(query, key, value, mask=None, causal=False, sca
     mask: (B, S) or (B, Tq, S) bool (True = may attend) or lengths (B,) (the `attnx.masking` rule);
     causal: query t sees keys s <= t; scale: 1 / sqrt(Dk) by default; heads: H.
     """
-    tape, inputs, (q, k, v) = _kernel_inputs(query, key, value)
+    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1:
+        raise ValueError(f"scaled_dot_product_attention: `heads` must be a positive integer, got {heads!r}")
+    tape, inputs, (q, k, v) = _kernel_inputs("scaled_dot_product_attention", query=query, key=key, value=value)
     scale = 1.0 / np.sqrt(builtins.max(1, q.shape[-1] // int(heads))) if scale is None else float(scale)
     if q.ndim == 3 and k.ndim == 3:
         mask = as_mask(mask, q.shape[0], k.shape[1], "scaled_dot_product_attention: `mask`", queries=q.shape[1],
@@ -659,7 +691,7 @@ def attention_pooling(x, kernel, bias, mask=None):
 
     x (B, T, d), kernel (d, 1), bias (T, 1) or (1, 1); mask (B, T) or lengths (B,) -> (B, d).
     """
-    tape, inputs, (xv, kv, bv) = _kernel_inputs(x, kernel, bias)
+    tape, inputs, (xv, kv, bv) = _kernel_inputs("attention_pooling", x=x, kernel=kernel, bias=bias)
     B, T, _ = xv.shape
     out, weights, energy = _core.attention_pooling_forward(
         x=xv, kernel=kv, bias=bv, mask=as_mask(mask, B, T, "attention_pooling: `mask`"), return_sequences=False)
@@ -682,8 +714,9 @@ def _matmul_grad(g, out, x1, x2):
 
 def _einsum_grad(g, out, *operands, subscripts):
     # out = einsum(s_1, ..., s_n -> o):   d operand_k = einsum(o, s_j (j != k) -> s_k)(g, operands_j),
-    # then broadcast along the letters of s_k that appear nowhere else (they were summed away)
-    inputs, out_letters = _einsum_parts(subscripts, [np.ndim(x) for x in operands])
+    # then broadcast along the letters of s_k that appear nowhere else (they were summed away) and
+    # along its axes of size 1 that the other operands broadcast
+    inputs, out_letters, _ = _einsum_parts(subscripts, [np.shape(x) for x in operands])
     if any(len(set(s)) != len(s) for s in inputs):
         raise ValueError(f"einsum: no gradient for a letter repeated in one operand ({subscripts!r})")
     grads = []
@@ -693,8 +726,9 @@ def _einsum_grad(g, out, *operands, subscripts):
         d = _einsum(g, *[x for j, x in enumerate(operands) if j != k],
                     subscripts=f"{','.join([out_letters] + others)}->{reachable}")
         if reachable != target:
-            d = np.broadcast_to(np.expand_dims(d, tuple(i for i, c in enumerate(target) if c not in reachable)),
-                                operands[k].shape)
+            d = np.expand_dims(d, tuple(i for i, c in enumerate(target) if c not in reachable))
+        # an axis of size 1 that another operand broadcast: the tape sums the gradient back over it
+        d = np.broadcast_to(d, np.broadcast_shapes(d.shape, operands[k].shape))
         grads.append(d)
     return grads
 
@@ -791,7 +825,8 @@ _GRADIENTS = {
     # expand_dims, squeeze, reshape move no values:  dx = g in the shape of x
     "reshape": lambda g, out, x, **shape_args: (np.reshape(g, np.shape(x)),),
     # out = transpose(x, axes):  dx = transpose(g, inverse of axes)
-    "transpose": lambda g, out, x, axes: (np.transpose(g, None if axes is None else np.argsort(axes)),),
+    "transpose": lambda g, out, x, axes: (
+        np.transpose(g, None if axes is None else np.argsort(np.asarray(axes) % np.ndim(x))),),
     "concatenate": _split_grad,
     # out = stack(x_1, ..., x_n):  dx_k = g[..., k, ...] along the new axis
     "stack": lambda g, out, *xs, axis: tuple(np.moveaxis(g, axis, 0)),

@@ -13,26 +13,43 @@ def _pyplot():
     return plt
 
 
+# A font whose glyphs each stand for this many code points or more draws placeholders, not letters:
+# matplotlib's Last Resort font maps all 1,114,112 code points to 371 glyphs (a box per Unicode block).
+_PLACEHOLDER_CODE_POINTS_PER_GLYPH = 16
+
+
 @functools.lru_cache(maxsize=None)
 def _charmap(path):
-    """The code points the font file at `path` has glyphs for (empty if it cannot be read)."""
+    """The code points the font file at `path` has real glyphs for (empty if it cannot be read, or
+    if it is a placeholder font such as Last Resort, whose boxes are glyphs but show no letter)."""
     from matplotlib import ft2font
     try:
-        return frozenset(ft2font.FT2Font(path).get_charmap())
+        charmap = ft2font.FT2Font(path).get_charmap()
     except (OSError, RuntimeError, ValueError):
         return frozenset()
+    if len(charmap) >= _PLACEHOLDER_CODE_POINTS_PER_GLYPH * max(1, len(set(charmap.values()))):
+        return frozenset()
+    return frozenset(charmap)
 
 
 @functools.lru_cache(maxsize=None)
 def _fonts_covering(missing):
     """Names of installed fonts that together have the code points in `missing` (a frozenset),
-    the most covering first; as many as have any of them when none has all."""
+    the most covering first; as many as have any of them when none has all. The system's fonts that
+    matplotlib's font cache does not list (installed after it was made) are added to it when they help."""
     from matplotlib import font_manager
+    manager = font_manager.fontManager
+    entries = [(entry.name, entry.fname) for entry in manager.ttflist]
+    known = {fname for _, fname in entries}
+    newer = [path for path in font_manager.findSystemFonts() if path not in known and missing & _charmap(path)]
+    for path in newer:
+        manager.addfont(path)
+    entries += [(entry.name, entry.fname) for entry in manager.ttflist if entry.fname in newer]
     candidates = {}
-    for entry in font_manager.fontManager.ttflist:  # name -> the code points of `missing` it has
-        covered = missing & _charmap(entry.fname)
-        if covered and len(covered) > len(candidates.get(entry.name, ())):
-            candidates[entry.name] = covered
+    for name, fname in entries:  # name -> the code points of `missing` it has
+        covered = missing & _charmap(fname)
+        if covered and len(covered) > len(candidates.get(name, ())):
+            candidates[name] = covered
     chosen, left = [], set(missing)
     for name, covered in sorted(candidates.items(), key=lambda item: (-len(item[1]), item[0])):
         if left & covered:

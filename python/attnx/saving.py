@@ -51,6 +51,27 @@ def check_json(value):
     json.dumps(value)
 
 
+def open_regular(path, what):
+    """`path` opened for binary reading if it is a regular file. A FIFO, a device, a socket or a folder
+    is a ValueError naming `what` and the path (opening a FIFO for reading would wait for a writer
+    forever: it is opened without blocking, then refused); no file is FileNotFoundError."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"No {what} at {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a folder, not a {what}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a regular file")
+        raise ValueError(f"{path}: is {kind}, not a {what} (only regular files are read)")
+    return os.fdopen(fd, "rb")
+
+
 # --------------------------------------------------------------------- the archive
 def _npy_bytes(array):
     buf = io.BytesIO()
@@ -248,11 +269,15 @@ def _read_archive(path, expected_format, check_header=None):
     path)` checks the parts only one kind of file has. Nothing larger than the file is ever allocated:
     the directory is checked before any member is read, each entry's size against its member's."""
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"No attnx file at {path}")
+    with open_regular(path, "attnx file") as f:
+        return _read_open_archive(f, path, expected_format, check_header)
+
+
+def _read_open_archive(f, path, expected_format, check_header):
+    """`_read_archive` on the file object `f` opened from `path`."""
     try:
-        with zipfile.ZipFile(path) as zf:
-            members = _check_directory(zf, path, os.path.getsize(path))
+        with zipfile.ZipFile(f) as zf:
+            members = _check_directory(zf, path, os.fstat(f.fileno()).st_size)
             header = _typed(json.loads(zf.read("attnx.json").decode("utf-8")), dict, path, "the header attnx.json")
             if header.get("format") != expected_format:
                 raise ValueError(f"{path}: not an {expected_format} file (format {header.get('format')!r})")
@@ -272,8 +297,6 @@ def _read_archive(path, expected_format, check_header=None):
             RecursionError,
             # a flipped flag or method byte: zipfile asks for a password or an unknown decompressor
             RuntimeError, NotImplementedError) as exc:
-        if isinstance(exc, FileNotFoundError):
-            raise
         raise ValueError(f"{path}: truncated or corrupted attnx file ({type(exc).__name__}: {exc})") from exc
     return header, arrays
 
@@ -400,13 +423,44 @@ def _check_compile(config, path):
     names = [_typed(name, str, path, f"compile.metrics[{i}]")
              for i, output in enumerate(per_output) for name in _typed(output, list, path, f"compile.metrics[{i}]")]
     try:
-        optimizers.get(config.get("optimizer"))
+        optimizer = optimizers.get(config.get("optimizer"))
         for entry in loss:
             losses.get(entry)
         for name in names:
             metrics.get(name)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise ValueError(f"{path}: compile settings this attnx cannot rebuild ({type(exc).__name__}: {exc})") from exc
+    _check_optimizer(optimizer, optimizers.LearningRateSchedule, path)
+
+
+def _check_optimizer(optimizer, schedule_class, path):
+    """Every number of the optimizer's config (its learning rate, a schedule's parameters, betas, epsilon,
+    clipping) is finite and >= 0, and a schedule gives a number: a string would fail only in fit, a NaN
+    would turn every weight NaN without a word."""
+    def check(value, what):
+        if value is None or isinstance(value, bool):
+            return
+        if isinstance(value, list):
+            for i, v in enumerate(value):
+                check(v, f"{what}[{i}]")
+            return
+        if not isinstance(value, (int, float)) or value < 0 or (isinstance(value, float) and not math.isfinite(value)):
+            shown = repr(value)
+            raise ValueError(f"{path}: compile.optimizer {what} should be a finite number >= 0, got "
+                             f"{shown if len(shown) <= 60 else shown[:57] + '...'}")
+
+    config = optimizer.get_config()
+    lr = config.pop("learning_rate")
+    if isinstance(lr, dict):
+        for key, value in lr["config"].items():
+            check(value, f"learning_rate.{key}")
+        if type(optimizer.learning_rate).__call__ is schedule_class.__call__:  # the abstract base
+            raise ValueError(f"{path}: compile.optimizer learning_rate names {lr['class_name']!r}, "
+                             "not a learning-rate schedule")
+    else:
+        check(lr, "learning_rate")
+    for key, value in config.items():
+        check(value, key)
 
 
 def read_model(path, compile=True):

@@ -227,7 +227,12 @@ class ImageCaptioner(Model):
             if not targets:
                 raise ValueError(f"Model '{self.name}': hard attention's training call needs the target ids as a "
                                  "third input (its reward is their log likelihood)")
-            self.decoder.set_reward(_log_likelihood(logits, np.asarray(targets[0])), decoder_cache)
+            rewards = _log_likelihood(logits, np.asarray(targets[0]))
+            if not np.isfinite(rewards).all():
+                raise ValueError(f"ImageCaptioner: hard attention's reward (the captions' log likelihood) is NaN or "
+                                 f"infinite for {np.count_nonzero(~np.isfinite(rewards))} of {len(rewards)} "
+                                 "captions: the images or the weights hold non-finite values")
+            self.decoder.set_reward(rewards, decoder_cache)
         cache = _CaptionerCache(encoder_cache, h_cache, c_cache, decoder_cache) if training else None
         return [logits, weights], cache
 
@@ -276,6 +281,11 @@ class ImageCaptioner(Model):
         """Batched beam search (`attnx.seq2seq.beam_search`): for each image its `width` `Hypothesis`es,
         best first, each with the attention over the regions (len(tokens) + 1 steps, L)."""
         L = self._decode_length(max_length)
+        V = self.decoder.vocab_size
+        if isinstance(width, (int, np.integer)) and not isinstance(width, bool) and width > V:
+            # more beams than words: each step keeps at most V * width of them, and the first only V
+            raise ValueError(f"ImageCaptioner.beam_caption: `width` must be at most the vocabulary size {V}, "
+                             f"got {width}")
         annotations, states, _ = self._annotations(images, False)
         return beam_search(self.decoder, annotations, None, states, self.start_id, self.end_id, width,
                            length_penalty, L, owner="ImageCaptioner.beam_caption")

@@ -2,7 +2,8 @@
 
     attnx.export.to_onnx(model, "sentiment.onnx")
     session = onnxruntime.InferenceSession("sentiment.onnx")
-    probabilities = session.run(None, {session.get_inputs()[0].name: ids})[0]   # == model.predict(ids)
+    probabilities = session.run(None, {session.get_inputs()[0].name: ids.astype("int64")})[0]
+    probabilities = attnx.export.OnnxModel("sentiment.onnx").predict(ids)   # ids of any integer dtype
 
 Sequential and functional models built from attnx's layers export as one graph (see
 `SUPPORTED_LAYERS`); a `Seq2Seq` exports as an encoder graph and a one-step decoder graph that
@@ -19,11 +20,11 @@ from ..models import Model
 from ..seq2seq import Seq2Seq
 from .graph import OPSET, UnsupportedLayerError, write  # first: it says so when onnx is missing
 from . import attention, conv, core, recurrent, transformer  # noqa: F401  (register the converters)
-from .model import check_path, model_to_onnx
+from .model import OnnxModel, check_path, model_to_onnx
 from .registry import supported_layers
 from .seq2seq import OnnxSeq2Seq, onnx_greedy_translate, seq2seq_to_onnx
 
-__all__ = ["to_onnx", "OnnxSeq2Seq", "onnx_greedy_translate", "UnsupportedLayerError", "SUPPORTED_LAYERS", "OPSET"]
+__all__ = ["to_onnx", "OnnxModel", "OnnxSeq2Seq", "onnx_greedy_translate", "UnsupportedLayerError", "SUPPORTED_LAYERS", "OPSET"]
 
 SUPPORTED_LAYERS = supported_layers()
 

@@ -135,6 +135,10 @@ def _query_mask(g, layer, call):
 
 @converts(AttentionPooling)
 def _attention_pooling(g, layer, call):
+    if g.open_steps and not layer.length_agnostic:
+        raise unsupported(layer, f"its per-step bias fixes T={layer.params['bias'].shape[0]} steps, which "
+                                 "dynamic_steps=True would leave open; export without dynamic_steps, or use "
+                                 "AttentionPooling(length_agnostic=True)")
     x = call.inputs
     energy = g.node("Tanh", [g.node("Add", [g.matmul(x, layer.params["kernel"], hint=layer.name),
                                            g.weight(layer.params["bias"], f"{layer.name}/bias")])])

@@ -18,10 +18,26 @@ class UnsupportedLayerError(ValueError):
     """A layer (or a layer option) that `attnx.export` cannot express in standard ONNX operators."""
 
 
+# An ONNX file is one protobuf message, which cannot exceed 2 GiB: a model whose weights take more
+# (less a margin for the graph) keeps them in ONNX external data, a side file `<file>.data`.
+EXTERNAL_DATA_BYTES = (2 << 30) - (64 << 20)
+
+
 def write(model, path):
-    """Checks ONNX ModelProto `model` with the ONNX checker and writes it to `path`."""
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    """Checks ONNX ModelProto `model` with the ONNX checker and writes it to `path`; weights of
+    `EXTERNAL_DATA_BYTES` or more together go to ONNX external data beside it (``<name>.data``, which
+    ONNX Runtime reads from the model's folder), so that models of any size export."""
+    weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
+    if weight_bytes < EXTERNAL_DATA_BYTES:
+        onnx.checker.check_model(model)
+        onnx.save(model, str(path))
+        return
+    data = path.with_name(path.name + ".data")
+    if data.exists():  # left by an earlier export to this path: onnx appends to no existing file
+        data.unlink()
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    onnx.checker.check_model(str(path))  # by path: the checker reads the external data from there
 
 
 class Graph:

@@ -102,3 +102,45 @@ def check_path(path, what="path"):
     if path.is_dir():
         raise IsADirectoryError(f"attnx.export: cannot write {what} {str(path)!r}: it is a folder")
     return path
+
+
+# ONNX Runtime's names of the input types attnx declares
+_NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
+                "tensor(double)": np.float64, "tensor(bool)": np.bool_}
+
+
+class OnnxModel:
+    """An exported model (`to_onnx`) in ONNX Runtime, taking inputs as `Model.predict` does: ids of
+    any integer dtype (``pad_sequences`` gives int32, the graph declares int64) and floats of any
+    float dtype are converted to the types the graph declares; ONNX Runtime itself takes only those.
+
+        model = attnx.export.OnnxModel("sentiment.onnx")
+        probabilities = model.predict(x)     # == attnx's model.predict(x) to 1e-5
+    """
+
+    def __init__(self, path, providers=("CPUExecutionProvider",), sess_options=None):
+        import onnxruntime
+        self.session = onnxruntime.InferenceSession(str(path), sess_options, providers=list(providers))
+        self.inputs = self.session.get_inputs()
+
+    def _converted(self, spec, value):
+        target = np.dtype(_NUMPY_TYPES[spec.type])
+        x = np.asarray(value)
+        if target.kind in "iu":
+            if x.dtype.kind not in "biu":
+                raise TypeError(f"OnnxModel: input '{spec.name}' takes integer ids, got dtype {x.dtype}")
+            if x.size and (x.min() < np.iinfo(target).min or x.max() > np.iinfo(target).max):
+                raise ValueError(f"OnnxModel: input '{spec.name}' holds ids outside {target}'s range")
+        elif x.dtype.kind not in "biuf":
+            raise TypeError(f"OnnxModel: input '{spec.name}' takes real numbers, got dtype {x.dtype}")
+        return np.ascontiguousarray(x, dtype=target)
+
+    def predict(self, x):
+        """The model's outputs for `x` (an array, or a list with one array per model input): one
+        array, or a list for a model with several outputs."""
+        xs = list(x) if isinstance(x, (list, tuple)) else [x]
+        if len(xs) != len(self.inputs):
+            raise ValueError(f"OnnxModel: the model takes {len(self.inputs)} inputs "
+                             f"{[i.name for i in self.inputs]}, got {len(xs)}")
+        outputs = self.session.run(None, {spec.name: self._converted(spec, v) for spec, v in zip(self.inputs, xs)})
+        return outputs[0] if len(outputs) == 1 else outputs

@@ -29,6 +29,7 @@ import zlib
 import numpy as np
 
 from ..layers.base import weight_budget
+from ..saving import open_regular
 from ..symbolic import Input
 from .registry import _FROM_KERAS, _TO_KERAS
 
@@ -52,10 +53,16 @@ def _import_converters():
 
 
 def _import_keras():
+    import importlib.util
+    if importlib.util.find_spec("keras") is None:
+        raise ImportError("to_keras needs keras 3 (pip install 'attnx[keras]'); from_keras does not")
     try:
         import keras
-    except ImportError as exc:
-        raise ImportError("to_keras needs keras 3 (pip install 'attnx[keras]'); from_keras does not") from exc
+    except (ImportError, ValueError) as exc:  # keras is there, the backend it is set to is not
+        backend = os.environ.get("KERAS_BACKEND") or "the one ~/.keras/keras.json names"
+        raise ImportError(f"to_keras: keras is installed but its backend ({backend}) cannot be imported: "
+                          f"{type(exc).__name__}: {exc}. Install that backend, or choose an installed one "
+                          "with KERAS_BACKEND=torch (or tensorflow, jax) or in ~/.keras/keras.json") from exc
     return keras
 
 
@@ -86,6 +93,10 @@ class WeightGroup:
         datasets = [group[str(i)] for i in range(count)]
         for i, ds in enumerate(datasets):
             nbytes = int(np.prod(ds.shape, dtype=np.int64)) * ds.dtype.itemsize
+            if ds.external or ds.is_virtual:
+                raise ValueError(f"{self.source}: weight '{path}/{i}' keeps its data outside the weight file "
+                                 f"({'HDF5 external storage' if ds.external else 'a virtual dataset'}); attnx reads "
+                                 "only the bytes inside it")
             if ds.dtype.kind != "f":
                 raise ValueError(f"{self.source}: weight '{path}/{i}' has dtype {ds.dtype}, expected floats")
             if nbytes > self.file_bytes or ds.id.get_storage_size() < nbytes:
@@ -124,7 +135,7 @@ def _load_config(config, source):
     """A Keras model config from a dict (`model.get_config()` or a `to_json()` dict), a JSON string or
     the path of a config.json."""
     if isinstance(config, (str, os.PathLike)) and not str(config).lstrip().startswith("{"):
-        with open(config, "rb") as f:
+        with open_regular(config, "Keras config file") as f:
             config = f.read()
     if isinstance(config, dict):  # as a file holds it: lists, not the tuples of get_config()
         try:
@@ -163,8 +174,8 @@ def from_keras(path, config=None, custom_objects=None):
 
     Masks: attnx propagates the mask of ``Embedding(mask_zero=True)`` as Keras does, and its
     recurrent layers take Keras' ``zero_output_for_mask``. Keras' MultiHeadAttention derives
-    query and value masks from its inputs' masks; attnx's takes explicit masks only, so a masked
-    MultiHeadAttention agrees with Keras where the next layers read the mask.
+    query and value masks from its inputs' masks; attnx's takes explicit masks only, so a file whose
+    MultiHeadAttention is fed that mask is refused (its predictions would differ).
 
     Raises:
         FileNotFoundError: no file at `path`.
@@ -174,28 +185,34 @@ def from_keras(path, config=None, custom_objects=None):
     import h5py
 
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"from_keras: no file at {path}")
-    file_size = os.path.getsize(path)
     try:
-        if zipfile.is_zipfile(path):
-            if config is not None:
-                raise ValueError(f"{path}: a .keras file holds its config; pass config= with a weights file only")
-            with zipfile.ZipFile(path) as zf:
-                infos = _check_zip(zf, path, file_size)
-                config = zf.read("config.json")
-                weights_bytes = infos["model.weights.h5"].file_size
-                weights_file = io.BytesIO(zf.read("model.weights.h5"))
-        else:
-            if config is None:
-                raise ValueError(f"{path}: not a .keras file; for a weights file pass its model's config "
-                                 "(config='config.json', model.to_json() or model.get_config())")
-            weights_bytes, weights_file = file_size, path
-        config = _load_config(config, path)
-        with h5py.File(weights_file, "r") as h5:
-            return _build_model(config, h5, path, weights_bytes, custom_objects or {})
+        file = open_regular(path, "Keras file")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"from_keras: no file at {path}") from None
+    try:
+        with file:
+            file_size = os.fstat(file.fileno()).st_size
+            if zipfile.is_zipfile(file):
+                if config is not None:
+                    raise ValueError(f"{path}: a .keras file holds its config; pass config= with a weights file only")
+                with zipfile.ZipFile(file) as zf:
+                    infos = _check_zip(zf, path, file_size)
+                    config = zf.read("config.json")
+                    weights_bytes = infos["model.weights.h5"].file_size
+                    weights_file = io.BytesIO(zf.read("model.weights.h5"))
+            else:
+                if config is None:
+                    raise ValueError(f"{path}: not a .keras file; for a weights file pass its model's config "
+                                     "(config='config.json', model.to_json() or model.get_config())")
+                file.seek(0)
+                weights_bytes, weights_file = file_size, file
+            config = _load_config(config, path)
+            with h5py.File(weights_file, "r") as h5:
+                return _build_model(config, h5, path, weights_bytes, custom_objects or {})
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib.error, struct.error, KeyError,
-            TypeError, IndexError, AttributeError, RecursionError, RuntimeError, NotImplementedError) as exc:
+            TypeError, IndexError, AttributeError, RecursionError, RuntimeError, NotImplementedError,
+            # a number the converters cannot take, e.g. "units": Infinity
+            OverflowError) as exc:
         raise ValueError(f"{path}: truncated or corrupted Keras file, or a config attnx cannot read "
                          f"({type(exc).__name__}: {exc})") from exc
 
@@ -308,10 +325,38 @@ def _op_outputs(value):
             yield from _op_outputs(v)
 
 
+# Keras layers that pass the mask of Embedding(mask_zero=True) on to the layers after them (the
+# recurrent ones when they return sequences); any other layer ends it (pooling, Flatten, custom ones)
+_PASS_MASK = {"Dropout", "SpatialDropout1D", "Dense", "Activation", "LayerNormalization", "TimeDistributed",
+              "Attention", "AdditiveAttention", "MultiHeadAttention", "Add", "Concatenate"}
+_RECURRENT = {"SimpleRNN", "GRU", "LSTM", "Bidirectional"}
+
+
+def _passes_mask(entry):
+    config = entry.get("config") or {}
+    if entry["class_name"] == "Bidirectional":
+        config = (config.get("layer") or {}).get("config") or {}
+    return entry["class_name"] in _PASS_MASK or (entry["class_name"] in _RECURRENT and
+                                                 bool(config.get("return_sequences")))
+
+
+def _references(value):
+    """The (layer name, node index) of every Keras tensor in a call argument structure."""
+    if isinstance(value, dict) and value.get("class_name") == "__keras_tensor__":
+        yield _history(value)[:2]
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _references(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _references(v)
+
+
 def _functional(inner, entries, convert, source):
     from ..models import Model
 
     outputs_of = {}  # (layer name, node index) -> the call's outputs
+    masked = set()  # the (layer name, node index) whose outputs carry Embedding(mask_zero=True)'s mask
 
     def resolve(value):
         if isinstance(value, dict) and value.get("class_name") == "__keras_tensor__":
@@ -337,6 +382,15 @@ def _functional(inner, entries, convert, source):
             continue
         layer = convert(entry)
         for i, node in enumerate(nodes):
+            fed_masked = any(ref in masked for ref in _references([node.get("args", []), node.get("kwargs", {})]))
+            if fed_masked and entry["class_name"] == "MultiHeadAttention":
+                raise ValueError(f"{source}: MultiHeadAttention '{name}' is fed the mask of Embedding(mask_zero=True): "
+                                 "Keras masks the padded keys with it, attnx's MultiHeadAttention takes explicit masks "
+                                 "only, so the predictions would differ; give the Keras layer no propagated mask "
+                                 "(mask_zero=False) or build the model in attnx with attention_mask")
+            if (entry["class_name"] == "Embedding" and (entry.get("config") or {}).get("mask_zero")) or \
+                    (fed_masked and _passes_mask(entry)):
+                masked.add((name, i))
             args, kwargs = resolve(node.get("args", [])), resolve(node.get("kwargs", {}))
             kwargs.pop("training", None)
             kwargs.pop("mask", None)  # attnx propagates it

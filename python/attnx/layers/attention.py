@@ -141,6 +141,13 @@ def _dense_backward(dy, x, kernel, y, activation, dkernel, dbias=None, need_dx=T
 
 
 # ----------------------------------------------------------------------------- layers
+
+def is_shape(shape, ranks):
+    """Whether `shape` is the shape of an array of one of `ranks` (sizes are integers or None), e.g.
+    not the () of None, a number, a string or a dict given as inputs, nor a list of shapes."""
+    return isinstance(shape, (list, tuple)) and len(shape) in ranks and all(
+        d is None or (isinstance(d, (int, np.integer)) and not isinstance(d, bool)) for d in shape)
+
 class Attention(Layer):
     """Attention of queries over a source sequence: score -> masked softmax -> context.
 
@@ -207,10 +214,10 @@ class Attention(Layer):
 
     # ------------------------------------------------------------------ weights
     def _split_shapes(self, input_shape):
-        if not isinstance(input_shape, (list, tuple)) or not input_shape or \
-                not isinstance(input_shape[0], (list, tuple)) or len(input_shape) not in (2, 3):
-            raise ValueError(f"Layer '{self.name}': expects inputs [query, value] or [query, value, key], "
-                             f"got input shape {input_shape}")
+        if not isinstance(input_shape, (list, tuple)) or len(input_shape) not in (2, 3) or \
+                not all(is_shape(s, ranks) for s, ranks in zip(input_shape, [(2, 3), (3,), (3,)])):
+            raise ValueError(f"Layer '{self.name}': expects inputs [query, value] or [query, value, key] (arrays of "
+                             f"shapes (batch, [Tq,] dim), (batch, S, dim)), got input shape {input_shape}")
         q, v = input_shape[0], input_shape[1]
         k = input_shape[2] if len(input_shape) == 3 else v
         return q, v, k
@@ -846,7 +853,7 @@ class AttentionPooling(Layer):
         self.bias_initializer = initializers.get(bias_initializer)
 
     def build(self, input_shape):
-        if len(input_shape) != 3 or input_shape[-1] is None:
+        if not is_shape(input_shape, (3,)) or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': expects inputs (batch, T, features), got shape {input_shape}")
         if not self.length_agnostic and input_shape[1] is None:
             raise ValueError(f"Layer '{self.name}': the per-step bias needs a fixed T, got shape {input_shape}; "

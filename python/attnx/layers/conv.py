@@ -1,10 +1,16 @@
 """Convolution and pooling over images, channels last as in Keras: Conv2D, MaxPooling2D,
 AveragePooling2D. A feature map becomes (B, L, D) regions for an attention decoder with
 ``Reshape((-1, channels))``."""
+import math
 import numbers
+
+import numpy as np
 
 from .. import _core, activations, initializers, regularizers
 from .base import Layer
+
+# the kernels index images, windows and weights with C++ ints (the bindings refuse larger arrays)
+MAX_SIZE = 2 ** 31 - 1
 
 
 def _positive_int(value, arg, owner):
@@ -12,7 +18,16 @@ def _positive_int(value, arg, owner):
         raise TypeError(f"{owner}: {arg} must be an integer, got {value!r}")
     if value < 1:
         raise ValueError(f"{owner}: {arg} must be positive, got {value!r}")
+    if value > MAX_SIZE:
+        raise ValueError(f"{owner}: {arg} must be at most {MAX_SIZE} (the kernels index with C++ ints), got {value!r}")
     return int(value)
+
+
+def _check_elements(shape, what, owner):
+    """ValueError naming `owner` when an array of `shape` would have more elements than the kernels take."""
+    if math.prod(shape) > MAX_SIZE:
+        raise ValueError(f"{owner}: {what} of shape {tuple(shape)} would hold {math.prod(shape)} values; the "
+                         f"kernels take at most {MAX_SIZE}")
 
 
 def _pair(value, arg, owner):
@@ -48,6 +63,8 @@ class _Windows2D(Layer):
 
     def _image(self, inputs, channels=None):
         """inputs as a (B, H, W, C) array of the layer's dtype, every window with a real pixel."""
+        if isinstance(inputs, np.ndarray):  # before a copy (a broadcast view may stand for gigabytes)
+            _check_elements(inputs.shape, "the input", f"Layer '{self.name}'")
         x = self._float_input(inputs, ndim=4, last_dim=channels)
         window = self._window_shape()
         if self.padding == "valid" and (x.shape[1] < window[0] or x.shape[2] < window[1]):
@@ -91,6 +108,7 @@ class Conv2D(_Windows2D):
         super().__init__(**kwargs)
         self.filters = _positive_int(filters, "filters", "Conv2D")
         self.kernel_size = _pair(kernel_size, "kernel_size", "Conv2D")
+        _check_elements(self.kernel_size + (self.filters,), "a kernel (rows, cols, filters) on one channel", "Conv2D")
         self.strides = _pair(strides, "strides", "Conv2D")
         self.padding = _padding(padding, "Conv2D")
         self.activation = activations.get(activation)
@@ -107,6 +125,7 @@ class Conv2D(_Windows2D):
         if len(input_shape) != 4 or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, rows, cols, channels) with known channels, "
                              f"got shape {input_shape}")
+        _check_elements(self.kernel_size + (input_shape[-1], self.filters), "the kernel", f"Layer '{self.name}'")
         self.add_weight("kernel", self.kernel_size + (input_shape[-1], self.filters), self.kernel_initializer,
                         self.kernel_regularizer)
         if self.use_bias:

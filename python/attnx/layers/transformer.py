@@ -19,7 +19,8 @@ import numpy as np
 
 from .. import _core, activations, backend, initializers
 from ..masking import as_mask
-from .attention import _dense, _dense_backward, scaled_dot_product_attention, scaled_dot_product_attention_backward
+from .attention import (_dense, _dense_backward, is_shape, scaled_dot_product_attention,
+                        scaled_dot_product_attention_backward)
 from .base import Layer
 from .core import Dense
 
@@ -132,7 +133,7 @@ class LayerNormalization(Layer):
         self.features = None
 
     def build(self, input_shape):
-        if len(input_shape) < 1 or input_shape[-1] is None:
+        if not is_shape(input_shape, range(1, 33)) or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, ..., features) with known features, "
                              f"got shape {input_shape}")
         self.features = int(input_shape[-1])
@@ -232,7 +233,7 @@ class PositionEmbedding(Layer):
         self.initializer = initializers.get(initializer)
 
     def build(self, input_shape):
-        if len(input_shape) != 3 or input_shape[-1] is None:
+        if not is_shape(input_shape, (3,)) or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, T, features) with known features, "
                              f"got shape {input_shape}")
         self.add_weight("embeddings", (self.sequence_length, input_shape[-1]), self.initializer)
@@ -287,8 +288,9 @@ class FeedForward(_Composite):
         self.output_dim = None if output_dim is None else int(output_dim)
 
     def build(self, input_shape):
-        if input_shape[-1] is None:
-            raise ValueError(f"Layer '{self.name}': needs a known feature size, got shape {input_shape}")
+        if not is_shape(input_shape, range(2, 33)) or input_shape[-1] is None:
+            raise ValueError(f"Layer '{self.name}': needs inputs (batch, ..., features) with a known feature size, "
+                             f"got shape {input_shape}")
         out_dim = self.output_dim or input_shape[-1]
         self.intermediate_dense = self._add_sublayer(
             "intermediate", Dense(self.intermediate_dim, self.activation, dtype=self.dtype,
@@ -568,14 +570,14 @@ class _TransformerLayerBase(_Composite):
         self.model_dim = None
 
     def _model_dim(self, input_shape):
-        dim = input_shape[-1]
-        if dim is None or len(input_shape) != 3:
+        if not is_shape(input_shape, (3,)) or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, T, features) with known features, got "
                              f"shape {input_shape}")
+        dim = int(input_shape[-1])
         if dim % self.num_heads:
             raise ValueError(f"Layer '{self.name}': the embedding size {dim} (last axis of shape {input_shape}) "
                              f"is not divisible by num_heads={self.num_heads}")
-        self.model_dim = int(dim)
+        self.model_dim = dim
         return self.model_dim
 
     def _attention(self, prefix, input_shapes):
