@@ -16,6 +16,8 @@ echo "== C++ unit tests"
 cmake -S . -B build/ctest -DATTNX_BUILD_TESTS=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/ctest -j"$(nproc)" >/dev/null
 (cd build/ctest && ctest --output-on-failure)
+echo "== docs (API reference from the docstrings; warnings are errors)"
+python3 -m mkdocs build --strict -q
 echo "== pytest"
 # run from tests/ so that the installed attnx is what gets imported, not the source tree
 (cd tests && python3 -m pytest -q -ra "$@")

@@ -107,3 +107,32 @@ def test_design_references_point_at_architecture_md():
             if re.search(r"\bDESIGN\.md\b", line):
                 stale.append(f"{path.relative_to(ROOT)}:{i}")
     assert not stale, f"references to a DESIGN.md the repository does not have: {stale}"
+
+
+def _architecture_sections():
+    return {line.lstrip("#").strip() for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines()
+            if line.startswith("## ")}
+
+
+def test_code_names_only_sections_architecture_md_has():
+    """Comments like `(ARCHITECTURE.md, "The mask rule")` name a section that exists."""
+    sections, stale = _architecture_sections(), []
+    for path in list(PACKAGE.rglob("*.py")) + list((ROOT / "cpp").rglob("*.[hc]pp")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            for name in re.findall(r'ARCHITECTURE\.md,? (?:section )?"([^"]+)"', line):
+                if not any(s == name or s.startswith(name + " (") for s in sections):  # "Interop (`attnx.interop`)"
+                    stale.append(f"{path.relative_to(ROOT)}:{i}: {name!r}")
+    assert not stale, f"sections ARCHITECTURE.md does not have: {stale}; it has {sorted(sections)}"
+
+
+def test_files_architecture_md_names_exist():
+    """Every `path` in backquotes that looks like a repository file (python/, cpp/, tests/, ...) exists,
+    and so does every module file it names under python/attnx (`layers/core.py`, `seq2seq.hpp`)."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    missing = []
+    for ref in sorted(set(re.findall(r"`([\w./-]+\.(?:py|hpp|cpp|c|md|toml|sh|pyi))`", text))):
+        candidates = [ROOT / ref, PACKAGE / ref, ROOT / "cpp" / "include" / "attnx" / ref, ROOT / "cpp" / "bindings" / ref,
+                      ROOT / "cpp" / ref, ROOT / "tests" / ref, ROOT / "benchmarks" / ref, ROOT / "examples" / ref]
+        if not any(c.exists() for c in candidates):
+            missing.append(ref)
+    assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"

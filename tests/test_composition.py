@@ -536,3 +536,38 @@ def test_load_model_without_compile_needs_no_custom_loss(tmp_path):
     loaded = attnx.load_model(path, compile=False)
     assert not loaded.compiled
     np.testing.assert_array_equal(loaded.predict(x), model.predict(x))
+
+
+def test_masks_travel_with_their_arrays_inside_call_as_in_the_graph():
+    """Embedding(mask_zero=True) inside a class model masks the layers after it, as in a functional model."""
+    class Masked(attnx.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.embedding = layers.Embedding(20, 4, mask_zero=True, dtype=F64)
+            self.rnn = layers.LSTM(5, return_sequences=True, dtype=F64)
+            self.pool = layers.AttentionPooling(dtype=F64)
+
+        def call(self, ids):
+            return self.pool(self.rnn(self.embedding(ids)))
+
+    rng = np.random.default_rng(8)
+    ids = rng.integers(1, 20, (4, 6))
+    ids[1, 3:] = 0
+    ids[2, 1:] = 0
+    model = Masked(dtype=F64)
+    model(ids)
+    inp = attnx.Input((6,), dtype="int64")
+    graph = attnx.Model(inp, model.pool(model.rnn(model.embedding(inp))))
+    np.testing.assert_allclose(model.predict(ids), graph.predict(ids), rtol=1e-12)
+    unmasked = ids.copy()
+    unmasked[unmasked == 0] = 5
+    assert not np.allclose(model.predict(ids)[1], model.predict(unmasked)[1])  # the padding is masked
+    dy = rng.standard_normal((4, 5))
+    results = []
+    for m in (model, graph):
+        m.zero_grad()
+        out, cache = m.apply(ids, training=True)
+        m.backprop(cache, dy)
+        results.append({n: g.copy() for n, g in model.rnn.grads.items()})
+    for name in results[0]:
+        np.testing.assert_allclose(results[0][name], results[1][name], rtol=1e-9, atol=1e-12, err_msg=name)

@@ -711,7 +711,7 @@ class HardAttention(Attention):
         score: any `Attention` score.
         inference: "argmax" (default) or "sample".
         baseline_decay: decay of the moving-average reward baseline.
-        Other arguments as `Attention` (no dropout).
+        **kwargs: the other arguments of `Attention` (no dropout).
 
     Call arguments as `Attention`, plus ``return_positions``: also return the chosen positions
     (B, Tq) (or (B,)), integers, after the weights when those are returned too (their gradient is

@@ -33,6 +33,7 @@ import contextlib
 import contextvars
 import functools
 import math
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -89,6 +90,8 @@ class Layer:
     # a call recorded on a tape moves them into its inputs list (``mha(q, v)`` is ``mha([q, v])``,
     # ``rnn(x, initial_state=s)`` is ``rnn([x, *s])``).
     _gradient_arguments = ()
+    # True for a layer whose compute_mask makes a mask from its inputs alone (Embedding(mask_zero=True))
+    _creates_mask = False
     # A model's training step clears this for layers fed only by its inputs, whose input
     # gradient nobody reads; layers may then skip computing it and return None.
     input_gradient_needed = True
@@ -255,12 +258,17 @@ class Layer:
                 kwargs["mask"] = mask
             return symbolic_call(self, inputs, args, kwargs)
         training = _call_training.get() if training is None else bool(training)  # Keras: inherited
+        if mask is None:
+            mask = _attached_mask(inputs)
         tape = ops.active_tape()
         if tape is not None and not self._runs_call():
-            return self._record_call(tape, inputs, args, kwargs, training, mask)
-        outputs, cache = self.apply(inputs, *args, training=training, mask=mask, **kwargs)
-        if training and cache is not None:
-            self._cache = cache  # the last training call, for backward(dy)
+            outputs = self._record_call(tape, inputs, args, kwargs, training, mask)
+        else:
+            outputs, cache = self.apply(inputs, *args, training=training, mask=mask, **kwargs)
+            if training and cache is not None:
+                self._cache = cache  # the last training call, for backward(dy)
+        if mask is not None or self._creates_mask:
+            _attach_masks(outputs, self.compute_mask(_map(inputs, ops.untraced), mask))
         return outputs
 
     def apply(self, inputs, *args, training=False, mask=None, **kwargs):
@@ -527,6 +535,36 @@ class Layer:
 
     def __repr__(self):
         return f"<{type(self).__name__} name={self.name!r}>"
+
+
+# Keras' `_keras_mask` outside the functional API: the mask a layer call's compute_mask gave, kept
+# beside the output array it belongs to (while that array lives), so that the next layer called on
+# that array inside a `call` or a GradientTape block receives it as the graph would pass it.
+_masks = {}  # id(array) -> (weak reference to the array, its mask)
+
+
+def _mask_of(x):
+    array = ops.untraced(x)
+    entry = _masks.get(id(array))
+    return entry[1] if entry is not None and entry[0]() is array else None
+
+
+def _attached_mask(inputs):
+    """The masks attached to `inputs` (its structure), or None when none has one."""
+    if type(inputs) is np.ndarray and not _masks:
+        return None
+    masks = [_mask_of(x) for x in _as_list(inputs)]
+    if all(m is None for m in masks):
+        return None
+    return masks if isinstance(inputs, (list, tuple)) else masks[0]
+
+
+def _attach_masks(outputs, masks):
+    for output, mask in zip(_as_list(outputs), masks if isinstance(masks, list) else [masks]):
+        array = ops.untraced(output)
+        if mask is not None and isinstance(array, np.ndarray):
+            key = id(array)
+            _masks[key] = (weakref.ref(array, lambda _, key=key: _masks.pop(key, None)), mask)
 
 
 def _config_value(value):
