@@ -11,13 +11,17 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# guides whose blocks run on their own, each in its own namespace (the others need the README's
+# model, a file the reader brings, MPI or minutes of training, and say so block by block)
+GUIDES = [ROOT / "docs" / "guides" / "layers-and-models.md"]
 SKIP = re.compile(r"<!-- readme-test: skip \((.+)\) -->")
 
 
-def readme_blocks():
-    """[(line number, code, skip reason or None)] of the README's ```python blocks."""
-    lines, blocks = README.read_text(encoding="utf-8").splitlines(), []
+def readme_blocks(path=README):
+    """[(line number, code, skip reason or None)] of the ```python blocks of a Markdown file."""
+    lines, blocks = path.read_text(encoding="utf-8").splitlines(), []
     i = 0
     while i < len(lines):
         if lines[i].strip() == "```python":
@@ -58,3 +62,20 @@ def test_readme_python_blocks_run_as_written(tmp_path, monkeypatch):
     expected = namespace["model"].predict(x, verbose=0)
     assert abs(namespace["probabilities"] - expected).max() < 1e-5
     assert os.path.exists("sentiment.attnx") and os.path.exists("sentiment.onnx")
+
+
+@pytest.mark.parametrize("guide", GUIDES, ids=lambda p: p.name)
+def test_guide_python_blocks_run_as_written(guide, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "__guide__"}
+    ran = 0
+    for line, code, reason in readme_blocks(guide):
+        if reason is not None:
+            continue
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                exec(compile(code, f"{guide.name} (block at line {line})", "exec"), namespace)
+            except Exception as exc:
+                raise AssertionError(f"{guide.name} block at line {line} failed: {type(exc).__name__}: {exc}") from exc
+        ran += 1
+    assert ran >= 2
