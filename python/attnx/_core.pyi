@@ -90,6 +90,13 @@ def lstmn_backward(
     dattention_vector: Array, reverse: bool = False, need_dx: bool = True,
 ) -> tuple[Array | None, Array, Array]: ...
 
+# ---------------------------------------------------------------------------- DRAW
+def draw_read_forward(image: Array, params: Array, n: int) -> tuple[Array, Array, Array, Array]: ...
+def draw_write_forward(patch: Array, params: Array, height: int, width: int) -> tuple[Array, Array, Array, Array]: ...
+def draw_attend_backward(
+    dout: Array, out: Array, x: Array, window: Array, fx: Array, fy: Array, write: bool, need_dx: bool = True,
+) -> tuple[Array | None, Array]: ...
+
 # ---------------------------------------------------------------------------- attention
 def sdpa_forward(
     query: Array, key: Array, value: Array, mask: Mask = None, causal: bool = False, scale: float = 1.0,

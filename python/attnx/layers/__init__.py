@@ -3,6 +3,7 @@ from .attention import (AdditiveAttention, Attention, AttentionPooling, HardAtte
                         LuongAttention)
 from .base import Layer, get
 from .conv import AveragePooling2D, Conv2D, MaxPooling2D
+from .draw import FilterbankRead, FilterbankWrite
 from .lstmn import LSTMN
 from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                    Reshape)
@@ -16,4 +17,4 @@ __all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Emb
            "LocalAttention", "LuongAttention", "FeedForward", "LayerNormalization", "MultiHeadAttention",
            "PositionalEncoding", "PositionEmbedding", "TransformerDecoder", "TransformerDecoderLayer",
            "TransformerEncoder", "TransformerEncoderLayer", "Conv2D", "MaxPooling2D", "AveragePooling2D",
-           "LSTMN"]
+           "LSTMN", "FilterbankRead", "FilterbankWrite"]
