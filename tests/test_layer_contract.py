@@ -101,6 +101,12 @@ CASES = {
     "MaxPooling2D": (lambda: layers.MaxPooling2D(2, strides=1, dtype=F64), lambda r, B, T: [(_image(r, B, T), "x")]),
     "AveragePooling2D": (lambda: layers.AveragePooling2D(2, padding="same", dtype=F64),
                          lambda r, B, T: [(_image(r, B, T), "x")]),
+    "LSTMN": (lambda: layers.LSTMN(5, return_sequences=True, return_state=True, num_layers=2, dropout=0.2, dtype=F64),
+              lambda r, B, T: [(_seq(r, B, T), "x"), (_mask(r, B, T), "mask")]),
+    "FilterbankRead": (lambda: layers.FilterbankRead(2, dtype=F64),
+                       lambda r, B, T: [(r.random((B, T, T + 1)), "x"), (0.3 * r.standard_normal((B, 5)), "x")]),
+    "FilterbankWrite": (lambda: layers.FilterbankWrite(5, 6, dtype=F64),
+                        lambda r, B, T: [(r.standard_normal((B, 3, 3)), "x"), (0.3 * r.standard_normal((B, 5)), "x")]),
 }
 # HardAttention trains by REINFORCE: each training call needs its reward (`set_reward(rewards, cache)`)
 # before backprop, which a generic model does not give it; its shared-call gradients are checked
@@ -329,6 +335,7 @@ MASKED = {
     "GRU": (lambda: layers.GRU(3), lambda l, x, m: l(x, mask=m)),
     "LSTM": (lambda: layers.LSTM(3), lambda l, x, m: l(x, mask=m)),
     "Bidirectional": (lambda: layers.Bidirectional(layers.LSTM(3)), lambda l, x, m: l(x, mask=m)),
+    "LSTMN": (lambda: layers.LSTMN(3), lambda l, x, m: l(x, mask=m)),
     "AttentionPooling": (lambda: layers.AttentionPooling(), lambda l, x, m: l(x, mask=m)),
     "Attention (value mask)": (lambda: layers.Attention(), lambda l, x, m: l([x, x], mask=[None, m])),
     "AdditiveAttention (value mask)": (lambda: layers.AdditiveAttention(), lambda l, x, m: l([x, x], mask=[None, m])),

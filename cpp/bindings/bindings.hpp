@@ -11,4 +11,6 @@ void init_attention(pybind11::module_& m);
 void init_transformer(pybind11::module_& m);
 void init_seq2seq(pybind11::module_& m);
 void init_conv(pybind11::module_& m);
+void init_lstmn(pybind11::module_& m);
+void init_draw(pybind11::module_& m);
 }  // namespace attnx::bind

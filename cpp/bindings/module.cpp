@@ -56,4 +56,6 @@ PYBIND11_MODULE(_core, m) {
     attnx::bind::init_transformer(m);
     attnx::bind::init_seq2seq(m);
     attnx::bind::init_conv(m);
+    attnx::bind::init_lstmn(m);
+    attnx::bind::init_draw(m);
 }

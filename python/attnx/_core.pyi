@@ -77,6 +77,26 @@ def rnn_backward(
     need_dx: bool = True, split_batch: bool = True,
 ) -> tuple[Array | None, Array, Array | None]: ...
 
+def lstmn_forward(
+    x: Array, kernel: Array, recurrent_kernel: Array, bias: Array | None, memory_kernel: Array,
+    attention_input_kernel: Array, summary_kernel: Array, attention_bias: Array | None, attention_vector: Array,
+    h0: Array | None, c0: Array | None, mask: Mask, reverse: bool = False, training: bool = True,
+) -> tuple[Array, Array, Array, Array, tuple[Array, ...] | None]: ...
+def lstmn_backward(
+    x: Array, kernel: Array, recurrent_kernel: Array, memory_kernel: Array, attention_input_kernel: Array,
+    summary_kernel: Array, attention_vector: Array, cache: tuple[Array, ...], mask: Mask, dy: Array | None,
+    dh: Array | None, dc: Array | None, dkernel: Array, drecurrent_kernel: Array, dbias: Array | None,
+    dmemory_kernel: Array, dattention_input_kernel: Array, dsummary_kernel: Array, dattention_bias: Array | None,
+    dattention_vector: Array, reverse: bool = False, need_dx: bool = True,
+) -> tuple[Array | None, Array, Array]: ...
+
+# ---------------------------------------------------------------------------- DRAW
+def draw_read_forward(image: Array, params: Array, n: int) -> tuple[Array, Array, Array, Array]: ...
+def draw_write_forward(patch: Array, params: Array, height: int, width: int) -> tuple[Array, Array, Array, Array]: ...
+def draw_attend_backward(
+    dout: Array, out: Array, x: Array, window: Array, fx: Array, fy: Array, write: bool, need_dx: bool = True,
+) -> tuple[Array | None, Array]: ...
+
 # ---------------------------------------------------------------------------- attention
 def sdpa_forward(
     query: Array, key: Array, value: Array, mask: Mask = None, causal: bool = False, scale: float = 1.0,

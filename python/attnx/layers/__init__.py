@@ -3,6 +3,8 @@ from .attention import (AdditiveAttention, Attention, AttentionPooling, HardAtte
                         LuongAttention)
 from .base import Layer, get
 from .conv import AveragePooling2D, Conv2D, MaxPooling2D
+from .draw import FilterbankRead, FilterbankWrite
+from .lstmn import LSTMN
 from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                    Reshape)
 from .recurrent import GRU, LSTM, Bidirectional, GRUCell, LSTMCell, SimpleRNN, SimpleRNNCell
@@ -14,4 +16,5 @@ __all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Emb
            "GRUCell", "LSTMCell", "AdditiveAttention", "Attention", "AttentionPooling", "HardAttention",
            "LocalAttention", "LuongAttention", "FeedForward", "LayerNormalization", "MultiHeadAttention",
            "PositionalEncoding", "PositionEmbedding", "TransformerDecoder", "TransformerDecoderLayer",
-           "TransformerEncoder", "TransformerEncoderLayer", "Conv2D", "MaxPooling2D", "AveragePooling2D"]
+           "TransformerEncoder", "TransformerEncoderLayer", "Conv2D", "MaxPooling2D", "AveragePooling2D",
+           "LSTMN", "FilterbankRead", "FilterbankWrite"]
