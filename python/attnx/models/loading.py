@@ -23,6 +23,9 @@ def _load_model(path, compile=True):
     name = header["model"]["class_name"]
     found = serialization.get_registered_object(name)
     cls = found if isinstance(found, type) else Layer.registry.get(name)
+    if cls is None and name in _LAZY_MODEL_CLASSES:  # a model of a module `import attnx` leaves for later
+        import importlib
+        cls = getattr(importlib.import_module(_LAZY_MODEL_CLASSES[name]), name)
     if cls is None or not issubclass(cls, Model):
         raise ValueError(f"{path}: unknown model class {name!r} (register it with @attnx.register_serializable() "
                          "or give it in custom_objects)")
@@ -46,6 +49,10 @@ def _load_model(path, compile=True):
                       loss_weights=compile_config["loss_weights"])
         saving.restore_optimizer_state(model, header, path)
     return model
+
+
+# the model classes of the modules attnx imports on first use (attnx/__init__.py), by module
+_LAZY_MODEL_CLASSES = {"DRAW": "attnx.draw", "HierarchicalAttentionNetwork": "attnx.hierarchical"}
 
 
 def _build_from_spec(model, spec):
