@@ -536,3 +536,74 @@ def test_load_model_without_compile_needs_no_custom_loss(tmp_path):
     loaded = attnx.load_model(path, compile=False)
     assert not loaded.compiled
     np.testing.assert_array_equal(loaded.predict(x), model.predict(x))
+
+
+def test_masks_travel_with_their_arrays_inside_call_as_in_the_graph():
+    """Embedding(mask_zero=True) inside a class model masks the layers after it, as in a functional model."""
+    class Masked(attnx.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.embedding = layers.Embedding(20, 4, mask_zero=True, dtype=F64)
+            self.rnn = layers.LSTM(5, return_sequences=True, dtype=F64)
+            self.pool = layers.AttentionPooling(dtype=F64)
+
+        def call(self, ids):
+            return self.pool(self.rnn(self.embedding(ids)))
+
+    rng = np.random.default_rng(8)
+    ids = rng.integers(1, 20, (4, 6))
+    ids[1, 3:] = 0
+    ids[2, 1:] = 0
+    model = Masked(dtype=F64)
+    model(ids)
+    inp = attnx.Input((6,), dtype="int64")
+    graph = attnx.Model(inp, model.pool(model.rnn(model.embedding(inp))))
+    np.testing.assert_allclose(model.predict(ids), graph.predict(ids), rtol=1e-12)
+    unmasked = ids.copy()
+    unmasked[unmasked == 0] = 5
+    assert not np.allclose(model.predict(ids)[1], model.predict(unmasked)[1])  # the padding is masked
+    dy = rng.standard_normal((4, 5))
+    results = []
+    for m in (model, graph):
+        m.zero_grad()
+        out, cache = m.apply(ids, training=True)
+        m.backprop(cache, dy)
+        results.append({n: g.copy() for n, g in model.rnn.grads.items()})
+    for name in results[0]:
+        np.testing.assert_allclose(results[0][name], results[1][name], rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_a_deterministic_call_repeated_on_one_tape_runs_once():
+    """The tutorial's W2(values) at every decoder step: the same inference-mode call on the same arrays is
+    recorded once, its backward run once on the summed gradients, and the gradients are unchanged."""
+    class CountingDense(layers.Dense):
+        forwards = backprops = 0
+
+        def forward(self, inputs, training=False):
+            CountingDense.forwards += 1
+            return super().forward(inputs, training=training)
+
+        def backprop(self, cache, dy):
+            CountingDense.backprops += 1
+            return super().backprop(cache, dy)
+
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((3, 4))
+    dense = CountingDense(2, dtype=F64)
+    reference = layers.Dense(2, dtype=F64)
+    dense(x), reference(x)
+    reference.set_weights(dense.get_weights())
+    CountingDense.forwards = 0
+    with attnx.GradientTape() as tape:
+        tape.watch(x)
+        total = sum(K.sum(dense(x) * float(k)) for k in range(1, 4))
+        again = dense(x, training=True)  # a training call is never reused (dropout would draw again)
+        total = total + K.sum(again)
+    grads = tape.gradient(total, [x] + dense.trainable_variables)
+    assert CountingDense.forwards == 2 and CountingDense.backprops == 2
+    with attnx.GradientTape() as tape:
+        tape.watch(x)
+        expected_total = K.sum(reference(x)) * 7.0  # 1 + 2 + 3, and the training call's 1
+    expected = tape.gradient(expected_total, [x] + reference.trainable_variables)
+    for g, e in zip(grads, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-12)

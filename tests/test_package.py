@@ -2,7 +2,6 @@
 and the C++ unit tests (ctest)."""
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -24,33 +23,31 @@ def _python(code, timeout=60):
 
 
 IMPORT_PROBE = """
-import sys, time
-t, c = time.perf_counter(), time.process_time()
+import sys
+calls = [0]
+def count(frame, event, arg):
+    if event == "call":
+        calls[0] += 1
+sys.setprofile(count)
 import attnx
-wall, cpu = time.perf_counter() - t, time.process_time() - c
+sys.setprofile(None)
 heavy = sorted(m for m in ("torch", "matplotlib", "tqdm", "pandas", "scipy") if m in sys.modules)
-print(wall, cpu, ",".join(heavy) or "-", attnx.__file__)
+print(calls[0], ",".join(heavy) or "-", attnx.__file__)
 """
+
+# Python function calls of `import attnx` (56,000 in November 2026, when it took 0.12-0.16 s of CPU on
+# this project's machines): the work of importing, counted rather than timed so that the test does not
+# depend on the machine's load. Importing torch alone makes several hundred thousand.
+IMPORT_CALL_BUDGET = 100_000
 
 
 def test_import_is_fast_and_light():
-    """`import attnx` under 0.3 s (issue 2), measured in 7 fresh interpreters.
-
-    On a machine with a free core the median wall time must be under 0.3 s. When other
-    processes keep every core busy (load average above the core count), wall time mostly
-    measures waiting for a core and even CPU time inflates (shared caches), so the best CPU time
-    of the runs is held under 0.25 s instead.
-    """
-    runs = [_python(IMPORT_PROBE).split() for _ in range(7)]
-    walls = [float(r[0]) for r in runs]
-    cpus = [float(r[1]) for r in runs]
-    assert all(r[3].startswith(PACKAGE_PARENT) for r in runs)  # the checkout under test, not another install
-    assert all(r[2] == "-" for r in runs), f"import attnx pulled in {runs[0][2]}"
-    load = os.getloadavg()[0]
-    if load <= (os.cpu_count() or 1):
-        assert statistics.median(walls) < 0.3, f"wall seconds per import: {walls} (load average {load:.1f})"
-    else:
-        assert min(cpus) < 0.25, f"machine overloaded (load average {load:.1f}): wall {walls}, CPU {cpus}"
+    """`import attnx` stays light (issue 2: under 0.3 s): no heavy package, and a bounded amount of
+    Python work, counted in function calls in a fresh interpreter (deterministic, unlike a time)."""
+    calls, heavy, path = _python(IMPORT_PROBE).split()
+    assert path.startswith(PACKAGE_PARENT)  # the checkout under test, not another install
+    assert heavy == "-", f"import attnx pulled in {heavy}"
+    assert int(calls) < IMPORT_CALL_BUDGET, f"import attnx made {int(calls):,} Python calls"
 
 
 def test_lazy_submodules_do_not_import_torch_or_matplotlib():

@@ -241,13 +241,20 @@ class SparseCategoricalCrossentropy(Loss):
     Args:
         from_logits: scores are logits (else probabilities, as after a softmax).
         ignore_index: a label value that contributes nothing, e.g. the padding id of targets.
+        label_smoothing: epsilon of PyTorch's ``CrossEntropyLoss(label_smoothing=...)``: the target
+            is ``(1 - epsilon) onehot(y) + epsilon / K`` (needs from_logits).
     """
 
     def __init__(self, from_logits=False, ignore_index=None, name="sparse_categorical_crossentropy",
-                 reduction="sum_over_batch_size"):
+                 reduction="sum_over_batch_size", label_smoothing=0.0):
         super().__init__(name, reduction)
         self.from_logits = bool(from_logits)
         self.ignore_index = ignore_index
+        if not 0.0 <= float(label_smoothing) < 1.0:
+            raise ValueError(f"{name}: label_smoothing must be in [0, 1), got {label_smoothing}")
+        if label_smoothing and not self.from_logits:
+            raise ValueError(f"{name}: label_smoothing needs from_logits=True")
+        self.label_smoothing = float(label_smoothing)
 
     def _values(self, y_true, pred):
         labels, keep, _ = self._labels_and_keep(y_true, pred, None)
@@ -257,6 +264,7 @@ class SparseCategoricalCrossentropy(Loss):
         if self.from_logits:  # logsumexp(z) - z_y
             top = pred.max(axis=-1)
             values = top + np.log(np.exp(pred - top[..., None]).sum(axis=-1)) - picked
+            values += self.label_smoothing * (picked - pred.mean(axis=-1))  # see _add_smoothing
         else:  # the kernel's normalized, clipped probabilities (loss.hpp)
             eps = pred.dtype.type(_PROB_EPSILON)
             values = -np.log(np.clip(picked / pred.sum(axis=-1), eps, 1 - eps))
@@ -277,9 +285,28 @@ class SparseCategoricalCrossentropy(Loss):
             if sw.shape != rows[:sw.ndim]:
                 raise ValueError(f"{self.name}: sample_weight shape {sw.shape} must match the leading axes of {rows}")
             w = w * sw.reshape(sw.shape + (1,) * (len(rows) - sw.ndim))
-        return _core.sparse_categorical_crossentropy(pred=pred, labels=labels, weights=np.ascontiguousarray(w),
-                                                     from_logits=self.from_logits, ignore_index=ignore,
-                                                     denom=max(self._scored(labels, keep, mask), 1.0))
+        denom = max(self._scored(labels, keep, mask), 1.0)
+        value, dpred = _core.sparse_categorical_crossentropy(pred=pred, labels=labels, weights=np.ascontiguousarray(w),
+                                                             from_logits=self.from_logits, ignore_index=ignore,
+                                                             denom=denom)
+        if self.label_smoothing:
+            value = self._add_smoothing(pred, labels, keep, w / pred.dtype.type(denom), value, dpred)
+        return value, dpred
+
+    def _add_smoothing(self, logits, labels, keep, weights, value, dlogits):
+        """Adds label smoothing to the kernel's (value, dlogits) of the plain cross-entropy, in place.
+        With e = label_smoothing, the log-softmax's log-sum-exp cancels:
+            loss_i = (1 - e) (-log p_{i,y}) + e mean_k (-log p_{i,k}) = CE_i + e (z_{i,y} - mean_k z_{i,k})
+            d loss_i / d z_{i,k} = dCE_i / d z_{i,k} + e ([k = y_i] - 1 / K)
+        each row weighted by w_i / n as the kernel weighs it. Returns the new value."""
+        e, K = self.label_smoothing, logits.shape[-1]
+        z, dz = logits.reshape(-1, K), dlogits.reshape(-1, K)
+        rows, y = np.arange(z.shape[0]), np.where(keep, labels, 0).reshape(-1)  # ignored rows weigh 0
+        w = weights.reshape(-1)
+        value += e * float(np.dot(w, z[rows, y] - z.mean(axis=1)))
+        dz -= (e / K) * w[:, None]
+        dz[rows, y] += e * w
+        return value
 
     def _scored(self, labels, keep, mask):
         """The mean's denominator: the labels scored (all of them unless masked or ignored)."""
@@ -308,7 +335,8 @@ class SparseCategoricalCrossentropy(Loss):
         return labels, keep & (labels != ignore), ignore
 
     def get_config(self):
-        return {**super().get_config(), "from_logits": self.from_logits, "ignore_index": self.ignore_index}
+        return {**super().get_config(), "from_logits": self.from_logits, "ignore_index": self.ignore_index,
+                "label_smoothing": self.label_smoothing}
 
 
 class CategoricalCrossentropy(Loss):

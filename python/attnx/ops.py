@@ -141,6 +141,7 @@ class Tape:
         self._watched = {}    # id(array) -> its leaf, for arrays given by identity (weights)
         self._buffers = []    # (leaf, gradient buffer) from watch(into=...)
         self._weights = {}    # id(param) -> (param, gradient buffer) of every layer whose call was recorded
+        self.calls = {}       # deterministic layer calls recorded, for Layer._record_call to reuse
 
     def __enter__(self):
         tapes = _active.__dict__.setdefault("tapes", [])

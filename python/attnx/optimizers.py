@@ -66,6 +66,23 @@ class CosineDecay(LearningRateSchedule):
         return peak * ((1 - self.alpha) * 0.5 * (1 + math.cos(math.pi * t)) + self.alpha)
 
 
+class NoamDecay(LearningRateSchedule):
+    """The warm-up and inverse-square-root decay of "Attention Is All You Need" (section 5.3):
+    ``lr = scale * model_dim ** -0.5 * min(s ** -0.5, s * warmup_steps ** -1.5)``, s = step + 1:
+    linear growth for `warmup_steps` steps, to ``scale * (model_dim * warmup_steps) ** -0.5``, then
+    proportional to 1 / sqrt(s)."""
+
+    def __init__(self, model_dim, warmup_steps=4000, scale=1.0):
+        if int(model_dim) <= 0 or int(warmup_steps) <= 0 or not float(scale) > 0:
+            raise ValueError(f"NoamDecay: model_dim, warmup_steps and scale must be positive, got {model_dim}, "
+                             f"{warmup_steps}, {scale}")
+        self.model_dim, self.warmup_steps, self.scale = int(model_dim), int(warmup_steps), float(scale)
+
+    def __call__(self, step):
+        s = step + 1
+        return self.scale * self.model_dim ** -0.5 * min(s ** -0.5, s * self.warmup_steps ** -1.5)
+
+
 # ---------------------------------------------------------------------------- optimizers
 class Optimizer:
     """Base class.

@@ -40,8 +40,10 @@ from .layers.core import Embedding
 from .layers.recurrent import GRU, LSTM, Bidirectional
 from .masking import as_mask
 from .models import Model
+from .translation import Transformer  # the transformer translation model, with Seq2Seq's API
 
-__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq", "beam_search"]
+__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq", "Transformer",
+           "beam_search"]
 
 _CELLS = {"gru": GRU, "lstm": LSTM}
 

@@ -10,15 +10,17 @@ are listed in the docstrings.
 
 from __future__ import annotations
 
+import heapq
 import json
 import numbers
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from typing import NamedTuple
 
 import numpy as np
 
 __all__ = [
     "DEFAULT_FILTERS",
+    "SubwordTokenizer",
     "Tokenizer",
     "WordVectors",
     "load_word_vectors",
@@ -344,6 +346,8 @@ def tokenizer_from_json(json_string):
     payload = json.loads(json_string)
     if not isinstance(payload, dict) or not isinstance(payload.get("config"), dict):
         raise ValueError("Expected the JSON of a Tokenizer, as written by `Tokenizer.to_json()`.")
+    if payload.get("class_name") == "SubwordTokenizer":
+        return SubwordTokenizer.from_config(payload["config"])
     config = dict(payload["config"])
     try:
         word_counts = json.loads(config.pop("word_counts"))
@@ -364,6 +368,194 @@ def tokenizer_from_json(json_string):
     tokenizer.index_word = {int(index): word for index, word in index_word.items()}
     tokenizer.word_index = word_index
     return tokenizer
+
+
+class SubwordTokenizer:
+    """A byte-pair-encoding subword vocabulary (Sennrich et al. 2016) learned on a corpus, so that a
+    word never seen in training is spelt with known pieces instead of becoming ``<unk>``.
+
+    Words are the text split on whitespace; each starts with the marker ``"\u2581"`` (SentencePiece's
+    convention), so `decode` restores the spaces: ``decode(encode(t)) == " ".join(t.split())`` for any
+    text whose characters occurred in training (and that has no marker of its own). A character never
+    seen in training becomes ``<unk>``. Case is kept unless `lower`.
+
+    Training (`fit_on_texts`) starts from the characters and repeatedly merges the most frequent
+    adjacent pair of symbols (ties: the smallest pair) until the vocabulary has `vocab_size` ids or
+    no pair occurs twice; encoding applies the merges in the order they were learned.
+
+    Args:
+        vocab_size: the number of ids wanted, 0 (padding) and the special tokens included.
+        lower: lowercase texts first.
+
+    Ids: 0 padding, 1 ``<unk>``, 2 ``<start>``, 3 ``<end>``, then the characters by decreasing
+    count, then the merged symbols in merge order. ``word_index`` / ``index_word`` map symbols to
+    ids and back (as `Tokenizer`'s).
+    """
+
+    MARKER = "\u2581"
+    SPECIAL_TOKENS = ("<unk>", "<start>", "<end>")
+
+    def __init__(self, vocab_size=8000, lower=False):
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or \
+                vocab_size < len(self.SPECIAL_TOKENS) + 2:
+            raise ValueError(f"SubwordTokenizer: vocab_size must be an integer >= {len(self.SPECIAL_TOKENS) + 2}, "
+                             f"got {vocab_size!r}")
+        self.target_vocab_size = int(vocab_size)
+        self.lower = bool(lower)
+        self.merges = []
+        self._reset([])
+
+    def _reset(self, symbols):
+        self.index_word = dict(enumerate(list(self.SPECIAL_TOKENS) + list(symbols), start=1))
+        self.word_index = {w: i for i, w in self.index_word.items()}
+        self._ranks = {pair: rank for rank, pair in enumerate(self.merges)}
+        self._pieces = {}  # word -> its symbols, a memo of `_split`
+
+    @property
+    def vocab_size(self):
+        """The number of ids, padding included (the size an embedding table needs)."""
+        return len(self.index_word) + 1
+
+    @property
+    def unk_id(self):
+        return self.word_index["<unk>"]
+
+    def _words(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"SubwordTokenizer: texts must be str, got {type(text).__name__}")
+        return (text.lower() if self.lower else text).split()
+
+    def fit_on_texts(self, texts):
+        """Learns the vocabulary of `texts` (an iterable of str), replacing any earlier one. Returns self."""
+        counts = Counter(word for t in texts for word in self._words(t))
+        words = [[self.MARKER] + list(w) for w in counts]
+        freqs = list(counts.values())
+        chars = Counter()
+        for symbols, f in zip(words, freqs):
+            for c in symbols:
+                chars[c] += f
+        alphabet = [c for c, _ in sorted(chars.items(), key=lambda item: (-item[1], item[0]))]
+        budget = self.target_vocab_size - 1 - len(self.SPECIAL_TOKENS) - len(alphabet)
+        # pair counts over the corpus, the words each pair occurs in, and a heap of (-count, pair)
+        # whose stale entries (count changed since pushed) are skipped when popped
+        pair_counts, where = Counter(), defaultdict(set)
+        for i, (symbols, f) in enumerate(zip(words, freqs)):
+            for pair in zip(symbols, symbols[1:]):
+                pair_counts[pair] += f
+                where[pair].add(i)
+        heap = [(-c, pair) for pair, c in pair_counts.items()]
+        heapq.heapify(heap)
+        merges = []
+        while len(merges) < budget and heap:
+            negative, pair = heapq.heappop(heap)
+            if pair_counts.get(pair, 0) != -negative:
+                continue
+            if -negative < 2:
+                break
+            merges.append(pair)
+            changed = set()
+            for i in where.pop(pair):
+                symbols, f = words[i], freqs[i]
+                merged = _merge_pair(symbols, pair)
+                if len(merged) == len(symbols):
+                    continue
+                for old in zip(symbols, symbols[1:]):
+                    pair_counts[old] -= f
+                    changed.add(old)
+                for new in zip(merged, merged[1:]):
+                    pair_counts[new] += f
+                    where[new].add(i)
+                    changed.add(new)
+                words[i] = merged
+            for p in changed:
+                if pair_counts[p] > 0:
+                    heapq.heappush(heap, (-pair_counts[p], p))
+                else:
+                    pair_counts.pop(p, None)
+        self.merges = merges
+        new_symbols = []
+        for a, b in merges:
+            if a + b not in alphabet and a + b not in new_symbols:  # two merge paths may spell one symbol
+                new_symbols.append(a + b)
+        self._reset(alphabet + new_symbols)
+        return self
+
+    def _split(self, word):
+        """The symbols of one word: its characters after the merges, lowest rank first."""
+        pieces = self._pieces.get(word)
+        if pieces is None:
+            pieces = [self.MARKER] + list(word)
+            while len(pieces) > 1:
+                ranked = [(self._ranks.get(pair, len(self._ranks)), pair) for pair in zip(pieces, pieces[1:])]
+                rank, pair = min(ranked)
+                if rank == len(self._ranks):
+                    break
+                pieces = _merge_pair(pieces, pair)
+            self._pieces[word] = pieces
+        return pieces
+
+    def tokenize(self, text):
+        """The subword strings of a text."""
+        return [piece for word in self._words(text) for piece in self._split(word)]
+
+    def encode(self, text):
+        """The ids of a text's subwords (no start / end tokens); unknown characters give ``<unk>``."""
+        unk = self.unk_id
+        return [self.word_index.get(piece, unk) for piece in self.tokenize(text)]
+
+    def decode(self, ids):
+        """The text of ids: padding and the start / end tokens dropped, the spaces restored."""
+        skip = {0, self.word_index["<start>"], self.word_index["<end>"]}
+        pieces = []
+        for i in ids:
+            i = int(i)
+            if i in skip:
+                continue
+            if i not in self.index_word:
+                raise ValueError(f"SubwordTokenizer: id {i} is not in the vocabulary (size {self.vocab_size})")
+            pieces.append(self.index_word[i])
+        return "".join(pieces).replace(self.MARKER, " ").strip()
+
+    def texts_to_sequences(self, texts):
+        return [self.encode(t) for t in texts]
+
+    def sequences_to_texts(self, sequences):
+        return [self.decode(s) for s in sequences]
+
+    def get_config(self):
+        return {"vocab_size": self.target_vocab_size, "lower": self.lower,
+                "merges": [list(pair) for pair in self.merges],
+                "symbols": [self.index_word[i] for i in range(len(self.SPECIAL_TOKENS) + 1, self.vocab_size)]}
+
+    @classmethod
+    def from_config(cls, config):
+        try:
+            tokenizer = cls(config["vocab_size"], config.get("lower", False))
+            tokenizer.merges = [tuple(pair) for pair in config["merges"]]
+            if any(len(pair) != 2 or not all(isinstance(s, str) for s in pair) for pair in tokenizer.merges):
+                raise ValueError("a merge is not a pair of strings")
+            tokenizer._reset([str(s) for s in config["symbols"]])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"SubwordTokenizer: not the config of a SubwordTokenizer ({exc!r})") from None
+        return tokenizer
+
+    def to_json(self, **kwargs):
+        """Serializes the tokenizer to a JSON string; `tokenizer_from_json` reads it back."""
+        return json.dumps({"class_name": type(self).__name__, "config": self.get_config()}, **kwargs)
+
+
+def _merge_pair(symbols, pair):
+    """`symbols` with every occurrence of the adjacent `pair` (left to right) joined into one."""
+    a, b = pair
+    out, i = [], 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and symbols[i] == a and symbols[i + 1] == b:
+            out.append(a + b)
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
 
 
 def pad_sequences(sequences, maxlen=None, dtype="int32", padding="pre", truncating="pre", value=0.0):

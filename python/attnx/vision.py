@@ -34,7 +34,8 @@ from . import losses, ops
 from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Dense
-from .models import Model, _layer_entry, _layer_from_entry
+from .models import Model
+from .models.graph import _layer_entry, _layer_from_entry
 from .seq2seq import BahdanauDecoder, _positive_int, _without_trailing_padding, beam_search, check_target_ids
 
 __all__ = ["DoublyStochasticRegularization", "ImageCaptioner"]

@@ -192,6 +192,7 @@ template <class V, bool nonpositive = false> ATTNX_ALWAYS_INLINE V exp_lanes(V x
     }
 }
 
+// reference: std::exp (cpp/tests/test_reference_activations.cpp)
 // y[i] = exp(x[i]) for i < n; y may alias x.
 template <class T> inline void exp_array(T* y, const T* x, size_t n) {
     on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
@@ -264,6 +265,7 @@ ATTNX_ALWAYS_INLINE T masked_exp_row_lanes(T* y, const T* x, const uint8_t* mask
     return T(1) / sum;
 }
 
+// reference: cpp/reference/activations.hpp, softmax_forward
 // y = softmax(x) over the entries with mask[c] != 0 (mask null: all entries), on vectors V;
 // masked entries get 0 and a fully masked row is all zeros, never NaN. One row of length cols;
 // y may alias x.
@@ -288,6 +290,7 @@ template <class T> inline void softmax_rows(T* y, const T* x, size_t rows, size_
     });
 }
 
+// reference: cpp/reference/activations.hpp, softmax_backward
 // dx[r, c] = y[r, c] * (dy[r, c] - sum_k dy[r, k] y[r, k]); dx may alias dy. Also the backward of
 // masked_softmax_row: masked entries have y = 0 and so get dx = 0.
 template <class T> inline void softmax_rows_backward(T* dx, const T* dy, const T* y, size_t rows, size_t cols) {
@@ -300,6 +303,7 @@ template <class T> inline void softmax_rows_backward(T* dx, const T* dy, const T
     }
 }
 
+// reference: cpp/reference/activations.hpp, activation_forward
 // y = act(x) over a (rows, cols) block; softmax acts on each row. y may alias x.
 template <class T> void activation_forward(T* y, const T* x, size_t rows, size_t cols, Activation act) {
     const size_t n = rows * cols;
@@ -313,6 +317,7 @@ template <class T> void activation_forward(T* y, const T* x, size_t rows, size_t
     }
 }
 
+// reference: cpp/reference/activations.hpp, activation_backward
 // dx = dy * act'(x), using the cached output y where that is cheaper (gelu needs x).
 // dx may alias dy.
 template <class T>
@@ -361,6 +366,7 @@ template <class V> ATTNX_ALWAYS_INLINE V tanh_rational(V x) {
     return x == limit ? V{} + 1.0f : x == -limit ? V{} - 1.0f : y;
 }
 
+// reference: cpp/reference/activations.hpp, act
 // act(v) lane by lane. Floats use tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2); double, for
 // the gradient checks, the exact libm functions.
 template <class V> ATTNX_ALWAYS_INLINE V activate(Activation a, V v) {
@@ -376,6 +382,7 @@ template <class V> ATTNX_ALWAYS_INLINE V activate(Activation a, V v) {
     }
 }
 
+// reference: cpp/reference/activations.hpp, act
 // v = act(v) over n contiguous values, on the widest vectors this CPU runs
 template <class T> void activate_block(Activation a, T* v, int n) {
     on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {

@@ -50,6 +50,7 @@ struct AttendShape {
 };
 
 // ----------------------------------------------------------------------------- softmax + context
+// reference: cpp/reference/attention.hpp, masked_softmax_scores
 // weights[n, t, :] = masked_softmax(scores[n, t, :]) for the B * H * Tq rows of (B, H, Tq, S)
 // scores; weights may alias scores. Fully masked rows become zeros.
 template <class T>
@@ -88,6 +89,7 @@ RightPanels<T> value_panels(const T* value, size_t ldv, int S, int Dv, int width
     return packed_panels(scratch.value_panels.data(), S, Dv, width, lanes);
 }
 
+// reference: cpp/reference/attention.hpp, softmax_context_forward
 // One problem's softmax and context for r query rows (the first is query t0), from their scores
 // w (rows ldw apart, overwritten):
 //   weights = masked_softmax(scores)                            (r, S), saved for backward and plotting
@@ -134,6 +136,7 @@ ATTNX_ALWAYS_INLINE void softmax_context_rows(T* context, size_t ldc, T* w, size
 // Vectors per tile row of the attention products (Q * lanes columns per panel)
 constexpr int kAttendTileVectors = 4;
 
+// reference: cpp/reference/attention.hpp, softmax_context_backward
 // Backward of softmax_context_rows for Tq rows (dvalue overwritten, rows ldv apart):
 //   dV       = (P * keep)^T . dC
 //   dkeep    = (dC . V^T) * P                                   (only when dkeep is not null)
@@ -160,6 +163,7 @@ void softmax_context_backward_problem(T* dscores, T* dvalue, T* dkeep, const T* 
     softmax_rows_backward(dscores, dscores, weights, (size_t)Tq, (size_t)S);
 }
 
+// reference: cpp/reference/attention.hpp, softmax_context_forward
 // Softmax and context from precomputed scores (any score kernel), all B * H problems.
 // `weights` holds the scores on entry and the attention weights on return.
 template <class T>
@@ -183,6 +187,7 @@ void softmax_context_forward(const AttendShape& shape, T* context, T* weights, c
     });
 }
 
+// reference: cpp/reference/attention.hpp, softmax_context_backward
 // Backward of softmax_context_forward: dscores (B, H, Tq, S), dvalue and dkeep (if not null) overwritten.
 template <class T>
 void softmax_context_backward(const AttendShape& shape, T* dscores, T* dvalue, T* dkeep, const T* dcontext,
@@ -225,6 +230,7 @@ T dot_scores_backward_problem(T* dq, T* dk, const T* dscores, const T* q, const 
     return dscale;
 }
 
+// reference: cpp/reference/attention.hpp, dot_scores_forward
 // scores[n] = scale * Q[n] . K[n]^T for all B * H problems; scores (B, H, Tq, S).
 template <class T>
 void dot_scores_forward(const AttendShape& shape, T* scores, const T* q, const T* k, T scale) {
@@ -237,6 +243,7 @@ void dot_scores_forward(const AttendShape& shape, T* scores, const T* q, const T
     });
 }
 
+// reference: cpp/reference/attention.hpp, dot_scores_backward
 // Backward of dot_scores_forward: dq, dk overwritten; dscale (null to skip) accumulates.
 template <class T>
 void dot_scores_backward(const AttendShape& shape, T* dq, T* dk, T* dscale, const T* dscores, const T* q, const T* k,
@@ -263,6 +270,7 @@ void dot_scores_backward(const AttendShape& shape, T* dq, T* dk, T* dscale, cons
 // stays in the core's L2 cache between the score product, the softmax and the context product.
 inline int sdpa_block_rows(int Tq, int S) { return std::max(1, std::min(Tq, 32768 / std::max(S, 1))); }
 
+// reference: cpp/reference/attention.hpp, sdpa_forward
 // Scaled dot-product attention for one or more heads (the core multi-head attention uses):
 //   scores[n]  = scale * Q[n] . K[n]^T                          (Tq, S)
 //   weights[n] = masked_softmax(scores[n]),  context[n] = (weights[n] * keep[n]) . V[n]
@@ -315,6 +323,7 @@ void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, 
     });
 }
 
+// reference: cpp/reference/attention.hpp, sdpa_backward
 // Backward of sdpa_forward. Overwrites dq, dk, dv (same layouts as q, k, v); dweights (the
 // gradient flowing into the returned weights, or null) joins before the softmax backward;
 // dscale (null to skip) accumulates d loss / d scale for a learned scale.
@@ -346,6 +355,7 @@ void sdpa_backward(const AttendShape& shape, T* dq, T* dk, T* dv, T* dscale, con
 }
 
 // ----------------------------------------------------------------------------- additive / concat scores
+// reference: cpp/reference/attention.hpp, additive_scores_forward
 // Bahdanau's additive and Luong's concat score from the projected query pq = W2 q (+ b) and keys
 // pk = W1 k (W_a [q; k] split into its query and key halves, so [q; k] is never formed):
 //   hidden[b, t, s, u] = tanh(pq[b, t, u] + pk[b, s, u])         saved for backward
@@ -378,6 +388,7 @@ void additive_scores_forward(T* scores, T* hidden, const T* pq, const T* pk, con
     });
 }
 
+// reference: cpp/reference/attention.hpp, additive_scores_backward
 // Backward of additive_scores_forward (dpq, dpk overwritten; dv accumulates):
 //   dpre[b, t, s, u] = dscores[b, t, s] v[u] (1 - hidden^2)
 //   dpq[b, t, u] = sum_s dpre,   dpk[b, s, u] = sum_t dpre,   dv[u] += sum_{b,t,s} dscores hidden
@@ -418,6 +429,7 @@ void additive_scores_backward(T* dpq, T* dpk, T* dv, const T* dscores, const T* 
 }
 
 // ----------------------------------------------------------------------------- local attention
+// reference: cpp/reference/attention.hpp, local_window_forward
 // Luong et al. (2015) local attention around an aligned source position p[b, t] with half-width D:
 //   allowed[b, t, s] = |s - p[b, t]| <= D and source_mask[b, s]      (restricts the softmax)
 //   gauss[b, t, s]   = exp(-(s - p[b, t])^2 / (2 sigma^2)) inside the window, sigma = D / 2
@@ -438,6 +450,7 @@ void local_window_forward(uint8_t* allowed, T* gauss, const T* p, const uint8_t*
     }
 }
 
+// reference: cpp/reference/attention.hpp, local_window_backward
 // Backward of the Gaussian factor (the window edges are piecewise constant in p):
 //   dp[b, t] = sum_s dgauss[b, t, s] * gauss[b, t, s] * (s - p[b, t]) / sigma^2      (overwritten)
 template <class T>

@@ -412,6 +412,7 @@ void conv2d_image(T* y, T* z, const T* image, const ConvKernel<T>& kernel, const
     });
 }
 
+// reference: cpp/reference/conv.hpp, conv2d_forward
 // z[b, oh, ow, f] = bias[f] + sum_{i, j, c} x[b, oh * SH - pad_top + i, ow * SW - pad_left + j, c] K[i, j, c, f]
 // y = act(z) (y may alias z: gelu's backward alone needs z). bias may be null. The windows are read
 // in place from the padded image (no im2col), or through Winograd's transforms; relu runs as z is
@@ -492,6 +493,7 @@ template <class T> std::vector<T> turned_kernel(const T* kernel, const Window2D&
     return turned;
 }
 
+// reference: cpp/reference/conv.hpp, conv2d_backward
 // Backward of conv2d_forward from dy and the forward's y and z: dz = dy * act'(z),
 // dK[i, j, c, f] += sum_{b, oh, ow} patch[b, oh, ow][i, j, c] dz[b, oh, ow, f], dbias[f] += sum dz[..., f],
 // dx = col2im(dz . K^T) (overwritten; null: not computed), with stride 1 the convolution above
@@ -639,6 +641,7 @@ template <class V> ATTNX_ALWAYS_INLINE V maximum_lanes(V v, V best, V unsent) {
     return nan_lanes(best) ? if_nan : taken;
 }
 
+// reference: cpp/reference/conv.hpp, pool2d_forward
 // y[b, oh, ow, c] = max over the window's pixels inside the image of x[b, ih, iw, c] (a NaN wins)
 template <class T> void max_pool2d_forward(T* y, const T* x, const Window2D& w) {
     const int C = w.C;
@@ -661,6 +664,7 @@ template <class T> void max_pool2d_forward(T* y, const T* x, const Window2D& w) 
     });
 }
 
+// reference: cpp/reference/conv.hpp, pool2d_backward
 // dx[b, ih, iw, c] = sum of dy[b, oh, ow, c] over the windows whose maximum y[b, oh, oh, c] (the
 // forward's output) x[b, ih, iw, c] is: the first pixel equal to it in window order, as
 // max_pool2d_forward took it. Selects on channel vectors (tracking an argmax took a branch per value,
@@ -694,6 +698,7 @@ template <class T> void max_pool2d_backward(T* dx, const T* dy, const T* x, cons
     });
 }
 
+// reference: cpp/reference/conv.hpp, pool2d_forward
 // y[b, oh, ow, c] = mean over the window's pixels inside the image of x[b, ih, iw, c]
 template <class T> void avg_pool2d_forward(T* y, const T* x, const Window2D& w) {
     const int C = w.C;
@@ -710,6 +715,7 @@ template <class T> void avg_pool2d_forward(T* y, const T* x, const Window2D& w) 
     });
 }
 
+// reference: cpp/reference/conv.hpp, pool2d_backward
 // dx[b, ih, iw, c] = sum of dy[b, oh, ow, c] / (the window's pixel count) over the windows holding
 // (ih, iw) (dx overwritten)
 template <class T> void avg_pool2d_backward(T* dx, const T* dy, const Window2D& w) {

@@ -10,6 +10,7 @@
 
 namespace attnx {
 
+// reference: cpp/reference/dense.hpp, dense_forward
 // z[n, o] = b[o] + sum_c x[n, c] W[c, o]
 template <class T>
 void dense_forward(T* z, const T* x, const T* W, const T* b, int N, int C, int OC) {
@@ -21,6 +22,7 @@ void dense_forward(T* z, const T* x, const T* W, const T* b, int N, int C, int O
     matmul<T>(z, x, W, N, OC, C, false, false, T(1));
 }
 
+// reference: cpp/reference/dense.hpp, dense_forward
 // y = act(z), z = x . W + b for N rows of x on W packed for the register tiles (W.K columns of x,
 // W.N of z), in blocks of rows (each <= 1 MiB, so that the activation reads it while it is in cache)
 // split across threads from kParallelProductMinWork on. y may alias z (relu then runs as z is stored).
@@ -45,6 +47,7 @@ void packed_dense_rows(T* y, T* z, const T* x, const PackedRight<T>& W, const T*
     });
 }
 
+// reference: cpp/reference/dense.hpp, dense_forward
 // y = act(z), z = x . W + b. Products of kPackedMinWork multiply-adds and more run on the register
 // tiles with W packed once per call (packed_dense_rows): 360-450 GFLOP/s on 2 cores whether or not
 // OpenBLAS is pinned to Haswell (OpenBLAS: 390-425 on its AVX-512 kernels, 215-230 pinned). Smaller
@@ -62,6 +65,7 @@ void dense_forward_rows(T* y, T* z, const T* x, const T* W, const T* b, int N, i
     packed_dense_rows<T>(y, z, x, PackedRight<T>(W, C, OC, false), b, N, act);
 }
 
+// reference: cpp/reference/dense.hpp, dense_backward
 // dx = dz . W^T (overwritten), dW += x^T . dz, db += sum_n dz[n, :]. dx may be null.
 // The rows of dx and of dW are split across our threads (single-threaded BLAS each), as the
 // forward's are: OpenBLAS' own threads, woken for these products, and ours, still spinning from the

@@ -5,11 +5,13 @@
 
 namespace attnx {
 
+// reference: cpp/reference/embedding.hpp, embedding_forward
 template <class T>
 void embedding_forward(T* out, const int64_t* ids, const T* table, size_t N, size_t D) {
     for (size_t n = 0; n < N; ++n) std::memcpy(out + n * D, table + (size_t)ids[n] * D, D * sizeof(T));
 }
 
+// reference: cpp/reference/embedding.hpp, embedding_backward
 // dtable[ids[n], :] += dout[n, :]  (repeated ids accumulate)
 template <class T>
 void embedding_backward(T* dtable, const T* dout, const int64_t* ids, size_t N, size_t D) {

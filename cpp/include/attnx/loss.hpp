@@ -45,6 +45,7 @@ template <class T> double exp_shifted(T* dst, const T* src, size_t n, T shift) {
     return sum_lanes<double>(n, [&](size_t k) { return double(dst[k]); });
 }
 
+// reference: cpp/reference/loss.hpp, bce_logits
 // l = max(z, 0) - z y + log(1 + exp(-|z|)),  dl/dz = sigmoid(z) - y
 template <class T>
 T bce_logits(T* dz, const T* z, const T* y, const T* w, size_t n, T denom) {
@@ -57,6 +58,7 @@ T bce_logits(T* dz, const T* z, const T* y, const T* w, size_t n, T denom) {
     return T(total / double(denom));
 }
 
+// reference: cpp/reference/loss.hpp, bce_probs
 // Keras: p_c = clip(p, eps, 1 - eps); l = -(y log(p_c + eps) + (1 - y) log(1 - p_c + eps));
 // the clip stops the gradient outside (eps, 1 - eps).
 template <class T>
@@ -73,6 +75,7 @@ T bce_probs(T* dp, const T* p, const T* y, const T* w, size_t n, T denom) {
     return T(total / double(denom));
 }
 
+// reference: cpp/reference/loss.hpp, sparse_cce
 // Sparse categorical cross-entropy over rows of K scores; label == ignore_index contributes nothing.
 // from logits: l = logsumexp(z) - z[y],  dz = softmax(z) - onehot(y)
 // from probs (Keras): q = p / sum(p), q_c = clip(q, eps, 1 - eps), l = -log(q_c[y]),
@@ -114,6 +117,7 @@ T sparse_cce(T* dz, const T* z, const int64_t* labels, const T* w, size_t rows, 
     return T(total / double(denom));
 }
 
+// reference: cpp/reference/loss.hpp, categorical_cce
 // Categorical cross-entropy against (soft) one-hot targets y over rows of K scores.
 // from logits: l = logsumexp(z) sum_k y_k - sum_k y_k z_k,  dz = softmax(z) sum_k y_k - y
 // from probs (Keras): q = p / sum(p), clipped; l = -sum_k y_k log q_k
@@ -155,6 +159,7 @@ T categorical_cce(T* dz, const T* z, const T* y, const T* w, size_t rows, size_t
     return T(total / double(denom));
 }
 
+// reference: cpp/reference/loss.hpp, mse
 // l = (p - y)^2,  dl/dp = 2 (p - y)
 template <class T>
 T mse(T* dp, const T* p, const T* y, const T* w, size_t n, T denom) {

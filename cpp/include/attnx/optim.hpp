@@ -10,6 +10,7 @@
 
 namespace attnx {
 
+// reference: cpp/reference/optim.hpp, sgd_update
 // buf = momentum * buf + g;  step = nesterov ? g + momentum * buf : buf;  p -= lr * step
 template <class T>
 void sgd_update(T* p, const T* grad, T* buf, size_t n, T lr, T momentum, bool nesterov, T weight_decay) {
@@ -41,6 +42,7 @@ ATTNX_ALWAYS_INLINE void adam_range(T* __restrict__ p, const T* __restrict__ gra
     }
 }
 
+// reference: cpp/reference/optim.hpp, adam_update
 // m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 // p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)      (AdamW first: p *= 1 - lr wd)
 template <class T>
@@ -61,6 +63,7 @@ void adam_update(T* p, const T* grad, T* m, T* v, size_t n, T lr, T beta1, T bet
     });
 }
 
+// reference: cpp/reference/optim.hpp, rmsprop_update
 // v = rho v + (1 - rho) g^2;  centered: mg = rho mg + (1 - rho) g, denom = sqrt(v - mg^2) + eps
 // momentum: buf = momentum buf + g / denom, p -= lr buf;  else p -= lr g / denom
 template <class T>
@@ -84,6 +87,7 @@ void rmsprop_update(T* p, const T* grad, T* v, T* mean_grad, T* buf, size_t n, T
     }
 }
 
+// reference: cpp/reference/optim.hpp, sum_squares
 // sum_i x_i^2 in double, in 32 partial sums on the widest vectors (one running sum chained every add
 // behind the last)
 template <class T> double sum_squares(const T* x, size_t n) {
@@ -92,6 +96,7 @@ template <class T> double sum_squares(const T* x, size_t n) {
     });
 }
 
+// reference: cpp/reference/optim.hpp, l1l2_penalty
 // The L1L2 regularization of weights w: penalty sum_i l1 |w_i| + l2 w_i^2 (in double) and gradient
 // grad += l1 sign(w) + 2 l2 w, each one pass on the widest vectors (NumPy took 105 us a step, and
 // temporaries, for the main job's 5000 x 32 embedding table).
@@ -105,6 +110,7 @@ template <class T> double l1l2_penalty(const T* w, size_t n, double l1, double l
     });
 }
 
+// reference: cpp/reference/optim.hpp, add_l1l2_gradient
 template <class T> void add_l1l2_gradient(T* grad, const T* w, size_t n, double l1, double l2) {
     on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
         const T l1t = T(l1), two_l2 = T(2 * l2);
@@ -115,10 +121,12 @@ template <class T> void add_l1l2_gradient(T* grad, const T* w, size_t n, double 
     });
 }
 
+// reference: cpp/reference/optim.hpp, scale_inplace
 template <class T> void scale_inplace(T* x, size_t n, T factor) {
     for (size_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
+// reference: cpp/reference/optim.hpp, clip_inplace
 template <class T> void clip_inplace(T* x, size_t n, T lo, T hi) {
     for (size_t i = 0; i < n; ++i) x[i] = x[i] < lo ? lo : (x[i] > hi ? hi : x[i]);
 }

@@ -18,6 +18,7 @@ struct PoolingConfig {
     bool return_sequences = false;  // out (B, T, C) = weights * x instead of the pooled (B, C)
 };
 
+// reference: cpp/reference/pooling.hpp, attention_pooling_forward
 // energy[b, t]  = tanh(sum_c x[b, t, c] W[c] + bias[t or 0])       saved for backward
 // weights[b, :] = masked_softmax(energy[b, :])                      (mask (B, T) or null)
 // out[b, c]     = sum_t weights[b, t] x[b, t, c]                     (pooled, (B, C))
@@ -46,6 +47,7 @@ void attention_pooling_forward(const PoolingConfig& cfg, T* out, T* weights, T* 
     });
 }
 
+// reference: cpp/reference/pooling.hpp, attention_pooling_backward
 // Backward (dx overwritten, or null to skip it; dW, dbias accumulate; dweights, the gradient into the
 // returned weights, may be null):
 //   dA[b, t] = sum_c dout[b, c] x[b, t, c]   (pooled)   or   sum_c dout[b, t, c] x[b, t, c]   (sequences)

@@ -173,6 +173,7 @@ ATTNX_ALWAYS_INLINE void add_input_terms(TileRow<V, Q>& pre, int q0, bool fused,
     }
 }
 
+// reference: cpp/reference/rnn.hpp, rnn_forward
 // Steps of rows [b0, b1) on vectors V, [U; W] packed by pack_recurrent_kernel with W = Lanes<V>::W.
 // With x (B, T, C) the input projection x_t W + b_in is fused into each step's product (W packed
 // under U); without, cache.gates holds it on entry (the decoder's steps). h, c (B, H) hold the
@@ -373,6 +374,7 @@ void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, co
                        (size_t)cfg.G());
 }
 
+// reference: cpp/reference/rnn.hpp, rnn_forward
 // Whole-sequence forward. y (B, T, H): h_t at real steps, 0 at padded ones (null: not needed). h, c (B, H): in the
 // initial state (zeros if none), out the final state (after each row's last real step). c and
 // cache.c_prev are LSTM only. b_in (G*H) / b_rec (G*H, GRU reset_after) may be null. mask (B, T)
@@ -413,6 +415,7 @@ template <class T> struct AnySlopes {
 // Backward gate math of one real step of one batch row (restrict parameters: these loops vectorize).
 // dh holds the gradient of h_t on entry and the direct part of that of h_{t-1} on exit.
 
+// reference: cpp/reference/rnn.hpp, rnn_backward
 // SimpleRNN: d pre = dh act'(h_t); h_{t-1} reaches h_t only through U
 template <class T, class Slopes>
 ATTNX_ALWAYS_INLINE void simple_row_backward(const Slopes& slope, int H, T* __restrict__ dg, T* __restrict__ dh, const T* __restrict__ g) {
@@ -422,6 +425,7 @@ ATTNX_ALWAYS_INLINE void simple_row_backward(const Slopes& slope, int H, T* __re
     }
 }
 
+// reference: cpp/reference/rnn.hpp, rnn_backward
 // LSTM: dc_t += dh o act'(c_t); di = dc g, df = dc c_{t-1}, dg = dc i, do = dh act(c_t), each times
 // its activation's slope; dc_{t-1} = dc_t f
 template <class T, class Slopes>
@@ -439,6 +443,7 @@ ATTNX_ALWAYS_INLINE void lstm_row_backward(const Slopes& slope, int H, T* __rest
     }
 }
 
+// reference: cpp/reference/rnn.hpp, rnn_backward
 // GRU: dn = dh (T(1) - z) act'(n), dz = dh (h_{t-1} - n) ract'(z), direct dh_{t-1} = dh z. The reset
 // gate's gradient follows in gru_after_row_backward or, for the classic form, after U_n^T.
 template <class T, class Slopes>
@@ -452,6 +457,7 @@ ATTNX_ALWAYS_INLINE void gru_row_backward(const Slopes& slope, int H, T* __restr
     }
 }
 
+// reference: cpp/reference/rnn.hpp, rnn_backward
 // GRU reset_after: n's pre-activation is x_n + r * hn, so dr = dn hn and d hn = dn r; dhu is the
 // gradient of h U + b_rec
 template <class T, class Slopes>
@@ -627,6 +633,7 @@ void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1
     rnn_backward_packed_rows<T>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
 }
 
+// reference: cpp/reference/rnn.hpp, rnn_backward
 // Whole-sequence backward. dy (B, T, H) may be null (only the final state used); dh, dc (B, H): in
 // the gradient of the final state (zeros if none), out that of the initial state. dx (B, T, C) is
 // overwritten (may be null); dW, dU, db_in, db_rec accumulate (biases may be null). Workspace:

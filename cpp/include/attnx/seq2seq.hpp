@@ -239,6 +239,7 @@ template <class T> int64_t pick_region(const T* weights, int S, const T* uniform
     return chosen;
 }
 
+// reference: cpp/reference/seq2seq.hpp, decoder_attend
 // a_t = masked_softmax(score(q_t, enc)) and c_t = a_t . enc for batch rows [b0, b1) of step t (Tq = 1).
 // query (B, H) and context (B, K) are whole-batch buffers; only rows [b0, b1) are read / written.
 template <class T>
@@ -312,6 +313,7 @@ template <class T> struct AttendGradWork {
     }
 };
 
+// reference: cpp/reference/seq2seq.hpp, decoder_attend_backward
 // Backward of attend_step_forward for rows [b0, b1); dweights (T, B, S) the gradient of the weights
 // themselves, or null. Accumulates: dquery (B, H), denc (B, S, K),
 // dkeys (B, S, Dk), dscore_vector (U,); overwrites the step's rows of dquery_proj (T, B, U) (additive,
@@ -406,6 +408,7 @@ template <class T> void batch_to_time_major(T* dst, const T* src, int Tn, int B,
 }
 
 // ------------------------------------------------------------------------------------- forward
+// reference: cpp/reference/seq2seq.hpp, decoder_forward
 // One step t of the recurrence and attention for batch rows [b0, b1) (see decoder_forward).
 template <class T>
 void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h, T* c, T* feed,
@@ -461,6 +464,7 @@ inline double decoder_loop_work(const DecoderConfig& cfg) {
     return (double)cfg.T * cfg.B * (cfg.G() * (cfg.H + cfg.F()) + cfg.S * (cfg.K + cfg.U) + cfg.H * cfg.U);
 }
 
+// reference: cpp/reference/seq2seq.hpp, decoder_forward
 // Teacher-forced decoder over T steps (T = 1: one inference step).
 //   ids (B, T) target inputs; enc (B, S, K); source_mask (B, S) and target_mask (B, T) nonzero =
 //   real (null: all real). h, c (B, H): in the initial state, out the final one (c: LSTM only).
@@ -535,6 +539,7 @@ template <class T> struct DecoderGradWork {
     T* dhu() { return dhu_gru.empty() ? dgates.data() : dhu_gru.data(); }
 };
 
+// reference: cpp/reference/seq2seq.hpp, decoder_backward
 // Backward of decoder_step_forward: step t of rows [b0, b1). dh, dc (B, H) carry the state's
 // gradient from step t + 1 to step t - 1; dscore_vector is this thread's partial sum.
 template <class T>
@@ -603,6 +608,7 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
     packed_rows<T>(work.dfeed_next.data() + (size_t)b0 * F, dgates_rows, nb, work.feed_t, nullptr);
 }
 
+// reference: cpp/reference/seq2seq.hpp, decoder_backward
 // Backward of decoder_forward with the caches of a training pass.
 //   dlogits (B, T, V); dweights (B, T, S) the gradient of the attention weights, or null; dh, dc
 //   (B, H): in the gradient of the final state (zeros if unused), out that of the initial state.

@@ -17,6 +17,7 @@
 namespace attnx {
 
 // ------------------------------------------------------------------------ layer normalization
+// reference: cpp/reference/transformer.hpp, layernorm_forward
 // Over the last axis of x (N rows of C features). gamma / beta may be null (scale 1, shift 0).
 // mean and rstd (N each) are materialized for the backward pass.
 // y[n, c] = (x[n, c] - mean[n]) * rstd[n] * gamma[c] + beta[c],
@@ -43,6 +44,7 @@ void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* gamma, const
     });
 }
 
+// reference: cpp/reference/transformer.hpp, layernorm_backward
 // With xhat = (x - mean) * rstd and g = dy * gamma:
 // dx[n, c] = rstd[n] * (g[n, c] - mean_c g[n, :] - xhat[n, c] * mean_c (g[n, :] xhat[n, :])) (overwritten),
 // dgamma[c] += sum_n dy[n, c] xhat[n, c],  dbeta[c] += sum_n dy[n, c]. dx may alias dy, or be null.
@@ -79,6 +81,7 @@ void layernorm_backward(T* dx, T* dgamma, T* dbeta, const T* dy, const T* x, con
 }
 
 // ------------------------------------------------------------------------ positional encodings
+// reference: cpp/reference/transformer.hpp, sinusoidal_table
 // Sinusoidal table of Vaswani et al. (2017), T positions by D features:
 // table[t, 2i] = sin(t / 10000^(2i / D)),  table[t, 2i + 1] = cos(t / 10000^(2i / D))
 template <class T>
@@ -90,6 +93,7 @@ void sinusoidal_table(T* table, size_t num_positions, size_t D, double max_wavel
         }
 }
 
+// reference: cpp/reference/transformer.hpp, add_positions_forward
 // y[b, t, :] = x[b, t, :] + table[t, :] for x (B, T, D); y may alias x.
 template <class T> void add_positions_forward(T* y, const T* x, const T* table, size_t B, size_t Tn, size_t D) {
     const size_t row = Tn * D;
@@ -97,6 +101,7 @@ template <class T> void add_positions_forward(T* y, const T* x, const T* table, 
         for (size_t i = 0; i < row; ++i) y[b * row + i] = x[b * row + i] + table[i];
 }
 
+// reference: cpp/reference/transformer.hpp, add_positions_backward
 // dtable[t, :] += sum_b dy[b, t, :]   (dx = dy needs no kernel)
 template <class T> void add_positions_backward(T* dtable, const T* dy, size_t B, size_t Tn, size_t D) {
     const size_t row = Tn * D;
@@ -114,6 +119,7 @@ inline uint64_t splitmix64(uint64_t counter) {
     return z ^ (z >> 31);
 }
 
+// reference: cpp/reference/transformer.hpp, dropout_keep_scaled
 // keep[i] = 1 / (1 - rate) with probability 1 - rate, else 0: a dropout mask already scaled, the
 // form the attention core (attention.hpp) takes. Draw w = splitmix64(seed + w + 1) gives the four
 // 16-bit uniforms of keep[4w .. 4w + 3] (so the rate is honoured to 1/65536); the stream is seeded
@@ -143,6 +149,7 @@ template <class T> void dropout_keep_scaled(T* keep, size_t n, double rate, uint
     });
 }
 
+// reference: cpp/reference/transformer.hpp, apply_keep
 // y[i] = x[i] * keep[i]: dropout's forward and, applied to dy, its backward. y may alias x.
 template <class T> void apply_keep(T* y, const T* x, const T* keep, size_t n) {
     parallel_for(n, double(n), [&](size_t lo, size_t hi) {
@@ -150,6 +157,7 @@ template <class T> void apply_keep(T* y, const T* x, const T* keep, size_t n) {
     });
 }
 
+// reference: cpp/reference/transformer.hpp, residual_add
 // y[i] = x[i] + dropout(sub)[i] = x[i] + keep[i] * sub[i]   (keep null: no dropout).
 // Its backward needs no kernel of its own: dx = dy, dsub = apply_keep(dy).
 template <class T> void residual_add(T* y, const T* x, const T* sub, const T* keep, size_t n) {
@@ -162,6 +170,7 @@ template <class T> void residual_add(T* y, const T* x, const T* sub, const T* ke
 }
 
 // ------------------------------------------------------------------------ feed-forward (inference)
+// reference: cpp/reference/transformer.hpp, feed_forward_forward
 // The position-wise feed-forward network of a transformer layer when nothing will run backward
 // (training keeps the hidden activations, through two dense layers):
 //   y[n, :] = act(x[n, :] . W1 + b1) . W2 + b2          x (N, C), W1 (C, F), W2 (F, OC)

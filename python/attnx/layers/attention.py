@@ -728,6 +728,10 @@ class HardAttention(Attention):
     with nothing to attend to gets a zero context.
     """
 
+    @property
+    def _deterministic(self):
+        return self.inference != "sample"  # sampling draws in inference too
+
     def __init__(self, score="dot", inference="argmax", baseline_decay=0.9, **kwargs):
         if inference not in ("argmax", "sample"):
             raise ValueError(f"HardAttention: inference must be 'argmax' or 'sample', got {inference!r}")

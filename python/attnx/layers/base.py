@@ -33,6 +33,7 @@ import contextlib
 import contextvars
 import functools
 import math
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -89,6 +90,8 @@ class Layer:
     # a call recorded on a tape moves them into its inputs list (``mha(q, v)`` is ``mha([q, v])``,
     # ``rnn(x, initial_state=s)`` is ``rnn([x, *s])``).
     _gradient_arguments = ()
+    # True for a layer whose compute_mask makes a mask from its inputs alone (Embedding(mask_zero=True))
+    _creates_mask = False
     # A model's training step clears this for layers fed only by its inputs, whose input
     # gradient nobody reads; layers may then skip computing it and return None.
     input_gradient_needed = True
@@ -169,8 +172,13 @@ class Layer:
     def _adopt_sublayer_weights(self):
         """Makes the weights of the sublayers (built by now) this layer's, as ``<path>/<weight>``, sharing
         the buffers: trained, counted, saved and loaded with this layer's (a `call` layer's sublayers)."""
+        sublayers = list(self._sublayers())
+        counts = tuple((id(layer), len(layer.params)) for _, layer in sublayers)
+        if counts == self.__dict__.get("_adopted_counts"):
+            return  # nothing built since the last call
+        self._adopted_counts = counts
         known = {id(p) for p in self.params.values()}  # a layer reachable by two paths counts once
-        for path, layer in self._sublayers():
+        for path, layer in sublayers:
             for name, p in layer.params.items():
                 if id(p) not in known:
                     known.add(id(p))
@@ -255,12 +263,17 @@ class Layer:
                 kwargs["mask"] = mask
             return symbolic_call(self, inputs, args, kwargs)
         training = _call_training.get() if training is None else bool(training)  # Keras: inherited
+        if mask is None:
+            mask = _attached_mask(inputs)
         tape = ops.active_tape()
         if tape is not None and not self._runs_call():
-            return self._record_call(tape, inputs, args, kwargs, training, mask)
-        outputs, cache = self.apply(inputs, *args, training=training, mask=mask, **kwargs)
-        if training and cache is not None:
-            self._cache = cache  # the last training call, for backward(dy)
+            outputs = self._record_call(tape, inputs, args, kwargs, training, mask)
+        else:
+            outputs, cache = self.apply(inputs, *args, training=training, mask=mask, **kwargs)
+            if training and cache is not None:
+                self._cache = cache  # the last training call, for backward(dy)
+        if mask is not None or self._creates_mask:
+            _attach_masks(outputs, self.compute_mask(_map(inputs, ops.untraced), mask))
         return outputs
 
     def apply(self, inputs, *args, training=False, mask=None, **kwargs):
@@ -297,6 +310,14 @@ class Layer:
                 raise ValueError(f"Layer '{self.name}': a value with a gradient was given as an argument other than "
                                  "the inputs, whose gradient this layer does not compute; pass it in the inputs")
         traced = _map(inputs, tape.traced)
+        # The same deterministic call twice on one tape (the tutorial's W2(values) at every decoder step)
+        # is recorded once: its outputs are reused and its backward runs once on the summed gradients.
+        call = (traced, args, kwargs, mask)
+        key = None if training or not self._deterministic else (
+            id(self), *[id(v) for v in _as_list(traced) + list(args) + list(kwargs.values()) + [mask]],
+            *kwargs)
+        if key is not None and key in tape.calls and _same_objects(tape.calls[key][0], call):
+            return tape.calls[key][1]
         values = _map(traced, ops.untraced)
         randomness = contextlib.nullcontext() if training else backend.without_training_randomness()
         with randomness, ops.paused():  # the layer's own arithmetic is not the tape's
@@ -316,7 +337,16 @@ class Layer:
         params, grads = self.params, self.grads
         recorded = tape.record_call(backward, _as_list(outputs), flat_inputs,
                                     weights=[(p, grads[n]) for n, p in params.items()])
-        return type(outputs)(recorded) if multi else recorded[0]
+        outputs = type(outputs)(recorded) if multi else recorded[0]
+        if key is not None:
+            tape.calls[key] = (call, outputs)  # holds the objects, so their ids stay theirs
+        return outputs
+
+    @property
+    def _deterministic(self):
+        """Whether an inference-mode call's outputs depend on its inputs and weights alone (not on a state
+        carried between calls or on random draws), so that a tape may reuse them."""
+        return not getattr(self, "stateful", False)
 
     def _with_gradient_arguments(self, inputs, args, kwargs):
         """(inputs, args, kwargs) with the `_gradient_arguments` given moved into the inputs list."""
@@ -365,8 +395,9 @@ class Layer:
         with tape:
             if not nested:
                 inputs = _map(inputs, lambda x: tape.watch(x) if x.dtype.kind == "f" else x)
-            for name, p in self.params.items():
-                tape.watch(p, into=self.grads[name])
+            params, grads = self.params, self.grads  # a model's are views built on each access
+            for name, p in params.items():
+                tape.watch(p, into=grads[name])
             outputs = self._run_call(call, inputs, args, kwargs, training)
         if nested:  # the outer call's tape holds this call: its outputs stay traced
             return outputs, None
@@ -527,6 +558,45 @@ class Layer:
 
     def __repr__(self):
         return f"<{type(self).__name__} name={self.name!r}>"
+
+
+# Keras' `_keras_mask` outside the functional API: the mask a layer call's compute_mask gave, kept
+# beside the output array it belongs to (while that array lives), so that the next layer called on
+# that array inside a `call` or a GradientTape block receives it as the graph would pass it.
+_masks = {}  # id(array) -> (weak reference to the array, its mask)
+
+
+def _mask_of(x):
+    array = ops.untraced(x)
+    entry = _masks.get(id(array))
+    return entry[1] if entry is not None and entry[0]() is array else None
+
+
+def _attached_mask(inputs):
+    """The masks attached to `inputs` (its structure), or None when none has one."""
+    if type(inputs) is np.ndarray and not _masks:
+        return None
+    masks = [_mask_of(x) for x in _as_list(inputs)]
+    if all(m is None for m in masks):
+        return None
+    return masks if isinstance(inputs, (list, tuple)) else masks[0]
+
+
+def _attach_masks(outputs, masks):
+    for output, mask in zip(_as_list(outputs), masks if isinstance(masks, list) else [masks]):
+        array = ops.untraced(output)
+        if mask is not None and isinstance(array, np.ndarray):
+            key = id(array)
+            _masks[key] = (weakref.ref(array, lambda _, key=key: _masks.pop(key, None)), mask)
+
+
+def _same_objects(a, b):
+    """Whether two (inputs, args, kwargs, mask) hold the same objects, structure for structure."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_objects(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_objects(a[k], b[k]) for k in a)
+    return a is b
 
 
 def _config_value(value):

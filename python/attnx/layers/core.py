@@ -141,6 +141,10 @@ class Embedding(Layer):
         _core.embedding_backward(dtable=self.grads["embeddings"], dout=dy, ids=ids)
         return None  # integer ids have no gradient
 
+    @property
+    def _creates_mask(self):
+        return self.mask_zero
+
     def compute_mask(self, inputs, mask=None):
         if not self.mask_zero:
             return None

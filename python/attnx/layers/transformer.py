@@ -440,6 +440,14 @@ class MultiHeadAttention(Layer):
         bias = self.params.get(f"{name}_bias")
         return _dense(rows, self._matrix(name, self.params[f"{name}_kernel"]), None if bias is None else bias.reshape(-1))
 
+    def project(self, name, inputs):
+        """One projection on its own, for incremental decoding (a decoder step reuses the keys and
+        values of the earlier steps): ``"query"``, ``"key"`` or ``"value"`` of inputs (B, T, in) as
+        (B, T, heads * head_dim), or ``"output"`` of a context (B, T, heads * value_dim)."""
+        x = self._float_input(inputs, name, ndim=3)
+        B, T = x.shape[:2]
+        return self._project(name, x.reshape(B * T, x.shape[2])).reshape(B, T, -1)
+
     def _project_backward(self, name, dy, rows, need_dx):
         dbias = self.grads.get(f"{name}_bias")
         # a linear activation does not read its output y: dy stands in for it

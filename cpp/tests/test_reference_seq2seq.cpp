@@ -1,0 +1,143 @@
+// seq2seq.hpp against cpp/reference/seq2seq.hpp: the fused teacher-forced decoders (Bahdanau with
+// the additive score on GRU, gated on LSTM; Luong with general, dot and concat scores, global,
+// local-m and local-p) forward and backward, with source and target padding and a gradient into
+// the attention weights, on odd sizes, in float on every SIMD level and in double, on one thread
+// and split across two.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attnx/seq2seq.hpp"
+#include "reference/seq2seq.hpp"
+#include "reference_check.hpp"
+
+using namespace attnx;
+using namespace attnx::test;
+
+namespace {
+
+// The parameters in DecoderParams' order
+enum { embeddings, kernel, recurrent_kernel, bias_in, bias_rec, query_kernel, query_bias, key_kernel, score_vector,
+       attentional_kernel, position_kernel, position_vector, gate_kernel, gate_bias, output_kernel, output_bias, n_params };
+const char* const param_names[n_params] = {"embeddings", "kernel", "recurrent_kernel", "bias_in", "bias_rec",
+                                           "query_kernel", "query_bias", "key_kernel", "score_vector",
+                                           "attentional_kernel", "position_kernel", "position_vector", "gate_kernel",
+                                           "gate_bias", "output_kernel", "output_bias"};
+
+template <class P, class Vec> DecoderParams<P> params_of(Vec* v) {
+    DecoderParams<P> p;
+    P* fields[n_params] = {&p.embeddings, &p.kernel, &p.recurrent_kernel, &p.bias_in, &p.bias_rec, &p.query_kernel,
+                           &p.query_bias, &p.key_kernel, &p.score_vector, &p.attentional_kernel, &p.position_kernel,
+                           &p.position_vector, &p.gate_kernel, &p.gate_bias, &p.output_kernel, &p.output_bias};
+    for (int i = 0; i < n_params; ++i) *fields[i] = v[i].empty() ? nullptr : v[i].data();
+    return p;
+}
+
+void test_decoder(DecoderConfig cfg, const char* what, unsigned seed) {
+    std::mt19937 rng(seed);
+    const int B = cfg.B, Tn = cfg.T, S = cfg.S, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), U = cfg.U;
+    const int vocab = 7;
+    const bool additive = cfg.score == ScoreKind::additive, luong = cfg.kind == DecoderKind::luong;
+    std::vector<double> w[n_params];
+    // a matrix of `rows` input rows scaled 1 / sqrt(rows), as initializers do: larger weights make the
+    // decoder chaotic over its steps (sharp attention, saturated gates), and float rounding then grows
+    // past any tolerance while double still agrees to 1e-10
+    auto fill = [&](int i, size_t rows, size_t cols, bool used = true) {
+        if (used) w[i] = random_values(rng, rows * cols, 1 / std::sqrt((double)rows));
+    };
+    fill(embeddings, vocab, E, true), fill(kernel, E + F, G), fill(recurrent_kernel, H, G);
+    fill(bias_in, 1, G), fill(bias_rec, 1, G, cfg.cell == RNNCell::gru);
+    fill(query_kernel, H, U, additive), fill(query_bias, 1, U, additive), fill(score_vector, U, 1, additive);
+    fill(key_kernel, K, cfg.Dk(), cfg.score != ScoreKind::dot);
+    fill(attentional_kernel, K + H, H, luong);
+    fill(position_kernel, H, cfg.P, cfg.predictive()), fill(position_vector, cfg.P, 1, cfg.predictive());
+    fill(gate_kernel, H, 1, cfg.gated), fill(gate_bias, 1, 1, cfg.gated);
+    fill(output_kernel, H, cfg.V), fill(output_bias, 1, cfg.V);
+    const auto enc = random_values(rng, (size_t)B * S * K), h0 = random_values(rng, (size_t)B * H, 0.5);
+    const auto c0 = random_values(rng, (size_t)B * H, 0.5), dlogits = random_values(rng, (size_t)B * Tn * cfg.V);
+    const auto dweights = random_values(rng, (size_t)B * Tn * S), dh_last = random_values(rng, (size_t)B * H);
+    const auto dc_last = random_values(rng, (size_t)B * H);
+    std::vector<int64_t> ids((size_t)B * Tn);
+    for (auto& id : ids) id = (int64_t)(rng() % vocab);
+    std::vector<uint8_t> source_mask((size_t)B * S, 1), target_mask((size_t)B * Tn, 1);
+    for (int b = 1; b < B; ++b) source_mask[(size_t)b * S + S - 1 - b % 2] = 0, target_mask[(size_t)b * Tn + Tn - 1] = 0;
+
+    // the reference
+    std::vector<double> logits((size_t)B * Tn * cfg.V), h = h0, c = c0, feed((size_t)B * H, 0.0);
+    reference::DecoderTrace trace;
+    reference::decoder_forward(cfg, logits.data(), h.data(), c.data(), feed.data(), trace, params_of<const double*>(w),
+                               ids.data(), enc.data(), source_mask.data(), target_mask.data());
+    std::vector<double> weights;  // (T, B, S) as the cache holds them
+    for (const auto& st : trace.steps) weights.insert(weights.end(), st.weights.begin(), st.weights.end());
+    std::vector<double> dgrads[n_params], denc(enc.size()), dh = dh_last, dc = dc_last;
+    for (int i = 0; i < n_params; ++i) dgrads[i].assign(w[i].size(), 0.0);
+    reference::decoder_backward(cfg, denc.data(), dh.data(), dc.data(), params_of<double*>(dgrads), dlogits.data(),
+                                dweights.data(), trace, params_of<const double*>(w), ids.data(), enc.data());
+    Named want{{"logits", logits}, {"h", h}, {"weights", weights}, {"denc", denc}, {"dh0", dh}};
+    if (cfg.cell == RNNCell::lstm) want.insert(want.end(), {{"c", c}, {"dc0", dc}});
+    if (luong) want.push_back({"feed", feed});
+    for (int i = 0; i < n_params; ++i)
+        if (!w[i].empty()) want.push_back({std::string("d") + param_names[i], dgrads[i]});
+
+    char where[160];
+    std::snprintf(where, sizeof where, "%s B=%d T=%d S=%d E=%d K=%d H=%d U=%d V=%d", what, B, Tn, S, E, K, H, U, cfg.V);
+    check_every_level(where, want, [&](auto tag) {
+        using T = decltype(tag);
+        std::vector<T> w_[n_params], dw_[n_params];
+        for (int i = 0; i < n_params; ++i) w_[i] = cast<T>(w[i]), dw_[i].assign(w[i].size(), T(0));
+        const auto enc_ = cast<T>(enc), dlogits_ = cast<T>(dlogits), dweights_ = cast<T>(dweights);
+        std::vector<T> logits_(logits.size()), h_ = cast<T>(h0), c_ = cast<T>(c0), feed_((size_t)B * H, T(0)),
+            hu((size_t)B * G), denc_(enc.size()), dh_ = cast<T>(dh_last), dc_ = cast<T>(dc_last);
+        OwnedDecoderCache<T> cache(cfg, true);
+        decoder_forward<T>(cfg, logits_.data(), h_.data(), c_.data(), feed_.data(), cache.cache,
+                           params_of<const T*>(w_), ids.data(), enc_.data(), source_mask.data(), target_mask.data(),
+                           false, hu.data());
+        const std::vector<T> weights_(cache.cache.weights, cache.cache.weights + weights.size());
+        decoder_backward<T>(cfg, denc_.data(), dh_.data(), dc_.data(), params_of<T*>(dw_), dlogits_.data(),
+                            dweights_.data(), cache.cache, params_of<const T*>(w_), enc_.data());
+        Named got{{"logits", to_double(logits_)}, {"h", to_double(h_)}, {"weights", to_double(weights_)},
+                  {"denc", to_double(denc_)}, {"dh0", to_double(dh_)}};
+        if (cfg.cell == RNNCell::lstm) got.insert(got.end(), {{"c", to_double(c_)}, {"dc0", to_double(dc_)}});
+        if (luong) got.push_back({"feed", to_double(feed_)});
+        for (int i = 0; i < n_params; ++i)
+            if (!w[i].empty()) got.push_back({std::string("d") + param_names[i], to_double(dw_[i])});
+        return got;
+    });
+}
+
+}  // namespace
+
+int main() {
+    unsigned seed = 1;
+    DecoderConfig bahdanau;
+    bahdanau.kind = DecoderKind::bahdanau, bahdanau.score = ScoreKind::additive, bahdanau.cell = RNNCell::gru;
+    bahdanau.B = 3, bahdanau.T = 4, bahdanau.S = 5, bahdanau.E = 3, bahdanau.K = 7, bahdanau.H = 9;
+    bahdanau.U = 5, bahdanau.V = 11;
+    test_decoder(bahdanau, "Bahdanau GRU", seed++);
+    DecoderConfig gated = bahdanau;
+    gated.cell = RNNCell::lstm, gated.gated = true;
+    test_decoder(gated, "Bahdanau LSTM gated", seed++);
+    DecoderConfig general = bahdanau;
+    general.kind = DecoderKind::luong, general.score = ScoreKind::general, general.cell = RNNCell::lstm;
+    test_decoder(general, "Luong general LSTM", seed++);
+    DecoderConfig dot = general;
+    dot.score = ScoreKind::dot, dot.cell = RNNCell::gru, dot.K = dot.H;
+    test_decoder(dot, "Luong dot GRU", seed++);
+    DecoderConfig local_m = general;
+    local_m.local_window = 1;
+    test_decoder(local_m, "Luong local-m", seed++);
+    DecoderConfig local_p = general;
+    local_p.score = ScoreKind::additive, local_p.cell = RNNCell::gru, local_p.local_window = 2;
+    local_p.local_mode = LocalMode::predictive, local_p.P = 3;
+    test_decoder(local_p, "Luong local-p concat", seed++);
+    // large enough that the time loop's rows split across two threads
+    DecoderConfig big = bahdanau;
+    big.B = 16, big.T = 6, big.S = 13, big.E = 17, big.K = 33, big.H = 40, big.U = 21, big.V = 29;
+    test_decoder(big, "Bahdanau GRU (split)", seed++);
+    DecoderConfig big_luong = general;
+    big_luong.B = 16, big_luong.T = 6, big_luong.S = 13, big_luong.E = 17, big_luong.K = 33, big_luong.H = 40, big_luong.V = 29;
+    test_decoder(big_luong, "Luong general LSTM (split)", seed++);
+    return attnx::test::report("test_reference_seq2seq");
+}
