@@ -57,9 +57,9 @@ def test_readme_python_blocks_run_as_written(tmp_path, monkeypatch):
             except Exception as exc:
                 raise AssertionError(f"README.md block at line {line} failed: {type(exc).__name__}: {exc}") from exc
     # what the blocks claim: the ONNX model gives predict's numbers, from int32 ids
-    x = namespace["x"][:8]
-    assert x.dtype.name == "int32"
-    expected = namespace["model"].predict(x, verbose=0)
+    ids = namespace["ids"]
+    assert ids.dtype.name == "int32"
+    expected = namespace["model"].predict(ids, verbose=0)
     assert abs(namespace["probabilities"] - expected).max() < 1e-5
     assert os.path.exists("sentiment.attnx") and os.path.exists("sentiment.onnx")
 
