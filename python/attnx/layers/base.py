@@ -263,7 +263,7 @@ class Layer:
                 kwargs["mask"] = mask
             return symbolic_call(self, inputs, args, kwargs)
         training = _call_training.get() if training is None else bool(training)  # Keras: inherited
-        if mask is None:
+        if mask is None and kwargs.get("lengths") is None:  # lengths given: they are the mask
             mask = _attached_mask(inputs)
         tape = ops.active_tape()
         if tape is not None and not self._runs_call():
