@@ -607,3 +607,9 @@ def test_a_deterministic_call_repeated_on_one_tape_runs_once():
     expected = tape.gradient(expected_total, [x] + reference.trainable_variables)
     for g, e in zip(grads, expected):
         np.testing.assert_allclose(g, e, rtol=1e-12)
+
+
+def test_compile_refuses_a_strategy_that_is_not_one():
+    model = attnx.Sequential([layers.Dense(1, input_shape=(2,))])
+    with pytest.raises(TypeError, match="distribute.*DataParallel.*mirrored"):
+        model.compile("sgd", "mse", distribute="mirrored")

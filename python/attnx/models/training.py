@@ -33,6 +33,9 @@ class TrainingMixin:
                 ranks, their gradients summed, and only rank 0 prints and writes files.
         """
         self.optimizer = optimizers.get(optimizer)
+        if distribute is not None and not all(hasattr(distribute, a) for a in ("run", "shard_batch", "sum")):
+            raise TypeError(f"Model '{self.name}': `distribute` must be an attnx.distributed.DataParallel, got "
+                            f"{distribute!r}")
         self._distribute = distribute
         n = self._num_outputs()
         if loss is None:
