@@ -79,6 +79,7 @@ def torch_model(rnn, embed, units, bidirectional=False):
     def predict(ids):
         with torch.no_grad():
             return model(ids)
+    predict.module = model  # for bench_quantized's quantize_dynamic
     return train_step, predict
 
 

@@ -1,5 +1,8 @@
-// The FMA throughput of one core (GFLOP/s) at 256 and 512 bits: what the floors in the README are
-// measured against. 12 independent accumulator chains per width hide the FMA latency.
+// The multiply-add throughput of one core: float32 FMA at 256 and 512 bits (GFLOP/s), bfloat16
+// vdpbf16ps (GFLOP/s) and int8 vpdpbusd (GOP/s, 2 per multiply-add) at 512 bits, and AVX2's int8
+// multiply-add without VNNI (vpmaddubsw + vpmaddwd + vpaddd, what attnx's int8 tiles run there):
+// what the floors in the README are measured against. 12 independent accumulator chains hide the
+// latency. Instructions this CPU lacks are reported as such, not run.
 //   gcc -O3 -o /tmp/fma_peak benchmarks/fma_peak.c && /tmp/fma_peak      (run one per core to see both)
 #include <immintrin.h>
 #include <stdio.h>
@@ -34,13 +37,55 @@ static double now(void) {
 FMA_PEAK(peak256, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, 8)
 FMA_PEAK(peak512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, 16)
 
-int main(void) {
-    double best256 = 0, best512 = 0;
-    for (int r = 0; r < 3; ++r) {
-        double p = peak256(), q = peak512();
-        if (p > best256) best256 = p;
-        if (q > best512) best512 = q;
+// The same loop for integer or bf16 multiply-adds: `ops` operations (2 per multiply-add) per instruction
+#define DOT_PEAK(name, isa, vec, init, step, ops)                                            \
+    __attribute__((target(isa))) static double name(void) {                                  \
+        vec acc[CHAINS], a = init(1), b = init(2);                                           \
+        for (int i = 0; i < CHAINS; ++i) acc[i] = init(i);                                   \
+        const long steps = STEPS / 4;                                                        \
+        double t0 = now();                                                                   \
+        for (long s = 0; s < steps; ++s)                                                     \
+            _Pragma("GCC unroll 12")                                                         \
+            for (int i = 0; i < CHAINS; ++i) acc[i] = step(acc[i], a, b);                    \
+        double t = now() - t0;                                                               \
+        volatile vec sink = acc[0];                                                          \
+        for (int i = 1; i < CHAINS; ++i) sink = acc[i];                                      \
+        (void)sink;                                                                          \
+        return (double)ops * CHAINS * steps / t * 1e-9;                                      \
     }
-    printf("FMA peak, one core: AVX2 (8 floats) %.1f GFLOP/s, AVX-512 (16 floats) %.1f GFLOP/s\n", best256, best512);
+
+#define I512(v) _mm512_set1_epi32(v)
+#define BF16_INIT(v) ((__m512)_mm512_set1_epi32(0x3f803f80 + (v)))
+#define BF16_STEP(acc, a, b) _mm512_dpbf16_ps(acc, (__m512bh)(a), (__m512bh)(b))
+#define VNNI_STEP(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
+#define I256(v) _mm256_set1_epi32(v)
+#define AVX2_INT8_STEP(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
+// vdpbf16ps: 16 lanes x 2 bf16 products; vpdpbusd: 16 lanes x 4 u8.s8 products; AVX2: 32 u8.s8 products
+DOT_PEAK(peak_bf16, "avx512f,avx512bf16", __m512, BF16_INIT, BF16_STEP, 2 * 32)
+DOT_PEAK(peak_vnni, "avx512f,avx512vnni", __m512i, I512, VNNI_STEP, 2 * 64)
+DOT_PEAK(peak_avx2_int8, "avx2", __m256i, I256, AVX2_INT8_STEP, 2 * 32)
+
+static void report(const char* what, const char* unit, int supported, double (*peak)(void)) {
+    if (!supported) {
+        printf("%-40s not on this CPU\n", what);
+        return;
+    }
+    double best = 0;
+    for (int r = 0; r < 3; ++r) {
+        double p = peak();
+        if (p > best) best = p;
+    }
+    printf("%-40s %7.1f %s\n", what, best, unit);
+}
+
+int main(void) {
+    __builtin_cpu_init();
+    const int avx512 = __builtin_cpu_supports("avx512f");
+    printf("peak, one core (%d chains, thread CPU time):\n", CHAINS);
+    report("float32 FMA AVX2 (8 floats)", "GFLOP/s", __builtin_cpu_supports("fma"), peak256);
+    report("float32 FMA AVX-512 (16 floats)", "GFLOP/s", avx512, peak512);
+    report("bf16 vdpbf16ps (512 bits)", "GFLOP/s", avx512 && __builtin_cpu_supports("avx512bf16"), peak_bf16);
+    report("int8 vpdpbusd (512 bits)", "GOP/s", avx512 && __builtin_cpu_supports("avx512vnni"), peak_vnni);
+    report("int8 AVX2 vpmaddubsw+vpmaddwd+vpaddd", "GOP/s", __builtin_cpu_supports("avx2"), peak_avx2_int8);
     return 0;
 }

@@ -58,4 +58,5 @@ PYBIND11_MODULE(_core, m) {
     attnx::bind::init_conv(m);
     attnx::bind::init_lstmn(m);
     attnx::bind::init_draw(m);
+    attnx::bind::init_quantized(m);
 }

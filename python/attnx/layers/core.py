@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from .. import _core, activations, backend, initializers, regularizers
+from .. import _core, activations, backend, initializers, quantization, regularizers
 from ..masking import as_mask
 from .base import Layer, dropout_keep
 
@@ -24,10 +24,13 @@ class Dense(Layer):
     """
 
     supports_masking = True
+    _quantize_kind = "dense"  # attnx.quantization
 
     def __init__(self, units, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
-                 bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None, **kwargs):
+                 bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None, quantization_mode=None,
+                 **kwargs):
         super().__init__(**kwargs)
+        self.quantization_mode = quantization.check_mode("Dense", quantization_mode)
         if int(units) <= 0:
             raise ValueError(f"Dense: units must be positive, got {units}")
         self.units = int(units)
@@ -42,15 +45,18 @@ class Dense(Layer):
         if len(input_shape) < 2 or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, ..., features) with known features, "
                              f"got shape {input_shape}")
-        self.add_weight("kernel", (input_shape[-1], self.units), self.kernel_initializer, self.kernel_regularizer)
-        if self.use_bias:
-            self.add_weight("bias", (self.units,), self.bias_initializer, self.bias_regularizer)
+        with quantization.building(self):
+            self.add_weight("kernel", (input_shape[-1], self.units), self.kernel_initializer, self.kernel_regularizer)
+            if self.use_bias:
+                self.add_weight("bias", (self.units,), self.bias_initializer, self.bias_regularizer)
 
     def forward(self, inputs, training=False):
         kernel = self.params["kernel"]
         x = self._float_input(inputs, min_ndim=2, last_dim=kernel.shape[0])
         lead = x.shape[:-1]
         x2 = x.reshape(math.prod(lead), kernel.shape[0])  # -1 fails for 0 features
+        if self.quantization_mode:
+            return quantization.dense_forward(self, x2, training).reshape(lead + (self.units,)), None
         y, z = _core.dense_forward(x=x2, kernel=kernel, bias=self.params.get("bias"), activation=self.activation)
         return y.reshape(lead + (self.units,)), ((x2, y, z, lead) if training else None)
 
@@ -71,7 +77,7 @@ class Dense(Layer):
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
                 "bias_initializer": initializers.serialize(self.bias_initializer),
                 "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
-                "bias_regularizer": regularizers.serialize(self.bias_regularizer)}
+                "bias_regularizer": regularizers.serialize(self.bias_regularizer), **quantization.config(self)}
 
 
 class Embedding(Layer):
@@ -96,9 +102,12 @@ class Embedding(Layer):
         layers.Embedding(*vectors.matrix.shape, embeddings_initializer=vectors.matrix, trainable=False)
     """
 
+    _quantize_kind = "embedding"  # attnx.quantization
+
     def __init__(self, input_dim, output_dim, embeddings_initializer="uniform", embeddings_regularizer=None,
-                 mask_zero=False, input_length=None, weights=None, **kwargs):
+                 mask_zero=False, input_length=None, weights=None, quantization_mode=None, **kwargs):
         super().__init__(**kwargs)
+        self.quantization_mode = quantization.check_mode("Embedding", quantization_mode)
         if int(input_dim) <= 0 or int(output_dim) <= 0:
             raise ValueError(f"Embedding: input_dim and output_dim must be positive, got {input_dim}, {output_dim}")
         self.input_dim, self.output_dim = int(input_dim), int(output_dim)
@@ -109,11 +118,12 @@ class Embedding(Layer):
         self._initial_weights = None if weights is None else list(weights)
 
     def build(self, input_shape):
-        self.add_weight("embeddings", (self.input_dim, self.output_dim), self.embeddings_initializer,
-                        self.embeddings_regularizer)
-        if self._initial_weights is not None:
-            self.set_weights(self._initial_weights)
-            self._initial_weights = None
+        with quantization.building(self):
+            self.add_weight("embeddings", (self.input_dim, self.output_dim), self.embeddings_initializer,
+                            self.embeddings_regularizer)
+            if self._initial_weights is not None:
+                self.set_weights(self._initial_weights)
+                self._initial_weights = None
 
     def token_ids(self, inputs):
         """inputs as a contiguous int64 array, checked against the vocabulary."""
@@ -133,6 +143,8 @@ class Embedding(Layer):
 
     def forward(self, inputs, training=False):
         ids = self.token_ids(inputs)
+        if self.quantization_mode:
+            return quantization.embedding_forward(self, ids, training), None
         return _core.embedding_forward(ids=ids, table=self.params["embeddings"]), (ids if training else None)
 
     def backprop(self, cache, dy):
@@ -157,7 +169,7 @@ class Embedding(Layer):
         return {**super().get_config(), "input_dim": self.input_dim, "output_dim": self.output_dim,
                 "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
                 "embeddings_regularizer": regularizers.serialize(self.embeddings_regularizer),
-                "mask_zero": self.mask_zero, "input_length": self.input_length}
+                "mask_zero": self.mask_zero, "input_length": self.input_length, **quantization.config(self)}
 
 
 class Activation(Layer):

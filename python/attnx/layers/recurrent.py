@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _core, backend, initializers, regularizers
+from .. import _core, backend, initializers, quantization, regularizers
 from ..masking import as_mask
 from .base import Layer, dropout_keep
 
@@ -77,15 +77,17 @@ class _Recurrent(Layer):
     """Weights and one-level forward/backward shared by the sequence layers and the cells."""
 
     _cell = None  # "simple", "gru" or "lstm": the C++ kernel
+    _quantize_kind = "recurrent"  # attnx.quantization
     _gates = 1
     _has_cell_state = False
 
     def __init__(self, units, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
                  kernel_initializer="glorot_uniform", recurrent_initializer="orthogonal", bias_initializer="zeros",
                  kernel_regularizer=None, recurrent_regularizer=None, bias_regularizer=None, reset_after=True,
-                 unit_forget_bias=True, **kwargs):
+                 unit_forget_bias=True, quantization_mode=None, **kwargs):
         super().__init__(**kwargs)
         kind = type(self).__name__
+        self.quantization_mode = quantization.check_mode(kind, quantization_mode)
         if int(units) <= 0:
             raise ValueError(f"{kind}: units must be positive, got {units}")
         self.units = int(units)
@@ -111,18 +113,19 @@ class _Recurrent(Layer):
         """Creates the weights of every level: level 0 reads `input_dim` features, the others
         `stacked_input_dim` (units, or 2 * units below a bidirectional level)."""
         G = self._gates * self.units
-        for level in range(self.num_layers):
-            sfx = level_suffix(level)
-            in_dim = input_dim if level == 0 else stacked_input_dim
-            self.add_weight("kernel" + sfx, (in_dim, G), self.kernel_initializer, self.kernel_regularizer)
-            self.add_weight("recurrent_kernel" + sfx, (self.units, G), self.recurrent_initializer,
-                            self.recurrent_regularizer)
-            if self.use_bias:
-                two = self._cell == "gru" and self.reset_after
-                bias = self.add_weight("bias" + sfx, (2, G) if two else (G,), self.bias_initializer,
-                                       self.bias_regularizer)
-                if self._cell == "lstm" and self.unit_forget_bias:
-                    bias[self.units:2 * self.units] = 1.0  # Keras: the forget gate starts open
+        with quantization.building(self):
+            for level in range(self.num_layers):
+                sfx = level_suffix(level)
+                in_dim = input_dim if level == 0 else stacked_input_dim
+                self.add_weight("kernel" + sfx, (in_dim, G), self.kernel_initializer, self.kernel_regularizer)
+                self.add_weight("recurrent_kernel" + sfx, (self.units, G), self.recurrent_initializer,
+                                self.recurrent_regularizer)
+                if self.use_bias:
+                    two = self._cell == "gru" and self.reset_after
+                    bias = self.add_weight("bias" + sfx, (2, G) if two else (G,), self.bias_initializer,
+                                           self.bias_regularizer)
+                    if self._cell == "lstm" and self.unit_forget_bias:
+                        bias[self.units:2 * self.units] = 1.0  # Keras: the forget gate starts open
 
     def _biases(self, tensors, level):
         """(input bias, recurrent bias) views of `tensors` (params or grads) for the kernel."""
@@ -148,6 +151,8 @@ class _Recurrent(Layer):
                        need_y=True):
         """Runs level `level` over x (B, T, C). Returns (y (B, T, H), or None unless `need_y`; final h;
         final c or None; the level's cache for `_level_backward`, or None unless training)."""
+        if self.quantization_mode:
+            return quantization.rnn_level_forward(self, level, x, mask, h0, c0, reverse, training, need_y)
         sfx = level_suffix(level)
         if input_keep is not None:
             x = x * input_keep  # a new C-contiguous array
@@ -193,7 +198,7 @@ class _Recurrent(Layer):
                 "bias_initializer": initializers.serialize(self.bias_initializer),
                 "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
                 "recurrent_regularizer": regularizers.serialize(self.recurrent_regularizer),
-                "bias_regularizer": regularizers.serialize(self.bias_regularizer)}
+                "bias_regularizer": regularizers.serialize(self.bias_regularizer), **quantization.config(self)}
 
     def _kind_config(self):
         """The options only some cell kinds have."""
@@ -669,6 +674,8 @@ class Bidirectional(Layer):
     """
     _gradient_arguments = (("initial_state", None),)  # see Layer._with_gradient_arguments
 
+    _quantize_kind = "bidirectional"  # attnx.quantization: both directions
+
     def __init__(self, layer, merge_mode="concat", backward_layer=None, **kwargs):
         if not isinstance(layer, _RNN):
             raise TypeError(f"Bidirectional: expects a SimpleRNN, GRU or LSTM layer, got {type(layer).__name__}")
@@ -688,6 +695,10 @@ class Bidirectional(Layer):
                              "num_layers as layer")
         self.backward_layer = backward_layer
         self.return_sequences, self.return_state = layer.return_sequences, layer.return_state
+
+    @property
+    def quantization_mode(self):
+        return self.forward_layer.quantization_mode
 
     @property
     def _directions(self):

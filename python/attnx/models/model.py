@@ -1,7 +1,7 @@
 """`Model`: a functional graph or a class of yours, which is also a `Layer` (nestable, callable on arrays)."""
 import numpy as np
 
-from .. import saving
+from .. import quantization, saving
 from ..backend import unique_name
 from ..layers.base import Layer
 from ..ops import TracedArray
@@ -160,6 +160,11 @@ class Model(TrainingMixin, GraphMixin, Layer):
         print_fn(f"Non-trainable params: {self.count_params() - trainable:,}")
 
     # ---------------------------------------------------------- save and load
+    def quantize(self, mode):
+        """Quantizes the model's Dense, Embedding and recurrent layers in place for inference (Keras 3's
+        name; ``mode="int8"``): see `attnx.quantization`."""
+        return quantization.quantize_model(self, mode)
+
     def save(self, path):
         """Saves config, weights and compile settings to one `.attnx` file, atomically (under a
         data-parallel strategy, rank 0 writes and the others skip)."""

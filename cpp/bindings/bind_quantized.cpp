@@ -1,0 +1,171 @@
+// int8 inference: quantized Dense, Embedding and recurrent forward passes, and the raw int8
+// product the tests hold to the plain loop at each SIMD level (quantized.hpp).
+#include <cstdint>
+#include <string>
+
+#include "attnx/quantized.hpp"
+#include "bindings.hpp"
+#include "checks.hpp"
+
+namespace attnx::bind {
+
+// A quantized kernel: q int8 (K, N) and its per-column scale float32 (N)
+static Int8Kernel int8_kernel(const py::array& q, const py::array& scale, py::ssize_t K, py::ssize_t N,
+                              const std::string& what) {
+    check_shape(q, {K, N}, (what).c_str());
+    check_shape(scale, {N}, (what + "_scale").c_str());
+    return {in_ptr<int8_t>(q, what.c_str()), in_ptr<float>(scale, (what + "_scale").c_str())};
+}
+
+void init_quantized(py::module_& m) {
+    m.def(
+        "int8_product",
+        [](const py::array& qx, const py::array& qw) {
+            check_rank(qx, 2, "int8_product: qx");
+            check_rank(qw, 2, "int8_product: qw");
+            const py::ssize_t R = qx.shape(0), K = qx.shape(1), N = qw.shape(1);
+            check_shape(qw, {K, N}, "int8_product: qw");
+            const int8_t* px = in_ptr<int8_t>(qx, "int8_product: qx");
+            const int8_t* pw = in_ptr<int8_t>(qw, "int8_product: qw");
+            for (py::ssize_t i = 0; i < qx.size(); ++i)
+                if (px[i] == -128) throw py::value_error("int8_product: qx: values must lie in [-127, 127], got -128");
+            for (py::ssize_t i = 0; i < qw.size(); ++i)
+                if (pw[i] == -128) throw py::value_error("int8_product: qw: values must lie in [-127, 127], got -128");
+            return released_result<int32_t>({R, N}, [&](int32_t* out) {
+                Int8Packed B;
+                pack_int8(B, pw, (size_t)N, (int)K, (int)N);
+                std::vector<int8_t> a((size_t)R * B.Kp, 0);
+                for (py::ssize_t r = 0; r < R; ++r) std::copy(px + r * K, px + (r + 1) * K, a.data() + r * B.Kp);
+                std::vector<int32_t> acc((size_t)R * B.Np);
+                int8_product(acc.data(), (size_t)B.Np, a.data(), (size_t)B.Kp, (int)R, B, 0, (int)N);
+                for (py::ssize_t r = 0; r < R; ++r)
+                    std::copy(acc.data() + r * B.Np, acc.data() + r * B.Np + N, out + r * N);
+            });
+        },
+        py::arg("qx"), py::arg("qw"),
+        "acc (R, N) int32 = qx (R, K) int8 . qw (K, N) int8 on the int8 tiles of the current SIMD level "
+        "(values in [-127, 127]).");
+
+    m.def(
+        "quantize_rows",
+        [](const py::array& x) {
+            check_rank(x, 2, "quantize_rows: x");
+            const py::ssize_t R = x.shape(0), K = x.shape(1);
+            const float* px = in_ptr<float>(x, "quantize_rows: x");
+            auto q = new_array<int8_t>({R, K});
+            auto s = new_array<float>({R});
+            int8_t* pq = q.mutable_data();
+            float* ps = s.mutable_data();
+            {
+                py::gil_scoped_release release;
+                quantize_rows(pq, (size_t)K, ps, px, (size_t)K, (int)R, (int)K, (int)K);
+            }
+            return py::make_tuple(q, s);
+        },
+        py::arg("x"),
+        "(q (R, K) int8, scale (R,) float32) of x (R, K) float32 per row: scale = max|x| / 127, "
+        "q = round(x / scale) (how the int8 layers quantize their inputs).");
+
+    m.def(
+        "dense_forward_int8",
+        [](const py::array& x, const py::array& kernel, const py::array& kernel_scale, const py::object& bias,
+           const std::string& activation) {
+            check_rank(x, 2, "dense_forward_int8: x");
+            check_rank(kernel, 2, "dense_forward_int8: kernel");
+            const py::ssize_t R = x.shape(0), K = x.shape(1), N = kernel.shape(1);
+            const Int8Kernel w = int8_kernel(kernel, kernel_scale, K, N, "dense_forward_int8: kernel");
+            const float* px = in_ptr<float>(x, "dense_forward_int8: x");
+            const float* pb = optional_in_ptr<float>(bias, {N}, "dense_forward_int8: bias");
+            const Activation act = parse_activation(activation);
+            return released_result<float>({R, N}, [&](float* out) {
+                dense_forward_int8(out, px, (int)R, (int)K, (int)N, w.q, w.scale, pb, act);
+            });
+        },
+        py::arg("x"), py::arg("kernel"), py::arg("kernel_scale"), py::arg("bias"), py::arg("activation") = "linear",
+        "activation(x (R, K) . kernel + bias) with kernel int8 (K, N) quantized per column (kernel_scale (N,)), "
+        "x quantized per row; float32 (R, N).");
+
+    m.def(
+        "embedding_forward_int8",
+        [](const py::array& ids, const py::array& table, const py::array& scale) {
+            check_rank(table, 2, "embedding_forward_int8: table");
+            const py::ssize_t V = table.shape(0), D = table.shape(1);
+            const int8_t* pt = in_ptr<int8_t>(table, "embedding_forward_int8: table");
+            check_shape(scale, {V}, "embedding_forward_int8: scale");
+            const float* ps = in_ptr<float>(scale, "embedding_forward_int8: scale");
+            const int64_t* pi = ids_ptr(ids, V, "embedding_forward_int8", "ids");
+            std::vector<py::ssize_t> shape(ids.shape(), ids.shape() + ids.ndim());
+            shape.push_back(D);
+            return released_result<float>(shape, [&](float* out) {
+                embedding_forward_int8(out, pi, (size_t)ids.size(), pt, ps, (int)D);
+            });
+        },
+        py::arg("ids"), py::arg("table"), py::arg("scale"),
+        "table[ids] * scale[ids, None] for an int8 table (V, D) quantized per row.");
+
+    m.def(
+        "rnn_forward_int8",
+        [](const std::string& cell, const py::array& x, const py::array& kernel, const py::array& kernel_scale,
+           const py::array& recurrent_kernel, const py::array& recurrent_kernel_scale, const py::object& bias,
+           const py::object& recurrent_bias, const py::object& h0, const py::object& c0, const py::object& mask,
+           bool reverse, bool reset_after, const std::string& activation, const std::string& recurrent_activation,
+           bool return_sequences) {
+            RNNConfig cfg;
+            if (cell == "simple") cfg.cell = RNNCell::simple;
+            else if (cell == "gru") cfg.cell = RNNCell::gru;
+            else if (cell == "lstm") cfg.cell = RNNCell::lstm;
+            else throw py::value_error("rnn_forward_int8: unknown cell '" + cell + "'; expected simple, gru or lstm");
+            cfg.reset_after = reset_after, cfg.reverse = reverse;
+            cfg.activation = parse_activation(activation);
+            cfg.recurrent_activation = parse_activation(recurrent_activation);
+            if (!rnn_activation_ok(cfg.activation) || !rnn_activation_ok(cfg.recurrent_activation))
+                throw py::value_error("rnn_forward_int8: activations must be tanh, sigmoid, relu or linear");
+            check_rank(x, 3, "rnn_forward_int8: x");
+            check_rank(recurrent_kernel, 2, "rnn_forward_int8: recurrent_kernel");
+            const py::ssize_t B = x.shape(0), Tn = x.shape(1), C = x.shape(2), H = recurrent_kernel.shape(0);
+            cfg.B = (int)B, cfg.T = (int)Tn, cfg.C = (int)C, cfg.H = (int)H;
+            const py::ssize_t G = cfg.G();
+            if (B == 0 || Tn == 0) throw py::value_error("rnn_forward_int8: x: empty batch or sequence, shape " + shape_str(x));
+            const float* px = in_ptr<float>(x, "rnn_forward_int8: x");
+            const Int8Kernel w = int8_kernel(kernel, kernel_scale, C, G, "rnn_forward_int8: kernel");
+            const Int8Kernel u = int8_kernel(recurrent_kernel, recurrent_kernel_scale, H, G,
+                                             "rnn_forward_int8: recurrent_kernel");
+            const bool lstm = cfg.cell == RNNCell::lstm, gru_after = cfg.cell == RNNCell::gru && reset_after;
+            const float* pb = optional_in_ptr<float>(bias, {G}, "rnn_forward_int8: bias");
+            if (!recurrent_bias.is_none() && !gru_after)
+                throw py::value_error("rnn_forward_int8: recurrent_bias is only used by GRU with reset_after=True");
+            const float* pbr = optional_in_ptr<float>(recurrent_bias, {G}, "rnn_forward_int8: recurrent_bias");
+            const float* ph0 = optional_in_ptr<float>(h0, {B, H}, "rnn_forward_int8: initial h");
+            if (!c0.is_none() && !lstm) throw py::value_error("rnn_forward_int8: c0 is only used by LSTM");
+            const float* pc0 = optional_in_ptr<float>(c0, {B, H}, "rnn_forward_int8: initial c");
+            const uint8_t* pm = parse_position_mask(mask, B, Tn, "rnn_forward_int8", "mask").data;
+            py::array_t<float> y = return_sequences ? new_array<float>({B, Tn, H}) : new_array<float>({0});
+            auto h = new_array<float>({B, H});
+            py::array_t<float> c = lstm ? new_array<float>({B, H}) : new_array<float>({0});
+            float* py_ = return_sequences ? y.mutable_data() : nullptr;
+            float* ph = h.mutable_data();
+            float* pc = lstm ? c.mutable_data() : nullptr;
+            {
+                py::gil_scoped_release release;
+                const size_t n = (size_t)B * H;
+                if (ph0) std::copy(ph0, ph0 + n, ph); else std::fill(ph, ph + n, 0.f);
+                if (pc) {
+                    if (pc0) std::copy(pc0, pc0 + n, pc); else std::fill(pc, pc + n, 0.f);
+                }
+                rnn_forward_int8(cfg, py_, ph, pc, px, w, u, pb, pbr, pm);
+            }
+            return py::make_tuple(return_sequences ? py::object(y) : py::none(), h,
+                                  lstm ? py::object(c) : py::none());
+        },
+        py::arg("cell"), py::arg("x"), py::arg("kernel"), py::arg("kernel_scale"), py::arg("recurrent_kernel"),
+        py::arg("recurrent_kernel_scale"), py::arg("bias"), py::arg("recurrent_bias"), py::arg("h0"), py::arg("c0"),
+        py::arg("mask"), py::arg("reverse") = false, py::arg("reset_after") = true, py::arg("activation") = "tanh",
+        py::arg("recurrent_activation") = "sigmoid", py::arg("return_sequences") = true,
+        "rnn_forward's inference on int8 kernels (each int8 (K, G) with a per-column float32 scale (G,)): "
+        "returns (y (B, T, H) or None, h (B, H), c (B, H) or None).");
+
+    m.def("int8_level", []() { return std::string(int8_level_name()); },
+          "The int8 instruction set the products run on now: 'vnni', 'avx2' or 'baseline'.");
+}
+
+}  // namespace attnx::bind

@@ -1,0 +1,431 @@
+// int8 inference (Model.quantize("int8")): products of per-row quantized activations with per-column
+// quantized weights, accumulated exactly in int32; everything around the products (scales, biases,
+// gate math, the recurrent state) stays float32.
+//
+//   weights  W (K, N):  sw[n] = max_k |W[k, n]| / 127,  qw[k, n] = round(W[k, n] / sw[n])   (Python, once)
+//   inputs   x (R, K):  sx[r] = max_k |x[r, k]| / 127,  qx[r, k] = round(x[r, k] / sx[r])   (here, per call)
+//   product  acc[r, n] = sum_k qx[r, k] qw[k, n]              (int32, exact: |acc| <= K 127^2)
+//            out[r, n] = acc[r, n] * (sx[r] sw[n]) + bias[n]
+//
+// Layout: qw packed once per call, four k per 32-bit lane, whole rows of 16 columns:
+//   packed[((k / 4) * Np + n) * 4 + k % 4] = qw[k, n]   (zero past K and N; Np = N rounded up to 16)
+// so that one 32-bit broadcast of qx[r, k..k+4) meets 4 k of W (or 8, 16) columns in one vector. The
+// tiles (R rows x Q vectors of int32 accumulators) run on three instruction sets, picked like the
+// float kernels (simd_level()):
+//   AVX-512 + VNNI  vpdpbusd: acc += u8 . s8 over 4 bytes per lane; the activations enter as
+//                   u8 = qx + 128 and 128 * colsum[n] is taken off at the end
+//   AVX2            vpsignb / vpabsb / vpmaddubsw / vpmaddwd: |qx| . (sign(qx) qw) in int16 pairs
+//                   (|.| <= 2 * 127^2 < 2^15: never saturates), then pairs summed into int32
+//   baseline        the same sums in plain integer code
+// All three give the same int32 accumulators (the sums are exact); int8_product_reference is the
+// plain loop the C++ tests hold them to.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "attnx/activations.hpp"
+#include "attnx/packed.hpp"
+#include "attnx/parallel.hpp"
+#include "attnx/rnn.hpp"
+
+namespace attnx {
+
+constexpr int kInt8Max = 127;
+
+// Rounded up to a multiple of m
+inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
+
+// ----------------------------------------------------------------------------- activations
+// qx (rows, Kp; zero past K) and sx (rows) of x (rows, K, rows ldx apart), per row:
+//   sx[r] = max_k |x[r, k]| / 127,  qx[r, k] = round_half_even(x[r, k] * (127 / max_k |x[r, k]|))
+// A zero row has sx = 0 and qx = 0. The rounding adds and takes off 1.5 * 2^23 (exact for
+// |v| <= 127), after an opaque copy so that no level fuses it with the multiply: every level
+// quantizes to the same bytes.
+template <class V>
+ATTNX_ALWAYS_INLINE void quantize_rows_on(int8_t* qx, size_t ldq, float* sx, const float* x, size_t ldx, int rows,
+                                          int K, int Kp) {
+    constexpr int W = Lanes<V>::W;
+    for (int r = 0; r < rows; ++r) {
+        const float* xr = x + (size_t)r * ldx;
+        V m = V{};
+        for (int k = 0; k < K; k += W) {
+            const V v = vload<V>(xr + k, std::min(W, K - k));
+            const V a = v < V{} ? -v : v;
+            m = a > m ? a : m;
+        }
+        float mx = 0.f;
+        for (int j = 0; j < W; ++j) mx = std::max(mx, lane(m, j));
+        sx[r] = mx / float(kInt8Max);
+        const float inv = mx > 0.f ? float(kInt8Max) / mx : 0.f;
+        int8_t* q = qx + (size_t)r * ldq;
+        for (int k = 0; k < K; k += W) {
+            const int n = std::min(W, K - k);
+            V v = vload<V>(xr + k, n) * vbroadcast<V>(inv);
+            if constexpr (W == 16) asm("" : "+v"(v));
+            else if constexpr (W > 1) asm("" : "+x"(v));
+            const V magic = vbroadcast<V>(12582912.f);
+            V rounded = (v + magic) - magic;
+            rounded = rounded > vbroadcast<V>(127.f) ? vbroadcast<V>(127.f) : rounded;
+            rounded = rounded < vbroadcast<V>(-127.f) ? vbroadcast<V>(-127.f) : rounded;
+            for (int j = 0; j < n; ++j) q[k + j] = (int8_t)(int)lane(rounded, j);
+        }
+        std::fill(q + K, q + Kp, int8_t(0));
+    }
+}
+
+inline void quantize_rows(int8_t* qx, size_t ldq, float* sx, const float* x, size_t ldx, int rows, int K, int Kp) {
+    on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+        quantize_rows_on<decltype(lanes)>(qx, ldq, sx, x, ldx, rows, K, Kp);
+    });
+}
+
+// ----------------------------------------------------------------------------- packed weights
+// qw (K, N; rows ldw apart) packed as the layout above, with colsum[n] = sum_k qw[k, n]
+struct Int8Packed {
+    std::vector<int8_t, CacheLineAllocator<int8_t>> data;
+    std::vector<int32_t> colsum;
+    int K = 0, N = 0, Kp = 0, Np = 0;
+};
+
+inline void pack_int8(Int8Packed& p, const int8_t* qw, size_t ldw, int K, int N) {
+    p.K = K, p.N = N, p.Kp = round_up(K, 4), p.Np = round_up(N, 16);
+    p.data.assign((size_t)p.Kp * p.Np, int8_t(0));
+    p.colsum.assign((size_t)p.Np, 0);
+    for (int k = 0; k < K; ++k)
+        for (int n = 0; n < N; ++n) {
+            const int8_t w = qw[(size_t)k * ldw + n];
+            p.data[((size_t)(k / 4) * p.Np + n) * 4 + k % 4] = w;
+            p.colsum[n] += w;
+        }
+}
+
+// ----------------------------------------------------------------------------- tiles
+typedef char char16 __attribute__((vector_size(16)));
+typedef char char32 __attribute__((vector_size(32)));
+typedef short short16 __attribute__((vector_size(32)));
+
+// One instruction set's int8 multiply-add: lanes W of int32 (4 bytes of k each), R rows per tile.
+// prepare(a4) turns qx[r, k..k+4) (as one int32) into what madd multiplies; finish corrects the
+// accumulators of columns from `colsum` on.
+struct Int8Baseline {
+    using V = int4;
+    static constexpr int W = 4, R = 2;
+    struct A { int8_t b[4]; };
+    ATTNX_ALWAYS_INLINE static A prepare(int32_t a4) { A a; std::memcpy(a.b, &a4, 4); return a; }
+    ATTNX_ALWAYS_INLINE static V madd(V acc, const A& a, V w) {
+        int8_t wb[16];
+        std::memcpy(wb, &w, 16);
+        for (int j = 0; j < 4; ++j)
+            for (int i = 0; i < 4; ++i) acc[j] += (int32_t)a.b[i] * wb[4 * j + i];
+        return acc;
+    }
+    ATTNX_ALWAYS_INLINE static V finish(V acc, const int32_t*) { return acc; }
+};
+
+struct Int8Avx2 {
+    using V = int8;  // eight int32
+    static constexpr int W = 8, R = 2;
+    struct A { char32 abs, sign; };
+    ATTNX_ALWAYS_INLINE static A prepare(int32_t a4) {
+        const V b = {a4, a4, a4, a4, a4, a4, a4, a4};
+        return {__builtin_ia32_pabsb256((char32)b), (char32)b};
+    }
+    // |a| . (sign(a) w): u8 x s8 in int16 pairs, then the pairs of those into int32
+    ATTNX_ALWAYS_INLINE static V madd(V acc, const A& a, V w) {
+        const short16 pairs = __builtin_ia32_pmaddubsw256(a.abs, __builtin_ia32_psignb256((char32)w, a.sign));
+        const short16 ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+        return acc + (V)__builtin_ia32_pmaddwd256(pairs, ones);
+    }
+    ATTNX_ALWAYS_INLINE static V finish(V acc, const int32_t*) { return acc; }
+};
+
+struct Int8Vnni {
+    using V = int16;  // sixteen int32
+    static constexpr int W = 16, R = 4;
+    using A = V;
+    // qx + 128 as u8 (flipping the sign bit)
+    ATTNX_ALWAYS_INLINE static A prepare(int32_t a4) {
+        const int32_t u = a4 ^ (int32_t)0x80808080u;
+        return V{u, u, u, u, u, u, u, u, u, u, u, u, u, u, u, u};
+    }
+    ATTNX_ALWAYS_INLINE static V madd(V acc, const A& a, V w) { return (V)__builtin_ia32_vpdpbusd_v16si(acc, a, w); }
+    // sum (qx + 128) qw - 128 colsum
+    ATTNX_ALWAYS_INLINE static V finish(V acc, const int32_t* colsum) {
+        V c;
+        std::memcpy(&c, colsum, sizeof c);
+        return acc - (c << 7);
+    }
+};
+
+// acc[r, n .. n + Q W) for R rows of qx (rows lda apart): Kb blocks of 4 k
+template <class Ops, int R, int Q>
+ATTNX_ALWAYS_INLINE void int8_tile(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, const Int8Packed& B,
+                                   int n) {
+    using V = typename Ops::V;
+    constexpr int W = Ops::W;
+    V s[R][Q] = {};
+    const int Kb = B.Kp / 4;
+    const int8_t* w0 = B.data.data() + (size_t)n * 4;
+    for (int kb = 0; kb < Kb; ++kb) {
+        V w[Q];
+        for (int q = 0; q < Q; ++q) std::memcpy(&w[q], w0 + ((size_t)kb * B.Np + (size_t)q * W) * 4, sizeof(V));
+        for (int r = 0; r < R; ++r) {
+            int32_t a4;
+            std::memcpy(&a4, qx + (size_t)r * lda + (size_t)kb * 4, 4);
+            const auto a = Ops::prepare(a4);
+            for (int q = 0; q < Q; ++q) s[r][q] = Ops::madd(s[r][q], a, w[q]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int q = 0; q < Q; ++q) {
+            const V v = Ops::finish(s[r][q], B.colsum.data() + n + q * W);
+            std::memcpy(acc + (size_t)r * ldc + n + q * W, &v, sizeof(V));
+        }
+}
+
+// acc[r, n] = sum_k qx[r, k] qw[k, n] for `rows` rows of qx (B.Kp values, rows lda apart) and the
+// columns [n0, n1) of B (n0 a multiple of 16), written in whole vectors: acc's rows (ldc apart) must
+// hold B.Np columns
+template <class Ops>
+ATTNX_ALWAYS_INLINE void int8_product_on(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, int rows,
+                                         const Int8Packed& B, int n0, int n1) {
+    constexpr int W = Ops::W, R = Ops::R, Qmax = 4;
+    auto run = [&](auto q_count, int n) __attribute__((always_inline)) {
+        constexpr int Q = decltype(q_count)::value;
+        int r = 0;
+        for (; r + R <= rows; r += R)
+            int8_tile<Ops, R, Q>(acc + (size_t)r * ldc, ldc, qx + (size_t)r * lda, lda, B, n);
+        for (; r < rows; ++r) int8_tile<Ops, 1, Q>(acc + (size_t)r * ldc, ldc, qx + (size_t)r * lda, lda, B, n);
+    };
+    for (int n = n0; n < n1; n += Qmax * W) {
+        switch (std::min(Qmax, (n1 - n + W - 1) / W)) {
+            case 1: run(std::integral_constant<int, 1>{}, n); break;
+            case 2: run(std::integral_constant<int, 2>{}, n); break;
+            case 3: run(std::integral_constant<int, 3>{}, n); break;
+            default: run(std::integral_constant<int, 4>{}, n); break;
+        }
+    }
+}
+
+// Whether this CPU has vpdpbusd on 512 bits (read once; the AVX-512 level needs it too)
+inline bool cpu_has_vnni() {
+    static const bool has = __builtin_cpu_supports("avx512vnni");
+    return has;
+}
+
+// The int8 instruction set the products run on at the current level: "vnni", "avx2" or "baseline"
+// (an AVX-512 CPU without VNNI runs the AVX2 tiles)
+inline const char* int8_level_name() {
+    const SimdLevel level = simd_level();
+    return level == SimdLevel::avx512 && cpu_has_vnni() ? "vnni" : level >= SimdLevel::avx2 ? "avx2" : "baseline";
+}
+
+template <class Body>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma"))) void on_vnni(Body& body) {
+    body(Int8Vnni{});
+}
+template <class Body> __attribute__((target("avx2,fma"))) void on_avx2_int8(Body& body) { body(Int8Avx2{}); }
+
+template <class Body> void on_int8_level(Body&& body) {
+    const SimdLevel level = simd_level();
+    if (level == SimdLevel::avx512 && cpu_has_vnni()) on_vnni(body);
+    else if (level >= SimdLevel::avx2) on_avx2_int8(body);
+    else body(Int8Baseline{});
+}
+
+inline void int8_product(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, int rows, const Int8Packed& B, int n0,
+                         int n1) {
+    on_int8_level([&](auto ops) __attribute__((always_inline)) {
+        int8_product_on<decltype(ops)>(acc, ldc, qx, lda, rows, B, n0, n1);
+    });
+}
+
+// The plain loop the tiles must equal: acc[r, n] = sum_k qx[r, k] qw[k, n], qw (K, N) unpacked
+inline void int8_product_reference(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, int rows, const int8_t* qw,
+                                   int K, int N) {
+    for (int r = 0; r < rows; ++r)
+        for (int n = 0; n < N; ++n) {
+            int32_t s = 0;
+            for (int k = 0; k < K; ++k) s += (int32_t)qx[(size_t)r * lda + k] * qw[(size_t)k * N + n];
+            acc[(size_t)r * ldc + n] = s;
+        }
+}
+
+// ----------------------------------------------------------------------------- Dense
+// out (rows, N) = act(x (rows, K) W + bias) with W quantized (qw (K, N), sw (N)); bias may be null.
+// Rows split across the thread budget.
+inline void dense_forward_int8(float* out, const float* x, int rows, int K, int N, const int8_t* qw, const float* sw,
+                               const float* bias, Activation activation) {
+    thread_local Int8Packed packed;
+    pack_int8(packed, qw, (size_t)N, K, N);
+    const Int8Packed& B = packed;  // this thread's buffer, read by every thread of the split
+    const double work = (double)rows * K * N / 4;
+    parallel_for((size_t)rows, work, [&](size_t r0, size_t r1) {
+        constexpr int chunk = 64;
+        std::vector<int8_t> qx((size_t)chunk * B.Kp);
+        std::vector<float> sx(chunk);
+        std::vector<int32_t> acc((size_t)chunk * B.Np);
+        for (size_t c0 = r0; c0 < r1; c0 += chunk) {
+            const int n_rows = (int)std::min<size_t>(chunk, r1 - c0);
+            quantize_rows(qx.data(), (size_t)B.Kp, sx.data(), x + c0 * K, (size_t)K, n_rows, K, B.Kp);
+            int8_product(acc.data(), (size_t)B.Np, qx.data(), (size_t)B.Kp, n_rows, B, 0, N);
+            for (int r = 0; r < n_rows; ++r) {
+                float* o = out + (c0 + r) * N;
+                const int32_t* a = acc.data() + (size_t)r * B.Np;
+                const float s = sx[r];
+                for (int n = 0; n < N; ++n) o[n] = (float)a[n] * (s * sw[n]) + (bias ? bias[n] : 0.f);
+            }
+            activation_forward<float>(out + c0 * N, out + c0 * N, (size_t)n_rows, (size_t)N, activation);
+        }
+    });
+}
+
+// ----------------------------------------------------------------------------- Embedding
+// out[i, :] = q[ids[i], :] * scale[ids[i]] (table quantized per row)
+inline void embedding_forward_int8(float* out, const int64_t* ids, size_t count, const int8_t* q, const float* scale,
+                                   int D) {
+    for (size_t i = 0; i < count; ++i) {
+        const int8_t* row = q + (size_t)ids[i] * D;
+        const float s = scale[ids[i]];
+        for (int j = 0; j < D; ++j) out[i * D + j] = (float)row[j] * s;
+    }
+}
+
+// ----------------------------------------------------------------------------- recurrent layers
+// One level of SimpleRNN / GRU / LSTM (cfg as rnn_forward's) on quantized kernels: each step
+//   pre = (Q(x_t) qW) * sx sW + b_in + (Q(h_{t-1}) qU) * sh sU [+ b_rec]
+// then the float gate math of rnn.hpp's cells (equations below). y (B, T, H) may be null; h, c (B, H)
+// hold the initial state and leave with the final one (c: LSTM only). mask (B, T) nonzero = real
+// step (null: all real); a padded step carries the state and writes y = 0.
+struct Int8Kernel {
+    const int8_t* q;
+    const float* scale;
+};
+
+template <class V, class Acts>
+ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, int b0, int b1, float* y, float* h,
+                                        float* c, const float* x, const Int8Packed& PW, const float* sW,
+                                        const Int8Packed& PU, const float* sU, const Int8Packed* PUn,
+                                        const float* b_in, const float* b_rec, const uint8_t* mask) {
+    constexpr int W = Lanes<V>::W;
+    const int Tn = cfg.T, H = cfg.H, C = cfg.C, G = cfg.G(), rows = b1 - b0;
+    const bool classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
+    const int nU = classic ? 2 * H : G;  // the columns of U multiplied by h (classic GRU: r and z)
+    std::vector<int8_t> qx((size_t)rows * PW.Kp), qh((size_t)rows * PU.Kp);
+    std::vector<float> sx(rows), sh(rows), xg((size_t)rows * G), hg((size_t)rows * G), rh;
+    std::vector<int32_t> ax((size_t)rows * PW.Np), ah((size_t)rows * PU.Np), an;
+    if (classic) rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn->Np);
+    auto dequantize = [&](float* out, const int32_t* acc, size_t ldc, const float* s_row, const float* s_col,
+                          const float* bias, int n) __attribute__((always_inline)) {
+        for (int r = 0; r < rows; ++r) {
+            float* o = out + (size_t)r * G;
+            const int32_t* a = acc + (size_t)r * ldc;
+            const float s = s_row[r];
+            for (int j = 0; j < n; ++j) o[j] = (float)a[j] * (s * s_col[j]) + (bias ? bias[j] : 0.f);
+        }
+    };
+    for (int step = 0; step < Tn; ++step) {
+        const int t = cfg.time_at(step);
+        // x_t W + b_in and h_{t-1} U (+ b_rec)
+        quantize_rows_on<V>(qx.data(), (size_t)PW.Kp, sx.data(), x + ((size_t)b0 * Tn + t) * C, (size_t)Tn * C, rows, C,
+                            PW.Kp);
+        quantize_rows_on<V>(qh.data(), (size_t)PU.Kp, sh.data(), h + (size_t)b0 * H, (size_t)H, rows, H, PU.Kp);
+        int8_product(ax.data(), (size_t)PW.Np, qx.data(), (size_t)PW.Kp, rows, PW, 0, G);
+        int8_product(ah.data(), (size_t)PU.Np, qh.data(), (size_t)PU.Kp, rows, PU, 0, nU);
+        dequantize(xg.data(), ax.data(), (size_t)PW.Np, sx.data(), sW, b_in, G);
+        dequantize(hg.data(), ah.data(), (size_t)PU.Np, sh.data(), sU, b_rec, nU);
+        for (int r = 0; r < rows; ++r) {
+            const int b = b0 + r;
+            float* hb = h + (size_t)b * H;
+            float* yb = y ? y + ((size_t)b * Tn + t) * H : nullptr;
+            const bool real = !mask || mask[(size_t)b * Tn + t];
+            if (!real) {
+                if (yb) std::fill(yb, yb + H, 0.f);
+                continue;
+            }
+            const float* xr = xg.data() + (size_t)r * G;
+            const float* hr = hg.data() + (size_t)r * G;
+            for (int j = 0; j < H; j += W) {
+                const int n = std::min(W, H - j);
+                auto pre = [&](int q) __attribute__((always_inline)) {
+                    return vload<V>(xr + (size_t)q * H + j, n) + vload<V>(hr + (size_t)q * H + j, n);
+                };
+                V h_t;
+                switch (cfg.cell) {
+                    case RNNCell::simple:  // h_t = act(x_t W + b + h_{t-1} U)
+                        h_t = acts.act(pre(0));
+                        break;
+                    case RNNCell::lstm: {  // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
+                        const V i = acts.ract(pre(0)), f = acts.ract(pre(1)), g = acts.act(pre(2)), o = acts.ract(pre(3));
+                        float* cb = c + (size_t)b * H + j;
+                        const V c_t = f * vload<V>(cb, n) + i * g;
+                        vstore(cb, c_t, n);
+                        h_t = o * acts.act(c_t);
+                        break;
+                    }
+                    default: {  // GRU
+                        const V r_ = acts.ract(pre(0)), z = acts.ract(pre(1));
+                        if (classic) {  // the candidate's product needs r * h first
+                            vstore(rh.data() + (size_t)r * H + j, r_ * vload<V>(hb + j, n), n);
+                            continue;
+                        }
+                        // n = act(x_n + r * (h U_n + b_hn)); h_t = z h_{t-1} + (1 - z) n
+                        const V nn = acts.act(vload<V>(xr + 2 * H + j, n) + r_ * vload<V>(hr + 2 * H + j, n));
+                        h_t = z * vload<V>(hb + j, n) + (vbroadcast<V>(1.f) - z) * nn;
+                    }
+                }
+                vstore(hb + j, h_t, n);
+                if (yb) vstore(yb + j, h_t, n);
+            }
+        }
+        if (!classic) continue;
+        // classic GRU: n = act(x_n + b_n + (r * h_{t-1}) U_n); h_t = z h_{t-1} + (1 - z) n
+        quantize_rows_on<V>(qh.data(), (size_t)PUn->Kp, sh.data(), rh.data(), (size_t)H, rows, H, PUn->Kp);
+        int8_product(an.data(), (size_t)PUn->Np, qh.data(), (size_t)PUn->Kp, rows, *PUn, 0, H);
+        dequantize(hg.data() + 2 * H, an.data(), (size_t)PUn->Np, sh.data(), sU + 2 * H, nullptr, H);
+        for (int r = 0; r < rows; ++r) {
+            const int b = b0 + r;
+            if (mask && !mask[(size_t)b * Tn + t]) continue;
+            float* hb = h + (size_t)b * H;
+            float* yb = y ? y + ((size_t)b * Tn + t) * H : nullptr;
+            const float* xr = xg.data() + (size_t)r * G;
+            const float* hr = hg.data() + (size_t)r * G;
+            for (int j = 0; j < H; j += W) {
+                const int n = std::min(W, H - j);
+                const V z = acts.ract(vload<V>(xr + H + j, n) + vload<V>(hr + H + j, n));
+                const V nn = acts.act(vload<V>(xr + 2 * H + j, n) + vload<V>(hr + 2 * H + j, n));
+                const V h_t = z * vload<V>(hb + j, n) + (vbroadcast<V>(1.f) - z) * nn;
+                vstore(hb + j, h_t, n);
+                if (yb) vstore(yb + j, h_t, n);
+            }
+        }
+    }
+}
+
+inline void rnn_forward_int8(const RNNConfig& cfg, float* y, float* h, float* c, const float* x, Int8Kernel kernel,
+                             Int8Kernel recurrent, const float* b_in, const float* b_rec, const uint8_t* mask) {
+    const int H = cfg.H, G = cfg.G();
+    const bool classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
+    thread_local Int8Packed PW, PU, PUn;
+    pack_int8(PW, kernel.q, (size_t)G, cfg.C, G);
+    pack_int8(PU, recurrent.q, (size_t)G, H, classic ? 2 * H : G);
+    if (classic) pack_int8(PUn, recurrent.q + 2 * H, (size_t)G, H, H);
+    const Int8Packed &pw = PW, &pu = PU, &pun = PUn;  // this thread's buffers, read by every thread of the split
+    for_batch_rows(cfg, [&](int b0, int b1) {
+        auto run = [&](const auto& acts) {
+            on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                rnn_steps_int8<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, x, pw, kernel.scale, pu, recurrent.scale,
+                                                classic ? &pun : nullptr, b_in, b_rec, mask);
+            });
+        };
+        if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid) run(TanhSigmoid{});
+        else run(AnyActivations{cfg.activation, cfg.recurrent_activation});
+    });
+}
+
+}  // namespace attnx

@@ -1,0 +1,184 @@
+"""int8 inference (model.quantize("int8")): the int8 products at every SIMD level against exact
+integer arithmetic, every quantizable layer within attnx.quantization.ERROR_BOUND of its float32
+output, saving and loading a quantized model, and the errors."""
+import numpy as np
+import pytest
+
+import attnx
+from attnx import _core, layers, quantization
+
+
+def _int8(rng, shape):
+    return rng.integers(-127, 128, size=shape).astype(np.int8)
+
+
+@pytest.mark.parametrize("R,K,N", [(1, 1, 1), (3, 7, 15), (5, 100, 400), (9, 257, 33), (2, 64, 1024)])
+def test_int8_product_is_exact_at_each_level(level, rng, R, K, N):
+    qx, qw = _int8(rng, (R, K)), _int8(rng, (K, N))
+    qx[:, ::5] = 127  # the extremes, where int16 pair sums would saturate without care
+    qw[::3] = -127
+    want = qx.astype(np.int64) @ qw.astype(np.int64)
+    got = _core.int8_product(qx=qx, qw=qw)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)  # exact: every level gives the same integers
+
+
+def test_int8_level_follows_the_simd_level(level):
+    expected = {"baseline": {"baseline"}, "avx2": {"avx2"}, "avx512": {"avx2", "vnni"}}[level]
+    assert _core.int8_level() in expected
+
+
+def test_quantize_rows_round_trip(rng):
+    x = rng.normal(size=(6, 33)).astype(np.float32)
+    x[4] = 0.0
+    q, scale = _core.quantize_rows(x=x)
+    assert q.dtype == np.int8 and scale.shape == (6,)
+    np.testing.assert_array_equal(np.abs(q).max(axis=1), [127, 127, 127, 127, 0, 127])
+    assert np.all(np.abs(x - q * scale[:, None]) <= scale[:, None] / 2 * 1.0001)
+
+
+def test_quantize_rows_same_bytes_at_each_level(level, rng):
+    x = rng.normal(size=(5, 77)).astype(np.float32)
+    q, scale = _core.quantize_rows(x=x)
+    np.testing.assert_array_equal(q, np.clip(np.rint(x / scale[:, None]), -127, 127).astype(np.int8))
+
+
+# (name, layer factory, input factory): every quantizable layer kind and option
+def _tokens(rng):
+    return rng.integers(1, 50, size=(4, 9))
+
+
+def _seq(rng, C=12):
+    return rng.normal(size=(4, 9, C)).astype(np.float32)
+
+
+def _masked(rng):
+    x = _seq(rng)
+    x[1, 6:] = 0.0
+    x[3, 2:] = 0.0
+    return x
+
+
+CASES = [
+    ("Dense", lambda: layers.Dense(24), lambda r: r.normal(size=(5, 30)).astype(np.float32)),
+    ("Dense relu 3-D", lambda: layers.Dense(7, activation="relu", use_bias=False), _seq),
+    ("Dense softmax", lambda: layers.Dense(5, activation="softmax"), lambda r: r.normal(size=(3, 16)).astype(np.float32)),
+    ("Embedding", lambda: layers.Embedding(50, 16), _tokens),
+    ("SimpleRNN", lambda: layers.SimpleRNN(20, return_sequences=True), _seq),
+    ("GRU", lambda: layers.GRU(20, return_sequences=True), _seq),
+    ("GRU classic", lambda: layers.GRU(20, reset_after=False, return_sequences=True), _seq),
+    ("LSTM", lambda: layers.LSTM(33), _seq),
+    ("LSTM sequences backwards", lambda: layers.LSTM(16, return_sequences=True, go_backwards=True), _seq),
+    ("LSTM 2 levels states", lambda: layers.LSTM(16, num_layers=2, return_state=True), _seq),
+    ("Bidirectional LSTM", lambda: layers.Bidirectional(layers.LSTM(16, return_sequences=True)), _seq),
+    ("Bidirectional GRU", lambda: layers.Bidirectional(layers.GRU(10)), _seq),
+    ("LSTMCell", lambda: layers.LSTMCell(16), lambda r: r.normal(size=(4, 12)).astype(np.float32)),
+]
+
+
+def _outputs(y):
+    return [np.asarray(a) for a in (y if isinstance(y, list) else [y])]
+
+
+@pytest.mark.parametrize("name,make,inputs", CASES, ids=[c[0] for c in CASES])
+def test_every_quantizable_layer_within_the_error_bound(rng, name, make, inputs):
+    layer = make()
+    x = inputs(rng)
+    want = _outputs(layer(x))
+    quantization.quantize_layer(layer)
+    assert layer.quantization_mode == "int8"
+    got = _outputs(layer(x))
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == np.float32
+        err = np.abs(g - w).max() / np.abs(w).max()
+        assert err <= quantization.ERROR_BOUND, f"{name}: relative error {err:.4f}"
+        assert not np.array_equal(g, w)  # the int8 path ran
+
+
+def test_masked_recurrent_layers_carry_padded_steps(rng):
+    x = _masked(rng)
+    mask = np.abs(x).sum(-1) > 0
+    for layer in (layers.LSTM(16, return_sequences=True), layers.GRU(16, return_sequences=True)):
+        want = layer(x, mask=mask)
+        quantization.quantize_layer(layer)
+        got = layer(x, mask=mask)
+        np.testing.assert_array_equal(got[~mask], 0.0)
+        assert np.abs(got - want).max() <= quantization.ERROR_BOUND * np.abs(want).max()
+
+
+def test_levels_agree(rng):
+    model = attnx.Sequential([layers.Embedding(50, 16), layers.LSTM(24), layers.Dense(3)])
+    x = _tokens(rng)
+    model.predict(x, verbose=0)
+    model.quantize("int8")
+    outs = []
+    from conftest import CPU_SIMD_LEVELS
+    try:
+        for lv in CPU_SIMD_LEVELS:
+            _core._force_simd_level(lv)
+            outs.append(model.predict(x, verbose=0))
+    finally:
+        _core._force_simd_level("avx512")
+    for o in outs[1:]:  # the same integers; the float epilogue may round differently (fused multiply-adds)
+        np.testing.assert_allclose(o, outs[0], rtol=1e-4, atol=1e-5)
+
+
+def _sentiment_like():
+    inp = attnx.Input((9,), dtype="int64")
+    h = layers.Embedding(50, 16, mask_zero=True)(inp)
+    h = layers.Bidirectional(layers.LSTM(12, return_sequences=True))(h)
+    h = layers.GRU(8)(h)
+    out = layers.Dense(1, activation="sigmoid")(h)
+    return attnx.Model(inp, out)
+
+
+def test_model_quantize_save_and_load(rng, tmp_path):
+    model = _sentiment_like()
+    x = _tokens(rng)
+    x[0, 5:] = 0
+    want = model.predict(x, verbose=0)
+    assert model.quantize("int8") is model
+    got = model.predict(x, verbose=0)
+    assert np.abs(got - want).max() <= quantization.ERROR_BOUND
+    kinds = {n: p.dtype for n, p in model.params.items()}
+    assert sum(d == np.int8 for d in kinds.values()) == 1 + 2 * 2 + 2 + 1  # embeddings, 2 x BiLSTM, GRU, Dense
+    model.save(tmp_path / "q.attnx")
+    loaded = attnx.load_model(tmp_path / "q.attnx")
+    for (n, p), (m, q) in zip(model.params.items(), loaded.params.items()):
+        assert p.dtype == q.dtype
+        np.testing.assert_array_equal(p, q)
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), got)
+    model.quantize("int8")  # again: nothing left to quantize
+    np.testing.assert_array_equal(model.predict(x, verbose=0), got)
+
+
+def test_quantize_errors(rng):
+    with pytest.raises(ValueError, match="not built"):
+        attnx.Sequential([layers.Dense(3)]).quantize("int8")
+    model = attnx.Sequential([layers.Dense(3)])
+    model.predict(rng.normal(size=(2, 4)).astype(np.float32), verbose=0)
+    with pytest.raises(ValueError, match="unknown quantization mode 'int4'"):
+        model.quantize("int4")
+    with pytest.raises(ValueError, match="Dense: unknown quantization mode"):
+        layers.Dense(3, quantization_mode="fp8")
+    model.quantize("int8")
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ValueError, match="is quantized \\(int8\\) and runs inference only"):
+        model.fit(rng.normal(size=(4, 4)).astype(np.float32), np.zeros((4, 3), np.float32), epochs=1, verbose=0)
+    lstm = layers.LSTM(4)
+    lstm(_seq(rng))
+    quantization.quantize_layer(lstm)
+    with pytest.raises(ValueError, match=f"Layer '{lstm.name}': is quantized"):
+        lstm(_seq(rng), training=True)
+
+
+def test_binding_checks(rng):
+    with pytest.raises(ValueError, match="-128"):
+        _core.int8_product(qx=np.full((2, 3), -128, np.int8), qw=np.zeros((3, 2), np.int8))
+    with pytest.raises(TypeError, match="int8"):
+        _core.int8_product(qx=np.zeros((2, 3), np.float32), qw=np.zeros((3, 2), np.int8))
+    with pytest.raises(ValueError, match="kernel_scale"):
+        _core.dense_forward_int8(x=np.zeros((2, 3), np.float32), kernel=np.zeros((3, 2), np.int8),
+                                 kernel_scale=np.zeros(3, np.float32), bias=None)
+    with pytest.raises(IndexError):
+        _core.embedding_forward_int8(ids=np.array([5]), table=np.zeros((3, 2), np.int8), scale=np.ones(3, np.float32))
