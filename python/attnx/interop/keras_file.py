@@ -34,7 +34,7 @@ from ..symbolic import Input
 from .registry import _FROM_KERAS, _TO_KERAS
 
 # Every attnx layer converted from Keras creates at most this much more than the Keras weights it
-# reads (AdditiveAttention keeps as two identity matrices what Keras keeps implicit).
+# reads (a margin for converters that make explicit what Keras keeps implicit).
 _WEIGHT_ALLOWANCE = 16 << 20
 
 

@@ -1,6 +1,6 @@
 """attnx layers. Every layer follows the contract in `attnx.layers.base`."""
-from .attention import (AdditiveAttention, Attention, AttentionPooling, HardAttention, LocalAttention,
-                        LuongAttention)
+from .attention import (AdditiveAttention, Attention, AttentionPooling, BahdanauAdditiveAttention, HardAttention,
+                        LocalAttention, LuongAttention)
 from .base import Layer, get
 from .conv import AveragePooling2D, Conv2D, MaxPooling2D
 from .draw import FilterbankRead, FilterbankWrite
@@ -13,7 +13,7 @@ from .transformer import (FeedForward, LayerNormalization, MultiHeadAttention, P
 
 __all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
            "GlobalAveragePooling1D", "Reshape", "SimpleRNN", "GRU", "LSTM", "Bidirectional", "SimpleRNNCell",
-           "GRUCell", "LSTMCell", "AdditiveAttention", "Attention", "AttentionPooling", "HardAttention",
+           "GRUCell", "LSTMCell", "AdditiveAttention", "BahdanauAdditiveAttention", "Attention", "AttentionPooling", "HardAttention",
            "LocalAttention", "LuongAttention", "FeedForward", "LayerNormalization", "MultiHeadAttention",
            "PositionalEncoding", "PositionEmbedding", "TransformerDecoder", "TransformerDecoderLayer",
            "TransformerEncoder", "TransformerEncoderLayer", "Conv2D", "MaxPooling2D", "AveragePooling2D",

@@ -349,7 +349,7 @@ class _RNN(_Recurrent):
     _gradient_arguments = (("initial_state", None),)  # see Layer._with_gradient_arguments
 
     def __init__(self, units, dropout=0.0, recurrent_dropout=0.0, return_sequences=False, return_state=False,
-                 go_backwards=False, num_layers=1, stack_dropout=0.0, zero_output_for_mask=True, stateful=False,
+                 go_backwards=False, num_layers=1, stack_dropout=0.0, zero_output_for_mask=False, stateful=False,
                  unroll=False, **kwargs):
         super().__init__(units, **kwargs)
         kind = type(self).__name__
@@ -499,15 +499,14 @@ _RNN_DOC = """
         go_backwards: process the sequence in reverse (returned sequences are in processing order).
         num_layers: levels stacked as in PyTorch; states then have shape (num_layers, B, units).
         stack_dropout: PyTorch's `dropout`: elementwise dropout on each level's output but the last.
-        zero_output_for_mask: with return_sequences and a mask, padded steps output zeros (True,
-            the default, as PyTorch's packed sequences and Keras inside Bidirectional) or the
-            output of the last real step before them (False, Keras' default for a layer of its
-            own). Ignored inside Bidirectional.
+        zero_output_for_mask: with return_sequences and a mask, padded steps output the output of
+            the last real step before them (False, Keras' default) or zeros (True, as PyTorch's
+            packed sequences and Keras inside Bidirectional). Ignored inside Bidirectional.
 
     Call arguments:
         inputs: (B, T, features), or a list ``[inputs, h0(, c0)]`` (then backprop returns their gradients).
         mask: bool or 0/1 integer (B, T), True = real step (e.g. from ``Embedding(mask_zero=True)``);
-            padded steps carry the state and output zeros (or see zero_output_for_mask). ``lengths``:
+            padded steps carry the state and the last real output (or zeros: zero_output_for_mask). ``lengths``:
             (B,) ints in [0, T], the same as ``t < lengths`` (give one of the two).
         initial_state: ``[h0(, c0)]`` each (B, units).
         training: keep what backprop needs and apply dropout.

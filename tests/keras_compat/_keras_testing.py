@@ -1,0 +1,96 @@
+"""What the ported Keras tests use of `keras.src.testing.TestCase`, for attnx layers.
+
+`run_layer_test` is Keras' layer battery cut to what attnx has: build on `input_shape`, an eager call
+and a symbolic call giving `expected_output_shape`, the weight counts, a config round trip, and
+`supports_masking`. Keras' seed-generator counts become "a dropout layer has a `seed`"; its
+mixed-precision and TPU checks have no attnx counterpart.
+"""
+import numpy as np
+
+import attnx
+
+
+def assert_all_close(actual, expected, atol=1e-6, rtol=1e-6):
+    np.testing.assert_allclose(np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64),
+                               atol=atol, rtol=rtol)
+
+
+def assert_not_all_close(a, b, atol=1e-6, rtol=1e-6):
+    assert not np.allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=rtol), "arrays are unexpectedly close"
+
+
+def _is_shape(x):
+    return isinstance(x, tuple) and all(d is None or isinstance(d, int) for d in x)
+
+
+def _random(shape, dtype, rng):
+    if isinstance(shape, list):
+        return [_random(s, dtype, rng) for s in shape]
+    if dtype is not None and np.dtype(dtype).kind in "iu":
+        return rng.integers(0, 5, size=shape).astype(dtype)
+    return rng.random(shape).astype(dtype or "float32")
+
+
+def _shapes(x):
+    if isinstance(x, (list, tuple)):
+        return [tuple(np.shape(v)) for v in x]
+    return tuple(np.shape(x))
+
+
+def _symbolic(shape, dtype):
+    if isinstance(shape, list):
+        return [_symbolic(s, dtype) for s in shape]
+    return attnx.Input(shape=shape[1:], batch_size=shape[0], dtype=dtype or "float32")
+
+
+def run_layer_test(layer_cls, init_kwargs, input_shape=None, input_dtype=None, input_data=None, call_kwargs=None,
+                   expected_output_shape=None, expected_output=None, expected_num_trainable_weights=None,
+                   expected_num_non_trainable_weights=None, expected_num_seed_generators=None,
+                   expected_num_losses=None, supports_masking=None, expected_mask_shape=None, atol=1e-6, rtol=1e-6,
+                   **ignored):
+    call_kwargs = call_kwargs or {}
+    rng = np.random.default_rng(0)
+    layer = layer_cls(**init_kwargs)
+    # config round trip (Keras: run_class_serialization_test)
+    config = layer.get_config()
+    twin = layer_cls.from_config(config)
+    assert twin.get_config() == config
+    if supports_masking:
+        assert layer.supports_masking or "mask" in _forward_parameters(layer)
+    if input_data is None:
+        input_data = _random(input_shape, input_dtype, rng)
+    if input_shape is None:
+        input_shape = _shapes(input_data)
+    output = layer(input_data, **call_kwargs)
+    if expected_output_shape is not None:
+        got = _shapes(output)
+        want = expected_output_shape
+        if isinstance(want, (list, tuple)) and not _is_shape(want):
+            want = [tuple(s) for s in want]
+        assert got == want, f"output shape {got}, expected {want}"
+    if expected_output is not None:
+        assert_all_close(output, expected_output, atol=atol, rtol=rtol)
+    if expected_num_trainable_weights is not None:
+        assert len(layer.trainable_weights) == expected_num_trainable_weights
+    if expected_num_non_trainable_weights is not None:
+        assert len(layer.non_trainable_weights) == expected_num_non_trainable_weights
+    if expected_num_seed_generators:
+        assert hasattr(layer, "seed"), "a layer that draws random numbers takes a seed"
+    if expected_num_losses is not None:
+        assert len(layer.losses) == expected_num_losses
+    # the symbolic call (Keras: run_build_asserts / compute_output_spec)
+    fresh = layer_cls(**init_kwargs)
+    symbolic = fresh(_symbolic(input_shape, input_dtype), **call_kwargs)
+    if expected_output_shape is not None:
+        got = [tuple(t.shape) for t in symbolic] if isinstance(symbolic, (list, tuple)) else tuple(symbolic.shape)
+        want = expected_output_shape
+        if isinstance(want, (list, tuple)) and not _is_shape(want):
+            want = [tuple(s) for s in want]
+        assert got == want, f"symbolic output shape {got}, expected {want}"
+    return layer
+
+
+def _forward_parameters(layer):
+    import inspect
+    function = type(layer).forward if not layer._runs_call() else type(layer).call
+    return inspect.signature(function).parameters
