@@ -560,7 +560,7 @@ def test_embedding_size_not_divisible_by_heads():
     ({"key_padding_mask": np.array([1, 5])}, ValueError, r"key_padding_mask.*lengths in \[0, 4\]"),
     ({"key_padding_mask": np.full((B, S), 2)}, ValueError, r"key_padding_mask.*only 0 and 1"),
     ({"attention_mask": np.ones((B, S, T), bool)}, ValueError, r"attention_mask.*\(2, 3, 4\).*got shape \(2, 4, 3\)"),
-    ({"attention_mask": np.ones((T, S))}, TypeError, r"attention_mask.*bool.*float64"),
+    ({"attention_mask": np.full((T, S), 0.5)}, ValueError, r"attention_mask.*float mask must hold only 0 and 1"),
 ])
 def test_bad_attention_masks(kwargs, error, pattern):
     layer = layers.MultiHeadAttention(H, 2, name="mha")

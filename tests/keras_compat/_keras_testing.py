@@ -57,6 +57,17 @@ def run_layer_test(layer_cls, init_kwargs, input_shape=None, input_dtype=None, i
     assert twin.get_config() == config
     if supports_masking:
         assert layer.supports_masking or "mask" in _forward_parameters(layer)
+    if isinstance(input_shape, dict):  # Keras: keyword inputs, e.g. {"query_shape": ..., "value_shape": ...}
+        named = {k[:-len("_shape")]: _random(v, input_dtype, rng) for k, v in input_shape.items()}
+        output = layer(**named, **call_kwargs)
+        symbolic = layer_cls(**init_kwargs)(**{k[:-len("_shape")]: _symbolic(v, input_dtype)
+                                               for k, v in input_shape.items()}, **call_kwargs)
+        _check_counts(layer, expected_num_trainable_weights, expected_num_non_trainable_weights,
+                      expected_num_seed_generators, expected_num_losses)
+        assert _shapes(output) == tuple(expected_output_shape)
+        assert tuple(symbolic.shape) == (None,) + tuple(expected_output_shape)[1:] or \
+            tuple(symbolic.shape) == tuple(expected_output_shape)
+        return layer
     if input_data is None:
         input_data = _random(input_shape, input_dtype, rng)
     if input_shape is None:
@@ -70,14 +81,8 @@ def run_layer_test(layer_cls, init_kwargs, input_shape=None, input_dtype=None, i
         assert got == want, f"output shape {got}, expected {want}"
     if expected_output is not None:
         assert_all_close(output, expected_output, atol=atol, rtol=rtol)
-    if expected_num_trainable_weights is not None:
-        assert len(layer.trainable_weights) == expected_num_trainable_weights
-    if expected_num_non_trainable_weights is not None:
-        assert len(layer.non_trainable_weights) == expected_num_non_trainable_weights
-    if expected_num_seed_generators:
-        assert hasattr(layer, "seed"), "a layer that draws random numbers takes a seed"
-    if expected_num_losses is not None:
-        assert len(layer.losses) == expected_num_losses
+    _check_counts(layer, expected_num_trainable_weights, expected_num_non_trainable_weights,
+                  expected_num_seed_generators, expected_num_losses)
     # the symbolic call (Keras: run_build_asserts / compute_output_spec)
     fresh = layer_cls(**init_kwargs)
     symbolic = fresh(_symbolic(input_shape, input_dtype), **call_kwargs)
@@ -88,6 +93,17 @@ def run_layer_test(layer_cls, init_kwargs, input_shape=None, input_dtype=None, i
             want = [tuple(s) for s in want]
         assert got == want, f"symbolic output shape {got}, expected {want}"
     return layer
+
+
+def _check_counts(layer, trainable, non_trainable, seed_generators, losses):
+    if trainable is not None:
+        assert len(layer.trainable_weights) == trainable
+    if non_trainable is not None:
+        assert len(layer.non_trainable_weights) == non_trainable
+    if seed_generators:
+        assert hasattr(layer, "seed"), "a layer that draws random numbers takes a seed"
+    if losses is not None:
+        assert len(layer.losses) == losses
 
 
 def _forward_parameters(layer):
