@@ -366,29 +366,58 @@ class Add(_Merge):
 class GlobalAveragePooling1D(Layer):
     """Mean over the time axis of (batch, T, features), counting only unmasked steps.
 
-    `mask` is a boolean (batch, T) array (True = real step) or the lengths (batch,) as integers.
-    A fully masked row pools to zeros.
+    Args:
+        data_format: "channels_last" (batch, T, features), the default, or "channels_first"
+            (batch, features, T) (Keras).
+        keepdims: keep the time axis, of size 1.
+
+    `mask` (also the second positional argument, as Keras) is a boolean (batch, T) array (True = real
+    step) or the lengths (batch,) as integers. A fully masked row pools to zeros.
     """
 
     supports_masking = True
 
-    def forward(self, inputs, training=False, mask=None):
+    def __init__(self, data_format="channels_last", keepdims=False, **kwargs):
+        super().__init__(**kwargs)
+        if data_format not in ("channels_last", "channels_first"):
+            raise ValueError(f"{type(self).__name__}: data_format must be 'channels_last' or 'channels_first', got "
+                             f"{data_format!r}")
+        self.data_format, self.keepdims = data_format, bool(keepdims)
+
+    def _steps_axis(self):
+        return 1 if self.data_format == "channels_last" else 2
+
+    def forward(self, inputs, mask=None, training=False):
         x = self._float_input(inputs, ndim=3)
+        if self.data_format == "channels_first":
+            x = x.transpose(0, 2, 1)  # (batch, T, features), a view
         if mask is None:
             weights = np.full(x.shape[:2], 1.0 / max(x.shape[1], 1), dtype=self.dtype)  # T = 0 pools to zeros
         else:
             mask = as_mask(mask, x.shape[0], x.shape[1], f"Layer '{self.name}': `mask`")
             m = mask.astype(self.dtype)
             weights = m / np.maximum(m.sum(axis=1, keepdims=True), 1)  # a fully masked row pools to zeros
-        return np.einsum("bt,btc->bc", weights, x), ((weights, x.shape) if training else None)
+        pooled = np.einsum("bt,btc->bc", weights, x)
+        if self.keepdims:
+            pooled = np.expand_dims(pooled, self._steps_axis())
+        return pooled, ((weights, x.shape) if training else None)
 
     def backprop(self, cache, dy):
         weights, shape = cache
-        dy = self._grad_input(dy, (shape[0], shape[2]))
-        return np.ascontiguousarray(weights[:, :, None] * dy[:, None, :])
+        dy = self._grad_input(dy, self.compute_output_shape((shape[0], shape[1], shape[2])
+                                                            if self.data_format == "channels_last"
+                                                            else (shape[0], shape[2], shape[1])))
+        dx = weights[:, :, None] * dy.reshape(shape[0], 1, shape[2])
+        return np.ascontiguousarray(dx if self.data_format == "channels_last" else dx.transpose(0, 2, 1))
 
     def compute_mask(self, inputs, mask=None):
         return None
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[2])
+        features = input_shape[2] if self.data_format == "channels_last" else input_shape[1]
+        if not self.keepdims:
+            return (input_shape[0], features)
+        return (input_shape[0], 1, features) if self.data_format == "channels_last" else (input_shape[0], features, 1)
+
+    def get_config(self):
+        return {**super().get_config(), "data_format": self.data_format, "keepdims": self.keepdims}
