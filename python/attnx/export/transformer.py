@@ -25,6 +25,8 @@ def layer_norm(g, layer, x):
 
 @converts(LayerNormalization)
 def _layer_norm(g, layer, call):
+    if layer.rms_scaling or layer.axis not in (-1, [-1]):
+        raise unsupported(layer, "rms_scaling and axes other than -1 have no ONNX export yet")
     return layer_norm(g, layer, call.inputs)
 
 
