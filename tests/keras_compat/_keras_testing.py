@@ -6,6 +6,7 @@ and a symbolic call giving `expected_output_shape`, the weight counts, a config 
 mixed-precision and TPU checks have no attnx counterpart.
 """
 import numpy as np
+from absl.testing import parameterized
 
 import attnx
 
@@ -110,3 +111,17 @@ def _forward_parameters(layer):
     import inspect
     function = type(layer).forward if not layer._runs_call() else type(layer).call
     return inspect.signature(function).parameters
+
+
+class TestCase(parameterized.TestCase):
+    """The assertions of Keras' `testing.TestCase` the ported files use (Keras' default tolerances 1e-6;
+    the `tpu_*` tolerances do not apply on a CPU), on absl's parameterized TestCase as Keras'."""
+
+    def assertAllClose(self, actual, expected, atol=1e-6, rtol=1e-6, tpu_atol=None, tpu_rtol=None, msg=None):
+        assert_all_close(actual, expected, atol=atol, rtol=rtol)
+
+    def assertNotAllClose(self, a, b, atol=1e-6, rtol=1e-6, msg=None):
+        assert_not_all_close(a, b, atol=atol, rtol=rtol)
+
+    def run_layer_test(self, layer_cls, init_kwargs, **kwargs):
+        return run_layer_test(layer_cls, init_kwargs, **kwargs)

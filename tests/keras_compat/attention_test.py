@@ -285,3 +285,14 @@ def test_attnx_weights_returned_are_after_dropout():
     output, weights = layer([query, value], return_attention_scores=True, training=True)
     assert np.any(weights == 0.0)
     assert_all_close(output, weights @ value, atol=1e-12)
+
+
+def test_attnx_gradients_of_the_concat_score_mode():
+    # float64 central differences for Keras' concat score, with its scale and concat_score_weight
+    from attnx.testing import gradcheck
+    rng = np.random.default_rng(0)
+    layer = layers.Attention(use_scale=True, score_mode="concat", dtype="float64")
+    layer.build([(2, 3, 4), (2, 5, 4)])
+    layer.built = True
+    layer.params["scale"][0], layer.params["concat_score_weight"][0] = 0.7, 1.3
+    gradcheck(layer, [rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4))])

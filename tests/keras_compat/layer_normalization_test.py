@@ -63,3 +63,13 @@ def test_unsorted_axis():
     assert out_sorted.shape == (2, 3, 4)
     assert out_unsorted.shape == (2, 3, 4)
     assert_all_close(out_sorted, out_unsorted)
+
+
+def test_attnx_gradients_of_the_new_options():
+    # float64 central differences (attnx.testing.gradcheck) for rms_scaling and several axes
+    from attnx.testing import gradcheck
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4))
+    gradcheck(layers.LayerNormalization(rms_scaling=True, gamma_initializer="glorot_uniform", dtype="float64"), x)
+    gradcheck(layers.LayerNormalization(axis=(-2, -1), beta_initializer="glorot_uniform",
+                                        gamma_initializer="glorot_uniform", dtype="float64"), x)
