@@ -28,7 +28,7 @@ def _random(shape, dtype, rng):
     if isinstance(shape, list):
         return [_random(s, dtype, rng) for s in shape]
     if dtype is not None and np.dtype(dtype).kind in "iu":
-        return rng.integers(0, 5, size=shape).astype(dtype)
+        return rng.integers(0, 2, size=shape).astype(dtype)  # ids valid for any vocabulary
     return rng.random(shape).astype(dtype or "float32")
 
 
@@ -56,8 +56,9 @@ def run_layer_test(layer_cls, init_kwargs, input_shape=None, input_dtype=None, i
     config = layer.get_config()
     twin = layer_cls.from_config(config)
     assert twin.get_config() == config
-    if supports_masking:
-        assert layer.supports_masking or "mask" in _forward_parameters(layer)
+    if supports_masking:  # takes a mask, or makes one (Embedding(mask_zero=True))
+        assert layer.supports_masking or "mask" in _forward_parameters(layer) or \
+            type(layer).compute_mask is not attnx.layers.Layer.compute_mask
     if isinstance(input_shape, dict):  # Keras: keyword inputs, e.g. {"query_shape": ..., "value_shape": ...}
         named = {k[:-len("_shape")]: _random(v, input_dtype, rng) for k, v in input_shape.items()}
         output = layer(**named, **call_kwargs)

@@ -99,14 +99,16 @@ class Embedding(Layer):
     def __init__(self, input_dim, output_dim, embeddings_initializer="uniform", embeddings_regularizer=None,
                  mask_zero=False, input_length=None, weights=None, **kwargs):
         super().__init__(**kwargs)
-        if int(input_dim) <= 0 or int(output_dim) <= 0:
-            raise ValueError(f"Embedding: input_dim and output_dim must be positive, got {input_dim}, {output_dim}")
+        for arg, value in (("input_dim", input_dim), ("output_dim", output_dim)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"Embedding: `{arg}` must be a positive integer, got {value!r}")
         self.input_dim, self.output_dim = int(input_dim), int(output_dim)
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.embeddings_regularizer = regularizers.get(embeddings_regularizer)
         self.mask_zero = bool(mask_zero)
         self.input_length = input_length
-        self._initial_weights = None if weights is None else list(weights)
+        # Keras: the matrix, or a list holding it
+        self._initial_weights = None if weights is None else [weights] if np.ndim(weights) == 2 else list(weights)
 
     def build(self, input_shape):
         self.add_weight("embeddings", (self.input_dim, self.output_dim), self.embeddings_initializer,
