@@ -365,6 +365,107 @@ class Add(_Merge):
         return tuple(input_shape[0])
 
 
+class Multiply(_Merge):
+    """Multiplies a list of inputs of the same shape elementwise (Keras' Multiply, no broadcasting)."""
+
+    def forward(self, inputs, training=False):
+        xs = self._inputs(inputs)
+        if any(x.shape != xs[0].shape for x in xs):
+            raise ValueError(f"Layer '{self.name}': inputs must have the same shape, got {[x.shape for x in xs]}")
+        out = xs[0].copy()
+        for x in xs[1:]:
+            out *= x
+        return out, (xs if training else None)
+
+    def backprop(self, cache, dy):
+        xs = cache
+        dy = self._grad_input(dy, xs[0].shape)
+        # y = prod_j x_j: dx_i = dy * prod_{j != i} x_j
+        grads = []
+        for i in range(len(xs)):
+            g = dy.copy()
+            for j, x in enumerate(xs):
+                if j != i:
+                    g *= x
+            grads.append(g)
+        return grads
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[0])
+
+
+class SpatialDropout1D(Dropout):
+    """Dropout of whole feature channels of (batch, T, features): one keep mask per sample and feature,
+    shared by every step (Keras' SpatialDropout1D, Dropout with noise_shape (batch, 1, features))."""
+
+    def __init__(self, rate, seed=None, **kwargs):
+        kwargs.pop("noise_shape", None)  # a config carries the one this layer implies
+        super().__init__(rate, noise_shape=(None, 1, None), seed=seed, **kwargs)
+
+    def forward(self, inputs, training=False):
+        self._check_shape(np.asarray(inputs), "inputs", ndim=3)
+        return super().forward(inputs, training=training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("noise_shape")
+        return config
+
+
+class RepeatVector(Layer):
+    """Repeats (batch, features) `n` times: (batch, n, features) (Keras' RepeatVector)."""
+
+    def __init__(self, n, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise ValueError(f"RepeatVector: n must be a positive integer, got {n!r}")
+        self.n = int(n)
+
+    def forward(self, inputs, training=False):
+        x = self._float_input(inputs, ndim=2)
+        return np.repeat(x[:, None, :], self.n, axis=1), (x.shape if training else None)
+
+    def backprop(self, cache, dy):
+        dy = self._grad_input(dy, (cache[0], self.n, cache[1]))
+        return dy.sum(axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.n, input_shape[1])
+
+    def get_config(self):
+        return {**super().get_config(), "n": self.n}
+
+
+class Masking(Layer):
+    """Masks the steps of (batch, T, features) whose features all equal `mask_value`: they output zeros
+    and the mask (True = a real step) goes on to the next layers (Keras' Masking)."""
+
+    def __init__(self, mask_value=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.mask_value = float(mask_value)
+
+    def _step_mask(self, x):
+        return np.any(x != x.dtype.type(self.mask_value), axis=-1)
+
+    def forward(self, inputs, training=False):
+        x = self._float_input(inputs, min_ndim=2)
+        keep = self._step_mask(x)[..., None].astype(self.dtype)
+        return x * keep, (keep if training else None)
+
+    def backprop(self, cache, dy):
+        keep = cache
+        return self._grad_input(dy, keep.shape[:-1] + (np.shape(dy)[-1],)) * keep
+
+    def compute_mask(self, inputs, mask=None):
+        return self._step_mask(np.asarray(inputs))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "mask_value": self.mask_value}
+
+
 class GlobalAveragePooling1D(Layer):
     """Mean over the time axis of (batch, T, features), counting only unmasked steps.
 
