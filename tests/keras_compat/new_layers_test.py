@@ -65,3 +65,14 @@ def test_spatial_dropout_drops_whole_features():
     assert dropped.any() and (dropped == dropped[:, :1]).all()  # the same features at every step
     with pytest.raises(ValueError, match="rank 3"):
         layer(np.ones((4, 6)), training=True)
+
+
+def test_to_categorical_matches_keras():
+    import attnx
+    for labels, n in (([0, 2, 1, 2], None), ([[1], [0], [3]], 5), (np.array([[0, 1], [2, 0]]), 3)):
+        ours = attnx.utils.to_categorical(labels, n)
+        theirs = keras.utils.to_categorical(np.asarray(labels), n)
+        assert ours.shape == theirs.shape
+        assert_all_close(ours, theirs)
+    with pytest.raises(ValueError, match="out of range"):
+        attnx.utils.to_categorical([3], 2)
