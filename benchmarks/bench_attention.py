@@ -39,7 +39,7 @@ def main():
     q, h = f32(B, Tq, D), f32(B, S, D)
     lengths = rng.integers(S // 2, S + 1, size=B)
     for name, layer, units in (("general", layers.Attention(score="general"), None),
-                               ("additive", layers.AdditiveAttention(units=D), D)):
+                               ("additive", layers.BahdanauAdditiveAttention(units=D), D)):
         dc = f32(B, Tq, D)
         layer([q, h])
 

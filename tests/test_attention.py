@@ -214,7 +214,7 @@ def test_luong_attentional_state_gradcheck(score):
 
 
 def test_single_step_query_and_additive_attention_layer():
-    layer = layers.AdditiveAttention(units=3, dtype="float64")
+    layer = layers.BahdanauAdditiveAttention(units=3, dtype="float64")
     report = gradcheck(layer, [rand(B, 5, seed=1), rand(B, S, 2, seed=2)],
                        call_kwargs=dict(mask=[None, np.array([[1, 1, 1, 0], [1, 0, 0, 0]], bool)],
                                         return_attention_scores=True))
@@ -418,7 +418,7 @@ def test_scaled_dot_and_learned_scale():
 
 
 def test_additive_normalize_is_tfa_weight_norm():
-    layer = layers.AdditiveAttention(units=3, normalize=True, dtype="float64")
+    layer = layers.BahdanauAdditiveAttention(units=3, normalize=True, dtype="float64")
     q, h = rand(B, TQ, 2, seed=1), rand(B, S, 4, seed=2)
     _, w = layer([q, h], return_attention_scores=True)
     p = layer.params
@@ -475,7 +475,7 @@ def test_bad_inputs_raise_clear_errors():
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4)), np.zeros((B, 5, 4))])
     with pytest.raises(TypeError, match="bool mask .* or integer lengths"):
         general([np.zeros((B, TQ, 3)), np.zeros((B, S, 4))], mask=[None, np.ones((B, S)) * 0.5])
-    with pytest.raises(ValueError, match="expects inputs \\[query, value\\]"):
+    with pytest.raises(ValueError, match="must be called on a list of inputs, namely \\[query, value\\]"):
         layers.Attention()(np.zeros((B, TQ, 4)))
     with pytest.raises(ValueError, match="score must be one of"):
         layers.Attention(score="cosine")
@@ -516,7 +516,7 @@ def test_sdpa_parity_with_torch():
 
 def test_get_config_round_trip():
     for layer in (layers.Attention(score="general", use_scale=True, dropout=0.1),
-                  layers.AdditiveAttention(units=5, normalize=True), layers.LuongAttention(attentional_units=3),
+                  layers.BahdanauAdditiveAttention(units=5, normalize=True), layers.LuongAttention(attentional_units=3),
                   layers.LocalAttention(window=3, mode="local-m"), layers.HardAttention(inference="sample"),
                   layers.AttentionPooling(return_sequences=True, length_agnostic=True)):
         config = layer.get_config()
@@ -605,7 +605,7 @@ LAYER_CASES = {
                              "attention"),
     "general_dropout": (lambda: layers.Attention(score="general", dropout=0.3, dtype="float64"), "attention"),
     "concat": (lambda: layers.Attention(score="concat", units=3, dtype="float64"), "attention"),
-    "additive_normalize": (lambda: layers.AdditiveAttention(units=3, normalize=True, dtype="float64"), "attention"),
+    "additive_normalize": (lambda: layers.BahdanauAdditiveAttention(units=3, normalize=True, dtype="float64"), "attention"),
     "luong_state": (lambda: layers.LuongAttention(attentional_units=3, dtype="float64"), "attention"),
     "luong_context": (lambda: layers.LuongAttention(score="dot", dtype="float64"), "attention"),
     "local_m": (lambda: layers.LocalAttention(window=1, mode="local-m", dtype="float64"), "attention"),

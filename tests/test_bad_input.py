@@ -398,7 +398,7 @@ def test_fresh_multi_head_attention_given_non_arrays(call):
 
 ATTENTION_LAYERS = {
     "Attention": lambda: layers.Attention(), "general": lambda: layers.Attention(score="general"),
-    "Additive": lambda: layers.AdditiveAttention(), "Luong": lambda: layers.LuongAttention(),
+    "Additive": lambda: layers.BahdanauAdditiveAttention(), "Luong": lambda: layers.LuongAttention(),
     "Luong attentional": lambda: layers.LuongAttention(attentional_units=5),
     "Local": lambda: layers.LocalAttention(window=1), "MultiHeadAttention": lambda: layers.MultiHeadAttention(2, 4),
 }

@@ -178,7 +178,7 @@ ATTENTION = {
     "general": lambda: layers.Attention(score="general"),
     "concat": lambda: layers.Attention(score="concat", units=7),
     "additive": lambda: layers.Attention(score="additive"),
-    "additive_normalized": lambda: layers.AdditiveAttention(units=5, normalize=True),
+    "additive_normalized": lambda: layers.BahdanauAdditiveAttention(units=5, normalize=True),
     "luong_dot": lambda: layers.LuongAttention(score="dot"),
     "luong_concat": lambda: layers.LuongAttention(score="concat", attentional_units=6),
     "local_m": lambda: layers.LocalAttention(2, mode="local-m", score="dot"),

@@ -319,7 +319,7 @@ LAYER_CASES.update({
     "LSTMCell": LayerCase(lambda d: layers.LSTMCell(d(st.sampled_from([1, 3]))), _cell_sample, ranks=[(2,)]),
     "Attention": _attn_case(lambda d: layers.Attention(score=d(st.sampled_from(
         ["dot", "scaled_dot", "general", "concat", "additive"])))),
-    "AdditiveAttention": _attn_case(lambda d: layers.AdditiveAttention()),
+    "AdditiveAttention": _attn_case(lambda d: layers.BahdanauAdditiveAttention()),
     "LuongAttention": _attn_case(lambda d: layers.LuongAttention(score=d(st.sampled_from(["general", "dot"])))),
     "LocalAttention": _attn_case(lambda d: layers.LocalAttention(window=d(st.sampled_from([0, 1, 3])),
                                                                  mode=d(st.sampled_from(["local-m", "local-p"])))),
@@ -659,7 +659,7 @@ def test_layer_simd_levels(name, level, data):
     # Dense on the tiles: one block on one thread (2^18..2^20 multiply-adds), and blocks split across threads
     (lambda: layers.Dense(70, activation="relu"), [(9, 17, 130)]),
     (lambda: layers.Dense(37, activation="gelu"), [(4, 700, 45)]),
-    (lambda: layers.AdditiveAttention(), [(3, 11, 24), (3, 43, 24)]),
+    (lambda: layers.BahdanauAdditiveAttention(), [(3, 11, 24), (3, 43, 24)]),
     (lambda: layers.LuongAttention(), [(3, 11, 24), (3, 43, 24)]),
     (lambda: layers.Conv2D(40, 3, strides=(1, 2), padding="same", activation="relu"), [(3, 12, 11, 17)]),
     (lambda: layers.MaxPooling2D(3, strides=2, padding="same"), [(3, 12, 11, 37)]),

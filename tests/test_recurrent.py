@@ -191,7 +191,7 @@ def test_gradcheck_cells(cls, kw):
 def test_padding_carries_state_and_outputs_zeros(cls):
     """Post- and pre-padded rows give the unpadded sequence's outputs at the real steps and zeros
     elsewhere; the final state is the one after the last real step."""
-    layer = cls(4, return_sequences=True, return_state=True)
+    layer = cls(4, return_sequences=True, return_state=True, zero_output_for_mask=True)
     x = np.random.default_rng(0).standard_normal((1, 3, 2)).astype(np.float32)
     ref = layer(x)
     pad = np.zeros((1, 2, 2), np.float32)

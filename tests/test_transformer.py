@@ -560,7 +560,7 @@ def test_embedding_size_not_divisible_by_heads():
     ({"key_padding_mask": np.array([1, 5])}, ValueError, r"key_padding_mask.*lengths in \[0, 4\]"),
     ({"key_padding_mask": np.full((B, S), 2)}, ValueError, r"key_padding_mask.*only 0 and 1"),
     ({"attention_mask": np.ones((B, S, T), bool)}, ValueError, r"attention_mask.*\(2, 3, 4\).*got shape \(2, 4, 3\)"),
-    ({"attention_mask": np.ones((T, S))}, TypeError, r"attention_mask.*bool.*float64"),
+    ({"attention_mask": np.full((T, S), 0.5)}, ValueError, r"attention_mask.*float mask must hold only 0 and 1"),
 ])
 def test_bad_attention_masks(kwargs, error, pattern):
     layer = layers.MultiHeadAttention(H, 2, name="mha")
@@ -574,8 +574,8 @@ def test_bad_encoder_and_decoder_masks():
     x = np.zeros((B, T, D), np.float32)
     with pytest.raises(ValueError, match=r"`padding_mask`.*shape \(2, 3\).*got shape \(3, 2\)"):
         enc(x, padding_mask=np.ones((T, B), bool))
-    with pytest.raises(TypeError, match="`attention_mask`.*float"):
-        enc(x, attention_mask=np.zeros((T, T), np.float32))
+    with pytest.raises(ValueError, match="`attention_mask`.*float mask must hold only 0 and 1"):
+        enc(x, attention_mask=np.full((T, T), 0.5, np.float32))
     dec = layers.TransformerDecoderLayer(H, 8)
     with pytest.raises(ValueError, match=r"`encoder_padding_mask`.*shape \(2, 4\)"):
         dec([x, np.zeros((B, S, D), np.float32)], encoder_padding_mask=np.ones((B, T), bool))

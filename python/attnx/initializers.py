@@ -82,6 +82,19 @@ class RandomNormal(Initializer):
         return {"mean": self.mean, "stddev": self.stddev}
 
 
+class TruncatedNormal(Initializer):
+    """Normal(mean, stddev) with values beyond two standard deviations redrawn (Keras' TruncatedNormal)."""
+
+    def __init__(self, mean=0.0, stddev=0.05):
+        self.mean, self.stddev = float(mean), float(stddev)
+
+    def __call__(self, shape, dtype="float32"):
+        return (self.mean + self.stddev * _truncated_standard_normal(shape)).astype(dtype)
+
+    def get_config(self):
+        return {"mean": self.mean, "stddev": self.stddev}
+
+
 class GlorotUniform(Initializer):
     """Uniform in [-limit, limit], limit = sqrt(6 / (fan_in + fan_out)) (Keras' default kernel init)."""
 
@@ -125,19 +138,25 @@ class Orthogonal(Initializer):
         return {"gain": self.gain}
 
 
-def _truncated_normal(shape, std):
+def _truncated_standard_normal(shape):
     # Keras' truncated normal: redraw values beyond two standard deviations
     out = backend.rng().normal(0.0, 1.0, size=shape)
     bad = np.abs(out) > 2
     while bad.any():
         out[bad] = backend.rng().normal(0.0, 1.0, size=int(bad.sum()))
         bad = np.abs(out) > 2
-    return out * std / 0.87962566103423978
+    return out
+
+
+def _truncated_normal(shape, std):
+    """Truncated so that its standard deviation is `std` (the variance-scaling initializers)."""
+    return _truncated_standard_normal(shape) * std / 0.87962566103423978
 
 
 _ALIASES = {
     "zeros": Zeros, "ones": Ones, "constant": Constant, "random_uniform": RandomUniform,
-    "uniform": RandomUniform, "random_normal": RandomNormal, "normal": RandomNormal, "glorot_uniform": GlorotUniform,
+    "uniform": RandomUniform, "random_normal": RandomNormal, "normal": RandomNormal, "truncated_normal": TruncatedNormal,
+    "glorot_uniform": GlorotUniform,
     "glorot_normal": GlorotNormal, "he_uniform": HeUniform, "orthogonal": Orthogonal,
 }
 

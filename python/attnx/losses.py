@@ -368,11 +368,53 @@ class CategoricalCrossentropy(Loss):
         return {**super().get_config(), "from_logits": self.from_logits}
 
 
+class MeanAbsoluteError(Loss):
+    """Keras' MAE: the mean over the last axis of ``|y_pred - y_true|``, per sample."""
+
+    def __init__(self, name="mean_absolute_error", reduction="sum_over_batch_size"):
+        super().__init__(name, reduction)
+
+    def call(self, y_true, y_pred):
+        return ops.mean(ops.abs(ops.subtract(y_pred, y_true)), axis=-1)
+
+
+class Huber(Loss):
+    """Keras' Huber loss: ``0.5 e^2`` where ``|e| <= delta``, else ``delta (|e| - 0.5 delta)``, e = y_pred - y_true,
+    averaged over the last axis per sample."""
+
+    def __init__(self, delta=1.0, name="huber_loss", reduction="sum_over_batch_size"):
+        super().__init__(name, reduction)
+        self.delta = float(delta)
+
+    def call(self, y_true, y_pred):
+        size = ops.abs(ops.subtract(y_pred, y_true))
+        quadratic = ops.minimum(size, self.delta)
+        linear = ops.subtract(size, quadratic)  # 0.5 q^2 + delta * l is both branches at once
+        return ops.mean(0.5 * ops.square(quadratic) + self.delta * linear, axis=-1)
+
+    def get_config(self):
+        return {**super().get_config(), "delta": self.delta}
+
+
+class KLDivergence(Loss):
+    """Keras' KL divergence ``sum(y_true * log(y_true / y_pred))`` over the last axis, both clipped to
+    [1e-7, 1]."""
+
+    def __init__(self, name="kl_divergence", reduction="sum_over_batch_size"):
+        super().__init__(name, reduction)
+
+    def call(self, y_true, y_pred):
+        target = np.clip(np.asarray(y_true), _PROB_EPSILON, 1.0)
+        return ops.sum(target * ops.subtract(np.log(target), ops.log(ops.clip(y_pred, _PROB_EPSILON, 1.0))), axis=-1)
+
+
 _ALIASES = {
     "binary_crossentropy": BinaryCrossentropy, "bce": BinaryCrossentropy,
     "sparse_categorical_crossentropy": SparseCategoricalCrossentropy,
     "categorical_crossentropy": CategoricalCrossentropy,
     "mean_squared_error": MeanSquaredError, "mse": MeanSquaredError,
+    "mean_absolute_error": MeanAbsoluteError, "mae": MeanAbsoluteError, "huber": Huber, "huber_loss": Huber,
+    "kl_divergence": KLDivergence, "kld": KLDivergence,
 }
 
 

@@ -166,7 +166,19 @@ class MeanMetricWrapper(Metric):
         return np.asarray(self.fn(y_true, y_pred), dtype=np.float64)
 
 
+def _loss_values(loss_class, name):
+    """Keras' metric of a loss's name: the mean of the loss's per-sample values, logged under `name`."""
+    def make():
+        from . import losses  # on first use: metrics import nothing of attnx at import time
+        loss = getattr(losses, loss_class)(reduction="none")
+        return MeanMetricWrapper(lambda y_true, y_pred: loss(y_true, np.asarray(y_pred, dtype=np.float64)), name=name)
+    return make
+
+
 _ALIASES = {
+    **{name: _loss_values("MeanAbsoluteError", name) for name in ("mae", "mean_absolute_error")},
+    **{name: _loss_values("MeanSquaredError", name) for name in ("mse", "mean_squared_error")},
+    "huber": _loss_values("Huber", "huber"), "kl_divergence": _loss_values("KLDivergence", "kl_divergence"),
     "binary_accuracy": BinaryAccuracy, "sparse_categorical_accuracy": SparseCategoricalAccuracy,
     "categorical_accuracy": CategoricalAccuracy, "precision": Precision, "recall": Recall, "f1": F1Score,
     "f1_score": F1Score,

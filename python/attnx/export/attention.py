@@ -1,12 +1,12 @@
-"""ONNX converters of Attention (every score), AdditiveAttention, LuongAttention, LocalAttention
+"""ONNX converters of Attention (every score), AdditiveAttention, BahdanauAdditiveAttention, LuongAttention, LocalAttention
 (local-m, local-p), HardAttention (argmax inference) and AttentionPooling, as MatMul / Softmax
 decompositions. HardAttention with ``inference="sample"`` is refused (it draws random positions)."""
 import math
 
 import numpy as np
 
-from ..layers.attention import (AdditiveAttention, Attention, AttentionPooling, HardAttention, LocalAttention,
-                                LuongAttention)
+from ..layers.attention import (AdditiveAttention, Attention, AttentionPooling, BahdanauAdditiveAttention,
+                                HardAttention, LocalAttention, LuongAttention)
 from .registry import converts, output_mask_of, unsupported
 
 
@@ -21,6 +21,20 @@ def attention_scores(g, layer, query, key):
         projected = g.matmul(query, params["kernel"], hint=layer.name) if layer.score == "general" else query
         scores = g.node("MatMul", [projected, g.transpose(key, 0, 2, 1)])
         return scores if scale == 1.0 else g.node("Mul", [scores, g.scalar(scale)])
+    if isinstance(layer, AdditiveAttention) or layer.score == "tanh_sum":
+        # Keras' sum(v * tanh(s * (q + k))): AdditiveAttention's v = scale (or 1), s = 1; Attention's
+        # concat score v = concat_score_weight, s = scale (or 1)
+        keras_additive = isinstance(layer, AdditiveAttention)
+        dim = layer._sizes[0]
+        if keras_additive:
+            v = params["scale"] if layer.use_scale else np.ones(dim, layer.dtype)
+        else:
+            v = np.full(dim, params["concat_score_weight"][0], layer.dtype)
+        summed = g.node("Add", [g.unsqueeze(query, 2), g.unsqueeze(key, 1)])
+        if not keras_additive and layer.use_scale:
+            summed = g.node("Mul", [summed, g.scalar(float(params["scale"][0]))])
+        hidden = g.node("Tanh", [summed])
+        return g.squeeze(g.node("MatMul", [hidden, g.weight(np.asarray(v)[:, None], f"{layer.name}/v")]), 3)
     # concat / additive: v . tanh(q W_q + b + k W_k), over (B, Tq, S, U)
     pq = g.matmul(query, params["query_kernel"], params.get("bias"), f"{layer.name}/query")
     pk = g.matmul(key, params["key_kernel"], hint=f"{layer.name}/key")
@@ -101,7 +115,8 @@ def _hard_attend(g, layer, call, scores, query, value, value_mask, causal):
     return context, weights, [positions] if call.option("return_positions") else []
 
 
-_ATTEND = {Attention: _soft_attend, AdditiveAttention: _soft_attend, LuongAttention: _soft_attend,
+_ATTEND = {Attention: _soft_attend, AdditiveAttention: _soft_attend, BahdanauAdditiveAttention: _soft_attend,
+           LuongAttention: _soft_attend,
            LocalAttention: _local_attend, HardAttention: _hard_attend}
 
 

@@ -4,7 +4,7 @@ import numpy as np
 
 from ..layers.core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                            Reshape)
-from .registry import converts, output_mask_of
+from .registry import converts, output_mask_of, unsupported
 
 
 def dense(g, layer, x):
@@ -69,6 +69,8 @@ def _merged_mask(g, layer, call):
 
 @converts(GlobalAveragePooling1D)
 def _global_average_pooling(g, layer, call):
+    if layer.data_format != "channels_last" or layer.keepdims:
+        raise unsupported(layer, "data_format='channels_first' and keepdims=True have no ONNX export yet")
     x = call.inputs
     if call.mask is None:
         return g.node("ReduceMean", [x, g.ints([1])], keepdims=0)

@@ -10,7 +10,7 @@ from ..layers.transformer import (FeedForward, LayerNormalization, MultiHeadAtte
                                   PositionEmbedding, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                                   TransformerEncoderLayer)
 from .core import dense
-from .registry import converts, output_mask_of
+from .registry import converts, output_mask_of, unsupported
 
 
 
@@ -25,6 +25,8 @@ def layer_norm(g, layer, x):
 
 @converts(LayerNormalization)
 def _layer_norm(g, layer, call):
+    if layer.rms_scaling or layer.axis not in (-1, [-1]):
+        raise unsupported(layer, "rms_scaling and axes other than -1 have no ONNX export yet")
     return layer_norm(g, layer, call.inputs)
 
 
@@ -91,6 +93,8 @@ def multi_head_attention(g, layer, query, value, key=None, allowed=None, want_we
     weights = g.masked_softmax(scores, allowed)
     context = g.reshape(g.transpose(g.node("MatMul", [weights, v]), 0, 2, 1, 3), (0, 0, H * dv))
     kernel = params["output_kernel"]
+    if kernel.ndim != 3:
+        raise unsupported(layer, f"output_shape {layer.output_shape} (several output axes) has no ONNX export yet")
     output = g.matmul(context, kernel.reshape(-1, kernel.shape[-1]), params.get("output_bias"), f"{layer.name}/output")
     return output, (weights if want_weights else None)
 
@@ -101,11 +105,25 @@ def _multi_head_attention(g, layer, call):
         query, value, key = (list(call.inputs) + [None])[:3]
     else:
         query, value, key = (call.inputs, *call.args, None)[:3]
-    allowed = attention_allowed(g, query, value, call.option("attention_mask"), call.option("key_padding_mask"),
+    # the query / value / key masks: given to the call, else those its inputs carry (Keras)
+    carried = (list(call.mask) if isinstance(call.mask, (list, tuple)) else [call.mask]) + [None] * 3
+    query_mask, value_mask, key_mask = (call.option(name) if call.option(name) is not None else carried[i]
+                                        for i, name in enumerate(("query_mask", "value_mask", "key_mask")))
+    padding = g.all_of([None if m is None else g.as_bool(m)
+                        for m in (call.option("key_padding_mask"), value_mask, key_mask)])
+    allowed = attention_allowed(g, query, value, call.option("attention_mask"), padding,
                                 call.option("use_causal_mask", False))
+    if query_mask is not None:  # a padded query attends to nothing: (B, 1, Tq, 1)
+        rows = g.unsqueeze(g.unsqueeze(g.as_bool(query_mask), 2), 1)
+        allowed = rows if allowed is None else g.all_of([allowed, rows])
     want_weights = bool(call.option("return_attention_scores"))
     output, weights = multi_head_attention(g, layer, query, value, key, allowed, want_weights)
     return [output, weights] if want_weights else output
+
+
+@output_mask_of(MultiHeadAttention)
+def _multi_head_attention_mask(g, layer, call):
+    return call.mask[0] if isinstance(call.mask, (list, tuple)) else call.mask  # the query's
 
 
 def _residual(g, layer, x, norm, sublayer):

@@ -1,5 +1,5 @@
 """Keras converters of the attention layers: Keras' Attention (dot and concat scores) and
-AdditiveAttention to attnx's Attention / AdditiveAttention and back, and the Keras tutorial's custom
+AdditiveAttention to attnx's Attention / AdditiveAttention and back (the same layers), and the Keras tutorial's custom
 attention layer to `AttentionPooling`, which `to_keras` writes as the Keras layer
 `attnx>AttentionPooling` defined here.
 
@@ -12,42 +12,24 @@ import functools
 
 import numpy as np
 
-from ..layers.attention import AdditiveAttention, Attention, AttentionPooling
+from ..layers.attention import AdditiveAttention, Attention, AttentionPooling, BahdanauAdditiveAttention
 from .registry import check_keras_options, keras_kwargs, keras_layer_kwargs, register_from_keras, register_to_keras
 
 
 # ----------------------------------------------------------------------------- Keras' Attention
 @register_from_keras("Attention")
 def _attention_from_keras(class_name, config, weights):
-    # dot: q . k (times a learned scalar with use_scale). concat: c * sum(tanh(s * (q + k))) is attnx's
-    # concat score v^T tanh(W_q q + W_k k) with W_q = W_k = s * I and v = c * ones.
     check_keras_options(class_name, config, score_mode=("dot", "concat"))
-    use_scale, concat = config.get("use_scale", False), config.get("score_mode", "dot") == "concat"
-    layer = Attention(score="concat" if concat else "dot", use_scale=use_scale and not concat, use_bias=False,
-                      dropout=config.get("dropout", 0.0), **keras_layer_kwargs(config))
-
-    def load():
-        scalars = [float(np.reshape(w, -1)[0]) for w in weights.read()]
-        if not concat:
-            return [np.array(scalars, dtype=layer.dtype)]
-        scale, weight = scalars if use_scale else (1.0, scalars[0])
-        eye = scale * np.eye(layer.params["query_kernel"].shape[0], dtype=layer.dtype)
-        return [eye, eye, np.full(layer.params["v"].shape, weight, dtype=layer.dtype)]
-    return layer, load
+    layer = Attention(use_scale=config.get("use_scale", False), score_mode=config.get("score_mode", "dot"),
+                      dropout=config.get("dropout", 0.0), seed=config.get("seed"), **keras_layer_kwargs(config))
+    return layer, lambda: [np.reshape(w, (1,)) for w in weights.read()]  # scalars, in Keras' order
 
 
 @register_from_keras("AdditiveAttention")
 def _additive_from_keras(class_name, config, weights):
-    # Keras: sum(scale * tanh(q + k)) = attnx's v^T tanh(W1 k + W2 q) with W1 = W2 = I, v = scale
-    use_scale = config.get("use_scale", True)
-    layer = AdditiveAttention(use_bias=False, dropout=config.get("dropout", 0.0), **keras_layer_kwargs(config))
-
-    def load():
-        dim = layer.params["query_kernel"].shape[0]
-        scale = weights.read()[0] if use_scale else np.ones(dim)
-        eye = np.eye(dim, dtype=layer.dtype)
-        return [eye, eye, np.reshape(scale, (-1, 1))]
-    return layer, load
+    layer = AdditiveAttention(use_scale=config.get("use_scale", True), dropout=config.get("dropout", 0.0),
+                              seed=config.get("seed"), **keras_layer_kwargs(config))
+    return layer, weights.read
 
 
 def _identity_multiple(matrix):
@@ -60,18 +42,26 @@ def _identity_multiple(matrix):
 def _attention_to_keras(layer, keras):
     kwargs = {"dropout": layer.dropout, **keras_kwargs(layer)}
     p = layer.params
-    if layer.score == "dot":
-        return [(keras.layers.Attention(use_scale=layer.use_scale, **kwargs), [p["scale"][0]] if layer.use_scale
-                 else [])]
+    if layer.score in ("dot", "tanh_sum"):
+        mode = "dot" if layer.score == "dot" else "concat"
+        return [(keras.layers.Attention(use_scale=layer.use_scale, score_mode=mode, **kwargs),
+                 [w[0] for w in p.values()])]
     if layer.score == "additive" and not layer.normalize and not np.any(p.get("bias", 0)) and \
             _identity_multiple(p["query_kernel"]) == 1.0 and _identity_multiple(p["key_kernel"]) == 1.0:
         return [(keras.layers.AdditiveAttention(use_scale=True, **kwargs), [p["v"][:, 0]])]
     raise ValueError(f"to_keras: {type(layer).__name__} '{layer.name}' (score {layer.score!r}) has no Keras "
-                     "counterpart: Keras' Attention computes dot scores and AdditiveAttention adds query and key "
-                     "without projections (attnx's with identity kernels and no bias)")
+                     "counterpart: Keras' Attention computes dot or concat (tanh_sum) scores and AdditiveAttention "
+                     "adds query and key without projections (attnx's Bahdanau form with identity kernels and no "
+                     "bias)")
 
 
-register_to_keras(AdditiveAttention)(_attention_to_keras)
+register_to_keras(BahdanauAdditiveAttention)(_attention_to_keras)
+
+
+@register_to_keras(AdditiveAttention)
+def _additive_to_keras(layer, keras):
+    return [(keras.layers.AdditiveAttention(use_scale=layer.use_scale, dropout=layer.dropout, **keras_kwargs(layer)),
+             layer.get_weights())]
 
 
 # ----------------------------------------------------------------------------- AttentionPooling

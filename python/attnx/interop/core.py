@@ -1,10 +1,10 @@
 """Converters of the core layers. PyTorch: Linear <-> Dense, Embedding <-> Embedding. Keras: Dense,
-Embedding, Activation, Dropout, Flatten, Reshape, Concatenate, Add, GlobalAveragePooling1D, each to
-and from the layer of the same name; from Keras also SpatialDropout1D (a Dropout of whole features)
-and TimeDistributed around a layer that acts on the last axis (that layer: attnx's take any rank)."""
+Embedding, Activation, Dropout, SpatialDropout1D, Flatten, Reshape, Concatenate, Add, Multiply, Masking,
+RepeatVector, GlobalAveragePooling1D, each to and from the layer of the same name; from Keras also
+TimeDistributed around a layer that acts on the last axis (that layer: attnx's take any rank)."""
 from .. import regularizers
 from ..layers.core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
-                           Reshape)
+                           Masking, Multiply, RepeatVector, Reshape, SpatialDropout1D)
 from .registry import (_FROM_KERAS, check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer,
                        no_weights, register_from_keras, register_from_torch, register_to_keras, register_to_torch,
                        set_torch_params, torch_kernel_and_bias)
@@ -106,8 +106,37 @@ def _dropout_from_keras(class_name, config, weights):
 
 @register_from_keras("SpatialDropout1D")
 def _spatial_dropout_from_keras(class_name, config, weights):
-    return Dropout(config["rate"], noise_shape=(None, 1, None), seed=config.get("seed"),
-                   **keras_layer_kwargs(config)), no_weights
+    return SpatialDropout1D(config["rate"], seed=config.get("seed"), **keras_layer_kwargs(config)), no_weights
+
+
+@register_from_keras("Masking")
+def _masking_from_keras(class_name, config, weights):
+    return Masking(config.get("mask_value", 0.0), **keras_layer_kwargs(config)), no_weights
+
+
+@register_from_keras("RepeatVector")
+def _repeat_from_keras(class_name, config, weights):
+    return RepeatVector(config["n"], **keras_layer_kwargs(config)), no_weights
+
+
+@register_from_keras("Multiply")
+def _multiply_from_keras(class_name, config, weights):
+    return Multiply(**keras_layer_kwargs(config)), no_weights
+
+
+@register_to_keras(SpatialDropout1D)
+def _spatial_dropout_to_keras(layer, keras):
+    return [(keras.layers.SpatialDropout1D(layer.rate, seed=layer.seed, name=layer.name, dtype=layer.dtype.name), [])]
+
+
+@register_to_keras(Masking)
+def _masking_to_keras(layer, keras):
+    return [(keras.layers.Masking(layer.mask_value, **keras_kwargs(layer)), [])]
+
+
+@register_to_keras(RepeatVector)
+def _repeat_to_keras(layer, keras):
+    return [(keras.layers.RepeatVector(layer.n, **keras_kwargs(layer)), [])]
 
 
 # the Keras layers that act on the last axis alone, as their attnx counterparts do on inputs of any rank
@@ -152,7 +181,7 @@ def _add_from_keras(class_name, config, weights):
     return Add(**keras_layer_kwargs(config)), no_weights
 
 
-@register_to_keras(Flatten, GlobalAveragePooling1D, Add)
+@register_to_keras(Flatten, GlobalAveragePooling1D, Add, Multiply)
 def _plain_to_keras(layer, keras):
     return [(getattr(keras.layers, type(layer).__name__)(**keras_kwargs(layer)), [])]
 

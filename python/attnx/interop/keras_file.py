@@ -34,7 +34,7 @@ from ..symbolic import Input
 from .registry import _FROM_KERAS, _TO_KERAS
 
 # Every attnx layer converted from Keras creates at most this much more than the Keras weights it
-# reads (AdditiveAttention keeps as two identity matrices what Keras keeps implicit).
+# reads (a margin for converters that make explicit what Keras keeps implicit).
 _WEIGHT_ALLOWANCE = 16 << 20
 
 
@@ -447,8 +447,12 @@ def to_keras(model, path=None):
         x = substitute(inputs_spec, values)
         for k, (keras_layer, _) in enumerate(chains[id(layer)]):
             try:
-                x = keras_layer(x, *substitute(args, values), **substitute(kwargs, values)) if k == 0 else \
-                    keras_layer(x)
+                if k > 0:
+                    x = keras_layer(x)
+                elif name == "MultiHeadAttention" and isinstance(x, list):  # recorded as [query, value(, key)]
+                    x = keras_layer(*x, *substitute(args, values), **substitute(kwargs, values))
+                else:
+                    x = keras_layer(x, *substitute(args, values), **substitute(kwargs, values))
             except (TypeError, ValueError) as exc:  # e.g. a call argument only attnx has (lengths=)
                 raise ValueError(f"to_keras: Keras' {type(keras_layer).__name__} cannot make the call of attnx layer "
                                  f"'{layer.name}' with arguments {sorted(kwargs)} ({exc})") from exc

@@ -36,7 +36,7 @@ def _rnn_from_torch(module, dtype):
     extra = {"activation": module.nonlinearity} if kind == "RNN" else {}
     layer = _LAYER_OF_TORCH[kind](module.hidden_size, use_bias=module.bias, num_layers=module.num_layers,
                                   stack_dropout=module.dropout, return_sequences=True, return_state=True,
-                                  dtype=dtype, **extra)
+                                  zero_output_for_mask=True, dtype=dtype, **extra)  # packed sequences: zeros
     directions = [("", "")]  # (attnx weight prefix, torch weight suffix)
     if module.bidirectional:
         layer = Bidirectional(layer)

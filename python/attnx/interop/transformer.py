@@ -259,18 +259,18 @@ def _stack_to(stack):
 # ----------------------------------------------------------------------------- Keras
 @register_from_keras("LayerNormalization")
 def _layernorm_from_keras(class_name, config, weights):
-    check_keras_options(class_name, config, rms_scaling=False)
-    if config.get("axis", -1) not in (-1, [-1]):
-        raise ValueError(f"LayerNormalization '{config.get('name')}' normalizes axis {config['axis']}; attnx "
-                         "normalizes the last axis (-1) only")
-    layer = LayerNormalization(epsilon=config.get("epsilon", 1e-3), center=config.get("center", True),
-                               scale=config.get("scale", True), **keras_layer_kwargs(config))
+    axis = config.get("axis", -1)
+    layer = LayerNormalization(axis=axis if not isinstance(axis, (list, tuple)) or len(axis) != 1 else axis[0],
+                               epsilon=config.get("epsilon", 1e-3), center=config.get("center", True),
+                               scale=config.get("scale", True), rms_scaling=config.get("rms_scaling", False),
+                               **keras_layer_kwargs(config))
     return layer, weights.read
 
 
 @register_to_keras(LayerNormalization)
 def _layernorm_to_keras(layer, keras):
-    return [(keras.layers.LayerNormalization(epsilon=layer.epsilon, center=layer.center, scale=layer.scale,
+    return [(keras.layers.LayerNormalization(axis=layer.axis, epsilon=layer.epsilon, center=layer.center,
+                                             scale=layer.scale, rms_scaling=layer.rms_scaling,
                                              **keras_kwargs(layer)), layer.get_weights())]
 
 

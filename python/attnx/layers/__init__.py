@@ -1,19 +1,21 @@
 """attnx layers. Every layer follows the contract in `attnx.layers.base`."""
-from .attention import (AdditiveAttention, Attention, AttentionPooling, HardAttention, LocalAttention,
-                        LuongAttention)
+from .attention import (AdditiveAttention, Attention, AttentionPooling, BahdanauAdditiveAttention, HardAttention,
+                        LocalAttention, LuongAttention)
 from .base import Layer, get
 from .conv import AveragePooling2D, Conv2D, MaxPooling2D
+from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D, Masking,
+                   Multiply, RepeatVector, Reshape, SpatialDropout1D)
 from .draw import FilterbankRead, FilterbankWrite
 from .lstmn import LSTMN
-from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
-                   Reshape)
 from .recurrent import GRU, LSTM, Bidirectional, GRUCell, LSTMCell, SimpleRNN, SimpleRNNCell
 from .transformer import (FeedForward, LayerNormalization, MultiHeadAttention, PositionalEncoding, PositionEmbedding,
                           TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
 
 __all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Embedding", "Flatten",
-           "GlobalAveragePooling1D", "Reshape", "SimpleRNN", "GRU", "LSTM", "Bidirectional", "SimpleRNNCell",
-           "GRUCell", "LSTMCell", "AdditiveAttention", "Attention", "AttentionPooling", "HardAttention",
+           "GlobalAveragePooling1D", "Masking", "Multiply", "RepeatVector", "SpatialDropout1D", "Reshape", "SimpleRNN",
+           "GRU", "LSTM", "Bidirectional", "SimpleRNNCell",
+           "GRUCell", "LSTMCell", "AdditiveAttention", "BahdanauAdditiveAttention", "Attention", "AttentionPooling",
+           "HardAttention",
            "LocalAttention", "LuongAttention", "FeedForward", "LayerNormalization", "MultiHeadAttention",
            "PositionalEncoding", "PositionEmbedding", "TransformerDecoder", "TransformerDecoderLayer",
            "TransformerEncoder", "TransformerEncoderLayer", "Conv2D", "MaxPooling2D", "AveragePooling2D",

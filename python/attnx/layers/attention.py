@@ -26,7 +26,9 @@ from .. import _core, backend, initializers
 from ..masking import as_mask
 from .base import Layer, dropout_keep
 
-SCORES = ("dot", "scaled_dot", "general", "concat", "additive")
+SCORES = ("dot", "scaled_dot", "general", "concat", "additive", "tanh_sum")
+# Keras' score_mode names and the scores they are
+SCORE_MODES = {"dot": "dot", "concat": "tanh_sum"}
 
 
 # ----------------------------------------------------------------------------- functional API
@@ -140,6 +142,30 @@ def _dense_backward(dy, x, kernel, y, activation, dkernel, dbias=None, need_dx=T
                                 dbias=dbias, need_dx=need_dx)
 
 
+def _map_arrays(x, fn):
+    """`fn` of `x`, or of each non-None item of a list or tuple `x` (the structure kept)."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(None if v is None else fn(v) for v in x)
+    return fn(x)
+
+
+def _merge_leading_axes(inputs, mask, name):
+    """(inputs, mask, lead): inputs of rank > 3 (Keras: (*batch, T, dim)) with their leading axes `lead`
+    merged into one batch axis, masks alike; lead None for inputs of rank <= 3."""
+    if not isinstance(inputs, (list, tuple)) or not inputs or np.ndim(inputs[0]) <= 3:
+        return inputs, mask, None
+    lead = tuple(np.shape(inputs[0])[:-2])
+    for x in inputs[1:]:
+        if np.ndim(x) != len(lead) + 2 or np.shape(x)[:len(lead)] != lead:
+            raise ValueError(f"Layer '{name}': inputs of rank > 3 must share their leading axes {lead} (the query's "
+                             f"shape {np.shape(inputs[0])}), got shape {np.shape(x)}")
+    merged = [np.reshape(x, (-1,) + np.shape(x)[len(lead):]) for x in inputs]
+    if isinstance(mask, (list, tuple)):
+        mask = [m if m is None or np.ndim(m) <= len(lead) else np.reshape(m, (-1,) + np.shape(m)[len(lead):])
+                for m in mask]
+    return merged, mask, lead
+
+
 # ----------------------------------------------------------------------------- layers
 
 def is_shape(shape, ranks):
@@ -161,14 +187,19 @@ class Attention(Layer):
       so the (Tq, S) concatenations are never formed.
     - ``"additive"``: ``v^T tanh(W1 k + W2 q + b)`` (Bahdanau); ``normalize=True`` is TensorFlow
       Addons' weight-normalized form ``v = g * v / ||v||``.
+    - ``"tanh_sum"``: ``w * sum(tanh(s * (q + k)))`` without projections (Keras' ``score_mode="concat"``;
+      w the scalar ``concat_score_weight``, s the scalar ``scale`` with ``use_scale``).
 
     Args:
-        score: one of the names above.
         use_scale: multiply dot-style scores by a learned scalar (Keras' `use_scale`).
+        score_mode: Keras' names: "dot" or "concat" (the "tanh_sum" score).
+        dropout: fraction of attention weights dropped during training; the weights returned by
+            ``return_attention_scores`` are those after dropout (Keras).
+        seed: seed of this layer's dropout draws (default: `attnx.backend.rng()`).
+        score: attnx's names, one of those above (instead of `score_mode`).
         units: hidden size of the concat / additive scores (default: the key size).
         normalize: weight normalization of `v` (additive score).
         use_bias: the bias b inside the tanh (default: True for additive, False for concat).
-        dropout: fraction of attention weights dropped during training.
         kernel_initializer: for W_a, W1, W2 and v (Keras default glorot_uniform).
 
     Call arguments:
@@ -177,7 +208,7 @@ class Attention(Layer):
         mask: ``[query_mask, value_mask]`` (either may be None), by the rule of `attnx.masking`.
             value_mask (B, S) or (B, Tq, S), True = may attend, or lengths (B,); query_mask
             (B, Tq) (or (B,) for a single-step query) zeroes the context of padded query rows (Keras).
-        return_attention_scores: also return the weights.
+        return_attention_scores: also return the weights: a tuple ``(output, weights)`` (Keras).
         use_causal_mask: query t attends only to source positions s <= t.
 
     Output shape:
@@ -190,9 +221,18 @@ class Attention(Layer):
     ``[dquery, dvalue]`` or ``[dquery, dvalue, dkey]``, the order of the inputs.
     """
 
-    def __init__(self, score="dot", use_scale=False, units=None, normalize=False, use_bias=None, dropout=0.0,
-                 kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(self, use_scale=False, score_mode="dot", dropout=0.0, seed=None, score=None, units=None,
+                 normalize=False, use_bias=None, kernel_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
+        if score_mode not in SCORE_MODES:
+            raise ValueError(f"{type(self).__name__}: Invalid value for argument score_mode. Expected one of "
+                             f"{{'dot', 'concat'}}. Received: score_mode={score_mode!r}")
+        if score is None:
+            score = SCORE_MODES[score_mode]
+        elif score_mode != "dot":
+            raise ValueError(f"{type(self).__name__}: give score_mode (Keras' names) or score (attnx's), not both")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+            raise ValueError(f"{type(self).__name__}: seed must be an integer or None, got {seed!r}")
         if score not in SCORES:
             raise ValueError(f"{type(self).__name__}: score must be one of {', '.join(SCORES)}, got {score!r}")
         if not 0.0 <= float(dropout) < 1.0:
@@ -210,12 +250,21 @@ class Attention(Layer):
         self.normalize = bool(normalize)
         self.use_bias = (score == "additive") if use_bias is None else bool(use_bias)
         self.dropout = float(dropout)
+        self.seed = None if seed is None else int(seed)
+        self._seed_rng = None if seed is None else np.random.default_rng(self.seed)
         self.kernel_initializer = initializers.get(kernel_initializer)
 
     # ------------------------------------------------------------------ weights
     def _split_shapes(self, input_shape):
-        if not isinstance(input_shape, (list, tuple)) or len(input_shape) not in (2, 3) or \
-                not all(is_shape(s, ranks) for s, ranks in zip(input_shape, [(2, 3), (3,), (3,)])):
+        if not isinstance(input_shape, (list, tuple)) or not input_shape or \
+                not isinstance(input_shape[0], (list, tuple)):
+            raise ValueError(f"Layer '{self.name}': must be called on a list of inputs, namely [query, value] or "
+                             f"[query, value, key], got input shape {input_shape}")
+        if len(input_shape) not in (2, 3):
+            raise ValueError(f"Layer '{self.name}': inputs must be a list of length 2 or 3 ([query, value] or "
+                             f"[query, value, key]), got {len(input_shape)} inputs")
+        if not all(isinstance(shape, (list, tuple)) and len(shape) >= low
+                   for shape, low in zip(input_shape, (2, 3, 3))):
             raise ValueError(f"Layer '{self.name}': expects inputs [query, value] or [query, value, key] (arrays of "
                              f"shapes (batch, [Tq,] dim), (batch, S, dim)), got input shape {input_shape}")
         q, v = input_shape[0], input_shape[1]
@@ -226,7 +275,7 @@ class Attention(Layer):
         q, _, k = self._split_shapes(input_shape)
         dq, dk = q[-1], k[-1]
         self._sizes = (dq, dk)  # the query and key sizes later calls must match
-        if self.score in ("dot", "scaled_dot") and dq != dk:
+        if self.score in ("dot", "scaled_dot", "tanh_sum") and dq != dk:
             raise ValueError(f"Layer '{self.name}': the {self.score} score needs query and key of the same size, "
                              f"got query (..., {dq}) and key (..., {dk}); use score='general', 'concat' or "
                              f"'additive' to combine different sizes")
@@ -243,6 +292,8 @@ class Attention(Layer):
                 self.add_weight("g", (1,), initializers.Constant(math.sqrt(1.0 / units)))
         if self.use_scale:
             self.add_weight("scale", (1,), "ones")
+        if self.score == "tanh_sum":
+            self.add_weight("concat_score_weight", (1,), "ones")
 
     # ------------------------------------------------------------------ inputs
     per_query_mask = True  # the value mask may be (B, Tq, S) as well as (B, S)
@@ -250,9 +301,12 @@ class Attention(Layer):
     def _inputs(self, inputs, mask):
         """The call's arrays as (query (B, Tq, Dq), value, key, single_step, query_mask (B, Tq) float or
         None, value_mask bool or None); a single-step query (B, Dq) gets Tq = 1."""
-        if not isinstance(inputs, (list, tuple)) or len(inputs) not in (2, 3):
-            raise ValueError(f"Layer '{self.name}': expects inputs [query, value] or [query, value, key], "
-                             f"got {type(inputs).__name__}")
+        if not isinstance(inputs, (list, tuple)):
+            raise ValueError(f"Layer '{self.name}': must be called on a list of inputs, namely [query, value] or "
+                             f"[query, value, key], got {type(inputs).__name__}")
+        if len(inputs) not in (2, 3):
+            raise ValueError(f"Layer '{self.name}': inputs must be a list of length 2 or 3 ([query, value] or "
+                             f"[query, value, key]), got length {len(inputs)}")
         query = self._float_input(inputs[0], "query")
         if query.ndim not in (2, 3):
             raise ValueError(f"Layer '{self.name}': `query` expected shape (batch, Tq, dim) or (batch, dim), "
@@ -274,9 +328,12 @@ class Attention(Layer):
                              f"(..., {self._sizes[1]}), got query {np.shape(inputs[0])} and key {key.shape}")
         query_mask = value_mask = None
         if mask is not None:
-            if not isinstance(mask, (list, tuple)) or len(mask) != 2:
-                raise ValueError(f"Layer '{self.name}': mask must be [query_mask, value_mask], got "
+            if not isinstance(mask, (list, tuple)):
+                raise ValueError(f"Layer '{self.name}': layer mask must be a list [query_mask, value_mask], got "
                                  f"{type(mask).__name__}")
+            if len(mask) not in (2, 3):
+                raise ValueError(f"Layer '{self.name}': mask must be a list of length 2 or 3 ([query_mask, "
+                                 f"value_mask(, key_mask)]), got length {len(mask)}")
             value_mask = as_mask(mask[1], B, S, f"Layer '{self.name}': `value_mask`",
                                  queries=Tq if self.per_query_mask else None)
             query_mask = self._query_mask(mask[0], B, Tq, single_step)
@@ -298,7 +355,7 @@ class Attention(Layer):
         """The scaled keep mask of the attention weights for a training call, else None."""
         if not (backend.training_randomness(training) and self.dropout > 0):
             return None
-        return dropout_keep(backend.rng(), shape, self.dropout, self.dtype)
+        return dropout_keep(self._seed_rng or backend.rng(), shape, self.dropout, self.dtype)
 
     # ------------------------------------------------------------------ forward
     def _v(self):
@@ -321,6 +378,8 @@ class Attention(Layer):
                 projected = _dense(query.reshape(B * Tq, Dq), self.params["kernel"]).reshape(B, Tq, key.shape[2])
             scores = _core.dot_scores_forward(query=projected, key=key, scale=scale)
             return scores, {"projected": projected, "scale": scale, "base_scale": base_scale}
+        if self.score == "tanh_sum":
+            return self._tanh_sum_forward(query, key)
         units = self.params["key_kernel"].shape[1]
         # W_a [q; k] = W_q q + W_k k: project each side once, combine inside the score kernel
         pq = _dense(query.reshape(B * Tq, Dq), self.params["query_kernel"], self.params.get("bias"))
@@ -351,6 +410,8 @@ class Attention(Layer):
                                          self.grads["kernel"], need_dx=need_dx)
                 dquery = None if dquery is None else dquery.reshape(B, Tq, Dq)
             return (dquery, dkey) if need_dx else (None, None)
+        if self.score == "tanh_sum":
+            return self._tanh_sum_backward(dscores, query, key, sc)
         v = sc["v"]
         dv_used = np.zeros_like(v)
         dpq, dpk = _core.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=v, dv=dv_used)
@@ -364,6 +425,26 @@ class Attention(Layer):
         if not need_dx:
             return None, None
         return dquery.reshape(B, Tq, Dq), dkey.reshape(B, S, key.shape[2])
+
+    def _tanh_sum_forward(self, query, key):
+        """Keras' concat score ``w * sum(tanh(s * (q + k)))`` as the additive kernel's ``v . tanh(pq + pk)``
+        with pq = s q, pk = s k and v = w (one per feature)."""
+        s = float(self.params["scale"][0]) if self.use_scale else 1.0
+        pq, pk = (query, key) if s == 1.0 else (query * query.dtype.type(s), key * key.dtype.type(s))
+        v = np.full(query.shape[2], self.params["concat_score_weight"][0], dtype=self.dtype)
+        scores, hidden = _core.additive_scores_forward(pq=np.ascontiguousarray(pq), pk=np.ascontiguousarray(pk), v=v)
+        return scores, {"hidden": hidden, "v": v, "s": s}
+
+    def _tanh_sum_backward(self, dscores, query, key, sc):
+        dv = np.zeros_like(sc["v"])
+        dpq, dpk = _core.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=sc["v"], dv=dv)
+        self.grads["concat_score_weight"] += dv.sum()
+        if self.use_scale:  # pq = s q, pk = s k
+            self.grads["scale"] += np.sum(dpq * query) + np.sum(dpk * key)
+        s = sc["s"]
+        if not self.input_gradient_needed:
+            return None, None
+        return (dpq, dpk) if s == 1.0 else (dpq * dpq.dtype.type(s), dpk * dpk.dtype.type(s))
 
     def _v_backward(self, dv_used):
         """Adds the gradient of the used score vector into v (and g when weight-normalized)."""
@@ -384,13 +465,16 @@ class Attention(Layer):
         keep = self._dropout_keep((B, 1, Tq, S), training)
         context, weights = _core.softmax_context_forward(scores=scores.reshape(B, 1, Tq, S), value=value,
                                                          mask=value_mask, causal=causal, dropout_keep=keep)
-        return context, weights.reshape(B, Tq, S), {"keep": keep, "weights": weights}
+        dropped = weights if keep is None else weights * keep  # Keras returns the weights after dropout
+        return context, dropped.reshape(B, Tq, S), {"keep": keep, "weights": weights}
 
     def _attend_backward(self, dcontext, dweights, value, ac):
         """(dscores (B, Tq, S), dvalue, a further dquery or None) from the gradients of the context and
         weights."""
-        weights = ac["weights"]
+        weights, keep = ac["weights"], ac["keep"]
         dw = None if dweights is None else dweights.reshape(weights.shape)
+        if dw is not None and keep is not None:  # the returned weights were weights * keep
+            dw = np.ascontiguousarray(dw * keep)
         dscores, dvalue, _ = _core.softmax_context_backward(dcontext=dcontext, weights=weights, value=value,
                                                             dweights=dw, dropout_keep=ac["keep"])
         return dscores.reshape(dcontext.shape[0], dcontext.shape[1], value.shape[1]), dvalue, None
@@ -414,11 +498,17 @@ class Attention(Layer):
         if state["single_step"]:
             outputs = [o[:, 0] for o in outputs]
         state.update(return_weights=bool(return_attention_scores), n_outputs=len(outputs))
-        return (outputs if len(outputs) > 1 else outputs[0]), (state if training else None)
+        return (tuple(outputs) if len(outputs) > 1 else outputs[0]), (state if training else None)
 
     def forward(self, inputs, training=False, mask=None, return_attention_scores=False, use_causal_mask=False):
+        inputs, mask, lead = _merge_leading_axes(inputs, mask, self.name)
         context, weights, state = self._context(inputs, mask, bool(use_causal_mask), training)
-        return self._outputs(context, weights, state, return_attention_scores, training)
+        outputs, cache = self._outputs(context, weights, state, return_attention_scores, training)
+        if lead is None:
+            return outputs, cache
+        if cache is not None:
+            cache["lead"] = lead
+        return _map_arrays(outputs, lambda o: o.reshape(lead + o.shape[1:])), cache
 
     # ------------------------------------------------------------------ backward
     def _output_grads(self, cache, dy):
@@ -460,32 +550,81 @@ class Attention(Layer):
         return [dquery, dvalue + dkey]
 
     def backprop(self, cache, dy):
+        lead = cache.get("lead")
+        if lead is not None:  # inputs of rank > 3: their leading axes were one batch axis
+            dy = _map_arrays(dy, lambda d: np.reshape(d, (-1,) + np.shape(d)[len(lead):]))
         dcontext, dweights = self._output_grads(cache, dy)
-        return self._context_backward(cache, dcontext, dweights)
+        dinputs = self._context_backward(cache, dcontext, dweights)
+        if lead is None or dinputs is None:
+            return dinputs
+        return [d.reshape(lead + d.shape[1:]) for d in dinputs]
 
     def compute_mask(self, inputs, mask=None):
         if mask is None or not isinstance(mask, (list, tuple)):
             return None
-        return mask[0]
+        return None if mask[0] is None else np.asarray(mask[0])
 
     def compute_output_shape(self, input_shape, return_attention_scores=False):
         q, v, _ = self._split_shapes(input_shape)
         context = tuple(q[:-1]) + (self._output_size(v[-1]),)
-        return [context, tuple(q[:-1]) + (v[1],)] if return_attention_scores else context
+        return [context, tuple(q[:-1]) + (v[-2],)] if return_attention_scores else context
 
     def _output_size(self, value_size):
         return value_size
 
     def get_config(self):
         return {**super().get_config(), "score": self.score, "use_scale": self.use_scale, "units": self.units,
-                "normalize": self.normalize, "use_bias": self.use_bias, "dropout": self.dropout,
+                "normalize": self.normalize, "use_bias": self.use_bias, "dropout": self.dropout, "seed": self.seed,
                 "kernel_initializer": initializers.serialize(self.kernel_initializer)}
 
 
 class AdditiveAttention(Attention):
+    """Keras' additive attention: ``score = sum(scale * tanh(q + k))`` over the features, without
+    projections (query and key of one size); `scale` is a learned (dim,) vector with ``use_scale``
+    (Keras' default), else 1. `BahdanauAdditiveAttention` is the form with W1, W2 and v.
+
+    Args:
+        use_scale: learn the (dim,) scale (glorot_uniform, as Keras).
+        dropout: fraction of attention weights dropped during training.
+        seed: seed of the dropout draws.
+
+    Inputs, masks and outputs as `Attention`.
+    """
+
+    def __init__(self, use_scale=True, dropout=0.0, seed=None, **kwargs):
+        super().__init__(dropout=dropout, seed=seed, **kwargs)
+        self.use_scale = bool(use_scale)
+
+    def build(self, input_shape):
+        q, _, k = self._split_shapes(input_shape)
+        self._sizes = (q[-1], k[-1])
+        if q[-1] != k[-1]:
+            raise ValueError(f"Layer '{self.name}': query and key must have the same size, got query (..., {q[-1]}) "
+                             f"and key (..., {k[-1]}); BahdanauAdditiveAttention projects different sizes")
+        if self.use_scale:
+            self.add_weight("scale", (q[-1],), self.kernel_initializer)
+
+    def _score_forward(self, query, key):
+        v = self.params["scale"] if self.use_scale else np.ones(query.shape[2], self.dtype)
+        scores, hidden = _core.additive_scores_forward(pq=query, pk=key, v=v)
+        return scores, {"hidden": hidden, "v": v}
+
+    def _score_backward(self, dscores, query, key, sc):
+        dv = self.grads["scale"] if self.use_scale else np.zeros_like(sc["v"])
+        dquery, dkey = _core.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=sc["v"], dv=dv)
+        return (dquery, dkey) if self.input_gradient_needed else (None, None)
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("score", "units", "normalize", "use_bias"):
+            config.pop(key)
+        return config
+
+
+class BahdanauAdditiveAttention(Attention):
     """Bahdanau et al. (2015) attention: ``score = v^T tanh(W1 k + W2 q + b)``.
 
-    Unlike Keras' AdditiveAttention (which adds query and key without projections), query and
+    Unlike Keras' `AdditiveAttention` (which adds query and key without projections), query and
     key are projected to `units`, so they may have different sizes.
 
     Args:

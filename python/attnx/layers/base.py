@@ -248,8 +248,8 @@ class Layer:
 
     @property
     def losses(self):
-        """The regularization penalties of this layer's weights (Keras' name), as one float in a list."""
-        return [self.regularization_loss()] if self._regularizers else []
+        """The regularization penalties of this layer's weights (Keras' name): one float per regularized weight."""
+        return [float(reg(self.params[n])) for n, reg in self._regularizers.items()]
 
     def add_regularization_grads(self):
         """Adds each regularizer's gradient into the matching ``grads`` buffer."""

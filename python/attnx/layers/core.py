@@ -108,14 +108,16 @@ class Embedding(Layer):
                  mask_zero=False, input_length=None, weights=None, quantization_mode=None, **kwargs):
         super().__init__(**kwargs)
         self.quantization_mode = quantization.check_mode("Embedding", quantization_mode)
-        if int(input_dim) <= 0 or int(output_dim) <= 0:
-            raise ValueError(f"Embedding: input_dim and output_dim must be positive, got {input_dim}, {output_dim}")
+        for arg, value in (("input_dim", input_dim), ("output_dim", output_dim)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"Embedding: `{arg}` must be a positive integer, got {value!r}")
         self.input_dim, self.output_dim = int(input_dim), int(output_dim)
         self.embeddings_initializer = initializers.get(embeddings_initializer)
         self.embeddings_regularizer = regularizers.get(embeddings_regularizer)
         self.mask_zero = bool(mask_zero)
         self.input_length = input_length
-        self._initial_weights = None if weights is None else list(weights)
+        # Keras: the matrix, or a list holding it
+        self._initial_weights = None if weights is None else [weights] if np.ndim(weights) == 2 else list(weights)
 
     def build(self, input_shape):
         with quantization.building(self):
@@ -375,32 +377,162 @@ class Add(_Merge):
         return tuple(input_shape[0])
 
 
+class Multiply(_Merge):
+    """Multiplies a list of inputs of the same shape elementwise (Keras' Multiply, no broadcasting)."""
+
+    def forward(self, inputs, training=False):
+        xs = self._inputs(inputs)
+        if any(x.shape != xs[0].shape for x in xs):
+            raise ValueError(f"Layer '{self.name}': inputs must have the same shape, got {[x.shape for x in xs]}")
+        out = xs[0].copy()
+        for x in xs[1:]:
+            out *= x
+        return out, (xs if training else None)
+
+    def backprop(self, cache, dy):
+        xs = cache
+        dy = self._grad_input(dy, xs[0].shape)
+        # y = prod_j x_j: dx_i = dy * prod_{j != i} x_j
+        grads = []
+        for i in range(len(xs)):
+            g = dy.copy()
+            for j, x in enumerate(xs):
+                if j != i:
+                    g *= x
+            grads.append(g)
+        return grads
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[0])
+
+
+class SpatialDropout1D(Dropout):
+    """Dropout of whole feature channels of (batch, T, features): one keep mask per sample and feature,
+    shared by every step (Keras' SpatialDropout1D, Dropout with noise_shape (batch, 1, features))."""
+
+    def __init__(self, rate, seed=None, **kwargs):
+        kwargs.pop("noise_shape", None)  # a config carries the one this layer implies
+        super().__init__(rate, noise_shape=(None, 1, None), seed=seed, **kwargs)
+
+    def forward(self, inputs, training=False):
+        self._check_shape(np.asarray(inputs), "inputs", ndim=3)
+        return super().forward(inputs, training=training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("noise_shape")
+        return config
+
+
+class RepeatVector(Layer):
+    """Repeats (batch, features) `n` times: (batch, n, features) (Keras' RepeatVector)."""
+
+    def __init__(self, n, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+            raise ValueError(f"RepeatVector: n must be a positive integer, got {n!r}")
+        self.n = int(n)
+
+    def forward(self, inputs, training=False):
+        x = self._float_input(inputs, ndim=2)
+        return np.repeat(x[:, None, :], self.n, axis=1), (x.shape if training else None)
+
+    def backprop(self, cache, dy):
+        dy = self._grad_input(dy, (cache[0], self.n, cache[1]))
+        return dy.sum(axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.n, input_shape[1])
+
+    def get_config(self):
+        return {**super().get_config(), "n": self.n}
+
+
+class Masking(Layer):
+    """Masks the steps of (batch, T, features) whose features all equal `mask_value`: they output zeros
+    and the mask (True = a real step) goes on to the next layers (Keras' Masking)."""
+
+    def __init__(self, mask_value=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.mask_value = float(mask_value)
+
+    def _step_mask(self, x):
+        return np.any(x != x.dtype.type(self.mask_value), axis=-1)
+
+    def forward(self, inputs, training=False):
+        x = self._float_input(inputs, min_ndim=2)
+        keep = self._step_mask(x)[..., None].astype(self.dtype)
+        return x * keep, (keep if training else None)
+
+    def backprop(self, cache, dy):
+        keep = cache
+        return self._grad_input(dy, keep.shape[:-1] + (np.shape(dy)[-1],)) * keep
+
+    def compute_mask(self, inputs, mask=None):
+        return self._step_mask(np.asarray(inputs))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "mask_value": self.mask_value}
+
+
 class GlobalAveragePooling1D(Layer):
     """Mean over the time axis of (batch, T, features), counting only unmasked steps.
 
-    `mask` is a boolean (batch, T) array (True = real step) or the lengths (batch,) as integers.
-    A fully masked row pools to zeros.
+    Args:
+        data_format: "channels_last" (batch, T, features), the default, or "channels_first"
+            (batch, features, T) (Keras).
+        keepdims: keep the time axis, of size 1.
+
+    `mask` (also the second positional argument, as Keras) is a boolean (batch, T) array (True = real
+    step) or the lengths (batch,) as integers. A fully masked row pools to zeros.
     """
 
     supports_masking = True
 
-    def forward(self, inputs, training=False, mask=None):
+    def __init__(self, data_format="channels_last", keepdims=False, **kwargs):
+        super().__init__(**kwargs)
+        if data_format not in ("channels_last", "channels_first"):
+            raise ValueError(f"{type(self).__name__}: data_format must be 'channels_last' or 'channels_first', got "
+                             f"{data_format!r}")
+        self.data_format, self.keepdims = data_format, bool(keepdims)
+
+    def _steps_axis(self):
+        return 1 if self.data_format == "channels_last" else 2
+
+    def forward(self, inputs, mask=None, training=False):
         x = self._float_input(inputs, ndim=3)
+        if self.data_format == "channels_first":
+            x = x.transpose(0, 2, 1)  # (batch, T, features), a view
         if mask is None:
             weights = np.full(x.shape[:2], 1.0 / max(x.shape[1], 1), dtype=self.dtype)  # T = 0 pools to zeros
         else:
             mask = as_mask(mask, x.shape[0], x.shape[1], f"Layer '{self.name}': `mask`")
             m = mask.astype(self.dtype)
             weights = m / np.maximum(m.sum(axis=1, keepdims=True), 1)  # a fully masked row pools to zeros
-        return np.einsum("bt,btc->bc", weights, x), ((weights, x.shape) if training else None)
+        pooled = np.einsum("bt,btc->bc", weights, x)
+        if self.keepdims:
+            pooled = np.expand_dims(pooled, self._steps_axis())
+        return pooled, ((weights, x.shape) if training else None)
 
     def backprop(self, cache, dy):
         weights, shape = cache
-        dy = self._grad_input(dy, (shape[0], shape[2]))
-        return np.ascontiguousarray(weights[:, :, None] * dy[:, None, :])
+        dy = self._grad_input(dy, self.compute_output_shape((shape[0], shape[1], shape[2])
+                                                            if self.data_format == "channels_last"
+                                                            else (shape[0], shape[2], shape[1])))
+        dx = weights[:, :, None] * dy.reshape(shape[0], 1, shape[2])
+        return np.ascontiguousarray(dx if self.data_format == "channels_last" else dx.transpose(0, 2, 1))
 
     def compute_mask(self, inputs, mask=None):
         return None
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[2])
+        features = input_shape[2] if self.data_format == "channels_last" else input_shape[1]
+        if not self.keepdims:
+            return (input_shape[0], features)
+        return (input_shape[0], 1, features) if self.data_format == "channels_last" else (input_shape[0], features, 1)
+
+    def get_config(self):
+        return {**super().get_config(), "data_format": self.data_format, "keepdims": self.keepdims}

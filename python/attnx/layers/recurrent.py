@@ -141,8 +141,9 @@ class _Recurrent(Layer):
 
     # ----------------------------------------------------------- one level of recurrence
     def _noise_rng(self):
-        """Where dropout masks come from (tests replace it to fix the masks)."""
-        return backend.rng()
+        """Where dropout masks come from: the layer's own generator with `seed`, else attnx's (tests
+        replace it to fix the masks)."""
+        return getattr(self, "_seed_rng", None) or backend.rng()
 
     def _keep_mask(self, shape, rate):
         return dropout_keep(self._noise_rng(), shape, rate, self.dtype)
@@ -354,12 +355,20 @@ class _RNN(_Recurrent):
     _gradient_arguments = (("initial_state", None),)  # see Layer._with_gradient_arguments
 
     def __init__(self, units, dropout=0.0, recurrent_dropout=0.0, return_sequences=False, return_state=False,
-                 go_backwards=False, num_layers=1, stack_dropout=0.0, zero_output_for_mask=True, stateful=False,
-                 unroll=False, **kwargs):
+                 go_backwards=False, num_layers=1, stack_dropout=0.0, zero_output_for_mask=False, stateful=False,
+                 unroll=False, seed=None, implementation=2, **kwargs):
         super().__init__(units, **kwargs)
         kind = type(self).__name__
-        if stateful or unroll:
-            raise ValueError(f"{kind}: stateful and unroll are not supported")
+        if implementation not in (0, 1, 2):  # 0: Keras 2's, which Keras 3 still reads from configs
+            raise ValueError(f"{kind}: implementation must be 1 or 2, got {implementation!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+            raise ValueError(f"{kind}: seed must be an integer or None, got {seed!r}")
+        # unroll and implementation choose how Keras schedules the same arithmetic: one kernel does it here
+        self.unroll, self.implementation = bool(unroll), int(implementation)
+        self.seed = None if seed is None else int(seed)
+        self._seed_rng = None if seed is None else np.random.default_rng(self.seed)
+        self.stateful = bool(stateful)
+        self._carried_states = None  # stateful: the last call's final states, the next call's initial ones
         for arg, rate in (("dropout", dropout), ("recurrent_dropout", recurrent_dropout),
                           ("stack_dropout", stack_dropout)):
             if not 0.0 <= float(rate) < 1.0:
@@ -431,9 +440,10 @@ class _RNN(_Recurrent):
         B, T = x.shape[:2]
         step_mask = _step_mask(self, mask, lengths, B, T)
         top_seqs, finals, level_caches = _stack_forward([(self, self.go_backwards)], x, step_mask,
-                                                        [self._initial_states(states, B)], training,
-                                                        self.return_sequences)
+                                                        [self._initial_states(self._carried_or(states, B), B)],
+                                                        training, self.return_sequences)
         hs, cs = finals[0]
+        self._carry(hs, cs)
         carried_from = None
         if not self.return_sequences:
             out = hs[-1]
@@ -466,6 +476,32 @@ class _RNN(_Recurrent):
                                          self.input_gradient_needed)
         return ([dx] + self._final_states(dh0s[0], dc0s[0])) if cache.had_states else dx
 
+    def _carried_or(self, states, batch):
+        """`states`, or for a stateful layer called without them the last call's final states (constants:
+        no gradient flows into the previous batch, as in Keras)."""
+        if states is not None or not self.stateful or self._carried_states is None:
+            return states
+        if self._carried_states[0].shape[-2] != batch:
+            raise ValueError(f"Layer '{self.name}': a stateful layer keeps states for batches of "
+                             f"{self._carried_states[0].shape[-2]} rows, got a batch of {batch}; call reset_state() "
+                             "to start again")
+        return self._carried_states
+
+    def _carry(self, hs, cs):
+        """A stateful layer keeps the final states of this call for the next."""
+        if self.stateful:
+            self._carried_states = [np.array(s) for s in self._final_states(hs, cs)]
+
+    def reset_state(self, states=None):
+        """Stateful layers: start the next call from zero states, or from `states` ``[h(, c)]`` (Keras)."""
+        if states is None:
+            self._carried_states = None
+            return
+        states = list(states) if isinstance(states, (list, tuple)) else [states]
+        self._carried_states = [np.array(s, dtype=self.dtype) for s in states]
+
+    reset_states = reset_state
+
     def compute_mask(self, inputs, mask=None):
         return mask if self.return_sequences else None
 
@@ -484,7 +520,8 @@ class _RNN(_Recurrent):
                 "recurrent_dropout": self.recurrent_dropout, "return_sequences": self.return_sequences,
                 "return_state": self.return_state, "go_backwards": self.go_backwards,
                 "num_layers": self.num_layers, "stack_dropout": self.stack_dropout,
-                "zero_output_for_mask": self.zero_output_for_mask}
+                "zero_output_for_mask": self.zero_output_for_mask, "stateful": self.stateful, "unroll": self.unroll,
+                "seed": self.seed, "implementation": self.implementation}
 
 
 _RNN_DOC = """
@@ -504,15 +541,18 @@ _RNN_DOC = """
         go_backwards: process the sequence in reverse (returned sequences are in processing order).
         num_layers: levels stacked as in PyTorch; states then have shape (num_layers, B, units).
         stack_dropout: PyTorch's `dropout`: elementwise dropout on each level's output but the last.
-        zero_output_for_mask: with return_sequences and a mask, padded steps output zeros (True,
-            the default, as PyTorch's packed sequences and Keras inside Bidirectional) or the
-            output of the last real step before them (False, Keras' default for a layer of its
-            own). Ignored inside Bidirectional.
+        stateful: each call starts from the previous call's final states (batches of one size; Keras);
+            ``reset_state()`` starts again from zeros. The states are constants of the next call.
+        seed: seed of this layer's dropout masks (default: `attnx.backend.rng()`).
+        unroll, implementation: accepted for Keras' sake; one fused kernel runs every step either way.
+        zero_output_for_mask: with return_sequences and a mask, padded steps output the output of
+            the last real step before them (False, Keras' default) or zeros (True, as PyTorch's
+            packed sequences and Keras inside Bidirectional). Ignored inside Bidirectional.
 
     Call arguments:
         inputs: (B, T, features), or a list ``[inputs, h0(, c0)]`` (then backprop returns their gradients).
         mask: bool or 0/1 integer (B, T), True = real step (e.g. from ``Embedding(mask_zero=True)``);
-            padded steps carry the state and output zeros (or see zero_output_for_mask). ``lengths``:
+            padded steps carry the state and the last real output (or zeros: zero_output_for_mask). ``lengths``:
             (B,) ints in [0, T], the same as ``t < lengths`` (give one of the two).
         initial_state: ``[h0(, c0)]`` each (B, units).
         training: keep what backprop needs and apply dropout.
@@ -696,6 +736,14 @@ class Bidirectional(Layer):
         self.backward_layer = backward_layer
         self.return_sequences, self.return_state = layer.return_sequences, layer.return_state
 
+    def reset_state(self, states=None):
+        """Stateful directions start the next call from zeros (or from `states`, forward's then backward's)."""
+        n = len(self.forward_layer.state_size)
+        self.forward_layer.reset_state(None if states is None else states[:n])
+        self.backward_layer.reset_state(None if states is None else states[n:])
+
+    reset_states = reset_state
+
     @property
     def quantization_mode(self):
         return self.forward_layer.quantization_mode
@@ -761,10 +809,12 @@ class Bidirectional(Layer):
         if states is not None and len(states) != 2 * n:
             raise ValueError(f"Layer '{self.name}': expected {2 * n} initial states (forward then backward), got "
                              f"{len(states)}")
-        initial_states = [fwd._initial_states(None if states is None else states[:n], B),
-                          bwd._initial_states(None if states is None else states[n:], B)]
+        initial_states = [fwd._initial_states(fwd._carried_or(None if states is None else states[:n], B), B),
+                          bwd._initial_states(bwd._carried_or(None if states is None else states[n:], B), B)]
         top_seqs, finals, level_caches = _stack_forward(self._directions, x, step_mask, initial_states, training,
                                                         self.return_sequences)
+        fwd._carry(*finals[0])
+        bwd._carry(*finals[1])
         yf, yb = top_seqs if self.return_sequences else (finals[0][0][-1], finals[1][0][-1])
         merged = self._merge(yf, yb)
         out = merged if isinstance(merged, list) else [merged]

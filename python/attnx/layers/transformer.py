@@ -15,22 +15,25 @@ Masks follow `attnx.masking` (bool or 0/1 integers, True = real token / may atte
 ``(T, S)`` mask shared by the batch. A query that may attend to nothing gets zero attention
 weights (and so only the output bias), never NaN.
 """
+import math
+
 import numpy as np
 
-from .. import _core, activations, backend, initializers
+from .. import _core, activations, backend, initializers, regularizers
 from ..masking import as_mask
 from .attention import (_dense, _dense_backward, is_shape, scaled_dot_product_attention,
                         scaled_dot_product_attention_backward)
+from ..symbolic import any_symbolic
 from .base import Layer
 from .core import Dense
 
 
-def _dropout_keep(shape, rate, dtype):
-    """A scaled dropout mask (entries 0 or 1 / (1 - rate)) drawn in C++ from a seed of attnx's
-    generator, or None when rate is 0 or a recorded inference call takes no randomness."""
+def _dropout_keep(shape, rate, dtype, rng=None):
+    """A scaled dropout mask (entries 0 or 1 / (1 - rate)) drawn in C++ from a seed of `rng` (default
+    attnx's generator), or None when rate is 0 or a recorded inference call takes no randomness."""
     if rate == 0.0 or not backend.training_randomness(True):
         return None
-    return _core.dropout_keep(shape=list(shape), rate=rate, seed=int(backend.rng().integers(0, 2 ** 63)),
+    return _core.dropout_keep(shape=list(shape), rate=rate, seed=int((rng or backend.rng()).integers(0, 2 ** 63)),
                               dtype=dtype)
 
 
@@ -41,7 +44,19 @@ def _where(layer, arg):
 
 def _attention_mask(mask, batch, queries, keys, where):
     """An attention mask as the kernel takes it, or None: (batch, queries, keys), or
-    (1, queries, keys) for one (queries, keys) mask shared by the batch (as torch's attn_mask)."""
+    (1, queries, keys) for one (queries, keys) mask shared by the batch (as torch's attn_mask).
+    Keras' forms too: float 0/1 values, and (batch, heads, queries, keys) the same for every head."""
+    if mask is not None and np.asarray(mask).dtype.kind == "f":
+        values = np.asarray(mask)
+        if not np.all((values == 0) | (values == 1)):
+            raise ValueError(f"{where}: a float mask must hold only 0 and 1, got other values")
+        mask = values.astype(bool)
+    if mask is not None and np.ndim(mask) == 4:  # per head: one mask when every head has the same
+        per_head = np.asarray(mask)
+        if per_head.shape[1] != 1 and not np.all(per_head == per_head[:, :1]):
+            raise ValueError(f"{where}: a (batch, heads, queries, keys) mask must be the same for every head "
+                             f"(attnx's kernel takes one mask for all heads), got shape {per_head.shape}")
+        mask = per_head[:, 0]
     if mask is not None and np.ndim(mask) == 2:
         mask = np.asarray(mask)[None]
     mask = as_mask(mask, batch, keys, where, queries=queries, shared=True)
@@ -108,62 +123,111 @@ class LayerNormalization(Layer):
     """Normalizes each position over its features: ``gamma * (x - mean) / sqrt(var + epsilon) + beta``.
 
     Args:
+        axis: the axis normalized over, or a list or tuple of trailing axes (Keras' default -1).
         epsilon: added to the variance; Keras' default 1e-3, PyTorch's nn.LayerNorm 1e-5.
         center: learn the shift `beta`.
         scale: learn the scale `gamma`.
+        rms_scaling: Keras' scaling without centering, ``gamma * x / sqrt(var(x) + epsilon)`` (no beta).
         beta_initializer, gamma_initializer: Keras defaults zeros and ones.
+        beta_regularizer, gamma_regularizer: e.g. ``attnx.regularizers.L2(0.01)``.
 
     Input shape: ``(batch, ..., features)``. Output shape: the same.
-    Weights (Keras order): gamma ``(features,)``, beta ``(features,)``.
+    Weights (Keras order): gamma, beta, each of the shape of the normalized axes.
     """
 
     supports_masking = True
 
-    def __init__(self, epsilon=1e-3, center=True, scale=True, beta_initializer="zeros", gamma_initializer="ones",
-                 axis=-1, **kwargs):
+    def __init__(self, axis=-1, epsilon=1e-3, center=True, scale=True, rms_scaling=False, beta_initializer="zeros",
+                 gamma_initializer="ones", beta_regularizer=None, gamma_regularizer=None, **kwargs):
         super().__init__(**kwargs)
-        if axis not in (-1,):
-            raise ValueError(f"LayerNormalization: only axis=-1 (the feature axis) is supported, got {axis}")
+        axes = axis if isinstance(axis, (list, tuple)) else [axis]
+        if not axes or any(isinstance(a, bool) or not isinstance(a, (int, np.integer)) for a in axes):
+            raise TypeError(f"LayerNormalization: Expected an int or a list/tuple of ints for the argument 'axis', "
+                            f"but received: {axis!r}")
         if not float(epsilon) > 0:
             raise ValueError(f"LayerNormalization: epsilon must be positive, got {epsilon}")
+        self.axis = int(axis) if not isinstance(axis, (list, tuple)) else [int(a) for a in axis]
         self.epsilon = float(epsilon)
-        self.center, self.scale = bool(center), bool(scale)
+        self.rms_scaling = bool(rms_scaling)
+        self.center, self.scale = bool(center) and not self.rms_scaling, bool(scale) or self.rms_scaling
         self.beta_initializer = initializers.get(beta_initializer)
         self.gamma_initializer = initializers.get(gamma_initializer)
+        self.beta_regularizer = regularizers.get(beta_regularizer)
+        self.gamma_regularizer = regularizers.get(gamma_regularizer)
         self.features = None
 
+    def _normalized_axes(self, ndim):
+        """The normalized axes as non-negative, sorted; they must be the trailing axes (one row each)."""
+        axes = sorted({a % ndim if -ndim <= a < ndim else -1 - ndim
+                       for a in (self.axis if isinstance(self.axis, list) else [self.axis])})
+        if axes[0] < 1 or axes != list(range(ndim - len(axes), ndim)):
+            raise ValueError(f"Layer '{self.name}': axis {self.axis} for inputs of rank {ndim}: attnx normalizes "
+                             "trailing axes after the batch axis only (e.g. -1 or (-2, -1))")
+        return axes
+
     def build(self, input_shape):
-        if not is_shape(input_shape, range(1, 33)) or input_shape[-1] is None:
+        if not is_shape(input_shape, range(1, 33)):
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, ..., features) with known features, "
                              f"got shape {input_shape}")
-        self.features = int(input_shape[-1])
+        axes = self._normalized_axes(len(input_shape))
+        shape = tuple(input_shape[a] for a in axes)
+        if None in shape:
+            raise ValueError(f"Layer '{self.name}': needs inputs with known sizes on the normalized axes, got shape "
+                             f"{input_shape}")
+        self.features = int(np.prod(shape))
+        self._weight_shape = shape
         if self.scale:
-            self.add_weight("gamma", (self.features,), self.gamma_initializer)
+            self.add_weight("gamma", shape, self.gamma_initializer, self.gamma_regularizer)
         if self.center:
-            self.add_weight("beta", (self.features,), self.beta_initializer)
+            self.add_weight("beta", shape, self.beta_initializer, self.beta_regularizer)
+
+    def _flat(self, name, tensors):
+        w = tensors.get(name)
+        return None if w is None else w.reshape(-1)
 
     def forward(self, inputs, training=False):
-        x = self._float_input(inputs, min_ndim=2, last_dim=self.features)
+        x = self._float_input(inputs, min_ndim=2, last_dim=self._weight_shape[-1])
+        if x.shape[x.ndim - len(self._weight_shape):] != self._weight_shape:
+            raise ValueError(f"Layer '{self.name}': `inputs` expected trailing axes {self._weight_shape}, got shape "
+                             f"{x.shape}")
         rows = x.reshape(-1, self.features)
-        y, mean, rstd = _core.layernorm_forward(x=rows, gamma=self.params.get("gamma"), beta=self.params.get("beta"),
-                                                eps=self.epsilon)
+        if self.rms_scaling:
+            # y = gamma * x * r, r = 1 / sqrt(var(x) + eps) per row (Keras: x is not centered)
+            centered = rows - rows.mean(axis=1, keepdims=True)
+            r = 1.0 / np.sqrt(np.mean(centered * centered, axis=1, keepdims=True) + self.epsilon)
+            y = rows * r * self._flat("gamma", self.params)
+            return y.reshape(x.shape), ((rows, centered, r, x.shape) if training else None)
+        y, mean, rstd = _core.layernorm_forward(x=rows, gamma=self._flat("gamma", self.params),
+                                                beta=self._flat("beta", self.params), eps=self.epsilon)
         return y.reshape(x.shape), ((rows, mean, rstd, x.shape) if training else None)
 
     def backprop(self, cache, dy):
+        if self.rms_scaling:
+            rows, centered, r, shape = cache
+            dy = self._grad_input(dy, shape).reshape(rows.shape)
+            # y = gamma * x * r: dgamma = sum(dy * x * r); with g = dy * gamma and dr/dx = -r^3 (x - mean) / N,
+            # dx = r * g - (x - mean) * r^3 * mean(g * x)
+            self.grads["gamma"].reshape(-1)[:] += np.sum(dy * rows * r, axis=0)
+            g = dy * self._flat("gamma", self.params)
+            dx = r * g - centered * r ** 3 * np.mean(g * rows, axis=1, keepdims=True)
+            return dx.reshape(shape)
         rows, mean, rstd, shape = cache
         dy = self._grad_input(dy, shape).reshape(rows.shape)
         # layernorm_backward always returns dx: the binding has no switch to skip it
-        dx = _core.layernorm_backward(dy=dy, x=rows, mean=mean, rstd=rstd, gamma=self.params.get("gamma"),
-                                      dgamma=self.grads.get("gamma"), dbeta=self.grads.get("beta"))
+        dx = _core.layernorm_backward(dy=dy, x=rows, mean=mean, rstd=rstd, gamma=self._flat("gamma", self.params),
+                                      dgamma=self._flat("gamma", self.grads), dbeta=self._flat("beta", self.grads))
         return dx.reshape(shape)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
     def get_config(self):
-        return {**super().get_config(), "epsilon": self.epsilon, "center": self.center, "scale": self.scale,
+        return {**super().get_config(), "axis": self.axis, "epsilon": self.epsilon, "center": self.center,
+                "scale": self.scale, "rms_scaling": self.rms_scaling,
                 "beta_initializer": initializers.serialize(self.beta_initializer),
-                "gamma_initializer": initializers.serialize(self.gamma_initializer)}
+                "gamma_initializer": initializers.serialize(self.gamma_initializer),
+                "beta_regularizer": regularizers.serialize(self.beta_regularizer),
+                "gamma_regularizer": regularizers.serialize(self.gamma_regularizer)}
 
 
 # ---------------------------------------------------------------------------- positions
@@ -333,6 +397,32 @@ class FeedForward(_Composite):
 
 
 # ---------------------------------------------------------------------------- attention
+def _positive_int(value, arg):
+    """`value` as a positive int; MultiHeadAttention's error (naming `arg`) for 0, negatives, floats."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"MultiHeadAttention: Invalid argument `{arg}`: expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def _output_dims(output_shape):
+    """Keras' output_shape (None, an int or a tuple of ints) as a tuple of ints, or None."""
+    if output_shape is None:
+        return None
+    dims = (output_shape,) if not isinstance(output_shape, (list, tuple)) else tuple(output_shape)
+    if not dims or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d <= 0 for d in dims):
+        raise ValueError(f"MultiHeadAttention: Invalid `output_shape`: expected an int or a tuple of positive ints, "
+                         f"got {output_shape!r}")
+    return tuple(int(d) for d in dims)
+
+
+def _mha_masks(mask, query_mask, value_mask, key_mask):
+    """The (query, value, key) masks of a MultiHeadAttention call: explicit ones win over the masks
+    its inputs carry (`mask`: the query's, or [query's, value's(, key's)] in a functional model)."""
+    carried = list(mask) if isinstance(mask, (list, tuple)) else [mask]
+    carried += [None] * (3 - len(carried))
+    return tuple(m if m is not None else c for m, c in zip((query_mask, value_mask, key_mask), carried))
+
+
 def _value_and_key(value, key):
     """The positional arguments after the query that a call gave: (), (value,) or (value, key)."""
     if value is None:
@@ -354,20 +444,25 @@ class MultiHeadAttention(Layer):
         value_dim: size of each head's value (default key_dim).
         dropout: dropout rate on the attention weights.
         use_bias: whether the projections have biases.
-        output_shape: size of the output's last axis (default: the query's).
+        output_shape: size of the output's last axis (default: the query's), or a tuple of sizes
+            (Keras: the output is then ``(batch, T, *output_shape)``).
         kernel_initializer, bias_initializer: Keras defaults glorot_uniform and zeros.
 
     Call arguments:
         query: ``(batch, T, query_dim)``; or a list ``[query, value]`` / ``[query, value, key]``.
         value: ``(batch, S, value_dim_in)``.
         key: ``(batch, S, key_dim_in)``; default: value.
-        attention_mask: ``(batch, T, S)`` or ``(T, S)``, True = query t may attend to key s.
+        query_mask, value_mask, key_mask: ``(batch, T)`` / ``(batch, S)`` (Keras): in a functional model
+            they come from the inputs' masks (e.g. ``Embedding(mask_zero=True)``); the query's mask is
+            passed on to the output. A query row with nothing to attend to gets a zero context.
+        attention_mask: ``(batch, T, S)``, ``(T, S)`` or ``(batch, heads, T, S)`` the same for each head;
+            bool, 0/1 integers or 0/1 floats; True = query t may attend to key s.
         key_padding_mask: ``(batch, S)`` (True = real token) or lengths ``(batch,)``.
         use_causal_mask: query t attends only to keys s <= t.
         return_attention_scores: also return the per-head weights ``(batch, num_heads, T, S)``.
         training: apply dropout and keep what backprop needs.
 
-    Output shape: ``(batch, T, output_shape or query_dim)``.
+    Output shape: ``(batch, T, *output_shape)`` or ``(batch, T, query_dim)``.
     Weights (Keras order and shapes): query_kernel ``(query_dim, heads, key_dim)``, query_bias
     ``(heads, key_dim)``, key_kernel, key_bias, value_kernel ``(value_dim_in, heads, value_dim)``,
     value_bias, output_kernel ``(heads, value_dim, out)``, output_bias ``(out,)``.
@@ -377,26 +472,36 @@ class MultiHeadAttention(Layer):
     _gradient_arguments = (("value", 0), ("key", 1))  # see Layer._with_gradient_arguments
 
     def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True, output_shape=None,
-                 kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros", seed=None, **kwargs):
         super().__init__(**kwargs)
-        if int(num_heads) <= 0 or int(key_dim) <= 0 or (value_dim is not None and int(value_dim) <= 0):
-            raise ValueError(f"MultiHeadAttention: num_heads, key_dim and value_dim must be positive, got "
-                             f"{num_heads}, {key_dim}, {value_dim}")
+        self.num_heads, self.key_dim = _positive_int(num_heads, "num_heads"), _positive_int(key_dim, "key_dim")
+        self.value_dim = _positive_int(value_dim, "value_dim") if value_dim is not None else self.key_dim
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
-        self.num_heads, self.key_dim = int(num_heads), int(key_dim)
-        self.value_dim = int(value_dim) if value_dim is not None else self.key_dim
         self.dropout = float(dropout)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+            raise ValueError(f"MultiHeadAttention: seed must be an integer or None, got {seed!r}")
+        self.seed = None if seed is None else int(seed)
+        self._seed_rng = None if seed is None else np.random.default_rng(self.seed)
         self.use_bias = bool(use_bias)
-        self.output_shape = None if output_shape is None else int(output_shape)
+        dims = _output_dims(output_shape)
+        # an int (or a tuple of one, Keras' config of it) stays an int; several sizes stay a tuple
+        self.output_shape = None if dims is None else (dims[0] if len(dims) == 1 else dims)
         self.kernel_initializer = initializers.get(kernel_initializer)
         self.bias_initializer = initializers.get(bias_initializer)
 
     # Keras-style calls layer(query, value, key): Layer.__call__ and Layer.apply would build from
     # the query's shape alone, so both build here from all three, on arrays and on a model's
     # symbolic tensors alike.
+    supports_masking = True
+
     def __call__(self, query, value=None, key=None, **kwargs):
         self._build_from_inputs(query, value, key)
+        if value is not None and not isinstance(query, (list, tuple)) and \
+                any(type(t) is not np.ndarray and any_symbolic(t) for t in (query, value, key) if t is not None):
+            # on a model's tensors the call records [query, value(, key)] as its inputs: each input's mask
+            # and shape reach the layer
+            return super().__call__([query, *_value_and_key(value, key)], **kwargs)
         return super().__call__(query, *_value_and_key(value, key), **kwargs)
 
     def apply(self, query, value=None, key=None, **kwargs):
@@ -413,28 +518,41 @@ class MultiHeadAttention(Layer):
         if not isinstance(input_shape, list) or not 2 <= len(input_shape) <= 3:
             raise ValueError(f"Layer '{self.name}': call with (query, value[, key]) or [query, value[, key]], "
                              f"got input shape {input_shape}")
+        self._check_shapes(*input_shape)
         if any(len(shape) != 3 for shape in input_shape):
             raise ValueError(f"Layer '{self.name}': query, value and key should be rank 3 (batch, time, "
                              f"features), got shapes {input_shape}")
         shapes = list(input_shape) + [input_shape[1]] * (3 - len(input_shape))
         self.build_from_dims(shapes[0][-1], shapes[1][-1], shapes[2][-1])
 
+    def _check_shapes(self, query_shape, value_shape, key_shape=None):
+        """Keras' shape rule: value and key share every axis but the batch and the last."""
+        if key_shape is not None and tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
+            raise ValueError(f"Layer '{self.name}': All dimensions of `value` and `key`, except the last one, must "
+                             f"be equal. Received: value_shape={tuple(value_shape)} and key_shape={tuple(key_shape)}")
+
     def build_from_dims(self, query_dim, value_dim, key_dim):
         """Creates the weights for inputs with these feature sizes."""
         H, dk, dv = self.num_heads, self.key_dim, self.value_dim
-        out = self.output_shape or query_dim
+        out = _output_dims(self.output_shape) or (query_dim,)
         for name, in_dim, head_dim in (("query", query_dim, dk), ("key", key_dim, dk), ("value", value_dim, dv)):
             self.add_weight(f"{name}_kernel", (in_dim, H, head_dim), self.kernel_initializer)
             if self.use_bias:
                 self.add_weight(f"{name}_bias", (H, head_dim), self.bias_initializer)
-        self.add_weight("output_kernel", (H, dv, out), self.kernel_initializer)
+        self.add_weight("output_kernel", (H, dv, *out), self.kernel_initializer)
         if self.use_bias:
-            self.add_weight("output_bias", (out,), self.bias_initializer)
+            self.add_weight("output_bias", out, self.bias_initializer)
 
     @staticmethod
     def _matrix(name, kernel):
         """The Keras-shaped kernel as the (in, out) matrix dense_forward takes (a view)."""
-        return kernel.reshape(-1, kernel.shape[-1]) if name == "output" else kernel.reshape(kernel.shape[0], -1)
+        if name == "output":
+            return kernel.reshape(kernel.shape[0] * kernel.shape[1], -1)
+        return kernel.reshape(kernel.shape[0], -1)
+
+    def _output_tail(self):
+        """The output's axes after (batch, T): the output kernel's after (heads, value_dim)."""
+        return self.params["output_kernel"].shape[2:]
 
     def _project(self, name, rows):
         bias = self.params.get(f"{name}_bias")
@@ -456,7 +574,8 @@ class MultiHeadAttention(Layer):
                                None if dbias is None else dbias.reshape(-1), need_dx)
 
     def forward(self, query, value=None, key=None, attention_mask=None, key_padding_mask=None,
-                use_causal_mask=False, return_attention_scores=False, training=False):
+                use_causal_mask=False, return_attention_scores=False, training=False, mask=None, query_mask=None,
+                value_mask=None, key_mask=None):
         if isinstance(query, (list, tuple)):
             if not 2 <= len(query) <= 3 or value is not None:
                 raise ValueError(f"Layer '{self.name}': call with [query, value] or [query, value, key], got "
@@ -470,6 +589,7 @@ class MultiHeadAttention(Layer):
         k_in = self._float_input(key, "key", ndim=3) if has_key else v_in
         B, T = q_in.shape[:2]
         S = v_in.shape[1]
+        self._check_shapes(q_in.shape, v_in.shape, k_in.shape)
         if v_in.shape[0] != B or k_in.shape[:2] != (B, S):
             raise ValueError(f"Layer '{self.name}': query, value and key must share the batch and value/key the "
                              f"length; got query {q_in.shape}, value {v_in.shape}, key {k_in.shape}")
@@ -477,8 +597,17 @@ class MultiHeadAttention(Layer):
             in_dim = self.params[f"{name}_kernel"].shape[0]
             if arr.shape[2] != in_dim:
                 raise ValueError(f"Layer '{self.name}': `{name}` expected shape ({B}, *, {in_dim}), got {arr.shape}")
-        mask = _combine_masks(_attention_mask(attention_mask, B, T, S, _where(self, "attention_mask")),
-                              as_mask(key_padding_mask, B, S, _where(self, "key_padding_mask")))
+        query_mask, value_mask, key_mask = _mha_masks(mask, query_mask, value_mask, key_mask)
+        padding = None  # (B, S): key_padding_mask AND value_mask AND key_mask
+        for arg, m in (("key_padding_mask", key_padding_mask), ("value_mask", value_mask), ("key_mask", key_mask)):
+            m = as_mask(m, B, S, _where(self, arg))
+            padding = m if padding is None else padding if m is None else padding & m
+        mask = _combine_masks(_attention_mask(attention_mask, B, T, S, _where(self, "attention_mask")), padding)
+        if query_mask is not None:  # Keras: a padded query attends to nothing
+            rows = as_mask(query_mask, B, T, _where(self, "query_mask"))
+            full = np.ones((B, T, S), bool) if mask is None else np.broadcast_to(
+                mask if mask.ndim == 3 else mask[:, None, :], (B, T, S))
+            mask = np.ascontiguousarray(full & rows[:, :, None])
 
         H = self.num_heads
         # sizes spelled out, not -1: a zero-length query or value (B * T == 0) has no size to infer from
@@ -487,12 +616,12 @@ class MultiHeadAttention(Layer):
         q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
         k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
         v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
-        keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype) if training else None
+        keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype, self._seed_rng) if training else None
         context, weights = scaled_dot_product_attention(q, k, v, mask=mask, causal=bool(use_causal_mask), heads=H,
                                                         dropout_keep=keep,
                                                         return_weights=training or return_attention_scores)
         context_rows = context.reshape(B * T, H * self.value_dim)
-        out = self._project("output", context_rows).reshape(B, T, self.params["output_kernel"].shape[-1])
+        out = self._project("output", context_rows).reshape(B, T, *self._output_tail())
         outputs = (out, weights) if return_attention_scores else out
         if not training:
             return outputs, None
@@ -507,9 +636,10 @@ class MultiHeadAttention(Layer):
             if dweights is not None:
                 dweights = self._grad_input(dweights, weights.shape, "dweights")
         (B, T, _), S = q.shape, v.shape[1]
-        dy = self._grad_input(dy, (B, T, self.params["output_kernel"].shape[-1]))
+        tail = self._output_tail()
+        dy = self._grad_input(dy, (B, T, *tail))
         # sizes spelled out, not -1, as in forward (zero-length sequences)
-        dcontext = self._project_backward("output", dy.reshape(B * T, dy.shape[2]), context_rows, need_dx=True)
+        dcontext = self._project_backward("output", dy.reshape(B * T, math.prod(tail)), context_rows, need_dx=True)
         dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, context_rows.shape[1]), weights,
                                                            q, k, v, heads=self.num_heads, dweights=dweights,
                                                            dropout_keep=keep)
@@ -527,18 +657,28 @@ class MultiHeadAttention(Layer):
         dvalue += dkey  # the value was the key too
         return [dquery, dvalue]
 
-    def compute_output_shape(self, input_shape, return_attention_scores=False):
-        query_shape = input_shape[0] if isinstance(input_shape, list) else input_shape
-        out = tuple(query_shape[:-1]) + (self.output_shape or query_shape[-1],)
+    def compute_mask(self, inputs, mask=None):
+        return mask[0] if isinstance(mask, (list, tuple)) else mask  # the query's (Keras)
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None, return_attention_scores=False):
+        """Keras' ``(query_shape, value_shape, key_shape)``, or one list of them."""
+        if value_shape is None and isinstance(query_shape, list) and query_shape and \
+                isinstance(query_shape[0], (list, tuple)):
+            query_shape, value_shape, key_shape = (list(query_shape) + [None, None])[:3]
+        query_shape = tuple(query_shape)
+        if value_shape is not None:
+            value_shape = tuple(value_shape)
+            self._check_shapes(query_shape, value_shape, None if key_shape is None else tuple(key_shape))
+        out = query_shape[:-1] + (_output_dims(self.output_shape) or (query_shape[-1],))
         if not return_attention_scores:
             return out
-        source_len = input_shape[1][1] if isinstance(input_shape, list) else None
-        return [out, (query_shape[0], self.num_heads, query_shape[1], source_len)]
+        source_len = value_shape[-2] if value_shape is not None else None
+        return [out, (query_shape[0], self.num_heads) + query_shape[1:-1] + (source_len,)]
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "key_dim": self.key_dim,
                 "value_dim": self.value_dim, "dropout": self.dropout, "use_bias": self.use_bias,
-                "output_shape": self.output_shape,
+                "output_shape": self.output_shape, "seed": self.seed,
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
                 "bias_initializer": initializers.serialize(self.bias_initializer)}
 
@@ -587,7 +727,7 @@ class _TransformerLayerBase(_Composite):
             name=f"{self.name}/{prefix}"), input_shapes)
 
     def _norm(self, prefix, input_shape):
-        return self._add_sublayer(prefix, LayerNormalization(self.layer_norm_epsilon, dtype=self.dtype,
+        return self._add_sublayer(prefix, LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype,
                                                              name=f"{self.name}/{prefix}"), input_shape)
 
     def _feed_forward(self, input_shape):
