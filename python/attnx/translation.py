@@ -230,9 +230,9 @@ class Transformer(Model):
             self.target_positions = PositionEmbedding(self.max_positions, dtype=dtype, name="target_positions")
         self.embedding_dropout = Dropout(dropout, dtype=dtype, name="embedding_dropout")
         self.encoder = TransformerEncoder(num_encoder_layers, **self.stack_config, dtype=dtype, name="encoder")
-        self.encoder_norm = LayerNormalization(layer_norm_epsilon, dtype=dtype, name="encoder_norm")
+        self.encoder_norm = LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_norm")
         self.decoder = TransformerDecoder(num_decoder_layers, **self.stack_config, dtype=dtype, name="decoder")
-        self.decoder_norm = LayerNormalization(layer_norm_epsilon, dtype=dtype, name="decoder_norm")
+        self.decoder_norm = LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="decoder_norm")
         self.output_projection = None if self.tie_output else Dense(self.target_vocab_size, dtype=dtype,
                                                                     name="output")
         self.build()
