@@ -271,6 +271,17 @@ LAYER_CASES = {
                              multi_input=True),
     "Add": LayerCase(lambda d: layers.Add(), _merge_sample(True),
                      lambda l, xs: sum(np.asarray(x, np.float64) for x in xs), multi_input=True),
+    "Multiply": LayerCase(lambda d: layers.Multiply(), _merge_sample(True),
+                          lambda l, xs: np.prod([np.asarray(x, np.float64) for x in xs], axis=0), multi_input=True),
+    "SpatialDropout1D": LayerCase(lambda d: layers.SpatialDropout1D(d(st.sampled_from([0.0, 0.5]))),
+                                  lambda d, l: floats(d, _shape(d, 3)), lambda l, x: np.asarray(x, np.float64),
+                                  ranks=(3,)),
+    "RepeatVector": LayerCase(lambda d: layers.RepeatVector(d(st.sampled_from([1, 3]))),
+                              lambda d, l: floats(d, _shape(d, 2)),
+                              lambda l, x: np.repeat(np.asarray(x, np.float64)[:, None], l.n, axis=1), ranks=(2,)),
+    "Masking": LayerCase(lambda d: layers.Masking(), lambda d, l: floats(d, _shape(d, 3)),
+                         lambda l, x: np.asarray(x, np.float64) * (np.asarray(x) != 0).any(-1, keepdims=True),
+                         ranks=(3,)),
     "GlobalAveragePooling1D": LayerCase(lambda d: layers.GlobalAveragePooling1D(),
                                         lambda d, l: floats(d, _shape(d, 3)), _gap_ref, ranks=(3,), mask=True),
 }
@@ -319,7 +330,9 @@ LAYER_CASES.update({
     "LSTMCell": LayerCase(lambda d: layers.LSTMCell(d(st.sampled_from([1, 3]))), _cell_sample, ranks=[(2,)]),
     "Attention": _attn_case(lambda d: layers.Attention(score=d(st.sampled_from(
         ["dot", "scaled_dot", "general", "concat", "additive"])))),
-    "AdditiveAttention": _attn_case(lambda d: layers.BahdanauAdditiveAttention()),
+    "AdditiveAttention": _attn_case(lambda d: layers.AdditiveAttention(use_scale=d(st.booleans()))),
+    "BahdanauAdditiveAttention": _attn_case(lambda d: layers.BahdanauAdditiveAttention()),
+    "LSTMN": LayerCase(_rnn(layers.LSTMN), _seq_sample, **RNN_MASK),
     "LuongAttention": _attn_case(lambda d: layers.LuongAttention(score=d(st.sampled_from(["general", "dot"])))),
     "LocalAttention": _attn_case(lambda d: layers.LocalAttention(window=d(st.sampled_from([0, 1, 3])),
                                                                  mode=d(st.sampled_from(["local-m", "local-p"])))),
@@ -328,6 +341,12 @@ LAYER_CASES.update({
     "AttentionPooling": LayerCase(lambda d: layers.AttentionPooling(return_sequences=d(st.booleans()),
                                                                     length_agnostic=d(st.booleans())),
                                   _seq_sample, ranks=[(3,)], mask=True),
+    "FilterbankRead": LayerCase(lambda d: layers.FilterbankRead(d(st.sampled_from([1, 3]))),
+                                lambda d, l: [floats(d, (2, 5, 6)), floats(d, (2, 5))], multi_input=True,
+                                ranks=[(3,), (2,)]),
+    "FilterbankWrite": LayerCase(lambda d: layers.FilterbankWrite(5, 6),
+                                 lambda d, l: [floats(d, (2, 3, 3)), floats(d, (2, 5))], multi_input=True,
+                                 ranks=[(3,), (2,)]),
 })
 
 
@@ -735,6 +754,9 @@ def test_layer_masks(name, data):
         expected = None  # this layer documents that kind as an error
     if expected is None and np.shape(mask) == (B, T) and np.asarray(mask).dtype.kind in "biu":
         return  # e.g. lengths[:, None] when T == 1: a valid (B, T) mask after all
+    if expected is None and case.multi_input and np.asarray(mask).dtype.kind in "biu" and \
+            np.shape(mask) == (B, np.shape(x[0])[1], T):
+        return  # e.g. (T, B, 1) when B = T = Tq = 1: a valid per-query (B, Tq, S) attention mask after all
     kind, got = outcome(lambda: layer(x, mask=case.mask_arg(x, mask)))
     if expected is None:
         assert kind == "err", f"{kind_of_mask} mask {np.shape(mask)} accepted for masks of (B, T) = {(B, T)}"

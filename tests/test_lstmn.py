@@ -105,7 +105,7 @@ def test_attention_rows_are_over_earlier_real_steps():
     rng = np.random.default_rng(1)
     B, T = 5, 7
     mask = masks(B, T, rng)
-    layer = layers.LSTMN(6, return_sequences=True, return_attention_scores=True)
+    layer = layers.LSTMN(6, return_sequences=True, return_attention_scores=True, zero_output_for_mask=True)
     y, scores = layer(rng.standard_normal((B, T, 4)).astype(np.float32), mask=mask)
     assert scores.shape == (B, T, T)
     assert np.all(np.triu(scores) == 0)  # nothing at or ahead of the step itself
@@ -169,7 +169,7 @@ def test_masked_steps_match_the_compacted_sequence():
     """A padded step is skipped: pre-, post- and scattered padding give a row's real steps the
     outputs of the same steps without the padding."""
     rng = np.random.default_rng(4)
-    layer = layers.LSTMN(5, return_sequences=True, dtype="float64")
+    layer = layers.LSTMN(5, return_sequences=True, zero_output_for_mask=True, dtype="float64")
     x = rng.standard_normal((1, 8, 3))
     keep = np.array([[0, 1, 1, 0, 1, 1, 0, 1]], bool)
     y = layer(x, mask=keep)

@@ -98,7 +98,8 @@ def test_every_quantizable_layer_within_the_error_bound(rng, name, make, inputs)
 def test_masked_recurrent_layers_carry_padded_steps(rng):
     x = _masked(rng)
     mask = np.abs(x).sum(-1) > 0
-    for layer in (layers.LSTM(16, return_sequences=True), layers.GRU(16, return_sequences=True)):
+    for layer in (layers.LSTM(16, return_sequences=True, zero_output_for_mask=True),
+                  layers.GRU(16, return_sequences=True, zero_output_for_mask=True)):
         want = layer(x, mask=mask)
         quantization.quantize_layer(layer)
         got = layer(x, mask=mask)

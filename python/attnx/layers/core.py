@@ -462,11 +462,11 @@ class Masking(Layer):
     def forward(self, inputs, training=False):
         x = self._float_input(inputs, min_ndim=2)
         keep = self._step_mask(x)[..., None].astype(self.dtype)
-        return x * keep, (keep if training else None)
+        return x * keep, ((keep, x.shape) if training else None)
 
     def backprop(self, cache, dy):
-        keep = cache
-        return self._grad_input(dy, keep.shape[:-1] + (np.shape(dy)[-1],)) * keep
+        keep, shape = cache
+        return self._grad_input(dy, shape) * keep
 
     def compute_mask(self, inputs, mask=None):
         return self._step_mask(np.asarray(inputs))
