@@ -137,3 +137,12 @@ def test_files_architecture_md_names_exist():
         if not any(c.exists() for c in candidates) and not ("/" not in ref and any(PACKAGE.rglob(ref))):
             missing.append(ref)
     assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"
+
+
+def test_model_code_reaches_the_kernels_through_attnx_kernels():
+    """Layers, ops, the decoders and the tape call the C++ kernels through one module, attnx.kernels;
+    only it, the optimizers, the losses and the process settings import _core (ARCHITECTURE.md)."""
+    allowed = {"attnx", "attnx.kernels", "attnx.optimizers", "attnx.losses", "attnx.backend"}
+    graph = _graph()
+    direct = sorted(m for m, imported in graph.items() if "attnx._core" in imported and m not in allowed)
+    assert not direct, f"modules calling _core directly instead of attnx.kernels: {direct}"

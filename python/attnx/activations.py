@@ -1,7 +1,7 @@
 """Activation functions by name, computed by the C++ kernels."""
 import numpy as np
 
-from . import _core
+from . import kernels
 
 NAMES = ("linear", "relu", "tanh", "sigmoid", "softmax", "gelu")
 
@@ -20,7 +20,7 @@ def get(name):
 def _apply(name):
     def fn(x):
         x = np.require(x, np.result_type(np.asarray(x).dtype, np.float32), "CA")
-        return _core.activation_forward(x=x, activation=name)
+        return kernels.activation_forward(x=x, activation=name)
     fn.__name__ = name
     fn.__doc__ = f"{name}(x), elementwise (softmax over the last axis)."
     return fn

@@ -39,7 +39,7 @@ import threading
 
 import numpy as np
 
-from . import _core
+from . import kernels
 from .masking import as_mask
 
 __all__ = ["Tape", "GradientTape", "TracedArray", "add", "subtract", "multiply", "divide", "power", "negative", "abs", "absolute",
@@ -679,7 +679,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, causal=False, sca
     if q.ndim == 3 and k.ndim == 3:
         mask = as_mask(mask, q.shape[0], k.shape[1], "scaled_dot_product_attention: `mask`", queries=q.shape[1],
                        shared=True)
-    context, weights = _core.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(causal), scale=scale,
+    context, weights = kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(causal), scale=scale,
                                           heads=int(heads), return_weights=tape is not None)
     return _output(tape, "scaled_dot_product_attention", context, inputs, [q, k, v],
                    {"weights": weights, "scale": scale, "heads": int(heads)})
@@ -693,7 +693,7 @@ def attention_pooling(x, kernel, bias, mask=None):
     """
     tape, inputs, (xv, kv, bv) = _kernel_inputs("attention_pooling", x=x, kernel=kernel, bias=bias)
     B, T, _ = xv.shape
-    out, weights, energy = _core.attention_pooling_forward(
+    out, weights, energy = kernels.attention_pooling_forward(
         x=xv, kernel=kv, bias=bv, mask=as_mask(mask, B, T, "attention_pooling: `mask`"), return_sequences=False)
     return _output(tape, "attention_pooling", out, inputs, [xv, kv, bv], {"weights": weights, "energy": energy})
 
@@ -757,14 +757,14 @@ def _split_grad(g, out, *xs, axis):
 
 def _sdpa_grad(g, out, q, k, v, weights, scale, heads):
     # out = softmax(scale q k^T) v: the C++ backward (dq, dk, dv)
-    return _core.sdpa_backward(dcontext=np.ascontiguousarray(g, dtype=q.dtype), weights=weights, query=q, key=k,
+    return kernels.sdpa_backward(dcontext=np.ascontiguousarray(g, dtype=q.dtype), weights=weights, query=q, key=k,
                                value=v, scale=scale, heads=heads)
 
 
 def _pooling_grad(g, out, x, kernel, bias, weights, energy):
     # out = sum_t softmax(tanh(x kernel + bias))_t x_t: the C++ backward (dx, and adds into dkernel, dbias)
     dkernel, dbias = np.zeros_like(kernel), np.zeros_like(bias)
-    dx = _core.attention_pooling_backward(dout=np.ascontiguousarray(g, dtype=x.dtype), dweights=None,
+    dx = kernels.attention_pooling_backward(dout=np.ascontiguousarray(g, dtype=x.dtype), dweights=None,
                                           weights=weights, energy=energy, x=x, kernel=kernel, dkernel=dkernel,
                                           dbias=dbias, return_sequences=False)
     return dx, dkernel, dbias

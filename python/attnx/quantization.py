@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from . import _core
+from . import kernels
 from .layers import base
 
 MODES = ("int8",)
@@ -53,7 +53,7 @@ def inference_only(layer, training):
 
 def quantize_columns(w):
     """(q int8, scale float32) of a float matrix (K, N) per column."""
-    q, scale = _core.quantize_rows(x=np.ascontiguousarray(np.asarray(w, np.float32).T))
+    q, scale = kernels.quantize_rows(x=np.ascontiguousarray(np.asarray(w, np.float32).T))
     return np.ascontiguousarray(q.T), scale
 
 
@@ -83,7 +83,7 @@ def quantize_layer(layer, mode="int8"):
             params[name], grads[name] = p, layer.grads[name]
             continue
         if per_row:
-            q, scale = _core.quantize_rows(x=np.ascontiguousarray(p, np.float32))
+            q, scale = kernels.quantize_rows(x=np.ascontiguousarray(p, np.float32))
         else:
             q, scale = quantize_columns(p)
         params[name], params[name + "_scale"] = q, scale
@@ -170,14 +170,14 @@ def dense_forward(layer, x2, training):
     """A quantized Dense layer's output for x2 (rows, in_features)."""
     inference_only(layer, training)
     p = layer.params
-    return _core.dense_forward_int8(x=_float32(x2), kernel=p["kernel"], kernel_scale=p["kernel_scale"],
+    return kernels.dense_forward_int8(x=_float32(x2), kernel=p["kernel"], kernel_scale=p["kernel_scale"],
                                     bias=p.get("bias"), activation=layer.activation)
 
 
 def embedding_forward(layer, ids, training):
     """A quantized Embedding's vectors for checked int64 ids."""
     inference_only(layer, training)
-    return _core.embedding_forward_int8(ids=ids, table=layer.params["embeddings"],
+    return kernels.embedding_forward_int8(ids=ids, table=layer.params["embeddings"],
                                         scale=layer.params["embeddings_scale"])
 
 
@@ -187,7 +187,7 @@ def rnn_level_forward(layer, level, x, mask, h0, c0, reverse, training, need_y):
     sfx = "" if level == 0 else f"_{level}"
     p = layer.params
     bias, recurrent_bias = layer._biases(p, level)
-    y, h, c = _core.rnn_forward_int8(
+    y, h, c = kernels.rnn_forward_int8(
         cell=layer._cell, x=_float32(x), kernel=p["kernel" + sfx], kernel_scale=p["kernel" + sfx + "_scale"],
         recurrent_kernel=p["recurrent_kernel" + sfx], recurrent_kernel_scale=p["recurrent_kernel" + sfx + "_scale"],
         bias=None if bias is None else _float32(bias),

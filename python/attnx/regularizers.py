@@ -1,7 +1,7 @@
 """Weight regularizers: their loss is added to the training loss and their gradient to the weights'."""
 import numpy as np
 
-from attnx import _core
+from . import kernels
 
 
 class Regularizer:
@@ -30,12 +30,12 @@ class L1L2(Regularizer):
             raise ValueError(f"L1L2: factors must be non-negative, got l1={l1}, l2={l2}")
 
     def __call__(self, w):
-        return _core.l1l2_penalty(weights=_float_array(w), l1=self.l1, l2=self.l2)
+        return kernels.l1l2_penalty(weights=_float_array(w), l1=self.l1, l2=self.l2)
 
     def gradient(self, w):
         w = _float_array(w)
         g = np.zeros_like(w)
-        _core.l1l2_add_gradient(grad=g, weights=w, l1=self.l1, l2=self.l2)
+        kernels.l1l2_add_gradient(grad=g, weights=w, l1=self.l1, l2=self.l2)
         return g
 
     def add_gradient(self, w, grad):
@@ -43,7 +43,7 @@ class L1L2(Regularizer):
         w = _float_array(w)
         if (isinstance(grad, np.ndarray) and grad.dtype == w.dtype and grad.shape == w.shape
                 and grad.flags.c_contiguous and grad.flags.writeable):
-            _core.l1l2_add_gradient(grad=grad, weights=w, l1=self.l1, l2=self.l2)
+            kernels.l1l2_add_gradient(grad=grad, weights=w, l1=self.l1, l2=self.l2)
         else:
             super().add_gradient(w, grad)
 

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _core, backend, initializers, losses, metrics, text
+from . import backend, initializers, kernels, losses, metrics, text
 from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Embedding
@@ -306,7 +306,7 @@ class _AttentionDecoder(Layer):
             bad = ids.min() if ids.min() < 0 else ids.max()
             raise IndexError(f"Layer '{self.name}': target token id {bad} out of range [0, {self.vocab_size})")
         states = self._initial_states(states, B)
-        outputs = _core.decoder_forward(
+        outputs = kernels.decoder_forward(
             **{**self._variant, "hard": self.hard and not soft}, ids=np.require(ids, np.int64, "CA"), enc=enc,
             source_mask=self._mask(source_mask, B, S, "source_mask"),
             target_mask=self._mask(target_mask, B, ids.shape[1], "mask"),
@@ -393,7 +393,7 @@ class _AttentionDecoder(Layer):
             reinforce = self._reinforce_gradient(cache)
             d_weights = reinforce if d_weights is None else d_weights + reinforce
         dlogits = self._grad_input(dy, cache.logits_shape)
-        d_encoder_outputs, dh0, dc0 = _core.decoder_backward(cache=cache.kernel, dlogits=dlogits, dweights=d_weights,
+        d_encoder_outputs, dh0, dc0 = kernels.decoder_backward(cache=cache.kernel, dlogits=dlogits, dweights=d_weights,
                                                              enc=cache.encoder_outputs, params=self.params,
                                                              grads=self.grads)
         return [None, d_encoder_outputs, dh0] + ([dc0] if self.n_states == 2 else [])
@@ -435,7 +435,7 @@ class _AttentionDecoder(Layer):
         enc = self._encoder_outputs(encoder_outputs)
         B, S = enc.shape[:2]
         states = self._initial_states(states, B)
-        return _core.decoder_greedy(
+        return kernels.decoder_greedy(
             **self._variant, enc=enc, source_mask=self._mask(source_mask, B, S, "source_mask"), h0=states[0],
             c0=states[1] if self.n_states == 2 else None, params=self.params, start_id=int(start_id),
             end_id=int(end_id), max_length=_positive_int(type(self).__name__, "max_length", max_length))

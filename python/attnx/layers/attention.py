@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from .. import _core, backend, initializers
+from .. import backend, initializers, kernels
 from ..masking import as_mask
 from .base import Layer, dropout_keep
 
@@ -77,7 +77,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, causal=False, sca
     if q.ndim == 3 and k.ndim == 3:  # otherwise the binding reports the ranks, before any mask shape
         mask = as_mask(mask, q.shape[0], k.shape[1], "scaled_dot_product_attention: `mask`", queries=q.shape[1],
                        shared=True)
-    return _core.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(causal),
+    return kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(causal),
                               scale=_default_scale(q, heads) if scale is None else float(scale), heads=int(heads),
                               dropout_keep=dropout_keep, return_weights=bool(return_weights))
 
@@ -90,7 +90,7 @@ def scaled_dot_product_attention_backward(dcontext, weights, query, key, value, 
     of the input dtype, accumulates the gradient with respect to `scale` (for a learned scale).
     """
     q = _as_float(query)
-    return _core.sdpa_backward(dcontext=_as_float(dcontext, q.dtype), weights=weights, query=q,
+    return kernels.sdpa_backward(dcontext=_as_float(dcontext, q.dtype), weights=weights, query=q,
                                key=_as_float(key, q.dtype), value=_as_float(value, q.dtype),
                                scale=_default_scale(q, heads) if scale is None else float(scale), heads=int(heads),
                                dweights=dweights, dropout_keep=dropout_keep, dscale=dscale)
@@ -104,7 +104,7 @@ def softmax_context(scores, value, mask=None, causal=False, dropout_keep=None):
     """
     s = _as_float(scores)
     s4 = _with_head_axis(s)
-    context, weights = _core.softmax_context_forward(
+    context, weights = kernels.softmax_context_forward(
         scores=s4, value=_as_float(value, s.dtype), mask=_scores_mask(mask, s4, "softmax_context: `mask`"),
         causal=bool(causal), dropout_keep=dropout_keep)
     return context, weights.reshape(s.shape)
@@ -115,7 +115,7 @@ def masked_softmax(scores, mask=None, causal=False):
     ((B, S), (B, Tq, S), lengths (B,), or a leading 1 for the whole batch); fully masked rows are 0."""
     s = _as_float(scores)
     s4 = _with_head_axis(s)
-    return _core.masked_softmax_forward(scores=s4, mask=_scores_mask(mask, s4, "masked_softmax: `mask`"),
+    return kernels.masked_softmax_forward(scores=s4, mask=_scores_mask(mask, s4, "masked_softmax: `mask`"),
                                         causal=bool(causal)).reshape(s.shape)
 
 
@@ -124,7 +124,7 @@ def softmax_context_backward(dcontext, weights, value, dweights=None, dropout_ke
     w = np.asarray(weights)
     w4 = _with_head_axis(w)
     dw4 = None if dweights is None else _as_float(dweights, w.dtype).reshape(w4.shape)
-    dscores, dvalue, _ = _core.softmax_context_backward(dcontext=_as_float(dcontext, w.dtype), weights=w4,
+    dscores, dvalue, _ = kernels.softmax_context_backward(dcontext=_as_float(dcontext, w.dtype), weights=w4,
                                                         value=_as_float(value, w.dtype), dweights=dw4,
                                                         dropout_keep=dropout_keep)
     return dscores.reshape(w.shape), dvalue
@@ -132,13 +132,13 @@ def softmax_context_backward(dcontext, weights, value, dweights=None, dropout_ke
 
 def _dense(x, kernel, bias=None, activation="linear"):
     """``activation(x . kernel + bias)`` for x (N, C): the projections inside the scores."""
-    return _core.dense_forward(x=x, kernel=kernel, bias=bias, activation=activation)[0]
+    return kernels.dense_forward(x=x, kernel=kernel, bias=bias, activation=activation)[0]
 
 
 def _dense_backward(dy, x, kernel, y, activation, dkernel, dbias=None, need_dx=True):
     """Backward of `_dense` (y its output): adds into dkernel (and dbias), returns dx or None."""
     # the kernel reads the pre-activation z only for gelu; for the activations used here z is y
-    return _core.dense_backward(dy=dy, x=x, kernel=kernel, y=y, z=y, activation=activation, dkernel=dkernel,
+    return kernels.dense_backward(dy=dy, x=x, kernel=kernel, y=y, z=y, activation=activation, dkernel=dkernel,
                                 dbias=dbias, need_dx=need_dx)
 
 
@@ -376,7 +376,7 @@ class Attention(Layer):
             if self.score == "general":  # q^T W_a k = (q W_a) . k, one GEMM over all query rows
                 # sizes spelled out, not -1, here and below: a zero-length query or key has none to infer
                 projected = _dense(query.reshape(B * Tq, Dq), self.params["kernel"]).reshape(B, Tq, key.shape[2])
-            scores = _core.dot_scores_forward(query=projected, key=key, scale=scale)
+            scores = kernels.dot_scores_forward(query=projected, key=key, scale=scale)
             return scores, {"projected": projected, "scale": scale, "base_scale": base_scale}
         if self.score == "tanh_sum":
             return self._tanh_sum_forward(query, key)
@@ -386,7 +386,7 @@ class Attention(Layer):
         pk = _dense(key.reshape(B * S, key.shape[2]), self.params["key_kernel"])
         v = self._v()
         pq, pk = pq.reshape(B, Tq, units), pk.reshape(B, S, units)
-        scores, hidden = _core.additive_scores_forward(pq=pq, pk=pk, v=v)
+        scores, hidden = kernels.additive_scores_forward(pq=pq, pk=pk, v=v)
         return scores, {"hidden": hidden, "v": v, "pq": pq, "pk": pk}
 
     def _score_backward(self, dscores, query, key, sc):
@@ -398,7 +398,7 @@ class Attention(Layer):
         if self.score in ("dot", "scaled_dot", "general"):
             dscale = np.zeros(1, self.dtype) if self.use_scale else None
             # the kernel has no flag to skip dquery and dkey; general's kernel gradient needs dprojected anyway
-            dprojected, dkey = _core.dot_scores_backward(dscores=dscores, query=sc["projected"], key=key,
+            dprojected, dkey = kernels.dot_scores_backward(dscores=dscores, query=sc["projected"], key=key,
                                                          scale=sc["scale"], dscale=dscale)
             if self.use_scale:  # scores = base * s * q.k; the kernel gave sum(dscores * q.k)
                 self.grads["scale"] += sc["base_scale"] * dscale
@@ -414,7 +414,7 @@ class Attention(Layer):
             return self._tanh_sum_backward(dscores, query, key, sc)
         v = sc["v"]
         dv_used = np.zeros_like(v)
-        dpq, dpk = _core.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=v, dv=dv_used)
+        dpq, dpk = kernels.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=v, dv=dv_used)
         self._v_backward(dv_used)
         units = v.shape[0]
         dquery = _dense_backward(dpq.reshape(B * Tq, units), query.reshape(B * Tq, Dq), self.params["query_kernel"],
@@ -432,12 +432,12 @@ class Attention(Layer):
         s = float(self.params["scale"][0]) if self.use_scale else 1.0
         pq, pk = (query, key) if s == 1.0 else (query * query.dtype.type(s), key * key.dtype.type(s))
         v = np.full(query.shape[2], self.params["concat_score_weight"][0], dtype=self.dtype)
-        scores, hidden = _core.additive_scores_forward(pq=np.ascontiguousarray(pq), pk=np.ascontiguousarray(pk), v=v)
+        scores, hidden = kernels.additive_scores_forward(pq=np.ascontiguousarray(pq), pk=np.ascontiguousarray(pk), v=v)
         return scores, {"hidden": hidden, "v": v, "s": s}
 
     def _tanh_sum_backward(self, dscores, query, key, sc):
         dv = np.zeros_like(sc["v"])
-        dpq, dpk = _core.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=sc["v"], dv=dv)
+        dpq, dpk = kernels.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=sc["v"], dv=dv)
         self.grads["concat_score_weight"] += dv.sum()
         if self.use_scale:  # pq = s q, pk = s k
             self.grads["scale"] += np.sum(dpq * query) + np.sum(dpk * key)
@@ -463,7 +463,7 @@ class Attention(Layer):
         """Masked softmax and context from the scores: (context, weights (B, Tq, S), cache)."""
         B, Tq, S = scores.shape
         keep = self._dropout_keep((B, 1, Tq, S), training)
-        context, weights = _core.softmax_context_forward(scores=scores.reshape(B, 1, Tq, S), value=value,
+        context, weights = kernels.softmax_context_forward(scores=scores.reshape(B, 1, Tq, S), value=value,
                                                          mask=value_mask, causal=causal, dropout_keep=keep)
         dropped = weights if keep is None else weights * keep  # Keras returns the weights after dropout
         return context, dropped.reshape(B, Tq, S), {"keep": keep, "weights": weights}
@@ -475,7 +475,7 @@ class Attention(Layer):
         dw = None if dweights is None else dweights.reshape(weights.shape)
         if dw is not None and keep is not None:  # the returned weights were weights * keep
             dw = np.ascontiguousarray(dw * keep)
-        dscores, dvalue, _ = _core.softmax_context_backward(dcontext=dcontext, weights=weights, value=value,
+        dscores, dvalue, _ = kernels.softmax_context_backward(dcontext=dcontext, weights=weights, value=value,
                                                             dweights=dw, dropout_keep=ac["keep"])
         return dscores.reshape(dcontext.shape[0], dcontext.shape[1], value.shape[1]), dvalue, None
 
@@ -606,12 +606,12 @@ class AdditiveAttention(Attention):
 
     def _score_forward(self, query, key):
         v = self.params["scale"] if self.use_scale else np.ones(query.shape[2], self.dtype)
-        scores, hidden = _core.additive_scores_forward(pq=query, pk=key, v=v)
+        scores, hidden = kernels.additive_scores_forward(pq=query, pk=key, v=v)
         return scores, {"hidden": hidden, "v": v}
 
     def _score_backward(self, dscores, query, key, sc):
         dv = self.grads["scale"] if self.use_scale else np.zeros_like(sc["v"])
-        dquery, dkey = _core.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=sc["v"], dv=dv)
+        dquery, dkey = kernels.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=sc["v"], dv=dv)
         return (dquery, dkey) if self.input_gradient_needed else (None, None)
 
     def get_config(self):
@@ -791,11 +791,11 @@ class LocalAttention(Attention):
         B, Tq, S = scores.shape
         lengths = (np.full(B, S) if value_mask is None else value_mask.sum(axis=1)).astype(self.dtype)
         p, position_cache = self._aligned_positions(query, lengths, positions)
-        allowed, gauss = _core.local_window_forward(positions=p, source_len=S, window=self.window,
+        allowed, gauss = kernels.local_window_forward(positions=p, source_len=S, window=self.window,
                                                     source_mask=value_mask)
         keep = self._dropout_keep((B, 1, Tq, S), training)
         multiplier = gauss if keep is None else gauss * keep
-        context, align = _core.softmax_context_forward(scores=scores.reshape(B, 1, Tq, S), value=value, mask=allowed,
+        context, align = kernels.softmax_context_forward(scores=scores.reshape(B, 1, Tq, S), value=value, mask=allowed,
                                                        causal=causal, dropout_keep=multiplier)
         weights = align * gauss
         return context, weights.reshape(B, Tq, S), {"p": p, "gauss": gauss, "align": align, "keep": keep,
@@ -807,7 +807,7 @@ class LocalAttention(Attention):
         B, _, Tq, S = align.shape
         dw = None if dweights is None else dweights.reshape(B, 1, Tq, S)
         # weights = align * gauss, and the context used align * gauss * keep
-        dscores, dvalue, dmultiplier = _core.softmax_context_backward(
+        dscores, dvalue, dmultiplier = kernels.softmax_context_backward(
             dcontext=dcontext, weights=align, value=value, dweights=None if dw is None else np.ascontiguousarray(
                 dw * gauss), dropout_keep=ac["multiplier"], need_dkeep=True)
         dscores = dscores.reshape(B, Tq, S)
@@ -816,7 +816,7 @@ class LocalAttention(Attention):
         dgauss = dmultiplier if ac["keep"] is None else dmultiplier * ac["keep"]
         if dw is not None:
             dgauss = dgauss + dw * align
-        dp = _core.local_window_backward(dgauss=np.ascontiguousarray(dgauss), gauss=gauss, positions=ac["p"],
+        dp = kernels.local_window_backward(dgauss=np.ascontiguousarray(dgauss), gauss=gauss, positions=ac["p"],
                                          window=self.window)
         pc = ac["position"]
         # p = S_b * sigmoid(v_p . tanh(W_p h))
@@ -905,7 +905,7 @@ class HardAttention(Attention):
         if S == 0:
             raise ValueError(f"Layer '{self.name}': hard attention picks one of the value's positions; got a value "
                              f"of length 0 (shape {value.shape})")
-        weights = _core.masked_softmax_forward(scores=scores.reshape(B, 1, Tq, S), mask=value_mask,
+        weights = kernels.masked_softmax_forward(scores=scores.reshape(B, 1, Tq, S), mask=value_mask,
                                                causal=causal).reshape(B, Tq, S)
         if backend.training_randomness(training) or self.inference == "sample":
             u = backend.rng().random((B, Tq, 1))
@@ -934,7 +934,7 @@ class HardAttention(Attention):
         np.put_along_axis(onehot, positions[:, :, None], 1.0, axis=-1)
         dscores = -advantage[:, :, None] * (onehot - weights)
         if dweights is not None:
-            dscores += _core.activation_backward(dy=dweights, x=weights, y=weights, activation="softmax")
+            dscores += kernels.activation_backward(dy=dweights, x=weights, y=weights, activation="softmax")
         running = mean_reward if self.baseline is None else self.baseline
         self.baseline = self.baseline_decay * running + (1.0 - self.baseline_decay) * mean_reward
         return np.ascontiguousarray(dscores), dvalue, None
@@ -1009,7 +1009,7 @@ class AttentionPooling(Layer):
                              f"of shape {self.params['bias'].shape}), got inputs of shape {x.shape}; use "
                              f"AttentionPooling(length_agnostic=True) to accept any length")
         mask = as_mask(mask, B, T, f"Layer '{self.name}': `mask`") if self.use_mask else None
-        out, weights, energy = _core.attention_pooling_forward(
+        out, weights, energy = kernels.attention_pooling_forward(
             x=x, kernel=kernel, bias=self.params["bias"], mask=mask,
             return_sequences=self.return_sequences)
         cache = {"x": x, "weights": weights, "energy": energy, "return_weights": bool(return_attention_scores)}
@@ -1023,7 +1023,7 @@ class AttentionPooling(Layer):
         if dweights is not None:
             dweights = self._grad_input(dweights, (B, T), "dweights")
         # the kernel computes dx in the same pass as the parameter gradients (no flag to skip it)
-        return _core.attention_pooling_backward(dout=dout, dweights=dweights, weights=cache["weights"],
+        return kernels.attention_pooling_backward(dout=dout, dweights=dweights, weights=cache["weights"],
                                                 energy=cache["energy"], x=x, kernel=self.params["kernel"],
                                                 dkernel=self.grads["kernel"], dbias=self.grads["bias"],
                                                 return_sequences=self.return_sequences)

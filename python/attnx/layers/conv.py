@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from .. import _core, activations, initializers, regularizers
+from .. import activations, initializers, kernels, regularizers
 from .base import Layer
 
 # the kernels index images, windows and weights with C++ ints (the bindings refuse larger arrays)
@@ -134,13 +134,13 @@ class Conv2D(_Windows2D):
     def forward(self, inputs, training=False):
         kernel = self.params["kernel"]
         x = self._image(inputs, channels=kernel.shape[2])
-        y, z = _core.conv2d_forward(x=x, kernel=kernel, bias=self.params.get("bias"), strides=self.strides,
+        y, z = kernels.conv2d_forward(x=x, kernel=kernel, bias=self.params.get("bias"), strides=self.strides,
                                     padding=self.padding, activation=self.activation)
         return y, ((x, y, z) if training else None)
 
     def backprop(self, cache, dy):
         x, y, z = cache
-        return _core.conv2d_backward(dy=self._grad_input(dy, y.shape), x=x, kernel=self.params["kernel"], y=y, z=z,
+        return kernels.conv2d_backward(dy=self._grad_input(dy, y.shape), x=x, kernel=self.params["kernel"], y=y, z=z,
                                      strides=self.strides, padding=self.padding, activation=self.activation,
                                      dkernel=self.grads["kernel"], dbias=self.grads.get("bias"),
                                      need_dx=self.input_gradient_needed)
@@ -207,8 +207,8 @@ class MaxPooling2D(_Pooling2D):
     Input shape ``(batch, rows, cols, channels)``; output ``(batch, new_rows, new_cols, channels)``.
     """
 
-    _forward_kernel = staticmethod(_core.max_pool2d_forward)
-    _backward_kernel = staticmethod(_core.max_pool2d_backward)
+    _forward_kernel = staticmethod(kernels.max_pool2d_forward)
+    _backward_kernel = staticmethod(kernels.max_pool2d_backward)
     _backward_reads_output = True
 
 
@@ -225,5 +225,5 @@ class AveragePooling2D(_Pooling2D):
     Input shape ``(batch, rows, cols, channels)``; output ``(batch, new_rows, new_cols, channels)``.
     """
 
-    _forward_kernel = staticmethod(_core.avg_pool2d_forward)
-    _backward_kernel = staticmethod(_core.avg_pool2d_backward)
+    _forward_kernel = staticmethod(kernels.avg_pool2d_forward)
+    _backward_kernel = staticmethod(kernels.avg_pool2d_backward)

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from .. import _core, activations, backend, initializers, quantization, regularizers
+from .. import activations, backend, initializers, kernels, quantization, regularizers
 from ..masking import as_mask
 from .base import Layer, dropout_keep
 
@@ -57,13 +57,13 @@ class Dense(Layer):
         x2 = x.reshape(math.prod(lead), kernel.shape[0])  # -1 fails for 0 features
         if self.quantization_mode:
             return quantization.dense_forward(self, x2, training).reshape(lead + (self.units,)), None
-        y, z = _core.dense_forward(x=x2, kernel=kernel, bias=self.params.get("bias"), activation=self.activation)
+        y, z = kernels.dense_forward(x=x2, kernel=kernel, bias=self.params.get("bias"), activation=self.activation)
         return y.reshape(lead + (self.units,)), ((x2, y, z, lead) if training else None)
 
     def backprop(self, cache, dy):
         x2, y, z, lead = cache
         dy = self._grad_input(dy, lead + (self.units,)).reshape(-1, self.units)
-        dx = _core.dense_backward(dy=dy, x=x2, kernel=self.params["kernel"], y=y, z=z, activation=self.activation,
+        dx = kernels.dense_backward(dy=dy, x=x2, kernel=self.params["kernel"], y=y, z=z, activation=self.activation,
                                   dkernel=self.grads["kernel"], dbias=self.grads.get("bias"),
                                   need_dx=self.input_gradient_needed)
         return None if dx is None else dx.reshape(lead + (x2.shape[1],))
@@ -147,12 +147,12 @@ class Embedding(Layer):
         ids = self.token_ids(inputs)
         if self.quantization_mode:
             return quantization.embedding_forward(self, ids, training), None
-        return _core.embedding_forward(ids=ids, table=self.params["embeddings"]), (ids if training else None)
+        return kernels.embedding_forward(ids=ids, table=self.params["embeddings"]), (ids if training else None)
 
     def backprop(self, cache, dy):
         ids = cache
         dy = self._grad_input(dy, ids.shape + (self.output_dim,))
-        _core.embedding_backward(dtable=self.grads["embeddings"], dout=dy, ids=ids)
+        kernels.embedding_backward(dtable=self.grads["embeddings"], dout=dy, ids=ids)
         return None  # integer ids have no gradient
 
     @property
@@ -185,12 +185,12 @@ class Activation(Layer):
 
     def forward(self, inputs, training=False):
         x = self._float_input(inputs, min_ndim=1)
-        y = _core.activation_forward(x=x, activation=self.activation)
+        y = kernels.activation_forward(x=x, activation=self.activation)
         return y, ((x, y) if training else None)
 
     def backprop(self, cache, dy):
         x, y = cache
-        return _core.activation_backward(dy=self._grad_input(dy, y.shape), x=x, y=y, activation=self.activation)
+        return kernels.activation_backward(dy=self._grad_input(dy, y.shape), x=x, y=y, activation=self.activation)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _core
+from .. import kernels
 from .base import Layer
 
 
@@ -52,7 +52,7 @@ class _Filterbank(Layer):
     def backprop(self, cache, dy):
         dout = dy[0] if cache.with_window else dy  # the window takes no gradient
         dout = self._grad_input(dout, cache.out.shape)
-        dx, dparams = _core.draw_attend_backward(dout=dout, out=cache.out, x=cache.x, window=cache.window,
+        dx, dparams = kernels.draw_attend_backward(dout=dout, out=cache.out, x=cache.x, window=cache.window,
                                                  fx=cache.fx, fy=cache.fy, write=self._write,
                                                  need_dx=self.input_gradient_needed)
         return [dx, dparams]
@@ -80,7 +80,7 @@ class FilterbankRead(_Filterbank):
 
     def forward(self, inputs, training=False):
         image, params = self._inputs(inputs)
-        out, window, fx, fy = _core.draw_read_forward(image=image, params=params, n=self.n)
+        out, window, fx, fy = kernels.draw_read_forward(image=image, params=params, n=self.n)
         return self._finish(image, out, window, fx, fy, training)
 
     def compute_output_shape(self, input_shape):
@@ -115,7 +115,7 @@ class FilterbankWrite(_Filterbank):
         patch, params = self._inputs(inputs)
         if patch.shape[1] != patch.shape[2]:
             raise ValueError(f"Layer '{self.name}': `patch` must be square (batch, N, N), got {patch.shape}")
-        out, window, fx, fy = _core.draw_write_forward(patch=patch, params=params, height=self.height,
+        out, window, fx, fy = kernels.draw_write_forward(patch=patch, params=params, height=self.height,
                                                        width=self.width)
         return self._finish(patch, out, window, fx, fy, training)
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _core, initializers
+from .. import initializers, kernels
 from .recurrent import (_RNN, _RNN_DOC, _SequenceCache, _carry_outputs, _split_states, _stack_forward, _step_mask,
                         level_suffix)
 
@@ -91,7 +91,7 @@ class LSTMN(_RNN):
         cache only in training)."""
         if input_keep is not None:
             x = x * input_keep
-        y, h, c, weights, kernel_cache = _core.lstmn_forward(
+        y, h, c, weights, kernel_cache = kernels.lstmn_forward(
             x=x, **self._tensors(self.params, level), h0=h0, c0=c0, mask=mask, reverse=reverse, training=training)
         return y, h, c, _TapeCache(x, mask, input_keep, kernel_cache, reverse, weights)
 
@@ -99,7 +99,7 @@ class LSTMN(_RNN):
         weights = self._tensors(self.params, level)
         del weights["bias"], weights["attention_bias"]
         grads = {"d" + name: g for name, g in self._tensors(self.grads, level).items()}
-        dx, dh0, dc0 = _core.lstmn_backward(
+        dx, dh0, dc0 = kernels.lstmn_backward(
             x=cache.x, **weights, cache=cache.kernel_cache, mask=cache.mask, dy=dy, dh=dh, dc=dc, **grads,
             reverse=cache.reverse, need_dx=need_dx)
         if dx is not None and cache.input_keep is not None:

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _core, backend, initializers, quantization, regularizers
+from .. import backend, initializers, kernels, quantization, regularizers
 from ..masking import as_mask
 from .base import Layer, dropout_keep
 
@@ -158,7 +158,7 @@ class _Recurrent(Layer):
         if input_keep is not None:
             x = x * input_keep  # a new C-contiguous array
         bias, recurrent_bias = self._biases(self.params, level)
-        y, h, c, kernel_cache = _core.rnn_forward(
+        y, h, c, kernel_cache = kernels.rnn_forward(
             cell=self._cell, x=x, kernel=self.params["kernel" + sfx],
             recurrent_kernel=self.params["recurrent_kernel" + sfx], bias=bias, recurrent_bias=recurrent_bias,
             h0=h0, c0=c0, mask=mask, recurrent_mask=recurrent_keep, reverse=reverse, reset_after=self.reset_after,
@@ -172,7 +172,7 @@ class _Recurrent(Layer):
         None); adds into self.grads and returns (dx, or None unless `need_dx`; dh0; dc0 or None)."""
         sfx = level_suffix(level)
         dbias, drecurrent_bias = self._biases(self.grads, level)
-        dx, dh0, dc0 = _core.rnn_backward(
+        dx, dh0, dc0 = kernels.rnn_backward(
             cell=self._cell, x=cache.x, kernel=self.params["kernel" + sfx],
             recurrent_kernel=self.params["recurrent_kernel" + sfx], cache=cache.kernel_cache, mask=cache.mask,
             recurrent_mask=cache.recurrent_keep, dy=dy, dh=dh, dc=dc, dkernel=self.grads["kernel" + sfx],

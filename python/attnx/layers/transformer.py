@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .. import _core, activations, backend, initializers, regularizers
+from .. import activations, backend, initializers, kernels, regularizers
 from ..masking import as_mask
 from .attention import (_dense, _dense_backward, is_shape, scaled_dot_product_attention,
                         scaled_dot_product_attention_backward)
@@ -33,7 +33,7 @@ def _dropout_keep(shape, rate, dtype, rng=None):
     attnx's generator), or None when rate is 0 or a recorded inference call takes no randomness."""
     if rate == 0.0 or not backend.training_randomness(True):
         return None
-    return _core.dropout_keep(shape=list(shape), rate=rate, seed=int((rng or backend.rng()).integers(0, 2 ** 63)),
+    return kernels.dropout_keep(shape=list(shape), rate=rate, seed=int((rng or backend.rng()).integers(0, 2 ** 63)),
                               dtype=dtype)
 
 
@@ -197,7 +197,7 @@ class LayerNormalization(Layer):
             r = 1.0 / np.sqrt(np.mean(centered * centered, axis=1, keepdims=True) + self.epsilon)
             y = rows * r * self._flat("gamma", self.params)
             return y.reshape(x.shape), ((rows, centered, r, x.shape) if training else None)
-        y, mean, rstd = _core.layernorm_forward(x=rows, gamma=self._flat("gamma", self.params),
+        y, mean, rstd = kernels.layernorm_forward(x=rows, gamma=self._flat("gamma", self.params),
                                                 beta=self._flat("beta", self.params), eps=self.epsilon)
         return y.reshape(x.shape), ((rows, mean, rstd, x.shape) if training else None)
 
@@ -214,7 +214,7 @@ class LayerNormalization(Layer):
         rows, mean, rstd, shape = cache
         dy = self._grad_input(dy, shape).reshape(rows.shape)
         # layernorm_backward always returns dx: the binding has no switch to skip it
-        dx = _core.layernorm_backward(dy=dy, x=rows, mean=mean, rstd=rstd, gamma=self._flat("gamma", self.params),
+        dx = kernels.layernorm_backward(dy=dy, x=rows, mean=mean, rstd=rstd, gamma=self._flat("gamma", self.params),
                                       dgamma=self._flat("gamma", self.grads), dbeta=self._flat("beta", self.grads))
         return dx.reshape(shape)
 
@@ -253,7 +253,7 @@ class PositionalEncoding(Layer):
         """The (>= length, dim) encoding, recomputed only when a longer sequence or new size arrives."""
         table = self._table
         if table.shape[0] < length or table.shape[1] != dim:
-            table = _core.sinusoidal_table(num_positions=length, dim=dim, dtype=self.dtype,
+            table = kernels.sinusoidal_table(num_positions=length, dim=dim, dtype=self.dtype,
                                            max_wavelength=self.max_wavelength)
             # a memo of a pure function, read once per call: calls racing to replace it each use
             # the table they read, which is right for them
@@ -262,7 +262,7 @@ class PositionalEncoding(Layer):
 
     def forward(self, inputs, training=False):
         x = self._float_input(inputs, ndim=3)
-        y = _core.add_positions_forward(x=x, table=self.table(x.shape[1], x.shape[2]))
+        y = kernels.add_positions_forward(x=x, table=self.table(x.shape[1], x.shape[2]))
         return y, (x.shape if training else None)
 
     def backprop(self, cache, dy):
@@ -308,11 +308,11 @@ class PositionEmbedding(Layer):
         if x.shape[1] > self.sequence_length:
             raise ValueError(f"Layer '{self.name}': `inputs` has {x.shape[1]} positions (shape {x.shape}), more "
                              f"than the table's sequence_length={self.sequence_length}")
-        return _core.add_positions_forward(x=x, table=table), (x.shape if training else None)
+        return kernels.add_positions_forward(x=x, table=table), (x.shape if training else None)
 
     def backprop(self, cache, dy):
         dy = self._grad_input(dy, cache)
-        _core.add_positions_backward(dtable=self.grads["embeddings"], dy=dy)
+        kernels.add_positions_backward(dtable=self.grads["embeddings"], dy=dy)
         return dy.copy() if self.input_gradient_needed else None  # a new array: callers may add into it
 
     def compute_output_shape(self, input_shape):
@@ -370,14 +370,14 @@ class FeedForward(_Composite):
         if not training:  # one kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never stored
             inner, outer = self.intermediate_dense.params, self.output_dense.params
             x = self._float_input(inputs, min_ndim=2, last_dim=inner["kernel"].shape[0])
-            y = _core.feed_forward_forward(x=x.reshape(-1, x.shape[-1]), kernel1=inner["kernel"],
+            y = kernels.feed_forward_forward(x=x.reshape(-1, x.shape[-1]), kernel1=inner["kernel"],
                                            bias1=inner.get("bias"), kernel2=outer["kernel"], bias2=outer.get("bias"),
                                            activation=self.activation)
             return y.reshape(x.shape[:-1] + (y.shape[-1],)), None
         hidden, intermediate_cache = self.intermediate_dense.apply(inputs, training=True)
         keep = _dropout_keep(hidden.shape, self.dropout, self.dtype)
         if keep is not None:
-            hidden = _core.apply_keep(x=hidden, keep=keep)
+            hidden = kernels.apply_keep(x=hidden, keep=keep)
         y, output_cache = self.output_dense.apply(hidden, training=True)
         return y, (intermediate_cache, keep, output_cache)
 
@@ -385,7 +385,7 @@ class FeedForward(_Composite):
         intermediate_cache, keep, output_cache = cache
         dhidden = self.output_dense.backprop(output_cache, dy)
         if keep is not None:
-            dhidden = _core.apply_keep(x=dhidden, keep=keep)
+            dhidden = kernels.apply_keep(x=dhidden, keep=keep)
         return self.intermediate_dense.backprop(intermediate_cache, dhidden)
 
     def compute_output_shape(self, input_shape):
@@ -749,7 +749,7 @@ class _TransformerLayerBase(_Composite):
             h, norm_cache = norm.apply(x, training=training)
         inner, sublayer_cache, weights = sublayer(h)
         keep = _dropout_keep(x.shape, self.dropout, self.dtype) if training else None
-        y = _core.residual_add(x=x, sub=inner, keep=keep)
+        y = kernels.residual_add(x=x, sub=inner, keep=keep)
         if not self.norm_first:
             y, norm_cache = norm.apply(y, training=training)
         return y, weights, (norm_cache, sublayer_cache, keep)
@@ -760,7 +760,7 @@ class _TransformerLayerBase(_Composite):
         norm_cache, sublayer_cache, keep = cache
         if not self.norm_first:
             dy = norm.backprop(norm_cache, dy)
-        dinner = dy if keep is None else _core.apply_keep(x=dy, keep=keep)
+        dinner = dy if keep is None else kernels.apply_keep(x=dy, keep=keep)
         dh, dsource = sublayer_backprop(sublayer_cache, dinner)
         if dh is None:
             return None, dsource

@@ -1,0 +1,19 @@
+"""The one door from Python to the C++ kernels of layers, ops and the tape (ARCHITECTURE.md, "Data
+flow"): every layer module, `attnx.ops`, the decoders of `attnx.seq2seq`, `attnx.quantization`,
+activations and regularizers call the kernels as ``kernels.<name>``, never `_core` itself, so this file
+lists every kernel the model code runs (and `tests/test_architecture.py` keeps it so). Optimizers,
+losses and process settings (`backend`) keep their own calls into `_core`: they are not layer math.
+The signatures are in `_core.pyi`; the kernels themselves in ``cpp/include/attnx``.
+"""
+from ._core import (  # noqa: F401
+    activation_backward, activation_forward, add_positions_backward, add_positions_forward,
+    additive_scores_backward, additive_scores_forward, apply_keep, attention_pooling_backward,
+    attention_pooling_forward, avg_pool2d_backward, avg_pool2d_forward, conv2d_backward, conv2d_forward,
+    decoder_backward, decoder_forward, decoder_greedy, dense_backward, dense_forward, dense_forward_int8,
+    dot_scores_backward, dot_scores_forward, draw_attend_backward, draw_read_forward, draw_write_forward,
+    dropout_keep, embedding_backward, embedding_forward, embedding_forward_int8, feed_forward_forward,
+    l1l2_add_gradient, l1l2_penalty, layernorm_backward, layernorm_forward, local_window_backward,
+    local_window_forward, lstmn_backward, lstmn_forward, masked_softmax_forward, max_pool2d_backward,
+    max_pool2d_forward, quantize_rows, residual_add, rnn_backward, rnn_forward, rnn_forward_int8,
+    sdpa_backward, sdpa_forward, sinusoidal_table, softmax_context_backward, softmax_context_forward,
+)
