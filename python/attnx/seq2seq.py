@@ -38,6 +38,8 @@ from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Embedding
 from .layers.recurrent import GRU, LSTM, Bidirectional
+from .decoding import check_target_ids, length_penalty as _length_penalty, log_softmax as _log_softmax
+from .decoding import positive_int as _positive_int, without_trailing_padding as _without_trailing_padding
 from .masking import as_mask
 from .models import Model
 from .translation import Transformer  # the transformer translation model, with Seq2Seq's API
@@ -52,12 +54,6 @@ def _check_choice(owner, arg, value, choices):
     if value not in choices:
         raise ValueError(f"{owner}: `{arg}` must be one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
-
-
-def _positive_int(owner, arg, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{owner}: `{arg}` must be a positive integer, got {value!r}")
-    return int(value)
 
 
 class _EncoderCache(NamedTuple):
@@ -545,16 +541,6 @@ class Hypothesis(NamedTuple):
     attention: np.ndarray
 
 
-def _log_softmax(logits):
-    z = logits - logits.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-
-
-def _length_penalty(length, alpha):
-    """GNMT's ((5 + length) / 6) ** alpha (1 for alpha = 0)."""
-    return ((5.0 + length) / 6.0) ** alpha
-
-
 def beam_search(decoder, encoder_outputs, source_mask, states, start_id, end_id, width=4, length_penalty=0.0,
                 max_length=50, owner="beam_search"):
     """Batched beam search with a built attention decoder: the B inputs' `width` hypotheses run as
@@ -639,28 +625,6 @@ def beam_search(decoder, encoder_outputs, source_mask, states, start_id, end_id,
 class _Seq2SeqCache(NamedTuple):
     encoder: object
     decoder: object
-
-
-def _without_trailing_padding(ids):
-    """ids without the columns at the end that are padding in every row (ids has a real token)."""
-    return ids[:, :np.flatnonzero((ids != 0).any(axis=0))[-1] + 1]
-
-
-def check_target_ids(target, owner, what, start_id, max_length):
-    """Teacher-forcing targets (B, steps) as integer ids, each row the start token, 1 to `max_length`
-    tokens, then padding; a ValueError naming `owner` and `what` otherwise."""
-    ids = np.asarray(target)
-    if ids.dtype.kind not in "iu" or ids.ndim != 2:
-        raise ValueError(f"{owner}: `{what}` expected integer ids of shape (batch, steps), got {ids.dtype} {ids.shape}")
-    lengths = (ids != 0).sum(axis=1) - 1  # tokens after the start token
-    if ids.shape[1] < 2 or lengths.min() < 1:
-        raise ValueError(f"{owner}: every {what} needs the start token and at least one more token")
-    if lengths.max() > max_length:
-        raise ValueError(f"{owner}: a {what} has {lengths.max()} tokens after the start token, longer than "
-                         f"max_length={max_length}")
-    if not (ids[:, 0] == start_id).all():
-        raise ValueError(f"{owner}: {what}s must begin with the start token id {start_id}")
-    return ids
 
 
 class Seq2Seq(Model):

@@ -37,6 +37,8 @@ import numpy as np
 
 from . import backend, initializers, losses, metrics, optimizers, text
 from .backend import unique_name
+from .decoding import check_target_ids, length_penalty as _length_penalty, log_softmax as _log_softmax
+from .decoding import positive_int as _positive_int
 from .layers.attention import scaled_dot_product_attention
 from .layers.core import Dense, Dropout, Embedding
 from .layers.transformer import (LayerNormalization, PositionalEncoding, PositionEmbedding, TransformerDecoder,
@@ -44,12 +46,6 @@ from .layers.transformer import (LayerNormalization, PositionalEncoding, Positio
 from .models import Model
 
 __all__ = ["Transformer", "Hypothesis", "LengthBuckets"]
-
-
-def _positive_int(owner, arg, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{owner}: `{arg}` must be a positive integer, got {value!r}")
-    return int(value)
 
 
 class Hypothesis(NamedTuple):
@@ -89,11 +85,6 @@ class _Cache(NamedTuple):
     decoder: object
     decoder_norm: object
     output: object
-
-
-def _log_softmax(logits):
-    z = logits - logits.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
 def _top(total, k):
@@ -419,16 +410,8 @@ class Transformer(Model):
 
     def _target(self, target):
         """Teacher-forcing targets: each row the start token, 1 to max_length tokens, then padding."""
-        ids = self._ids(target, "target", self.target_vocab_size)
-        lengths = (ids != 0).sum(axis=1) - 1  # tokens after the start token
-        if ids.shape[1] < 2 or lengths.min() < 1:
-            raise ValueError("Transformer: every target needs the start token and at least one more token")
-        if lengths.max() > self.max_length:
-            raise ValueError(f"Transformer: a target has {lengths.max()} tokens after the start token, longer than "
-                             f"max_length={self.max_length}")
-        if not (ids[:, 0] == self.start_id).all():
-            raise ValueError(f"Transformer: targets must begin with the start token id {self.start_id}")
-        return ids
+        return check_target_ids(self._ids(target, "target", self.target_vocab_size), "Transformer", "target",
+                                 self.start_id, self.max_length)
 
     # ------------------------------------------------------------------------ texts
     def _require_tokenizers(self, what):
@@ -664,7 +647,7 @@ class Transformer(Model):
                 seq = tokens[b, w, :n].tolist()
                 if seq and seq[-1] == self.end_id:
                     seq = seq[:-1]
-                penalty = ((5.0 + n) / 6.0) ** alpha  # GNMT's, as attnx.seq2seq.beam_search
+                penalty = _length_penalty(n, alpha)
                 hyps.append(Hypothesis(seq, float(scores[b, w]) / penalty, attention[b, w, :n].transpose(1, 0, 2)))
             hyps.sort(key=lambda h: -h.score)
             results.append(hyps)
@@ -694,7 +677,7 @@ class Transformer(Model):
                 for i, row in enumerate(rows):
                     seq = tokens[i].tolist()
                     n = seq.index(self.end_id) + 1 if self.end_id in seq else len(seq)
-                    penalty = ((5.0 + n) / 6.0) ** length_penalty
+                    penalty = _length_penalty(n, length_penalty)
                     results[row] = Hypothesis(seq[:n - 1] if seq[n - 1] == self.end_id else seq[:n],
                                               float(scores[i]) / penalty, attention[i, :, :n])
             else:

@@ -36,7 +36,8 @@ from .layers.base import Layer
 from .layers.core import Dense
 from .models import Model
 from .models.graph import _layer_entry, _layer_from_entry
-from .seq2seq import BahdanauDecoder, _positive_int, _without_trailing_padding, beam_search, check_target_ids
+from .decoding import check_target_ids, positive_int as _positive_int, without_trailing_padding as _without_trailing_padding
+from .seq2seq import BahdanauDecoder, beam_search
 
 __all__ = ["DoublyStochasticRegularization", "ImageCaptioner"]
 
