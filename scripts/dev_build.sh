@@ -17,7 +17,8 @@ for arg in "$@"; do
 done
 dir=build/dev-${build_type}${extra:+-custom}
 mkdir -p build  # the logs sit beside the build folder, which a fresh clone lacks
-cmake -S . -B "$dir" -DATTNX_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE="$build_type" \
+# no link-time optimization: a developer rebuilds often, and the LTO link alone takes minutes here
+cmake -S . -B "$dir" -DATTNX_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE="$build_type" -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF \
   -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
   -DPython_EXECUTABLE="$(command -v python3)" "${extra[@]}" > "$dir.configure.log" 2>&1 \
   || { cat "$dir.configure.log"; exit 1; }
