@@ -17,10 +17,10 @@ for arg in "$@"; do
 done
 dir=build/dev-${build_type}${extra:+-custom}
 mkdir -p build  # the logs sit beside the build folder, which a fresh clone lacks
-# ccache when installed: worktrees of one repository share compiled objects (paths relative to the parent)
+# ccache when installed: worktrees of one repository share compiled objects (paths relative to the repo)
 launcher=()
 if command -v ccache >/dev/null; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); export CCACHE_BASEDIR="$(cd .. && pwd)"
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); export CCACHE_BASEDIR="$(pwd)"
 fi
 # no link-time optimization: a developer rebuilds often, and the LTO link alone takes minutes here
 cmake -S . -B "$dir" -DATTNX_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE="$build_type" -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF \
