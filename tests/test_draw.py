@@ -110,6 +110,47 @@ def test_bad_arguments():
 
 
 # ------------------------------------------------------------------------------------- the model
+@pytest.mark.parametrize("kwargs, words", [
+    ({"steps": 1025}, "steps.*<= 1024"), ({"steps": 10 ** 8}, "steps"), ({"height": 4097}, "height.*<= 4096"),
+    ({"read_n": 9}, "read_n.*<= 8"), ({"write_n": 9}, "write_n"), ({"encoder_units": 8193}, "encoder_units"),
+    ({"latent_dim": 10 ** 6}, "latent_dim"), ({"steps": 2.5}, "steps.*positive integer"), ({"height": "8"}, "height"),
+])
+def test_draw_arguments_are_bounded(kwargs, words):
+    from attnx.draw import DRAW
+    config = dict(height=8, width=8, read_n=2, write_n=3, steps=2, encoder_units=4, decoder_units=4, latent_dim=2)
+    config.update(kwargs)
+    with pytest.raises(ValueError, match=words):
+        DRAW(**config)
+    model = DRAW(8, 8, read_n=2, write_n=3, steps=2, encoder_units=4, decoder_units=4, latent_dim=2)
+    for n, steps in ((0, None), (2, 1025), (2.5, None), (10 ** 9, None)):
+        with pytest.raises(ValueError, match="DRAW.generate"):
+            model.generate(n, steps=steps)
+
+
+def test_draw_with_its_default_compile_saves_and_loads_in_a_fresh_process(tmp_path):
+    """kl_mean, the default compile's KL loss, is registered: the file loads without custom_objects,
+    in a process that never imported attnx.draw."""
+    import subprocess
+    import sys
+
+    import attnx
+    from attnx.draw import DRAW
+    images = digit_images(1)[:20]
+    model = DRAW(8, 8, read_n=2, write_n=3, steps=2, encoder_units=6, decoder_units=6, latent_dim=3)
+    model.compile()
+    model.fit(images, images, epochs=1, batch_size=10, verbose=0)
+    path = tmp_path / "draw.attnx"
+    model.save(path)
+    np.save(tmp_path / "images.npy", images)
+    code = (f"import attnx, numpy as np; m = attnx.load_model({str(path)!r}); "
+            f"x = np.load({str(tmp_path / 'images.npy')!r}); print(repr(float(m.evaluate(x, x, verbose=0))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    expected = model.evaluate(images, images, verbose=0)
+    assert float(out.stdout.split()[-1]) == pytest.approx(expected, rel=1e-6)
+    assert attnx.load_model(path).evaluate(images, images, verbose=0) == pytest.approx(expected, rel=1e-6)
+
+
 def digit_images(scale=2):
     """scikit-learn's 8x8 digits in [0, 1], each pixel a scale x scale block."""
     from sklearn.datasets import load_digits

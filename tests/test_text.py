@@ -271,6 +271,32 @@ def test_tokenizer_from_json_rejects_other_json():
         tokenizer_from_json('{"class_name": "Tokenizer", "config": {"num_words": null}}')
 
 
+@pytest.mark.parametrize("field, value, words", [
+    ("index_docs", "[]", "index_docs.*object"),
+    ("index_docs", '{"x": 1}', "index_docs.*integer"),
+    ("word_index", '{"a": "1"}', "word_index.*int"),
+    ("word_index", '{"a": true}', "word_index.*int"),
+    ("index_word", '{"1": 2}', "index_word.*str"),
+    ("word_counts", "not json", "word_counts.*not valid JSON"),
+    ("word_counts", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("word_docs", 7, "JSON string"),
+    ("document_count", -1, "document_count"),
+    ("unknown_option", 1, "unknown_option"),
+])
+def test_tokenizer_json_with_bad_fields_is_a_clear_error(field, value, words):
+    payload = json.loads(KERAS_JSON)
+    payload["config"][field] = value
+    with pytest.raises((ValueError, TypeError), match=words):
+        tokenizer_from_json(json.dumps(payload))
+
+
+def test_tokenizer_json_nested_too_deeply_is_a_value_error():
+    with pytest.raises(ValueError, match="nested too deeply"):
+        tokenizer_from_json("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        tokenizer_from_json("{")
+
+
 # --------------------------------------------------------------------------- #
 # pad_sequences (the first four cases are the examples of Keras' docstring)
 # --------------------------------------------------------------------------- #

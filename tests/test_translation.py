@@ -1,5 +1,5 @@
 """The transformer translation model (`attnx.seq2seq.Transformer`), its training recipe (label
-smoothing, Noam warm-up) and the BPE subword tokenizer.
+smoothing, Noam warm-up); the subword tokenizer's tests are in test_subwords.py.
 
 Parity of the model's logits and gradients with PyTorch's nn.Transformer on the same weights, a
 float64 gradient check, cached incremental decoding equal to the teacher-forced decoder, beam
@@ -14,7 +14,6 @@ from attnx.interop import to_torch
 from attnx.seq2seq import Transformer
 from attnx.translation import LengthBuckets
 from attnx.testing import assert_close, gradcheck
-from attnx.text import SubwordTokenizer, tokenizer_from_json
 
 CORPUS = ["the cat sat on the mat .", "the dog sat on the log .", "a cat and a dog .", "the cats sat .",
           "मी घरी जातो .", "तो घरी जातो .", "ती शाळेत जाते ."]
@@ -81,51 +80,6 @@ def test_noam_decay_warms_up_linearly_then_decays_as_inverse_square_root():
     assert again.learning_rate(399) == schedule(399)
     with pytest.raises(ValueError, match="positive"):
         optimizers.NoamDecay(256, warmup_steps=0)
-
-
-# ----------------------------------------------------------------------------- subwords
-def test_subword_round_trip_and_unseen_words_are_spelt_with_pieces():
-    tok = SubwordTokenizer(60).fit_on_texts(CORPUS)
-    assert tok.vocab_size <= 60
-    for text in CORPUS + ["  the   dogs sat  on a cat  "]:
-        assert tok.decode(tok.encode(text)) == " ".join(text.split())
-    unseen = tok.encode("dogcat tac")  # a word never seen, made of seen characters
-    assert tok.unk_id not in unseen
-    assert tok.decode(unseen) == "dogcat tac"
-    assert tok.tokenize("the")[0] == "\u2581the"  # frequent words become one piece
-    # a character never seen is <unk>, the rest still spelt
-    ids = tok.encode("the zoo")
-    assert tok.unk_id in ids and tok.decode(ids).startswith("the ")
-
-
-def test_subword_merges_are_the_most_frequent_pairs_and_json_round_trips():
-    tok = SubwordTokenizer(100).fit_on_texts(["ab ab ab abc", "abc"])
-    # counts: (\u2581, a) 5, (a, b) 5 -> the smaller pair first; then what those merges leave
-    assert tok.merges[:2] == [("a", "b"), ("\u2581", "ab")]
-    again = tokenizer_from_json(tok.to_json())
-    assert isinstance(again, SubwordTokenizer)
-    for text in CORPUS + ["abcab"]:
-        assert again.encode(text) == tok.encode(text)
-    with pytest.raises(ValueError, match="vocab_size"):
-        SubwordTokenizer(3)
-    with pytest.raises(ValueError, match="not in the vocabulary"):
-        tok.decode([tok.vocab_size])
-
-
-def test_subword_tokenizer_on_the_marathi_pairs_leaves_no_unknown_word():
-    splits = attnx.datasets.load_anki_pairs(max_words=6, num_examples=3000)
-    strip = (lambda s: " ".join(s.split()[1:-1]))
-    tok = SubwordTokenizer(1500).fit_on_texts([strip(s) for s in splits.train.source + splits.train.target])
-    held_out = [strip(s) for s in splits.test.source + splits.test.target]
-    unknown = 0
-    for text in held_out:
-        ids = tok.encode(text)
-        if tok.unk_id in ids:  # only for characters never seen in training, e.g. a digit
-            unknown += 1
-            assert any(c not in tok.word_index for c in text)
-        else:
-            assert tok.decode(ids) == text
-    assert unknown <= len(held_out) // 50
 
 
 # ----------------------------------------------------------------------------- the model
@@ -298,7 +252,11 @@ def test_text_api_translates_in_input_order_and_sorting_changes_nothing(text_mod
     translation, attention = text_model.translate("<start> the cat sat . <end>")
     assert isinstance(translation, str)
     pieces = text_model.source_tokenizer.tokenize("the cat sat .")
-    assert attention.shape == (len(text_model.target_tokenizer.tokenize(translation)) + 1, len(pieces))
+    # a row per generated subword and the end token unless max_length cut the translation (re-tokenizing
+    # the text may segment it otherwise)
+    generated = text_model.translate_batch(["<start> the cat sat . <end>"])[0].tokens
+    assert text_model.target_tokenizer.decode(generated) == translation
+    assert attention.shape == (min(len(generated) + 1, text_model.max_length), len(pieces))
     score = text_model.evaluate_bleu(CORPUS, CORPUS[::-1], scorer="attnx")
     assert 0.0 <= score <= 1.0
 
@@ -365,8 +323,8 @@ def test_length_buckets_cover_every_pair_once_with_little_padding():
 
 def test_learns_marathi_pairs_to_a_bleu():
     """320 short English -> Marathi pairs (the first translation of each sentence, so that a perfect
-    score is possible), learned by heart in 200 steps: the training set's sacreBLEU must pass 90
-    with greedy decoding (measured 99.6; 21 after half the steps)."""
+    score is possible), learned by heart in 300 steps: the training set's sacreBLEU must pass 90
+    with greedy decoding (measured 100.0 on seeds 0 and 2 with SentencePiece's BPE; 86-90 after 200 steps)."""
     attnx.set_random_seed(0)
     pairs = attnx.datasets.load_anki_pairs(max_words=3, num_examples=600, split=(1.0, 0.0, 0.0)).train
     first = dict(zip(reversed(pairs.source), reversed(pairs.target)))
@@ -374,7 +332,7 @@ def test_learns_marathi_pairs_to_a_bleu():
     model = Transformer.from_texts(source, target, vocab_size=600, model_dim=64, num_heads=4, intermediate_dim=128,
                                    num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, max_length=16)
     model.compile(optimizers.Adam(optimizers.NoamDecay(64, warmup_steps=50, scale=0.15), beta_2=0.98))
-    model.fit_texts(source, target, epochs=20, batch_size=32, verbose=0)
+    model.fit_texts(source, target, epochs=30, batch_size=32, verbose=0)
     bleu = model.evaluate_bleu(source, target, scorer="sacrebleu")
     assert bleu > 0.9, f"training-set BLEU {100 * bleu:.1f}"
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, losses, ops
+from . import backend, losses, ops, serialization
 from .backend import unique_name
 from .layers import Dense, FilterbankRead, FilterbankWrite, LSTMCell
 from .models import Model
@@ -49,6 +49,7 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
+@serialization.register_serializable("attnx")  # DRAW's default compile saves it by name
 def kl_mean(y_true, y_pred):
     """The mean over the batch of the KL terms the model outputs (y_true is ignored)."""
     return ops.mean(y_pred)
@@ -64,6 +65,9 @@ class DRAW(Model):
         encoder_units, decoder_units: LSTM sizes.
         latent_dim: size of each z_t.
 
+    Bounds (a saved file sets them, and the work and memory grow with them): ``steps`` <= 1024,
+    ``height`` and ``width`` <= 4096, the grids <= the image's sides, units and ``latent_dim`` <= 8192.
+
     Layers: ``read_params`` / ``write_params`` (Dense 5: the windows), ``reader`` / ``writer``
     (FilterbankRead / FilterbankWrite), ``encoder`` / ``decoder`` (LSTMCell), ``mu`` / ``log_sigma``
     (Dense latent_dim), ``write_patch`` (Dense write_n^2).
@@ -71,15 +75,22 @@ class DRAW(Model):
 
     _multi_output = True
     output_names = ("canvas", "kl")
+    MAX_STEPS, MAX_SIDE, MAX_UNITS = 1024, 4096, 8192
 
     def __init__(self, height, width, read_n=2, write_n=5, steps=8, encoder_units=64, decoder_units=64,
                  latent_dim=10, dtype="float32", name=None):
         super().__init__(name=name or unique_name("draw"), dtype=dtype)
-        for arg, value in (("height", height), ("width", width), ("read_n", read_n), ("write_n", write_n),
-                           ("steps", steps), ("encoder_units", encoder_units), ("decoder_units", decoder_units),
-                           ("latent_dim", latent_dim)):
+        arguments = {"height": height, "width": width, "read_n": read_n, "write_n": write_n, "steps": steps,
+                     "encoder_units": encoder_units, "decoder_units": decoder_units, "latent_dim": latent_dim}
+        for arg, value in arguments.items():
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"DRAW: `{arg}` must be a positive integer, got {value!r}")
+        bounds = {"height": self.MAX_SIDE, "width": self.MAX_SIDE, "read_n": min(height, width),
+                  "write_n": min(height, width), "steps": self.MAX_STEPS, "encoder_units": self.MAX_UNITS,
+                  "decoder_units": self.MAX_UNITS, "latent_dim": self.MAX_UNITS}
+        for arg, value in arguments.items():
+            if value > bounds[arg]:
+                raise ValueError(f"DRAW: `{arg}` must be <= {bounds[arg]}, got {value}")
         self.height, self.width, self.read_n, self.write_n = int(height), int(width), int(read_n), int(write_n)
         self.steps, self.latent_dim = int(steps), int(latent_dim)
         self.encoder_units, self.decoder_units = int(encoder_units), int(decoder_units)
@@ -219,7 +230,10 @@ class DRAW(Model):
 
         Returns (canvases (steps, n, H, W) as probabilities sigmoid(c_t) after each step, windows
         (steps, n, 5) = (gX, gY, sigma^2, delta, gamma) of each write, in pixels)."""
-        steps = self.steps if steps is None else int(steps)
+        steps = self.steps if steps is None else steps
+        for arg, value, bound in (("n", n, 1 << 16), ("steps", steps, self.MAX_STEPS)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= bound:
+                raise ValueError(f"DRAW.generate: `{arg}` must be an integer in [1, {bound}], got {value!r}")
         rng = backend.rng() if seed is None else np.random.default_rng(seed)
         dt = self.dtype
         h = np.zeros((n, self.decoder_units), dt)

@@ -10,7 +10,6 @@ are listed in the docstrings.
 
 from __future__ import annotations
 
-import heapq
 import json
 import numbers
 from collections import Counter, OrderedDict, defaultdict
@@ -343,73 +342,128 @@ def tokenizer_from_json(json_string):
     Raises:
         ValueError: If the JSON does not describe a tokenizer.
     """
-    payload = json.loads(json_string)
+    payload = _json_value(json_string, "the tokenizer JSON")
     if not isinstance(payload, dict) or not isinstance(payload.get("config"), dict):
         raise ValueError("Expected the JSON of a Tokenizer, as written by `Tokenizer.to_json()`.")
     if payload.get("class_name") == "SubwordTokenizer":
         return SubwordTokenizer.from_config(payload["config"])
     config = dict(payload["config"])
-    try:
-        word_counts = json.loads(config.pop("word_counts"))
-        word_docs = json.loads(config.pop("word_docs"))
-        index_docs = json.loads(config.pop("index_docs"))
-        index_word = json.loads(config.pop("index_word"))
-        word_index = json.loads(config.pop("word_index"))
-    except KeyError as missing:
-        raise ValueError(f"Tokenizer JSON lacks the field {missing}.") from None
+    fields = {}
+    for name, key_kind, value_kind in (("word_counts", str, int), ("word_docs", str, int), ("index_docs", int, int),
+                                       ("index_word", int, str), ("word_index", str, int)):
+        if name not in config:
+            raise ValueError(f"Tokenizer JSON lacks the field '{name}'.")
+        fields[name] = _json_mapping(config.pop(name), name, key_kind, value_kind)
     document_count = config.pop("document_count", 0)
-
-    tokenizer = Tokenizer(**config)
+    if isinstance(document_count, bool) or not isinstance(document_count, int) or document_count < 0:
+        raise ValueError(f"Tokenizer JSON: 'document_count' must be an integer >= 0, got {document_count!r}")
+    try:
+        tokenizer = Tokenizer(**config)
+    except TypeError as exc:  # a field Tokenizer does not take
+        raise ValueError(f"Tokenizer JSON: {exc}") from None
     tokenizer.document_count = document_count
-    tokenizer.word_counts = OrderedDict(word_counts)
-    tokenizer.word_docs = defaultdict(int, word_docs)
-    # JSON object keys are strings: turn the integer indices back into ints.
-    tokenizer.index_docs = defaultdict(int, {int(index): count for index, count in index_docs.items()})
-    tokenizer.index_word = {int(index): word for index, word in index_word.items()}
-    tokenizer.word_index = word_index
+    tokenizer.word_counts = OrderedDict(fields["word_counts"])
+    tokenizer.word_docs = defaultdict(int, fields["word_docs"])
+    tokenizer.index_docs = defaultdict(int, fields["index_docs"])
+    tokenizer.index_word = fields["index_word"]
+    tokenizer.word_index = fields["word_index"]
     return tokenizer
 
 
+def _json_value(text, what):
+    """json.loads with every failure (bad syntax, nesting deeper than the interpreter's stack) a ValueError."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise TypeError(f"{what} must be a JSON string, got {type(text).__name__}")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply to be a tokenizer") from None
+    except ValueError as exc:  # JSONDecodeError and bad UTF-8
+        raise ValueError(f"{what} is not valid JSON ({exc})") from None
+
+
+def _json_mapping(text, name, key_kind, value_kind):
+    """One of Keras' JSON-in-JSON fields: an object of str keys (integer keys written as digits) to values of
+    one kind. JSON object keys are strings, so the integer indices are turned back into ints."""
+    mapping = _json_value(text, f"Tokenizer JSON field '{name}'")
+    if not isinstance(mapping, dict):
+        raise ValueError(f"Tokenizer JSON: '{name}' must hold an object, got {type(mapping).__name__}")
+    out = {}
+    for key, value in mapping.items():
+        if key_kind is int:
+            try:
+                key = int(key)
+            except ValueError:
+                raise ValueError(f"Tokenizer JSON: '{name}' has the key {key!r}, expected an integer") from None
+        if not isinstance(value, value_kind) or isinstance(value, bool):
+            raise ValueError(f"Tokenizer JSON: '{name}'[{key!r}] must be {value_kind.__name__}, "
+                             f"got {type(value).__name__}")
+        out[key] = value
+    return out
+
+
 class SubwordTokenizer:
-    """A byte-pair-encoding subword vocabulary (Sennrich et al. 2016) learned on a corpus, so that a
-    word never seen in training is spelt with known pieces instead of becoming ``<unk>``.
+    """A subword vocabulary learned by SentencePiece (Kudo and Richardson 2018; BPE as Sennrich et al.
+    2016, or the unigram model), so that a word never seen in training is spelt with known pieces.
 
-    Words are the text split on whitespace; each starts with the marker ``"\u2581"`` (SentencePiece's
-    convention), so `decode` restores the spaces: ``decode(encode(t)) == " ".join(t.split())`` for any
-    text whose characters occurred in training (and that has no marker of its own). A character never
-    seen in training becomes ``<unk>``. Case is kept unless `lower`.
+    attnx keeps SentencePiece's model inside its own files (the model's bytes in `get_config`, read
+    back with SentencePiece's protobuf parser, never a pickle), so a saved translator carries its
+    vocabulary. Text is taken as written: case and punctuation are kept (unless `lower`), no Unicode
+    normalization is applied, and runs of whitespace become one space, so that
+    ``decode(encode(t)) == " ".join(t.split())`` for any text without a ``"\u2581"`` of its own.
 
-    Training (`fit_on_texts`) starts from the characters and repeatedly merges the most frequent
-    adjacent pair of symbols (ties: the smallest pair) until the vocabulary has `vocab_size` ids or
-    no pair occurs twice; encoding applies the merges in the order they were learned.
+    Characters never seen in training: with `byte_fallback` each becomes the ids of its UTF-8 bytes
+    (256 ids reserved for them), so every text round-trips; without it they become ``<unk>``. The
+    default turns byte fallback on when `vocab_size` >= 1024 (a vocabulary large enough that 256 byte
+    ids are a small share of it) and off below.
 
     Args:
-        vocab_size: the number of ids wanted, 0 (padding) and the special tokens included.
+        vocab_size: the largest number of ids wanted, padding and the special tokens included (a small
+            corpus may give fewer).
         lower: lowercase texts first.
+        model_type: ``"bpe"`` or ``"unigram"``.
+        byte_fallback: spell unseen characters as bytes (True), as ``<unk>`` (False), or None for the
+            rule above.
+        character_coverage: the share of the training text's characters that get their own id (1.0:
+            all of them; SentencePiece suggests 0.9995 for Chinese or Japanese, the rare rest then
+            falling back to bytes).
 
-    Ids: 0 padding, 1 ``<unk>``, 2 ``<start>``, 3 ``<end>``, then the characters by decreasing
-    count, then the merged symbols in merge order. ``word_index`` / ``index_word`` map symbols to
-    ids and back (as `Tokenizer`'s).
+    Ids: 0 padding, 1 ``<unk>``, 2 ``<start>``, 3 ``<end>``, then the byte pieces (with byte fallback)
+    and the learned pieces. ``word_index`` / ``index_word`` map pieces to ids and back (as `Tokenizer`'s).
+    Training and encoding run in SentencePiece's C++ (linear in the text's length; training reads
+    sentences of up to 4192 bytes and skips longer ones).
     """
 
     MARKER = "\u2581"
     SPECIAL_TOKENS = ("<unk>", "<start>", "<end>")
+    MODEL_TYPES = ("bpe", "unigram")
+    BYTE_FALLBACK_FROM = 1024
 
-    def __init__(self, vocab_size=8000, lower=False):
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or \
-                vocab_size < len(self.SPECIAL_TOKENS) + 2:
-            raise ValueError(f"SubwordTokenizer: vocab_size must be an integer >= {len(self.SPECIAL_TOKENS) + 2}, "
-                             f"got {vocab_size!r}")
+    def __init__(self, vocab_size=8000, lower=False, model_type="bpe", byte_fallback=None, character_coverage=1.0):
+        smallest = len(self.SPECIAL_TOKENS) + 2
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral) or vocab_size < smallest:
+            raise ValueError(f"SubwordTokenizer: vocab_size must be an integer >= {smallest}, got {vocab_size!r}")
+        if model_type not in self.MODEL_TYPES:
+            raise ValueError(f"SubwordTokenizer: model_type must be one of {self.MODEL_TYPES}, got {model_type!r}")
+        if byte_fallback is None:
+            byte_fallback = vocab_size >= self.BYTE_FALLBACK_FROM
+        if not isinstance(byte_fallback, bool):
+            raise TypeError(f"SubwordTokenizer: byte_fallback must be True, False or None, got {byte_fallback!r}")
+        if byte_fallback and vocab_size < 256 + smallest:
+            raise ValueError(f"SubwordTokenizer: byte_fallback needs vocab_size >= {256 + smallest} (256 byte ids), "
+                             f"got {vocab_size}; pass byte_fallback=False for a smaller vocabulary")
+        if isinstance(character_coverage, bool) or not isinstance(character_coverage, numbers.Real) or \
+                not 0.9 <= character_coverage <= 1.0:
+            raise ValueError(f"SubwordTokenizer: character_coverage must be in [0.9, 1], got {character_coverage!r}")
         self.target_vocab_size = int(vocab_size)
         self.lower = bool(lower)
-        self.merges = []
-        self._reset([])
-
-    def _reset(self, symbols):
-        self.index_word = dict(enumerate(list(self.SPECIAL_TOKENS) + list(symbols), start=1))
+        self.model_type = model_type
+        self.byte_fallback = byte_fallback
+        self.character_coverage = float(character_coverage)
+        self._model = None     # SentencePiece's serialized model (bytes), None before fitting
+        self._processor = None
+        self.index_word = dict(enumerate(self.SPECIAL_TOKENS, start=1))
         self.word_index = {w: i for i, w in self.index_word.items()}
-        self._ranks = {pair: rank for rank, pair in enumerate(self.merges)}
-        self._pieces = {}  # word -> its symbols, a memo of `_split`
 
     @property
     def vocab_size(self):
@@ -420,142 +474,115 @@ class SubwordTokenizer:
     def unk_id(self):
         return self.word_index["<unk>"]
 
-    def _words(self, text):
+    def _text(self, text):
         if not isinstance(text, str):
             raise TypeError(f"SubwordTokenizer: texts must be str, got {type(text).__name__}")
-        return (text.lower() if self.lower else text).split()
+        text = " ".join(text.split())
+        return text.lower() if self.lower else text
 
     def fit_on_texts(self, texts):
         """Learns the vocabulary of `texts` (an iterable of str), replacing any earlier one. Returns self."""
-        counts = Counter(word for t in texts for word in self._words(t))
-        words = [[self.MARKER] + list(w) for w in counts]
-        freqs = list(counts.values())
-        chars = Counter()
-        for symbols, f in zip(words, freqs):
-            for c in symbols:
-                chars[c] += f
-        alphabet = [c for c, _ in sorted(chars.items(), key=lambda item: (-item[1], item[0]))]
-        budget = self.target_vocab_size - 1 - len(self.SPECIAL_TOKENS) - len(alphabet)
-        # pair counts over the corpus, the words each pair occurs in, and a heap of (-count, pair)
-        # whose stale entries (count changed since pushed) are skipped when popped
-        pair_counts, where = Counter(), defaultdict(set)
-        for i, (symbols, f) in enumerate(zip(words, freqs)):
-            for pair in zip(symbols, symbols[1:]):
-                pair_counts[pair] += f
-                where[pair].add(i)
-        heap = [(-c, pair) for pair, c in pair_counts.items()]
-        heapq.heapify(heap)
-        merges = []
-        while len(merges) < budget and heap:
-            negative, pair = heapq.heappop(heap)
-            if pair_counts.get(pair, 0) != -negative:
-                continue
-            if -negative < 2:
-                break
-            merges.append(pair)
-            changed = set()
-            for i in where.pop(pair):
-                symbols, f = words[i], freqs[i]
-                merged = _merge_pair(symbols, pair)
-                if len(merged) == len(symbols):
-                    continue
-                for old in zip(symbols, symbols[1:]):
-                    pair_counts[old] -= f
-                    changed.add(old)
-                for new in zip(merged, merged[1:]):
-                    pair_counts[new] += f
-                    where[new].add(i)
-                    changed.add(new)
-                words[i] = merged
-            for p in changed:
-                if pair_counts[p] > 0:
-                    heapq.heappush(heap, (-pair_counts[p], p))
-                else:
-                    pair_counts.pop(p, None)
-        self.merges = merges
-        new_symbols = []
-        for a, b in merges:
-            if a + b not in alphabet and a + b not in new_symbols:  # two merge paths may spell one symbol
-                new_symbols.append(a + b)
-        self._reset(alphabet + new_symbols)
+        import io
+        import os
+
+        import sentencepiece
+        sentences = [t for t in (self._text(t) for t in texts) if t]
+        if not sentences:
+            raise ValueError("SubwordTokenizer: fit_on_texts needs at least one non-blank text")
+        model = io.BytesIO()
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences), model_writer=model, vocab_size=self.target_vocab_size,
+                model_type=self.model_type, byte_fallback=self.byte_fallback,
+                character_coverage=self.character_coverage, normalization_rule_name="identity",
+                hard_vocab_limit=False, split_digits=True, num_threads=max(1, min(os.cpu_count() or 1, 8)),
+                pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece="<pad>", unk_piece="<unk>",
+                bos_piece="<start>", eos_piece="<end>", minloglevel=2)
+        except RuntimeError as exc:
+            raise ValueError(f"SubwordTokenizer: SentencePiece could not learn a vocabulary of "
+                             f"{self.target_vocab_size} from these texts ({exc})") from None
+        self._load(model.getvalue())
         return self
 
-    def _split(self, word):
-        """The symbols of one word: its characters after the merges, lowest rank first."""
-        pieces = self._pieces.get(word)
-        if pieces is None:
-            pieces = [self.MARKER] + list(word)
-            while len(pieces) > 1:
-                ranked = [(self._ranks.get(pair, len(self._ranks)), pair) for pair in zip(pieces, pieces[1:])]
-                rank, pair = min(ranked)
-                if rank == len(self._ranks):
-                    break
-                pieces = _merge_pair(pieces, pair)
-            self._pieces[word] = pieces
-        return pieces
+    def _load(self, model):
+        import sentencepiece
+        processor = sentencepiece.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(model)
+        except (RuntimeError, OSError) as exc:
+            raise ValueError(f"SubwordTokenizer: not a SentencePiece model ({exc})") from None
+        pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+        if pieces[:4] != ["<pad>", *self.SPECIAL_TOKENS]:
+            raise ValueError(f"SubwordTokenizer: the model's first ids are {pieces[:4]}, expected "
+                             f"['<pad>', '<unk>', '<start>', '<end>']")
+        self._model, self._processor = bytes(model), processor
+        self.index_word = dict(enumerate(pieces[1:], start=1))
+        self.word_index = {w: i for i, w in self.index_word.items()}
+
+    def _require_fitted(self):
+        if self._processor is None:
+            raise RuntimeError("SubwordTokenizer: call fit_on_texts first (or load a fitted tokenizer)")
+        return self._processor
 
     def tokenize(self, text):
         """The subword strings of a text."""
-        return [piece for word in self._words(text) for piece in self._split(word)]
+        return self._require_fitted().encode(self._text(text), out_type=str)
 
     def encode(self, text):
-        """The ids of a text's subwords (no start / end tokens); unknown characters give ``<unk>``."""
-        unk = self.unk_id
-        return [self.word_index.get(piece, unk) for piece in self.tokenize(text)]
+        """The ids of a text's subwords (no start / end tokens)."""
+        return self._require_fitted().encode(self._text(text))
+
+    def texts_to_sequences(self, texts):
+        """The ids of each text (one C++ call for the whole list)."""
+        return self._require_fitted().encode([self._text(t) for t in texts])
 
     def decode(self, ids):
         """The text of ids: padding and the start / end tokens dropped, the spaces restored."""
-        skip = {0, self.word_index["<start>"], self.word_index["<end>"]}
-        pieces = []
-        for i in ids:
-            i = int(i)
-            if i in skip:
-                continue
-            if i not in self.index_word:
-                raise ValueError(f"SubwordTokenizer: id {i} is not in the vocabulary (size {self.vocab_size})")
-            pieces.append(self.index_word[i])
-        return "".join(pieces).replace(self.MARKER, " ").strip()
-
-    def texts_to_sequences(self, texts):
-        return [self.encode(t) for t in texts]
+        processor = self._require_fitted()
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise TypeError(f"SubwordTokenizer: decode takes a sequence of integer ids, got {ids.dtype} of shape "
+                            f"{ids.shape}")
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+        if bad.size:
+            raise ValueError(f"SubwordTokenizer: id {int(bad[0])} is not in the vocabulary (size {self.vocab_size})")
+        kept = ids[ids > self.word_index["<end>"]]
+        return processor.decode(kept.tolist())
 
     def sequences_to_texts(self, sequences):
         return [self.decode(s) for s in sequences]
 
     def get_config(self):
-        return {"vocab_size": self.target_vocab_size, "lower": self.lower,
-                "merges": [list(pair) for pair in self.merges],
-                "symbols": [self.index_word[i] for i in range(len(self.SPECIAL_TOKENS) + 1, self.vocab_size)]}
+        """The arguments and, once fitted, SentencePiece's model as base64 text (a few hundred KB at 8k ids)."""
+        import base64
+        return {"vocab_size": self.target_vocab_size, "lower": self.lower, "model_type": self.model_type,
+                "byte_fallback": self.byte_fallback, "character_coverage": self.character_coverage,
+                "model": None if self._model is None else base64.b64encode(self._model).decode("ascii")}
 
     @classmethod
     def from_config(cls, config):
-        try:
-            tokenizer = cls(config["vocab_size"], config.get("lower", False))
-            tokenizer.merges = [tuple(pair) for pair in config["merges"]]
-            if any(len(pair) != 2 or not all(isinstance(s, str) for s in pair) for pair in tokenizer.merges):
-                raise ValueError("a merge is not a pair of strings")
-            tokenizer._reset([str(s) for s in config["symbols"]])
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"SubwordTokenizer: not the config of a SubwordTokenizer ({exc!r})") from None
+        import base64
+        import binascii
+        if not isinstance(config, dict) or "merges" in config:
+            raise ValueError("SubwordTokenizer: not the config of a SubwordTokenizer"
+                             + (" (this one is attnx 0.1's pure-Python BPE, which SentencePiece replaced: "
+                                "retrain the tokenizer and its model)" if isinstance(config, dict) else ""))
+        arguments = {k: config[k] for k in ("vocab_size", "lower", "model_type", "byte_fallback", "character_coverage")
+                     if k in config}
+        tokenizer = cls(**arguments)
+        model = config.get("model")
+        if model is not None:
+            if not isinstance(model, str):
+                raise ValueError(f"SubwordTokenizer: `model` must be base64 text, got {type(model).__name__}")
+            try:
+                tokenizer._load(base64.b64decode(model, validate=True))
+            except binascii.Error as exc:
+                raise ValueError(f"SubwordTokenizer: `model` is not base64 ({exc})") from None
         return tokenizer
 
     def to_json(self, **kwargs):
         """Serializes the tokenizer to a JSON string; `tokenizer_from_json` reads it back."""
         return json.dumps({"class_name": type(self).__name__, "config": self.get_config()}, **kwargs)
-
-
-def _merge_pair(symbols, pair):
-    """`symbols` with every occurrence of the adjacent `pair` (left to right) joined into one."""
-    a, b = pair
-    out, i = [], 0
-    while i < len(symbols):
-        if i + 1 < len(symbols) and symbols[i] == a and symbols[i + 1] == b:
-            out.append(a + b)
-            i += 2
-        else:
-            out.append(symbols[i])
-            i += 1
-    return out
 
 
 def pad_sequences(sequences, maxlen=None, dtype="int32", padding="pre", truncating="pre", value=0.0):

@@ -19,13 +19,13 @@ def load_model(path, custom_objects=None, compile=True):
 
 
 def _load_model(path, compile=True):
+    import importlib
+    for module in _LAZY_MODULES:  # their classes and losses register on import: a file may name any of them
+        importlib.import_module(module)
     header, weights = saving.read_model(path, compile)
     name = header["model"]["class_name"]
     found = serialization.get_registered_object(name)
     cls = found if isinstance(found, type) else Layer.registry.get(name)
-    if cls is None and name in _LAZY_MODEL_CLASSES:  # a model of a module `import attnx` leaves for later
-        import importlib
-        cls = getattr(importlib.import_module(_LAZY_MODEL_CLASSES[name]), name)
     if cls is None or not issubclass(cls, Model):
         raise ValueError(f"{path}: unknown model class {name!r} (register it with @attnx.register_serializable() "
                          "or give it in custom_objects)")
@@ -51,8 +51,8 @@ def _load_model(path, compile=True):
     return model
 
 
-# the model classes of the modules attnx imports on first use (attnx/__init__.py), by module
-_LAZY_MODEL_CLASSES = {"DRAW": "attnx.draw", "HierarchicalAttentionNetwork": "attnx.hierarchical"}
+# the modules of model and layer classes that `import attnx` leaves for first use (attnx/__init__.py)
+_LAZY_MODULES = ("attnx.draw", "attnx.hierarchical")
 
 
 def _build_from_spec(model, spec):
