@@ -412,3 +412,24 @@ def test_from_torch_float64(torch):
     assert np.array_equal(layer.params["kernel"], linear.weight.detach().numpy().T)
     x = np.random.default_rng(0).standard_normal((2, 3))
     assert_close(layer(x), linear(torch.from_numpy(x)).detach().numpy(), atol=1e-12)
+
+
+def test_masking_output_and_mask_agree_on_values_the_layer_dtype_rounds_to_the_mask_value():
+    """A float64 step of 1e-50 is 0 in the float32 layer: masked in the mask that travels on and zero in the
+    output, as Keras (which casts the inputs to the layer's dtype before comparing)."""
+    x = np.zeros((2, 3, 4))
+    x[0, 0, 1] = 1e-50      # rounds to 0 in float32
+    x[0, 1, 2] = 0.5        # real
+    x[1, 2, 0] = -1e-30     # a normal float32: real
+    layer = layers.Masking(0.0)
+    out = layer(x)
+    mask = layer.compute_mask(x)
+    assert mask.tolist() == [[False, True, False], [False, False, True]]
+    assert np.array_equal(np.any(out != 0, axis=-1), mask)
+    inputs = attnx.Input((3, 4))
+    model = attnx.Model(inputs, layers.LSTM(2)(layers.Masking(0.0)(inputs)))
+    # the fully masked first row's step 0 must not change the state: equal to the same row without it
+    y = model.predict(x, verbose=0)
+    x_clean = x.copy()
+    x_clean[0, 0, 1] = 0.0
+    np.testing.assert_array_equal(y, model.predict(x_clean, verbose=0))

@@ -450,7 +450,10 @@ class RepeatVector(Layer):
 
 class Masking(Layer):
     """Masks the steps of (batch, T, features) whose features all equal `mask_value`: they output zeros
-    and the mask (True = a real step) goes on to the next layers (Keras' Masking)."""
+    and the mask (True = a real step) goes on to the next layers (Keras' Masking).
+
+    As Keras, the inputs are first cast to the layer's dtype and compared there, in the output and in the
+    mask alike (a float64 step of 1e-50 is 0 in float32: masked, and zero in the output)."""
 
     def __init__(self, mask_value=0.0, **kwargs):
         super().__init__(**kwargs)
@@ -469,7 +472,7 @@ class Masking(Layer):
         return self._grad_input(dy, shape) * keep
 
     def compute_mask(self, inputs, mask=None):
-        return self._step_mask(np.asarray(inputs))
+        return self._step_mask(self._float_input(inputs, min_ndim=2))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
