@@ -727,3 +727,33 @@ def test_zero_output_for_mask_false_carries_the_last_real_output(layer_class, go
                 last = expected[b, t]
             np.testing.assert_allclose(carried[b, t], expected[b, t] if last is None else last)
     assert max(gradcheck(layer, x, call_kwargs={"mask": mask}).values()) < 1e-7
+
+
+@pytest.mark.parametrize("kind", ["SimpleRNN", "GRU", "LSTM"])
+def test_reset_state_checks_its_states_before_keeping_them(kind):
+    from attnx import layers
+    """Bad states are a TypeError / ValueError at reset_state, never an IndexError at the next call."""
+    layer = getattr(layers, kind)(3, stateful=True)
+    x = np.ones((2, 4, 5), np.float32)
+    layer(x)
+    n = 2 if kind == "LSTM" else 1
+    good = [np.zeros((2, 3), np.float32)] * n
+    for bad, error in ((0.0, ValueError), (np.zeros(3), ValueError),
+                       ([None] * n, TypeError), ([np.zeros((2, 4))] * n, ValueError),
+                       ([np.zeros((2, 3)), np.zeros((3, 3))] if n == 2 else [np.zeros((0, 3))], ValueError),
+                       (["ab"] * n, TypeError), (good + good, ValueError)):
+        with pytest.raises(error, match="reset_state"):
+            layer.reset_state(bad)
+    layer.reset_state(good)
+    assert layer(x).shape == (2, 3)
+    stacked = getattr(layers, kind)(3, stateful=True, num_layers=2)
+    stacked(x)
+    with pytest.raises(ValueError, match=r"\(2, batch, 3\)"):
+        stacked.reset_state([np.zeros((2, 3))] * n)
+    stacked.reset_state([np.zeros((2, 2, 3))] * n)
+    bi = layers.Bidirectional(getattr(layers, kind)(3, stateful=True))
+    bi(x)
+    for bad in (0.0, good, [None] * (2 * n)):
+        with pytest.raises((TypeError, ValueError), match="reset_state"):
+            bi.reset_state(bad)
+    bi.reset_state(good + good)

@@ -498,7 +498,24 @@ class _RNN(_Recurrent):
             self._carried_states = None
             return
         states = list(states) if isinstance(states, (list, tuple)) else [states]
-        self._carried_states = [np.array(s, dtype=self.dtype) for s in states]
+        n = len(self.state_size)
+        leading = () if self.num_layers == 1 else (self.num_layers,)  # the shape `_final_states` gives
+        expected = f"{n} state array(s) of shape {leading + ('batch', self.units)}".replace("'", "")
+        if len(states) != n:
+            raise ValueError(f"Layer '{self.name}': reset_state takes {expected}, got {len(states)} value(s)")
+        arrays = []
+        for i, state in enumerate(states):
+            array = np.asarray(state) if state is not None else None
+            if array is None or array.dtype.kind not in "fiu":
+                raise TypeError(f"Layer '{self.name}': reset_state's state {i} must be a numeric array, got "
+                                f"{type(state).__name__ if array is None else array.dtype}")
+            shape_ok = array.ndim == len(leading) + 2 and array.shape[:-2] == leading and \
+                array.shape[-1] == self.units and array.shape[-2] >= 1
+            if not shape_ok or (arrays and array.shape != arrays[0].shape):
+                raise ValueError(f"Layer '{self.name}': reset_state takes {expected} (all of one shape), got "
+                                 f"shape {array.shape} for state {i}")
+            arrays.append(np.array(array, dtype=self.dtype))
+        self._carried_states = arrays
 
     reset_states = reset_state
 
@@ -739,6 +756,9 @@ class Bidirectional(Layer):
     def reset_state(self, states=None):
         """Stateful directions start the next call from zeros (or from `states`, forward's then backward's)."""
         n = len(self.forward_layer.state_size)
+        if states is not None and (not isinstance(states, (list, tuple)) or len(states) != 2 * n):
+            raise ValueError(f"Layer '{self.name}': reset_state takes None or a list of {2 * n} states (the forward "
+                             f"direction's, then the backward's), got {states!r:.80}")
         self.forward_layer.reset_state(None if states is None else states[:n])
         self.backward_layer.reset_state(None if states is None else states[n:])
 
