@@ -23,8 +23,9 @@ from . import attention, conv, core, recurrent, transformer  # noqa: F401  (regi
 from .model import OnnxModel, check_path, model_to_onnx
 from .registry import supported_layers
 from .seq2seq import OnnxSeq2Seq, onnx_greedy_translate, seq2seq_to_onnx
+from .ctranslate2 import to_ctranslate2
 
-__all__ = ["to_onnx", "OnnxModel", "OnnxSeq2Seq", "onnx_greedy_translate", "UnsupportedLayerError", "SUPPORTED_LAYERS", "OPSET"]
+__all__ = ["to_onnx", "to_ctranslate2", "OnnxModel", "OnnxSeq2Seq", "onnx_greedy_translate", "UnsupportedLayerError", "SUPPORTED_LAYERS", "OPSET"]
 
 SUPPORTED_LAYERS = supported_layers()
 
