@@ -287,6 +287,20 @@ def test_anki_reverse_swaps_source_and_target(anki_default):
     assert reversed_pairs.test.target == anki_default.test.source
 
 
+def test_anki_raw_keeps_the_text_and_changes_nothing_else(anki_default):
+    raw = load_anki_pairs(path=ANKI_FILE, raw=True)
+    for cooked, kept in zip(anki_default, raw):
+        assert [preprocess_sentence(s) for s in kept.source] == cooked.source
+        assert [preprocess_sentence(s) for s in kept.target] == cooked.target
+    pairs = {pair for split in raw for pair in zip(*split)}
+    assert ("He can't sing.", "उन्हें गाना नहीं आता।") in pairs  # cased, punctuation attached
+    short = load_anki_pairs(path=ANKI_FILE, max_words=3, raw=True, split=(1.0, 0.0, 0.0))
+    assert [preprocess_sentence(s) for s in short.train.source] == \
+        load_anki_pairs(path=ANKI_FILE, max_words=3, split=(1.0, 0.0, 0.0)).train.source
+    with pytest.raises(TypeError, match="raw"):
+        load_anki_pairs(path=ANKI_FILE, raw="yes")
+
+
 def test_anki_num_examples_takes_the_first_lines():
     splits = load_anki_pairs(path=ANKI_FILE, num_examples=100, split=(0.8, 0.1, 0.1), seed=3)
     assert [len(split.source) for split in splits] == [80, 10, 10]

@@ -406,13 +406,18 @@ def load_anki_pairs(
     reverse=False,
     split=(0.8, 0.1, 0.1),
     seed=0,
+    raw=False,
 ):
     """Loads and preprocesses Anki / manythings.org sentence pairs.
 
     Each line of the file is `English<TAB>translation<TAB>attribution` (the
     attribution column may be missing). Both sentences go through
-    `preprocess_sentence`. The pairs are shuffled deterministically with
-    `seed` and cut into train / val / test.
+    `preprocess_sentence` (the tutorial's lowercased, punctuation-split text
+    between `<start>` and `<end>`), or are kept as written with `raw=True`
+    (what a subword translator such as `attnx.seq2seq.Transformer` reads and
+    what cased sacreBLEU scores). The pairs are shuffled deterministically with
+    `seed` and cut into train / val / test; `raw` changes only the text, not
+    which pairs are kept or where they go.
 
     Args:
         path: The pair file itself (any language).
@@ -430,6 +435,8 @@ def load_anki_pairs(
         split: Fractions `(train, val, test)` summing to 1. The val and test
             sizes are `floor(n * fraction)`; train gets the rest.
         seed: Seed of the shuffle (`numpy.random.default_rng`).
+        raw: Keep each sentence as written (surrounding whitespace stripped)
+            instead of preprocessing it.
 
     Returns:
         An `AnkiSplits(train, val, test)`; each is a
@@ -443,6 +450,8 @@ def load_anki_pairs(
     """
     _check_positive_int("max_words", max_words)
     _check_positive_int("num_examples", num_examples)
+    if not isinstance(raw, bool):
+        raise TypeError(f"`raw` must be True or False, got {raw!r}.")
     fractions = _check_split(split)
     file = _anki_file(path, data_dir)
 
@@ -458,6 +467,8 @@ def load_anki_pairs(
         english, translation = preprocess_sentence(fields[0]), preprocess_sentence(fields[1])
         if max_words is not None and max(_word_count(english), _word_count(translation)) > max_words:
             continue
+        if raw:
+            english, translation = fields[0].strip(), fields[1].strip()
         source, target = (translation, english) if reverse else (english, translation)
         sources.append(source)
         targets.append(target)
