@@ -74,6 +74,20 @@ def _combine_masks(attention_mask, padding_mask):
     return attention_mask & padding_mask[:, None, :]
 
 
+def _decoder_masks(layer, target_shape, S, decoder_padding_mask, decoder_attention_mask, encoder_padding_mask,
+                   encoder_attention_mask):
+    """A decoder layer's or stack's four mask arguments, checked once, as the (self-attention,
+    cross-attention) masks the kernels take, for a target (B, T) and S memory positions."""
+    B, T = target_shape
+    self_mask = _combine_masks(
+        _attention_mask(decoder_attention_mask, B, T, T, _where(layer, "decoder_attention_mask")),
+        as_mask(decoder_padding_mask, B, T, _where(layer, "decoder_padding_mask")))
+    cross_mask = _combine_masks(
+        _attention_mask(encoder_attention_mask, B, T, S, _where(layer, "encoder_attention_mask")),
+        as_mask(encoder_padding_mask, B, S, _where(layer, "encoder_padding_mask")))
+    return self_mask, cross_mask
+
+
 class _Composite(Layer):
     """A layer made of sublayers whose weights it exposes as its own, "<prefix>/<name>".
 
@@ -397,6 +411,19 @@ class FeedForward(_Composite):
 
 
 # ---------------------------------------------------------------------------- attention
+def head_sizes(owner, num_heads, model_dim=None):
+    """The one rule for a number of heads, for every layer and model that takes `num_heads`: a
+    positive integer (2.5 or True is an error, never truncated) dividing the model size `model_dim`
+    (when known). Returns (num_heads, model_dim // num_heads or None)."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
+        raise ValueError(f"{owner}: `num_heads` must be a positive integer, got {num_heads!r}")
+    if model_dim is None:
+        return int(num_heads), None
+    if model_dim % num_heads:
+        raise ValueError(f"{owner}: the embedding size {model_dim} is not divisible by num_heads={num_heads}")
+    return int(num_heads), int(model_dim) // int(num_heads)
+
+
 def _positive_int(value, arg):
     """`value` as a positive int; MultiHeadAttention's error (naming `arg`) for 0, negatives, floats."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
@@ -474,7 +501,8 @@ class MultiHeadAttention(Layer):
     def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True, output_shape=None,
                  kernel_initializer="glorot_uniform", bias_initializer="zeros", seed=None, **kwargs):
         super().__init__(**kwargs)
-        self.num_heads, self.key_dim = _positive_int(num_heads, "num_heads"), _positive_int(key_dim, "key_dim")
+        self.num_heads, _ = head_sizes("MultiHeadAttention", num_heads)
+        self.key_dim = _positive_int(key_dim, "key_dim")
         self.value_dim = _positive_int(value_dim, "value_dim") if value_dim is not None else self.key_dim
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
@@ -543,6 +571,11 @@ class MultiHeadAttention(Layer):
         if self.use_bias:
             self.add_weight("output_bias", out, self.bias_initializer)
 
+    def matrix(self, name):
+        """The kernel of projection `name` ("query", "key", "value", "output") as the (in, out)
+        matrix the kernels take (a view of the weight)."""
+        return self._matrix(name, self.params[f"{name}_kernel"])
+
     @staticmethod
     def _matrix(name, kernel):
         """The Keras-shaped kernel as the (in, out) matrix dense_forward takes (a view)."""
@@ -608,7 +641,18 @@ class MultiHeadAttention(Layer):
             full = np.ones((B, T, S), bool) if mask is None else np.broadcast_to(
                 mask if mask.ndim == 3 else mask[:, None, :], (B, T, S))
             mask = np.ascontiguousarray(full & rows[:, :, None])
+        return self.forward_checked(q_in, v_in, k_in if has_key else None, mask, use_causal_mask,
+                                    return_attention_scores, training)
 
+    def forward_checked(self, query, value, key, mask, use_causal_mask=False, return_attention_scores=False,
+                        training=False):
+        """`forward` on inputs and one mask it has checked: query (B, T, in), value (B, S, in), key or
+        None (the value), mask (B, S), (B, T, S), (1, T, S) or None as the kernel takes it (the
+        layers of this module call it with the masks they checked once)."""
+        q_in, v_in = query, value
+        has_key = key is not None
+        k_in = key if has_key else v_in
+        (B, T), S = q_in.shape[:2], v_in.shape[1]
         H = self.num_heads
         # sizes spelled out, not -1: a zero-length query or value (B * T == 0) has no size to infer from
         q_rows, k_rows, v_rows = (q_in.reshape(B * T, q_in.shape[2]), k_in.reshape(B * S, k_in.shape[2]),
@@ -697,33 +741,30 @@ class _TransformerLayerBase(_Composite):
     def __init__(self, num_heads, intermediate_dim, dropout=0.0, activation="relu", layer_norm_epsilon=1e-5,
                  norm_first=False, **kwargs):
         super().__init__(**kwargs)
-        if int(num_heads) <= 0 or int(intermediate_dim) <= 0:
-            raise ValueError(f"{type(self).__name__}: num_heads and intermediate_dim must be positive, got "
-                             f"{num_heads}, {intermediate_dim}")
+        self.num_heads, _ = head_sizes(type(self).__name__, num_heads)
+        if int(intermediate_dim) <= 0:
+            raise ValueError(f"{type(self).__name__}: intermediate_dim must be positive, got {intermediate_dim}")
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
-        self.num_heads, self.intermediate_dim = int(num_heads), int(intermediate_dim)
+        self.intermediate_dim = int(intermediate_dim)
         self.dropout = float(dropout)
         self.activation = activations.get(activation)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.norm_first = bool(norm_first)
-        self.model_dim = None
+        self.model_dim = self.head_dim = None
 
     def _model_dim(self, input_shape):
         if not is_shape(input_shape, (3,)) or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, T, features) with known features, got "
                              f"shape {input_shape}")
-        dim = int(input_shape[-1])
-        if dim % self.num_heads:
-            raise ValueError(f"Layer '{self.name}': the embedding size {dim} (last axis of shape {input_shape}) "
-                             f"is not divisible by num_heads={self.num_heads}")
-        self.model_dim = dim
+        self.model_dim = int(input_shape[-1])
+        _, self.head_dim = head_sizes(f"Layer '{self.name}' (inputs of shape {input_shape})", self.num_heads,
+                                      self.model_dim)
         return self.model_dim
 
     def _attention(self, prefix, input_shapes):
-        dim = self.model_dim
         return self._add_sublayer(prefix, MultiHeadAttention(
-            self.num_heads, dim // self.num_heads, dropout=self.dropout, dtype=self.dtype,
+            self.num_heads, self.head_dim, dropout=self.dropout, dtype=self.dtype,
             name=f"{self.name}/{prefix}"), input_shapes)
 
     def _norm(self, prefix, input_shape):
@@ -769,12 +810,12 @@ class _TransformerLayerBase(_Composite):
         return dy + dh, dsource
 
     @staticmethod
-    def _attention_sublayer(attention, source, return_attention_scores, **kwargs):
+    def _attention_sublayer(attention, source, mask, use_causal_mask, return_attention_scores, training):
         """`attention` as a residual block's sublayer: the stream h attends to `source` (to itself
-        when None)."""
+        when None) under a checked mask."""
         def sublayer(h):
-            outputs, cache = attention.apply(h, h if source is None else source,
-                                             return_attention_scores=return_attention_scores, **kwargs)
+            outputs, cache = attention.forward_checked(h, h if source is None else source, None, mask,
+                                                       use_causal_mask, return_attention_scores, training)
             output, weights = outputs if return_attention_scores else (outputs, None)
             return output, cache, weights
         return sublayer
@@ -841,11 +882,16 @@ class TransformerEncoderLayer(_TransformerLayerBase):
                 return_attention_scores=False, training=False, mask=None):
         x = self._float_input(inputs, ndim=3, last_dim=self.model_dim)
         B, T = x.shape[:2]
-        self_attend = self._attention_sublayer(
-            self.self_attention, None, return_attention_scores, training=training, use_causal_mask=use_causal_mask,
-            attention_mask=_attention_mask(attention_mask, B, T, T, _where(self, "attention_mask")),
-            key_padding_mask=as_mask(mask if padding_mask is None else padding_mask, B, T,
-                                     _where(self, "padding_mask")))
+        self_mask = _combine_masks(_attention_mask(attention_mask, B, T, T, _where(self, "attention_mask")),
+                                   as_mask(mask if padding_mask is None else padding_mask, B, T,
+                                           _where(self, "padding_mask")))
+        return self.forward_checked(x, self_mask, use_causal_mask, return_attention_scores, training)
+
+    def forward_checked(self, x, self_mask, use_causal_mask=False, return_attention_scores=False, training=False):
+        """`forward` on inputs x (B, T, D) and the self-attention mask it checked (as
+        `MultiHeadAttention.forward_checked` takes it): what TransformerEncoder runs per layer."""
+        self_attend = self._attention_sublayer(self.self_attention, None, self_mask, use_causal_mask,
+                                               return_attention_scores, training)
         y, weights, attention_block = self._residual(x, self.norm1, self_attend, training)
         y, _, feed_forward_block = self._residual(y, self.norm2, self._feed_forward_sublayer(training), training)
         outputs = (y, weights) if return_attention_scores else y
@@ -857,6 +903,11 @@ class TransformerEncoderLayer(_TransformerLayerBase):
         dy, _ = self._residual_backprop(feed_forward_block, dy, self.norm2, self._feed_forward_backprop)
         dx, _ = self._residual_backprop(attention_block, dy, self.norm1, self._self_attention_backprop)
         return dx
+
+    def residual_blocks(self):
+        """The layer's structure, read by the ONNX export: its residual blocks in order as (kind,
+        norm, sublayer), as `TransformerDecoderLayer.residual_blocks`."""
+        return [("self_attention", self.norm1, self.self_attention), ("feed_forward", self.norm2, self.feed_forward)]
 
     def compute_output_shape(self, input_shape, return_attention_scores=False):
         if not return_attention_scores:
@@ -913,15 +964,20 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         if isinstance(mask, (list, tuple)):  # masks propagated from upstream layers
             decoder_padding_mask = mask[0] if decoder_padding_mask is None else decoder_padding_mask
             encoder_padding_mask = mask[1] if encoder_padding_mask is None else encoder_padding_mask
-        (B, T, _), S = x.shape, memory.shape[1]
-        self_attend = self._attention_sublayer(
-            self.self_attention, None, return_attention_scores, training=training, use_causal_mask=use_causal_mask,
-            attention_mask=_attention_mask(decoder_attention_mask, B, T, T, _where(self, "decoder_attention_mask")),
-            key_padding_mask=as_mask(decoder_padding_mask, B, T, _where(self, "decoder_padding_mask")))
-        cross_attend = self._attention_sublayer(
-            self.cross_attention, memory, return_attention_scores, training=training,
-            attention_mask=_attention_mask(encoder_attention_mask, B, T, S, _where(self, "encoder_attention_mask")),
-            key_padding_mask=as_mask(encoder_padding_mask, B, S, _where(self, "encoder_padding_mask")))
+        self_mask, cross_mask = _decoder_masks(self, x.shape[:2], memory.shape[1], decoder_padding_mask,
+                                               decoder_attention_mask, encoder_padding_mask, encoder_attention_mask)
+        return self.forward_checked(x, memory, self_mask, cross_mask, use_causal_mask, return_attention_scores,
+                                    training)
+
+    def forward_checked(self, x, memory, self_mask, cross_mask, use_causal_mask=True, return_attention_scores=False,
+                        training=False):
+        """`forward` on target x (B, T, D), memory (B, S, D_memory) and the self- and cross-attention
+        masks it checked (as `MultiHeadAttention.forward_checked` takes them): what
+        TransformerDecoder runs per layer."""
+        self_attend = self._attention_sublayer(self.self_attention, None, self_mask, use_causal_mask,
+                                               return_attention_scores, training)
+        cross_attend = self._attention_sublayer(self.cross_attention, memory, cross_mask, False,
+                                                return_attention_scores, training)
         y, self_weights, self_attention_block = self._residual(x, self.norm1, self_attend, training)
         y, cross_weights, cross_attention_block = self._residual(y, self.norm2, cross_attend, training)
         y, _, feed_forward_block = self._residual(y, self.norm3, self._feed_forward_sublayer(training), training)
@@ -937,6 +993,39 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         dy, dmemory = self._residual_backprop(cross_attention_block, dy, self.norm2, self.cross_attention.backprop)
         dtarget, _ = self._residual_backprop(self_attention_block, dy, self.norm1, self._self_attention_backprop)
         return [dtarget, dmemory]
+
+    def residual_blocks(self):
+        """The layer's structure, read by the cached step's weights and the ONNX export: its residual
+        blocks in order as (kind, norm, sublayer), kind "self_attention", "cross_attention" or
+        "feed_forward"; each block is ``norm(x + sublayer(x))``, or ``x + sublayer(norm(x))`` with
+        norm_first."""
+        return [("self_attention", self.norm1, self.self_attention),
+                ("cross_attention", self.norm2, self.cross_attention), ("feed_forward", self.norm3, self.feed_forward)]
+
+    def step_weights(self):
+        """The weights in the order the cached step takes them (`decoder_step.hpp`'s
+        DecoderLayerWeights): per residual block its norm's gamma and beta, then the attention's
+        projections as (in, out) matrices with their biases (the cross-attention's query and output:
+        its keys and values are the cache's), or the feed-forward network's two kernels and biases."""
+        weights = []
+        for kind, norm, sublayer in self.residual_blocks():
+            weights += [norm.params.get(name) for name in ("gamma", "beta")]
+            if kind == "feed_forward":
+                for dense in (sublayer.intermediate_dense, sublayer.output_dense):
+                    weights += [dense.params["kernel"], dense.params.get("bias")]
+                continue
+            for name in (("query", "key", "value", "output") if kind == "self_attention" else ("query", "output")):
+                bias = sublayer.params.get(f"{name}_bias")
+                weights += [sublayer.matrix(name), None if bias is None else bias.reshape(-1)]
+        return weights
+
+    def start_cache(self, memory, encoder_padding_mask=None, capacity=16):
+        """An empty `DecoderCache` of this layer for memory (N, S, D_memory); see `TransformerDecoder.start_cache`."""
+        return _start_cache(self, [self], memory, encoder_padding_mask, capacity)
+
+    def step(self, x, cache, return_attention_scores=False):
+        """One target position through this layer over its cache; see `TransformerDecoder.step`."""
+        return _cached_step(self, [self], x, cache, return_attention_scores)
 
     def compute_mask(self, inputs, mask=None):
         return mask[0] if isinstance(mask, (list, tuple)) else None
@@ -994,14 +1083,18 @@ class TransformerEncoder(_TransformerStack):
                 return_attention_scores=False, training=False, mask=None):
         y = self._float_input(inputs, ndim=3)
         B, T = y.shape[:2]
-        # checked once, here, so that errors name this layer and the blocks reuse the arrays
-        padding_mask = as_mask(mask if padding_mask is None else padding_mask, B, T, _where(self, "padding_mask"))
-        attention_mask = _attention_mask(attention_mask, B, T, T, _where(self, "attention_mask"))
+        # checked once, here, so that errors name this layer; the blocks take the checked mask
+        self_mask = _combine_masks(_attention_mask(attention_mask, B, T, T, _where(self, "attention_mask")),
+                                   as_mask(mask if padding_mask is None else padding_mask, B, T,
+                                           _where(self, "padding_mask")))
+        return self.forward_checked(y, self_mask, use_causal_mask, return_attention_scores, training)
+
+    def forward_checked(self, y, self_mask, use_causal_mask=False, return_attention_scores=False, training=False):
+        """`forward` on inputs (B, T, D) and the self-attention mask it checked (as
+        `MultiHeadAttention.forward_checked` takes it), for models that checked their masks."""
         block_caches, all_weights = [], []
         for block in self.blocks:
-            outputs, cache = block.apply(y, padding_mask=padding_mask, attention_mask=attention_mask,
-                                         use_causal_mask=use_causal_mask,
-                                         return_attention_scores=return_attention_scores, training=training)
+            outputs, cache = block.forward_checked(y, self_mask, use_causal_mask, return_attention_scores, training)
             y, weights = outputs if return_attention_scores else (outputs, None)
             block_caches.append(cache)
             all_weights.append(weights)
@@ -1041,19 +1134,20 @@ class TransformerDecoder(_TransformerStack):
         if isinstance(mask, (list, tuple)):  # masks propagated from upstream layers
             decoder_padding_mask = mask[0] if decoder_padding_mask is None else decoder_padding_mask
             encoder_padding_mask = mask[1] if encoder_padding_mask is None else encoder_padding_mask
-        # checked once, here, so that errors name this layer and the blocks reuse the arrays
-        decoder_padding_mask = as_mask(decoder_padding_mask, B, T, _where(self, "decoder_padding_mask"))
-        encoder_padding_mask = as_mask(encoder_padding_mask, B, S, _where(self, "encoder_padding_mask"))
-        decoder_attention_mask = _attention_mask(decoder_attention_mask, B, T, T,
-                                                 _where(self, "decoder_attention_mask"))
-        encoder_attention_mask = _attention_mask(encoder_attention_mask, B, T, S,
-                                                 _where(self, "encoder_attention_mask"))
+        # checked once, here, so that errors name this layer; the blocks take the checked masks
+        self_mask, cross_mask = _decoder_masks(self, (B, T), S, decoder_padding_mask, decoder_attention_mask,
+                                               encoder_padding_mask, encoder_attention_mask)
+        return self.forward_checked(y, memory, self_mask, cross_mask, use_causal_mask, return_attention_scores,
+                                    training)
+
+    def forward_checked(self, y, memory, self_mask, cross_mask, use_causal_mask=True, return_attention_scores=False,
+                        training=False):
+        """`forward` on target (B, T, D), memory (B, S, D_memory) and the masks it checked (as
+        `TransformerDecoderLayer.forward_checked` takes them), for models that checked their masks."""
         block_caches, self_weights, cross_weights = [], [], []
         for block in self.blocks:
-            outputs, cache = block.apply(
-                [y, memory], decoder_padding_mask=decoder_padding_mask, decoder_attention_mask=decoder_attention_mask,
-                encoder_padding_mask=encoder_padding_mask, encoder_attention_mask=encoder_attention_mask,
-                use_causal_mask=use_causal_mask, return_attention_scores=return_attention_scores, training=training)
+            outputs, cache = block.forward_checked(y, memory, self_mask, cross_mask, use_causal_mask,
+                                                   return_attention_scores, training)
             y, w_self, w_cross = outputs if return_attention_scores else (outputs, None, None)
             block_caches.append(cache)
             self_weights.append(w_self)
@@ -1070,8 +1164,106 @@ class TransformerDecoder(_TransformerStack):
             dmemory = dblock_memory if dmemory is None else dmemory + dblock_memory  # every block reads the memory
         return [dy, dmemory]
 
+    def start_cache(self, memory, encoder_padding_mask=None, capacity=16):
+        """The `DecoderCache` that decoding starts from, for encoder outputs memory (N, S, D_memory):
+        every layer's cross-attention keys and values of the memory, projected once, empty
+        self-attention caches of `capacity` positions (they grow when decoding goes further), and
+        the memory's padding mask ((N, S) or lengths (N,), checked here once for the whole decoding)."""
+        return _start_cache(self, self.blocks, memory, encoder_padding_mask, capacity)
+
+    def step(self, x, cache, return_attention_scores=False):
+        """One target position through every layer at once (one C++ call, `decoder_step.hpp`):
+        equal to this stack's causal `forward` at that position.
+
+        Args:
+            x: (N, D) the embedded target tokens of position ``cache.length``.
+            cache: a `DecoderCache` (from `start_cache`, or returned by the last step); its rows for
+                this position are written in place.
+            return_attention_scores: also return the last layer's cross-attention weights (N, heads, S).
+        Returns:
+            (y (N, D), the cache (the same object, one position longer), weights or None).
+        """
+        return _cached_step(self, self.blocks, x, cache, return_attention_scores)
+
     def compute_mask(self, inputs, mask=None):
         return mask[0] if isinstance(mask, (list, tuple)) else None
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[0])
+
+
+# ---------------------------------------------------------------------------- cached decoding
+class DecoderCache:
+    """What the cached decoding of decoder layers carries for N rows (CTranslate2's per-layer cache):
+
+    - ``keys``, ``values`` (layers, N, capacity, D): the self-attention keys and values of the
+      ``length`` positions decoded so far (rows beyond ``length`` unused);
+    - ``cross_keys``, ``cross_values`` (layers, N, S, D): the memory's, projected once;
+    - ``source_mask`` (N, S) bool (True = real memory position), or None.
+
+    A step writes its position's rows in place; `select` gives the independent cache of some rows.
+    """
+
+    __slots__ = ("keys", "values", "cross_keys", "cross_values", "source_mask", "length", "layer_weights")
+
+    def __init__(self, keys, values, cross_keys, cross_values, source_mask, length, layer_weights):
+        self.keys, self.values, self.cross_keys, self.cross_values = keys, values, cross_keys, cross_values
+        self.source_mask, self.length = source_mask, length
+        self.layer_weights = layer_weights  # each layer's step_weights(): views of its weights, read once
+
+    def select(self, rows):
+        """The cache of the given rows (an index or bool array), in that order; only the decoded
+        positions are copied."""
+        keys = np.empty((self.keys.shape[0], len(np.arange(self.keys.shape[1])[rows])) + self.keys.shape[2:],
+                        self.keys.dtype)
+        values = np.empty_like(keys)
+        keys[:, :, :self.length] = self.keys[:, rows, :self.length]
+        values[:, :, :self.length] = self.values[:, rows, :self.length]
+        return DecoderCache(keys, values, self.cross_keys[:, rows], self.cross_values[:, rows],
+                            None if self.source_mask is None else self.source_mask[rows], self.length,
+                            self.layer_weights)
+
+    def _grow(self, positions):
+        """Room for at least `positions` positions (capacity doubled, decoded rows kept)."""
+        L, N, capacity, D = self.keys.shape
+        if positions <= capacity:
+            return
+        capacity = max(positions, 2 * capacity)
+        for name in ("keys", "values"):
+            grown = np.empty((L, N, capacity, D), self.keys.dtype)
+            grown[:, :, :self.length] = getattr(self, name)[:, :, :self.length]
+            setattr(self, name, grown)
+
+
+def _start_cache(owner, blocks, memory, encoder_padding_mask, capacity):
+    """`start_cache` of a decoder layer or stack (`owner`) made of decoder layers `blocks`."""
+    memory = owner._float_input(memory, "memory", ndim=3)
+    N, S = memory.shape[:2]
+    source_mask = as_mask(encoder_padding_mask, N, S, _where(owner, "encoder_padding_mask"))
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        raise ValueError(f"{_where(owner, 'capacity')} must be a positive integer, got {capacity!r}")
+    D = blocks[0].model_dim
+    cross_keys = np.stack([b.cross_attention.project("key", memory) for b in blocks])
+    cross_values = np.stack([b.cross_attention.project("value", memory) for b in blocks])
+    keys = np.empty((len(blocks), N, int(capacity), D), memory.dtype)
+    return DecoderCache(keys, np.empty_like(keys), cross_keys, cross_values, source_mask, 0,
+                        [block.step_weights() for block in blocks])
+
+
+def _cached_step(owner, blocks, x, cache, return_attention_scores):
+    """`step` of a decoder layer or stack (`owner`) made of decoder layers `blocks`: one call of
+    the cached step kernel for all of them."""
+    first = blocks[0]
+    x = owner._float_input(x, "x", ndim=2, last_dim=first.model_dim)
+    if not isinstance(cache, DecoderCache) or cache.keys.shape[:2] != (len(blocks), len(x)):
+        raise ValueError(f"{_where(owner, 'cache')} expected the DecoderCache of {len(blocks)} layer(s) and "
+                         f"{len(x)} rows that start_cache or the last step returned")
+    cache._grow(cache.length + 1)
+    y, weights = kernels.decoder_stack_step(
+        x=x, self_keys=cache.keys, self_values=cache.values, cross_keys=cache.cross_keys,
+        cross_values=cache.cross_values, source_mask=cache.source_mask, position=cache.length,
+        weights=cache.layer_weights, num_heads=first.num_heads, norm_first=first.norm_first,
+        epsilon=first.layer_norm_epsilon, activation=first.activation,
+        return_attention=bool(return_attention_scores))
+    cache.length += 1
+    return y, cache, weights
