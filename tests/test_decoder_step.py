@@ -80,6 +80,22 @@ def test_layer_step_equals_the_layer_forward():
         assert_close(y, full[:, t], atol=1e-12, what=f"position {t}")
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_step_equals_the_causal_forward(norm_first):
+    """The same step for encoder layers run causally (a decoder-only model): no cross-attention."""
+    N, T, D = 3, 5, 8
+    x = rand(N, T, D, seed=8)
+    for stack in (layers.TransformerEncoder(2, 2, 12, norm_first=norm_first),
+                  layers.TransformerEncoderLayer(2, 12, norm_first=norm_first)):
+        stack(x)
+        perturbed(stack)
+        full, _ = stack.apply(x, use_causal_mask=True)
+        cache = stack.start_cache(N, capacity=3)
+        for t in range(T):
+            y, cache = stack.step(x[:, t], cache)
+            assert_close(y, full[:, t], atol=1e-12, what=f"{type(stack).__name__} position {t}")
+
+
 def test_selected_rows_continue_as_their_own_decoding():
     N, T, S, D = 4, 3, 5, 8
     decoder = layers.TransformerDecoder(2, 2, 12)

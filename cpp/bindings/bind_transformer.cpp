@@ -279,7 +279,11 @@ void init_transformer(py::module_& m) {
                         if (i == 19) shape = {F};
                         if (i == 20) shape = {F, D};
                         const std::string what = "decoder_stack_step: layer " + std::to_string(l) + " " + kNames[i];
-                        const bool required = kernel || i == 18 || i == 20;
+                        // without a cross-attention query the whole cross-attention block is absent
+                        const bool cross = i >= 10 && i < 16, has_cross = !weights[l][12].is_none();
+                        if (cross && !has_cross && !weights[l][i].is_none())
+                            throw py::value_error(what + " given without the cross-attention query kernel");
+                        const bool required = (kernel && (!cross || has_cross)) || i == 18 || i == 20;
                         if (required && weights[l][i].is_none()) throw py::value_error(what + " is required");
                         p[i] = optional_in_ptr<T>(weights[l][i], shape, what.c_str());
                     }

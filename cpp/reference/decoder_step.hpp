@@ -82,14 +82,16 @@ inline void decoder_stack_step(double* x, double* self_keys, double* self_values
             dense_forward(result, z.data(), context.data(), w.self_output, w.self_output_bias, N, D, D,
                           Activation::linear);
         });
-        residual(w.norm2_gamma, w.norm2_beta, [&](const double* in, double* result) {
-            dense_forward(q.data(), z.data(), in, w.cross_query, w.cross_query_bias, N, D, D, Activation::linear);
-            const size_t offset = (size_t)l * N * c.S * D;
-            attend_one_query(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(), cross_keys + offset,
-                             cross_values + offset, source_mask, N, c.H, D, c.S, c.S);
-            dense_forward(result, z.data(), context.data(), w.cross_output, w.cross_output_bias, N, D, D,
-                          Activation::linear);
-        });
+        if (w.cross_query) {  // no cross-attention block: an encoder layer run causally
+            residual(w.norm2_gamma, w.norm2_beta, [&](const double* in, double* result) {
+                dense_forward(q.data(), z.data(), in, w.cross_query, w.cross_query_bias, N, D, D, Activation::linear);
+                const size_t offset = (size_t)l * N * c.S * D;
+                attend_one_query(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(),
+                                 cross_keys + offset, cross_values + offset, source_mask, N, c.H, D, c.S, c.S);
+                dense_forward(result, z.data(), context.data(), w.cross_output, w.cross_output_bias, N, D, D,
+                              Activation::linear);
+            });
+        }
         residual(w.norm3_gamma, w.norm3_beta, [&](const double* in, double* result) {
             feed_forward_forward(result, in, w.ff_kernel1, w.ff_bias1, w.ff_kernel2, w.ff_bias2, N, D, c.F, D,
                                  c.activation);

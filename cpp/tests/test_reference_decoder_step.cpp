@@ -1,7 +1,7 @@
 // decoder_step.hpp against cpp/reference/decoder_step.hpp: the cached step of a stack of decoder
 // layers (post- and pre-norm, relu and gelu, a padded and a fully masked source row, without biases
-// and norms' beta), its output, both caches and the last layer's cross-attention weights, on odd
-// sizes and on sizes that split across two threads.
+// and norms' beta, without cross-attention as encoder layers), its output, both caches and the last
+// layer's cross-attention weights, on odd sizes and on sizes that split across two threads.
 #include <cstdint>
 #include <random>
 #include <string>
@@ -20,7 +20,7 @@ namespace {
 struct StackWeights {
     std::vector<std::vector<double>> arrays;  // per layer: 22 arrays (empty: a null pointer)
 
-    StackWeights(std::mt19937& rng, int layers, int D, int F, bool with_biases) {
+    StackWeights(std::mt19937& rng, int layers, int D, int F, bool with_biases, bool with_cross) {
         const double scale = 1.0 / std::sqrt((double)D);
         for (int l = 0; l < layers; ++l) {
             auto vec = [&](size_t n, double s) { return random_values(rng, n, s); };
@@ -33,15 +33,20 @@ struct StackWeights {
             const size_t DD = (size_t)D * D;
             arrays.push_back(gamma()), arrays.push_back(bias(D));                        // norm1
             for (int i = 0; i < 4; ++i) arrays.push_back(vec(DD, scale)), arrays.push_back(bias(D));  // self q k v o
-            arrays.push_back(gamma()), arrays.push_back(bias(D));                        // norm2
-            for (int i = 0; i < 2; ++i) arrays.push_back(vec(DD, scale)), arrays.push_back(bias(D));  // cross q o
+            if (with_cross) {
+                arrays.push_back(gamma()), arrays.push_back(bias(D));                    // norm2
+                for (int i = 0; i < 2; ++i) arrays.push_back(vec(DD, scale)), arrays.push_back(bias(D));  // cross q o
+            } else {
+                arrays.resize(arrays.size() + 6);  // an encoder layer run causally: no cross-attention block
+            }
             arrays.push_back(gamma()), arrays.push_back(bias(D));                        // norm3
             arrays.push_back(vec((size_t)D * F, scale)), arrays.push_back(bias(F));
             arrays.push_back(vec((size_t)F * D, 1.0 / std::sqrt((double)F))), arrays.push_back(bias(D));
         }
     }
 
-    template <class T> std::vector<DecoderLayerWeights<T>> pointers(const std::vector<std::vector<T>>& cast_arrays) const {
+    template <class T>
+    std::vector<DecoderLayerWeights<T>> pointers(const std::vector<std::vector<T>>& cast_arrays) const {
         std::vector<DecoderLayerWeights<T>> out(cast_arrays.size() / 22);
         for (size_t l = 0; l < out.size(); ++l) {
             const T* p[22];
@@ -59,14 +64,14 @@ struct StackWeights {
 void test_decoder_step(int layers, int N, int D, int H, int F, int S, int capacity, int position, bool norm_first,
                        Activation act, bool with_biases, unsigned seed) {
     std::mt19937 rng(seed);
-    const StackWeights weights(rng, layers, D, F, with_biases);
+    const StackWeights weights(rng, layers, D, F, with_biases, S > 0);
     const auto x0 = random_values(rng, (size_t)N * D);
     const size_t cache = (size_t)layers * N * capacity * D, cross = (size_t)layers * N * S * D;
     const auto keys0 = random_values(rng, cache), values0 = random_values(rng, cache);
     const auto cross_keys = random_values(rng, cross), cross_values = random_values(rng, cross);
     std::vector<uint8_t> mask((size_t)N * S, 1);
-    for (int s = S / 2; s < S; ++s) mask[s] = 0;               // row 0: padded
-    if (N > 1) for (int s = 0; s < S; ++s) mask[S + s] = 0;    // row 1: nothing to attend to
+    for (int s = S / 2; s < S; ++s) mask[s] = 0;                       // row 0: padded
+    if (N > 1 && S > 0) for (int s = 0; s < S; ++s) mask[S + s] = 0;   // row 1: nothing to attend to
     DecoderStepConfig c;
     c.layers = layers, c.N = N, c.D = D, c.H = H, c.F = F, c.S = S, c.capacity = capacity, c.position = position;
     c.norm_first = norm_first, c.activation = act, c.epsilon = 1e-5;
@@ -106,5 +111,7 @@ int main() {
         test_decoder_step(1, 2, 10, 2, 7, 3, 9, 8, norm_first, Activation::relu, false, seed++);  // the last cache row
     }
     test_decoder_step(3, 37, 64, 4, 96, 29, 12, 7, false, Activation::relu, true, seed++);  // splits across two threads
+    for (bool norm_first : {false, true})  // S = 0: encoder layers run causally, no cross-attention
+        test_decoder_step(2, 3, 12, 3, 17, 0, 6, 4, norm_first, Activation::relu, true, seed++);
     return attnx::test::report("test_reference_decoder_step");
 }

@@ -27,7 +27,9 @@
 namespace attnx {
 
 // One decoder layer's weights, MultiHeadAttention's kernels as (in, out) matrices (D, D); a bias or a
-// norm's beta may be null (use_bias=False, center=False), gamma too (scale=False).
+// norm's beta may be null (use_bias=False, center=False), gamma too (scale=False). A layer without
+// cross-attention (an encoder layer run causally, as a decoder-only model's) leaves cross_query and
+// the rest of that block null: its blocks are then self-attention and feed-forward (norm3).
 template <class T> struct DecoderLayerWeights {
     const T *norm1_gamma = nullptr, *norm1_beta = nullptr;
     const T *self_query = nullptr, *self_query_bias = nullptr, *self_key = nullptr, *self_key_bias = nullptr;
@@ -134,14 +136,16 @@ void decoder_stack_step(T* x, T* self_keys, T* self_values, T* cross_weights, co
                                 (size_t)c.capacity);
             dense_forward<T>(result, context.data(), w.self_output, w.self_output_bias, N, D, D);
         });
-        residual(w.norm2_gamma, w.norm2_beta, [&](const T* in, T* result) {
-            dense_forward<T>(q.data(), in, w.cross_query, w.cross_query_bias, N, D, D);
-            const size_t layer_offset = (size_t)l * N * c.S * D;
-            attend_one_query<T>(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(),
-                                cross_keys + layer_offset, cross_values + layer_offset, source_mask, N, c.H, D, c.S,
-                                (size_t)c.S);
-            dense_forward<T>(result, context.data(), w.cross_output, w.cross_output_bias, N, D, D);
-        });
+        if (w.cross_query) {  // an encoder layer decoding causally has no cross-attention block
+            residual(w.norm2_gamma, w.norm2_beta, [&](const T* in, T* result) {
+                dense_forward<T>(q.data(), in, w.cross_query, w.cross_query_bias, N, D, D);
+                const size_t layer_offset = (size_t)l * N * c.S * D;
+                attend_one_query<T>(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(),
+                                    cross_keys + layer_offset, cross_values + layer_offset, source_mask, N, c.H, D, c.S,
+                                    (size_t)c.S);
+                dense_forward<T>(result, context.data(), w.cross_output, w.cross_output_bias, N, D, D);
+            });
+        }
         residual(w.norm3_gamma, w.norm3_beta, [&](const T* in, T* result) {
             feed_forward_forward<T>(result, in, w.ff_kernel1, w.ff_bias1, w.ff_kernel2, w.ff_bias2, N, D, c.F, D,
                                     c.activation);

@@ -834,6 +834,31 @@ class _TransformerLayerBase(_Composite):
         dquery += dvalue  # query, key and value are one stream
         return dquery, None
 
+    # where each residual block's weights start in the cached step's list (decoder_step.hpp's
+    # DecoderLayerWeights): a norm's gamma and beta, then the sublayer's
+    _STEP_SLOTS = {"self_attention": (0, ("query", "key", "value", "output")),
+                   "cross_attention": (10, ("query", "output")), "feed_forward": (16, None)}
+
+    def step_weights(self):
+        """The 22 weights (or None) in the order the cached step takes them (`decoder_step.hpp`'s
+        DecoderLayerWeights), from `residual_blocks()`: per block its norm's gamma and beta, then
+        the attention's projections as (in, out) matrices with their biases (the cross-attention's
+        query and output only: its keys and values are the cache's), or the feed-forward network's
+        two kernels and biases. An encoder layer leaves the cross-attention block's entries None."""
+        weights = [None] * 22
+        for kind, norm, sublayer in self.residual_blocks():
+            start, projections = self._STEP_SLOTS[kind]
+            weights[start:start + 2] = [norm.params.get("gamma"), norm.params.get("beta")]
+            if projections is None:
+                denses = (sublayer.intermediate_dense, sublayer.output_dense)
+                weights[start + 2:start + 6] = [w for d in denses for w in (d.params["kernel"], d.params.get("bias"))]
+                continue
+            for i, name in enumerate(projections):
+                bias = sublayer.params.get(f"{name}_bias")
+                weights[start + 2 + 2 * i:start + 4 + 2 * i] = [sublayer.matrix(name),
+                                                                None if bias is None else bias.reshape(-1)]
+        return weights
+
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "intermediate_dim": self.intermediate_dim,
                 "dropout": self.dropout, "activation": self.activation,
@@ -908,6 +933,17 @@ class TransformerEncoderLayer(_TransformerLayerBase):
         """The layer's structure, read by the ONNX export: its residual blocks in order as (kind,
         norm, sublayer), as `TransformerDecoderLayer.residual_blocks`."""
         return [("self_attention", self.norm1, self.self_attention), ("feed_forward", self.norm2, self.feed_forward)]
+
+    def start_cache(self, batch_size, capacity=16):
+        """An empty `DecoderCache` for `step` over `batch_size` rows: this layer run causally, one
+        position at a time (a decoder-only model's layer)."""
+        return _start_cache(self, [self], None, None, capacity, batch_size)
+
+    def step(self, x, cache):
+        """One position x (N, D) over the cache: this layer's forward with use_causal_mask=True at
+        that position (see `TransformerEncoder.step`). Returns (y, cache)."""
+        y, cache, _ = _cached_step(self, [self], x, cache, False)
+        return y, cache
 
     def compute_output_shape(self, input_shape, return_attention_scores=False):
         if not return_attention_scores:
@@ -1002,23 +1038,6 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         return [("self_attention", self.norm1, self.self_attention),
                 ("cross_attention", self.norm2, self.cross_attention), ("feed_forward", self.norm3, self.feed_forward)]
 
-    def step_weights(self):
-        """The weights in the order the cached step takes them (`decoder_step.hpp`'s
-        DecoderLayerWeights): per residual block its norm's gamma and beta, then the attention's
-        projections as (in, out) matrices with their biases (the cross-attention's query and output:
-        its keys and values are the cache's), or the feed-forward network's two kernels and biases."""
-        weights = []
-        for kind, norm, sublayer in self.residual_blocks():
-            weights += [norm.params.get(name) for name in ("gamma", "beta")]
-            if kind == "feed_forward":
-                for dense in (sublayer.intermediate_dense, sublayer.output_dense):
-                    weights += [dense.params["kernel"], dense.params.get("bias")]
-                continue
-            for name in (("query", "key", "value", "output") if kind == "self_attention" else ("query", "output")):
-                bias = sublayer.params.get(f"{name}_bias")
-                weights += [sublayer.matrix(name), None if bias is None else bias.reshape(-1)]
-        return weights
-
     def start_cache(self, memory, encoder_padding_mask=None, capacity=16):
         """An empty `DecoderCache` of this layer for memory (N, S, D_memory); see `TransformerDecoder.start_cache`."""
         return _start_cache(self, [self], memory, encoder_padding_mask, capacity)
@@ -1107,6 +1126,17 @@ class TransformerEncoder(_TransformerStack):
         for block, block_cache in zip(reversed(self.blocks), reversed(block_caches)):
             dy = block.backprop(block_cache, dy)
         return dy
+
+    def start_cache(self, batch_size, capacity=16):
+        """An empty `DecoderCache` for `step`: the stack run causally one position at a time (a
+        decoder-only model), as `TransformerDecoder.start_cache` without a memory."""
+        return _start_cache(self, self.blocks, None, None, capacity, batch_size)
+
+    def step(self, x, cache):
+        """One position through every layer at once: equal to this stack's forward with
+        use_causal_mask=True at that position; see `TransformerDecoder.step`. Returns (y, cache)."""
+        y, cache, _ = _cached_step(self, self.blocks, x, cache, False)
+        return y, cache
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -1235,17 +1265,25 @@ class DecoderCache:
             setattr(self, name, grown)
 
 
-def _start_cache(owner, blocks, memory, encoder_padding_mask, capacity):
-    """`start_cache` of a decoder layer or stack (`owner`) made of decoder layers `blocks`."""
-    memory = owner._float_input(memory, "memory", ndim=3)
-    N, S = memory.shape[:2]
-    source_mask = as_mask(encoder_padding_mask, N, S, _where(owner, "encoder_padding_mask"))
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
-        raise ValueError(f"{_where(owner, 'capacity')} must be a positive integer, got {capacity!r}")
-    D = blocks[0].model_dim
-    cross_keys = np.stack([b.cross_attention.project("key", memory) for b in blocks])
-    cross_values = np.stack([b.cross_attention.project("value", memory) for b in blocks])
-    keys = np.empty((len(blocks), N, int(capacity), D), memory.dtype)
+def _start_cache(owner, blocks, memory, encoder_padding_mask, capacity, batch_size=None):
+    """`start_cache` of a layer or stack (`owner`) made of transformer layers `blocks`: decoder
+    layers attending to `memory`, or encoder layers (memory None) over `batch_size` rows."""
+    if not owner.built:
+        raise ValueError(f"Layer '{owner.name}': start_cache needs the layer built (call it once, or build it)")
+    for value, arg in ((capacity, "capacity"), (batch_size, "batch_size")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise ValueError(f"{_where(owner, arg)} must be a positive integer, got {value!r}")
+    D, dtype = blocks[0].model_dim, owner.dtype
+    if memory is None:
+        N, source_mask = int(batch_size), None
+        cross_keys = cross_values = np.empty((len(blocks), N, 0, D), dtype)
+    else:
+        memory = owner._float_input(memory, "memory", ndim=3)
+        N, S = memory.shape[:2]
+        source_mask = as_mask(encoder_padding_mask, N, S, _where(owner, "encoder_padding_mask"))
+        cross_keys = np.stack([b.cross_attention.project("key", memory) for b in blocks])
+        cross_values = np.stack([b.cross_attention.project("value", memory) for b in blocks])
+    keys = np.empty((len(blocks), N, int(capacity), D), dtype)
     return DecoderCache(keys, np.empty_like(keys), cross_keys, cross_values, source_mask, 0,
                         [block.step_weights() for block in blocks])
 
