@@ -69,7 +69,7 @@ def test_stack_step_equals_the_causal_forward_at_every_position(config, dtype, t
 
 def test_layer_step_equals_the_layer_forward():
     N, T, S, D = 2, 4, 3, 6
-    layer = layers.TransformerDecoderLayer(3, 10)
+    layer = layers.TransformerDecoderLayer(3, 10, dtype="float64")
     target, memory = rand(N, T, D, seed=4), rand(N, S, 5, seed=5)  # a memory of another width
     layer([target, memory])
     perturbed(layer)
@@ -85,8 +85,8 @@ def test_encoder_step_equals_the_causal_forward(norm_first):
     """The same step for encoder layers run causally (a decoder-only model): no cross-attention."""
     N, T, D = 3, 5, 8
     x = rand(N, T, D, seed=8)
-    for stack in (layers.TransformerEncoder(2, 2, 12, norm_first=norm_first),
-                  layers.TransformerEncoderLayer(2, 12, norm_first=norm_first)):
+    for stack in (layers.TransformerEncoder(2, 2, 12, norm_first=norm_first, dtype="float64"),
+                  layers.TransformerEncoderLayer(2, 12, norm_first=norm_first, dtype="float64")):
         stack(x)
         perturbed(stack)
         full, _ = stack.apply(x, use_causal_mask=True)
@@ -98,7 +98,7 @@ def test_encoder_step_equals_the_causal_forward(norm_first):
 
 def test_selected_rows_continue_as_their_own_decoding():
     N, T, S, D = 4, 3, 5, 8
-    decoder = layers.TransformerDecoder(2, 2, 12)
+    decoder = layers.TransformerDecoder(2, 2, 12, dtype="float64")
     target, memory = rand(N, T, D, seed=6), rand(N, S, D, seed=7)
     decoder([target, memory])
     perturbed(decoder)
@@ -185,7 +185,8 @@ def test_the_binding_checks_what_the_kernel_reads():
     for change, pattern in [({"position": 16}, "position must be in"), ({"num_heads": 3}, "num_heads must divide"),
                             ({"weights": []}, "one list per layer"),
                             ({"weights": [cache.layer_weights[0][:-1]]}, "22 arrays"),
-                            ({"x": rand(2, 8)}, "expected dtype float32"),
+                            ({"x": rand(2, 16, dtype=np.float32)[:, ::2]}, "x: expected a C-contiguous array"),
+                            ({"self_keys": cache.keys.astype(np.float64)}, "self_keys: expected dtype float32"),
                             ({"source_mask": np.ones((2, 3), bool)}, r"source_mask: expected shape \(2, 4\)"),
                             ({"cross_keys": cache.cross_keys[:, :1]}, "cross_keys: expected shape")]:
         with pytest.raises((ValueError, TypeError), match=pattern):
@@ -228,8 +229,7 @@ def test_a_source_mask_is_checked_at_most_once_per_public_call(mask_checks):
     for padding in (np.array([4, 2]), np.ones((2, 4), bool)):
         mask_checks.clear()
         decoder.apply([target, memory], encoder_padding_mask=padding, training=True)
-        assert mask_checks == ["Layer 'transformer_decoder': `encoder_padding_mask`"] or \
-            len(mask_checks) == 1 and "encoder_padding_mask" in mask_checks[0], mask_checks
+        assert len(mask_checks) == 1 and mask_checks[0].endswith("`encoder_padding_mask`"), mask_checks
     encoder = layers.TransformerEncoder(3, 2, 12)
     mask_checks.clear()
     encoder.apply(target, padding_mask=np.array([3, 1]), training=True)
@@ -267,7 +267,9 @@ def test_the_decoder_layer_has_one_implementation():
     for name, source in _sources().items():
         if name == "layers/transformer.py":
             continue
-        assert not sublayers.search(source), f"{name} reaches into a transformer layer's sublayers"
+        # interop maps weights between the same-named sublayers of torch's and attnx's layers
+        assert name.startswith("interop/") or not sublayers.search(source), \
+            f"{name} reaches into a transformer layer's sublayers"
         assert not re.search(r"scaled_dot_product_attention\([^)]*heads=", source, re.S) or name in (
             "layers/attention.py", "ops.py"), f"{name} runs multi-head attention itself"
         assert "decoder_stack_step" not in source or name == "kernels.py", f"{name} runs the cached step"

@@ -14,9 +14,10 @@ linear layer giving the logits::
 Training is teacher forcing as in Seq2Seq: ``fit(source ids, target ids)`` with targets that start
 with the start token; `train_data` feeds ``[source, target[:, :-1]]`` and scores ``target[:, 1:]``.
 
-Decoding runs one target position at a time. Each decoder layer keeps the keys and values of the
-earlier positions of its self-attention (the cache grows by one row per step, rows reordered
-with the hypotheses in beam search); the keys and values of the encoder output for the
+Decoding runs one target position at a time, through the decoder stack's cached step
+(`TransformerDecoder.step`: every layer in one C++ call). Each decoder layer keeps the keys and
+values of the earlier positions of its self-attention (a `DecoderCache`, one row per step, rows
+reordered with the hypotheses in beam search); the keys and values of the encoder output for the
 cross-attention are projected once per sentence. A sentence leaves the batch as soon as it is
 finished (greedy: its end token; beam search: all its beams ended), so the remaining steps run
 on fewer rows.

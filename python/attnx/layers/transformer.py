@@ -21,8 +21,7 @@ import numpy as np
 
 from .. import activations, backend, initializers, kernels, regularizers
 from ..masking import as_mask
-from .attention import (_dense, _dense_backward, is_shape, scaled_dot_product_attention,
-                        scaled_dot_product_attention_backward)
+from .attention import _default_scale, _dense, _dense_backward, is_shape, scaled_dot_product_attention_backward
 from ..symbolic import any_symbolic
 from .base import Layer
 from .core import Dense
@@ -462,8 +461,8 @@ class MultiHeadAttention(Layer):
 
     Each head h projects the inputs, ``q_h = query W^Q_h``, ``k_h = key W^K_h``, ``v_h = value W^V_h``;
     ``softmax(q_h k_h^T / sqrt(key_dim)) v_h`` and the concatenated heads are projected to the
-    output. The attention core is `attnx.layers.attention.scaled_dot_product_attention` (one
-    kernel call for all batch rows and heads, reading the projections in place).
+    output. The attention core is the kernel of `attnx.layers.attention.scaled_dot_product_attention`
+    (one call for all batch rows and heads, reading the projections in place).
 
     Args:
         num_heads: number of heads.
@@ -661,9 +660,10 @@ class MultiHeadAttention(Layer):
         k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
         v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
         keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype, self._seed_rng) if training else None
-        context, weights = scaled_dot_product_attention(q, k, v, mask=mask, causal=bool(use_causal_mask), heads=H,
-                                                        dropout_keep=keep,
-                                                        return_weights=training or return_attention_scores)
+        # the kernel itself: the mask is checked (scaled_dot_product_attention would check it again)
+        context, weights = kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(use_causal_mask),
+                                                scale=_default_scale(q, H), heads=H, dropout_keep=keep,
+                                                return_weights=bool(training or return_attention_scores))
         context_rows = context.reshape(B * T, H * self.value_dim)
         out = self._project("output", context_rows).reshape(B, T, *self._output_tail())
         outputs = (out, weights) if return_attention_scores else out
@@ -1249,7 +1249,8 @@ class DecoderCache:
         values = np.empty_like(keys)
         keys[:, :, :self.length] = self.keys[:, rows, :self.length]
         values[:, :, :self.length] = self.values[:, rows, :self.length]
-        return DecoderCache(keys, values, self.cross_keys[:, rows], self.cross_values[:, rows],
+        return DecoderCache(keys, values, np.ascontiguousarray(self.cross_keys[:, rows]),
+                            np.ascontiguousarray(self.cross_values[:, rows]),
                             None if self.source_mask is None else self.source_mask[rows], self.length,
                             self.layer_weights)
 
