@@ -33,6 +33,8 @@ def child(threads, sentences, max_length):
     for i, n in enumerate(lengths):
         source[i, :n] = rng.integers(3, 6000, n)
     order = np.argsort(lengths, kind="stable")  # batches of similar lengths, as translate_batch
+    model.greedy_decode(source[:2])  # warm-up: first-call allocations and the thread pool
+    model.beam_search(source[:2], 4)
     for width in (1, 4):
         for batch in (1, 32):
             tokens = 0

@@ -87,21 +87,16 @@ void attend_one_query(T* context, T* weights, const T* q, const T* K, const T* V
     });
 }
 
-// reference: cpp/reference/decoder_step.hpp, decoder_stack_step
-// x (N, D): the embedded tokens of `position` in, the last layer's output out. Per layer l:
-//   self-attention: q, k, v = h W^Q + b^Q, h W^K + b^K, h W^V + b^V   (h: x, or norm1(x) pre-norm)
-//                   keys[l, n, position] = k[n], values[l, n, position] = v[n]
-//                   out = attend(q, keys[l, n, 0..position], values[...]) W^O + b^O
-//   cross-attention: q = h W^Q + b^Q, out = attend(q, cross_keys[l], cross_values[l], source_mask) W^O + b^O
-//   feed-forward: out = act(h W1 + b1) W2 + b2
-// each in its residual block as the header says. cross_weights (N, H, S): the last layer's
-// cross-attention weights, when not null.
+// The step of decoder_stack_step for its rows [lo, hi): every layer on those rows alone.
 template <class T>
-void decoder_stack_step(T* x, T* self_keys, T* self_values, T* cross_weights, const T* cross_keys,
-                        const T* cross_values, const uint8_t* source_mask, const DecoderLayerWeights<T>* layers,
-                        const DecoderStepConfig& c) {
-    const int N = c.N, D = c.D, t = c.position;
+void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights_all, const T* cross_keys,
+                        const T* cross_values, const uint8_t* source_mask_all, const DecoderLayerWeights<T>* layers,
+                        const DecoderStepConfig& c, size_t lo, size_t hi) {
+    const int N = (int)(hi - lo), D = c.D, S = c.S, t = c.position;
     const size_t rows = (size_t)N * D;
+    T* x = x_all + lo * D;
+    T* cross_weights = cross_weights_all ? cross_weights_all + lo * c.H * S : nullptr;
+    const uint8_t* source_mask = source_mask_all ? source_mask_all + lo * S : nullptr;
     std::vector<T> h(rows), q(rows), k(rows), v(rows), context(rows), out(rows), mean(N), rstd(N);
     const T eps = T(c.epsilon);
     // one residual block: x = norm(x + sublayer(x)) or x = x + sublayer(norm(x)); sublayer(in, out)
@@ -120,8 +115,10 @@ void decoder_stack_step(T* x, T* self_keys, T* self_values, T* cross_weights, co
     };
     for (int l = 0; l < c.layers; ++l) {
         const DecoderLayerWeights<T>& w = layers[l];
-        T* keys = self_keys + (size_t)l * N * c.capacity * D;
-        T* values = self_values + (size_t)l * N * c.capacity * D;
+        // this layer's cache rows of rows lo.. (layers are N_all rows apart)
+        const size_t layer_rows = (size_t)l * c.N + lo;
+        T* keys = self_keys + layer_rows * c.capacity * D;
+        T* values = self_values + layer_rows * c.capacity * D;
         residual(w.norm1_gamma, w.norm1_beta, [&](const T* in, T* result) {
             dense_forward<T>(q.data(), in, w.self_query, w.self_query_bias, N, D, D);
             dense_forward<T>(k.data(), in, w.self_key, w.self_key_bias, N, D, D);
@@ -139,10 +136,10 @@ void decoder_stack_step(T* x, T* self_keys, T* self_values, T* cross_weights, co
         if (w.cross_query) {  // an encoder layer decoding causally has no cross-attention block
             residual(w.norm2_gamma, w.norm2_beta, [&](const T* in, T* result) {
                 dense_forward<T>(q.data(), in, w.cross_query, w.cross_query_bias, N, D, D);
-                const size_t layer_offset = (size_t)l * N * c.S * D;
+                const size_t offset = layer_rows * S * D;
                 attend_one_query<T>(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(),
-                                    cross_keys + layer_offset, cross_values + layer_offset, source_mask, N, c.H, D, c.S,
-                                    (size_t)c.S);
+                                    cross_keys + offset, cross_values + offset, source_mask, N, c.H, D, S,
+                                    (size_t)S);
                 dense_forward<T>(result, context.data(), w.cross_output, w.cross_output_bias, N, D, D);
             });
         }
@@ -151,6 +148,28 @@ void decoder_stack_step(T* x, T* self_keys, T* self_values, T* cross_weights, co
                                     c.activation);
         });
     }
+}
+
+// reference: cpp/reference/decoder_step.hpp, decoder_stack_step
+// x (N, D): the embedded tokens of `position` in, the last layer's output out. Per layer l:
+//   self-attention: q, k, v = h W^Q + b^Q, h W^K + b^K, h W^V + b^V   (h: x, or norm1(x) pre-norm)
+//                   keys[l, n, position] = k[n], values[l, n, position] = v[n]
+//                   out = attend(q, keys[l, n, 0..position], values[...]) W^O + b^O
+//   cross-attention: q = h W^Q + b^Q, out = attend(q, cross_keys[l], cross_values[l], source_mask) W^O + b^O
+//   feed-forward: out = act(h W1 + b1) W2 + b2
+// each in its residual block as the header says. cross_weights (N, H, S): the last layer's
+// cross-attention weights, when not null. The rows are split across threads once for the whole
+// stack (one parallel region per step, each thread's products on its own rows), not per product:
+// a step's products are small, and ten regions per layer cost more in wake-ups than they share.
+template <class T>
+void decoder_stack_step(T* x, T* self_keys, T* self_values, T* cross_weights, const T* cross_keys,
+                        const T* cross_values, const uint8_t* source_mask, const DecoderLayerWeights<T>* layers,
+                        const DecoderStepConfig& c) {
+    const double D = c.D, per_row = D * (6 * D + 2 * c.F + 2 * (c.position + 1 + c.S));
+    parallel_for((size_t)c.N, per_row * c.N * c.layers, [&](size_t lo, size_t hi) {
+        decoder_stack_rows<T>(x, self_keys, self_values, cross_weights, cross_keys, cross_values, source_mask,
+                              layers, c, lo, hi);
+    });
 }
 
 }  // namespace attnx
