@@ -67,6 +67,21 @@ def test_stack_step_equals_the_causal_forward_at_every_position(config, dtype, t
     assert cache.keys.shape[:2] == (config["num_layers"], N) and cache.keys.shape[2] >= T
 
 
+def test_stack_step_equals_the_forward_at_every_simd_level(level):
+    """float32 on each SIMD level the CPU has, sizes that leave vector tails (D 24, 3 heads of 8)."""
+    N, T, S, D = 5, 4, 7, 24
+    decoder = layers.TransformerDecoder(2, 3, 40, activation="gelu", dtype="float32")
+    target, memory = rand(N, T, D, seed=11, dtype=np.float32), rand(N, S, D, seed=12, dtype=np.float32)
+    decoder([target, memory])
+    perturbed(decoder)
+    mask = memory_mask(N, S)
+    full, _ = decoder.apply([target, memory], encoder_padding_mask=mask)
+    cache = decoder.start_cache(memory, mask)
+    for t in range(T):
+        y, cache, _ = decoder.step(target[:, t], cache)
+        assert_close(y, full[:, t], atol=3e-5, what=f"{level} position {t}")
+
+
 def test_layer_step_equals_the_layer_forward():
     N, T, S, D = 2, 4, 3, 6
     layer = layers.TransformerDecoderLayer(3, 10, dtype="float64")
