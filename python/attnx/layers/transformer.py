@@ -973,7 +973,8 @@ class TransformerDecoderLayer(_TransformerLayerBase):
 
     Output shape: ``(batch, T, D)``. ``backprop(cache, dy)`` returns ``[dtarget, dmemory]``.
     Weights: ``self_attention/*``, ``norm1/*``, ``cross_attention/*``, ``norm2/*``,
-    ``feed_forward/*``, ``norm3/*``.
+    ``feed_forward/*``, ``norm3/*``. Cached decoding: ``start_cache`` / ``step`` (as
+    `TransformerDecoder`'s, for this one layer); ``residual_blocks()`` describes the structure.
     """
 
     def build(self, input_shape):
@@ -1149,6 +1150,8 @@ class TransformerDecoder(_TransformerStack):
     Call arguments: as TransformerDecoderLayer; with return_attention_scores the self- and
     cross-attention weights come as two lists, one array per layer.
     Output shape ``(batch, T, D)``; ``backprop(cache, dy)`` returns ``[dtarget, dmemory]``.
+    Cached decoding: ``cache = start_cache(memory, encoder_padding_mask)``, then per position
+    ``y, cache, weights = step(x, cache)`` (every layer in one C++ call).
     """
 
     layer_class = TransformerDecoderLayer
