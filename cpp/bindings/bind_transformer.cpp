@@ -1,8 +1,10 @@
-// Layer normalization, positional encodings, dropout masks and residuals.
+// Layer normalization, positional encodings, dropout masks and residuals, and the cached step of a
+// decoder stack.
 #include <pybind11/stl.h>
 
 #include <cstdint>
 
+#include "attnx/decoder_step.hpp"
 #include "attnx/transformer.hpp"
 #include "bindings.hpp"
 #include "checks.hpp"
@@ -213,6 +215,110 @@ void init_transformer(py::module_& m) {
             });
         },
         py::arg("x"), py::arg("sub"), py::arg("keep"), "y = x + keep * sub (keep None: y = x + sub).");
+    m.def(
+        "decoder_stack_step",
+        [](const py::array& x, py::array& self_keys, py::array& self_values, const py::array& cross_keys,
+           const py::array& cross_values, const py::object& source_mask, int position,
+           const std::vector<std::vector<py::object>>& weights, int num_heads, bool norm_first, double epsilon,
+           const std::string& activation, bool return_attention) {
+            static const char* kNames[22] = {
+                "norm1 gamma", "norm1 beta", "self query kernel", "self query bias", "self key kernel",
+                "self key bias", "self value kernel", "self value bias", "self output kernel", "self output bias",
+                "norm2 gamma", "norm2 beta", "cross query kernel", "cross query bias", "cross output kernel",
+                "cross output bias", "norm3 gamma", "norm3 beta", "feed-forward kernel1", "feed-forward bias1",
+                "feed-forward kernel2", "feed-forward bias2"};
+            const Activation act = parse_activation(activation);
+            return dispatch_float(x, "decoder_stack_step: x", [&](auto tag) -> py::tuple {
+                using T = decltype(tag);
+                check_rank(x, 2, "decoder_stack_step: x");
+                check_rank(self_keys, 4, "decoder_stack_step: self_keys");
+                check_rank(cross_keys, 4, "decoder_stack_step: cross_keys");
+                const auto N = x.shape(0), D = x.shape(1), L = self_keys.shape(0), capacity = self_keys.shape(2);
+                const auto S = cross_keys.shape(2);
+                check_shape(self_keys, {L, N, capacity, D}, "decoder_stack_step: self_keys");
+                check_shape(self_values, {L, N, capacity, D}, "decoder_stack_step: self_values");
+                check_shape(cross_keys, {L, N, S, D}, "decoder_stack_step: cross_keys");
+                check_shape(cross_values, {L, N, S, D}, "decoder_stack_step: cross_values");
+                if (L < 1 || (py::ssize_t)weights.size() != L)
+                    throw py::value_error("decoder_stack_step: weights must hold one list per layer of the caches (" +
+                                          std::to_string(L) + "), got " + std::to_string(weights.size()));
+                if (num_heads < 1 || D % num_heads)
+                    throw py::value_error("decoder_stack_step: num_heads must divide the model size " +
+                                          std::to_string(D) + ", got " + std::to_string(num_heads));
+                if (position < 0 || position >= capacity)
+                    throw py::value_error("decoder_stack_step: position must be in [0, capacity " +
+                                          std::to_string(capacity) + "), got " + std::to_string(position));
+                if (!(epsilon > 0)) throw py::value_error("decoder_stack_step: epsilon must be positive");
+                const MaskRows mask = parse_position_mask(source_mask, N, S, "decoder_stack_step", "source_mask");
+                const T* px = in_ptr<T>(x, "decoder_stack_step: x");
+                T* pkeys = inout_ptr<T>(self_keys, "decoder_stack_step: self_keys");
+                T* pvalues = inout_ptr<T>(self_values, "decoder_stack_step: self_values");
+                const T* pcross_keys = in_ptr<T>(cross_keys, "decoder_stack_step: cross_keys");
+                const T* pcross_values = in_ptr<T>(cross_values, "decoder_stack_step: cross_values");
+                std::vector<DecoderLayerWeights<T>> layers((size_t)L);
+                py::ssize_t F = -1;
+                for (py::ssize_t l = 0; l < L; ++l) {
+                    if (weights[l].size() != 22)
+                        throw py::value_error("decoder_stack_step: weights[" + std::to_string(l) +
+                                              "] must hold 22 arrays (or None), got " +
+                                              std::to_string(weights[l].size()));
+                    if (weights[l][18].is_none())
+                        throw py::value_error("decoder_stack_step: the feed-forward kernel1 is required");
+                    const py::ssize_t width =
+                        shaped_array_arg(weights[l][18], {D, -1}, "decoder_stack_step: feed-forward kernel1").shape(1);
+                    if (F >= 0 && width != F)
+                        throw py::value_error("decoder_stack_step: every layer's feed-forward width must be equal");
+                    F = width;
+                    // (D, D) kernels, (D,) biases and norms; the feed-forward network (D, F), (F,), (F, D), (D,)
+                    const T* p[22];
+                    for (int i = 0; i < 22; ++i) {
+                        const bool kernel = i == 2 || i == 4 || i == 6 || i == 8 || i == 12 || i == 14;
+                        std::vector<py::ssize_t> shape = kernel ? std::vector<py::ssize_t>{D, D}
+                                                         : std::vector<py::ssize_t>{D};
+                        if (i == 18) shape = {D, F};
+                        if (i == 19) shape = {F};
+                        if (i == 20) shape = {F, D};
+                        const std::string what = "decoder_stack_step: layer " + std::to_string(l) + " " + kNames[i];
+                        // without a cross-attention query the whole cross-attention block is absent
+                        const bool cross = i >= 10 && i < 16, has_cross = !weights[l][12].is_none();
+                        if (cross && !has_cross && !weights[l][i].is_none())
+                            throw py::value_error(what + " given without the cross-attention query kernel");
+                        const bool required = (kernel && (!cross || has_cross)) || i == 18 || i == 20;
+                        if (required && weights[l][i].is_none()) throw py::value_error(what + " is required");
+                        p[i] = optional_in_ptr<T>(weights[l][i], shape, what.c_str());
+                    }
+                    layers[l] = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
+                                 p[12], p[13], p[14], p[15], p[16], p[17], p[18], p[19], p[20], p[21]};
+                }
+                DecoderStepConfig config;
+                config.layers = (int)L, config.N = (int)N, config.D = (int)D, config.H = num_heads;
+                config.F = (int)F, config.S = (int)S, config.capacity = (int)capacity, config.position = position;
+                config.norm_first = norm_first, config.epsilon = epsilon, config.activation = act;
+                auto y = new_array<T>({N, D});
+                std::copy(px, px + N * D, y.mutable_data());
+                py::object weights_out = py::none();
+                T* pweights = nullptr;
+                if (return_attention) {
+                    auto w = new_array<T>({N, (py::ssize_t)num_heads, S});
+                    pweights = w.mutable_data();
+                    weights_out = std::move(w);
+                }
+                T* py_ = y.mutable_data();
+                if (N > 0) {
+                    py::gil_scoped_release release;
+                    decoder_stack_step<T>(py_, pkeys, pvalues, pweights, pcross_keys, pcross_values, mask.data,
+                                          layers.data(), config);
+                }
+                return py::make_tuple(y, weights_out);
+            });
+        },
+        py::arg("x"), py::arg("self_keys"), py::arg("self_values"), py::arg("cross_keys"), py::arg("cross_values"),
+        py::arg("source_mask"), py::arg("position"), py::arg("weights"), py::arg("num_heads"),
+        py::arg("norm_first"), py::arg("epsilon"), py::arg("activation"), py::arg("return_attention") = false,
+        "One cached position through every decoder layer of a stack for x (N, D): writes row `position` of the "
+        "self-attention caches (layers, N, capacity, D) in place and returns (y (N, D), the last layer's "
+        "cross-attention weights (N, heads, S) or None). weights: per layer 22 arrays in DecoderLayerWeights' "
+        "order (cpp/include/attnx/decoder_step.hpp).");
 }
 
 }  // namespace attnx::bind

@@ -202,3 +202,10 @@ def rnn_forward_int8(
     reverse: bool = False, reset_after: bool = True, activation: str = "tanh", recurrent_activation: str = "sigmoid",
     return_sequences: bool = True,
 ) -> tuple[Array | None, Array, Array | None]: ...
+
+# ---------------------------------------------------------------------------- cached decoding (decoder_step.hpp)
+def decoder_stack_step(
+    x: Array, self_keys: Array, self_values: Array, cross_keys: Array, cross_values: Array, source_mask: Mask,
+    position: int, weights: list[list[Array | None]], num_heads: int, norm_first: bool, epsilon: float,
+    activation: str, return_attention: bool = False,
+) -> tuple[Array, Array | None]: ...

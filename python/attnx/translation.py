@@ -14,9 +14,10 @@ linear layer giving the logits::
 Training is teacher forcing as in Seq2Seq: ``fit(source ids, target ids)`` with targets that start
 with the start token; `train_data` feeds ``[source, target[:, :-1]]`` and scores ``target[:, 1:]``.
 
-Decoding runs one target position at a time. Each decoder layer keeps the keys and values of the
-earlier positions of its self-attention (the cache grows by one row per step, rows reordered
-with the hypotheses in beam search); the keys and values of the encoder output for the
+Decoding runs one target position at a time, through the decoder stack's cached step
+(`TransformerDecoder.step`: every layer in one C++ call). Each decoder layer keeps the keys and
+values of the earlier positions of its self-attention (a `DecoderCache`, one row per step, rows
+reordered with the hypotheses in beam search); the keys and values of the encoder output for the
 cross-attention are projected once per sentence. A sentence leaves the batch as soon as it is
 finished (greedy: its end token; beam search: all its beams ended), so the remaining steps run
 on fewer rows.
@@ -39,10 +40,9 @@ from . import backend, initializers, losses, metrics, optimizers, text
 from .backend import unique_name
 from .decoding import check_target_ids, length_penalty as _length_penalty, log_softmax as _log_softmax
 from .decoding import positive_int as _positive_int
-from .layers.attention import scaled_dot_product_attention
 from .layers.core import Dense, Dropout, Embedding
 from .layers.transformer import (LayerNormalization, PositionalEncoding, PositionEmbedding, TransformerDecoder,
-                                 TransformerEncoder)
+                                 TransformerEncoder, head_sizes)
 from .models import Model
 
 __all__ = ["Transformer", "Hypothesis", "LengthBuckets"]
@@ -57,24 +57,6 @@ class Hypothesis(NamedTuple):
     tokens: list
     score: float
     attention: np.ndarray
-
-
-class _StepState(NamedTuple):
-    """What decoding carries between steps, per decoder layer, for N rows: the self-attention keys
-    and values of the positions decoded so far (N, t, heads * head_dim), the cross-attention keys and
-    values of the encoder output (N, S, heads * head_dim), and the source mask (N, S)."""
-
-    self_keys: list
-    self_values: list
-    cross_keys: list
-    cross_values: list
-    source_mask: np.ndarray
-
-    def select(self, rows):
-        """The state of the given rows (an index or bool array), in that order."""
-        pick = (lambda arrays: [a[rows] for a in arrays])
-        return _StepState(pick(self.self_keys), pick(self.self_values), pick(self.cross_keys),
-                          pick(self.cross_values), self.source_mask[rows])
 
 
 class _Cache(NamedTuple):
@@ -184,9 +166,7 @@ class Transformer(Model):
         self.source_vocab_size = _positive_int(owner, "source_vocab_size", source_vocab_size)
         self.target_vocab_size = _positive_int(owner, "target_vocab_size", target_vocab_size)
         self.model_dim = _positive_int(owner, "model_dim", model_dim)
-        self.num_heads = _positive_int(owner, "num_heads", num_heads)
-        if self.model_dim % self.num_heads:
-            raise ValueError(f"Transformer: model_dim={model_dim} is not divisible by num_heads={num_heads}")
+        self.num_heads, _ = head_sizes(owner, num_heads, self.model_dim)
         if positions not in ("sinusoidal", "learned"):
             raise ValueError(f"Transformer: `positions` must be 'sinusoidal' or 'learned', got {positions!r}")
         self.positions = positions
@@ -336,7 +316,8 @@ class Transformer(Model):
         """(memory (B, S, D), source mask (B, S), caches) of checked source ids."""
         source_mask = source != 0
         x, embedding_cache = self._embed(self.source_embedding, self.source_positions, source, training)
-        x, encoder_cache = self.encoder.apply(x, padding_mask=source_mask, training=training)
+        # the mask of checked ids needs no other check: the stacks take it as checked
+        x, encoder_cache = self.encoder.forward_checked(x, source_mask, training=training)
         memory, norm_cache = self.encoder_norm.apply(x, training=training)
         return memory, source_mask, (embedding_cache, encoder_cache, norm_cache)
 
@@ -352,8 +333,8 @@ class Transformer(Model):
         y, target_embedding_cache = self._embed(self.target_embedding, self.target_positions, target, training)
         # the causal mask alone: targets are padded at the end, so a real position never sees padding
         # (the outputs at padded positions are not scored)
-        h, decoder_cache = self.decoder.apply([y, memory], encoder_padding_mask=source_mask, use_causal_mask=True,
-                                              training=training)
+        h, decoder_cache = self.decoder.forward_checked(y, memory, None, source_mask, use_causal_mask=True,
+                                                        training=training)
         h, decoder_norm_cache = self.decoder_norm.apply(h, training=training)
         logits, output_cache = self._logits(h, training)
         if not training:
@@ -456,77 +437,39 @@ class Transformer(Model):
     def _decode_length(self, max_length):
         return self.max_length if max_length is None else _positive_int("Transformer", "max_length", max_length)
 
-    def start_state(self, memory, source_mask):
-        """The decoding state of encoder outputs (N, S, D): empty self-attention caches and the
-        cross-attention keys and values of every decoder layer, projected once."""
-        blocks = self.decoder.blocks
-        empty = np.zeros((memory.shape[0], 0, self.model_dim), dtype=memory.dtype)
-        return _StepState([empty] * len(blocks), [empty] * len(blocks),
-                          [b.cross_attention.project("key", memory) for b in blocks],
-                          [b.cross_attention.project("value", memory) for b in blocks], source_mask)
+    def start_state(self, memory, source_mask, capacity=None):
+        """The decoding state of encoder outputs memory (N, S, D) with source mask (N, S): the
+        decoder stack's `DecoderCache` (cross-attention keys and values projected once, room for
+        `capacity` positions, default max_length)."""
+        return self.decoder.start_cache(memory, source_mask, self.max_length if capacity is None else capacity)
 
     def step(self, ids, position, state, return_attention=False):
-        """One decoder position for N rows.
+        """One decoder position for N rows: the decoder stack's cached step (one C++ call for every
+        layer), then the final norm and the output projection.
 
         Args:
             ids: (N,) the previous tokens (the start token at position 0).
             position: the target position of `ids` (the number of steps decoded before).
-            state: a `_StepState` (``start_state`` at position 0).
+            state: the `DecoderCache` of ``start_state``, or of the last step (extended in place and
+                returned; its ``select(rows)`` gives the state of some rows).
             return_attention: also return the last layer's cross-attention (N, heads, S).
         Returns:
             (logits (N, V), the next state, attention or None); equal to the teacher-forced
             forward's logits at `position`.
         """
+        if position != state.length:
+            raise ValueError(f"Transformer.step: the state holds {state.length} decoded positions, so the next "
+                             f"position is {state.length}, got position={position}")
         x, _ = self.target_embedding.apply(np.asarray(ids, dtype=np.int64)[:, None])
-        x = x * x.dtype.type(math.sqrt(self.model_dim))
+        x = x[:, 0] * x.dtype.type(math.sqrt(self.model_dim))
         if self.positions == "sinusoidal":
             x += self.target_positions.table(position + 1, self.model_dim)[position]
         else:
             x += self.target_positions.params["embeddings"][position]
-        keys, values, weights = [], [], None
-        last = len(self.decoder.blocks) - 1
-        for i, block in enumerate(self.decoder.blocks):
-            x, k, v, weights = self._block_step(block, x, state.self_keys[i], state.self_values[i],
-                                                state.cross_keys[i], state.cross_values[i], state.source_mask,
-                                                return_attention and i == last)
-            keys.append(k)
-            values.append(v)
-        h, _ = self.decoder_norm.apply(x)
-        logits, _ = self._logits(h[:, 0], False)
-        state = _StepState(keys, values, state.cross_keys, state.cross_values, state.source_mask)
-        return logits, state, (None if weights is None else weights[:, :, 0])
-
-    def _block_step(self, block, x, past_keys, past_values, cross_keys, cross_values, source_mask, want_weights):
-        """`TransformerDecoderLayer.forward` for one new position x (N, 1, D), its self-attention
-        reading the cached keys and values of the earlier positions. Returns (y, keys, values, weights)."""
-        heads = self.num_heads
-
-        def residual(x, norm, sublayer):
-            y = x + sublayer(norm.apply(x)[0] if block.norm_first else x)
-            return y if block.norm_first else norm.apply(y)[0]
-
-        def self_attend(h):
-            nonlocal keys, values
-            att = block.self_attention
-            keys = np.concatenate([past_keys, att.project("key", h)], axis=1)
-            values = np.concatenate([past_values, att.project("value", h)], axis=1)
-            context, _ = scaled_dot_product_attention(att.project("query", h), keys, values, heads=heads,
-                                                      return_weights=False)
-            return att.project("output", context)
-
-        def cross_attend(h):
-            nonlocal weights
-            att = block.cross_attention
-            context, weights = scaled_dot_product_attention(att.project("query", h), cross_keys, cross_values,
-                                                            mask=source_mask, heads=heads,
-                                                            return_weights=want_weights)
-            return att.project("output", context)
-
-        keys = values = weights = None
-        x = residual(x, block.norm1, self_attend)
-        x = residual(x, block.norm2, cross_attend)
-        x = residual(x, block.norm3, lambda h: block.feed_forward.apply(h)[0])
-        return x, keys, values, weights
+        h, state, weights = self.decoder.step(x, state, return_attention_scores=return_attention)
+        h, _ = self.decoder_norm.apply(h)
+        logits, _ = self._logits(h, False)
+        return logits, state, weights
 
     def greedy_decode(self, source, max_length=None):
         """The most likely next token at every step, for source ids (B, S); a row leaves the batch

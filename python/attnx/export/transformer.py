@@ -2,6 +2,7 @@
 PositionalEncoding (the sinusoids computed in the graph for any length, in double precision as
 attnx's table), PositionEmbedding, FeedForward, MultiHeadAttention (MatMul / Softmax per head), and
 the encoder and decoder layers and stacks (post- or pre-norm)."""
+import functools
 import math
 
 import numpy as np
@@ -133,13 +134,27 @@ def _residual(g, layer, x, norm, sublayer):
     return (y if layer.norm_first else layer_norm(g, norm, y)), weights
 
 
+def _layer_blocks(g, layer, x, sublayers):
+    """An encoder or decoder layer as its public description says (`residual_blocks()`, in order):
+    returns (y, {kind: attention weights or None}); `sublayers` maps each kind to
+    ``fn(sublayer, h) -> (output, weights)``."""
+    weights = {}
+    for kind, norm, sublayer in layer.residual_blocks():
+        x, weights[kind] = _residual(g, layer, x, norm, functools.partial(sublayers[kind], sublayer))
+    return x, weights
+
+
+def _feed_forward_block(g):
+    return lambda layer, h: (feed_forward(g, layer, h), None)
+
+
 def encoder_layer(g, layer, x, padding_mask=None, attention_mask=None, causal=False, want_weights=False):
     """(y, self-attention weights or None) of TransformerEncoderLayer `layer` on x (B, T, D)."""
     allowed = attention_allowed(g, x, x, attention_mask, padding_mask, causal)
-    y, weights = _residual(g, layer, x, layer.norm1,
-                           lambda h: multi_head_attention(g, layer.self_attention, h, h, None, allowed, want_weights))
-    y, _ = _residual(g, layer, y, layer.norm2, lambda h: (feed_forward(g, layer.feed_forward, h), None))
-    return y, weights
+    y, weights = _layer_blocks(g, layer, x, {
+        "self_attention": lambda att, h: multi_head_attention(g, att, h, h, None, allowed, want_weights),
+        "feed_forward": _feed_forward_block(g)})
+    return y, weights["self_attention"]
 
 
 def decoder_layer(g, layer, x, memory, masks, want_weights=False):
@@ -148,12 +163,11 @@ def decoder_layer(g, layer, x, memory, masks, want_weights=False):
     self_allowed = attention_allowed(g, x, x, masks["decoder_attention_mask"], masks["decoder_padding_mask"],
                                      masks["use_causal_mask"])
     cross_allowed = attention_allowed(g, x, memory, masks["encoder_attention_mask"], masks["encoder_padding_mask"])
-    y, self_weights = _residual(g, layer, x, layer.norm1, lambda h: multi_head_attention(
-        g, layer.self_attention, h, h, None, self_allowed, want_weights))
-    y, cross_weights = _residual(g, layer, y, layer.norm2, lambda h: multi_head_attention(
-        g, layer.cross_attention, h, memory, None, cross_allowed, want_weights))
-    y, _ = _residual(g, layer, y, layer.norm3, lambda h: (feed_forward(g, layer.feed_forward, h), None))
-    return y, self_weights, cross_weights
+    y, weights = _layer_blocks(g, layer, x, {
+        "self_attention": lambda att, h: multi_head_attention(g, att, h, h, None, self_allowed, want_weights),
+        "cross_attention": lambda att, h: multi_head_attention(g, att, h, memory, None, cross_allowed, want_weights),
+        "feed_forward": _feed_forward_block(g)})
+    return y, weights["self_attention"], weights["cross_attention"]
 
 
 def _encoder_arguments(call):

@@ -21,8 +21,7 @@ import numpy as np
 
 from .. import activations, backend, initializers, kernels, regularizers
 from ..masking import as_mask
-from .attention import (_dense, _dense_backward, is_shape, scaled_dot_product_attention,
-                        scaled_dot_product_attention_backward)
+from .attention import _default_scale, _dense, _dense_backward, is_shape, scaled_dot_product_attention_backward
 from ..symbolic import any_symbolic
 from .base import Layer
 from .core import Dense
@@ -72,6 +71,20 @@ def _combine_masks(attention_mask, padding_mask):
     if padding_mask is None:
         return attention_mask
     return attention_mask & padding_mask[:, None, :]
+
+
+def _decoder_masks(layer, target_shape, S, decoder_padding_mask, decoder_attention_mask, encoder_padding_mask,
+                   encoder_attention_mask):
+    """A decoder layer's or stack's four mask arguments, checked once, as the (self-attention,
+    cross-attention) masks the kernels take, for a target (B, T) and S memory positions."""
+    B, T = target_shape
+    self_mask = _combine_masks(
+        _attention_mask(decoder_attention_mask, B, T, T, _where(layer, "decoder_attention_mask")),
+        as_mask(decoder_padding_mask, B, T, _where(layer, "decoder_padding_mask")))
+    cross_mask = _combine_masks(
+        _attention_mask(encoder_attention_mask, B, T, S, _where(layer, "encoder_attention_mask")),
+        as_mask(encoder_padding_mask, B, S, _where(layer, "encoder_padding_mask")))
+    return self_mask, cross_mask
 
 
 class _Composite(Layer):
@@ -397,6 +410,19 @@ class FeedForward(_Composite):
 
 
 # ---------------------------------------------------------------------------- attention
+def head_sizes(owner, num_heads, model_dim=None):
+    """The one rule for a number of heads, for every layer and model that takes `num_heads`: a
+    positive integer (2.5 or True is an error, never truncated) dividing the model size `model_dim`
+    (when known). Returns (num_heads, model_dim // num_heads or None)."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
+        raise ValueError(f"{owner}: `num_heads` must be a positive integer, got {num_heads!r}")
+    if model_dim is None:
+        return int(num_heads), None
+    if model_dim % num_heads:
+        raise ValueError(f"{owner}: the embedding size {model_dim} is not divisible by num_heads={num_heads}")
+    return int(num_heads), int(model_dim) // int(num_heads)
+
+
 def _positive_int(value, arg):
     """`value` as a positive int; MultiHeadAttention's error (naming `arg`) for 0, negatives, floats."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
@@ -435,8 +461,8 @@ class MultiHeadAttention(Layer):
 
     Each head h projects the inputs, ``q_h = query W^Q_h``, ``k_h = key W^K_h``, ``v_h = value W^V_h``;
     ``softmax(q_h k_h^T / sqrt(key_dim)) v_h`` and the concatenated heads are projected to the
-    output. The attention core is `attnx.layers.attention.scaled_dot_product_attention` (one
-    kernel call for all batch rows and heads, reading the projections in place).
+    output. The attention core is the kernel of `attnx.layers.attention.scaled_dot_product_attention`
+    (one call for all batch rows and heads, reading the projections in place).
 
     Args:
         num_heads: number of heads.
@@ -474,7 +500,8 @@ class MultiHeadAttention(Layer):
     def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True, output_shape=None,
                  kernel_initializer="glorot_uniform", bias_initializer="zeros", seed=None, **kwargs):
         super().__init__(**kwargs)
-        self.num_heads, self.key_dim = _positive_int(num_heads, "num_heads"), _positive_int(key_dim, "key_dim")
+        self.num_heads, _ = head_sizes("MultiHeadAttention", num_heads)
+        self.key_dim = _positive_int(key_dim, "key_dim")
         self.value_dim = _positive_int(value_dim, "value_dim") if value_dim is not None else self.key_dim
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
@@ -543,6 +570,11 @@ class MultiHeadAttention(Layer):
         if self.use_bias:
             self.add_weight("output_bias", out, self.bias_initializer)
 
+    def matrix(self, name):
+        """The kernel of projection `name` ("query", "key", "value", "output") as the (in, out)
+        matrix the kernels take (a view of the weight)."""
+        return self._matrix(name, self.params[f"{name}_kernel"])
+
     @staticmethod
     def _matrix(name, kernel):
         """The Keras-shaped kernel as the (in, out) matrix dense_forward takes (a view)."""
@@ -608,7 +640,18 @@ class MultiHeadAttention(Layer):
             full = np.ones((B, T, S), bool) if mask is None else np.broadcast_to(
                 mask if mask.ndim == 3 else mask[:, None, :], (B, T, S))
             mask = np.ascontiguousarray(full & rows[:, :, None])
+        return self.forward_checked(q_in, v_in, k_in if has_key else None, mask, use_causal_mask,
+                                    return_attention_scores, training)
 
+    def forward_checked(self, query, value, key, mask, use_causal_mask=False, return_attention_scores=False,
+                        training=False):
+        """`forward` on inputs and one mask it has checked: query (B, T, in), value (B, S, in), key or
+        None (the value), mask (B, S), (B, T, S), (1, T, S) or None as the kernel takes it (the
+        layers of this module call it with the masks they checked once)."""
+        q_in, v_in = query, value
+        has_key = key is not None
+        k_in = key if has_key else v_in
+        (B, T), S = q_in.shape[:2], v_in.shape[1]
         H = self.num_heads
         # sizes spelled out, not -1: a zero-length query or value (B * T == 0) has no size to infer from
         q_rows, k_rows, v_rows = (q_in.reshape(B * T, q_in.shape[2]), k_in.reshape(B * S, k_in.shape[2]),
@@ -617,9 +660,10 @@ class MultiHeadAttention(Layer):
         k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
         v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
         keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype, self._seed_rng) if training else None
-        context, weights = scaled_dot_product_attention(q, k, v, mask=mask, causal=bool(use_causal_mask), heads=H,
-                                                        dropout_keep=keep,
-                                                        return_weights=training or return_attention_scores)
+        # the kernel itself: the mask is checked (scaled_dot_product_attention would check it again)
+        context, weights = kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(use_causal_mask),
+                                                scale=_default_scale(q, H), heads=H, dropout_keep=keep,
+                                                return_weights=bool(training or return_attention_scores))
         context_rows = context.reshape(B * T, H * self.value_dim)
         out = self._project("output", context_rows).reshape(B, T, *self._output_tail())
         outputs = (out, weights) if return_attention_scores else out
@@ -697,33 +741,30 @@ class _TransformerLayerBase(_Composite):
     def __init__(self, num_heads, intermediate_dim, dropout=0.0, activation="relu", layer_norm_epsilon=1e-5,
                  norm_first=False, **kwargs):
         super().__init__(**kwargs)
-        if int(num_heads) <= 0 or int(intermediate_dim) <= 0:
-            raise ValueError(f"{type(self).__name__}: num_heads and intermediate_dim must be positive, got "
-                             f"{num_heads}, {intermediate_dim}")
+        self.num_heads, _ = head_sizes(type(self).__name__, num_heads)
+        if int(intermediate_dim) <= 0:
+            raise ValueError(f"{type(self).__name__}: intermediate_dim must be positive, got {intermediate_dim}")
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
-        self.num_heads, self.intermediate_dim = int(num_heads), int(intermediate_dim)
+        self.intermediate_dim = int(intermediate_dim)
         self.dropout = float(dropout)
         self.activation = activations.get(activation)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.norm_first = bool(norm_first)
-        self.model_dim = None
+        self.model_dim = self.head_dim = None
 
     def _model_dim(self, input_shape):
         if not is_shape(input_shape, (3,)) or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, T, features) with known features, got "
                              f"shape {input_shape}")
-        dim = int(input_shape[-1])
-        if dim % self.num_heads:
-            raise ValueError(f"Layer '{self.name}': the embedding size {dim} (last axis of shape {input_shape}) "
-                             f"is not divisible by num_heads={self.num_heads}")
-        self.model_dim = dim
+        self.model_dim = int(input_shape[-1])
+        _, self.head_dim = head_sizes(f"Layer '{self.name}' (inputs of shape {input_shape})", self.num_heads,
+                                      self.model_dim)
         return self.model_dim
 
     def _attention(self, prefix, input_shapes):
-        dim = self.model_dim
         return self._add_sublayer(prefix, MultiHeadAttention(
-            self.num_heads, dim // self.num_heads, dropout=self.dropout, dtype=self.dtype,
+            self.num_heads, self.head_dim, dropout=self.dropout, dtype=self.dtype,
             name=f"{self.name}/{prefix}"), input_shapes)
 
     def _norm(self, prefix, input_shape):
@@ -769,12 +810,12 @@ class _TransformerLayerBase(_Composite):
         return dy + dh, dsource
 
     @staticmethod
-    def _attention_sublayer(attention, source, return_attention_scores, **kwargs):
+    def _attention_sublayer(attention, source, mask, use_causal_mask, return_attention_scores, training):
         """`attention` as a residual block's sublayer: the stream h attends to `source` (to itself
-        when None)."""
+        when None) under a checked mask."""
         def sublayer(h):
-            outputs, cache = attention.apply(h, h if source is None else source,
-                                             return_attention_scores=return_attention_scores, **kwargs)
+            outputs, cache = attention.forward_checked(h, h if source is None else source, None, mask,
+                                                       use_causal_mask, return_attention_scores, training)
             output, weights = outputs if return_attention_scores else (outputs, None)
             return output, cache, weights
         return sublayer
@@ -792,6 +833,31 @@ class _TransformerLayerBase(_Composite):
         dquery, dvalue = grads
         dquery += dvalue  # query, key and value are one stream
         return dquery, None
+
+    # where each residual block's weights start in the cached step's list (decoder_step.hpp's
+    # DecoderLayerWeights): a norm's gamma and beta, then the sublayer's
+    _STEP_SLOTS = {"self_attention": (0, ("query", "key", "value", "output")),
+                   "cross_attention": (10, ("query", "output")), "feed_forward": (16, None)}
+
+    def step_weights(self):
+        """The 22 weights (or None) in the order the cached step takes them (`decoder_step.hpp`'s
+        DecoderLayerWeights), from `residual_blocks()`: per block its norm's gamma and beta, then
+        the attention's projections as (in, out) matrices with their biases (the cross-attention's
+        query and output only: its keys and values are the cache's), or the feed-forward network's
+        two kernels and biases. An encoder layer leaves the cross-attention block's entries None."""
+        weights = [None] * 22
+        for kind, norm, sublayer in self.residual_blocks():
+            start, projections = self._STEP_SLOTS[kind]
+            weights[start:start + 2] = [norm.params.get("gamma"), norm.params.get("beta")]
+            if projections is None:
+                denses = (sublayer.intermediate_dense, sublayer.output_dense)
+                weights[start + 2:start + 6] = [w for d in denses for w in (d.params["kernel"], d.params.get("bias"))]
+                continue
+            for i, name in enumerate(projections):
+                bias = sublayer.params.get(f"{name}_bias")
+                weights[start + 2 + 2 * i:start + 4 + 2 * i] = [sublayer.matrix(name),
+                                                                None if bias is None else bias.reshape(-1)]
+        return weights
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "intermediate_dim": self.intermediate_dim,
@@ -841,11 +907,16 @@ class TransformerEncoderLayer(_TransformerLayerBase):
                 return_attention_scores=False, training=False, mask=None):
         x = self._float_input(inputs, ndim=3, last_dim=self.model_dim)
         B, T = x.shape[:2]
-        self_attend = self._attention_sublayer(
-            self.self_attention, None, return_attention_scores, training=training, use_causal_mask=use_causal_mask,
-            attention_mask=_attention_mask(attention_mask, B, T, T, _where(self, "attention_mask")),
-            key_padding_mask=as_mask(mask if padding_mask is None else padding_mask, B, T,
-                                     _where(self, "padding_mask")))
+        self_mask = _combine_masks(_attention_mask(attention_mask, B, T, T, _where(self, "attention_mask")),
+                                   as_mask(mask if padding_mask is None else padding_mask, B, T,
+                                           _where(self, "padding_mask")))
+        return self.forward_checked(x, self_mask, use_causal_mask, return_attention_scores, training)
+
+    def forward_checked(self, x, self_mask, use_causal_mask=False, return_attention_scores=False, training=False):
+        """`forward` on inputs x (B, T, D) and the self-attention mask it checked (as
+        `MultiHeadAttention.forward_checked` takes it): what TransformerEncoder runs per layer."""
+        self_attend = self._attention_sublayer(self.self_attention, None, self_mask, use_causal_mask,
+                                               return_attention_scores, training)
         y, weights, attention_block = self._residual(x, self.norm1, self_attend, training)
         y, _, feed_forward_block = self._residual(y, self.norm2, self._feed_forward_sublayer(training), training)
         outputs = (y, weights) if return_attention_scores else y
@@ -857,6 +928,22 @@ class TransformerEncoderLayer(_TransformerLayerBase):
         dy, _ = self._residual_backprop(feed_forward_block, dy, self.norm2, self._feed_forward_backprop)
         dx, _ = self._residual_backprop(attention_block, dy, self.norm1, self._self_attention_backprop)
         return dx
+
+    def residual_blocks(self):
+        """The layer's structure, read by the ONNX export: its residual blocks in order as (kind,
+        norm, sublayer), as `TransformerDecoderLayer.residual_blocks`."""
+        return [("self_attention", self.norm1, self.self_attention), ("feed_forward", self.norm2, self.feed_forward)]
+
+    def start_cache(self, batch_size, capacity=16):
+        """An empty `DecoderCache` for `step` over `batch_size` rows: this layer run causally, one
+        position at a time (a decoder-only model's layer)."""
+        return _start_cache(self, [self], None, None, capacity, batch_size)
+
+    def step(self, x, cache):
+        """One position x (N, D) over the cache: this layer's forward with use_causal_mask=True at
+        that position (see `TransformerEncoder.step`). Returns (y, cache)."""
+        y, cache, _ = _cached_step(self, [self], x, cache, False)
+        return y, cache
 
     def compute_output_shape(self, input_shape, return_attention_scores=False):
         if not return_attention_scores:
@@ -886,7 +973,8 @@ class TransformerDecoderLayer(_TransformerLayerBase):
 
     Output shape: ``(batch, T, D)``. ``backprop(cache, dy)`` returns ``[dtarget, dmemory]``.
     Weights: ``self_attention/*``, ``norm1/*``, ``cross_attention/*``, ``norm2/*``,
-    ``feed_forward/*``, ``norm3/*``.
+    ``feed_forward/*``, ``norm3/*``. Cached decoding: ``start_cache`` / ``step`` (as
+    `TransformerDecoder`'s, for this one layer); ``residual_blocks()`` describes the structure.
     """
 
     def build(self, input_shape):
@@ -913,15 +1001,20 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         if isinstance(mask, (list, tuple)):  # masks propagated from upstream layers
             decoder_padding_mask = mask[0] if decoder_padding_mask is None else decoder_padding_mask
             encoder_padding_mask = mask[1] if encoder_padding_mask is None else encoder_padding_mask
-        (B, T, _), S = x.shape, memory.shape[1]
-        self_attend = self._attention_sublayer(
-            self.self_attention, None, return_attention_scores, training=training, use_causal_mask=use_causal_mask,
-            attention_mask=_attention_mask(decoder_attention_mask, B, T, T, _where(self, "decoder_attention_mask")),
-            key_padding_mask=as_mask(decoder_padding_mask, B, T, _where(self, "decoder_padding_mask")))
-        cross_attend = self._attention_sublayer(
-            self.cross_attention, memory, return_attention_scores, training=training,
-            attention_mask=_attention_mask(encoder_attention_mask, B, T, S, _where(self, "encoder_attention_mask")),
-            key_padding_mask=as_mask(encoder_padding_mask, B, S, _where(self, "encoder_padding_mask")))
+        self_mask, cross_mask = _decoder_masks(self, x.shape[:2], memory.shape[1], decoder_padding_mask,
+                                               decoder_attention_mask, encoder_padding_mask, encoder_attention_mask)
+        return self.forward_checked(x, memory, self_mask, cross_mask, use_causal_mask, return_attention_scores,
+                                    training)
+
+    def forward_checked(self, x, memory, self_mask, cross_mask, use_causal_mask=True, return_attention_scores=False,
+                        training=False):
+        """`forward` on target x (B, T, D), memory (B, S, D_memory) and the self- and cross-attention
+        masks it checked (as `MultiHeadAttention.forward_checked` takes them): what
+        TransformerDecoder runs per layer."""
+        self_attend = self._attention_sublayer(self.self_attention, None, self_mask, use_causal_mask,
+                                               return_attention_scores, training)
+        cross_attend = self._attention_sublayer(self.cross_attention, memory, cross_mask, False,
+                                                return_attention_scores, training)
         y, self_weights, self_attention_block = self._residual(x, self.norm1, self_attend, training)
         y, cross_weights, cross_attention_block = self._residual(y, self.norm2, cross_attend, training)
         y, _, feed_forward_block = self._residual(y, self.norm3, self._feed_forward_sublayer(training), training)
@@ -937,6 +1030,22 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         dy, dmemory = self._residual_backprop(cross_attention_block, dy, self.norm2, self.cross_attention.backprop)
         dtarget, _ = self._residual_backprop(self_attention_block, dy, self.norm1, self._self_attention_backprop)
         return [dtarget, dmemory]
+
+    def residual_blocks(self):
+        """The layer's structure, read by the cached step's weights and the ONNX export: its residual
+        blocks in order as (kind, norm, sublayer), kind "self_attention", "cross_attention" or
+        "feed_forward"; each block is ``norm(x + sublayer(x))``, or ``x + sublayer(norm(x))`` with
+        norm_first."""
+        return [("self_attention", self.norm1, self.self_attention),
+                ("cross_attention", self.norm2, self.cross_attention), ("feed_forward", self.norm3, self.feed_forward)]
+
+    def start_cache(self, memory, encoder_padding_mask=None, capacity=16):
+        """An empty `DecoderCache` of this layer for memory (N, S, D_memory); see `TransformerDecoder.start_cache`."""
+        return _start_cache(self, [self], memory, encoder_padding_mask, capacity)
+
+    def step(self, x, cache, return_attention_scores=False):
+        """One target position through this layer over its cache; see `TransformerDecoder.step`."""
+        return _cached_step(self, [self], x, cache, return_attention_scores)
 
     def compute_mask(self, inputs, mask=None):
         return mask[0] if isinstance(mask, (list, tuple)) else None
@@ -994,14 +1103,18 @@ class TransformerEncoder(_TransformerStack):
                 return_attention_scores=False, training=False, mask=None):
         y = self._float_input(inputs, ndim=3)
         B, T = y.shape[:2]
-        # checked once, here, so that errors name this layer and the blocks reuse the arrays
-        padding_mask = as_mask(mask if padding_mask is None else padding_mask, B, T, _where(self, "padding_mask"))
-        attention_mask = _attention_mask(attention_mask, B, T, T, _where(self, "attention_mask"))
+        # checked once, here, so that errors name this layer; the blocks take the checked mask
+        self_mask = _combine_masks(_attention_mask(attention_mask, B, T, T, _where(self, "attention_mask")),
+                                   as_mask(mask if padding_mask is None else padding_mask, B, T,
+                                           _where(self, "padding_mask")))
+        return self.forward_checked(y, self_mask, use_causal_mask, return_attention_scores, training)
+
+    def forward_checked(self, y, self_mask, use_causal_mask=False, return_attention_scores=False, training=False):
+        """`forward` on inputs (B, T, D) and the self-attention mask it checked (as
+        `MultiHeadAttention.forward_checked` takes it), for models that checked their masks."""
         block_caches, all_weights = [], []
         for block in self.blocks:
-            outputs, cache = block.apply(y, padding_mask=padding_mask, attention_mask=attention_mask,
-                                         use_causal_mask=use_causal_mask,
-                                         return_attention_scores=return_attention_scores, training=training)
+            outputs, cache = block.forward_checked(y, self_mask, use_causal_mask, return_attention_scores, training)
             y, weights = outputs if return_attention_scores else (outputs, None)
             block_caches.append(cache)
             all_weights.append(weights)
@@ -1015,6 +1128,17 @@ class TransformerEncoder(_TransformerStack):
             dy = block.backprop(block_cache, dy)
         return dy
 
+    def start_cache(self, batch_size, capacity=16):
+        """An empty `DecoderCache` for `step`: the stack run causally one position at a time (a
+        decoder-only model), as `TransformerDecoder.start_cache` without a memory."""
+        return _start_cache(self, self.blocks, None, None, capacity, batch_size)
+
+    def step(self, x, cache):
+        """One position through every layer at once: equal to this stack's forward with
+        use_causal_mask=True at that position; see `TransformerDecoder.step`. Returns (y, cache)."""
+        y, cache, _ = _cached_step(self, self.blocks, x, cache, False)
+        return y, cache
+
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
@@ -1026,6 +1150,8 @@ class TransformerDecoder(_TransformerStack):
     Call arguments: as TransformerDecoderLayer; with return_attention_scores the self- and
     cross-attention weights come as two lists, one array per layer.
     Output shape ``(batch, T, D)``; ``backprop(cache, dy)`` returns ``[dtarget, dmemory]``.
+    Cached decoding: ``cache = start_cache(memory, encoder_padding_mask)``, then per position
+    ``y, cache, weights = step(x, cache)`` (every layer in one C++ call).
     """
 
     layer_class = TransformerDecoderLayer
@@ -1041,19 +1167,20 @@ class TransformerDecoder(_TransformerStack):
         if isinstance(mask, (list, tuple)):  # masks propagated from upstream layers
             decoder_padding_mask = mask[0] if decoder_padding_mask is None else decoder_padding_mask
             encoder_padding_mask = mask[1] if encoder_padding_mask is None else encoder_padding_mask
-        # checked once, here, so that errors name this layer and the blocks reuse the arrays
-        decoder_padding_mask = as_mask(decoder_padding_mask, B, T, _where(self, "decoder_padding_mask"))
-        encoder_padding_mask = as_mask(encoder_padding_mask, B, S, _where(self, "encoder_padding_mask"))
-        decoder_attention_mask = _attention_mask(decoder_attention_mask, B, T, T,
-                                                 _where(self, "decoder_attention_mask"))
-        encoder_attention_mask = _attention_mask(encoder_attention_mask, B, T, S,
-                                                 _where(self, "encoder_attention_mask"))
+        # checked once, here, so that errors name this layer; the blocks take the checked masks
+        self_mask, cross_mask = _decoder_masks(self, (B, T), S, decoder_padding_mask, decoder_attention_mask,
+                                               encoder_padding_mask, encoder_attention_mask)
+        return self.forward_checked(y, memory, self_mask, cross_mask, use_causal_mask, return_attention_scores,
+                                    training)
+
+    def forward_checked(self, y, memory, self_mask, cross_mask, use_causal_mask=True, return_attention_scores=False,
+                        training=False):
+        """`forward` on target (B, T, D), memory (B, S, D_memory) and the masks it checked (as
+        `TransformerDecoderLayer.forward_checked` takes them), for models that checked their masks."""
         block_caches, self_weights, cross_weights = [], [], []
         for block in self.blocks:
-            outputs, cache = block.apply(
-                [y, memory], decoder_padding_mask=decoder_padding_mask, decoder_attention_mask=decoder_attention_mask,
-                encoder_padding_mask=encoder_padding_mask, encoder_attention_mask=encoder_attention_mask,
-                use_causal_mask=use_causal_mask, return_attention_scores=return_attention_scores, training=training)
+            outputs, cache = block.forward_checked(y, memory, self_mask, cross_mask, use_causal_mask,
+                                                   return_attention_scores, training)
             y, w_self, w_cross = outputs if return_attention_scores else (outputs, None, None)
             block_caches.append(cache)
             self_weights.append(w_self)
@@ -1070,8 +1197,115 @@ class TransformerDecoder(_TransformerStack):
             dmemory = dblock_memory if dmemory is None else dmemory + dblock_memory  # every block reads the memory
         return [dy, dmemory]
 
+    def start_cache(self, memory, encoder_padding_mask=None, capacity=16):
+        """The `DecoderCache` that decoding starts from, for encoder outputs memory (N, S, D_memory):
+        every layer's cross-attention keys and values of the memory, projected once, empty
+        self-attention caches of `capacity` positions (they grow when decoding goes further), and
+        the memory's padding mask ((N, S) or lengths (N,), checked here once for the whole decoding)."""
+        return _start_cache(self, self.blocks, memory, encoder_padding_mask, capacity)
+
+    def step(self, x, cache, return_attention_scores=False):
+        """One target position through every layer at once (one C++ call, `decoder_step.hpp`):
+        equal to this stack's causal `forward` at that position.
+
+        Args:
+            x: (N, D) the embedded target tokens of position ``cache.length``.
+            cache: a `DecoderCache` (from `start_cache`, or returned by the last step); its rows for
+                this position are written in place.
+            return_attention_scores: also return the last layer's cross-attention weights (N, heads, S).
+        Returns:
+            (y (N, D), the cache (the same object, one position longer), weights or None).
+        """
+        return _cached_step(self, self.blocks, x, cache, return_attention_scores)
+
     def compute_mask(self, inputs, mask=None):
         return mask[0] if isinstance(mask, (list, tuple)) else None
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[0])
+
+
+# ---------------------------------------------------------------------------- cached decoding
+class DecoderCache:
+    """What the cached decoding of decoder layers carries for N rows (CTranslate2's per-layer cache):
+
+    - ``keys``, ``values`` (layers, N, capacity, D): the self-attention keys and values of the
+      ``length`` positions decoded so far (rows beyond ``length`` unused);
+    - ``cross_keys``, ``cross_values`` (layers, N, S, D): the memory's, projected once;
+    - ``source_mask`` (N, S) bool (True = real memory position), or None.
+
+    A step writes its position's rows in place; `select` gives the independent cache of some rows.
+    """
+
+    __slots__ = ("keys", "values", "cross_keys", "cross_values", "source_mask", "length", "layer_weights")
+
+    def __init__(self, keys, values, cross_keys, cross_values, source_mask, length, layer_weights):
+        self.keys, self.values, self.cross_keys, self.cross_values = keys, values, cross_keys, cross_values
+        self.source_mask, self.length = source_mask, length
+        self.layer_weights = layer_weights  # each layer's step_weights(): views of its weights, read once
+
+    def select(self, rows):
+        """The cache of the given rows (an index or bool array), in that order; only the decoded
+        positions are copied."""
+        keys = np.empty((self.keys.shape[0], len(np.arange(self.keys.shape[1])[rows])) + self.keys.shape[2:],
+                        self.keys.dtype)
+        values = np.empty_like(keys)
+        keys[:, :, :self.length] = self.keys[:, rows, :self.length]
+        values[:, :, :self.length] = self.values[:, rows, :self.length]
+        return DecoderCache(keys, values, np.ascontiguousarray(self.cross_keys[:, rows]),
+                            np.ascontiguousarray(self.cross_values[:, rows]),
+                            None if self.source_mask is None else self.source_mask[rows], self.length,
+                            self.layer_weights)
+
+    def _grow(self, positions):
+        """Room for at least `positions` positions (capacity doubled, decoded rows kept)."""
+        L, N, capacity, D = self.keys.shape
+        if positions <= capacity:
+            return
+        capacity = max(positions, 2 * capacity)
+        for name in ("keys", "values"):
+            grown = np.empty((L, N, capacity, D), self.keys.dtype)
+            grown[:, :, :self.length] = getattr(self, name)[:, :, :self.length]
+            setattr(self, name, grown)
+
+
+def _start_cache(owner, blocks, memory, encoder_padding_mask, capacity, batch_size=None):
+    """`start_cache` of a layer or stack (`owner`) made of transformer layers `blocks`: decoder
+    layers attending to `memory`, or encoder layers (memory None) over `batch_size` rows."""
+    if not owner.built:
+        raise ValueError(f"Layer '{owner.name}': start_cache needs the layer built (call it once, or build it)")
+    for value, arg in ((capacity, "capacity"), (batch_size, "batch_size")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise ValueError(f"{_where(owner, arg)} must be a positive integer, got {value!r}")
+    D, dtype = blocks[0].model_dim, owner.dtype
+    if memory is None:
+        N, source_mask = int(batch_size), None
+        cross_keys = cross_values = np.empty((len(blocks), N, 0, D), dtype)
+    else:
+        memory = owner._float_input(memory, "memory", ndim=3)
+        N, S = memory.shape[:2]
+        source_mask = as_mask(encoder_padding_mask, N, S, _where(owner, "encoder_padding_mask"))
+        cross_keys = np.stack([b.cross_attention.project("key", memory) for b in blocks])
+        cross_values = np.stack([b.cross_attention.project("value", memory) for b in blocks])
+    keys = np.empty((len(blocks), N, int(capacity), D), dtype)
+    return DecoderCache(keys, np.empty_like(keys), cross_keys, cross_values, source_mask, 0,
+                        [block.step_weights() for block in blocks])
+
+
+def _cached_step(owner, blocks, x, cache, return_attention_scores):
+    """`step` of a decoder layer or stack (`owner`) made of decoder layers `blocks`: one call of
+    the cached step kernel for all of them."""
+    first = blocks[0]
+    x = owner._float_input(x, "x", ndim=2, last_dim=first.model_dim)
+    if not isinstance(cache, DecoderCache) or cache.keys.shape[:2] != (len(blocks), len(x)):
+        raise ValueError(f"{_where(owner, 'cache')} expected the DecoderCache of {len(blocks)} layer(s) and "
+                         f"{len(x)} rows that start_cache or the last step returned")
+    cache._grow(cache.length + 1)
+    y, weights = kernels.decoder_stack_step(
+        x=x, self_keys=cache.keys, self_values=cache.values, cross_keys=cache.cross_keys,
+        cross_values=cache.cross_values, source_mask=cache.source_mask, position=cache.length,
+        weights=cache.layer_weights, num_heads=first.num_heads, norm_first=first.norm_first,
+        epsilon=first.layer_norm_epsilon, activation=first.activation,
+        return_attention=bool(return_attention_scores))
+    cache.length += 1
+    return y, cache, weights

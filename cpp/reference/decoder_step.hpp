@@ -1,0 +1,102 @@
+// Reference cached decoder step: what decoder_step.hpp computes, one layer, block and value at a
+// time in double, composed from the reference norms, dense layers and feed-forward network.
+// Layouts as decoder_step.hpp: x (N, D), caches (layers, N, capacity, D), cross keys / values
+// (layers, N, S, D), source_mask (N, S), cross_weights (N, H, S).
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "attnx/decoder_step.hpp"  // DecoderLayerWeights, DecoderStepConfig
+#include "reference/dense.hpp"
+#include "reference/transformer.hpp"
+
+namespace attnx::reference {
+
+// w[n, h, s] = softmax_s(q[n, h, :] . K[n, s, h, :] / sqrt(Dh)) over s < keys with allowed[n, s]
+// (a row with nothing allowed: all 0);  context[n, h, :] = sum_s w[n, h, s] V[n, s, h, :]
+inline void attend_one_query(double* context, double* weights, const double* q, const double* K, const double* V,
+                             const uint8_t* allowed, int N, int H, int D, int keys, size_t row_stride) {
+    const int Dh = D / H;
+    std::vector<double> w(keys);
+    for (int n = 0; n < N; ++n)
+        for (int h = 0; h < H; ++h) {
+            double top = -INFINITY, total = 0;
+            for (int s = 0; s < keys; ++s) {
+                double dot = 0;
+                for (int d = 0; d < Dh; ++d)
+                    dot += q[(size_t)n * D + h * Dh + d] * K[((size_t)n * row_stride + s) * D + h * Dh + d];
+                w[s] = dot / std::sqrt((double)Dh);
+                if (!allowed || allowed[(size_t)n * keys + s]) top = std::max(top, w[s]);
+            }
+            for (int s = 0; s < keys; ++s) {
+                w[s] = (!allowed || allowed[(size_t)n * keys + s]) ? std::exp(w[s] - top) : 0;
+                total += w[s];
+            }
+            for (int s = 0; s < keys; ++s) w[s] = total > 0 ? w[s] / total : 0;
+            for (int d = 0; d < Dh; ++d) {
+                double acc = 0;
+                for (int s = 0; s < keys; ++s) acc += w[s] * V[((size_t)n * row_stride + s) * D + h * Dh + d];
+                context[(size_t)n * D + h * Dh + d] = acc;
+            }
+            if (weights)
+                for (int s = 0; s < keys; ++s) weights[((size_t)n * H + h) * keys + s] = w[s];
+        }
+}
+
+// Per layer: x = norm1(x + self_attend(x)), x = norm2(x + cross_attend(x)), x = norm3(x + ff(x))
+// (pre-norm: x = x + sublayer(norm(x))); the self-attention appends position's k, v to the cache
+// and attends over positions 0..position; the last layer's cross-attention weights are kept.
+inline void decoder_stack_step(double* x, double* self_keys, double* self_values, double* cross_weights,
+                               const double* cross_keys, const double* cross_values, const uint8_t* source_mask,
+                               const DecoderLayerWeights<double>* layers, const DecoderStepConfig& c) {
+    const int N = c.N, D = c.D;
+    const size_t rows = (size_t)N * D;
+    std::vector<double> h(rows), z(rows), q(rows), k(rows), v(rows), context(rows), out(rows), mean(N), rstd(N);
+    auto residual = [&](const double* gamma, const double* beta, auto&& sublayer) {
+        if (c.norm_first) layernorm_forward(h.data(), mean.data(), rstd.data(), x, gamma, beta, N, D, c.epsilon);
+        else h.assign(x, x + rows);
+        sublayer(h.data(), out.data());
+        for (size_t i = 0; i < rows; ++i) x[i] += out[i];
+        if (!c.norm_first) {
+            layernorm_forward(h.data(), mean.data(), rstd.data(), x, gamma, beta, N, D, c.epsilon);
+            for (size_t i = 0; i < rows; ++i) x[i] = h[i];
+        }
+    };
+    for (int l = 0; l < c.layers; ++l) {
+        const DecoderLayerWeights<double>& w = layers[l];
+        double* keys = self_keys + (size_t)l * N * c.capacity * D;
+        double* values = self_values + (size_t)l * N * c.capacity * D;
+        residual(w.norm1_gamma, w.norm1_beta, [&](const double* in, double* result) {
+            dense_forward(q.data(), z.data(), in, w.self_query, w.self_query_bias, N, D, D, Activation::linear);
+            dense_forward(k.data(), z.data(), in, w.self_key, w.self_key_bias, N, D, D, Activation::linear);
+            dense_forward(v.data(), z.data(), in, w.self_value, w.self_value_bias, N, D, D, Activation::linear);
+            for (int n = 0; n < N; ++n)
+                for (int d = 0; d < D; ++d) {
+                    keys[((size_t)n * c.capacity + c.position) * D + d] = k[(size_t)n * D + d];
+                    values[((size_t)n * c.capacity + c.position) * D + d] = v[(size_t)n * D + d];
+                }
+            attend_one_query(context.data(), nullptr, q.data(), keys, values, nullptr, N, c.H, D, c.position + 1,
+                             c.capacity);
+            dense_forward(result, z.data(), context.data(), w.self_output, w.self_output_bias, N, D, D,
+                          Activation::linear);
+        });
+        if (w.cross_query) {  // no cross-attention block: an encoder layer run causally
+            residual(w.norm2_gamma, w.norm2_beta, [&](const double* in, double* result) {
+                dense_forward(q.data(), z.data(), in, w.cross_query, w.cross_query_bias, N, D, D, Activation::linear);
+                const size_t offset = (size_t)l * N * c.S * D;
+                attend_one_query(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(),
+                                 cross_keys + offset, cross_values + offset, source_mask, N, c.H, D, c.S, c.S);
+                dense_forward(result, z.data(), context.data(), w.cross_output, w.cross_output_bias, N, D, D,
+                              Activation::linear);
+            });
+        }
+        residual(w.norm3_gamma, w.norm3_beta, [&](const double* in, double* result) {
+            feed_forward_forward(result, in, w.ff_kernel1, w.ff_bias1, w.ff_kernel2, w.ff_bias2, N, D, c.F, D,
+                                 c.activation);
+        });
+    }
+}
+
+}  // namespace attnx::reference
