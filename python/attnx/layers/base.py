@@ -6,11 +6,12 @@ A layer implements two methods, and everything else calls them:
   `cache` is everything backward needs from this one call (None when not training). The layer
   keeps no per-call state of its own: a layer called several times in a model, or by several
   threads at once, keeps each call's state apart because each call has its own cache.
-- ``backprop(cache, dy) -> dinputs``: the gradient of each input of the call that made `cache`
-  (the same structure as the inputs; None for inputs without one, e.g. token ids), and **adds**
+- ``backprop(cache, dy, need_dx=True) -> dinputs``: the gradient of each input of the call that made
+  `cache` (the same structure as the inputs; None for inputs without one, e.g. token ids), and **adds**
   the parameter gradients into ``layer.grads``, so a shared layer receives the sum over its calls.
-  When ``layer.input_gradient_needed`` is False (set by a model for layers fed only by its
-  inputs) the layer may skip its input gradient and return None.
+  With ``need_dx=False`` (a model's layers fed only by its inputs) the layer may skip its input
+  gradient and return None. Everything about the call comes in the arguments: nothing is set on the
+  layer around it.
 
 A layer may instead define only ``call(inputs, ...)`` written with `attnx.ops` and other layers
 (Keras' way): the default ``forward`` runs it, recording a training call on an `attnx.ops.Tape` (its
@@ -92,9 +93,6 @@ class Layer:
     _gradient_arguments = ()
     # True for a layer whose compute_mask makes a mask from its inputs alone (Embedding(mask_zero=True))
     _creates_mask = False
-    # A model's training step clears this for layers fed only by its inputs, whose input
-    # gradient nobody reads; layers may then skip computing it and return None.
-    input_gradient_needed = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -142,7 +140,18 @@ class Layer:
 
     def _own_weights(self):
         """(params, grads): the dicts `add_weight` adds to."""
-        return self.params, self.grads
+        return self.params, self._grads
+
+    @property
+    def grads(self):
+        """name -> the buffer a backward pass adds that weight's gradient into: the layer's own, or
+        inside `GradientTape.gradient` that tape's (`ops.gradient_buffers`), so a tape's gradients live
+        on the tape."""
+        return ops.gradient_buffers(self.params, self._grads)
+
+    @grads.setter
+    def grads(self, value):
+        self._grads = value
 
     def zero_grad(self):
         for g in self.grads.values():
@@ -312,12 +321,16 @@ class Layer:
         traced = _map(inputs, tape.traced)
         # The same deterministic call twice on one tape (the tutorial's W2(values) at every decoder step)
         # is recorded once: its outputs are reused and its backward runs once on the summed gradients.
+        # Same call means the same objects holding the same values (an array changed in place in between
+        # is another call).
         call = (traced, args, kwargs, mask)
         key = None if training or not self._deterministic else (
             id(self), *[id(v) for v in _as_list(traced) + list(args) + list(kwargs.values()) + [mask]],
             *kwargs)
-        if key is not None and key in tape.calls and _same_objects(tape.calls[key][0], call):
-            return tape.calls[key][1]
+        if key is not None and key in tape.calls:
+            recorded_call, values_then, recorded_outputs = tape.calls[key]
+            if _same_objects(recorded_call, call) and _same_values(values_then, _arrays_of(call)):
+                return recorded_outputs
         values = _map(traced, ops.untraced)
         randomness = contextlib.nullcontext() if training else backend.without_training_randomness()
         with randomness, ops.paused():  # the layer's own arithmetic is not the tape's
@@ -327,19 +340,15 @@ class Layer:
         multi = isinstance(outputs, (list, tuple))
 
         def backward(output_grads):
-            self.input_gradient_needed = need_dx
-            try:
-                dinputs = self.backprop(cache, list(output_grads) if multi else output_grads[0])
-            finally:
-                self.input_gradient_needed = True
+            dinputs = self.run_backprop(cache, list(output_grads) if multi else output_grads[0], need_dx)
             return _as_list(dinputs) if isinstance(inputs, (list, tuple)) else [dinputs]
 
         params, grads = self.params, self.grads
         recorded = tape.record_call(backward, _as_list(outputs), flat_inputs,
                                     weights=[(p, grads[n]) for n, p in params.items()])
         outputs = type(outputs)(recorded) if multi else recorded[0]
-        if key is not None:
-            tape.calls[key] = (call, outputs)  # holds the objects, so their ids stay theirs
+        if key is not None:  # holds the objects, so their ids stay theirs, and a copy of their values
+            tape.calls[key] = (call, [a.copy() for a in _arrays_of(call)], outputs)
         return outputs
 
     @property
@@ -429,7 +438,7 @@ class Layer:
                 raise ValueError(f"Layer '{self.name}' was built for inputs of shape {b}, and is called on shape {g}: "
                                  "a layer's weights fit the shape of its first call")
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         """Gradients of the inputs of the call that returned `cache`; adds into ``self.grads``.
 
         Layers with their own kernels override it. This default replays the tape of a `call`
@@ -449,6 +458,14 @@ class Layer:
         except ValueError as exc:
             raise ValueError(f"Layer '{self.name}': {exc}") from None
         return _map(inputs, lambda x: next(grads) if isinstance(x, ops.TracedArray) else None)
+
+    def run_backprop(self, cache, dy, need_dx=True):
+        """``backprop(cache, dy, need_dx)``, or ``backprop(cache, dy)`` for a class of yours whose
+        backprop takes no `need_dx` (it then always computes its input gradient): what models and
+        tapes call."""
+        if "need_dx" in _parameters(type(self).backprop):
+            return self.backprop(cache, dy, need_dx=need_dx)
+        return self.backprop(cache, dy)
 
     def _as_call_input(self, x):
         """An input of `call` as an array; floats in this layer's dtype (Keras' autocast)."""
@@ -597,6 +614,23 @@ def _same_objects(a, b):
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same_objects(a[k], b[k]) for k in a)
     return a is b
+
+
+def _arrays_of(value):
+    """The NumPy arrays in `value` (nested lists, tuples, dicts; a TracedArray's array), in order."""
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in _arrays_of(v)]
+    if isinstance(value, dict):
+        return [a for v in value.values() for a in _arrays_of(v)]
+    value = ops.untraced(value)
+    return [value] if isinstance(value, np.ndarray) else []
+
+
+def _same_values(arrays_then, arrays_now):
+    """Whether arrays hold what copies of them taken earlier hold (NaN equal to NaN)."""
+    return len(arrays_then) == len(arrays_now) and all(
+        a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+        for a, b in zip(arrays_then, arrays_now))
 
 
 def _config_value(value):

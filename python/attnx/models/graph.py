@@ -172,11 +172,7 @@ class GraphMixin:
             if isinstance(layer, GraphMixin) and layer._functional:
                 d_in = layer._backprop_graph(cache, d_out, needed, check)
             else:
-                layer.input_gradient_needed = needed
-                try:
-                    d_in = layer.backprop(cache, d_out)
-                finally:
-                    layer.input_gradient_needed = True
+                d_in = layer.run_backprop(cache, d_out, needed)
             inputs_spec = node.call_spec[0]
             if isinstance(inputs_spec, (list, tuple)) or len(node.input_tensors) > 1:
                 d_in = _structure(d_in)

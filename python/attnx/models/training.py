@@ -128,11 +128,7 @@ class TrainingMixin:
         if self._functional:
             self._backprop_graph(cache, dy, input_gradients=False, check=check)
             return
-        self.input_gradient_needed = False
-        try:
-            self.backprop(cache, dy)
-        finally:
-            self.input_gradient_needed = True
+        self.run_backprop(cache, dy, need_dx=False)
         if check:
             names = list(self.grads)
             _check_finite(self.grads.values(), lambda i: f"gradient of weight '{names[i]}' in the backward pass")
