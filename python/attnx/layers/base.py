@@ -33,6 +33,7 @@ write in place, so optimizer updates and ``set_weights`` never invalidate them.
 import contextlib
 import contextvars
 import functools
+import itertools
 import math
 import weakref
 from collections import OrderedDict
@@ -84,7 +85,7 @@ class Layer:
         input_shape: shape of one sample, for the first layer of a `Sequential` model.
     """
 
-    registry = {}
+    registry = serialization.ClassRegistry("layer")  # the classes by the names files hold
     supports_masking = False  # True: the input mask passes through unchanged
     # The arguments besides `inputs` that are arrays with gradients, as (name, position among the extra
     # positional arguments or None), in the order `backprop` returns their gradients after the inputs':
@@ -96,10 +97,11 @@ class Layer:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        Layer.registry[cls.__name__] = cls
+        Layer.registry.add(cls)
 
     def __new__(cls, *args, **kwargs):
         layer = super().__new__(cls)
+        layer._created = next(_creation_order)
         layer._init_arguments = (args, kwargs)  # for the default get_config of a class without one (Keras 3)
         return layer
 
@@ -159,21 +161,14 @@ class Layer:
 
     # ------------------------------------------------------------ sublayers
     def _sublayers(self):
-        """(attribute path, layer) for each layer held as an attribute, directly or in a list, tuple or
-        dict (Keras' tracking), each layer once, in the order of the attributes."""
+        """(attribute path, layer) for each layer held as an attribute, directly or at any depth of lists,
+        tuples, dicts and sets (Keras' tracking; a set's layers in the order they were made), each layer
+        once, in the order of the attributes, public ones first (``_private`` ones too, as Keras)."""
         seen = {id(self)}
-        for name, value in list(self.__dict__.items()):
-            if name.startswith("_"):
-                continue
-            if isinstance(value, Layer):
-                items = [(name, value)]
-            elif isinstance(value, (list, tuple)):
-                items = [(f"{name}/{i}", v) for i, v in enumerate(value) if isinstance(v, Layer)]
-            elif isinstance(value, dict):
-                items = [(f"{name}/{k}", v) for k, v in value.items() if isinstance(v, Layer)]
-            else:
-                continue
-            for path, layer in items:
+        attributes = [(n, v) for n, v in list(self.__dict__.items()) if n not in _UNTRACKED_ATTRIBUTES]
+        attributes.sort(key=lambda item: item[0].startswith("_"))  # stable: a public path names a layer first
+        for name, value in attributes:
+            for path, layer in _layers_in(value, name, set()):
                 if id(layer) not in seen:
                     seen.add(id(layer))
                     yield path, layer
@@ -616,6 +611,30 @@ def _same_objects(a, b):
     return a is b
 
 
+# A layer's own attributes about a call or its construction, never sublayers: the last training call's
+# cache, and the constructor's arguments (a layer given to the constructor is tracked where it is kept).
+_UNTRACKED_ATTRIBUTES = frozenset({"_cache", "_init_arguments"})
+_creation_order = itertools.count()  # Layer._created: the order sets of layers are tracked in
+
+
+def _layers_in(value, path, containers):
+    """(path, layer) for each layer in `value`, at any depth of lists, tuples, dicts and sets."""
+    if isinstance(value, Layer):
+        yield path, value
+        return
+    if not isinstance(value, (list, tuple, dict, set, frozenset)) or id(value) in containers:
+        return
+    containers.add(id(value))  # a container holding itself is walked once
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (set, frozenset)):
+        items = enumerate(sorted((v for v in value if isinstance(v, Layer)), key=lambda layer: layer._created))
+    else:
+        items = enumerate(value)
+    for key, item in items:
+        yield from _layers_in(item, f"{path}/{key}", containers)
+
+
 def _arrays_of(value):
     """The NumPy arrays in `value` (nested lists, tuples, dicts; a TracedArray's array), in order."""
     if isinstance(value, (list, tuple)):
@@ -673,12 +692,10 @@ def _dummy(input_shape, fill):
 
 
 def get(identifier):
-    """A layer class by name (used when loading saved models): the active custom_objects, the
-    registered names (`attnx.register_serializable`), then every Layer class by its class name."""
-    found = serialization.get_registered_object(identifier)
-    if isinstance(found, type) and issubclass(found, Layer):
-        return found
-    if identifier not in Layer.registry:
-        raise ValueError(f"Unknown layer class {identifier!r}: register it with @attnx.register_serializable() or "
-                         "give it in load_model's custom_objects")
-    return Layer.registry[identifier]
+    """A layer class by the name a file holds (used when loading saved models): see
+    `serialization.ClassRegistry` (the active custom_objects, attnx's own classes, registered names,
+    then your classes by their class name)."""
+    found = Layer.registry[identifier]
+    if not (isinstance(found, type) and issubclass(found, Layer)):
+        raise ValueError(f"{identifier!r} names {found!r}, not a Layer class")
+    return found

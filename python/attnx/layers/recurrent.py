@@ -863,8 +863,8 @@ class Bidirectional(Layer):
         config = super().get_config()
         config.pop("dtype", None)
         return {**config, "merge_mode": self.merge_mode,
-                "layer": {"class_name": type(self.forward_layer).__name__, "config": self.forward_layer.get_config()},
-                "backward_layer": {"class_name": type(self.backward_layer).__name__,
+                "layer": {"class_name": Layer.registry.name_of(type(self.forward_layer)), "config": self.forward_layer.get_config()},
+                "backward_layer": {"class_name": Layer.registry.name_of(type(self.backward_layer)),
                                    "config": self.backward_layer.get_config()}}
 
     @classmethod

@@ -251,7 +251,7 @@ class GraphMixin:
 
 
 def _layer_entry(layer):
-    entry = {"class_name": type(layer).__name__, "config": layer.get_config()}
+    entry = {"class_name": layers_base.Layer.registry.name_of(type(layer)), "config": layer.get_config()}
     if isinstance(layer, GraphMixin):
         entry["config"]["name"] = layer.name
     return entry

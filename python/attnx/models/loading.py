@@ -21,8 +21,7 @@ def load_model(path, custom_objects=None, compile=True):
 def _load_model(path, compile=True):
     header, weights = saving.read_model(path, compile)
     name = header["model"]["class_name"]
-    found = serialization.get_registered_object(name)
-    cls = found if isinstance(found, type) else Layer.registry.get(name)
+    cls = Layer.registry.get(name)
     if cls is None and name in _LAZY_MODEL_CLASSES:  # a model of a module `import attnx` leaves for later
         import importlib
         cls = getattr(importlib.import_module(_LAZY_MODEL_CLASSES[name]), name)
