@@ -40,7 +40,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import backend, initializers, ops, regularizers, serialization
+from .. import backend, initializers, masking, ops, regularizers, serialization
 from ..backend import snake_case, unique_name
 from ..symbolic import any_symbolic, symbolic_call
 
@@ -574,32 +574,35 @@ class Layer:
 
 # Keras' `_keras_mask` outside the functional API: the mask a layer call's compute_mask gave, kept
 # beside the output array it belongs to (while that array lives), so that the next layer called on
-# that array inside a `call` or a GradientTape block receives it as the graph would pass it.
-_masks = {}  # id(array) -> (weak reference to the array, its mask)
+# that array inside a `call` or a GradientTape block receives it as the graph would pass it. The table
+# belongs to the context (each thread has its own), keyed by the array's id and checked by a weak reference.
+_attached = contextvars.ContextVar("attnx_attached_masks", default=None)
 
 
 def _mask_of(x):
+    table = _attached.get()
     array = ops.untraced(x)
-    entry = _masks.get(id(array))
+    entry = None if table is None else table.get(id(array))
     return entry[1] if entry is not None and entry[0]() is array else None
 
 
 def _attached_mask(inputs):
     """The masks attached to `inputs` (its structure), or None when none has one."""
-    if type(inputs) is np.ndarray and not _masks:
+    if not _attached.get():
         return None
-    masks = [_mask_of(x) for x in _as_list(inputs)]
-    if all(m is None for m in masks):
-        return None
-    return masks if isinstance(inputs, (list, tuple)) else masks[0]
+    return masking.call_mask(inputs, _mask_of)
 
 
 def _attach_masks(outputs, masks):
-    for output, mask in zip(_as_list(outputs), masks if isinstance(masks, list) else [masks]):
+    table = _attached.get()
+    for output, mask in masking.output_masks(_as_list(outputs), masks):
         array = ops.untraced(output)
         if mask is not None and isinstance(array, np.ndarray):
+            if table is None:
+                table = {}
+                _attached.set(table)
             key = id(array)
-            _masks[key] = (weakref.ref(array, lambda _, key=key: _masks.pop(key, None)), mask)
+            table[key] = (weakref.ref(array, lambda _, key=key, table=table: table.pop(key, None)), mask)
 
 
 def _same_objects(a, b):

@@ -3,6 +3,7 @@ forward and backward, with the masks they propagate; and the config that records
 import numpy as np
 
 from .. import saving
+from ..masking import call_mask, output_masks
 from ..layers import base as layers_base
 from ..symbolic import Input, SymbolicTensor, is_symbolic, substitute
 from .numerics import _check_finite
@@ -118,30 +119,24 @@ class GraphMixin:
             inputs_spec, args, kwargs = node.call_spec
             if node.single_input:
                 x, call_args, call_kwargs = values[id(inputs_spec)], (), {}
-                in_mask = masks.get(id(inputs_spec))
             else:
                 x = substitute(inputs_spec, values)
                 call_args = substitute(args, values)
                 call_kwargs = substitute(kwargs, values)
-                in_mask = call_kwargs.pop("mask", None)  # a mask given to the call wins over the propagated one
-                if in_mask is None:
-                    m = [masks.get(id(t)) for t in _structure(inputs_spec)]
-                    in_mask = (m if isinstance(inputs_spec, (list, tuple)) else m[0]) if any(
-                        v is not None for v in m) else None
+            in_mask = call_mask(inputs_spec, lambda t: masks.get(id(t)), call_kwargs.pop("mask", None))
             layer = node.layer
             if isinstance(layer, GraphMixin) and layer._functional:  # a nested model: its masks come with its outputs
                 out, out_masks, cache = layer._run_graph(x, training, in_mask, check)
             else:
                 out, cache = layer.apply(x, *call_args, training=training, mask=in_mask, **call_kwargs)
-                out_mask = layer.compute_mask(x, in_mask)
-                out_masks = out_mask if isinstance(out_mask, list) else [out_mask]
+                out_masks = layer.compute_mask(x, in_mask)
             if training:
                 caches.append(cache)
             outs = _structure(out) if node.multi_output else [out]
             if check:
                 _check_finite(outs, lambda i: f"output {i} of layer '{layer.name}' ({type(layer).__name__}) "
                                               "in the forward pass")
-            for t, o, m in zip(node.outputs, outs, out_masks + [None] * (len(outs) - len(out_masks))):
+            for (t, m), o in zip(output_masks(node.outputs, out_masks), outs):
                 values[id(t)] = o
                 if m is not None:
                     masks[id(t)] = m
