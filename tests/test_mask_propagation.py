@@ -13,22 +13,38 @@ ROOT = pathlib.Path(attnx.__file__).parent
 USERS = ["models/graph.py", "export/model.py", "layers/base.py", "interop/keras_file.py"]
 
 
-def _mask_any_all_tests(tree):
-    """any(...)/all(...) over a generator or list whose text names a mask: the shape of the propagation rule."""
+def _propagation_copies(tree):
+    """Comprehensions that look up the mask each input tensor carries, the shape of the propagation rule:
+    ``[masks.get(id(t)) for t in inputs]``, ``[propagated.get(id(t)) ...]``, ``[_mask_of(x) for x in inputs]``,
+    ``any(ref in masked for ...)``."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("any", "all") \
-                and node.args and isinstance(node.args[0], (ast.GeneratorExp, ast.ListComp)):
-            text = ast.unparse(node.args[0])
-            if "mask" in text.lower() and "None" in text:
-                found.append((node.lineno, text))
+        if not isinstance(node, (ast.GeneratorExp, ast.ListComp)):
+            continue
+        element = ast.unparse(node.elt)
+        lookup = isinstance(node.elt, ast.Call) and ("mask_of" in element or (".get(id(" in element and any(
+            word in element.lower() for word in ("mask", "propagated"))))
+        membership = isinstance(node.elt, ast.Compare) and isinstance(node.elt.ops[0], ast.In) and \
+            "mask" in ast.unparse(node.elt.comparators[0]).lower()
+        if lookup or membership:
+            found.append((node.lineno, ast.unparse(node)))
     return found
 
 
 def test_mask_propagation_is_written_once():
-    copies = {str(p.relative_to(ROOT)): hits for p in sorted(ROOT.rglob("*.py"))
-              for hits in [_mask_any_all_tests(ast.parse(p.read_text()))] if hits}
-    assert list(copies) == ["masking.py"], f"mask propagation written outside attnx/masking.py: {copies}"
+    copies = {str(p.relative_to(ROOT)): hits for p in sorted(ROOT.rglob("*.py")) if p.name != "masking.py"
+              for hits in [_propagation_copies(ast.parse(p.read_text()))] if hits}
+    assert not copies, f"mask propagation written outside attnx/masking.py: {copies}"
+
+
+def test_the_copy_detector_finds_the_old_copies():
+    old = [
+        "def f(masks, spec):\n    m = [masks.get(id(t)) for t in spec]\n    return any(v is not None for v in m)",
+        "def g(inputs):\n    return [_mask_of(x) for x in inputs]",
+        "def k(model, propagated):\n    return [propagated.get(id(t)) for t in model.outputs]",
+        "def h(refs, masked):\n    return any(ref in masked for ref in refs)",
+    ]
+    assert all(_propagation_copies(ast.parse(code)) for code in old)
 
 
 def test_every_propagating_module_asks_masking():

@@ -53,7 +53,7 @@ def as_mask(mask, batch, steps, where, queries=None, shared=False):
 # ------------------------------------------------------------------ propagation
 # Keras' mask propagation, written once: the functional graph (`models.graph`), the ONNX export
 # (`export.model`), a layer called on arrays inside a `call` or GradientTape block (`layers.base`) and the
-# Keras file reader (`interop.keras_file`) all ask these two functions (tests/test_mask_propagation.py).
+# Keras file reader (`interop.keras_file`) all ask these functions (tests/test_mask_propagation.py).
 def call_mask(inputs, mask_of, given=None):
     """The mask a layer call receives: `given` (the mask passed to the call) wins; else the masks its
     inputs carry (``mask_of(input)``, None for an input without one) in the structure of `inputs` (a
@@ -61,10 +61,15 @@ def call_mask(inputs, mask_of, given=None):
     if given is not None:
         return given
     many = isinstance(inputs, (list, tuple))
-    found = [mask_of(x) for x in (inputs if many else [inputs])]
+    found = carried_masks(inputs if many else [inputs], mask_of)
     if all(m is None for m in found):
         return None
     return found if many else found[0]
+
+
+def carried_masks(tensors, mask_of):
+    """The mask each of `tensors` carries (``mask_of(tensor)``, None for none), as a list."""
+    return [mask_of(t) for t in tensors]
 
 
 def output_masks(outputs, masks):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..masking import call_mask, output_masks
+from ..masking import call_mask, carried_masks, output_masks
 from ..models import Model
 from ..symbolic import is_symbolic, substitute
 from .graph import OPSET, Graph, UnsupportedLayerError
@@ -52,7 +52,7 @@ def convert_model(g, model, inputs, masks):
             values[id(t)] = o
             if m is not None:
                 propagated[id(t)] = m
-    return [values[id(t)] for t in model.outputs], [propagated.get(id(t)) for t in model.outputs]
+    return [values[id(t)] for t in model.outputs], carried_masks(model.outputs, lambda t: propagated.get(id(t)))
 
 
 def _refuse_lengths(layer, kwargs):

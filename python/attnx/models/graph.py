@@ -3,7 +3,7 @@ forward and backward, with the masks they propagate; and the config that records
 import numpy as np
 
 from .. import saving
-from ..masking import call_mask, output_masks
+from ..masking import call_mask, carried_masks, output_masks
 from ..layers import base as layers_base
 from ..symbolic import Input, SymbolicTensor, is_symbolic, substitute
 from .numerics import _check_finite
@@ -141,7 +141,7 @@ class GraphMixin:
                 if m is not None:
                     masks[id(t)] = m
         result = [values[id(t)] for t in self.outputs]
-        return (result if self._multi_output else result[0]), [masks.get(id(t)) for t in self.outputs], caches
+        return (result if self._multi_output else result[0]), carried_masks(self.outputs, lambda t: masks.get(id(t))), caches
 
     def _backprop_graph(self, caches, dy, input_gradients=True, check=False):
         """Backpropagates output gradients `dy` through the calls that made `caches`; returns the
