@@ -62,6 +62,8 @@ def get_registered_object(name):
     """The class or function named `name` in the active ``custom_objects`` (by its full or its bare
     name) or the registry (``package>name``; a bare name, as older files hold, when one package
     registered it), or None."""
+    if not isinstance(name, str):
+        return None
     scope = _scope.get() or {}
     if name in scope:
         return scope[name]
@@ -100,6 +102,8 @@ class ClassRegistry:
 
     def get(self, name, default=None):
         """The class a file's `name` means, or `default`: custom_objects name any; then attnx's own."""
+        if not isinstance(name, str):
+            return default  # a crafted file's name: "Unknown ... class"
         if name in self._built_in and name not in (_scope.get() or {}):
             return self._built_in[name]  # attnx's own class: nothing of yours replaces it
         found = get_registered_object(name)
