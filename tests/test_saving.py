@@ -371,3 +371,34 @@ def test_bare_names_of_older_files_still_resolve():
         assert registry["LSTM"] is Doubler
     with pytest.raises(ValueError, match="Unknown layer class 'Elsewhere>Doubler'"):
         registry["Elsewhere>Doubler"]
+
+
+def test_a_bare_name_two_packages_registered_is_an_error_naming_both():
+    @attnx.register_serializable(package="twin_a", name="twin")
+    def first(y_true, y_pred):
+        return y_pred
+
+    @attnx.register_serializable(package="twin_b", name="twin")
+    def second(y_true, y_pred):
+        return y_pred
+    with pytest.raises(ValueError, match=r"twin_a>twin, twin_b>twin"):
+        attnx.serialization.get_registered_object("twin")
+    assert attnx.serialization.get_registered_object("twin_b>twin") is second
+    with attnx.custom_object_scope({"twin": first}):
+        assert attnx.serialization.get_registered_object("twin") is first
+
+
+def test_an_unregistered_class_cannot_be_saved_under_a_name_registered_to_another():
+    @attnx.register_serializable()
+    class Shadowed(layers.Layer):
+        def call(self, x):
+            return x
+
+    def elsewhere():
+        class Shadowed(layers.Layer):  # unregistered, the same class name, defined elsewhere
+            def call(self, x):
+                return x
+        return Shadowed
+    assert layers.Layer.registry.name_of(Shadowed) == "Custom>Shadowed"
+    with pytest.raises(ValueError, match=r"Custom>Shadowed.*registered to .*Shadowed"):
+        layers.Layer.registry.name_of(elsewhere())

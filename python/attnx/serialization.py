@@ -98,7 +98,15 @@ class ClassRegistry:
         """The name a file holds for `cls`."""
         if _is_built_in(cls):
             return cls.__name__
-        return registered_name(cls) or f"{_USER_PACKAGE}>{cls.__name__}"
+        full = registered_name(cls)
+        if full is not None:
+            return full
+        full = f"{_USER_PACKAGE}>{cls.__name__}"
+        taken = _registered.get(full)
+        if taken is not None and _definition(taken) != _definition(cls):
+            raise ValueError(f"{_describe(cls)} would be saved as {full!r}, which is registered to {_describe(taken)}: "
+                             f"register {cls.__name__} with @attnx.register_serializable(package=...)")
+        return full
 
     def get(self, name, default=None):
         """The class a file's `name` means, or `default`: custom_objects name any; then attnx's own."""
