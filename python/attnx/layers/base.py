@@ -18,8 +18,8 @@ A layer may instead define only ``call(inputs, ...)`` written with `attnx.ops` a
 cache), and the default ``backprop`` replays that tape. Inside a recorded computation (such a `call`,
 or an `attnx.GradientTape` block) every layer call is recorded on the tape: a `call` layer's ops
 directly, any other layer's call as one node whose backward is that layer's own ``backprop``. The
-layers a `call` layer holds as attributes (directly, in lists, tuples or dicts) are its sublayers: their
-weights are its weights, named ``<attribute>/<weight>``.
+layers a `call` layer holds as attributes (directly, or at any depth of lists, tuples, dicts and sets)
+are its sublayers: their weights are its weights, named ``<attribute path>/<weight>``.
 
 Callers use them as:
 - ``y = layer(x, training=...)``: forward; a training call's cache is kept as the layer's last
@@ -73,7 +73,7 @@ class Layer:
     """Base class of all layers.
 
     Subclasses implement ``build(input_shape)`` (create weights with ``add_weight``),
-    ``forward(inputs, training=False, mask=None) -> (outputs, cache)``, ``backprop(cache, dy)``,
+    ``forward(inputs, training=False, mask=None) -> (outputs, cache)``, ``backprop(cache, dy, need_dx=True)``,
     ``compute_output_shape(input_shape)`` and ``get_config()`` (see the module docstring); or,
     Keras' way, only ``build`` and ``call(inputs)`` written with `attnx.ops`, which the default
     `forward` / `backprop` differentiate.
