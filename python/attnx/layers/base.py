@@ -35,6 +35,7 @@ import contextvars
 import functools
 import itertools
 import math
+import threading
 import weakref
 from collections import OrderedDict
 
@@ -574,33 +575,29 @@ class Layer:
 
 # Keras' `_keras_mask` outside the functional API: the mask a layer call's compute_mask gave, kept
 # beside the output array it belongs to (while that array lives), so that the next layer called on
-# that array inside a `call` or a GradientTape block receives it as the graph would pass it. The table
-# belongs to the context (each thread has its own), keyed by the array's id and checked by a weak reference.
-_attached = contextvars.ContextVar("attnx_attached_masks", default=None)
+# that array inside a `call` or a GradientTape block receives it as the graph would pass it. Each thread
+# has its own table (`.masks`), keyed by the array's id and checked by a weak reference.
+_attached = threading.local()
 
 
 def _mask_of(x):
-    table = _attached.get()
     array = ops.untraced(x)
-    entry = None if table is None else table.get(id(array))
+    entry = _attached.masks.get(id(array))
     return entry[1] if entry is not None and entry[0]() is array else None
 
 
 def _attached_mask(inputs):
     """The masks attached to `inputs` (its structure), or None when none has one."""
-    if not _attached.get():
+    if not getattr(_attached, "masks", None):
         return None
     return masking.call_mask(inputs, _mask_of)
 
 
 def _attach_masks(outputs, masks):
-    table = _attached.get()
+    table = _attached.__dict__.setdefault("masks", {})
     for output, mask in masking.output_masks(_as_list(outputs), masks):
         array = ops.untraced(output)
         if mask is not None and isinstance(array, np.ndarray):
-            if table is None:
-                table = {}
-                _attached.set(table)
             key = id(array)
             table[key] = (weakref.ref(array, lambda _, key=key, table=table: table.pop(key, None)), mask)
 
