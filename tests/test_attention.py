@@ -775,7 +775,7 @@ def test_an_integer_mask_holding_a_2_raises(case):
 
 @pytest.mark.parametrize("case", sorted(LAYER_CASES))
 def test_without_input_gradients_the_parameter_gradients_are_unchanged(case):
-    """``input_gradient_needed = False`` (a layer fed only by model inputs) skips the query and key
+    """``need_dx=False`` (a layer fed only by model inputs) skips the query and key
     projections' dx where the kernels can (pooling always computes dx: its kernel has no flag)."""
     make, family = LAYER_CASES[case]
     layer = make()
@@ -783,11 +783,10 @@ def test_without_input_gradients_the_parameter_gradients_are_unchanged(case):
     layer(inputs)  # builds it first, so both calls below start from the same random state
     grads = {}
     for needed in (True, False):
-        layer.input_gradient_needed = needed
         (output, weights), cache = _train_calls([layer], [(inputs, kwargs)], seed=0)[0]
         _set_rewards(layer, [(output, cache)], [np.ones(2)])
         layer.zero_grad()
-        dinputs = layer.backprop(cache, [np.ones_like(output), np.ones_like(weights)])
+        dinputs = layer.backprop(cache, [np.ones_like(output), np.ones_like(weights)], need_dx=needed)
         assert (dinputs is None) == (not needed and family == "attention")
         grads[needed] = {name: g.copy() for name, g in layer.grads.items()}
     for name in grads[True]:

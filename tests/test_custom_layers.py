@@ -270,3 +270,73 @@ def test_function_metric_is_its_mean_over_samples():
 
 def test_tutorial_normal_initializer_name():
     assert isinstance(attnx.initializers.get("normal"), attnx.initializers.RandomNormal)
+
+
+# ------------------------------------------------------------------ sublayer tracking (issue 38)
+class DeepHolder(attnx.Model):
+    """Sublayers at every depth Keras tracks: nested lists, a dict of lists, a tuple of lists, a set,
+    and a `_private` attribute."""
+
+    def __init__(self, units=4, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.nested = [[layers.Dense(units, activation="tanh")], [[layers.Dense(units, activation="tanh")]]]
+        self.by_name = {"a": [layers.Dense(units, activation="tanh")]}
+        self.pair = ([layers.Dense(units, activation="tanh")], [])
+        self.group = {layers.Dense(units, activation="tanh"), layers.Dense(units, activation="tanh")}
+        self._head = layers.Dense(1)
+
+    def call(self, x):
+        for layer in [self.nested[0][0], self.nested[1][0][0], self.by_name["a"][0], self.pair[0][0],
+                      *sorted(self.group, key=lambda l: l._created)]:
+            x = layer(x)
+        return self._head(x)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def test_sublayers_at_any_depth_are_trained_saved_and_loaded(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 4)).astype("float32"), rng.standard_normal((32, 1)).astype("float32")
+    model = DeepHolder()
+    model.compile("adam", "mse")
+    model(x[:2])
+    assert len(model.layers) == 7
+    assert len(model.trainable_variables) == 14
+    before = [w.copy() for w in model.trainable_variables]
+    model.fit(x, y, epochs=2, batch_size=8, verbose=0)
+    assert all(not np.array_equal(b, w) for b, w in zip(before, model.trainable_variables))  # every one trained
+    path = str(tmp_path / "deep.attnx")
+    model.save(path)
+    loaded = attnx.load_model(path, custom_objects={"DeepHolder": DeepHolder})
+    assert sorted(loaded.params) == sorted(model.params)
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_a_call_layer_tracks_sublayers_in_nested_containers():
+    class Stack(layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self._blocks = {"inner": ([layers.Dense(3)], [layers.Dense(2)])}
+
+        def call(self, x):
+            return self._blocks["inner"][1][0](self._blocks["inner"][0][0](x))
+    layer = Stack()
+    layer(np.ones((2, 5), "float32"))
+    assert sorted(layer.params) == ["_blocks/inner/0/0/bias", "_blocks/inner/0/0/kernel",
+                                    "_blocks/inner/1/0/bias", "_blocks/inner/1/0/kernel"]
+
+
+def test_a_container_holding_itself_is_walked_once():
+    class Loop(layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.items = [layers.Dense(2)]
+            self.items.append(self.items)
+
+        def call(self, x):
+            return self.items[0](x)
+    layer = Loop()
+    layer(np.ones((1, 3), "float32"))
+    assert sorted(layer.params) == ["items/0/bias", "items/0/kernel"]

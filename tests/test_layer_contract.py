@@ -125,6 +125,38 @@ def test_every_public_layer_has_a_case():
     assert public == set(CASES), f"layers without a contract case: {sorted(public - set(CASES))}"
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_backprop_takes_need_dx_and_the_layer_keeps_no_call_state(name):
+    """Every public layer's backward takes what it needs as arguments (``backprop(cache, dy, need_dx)``):
+    nothing about a call is set on the layer around it (issue 38), and need_dx=False changes no weight
+    gradient."""
+    import inspect
+    cls = type(CASES[name][0]())
+    assert "need_dx" in inspect.signature(cls.backprop).parameters, f"{name}.backprop takes no need_dx"
+    assert not hasattr(cls, "input_gradient_needed"), f"{name} keeps an input_gradient_needed flag"
+    if name in TRAINING_EXEMPT:
+        return
+    make, spec = CASES[name]
+    spec = spec(np.random.default_rng(5), 2, 4)
+    layer = make()
+    tensors, outs = _symbolic_call(layer, spec)
+    model = attnx.Model(tensors, outs)  # every input is a model input: the model passes need_dx=False
+    feed = [a for a, _ in spec]
+    grads = {}
+    for need_dx in (True, False):
+        attnx.set_random_seed(12)
+        model.zero_grad()
+        outputs, cache = model.apply(feed, training=True)
+        model.backprop(cache, [np.ones_like(o) for o in _list(outputs)], need_dx=need_dx)
+        grads[need_dx] = {n: g.copy() for n, g in layer.grads.items()}
+    for n, g in grads[True].items():
+        np.testing.assert_allclose(grads[False][n], g, rtol=1e-12, atol=1e-12, err_msg=f"{name} d {n}")
+
+
+def _list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
 # ------------------------------------------------------------------------ the battery
 def _symbolic_call(layer, spec):
     """`layer` called on symbolic inputs shaped like `spec` (one call's [(array, how), ...]);

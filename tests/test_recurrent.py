@@ -528,7 +528,7 @@ def test_layer_applied_twice_gets_each_calls_gradients(case):
 @pytest.mark.parametrize("case", ["LSTM stacked dropout", "LSTM return_state, initial states",
                                   "Bidirectional GRU stacked, states, dropout", "LSTMCell"])
 def test_input_gradient_not_needed_skips_dx_only(case):
-    """With input_gradient_needed False the input's gradient is None; the parameters' (and the
+    """With need_dx=False the input's gradient is None; the parameters' (and the
     initial states') are unchanged."""
     make, inputs, kwargs = SHARED_CASES[case]
     x = inputs(1)
@@ -538,11 +538,11 @@ def test_input_gradient_not_needed_skips_dx_only(case):
     layers[1].set_weights(layers[0].get_weights())
     _share_noise(layers[:1], seed=7)
     _share_noise(layers[1:], seed=7)
-    layers[1].input_gradient_needed = False
     calls = [layer.apply(x, training=True, **kwargs) for layer in layers]
     dy = [np.ones_like(o) for o in _items(calls[0][0])]
     dy = dy if isinstance(calls[0][0], list) else dy[0]
-    full, skipped = [_items(layer.backprop(cache, dy)) for layer, (_, cache) in zip(layers, calls)]
+    full, skipped = [_items(layer.backprop(cache, dy, need_dx=needed)) for layer, (_, cache), needed in
+                     zip(layers, calls, (True, False))]
     assert full[0] is not None and skipped[0] is None
     for got, want in zip(skipped[1:], full[1:]):
         assert_close(got, want, 0, what="state gradient")

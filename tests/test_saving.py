@@ -300,3 +300,105 @@ def test_new_file_gets_the_umask_mode(tmp_path, umask):
     finally:
         os.umask(previous)
     assert os.stat(tmp_path / "m.attnx").st_mode & 0o777 == 0o666 & ~umask
+
+
+# ------------------------------------------------------------------ registered names (issue 38)
+def _saved_class_names(path):
+    with zipfile.ZipFile(path) as archive:
+        header = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith(".json"))))
+    return [entry["class_name"] for entry in header["model"]["config"]["layers"]]
+
+
+def test_a_class_of_yours_named_like_a_built_in_does_not_replace_it(tmp_path):
+    class LSTM(layers.Layer):  # noqa: N801 - a user's class that happens to share the built-in's name
+        def call(self, x):
+            return x * 2.0
+    inp = attnx.Input((5, 3))
+    model = attnx.Model(inp, layers.Dense(1)(layers.LSTM(4)(inp)))
+    path = str(tmp_path / "builtin.attnx")
+    model.save(path)
+    assert _saved_class_names(path)[0] == "LSTM"
+    loaded = attnx.load_model(path)
+    assert type(loaded.layers[0]) is layers.LSTM
+    x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype("float32")
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+    mine = attnx.Model(inp, LSTM()(inp))  # saved under Custom>LSTM, loaded as the user's class
+    path = str(tmp_path / "mine.attnx")
+    mine.save(path)
+    assert _saved_class_names(path) == ["Custom>LSTM"]
+    assert type(attnx.load_model(path).layers[0]) is LSTM
+
+
+def test_registered_names_are_package_qualified_and_a_collision_names_both(tmp_path):
+    @attnx.register_serializable(package="pkg_a")
+    class Scale(layers.Layer):
+        def call(self, x):
+            return x * 3.0
+    first = Scale
+
+    with pytest.raises(ValueError, match=r"pkg_a>Scale.*already registered.*test_saving.*Other"):
+        @attnx.register_serializable(package="pkg_a", name="Scale")
+        class Other(layers.Layer):
+            def call(self, x):
+                return x
+
+    @attnx.register_serializable(package="pkg_b")
+    class Scale(layers.Layer):  # noqa: F811 - another package's class of the same name
+        def call(self, x):
+            return x * 5.0
+    inp = attnx.Input((2,))
+    for cls, factor in ((first, 3.0), (Scale, 5.0)):
+        path = str(tmp_path / f"{factor}.attnx")
+        attnx.Model(inp, cls()(inp)).save(path)
+        assert _saved_class_names(path) == [attnx.serialization.registered_name(cls)]
+        loaded = attnx.load_model(path)
+        assert type(loaded.layers[0]) is cls
+        np.testing.assert_array_equal(loaded.predict(np.ones((1, 2), "float32"), verbose=0), [[factor, factor]])
+    with pytest.raises(ValueError, match="attnx.*own"):
+        attnx.register_serializable(package="attnx")(Scale)
+
+
+def test_bare_names_of_older_files_still_resolve():
+    class Doubler(layers.Layer):  # saved as "Doubler" by older versions, "Custom>Doubler" now
+        def call(self, x):
+            return x * 2.0
+    registry = layers.Layer.registry
+    assert registry.name_of(Doubler) == "Custom>Doubler"
+    assert registry["Doubler"] is Doubler and registry["Custom>Doubler"] is Doubler
+    assert registry["LSTM"] is layers.LSTM and registry.name_of(layers.LSTM) == "LSTM"
+    with attnx.custom_object_scope({"LSTM": Doubler}):  # explicit custom_objects may name any class
+        assert registry["LSTM"] is Doubler
+    with pytest.raises(ValueError, match="Unknown layer class 'Elsewhere>Doubler'"):
+        registry["Elsewhere>Doubler"]
+
+
+def test_a_bare_name_two_packages_registered_is_an_error_naming_both():
+    @attnx.register_serializable(package="twin_a", name="twin")
+    def first(y_true, y_pred):
+        return y_pred
+
+    @attnx.register_serializable(package="twin_b", name="twin")
+    def second(y_true, y_pred):
+        return y_pred
+    with pytest.raises(ValueError, match=r"twin_a>twin, twin_b>twin"):
+        attnx.serialization.get_registered_object("twin")
+    assert attnx.serialization.get_registered_object("twin_b>twin") is second
+    with attnx.custom_object_scope({"twin": first}):
+        assert attnx.serialization.get_registered_object("twin") is first
+
+
+def test_an_unregistered_class_cannot_be_saved_under_a_name_registered_to_another():
+    @attnx.register_serializable()
+    class Shadowed(layers.Layer):
+        def call(self, x):
+            return x
+
+    def elsewhere():
+        class Shadowed(layers.Layer):  # unregistered, the same class name, defined elsewhere
+            def call(self, x):
+                return x
+        return Shadowed
+    assert layers.Layer.registry.name_of(Shadowed) == "Custom>Shadowed"
+    with pytest.raises(ValueError, match=r"Custom>Shadowed.*registered to .*Shadowed"):
+        layers.Layer.registry.name_of(elsewhere())

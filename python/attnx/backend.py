@@ -98,7 +98,8 @@ def run_side_by_side(*tasks):
         _side["pid"] = os.getpid()
     _core._set_single_threaded_blas(True)
     try:
-        others = [_side["executor"].submit(_serially, task) for task in tasks[1:]]
+        # in this thread's context: what a caller's context variables say (a GradientTape's gradient buffers)
+        others = [_side["executor"].submit(contextvars.copy_context().run, _serially, task) for task in tasks[1:]]
         try:
             first = _serially(tasks[0])
         finally:

@@ -189,7 +189,7 @@ class DRAW(Model):
                                canvas_prev))
         return [canvas.reshape(B, -1), kl], ((steps, B) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         steps, B = cache
         dcanvas_flat, dkl = dy
         dt = self.dtype

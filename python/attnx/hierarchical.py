@@ -120,7 +120,6 @@ class HierarchicalAttentionNetwork(Model):
         self.sentence_attention = ContextAttention(self.attention_units, dtype=dtype, name="sentence_attention")
         self.classifier = Dense(self.num_classes, activation="sigmoid" if self.num_classes == 1 else "softmax",
                                 dtype=dtype, name="classifier")
-        self.embedding.input_gradient_needed = False  # token ids take no gradient
         self.build()
 
     def build(self, input_shape=None):
@@ -173,7 +172,7 @@ class HierarchicalAttentionNetwork(Model):
             return [out, word_weights.reshape(B, S, W), sentence_weights], cache
         return out, cache
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         B, S, W = cache.shape
         dout = dy[0] if cache.with_scores else dy  # the attention weights take no gradient
         ddocument = self.classifier.backprop(cache.classifier, dout)
@@ -181,7 +180,7 @@ class HierarchicalAttentionNetwork(Model):
         dsentences = self.sentence_encoder.backprop(cache.sentence_encoder, dg)
         dh = self.word_attention.backprop(cache.word_attention, [dsentences.reshape(B * S, -1), None])
         dembedded = self.word_encoder.backprop(cache.word_encoder, dh)
-        self.embedding.backprop(cache.embedding, dembedded)
+        self.embedding.backprop(cache.embedding, dembedded, need_dx=False)  # token ids take no gradient
         return None
 
     def attention(self, ids):

@@ -36,14 +36,14 @@ class Loss:
     """
 
     from_logits = False
-    registry = {}
+    registry = serialization.ClassRegistry("loss")  # the classes by the names files hold
     _REDUCTIONS = ("sum_over_batch_size", "sum", "none")
     # reduction "none" gives the mean over the last axis of the elementwise losses (Keras' per-sample values)
     _per_row_mean = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        Loss.registry[cls.__name__] = cls
+        Loss.registry.add(cls)
 
     def __init__(self, name=None, reduction="sum_over_batch_size"):
         self.name = name or snake_case(type(self).__name__)
@@ -450,9 +450,8 @@ def get(identifier):
             raise ValueError(f"Unknown loss {identifier!r}; expected one of {sorted(_ALIASES)}")
         return _ALIASES[identifier]()
     if isinstance(identifier, dict):
-        found = serialization.get_registered_object(identifier["class_name"])
-        cls = found if isinstance(found, type) and issubclass(found, Loss) else Loss.registry.get(identifier["class_name"])
-        if cls is None:
+        cls = Loss.registry.get(identifier["class_name"])
+        if not (isinstance(cls, type) and issubclass(cls, Loss)):
             raise ValueError(f"Unknown loss class {identifier['class_name']!r}")
         return cls.from_config(identifier["config"])
     if callable(identifier) and not isinstance(identifier, type):
@@ -461,7 +460,7 @@ def get(identifier):
 
 
 def serialize(loss):
-    return {"class_name": type(loss).__name__, "config": loss.get_config()}
+    return {"class_name": Loss.registry.name_of(type(loss)), "config": loss.get_config()}
 
 
 binary_crossentropy = BinaryCrossentropy()

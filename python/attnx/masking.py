@@ -48,3 +48,32 @@ def as_mask(mask, batch, steps, where, queries=None, shared=False):
                              f"{m.min()}..{m.max()}")
         m = m != 0
     return np.ascontiguousarray(m)
+
+
+# ------------------------------------------------------------------ propagation
+# Keras' mask propagation, written once: the functional graph (`models.graph`), the ONNX export
+# (`export.model`), a layer called on arrays inside a `call` or GradientTape block (`layers.base`) and the
+# Keras file reader (`interop.keras_file`) all ask these functions (tests/test_mask_propagation.py).
+def call_mask(inputs, mask_of, given=None):
+    """The mask a layer call receives: `given` (the mask passed to the call) wins; else the masks its
+    inputs carry (``mask_of(input)``, None for an input without one) in the structure of `inputs` (a
+    list for a list of inputs, one mask for one input), or None when no input carries one."""
+    if given is not None:
+        return given
+    many = isinstance(inputs, (list, tuple))
+    found = carried_masks(inputs if many else [inputs], mask_of)
+    if all(m is None for m in found):
+        return None
+    return found if many else found[0]
+
+
+def carried_masks(tensors, mask_of):
+    """The mask each of `tensors` carries (``mask_of(tensor)``, None for none), as a list."""
+    return [mask_of(t) for t in tensors]
+
+
+def output_masks(outputs, masks):
+    """(output, mask) for each output of a call, `masks` as `compute_mask` gives them (a list, one mask,
+    or None); None for the outputs it gives none."""
+    masks = masks if isinstance(masks, list) else [masks]
+    return list(zip(outputs, masks + [None] * (len(outputs) - len(masks))))

@@ -34,6 +34,7 @@ C++ kernels (`scaled_dot_product_attention`, `attention_pooling`).
 """
 import builtins
 import contextlib
+import contextvars
 import string
 import threading
 
@@ -115,6 +116,34 @@ class TracedArray:
 
 
 _active = threading.local()  # .tapes: this thread's stack of recording tapes
+# The gradient buffers of the `GradientTape.gradient` replaying on this thread (a context variable, so
+# that a layer's backward run side by side on a helper thread sees it too), or None.
+_gradient_sink = contextvars.ContextVar("attnx_gradient_sink", default=None)
+
+
+class _GradientSink:
+    """One `GradientTape.gradient`'s gradient buffers, one per weight (by identity), zeros when first
+    asked for: while it replays, layers add their weights' gradients here instead of into their shared
+    ``grads`` buffers (see `gradient_buffers`), so that two threads taking gradients of one model do not
+    add into each other's."""
+
+    def __init__(self):
+        self._buffers = {}  # id(weight) -> (weight, its gradient)
+
+    def buffer(self, weight):
+        entry = self._buffers.get(id(weight))
+        if entry is None or entry[0] is not weight:
+            entry = self._buffers[id(weight)] = (weight, np.zeros_like(weight))
+        return entry[1]
+
+
+def gradient_buffers(params, grads):
+    """The buffers a backward pass adds the gradients of `params` ({name: weight}) into: `grads` (a
+    layer's own ``grads``), or inside `GradientTape.gradient` that tape's buffers of the same weights."""
+    sink = _gradient_sink.get()
+    if sink is None:
+        return grads
+    return type(grads)((name, sink.buffer(p)) for name, p in params.items())
 
 
 class Tape:
@@ -231,9 +260,10 @@ class Tape:
             for i, x, dx in zip(ids, values, dxs):
                 if i is not None and dx is not None:
                     _accumulate(grads, i, dx if x is None else _unbroadcast(dx, x))
+        sink = _gradient_sink.get()
         for leaf, buffer in self._buffers:
             if leaf.index in grads:
-                buffer += grads[leaf.index]
+                (buffer if sink is None else sink.buffer(leaf.value))[...] += grads[leaf.index]
         return grads
 
 
@@ -248,8 +278,8 @@ class GradientTape(Tape):
 
     The weights of every layer called inside are watched; ``tape.watch(x)`` watches an input array
     (ops then find it by identity). A tape gives gradients once unless ``persistent=True``. Tapes
-    belong to the thread that opened them. `gradient` uses the layers' ``grads`` buffers as its
-    accumulators (they are zeroed first) and returns copies.
+    belong to the thread that opened them. The gradients live on the tape: `gradient` neither reads nor
+    writes the layers' ``grads`` buffers, so threads taking gradients of one model at once get their own.
     """
 
     def __init__(self, persistent=False, watch_accessed_variables=True):
@@ -291,14 +321,17 @@ class GradientTape(Tape):
                                  "output_gradients")
         if not self.persistent:
             self._spent = True
-        for _, buffer in self._weights.values():
-            buffer.fill(0)
-        grads = self._replay(targets, output_gradients)
+        sink = _GradientSink()
+        token = _gradient_sink.set(sink)
+        try:
+            grads = self._replay(targets, output_gradients)
+        finally:
+            _gradient_sink.reset(token)
 
         def result(source):
             entry = self._weights.get(id(source))
             if entry is not None and entry[0] is source:
-                return entry[1].copy()
+                return sink.buffer(source)
             leaf = source if isinstance(source, TracedArray) else self._watched.get(id(source))
             if leaf is None or leaf.tape is not self or (leaf.value is not source and leaf is not source):
                 return None

@@ -361,7 +361,7 @@ def save_model(model, path):
     if not model.built:
         raise ValueError(f"Model '{model.name}' has no weights yet: build it (call it on data) before saving")
     header = {"format": FORMAT, "attnx_version": __version__,
-              "model": {"class_name": type(model).__name__, "config": model.get_config()},
+              "model": {"class_name": type(model).registry.name_of(type(model)), "config": model.get_config()},
               "compile": None}
     build_inputs = getattr(model, "_build_inputs", None)
     if build_inputs is not None:  # a model written as a class creates its weights on this call

@@ -124,7 +124,7 @@ class Encoder(Layer):
         cache = _EncoderCache(embedding_cache, rnn_cache) if training else None
         return [sequence, mask] + list(states), cache
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         d_sequence, _, *d_states = dy
         if len(d_states) != self.n_states:
             raise ValueError(f"Layer '{self.name}': backprop expected [d_outputs, None] + {self.n_states} state "
@@ -373,12 +373,12 @@ class _AttentionDecoder(Layer):
         self.baseline = self.baseline_decay * running + (1.0 - self.baseline_decay) * mean_reward
         return dweights
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         """dy: dlogits, or ``[dlogits, d_weights]`` after `return_attention_scores` (d_weights None or the
         gradient of the attention weights (B, T, S), e.g. of a regularization of them) -> ``[None,
         d_encoder_outputs, dh0(, dc0)]``. Hard attention adds REINFORCE's gradient of the weights
         (`set_reward`). The kernel has no switch to skip the input gradients, so it computes them
-        whatever `input_gradient_needed` says."""
+        whatever `need_dx` says."""
         d_weights = None
         if cache.returned_weights:
             dy, d_weights = dy
@@ -757,7 +757,7 @@ class Seq2Seq(Model):
                                                    mask=decoder_input != 0, source_mask=source_mask)
         return logits, (_Seq2SeqCache(encoder_cache, decoder_cache) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         _, d_encoder_outputs, *d_states = self.decoder.backprop(cache.decoder, dy)
         self.encoder.backprop(cache.encoder, [d_encoder_outputs, None] + d_states)
         return [None, None]  # token ids have no gradient

@@ -342,7 +342,7 @@ class Transformer(Model):
         return logits, _Cache(source_caches[0], source_caches[1], source_caches[2], target_embedding_cache,
                               decoder_cache, decoder_norm_cache, output_cache)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         dh = self.decoder_norm.backprop(cache.decoder_norm, self._logits_backprop(cache.output, dy))
         dy_target, dmemory = self.decoder.backprop(cache.decoder, dh)
         self._embed_backprop(self.target_embedding, self.target_positions, cache.target_embedding, dy_target)

@@ -138,7 +138,6 @@ class ImageCaptioner(Model):
             raise ValueError(f"ImageCaptioner: `attention_regularization` must be a finite number >= 0, got "
                              f"{attention_regularization!r}")
         self.encoder = encoder
-        self.encoder.input_gradient_needed = False  # images need no gradient
         if not encoder.built:
             encoder.build((None,) + self.image_shape)
             encoder.built = True
@@ -237,13 +236,13 @@ class ImageCaptioner(Model):
         cache = _CaptionerCache(encoder_cache, h_cache, c_cache, decoder_cache) if training else None
         return [logits, weights], cache
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         dlogits, dweights = dy
         _, dannotations, dh0, dc0 = self.decoder.backprop(cache.decoder, [dlogits, dweights])
         dmean = self.init_h.backprop(cache.init_h, dh0) + self.init_c.backprop(cache.init_c, dc0)
         # mean over the L regions: each receives dmean / L
         dannotations += (dmean / dannotations.shape[1])[:, None, :]
-        self.encoder.backprop(cache.encoder, dannotations)
+        self.encoder.run_backprop(cache.encoder, dannotations, need_dx=False)  # images need no gradient
         return [None, None, None]
 
     def train_data(self, x, y):

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..masking import call_mask, carried_masks, output_masks
 from ..models import Model
 from ..symbolic import is_symbolic, substitute
 from .graph import OPSET, Graph, UnsupportedLayerError
@@ -36,11 +37,7 @@ def convert_model(g, model, inputs, masks):
         inputs_spec, args, kwargs = node.call_spec
         x = substitute(inputs_spec, values)
         call_kwargs = substitute(kwargs, values)
-        in_mask = call_kwargs.pop("mask", None)  # a mask given to the call wins over the propagated one
-        if in_mask is None:
-            found = [propagated.get(id(t)) for t in _structure(inputs_spec)]
-            if any(m is not None for m in found):
-                in_mask = found if isinstance(inputs_spec, (list, tuple)) else found[0]
+        in_mask = call_mask(inputs_spec, lambda t: propagated.get(id(t)), call_kwargs.pop("mask", None))
         layer = node.layer
         _refuse_lengths(layer, kwargs)
         if isinstance(layer, Model) and layer._functional:  # a nested model: its masks come with its outputs
@@ -50,13 +47,12 @@ def convert_model(g, model, inputs, masks):
             call = Call(x, _shapes(inputs_spec), substitute(args, values), call_kwargs, in_mask)
             out = convert(g, layer, call)
             outs = _structure(out) if node.multi_output else [out]
-            out_mask = output_mask(g, layer, call)
-            out_masks = out_mask if isinstance(out_mask, list) else [out_mask]
-        for t, o, m in zip(node.outputs, outs, list(out_masks) + [None] * (len(outs) - len(out_masks))):
+            out_masks = output_mask(g, layer, call)
+        for (t, m), o in zip(output_masks(node.outputs, out_masks), outs):
             values[id(t)] = o
             if m is not None:
                 propagated[id(t)] = m
-    return [values[id(t)] for t in model.outputs], [propagated.get(id(t)) for t in model.outputs]
+    return [values[id(t)] for t in model.outputs], carried_masks(model.outputs, lambda t: propagated.get(id(t)))
 
 
 def _refuse_lengths(layer, kwargs):

@@ -29,6 +29,7 @@ import zlib
 import numpy as np
 
 from ..layers.base import weight_budget
+from ..masking import call_mask
 from ..saving import open_regular
 from ..symbolic import Input
 from .registry import _FROM_KERAS, _TO_KERAS
@@ -382,7 +383,8 @@ def _functional(inner, entries, convert, source):
             continue
         layer = convert(entry)
         for i, node in enumerate(nodes):
-            fed_masked = any(ref in masked for ref in _references([node.get("args", []), node.get("kwargs", {})]))
+            fed_masked = call_mask(list(_references([node.get("args", []), node.get("kwargs", {})])),
+                                   lambda ref: True if ref in masked else None) is not None
             if fed_masked and entry["class_name"] == "MultiHeadAttention":
                 raise ValueError(f"{source}: MultiHeadAttention '{name}' is fed the mask of Embedding(mask_zero=True): "
                                  "Keras masks the padded keys with it, attnx's MultiHeadAttention takes explicit masks "

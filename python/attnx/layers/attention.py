@@ -389,10 +389,9 @@ class Attention(Layer):
         scores, hidden = kernels.additive_scores_forward(pq=pq, pk=pk, v=v)
         return scores, {"hidden": hidden, "v": v, "pq": pq, "pk": pk}
 
-    def _score_backward(self, dscores, query, key, sc):
+    def _score_backward(self, dscores, query, key, sc, need_dx=True):
         """(dquery, dkey) from the gradient of the scores, (None, None) when the input gradient is not
         needed; adds the score parameters' gradients."""
-        need_dx = self.input_gradient_needed
         B, Tq, Dq = query.shape
         S = key.shape[1]
         if self.score in ("dot", "scaled_dot", "general"):
@@ -411,7 +410,7 @@ class Attention(Layer):
                 dquery = None if dquery is None else dquery.reshape(B, Tq, Dq)
             return (dquery, dkey) if need_dx else (None, None)
         if self.score == "tanh_sum":
-            return self._tanh_sum_backward(dscores, query, key, sc)
+            return self._tanh_sum_backward(dscores, query, key, sc, need_dx)
         v = sc["v"]
         dv_used = np.zeros_like(v)
         dpq, dpk = kernels.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=v, dv=dv_used)
@@ -435,14 +434,14 @@ class Attention(Layer):
         scores, hidden = kernels.additive_scores_forward(pq=np.ascontiguousarray(pq), pk=np.ascontiguousarray(pk), v=v)
         return scores, {"hidden": hidden, "v": v, "s": s}
 
-    def _tanh_sum_backward(self, dscores, query, key, sc):
+    def _tanh_sum_backward(self, dscores, query, key, sc, need_dx=True):
         dv = np.zeros_like(sc["v"])
         dpq, dpk = kernels.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=sc["v"], dv=dv)
         self.grads["concat_score_weight"] += dv.sum()
         if self.use_scale:  # pq = s q, pk = s k
             self.grads["scale"] += np.sum(dpq * query) + np.sum(dpk * key)
         s = sc["s"]
-        if not self.input_gradient_needed:
+        if not need_dx:
             return None, None
         return (dpq, dpk) if s == 1.0 else (dpq * dpq.dtype.type(s), dpk * dpk.dtype.type(s))
 
@@ -468,7 +467,7 @@ class Attention(Layer):
         dropped = weights if keep is None else weights * keep  # Keras returns the weights after dropout
         return context, dropped.reshape(B, Tq, S), {"keep": keep, "weights": weights}
 
-    def _attend_backward(self, dcontext, dweights, value, ac):
+    def _attend_backward(self, dcontext, dweights, value, ac, need_dx=True):
         """(dscores (B, Tq, S), dvalue, a further dquery or None) from the gradients of the context and
         weights."""
         weights, keep = ac["weights"], ac["keep"]
@@ -530,15 +529,16 @@ class Attention(Layer):
             dweights = self._grad_input(dweights, lead + (S,), "dweights").reshape(B, Tq, S)
         return doutput, dweights
 
-    def _context_backward(self, cache, dcontext, dweights, dquery_outside=None):
+    def _context_backward(self, cache, dcontext, dweights, dquery_outside=None, need_dx=True):
         """Input gradients (in the order of the inputs) from those of the context (B, Tq, Dv) and weights;
         `dquery_outside` is a gradient of the query that bypassed the attention. None when the layer's
         input gradient is not needed."""
         if cache["query_mask"] is not None:
             dcontext = dcontext * cache["query_mask"][:, :, None]
-        dscores, dvalue, dquery_attend = self._attend_backward(dcontext, dweights, cache["value"], cache["attend"])
-        dquery, dkey = self._score_backward(dscores, cache["query"], cache["key"], cache["score"])
-        if not self.input_gradient_needed:
+        dscores, dvalue, dquery_attend = self._attend_backward(dcontext, dweights, cache["value"], cache["attend"],
+                                                               need_dx)
+        dquery, dkey = self._score_backward(dscores, cache["query"], cache["key"], cache["score"], need_dx)
+        if not need_dx:
             return None
         for extra in (dquery_attend, dquery_outside):
             if extra is not None:
@@ -549,12 +549,12 @@ class Attention(Layer):
             return [dquery, dvalue, dkey]
         return [dquery, dvalue + dkey]
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         lead = cache.get("lead")
         if lead is not None:  # inputs of rank > 3: their leading axes were one batch axis
             dy = _map_arrays(dy, lambda d: np.reshape(d, (-1,) + np.shape(d)[len(lead):]))
         dcontext, dweights = self._output_grads(cache, dy)
-        dinputs = self._context_backward(cache, dcontext, dweights)
+        dinputs = self._context_backward(cache, dcontext, dweights, need_dx=need_dx)
         if lead is None or dinputs is None:
             return dinputs
         return [d.reshape(lead + d.shape[1:]) for d in dinputs]
@@ -609,10 +609,10 @@ class AdditiveAttention(Attention):
         scores, hidden = kernels.additive_scores_forward(pq=query, pk=key, v=v)
         return scores, {"hidden": hidden, "v": v}
 
-    def _score_backward(self, dscores, query, key, sc):
+    def _score_backward(self, dscores, query, key, sc, need_dx=True):
         dv = self.grads["scale"] if self.use_scale else np.zeros_like(sc["v"])
         dquery, dkey = kernels.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=sc["v"], dv=dv)
-        return (dquery, dkey) if self.input_gradient_needed else (None, None)
+        return (dquery, dkey) if need_dx else (None, None)
 
     def get_config(self):
         config = super().get_config()
@@ -693,10 +693,10 @@ class LuongAttention(Attention):
             output = attentional.reshape(B, Tq, self.attentional_units)
         return self._outputs(output, weights, state, return_attention_scores, training)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         doutput, dweights = self._output_grads(cache, dy)
         if not self.attentional_units:
-            return self._context_backward(cache, doutput, dweights)
+            return self._context_backward(cache, doutput, dweights, need_dx=need_dx)
         B, Tq = cache["query"].shape[:2]
         Dv = cache["value"].shape[2]
         # h~ = tanh([c; h] W_c): split the gradient of [c; h] back into the context and the query
@@ -704,7 +704,7 @@ class LuongAttention(Attention):
                                   self.params["attentional_kernel"],
                                   cache["attentional"], "tanh", self.grads["attentional_kernel"])
         dcontext = np.ascontiguousarray(djoined[:, :Dv].reshape(B, Tq, Dv))
-        return self._context_backward(cache, dcontext, dweights, dquery_outside=djoined[:, Dv:])
+        return self._context_backward(cache, dcontext, dweights, dquery_outside=djoined[:, Dv:], need_dx=need_dx)
 
     def _output_size(self, value_size):
         return self.attentional_units or value_size
@@ -802,7 +802,7 @@ class LocalAttention(Attention):
                                                     "multiplier": multiplier, "lengths": lengths,
                                                     "position": position_cache}
 
-    def _attend_backward(self, dcontext, dweights, value, ac):
+    def _attend_backward(self, dcontext, dweights, value, ac, need_dx=True):
         gauss, align = ac["gauss"], ac["align"]
         B, _, Tq, S = align.shape
         dw = None if dweights is None else dweights.reshape(B, 1, Tq, S)
@@ -824,7 +824,7 @@ class LocalAttention(Attention):
         dhidden = _dense_backward(dgate, pc["hidden"], self.params["position_v"], pc["gate"], "sigmoid",
                                   self.grads["position_v"])
         dquery = _dense_backward(dhidden, pc["q2"], self.params["position_kernel"], pc["hidden"], "tanh",
-                                 self.grads["position_kernel"], need_dx=self.input_gradient_needed)
+                                 self.grads["position_kernel"], need_dx=need_dx)
         return dscores, dvalue, dquery
 
     def get_config(self):
@@ -917,7 +917,7 @@ class HardAttention(Attention):
         return np.ascontiguousarray(context, dtype=self.dtype), weights, {
             "weights": weights, "positions": positions, "has_source": has_source, "baseline": self.baseline}
 
-    def _attend_backward(self, dcontext, dweights, value, ac):
+    def _attend_backward(self, dcontext, dweights, value, ac, need_dx=True):
         if "reward" not in ac:
             raise RuntimeError(f"Layer '{self.name}': call set_reward(rewards, cache) before this call's backprop "
                                f"(REINFORCE needs the reward of the sampled positions)")
@@ -1015,7 +1015,7 @@ class AttentionPooling(Layer):
         cache = {"x": x, "weights": weights, "energy": energy, "return_weights": bool(return_attention_scores)}
         return ((out, weights) if return_attention_scores else out), (cache if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         x = cache["x"]
         B, T, d = x.shape
         dout, dweights = dy if cache["return_weights"] else (dy, None)

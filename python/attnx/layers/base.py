@@ -6,19 +6,20 @@ A layer implements two methods, and everything else calls them:
   `cache` is everything backward needs from this one call (None when not training). The layer
   keeps no per-call state of its own: a layer called several times in a model, or by several
   threads at once, keeps each call's state apart because each call has its own cache.
-- ``backprop(cache, dy) -> dinputs``: the gradient of each input of the call that made `cache`
-  (the same structure as the inputs; None for inputs without one, e.g. token ids), and **adds**
+- ``backprop(cache, dy, need_dx=True) -> dinputs``: the gradient of each input of the call that made
+  `cache` (the same structure as the inputs; None for inputs without one, e.g. token ids), and **adds**
   the parameter gradients into ``layer.grads``, so a shared layer receives the sum over its calls.
-  When ``layer.input_gradient_needed`` is False (set by a model for layers fed only by its
-  inputs) the layer may skip its input gradient and return None.
+  With ``need_dx=False`` (a model's layers fed only by its inputs) the layer may skip its input
+  gradient and return None. Everything about the call comes in the arguments: nothing is set on the
+  layer around it.
 
 A layer may instead define only ``call(inputs, ...)`` written with `attnx.ops` and other layers
 (Keras' way): the default ``forward`` runs it, recording a training call on an `attnx.ops.Tape` (its
 cache), and the default ``backprop`` replays that tape. Inside a recorded computation (such a `call`,
 or an `attnx.GradientTape` block) every layer call is recorded on the tape: a `call` layer's ops
 directly, any other layer's call as one node whose backward is that layer's own ``backprop``. The
-layers a `call` layer holds as attributes (directly, in lists, tuples or dicts) are its sublayers: their
-weights are its weights, named ``<attribute>/<weight>``.
+layers a `call` layer holds as attributes (directly, or at any depth of lists, tuples, dicts and sets)
+are its sublayers: their weights are its weights, named ``<attribute path>/<weight>``.
 
 Callers use them as:
 - ``y = layer(x, training=...)``: forward; a training call's cache is kept as the layer's last
@@ -32,13 +33,15 @@ write in place, so optimizer updates and ``set_weights`` never invalidate them.
 import contextlib
 import contextvars
 import functools
+import itertools
 import math
+import threading
 import weakref
 from collections import OrderedDict
 
 import numpy as np
 
-from .. import backend, initializers, ops, regularizers, serialization
+from .. import backend, initializers, masking, ops, regularizers, serialization
 from ..backend import snake_case, unique_name
 from ..symbolic import any_symbolic, symbolic_call
 
@@ -71,7 +74,7 @@ class Layer:
     """Base class of all layers.
 
     Subclasses implement ``build(input_shape)`` (create weights with ``add_weight``),
-    ``forward(inputs, training=False, mask=None) -> (outputs, cache)``, ``backprop(cache, dy)``,
+    ``forward(inputs, training=False, mask=None) -> (outputs, cache)``, ``backprop(cache, dy, need_dx=True)``,
     ``compute_output_shape(input_shape)`` and ``get_config()`` (see the module docstring); or,
     Keras' way, only ``build`` and ``call(inputs)`` written with `attnx.ops`, which the default
     `forward` / `backprop` differentiate.
@@ -83,7 +86,7 @@ class Layer:
         input_shape: shape of one sample, for the first layer of a `Sequential` model.
     """
 
-    registry = {}
+    registry = serialization.ClassRegistry("layer")  # the classes by the names files hold
     supports_masking = False  # True: the input mask passes through unchanged
     # The arguments besides `inputs` that are arrays with gradients, as (name, position among the extra
     # positional arguments or None), in the order `backprop` returns their gradients after the inputs':
@@ -92,16 +95,14 @@ class Layer:
     _gradient_arguments = ()
     # True for a layer whose compute_mask makes a mask from its inputs alone (Embedding(mask_zero=True))
     _creates_mask = False
-    # A model's training step clears this for layers fed only by its inputs, whose input
-    # gradient nobody reads; layers may then skip computing it and return None.
-    input_gradient_needed = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        Layer.registry[cls.__name__] = cls
+        Layer.registry.add(cls)
 
     def __new__(cls, *args, **kwargs):
         layer = super().__new__(cls)
+        layer._created = next(_creation_order)
         layer._init_arguments = (args, kwargs)  # for the default get_config of a class without one (Keras 3)
         return layer
 
@@ -142,7 +143,18 @@ class Layer:
 
     def _own_weights(self):
         """(params, grads): the dicts `add_weight` adds to."""
-        return self.params, self.grads
+        return self.params, self._grads
+
+    @property
+    def grads(self):
+        """name -> the buffer a backward pass adds that weight's gradient into: the layer's own, or
+        inside `GradientTape.gradient` that tape's (`ops.gradient_buffers`), so a tape's gradients live
+        on the tape."""
+        return ops.gradient_buffers(self.params, self._grads)
+
+    @grads.setter
+    def grads(self, value):
+        self._grads = value
 
     def zero_grad(self):
         for g in self.grads.values():
@@ -150,21 +162,14 @@ class Layer:
 
     # ------------------------------------------------------------ sublayers
     def _sublayers(self):
-        """(attribute path, layer) for each layer held as an attribute, directly or in a list, tuple or
-        dict (Keras' tracking), each layer once, in the order of the attributes."""
+        """(attribute path, layer) for each layer held as an attribute, directly or at any depth of lists,
+        tuples, dicts and sets (Keras' tracking; a set's layers in the order they were made), each layer
+        once, in the order of the attributes, public ones first (``_private`` ones too, as Keras)."""
         seen = {id(self)}
-        for name, value in list(self.__dict__.items()):
-            if name.startswith("_"):
-                continue
-            if isinstance(value, Layer):
-                items = [(name, value)]
-            elif isinstance(value, (list, tuple)):
-                items = [(f"{name}/{i}", v) for i, v in enumerate(value) if isinstance(v, Layer)]
-            elif isinstance(value, dict):
-                items = [(f"{name}/{k}", v) for k, v in value.items() if isinstance(v, Layer)]
-            else:
-                continue
-            for path, layer in items:
+        attributes = [(n, v) for n, v in list(self.__dict__.items()) if n not in _UNTRACKED_ATTRIBUTES]
+        attributes.sort(key=lambda item: item[0].startswith("_"))  # stable: a public path names a layer first
+        for name, value in attributes:
+            for path, layer in _layers_in(value, name, set()):
                 if id(layer) not in seen:
                     seen.add(id(layer))
                     yield path, layer
@@ -312,12 +317,16 @@ class Layer:
         traced = _map(inputs, tape.traced)
         # The same deterministic call twice on one tape (the tutorial's W2(values) at every decoder step)
         # is recorded once: its outputs are reused and its backward runs once on the summed gradients.
+        # Same call means the same objects holding the same values (an array changed in place in between
+        # is another call).
         call = (traced, args, kwargs, mask)
         key = None if training or not self._deterministic else (
             id(self), *[id(v) for v in _as_list(traced) + list(args) + list(kwargs.values()) + [mask]],
             *kwargs)
-        if key is not None and key in tape.calls and _same_objects(tape.calls[key][0], call):
-            return tape.calls[key][1]
+        if key is not None and key in tape.calls:
+            recorded_call, values_then, recorded_outputs = tape.calls[key]
+            if _same_objects(recorded_call, call) and _same_values(values_then, _arrays_of(call)):
+                return recorded_outputs
         values = _map(traced, ops.untraced)
         randomness = contextlib.nullcontext() if training else backend.without_training_randomness()
         with randomness, ops.paused():  # the layer's own arithmetic is not the tape's
@@ -327,19 +336,15 @@ class Layer:
         multi = isinstance(outputs, (list, tuple))
 
         def backward(output_grads):
-            self.input_gradient_needed = need_dx
-            try:
-                dinputs = self.backprop(cache, list(output_grads) if multi else output_grads[0])
-            finally:
-                self.input_gradient_needed = True
+            dinputs = self.run_backprop(cache, list(output_grads) if multi else output_grads[0], need_dx)
             return _as_list(dinputs) if isinstance(inputs, (list, tuple)) else [dinputs]
 
         params, grads = self.params, self.grads
         recorded = tape.record_call(backward, _as_list(outputs), flat_inputs,
                                     weights=[(p, grads[n]) for n, p in params.items()])
         outputs = type(outputs)(recorded) if multi else recorded[0]
-        if key is not None:
-            tape.calls[key] = (call, outputs)  # holds the objects, so their ids stay theirs
+        if key is not None:  # holds the objects, so their ids stay theirs, and a copy of their values
+            tape.calls[key] = (call, [a.copy() for a in _arrays_of(call)], outputs)
         return outputs
 
     @property
@@ -429,7 +434,7 @@ class Layer:
                 raise ValueError(f"Layer '{self.name}' was built for inputs of shape {b}, and is called on shape {g}: "
                                  "a layer's weights fit the shape of its first call")
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         """Gradients of the inputs of the call that returned `cache`; adds into ``self.grads``.
 
         Layers with their own kernels override it. This default replays the tape of a `call`
@@ -449,6 +454,14 @@ class Layer:
         except ValueError as exc:
             raise ValueError(f"Layer '{self.name}': {exc}") from None
         return _map(inputs, lambda x: next(grads) if isinstance(x, ops.TracedArray) else None)
+
+    def run_backprop(self, cache, dy, need_dx=True):
+        """``backprop(cache, dy, need_dx)``, or ``backprop(cache, dy)`` for a class of yours whose
+        backprop takes no `need_dx` (it then always computes its input gradient): what models and
+        tapes call."""
+        if "need_dx" in _parameters(type(self).backprop):
+            return self.backprop(cache, dy, need_dx=need_dx)
+        return self.backprop(cache, dy)
 
     def _as_call_input(self, x):
         """An input of `call` as an array; floats in this layer's dtype (Keras' autocast)."""
@@ -562,32 +575,31 @@ class Layer:
 
 # Keras' `_keras_mask` outside the functional API: the mask a layer call's compute_mask gave, kept
 # beside the output array it belongs to (while that array lives), so that the next layer called on
-# that array inside a `call` or a GradientTape block receives it as the graph would pass it.
-_masks = {}  # id(array) -> (weak reference to the array, its mask)
+# that array inside a `call` or a GradientTape block receives it as the graph would pass it. Each thread
+# has its own table (`.masks`), keyed by the array's id and checked by a weak reference.
+_attached = threading.local()
 
 
 def _mask_of(x):
     array = ops.untraced(x)
-    entry = _masks.get(id(array))
+    entry = _attached.masks.get(id(array))
     return entry[1] if entry is not None and entry[0]() is array else None
 
 
 def _attached_mask(inputs):
     """The masks attached to `inputs` (its structure), or None when none has one."""
-    if type(inputs) is np.ndarray and not _masks:
+    if not getattr(_attached, "masks", None):
         return None
-    masks = [_mask_of(x) for x in _as_list(inputs)]
-    if all(m is None for m in masks):
-        return None
-    return masks if isinstance(inputs, (list, tuple)) else masks[0]
+    return masking.call_mask(inputs, _mask_of)
 
 
 def _attach_masks(outputs, masks):
-    for output, mask in zip(_as_list(outputs), masks if isinstance(masks, list) else [masks]):
+    table = _attached.__dict__.setdefault("masks", {})
+    for output, mask in masking.output_masks(_as_list(outputs), masks):
         array = ops.untraced(output)
         if mask is not None and isinstance(array, np.ndarray):
             key = id(array)
-            _masks[key] = (weakref.ref(array, lambda _, key=key: _masks.pop(key, None)), mask)
+            table[key] = (weakref.ref(array, lambda _, key=key, table=table: table.pop(key, None)), mask)
 
 
 def _same_objects(a, b):
@@ -597,6 +609,47 @@ def _same_objects(a, b):
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same_objects(a[k], b[k]) for k in a)
     return a is b
+
+
+# A layer's own attributes about a call or its construction, never sublayers: the last training call's
+# cache, and the constructor's arguments (a layer given to the constructor is tracked where it is kept).
+_UNTRACKED_ATTRIBUTES = frozenset({"_cache", "_init_arguments"})
+_creation_order = itertools.count()  # Layer._created: the order sets of layers are tracked in
+
+
+def _layers_in(value, path, containers):
+    """(path, layer) for each layer in `value`, at any depth of lists, tuples, dicts and sets."""
+    if isinstance(value, Layer):
+        yield path, value
+        return
+    if not isinstance(value, (list, tuple, dict, set, frozenset)) or id(value) in containers:
+        return
+    containers.add(id(value))  # a container holding itself is walked once
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (set, frozenset)):
+        items = enumerate(sorted((v for v in value if isinstance(v, Layer)), key=lambda layer: layer._created))
+    else:
+        items = enumerate(value)
+    for key, item in items:
+        yield from _layers_in(item, f"{path}/{key}", containers)
+
+
+def _arrays_of(value):
+    """The NumPy arrays in `value` (nested lists, tuples, dicts; a TracedArray's array), in order."""
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in _arrays_of(v)]
+    if isinstance(value, dict):
+        return [a for v in value.values() for a in _arrays_of(v)]
+    value = ops.untraced(value)
+    return [value] if isinstance(value, np.ndarray) else []
+
+
+def _same_values(arrays_then, arrays_now):
+    """Whether arrays hold what copies of them taken earlier hold (NaN equal to NaN)."""
+    return len(arrays_then) == len(arrays_now) and all(
+        a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+        for a, b in zip(arrays_then, arrays_now))
 
 
 def _config_value(value):
@@ -639,12 +692,10 @@ def _dummy(input_shape, fill):
 
 
 def get(identifier):
-    """A layer class by name (used when loading saved models): the active custom_objects, the
-    registered names (`attnx.register_serializable`), then every Layer class by its class name."""
-    found = serialization.get_registered_object(identifier)
-    if isinstance(found, type) and issubclass(found, Layer):
-        return found
-    if identifier not in Layer.registry:
-        raise ValueError(f"Unknown layer class {identifier!r}: register it with @attnx.register_serializable() or "
-                         "give it in load_model's custom_objects")
-    return Layer.registry[identifier]
+    """A layer class by the name a file holds (used when loading saved models): see
+    `serialization.ClassRegistry` (the active custom_objects, attnx's own classes, registered names,
+    then your classes by their class name)."""
+    found = Layer.registry[identifier]
+    if not (isinstance(found, type) and issubclass(found, Layer)):
+        raise ValueError(f"{identifier!r} names {found!r}, not a Layer class")
+    return found

@@ -138,12 +138,12 @@ class Conv2D(_Windows2D):
                                     padding=self.padding, activation=self.activation)
         return y, ((x, y, z) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         x, y, z = cache
         return kernels.conv2d_backward(dy=self._grad_input(dy, y.shape), x=x, kernel=self.params["kernel"], y=y, z=z,
                                      strides=self.strides, padding=self.padding, activation=self.activation,
                                      dkernel=self.grads["kernel"], dbias=self.grads.get("bias"),
-                                     need_dx=self.input_gradient_needed)
+                                     need_dx=need_dx)
 
     def compute_output_shape(self, input_shape):
         return self._output_shape(input_shape, self.filters)
@@ -180,7 +180,7 @@ class _Pooling2D(_Windows2D):
         y = self._forward_kernel(x=x, pool_size=self.pool_size, strides=self.strides, padding=self.padding)
         return y, ((x, y) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         x, y = cache
         output = {"y": y} if self._backward_reads_output else {}
         return self._backward_kernel(dy=self._grad_input(dy, y.shape), x=x, **output, pool_size=self.pool_size,

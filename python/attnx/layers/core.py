@@ -60,12 +60,12 @@ class Dense(Layer):
         y, z = kernels.dense_forward(x=x2, kernel=kernel, bias=self.params.get("bias"), activation=self.activation)
         return y.reshape(lead + (self.units,)), ((x2, y, z, lead) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         x2, y, z, lead = cache
         dy = self._grad_input(dy, lead + (self.units,)).reshape(-1, self.units)
         dx = kernels.dense_backward(dy=dy, x=x2, kernel=self.params["kernel"], y=y, z=z, activation=self.activation,
                                   dkernel=self.grads["kernel"], dbias=self.grads.get("bias"),
-                                  need_dx=self.input_gradient_needed)
+                                  need_dx=need_dx)
         return None if dx is None else dx.reshape(lead + (x2.shape[1],))
 
     def compute_output_shape(self, input_shape):
@@ -149,7 +149,7 @@ class Embedding(Layer):
             return quantization.embedding_forward(self, ids, training), None
         return kernels.embedding_forward(ids=ids, table=self.params["embeddings"]), (ids if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         ids = cache
         dy = self._grad_input(dy, ids.shape + (self.output_dim,))
         kernels.embedding_backward(dtable=self.grads["embeddings"], dout=dy, ids=ids)
@@ -188,7 +188,7 @@ class Activation(Layer):
         y = kernels.activation_forward(x=x, activation=self.activation)
         return y, ((x, y) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         x, y = cache
         return kernels.activation_backward(dy=self._grad_input(dy, y.shape), x=x, y=y, activation=self.activation)
 
@@ -234,7 +234,7 @@ class Dropout(Layer):
         keep = dropout_keep(self._rng or backend.rng(), shape, self.rate, self.dtype)
         return x * keep, (keep, x.shape)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         keep, shape = cache
         dy = self._grad_input(dy, shape)
         return dy.copy() if keep is None else dy * keep
@@ -254,7 +254,7 @@ class Flatten(Layer):
         x = self._float_input(inputs, min_ndim=1)
         return x.reshape(x.shape[0], -1), (x.shape if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         shape = cache
         return self._grad_input(dy, (shape[0], math.prod(shape[1:]))).reshape(shape)
 
@@ -282,7 +282,7 @@ class Reshape(Layer):
         y = x.reshape((x.shape[0],) + self.target_shape)
         return y, ((x.shape, y.shape) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         shape, out_shape = cache
         return self._grad_input(dy, out_shape).reshape(shape)
 
@@ -339,7 +339,7 @@ class Concatenate(_Merge):
         y = np.concatenate(xs, axis=axis)
         return y, (([x.shape[axis] for x in xs], y.shape, axis) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         sizes, out_shape, axis = cache
         dy = self._grad_input(dy, out_shape)
         cuts = np.cumsum(sizes)[:-1]
@@ -368,7 +368,7 @@ class Add(_Merge):
             out += x
         return out, ((len(xs), xs[0].shape) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         n, shape = cache
         dy = self._grad_input(dy, shape)
         return [dy.copy() for _ in range(n)]
@@ -389,7 +389,7 @@ class Multiply(_Merge):
             out *= x
         return out, (xs if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         xs = cache
         dy = self._grad_input(dy, xs[0].shape)
         # y = prod_j x_j: dx_i = dy * prod_{j != i} x_j
@@ -437,7 +437,7 @@ class RepeatVector(Layer):
         x = self._float_input(inputs, ndim=2)
         return np.repeat(x[:, None, :], self.n, axis=1), (x.shape if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         dy = self._grad_input(dy, (cache[0], self.n, cache[1]))
         return dy.sum(axis=1)
 
@@ -467,7 +467,7 @@ class Masking(Layer):
         keep = self._step_mask(x)[..., None].astype(self.dtype)
         return x * keep, ((keep, x.shape) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         keep, shape = cache
         return self._grad_input(dy, shape) * keep
 
@@ -520,7 +520,7 @@ class GlobalAveragePooling1D(Layer):
             pooled = np.expand_dims(pooled, self._steps_axis())
         return pooled, ((weights, x.shape) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         weights, shape = cache
         dy = self._grad_input(dy, self.compute_output_shape((shape[0], shape[1], shape[2])
                                                             if self.data_format == "channels_last"

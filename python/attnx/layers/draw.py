@@ -49,12 +49,12 @@ class _Filterbank(Layer):
         cache = _AttendCache(x, out, window, fx, fy, self.return_window) if training else None
         return ([out, window] if self.return_window else out), cache
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         dout = dy[0] if cache.with_window else dy  # the window takes no gradient
         dout = self._grad_input(dout, cache.out.shape)
         dx, dparams = kernels.draw_attend_backward(dout=dout, out=cache.out, x=cache.x, window=cache.window,
                                                  fx=cache.fx, fy=cache.fy, write=self._write,
-                                                 need_dx=self.input_gradient_needed)
+                                                 need_dx=need_dx)
         return [dx, dparams]
 
     def get_config(self):

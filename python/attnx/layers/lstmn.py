@@ -132,13 +132,13 @@ class LSTMN(_RNN):
         cache = _SequenceCache(level_caches, B, T, states is not None, carried_from=carried_from) if training else None
         return (outputs if len(outputs) > 1 else out), cache
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         if self.return_attention_scores:  # the scores are the last output and take no gradient
             dy = list(dy)
             if len(dy) != 2 + (len(self.state_size) if self.return_state else 0):
                 raise ValueError(f"Layer '{self.name}': backprop expected one gradient per output, got {len(dy)}")
             dy = dy[:-1] if len(dy) > 2 else dy[0]
-        return super().backprop(cache, dy)
+        return super().backprop(cache, dy, need_dx)
 
     def compute_output_shape(self, input_shape):
         out = super().compute_output_shape(input_shape)

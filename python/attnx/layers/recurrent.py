@@ -459,7 +459,7 @@ class _RNN(_Recurrent):
         return out, (_SequenceCache(level_caches, B, T, states is not None, carried_from=carried_from)
                      if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         B, T = cache.batch, cache.steps
         n_states = len(self.state_size) if self.return_state else 0
         grads = _gradient_list(self, dy, 1 + n_states)
@@ -473,7 +473,7 @@ class _RNN(_Recurrent):
         d_states = _state_grads(self, grads[1:], self._state_shape(B), first_index=1)
         d_seq, dh, dc = _direction_grads(self, d_out, d_states, self.return_sequences)
         dx, dh0s, dc0s = _stack_backward([(self, self.go_backwards)], cache.levels, [d_seq], [dh], [dc],
-                                         self.input_gradient_needed)
+                                         need_dx)
         return ([dx] + self._final_states(dh0s[0], dc0s[0])) if cache.had_states else dx
 
     def _carried_or(self, states, batch):
@@ -647,14 +647,14 @@ class _Cell(_Recurrent):
         cache = (level_cache, had_states) if training else None
         return ([h, c] if self._has_cell_state else h), cache
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         level_cache, had_states = cache
         B = level_cache.x.shape[0]
         d_states = _state_grads(self, _gradient_list(self, dy, len(self.state_size)), (B, self.units),
                                 first_index=0)
         dh, dc = (d_states + [None])[:2]
         dx, dh_prev, dc_prev = self._level_backward(0, level_cache, None, dh, dc,
-                                                    need_dx=self.input_gradient_needed)
+                                                    need_dx=need_dx)
         dx = None if dx is None else dx[:, 0, :]
         return ([dx, dh_prev] + ([dc_prev] if self._has_cell_state else [])) if had_states else dx
 
@@ -846,7 +846,7 @@ class Bidirectional(Layer):
                                    (yf, yb) if self.merge_mode == "mul" else None)
         return (out if len(out) > 1 else out[0]), cache
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         fwd, bwd = self.forward_layer, self.backward_layer
         B, T, H = cache.batch, cache.steps, fwd.units
         n = len(fwd.state_size)
@@ -858,7 +858,7 @@ class Bidirectional(Layer):
         d_seqs, dhs, dcs = zip(*(_direction_grads(layer, d_out, d_states[d * n:(d + 1) * n], self.return_sequences)
                                  for d, (layer, d_out) in enumerate(zip((fwd, bwd), d_outs))))
         dx, dh0s, dc0s = _stack_backward(self._directions, cache.levels, d_seqs, dhs, dcs,
-                                         self.input_gradient_needed)
+                                         need_dx)
         if not cache.had_states:
             return dx
         return [dx] + fwd._final_states(dh0s[0], dc0s[0]) + bwd._final_states(dh0s[1], dc0s[1])
@@ -883,8 +883,8 @@ class Bidirectional(Layer):
         config = super().get_config()
         config.pop("dtype", None)
         return {**config, "merge_mode": self.merge_mode,
-                "layer": {"class_name": type(self.forward_layer).__name__, "config": self.forward_layer.get_config()},
-                "backward_layer": {"class_name": type(self.backward_layer).__name__,
+                "layer": {"class_name": Layer.registry.name_of(type(self.forward_layer)), "config": self.forward_layer.get_config()},
+                "backward_layer": {"class_name": Layer.registry.name_of(type(self.backward_layer)),
                                    "config": self.backward_layer.get_config()}}
 
     @classmethod

@@ -90,27 +90,9 @@ def _decoder_masks(layer, target_shape, S, decoder_padding_mask, decoder_attenti
 class _Composite(Layer):
     """A layer made of sublayers whose weights it exposes as its own, "<prefix>/<name>".
 
-    ``input_gradient_needed`` reaches the sublayers listed by `_input_sublayers`: those whose
-    input gradient goes nowhere but into this layer's own input gradient, so that they skip it
-    when a model does not read it. (A model sets the flag around each backprop, once a forward
-    pass has built the sublayers.)
+    Its backprop passes its `need_dx` on to the sublayers whose input gradient goes nowhere but into
+    this layer's own input gradient, so that they skip it when a model does not read it.
     """
-
-    _input_gradient_needed = True
-
-    @property
-    def input_gradient_needed(self):
-        return self._input_gradient_needed
-
-    @input_gradient_needed.setter
-    def input_gradient_needed(self, needed):
-        self._input_gradient_needed = needed
-        if self.built:
-            for sublayer in self._input_sublayers():
-                sublayer.input_gradient_needed = needed
-
-    def _input_sublayers(self):
-        return ()
 
     def _add_sublayer(self, prefix, layer, input_shape):
         layer.build(input_shape)
@@ -214,7 +196,7 @@ class LayerNormalization(Layer):
                                                 beta=self._flat("beta", self.params), eps=self.epsilon)
         return y.reshape(x.shape), ((rows, mean, rstd, x.shape) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         if self.rms_scaling:
             rows, centered, r, shape = cache
             dy = self._grad_input(dy, shape).reshape(rows.shape)
@@ -278,9 +260,9 @@ class PositionalEncoding(Layer):
         y = kernels.add_positions_forward(x=x, table=self.table(x.shape[1], x.shape[2]))
         return y, (x.shape if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         dy = self._grad_input(dy, cache)
-        return dy.copy() if self.input_gradient_needed else None  # a new array: callers may add into it
+        return dy.copy() if need_dx else None  # a new array: callers may add into it
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -323,10 +305,10 @@ class PositionEmbedding(Layer):
                              f"than the table's sequence_length={self.sequence_length}")
         return kernels.add_positions_forward(x=x, table=table), (x.shape if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         dy = self._grad_input(dy, cache)
         kernels.add_positions_backward(dtable=self.grads["embeddings"], dy=dy)
-        return dy.copy() if self.input_gradient_needed else None  # a new array: callers may add into it
+        return dy.copy() if need_dx else None  # a new array: callers may add into it
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -376,9 +358,6 @@ class FeedForward(_Composite):
             "output", Dense(out_dim, dtype=self.dtype, name=f"{self.name}/output"),
             tuple(input_shape[:-1]) + (self.intermediate_dim,))
 
-    def _input_sublayers(self):
-        return (self.intermediate_dense,)
-
     def forward(self, inputs, training=False):
         if not training:  # one kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never stored
             inner, outer = self.intermediate_dense.params, self.output_dense.params
@@ -394,12 +373,12 @@ class FeedForward(_Composite):
         y, output_cache = self.output_dense.apply(hidden, training=True)
         return y, (intermediate_cache, keep, output_cache)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         intermediate_cache, keep, output_cache = cache
         dhidden = self.output_dense.backprop(output_cache, dy)
         if keep is not None:
             dhidden = kernels.apply_keep(x=dhidden, keep=keep)
-        return self.intermediate_dense.backprop(intermediate_cache, dhidden)
+        return self.intermediate_dense.backprop(intermediate_cache, dhidden, need_dx)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
@@ -672,7 +651,7 @@ class MultiHeadAttention(Layer):
         # with no key given, the key projection read the value: k_rows is None says so to backprop
         return outputs, (q_rows, k_rows if has_key else None, v_rows, q, k, v, keep, weights, context_rows)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         q_rows, k_rows, v_rows, q, k, v, keep, weights, context_rows = cache
         dweights = None
         if isinstance(dy, (list, tuple)):
@@ -687,7 +666,6 @@ class MultiHeadAttention(Layer):
         dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, context_rows.shape[1]), weights,
                                                            q, k, v, heads=self.num_heads, dweights=dweights,
                                                            dropout_keep=keep)
-        need_dx = self.input_gradient_needed
         key_rows = v_rows if k_rows is None else k_rows
         dquery = self._project_backward("query", dq.reshape(B * T, q.shape[2]), q_rows, need_dx)
         dvalue = self._project_backward("value", dv.reshape(B * S, v.shape[2]), v_rows, need_dx)
@@ -776,11 +754,6 @@ class _TransformerLayerBase(_Composite):
             self.intermediate_dim, self.activation, self.dropout, dtype=self.dtype,
             name=f"{self.name}/feed_forward"), input_shape)
 
-    def _input_sublayers(self):
-        # post-norm: the self-attention reads the layer's input itself, and its input gradient only
-        # joins the residual's; pre-norm: it reads norm1's output, whose gradient norm1's weights need
-        return () if self.norm_first else (self.self_attention,)
-
     def _residual(self, x, norm, sublayer, training):
         """One residual block: post-norm ``norm(x + dropout(sublayer(x)))``, or with norm_first
         ``x + dropout(sublayer(norm(x)))``. Returns (y, weights, cache)."""
@@ -795,14 +768,16 @@ class _TransformerLayerBase(_Composite):
             y, norm_cache = norm.apply(y, training=training)
         return y, weights, (norm_cache, sublayer_cache, keep)
 
-    def _residual_backprop(self, cache, dy, norm, sublayer_backprop):
+    def _residual_backprop(self, cache, dy, norm, sublayer_backprop, need_dx=True):
         """Backward of `_residual`: returns (dx, dsource); dx is None when the sublayer skipped the
-        input gradient nobody reads (see `_input_sublayers`)."""
+        input gradient nobody reads (`need_dx` False)."""
         norm_cache, sublayer_cache, keep = cache
         if not self.norm_first:
             dy = norm.backprop(norm_cache, dy)
         dinner = dy if keep is None else kernels.apply_keep(x=dy, keep=keep)
-        dh, dsource = sublayer_backprop(sublayer_cache, dinner)
+        # post-norm: the sublayer reads the block's input itself, and its input gradient only joins the
+        # residual's; pre-norm: it reads the norm's output, whose gradient the norm's weights need
+        dh, dsource = sublayer_backprop(sublayer_cache, dinner, need_dx or self.norm_first)
         if dh is None:
             return None, dsource
         if self.norm_first:
@@ -823,12 +798,12 @@ class _TransformerLayerBase(_Composite):
     def _feed_forward_sublayer(self, training):
         return lambda h: (*self.feed_forward.apply(h, training=training), None)
 
-    def _feed_forward_backprop(self, cache, doutput):
-        return self.feed_forward.backprop(cache, doutput), None
+    def _feed_forward_backprop(self, cache, doutput, need_dx=True):
+        return self.feed_forward.backprop(cache, doutput, need_dx), None
 
-    def _self_attention_backprop(self, cache, doutput):
-        grads = self.self_attention.backprop(cache, doutput)
-        if grads is None:  # skipped: input_gradient_needed is False
+    def _self_attention_backprop(self, cache, doutput, need_dx=True):
+        grads = self.self_attention.backprop(cache, doutput, need_dx)
+        if grads is None:  # skipped: need_dx is False
             return None, None
         dquery, dvalue = grads
         dquery += dvalue  # query, key and value are one stream
@@ -922,11 +897,11 @@ class TransformerEncoderLayer(_TransformerLayerBase):
         outputs = (y, weights) if return_attention_scores else y
         return outputs, ((attention_block, feed_forward_block, y.shape) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         attention_block, feed_forward_block, shape = cache
         dy = self._output_grad(dy, shape)
         dy, _ = self._residual_backprop(feed_forward_block, dy, self.norm2, self._feed_forward_backprop)
-        dx, _ = self._residual_backprop(attention_block, dy, self.norm1, self._self_attention_backprop)
+        dx, _ = self._residual_backprop(attention_block, dy, self.norm1, self._self_attention_backprop, need_dx)
         return dx
 
     def residual_blocks(self):
@@ -1023,12 +998,13 @@ class TransformerDecoderLayer(_TransformerLayerBase):
             return outputs, None
         return outputs, (self_attention_block, cross_attention_block, feed_forward_block, y.shape)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         self_attention_block, cross_attention_block, feed_forward_block, shape = cache
         dy = self._output_grad(dy, shape)
         dy, _ = self._residual_backprop(feed_forward_block, dy, self.norm3, self._feed_forward_backprop)
         dy, dmemory = self._residual_backprop(cross_attention_block, dy, self.norm2, self.cross_attention.backprop)
-        dtarget, _ = self._residual_backprop(self_attention_block, dy, self.norm1, self._self_attention_backprop)
+        dtarget, _ = self._residual_backprop(self_attention_block, dy, self.norm1, self._self_attention_backprop,
+                                             need_dx)
         return [dtarget, dmemory]
 
     def residual_blocks(self):
@@ -1079,9 +1055,6 @@ class _TransformerStack(_Composite):
         for i, block in enumerate(self.blocks):
             self._add_sublayer(f"layer_{i}", block, input_shape)
 
-    def _input_sublayers(self):
-        return self.blocks[:1]
-
     def get_config(self):
         return {**super().get_config(), "num_layers": self.num_layers, **self.layer_config}
 
@@ -1121,11 +1094,11 @@ class TransformerEncoder(_TransformerStack):
         outputs = (y, all_weights) if return_attention_scores else y
         return outputs, ((block_caches, y.shape) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         block_caches, shape = cache
         dy = self._output_grad(dy, shape)
         for block, block_cache in zip(reversed(self.blocks), reversed(block_caches)):
-            dy = block.backprop(block_cache, dy)
+            dy = block.backprop(block_cache, dy, need_dx or block is not self.blocks[0])
         return dy
 
     def start_cache(self, batch_size, capacity=16):
@@ -1188,12 +1161,12 @@ class TransformerDecoder(_TransformerStack):
         outputs = (y, self_weights, cross_weights) if return_attention_scores else y
         return outputs, ((block_caches, y.shape) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         block_caches, shape = cache
         dy = self._output_grad(dy, shape)
         dmemory = None
         for block, block_cache in zip(reversed(self.blocks), reversed(block_caches)):
-            dy, dblock_memory = block.backprop(block_cache, dy)
+            dy, dblock_memory = block.backprop(block_cache, dy, need_dx or block is not self.blocks[0])
             dmemory = dblock_memory if dmemory is None else dmemory + dblock_memory  # every block reads the memory
         return [dy, dmemory]
 

@@ -3,6 +3,7 @@ forward and backward, with the masks they propagate; and the config that records
 import numpy as np
 
 from .. import saving
+from ..masking import call_mask, carried_masks, output_masks
 from ..layers import base as layers_base
 from ..symbolic import Input, SymbolicTensor, is_symbolic, substitute
 from .numerics import _check_finite
@@ -118,35 +119,29 @@ class GraphMixin:
             inputs_spec, args, kwargs = node.call_spec
             if node.single_input:
                 x, call_args, call_kwargs = values[id(inputs_spec)], (), {}
-                in_mask = masks.get(id(inputs_spec))
             else:
                 x = substitute(inputs_spec, values)
                 call_args = substitute(args, values)
                 call_kwargs = substitute(kwargs, values)
-                in_mask = call_kwargs.pop("mask", None)  # a mask given to the call wins over the propagated one
-                if in_mask is None:
-                    m = [masks.get(id(t)) for t in _structure(inputs_spec)]
-                    in_mask = (m if isinstance(inputs_spec, (list, tuple)) else m[0]) if any(
-                        v is not None for v in m) else None
+            in_mask = call_mask(inputs_spec, lambda t: masks.get(id(t)), call_kwargs.pop("mask", None))
             layer = node.layer
             if isinstance(layer, GraphMixin) and layer._functional:  # a nested model: its masks come with its outputs
                 out, out_masks, cache = layer._run_graph(x, training, in_mask, check)
             else:
                 out, cache = layer.apply(x, *call_args, training=training, mask=in_mask, **call_kwargs)
-                out_mask = layer.compute_mask(x, in_mask)
-                out_masks = out_mask if isinstance(out_mask, list) else [out_mask]
+                out_masks = layer.compute_mask(x, in_mask)
             if training:
                 caches.append(cache)
             outs = _structure(out) if node.multi_output else [out]
             if check:
                 _check_finite(outs, lambda i: f"output {i} of layer '{layer.name}' ({type(layer).__name__}) "
                                               "in the forward pass")
-            for t, o, m in zip(node.outputs, outs, out_masks + [None] * (len(outs) - len(out_masks))):
+            for (t, m), o in zip(output_masks(node.outputs, out_masks), outs):
                 values[id(t)] = o
                 if m is not None:
                     masks[id(t)] = m
         result = [values[id(t)] for t in self.outputs]
-        return (result if self._multi_output else result[0]), [masks.get(id(t)) for t in self.outputs], caches
+        return (result if self._multi_output else result[0]), carried_masks(self.outputs, lambda t: masks.get(id(t))), caches
 
     def _backprop_graph(self, caches, dy, input_gradients=True, check=False):
         """Backpropagates output gradients `dy` through the calls that made `caches`; returns the
@@ -172,11 +167,7 @@ class GraphMixin:
             if isinstance(layer, GraphMixin) and layer._functional:
                 d_in = layer._backprop_graph(cache, d_out, needed, check)
             else:
-                layer.input_gradient_needed = needed
-                try:
-                    d_in = layer.backprop(cache, d_out)
-                finally:
-                    layer.input_gradient_needed = True
+                d_in = layer.run_backprop(cache, d_out, needed)
             inputs_spec = node.call_spec[0]
             if isinstance(inputs_spec, (list, tuple)) or len(node.input_tensors) > 1:
                 d_in = _structure(d_in)
@@ -255,7 +246,7 @@ class GraphMixin:
 
 
 def _layer_entry(layer):
-    entry = {"class_name": type(layer).__name__, "config": layer.get_config()}
+    entry = {"class_name": layers_base.Layer.registry.name_of(type(layer)), "config": layer.get_config()}
     if isinstance(layer, GraphMixin):
         entry["config"]["name"] = layer.name
     return entry

@@ -24,8 +24,7 @@ def _load_model(path, compile=True):
         importlib.import_module(module)
     header, weights = saving.read_model(path, compile)
     name = header["model"]["class_name"]
-    found = serialization.get_registered_object(name)
-    cls = found if isinstance(found, type) else Layer.registry.get(name)
+    cls = Layer.registry.get(name)
     if cls is None or not issubclass(cls, Model):
         raise ValueError(f"{path}: unknown model class {name!r} (register it with @attnx.register_serializable() "
                          "or give it in custom_objects)")

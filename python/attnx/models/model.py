@@ -4,7 +4,7 @@ import numpy as np
 from .. import quantization, saving
 from ..backend import unique_name
 from ..layers.base import Layer
-from ..ops import TracedArray
+from ..ops import TracedArray, gradient_buffers
 from .graph import GraphMixin
 from .training import TrainingMixin
 
@@ -61,7 +61,7 @@ class Model(TrainingMixin, GraphMixin, Layer):
 
     @property
     def grads(self):
-        own = {} if self._functional else self._own_weights()[1]
+        own = {} if self._functional else gradient_buffers(*self._own_weights())
         return _unique_arrays({**own, **{f"{path}/{k}": g for path, l in self._named_layers()
                                          for k, g in l.grads.items()}})
 
@@ -120,10 +120,10 @@ class Model(TrainingMixin, GraphMixin, Layer):
             self._build_inputs = _input_spec([inputs] + list(args))
         return super().forward(inputs, *args, training=training, mask=mask, **kwargs)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         if self._functional:
-            return self._backprop_graph(cache, dy, self.input_gradient_needed)
-        return super().backprop(cache, dy)
+            return self._backprop_graph(cache, dy, need_dx)
+        return super().backprop(cache, dy, need_dx)
 
     def _runs_call(self):
         return type(self).forward is Model.forward and not self._functional

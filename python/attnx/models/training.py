@@ -128,11 +128,7 @@ class TrainingMixin:
         if self._functional:
             self._backprop_graph(cache, dy, input_gradients=False, check=check)
             return
-        self.input_gradient_needed = False
-        try:
-            self.backprop(cache, dy)
-        finally:
-            self.input_gradient_needed = True
+        self.run_backprop(cache, dy, need_dx=False)
         if check:
             names = list(self.grads)
             _check_finite(self.grads.values(), lambda i: f"gradient of weight '{names[i]}' in the backward pass")
@@ -234,15 +230,17 @@ class TrainingMixin:
         tape = ops.active_tape()
         if tape is None or not self._all_regularizers():
             return value
-        params, grads = self.params, self.grads
+        params = self.params
 
         def backward(output_grads):
             scale = float(output_grads[0])
+            grads = self.grads  # read on replay: inside GradientTape.gradient, that tape's buffers
             for name, regularizer in self._all_regularizers():
                 gradient = np.zeros_like(params[name])
                 regularizer.add_gradient(params[name], gradient)
                 grads[name] += gradient * gradient.dtype.type(scale)
             return []
+        grads = self.grads
         regularized = [(params[n], grads[n]) for n, _ in self._all_regularizers()]
         return tape.record_call(backward, [np.asarray(value, dtype=self.dtype)], [], weights=regularized)[0]
 
