@@ -282,8 +282,9 @@ def test_the_decoder_layer_has_one_implementation():
     for name, source in _sources().items():
         if name == "layers/transformer.py":
             continue
-        # interop maps weights between the same-named sublayers of torch's and attnx's layers
-        assert name.startswith("interop/") or not sublayers.search(source), \
+        # interop maps weights between the same-named sublayers of torch's and attnx's layers, the
+        # CTranslate2 export fills CTranslate2's spec fields of those names (from residual_blocks())
+        assert name.startswith("interop/") or name == "export/ctranslate2.py" or not sublayers.search(source), \
             f"{name} reaches into a transformer layer's sublayers"
         assert not re.search(r"scaled_dot_product_attention\([^)]*heads=", source, re.S) or name in (
             "layers/attention.py", "ops.py"), f"{name} runs multi-head attention itself"

@@ -109,15 +109,15 @@ def ctranslate2_spec(model):
             if model.positions == "sinusoidal" else f32(positions.params["embeddings"])
         norm(side.layer_norm, final)
         for spec_layer, block in zip(side.layer, stack.blocks):
-            attention(spec_layer.self_attention, block.self_attention, True)
-            norm(spec_layer.self_attention.layer_norm, block.norm1)
-            if side is spec.decoder:
-                attention(spec_layer.attention, block.cross_attention, False)
-                norm(spec_layer.attention.layer_norm, block.norm2)
-                norm(spec_layer.ffn.layer_norm, block.norm3)
-            else:
-                norm(spec_layer.ffn.layer_norm, block.norm2)
-            feed_forward(spec_layer.ffn, block.feed_forward)
+            # CTranslate2's pre-norm layer: each sublayer's spec holds the norm before it
+            targets = {"self_attention": spec_layer.self_attention, "feed_forward": spec_layer.ffn,
+                       "cross_attention": getattr(spec_layer, "attention", None)}
+            for kind, block_norm, sublayer in block.residual_blocks():
+                norm(targets[kind].layer_norm, block_norm)
+                if kind == "feed_forward":
+                    feed_forward(targets[kind], sublayer)
+                else:
+                    attention(targets[kind], sublayer, fused_qkv=kind == "self_attention")
     if model.output_projection is None:  # tied to the target embeddings
         spec.decoder.projection.weight = f32(model.target_embedding.params["embeddings"])
         spec.decoder.projection.bias = np.zeros(model.target_vocab_size, np.float32)
