@@ -9,12 +9,22 @@
 
 namespace attnx::bind {
 
-// A quantized kernel: q int8 (K, N) and its per-column scale float32 (N)
+// Values of int8 operands of the products lie in [-127, 127] (symmetric quantization): the AVX2
+// tiles take |qx| and sign(qx) qw, and |-128| does not fit an int8 (quantized.hpp)
+static void check_int8_range(const int8_t* q, py::ssize_t count, const std::string& what) {
+    for (py::ssize_t i = 0; i < count; ++i)
+        if (q[i] == -128) throw py::value_error(what + ": int8 values must lie in [-127, 127], got -128");
+}
+
+// A quantized kernel: q int8 (K, N) with values in [-127, 127] and its per-column scale float32 (N).
+// The range is scanned on every call: one pass over the bytes pack_int8 reads anyway
 static Int8Kernel int8_kernel(const py::array& q, const py::array& scale, py::ssize_t K, py::ssize_t N,
                               const std::string& what) {
     check_shape(q, {K, N}, (what).c_str());
     check_shape(scale, {N}, (what + "_scale").c_str());
-    return {in_ptr<int8_t>(q, what.c_str()), in_ptr<float>(scale, (what + "_scale").c_str())};
+    const int8_t* pq = in_ptr<int8_t>(q, what.c_str());
+    check_int8_range(pq, K * N, what);
+    return {pq, in_ptr<float>(scale, (what + "_scale").c_str())};
 }
 
 void init_quantized(py::module_& m) {
@@ -27,10 +37,8 @@ void init_quantized(py::module_& m) {
             check_shape(qw, {K, N}, "int8_product: qw");
             const int8_t* px = in_ptr<int8_t>(qx, "int8_product: qx");
             const int8_t* pw = in_ptr<int8_t>(qw, "int8_product: qw");
-            for (py::ssize_t i = 0; i < qx.size(); ++i)
-                if (px[i] == -128) throw py::value_error("int8_product: qx: values must lie in [-127, 127], got -128");
-            for (py::ssize_t i = 0; i < qw.size(); ++i)
-                if (pw[i] == -128) throw py::value_error("int8_product: qw: values must lie in [-127, 127], got -128");
+            check_int8_range(px, qx.size(), "int8_product: qx");
+            check_int8_range(pw, qw.size(), "int8_product: qw");
             return released_result<int32_t>({R, N}, [&](int32_t* out) {
                 Int8Packed B;
                 pack_int8(B, pw, (size_t)N, (int)K, (int)N);

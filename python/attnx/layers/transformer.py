@@ -84,6 +84,7 @@ class _Composite(Layer):
     """
 
     _input_gradient_needed = True
+    quantizes_sublayers = False  # its fused float32 kernels read the sublayers' weights (FeedForward's Dense)
 
     @property
     def input_gradient_needed(self):
