@@ -75,6 +75,39 @@ void init_quantized(py::module_& m) {
         "q = round(x / scale) (how the int8 layers quantize their inputs).");
 
     m.def(
+        "quantize_activations",
+        [](const py::array& x) {
+            check_rank(x, 2, "quantize_activations: x");
+            const py::ssize_t R = x.shape(0), K = x.shape(1);
+            const float* px = in_ptr<float>(x, "quantize_activations: x");
+            auto q = new_array<int8_t>({R, K}), qe = new_array<int8_t>({R, K});
+            auto s = new_array<float>({R}), se = new_array<float>({R});
+            int8_t *pq = q.mutable_data(), *pqe = qe.mutable_data();
+            float *ps = s.mutable_data(), *pse = se.mutable_data();
+            {
+                py::gil_scoped_release release;
+                Int8Activations a;
+                a.resize((int)R, (int)K, (int)K, 0);
+                on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                    a.quantize_on<decltype(lanes)>(px, (size_t)K, (int)R);
+                });
+                std::copy(a.q.begin(), a.q.end(), pq);
+                std::copy(a.s.begin(), a.s.end(), ps);
+                std::fill(pqe, pqe + R * K, int8_t(0));
+                std::fill(pse, pse + R, 0.f);
+                for (int i = 0; i < a.coarse; ++i) {
+                    std::copy(a.qe.begin() + (size_t)i * K, a.qe.begin() + (size_t)(i + 1) * K, pqe + a.which[i] * K);
+                    pse[a.which[i]] = a.se[i];
+                }
+            }
+            return py::make_tuple(q, s, qe, se);
+        },
+        py::arg("x"),
+        "(q (R, K) int8, scale (R,), residual_q (R, K) int8, residual_scale (R,)) of x (R, K) float32: how the int8 "
+        "layers quantize their inputs, x ~ scale q + residual_scale residual_q; the residual is quantized for the "
+        "coarse rows only (more than a quarter of the nonzero values at |q| <= 1), zeros elsewhere.");
+
+    m.def(
         "dense_forward_int8",
         [](const py::array& x, const py::array& kernel, const py::array& kernel_scale, const py::object& bias,
            const std::string& activation) {

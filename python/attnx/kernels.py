@@ -17,3 +17,4 @@ from ._core import (  # noqa: F401
     max_pool2d_forward, quantize_rows, residual_add, rnn_backward, rnn_forward, rnn_forward_int8,
     sdpa_backward, sdpa_forward, sinusoidal_table, softmax_context_backward, softmax_context_forward,
 )
+from ._core import quantize_activations  # noqa: F401  (how the int8 layers quantize inputs)

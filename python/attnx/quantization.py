@@ -4,28 +4,34 @@ A quantized layer keeps its kernels as int8 with one float32 scale per output un
 ``scale = max|w| / 127``, ``q = round(w / scale)`` in [-127, 127]; an Embedding's table per row),
 quantizes its inputs per row at run time the same way, and multiplies on int8 register tiles with
 int32 accumulation (``cpp/include/attnx/quantized.hpp``: AVX-512 VNNI, AVX2 or baseline, the same
-integers on each); biases, activations, the recurrent gate math and the state stay float32.
+integers on each); biases, activations, the recurrent gate math and the state stay float32. An input
+row that one large value leaves coarse (more than a quarter of its nonzero values at |q| <= 1) is
+quantized twice, its residual in a second int8 pass (`kernels.quantize_activations`).
 
 What a layer quantizes is its own public statement, `Layer.quantizable_weights()` ({weight name:
 "columns" or "rows"}): Dense, Embedding, SimpleRNN / GRU / LSTM (every level, and their cells) name
-their kernels; a layer that holds weights it cannot run in int8 says so in `Layer.quantize_refusal()`
-(LSTMN, the transformer composites), and `Model.quantize` then raises naming it before changing
-anything. Every other layer stays float32 (LayerNormalization, MultiHeadAttention, the attention
-layers, Conv2D). A quantized weight ``w`` becomes ``w`` (int8) followed by ``w_scale`` (float32) in
-the layer and in every layer that holds it (a Bidirectional, a model, a ``call`` layer); the layer's
-config gains ``"quantization_mode": "int8"`` and the saved model's header says so, so that
-``attnx.load_model`` builds the model, quantizes it and reads the int8 weights. A quantized layer
-runs inference only. Weights that reach an int8 parameter (``set_weights``, loading) must be int8 in
-[-127, 127] (`check_weights`): the AVX2 tiles cannot take -128, and another integer dtype would wrap.
+their kernels. A layer that cannot run in int8 says why in `Layer.quantize_refusal()` (LSTMN; a
+Transformer with tie_output), and `quantize` then raises naming it before changing anything; a layer
+whose own kernels read its sublayers' weights sets ``quantizes_sublayers = False`` and stays float32
+as a whole (the transformer layers and FeedForward), as does every layer without int8 weights
+(LayerNormalization, MultiHeadAttention, the attention layers, Conv2D). A quantized weight ``w``
+becomes ``w`` (int8) followed by ``w_scale`` (float32) in the layer and in every layer that holds it
+(`Layer.replace_weights`: a Bidirectional, a model, a ``call`` layer); the layer's config gains
+``"quantization_mode": "int8"`` and a saved model's header says so, so that ``attnx.load_model``
+builds the model, quantizes it and reads the int8 weights. A quantized layer runs inference only.
+Weights that reach an int8 parameter (``set_weights``, loading) must be int8 in [-127, 127]
+(`check_weights`): the AVX2 tiles cannot take -128 (the bindings refuse it too), and another integer
+dtype would wrap.
 
-The error bound (``docs/guides/int8.md``): for ``y = x . W`` of one row x (K,) and one column w (K,),
-with ``|x - sx qx| <= sx / 2``, ``|w - sw qw| <= sw / 2``, ``sx = max|x| / 127``, ``sw = max|w| / 127``::
+The error bound (``docs/guides/int8.md``): for ``y = x . w`` of one input row x (K,) and one kernel
+column w (K,), with ``|w - sw qw| <= dw = max|w| / 254`` and ``|x - x_int8| <= dx`` (``dx = max|x| / 254``,
+or ``max|e| / 254 <= max|x| / 64516`` for a row quantized twice)::
 
-    |y_int8 - y| <= (max|x| * sum|w| + sum|x| * max|w|) / 254 + K * max|x| * max|w| / 64516
+    |y_int8 - y| <= dx * (sum|w| + K * dw) + sum|x| * dw
 
-(`dense_error_bound`), plus float32 rounding. It is relative to the terms' magnitudes, not to |y|:
-a sum that cancels (|y| much smaller than sum|x w|) or one large input feature (max|x| much larger
-than the others) keeps its absolute error, which is then large next to |y|.
+(`dense_error_bound`), plus float32 rounding. It is relative to the terms' magnitudes, not to |y|: a
+sum that cancels (|y| much smaller than sum|x w|) keeps the weights' rounding error, however small
+|y| is. A recurrent layer's step has the bound on its pre-activations, given the same state.
 """
 import contextlib
 
@@ -172,9 +178,15 @@ def building(layer):
 
 def dense_error_bound(x, kernel):
     """The bound on |int8 - float32| of ``x (R, K) . kernel (K, N)`` (R, N) stated in the module's
-    docstring (before the bias and activation; those add nothing, the activations being 1-Lipschitz)."""
-    x, w = np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(kernel, np.float64))
-    x_max, w_max = x.max(axis=1, keepdims=True), w.max(axis=0, keepdims=True)
+    docstring, each row's activation step as the layers quantize it (`kernels.quantize_activations`).
+    Before the bias and the
+    activation, which add nothing: relu, tanh, sigmoid and (in the max norm) softmax are 1-Lipschitz."""
+    x = np.require(x, np.float32, "CA")
+    _, scale, _, residual_scale = kernels.quantize_activations(x=x)
+    # a row quantized twice is within residual_scale / 2 (0 when not: then, or for an exact residual, scale / 2)
+    x_step = np.where(residual_scale > 0, residual_scale, scale).astype(np.float64)[:, None] / 2
+    w = np.abs(np.asarray(kernel, np.float64))
+    w_step = w.max(axis=0, keepdims=True) / (2 * INT8_LIMIT)
     K = x.shape[1]
-    return (x_max * w.sum(axis=0) + x.sum(axis=1, keepdims=True) * w_max) / (2 * INT8_LIMIT) + \
-        K * x_max * w_max / (4 * INT8_LIMIT ** 2)
+    return x_step * (w.sum(axis=0, keepdims=True) + K * w_step) + \
+        np.abs(x.astype(np.float64)).sum(axis=1, keepdims=True) * w_step
