@@ -42,7 +42,7 @@ def test_no_private_member_reads(path):
 def test_the_scan_finds_private_reads():
     source = ("def f(layer, self):\n    a = layer._cell\n    b = getattr(layer, '_kind', None)\n"
               "    c = self._fine\n    d = layer.__class__\nfrom ..layers.recurrent import _swap\n")
-    assert [line for line, _ in private_reads(source)] == [2, 3, 6]
+    assert sorted(line for line, _ in private_reads(source)) == [2, 3, 6]
 
 
 def _built(layer, x):

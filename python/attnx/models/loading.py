@@ -30,8 +30,8 @@ def _load_model(path, compile=True):
         raise ValueError(f"{path}: unknown model class {name!r} (register it with @attnx.register_serializable() "
                          "or give it in custom_objects)")
     try:
-        # an int8 weight is created as float32 (4 bytes a value), then quantized
-        with layers_base.weight_budget(sum(w.nbytes * (4 if w.dtype == np.int8 else 1) for _, w in weights), path):
+        # weights are created as floats (an int8 one as float32, 4 bytes a value, then quantized)
+        with layers_base.weight_budget(sum(max(w.nbytes, 4 * w.size) for _, w in weights), path):
             model = cls.from_config(header["model"]["config"])
             build_inputs = header["model"].get("build_inputs")
             if build_inputs is not None:
