@@ -94,7 +94,9 @@ int main() {
             simd_level_cap() = (int)level;
             Int8Activations a;
             a.resize(R, K, Kp, 16);
-            on_widest_lanes<float>([&](auto lanes) { a.quantize_on<decltype(lanes)>(x.data(), (size_t)K, R); });
+            on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                a.quantize_on<decltype(lanes)>(x.data(), (size_t)K, R);
+            });
             CHECK(a.coarse == 2 && a.which[0] == 1 && a.which[1] == 3);
             for (int i = 0; i < a.coarse; ++i) {
                 const int r = a.which[i];
