@@ -79,8 +79,9 @@ int main() {
         }
         simd_level_cap() = (int)SimdLevel::avx512;
     }
-    // coarse rows: one large value leaves the others at |q| <= 1, so the residual takes a second pass
-    // (the same bytes at every level, x within se / 2 of s q + se qe); ordinary rows take one
+    // coarse rows: one large value the weights do not use leaves the others at |q| <= 1, so the
+    // residual takes a second pass (the same bytes at every level, x within se / 2 of s q + se qe);
+    // ordinary rows take one, and so does a row whose large value the weights use
     {
         std::normal_distribution<float> normal(0.f, 1.f);
         const int R = 5, K = 37, Kp = 40;
@@ -88,6 +89,9 @@ int main() {
         for (auto& v : x) v = normal(rng);
         x[(size_t)1 * K + 3] = 1000.f;   // an outlier feature
         x[(size_t)3 * K + 0] = -5000.f;  // and one more, negative, in another row
+        x[(size_t)4 * K + 5] = 1000.f;   // an outlier the weights use: one pass
+        std::vector<float> kw(K, 127.f);
+        kw[3] = kw[0] = 0.f;  // features 0 and 3 unused
         std::vector<int8_t> want_q, want_qe;
         for (SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
             if ((int)level > (int)cpu_simd_level()) continue;
@@ -95,7 +99,7 @@ int main() {
             Int8Activations a;
             a.resize(R, K, Kp, 16);
             on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-                a.quantize_on<decltype(lanes)>(x.data(), (size_t)K, R);
+                a.quantize_on<decltype(lanes)>(x.data(), (size_t)K, R, kw.data());
             });
             CHECK(a.coarse == 2 && a.which[0] == 1 && a.which[1] == 3);
             for (int i = 0; i < a.coarse; ++i) {

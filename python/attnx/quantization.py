@@ -5,7 +5,8 @@ A quantized layer keeps its kernels as int8 with one float32 scale per output un
 quantizes its inputs per row at run time the same way, and multiplies on int8 register tiles with
 int32 accumulation (``cpp/include/attnx/quantized.hpp``: AVX-512 VNNI, AVX2 or baseline, the same
 integers on each); biases, activations, the recurrent gate math and the state stay float32. An input
-row that one large value leaves coarse (more than a quarter of its nonzero values at |q| <= 1) is
+row that one large value leaves coarse (its rounding error, weighted by how much each feature reaches
+the output, above 1/16 of its weighted magnitude: an outlier feature the output does not use) is
 quantized twice, its residual in a second int8 pass (`kernels.quantize_activations`).
 
 What a layer quantizes is its own public statement, `Layer.quantizable_weights()` ({weight name:
@@ -182,7 +183,7 @@ def dense_error_bound(x, kernel):
     Before the bias and the
     activation, which add nothing: relu, tanh, sigmoid and (in the max norm) softmax are 1-Lipschitz."""
     x = np.require(x, np.float32, "CA")
-    _, scale, _, residual_scale = kernels.quantize_activations(x=x)
+    _, scale, _, residual_scale = kernels.quantize_activations(x=x, kernel=quantize_matrix(kernel, "columns")[0])
     # a row quantized twice is within residual_scale / 2 (0 when not: then, or for an exact residual, scale / 2)
     x_step = np.where(residual_scale > 0, residual_scale, scale).astype(np.float64)[:, None] / 2
     w = np.abs(np.asarray(kernel, np.float64))

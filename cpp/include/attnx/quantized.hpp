@@ -6,7 +6,7 @@
 //   inputs   x (R, K):  sx[r] = max_k |x[r, k]| / 127,  qx[r, k] = round(x[r, k] / sx[r])   (here, per call)
 //   product  acc[r, n] = sum_k qx[r, k] qw[k, n]              (int32, exact: |acc| <= K 127^2)
 //            out[r, n] = acc[r, n] * (sx[r] sw[n]) + bias[n]
-//   coarse rows (one large value leaves the others at |qx| <= 1): a second pass over the residual,
+//   coarse rows (one large value the output does not use leaves the others at |qx| <= 1): a second pass,
 //            e[r, k] = x[r, k] - sx[r] qx[r, k],  se[r] = max_k |e[r, k]| / 127,  qe = round(e / se)
 //            out[r, n] += (sum_k qe[r, k] qw[k, n]) * (se[r] sw[n])      (see Int8Activations)
 //
@@ -88,43 +88,45 @@ inline void quantize_rows(int8_t* qx, size_t ldq, float* sx, const float* x, siz
 }
 
 // ----------------------------------------------------------------------------- coarse rows
-// One large value in a row (an outlier feature, used by the output or not) makes sx = max|x| / 127 so
-// large that the row's other values round to 0 or +-1, and the product loses them: per-row symmetric
-// int8 alone has no bound relative to the output then. A row where more than a quarter of the nonzero
-// values quantize to |qx| <= 1 is quantized a second time, its residual e = x - sx qx (|e| <= sx / 2):
-// its values are then within se / 2 = max|e| / 254 <= max|x| / 64516 of x, the others' within sx / 2.
-// Ordinary rows (normal or Laplace features: a few percent at |qx| <= 1) take one pass.
-constexpr int kCoarseShare = 4;  // the second pass when coarse values > nonzero values / kCoarseShare
+// One large value in a row (an outlier feature) makes sx = max|x| / 127 so large that the row's other
+// values round to 0 or +-1. When the output does not use that feature, the product loses what it
+// does use: per-row symmetric int8 alone has no bound relative to the output then. A row is coarse
+// when its rounding error, weighted by how much each feature can reach the output (kw[k] =
+// max_n |qw[k, n]|), exceeds 1/16 of its weighted magnitude:
+//   sum_k |e[k]| kw[k] > sum_k |x[k]| kw[k] / 16,    e = x - sx qx   (|e| <= sx / 2)
+// Such a row is quantized a second time, its residual e: its values are then within se / 2 =
+// max|e| / 254 <= max|x| / 64516 of x. Ordinary rows (normal, Laplace, sparse or saturated values, an
+// outlier the output uses) have a weighted error near 1% and take one pass.
+constexpr float kCoarseRatio = 16.f;
 
-// The rows of x (rows, K; ldx apart) quantized to qx, sx that are coarse, compacted: which[j] is the
-// row, residual (j, K) its e, qe (j, Kp; zero past K) and se[j] e quantized. Returns their count.
-template <class V>
-ATTNX_ALWAYS_INLINE int quantize_coarse_rows_on(int8_t* qe, size_t ldqe, float* se, int* which, float* residual,
-                                                const float* x, size_t ldx, const int8_t* qx, size_t ldq,
-                                                const float* sx, int rows, int K, int Kp) {
-    int count = 0;
-    for (int r = 0; r < rows; ++r) {
-        const float* xr = x + (size_t)r * ldx;
-        const int8_t* q = qx + (size_t)r * ldq;
-        int nonzero = 0, coarse = 0;
-        for (int k = 0; k < K; ++k) {
-            nonzero += xr[k] != 0.f;
-            coarse += xr[k] != 0.f && q[k] >= -1 && q[k] <= 1;
-        }
-        if (kCoarseShare * coarse <= nonzero) continue;
-        float* e = residual + (size_t)count * K;
-        for (int k = 0; k < K; ++k) e[k] = xr[k] - sx[r] * (float)q[k];
-        quantize_rows_on<V>(qe + (size_t)count * ldqe, ldqe, se + count, e, (size_t)K, 1, K, Kp);
-        which[count++] = r;
+// kw[k] = max_n |qw[k, n]| of qw (K, N; rows ldw apart): how much feature k can reach the output
+inline void int8_feature_weights(float* kw, const int8_t* qw, size_t ldw, int K, int N) {
+    for (int k = 0; k < K; ++k) {
+        int m = 0;
+        for (int n = 0; n < N; ++n) m = std::max(m, std::abs((int)qw[(size_t)k * ldw + n]));
+        kw[k] = (float)m;
     }
-    return count;
+}
+
+// e = x - s q of row x (K values) quantized to q, s; whether the row is coarse for features weighing kw.
+// Plain sums in order: the same decision at every SIMD level
+inline bool coarse_residual(float* e, const float* x, const int8_t* q, float s, const float* kw, int K) {
+    float error = 0.f, magnitude = 0.f;
+    for (int k = 0; k < K; ++k) {
+        e[k] = x[k] - s * (float)q[k];
+        error += std::abs(e[k]) * kw[k];
+        magnitude += std::abs(x[k]) * kw[k];
+    }
+    return error * kCoarseRatio > magnitude;
 }
 
 // ----------------------------------------------------------------------------- packed weights
-// qw (K, N; rows ldw apart) packed as the layout above, with colsum[n] = sum_k qw[k, n]
+// qw (K, N; rows ldw apart) packed as the layout above, with colsum[n] = sum_k qw[k, n] and the
+// feature weights
 struct Int8Packed {
     std::vector<int8_t, CacheLineAllocator<int8_t>> data;
     std::vector<int32_t> colsum;
+    std::vector<float> feature_weight;  // int8_feature_weights: what decides a coarse input row
     int K = 0, N = 0, Kp = 0, Np = 0;
 };
 
@@ -138,6 +140,8 @@ inline void pack_int8(Int8Packed& p, const int8_t* qw, size_t ldw, int K, int N)
             p.data[((size_t)(k / 4) * p.Np + n) * 4 + k % 4] = w;
             p.colsum[n] += w;
         }
+    p.feature_weight.resize(K);
+    int8_feature_weights(p.feature_weight.data(), qw, ldw, K, N);
 }
 
 // ----------------------------------------------------------------------------- tiles
@@ -294,27 +298,34 @@ inline void int8_product_reference(int32_t* acc, size_t ldc, const int8_t* qx, s
 
 // ----------------------------------------------------------------------------- activations, both passes
 // Up to `rows` activation rows of K values in int8: q, s (every row), and the coarse rows' second pass
-// (which, qe, se, residual, acc2 for its products). Buffers sized once, reused by every call.
+// (which, qe, se, acc2 for its products; e a row's residual). Buffers reused by every call.
 struct Int8Activations {
     std::vector<int8_t> q, qe;
-    std::vector<float> s, se, residual;
+    std::vector<float> s, se, e;
     std::vector<int> which;
     std::vector<int32_t> acc2;
-    int rows = 0, K = 0, Kp = 0, coarse = 0;
+    int rows = 0, K = 0, Kp = 0, Np = 0, coarse = 0;
 
-    void resize(int rows_, int K_, int Kp_, int Np) {
-        rows = rows_, K = K_, Kp = Kp_;
-        q.assign((size_t)rows * Kp, 0), qe.assign((size_t)rows * Kp, 0);
-        s.assign(rows, 0.f), se.assign(rows, 0.f), residual.assign((size_t)rows * K, 0.f);
-        which.assign(rows, 0), acc2.assign((size_t)rows * Np, 0);
+    // the second pass's buffers are sized when a coarse row first comes
+    void resize(int rows_, int K_, int Kp_, int Np_) {
+        rows = rows_, K = K_, Kp = Kp_, Np = Np_;
+        q.resize((size_t)rows * Kp), s.resize(rows), which.resize(rows), e.resize(K);
     }
 
-    // n rows (<= rows) of x, ldx apart: one pass, then the coarse rows' second
+    // n rows (<= rows) of x, ldx apart, for a product with weights whose features weigh kw (K): one
+    // pass, then the coarse rows' second (compacted: coarse row i is row which[i], its residual
+    // quantized in qe row i, se[i])
     template <class V>
-    ATTNX_ALWAYS_INLINE void quantize_on(const float* x, size_t ldx, int n) {
+    ATTNX_ALWAYS_INLINE void quantize_on(const float* x, size_t ldx, int n, const float* kw) {
         quantize_rows_on<V>(q.data(), (size_t)Kp, s.data(), x, ldx, n, K, Kp);
-        coarse = quantize_coarse_rows_on<V>(qe.data(), (size_t)Kp, se.data(), which.data(), residual.data(), x, ldx,
-                                            q.data(), (size_t)Kp, s.data(), n, K, Kp);
+        coarse = 0;
+        for (int r = 0; r < n; ++r) {
+            if (!coarse_residual(e.data(), x + (size_t)r * ldx, q.data() + (size_t)r * Kp, s[r], kw, K)) continue;
+            if (qe.empty()) qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
+            quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K,
+                                1, K, Kp);
+            which[coarse++] = r;
+        }
     }
 
     // acc (n rows, ldc apart) = q . B over the columns [0, n_cols); the coarse rows' residual products into acc2
@@ -359,7 +370,7 @@ inline void dense_forward_int8(float* out, const float* x, int rows, int K, int 
         for (size_t c0 = r0; c0 < r1; c0 += chunk) {
             const int n_rows = (int)std::min<size_t>(chunk, r1 - c0);
             on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-                xq.quantize_on<decltype(lanes)>(x + c0 * K, (size_t)K, n_rows);
+                xq.quantize_on<decltype(lanes)>(x + c0 * K, (size_t)K, n_rows, B.feature_weight.data());
             });
             xq.product(acc.data(), (size_t)B.Np, n_rows, B, N);
             xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, sw, bias, N, (size_t)B.Np);
@@ -407,8 +418,8 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
     for (int step = 0; step < Tn; ++step) {
         const int t = cfg.time_at(step);
         // x_t W + b_in and h_{t-1} U (+ b_rec)
-        xq.quantize_on<V>(x + ((size_t)b0 * Tn + t) * C, (size_t)Tn * C, rows);
-        hq.quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows);
+        xq.quantize_on<V>(x + ((size_t)b0 * Tn + t) * C, (size_t)Tn * C, rows, PW.feature_weight.data());
+        hq.quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows, PU.feature_weight.data());
         xq.product(ax.data(), (size_t)PW.Np, rows, PW, G);
         hq.product(ah.data(), (size_t)PU.Np, rows, PU, nU);
         xq.dequantize(xg.data(), (size_t)G, ax.data(), (size_t)PW.Np, rows, sW, b_in, G, (size_t)PW.Np);
@@ -459,7 +470,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
         }
         if (!classic) continue;
         // classic GRU: n = act(x_n + b_n + (r * h_{t-1}) U_n); h_t = z h_{t-1} + (1 - z) n
-        rq.quantize_on<V>(rh.data(), (size_t)H, rows);
+        rq.quantize_on<V>(rh.data(), (size_t)H, rows, PUn->feature_weight.data());
         rq.product(an.data(), (size_t)PUn->Np, rows, *PUn, H);
         rq.dequantize(hg.data() + 2 * H, (size_t)G, an.data(), (size_t)PUn->Np, rows, sU + 2 * H, nullptr, H,
                       (size_t)PUn->Np);
