@@ -25,7 +25,8 @@ def private_reads(source):
             if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
-            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("_"):
+            name = node.args[1] if len(node.args) > 1 else None
+            if isinstance(name, ast.Constant) and str(name.value).startswith("_"):
                 found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.ImportFrom) and node.level > 1:  # from ..layers.x import _private
             found += [(node.lineno, f"from {'.' * node.level}{node.module} import {a.name}") for a in node.names

@@ -247,8 +247,8 @@ def test_set_weights_checks_int8_weights(rng):
     layer(rng.normal(size=(2, 3)).astype(np.float32))
     layer.quantize("int8")
     kernel, scale, bias = layer.get_weights()
-    for bad, match in ((kernel.astype(np.int16) * 3, "got dtype int16"), (kernel.astype(np.float32), "got dtype float32"),
-                       (np.full_like(kernel, -128), "holds -128")):
+    for bad, match in ((kernel.astype(np.int16) * 3, "got dtype int16"),
+                       (kernel.astype(np.float32), "got dtype float32"), (np.full_like(kernel, -128), "holds -128")):
         with pytest.raises(ValueError, match=f"Layer '{layer.name}': weight 'kernel' .*{match}"):
             layer.set_weights([bad, scale, bias])
     with pytest.raises(ValueError, match="weight 'kernel_scale' is the scale of an int8 weight"):
@@ -381,3 +381,14 @@ def test_recurrent_bound_under_outliers_and_cancellation(rng, name, make, slope)
         return
     bound = np.concatenate([b * np.ones((1, 6)) for b in bounds], axis=1) if len(bounds) > 1 else bounds[0]
     _bound_holds(got, want, bound, slack=slope)
+
+
+def test_the_contract_covers_every_model_class_of_attnx(rng):
+    """A model class added to attnx must join MODELS (this fails until it does)."""
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+    ours = {cls for cls in subclasses(attnx.Model) if cls.__module__.startswith("attnx.")}
+    covered = {type(make(rng)[0]) for _, make, _ in MODELS}
+    assert ours <= covered, f"model classes without a case: {sorted(c.__name__ for c in ours - covered)}"

@@ -45,8 +45,8 @@ def cell_weights(cell, units, kernel, recurrent_kernel, bias):
 
 def _level_weights(layer, level):
     sfx = level_suffix(level)
-    return cell_weights(layer.cell_kind, layer.units, layer.params["kernel" + sfx], layer.params["recurrent_kernel" + sfx],
-                        layer.params.get("bias" + sfx))
+    return cell_weights(layer.cell_kind, layer.units, layer.params["kernel" + sfx],
+                        layer.params["recurrent_kernel" + sfx], layer.params.get("bias" + sfx))
 
 
 def _activations(layer):
