@@ -16,11 +16,10 @@ from harness import compare
 
 
 def attnx_int8(rnn, embed, units, bidirectional, ids):
-    from attnx import quantization
     model = AttnxModel(rnn, embed, units, bidirectional)
     float_out = model.predict(ids)
     for layer in model.layers:
-        quantization.quantize_layer(layer)
+        layer.quantize("int8")
     int8_out = model.predict(ids)
     err = np.abs(int8_out - float_out).max() / np.abs(float_out).max()
     return model, err

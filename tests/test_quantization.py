@@ -1,11 +1,17 @@
 """int8 inference (model.quantize("int8")): the int8 products at every SIMD level against exact
-integer arithmetic, every quantizable layer within attnx.quantization.ERROR_BOUND of its float32
-output, saving and loading a quantized model, and the errors."""
+integer arithmetic, every quantizable layer within TYPICAL_ERROR of its float32 output on ordinary
+inputs (the bound under adversarial ones: test_quantization_contract.py), saving and loading a
+quantized model, and the errors."""
 import numpy as np
 import pytest
 
 import attnx
-from attnx import _core, layers, quantization
+from attnx import _core, layers
+
+
+# The largest error relative to the output's largest magnitude seen on inputs without outliers (normal
+# features, random weights): what the guide calls typical, not a bound
+TYPICAL_ERROR = 0.03
 
 
 def _int8(rng, shape):
@@ -85,13 +91,13 @@ def test_every_quantizable_layer_within_the_error_bound(rng, name, make, inputs)
     layer = make()
     x = inputs(rng)
     want = _outputs(layer(x))
-    quantization.quantize_layer(layer)
+    layer.quantize("int8")
     assert layer.quantization_mode == "int8"
     got = _outputs(layer(x))
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.dtype == np.float32
         err = np.abs(g - w).max() / np.abs(w).max()
-        assert err <= quantization.ERROR_BOUND, f"{name}: relative error {err:.4f}"
+        assert err <= TYPICAL_ERROR, f"{name}: relative error {err:.4f}"
         assert not np.array_equal(g, w)  # the int8 path ran
 
 
@@ -101,10 +107,10 @@ def test_masked_recurrent_layers_carry_padded_steps(rng):
     for layer in (layers.LSTM(16, return_sequences=True, zero_output_for_mask=True),
                   layers.GRU(16, return_sequences=True, zero_output_for_mask=True)):
         want = layer(x, mask=mask)
-        quantization.quantize_layer(layer)
+        layer.quantize("int8")
         got = layer(x, mask=mask)
         np.testing.assert_array_equal(got[~mask], 0.0)
-        assert np.abs(got - want).max() <= quantization.ERROR_BOUND * np.abs(want).max()
+        assert np.abs(got - want).max() <= TYPICAL_ERROR * np.abs(want).max()
 
 
 def test_levels_agree(rng):
@@ -140,7 +146,7 @@ def test_model_quantize_save_and_load(rng, tmp_path):
     want = model.predict(x, verbose=0)
     assert model.quantize("int8") is model
     got = model.predict(x, verbose=0)
-    assert np.abs(got - want).max() <= quantization.ERROR_BOUND
+    assert np.abs(got - want).max() <= TYPICAL_ERROR
     kinds = {n: p.dtype for n, p in model.params.items()}
     assert sum(d == np.int8 for d in kinds.values()) == 1 + 2 * 2 + 2 + 1  # embeddings, 2 x BiLSTM, GRU, Dense
     model.save(tmp_path / "q.attnx")
@@ -168,7 +174,7 @@ def test_quantize_errors(rng):
         model.fit(rng.normal(size=(4, 4)).astype(np.float32), np.zeros((4, 3), np.float32), epochs=1, verbose=0)
     lstm = layers.LSTM(4)
     lstm(_seq(rng))
-    quantization.quantize_layer(lstm)
+    lstm.quantize("int8")
     with pytest.raises(ValueError, match=f"Layer '{lstm.name}': is quantized"):
         lstm(_seq(rng), training=True)
 

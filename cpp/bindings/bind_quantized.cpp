@@ -1,5 +1,6 @@
 // int8 inference: quantized Dense, Embedding and recurrent forward passes, and the raw int8
 // product the tests hold to the plain loop at each SIMD level (quantized.hpp).
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -9,12 +10,23 @@
 
 namespace attnx::bind {
 
-// A quantized kernel: q int8 (K, N) and its per-column scale float32 (N)
+// Values of int8 operands of the products lie in [-127, 127] (symmetric quantization): the AVX2
+// tiles take |qx| and sign(qx) qw, and |-128| does not fit an int8 (quantized.hpp)
+static void check_int8_range(const int8_t* q, py::ssize_t count, const std::string& what) {
+    int8_t lowest = 0;
+    for (py::ssize_t i = 0; i < count; ++i) lowest = std::min(lowest, q[i]);  // no early exit: vectorized
+    if (lowest == -128) throw py::value_error(what + ": int8 values must lie in [-127, 127], got -128");
+}
+
+// A quantized kernel: q int8 (K, N) with values in [-127, 127] and its per-column scale float32 (N).
+// The range is scanned on every call: one pass over the bytes pack_int8 reads anyway
 static Int8Kernel int8_kernel(const py::array& q, const py::array& scale, py::ssize_t K, py::ssize_t N,
                               const std::string& what) {
     check_shape(q, {K, N}, (what).c_str());
     check_shape(scale, {N}, (what + "_scale").c_str());
-    return {in_ptr<int8_t>(q, what.c_str()), in_ptr<float>(scale, (what + "_scale").c_str())};
+    const int8_t* pq = in_ptr<int8_t>(q, what.c_str());
+    check_int8_range(pq, K * N, what);
+    return {pq, in_ptr<float>(scale, (what + "_scale").c_str())};
 }
 
 void init_quantized(py::module_& m) {
@@ -27,10 +39,8 @@ void init_quantized(py::module_& m) {
             check_shape(qw, {K, N}, "int8_product: qw");
             const int8_t* px = in_ptr<int8_t>(qx, "int8_product: qx");
             const int8_t* pw = in_ptr<int8_t>(qw, "int8_product: qw");
-            for (py::ssize_t i = 0; i < qx.size(); ++i)
-                if (px[i] == -128) throw py::value_error("int8_product: qx: values must lie in [-127, 127], got -128");
-            for (py::ssize_t i = 0; i < qw.size(); ++i)
-                if (pw[i] == -128) throw py::value_error("int8_product: qw: values must lie in [-127, 127], got -128");
+            check_int8_range(px, qx.size(), "int8_product: qx");
+            check_int8_range(pw, qw.size(), "int8_product: qw");
             return released_result<int32_t>({R, N}, [&](int32_t* out) {
                 Int8Packed B;
                 pack_int8(B, pw, (size_t)N, (int)K, (int)N);
@@ -65,6 +75,44 @@ void init_quantized(py::module_& m) {
         py::arg("x"),
         "(q (R, K) int8, scale (R,) float32) of x (R, K) float32 per row: scale = max|x| / 127, "
         "q = round(x / scale) (how the int8 layers quantize their inputs).");
+
+    m.def(
+        "quantize_activations",
+        [](const py::array& x, const py::array& kernel) {
+            check_rank(x, 2, "quantize_activations: x");
+            const py::ssize_t R = x.shape(0), K = x.shape(1);
+            check_rank(kernel, 2, "quantize_activations: kernel");
+            check_shape(kernel, {K, kernel.shape(1)}, "quantize_activations: kernel");
+            const float* px = in_ptr<float>(x, "quantize_activations: x");
+            const int8_t* pw = in_ptr<int8_t>(kernel, "quantize_activations: kernel");
+            auto q = new_array<int8_t>({R, K}), qe = new_array<int8_t>({R, K});
+            auto s = new_array<float>({R}), se = new_array<float>({R});
+            int8_t *pq = q.mutable_data(), *pqe = qe.mutable_data();
+            float *ps = s.mutable_data(), *pse = se.mutable_data();
+            {
+                py::gil_scoped_release release;
+                std::vector<float> kw(K);
+                int8_feature_weights(kw.data(), pw, (size_t)kernel.shape(1), (int)K, (int)kernel.shape(1));
+                Int8Activations a;
+                a.resize((int)R, (int)K, (int)K, 0);
+                on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                    a.quantize_on<decltype(lanes)>(px, (size_t)K, (int)R, kw.data());
+                });
+                std::copy(a.q.begin(), a.q.end(), pq);
+                std::copy(a.s.begin(), a.s.end(), ps);
+                std::fill(pqe, pqe + R * K, int8_t(0));
+                std::fill(pse, pse + R, 0.f);
+                for (int i = 0; i < a.coarse; ++i) {
+                    std::copy(a.qe.begin() + (size_t)i * K, a.qe.begin() + (size_t)(i + 1) * K, pqe + a.which[i] * K);
+                    pse[a.which[i]] = a.se[i];
+                }
+            }
+            return py::make_tuple(q, s, qe, se);
+        },
+        py::arg("x"), py::arg("kernel"),
+        "(q (R, K) int8, scale (R,), residual_q (R, K) int8, residual_scale (R,)) of x (R, K) float32 for a product "
+        "with the int8 kernel (K, N): how the int8 layers quantize their inputs, x ~ scale q + residual_scale "
+        "residual_q; the residual is quantized for the coarse rows only (quantized.hpp), zeros elsewhere.");
 
     m.def(
         "dense_forward_int8",

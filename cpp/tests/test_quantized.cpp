@@ -1,6 +1,7 @@
 // The int8 tiles (quantized.hpp) at every SIMD level this CPU runs against the plain loop: equal
-// int32 accumulators on shapes that leave partial vectors, tiles and k blocks; and the row
-// quantization's round trip.
+// int32 accumulators on shapes that leave partial vectors, tiles and k blocks; the row
+// quantization's round trip; and the second pass of coarse rows (an outlier feature).
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -77,6 +78,69 @@ int main() {
             }
         }
         simd_level_cap() = (int)SimdLevel::avx512;
+    }
+    // coarse rows: one large value the weights do not use leaves the others at |q| <= 1, so the
+    // residual takes a second pass (the same bytes at every level, x within se / 2 of s q + se qe);
+    // ordinary rows take one, and so does a row whose large value the weights use
+    {
+        std::normal_distribution<float> normal(0.f, 1.f);
+        const int R = 5, K = 37, Kp = 40;
+        std::vector<float> x((size_t)R * K);
+        for (auto& v : x) v = normal(rng);
+        x[(size_t)1 * K + 3] = 1000.f;   // an outlier feature
+        x[(size_t)3 * K + 0] = -5000.f;  // and one more, negative, in another row
+        x[(size_t)4 * K + 5] = 1000.f;   // an outlier the weights use: one pass
+        std::vector<float> kw(K, 127.f);
+        kw[3] = kw[0] = 0.f;  // features 0 and 3 unused
+        std::vector<int8_t> want_q, want_qe;
+        for (SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
+            if ((int)level > (int)cpu_simd_level()) continue;
+            simd_level_cap() = (int)level;
+            Int8Activations a;
+            a.resize(R, K, Kp, 16);
+            on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                a.quantize_on<decltype(lanes)>(x.data(), (size_t)K, R, kw.data());
+            });
+            CHECK(a.coarse == 2 && a.which[0] == 1 && a.which[1] == 3);
+            for (int i = 0; i < a.coarse; ++i) {
+                const int r = a.which[i];
+                for (int k = 0; k < K; ++k) {
+                    const float approx = a.s[r] * a.q[(size_t)r * Kp + k] + a.se[i] * a.qe[(size_t)i * Kp + k];
+                    CHECK(std::abs(x[(size_t)r * K + k] - approx) <= a.se[i] * 0.5f * 1.001f + 1e-6f);
+                }
+                CHECK(a.se[i] <= a.s[r] * 0.5f / 127.f * 1.001f);  // max|e| <= s / 2
+            }
+            if (want_q.empty()) want_q = a.q, want_qe = a.qe;
+            CHECK(a.q == want_q && a.qe == want_qe);
+        }
+        simd_level_cap() = (int)SimdLevel::avx512;
+    }
+    // dense_forward_int8 on a row whose outlier feature the kernel ignores: within the second pass's bound
+    {
+        std::normal_distribution<float> normal(0.f, 1.f);
+        const int R = 3, K = 24, N = 9;
+        std::vector<float> x((size_t)R * K), w((size_t)K * N), sw(N);
+        for (auto& v : x) v = normal(rng);
+        for (auto& v : w) v = normal(rng);
+        for (int n = 0; n < N; ++n) w[n] = 0.f;  // feature 0 unused
+        x[(size_t)1 * K] = 1000.f;
+        std::vector<int8_t> qw((size_t)K * N);
+        for (int n = 0; n < N; ++n) {  // per column, as attnx.quantization does
+            float m = 0.f;
+            for (int k = 0; k < K; ++k) m = std::max(m, std::abs(w[(size_t)k * N + n]));
+            sw[n] = m / 127.f;
+            for (int k = 0; k < K; ++k) qw[(size_t)k * N + n] = (int8_t)std::lrint(w[(size_t)k * N + n] / sw[n]);
+        }
+        std::vector<float> out((size_t)R * N);
+        dense_forward_int8(out.data(), x.data(), R, K, N, qw.data(), sw.data(), nullptr, Activation::linear);
+        for (int n = 0; n < N; ++n) {
+            double y = 0, wsum = 0, xsum = 0;
+            for (int k = 0; k < K; ++k) y += (double)x[(size_t)K + k] * w[(size_t)k * N + n];
+            for (int k = 1; k < K; ++k) wsum += std::abs(w[(size_t)k * N + n]), xsum += std::abs(x[(size_t)K + k]);
+            // the others' max is about 3: a step of 3 / 127 for them, where one pass would give 1000 / 127
+            const double dw = sw[n] / 2, dx = 4.0 / 254;
+            CHECK(std::abs(out[N + n] - y) <= dx * (wsum + K * dw) + xsum * dw + 1e-3);
+        }
     }
     return attnx::test::report("test_quantized");
 }

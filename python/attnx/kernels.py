@@ -18,3 +18,4 @@ from ._core import (  # noqa: F401
     sdpa_backward, sdpa_forward, sinusoidal_table, softmax_context_backward, softmax_context_forward,
 )
 from ._core import decoder_stack_step  # noqa: F401
+from ._core import quantize_activations  # noqa: F401  (how the int8 layers quantize inputs)

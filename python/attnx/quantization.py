@@ -1,42 +1,63 @@
 """int8 inference: ``model.quantize("int8")`` (Keras 3's name).
 
 A quantized layer keeps its kernels as int8 with one float32 scale per output unit (symmetric:
-``scale = max|w| / 127``, ``q = round(w / scale)``; an Embedding's table per row), quantizes its
-inputs per row at run time the same way, and multiplies on int8 register tiles with int32
-accumulation (``cpp/include/attnx/quantized.hpp``: AVX-512 VNNI, AVX2 or baseline, the same
-integers on each); biases, activations, the recurrent gate math and the state stay float32.
+``scale = max|w| / 127``, ``q = round(w / scale)`` in [-127, 127]; an Embedding's table per row),
+quantizes its inputs per row at run time the same way, and multiplies on int8 register tiles with
+int32 accumulation (``cpp/include/attnx/quantized.hpp``: AVX-512 VNNI, AVX2 or baseline, the same
+integers on each); biases, activations, the recurrent gate math and the state stay float32. An input
+row that one large value leaves coarse (its rounding error, weighted by how much each feature reaches
+the output, above 1/16 of its weighted magnitude: an outlier feature the output does not use) is
+quantized twice, its residual in a second int8 pass (`kernels.quantize_activations`).
 
-Quantizable: Dense, Embedding, SimpleRNN / GRU / LSTM (every level, and their cells), Bidirectional.
-The layer's weights become ``kernel`` (int8) followed by ``kernel_scale`` (float32), and so on
-for ``recurrent_kernel`` and ``embeddings``; its config gains ``"quantization_mode": "int8"``, so
-``model.save`` / ``attnx.load_model`` keep it quantized. A quantized layer runs inference only.
-The layers name their kind in ``_quantize_kind`` (this module imports no layer classes).
+What a layer quantizes is its own public statement, `Layer.quantizable_weights()` ({weight name:
+"columns" or "rows"}): Dense, Embedding, SimpleRNN / GRU / LSTM (every level, and their cells) name
+their kernels. A layer that cannot run in int8 says why in `Layer.quantize_refusal()` (LSTMN; a
+Transformer with tie_output), and `quantize` then raises naming it before changing anything; a layer
+whose own kernels read its sublayers' weights sets ``quantizes_sublayers = False`` and stays float32
+as a whole (the transformer layers and FeedForward), as does every layer without int8 weights
+(LayerNormalization, MultiHeadAttention, the attention layers, Conv2D). A quantized weight ``w``
+becomes ``w`` (int8) followed by ``w_scale`` (float32) in the layer and in every layer that holds it
+(`Layer.replace_weights`: a Bidirectional, a model, a ``call`` layer); the layer's config gains
+``"quantization_mode": "int8"`` and a saved model's header says so, so that ``attnx.load_model``
+builds the model, quantizes it and reads the int8 weights. A quantized layer runs inference only.
+Weights that reach an int8 parameter (``set_weights``, loading) must be int8 in [-127, 127]
+(`check_weights`): the AVX2 tiles cannot take -128 (the bindings refuse it too), and another integer
+dtype would wrap.
+
+The error bound (``docs/guides/int8.md``): for ``y = x . w`` of one input row x (K,) and one kernel
+column w (K,), with ``|w - sw qw| <= dw = max|w| / 254`` and ``|x - x_int8| <= dx`` (``dx = max|x| / 254``,
+or ``max|e| / 254 <= max|x| / 64516`` for a row quantized twice)::
+
+    |y_int8 - y| <= dx * (sum|w| + K * dw) + sum|x| * dw
+
+(`dense_error_bound`), plus float32 rounding. It is relative to the terms' magnitudes, not to |y|: a
+sum that cancels (|y| much smaller than sum|x w|) keeps the weights' rounding error, however small
+|y| is. A recurrent layer's step has the bound on its pre-activations, given the same state.
 """
 import contextlib
-from collections import OrderedDict
 
 import numpy as np
 
 from . import kernels
-from .layers import base
 
 MODES = ("int8",)
-
-# The weights each kind of layer quantizes (per output unit), and whether per row of the stored
-# matrix (Embedding: one scale per token) instead of per column
-_TARGETS = {"dense": (("kernel",), False), "embedding": (("embeddings",), True)}
-
-# How much an int8 layer's output may differ from its float32 output, relative to the output's
-# largest magnitude (the tests hold every quantizable layer to it): two roundings of at most half a
-# step of 1/127 each, over products that partly cancel.
-ERROR_BOUND = 0.03
+INT8_LIMIT = 127  # symmetric: -128 never reaches the int8 tiles
 
 
 def check_mode(owner, mode):
-    """`mode` if it names a quantization mode (None: not quantized); ValueError naming `owner` otherwise."""
+    """`mode` if it names a quantization mode or is None (a layer's `quantization_mode` argument: not
+    quantized); ValueError naming `owner` otherwise."""
     if mode is None or mode in MODES:
         return mode
     raise ValueError(f"{owner}: unknown quantization mode {mode!r}; expected one of {MODES}")
+
+
+def check_quantize_mode(owner, mode):
+    """The mode `quantize(mode)` was asked for: one of MODES (None is not a way back to float32)."""
+    if mode is None:
+        raise ValueError(f"{owner}: quantize(None) does not make a model float32 again; the float weights are gone "
+                         f"once quantized. Pass one of {MODES}, or load or rebuild the float model")
+    return check_mode(owner, mode)
 
 
 def config(layer):
@@ -51,83 +72,41 @@ def inference_only(layer, training):
                          "train the float model, then call model.quantize")
 
 
-def quantize_columns(w):
-    """(q int8, scale float32) of a float matrix (K, N) per column."""
-    q, scale = kernels.quantize_rows(x=np.ascontiguousarray(np.asarray(w, np.float32).T))
+def quantize_matrix(w, axis):
+    """(q int8 in [-127, 127], scale float32) of a float matrix (K, N): one scale per column
+    (axis "columns", a kernel's output units) or per row ("rows", an Embedding's tokens)."""
+    w = np.asarray(w, np.float32)
+    if axis == "rows":
+        return kernels.quantize_rows(x=np.ascontiguousarray(w))
+    q, scale = kernels.quantize_rows(x=np.ascontiguousarray(w.T))
     return np.ascontiguousarray(q.T), scale
 
 
-def _weight_names(layer):
-    kind = layer._quantize_kind
-    if kind == "recurrent":
-        return [n + ("" if level == 0 else f"_{level}") for level in range(layer.num_layers)
-                for n in ("kernel", "recurrent_kernel")], False
-    return _TARGETS[kind]
+def check_weights(names, params, values, what):
+    """`values` checked for the parameters `params` (named `names`) they are about to be copied into:
+    an int8 parameter takes int8 values in [-127, 127] only (another integer dtype would wrap, a float
+    one would be cast), and the float32 scale after it finite values >= 0. `what(i)` names entry i in
+    the errors."""
+    for i, (name, p, value) in enumerate(zip(names, params, values)):
+        value = np.asarray(value)
+        if p.dtype == np.int8:
+            if value.dtype != np.int8:
+                raise ValueError(f"{what(i)} is an int8 quantized weight; got dtype {value.dtype} (its values would "
+                                 "be cast or wrap): pass the int8 array model.quantize made, or set the float weights "
+                                 "before quantizing")
+            if value.size and int(value.min()) < -INT8_LIMIT:
+                raise ValueError(f"{what(i)} holds -128; attnx's int8 weights are symmetric, in [-{INT8_LIMIT}, "
+                                 f"{INT8_LIMIT}] (quantize with attnx.quantization.quantize_matrix)")
+        elif i > 0 and params[i - 1].dtype == np.int8 and name == names[i - 1] + "_scale":
+            if value.dtype.kind != "f" or not np.all(np.isfinite(value)) or np.any(value < 0):
+                raise ValueError(f"{what(i)} is the scale of an int8 weight: finite floats >= 0, got "
+                                 f"{value.dtype} values in [{np.min(value) if value.size else 0}, "
+                                 f"{np.max(value) if value.size else 0}]")
 
 
-def quantize_layer(layer, mode="int8"):
-    """Quantizes a built layer's weights in place (a Bidirectional: both directions)."""
-    check_mode(f"Layer '{layer.name}'", mode)
-    if layer._quantize_kind == "bidirectional":
-        for sub in (layer.forward_layer, layer.backward_layer):
-            if not sub.quantization_mode:
-                quantize_layer(sub, mode)
-        C = layer.forward_layer.params["kernel"].shape[0]
-        layer.params.clear(), layer.grads.clear(), layer._regularizers.clear()
-        layer.build((None, None, C))  # adopts the sublayers' weights again
-        return
-    names, per_row = _weight_names(layer)
-    params, grads = OrderedDict(), OrderedDict()
-    for name, p in layer.params.items():
-        if name not in names:
-            params[name], grads[name] = p, layer.grads[name]
-            continue
-        if per_row:
-            q, scale = kernels.quantize_rows(x=np.ascontiguousarray(p, np.float32))
-        else:
-            q, scale = quantize_columns(p)
-        params[name], params[name + "_scale"] = q, scale
-        grads[name], grads[name + "_scale"] = np.zeros(q.shape, np.float32), np.zeros(scale.shape, np.float32)
-    layer.params.clear(), layer.grads.clear()
-    layer.params.update(params), layer.grads.update(grads)
-    layer._regularizers.clear()  # of float weights no longer there
-    layer.quantization_mode = mode
-
-
-@contextlib.contextmanager
-def building(layer):
-    """Around the weight creation of a layer's build: a quantized layer (config "quantization_mode")
-    creates float weights, then quantizes them on leaving. Loading (`base.weight_budget`), the
-    float weights may take 4x the bytes the file holds (4 bytes per int8 value); the budget is then
-    charged what the layer keeps."""
-    budget = base._weight_budget.get()
-    if not layer.quantization_mode:
-        yield
-        return
-    if budget is None:
-        yield
-        quantize_layer(layer, layer.quantization_mode)
-        return
-    before = budget["bytes"]
-    budget["bytes"] = 4 * before
-    try:
-        yield
-    finally:
-        budget["bytes"] = before
-    quantize_layer(layer, layer.quantization_mode)
-    kept = sum(p.nbytes for p in layer.params.values())
-    if kept > before:
-        raise ValueError(f"{budget['source']}: layer '{layer.name}' would keep {kept} bytes of weights; the file "
-                         f"holds {before} bytes of weights not yet created")
-    budget["bytes"] = before - kept
-
-
-def _quantizable(layer):
-    return getattr(layer, "_quantize_kind", None) is not None
-
-
-def _layers_of(model):
-    """Every layer of a model, nested models and composite layers' sublayers included."""
+def _layer_tree(root):
+    """Every layer under `root` that Model.quantize looks at: itself, then depth first the sublayers of
+    each layer that `quantizes_sublayers`, each once."""
     seen, order = set(), []
 
     def visit(layer):
@@ -135,64 +114,80 @@ def _layers_of(model):
             return
         seen.add(id(layer))
         order.append(layer)
-        if _quantizable(layer):
-            return  # a Bidirectional quantizes its own directions
-        named = getattr(layer, "_named_layers", None)
-        for _, sub in (named() if callable(named) else []):
-            visit(sub)
-        for value in vars(layer).values():
-            if hasattr(value, "_quantize_kind") and hasattr(value, "params"):
-                visit(value)
+        if layer.quantizes_sublayers:
+            for sub in layer.sublayers:
+                visit(sub)
 
-    named = model._named_layers()
-    for _, layer in named:
-        visit(layer)
+    visit(root)
     return order
 
 
+def _quantize_tree(tree, mode):
+    """Quantizes the float weights the layers of `tree` name (`quantizable_weights`), in every layer of
+    `tree` that holds them (`replace_weights`)."""
+    replaced = {}  # id(float weight) -> [(name suffix, new array, its gradient buffer)]
+    targets = [layer for layer in tree if layer.quantizable_weights()]
+    for layer in targets:
+        for name, axis in layer.quantizable_weights().items():
+            p = layer.params[name]
+            if p.dtype != np.int8:  # not yet quantized
+                q, scale = quantize_matrix(p, axis)
+                replaced[id(p)] = [("", q, np.zeros(q.shape, np.float32)),
+                                   ("_scale", scale, np.zeros(scale.shape, np.float32))]
+    for layer in tree:
+        layer.replace_weights(replaced)
+    for layer in targets:
+        layer.quantization_mode = mode
+
+
+def quantize(root, mode):
+    """`Layer.quantize` / `Model.quantize`: quantizes every quantizable layer under `root` (built) in
+    place, and the weights of every layer that holds theirs. Raises, before changing anything, for a
+    layer that refuses (`quantize_refusal`). Returns `root`."""
+    owner = f"{type(root).__name__} '{root.name}'.quantize"
+    check_quantize_mode(owner, mode)
+    if not root.built:
+        raise ValueError(f"{owner}: not built; build it (call it on a batch, fit it, or give it an input shape) "
+                         "before quantizing")
+    tree = _layer_tree(root)
+    for layer in tree:
+        reason = layer.quantize_refusal()
+        if reason:
+            raise ValueError(f"{owner}: layer '{layer.name}' ({type(layer).__name__}) cannot be quantized: {reason}. "
+                             "Nothing was changed")
+    _quantize_tree(tree, mode)
+    return root
+
+
 def quantize_model(model, mode):
-    """`Model.quantize`: quantizes every quantizable layer of a built model in place."""
-    check_mode(f"{type(model).__name__}.quantize", mode)
-    if not model.built:
-        raise ValueError(f"{type(model).__name__}.quantize: the model is not built; build it (call it on a batch, "
-                         "fit it, or give it an input shape) before quantizing")
-    layers = [l for l in _layers_of(model) if _quantizable(l) and not l.quantization_mode]
-    for layer in layers:
-        quantize_layer(layer, mode)
+    """`Model.quantize`: `quantize`, and the model records its mode (its saved header says so, and
+    `attnx.load_model` quantizes the model it builds before reading the int8 weights)."""
+    quantize(model, mode)
+    model.quantization_mode = mode
     return model
 
 
-def _float32(x):
-    return np.require(x, np.float32, "CA")
+@contextlib.contextmanager
+def building(layer):
+    """Around the weight creation of a layer's build: a layer built with ``quantization_mode`` (from
+    a config) creates its weights as float32, then quantizes them on leaving (`attnx.load_model`
+    budgets an int8 weight at 4 bytes per value for this)."""
+    yield
+    if layer.quantization_mode:
+        _quantize_tree([layer], layer.quantization_mode)
 
 
-def dense_forward(layer, x2, training):
-    """A quantized Dense layer's output for x2 (rows, in_features)."""
-    inference_only(layer, training)
-    p = layer.params
-    return kernels.dense_forward_int8(x=_float32(x2), kernel=p["kernel"], kernel_scale=p["kernel_scale"],
-                                    bias=p.get("bias"), activation=layer.activation)
-
-
-def embedding_forward(layer, ids, training):
-    """A quantized Embedding's vectors for checked int64 ids."""
-    inference_only(layer, training)
-    return kernels.embedding_forward_int8(ids=ids, table=layer.params["embeddings"],
-                                        scale=layer.params["embeddings_scale"])
-
-
-def rnn_level_forward(layer, level, x, mask, h0, c0, reverse, training, need_y):
-    """A quantized recurrent layer's level `level` over x (B, T, C): (y or None, h, c or None, None)."""
-    inference_only(layer, training)
-    sfx = "" if level == 0 else f"_{level}"
-    p = layer.params
-    bias, recurrent_bias = layer._biases(p, level)
-    y, h, c = kernels.rnn_forward_int8(
-        cell=layer._cell, x=_float32(x), kernel=p["kernel" + sfx], kernel_scale=p["kernel" + sfx + "_scale"],
-        recurrent_kernel=p["recurrent_kernel" + sfx], recurrent_kernel_scale=p["recurrent_kernel" + sfx + "_scale"],
-        bias=None if bias is None else _float32(bias),
-        recurrent_bias=None if recurrent_bias is None else _float32(recurrent_bias),
-        h0=None if h0 is None else _float32(h0), c0=None if c0 is None else _float32(c0), mask=mask,
-        reverse=reverse, reset_after=layer.reset_after, activation=layer.activation,
-        recurrent_activation=layer.recurrent_activation, return_sequences=need_y)
-    return y, h, c, None
+def dense_error_bound(x, kernel):
+    """The bound on |int8 - float32| of ``x (R, K) . kernel (K, N)`` (R, N) stated in the module's
+    docstring, each row's activation step as the layers quantize it (`kernels.quantize_activations`).
+    Before the bias and the
+    activation, which add nothing: relu, tanh, sigmoid and (in the max norm) softmax are 1-Lipschitz."""
+    x = np.require(x, np.float32, "CA")
+    _, scale, _, residual_scale = kernels.quantize_activations(x=x, kernel=quantize_matrix(kernel, "columns")[0])
+    # a row quantized twice is within residual_scale / 2 (0 when not: then, or for an exact residual, scale / 2)
+    x_step = np.where(residual_scale > 0, residual_scale, scale).astype(np.float64)[:, None] / 2
+    w = np.abs(np.asarray(kernel, np.float64))
+    w_step = w.max(axis=0, keepdims=True) / (2 * INT8_LIMIT)
+    K = x.shape[1]
+    return x_step * (w.sum(axis=0, keepdims=True) + K * w_step) + \
+        np.abs(x.astype(np.float64)).sum(axis=1, keepdims=True) * w_step

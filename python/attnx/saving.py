@@ -312,6 +312,9 @@ def assign(model, weights, path):
         if p.shape != value.shape:
             raise ValueError(f"{path}: weight '{name}' has shape {value.shape}, the model's parameter '{pname}' "
                              f"expects {p.shape}")
+    from . import quantization  # int8 weights: int8 in [-127, 127], finite scales
+    quantization.check_weights([n for n, _ in params], [p for _, p in params], [v for _, v in weights],
+                               lambda i: f"{path}: weight '{weights[i][0]}'")
     for (_, value), (_, p) in zip(weights, params):
         np.copyto(p, value)
 
@@ -366,6 +369,8 @@ def save_model(model, path):
     build_inputs = getattr(model, "_build_inputs", None)
     if build_inputs is not None:  # a model written as a class creates its weights on this call
         header["model"]["build_inputs"] = build_inputs
+    if model.quantization_mode:  # load_model quantizes the model it builds (attnx.quantization)
+        header["model"]["quantization_mode"] = model.quantization_mode
     if model.compiled:
         from . import optimizers  # the optimizer as it is now (e.g. a learning rate changed by a callback)
         header["compile"] = {**model._compile_config, "optimizer": optimizers.serialize(model.optimizer)}
@@ -381,6 +386,9 @@ def _check_model_header(header, path, compile=True):
     model = _typed(header.get("model"), dict, path, "header field 'model'")
     _typed(model.get("class_name"), str, path, "model.class_name")
     _typed(model.get("config"), dict, path, "model.config")
+    if model.get("quantization_mode") is not None:
+        from . import quantization
+        quantization.check_mode(f"{path}: model.quantization_mode", model["quantization_mode"])
     compile_config = header.get("compile")
     if compile_config is not None and compile:  # load_model(compile=False) does not rebuild them
         _check_compile(_typed(compile_config, dict, path, "header field 'compile'"), path)

@@ -233,6 +233,11 @@ class Transformer(Model):
             raise ValueError(f"Transformer: `{arg}` {token!r} is not an id and not a token of the target tokenizer")
         return self.target_tokenizer.word_index[token]
 
+    def quantize_refusal(self):
+        if self.tie_output:
+            return "tie_output=True multiplies by the target embedding table itself, which int8 would replace"
+        return None
+
     def build(self, input_shape=None):
         """Creates the weights (`input_shape` is not needed: no weight depends on the sequence lengths)."""
         D = self.model_dim

@@ -6,6 +6,9 @@
 //   inputs   x (R, K):  sx[r] = max_k |x[r, k]| / 127,  qx[r, k] = round(x[r, k] / sx[r])   (here, per call)
 //   product  acc[r, n] = sum_k qx[r, k] qw[k, n]              (int32, exact: |acc| <= K 127^2)
 //            out[r, n] = acc[r, n] * (sx[r] sw[n]) + bias[n]
+//   coarse rows (one large value the output does not use leaves the others at |qx| <= 1): a second pass,
+//            e[r, k] = x[r, k] - sx[r] qx[r, k],  se[r] = max_k |e[r, k]| / 127,  qe = round(e / se)
+//            out[r, n] += (sum_k qe[r, k] qw[k, n]) * (se[r] sw[n])      (see Int8Activations)
 //
 // Layout: qw packed once per call, four k per 32-bit lane, whole rows of 16 columns:
 //   packed[((k / 4) * Np + n) * 4 + k % 4] = qw[k, n]   (zero past K and N; Np = N rounded up to 16)
@@ -84,11 +87,46 @@ inline void quantize_rows(int8_t* qx, size_t ldq, float* sx, const float* x, siz
     });
 }
 
+// ----------------------------------------------------------------------------- coarse rows
+// One large value in a row (an outlier feature) makes sx = max|x| / 127 so large that the row's other
+// values round to 0 or +-1. When the output does not use that feature, the product loses what it
+// does use: per-row symmetric int8 alone has no bound relative to the output then. A row is coarse
+// when its rounding error, weighted by how much each feature can reach the output (kw[k] =
+// max_n |qw[k, n]|), exceeds 1/16 of its weighted magnitude:
+//   sum_k |e[k]| kw[k] > sum_k |x[k]| kw[k] / 16,    e = x - sx qx   (|e| <= sx / 2)
+// Such a row is quantized a second time, its residual e: its values are then within se / 2 =
+// max|e| / 254 <= max|x| / 64516 of x. Ordinary rows (normal, Laplace, sparse or saturated values, an
+// outlier the output uses) have a weighted error near 1% and take one pass.
+constexpr float kCoarseRatio = 16.f;
+
+// kw[k] = max_n |qw[k, n]| of qw (K, N; rows ldw apart): how much feature k can reach the output
+inline void int8_feature_weights(float* kw, const int8_t* qw, size_t ldw, int K, int N) {
+    for (int k = 0; k < K; ++k) {
+        int m = 0;
+        for (int n = 0; n < N; ++n) m = std::max(m, std::abs((int)qw[(size_t)k * ldw + n]));
+        kw[k] = (float)m;
+    }
+}
+
+// e = x - s q of row x (K values) quantized to q, s; whether the row is coarse for features weighing kw.
+// Plain sums in order: the same decision at every SIMD level
+inline bool coarse_residual(float* e, const float* x, const int8_t* q, float s, const float* kw, int K) {
+    float error = 0.f, magnitude = 0.f;
+    for (int k = 0; k < K; ++k) {
+        e[k] = x[k] - s * (float)q[k];
+        error += std::abs(e[k]) * kw[k];
+        magnitude += std::abs(x[k]) * kw[k];
+    }
+    return error * kCoarseRatio > magnitude;
+}
+
 // ----------------------------------------------------------------------------- packed weights
-// qw (K, N; rows ldw apart) packed as the layout above, with colsum[n] = sum_k qw[k, n]
+// qw (K, N; rows ldw apart) packed as the layout above, with colsum[n] = sum_k qw[k, n] and the
+// feature weights
 struct Int8Packed {
     std::vector<int8_t, CacheLineAllocator<int8_t>> data;
     std::vector<int32_t> colsum;
+    std::vector<float> feature_weight;  // int8_feature_weights: what decides a coarse input row
     int K = 0, N = 0, Kp = 0, Np = 0;
 };
 
@@ -102,6 +140,8 @@ inline void pack_int8(Int8Packed& p, const int8_t* qw, size_t ldw, int K, int N)
             p.data[((size_t)(k / 4) * p.Np + n) * 4 + k % 4] = w;
             p.colsum[n] += w;
         }
+    p.feature_weight.resize(K);
+    int8_feature_weights(p.feature_weight.data(), qw, ldw, K, N);
 }
 
 // ----------------------------------------------------------------------------- tiles
@@ -256,6 +296,63 @@ inline void int8_product_reference(int32_t* acc, size_t ldc, const int8_t* qx, s
         }
 }
 
+// ----------------------------------------------------------------------------- activations, both passes
+// Up to `rows` activation rows of K values in int8: q, s (every row), and the coarse rows' second pass
+// (which, qe, se, acc2 for its products; e a row's residual). Buffers reused by every call.
+struct Int8Activations {
+    std::vector<int8_t> q, qe;
+    std::vector<float> s, se, e;
+    std::vector<int> which;
+    std::vector<int32_t> acc2;
+    int rows = 0, K = 0, Kp = 0, Np = 0, coarse = 0;
+
+    // the second pass's buffers are sized when a coarse row first comes
+    void resize(int rows_, int K_, int Kp_, int Np_) {
+        rows = rows_, K = K_, Kp = Kp_, Np = Np_;
+        q.resize((size_t)rows * Kp), s.resize(rows), which.resize(rows), e.resize(K);
+    }
+
+    // n rows (<= rows) of x, ldx apart, for a product with weights whose features weigh kw (K): one
+    // pass, then the coarse rows' second (compacted: coarse row i is row which[i], its residual
+    // quantized in qe row i, se[i])
+    template <class V>
+    ATTNX_ALWAYS_INLINE void quantize_on(const float* x, size_t ldx, int n, const float* kw) {
+        quantize_rows_on<V>(q.data(), (size_t)Kp, s.data(), x, ldx, n, K, Kp);
+        coarse = 0;
+        for (int r = 0; r < n; ++r) {
+            if (!coarse_residual(e.data(), x + (size_t)r * ldx, q.data() + (size_t)r * Kp, s[r], kw, K)) continue;
+            if (qe.empty()) qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
+            quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K,
+                                1, K, Kp);
+            which[coarse++] = r;
+        }
+    }
+
+    // acc (n rows, ldc apart) = q . B over the columns [0, n_cols); the coarse rows' residual products into acc2
+    void product(int32_t* acc, size_t ldc, int n, const Int8Packed& B, int n_cols) {
+        int8_product(acc, ldc, q.data(), (size_t)Kp, n, B, 0, n_cols);
+        if (coarse) int8_product(acc2.data(), (size_t)B.Np, qe.data(), (size_t)Kp, coarse, B, 0, n_cols);
+    }
+
+    // out[r, j] (n rows, ldo apart; j < n_cols) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be null),
+    // then += acc2[i, j] (se[i] sw[j]) for the coarse row r = which[i]
+    void dequantize(float* out, size_t ldo, const int32_t* acc, size_t ldc, int n, const float* sw, const float* bias,
+                    int n_cols, size_t ld_acc2) const {
+        for (int r = 0; r < n; ++r) {
+            float* o = out + (size_t)r * ldo;
+            const int32_t* a = acc + (size_t)r * ldc;
+            const float sr = s[r];
+            for (int j = 0; j < n_cols; ++j) o[j] = (float)a[j] * (sr * sw[j]) + (bias ? bias[j] : 0.f);
+        }
+        for (int i = 0; i < coarse; ++i) {
+            float* o = out + (size_t)which[i] * ldo;
+            const int32_t* a = acc2.data() + (size_t)i * ld_acc2;
+            const float si = se[i];
+            for (int j = 0; j < n_cols; ++j) o[j] += (float)a[j] * (si * sw[j]);
+        }
+    }
+};
+
 // ----------------------------------------------------------------------------- Dense
 // out (rows, N) = act(x (rows, K) W + bias) with W quantized (qw (K, N), sw (N)); bias may be null.
 // Rows split across the thread budget.
@@ -267,19 +364,16 @@ inline void dense_forward_int8(float* out, const float* x, int rows, int K, int 
     const double work = (double)rows * K * N / 4;
     parallel_for((size_t)rows, work, [&](size_t r0, size_t r1) {
         constexpr int chunk = 64;
-        std::vector<int8_t> qx((size_t)chunk * B.Kp);
-        std::vector<float> sx(chunk);
+        Int8Activations xq;
+        xq.resize(chunk, K, B.Kp, B.Np);
         std::vector<int32_t> acc((size_t)chunk * B.Np);
         for (size_t c0 = r0; c0 < r1; c0 += chunk) {
             const int n_rows = (int)std::min<size_t>(chunk, r1 - c0);
-            quantize_rows(qx.data(), (size_t)B.Kp, sx.data(), x + c0 * K, (size_t)K, n_rows, K, B.Kp);
-            int8_product(acc.data(), (size_t)B.Np, qx.data(), (size_t)B.Kp, n_rows, B, 0, N);
-            for (int r = 0; r < n_rows; ++r) {
-                float* o = out + (c0 + r) * N;
-                const int32_t* a = acc.data() + (size_t)r * B.Np;
-                const float s = sx[r];
-                for (int n = 0; n < N; ++n) o[n] = (float)a[n] * (s * sw[n]) + (bias ? bias[n] : 0.f);
-            }
+            on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                xq.quantize_on<decltype(lanes)>(x + c0 * K, (size_t)K, n_rows, B.feature_weight.data());
+            });
+            xq.product(acc.data(), (size_t)B.Np, n_rows, B, N);
+            xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, sw, bias, N, (size_t)B.Np);
             activation_forward<float>(out + c0 * N, out + c0 * N, (size_t)n_rows, (size_t)N, activation);
         }
     });
@@ -298,7 +392,7 @@ inline void embedding_forward_int8(float* out, const int64_t* ids, size_t count,
 
 // ----------------------------------------------------------------------------- recurrent layers
 // One level of SimpleRNN / GRU / LSTM (cfg as rnn_forward's) on quantized kernels: each step
-//   pre = (Q(x_t) qW) * sx sW + b_in + (Q(h_{t-1}) qU) * sh sU [+ b_rec]
+//   pre = (Q(x_t) qW) * sx sW + b_in + (Q(h_{t-1}) qU) * sh sU [+ b_rec]   (Q: Int8Activations' passes)
 // then the float gate math of rnn.hpp's cells (equations below). y (B, T, H) may be null; h, c (B, H)
 // hold the initial state and leave with the final one (c: LSTM only). mask (B, T) nonzero = real
 // step (null: all real); a padded step carries the state and writes y = 0.
@@ -316,29 +410,20 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
     const int Tn = cfg.T, H = cfg.H, C = cfg.C, G = cfg.G(), rows = b1 - b0;
     const bool classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
     const int nU = classic ? 2 * H : G;  // the columns of U multiplied by h (classic GRU: r and z)
-    std::vector<int8_t> qx((size_t)rows * PW.Kp), qh((size_t)rows * PU.Kp);
-    std::vector<float> sx(rows), sh(rows), xg((size_t)rows * G), hg((size_t)rows * G), rh;
+    Int8Activations xq, hq, rq;  // x_t, h_{t-1}, and the classic GRU's r * h_{t-1}
+    xq.resize(rows, C, PW.Kp, PW.Np), hq.resize(rows, H, PU.Kp, PU.Np);
+    std::vector<float> xg((size_t)rows * G), hg((size_t)rows * G), rh;
     std::vector<int32_t> ax((size_t)rows * PW.Np), ah((size_t)rows * PU.Np), an;
-    if (classic) rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn->Np);
-    auto dequantize = [&](float* out, const int32_t* acc, size_t ldc, const float* s_row, const float* s_col,
-                          const float* bias, int n) __attribute__((always_inline)) {
-        for (int r = 0; r < rows; ++r) {
-            float* o = out + (size_t)r * G;
-            const int32_t* a = acc + (size_t)r * ldc;
-            const float s = s_row[r];
-            for (int j = 0; j < n; ++j) o[j] = (float)a[j] * (s * s_col[j]) + (bias ? bias[j] : 0.f);
-        }
-    };
+    if (classic) rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn->Np), rq.resize(rows, H, PUn->Kp, PUn->Np);
     for (int step = 0; step < Tn; ++step) {
         const int t = cfg.time_at(step);
         // x_t W + b_in and h_{t-1} U (+ b_rec)
-        quantize_rows_on<V>(qx.data(), (size_t)PW.Kp, sx.data(), x + ((size_t)b0 * Tn + t) * C, (size_t)Tn * C, rows, C,
-                            PW.Kp);
-        quantize_rows_on<V>(qh.data(), (size_t)PU.Kp, sh.data(), h + (size_t)b0 * H, (size_t)H, rows, H, PU.Kp);
-        int8_product(ax.data(), (size_t)PW.Np, qx.data(), (size_t)PW.Kp, rows, PW, 0, G);
-        int8_product(ah.data(), (size_t)PU.Np, qh.data(), (size_t)PU.Kp, rows, PU, 0, nU);
-        dequantize(xg.data(), ax.data(), (size_t)PW.Np, sx.data(), sW, b_in, G);
-        dequantize(hg.data(), ah.data(), (size_t)PU.Np, sh.data(), sU, b_rec, nU);
+        xq.quantize_on<V>(x + ((size_t)b0 * Tn + t) * C, (size_t)Tn * C, rows, PW.feature_weight.data());
+        hq.quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows, PU.feature_weight.data());
+        xq.product(ax.data(), (size_t)PW.Np, rows, PW, G);
+        hq.product(ah.data(), (size_t)PU.Np, rows, PU, nU);
+        xq.dequantize(xg.data(), (size_t)G, ax.data(), (size_t)PW.Np, rows, sW, b_in, G, (size_t)PW.Np);
+        hq.dequantize(hg.data(), (size_t)G, ah.data(), (size_t)PU.Np, rows, sU, b_rec, nU, (size_t)PU.Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
             float* hb = h + (size_t)b * H;
@@ -385,9 +470,10 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
         }
         if (!classic) continue;
         // classic GRU: n = act(x_n + b_n + (r * h_{t-1}) U_n); h_t = z h_{t-1} + (1 - z) n
-        quantize_rows_on<V>(qh.data(), (size_t)PUn->Kp, sh.data(), rh.data(), (size_t)H, rows, H, PUn->Kp);
-        int8_product(an.data(), (size_t)PUn->Np, qh.data(), (size_t)PUn->Kp, rows, *PUn, 0, H);
-        dequantize(hg.data() + 2 * H, an.data(), (size_t)PUn->Np, sh.data(), sU + 2 * H, nullptr, H);
+        rq.quantize_on<V>(rh.data(), (size_t)H, rows, PUn->feature_weight.data());
+        rq.product(an.data(), (size_t)PUn->Np, rows, *PUn, H);
+        rq.dequantize(hg.data() + 2 * H, (size_t)G, an.data(), (size_t)PUn->Np, rows, sU + 2 * H, nullptr, H,
+                      (size_t)PUn->Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
             if (mask && !mask[(size_t)b * Tn + t]) continue;

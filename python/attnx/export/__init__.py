@@ -51,6 +51,9 @@ def to_onnx(model, path, opset=OPSET, dynamic_steps=False):
         ValueError: the model is not built.
         FileNotFoundError: the folder of `path` does not exist.
     """
+    if getattr(model, "quantization_mode", None):
+        raise UnsupportedLayerError(f"attnx.export: model '{model.name}' is quantized ({model.quantization_mode}); "
+                                    "export the float32 model (before model.quantize)")
     if isinstance(model, Seq2Seq):
         return seq2seq_to_onnx(model, path, opset)
     if not isinstance(model, Model):

@@ -15,7 +15,7 @@ def attention_scores(g, layer, query, key):
     """The scores (B, Tq, S) of an Attention-family `layer` for query (B, Tq, Dq) and key (B, S, Dk)."""
     params = layer.params
     if layer.score in ("dot", "scaled_dot", "general"):
-        scale = 1.0 / math.sqrt(layer._sizes[1]) if layer.score == "scaled_dot" else 1.0
+        scale = 1.0 / math.sqrt(layer.key_size) if layer.score == "scaled_dot" else 1.0
         if layer.use_scale:
             scale *= float(params["scale"][0])
         projected = g.matmul(query, params["kernel"], hint=layer.name) if layer.score == "general" else query
@@ -25,7 +25,7 @@ def attention_scores(g, layer, query, key):
         # Keras' sum(v * tanh(s * (q + k))): AdditiveAttention's v = scale (or 1), s = 1; Attention's
         # concat score v = concat_score_weight, s = scale (or 1)
         keras_additive = isinstance(layer, AdditiveAttention)
-        dim = layer._sizes[0]
+        dim = layer.query_size
         if keras_additive:
             v = params["scale"] if layer.use_scale else np.ones(dim, layer.dtype)
         else:
@@ -39,7 +39,7 @@ def attention_scores(g, layer, query, key):
     pq = g.matmul(query, params["query_kernel"], params.get("bias"), f"{layer.name}/query")
     pk = g.matmul(key, params["key_kernel"], hint=f"{layer.name}/key")
     hidden = g.node("Tanh", [g.node("Add", [g.unsqueeze(pq, 2), g.unsqueeze(pk, 1)])])
-    v = layer._v()[:, None]  # weight-normalized when normalize=True
+    v = layer.score_vector()[:, None]  # weight-normalized when normalize=True
     return g.squeeze(g.node("MatMul", [hidden, g.weight(v, f"{layer.name}/v")]), 3)
 
 

@@ -26,7 +26,7 @@ def _pads(g, layer, call, x):
     (N, C, top, left, then the ends), computed in the graph."""
     if layer.padding == "valid":
         return NO_PADS
-    window, strides = layer._window_shape(), layer.strides
+    window, strides = layer.window_shape, layer.strides
     rows, cols = call.shapes[1:3]
     if g.open_steps:  # to_onnx(dynamic_steps=True) leaves the rows axis of the model's input open
         rows = None
@@ -61,7 +61,7 @@ def _nhwc(g, x):
 
 
 def _window_attributes(layer):
-    return {"kernel_shape": list(layer._window_shape()), "strides": list(layer.strides)}
+    return {"kernel_shape": list(layer.window_shape), "strides": list(layer.strides)}
 
 
 @converts(Conv2D)

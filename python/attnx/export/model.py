@@ -1,5 +1,5 @@
 """Functional and Sequential models as ONNX graphs: the model's recorded layer calls are walked in
-order (as `Model._run_graph` runs them), each call becoming its layer's converter's nodes, and the
+order (as a model runs them, `Model.nodes`), each call becoming its layer's converter's nodes, and the
 masks propagated as Keras propagates them (`Layer.compute_mask`), as bool tensors of the graph."""
 from pathlib import Path
 
@@ -33,14 +33,14 @@ def convert_model(g, model, inputs, masks):
         values[id(t)] = name
         if mask is not None:
             propagated[id(t)] = mask
-    for node in model._nodes:
+    for node in model.nodes:
         inputs_spec, args, kwargs = node.call_spec
         x = substitute(inputs_spec, values)
         call_kwargs = substitute(kwargs, values)
         in_mask = call_mask(inputs_spec, lambda t: propagated.get(id(t)), call_kwargs.pop("mask", None))
         layer = node.layer
         _refuse_lengths(layer, kwargs)
-        if isinstance(layer, Model) and layer._functional:  # a nested model: its masks come with its outputs
+        if isinstance(layer, Model) and layer.nodes:  # a nested model: its masks come with its outputs
             outs, out_masks = convert_model(g, layer, _structure(x),
                                             _structure(in_mask) if in_mask is not None else [None] * len(layer.inputs))
         else:
@@ -73,11 +73,11 @@ def _declared_shape(tensor, dynamic_steps):
 
 def model_to_onnx(model, opset=OPSET, dynamic_steps=False):
     """The ONNX ModelProto of a built functional or Sequential `model` (see `attnx.export.to_onnx`)."""
-    if model.built and not model._functional:
+    if model.built and not model.nodes:
         raise UnsupportedLayerError(f"attnx.export: model '{model.name}' ({type(model).__name__}) is a class model "
                                     "with its own forward; to_onnx exports Sequential and functional models and "
                                     "Seq2Seq")
-    if not model._functional:
+    if not model.nodes:
         raise ValueError(f"attnx.export: model '{model.name}' is not built; give its first layer an input_shape (or "
                          "start it with attnx.Input), or call it on data once, before exporting")
     g = Graph(model.name, open_steps=dynamic_steps)

@@ -45,8 +45,8 @@ def cell_weights(cell, units, kernel, recurrent_kernel, bias):
 
 def _level_weights(layer, level):
     sfx = level_suffix(level)
-    return cell_weights(layer._cell, layer.units, layer.params["kernel" + sfx], layer.params["recurrent_kernel" + sfx],
-                        layer.params.get("bias" + sfx))
+    return cell_weights(layer.cell_kind, layer.units, layer.params["kernel" + sfx],
+                        layer.params["recurrent_kernel" + sfx], layer.params.get("bias" + sfx))
 
 
 def _activations(layer):
@@ -54,7 +54,7 @@ def _activations(layer):
     alphas and betas that list consumes (ONNX Runtime reads them only for the activations that
     take them: Affine, attnx's "linear", is 1 * x + 0)."""
     names = {"simple": [layer.activation], "gru": [layer.recurrent_activation, layer.activation],
-             "lstm": [layer.recurrent_activation, layer.activation, layer.activation]}[layer._cell]
+             "lstm": [layer.recurrent_activation, layer.activation, layer.activation]}[layer.cell_kind]
     affine = names.count("linear")
     return [_ONNX_ACTIVATIONS[n] for n in names], [1.0] * affine, [0.0] * affine
 
@@ -66,7 +66,7 @@ def _operator_attributes(directions):
     attributes = {"hidden_size": layer.units, "activations": activations}
     if alphas:
         attributes.update(activation_alpha=alphas, activation_beta=betas)
-    if layer._cell == "gru":
+    if layer.cell_kind == "gru":
         attributes["linear_before_reset"] = int(layer.reset_after)
     return attributes
 
@@ -152,7 +152,7 @@ def run_stack(g, directions, x, mask, initial_states=None, need_sequences=True):
         starts = [] if initial_states is None else [  # (D, B, H) each
             g.concat([_level_state(g, l, states[i], level) for (l, _), states in zip(directions, initial_states)], 0)
             for i in range(n_states)]
-        outputs = g.node(OPERATORS[layer._cell], [seq, W, R, B, lengths or ""] + starts, outputs=1 + n_states,
+        outputs = g.node(OPERATORS[layer.cell_kind], [seq, W, R, B, lengths or ""] + starts, outputs=1 + n_states,
                          **attributes)
         Y, final = outputs[0], outputs[1:]
         if initial_states is not None and lengths is not None:  # a row of length 0 keeps its initial state
@@ -241,7 +241,7 @@ def _bidirectional(g, layer, call):
     x, states = _inputs_and_states(call)
     n = len(fwd.state_size)
     initial = None if states is None else [states[:n], states[n:]]
-    tops, finals = run_stack(g, layer._directions, x, step_mask(g, call), initial, layer.return_sequences)
+    tops, finals = run_stack(g, layer.directions, x, step_mask(g, call), initial, layer.return_sequences)
     ends = tops if layer.return_sequences else [finals[0][0][-1], finals[1][0][-1]]
     merged = merge_directions(g, layer.merge_mode, *ends)
     out = merged if isinstance(merged, list) else [merged]
@@ -253,9 +253,9 @@ def _bidirectional(g, layer, call):
 @converts(SimpleRNNCell, GRUCell, LSTMCell)
 def _cell(g, layer, call):
     x, states = _inputs_and_states(call, "states")
-    new_states = one_step(g, layer._cell, _level_weights(layer, 0), x, states, layer.name,
+    new_states = one_step(g, layer.cell_kind, _level_weights(layer, 0), x, states, layer.name,
                           **_operator_attributes([layer]))
-    return new_states if layer._has_cell_state else new_states[0]
+    return new_states if len(layer.state_size) == 2 else new_states[0]
 
 
 @output_mask_of(SimpleRNN, GRU, LSTM, Bidirectional)

@@ -52,6 +52,9 @@ def output_mask_of(*layer_classes):
 def convert(graph, layer, call):
     """The outputs of `layer` on `call` added to `graph`; UnsupportedLayerError names the layer when
     no converter handles its class."""
+    if layer.quantization_mode:
+        raise unsupported(layer, f"it is quantized ({layer.quantization_mode}); ONNX Runtime would not compute "
+                                 "attnx's int8 products, so export the float32 model (before model.quantize)")
     fn = _CONVERTERS.get(type(layer))
     if fn is None:
         raise unsupported(layer, _why_not(layer))

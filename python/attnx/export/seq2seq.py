@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import text
 from ..layers.recurrent import Bidirectional
+from ..seq2seq import LuongDecoder
 from .attention import local_window, source_lengths
 from .graph import OPSET, Graph, write
 from .recurrent import cell_weights, one_step, run_stack
@@ -41,7 +42,7 @@ def _encoder_graph(model):
     mask = g.node("Not", [g.node("Equal", [source, g.weight(np.asarray(0, _INT64), "zero")])])
     x = g.node("Gather", [g.weight(encoder.embedding.params["embeddings"], "encoder/embeddings"), source], axis=0)
     rnn = encoder.rnn
-    directions = rnn._directions if isinstance(rnn, Bidirectional) else [(rnn, False)]
+    directions = rnn.directions if isinstance(rnn, Bidirectional) else [(rnn, False)]
     tops, finals = run_stack(g, directions, x, mask)
     outputs = g.concat(tops, -1)
     states = [g.concat([hs[-1] for hs, _ in finals], -1)]
@@ -102,7 +103,7 @@ def _decoder_graph(model):
     g = Graph(f"{model.name}_decoder")
     previous = g.add_input("previous_ids", _INT64, ["batch"])
     states = [g.add_input(name, np.float32, ["batch", H]) for name in ("h", "c")[:decoder.n_states]]
-    luong = decoder._kind == "luong"
+    luong = isinstance(decoder, LuongDecoder)
     feed = g.add_input("feed", np.float32, ["batch", H]) if luong else None
     encoder_outputs = g.add_input("encoder_outputs", np.float32, ["batch", "source_steps", K])
     keys = None

@@ -20,8 +20,14 @@ itself here, one way:
 - ``@register_from_keras("LSTM")`` / ``@register_to_keras(LSTM)``: the Keras converters of the same
   modules (their contracts in `interop.registry`).
 """
+import weakref
+
 from .keras_file import from_keras, keras_objects, to_keras  # noqa: F401
 from .registry import _FROM_TORCH, _TO_TORCH, register_from_torch, register_to_torch, set_torch_params  # noqa: F401
+
+
+# layer -> the `to_attnx` of the torch module it came from (torch_grads maps the module's gradients with it)
+_TORCH_MAPPINGS = weakref.WeakKeyDictionary()
 
 
 def _import_converters():
@@ -46,7 +52,7 @@ def from_torch(module, dtype="float32"):
     layer, to_attnx = _FROM_TORCH[name](module, dtype)
     weights = to_attnx(_numpy_params(module))
     layer.set_weights([weights[k] for k in layer.params])
-    layer._torch_to_attnx = to_attnx
+    _TORCH_MAPPINGS[layer] = to_attnx
     return layer
 
 
@@ -56,7 +62,9 @@ def torch_grads(module, layer):
     missing = [k for k, v in grads.items() if v is None]
     if missing:
         raise ValueError(f"torch_grads: torch parameters without a gradient: {missing}")
-    return layer._torch_to_attnx(grads, grads=True)
+    if layer not in _TORCH_MAPPINGS:
+        raise ValueError(f"torch_grads: layer '{layer.name}' was not made by attnx.interop.from_torch")
+    return _TORCH_MAPPINGS[layer](grads, grads=True)
 
 
 def to_torch(layer):
@@ -67,5 +75,8 @@ def to_torch(layer):
         raise TypeError(f"to_torch: no converter for attnx layer {name}; supported: {', '.join(sorted(_TO_TORCH))}")
     if not layer.built:
         raise ValueError(f"to_torch: layer '{layer.name}' has no weights yet; call it on data first")
+    if layer.quantization_mode:
+        raise ValueError(f"to_torch: layer '{layer.name}' is quantized ({layer.quantization_mode}); convert the "
+                         "float32 layer (before quantize)")
     return _TO_TORCH[name](layer)
 

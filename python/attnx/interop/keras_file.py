@@ -429,17 +429,20 @@ def to_keras(model, path=None):
 
     keras = _import_keras()
     _import_converters()
-    if not isinstance(model, Model) or not model._functional:
+    if not isinstance(model, Model) or not model.nodes:
         raise ValueError(f"to_keras: expects a Sequential or functional attnx model, got {type(model).__name__}")
-    if not model.built and not model._nodes:
+    if not model.built and not model.nodes:
         raise ValueError(f"to_keras: model '{model.name}' has no graph yet; build it first")
     values, chains = {}, {}
     inputs = [keras.Input(shape=t.shape[1:], dtype=t.dtype.name, name=t.name) for t in model.inputs]
     for t, k in zip(model.inputs, inputs):
         values[id(t)] = k
-    for node in model._nodes:
+    for node in model.nodes:
         layer = node.layer
         name = type(layer).__name__
+        if layer.quantization_mode:
+            raise ValueError(f"to_keras: layer '{layer.name}' is quantized ({layer.quantization_mode}); convert the "
+                             "float32 model (before model.quantize)")
         if name not in _TO_KERAS:
             raise ValueError(f"to_keras: attnx layer {name} ('{layer.name}') has no Keras counterpart; "
                              f"attnx writes {', '.join(sorted(_TO_KERAS))}")

@@ -9,7 +9,7 @@ attnx's layout is in `attnx.layers.recurrent`.
 import numpy as np
 
 from .. import regularizers
-from ..layers.recurrent import GRU, LSTM, Bidirectional, SimpleRNN, _swap_first_two_gates, level_suffix
+from ..layers.recurrent import GRU, LSTM, Bidirectional, SimpleRNN, swap_first_two_gates, level_suffix
 from .registry import (check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer, register_from_keras,
                        register_from_torch, register_to_keras, register_to_torch, set_torch_params)
 
@@ -68,18 +68,18 @@ def _rnn_to_torch(layer):
     import torch
     bidirectional = isinstance(layer, Bidirectional)
     base = layer.forward_layer if bidirectional else layer
-    kind = _TORCH_OF_CELL[base._cell]
-    if base._cell == "gru" and not base.reset_after:
+    kind = _TORCH_OF_CELL[base.cell_kind]
+    if base.cell_kind == "gru" and not base.reset_after:
         raise ValueError(f"to_torch: GRU '{base.name}' has reset_after=False; torch.nn.GRU computes the "
                          "reset_after=True form")
-    if base._cell != "simple" and (base.activation, base.recurrent_activation) != ("tanh", "sigmoid"):
+    if base.cell_kind != "simple" and (base.activation, base.recurrent_activation) != ("tanh", "sigmoid"):
         raise ValueError(f"to_torch: '{base.name}' uses activations ({base.activation}, "
                          f"{base.recurrent_activation}); torch.nn.{kind} has (tanh, sigmoid)")
-    if base._cell == "simple" and base.activation not in ("tanh", "relu"):
+    if base.cell_kind == "simple" and base.activation not in ("tanh", "relu"):
         raise ValueError(f"to_torch: SimpleRNN '{base.name}' has activation {base.activation!r}; torch.nn.RNN "
                          "supports tanh and relu")
     extra = {"nonlinearity": base.activation} if kind == "RNN" else {}
-    module = getattr(torch.nn, kind)(base._input_dim(), base.units, num_layers=base.num_layers, bias=base.use_bias,
+    module = getattr(torch.nn, kind)(base.input_dim, base.units, num_layers=base.num_layers, bias=base.use_bias,
                                      batch_first=True, dropout=base.stack_dropout, bidirectional=bidirectional,
                                      dtype=getattr(torch, layer.dtype.name), **extra)
     directions = [("", layer.forward_layer), ("_reverse", layer.backward_layer)] if bidirectional else [("", layer)]
@@ -90,7 +90,7 @@ def _rnn_to_torch(layer):
             tensors["weight_ih" + torch_sfx] = sub.params["kernel" + sfx].T
             tensors["weight_hh" + torch_sfx] = sub.params["recurrent_kernel" + sfx].T
             if base.use_bias:
-                b_in, b_rec = sub._biases(sub.params, level)
+                b_in, b_rec = sub.level_biases(level)
                 tensors["bias_ih" + torch_sfx] = b_in
                 # attnx's single bias (SimpleRNN, LSTM) is torch's b_ih + b_hh: all of it goes to b_ih
                 tensors["bias_hh" + torch_sfx] = np.zeros_like(b_in) if b_rec is None else b_rec
@@ -107,7 +107,7 @@ _REGULARIZERS = ("kernel_regularizer", "recurrent_regularizer", "bias_regularize
 
 def _keras_gate_order(layer, arrays):
     """attnx <-> Keras weights of one level (the GRU swap is its own inverse)."""
-    return [_swap_first_two_gates(w, layer.units) for w in arrays] if layer._cell == "gru" else list(arrays)
+    return [swap_first_two_gates(w, layer.units) for w in arrays] if layer.cell_kind == "gru" else list(arrays)
 
 
 def _rnn_layer_from_keras(class_name, config):
@@ -171,9 +171,9 @@ def _keras_rnn_chain(layer, keras, wrap=None):
                    # skipped. Keras zeroes its last output too when it zeroes masked ones: only with sequences.
                    "zero_output_for_mask": not last or base.zero_output_for_mask and base.return_sequences,
                    **{k: keras_regularizer(keras, getattr(base, k)) for k in _REGULARIZERS}}
-        if base._cell != "simple":
+        if base.cell_kind != "simple":
             options["recurrent_activation"] = base.recurrent_activation
-        if base._cell == "gru":
+        if base.cell_kind == "gru":
             options["reset_after"] = base.reset_after
         kwargs = keras_kwargs(layer)
         name = kwargs.pop("name") + ("" if base.num_layers == 1 else f"_level{level}")

@@ -357,6 +357,21 @@ class Attention(Layer):
             return None
         return dropout_keep(self._seed_rng or backend.rng(), shape, self.dropout, self.dtype)
 
+    # ------------------------------------------------------- the public spec (export, interop)
+    @property
+    def query_size(self):
+        """The query's feature size the built layer takes."""
+        return self._sizes[0]
+
+    @property
+    def key_size(self):
+        """The key's feature size the built layer takes (the d of the scaled score's 1/sqrt(d))."""
+        return self._sizes[1]
+
+    def score_vector(self):
+        """The concat / additive score's vector v (U,), weight-normalized when normalize=True."""
+        return self._v()
+
     # ------------------------------------------------------------------ forward
     def _v(self):
         """The score vector v (weight-normalized when normalize=True)."""

@@ -41,7 +41,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import backend, initializers, masking, ops, regularizers, serialization
+from .. import backend, initializers, masking, ops, quantization, regularizers, serialization
 from ..backend import snake_case, unique_name
 from ..symbolic import any_symbolic, symbolic_call
 
@@ -213,10 +213,52 @@ class Layer:
             w = np.asarray(w)
             if w.shape != p.shape:
                 raise ValueError(f"Layer '{self.name}': weight '{pname}' expected shape {p.shape}, got {w.shape}")
+        names, params = list(self.params), list(self.params.values())
+        quantization.check_weights(names, params, weights, lambda i: f"Layer '{self.name}': weight '{names[i]}'")
+        for p, w in zip(params, weights):
             np.copyto(p, w, casting="same_kind")
 
     def count_params(self):
         return int(sum(p.size for p in self.params.values()))
+
+    @property
+    def sublayers(self):
+        """The layers this one holds as attributes (directly, or in lists, tuples and dicts), each once."""
+        return [layer for _, layer in self._sublayers()]
+
+    # ------------------------------------------------ int8 (attnx.quantization: the layer's public spec)
+    quantization_mode = None  # "int8" once quantized (Dense, Embedding, the recurrent layers set it)
+    # Whether Model.quantize looks into this layer's sublayers: False for a layer whose own kernels
+    # read its sublayers' weights (they would meet int8 arrays); it then stays float32 as a whole
+    quantizes_sublayers = True
+
+    def quantizable_weights(self):
+        """{weight name: "columns" or "rows"}: the weights `quantize` stores as int8 with one float32
+        scale per column (a kernel's output units) or per row (an Embedding's tokens); {}: none."""
+        return {}
+
+    def quantize_refusal(self):
+        """Why this layer cannot be quantized (`Model.quantize` raises with it), or None."""
+        return None
+
+    def quantize(self, mode):
+        """Stores the weights `quantizable_weights()` names, and those of the sublayers, as int8 for
+        inference (Keras 3's name; ``mode="int8"``): see `attnx.quantization`. Returns the layer."""
+        return quantization.quantize(self, mode)
+
+    def replace_weights(self, replaced):
+        """Puts new arrays in place of weights (`attnx.quantization`: a float kernel by its int8 form and
+        its scale): `replaced` maps id(old array) to [(name suffix, array, gradient buffer)]; this
+        layer's entry `name` of an old array becomes `name + suffix` for each, in order, and its
+        regularizer goes (a regularizer of the float weight)."""
+        params, grads = OrderedDict(), OrderedDict()
+        for name, p in self.params.items():
+            for suffix, new, grad in replaced.get(id(p), [("", p, self.grads[name])]):
+                params[name + suffix], grads[name + suffix] = new, grad
+            if id(p) in replaced:
+                self._regularizers.pop(name, None)
+        self.params.clear(), self.grads.clear()
+        self.params.update(params), self.grads.update(grads)
 
     @property
     def trainable_params(self):

@@ -61,6 +61,11 @@ class _Windows2D(Layer):
     def _window_shape(self):
         raise NotImplementedError
 
+    @property
+    def window_shape(self):
+        """(rows, cols) of the window: Conv2D's kernel_size, a pooling layer's pool_size."""
+        return tuple(self._window_shape())
+
     def _image(self, inputs, channels=None):
         """inputs as a (B, H, W, C) array of the layer's dtype, every window with a real pixel."""
         if isinstance(inputs, np.ndarray):  # before a copy (a broadcast view may stand for gigabytes)

@@ -24,7 +24,6 @@ class Dense(Layer):
     """
 
     supports_masking = True
-    _quantize_kind = "dense"  # attnx.quantization
 
     def __init__(self, units, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
                  bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None, quantization_mode=None,
@@ -56,9 +55,20 @@ class Dense(Layer):
         lead = x.shape[:-1]
         x2 = x.reshape(math.prod(lead), kernel.shape[0])  # -1 fails for 0 features
         if self.quantization_mode:
-            return quantization.dense_forward(self, x2, training).reshape(lead + (self.units,)), None
+            return self._int8_forward(x2, training).reshape(lead + (self.units,)), None
         y, z = kernels.dense_forward(x=x2, kernel=kernel, bias=self.params.get("bias"), activation=self.activation)
         return y.reshape(lead + (self.units,)), ((x2, y, z, lead) if training else None)
+
+    def _int8_forward(self, x2, training):
+        """The quantized layer's output for x2 (rows, in_features): x2 quantized per row, int8 products."""
+        quantization.inference_only(self, training)
+        p = self.params
+        return kernels.dense_forward_int8(x=np.require(x2, np.float32, "CA"), kernel=p["kernel"],
+                                          kernel_scale=p["kernel_scale"], bias=p.get("bias"),
+                                          activation=self.activation)
+
+    def quantizable_weights(self):
+        return {"kernel": "columns"}
 
     def backprop(self, cache, dy, need_dx=True):
         x2, y, z, lead = cache
@@ -102,8 +112,6 @@ class Embedding(Layer):
         layers.Embedding(*vectors.matrix.shape, embeddings_initializer=vectors.matrix, trainable=False)
     """
 
-    _quantize_kind = "embedding"  # attnx.quantization
-
     def __init__(self, input_dim, output_dim, embeddings_initializer="uniform", embeddings_regularizer=None,
                  mask_zero=False, input_length=None, weights=None, quantization_mode=None, **kwargs):
         super().__init__(**kwargs)
@@ -146,7 +154,9 @@ class Embedding(Layer):
     def forward(self, inputs, training=False):
         ids = self.token_ids(inputs)
         if self.quantization_mode:
-            return quantization.embedding_forward(self, ids, training), None
+            quantization.inference_only(self, training)
+            return kernels.embedding_forward_int8(ids=ids, table=self.params["embeddings"],
+                                                  scale=self.params["embeddings_scale"]), None
         return kernels.embedding_forward(ids=ids, table=self.params["embeddings"]), (ids if training else None)
 
     def backprop(self, cache, dy, need_dx=True):
@@ -154,6 +164,9 @@ class Embedding(Layer):
         dy = self._grad_input(dy, ids.shape + (self.output_dim,))
         kernels.embedding_backward(dtable=self.grads["embeddings"], dout=dy, ids=ids)
         return None  # integer ids have no gradient
+
+    def quantizable_weights(self):
+        return {"embeddings": "rows"}
 
     @property
     def _creates_mask(self):

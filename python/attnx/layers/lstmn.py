@@ -79,6 +79,13 @@ class LSTMN(_RNN):
                 self.add_weight("attention_bias" + sfx, (A,), self.bias_initializer, self.bias_regularizer)
             self.add_weight("attention_vector" + sfx, (A,), initializers.get("glorot_uniform"))
 
+    def quantizable_weights(self):
+        return {}
+
+    def quantize_refusal(self):
+        return ("its gates and its attention over the memory tape run in one float32 kernel (lstmn.hpp) that has "
+                "no int8 form")
+
     def _tensors(self, tensors, level):
         """The kernel arguments of level `level` from `tensors` (params or grads), by the kernel's names."""
         sfx = level_suffix(level)

@@ -77,7 +77,6 @@ class _Recurrent(Layer):
     """Weights and one-level forward/backward shared by the sequence layers and the cells."""
 
     _cell = None  # "simple", "gru" or "lstm": the C++ kernel
-    _quantize_kind = "recurrent"  # attnx.quantization
     _gates = 1
     _has_cell_state = False
 
@@ -107,6 +106,27 @@ class _Recurrent(Layer):
     @property
     def state_size(self):
         return [self.units] * (2 if self._has_cell_state else 1)
+
+    # ------------------------------------------------- the public spec (export, interop, quantization)
+    @property
+    def cell_kind(self):
+        """The recurrence the layer computes: "simple", "gru" or "lstm" (a string, where Keras' `cell` is
+        a layer object attnx's sequence layers do not have)."""
+        return self._cell
+
+    @property
+    def input_dim(self):
+        """The features of level 0's input (built layers)."""
+        return self._input_dim()
+
+    def level_biases(self, level=0):
+        """(input bias, recurrent bias or None) of level `level`, views of `params` (GRU with
+        reset_after keeps both; the others one bias; (None, None) without use_bias)."""
+        return self._biases(self.params, level)
+
+    def quantizable_weights(self):
+        return {name + level_suffix(level): "columns" for level in range(self.num_layers)
+                for name in ("kernel", "recurrent_kernel")}
 
     # --------------------------------------------------------------------- weights
     def _build_levels(self, input_dim, stacked_input_dim):
@@ -153,7 +173,7 @@ class _Recurrent(Layer):
         """Runs level `level` over x (B, T, C). Returns (y (B, T, H), or None unless `need_y`; final h;
         final c or None; the level's cache for `_level_backward`, or None unless training)."""
         if self.quantization_mode:
-            return quantization.rnn_level_forward(self, level, x, mask, h0, c0, reverse, training, need_y)
+            return self._int8_level_forward(level, x, mask, h0, c0, reverse, training, need_y)
         sfx = level_suffix(level)
         if input_keep is not None:
             x = x * input_keep  # a new C-contiguous array
@@ -166,6 +186,22 @@ class _Recurrent(Layer):
             return_sequences=need_y)
         cache = _LevelCache(x, mask, input_keep, recurrent_keep, kernel_cache, reverse) if training else None
         return y, h, c, cache
+
+    def _int8_level_forward(self, level, x, mask, h0, c0, reverse, training, need_y):
+        """`_level_forward` of a quantized layer: inputs and h_{t-1} quantized per row, int8 products."""
+        quantization.inference_only(self, training)
+        sfx, p = level_suffix(level), self.params
+
+        def float32(a):
+            return None if a is None else np.require(a, np.float32, "CA")
+        bias, recurrent_bias = self._biases(p, level)
+        y, h, c = kernels.rnn_forward_int8(
+            cell=self._cell, x=float32(x), kernel=p["kernel" + sfx], kernel_scale=p["kernel" + sfx + "_scale"],
+            recurrent_kernel=p["recurrent_kernel" + sfx], recurrent_kernel_scale=p["recurrent_kernel" + sfx + "_scale"],
+            bias=float32(bias), recurrent_bias=float32(recurrent_bias), h0=float32(h0), c0=float32(c0), mask=mask,
+            reverse=reverse, reset_after=self.reset_after, activation=self.activation,
+            recurrent_activation=self.recurrent_activation, return_sequences=need_y)
+        return y, h, c, None
 
     def _level_backward(self, level, cache, dy, dh, dc, need_dx=True):
         """Backward of `_level_forward` from the gradients of its y, final h and final c (each may be
@@ -597,11 +633,11 @@ class GRU(_RNN):
 
     def set_keras_weights(self, weights):
         """Loads Keras GRU weights ``[kernel, recurrent_kernel, bias]`` (gate order z, r, h)."""
-        self.set_weights([_swap_first_two_gates(w, self.units) for w in weights])
+        self.set_weights([swap_first_two_gates(w, self.units) for w in weights])
 
     def get_keras_weights(self):
         """The weights in Keras' GRU order (z, r, h)."""
-        return [_swap_first_two_gates(w, self.units) for w in self.get_weights()]
+        return [swap_first_two_gates(w, self.units) for w in self.get_weights()]
 
 
 class LSTM(_RNN):
@@ -613,7 +649,7 @@ class LSTM(_RNN):
         super().__init__(units, unit_forget_bias=unit_forget_bias, **kwargs)
 
 
-def _swap_first_two_gates(w, units):
+def swap_first_two_gates(w, units):
     """Swaps the first two gate blocks on the last axis: Keras' (z, r, h) <-> attnx's (r, z, n)."""
     w = np.asarray(w)
     return np.concatenate([w[..., units:2 * units], w[..., :units], w[..., 2 * units:]], axis=-1)
@@ -731,8 +767,6 @@ class Bidirectional(Layer):
     """
     _gradient_arguments = (("initial_state", None),)  # see Layer._with_gradient_arguments
 
-    _quantize_kind = "bidirectional"  # attnx.quantization: both directions
-
     def __init__(self, layer, merge_mode="concat", backward_layer=None, **kwargs):
         if not isinstance(layer, _RNN):
             raise TypeError(f"Bidirectional: expects a SimpleRNN, GRU or LSTM layer, got {type(layer).__name__}")
@@ -769,8 +803,9 @@ class Bidirectional(Layer):
         return self.forward_layer.quantization_mode
 
     @property
-    def _directions(self):
-        """(layer, reverse) of each direction, as `_stack_forward` takes them."""
+    def directions(self):
+        """[(forward layer, False), (backward layer, True)]: each direction's layer and whether it reads
+        the sequence in reverse, as `_stack_forward` (and the ONNX export) runs them."""
         return [(self.forward_layer, False), (self.backward_layer, True)]
 
     def build(self, input_shape):
@@ -831,7 +866,7 @@ class Bidirectional(Layer):
                              f"{len(states)}")
         initial_states = [fwd._initial_states(fwd._carried_or(None if states is None else states[:n], B), B),
                           bwd._initial_states(bwd._carried_or(None if states is None else states[n:], B), B)]
-        top_seqs, finals, level_caches = _stack_forward(self._directions, x, step_mask, initial_states, training,
+        top_seqs, finals, level_caches = _stack_forward(self.directions, x, step_mask, initial_states, training,
                                                         self.return_sequences)
         fwd._carry(*finals[0])
         bwd._carry(*finals[1])
@@ -857,7 +892,7 @@ class Bidirectional(Layer):
         d_states = _state_grads(self, grads[n_merged:], fwd._state_shape(B), first_index=n_merged)
         d_seqs, dhs, dcs = zip(*(_direction_grads(layer, d_out, d_states[d * n:(d + 1) * n], self.return_sequences)
                                  for d, (layer, d_out) in enumerate(zip((fwd, bwd), d_outs))))
-        dx, dh0s, dc0s = _stack_backward(self._directions, cache.levels, d_seqs, dhs, dcs,
+        dx, dh0s, dc0s = _stack_backward(self.directions, cache.levels, d_seqs, dhs, dcs,
                                          need_dx)
         if not cache.had_states:
             return dx

@@ -79,6 +79,16 @@ class GraphMixin:
                 out.append(node.layer)
         return out
 
+    @property
+    def nodes(self):
+        """A functional model's recorded layer calls in the order they run (`attnx.symbolic` nodes: layer,
+        call_spec, outputs); [] for a model written as a class. Export and interop walk these."""
+        return list(self._nodes)
+
+    @property
+    def sublayers(self):  # Layer.sublayers: a model's are its layers
+        return self.layers
+
     def get_layer(self, name):
         for layer in self.layers:
             if layer.name == name:

@@ -29,11 +29,14 @@ def _load_model(path, compile=True):
         raise ValueError(f"{path}: unknown model class {name!r} (register it with @attnx.register_serializable() "
                          "or give it in custom_objects)")
     try:
-        with layers_base.weight_budget(sum(w.nbytes for _, w in weights), path):
+        # weights are created as floats (an int8 one as float32, 4 bytes a value, then quantized)
+        with layers_base.weight_budget(sum(max(w.nbytes, 4 * w.size) for _, w in weights), path):
             model = cls.from_config(header["model"]["config"])
             build_inputs = header["model"].get("build_inputs")
             if build_inputs is not None:
                 _build_from_spec(model, _checked_spec(build_inputs, path))
+            if header["model"].get("quantization_mode"):
+                model.quantize(header["model"]["quantization_mode"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: the model config does not describe a {cls.__name__} ({exc})") from exc
     saving.assign(model, weights, path)
