@@ -239,20 +239,50 @@ class GraphMixin:
 
     @classmethod
     def _from_graph_config(cls, config):
+        """The model a `get_config` describes; a config from a file is untrusted: every reference is checked
+        (a ValueError naming the entry) before it is followed."""
         layers = {}
-        for entry in config["layers"]:
+        for i, entry in enumerate(_listed(config, "layers")):
+            if not isinstance(entry, dict):
+                raise ValueError(f"functional model config: layers[{i}] must be an object, got {type(entry).__name__}")
             layer = _layer_from_entry(entry)
+            if layer.name in layers:
+                raise ValueError(f"functional model config: two layers are named {layer.name!r}")
             layers[layer.name] = layer
-        tensors = {"input": [Input(tuple(i["shape"]), dtype=i["dtype"], name=i["name"]) for i in config["inputs"]],
-                   "node": []}
-        for node in config["nodes"]:
-            layer = layers[node["layer"]]
-            out = layer(_decode(node["inputs"], tensors), *[_decode(a, tensors) for a in node["args"]],
-                        **{k: _decode(v, tensors) for k, v in node["kwargs"].items()})
+        tensors = {"input": [], "node": []}
+        for i, spec in enumerate(_listed(config, "inputs")):
+            if not isinstance(spec, dict) or not isinstance(spec.get("shape"), list):
+                raise ValueError(f"functional model config: inputs[{i}] must be an object with a shape list")
+            tensors["input"].append(Input(tuple(spec["shape"]), dtype=spec.get("dtype"), name=spec.get("name")))
+        for i, node in enumerate(_listed(config, "nodes")):
+            where = f"nodes[{i}]"
+            if not isinstance(node, dict) or node.get("layer") not in layers or \
+                    not isinstance(node.get("args"), list) or not isinstance(node.get("kwargs"), dict) or \
+                    not isinstance(node.get("multi_output"), bool):
+                raise ValueError(f"functional model config: {where} must name one of the config's layers and hold "
+                                 "args (a list), kwargs (an object) and multi_output (true/false)")
+            out = layers[node["layer"]](_decode(node.get("inputs"), tensors, f"{where}.inputs"),
+                                        *[_decode(a, tensors, f"{where}.args[{j}]") for j, a in enumerate(node["args"])],
+                                        **{k: _decode(v, tensors, f"{where}.kwargs.{k}") for k, v in node["kwargs"].items()})
             tensors["node"].append(out if node["multi_output"] else [out])
+        if not isinstance(config.get("multi_input"), bool) or not isinstance(config.get("multi_output"), bool):
+            raise ValueError("functional model config: multi_input and multi_output must be true or false")
+        if not tensors["input"] or (not config["multi_input"] and len(tensors["input"]) != 1):
+            raise ValueError(f"functional model config: {len(tensors['input'])} inputs for a model with "
+                             f"multi_input={config['multi_input']}")
         inputs = tensors["input"] if config["multi_input"] else tensors["input"][0]
-        outputs = [_decode({"tensor": r}, tensors) for r in config["outputs"]]
+        outputs = [_decode({"tensor": r}, tensors, f"outputs[{i}]") for i, r in enumerate(_listed(config, "outputs"))]
+        if not outputs or (not config["multi_output"] and len(outputs) != 1):
+            raise ValueError(f"functional model config: {len(outputs)} outputs for a model with "
+                             f"multi_output={config['multi_output']}")
         return cls(inputs, outputs if config["multi_output"] else outputs[0], name=config["name"])
+
+
+def _listed(config, key):
+    value = config.get(key)
+    if not isinstance(value, list):
+        raise ValueError(f"functional model config: '{key}' must be a list, got {type(value).__name__}")
+    return value
 
 
 def _layer_entry(layer):
@@ -275,10 +305,27 @@ def _encode(value, ref):
     return {"value": value}
 
 
-def _decode(value, tensors):
+def _decode(value, tensors, where):
+    """A value of `_encode`'s form; tensor references point at an input or at an output of an earlier node."""
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in ("tensor", "list", "value"):
+        raise ValueError(f"functional model config: {where} must be one of {{tensor: ...}}, {{list: [...]}}, "
+                         f"{{value: ...}}, got {str(value)[:80]}")
     if "tensor" in value:
         ref = value["tensor"]
-        return tensors["input"][ref["input"]] if "input" in ref else tensors["node"][ref["node"]][ref["output"]]
+        if isinstance(ref, dict) and set(ref) == {"input"} and _index(ref["input"], len(tensors["input"])):
+            return tensors["input"][ref["input"]]
+        if isinstance(ref, dict) and set(ref) == {"node", "output"} and _index(ref["node"], len(tensors["node"])) \
+                and _index(ref["output"], len(tensors["node"][ref["node"]])):
+            return tensors["node"][ref["node"]][ref["output"]]
+        raise ValueError(f"functional model config: {where} refers to {str(ref)[:80]}, which is not an input or an "
+                         f"output of an earlier node ({len(tensors['input'])} inputs, {len(tensors['node'])} nodes "
+                         "before it)")
     if "list" in value:
-        return [_decode(v, tensors) for v in value["list"]]
+        if not isinstance(value["list"], list):
+            raise ValueError(f"functional model config: {where}.list must be a list")
+        return [_decode(v, tensors, f"{where}[{i}]") for i, v in enumerate(value["list"])]
     return value["value"]
+
+
+def _index(value, size):
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < size

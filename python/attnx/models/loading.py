@@ -65,8 +65,9 @@ def _build_from_spec(model, spec):
 
 def _checked_spec(spec, path):
     """A saved `_input_spec`, every entry checked: None or {shape: small non-negative ints, dtype: a numeric dtype}."""
-    if not isinstance(spec, list) or len(spec) > 64:
-        raise ValueError(f"{path}: model.build_inputs should be a list of input specs, got {type(spec).__name__}")
+    if not isinstance(spec, list) or not 1 <= len(spec) <= 64 or spec[0] is None:
+        raise ValueError(f"{path}: model.build_inputs should be a list of 1 to 64 input specs, the first not null, "
+                         f"got {str(spec)[:80]}")
     for i, entry in enumerate(spec):
         if entry is None:
             continue
