@@ -37,6 +37,7 @@ from . import backend, initializers, kernels, losses, metrics, text
 from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Embedding
+from .layers import scores
 from .layers.recurrent import GRU, LSTM, Bidirectional
 from . import decoding
 from .decoding import Hypothesis, check_target_ids, positive_int as _positive_int
@@ -177,6 +178,7 @@ class _AttentionDecoder(Layer):
     """Base of BahdanauDecoder and LuongDecoder (parameters, fused forward and backprop, step, greedy)."""
 
     _kind = None
+    offered_scores = None  # the scores of `attnx.layers.scores` the class offers
 
     def __init__(self, vocab_size, embedding_dim, units, cell="gru", score="additive", attention_units=None,
                  local_window=None, local_mode="m", gated=False, hard=False, baseline_decay=0.9, soft_fraction=0.5,
@@ -198,7 +200,7 @@ class _AttentionDecoder(Layer):
         self.embedding_dim = _positive_int(kind, "embedding_dim", embedding_dim)
         self.units = _positive_int(kind, "units", units)
         self.cell = _check_choice(kind, "cell", cell, tuple(_CELLS))
-        self.score = score
+        self.score = scores.get(score, kind, self.offered_scores).name
         self.attention_units = self.units if attention_units is None else _positive_int(kind, "attention_units",
                                                                                          attention_units)
         self.local_window = None if local_window is None else int(local_window)
@@ -222,9 +224,14 @@ class _AttentionDecoder(Layer):
         return self.local_window is not None and self.local_mode == "p"
 
     @property
+    def score_function(self):
+        """The decoder's score: its object in the registry of `attnx.layers.scores`."""
+        return scores.SCORES[self.score]
+
+    @property
     def _variant(self):
-        """The kernels' arguments that choose the decoder variant."""
-        return {"kind": self._kind, "score": self.score, "cell": self.cell,
+        """The kernels' arguments that choose the decoder variant (the score as the kernel's ScoreKind)."""
+        return {"kind": self._kind, "score": self.score_function.decoder_kind, "cell": self.cell,
                 "local_window": -1 if self.local_window is None else self.local_window, "local_mode": self.local_mode,
                 "gated": self.gated, "hard": self.hard}
 
@@ -233,7 +240,8 @@ class _AttentionDecoder(Layer):
             raise ValueError(f"Layer '{self.name}': expects inputs [target_ids (B, T), encoder_outputs (B, S, K), "
                              f"h0(, c0)], got shapes {input_shape}")
         K, H, E, U, V = input_shape[1][-1], self.units, self.embedding_dim, self.attention_units, self.vocab_size
-        if self.score == "dot" and K != H:
+        score_kind = self.score_function.decoder_kind
+        if score_kind == "dot" and K != H:
             raise ValueError(f"Layer '{self.name}': the dot score needs encoder outputs of size units={H}, got {K}")
         G = (4 if self.cell == "lstm" else 3) * H
         self.source_dim = K
@@ -244,12 +252,12 @@ class _AttentionDecoder(Layer):
         bias = self.add_weight("bias", (2, G) if self.cell == "gru" else (G,), "zeros")
         if self.cell == "lstm":
             bias[H:2 * H] = 1.0  # Keras' unit_forget_bias
-        if self.score in ("additive", "concat"):
+        if score_kind == "additive":  # Bahdanau's additive, Luong's concat
             self.add_weight("query_kernel", (H, U), self.kernel_initializer)
             self.add_weight("query_bias", (U,), "zeros")
             self.add_weight("key_kernel", (K, U), self.kernel_initializer)
             self.add_weight("score_vector", (U,), "glorot_uniform")
-        elif self.score == "general":
+        elif score_kind == "general":
             self.add_weight("key_kernel", (K, H), self.kernel_initializer)
         if self._kind == "luong":
             self.add_weight("attentional_kernel", (K + H, H), self.kernel_initializer)
@@ -518,13 +526,13 @@ class BahdanauDecoder(_AttentionDecoder):
             context instead (Xu et al. use 0.5 to reduce the variance of REINFORCE).
     """ + _DECODER_DOC
     _kind = "bahdanau"
+    offered_scores = ("additive",)
 
-    def __init__(self, vocab_size, embedding_dim, units, cell="gru", attention_units=None, **kwargs):
-        kwargs.pop("score", None)
+    def __init__(self, vocab_size, embedding_dim, units, cell="gru", attention_units=None, score="additive", **kwargs):
         kwargs.pop("local_window", None)
         kwargs.pop("local_mode", None)
-        super().__init__(vocab_size, embedding_dim, units, cell=cell, score="additive",
-                         attention_units=attention_units, **kwargs)
+        super().__init__(vocab_size, embedding_dim, units, cell=cell, score=score, attention_units=attention_units,
+                         **kwargs)
 
     def get_config(self):
         config = super().get_config()
@@ -546,9 +554,9 @@ class LuongDecoder(_AttentionDecoder):
             L the row's source length, with weights ``position_kernel (H, U)`` and ``position_vector (U,)``).
     """ + _DECODER_DOC
     _kind = "luong"
+    offered_scores = ("dot", "general", "concat")
 
     def __init__(self, vocab_size, embedding_dim, units, score="general", cell="gru", **kwargs):
-        _check_choice("LuongDecoder", "score", score, ("dot", "general", "concat"))
         super().__init__(vocab_size, embedding_dim, units, cell=cell, score=score, **kwargs)
 
 
@@ -608,8 +616,8 @@ class Seq2Seq(Model):
         self.encoder = Encoder(source_vocab_size, embedding_dim, units // 2 if bidirectional else units, cell=cell,
                                bidirectional=bidirectional, dtype=dtype, name="encoder")
         if attention == "bahdanau":
-            if score not in (None, "additive"):
-                raise ValueError(f"Seq2Seq: the Bahdanau decoder scores additively, got score={score!r}")
+            if score is not None:  # the one Bahdanau score
+                scores.get(score, "Seq2Seq: attention='bahdanau'", BahdanauDecoder.offered_scores)
             self.decoder = BahdanauDecoder(target_vocab_size, embedding_dim, units, cell=cell,
                                            attention_units=attention_units, dtype=dtype, name="decoder")
         else:

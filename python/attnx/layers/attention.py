@@ -218,7 +218,7 @@ class Attention(Layer):
             raise ValueError(f"{owner}: give score_mode (Keras' names) or score (attnx's), not both")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise ValueError(f"{owner}: seed must be an integer or None, got {seed!r}")
-        score_function = scores.get(score, owner, self._scores)
+        score_function = scores.get(score, owner, self.offered_scores)
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
         if units is not None and int(units) <= 0:
@@ -255,7 +255,7 @@ class Attention(Layer):
         return q, v, k
 
     # the scores a class offers (None: every score of the registry)
-    _scores = None
+    offered_scores = None
 
     @property
     def score_function(self):
@@ -477,12 +477,11 @@ class AdditiveAttention(Attention):
     Inputs, masks and outputs as `Attention`.
     """
 
-    _scores = ("keras_additive",)
+    offered_scores = ("keras_additive",)
     _different_sizes_hint = "BahdanauAdditiveAttention projects different sizes"
 
-    def __init__(self, use_scale=True, dropout=0.0, seed=None, **kwargs):
-        kwargs.pop("score", None)
-        super().__init__(use_scale=use_scale, dropout=dropout, seed=seed, score="keras_additive", **kwargs)
+    def __init__(self, use_scale=True, dropout=0.0, seed=None, score="keras_additive", **kwargs):
+        super().__init__(use_scale=use_scale, dropout=dropout, seed=seed, score=score, **kwargs)
 
     def get_config(self):
         config = super().get_config()
@@ -507,9 +506,10 @@ class BahdanauAdditiveAttention(Attention):
     Inputs, masks and outputs as `Attention`.
     """
 
-    def __init__(self, units=None, normalize=False, use_bias=True, dropout=0.0, **kwargs):
-        kwargs.pop("score", None)
-        super().__init__(score="additive", units=units, normalize=normalize, use_bias=use_bias, dropout=dropout,
+    offered_scores = ("additive",)
+
+    def __init__(self, units=None, normalize=False, use_bias=True, dropout=0.0, score="additive", **kwargs):
+        super().__init__(score=score, units=units, normalize=normalize, use_bias=use_bias, dropout=dropout,
                          **kwargs)
 
     def get_config(self):
@@ -537,7 +537,7 @@ class LuongAttention(Attention):
     ``return_attention_scores=True``.
     """
 
-    _scores = ("dot", "general", "concat")
+    offered_scores = ("dot", "general", "concat")
 
     def __init__(self, score="general", attentional_units=None, units=None, dropout=0.0, **kwargs):
         if attentional_units is not None and int(attentional_units) <= 0:
@@ -610,7 +610,7 @@ class LocalAttention(Attention):
     Output shape: as `Attention`.
     """
 
-    _scores = ("dot", "general", "concat")
+    offered_scores = ("dot", "general", "concat")
 
     def __init__(self, window, mode="local-p", score="general", position_units=None, units=None, dropout=0.0,
                  **kwargs):
