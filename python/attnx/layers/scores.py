@@ -140,6 +140,8 @@ class DotScore(Score):
         return scores if scale == 1.0 else g.node("Mul", [scores, g.scalar(scale)])
 
     def decoder_onnx(self, g, params, query, keys):
+        if self.decoder_kind is None:  # scaled_dot
+            return super().decoder_onnx(g, params, query, keys)
         # q . keys (general: keys = enc W_k, projected by the encoder graph; dot: keys = enc)
         return g.squeeze(g.node("MatMul", [keys, g.unsqueeze(query, 2)]), 2)
 
