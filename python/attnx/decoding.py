@@ -244,6 +244,7 @@ def _backtrack(parents, words, step_weights, scores, lengths, alpha, end_id):
         picked = beam.reshape((B, W) + (1,) * (step_weights[t].ndim - 2))
         attention[:, :, t] = np.take_along_axis(step_weights[t], picked, axis=1)
         beam = np.take_along_axis(parents[t], beam, axis=1)
+    attention = np.moveaxis(attention, 2, -2)  # the step axis before the source axis, as greedy_search's
     results = []
     for b in range(B):
         hyps = []
@@ -252,9 +253,8 @@ def _backtrack(parents, words, step_weights, scores, lengths, alpha, end_id):
             seq = tokens[b, w, :n].tolist()
             if seq and seq[-1] == end_id:
                 seq = seq[:-1]
-            # the step axis before the source axis, as greedy_search's
             hyps.append(Hypothesis(seq, float(scores[b, w]) / length_penalty(n, alpha),
-                                   np.ascontiguousarray(np.moveaxis(attention[b, w, :n], 0, -2))))
+                                   np.ascontiguousarray(attention[b, w, ..., :n, :])))
         hyps.sort(key=lambda h: -h.score)
         results.append(hyps)
     return results

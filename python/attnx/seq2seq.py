@@ -151,7 +151,8 @@ class DecoderState(NamedTuple):
     """What a decoder carries between inference steps for N rows (`start_state` makes the first one):
     the encoder outputs it attends over (N, S, K) and their mask (N, S) bool (None: all real), as
     checked once by `start_state`; h (N, H), c (N, H) for LSTM, feed (N, H) Luong's previous
-    attentional state, keys (N, S, Dk) the projected encoder outputs, computed at the first step."""
+    attentional state, keys (N, S, Dk) the projected encoder outputs, computed at the first step;
+    source_rows (N,) the row of the start state each row decodes."""
 
     encoder_outputs: np.ndarray
     source_mask: object
@@ -159,11 +160,18 @@ class DecoderState(NamedTuple):
     c: object = None
     feed: object = None
     keys: object = None
+    source_rows: object = None
 
     def select(self, rows):
         """The state of the given rows (an index or bool array), in that order (the searches of
         `attnx.decoding` reorder hypotheses and drop finished rows with it)."""
-        return DecoderState(*(None if a is None else np.ascontiguousarray(a[rows]) for a in self))
+        pick = (lambda a: None if a is None else np.ascontiguousarray(a[rows]))
+        source_rows = self.source_rows[rows]
+        if np.array_equal(source_rows, self.source_rows):
+            # rows reordered among rows of the same source (a beam search step): what depends on the
+            # source alone (encoder outputs, mask, keys) is already in place, row for row
+            return self._replace(h=pick(self.h), c=pick(self.c), feed=pick(self.feed))
+        return DecoderState(*(pick(a) for a in self[:-1]), source_rows)
 
 
 class _DecoderCache(NamedTuple):
@@ -422,7 +430,7 @@ class _AttentionDecoder(Layer):
         B, S = enc.shape[:2]
         states = self._initial_states(states, B)
         return DecoderState(enc, self._mask(source_mask, B, S, "source_mask"), states[0],
-                            states[1] if self.n_states == 2 else None)
+                            states[1] if self.n_states == 2 else None, source_rows=np.arange(B))
 
     def step(self, ids, position, state, return_attention=False):
         """One inference step for N rows: the step protocol of `attnx.decoding`.
@@ -443,7 +451,7 @@ class _AttentionDecoder(Layer):
             **self._variant, ids=ids[:, None], enc=state.encoder_outputs,
             source_mask=state.source_mask, h0=state.h, c0=state.c, feed0=state.feed, params=self.params,
             keys=state.keys, first_step=int(position))
-        next_state = DecoderState(state.encoder_outputs, state.source_mask, h, c, feed, keys)
+        next_state = state._replace(h=h, c=c, feed=feed, keys=keys)
         return logits[:, 0], next_state, (weights[:, 0] if return_attention else None)
 
     def greedy(self, encoder_outputs, states, start_id, end_id, max_length, source_mask=None):
