@@ -362,6 +362,23 @@ def test_beam_search_returns_ranked_hypotheses_with_attention(reversal_model):
             assert len(set(map(tuple, (h.tokens for h in hyps)))) == 3  # distinct hypotheses
 
 
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_decoder_state_select_equals_indexing_every_array(cell):
+    """`DecoderState.select` keeps the source-only arrays in place when rows move among rows of one
+    source (a beam step) and copies them otherwise; either way each row is the indexed row."""
+    dec = make_decoder("luong", "general", cell, None)
+    _, enc, states, smask, _ = make_inputs("general", cell)
+    state = dec.start_state(enc, states, smask).select(np.repeat(np.arange(B), 2))
+    _, state, _ = dec.step(np.ones(2 * B, np.int64), 0, state)
+    for rows in (np.array([1, 1, 2, 3, 4, 4]), np.array([5, 4, 0, 1, 2, 2]), np.array([0, 1, 4, 5]),
+                 np.array([True, False, True, True, False, True])):
+        picked = state.select(rows)
+        for name, array in state._asdict().items():
+            if array is not None:
+                np.testing.assert_array_equal(getattr(picked, name), array[rows], err_msg=name)
+    assert state.select(np.array([1, 0, 3, 2, 5, 4])).encoder_outputs is state.encoder_outputs  # no copy
+
+
 def fixed_batch_beam_search(decoder, state, start_id, end_id, width, alpha, max_length):
     """The beam search Seq2Seq had before attnx.decoding (kept here as the reference): a stable
     argsort over all W * V candidates and a fixed batch, every sentence stepping until all have ended."""
