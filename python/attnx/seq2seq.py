@@ -1,5 +1,6 @@
 """Sequence-to-sequence translation with attention: encoder, fused Bahdanau and Luong decoders,
-greedy decoding, batched beam search, BLEU, and `translate` with the attention matrix.
+greedy decoding (fused in one C++ call), beam search (`attnx.decoding` over the decoders' step),
+BLEU, and `translate` with the attention matrix.
 
 The decoders run every target step of teacher-forced training in one C++ call, forward and
 backward (`cpp/include/attnx/seq2seq.hpp`); `step()` runs the same kernel for one step at
