@@ -77,7 +77,8 @@ def test_beam_width_is_capped_at_the_vocabulary():
     images = np.random.default_rng(0).standard_normal((2, 5, 7)).astype(np.float32)
     assert len(model.caption(images, width=9)) == 2
     for width in (10, 10 ** 9):
-        with pytest.raises(ValueError, match=rf"`width` must be at most the vocabulary size 9, got {width}"):
+        with pytest.raises(ValueError, match=rf"`width` must be an integer in \[1, 9\] \(the target vocabulary size\), "
+                                             rf"got {width}"):
             model.caption(images, width=width)
 
 

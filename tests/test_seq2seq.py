@@ -12,7 +12,7 @@ import torch
 import attnx
 from attnx import metrics
 from attnx.masking import as_mask
-from attnx.seq2seq import BahdanauDecoder, DecoderState, Encoder, LuongDecoder, Seq2Seq
+from attnx.seq2seq import BahdanauDecoder, Encoder, LuongDecoder, Seq2Seq
 from attnx.testing import assert_close, gradcheck
 
 B, T, S, E, K, H, U, V = 3, 4, 5, 6, 7, 8, 5, 11
@@ -199,9 +199,9 @@ def test_step_api_equals_fused_teacher_forcing(kind, score, cell, local_window):
     dec = make_decoder(kind, score, cell, local_window)
     ids, enc, states, smask, _ = make_inputs(score, cell)
     logits, weights = dec([ids, enc] + states, source_mask=smask, return_attention_scores=True)
-    state = DecoderState(*states)
+    state = dec.start_state(enc, states, smask)
     for t in range(T):
-        step_logits, state, step_w = dec.step(ids[:, t], state, enc, smask)
+        step_logits, state, step_w = dec.step(ids[:, t], t, state, return_attention=True)
         assert_close(step_logits, logits[:, t], atol=1e-5, what=f"step {t} logits")
         assert_close(step_w, weights[:, t], atol=1e-6, what=f"step {t} weights")
     assert state.keys is not None or score == "dot"
@@ -362,6 +362,104 @@ def test_beam_search_returns_ranked_hypotheses_with_attention(reversal_model):
             assert len(set(map(tuple, (h.tokens for h in hyps)))) == 3  # distinct hypotheses
 
 
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_decoder_state_select_equals_indexing_every_array(cell):
+    """`DecoderState.select` keeps the source-only arrays in place when rows move among rows of one
+    source (a beam step) and copies them otherwise; either way each row is the indexed row."""
+    dec = make_decoder("luong", "general", cell, None)
+    _, enc, states, smask, _ = make_inputs("general", cell)
+    state = dec.start_state(enc, states, smask).select(np.repeat(np.arange(B), 2))
+    _, state, _ = dec.step(np.ones(2 * B, np.int64), 0, state)
+    for rows in (np.array([1, 1, 2, 3, 4, 4]), np.array([5, 4, 0, 1, 2, 2]), np.array([0, 1, 4, 5]),
+                 np.array([True, False, True, True, False, True])):
+        picked = state.select(rows)
+        for name, array in state._asdict().items():
+            if array is not None:
+                np.testing.assert_array_equal(getattr(picked, name), array[rows], err_msg=name)
+    assert state.select(np.array([1, 0, 3, 2, 5, 4])).encoder_outputs is state.encoder_outputs  # no copy
+
+
+def fixed_batch_beam_search(decoder, state, start_id, end_id, width, alpha, max_length):
+    """The beam search Seq2Seq had before attnx.decoding (kept here as the reference): a stable
+    argsort over all W * V candidates and a fixed batch, every sentence stepping until all have ended."""
+    B, W = len(state.h), width
+    state = state.select(np.repeat(np.arange(B), W))
+    scores = np.full((B, W), -np.inf)
+    scores[:, 0] = 0.0
+    history = [[[] for _ in range(W)] for _ in range(B)]
+    lengths, done = np.zeros((B, W), dtype=np.int64), np.zeros((B, W), dtype=bool)
+    prev = np.full(B * W, start_id, dtype=np.int64)
+    for t in range(max_length):
+        logits, state, _ = decoder.step(prev, t, state)
+        z = logits.astype(np.float64)
+        logp = (z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)))
+        logp = logp.reshape(B, W, -1)
+        V = logp.shape[-1]
+        logp[done] = -np.inf
+        logp[done, 0] = 0.0
+        total = (scores[:, :, None] + logp).reshape(B, W * V)
+        best = np.argsort(-total, axis=1, kind="stable")[:, :W]
+        beam, word = best // V, best % V
+        scores = np.take_along_axis(total, best, axis=1)
+        state = state.select((np.arange(B)[:, None] * W + beam).reshape(-1))
+        was_done = np.take_along_axis(done, beam, axis=1)
+        lengths = np.take_along_axis(lengths, beam, axis=1) + ~was_done
+        word = np.where(was_done, 0, word)
+        history = [[history[b][beam[b, w]] + [int(word[b, w])] for w in range(W)] for b in range(B)]
+        done = was_done | (word == end_id)
+        prev = word.reshape(-1)
+        if done.all():
+            break
+    results = []
+    for b in range(B):
+        hyps = []
+        for w in range(W):
+            seq = history[b][w][:lengths[b, w]]
+            score = scores[b, w] / ((5.0 + lengths[b, w]) / 6.0) ** alpha
+            hyps.append((seq[:-1] if seq and seq[-1] == end_id else seq, score))
+        results.append(sorted(hyps, key=lambda h: -h[1]))
+    return results
+
+
+@pytest.mark.parametrize("cell, attention", [("gru", "bahdanau"), ("lstm", "luong")])
+@pytest.mark.parametrize("width, alpha", [(1, 0.0), (3, 0.0), (5, 0.6), (13, 1.0)])
+def test_beam_search_translates_as_the_fixed_batch_search_did(cell, attention, width, alpha):
+    """The one beam search (finished sentences leave the batch, a partial top-k) gives Seq2Seq the
+    translations of its former search for every width up to the vocabulary (beyond it the former
+    search kept impossible hypotheses; now that is a ValueError)."""
+    attnx.set_random_seed(5)  # barely trained: beams diverge, some end early, some run to max_length
+    model = Seq2Seq(13, 13, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=8, cell=cell,
+                    attention=attention)
+    src, tgt = reversal_data(64, seed=6)
+    model.compile(attnx.optimizers.Adam(0.01))
+    for _ in range(30):
+        model.train_on_batch(src, tgt)
+    src = src[:8]
+    enc, smask, states = model._encode(src)
+    want = fixed_batch_beam_search(model.decoder, model.decoder.start_state(enc, states, smask), 1, 2, width, alpha, 6)
+    found = model.beam_search(src, width=width, length_penalty=alpha, max_length=6)
+    for b in range(len(src)):
+        assert [h.tokens for h in found[b]] == [w[0] for w in want[b]]
+        np.testing.assert_allclose([h.score for h in found[b]], [w[1] for w in want[b]], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=re.escape("`width` must be an integer in [1, 13]")):
+        model.beam_search(src, width=14)
+
+
+def test_greedy_search_over_the_decoder_step_equals_the_fused_greedy_loop(reversal_model):
+    """Seq2Seq's greedy decoding runs in one C++ call (`decoder_greedy`); over the decoder's step it is
+    attnx.decoding.greedy_search, and both give the same words and attention."""
+    from attnx import decoding
+    src, _ = reversal_data(40, seed=8)
+    tokens, attention = reversal_model.greedy_decode(src)
+    enc, smask, states = reversal_model._encode(src)
+    decoder = reversal_model.decoder
+    found, _, found_attention = decoding.greedy_search(decoder, decoder.start_state(enc, states, smask), len(src),
+                                                       reversal_model.start_id, reversal_model.end_id,
+                                                       reversal_model.max_length)
+    np.testing.assert_array_equal(found, tokens)
+    np.testing.assert_allclose(found_attention, attention, atol=1e-6)
+
+
 @pytest.mark.parametrize("cell, attention", [("gru", "bahdanau"), ("lstm", "luong")])
 def test_every_beam_hypothesis_rescores_to_its_score_and_attention(cell, attention):
     """Each of the `width` hypotheses, fed back to the decoder word by word, gives its own score
@@ -383,11 +481,11 @@ def test_every_beam_hypothesis_rescores_to_its_score_and_attention(cell, attenti
         for hyp in hyps:
             full = list(hyp.tokens) + ([2] if len(hyp.attention) > len(hyp.tokens) else [])
             lengths_seen.add(len(full))
-            state = DecoderState(*(st[row:row + 1] for st in states))
+            state = model.decoder.start_state(enc[row:row + 1], [st[row:row + 1] for st in states],
+                                              None if smask is None else smask[row:row + 1])
             prev, total, rows = np.array([1]), 0.0, []
-            for word in full:
-                logits, state, weights = model.decoder.step(prev, state, enc[row:row + 1],
-                                                            None if smask is None else smask[row:row + 1])
+            for position, word in enumerate(full):
+                logits, state, weights = model.decoder.step(prev, position, state, return_attention=True)
                 z = logits[0].astype(np.float64)
                 total += (z - z.max() - np.log(np.exp(z - z.max()).sum()))[word]
                 rows.append(weights[0])
@@ -629,8 +727,15 @@ def test_bad_input_raises_clear_errors(text_model):
         text_model.translate("<start> <end>")
     with pytest.raises(ValueError, match=r"unknown source word\(s\) \['zebra'\]"):
         text_model.translate("<start> cat zebra . <end>")
-    with pytest.raises(ValueError, match="width.*positive integer, got 0"):
-        text_model.beam_search(text_model.encode_sources(["<start> cat . <end>"]), width=0)
+    source = text_model.encode_sources(["<start> cat . <end>"])
+    V = text_model.decoder.vocab_size
+    for width in (0, V + 1, 2.0, True):
+        with pytest.raises(ValueError, match=re.escape(f"Seq2Seq.beam_search: `width` must be an integer in [1, {V}]")):
+            text_model.beam_search(source, width=width)
+    with pytest.raises(ValueError, match="`length_penalty` must be a finite number >= 0"):
+        text_model.beam_search(source, length_penalty=-0.5)
+    with pytest.raises(ValueError, match=re.escape(f"`end_token` must be a token id in [0, {V})")):
+        text_model.beam_search(source, end_token=V)
     src = text_model.encode_sources(["<start> cat . <end>"])
     long_target = np.array([[text_model.start_id] + [3] * 12])
     with pytest.raises(ValueError, match="longer than max_length=8"):
@@ -682,7 +787,7 @@ def test_bad_masks_raise_the_mask_rule_errors(arg, bad):
         as_mask(mask, B, steps, f"Layer '{dec.name}': `{arg}`")
     calls = [lambda: dec([ids, enc] + states, **{arg: mask})]
     if arg == "source_mask":
-        calls += [lambda: dec.step(ids[:, 0], DecoderState(*states), enc, mask),
+        calls += [lambda: dec.start_state(enc, states, mask),
                   lambda: dec.greedy(enc, states, 1, 2, 4, mask)]
     for call in calls:
         with pytest.raises(expected.type, match=re.escape(str(expected.value))):
@@ -755,9 +860,9 @@ def test_greedy_equals_step_loop(kind, score, cell, local_window):
     _, enc, states, smask, _ = make_inputs(score, cell)
     end_id = 4
     tokens, attention = dec.greedy(enc, states, 1, end_id, 7, smask)
-    state, prev, done = DecoderState(*states), np.ones(B, np.int64), np.zeros(B, bool)
+    state, prev, done = dec.start_state(enc, states, smask), np.ones(B, np.int64), np.zeros(B, bool)
     for t in range(tokens.shape[1]):
-        logits, state, weights = dec.step(prev, state, enc, smask)
+        logits, state, weights = dec.step(prev, t, state, return_attention=True)
         prev = np.where(done, 0, logits.argmax(-1))
         np.testing.assert_array_equal(tokens[:, t], prev)
         assert_close(attention[:, t], np.where(done[:, None], 0, weights), atol=1e-6, what=f"step {t} weights")

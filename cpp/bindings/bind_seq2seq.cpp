@@ -17,10 +17,11 @@ static DecoderConfig decoder_config(const std::string& kind, const std::string& 
     if (kind == "bahdanau") cfg.kind = DecoderKind::bahdanau;
     else if (kind == "luong") cfg.kind = DecoderKind::luong;
     else throw py::value_error("decoder: unknown kind '" + kind + "'; expected bahdanau or luong");
-    if (score == "additive" || score == "concat") cfg.score = ScoreKind::additive;
+    // the ScoreKind names; python/attnx/layers/scores.py maps each attention score to one of them
+    if (score == "additive") cfg.score = ScoreKind::additive;
     else if (score == "general") cfg.score = ScoreKind::general;
     else if (score == "dot") cfg.score = ScoreKind::dot;
-    else throw py::value_error("decoder: unknown score '" + score + "'; expected additive, concat, general or dot");
+    else throw py::value_error("decoder: unknown score kind '" + score + "'; expected additive, general or dot");
     if (cell == "gru") cfg.cell = RNNCell::gru;
     else if (cell == "lstm") cfg.cell = RNNCell::lstm;
     else throw py::value_error("decoder: unknown cell '" + cell + "'; expected gru or lstm");
@@ -235,7 +236,7 @@ void init_seq2seq(py::module_& m) {
         py::arg("local_window") = -1, py::arg("local_mode") = "m", py::arg("first_step") = 0,
         py::arg("gated") = false, py::arg("hard") = false, py::arg("uniforms") = py::none(),
         "Attention decoder over all target steps (teacher forcing) or one step (T = 1). kind bahdanau|luong, score "
-        "additive|concat|general|dot, cell gru|lstm. ids (B, T) int64 previous words, enc (B, S, K), masks bool "
+        "additive|general|dot (the ScoreKind), cell gru|lstm. ids (B, T) int64 previous words, enc (B, S, K), masks bool "
         "(True = real), h0 (B, H), c0 (B, H) for LSTM, feed0 (B, H) Luong's previous attentional state, params the "
         "layer's dict, keys: enc W_k from an earlier call (decoding steps), first_step: the target position of "
         "ids[:, 0], local_mode m (p_t = t) or p (predicted from h_t by position_kernel, position_vector). Bahdanau "

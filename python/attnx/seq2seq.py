@@ -1,5 +1,6 @@
 """Sequence-to-sequence translation with attention: encoder, fused Bahdanau and Luong decoders,
-greedy decoding, batched beam search, BLEU, and `translate` with the attention matrix.
+greedy decoding (fused in one C++ call), beam search (`attnx.decoding` over the decoders' step),
+BLEU, and `translate` with the attention matrix.
 
 The decoders run every target step of teacher-forced training in one C++ call, forward and
 backward (`cpp/include/attnx/seq2seq.hpp`); `step()` runs the same kernel for one step at
@@ -37,15 +38,16 @@ from . import backend, initializers, kernels, losses, metrics, text
 from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Embedding
+from .layers import scores
 from .layers.recurrent import GRU, LSTM, Bidirectional
-from .decoding import check_target_ids, length_penalty as _length_penalty, log_softmax as _log_softmax
-from .decoding import positive_int as _positive_int, without_trailing_padding as _without_trailing_padding
+from . import decoding
+from .decoding import Hypothesis, check_target_ids, positive_int as _positive_int
+from .decoding import without_trailing_padding as _without_trailing_padding
 from .masking import as_mask
 from .models import Model
 from .translation import Transformer  # the transformer translation model, with Seq2Seq's API
 
-__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq", "Transformer",
-           "beam_search"]
+__all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq", "Transformer"]
 
 _CELLS = {"gru": GRU, "lstm": LSTM}
 
@@ -147,20 +149,30 @@ class Encoder(Layer):
 
 
 class DecoderState(NamedTuple):
-    """What a decoder carries between inference steps (all with B rows):
-    h (B, H), c (B, H) for LSTM, feed (B, H) Luong's previous attentional state, keys (B, S, Dk)
-    the projected encoder outputs computed at the first step, position the next target step."""
+    """What a decoder carries between inference steps for N rows (`start_state` makes the first one):
+    the encoder outputs it attends over (N, S, K) and their mask (N, S) bool (None: all real), as
+    checked once by `start_state`; h (N, H), c (N, H) for LSTM, feed (N, H) Luong's previous
+    attentional state, keys (N, S, Dk) the projected encoder outputs, computed at the first step;
+    source_rows (N,) the row of the start state each row decodes."""
 
+    encoder_outputs: np.ndarray
+    source_mask: object
     h: np.ndarray
     c: object = None
     feed: object = None
     keys: object = None
-    position: int = 0
+    source_rows: object = None
 
     def select(self, rows):
-        """The state of the given rows (beam search reorders hypotheses with it)."""
-        arrays = [None if a is None else np.ascontiguousarray(a[rows]) for a in self[:4]]
-        return DecoderState(*arrays, position=self.position)
+        """The state of the given rows (an index or bool array), in that order (the searches of
+        `attnx.decoding` reorder hypotheses and drop finished rows with it)."""
+        pick = (lambda a: None if a is None else np.ascontiguousarray(a[rows]))
+        source_rows = self.source_rows[rows]
+        if np.array_equal(source_rows, self.source_rows):
+            # rows reordered among rows of the same source (a beam search step): what depends on the
+            # source alone (encoder outputs, mask, keys) is already in place, row for row
+            return self._replace(h=pick(self.h), c=pick(self.c), feed=pick(self.feed))
+        return DecoderState(*(pick(a) for a in self[:-1]), source_rows)
 
 
 class _DecoderCache(NamedTuple):
@@ -175,6 +187,7 @@ class _AttentionDecoder(Layer):
     """Base of BahdanauDecoder and LuongDecoder (parameters, fused forward and backprop, step, greedy)."""
 
     _kind = None
+    offered_scores = None  # the scores of `attnx.layers.scores` the class offers
 
     def __init__(self, vocab_size, embedding_dim, units, cell="gru", score="additive", attention_units=None,
                  local_window=None, local_mode="m", gated=False, hard=False, baseline_decay=0.9, soft_fraction=0.5,
@@ -196,7 +209,7 @@ class _AttentionDecoder(Layer):
         self.embedding_dim = _positive_int(kind, "embedding_dim", embedding_dim)
         self.units = _positive_int(kind, "units", units)
         self.cell = _check_choice(kind, "cell", cell, tuple(_CELLS))
-        self.score = score
+        self.score = scores.get(score, kind, self.offered_scores).name
         self.attention_units = self.units if attention_units is None else _positive_int(kind, "attention_units",
                                                                                          attention_units)
         self.local_window = None if local_window is None else int(local_window)
@@ -220,9 +233,14 @@ class _AttentionDecoder(Layer):
         return self.local_window is not None and self.local_mode == "p"
 
     @property
+    def score_function(self):
+        """The decoder's score: its object in the registry of `attnx.layers.scores`."""
+        return scores.SCORES[self.score]
+
+    @property
     def _variant(self):
-        """The kernels' arguments that choose the decoder variant."""
-        return {"kind": self._kind, "score": self.score, "cell": self.cell,
+        """The kernels' arguments that choose the decoder variant (the score as the kernel's ScoreKind)."""
+        return {"kind": self._kind, "score": self.score_function.decoder_kind, "cell": self.cell,
                 "local_window": -1 if self.local_window is None else self.local_window, "local_mode": self.local_mode,
                 "gated": self.gated, "hard": self.hard}
 
@@ -231,7 +249,8 @@ class _AttentionDecoder(Layer):
             raise ValueError(f"Layer '{self.name}': expects inputs [target_ids (B, T), encoder_outputs (B, S, K), "
                              f"h0(, c0)], got shapes {input_shape}")
         K, H, E, U, V = input_shape[1][-1], self.units, self.embedding_dim, self.attention_units, self.vocab_size
-        if self.score == "dot" and K != H:
+        score_kind = self.score_function.decoder_kind
+        if score_kind == "dot" and K != H:
             raise ValueError(f"Layer '{self.name}': the dot score needs encoder outputs of size units={H}, got {K}")
         G = (4 if self.cell == "lstm" else 3) * H
         self.source_dim = K
@@ -242,12 +261,12 @@ class _AttentionDecoder(Layer):
         bias = self.add_weight("bias", (2, G) if self.cell == "gru" else (G,), "zeros")
         if self.cell == "lstm":
             bias[H:2 * H] = 1.0  # Keras' unit_forget_bias
-        if self.score in ("additive", "concat"):
+        if score_kind == "additive":  # Bahdanau's additive, Luong's concat
             self.add_weight("query_kernel", (H, U), self.kernel_initializer)
             self.add_weight("query_bias", (U,), "zeros")
             self.add_weight("key_kernel", (K, U), self.kernel_initializer)
             self.add_weight("score_vector", (U,), "glorot_uniform")
-        elif self.score == "general":
+        elif score_kind == "general":
             self.add_weight("key_kernel", (K, H), self.kernel_initializer)
         if self._kind == "luong":
             self.add_weight("attentional_kernel", (K + H, H), self.kernel_initializer)
@@ -399,24 +418,42 @@ class _AttentionDecoder(Layer):
         if not self.built:
             raise RuntimeError(f"Layer '{self.name}': {method}() needs a built decoder (call it once or build it)")
 
-    def step(self, ids, state, encoder_outputs, source_mask=None):
-        """One inference step.
+    def start_state(self, encoder_outputs, states, source_mask=None):
+        """The decoding state before the first step (checked here, once per decoding).
 
         Args:
-            ids: (B,) the previous words.
-            state: a `DecoderState` (``DecoderState(h0)`` / ``DecoderState(h0, c0)`` at the start).
-            encoder_outputs: (B, S, K); source_mask (B, S) or lengths.
+            encoder_outputs: (B, S, K); states: ``[h0]`` or ``[h0, c0]``; source_mask: (B, S) or lengths.
         Returns:
-            (logits (B, V), the next `DecoderState`, attention weights (B, S)).
+            a `DecoderState` for `step`.
         """
-        self._require_built("step")
-        ids = np.asarray(ids)
+        self._require_built("start_state")
+        enc = self._encoder_outputs(encoder_outputs)
+        B, S = enc.shape[:2]
+        states = self._initial_states(states, B)
+        return DecoderState(enc, self._mask(source_mask, B, S, "source_mask"), states[0],
+                            states[1] if self.n_states == 2 else None, source_rows=np.arange(B))
+
+    def step(self, ids, position, state, return_attention=False):
+        """One inference step for N rows: the step protocol of `attnx.decoding`.
+
+        Args:
+            ids: (N,) the previous words (the start token at position 0).
+            position: the target position of `ids` (local-m attention reads it).
+            state: a `DecoderState` (``start_state`` at position 0).
+            return_attention: also return the attention weights (N, S).
+        Returns:
+            (logits (N, V), the next `DecoderState`, attention weights or None); equal to the
+            teacher-forced forward's logits at `position`.
+        """
+        ids = np.require(ids, np.int64, "CA")
         if ids.ndim != 1:
             raise ValueError(f"Layer '{self.name}': step ids expected shape (batch,), got {ids.shape}")
-        states = [state.h] + ([state.c] if self.n_states == 2 else [])
-        (logits, h, c, feed, weights, keys, _), _ = self._run(ids[:, None], encoder_outputs, states, source_mask,
-                                                              None, state.feed, state.keys, state.position)
-        return logits[:, 0], DecoderState(h, c, feed, keys, state.position + 1), weights[:, 0]
+        logits, h, c, feed, weights, keys, _ = kernels.decoder_forward(
+            **self._variant, ids=ids[:, None], enc=state.encoder_outputs,
+            source_mask=state.source_mask, h0=state.h, c0=state.c, feed0=state.feed, params=self.params,
+            keys=state.keys, first_step=int(position))
+        next_state = state._replace(h=h, c=c, feed=feed, keys=keys)
+        return logits[:, 0], next_state, (weights[:, 0] if return_attention else None)
 
     def greedy(self, encoder_outputs, states, start_id, end_id, max_length, source_mask=None):
         """Greedy decoding in one C++ call (the step loop and argmax included).
@@ -498,13 +535,13 @@ class BahdanauDecoder(_AttentionDecoder):
             context instead (Xu et al. use 0.5 to reduce the variance of REINFORCE).
     """ + _DECODER_DOC
     _kind = "bahdanau"
+    offered_scores = ("additive",)
 
-    def __init__(self, vocab_size, embedding_dim, units, cell="gru", attention_units=None, **kwargs):
-        kwargs.pop("score", None)
+    def __init__(self, vocab_size, embedding_dim, units, cell="gru", attention_units=None, score="additive", **kwargs):
         kwargs.pop("local_window", None)
         kwargs.pop("local_mode", None)
-        super().__init__(vocab_size, embedding_dim, units, cell=cell, score="additive",
-                         attention_units=attention_units, **kwargs)
+        super().__init__(vocab_size, embedding_dim, units, cell=cell, score=score, attention_units=attention_units,
+                         **kwargs)
 
     def get_config(self):
         config = super().get_config()
@@ -526,100 +563,10 @@ class LuongDecoder(_AttentionDecoder):
             L the row's source length, with weights ``position_kernel (H, U)`` and ``position_vector (U,)``).
     """ + _DECODER_DOC
     _kind = "luong"
+    offered_scores = ("dot", "general", "concat")
 
     def __init__(self, vocab_size, embedding_dim, units, score="general", cell="gru", **kwargs):
-        _check_choice("LuongDecoder", "score", score, ("dot", "general", "concat"))
         super().__init__(vocab_size, embedding_dim, units, cell=cell, score=score, **kwargs)
-
-
-class Hypothesis(NamedTuple):
-    """One beam-search result: token ids (without the end token), the total log probability
-    divided by the length penalty, and the attention weights (len(tokens) + 1 steps, S)."""
-
-    tokens: list
-    score: float
-    attention: np.ndarray
-
-
-def beam_search(decoder, encoder_outputs, source_mask, states, start_id, end_id, width=4, length_penalty=0.0,
-                max_length=50, owner="beam_search"):
-    """Batched beam search with a built attention decoder: the B inputs' `width` hypotheses run as
-    B * width rows of `decoder.step`.
-
-    Args:
-        decoder: a `BahdanauDecoder` or `LuongDecoder`.
-        encoder_outputs: (B, S, K); source_mask: (B, S) or None; states: ``[h0]`` or ``[h0, c0]``.
-        start_id, end_id: the first input word and the word that ends a hypothesis.
-        width: beams per input (>= 1; 1 gives greedy decoding).
-        length_penalty: alpha of GNMT's ((5 + len) / 6) ** alpha dividing the final scores.
-        max_length: most tokens per hypothesis.
-        owner: the name error messages start with.
-    Returns:
-        For each input, its `width` `Hypothesis`es, best first.
-    """
-    if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
-        raise ValueError(f"{owner}: `width` must be a positive integer, got {width!r}")
-    if length_penalty < 0:
-        raise ValueError(f"{owner}: `length_penalty` must be >= 0, got {length_penalty}")
-    L = _positive_int(owner, "max_length", max_length)
-    end = int(end_id)
-    enc = np.asarray(encoder_outputs)
-    B, S, W = enc.shape[0], enc.shape[1], int(width)
-    rows = np.repeat(np.arange(B), W)
-    enc = np.ascontiguousarray(enc[rows])
-    smask = None if source_mask is None else np.asarray(source_mask)[rows]
-    state = DecoderState(*states).select(rows)
-    scores = np.full((B, W), -np.inf)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    # per step: each beam's parent beam, its word (0 once finished) and attention; the histories
-    # are read back through the parents at the end instead of gathered at every step
-    parents, words, weights_per_step = [], [], []
-    lengths = np.zeros((B, W), dtype=np.int64)
-    done = np.zeros((B, W), dtype=bool)
-    prev = np.full(B * W, start_id, dtype=np.int64)
-    for t in range(L):
-        logits, state, weights = decoder.step(prev, state, enc, smask)
-        logp = _log_softmax(logits.astype(np.float64)).reshape(B, W, -1)
-        V = logp.shape[-1]
-        # a finished hypothesis extends only with padding, at no cost
-        logp[done] = -np.inf
-        logp[done, 0] = 0.0
-        total = (scores[:, :, None] + logp).reshape(B, W * V)
-        best = np.argsort(-total, axis=1, kind="stable")[:, :W]
-        beam, word = best // V, best % V
-        scores = np.take_along_axis(total, best, axis=1)
-        pick = (np.arange(B)[:, None] * W + beam).reshape(-1)
-        state = state.select(pick)
-        was_done = np.take_along_axis(done, beam, axis=1)
-        lengths = np.take_along_axis(lengths, beam, axis=1) + ~was_done
-        parents.append(beam)
-        words.append(np.where(was_done, 0, word))
-        weights_per_step.append(np.where(was_done[..., None], 0, weights.reshape(B * W, S)[pick].reshape(B, W, S)))
-        done = was_done | (word == end)
-        prev = words[-1].reshape(-1)
-        if done.all():
-            break
-    steps = len(words)
-    tokens = np.zeros((B, W, steps), dtype=np.int64)
-    attention = np.zeros((B, W, steps, S), dtype=enc.dtype)
-    beam = np.broadcast_to(np.arange(W), (B, W))
-    for t in reversed(range(steps)):
-        tokens[:, :, t] = np.take_along_axis(words[t], beam, axis=1)
-        attention[:, :, t] = np.take_along_axis(weights_per_step[t], beam[..., None], axis=1)
-        beam = np.take_along_axis(parents[t], beam, axis=1)
-    results = []
-    for b in range(B):
-        hyps = []
-        for w in range(W):
-            n = int(lengths[b, w])
-            seq = tokens[b, w, :n].tolist()
-            if seq and seq[-1] == end:
-                seq = seq[:-1]
-            hyps.append(Hypothesis(seq, float(scores[b, w]) / _length_penalty(n, length_penalty),
-                                   attention[b, w, :n].copy()))
-        hyps.sort(key=lambda h: -h.score)
-        results.append(hyps)
-    return results
 
 
 class _Seq2SeqCache(NamedTuple):
@@ -667,8 +614,9 @@ class Seq2Seq(Model):
         super().__init__(name=name or unique_name("seq2seq"), dtype=dtype)
         self.attention = _check_choice("Seq2Seq", "attention", attention, ("bahdanau", "luong"))
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
-        self.start_id = self._token_id(start_token, "start_token")
-        self.end_id = self._token_id(end_token, "end_token")
+        vocab_size = _positive_int("Seq2Seq", "target_vocab_size", target_vocab_size)
+        self.start_id = self._token_id(start_token, "start_token", vocab_size)
+        self.end_id = self._token_id(end_token, "end_token", vocab_size)
         self.max_length = _positive_int("Seq2Seq", "max_length", max_length)
         units = _positive_int("Seq2Seq", "units", units)
         if bidirectional and units % 2:
@@ -677,8 +625,8 @@ class Seq2Seq(Model):
         self.encoder = Encoder(source_vocab_size, embedding_dim, units // 2 if bidirectional else units, cell=cell,
                                bidirectional=bidirectional, dtype=dtype, name="encoder")
         if attention == "bahdanau":
-            if score not in (None, "additive"):
-                raise ValueError(f"Seq2Seq: the Bahdanau decoder scores additively, got score={score!r}")
+            if score is not None:  # the one Bahdanau score
+                scores.get(score, "Seq2Seq: attention='bahdanau'", BahdanauDecoder.offered_scores)
             self.decoder = BahdanauDecoder(target_vocab_size, embedding_dim, units, cell=cell,
                                            attention_units=attention_units, dtype=dtype, name="decoder")
         else:
@@ -699,12 +647,12 @@ class Seq2Seq(Model):
         size = (lambda tok: min(num_words or 2 ** 62, len(tok.word_index) + 1))
         return cls(size(src_tok), size(tgt_tok), source_tokenizer=src_tok, target_tokenizer=tgt_tok, **kwargs)
 
-    def _token_id(self, token, arg):
-        if isinstance(token, (int, np.integer)):
-            return int(token)
-        if self.target_tokenizer is None or token not in self.target_tokenizer.word_index:
-            raise ValueError(f"Seq2Seq: `{arg}` {token!r} is not an id and not a word of the target tokenizer")
-        return self.target_tokenizer.word_index[token]
+    def _token_id(self, token, arg, vocab_size):
+        if not isinstance(token, (int, np.integer)):
+            if self.target_tokenizer is None or token not in self.target_tokenizer.word_index:
+                raise ValueError(f"Seq2Seq: `{arg}` {token!r} is not an id and not a word of the target tokenizer")
+            token = self.target_tokenizer.word_index[token]
+        return decoding.token_id("Seq2Seq", arg, token, vocab_size)
 
     def build(self, input_shape=None):
         """Creates the weights (`input_shape` is not needed: no weight depends on the sequence lengths)."""
@@ -853,22 +801,28 @@ class Seq2Seq(Model):
         return self.decoder.greedy(enc, states, self.start_id, self.end_id, L, smask)
 
     def beam_search(self, source, width=4, length_penalty=0.0, max_length=None, end_token=None):
-        """Batched beam search: the B sentences' `width` hypotheses run as B * width rows.
+        """Batched beam search (`attnx.decoding.beam_search`): the B sentences' `width` hypotheses run
+        as rows of one decoder step; a sentence leaves the batch once all its beams have ended.
 
         Args:
             source: source ids (B, S).
-            width: beams per sentence (>= 1; 1 gives greedy decoding).
+            width: beams per sentence (1 to the target vocabulary size; 1 gives greedy decoding).
             length_penalty: alpha of GNMT's ((5 + len) / 6) ** alpha dividing the final scores.
             max_length: most tokens per hypothesis (default the model's max_length).
             end_token: id that ends a hypothesis (default the model's end token).
         Returns:
-            For each sentence, its `width` `Hypothesis`es, best first.
+            For each sentence, its `width` `Hypothesis`es, best first, with the attention (steps, S).
         """
+        owner = "Seq2Seq.beam_search"
+        width = decoding.beam_width(owner, width, self.decoder.vocab_size)
+        alpha = decoding.length_penalty_alpha(owner, length_penalty)
+        end = self.end_id if end_token is None else decoding.token_id(owner, "end_token", end_token,
+                                                                       self.decoder.vocab_size)
+        L = self._decode_length(max_length)
         source = self._source(source)
         enc, smask, states = self._encode(source)
-        end = self.end_id if end_token is None else int(end_token)
-        return beam_search(self.decoder, enc, smask, states, self.start_id, end, width, length_penalty,
-                           self._decode_length(max_length), owner="Seq2Seq.beam_search")
+        return decoding.beam_search(self.decoder, self.decoder.start_state(enc, states, smask), len(source),
+                                    self.start_id, end, width, alpha, L)
 
     def translate(self, sentence, width=1, length_penalty=0.0, max_length=None):
         """Translates one preprocessed sentence (``<start> ... <end>``, see
@@ -883,11 +837,8 @@ class Seq2Seq(Model):
         source = self.encode_sources([sentence])
         if width == 1:
             tokens, attention = self.greedy_decode(source, max_length)
-            seq = tokens[0].tolist()
-            n = seq.index(self.end_id) + 1 if self.end_id in seq else len(seq)
-            words, weights = seq[:n], attention[0, :n]
-            if words and words[-1] == self.end_id:
-                words = words[:-1]
+            words, steps = decoding.until_end(tokens[0].tolist(), self.end_id)
+            weights = attention[0, :steps]
         else:
             best = self.beam_search(source, width, length_penalty, max_length)[0][0]
             words, weights = best.tokens, best.attention
@@ -908,9 +859,8 @@ class Seq2Seq(Model):
             src = self.encode_sources(sources[lo:lo + batch_size])
             if width == 1:
                 tokens, _ = self.greedy_decode(src, max_length)
-                for row in tokens.tolist():
-                    row = row[:row.index(self.end_id)] if self.end_id in row else row
-                    hyps.append(self.target_words([t for t in row if t]))
+                hyps += [self.target_words([t for t in decoding.until_end(row, self.end_id)[0] if t])
+                         for row in tokens.tolist()]
             else:
                 beams = self.beam_search(src, width, length_penalty, max_length)
                 hyps += [self.target_words(h[0].tokens) for h in beams]

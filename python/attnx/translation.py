@@ -38,8 +38,8 @@ import numpy as np
 
 from . import backend, initializers, losses, metrics, optimizers, text
 from .backend import unique_name
-from .decoding import check_target_ids, length_penalty as _length_penalty, log_softmax as _log_softmax
-from .decoding import positive_int as _positive_int
+from . import decoding
+from .decoding import Hypothesis, check_target_ids, positive_int as _positive_int
 from .layers.core import Dense, Dropout, Embedding
 from .layers.transformer import (LayerNormalization, PositionalEncoding, PositionEmbedding, TransformerDecoder,
                                  TransformerEncoder, head_sizes)
@@ -48,15 +48,6 @@ from .models import Model
 __all__ = ["Transformer", "Hypothesis", "LengthBuckets"]
 
 
-class Hypothesis(NamedTuple):
-    """One translation: target ids (without the start and end tokens), its score (the sum of the
-    log probabilities of its tokens and of the end token, divided by the length penalty), and the
-    last decoder layer's cross-attention per head, ``(heads, steps, S)``: a step per token and one
-    for the end token (none when cut at max_length)."""
-
-    tokens: list
-    score: float
-    attention: np.ndarray
 
 
 class _Cache(NamedTuple):
@@ -67,17 +58,6 @@ class _Cache(NamedTuple):
     decoder: object
     decoder_norm: object
     output: object
-
-
-def _top(total, k):
-    """The indices of the k largest entries of each row, largest first, ties to the smaller index
-    (``np.argsort(-total, kind="stable")[:, :k]``) without sorting whole rows: the entries at least
-    as large as each row's k-th largest are the only candidates."""
-    kth = np.partition(total, total.shape[1] - k, axis=1)[:, total.shape[1] - k]
-    rows, cols = np.nonzero(total >= kth[:, None])
-    order = np.lexsort((cols, -total[rows, cols], rows))
-    starts = np.cumsum(np.bincount(rows, minlength=len(total))) - np.bincount(rows, minlength=len(total))
-    return cols[order][starts[:, None] + np.arange(k)]
 
 
 def _strip_markers(sentence):
@@ -477,42 +457,21 @@ class Transformer(Model):
         return logits, state, weights
 
     def greedy_decode(self, source, max_length=None):
-        """The most likely next token at every step, for source ids (B, S); a row leaves the batch
-        at its end token.
+        """The most likely next token at every step, for source ids (B, S) (`attnx.decoding.greedy_search`);
+        a row leaves the batch at its end token.
 
         Returns (tokens (B, L) with the end token and 0 after it, scores (B,) the summed log
         probabilities, attention (B, heads, L, S) of the last decoder layer), L <= max_length."""
         source = self._source(source)
         L = self._decode_length(max_length)
         memory, source_mask, _ = self._encode(source)
-        state = self.start_state(memory, source_mask)
-        B, S = source.shape
-        tokens = np.zeros((B, L), dtype=np.int64)
-        scores = np.zeros(B)
-        attention = np.zeros((B, self.num_heads, L, S), dtype=memory.dtype)
-        active = np.arange(B)
-        prev = np.full(B, self.start_id, dtype=np.int64)
-        steps = 0
-        for t in range(L):
-            logits, state, weights = self.step(prev, t, state, return_attention=True)
-            word = logits.argmax(axis=1)
-            logp = _log_softmax(logits.astype(np.float64))
-            scores[active] += logp[np.arange(len(word)), word]
-            tokens[active, t], attention[active, :, t] = word, weights
-            steps = t + 1
-            going = word != self.end_id
-            if not going.all():
-                active, state = active[going], state.select(going)
-            if not active.size:
-                break
-            prev = word[going]
-        return tokens[:, :steps], scores, attention[:, :, :steps]
+        return decoding.greedy_search(self, self.start_state(memory, source_mask), len(source), self.start_id,
+                                      self.end_id, L)
 
     def beam_search(self, source, width=4, length_penalty=0.0, max_length=None):
-        """Batched beam search with the search rule of `attnx.seq2seq.beam_search` (a finished
-        hypothesis stays in its beam, extended by padding at no cost; final scores divided by
-        GNMT's length penalty ((5 + len) / 6) ** alpha); a sentence leaves the batch once all its
-        beams have ended.
+        """Batched beam search (`attnx.decoding.beam_search`: a finished hypothesis stays in its beam,
+        extended by padding at no cost; final scores divided by GNMT's length penalty
+        ((5 + len) / 6) ** alpha); a sentence leaves the batch once all its beams have ended.
 
         Args:
             source: source ids (B, S).
@@ -520,86 +479,16 @@ class Transformer(Model):
             length_penalty: alpha >= 0.
             max_length: most tokens per hypothesis (default the model's max_length).
         Returns:
-            For each sentence, its `width` `Hypothesis`es, best first.
+            For each sentence, its `width` `Hypothesis`es, best first; their attention is the last
+            decoder layer's per head, (heads, steps, S).
         """
-        if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or not 1 <= width <= \
-                self.target_vocab_size:
-            raise ValueError(f"Transformer.beam_search: `width` must be an integer in [1, target vocabulary size "
-                             f"{self.target_vocab_size}], got {width!r}")
-        if not length_penalty >= 0:
-            raise ValueError(f"Transformer.beam_search: `length_penalty` must be >= 0, got {length_penalty}")
+        width = decoding.beam_width("Transformer.beam_search", width, self.target_vocab_size)
+        alpha = decoding.length_penalty_alpha("Transformer.beam_search", length_penalty)
         source = self._source(source)
         L = self._decode_length(max_length)
         memory, source_mask, _ = self._encode(source)
-        (B, S), W, H = source.shape, int(width), self.num_heads
-        state = self.start_state(memory, source_mask).select(np.repeat(np.arange(B), W))
-        scores = np.full((B, W), -np.inf)
-        scores[:, 0] = 0.0  # all beams start identical: expand only the first
-        lengths = np.zeros((B, W), dtype=np.int64)
-        done = np.zeros((B, W), dtype=bool)
-        # per step, for every sentence: each beam's parent, its token (0 once finished) and attention
-        parents, words, step_weights = [], [], []
-        active = np.arange(B)
-        prev = np.full(B * W, self.start_id, dtype=np.int64)
-        for t in range(L):
-            logits, state, weights = self.step(prev, t, state, return_attention=True)
-            A = len(active)
-            logp = _log_softmax(logits.astype(np.float64)).reshape(A, W, -1)
-            V = logp.shape[-1]
-            finished = done[active]
-            logp[finished] = -np.inf  # a finished hypothesis extends only with padding, at no cost
-            logp[finished, 0] = 0.0
-            total = (scores[active][:, :, None] + logp).reshape(A, W * V)
-            best = _top(total, W)
-            beam, word = best // V, best % V
-            pick = (np.arange(A)[:, None] * W + beam).reshape(-1)
-            state = state.select(pick)
-            was_done = np.take_along_axis(finished, beam, axis=1)
-            scores[active] = np.take_along_axis(total, best, axis=1)
-            lengths[active] = np.take_along_axis(lengths[active], beam, axis=1) + ~was_done
-            parent = np.tile(np.arange(W), (B, 1))
-            parent[active] = beam
-            word = np.where(was_done, 0, word)
-            step_words = np.zeros((B, W), dtype=np.int64)
-            step_words[active] = word
-            step_attention = np.zeros((B, W, H, S), dtype=memory.dtype)
-            step_attention[active] = np.where(was_done[..., None, None], 0, weights[pick].reshape(A, W, H, S))
-            parents.append(parent)
-            words.append(step_words)
-            step_weights.append(step_attention)
-            done[active] = was_done | (word == self.end_id)
-            going = ~done[active].all(axis=1)
-            if not going.all():
-                active, state = active[going], state.select(np.repeat(going, W))
-            if not active.size:
-                break
-            prev = step_words[active].reshape(-1)
-        return self._backtrack(parents, words, step_weights, scores, lengths, length_penalty)
-
-    def _backtrack(self, parents, words, step_weights, scores, lengths, alpha):
-        """The hypotheses of beam search, read back through the parents."""
-        B, W = scores.shape
-        steps = len(words)
-        tokens = np.zeros((B, W, steps), dtype=np.int64)
-        attention = np.zeros((B, W, steps) + step_weights[0].shape[2:], dtype=step_weights[0].dtype)
-        beam = np.broadcast_to(np.arange(W), (B, W))
-        for t in reversed(range(steps)):
-            tokens[:, :, t] = np.take_along_axis(words[t], beam, axis=1)
-            attention[:, :, t] = np.take_along_axis(step_weights[t], beam[..., None, None], axis=1)
-            beam = np.take_along_axis(parents[t], beam, axis=1)
-        results = []
-        for b in range(B):
-            hyps = []
-            for w in range(W):
-                n = int(lengths[b, w])
-                seq = tokens[b, w, :n].tolist()
-                if seq and seq[-1] == self.end_id:
-                    seq = seq[:-1]
-                penalty = _length_penalty(n, alpha)
-                hyps.append(Hypothesis(seq, float(scores[b, w]) / penalty, attention[b, w, :n].transpose(1, 0, 2)))
-            hyps.sort(key=lambda h: -h.score)
-            results.append(hyps)
-        return results
+        return decoding.beam_search(self, self.start_state(memory, source_mask), len(source), self.start_id,
+                                    self.end_id, width, alpha, L)
 
     def translate_batch(self, sentences, width=1, length_penalty=0.0, max_length=None, batch_size=32):
         """Translates sentences (``<start>`` / ``<end>`` markers optional), `batch_size` at a time
@@ -610,6 +499,7 @@ class Transformer(Model):
         ``tokens`` are target ids (`target_text` detokenizes them)."""
         self._require_tokenizers("translate_batch")
         batch_size = _positive_int("Transformer.translate_batch", "batch_size", batch_size)
+        alpha = decoding.length_penalty_alpha("Transformer.translate_batch", length_penalty)
         sentences = list(sentences)
         if not sentences:
             return []
@@ -622,14 +512,10 @@ class Transformer(Model):
             batch = source[rows][:, :lengths[rows].max()]
             if width == 1:
                 tokens, scores, attention = self.greedy_decode(batch, max_length)
-                for i, row in enumerate(rows):
-                    seq = tokens[i].tolist()
-                    n = seq.index(self.end_id) + 1 if self.end_id in seq else len(seq)
-                    penalty = _length_penalty(n, length_penalty)
-                    results[row] = Hypothesis(seq[:n - 1] if seq[n - 1] == self.end_id else seq[:n],
-                                              float(scores[i]) / penalty, attention[i, :, :n])
+                for row, hyp in zip(rows, decoding.greedy_hypotheses(tokens, scores, attention, self.end_id, alpha)):
+                    results[row] = hyp
             else:
-                for row, hyps in zip(rows, self.beam_search(batch, width, length_penalty, max_length)):
+                for row, hyps in zip(rows, self.beam_search(batch, width, alpha, max_length)):
                     results[row] = hyps[0]
         return results
 

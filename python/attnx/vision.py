@@ -36,8 +36,9 @@ from .layers.base import Layer
 from .layers.core import Dense
 from .models import Model
 from .models.graph import _layer_entry, _layer_from_entry
+from . import decoding
 from .decoding import check_target_ids, positive_int as _positive_int, without_trailing_padding as _without_trailing_padding
-from .seq2seq import BahdanauDecoder, beam_search
+from .seq2seq import BahdanauDecoder
 
 __all__ = ["DoublyStochasticRegularization", "ImageCaptioner"]
 
@@ -130,8 +131,9 @@ class ImageCaptioner(Model):
             if self.vocabulary is None:
                 raise ValueError("ImageCaptioner: give `vocab_size` or `vocabulary`")
             vocab_size = len(self.vocabulary)
-        self.start_id = self._token_id(start_token, "start_token")
-        self.end_id = self._token_id(end_token, "end_token")
+        vocab_size = _positive_int("ImageCaptioner", "vocab_size", vocab_size)
+        self.start_id = self._token_id(start_token, "start_token", vocab_size)
+        self.end_id = self._token_id(end_token, "end_token", vocab_size)
         self.max_length = _positive_int("ImageCaptioner", "max_length", max_length)
         self.attention_regularization = float(attention_regularization)
         if not np.isfinite(self.attention_regularization) or self.attention_regularization < 0:
@@ -154,12 +156,12 @@ class ImageCaptioner(Model):
                                        soft_fraction=soft_fraction, dtype=dtype, name="decoder")
         self.build()
 
-    def _token_id(self, token, arg):
-        if isinstance(token, (int, np.integer)) and not isinstance(token, bool):
-            return int(token)
-        if self.vocabulary is None or token not in self.vocabulary:
-            raise ValueError(f"ImageCaptioner: `{arg}` {token!r} is not an id and not a word of the vocabulary")
-        return self.vocabulary.index(token)
+    def _token_id(self, token, arg, vocab_size):
+        if not isinstance(token, (int, np.integer)) or isinstance(token, bool):
+            if self.vocabulary is None or token not in self.vocabulary:
+                raise ValueError(f"ImageCaptioner: `{arg}` {token!r} is not an id and not a word of the vocabulary")
+            token = self.vocabulary.index(token)
+        return decoding.token_id("ImageCaptioner", arg, token, vocab_size)
 
     def build(self, input_shape=None):
         """Creates the weights (they depend on the encoder's annotation size only)."""
@@ -278,17 +280,16 @@ class ImageCaptioner(Model):
         return self.decoder.greedy(annotations, states, self.start_id, self.end_id, L)
 
     def beam_caption(self, images, width=3, length_penalty=0.0, max_length=None):
-        """Batched beam search (`attnx.seq2seq.beam_search`): for each image its `width` `Hypothesis`es,
-        best first, each with the attention over the regions (len(tokens) + 1 steps, L)."""
+        """Batched beam search (`attnx.decoding.beam_search` over the decoder's step): for each image
+        its `width` `Hypothesis`es, best first, each with the attention over the regions
+        (len(tokens) + 1 steps, L)."""
+        owner = "ImageCaptioner.beam_caption"
+        width = decoding.beam_width(owner, width, self.decoder.vocab_size)
+        alpha = decoding.length_penalty_alpha(owner, length_penalty)
         L = self._decode_length(max_length)
-        V = self.decoder.vocab_size
-        if isinstance(width, (int, np.integer)) and not isinstance(width, bool) and width > V:
-            # more beams than words: each step keeps at most V * width of them, and the first only V
-            raise ValueError(f"ImageCaptioner.beam_caption: `width` must be at most the vocabulary size {V}, "
-                             f"got {width}")
         annotations, states, _ = self._annotations(images, False)
-        return beam_search(self.decoder, annotations, None, states, self.start_id, self.end_id, width,
-                           length_penalty, L, owner="ImageCaptioner.beam_caption")
+        return decoding.beam_search(self.decoder, self.decoder.start_state(annotations, states), len(annotations),
+                                    self.start_id, self.end_id, width, alpha, L)
 
     def caption(self, images, width=1, length_penalty=0.0, max_length=None):
         """Captions of images (B, *image_shape): for each, (words, attention (len(words), L)) with one
@@ -298,8 +299,8 @@ class ImageCaptioner(Model):
             tokens, attention = self.greedy_caption(images, max_length)
             found = []
             for row, weights in zip(tokens.tolist(), attention):
-                n = row.index(self.end_id) if self.end_id in row else len(row)
-                found.append((row[:n], weights[:n]))
+                seq, _ = decoding.until_end(row, self.end_id)
+                found.append((seq, weights[:len(seq)]))
         else:
             found = [(best.tokens, best.attention[:len(best.tokens)])
                      for best, *_ in self.beam_caption(images, width, length_penalty, max_length)]

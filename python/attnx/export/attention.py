@@ -1,8 +1,6 @@
 """ONNX converters of Attention (every score), AdditiveAttention, BahdanauAdditiveAttention, LuongAttention, LocalAttention
 (local-m, local-p), HardAttention (argmax inference) and AttentionPooling, as MatMul / Softmax
 decompositions. HardAttention with ``inference="sample"`` is refused (it draws random positions)."""
-import math
-
 import numpy as np
 
 from ..layers.attention import (AdditiveAttention, Attention, AttentionPooling, BahdanauAdditiveAttention,
@@ -10,37 +8,10 @@ from ..layers.attention import (AdditiveAttention, Attention, AttentionPooling, 
 from .registry import converts, output_mask_of, unsupported
 
 
-
 def attention_scores(g, layer, query, key):
-    """The scores (B, Tq, S) of an Attention-family `layer` for query (B, Tq, Dq) and key (B, S, Dk)."""
-    params = layer.params
-    if layer.score in ("dot", "scaled_dot", "general"):
-        scale = 1.0 / math.sqrt(layer.key_size) if layer.score == "scaled_dot" else 1.0
-        if layer.use_scale:
-            scale *= float(params["scale"][0])
-        projected = g.matmul(query, params["kernel"], hint=layer.name) if layer.score == "general" else query
-        scores = g.node("MatMul", [projected, g.transpose(key, 0, 2, 1)])
-        return scores if scale == 1.0 else g.node("Mul", [scores, g.scalar(scale)])
-    if isinstance(layer, AdditiveAttention) or layer.score == "tanh_sum":
-        # Keras' sum(v * tanh(s * (q + k))): AdditiveAttention's v = scale (or 1), s = 1; Attention's
-        # concat score v = concat_score_weight, s = scale (or 1)
-        keras_additive = isinstance(layer, AdditiveAttention)
-        dim = layer.query_size
-        if keras_additive:
-            v = params["scale"] if layer.use_scale else np.ones(dim, layer.dtype)
-        else:
-            v = np.full(dim, params["concat_score_weight"][0], layer.dtype)
-        summed = g.node("Add", [g.unsqueeze(query, 2), g.unsqueeze(key, 1)])
-        if not keras_additive and layer.use_scale:
-            summed = g.node("Mul", [summed, g.scalar(float(params["scale"][0]))])
-        hidden = g.node("Tanh", [summed])
-        return g.squeeze(g.node("MatMul", [hidden, g.weight(np.asarray(v)[:, None], f"{layer.name}/v")]), 3)
-    # concat / additive: v . tanh(q W_q + b + k W_k), over (B, Tq, S, U)
-    pq = g.matmul(query, params["query_kernel"], params.get("bias"), f"{layer.name}/query")
-    pk = g.matmul(key, params["key_kernel"], hint=f"{layer.name}/key")
-    hidden = g.node("Tanh", [g.node("Add", [g.unsqueeze(pq, 2), g.unsqueeze(pk, 1)])])
-    v = layer.score_vector()[:, None]  # weight-normalized when normalize=True
-    return g.squeeze(g.node("MatMul", [hidden, g.weight(v, f"{layer.name}/v")]), 3)
+    """The scores (B, Tq, S) of an Attention-family `layer` for query (B, Tq, Dq) and key (B, S, Dk):
+    its score's ONNX form (`attnx.layers.scores`)."""
+    return layer.score_function.to_onnx(g, layer, query, key)
 
 
 def _masks(g, call):

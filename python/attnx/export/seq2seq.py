@@ -10,10 +10,11 @@
   outputs ``logits`` (batch, V), ``new_h`` (``new_c``, ``new_feed``) and ``attention`` (batch, S),
   the step's attention weights.
 
-The greedy loop (`OnnxSeq2Seq.greedy_decode`) is `Seq2Seq.greedy_decode`'s: the first step reads
-the start id, each next one the argmax of the previous logits (the first maximum); a row that has
-produced the end id gets 0 tokens and zero attention from then on, and the loop stops when every
-row has ended or after max_length steps. The model's start / end ids, max_length and tokenizers
+`OnnxSeq2Seq` runs ``decoder.onnx`` as a decoder of `attnx.decoding`'s step protocol, so its greedy
+decoding is `attnx.decoding.greedy_search`, the search `Seq2Seq.greedy_decode`'s fused loop equals:
+the first step reads the start id, each next one the argmax of the previous logits (the first
+maximum); a row that has produced the end id leaves the batch (0 tokens and zero attention from
+then on), and the loop stops when every row has ended or after max_length steps. The model's start / end ids, max_length and tokenizers
 travel in the decoder's metadata, so `OnnxSeq2Seq` needs only the folder::
 
     attnx.export.to_onnx(model, "mar_onnx")
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import text
+from .. import decoding, text
 from ..layers.recurrent import Bidirectional
 from ..seq2seq import LuongDecoder
 from .attention import local_window, source_lengths
@@ -53,7 +54,7 @@ def _encoder_graph(model):
     g.add_output(mask, "source_mask", np.bool_, ["batch", "source_steps"])
     for name, state in zip(("h", "c"), states):
         g.add_output(state, name, np.float32, ["batch", H])
-    if decoder.score != "dot":
+    if decoder.score_function.decoder_kind != "dot":  # the keys the kernel projects at its first step
         keys = g.matmul(outputs, decoder.params["key_kernel"], hint="decoder/key")
         g.add_output(keys, "keys", np.float32, ["batch", "source_steps", decoder.params["key_kernel"].shape[1]])
     return g
@@ -63,12 +64,7 @@ def _attend(g, decoder, query, encoder_outputs, keys, source_mask, step):
     """(context (B, K), weights (B, S)) of one step's query (B, H), as the decoder kernel attends;
     `step` is the target position (a scalar tensor) for local-m attention."""
     params = decoder.params
-    if decoder.score in ("additive", "concat"):  # v . tanh(q W_q + b_q + keys)
-        pq = g.matmul(query, params["query_kernel"], params["query_bias"], "decoder/query")
-        hidden = g.node("Tanh", [g.node("Add", [g.unsqueeze(pq, 1), keys])])
-        scores = g.node("MatMul", [hidden, g.weight(params["score_vector"], "decoder/score_vector")])
-    else:  # q . keys (general: keys = enc W_k; dot: keys = enc)
-        scores = g.squeeze(g.node("MatMul", [keys or encoder_outputs, g.unsqueeze(query, 2)]), 2)
+    scores = decoder.score_function.decoder_onnx(g, params, query, keys or encoder_outputs)
     if decoder.local_window is None:
         weights = g.masked_softmax(scores, source_mask)
         mixture = weights
@@ -107,7 +103,7 @@ def _decoder_graph(model):
     feed = g.add_input("feed", np.float32, ["batch", H]) if luong else None
     encoder_outputs = g.add_input("encoder_outputs", np.float32, ["batch", "source_steps", K])
     keys = None
-    if decoder.score != "dot":
+    if decoder.score_function.decoder_kind != "dot":
         keys = g.add_input("keys", np.float32, ["batch", "source_steps", decoder.params["key_kernel"].shape[1]])
     source_mask = g.add_input("source_mask", np.bool_, ["batch", "source_steps"])
     local_m = decoder.local_window is not None and decoder.local_mode == "m"
@@ -154,6 +150,18 @@ def seq2seq_to_onnx(model, folder, opset=OPSET):
     return folder
 
 
+class OnnxDecoderState:
+    """The state inputs of ``decoder.onnx`` for N rows (input name -> array): the encoder's outputs
+    (encoder_outputs, source_mask, keys) and the recurrent state (h, c, feed)."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def select(self, rows):
+        """The state of the given rows (an index or bool array), in that order."""
+        return OnnxDecoderState({name: value[rows] for name, value in self.values.items()})
+
+
 class OnnxSeq2Seq:
     """A Seq2Seq exported by `attnx.export.to_onnx`, decoded greedily in ONNX Runtime.
 
@@ -181,6 +189,24 @@ class OnnxSeq2Seq:
         self._decoder_inputs = [i.name for i in self.decoder.get_inputs()]
         self._decoder_outputs = [o.name for o in self.decoder.get_outputs()]
 
+    def start_state(self, source):
+        """The decoding state of source ids (B, S): ``encoder.onnx``'s outputs and a zero feed."""
+        encoded = dict(zip((o.name for o in self.encoder.get_outputs()), self.encoder.run(None, {"source": source})))
+        if "feed" in self._decoder_inputs:
+            encoded["feed"] = np.zeros_like(encoded["h"])
+        return OnnxDecoderState(encoded)
+
+    def step(self, ids, position, state, return_attention=False):
+        """One ``decoder.onnx`` step for N rows: the step protocol of `attnx.decoding`."""
+        values = {**state.values, "previous_ids": ids, "step": np.asarray(position, dtype=np.int64)}
+        outputs = dict(zip(self._decoder_outputs,
+                           self.decoder.run(None, {name: values[name] for name in self._decoder_inputs})))
+        following = dict(state.values)
+        for name in ("h", "c", "feed"):
+            if "new_" + name in outputs:
+                following[name] = outputs["new_" + name]
+        return outputs["logits"], OnnxDecoderState(following), (outputs["attention"] if return_attention else None)
+
     def greedy_decode(self, source, max_length=None):
         """Greedy translations of source ids (B, S) (0 = padding), as `Seq2Seq.greedy_decode`.
 
@@ -188,31 +214,9 @@ class OnnxSeq2Seq:
             (tokens (B, L) int64, 0 after each row's end token; attention (B, L, S)), L <= max_length.
         """
         source = np.asarray(source, dtype=np.int64)
-        L = self.max_length if max_length is None else int(max_length)
-        encoded = dict(zip((o.name for o in self.encoder.get_outputs()), self.encoder.run(None, {"source": source})))
-        B, S = source.shape
-        values = dict(encoded)
-        if "feed" in self._decoder_inputs:
-            values["feed"] = np.zeros_like(encoded["h"])
-        previous = np.full(B, self.start_id, dtype=np.int64)
-        done = np.zeros(B, dtype=bool)
-        tokens = np.zeros((B, L), dtype=np.int64)
-        attention = np.zeros((B, L, S), dtype=np.float32)
-        for t in range(L):
-            values["previous_ids"], values["step"] = previous, np.asarray(t, dtype=np.int64)
-            step = dict(zip(self._decoder_outputs,
-                            self.decoder.run(None, {name: values[name] for name in self._decoder_inputs})))
-            for name in ("h", "c", "feed"):
-                if "new_" + name in step:
-                    values[name] = step["new_" + name]
-            chosen = step["logits"].argmax(axis=-1)  # the first maximum, as the C++ loop
-            live = ~done
-            tokens[live, t] = chosen[live]
-            attention[live, t] = step["attention"][live]
-            previous = np.where(done, 0, chosen)
-            done = done | (live & (chosen == self.end_id))
-            if done.all():
-                return tokens[:, :t + 1], attention[:, :t + 1]
+        L = self.max_length if max_length is None else decoding.positive_int("OnnxSeq2Seq", "max_length", max_length)
+        tokens, _, attention = decoding.greedy_search(self, self.start_state(source), len(source), self.start_id,
+                                                      self.end_id, L)
         return tokens, attention
 
     def translate(self, sentence, max_length=None):
@@ -230,11 +234,8 @@ class OnnxSeq2Seq:
                              f"{sentence!r}")
         ids = source_tokenizer.texts_to_sequences([words])[0]
         tokens, attention = self.greedy_decode(np.asarray([ids], dtype=np.int64), max_length)
-        row = tokens[0].tolist()
-        n = row.index(self.end_id) + 1 if self.end_id in row else len(row)
-        words, weights = row[:n], attention[0, :n]
-        if words and words[-1] == self.end_id:
-            words = words[:-1]
+        words, steps = decoding.until_end(tokens[0].tolist(), self.end_id)
+        weights = attention[0, :steps]
         index_word = self.target_tokenizer.index_word
         return " ".join(index_word.get(int(t), "<unk>") for t in words), weights
 

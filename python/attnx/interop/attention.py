@@ -42,8 +42,8 @@ def _identity_multiple(matrix):
 def _attention_to_keras(layer, keras):
     kwargs = {"dropout": layer.dropout, **keras_kwargs(layer)}
     p = layer.params
-    if layer.score in ("dot", "tanh_sum"):
-        mode = "dot" if layer.score == "dot" else "concat"
+    mode = layer.score_function.keras_name  # Keras' score_mode of this score (attnx.layers.scores)
+    if mode is not None:
         return [(keras.layers.Attention(use_scale=layer.use_scale, score_mode=mode, **kwargs),
                  [w[0] for w in p.values()])]
     if layer.score == "additive" and not layer.normalize and not np.any(p.get("bias", 0)) and \

@@ -18,17 +18,13 @@ whole batch. A query row with nothing to attend to gets zero weights and a zero 
 The layers follow the contract of `attnx.layers.base`: everything one call's backprop needs is in
 the cache that call returns, so a layer applied several times keeps each call's state apart.
 """
-import math
-
 import numpy as np
 
 from .. import backend, initializers, kernels
 from ..masking import as_mask
+from . import scores
 from .base import Layer, dropout_keep
-
-SCORES = ("dot", "scaled_dot", "general", "concat", "additive", "tanh_sum")
-# Keras' score_mode names and the scores they are
-SCORE_MODES = {"dot": "dot", "concat": "tanh_sum"}
+from .scores import project as _dense, project_backward as _dense_backward
 
 
 # ----------------------------------------------------------------------------- functional API
@@ -39,7 +35,7 @@ def _as_float(x, dtype=None):
 
 def _default_scale(query, heads):
     """1 / sqrt(Dk), Dk the per-head size of `query` (B, Tq, H * Dk)."""
-    return 1.0 / math.sqrt(max(1, query.shape[-1] // max(1, int(heads))))
+    return scores.dot_product_scale(query.shape[-1] // max(1, int(heads)))
 
 
 def _with_head_axis(scores):
@@ -130,18 +126,6 @@ def softmax_context_backward(dcontext, weights, value, dweights=None, dropout_ke
     return dscores.reshape(w.shape), dvalue
 
 
-def _dense(x, kernel, bias=None, activation="linear"):
-    """``activation(x . kernel + bias)`` for x (N, C): the projections inside the scores."""
-    return kernels.dense_forward(x=x, kernel=kernel, bias=bias, activation=activation)[0]
-
-
-def _dense_backward(dy, x, kernel, y, activation, dkernel, dbias=None, need_dx=True):
-    """Backward of `_dense` (y its output): adds into dkernel (and dbias), returns dx or None."""
-    # the kernel reads the pre-activation z only for gelu; for the activations used here z is y
-    return kernels.dense_backward(dy=dy, x=x, kernel=kernel, y=y, z=y, activation=activation, dkernel=dkernel,
-                                dbias=dbias, need_dx=need_dx)
-
-
 def _map_arrays(x, fn):
     """`fn` of `x`, or of each non-None item of a list or tuple `x` (the structure kept)."""
     if isinstance(x, (list, tuple)):
@@ -178,7 +162,7 @@ class Attention(Layer):
     """Attention of queries over a source sequence: score -> masked softmax -> context.
 
     ``context = softmax(score(query, key)) . value`` over the source positions, with the scores
-    of Luong et al. (2015) and Bahdanau et al. (2015):
+    of Luong et al. (2015) and Bahdanau et al. (2015) (each one object of `attnx.layers.scores`):
 
     - ``"dot"``: ``q . k`` (Keras' Attention).
     - ``"scaled_dot"``: ``q . k / sqrt(d_k)`` (Vaswani et al.).
@@ -224,31 +208,30 @@ class Attention(Layer):
     def __init__(self, use_scale=False, score_mode="dot", dropout=0.0, seed=None, score=None, units=None,
                  normalize=False, use_bias=None, kernel_initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        if score_mode not in SCORE_MODES:
-            raise ValueError(f"{type(self).__name__}: Invalid value for argument score_mode. Expected one of "
-                             f"{{'dot', 'concat'}}. Received: score_mode={score_mode!r}")
+        owner = type(self).__name__
+        if score_mode not in scores.KERAS_SCORE_MODES:
+            raise ValueError(f"{owner}: Invalid value for argument score_mode. Expected one of "
+                             f"{set(scores.KERAS_SCORE_MODES)}. Received: score_mode={score_mode!r}")
         if score is None:
-            score = SCORE_MODES[score_mode]
+            score = scores.KERAS_SCORE_MODES[score_mode]
         elif score_mode != "dot":
-            raise ValueError(f"{type(self).__name__}: give score_mode (Keras' names) or score (attnx's), not both")
+            raise ValueError(f"{owner}: give score_mode (Keras' names) or score (attnx's), not both")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise ValueError(f"{type(self).__name__}: seed must be an integer or None, got {seed!r}")
-        if score not in SCORES:
-            raise ValueError(f"{type(self).__name__}: score must be one of {', '.join(SCORES)}, got {score!r}")
+            raise ValueError(f"{owner}: seed must be an integer or None, got {seed!r}")
+        score_function = scores.get(score, owner, self.offered_scores)
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
         if units is not None and int(units) <= 0:
             raise ValueError(f"{type(self).__name__}: units must be positive, got {units}")
-        if normalize and score != "additive":
-            raise ValueError(f"{type(self).__name__}: normalize=True applies to score='additive' only")
-        if use_scale and score in ("concat", "additive"):
-            raise ValueError(f"{type(self).__name__}: use_scale applies to dot-style scores; the {score} score "
-                             f"already learns v")
+        if normalize and not score_function.normalizable:
+            raise ValueError(f"{owner}: normalize=True applies to score='additive' only")
+        if use_scale and score_function.learns_vector:
+            raise ValueError(f"{owner}: use_scale applies to dot-style scores; the {score} score already learns v")
         self.score = score
         self.use_scale = bool(use_scale)
         self.units = None if units is None else int(units)
         self.normalize = bool(normalize)
-        self.use_bias = (score == "additive") if use_bias is None else bool(use_bias)
+        self.use_bias = score_function.default_bias if use_bias is None else bool(use_bias)
         self.dropout = float(dropout)
         self.seed = None if seed is None else int(seed)
         self._seed_rng = None if seed is None else np.random.default_rng(self.seed)
@@ -271,29 +254,24 @@ class Attention(Layer):
         k = input_shape[2] if len(input_shape) == 3 else v
         return q, v, k
 
+    # the scores a class offers (None: every score of the registry)
+    offered_scores = None
+
+    @property
+    def score_function(self):
+        """The layer's score: its object in the registry of `attnx.layers.scores`."""
+        return scores.SCORES[self.score]
+
     def build(self, input_shape):
         q, _, k = self._split_shapes(input_shape)
-        dq, dk = q[-1], k[-1]
-        self._sizes = (dq, dk)  # the query and key sizes later calls must match
-        if self.score in ("dot", "scaled_dot", "tanh_sum") and dq != dk:
+        self.query_dim, self.key_dim = q[-1], k[-1]  # the sizes later calls must match
+        if self.score_function.same_sizes and self.query_dim != self.key_dim:
             raise ValueError(f"Layer '{self.name}': the {self.score} score needs query and key of the same size, "
-                             f"got query (..., {dq}) and key (..., {dk}); use score='general', 'concat' or "
-                             f"'additive' to combine different sizes")
-        if self.score == "general":
-            self.add_weight("kernel", (dq, dk), self.kernel_initializer)
-        elif self.score in ("concat", "additive"):
-            units = self.units or dk
-            self.add_weight("query_kernel", (dq, units), self.kernel_initializer)
-            self.add_weight("key_kernel", (dk, units), self.kernel_initializer)
-            if self.use_bias:
-                self.add_weight("bias", (units,), "zeros")
-            self.add_weight("v", (units, 1), self.kernel_initializer)
-            if self.normalize:
-                self.add_weight("g", (1,), initializers.Constant(math.sqrt(1.0 / units)))
-        if self.use_scale:
-            self.add_weight("scale", (1,), "ones")
-        if self.score == "tanh_sum":
-            self.add_weight("concat_score_weight", (1,), "ones")
+                             f"got query (..., {self.query_dim}) and key (..., {self.key_dim}); "
+                             f"{self._different_sizes_hint}")
+        self.score_function.build(self, self.query_dim, self.key_dim)
+
+    _different_sizes_hint = "use score='general', 'concat' or 'additive' to combine different sizes"
 
     # ------------------------------------------------------------------ inputs
     per_query_mask = True  # the value mask may be (B, Tq, S) as well as (B, S)
@@ -323,9 +301,9 @@ class Attention(Layer):
                                  f"got shape {x.shape}")
         if key.shape[1] != S:
             raise ValueError(f"Layer '{self.name}': `key` expected length {S} (the value's), got shape {key.shape}")
-        if (query.shape[-1], key.shape[-1]) != self._sizes:
-            raise ValueError(f"Layer '{self.name}': built for query (..., {self._sizes[0]}) and key "
-                             f"(..., {self._sizes[1]}), got query {np.shape(inputs[0])} and key {key.shape}")
+        if (query.shape[-1], key.shape[-1]) != (self.query_dim, self.key_dim):
+            raise ValueError(f"Layer '{self.name}': built for query (..., {self.query_dim}) and key "
+                             f"(..., {self.key_dim}), got query {np.shape(inputs[0])} and key {key.shape}")
         query_mask = value_mask = None
         if mask is not None:
             if not isinstance(mask, (list, tuple)):
@@ -373,105 +351,14 @@ class Attention(Layer):
         return self._v()
 
     # ------------------------------------------------------------------ forward
-    def _v(self):
-        """The score vector v (weight-normalized when normalize=True)."""
-        v = self.params["v"][:, 0]
-        if not self.normalize:
-            return np.ascontiguousarray(v)
-        return np.ascontiguousarray(self.params["g"][0] * v / np.linalg.norm(v))
-
     def _score_forward(self, query, key):
         """scores (B, Tq, S) for query (B, Tq, Dq), key (B, S, Dk), and what _score_backward needs."""
-        B, Tq, Dq = query.shape
-        S = key.shape[1]
-        if self.score in ("dot", "scaled_dot", "general"):
-            base_scale = 1.0 / math.sqrt(key.shape[-1]) if self.score == "scaled_dot" else 1.0
-            scale = base_scale * float(self.params["scale"][0]) if self.use_scale else base_scale
-            projected = query
-            if self.score == "general":  # q^T W_a k = (q W_a) . k, one GEMM over all query rows
-                # sizes spelled out, not -1, here and below: a zero-length query or key has none to infer
-                projected = _dense(query.reshape(B * Tq, Dq), self.params["kernel"]).reshape(B, Tq, key.shape[2])
-            scores = kernels.dot_scores_forward(query=projected, key=key, scale=scale)
-            return scores, {"projected": projected, "scale": scale, "base_scale": base_scale}
-        if self.score == "tanh_sum":
-            return self._tanh_sum_forward(query, key)
-        units = self.params["key_kernel"].shape[1]
-        # W_a [q; k] = W_q q + W_k k: project each side once, combine inside the score kernel
-        pq = _dense(query.reshape(B * Tq, Dq), self.params["query_kernel"], self.params.get("bias"))
-        pk = _dense(key.reshape(B * S, key.shape[2]), self.params["key_kernel"])
-        v = self._v()
-        pq, pk = pq.reshape(B, Tq, units), pk.reshape(B, S, units)
-        scores, hidden = kernels.additive_scores_forward(pq=pq, pk=pk, v=v)
-        return scores, {"hidden": hidden, "v": v, "pq": pq, "pk": pk}
+        return self.score_function.forward(self, query, key)
 
     def _score_backward(self, dscores, query, key, sc, need_dx=True):
         """(dquery, dkey) from the gradient of the scores, (None, None) when the input gradient is not
         needed; adds the score parameters' gradients."""
-        B, Tq, Dq = query.shape
-        S = key.shape[1]
-        if self.score in ("dot", "scaled_dot", "general"):
-            dscale = np.zeros(1, self.dtype) if self.use_scale else None
-            # the kernel has no flag to skip dquery and dkey; general's kernel gradient needs dprojected anyway
-            dprojected, dkey = kernels.dot_scores_backward(dscores=dscores, query=sc["projected"], key=key,
-                                                         scale=sc["scale"], dscale=dscale)
-            if self.use_scale:  # scores = base * s * q.k; the kernel gave sum(dscores * q.k)
-                self.grads["scale"] += sc["base_scale"] * dscale
-            dquery = dprojected
-            if self.score == "general":
-                Dk = key.shape[2]
-                dquery = _dense_backward(dprojected.reshape(B * Tq, Dk), query.reshape(B * Tq, Dq),
-                                         self.params["kernel"], sc["projected"].reshape(B * Tq, Dk), "linear",
-                                         self.grads["kernel"], need_dx=need_dx)
-                dquery = None if dquery is None else dquery.reshape(B, Tq, Dq)
-            return (dquery, dkey) if need_dx else (None, None)
-        if self.score == "tanh_sum":
-            return self._tanh_sum_backward(dscores, query, key, sc, need_dx)
-        v = sc["v"]
-        dv_used = np.zeros_like(v)
-        dpq, dpk = kernels.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=v, dv=dv_used)
-        self._v_backward(dv_used)
-        units = v.shape[0]
-        dquery = _dense_backward(dpq.reshape(B * Tq, units), query.reshape(B * Tq, Dq), self.params["query_kernel"],
-                                 sc["pq"].reshape(B * Tq, units), "linear", self.grads["query_kernel"],
-                                 self.grads.get("bias"), need_dx=need_dx)
-        dkey = _dense_backward(dpk.reshape(B * S, units), key.reshape(B * S, key.shape[2]), self.params["key_kernel"],
-                               sc["pk"].reshape(B * S, units), "linear", self.grads["key_kernel"], need_dx=need_dx)
-        if not need_dx:
-            return None, None
-        return dquery.reshape(B, Tq, Dq), dkey.reshape(B, S, key.shape[2])
-
-    def _tanh_sum_forward(self, query, key):
-        """Keras' concat score ``w * sum(tanh(s * (q + k)))`` as the additive kernel's ``v . tanh(pq + pk)``
-        with pq = s q, pk = s k and v = w (one per feature)."""
-        s = float(self.params["scale"][0]) if self.use_scale else 1.0
-        pq, pk = (query, key) if s == 1.0 else (query * query.dtype.type(s), key * key.dtype.type(s))
-        v = np.full(query.shape[2], self.params["concat_score_weight"][0], dtype=self.dtype)
-        scores, hidden = kernels.additive_scores_forward(pq=np.ascontiguousarray(pq), pk=np.ascontiguousarray(pk), v=v)
-        return scores, {"hidden": hidden, "v": v, "s": s}
-
-    def _tanh_sum_backward(self, dscores, query, key, sc, need_dx=True):
-        dv = np.zeros_like(sc["v"])
-        dpq, dpk = kernels.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=sc["v"], dv=dv)
-        self.grads["concat_score_weight"] += dv.sum()
-        if self.use_scale:  # pq = s q, pk = s k
-            self.grads["scale"] += np.sum(dpq * query) + np.sum(dpk * key)
-        s = sc["s"]
-        if not need_dx:
-            return None, None
-        return (dpq, dpk) if s == 1.0 else (dpq * dpq.dtype.type(s), dpk * dpk.dtype.type(s))
-
-    def _v_backward(self, dv_used):
-        """Adds the gradient of the used score vector into v (and g when weight-normalized)."""
-        if not self.normalize:
-            self.grads["v"][:, 0] += dv_used
-            return
-        v = self.params["v"][:, 0]
-        norm = np.linalg.norm(v)
-        direction = v / norm
-        # v_used = g * v / |v|: dg = dv_used . v/|v|, dv = g / |v| * (dv_used - (dv_used . v/|v|) v/|v|)
-        along = float(dv_used @ direction)
-        self.grads["g"][0] += along
-        self.grads["v"][:, 0] += self.params["g"][0] / norm * (dv_used - along * direction)
+        return self.score_function.backward(self, dscores, query, key, sc, need_dx)
 
     def _attend(self, scores, query, value, value_mask, causal, training):
         """Masked softmax and context from the scores: (context, weights (B, Tq, S), cache)."""
@@ -606,28 +493,11 @@ class AdditiveAttention(Attention):
     Inputs, masks and outputs as `Attention`.
     """
 
-    def __init__(self, use_scale=True, dropout=0.0, seed=None, **kwargs):
-        super().__init__(dropout=dropout, seed=seed, **kwargs)
-        self.use_scale = bool(use_scale)
+    offered_scores = ("keras_additive",)
+    _different_sizes_hint = "BahdanauAdditiveAttention projects different sizes"
 
-    def build(self, input_shape):
-        q, _, k = self._split_shapes(input_shape)
-        self._sizes = (q[-1], k[-1])
-        if q[-1] != k[-1]:
-            raise ValueError(f"Layer '{self.name}': query and key must have the same size, got query (..., {q[-1]}) "
-                             f"and key (..., {k[-1]}); BahdanauAdditiveAttention projects different sizes")
-        if self.use_scale:
-            self.add_weight("scale", (q[-1],), self.kernel_initializer)
-
-    def _score_forward(self, query, key):
-        v = self.params["scale"] if self.use_scale else np.ones(query.shape[2], self.dtype)
-        scores, hidden = kernels.additive_scores_forward(pq=query, pk=key, v=v)
-        return scores, {"hidden": hidden, "v": v}
-
-    def _score_backward(self, dscores, query, key, sc, need_dx=True):
-        dv = self.grads["scale"] if self.use_scale else np.zeros_like(sc["v"])
-        dquery, dkey = kernels.additive_scores_backward(dscores=dscores, hidden=sc["hidden"], v=sc["v"], dv=dv)
-        return (dquery, dkey) if need_dx else (None, None)
+    def __init__(self, use_scale=True, dropout=0.0, seed=None, score="keras_additive", **kwargs):
+        super().__init__(use_scale=use_scale, dropout=dropout, seed=seed, score=score, **kwargs)
 
     def get_config(self):
         config = super().get_config()
@@ -652,9 +522,10 @@ class BahdanauAdditiveAttention(Attention):
     Inputs, masks and outputs as `Attention`.
     """
 
-    def __init__(self, units=None, normalize=False, use_bias=True, dropout=0.0, **kwargs):
-        kwargs.pop("score", None)
-        super().__init__(score="additive", units=units, normalize=normalize, use_bias=use_bias, dropout=dropout,
+    offered_scores = ("additive",)
+
+    def __init__(self, units=None, normalize=False, use_bias=True, dropout=0.0, score="additive", **kwargs):
+        super().__init__(score=score, units=units, normalize=normalize, use_bias=use_bias, dropout=dropout,
                          **kwargs)
 
     def get_config(self):
@@ -682,9 +553,9 @@ class LuongAttention(Attention):
     ``return_attention_scores=True``.
     """
 
+    offered_scores = ("dot", "general", "concat")
+
     def __init__(self, score="general", attentional_units=None, units=None, dropout=0.0, **kwargs):
-        if score not in ("dot", "general", "concat"):
-            raise ValueError(f"LuongAttention: score must be 'dot', 'general' or 'concat', got {score!r}")
         if attentional_units is not None and int(attentional_units) <= 0:
             raise ValueError(f"LuongAttention: attentional_units must be positive, got {attentional_units}")
         super().__init__(score=score, units=units, dropout=dropout, **kwargs)
@@ -755,14 +626,14 @@ class LocalAttention(Attention):
     Output shape: as `Attention`.
     """
 
+    offered_scores = ("dot", "general", "concat")
+
     def __init__(self, window, mode="local-p", score="general", position_units=None, units=None, dropout=0.0,
                  **kwargs):
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
             raise ValueError(f"LocalAttention: window D must be an integer >= 0, got {window!r}")
         if mode not in ("local-m", "local-p"):
             raise ValueError(f"LocalAttention: mode must be 'local-m' or 'local-p', got {mode!r}")
-        if score not in ("dot", "general", "concat"):
-            raise ValueError(f"LocalAttention: score must be 'dot', 'general' or 'concat', got {score!r}")
         super().__init__(score=score, units=units, dropout=dropout, **kwargs)
         self.window, self.mode = int(window), mode
         self.position_units = None if position_units is None else int(position_units)
@@ -770,8 +641,8 @@ class LocalAttention(Attention):
     def build(self, input_shape):
         super().build(input_shape)
         if self.mode == "local-p":
-            units = self.position_units or self._sizes[0]
-            self.add_weight("position_kernel", (self._sizes[0], units), self.kernel_initializer)
+            units = self.position_units or self.query_dim
+            self.add_weight("position_kernel", (self.query_dim, units), self.kernel_initializer)
             self.add_weight("position_v", (units, 1), self.kernel_initializer)
 
     per_query_mask = False  # the window is placed within each row's real length, read from a (B, S) mask
