@@ -339,16 +339,16 @@ class Attention(Layer):
     @property
     def query_size(self):
         """The query's feature size the built layer takes."""
-        return self._sizes[0]
+        return self.query_dim
 
     @property
     def key_size(self):
         """The key's feature size the built layer takes (the d of the scaled score's 1/sqrt(d))."""
-        return self._sizes[1]
+        return self.key_dim
 
     def score_vector(self):
         """The concat / additive score's vector v (U,), weight-normalized when normalize=True."""
-        return self._v()
+        return self.score_function.vector(self)
 
     # ------------------------------------------------------------------ forward
     def _score_forward(self, query, key):
