@@ -472,6 +472,7 @@ def read_model(path, compile=True):
 def save_weights(model, path):
     if not model.built:
         raise ValueError(f"Model '{model.name}' has no weights yet")
+    os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)  # Keras creates the folder
     _write_archive(path, {"format": WEIGHTS_FORMAT}, model.params)
 
 
