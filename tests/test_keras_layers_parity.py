@@ -324,3 +324,38 @@ def test_lambda_config_round_trip_and_safe_mode():
     scale = 3.0
     with pytest.raises(ValueError, match="enclosing function"):
         layers.Lambda(lambda t: t * scale).get_config()
+
+
+# ------------------------------------------------------------------------------- Keras files
+def test_keras_file_with_the_new_layers_loads_with_the_same_predictions(tmp_path):
+    pytest.importorskip("h5py")
+    from attnx.interop import from_keras, to_keras
+    inp = keras.Input((10, 3))
+    h = keras.layers.Conv1D(4, 3, padding="causal", dilation_rate=2, activation="relu")(inp)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.Permute((2, 1))(h)
+    h = keras.layers.Permute((2, 1))(h)
+    a = keras.layers.GlobalMaxPooling1D()(h)
+    b = keras.layers.Dense(4)(keras.layers.GlobalAveragePooling1D()(h))
+    out = keras.layers.Dot(1, normalize=True)([a, b])
+    model = keras.Model(inp, out)
+    model.compile("adam", "mse")
+    x = _f32(6, 10, 3)
+    model.fit(x, _f32(6, 1), epochs=1, verbose=0)  # moving statistics away from their initial values
+    model.save(tmp_path / "m.keras")
+    ours = from_keras(tmp_path / "m.keras")
+    _close(ours.predict(x), model.predict(x, verbose=0), atol=1e-5, rtol=1e-4)
+    to_keras(ours, tmp_path / "back.keras")
+    again = keras.saving.load_model(tmp_path / "back.keras")
+    _close(again.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-5, rtol=1e-4)
+
+
+def test_keras_file_with_global_average_pooling_2d(tmp_path):
+    pytest.importorskip("h5py")
+    from attnx.interop import from_keras
+    inp = keras.Input((5, 6, 2))
+    out = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 2)(inp)))
+    model = keras.Model(inp, out)
+    model.save(tmp_path / "g.keras")
+    x = _f32(2, 5, 6, 2)
+    _close(from_keras(tmp_path / "g.keras").predict(x), model.predict(x, verbose=0), atol=1e-5, rtol=1e-4)

@@ -67,7 +67,8 @@ class Dataset(collections.abc.Iterable):
     @staticmethod
     def from_tensor_slices(tensors):
         """One element per row of the arrays of `tensors` (an array, or a tuple / dict of arrays with the same
-        first axis; a list is one array, as in tf.data): element i is `tensors` with every array replaced by its row i."""
+        first axis; a list is one array, as in tf.data): element i is `tensors` with every array replaced by
+        its row i."""
         arrays = _as_arrays(tensors)
         leaves = _leaves(arrays)
         if not leaves:

@@ -143,7 +143,8 @@ class Checkpoint:
         optimizer_arrays = dict(header["optimizer_arrays"])
         for name, count in header["layers"].items():
             if name not in self._objects or not isinstance(self._objects[name], Layer):
-                raise ValueError(f"{path}: holds the layer or model {name!r}; this Checkpoint has {sorted(self._objects)}")
+                raise ValueError(f"{path}: holds the layer or model {name!r}; this Checkpoint has "
+                                 f"{sorted(self._objects)}")
             if len(saved.get(name, [])) != count:
                 raise ValueError(f"{path}: layer {name!r} lists {count} weights, the file holds "
                                  f"{len(saved.get(name, []))}")
@@ -156,7 +157,8 @@ class Checkpoint:
                 continue
             weights = [(n, v) for _, n, v in sorted(saved.get(name, []), key=lambda entry: entry[0])]
             slots = [(self._objects[oname], [optimizer_arrays[f"{oname}/{name}/{i:05d}/slot{j}"] for j in range(k)], i)
-                     for oname, state in header["optimizers"].items() for lname, i, k in state["slots"] if lname == name]
+                     for oname, state in header["optimizers"].items()
+                     for lname, i, k in state["slots"] if lname == name]
             callback = _restorer(layer, name, weights, slots, path)
             if not callback():
                 layer.__dict__.setdefault("_deferred_restore", []).append(callback)

@@ -31,6 +31,8 @@ class Conv1D(Layer):
             ends, the odd one at the end, as TensorFlow) or "causal" (zeros before the sequence, so that
             output t sees steps <= t).
         dilation_rate: the gap between the window's taps, default 1 (with strides 1 only, as Keras).
+        groups: the channels and filters split into this many groups, each filter reading its group's
+            channels only (Keras' grouped convolution), default 1.
         activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer:
             as Conv2D.
 
@@ -47,9 +49,10 @@ class Conv1D(Layer):
         if data_format != "channels_last":
             raise ValueError(f"Conv1D: only data_format='channels_last' is supported, got {data_format!r}; "
                              "transpose the inputs to (batch, steps, channels)")
-        if groups != 1:
-            raise ValueError(f"Conv1D: groups={groups!r} is not supported (only 1)")
         self.filters = _positive_int(filters, "filters", "Conv1D")
+        self.groups = _positive_int(groups, "groups", "Conv1D")
+        if self.filters % self.groups:
+            raise ValueError(f"Conv1D: filters={self.filters} must be a multiple of groups={self.groups}")
         self.kernel_size = _one(kernel_size, "kernel_size")
         self.strides = _one(strides, "strides")
         self.dilation_rate = _one(dilation_rate, "dilation_rate")
@@ -75,7 +78,10 @@ class Conv1D(Layer):
         if len(input_shape) != 3 or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, steps, channels) with known channels, "
                              f"got shape {input_shape}")
-        shape = (self.kernel_size, input_shape[-1], self.filters)
+        if input_shape[-1] % self.groups:
+            raise ValueError(f"Layer '{self.name}': {input_shape[-1]} input channels do not split into groups="
+                             f"{self.groups}")
+        shape = (self.kernel_size, input_shape[-1] // self.groups, self.filters)
         _check_elements(shape, "the kernel", f"Layer '{self.name}'")
         self.add_weight("kernel", shape, self.kernel_initializer, self.kernel_regularizer)
         if self.use_bias:
@@ -94,7 +100,7 @@ class Conv1D(Layer):
         kernel = self.params["kernel"]
         if isinstance(inputs, np.ndarray):
             _check_elements(inputs.shape, "the input", f"Layer '{self.name}'")
-        x = self._float_input(inputs, ndim=3, last_dim=kernel.shape[1])
+        x = self._float_input(inputs, ndim=3, last_dim=kernel.shape[1] * self.groups)
         keep = None
         if mask is not None:
             keep = as_mask(mask, x.shape[0], x.shape[1], f"Layer '{self.name}': `mask`")[:, :, None]
@@ -108,23 +114,56 @@ class Conv1D(Layer):
                              f"{steps} (shape {np.shape(inputs)}) with padding 'valid'")
         image = np.ascontiguousarray(x[:, None])
         image_kernel = self._image_kernel()
-        y, z = kernels.conv2d_forward(x=image, kernel=image_kernel, bias=self.params.get("bias"),
-                                      strides=(1, self.strides), padding=padding, activation=self.activation)
-        cache = (image, image_kernel, y, z, padding, keep, steps) if training else None
+        bias = self.params.get("bias")
+        parts = []
+        for images, group_kernel, group_bias in self._groups(image, image_kernel, bias):
+            parts.append(kernels.conv2d_forward(x=images, kernel=group_kernel, bias=group_bias,
+                                                strides=(1, self.strides), padding=padding,
+                                                activation=self.activation))
+        cache = (image, image_kernel, parts, padding, keep, steps) if training else None
+        y = parts[0][0] if self.groups == 1 else np.concatenate([part[0] for part in parts], axis=-1)
         return y[:, 0], cache
 
+    def _groups(self, image, image_kernel, bias):
+        """(channels, kernel, bias) of each group, contiguous (the whole arrays when groups = 1)."""
+        if self.groups == 1:
+            return [(image, image_kernel, bias)]
+        c, f = image.shape[-1] // self.groups, self.filters // self.groups
+        return [(np.ascontiguousarray(image[..., g * c:(g + 1) * c]),
+                 np.ascontiguousarray(image_kernel[..., g * f:(g + 1) * f]),
+                 None if bias is None else np.ascontiguousarray(bias[g * f:(g + 1) * f]))
+                for g in range(self.groups)]
+
     def backprop(self, cache, dy):
-        image, image_kernel, y, z, padding, keep, steps = cache
-        dy = self._grad_input(dy, (y.shape[0], y.shape[2], y.shape[3]))[:, None]
-        dkernel = self.grads["kernel"]
-        dwide = dkernel.reshape((1,) + dkernel.shape) if self.dilation_rate == 1 else np.zeros_like(image_kernel)
-        dx = kernels.conv2d_backward(dy=dy, x=image, kernel=image_kernel, y=y, z=z, strides=(1, self.strides),
-                                     padding=padding, activation=self.activation, dkernel=dwide,
-                                     dbias=self.grads.get("bias"), need_dx=self.input_gradient_needed)
-        if self.dilation_rate > 1:  # the taps' gradients; the zeros between them are no weights
+        image, image_kernel, parts, padding, keep, steps = cache
+        y0 = parts[0][0]
+        dy = self._grad_input(dy, (y0.shape[0], y0.shape[2], self.filters))[:, None]
+        dkernel, dbias = self.grads["kernel"], self.grads.get("bias")
+        direct = self.dilation_rate == 1 and self.groups == 1  # the kernels add into the gradients themselves
+        dwide = dkernel.reshape((1,) + dkernel.shape) if direct else np.zeros_like(image_kernel)
+        dbias_all = dbias if direct or dbias is None else np.zeros_like(dbias)
+        f = self.filters // self.groups
+        dxs = []
+        groups = self._groups(image, image_kernel, None)
+        for g, ((images, group_kernel, _), (y, z)) in enumerate(zip(groups, parts)):
+            one = slice(g * f, (g + 1) * f)
+            dkernel_g = dwide if self.groups == 1 else np.zeros_like(group_kernel)
+            dbias_g = dbias_all if self.groups == 1 or dbias is None else np.zeros(f, dbias.dtype)
+            dxs.append(kernels.conv2d_backward(dy=dy if self.groups == 1 else np.ascontiguousarray(dy[..., one]),
+                                               x=images, kernel=group_kernel, y=y, z=z, strides=(1, self.strides),
+                                               padding=padding, activation=self.activation, dkernel=dkernel_g,
+                                               dbias=dbias_g, need_dx=self.input_gradient_needed))
+            if self.groups > 1:
+                dwide[..., one] += dkernel_g
+                if dbias is not None:
+                    dbias_all[one] += dbias_g
+        if not direct:  # the taps' gradients; the zeros between them are no weights
             dkernel += dwide[0, ::self.dilation_rate]
-        if dx is None:
+            if dbias is not None:
+                dbias += dbias_all
+        if dxs[0] is None:
             return None
+        dx = dxs[0] if self.groups == 1 else np.concatenate(dxs, axis=-1)
         dx = dx[:, 0, dx.shape[2] - steps:]  # without the causal zeros
         if keep is not None:
             dx = dx * keep
@@ -143,6 +182,7 @@ class Conv1D(Layer):
     def get_config(self):
         return {**super().get_config(), "filters": self.filters, "kernel_size": [self.kernel_size],
                 "strides": [self.strides], "padding": self.padding, "dilation_rate": [self.dilation_rate],
+                "groups": self.groups,
                 "activation": self.activation, "use_bias": self.use_bias,
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
                 "bias_initializer": initializers.serialize(self.bias_initializer),

@@ -7,6 +7,7 @@ import types
 import numpy as np
 
 from .. import ops, serialization
+from ..masking import as_mask
 from .base import Layer
 
 _SAFE_MODE_MESSAGE = ("loading a Lambda whose function is Python bytecode (a lambda or a local function) runs "
@@ -61,7 +62,8 @@ class Lambda(Layer):
     (or arithmetic on its inputs), it trains through the tape like any `call` layer.
 
     Args:
-        function: the function of the inputs; it gets `mask` and `training` when it names them.
+        function: the function of the inputs; it gets `mask` and `training` when it names them (a mask of
+            one input as the mask rule reads it: (batch, steps) bool).
         output_shape: the output shape without the batch axis, or a function of the input shape; by
             default found by calling the function on zeros.
         mask: the output mask: None (no mask), an array, or a function ``mask(inputs, input_mask)``.
@@ -93,6 +95,9 @@ class Lambda(Layer):
     def call(self, inputs, mask=None, training=None):
         kwargs = dict(self.arguments)
         if self._takes_mask:
+            if mask is not None and not isinstance(mask, (list, tuple)) and np.ndim(ops.untraced(inputs)) >= 2:
+                shape = np.shape(ops.untraced(inputs))  # the mask rule: (batch, steps) bool, 0/1 or lengths
+                mask = as_mask(mask, shape[0], shape[1], f"Layer '{self.name}': `mask`")
             kwargs["mask"] = mask
         if self._takes_training:
             kwargs["training"] = training

@@ -2,6 +2,7 @@
 steps folded into the batch."""
 import numpy as np
 
+from ..masking import as_mask
 from .base import Layer, get
 
 
@@ -10,7 +11,8 @@ class TimeDistributed(Layer):
     (batch * T, ...) steps, and its outputs unfolded to (batch, T, ...). Its weights are the wrapped
     layer's (the same arrays, under the same names), trained once per call on the sum over the steps.
 
-    A mask (batch, T) passes through to the outputs (Keras); the wrapped layer is called without one.
+    A mask (batch, T), checked by the mask rule, passes through to the outputs (Keras); the wrapped layer is
+    called without one.
     """
 
     supports_masking = True
@@ -69,7 +71,7 @@ class TimeDistributed(Layer):
             self.layer.build(step_shape)
             self.layer.built = True
 
-    def forward(self, inputs, training=False):
+    def forward(self, inputs, training=False, mask=None):
         xs = [np.asarray(x) for x in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
         for x in xs:
             if x.ndim < 3:
@@ -79,6 +81,8 @@ class TimeDistributed(Layer):
                 raise ValueError(f"Layer '{self.name}': inputs must share batch and steps, got shapes "
                                  f"{[x.shape for x in xs]}")
         batch, steps = xs[0].shape[:2]
+        if mask is not None and not isinstance(mask, (list, tuple)):  # checked here, passed on by compute_mask
+            as_mask(mask, batch, steps, f"Layer '{self.name}': `mask`")
         folded = [x.reshape((batch * steps,) + x.shape[2:]) for x in xs]
         self.layer.input_gradient_needed = self.input_gradient_needed
         outputs, cache = self.layer.apply(folded if isinstance(inputs, (list, tuple)) else folded[0],
