@@ -26,6 +26,16 @@ class Callback:
     def on_epoch_end(self, epoch, logs=None): pass
     def on_train_batch_begin(self, batch, logs=None): pass
     def on_train_batch_end(self, batch, logs=None): pass
+    # evaluate, and fit's validation (Keras calls them there too)
+    def on_test_begin(self, logs=None): pass
+    def on_test_end(self, logs=None): pass
+    def on_test_batch_begin(self, batch, logs=None): pass
+    def on_test_batch_end(self, batch, logs=None): pass
+    # predict: on_predict_batch_end's logs hold the batch's {"outputs": ...}
+    def on_predict_begin(self, logs=None): pass
+    def on_predict_end(self, logs=None): pass
+    def on_predict_batch_begin(self, batch, logs=None): pass
+    def on_predict_batch_end(self, batch, logs=None): pass
 
 
 class CallbackList:
