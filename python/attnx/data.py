@@ -84,19 +84,19 @@ class Dataset(collections.abc.Iterable):
         def rows():
             for i in range(n):
                 yield _structure_map(lambda a, i=i: a[i], arrays)
-        return Dataset(rows, n)
+        return _dataset(rows, n)
 
     @staticmethod
     def from_tensors(tensors):
         """A dataset of one element, `tensors`."""
         element = _as_arrays(tensors)
-        return Dataset(lambda: iter([element]), 1)
+        return _dataset(lambda: iter([element]), 1)
 
     @staticmethod
     def range(*args):
         """0, 1, ..., as Python's range, int64 scalars."""
         values = range(*args)
-        return Dataset(lambda: (np.int64(v) for v in values), len(values))
+        return _dataset(lambda: (np.int64(v) for v in values), len(values))
 
     # ------------------------------------------------------------------------- transformations
     def shuffle(self, buffer_size, seed=None, reshuffle_each_iteration=True):
@@ -132,7 +132,7 @@ class Dataset(collections.abc.Iterable):
                 i = int(rng.integers(len(buffer)))
                 buffer[i], buffer[-1] = buffer[-1], buffer[i]
                 yield buffer.pop()
-        return Dataset(shuffled, self._cardinality)
+        return _dataset(shuffled, self._cardinality)
 
     def batch(self, batch_size, drop_remainder=False):
         """Consecutive elements stacked into batches of `batch_size` (the last one smaller unless
@@ -152,7 +152,7 @@ class Dataset(collections.abc.Iterable):
         n = self._cardinality
         if n >= 0:
             n = n // batch_size if drop_remainder else -(-n // batch_size)
-        return Dataset(batches, n)
+        return _dataset(batches, n)
 
     def map(self, map_func, num_parallel_calls=None, deterministic=None):
         """`map_func` applied to each element (a tuple element is passed as separate arguments, as tf.data);
@@ -165,7 +165,7 @@ class Dataset(collections.abc.Iterable):
             for element in source():
                 out = map_func(*element) if isinstance(element, tuple) else map_func(element)
                 yield _structure_map(np.asarray, out)
-        return Dataset(mapped, self._cardinality)
+        return _dataset(mapped, self._cardinality)
 
     def take(self, count):
         """The first `count` elements (-1: all)."""
@@ -182,7 +182,7 @@ class Dataset(collections.abc.Iterable):
                 if i + 1 == count:
                     return
         n = self._cardinality
-        return Dataset(taken, count if n == INFINITE else (min(n, count) if n >= 0 else UNKNOWN))
+        return _dataset(taken, count if n == INFINITE else (min(n, count) if n >= 0 else UNKNOWN))
 
     def skip(self, count):
         """Every element after the first `count`."""
@@ -194,7 +194,7 @@ class Dataset(collections.abc.Iterable):
                 if i >= count:
                     yield element
         n = self._cardinality
-        return Dataset(skipped, max(n - count, 0) if n >= 0 else n)
+        return _dataset(skipped, max(n - count, 0) if n >= 0 else n)
 
     def repeat(self, count=None):
         """The elements `count` times (None or -1: without end)."""
@@ -207,7 +207,7 @@ class Dataset(collections.abc.Iterable):
                 yield from source()
                 done += 1
         n = self._cardinality
-        return Dataset(repeated, INFINITE if count == -1 and n != 0 else (n * count if n >= 0 else n))
+        return _dataset(repeated, INFINITE if count == -1 and n != 0 else (n * count if n >= 0 else n))
 
     def prefetch(self, buffer_size=AUTOTUNE):
         """The same dataset (attnx reads batches as the loop asks for them; tf.data's prefetch has no effect here)."""
@@ -229,13 +229,20 @@ class Dataset(collections.abc.Iterable):
         """The number of elements, INFINITE (-1) or UNKNOWN (-2), as tf.data."""
         return self._cardinality
 
-    def __len__(self):
-        if self._cardinality < 0:
-            raise TypeError("Dataset: the length of an infinite or unknown-size dataset is not defined")
-        return self._cardinality
-
     def __repr__(self):
         return f"<attnx.data.Dataset cardinality={self._cardinality}>"
+
+
+class _SizedDataset(Dataset):
+    """A Dataset whose number of elements is known: it has a length (tf.data's `len` raises for the others,
+    and attnx's datasets of unknown or infinite size have none, so that `fit` reads them as unsized iterables)."""
+
+    def __len__(self):
+        return self._cardinality
+
+
+def _dataset(make_iterator, cardinality):
+    return (_SizedDataset if cardinality >= 0 else Dataset)(make_iterator, cardinality)
 
 
 def _stack(elements):

@@ -84,7 +84,6 @@ class TimeDistributed(Layer):
         if mask is not None and not isinstance(mask, (list, tuple)):  # checked here, passed on by compute_mask
             as_mask(mask, batch, steps, f"Layer '{self.name}': `mask`")
         folded = [x.reshape((batch * steps,) + x.shape[2:]) for x in xs]
-        self.layer.input_gradient_needed = self.input_gradient_needed
         outputs, cache = self.layer.apply(folded if isinstance(inputs, (list, tuple)) else folded[0],
                                           training=training)
         outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
