@@ -48,8 +48,9 @@ def _close(a, b, atol=2e-5, rtol=2e-4):
 def _compare(ours, theirs, inputs, dy, training=False, kwargs=None, keras_kwargs=None):
     ours.build([np.shape(x) for x in inputs] if isinstance(inputs, list) else np.shape(inputs))
     ours.built = True
-    theirs.build([np.shape(x) for x in inputs] if isinstance(inputs, list) else np.shape(inputs))
-    ours.set_weights([w.numpy() if hasattr(w, "numpy") else np.asarray(w) for w in theirs.get_weights()])
+    if not theirs.built:
+        theirs.build([np.shape(x) for x in inputs] if isinstance(inputs, list) else np.shape(inputs))
+    ours.set_weights([np.asarray(w) for w in theirs.get_weights()])
     y_k, dx_k, dw_k = _keras_run(theirs, inputs, dy, training, **(keras_kwargs or {}))
     y_a, dx_a, dw_a = _attnx_run(ours, inputs, dy, training, **(kwargs or {}))
     _close(y_a, y_k)
@@ -87,8 +88,9 @@ def test_conv1d_mask_reads_masked_steps_as_zeros():
     ours, theirs = layers.Conv1D(2, 3, padding="same"), keras.layers.Conv1D(2, 3, padding="same")
     dy = _f32(2, 6, 2)
     ours.build(x.shape)
+    ours.built = True
     theirs.build(x.shape)
-    ours.set_weights([w.numpy() for w in theirs.get_weights()])
+    ours.set_weights([np.asarray(w) for w in theirs.get_weights()])
     y_k, dx_k, _ = _keras_run(theirs, x * mask[:, :, None], dy)
     y_a, dx_a, _ = _attnx_run(ours, x, dy, mask=mask)
     _close(y_a, y_k)
@@ -96,7 +98,7 @@ def test_conv1d_mask_reads_masked_steps_as_zeros():
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"axis": 1}, {"center": False}, {"scale": False, "epsilon": 0.1},
-                                    {"momentum": 0.5, "axis": [1, 2]}])
+                                    {"momentum": 0.5, "axis": -2}])
 @pytest.mark.parametrize("training", [False, True])
 def test_batch_normalization_matches_keras(kwargs, training):
     x = _f32(4, 3, 5) * 2 + 1
@@ -110,7 +112,7 @@ def test_batch_normalization_matches_keras(kwargs, training):
     _compare(ours, theirs, x, _f32(*x.shape), training=training)
     # the moving statistics moved the same way
     for a, k in zip(ours.get_weights(), theirs.get_weights()):
-        _close(a, k.numpy() if hasattr(k, "numpy") else k)
+        _close(a, np.asarray(k))
 
 
 def test_batch_normalization_mask_matches_keras():
@@ -249,7 +251,7 @@ F64_CASES = {
                             lambda r: r.standard_normal((2, 6, 2)), True),
     "BatchNormalization": (lambda: layers.BatchNormalization(dtype="float64"),
                            lambda r: r.standard_normal((3, 4, 2)), False),
-    "BatchNormalization masked": (lambda: layers.BatchNormalization(axis=[1, 2], dtype="float64"),
+    "BatchNormalization masked": (lambda: layers.BatchNormalization(axis=1, dtype="float64"),
                                   lambda r: r.standard_normal((3, 4, 2)), True),
     "GlobalMaxPooling1D": (lambda: layers.GlobalMaxPooling1D(dtype="float64"), lambda r: r.standard_normal((2, 4, 3)),
                            True),
@@ -285,6 +287,7 @@ def test_float64_gradients(name):
     (lambda: layers.Conv1D(2, 3, data_format="channels_first"), ValueError, "channels_last"),
     (lambda: layers.Conv1D(2, 0), ValueError, "kernel_size must be positive"),
     (lambda: layers.BatchNormalization(axis="x"), TypeError, "axis must be an integer"),
+    (lambda: layers.BatchNormalization(axis=[1, 2]), TypeError, "axis must be an integer"),
     (lambda: layers.BatchNormalization(momentum=2), ValueError, "momentum must be in"),
     (lambda: layers.Permute((0, 1)), ValueError, "Invalid permutation"),
     (lambda: layers.Dot([1, 2, 3]), ValueError, "a pair of integers"),
@@ -301,7 +304,6 @@ def test_bad_arguments_name_the_layer(make, error, match):
 @pytest.mark.parametrize("layer,inputs,match", [
     (layers.Conv1D(2, 5), np.zeros((2, 3, 2), np.float32), "longer than the input"),
     (layers.BatchNormalization(axis=3), np.zeros((2, 3), np.float32), "out of range"),
-    (layers.BatchNormalization(axis=[1, -2]), np.zeros((2, 3, 4), np.float32), "duplicate axes"),
     (layers.Dot(1), [np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32)], "do not match"),
     (layers.Dot(0), [np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32)], "batch axis"),
     (layers.Permute((2, 1)), np.zeros((2, 3), np.float32), "permute inputs of rank 3"),

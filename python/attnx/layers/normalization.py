@@ -21,7 +21,7 @@ class BatchNormalization(Layer):
     masked steps out of the batch statistics (they are still normalized), as Keras does.
 
     Args:
-        axis: the feature axis (an int or a list of ints), default -1.
+        axis: the feature axis, default -1.
         momentum: of the moving statistics, default 0.99.
         epsilon: added to the variance, default 1e-3.
         center, scale: whether to learn `beta` / `gamma`.
@@ -38,10 +38,9 @@ class BatchNormalization(Layer):
                  gamma_initializer="ones", moving_mean_initializer="zeros", moving_variance_initializer="ones",
                  beta_regularizer=None, gamma_regularizer=None, **kwargs):
         super().__init__(**kwargs)
-        axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
-        if not axes or any(not isinstance(a, numbers.Integral) or isinstance(a, bool) for a in axes):
-            raise TypeError(f"BatchNormalization: axis must be an integer or a list of integers, got {axis!r}")
-        self.axis = [int(a) for a in axes] if isinstance(axis, (list, tuple)) else int(axis)
+        if not isinstance(axis, numbers.Integral) or isinstance(axis, bool):
+            raise TypeError(f"BatchNormalization: axis must be an integer (the feature axis, as Keras), got {axis!r}")
+        self.axis = int(axis)
         self.momentum, self.epsilon = float(momentum), float(epsilon)
         if not 0.0 <= self.momentum <= 1.0:
             raise ValueError(f"BatchNormalization: momentum must be in [0, 1], got {momentum!r}")
@@ -56,15 +55,12 @@ class BatchNormalization(Layer):
         self.gamma_regularizer = regularizers.get(gamma_regularizer)
 
     def _feature_axes(self, ndim):
-        axes = self.axis if isinstance(self.axis, list) else [self.axis]
-        if any(not -ndim <= a < ndim for a in axes):
+        """[the feature axis, non-negative] for inputs of rank `ndim`."""
+        if not -ndim <= self.axis < ndim:
             raise ValueError(f"Layer '{self.name}': axis {self.axis} is out of range for inputs of rank {ndim}")
-        canonical = sorted(a % ndim for a in axes)
-        if len(set(canonical)) != len(canonical):
-            raise ValueError(f"Layer '{self.name}': duplicate axes in axis={self.axis}")
-        if 0 in canonical:
+        if self.axis % ndim == 0:
             raise ValueError(f"Layer '{self.name}': axis {self.axis} is the batch axis; normalize over features")
-        return canonical
+        return [self.axis % ndim]
 
     def build(self, input_shape):
         axes = self._feature_axes(len(input_shape))
