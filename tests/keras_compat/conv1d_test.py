@@ -69,6 +69,7 @@ def test_conv1d(case):
     layer = layers.Conv1D(**case)
     inputs = np.random.normal(size=[2, 8, 4])
     layer.build(inputs.shape)
+    layer.built = True  # Keras' build marks the layer built
     kernel = np.random.normal(size=layer.params["kernel"].shape)
     bias = np.random.normal(size=(case["filters"],))
     layer.set_weights([kernel, bias])

@@ -29,8 +29,10 @@ def _serialize_function(fn, what):
     if fn.__closure__:
         raise ValueError(f"Lambda: {what} {fn.__name__!r} reads variables of an enclosing function, which a config "
                          "cannot hold; register it with @attnx.register_serializable() or pass them in `arguments`")
-    return {"bytecode": base64.b64encode(marshal.dumps(fn.__code__)).decode("ascii"),
-            "defaults": None if fn.__defaults__ is None else list(fn.__defaults__)}
+    loaded = getattr(fn, "_attnx_bytecode", None)  # marshal's bytes vary between copies of one code object
+    bytecode = loaded[1] if loaded and loaded[0] is fn.__code__ else base64.b64encode(
+        marshal.dumps(fn.__code__)).decode("ascii")
+    return {"bytecode": bytecode, "defaults": None if fn.__defaults__ is None else list(fn.__defaults__)}
 
 
 def _deserialize_function(entry, safe_mode, what):
@@ -54,7 +56,9 @@ def _deserialize_function(entry, safe_mode, what):
     defaults = entry.get("defaults")
     # the function's globals: attnx.ops as `ops`, NumPy as `np` (what a Lambda's function reads), and custom objects
     scope = {"ops": ops, "np": np, **(serialization._scope.get() or {})}
-    return types.FunctionType(code, scope, code.co_name, None if defaults is None else tuple(defaults))
+    fn = types.FunctionType(code, scope, code.co_name, None if defaults is None else tuple(defaults))
+    fn._attnx_bytecode = (code, entry["bytecode"])  # saved again as it was read
+    return fn
 
 
 class Lambda(Layer):
@@ -104,14 +108,17 @@ class Lambda(Layer):
         return self.function(inputs, **kwargs)
 
     def _infers_shapes_by_calling(self):
-        return self._output_shape is None
+        return False  # compute_output_shape calls the function, keeping the inputs' batch size (Keras)
 
     def compute_output_shape(self, input_shape):
-        if self._output_shape is None:
-            return super().compute_output_shape(input_shape)
+        batch = (input_shape[0] if isinstance(input_shape, list) else input_shape)[0]
+        if self._output_shape is None:  # found by calling the function on zeros
+            shapes = super().compute_output_shape(input_shape)
+            if isinstance(shapes, list):
+                return [(batch,) + tuple(s[1:]) for s in shapes]
+            return (batch,) + tuple(shapes[1:])
         if callable(self._output_shape):
             return tuple(self._output_shape(input_shape))
-        batch = (input_shape[0] if isinstance(input_shape, list) else input_shape)[0]
         return (batch,) + self._output_shape
 
     def compute_mask(self, inputs, mask=None):
