@@ -21,9 +21,10 @@ def _recorder(base):
     calls = []
 
     def hook(name):
-        def record(*args):
-            logs = args[-1] if args else None
-            index = args[0] if len(args) == 2 else None
+        def record(*args, logs=None):  # Keras passes logs by keyword, attnx by position
+            if logs is None and args and isinstance(args[-1], dict):
+                args, logs = args[:-1], args[-1]
+            index = args[0] if args else None
             calls.append((name, index, tuple(sorted(logs)) if isinstance(logs, dict) else ()))
         return record
     cb = base()

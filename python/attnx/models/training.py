@@ -335,7 +335,7 @@ class TrainingMixin:
         self._fit_data, self._fit_position = data, {"epoch": int(initial_epoch), "step": 0}
         try:
             cbs.on_train_begin()
-            trained_any = False
+            trained_any, logs = False, {}
             while self._fit_position["epoch"] < epochs and not self.stop_training:
                 epoch, first_step = self._fit_position["epoch"], self._fit_position["step"]
                 cbs.on_epoch_begin(epoch)
@@ -381,7 +381,7 @@ class TrainingMixin:
                     parts = " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
                     print(f"Epoch {epoch + 1}/{epochs} - {time.perf_counter() - start:.1f}s - {parts}", flush=True)
                 cbs.on_epoch_end(epoch, logs)
-            cbs.on_train_end()
+            cbs.on_train_end(logs)  # the last logs, as Keras
         finally:
             self._fit_data = self._fit_position = None
         self.history = history
