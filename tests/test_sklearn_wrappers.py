@@ -80,8 +80,14 @@ def test_warm_start_keeps_training_the_same_model():
 def test_a_model_instance_is_copied():
     X, y = _blobs()
     model = classifier_model(X, np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="must have its weights"):
+        SKLearnClassifier(model).fit(X, y)
+    model.predict(X[:1])  # built
+    before = model.get_weights()
     clf = SKLearnClassifier(model, fit_kwargs={"epochs": 2}).fit(X, y)
-    assert clf.model_ is not model
+    assert clf.model_ is not model and clf.score(X, y) > 0.3
+    for a, b in zip(model.get_weights(), before):  # the given model is not trained
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("make,match", [

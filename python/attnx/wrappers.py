@@ -12,7 +12,8 @@
 
 Needs scikit-learn (imported with this module).
 """
-import copy
+import os
+import tempfile
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -21,11 +22,26 @@ from sklearn.utils.validation import check_array, check_is_fitted, check_X_y
 from .models import Model
 
 
+def _clone(model):
+    """A copy of a compiled model with its weights (its config, compile settings and weights, through the
+    .attnx format)."""
+    from .models import load_model
+    if not model.compiled:
+        raise ValueError("SKLearnClassifier / SKLearnRegressor: the model must be compiled (Keras' rule)")
+    if not (model.built and model.params):
+        raise ValueError("SKLearnClassifier / SKLearnRegressor: a model given as an instance must have its weights "
+                         "(give its first layer input_shape, or an attnx.Input); or pass a function making the model")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.attnx")
+        model.save(path)
+        return load_model(path)
+
+
 class _SKLearnBase(BaseEstimator):
     """What the two estimators share (Keras' SKLBase).
 
     Args:
-        model: a compiled attnx Model (copied before each fit unless `warm_start`), or a function
+        model: a compiled attnx Model (copied, weights and all, before each fit unless `warm_start`), or a function
             ``model(X=..., y=..., **model_kwargs)`` returning a compiled model; y is as the model trains on
             (a classifier's one-hot rows, a regressor's 2-D targets).
         warm_start: keep training the model of the previous fit.
@@ -52,7 +68,7 @@ class _SKLearnBase(BaseEstimator):
         if self.warm_start and hasattr(self, "model_"):
             return self.model_
         if isinstance(self.model, Model):
-            model = copy.deepcopy(self.model)
+            model = _clone(self.model)
         elif callable(self.model):
             model = self.model(X=X, y=y, **(self.model_kwargs or {}))
         else:
@@ -101,13 +117,15 @@ class SKLearnClassifier(ClassifierMixin, _SKLearnBase):
 
     def decision_function(self, X):
         """The model's raw outputs, one column per class."""
-        return self.model_.predict(self._checked(X))
+        X = self._checked(X)  # before self.model_ is read: NotFittedError, as scikit-learn says it
+        return self.model_.predict(X)
 
     def predict_proba(self, X):
         return self.decision_function(X)
 
     def predict(self, X):
-        return self.classes_[np.argmax(self.decision_function(X), axis=1)]
+        scores = self.decision_function(X)  # checks that the estimator was fitted
+        return self.classes_[np.argmax(scores, axis=1)]
 
 
 class SKLearnRegressor(RegressorMixin, _SKLearnBase):
@@ -121,5 +139,6 @@ class SKLearnRegressor(RegressorMixin, _SKLearnBase):
         return y[:, None] if y.ndim == 1 else y
 
     def predict(self, X):
-        out = self.model_.predict(self._checked(X))
+        X = self._checked(X)  # before self.model_ is read: NotFittedError, as scikit-learn says it
+        out = self.model_.predict(X)
         return out.reshape(len(out)) if self._one_target and out.ndim == 2 and out.shape[1] == 1 else out
