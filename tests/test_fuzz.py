@@ -425,14 +425,23 @@ def _gmp_ref(layer, x, mask=None):
     return np.where(m.any(axis=1), np.where(m, x, -np.inf).max(axis=1), 0.0)
 
 
+def _dot_ref(layer, xs):
+    """Keras' batch dot over the last axes, sample by sample."""
+    a, b = (np.asarray(x, np.float64) for x in xs)
+    out = np.stack([np.tensordot(a[i], b[i], (-1, -1)) for i in range(len(a))])
+    return out[:, None] if out.ndim == 1 else out
+
+
 LAYER_CASES.update({  # issue 41's layers
     "TimeDistributed": LayerCase(lambda d: layers.TimeDistributed(layers.Dense(d(st.sampled_from([1, 3])))),
-                                 lambda d, l: floats(d, _shape(d, d(st.sampled_from([3, 4])), features=2)),
-                                 ranks=[(3, 4)]),
+                                 lambda d, l: floats(d, _shape(d, d(st.sampled_from([3, 4])), features=2,
+                                                               zero_ok=False)),
+                                 lambda l, x: np.asarray(x, np.float64) @ l.params["kernel"] + l.params["bias"]),
     "Lambda": LayerCase(lambda d: layers.Lambda(attnx.ops.tanh),
                         lambda d, l: floats(d, _shape(d, d(st.sampled_from([1, 2, 3])))),
                         lambda l, x: np.tanh(np.asarray(x, np.float64))),
-    "BatchNormalization": LayerCase(lambda d: layers.BatchNormalization(),
+    # momentum 1: the moving statistics stay (a training call moves them), so every call reads the same
+    "BatchNormalization": LayerCase(lambda d: layers.BatchNormalization(momentum=1.0),
                                     lambda d, l: floats(d, _shape(d, d(st.sampled_from([2, 3])), features=3)),
                                     lambda l, x: np.asarray(x, np.float64) / np.sqrt(1 + l.epsilon), ranks=[(2, 3)]),
     "Conv1D": LayerCase(lambda d: layers.Conv1D(d(st.sampled_from([1, 4])), d(st.sampled_from([1, 2, 3])),
@@ -447,9 +456,8 @@ LAYER_CASES.update({  # issue 41's layers
                                         lambda d, l: floats(d, _shape(d, 4, zero_ok=False)),
                                         lambda l, x: np.asarray(x, np.float64).mean(axis=(1, 2)), ranks=[(4,)]),
     "Dot": LayerCase(lambda d: layers.Dot(axes=-1),
-                     lambda d, l: [floats(d, s) for s in [_shape(d, 2, zero_ok=False)] * 2],
-                     lambda l, xs: np.sum(np.asarray(xs[0], np.float64) * np.asarray(xs[1], np.float64), axis=1,
-                                          keepdims=True), multi_input=True, ranks=[(2,), (2,)]),
+                     lambda d, l: [floats(d, s) for s in [_shape(d, 2, zero_ok=False)] * 2], _dot_ref,
+                     multi_input=True, ranks=[(2,), (2,)]),
     "Permute": LayerCase(lambda d: layers.Permute((2, 1)), lambda d, l: floats(d, _shape(d, 3)),
                          lambda l, x: np.asarray(x, np.float64).transpose(0, 2, 1), ranks=[(3,)]),
 })

@@ -73,7 +73,7 @@ class Lambda(Layer):
         mask: the output mask: None (no mask), an array, or a function ``mask(inputs, input_mask)``.
         arguments: keyword arguments for `function`.
 
-    Config: a function of `attnx.ops` or a registered one by name; a lambda as its Python bytecode, which
+    Inputs are numeric arrays (a boolean mask is given as `mask`). Config: a function of `attnx.ops` or a registered one by name; a lambda as its Python bytecode, which
     `from_config` loads only with ``safe_mode=False`` (as Keras).
     """
 
@@ -97,6 +97,10 @@ class Lambda(Layer):
         self._takes_mask, self._takes_training = "mask" in names, "training" in names
 
     def call(self, inputs, mask=None, training=None):
+        for x in inputs if isinstance(inputs, (list, tuple)) else [inputs]:
+            dtype = getattr(ops.untraced(x), "dtype", None)
+            if dtype is not None and dtype.kind not in "fiu":  # a mask goes in `mask`
+                raise TypeError(f"Layer '{self.name}': inputs must be numeric arrays, got dtype {dtype}")
         kwargs = dict(self.arguments)
         if self._takes_mask:
             if mask is not None and not isinstance(mask, (list, tuple)) and np.ndim(ops.untraced(inputs)) >= 2:

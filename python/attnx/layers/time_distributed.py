@@ -7,7 +7,8 @@ from .base import Layer, get
 
 
 class TimeDistributed(Layer):
-    """Applies `layer` to every step of (batch, T, ...) inputs: the wrapped layer is called once on the
+    """Applies `layer` to every step of (batch, T, ...) inputs (one array; integers too, for a wrapped
+    Embedding): the wrapped layer is called once on the
     (batch * T, ...) steps, and its outputs unfolded to (batch, T, ...). Its weights are the wrapped
     layer's (the same arrays, under the same names), trained once per call on the sum over the steps.
 
@@ -57,8 +58,6 @@ class TimeDistributed(Layer):
         return self.layer.trainable_params if self.trainable else []
 
     def _step_shape(self, input_shape):
-        if isinstance(input_shape, list):
-            return [self._step_shape(s) for s in input_shape]
         if len(input_shape) < 3:
             raise ValueError(f"Layer '{self.name}': expects inputs (batch, steps, ...) of rank >= 3, got shape "
                              f"{tuple(input_shape)}")
@@ -72,30 +71,31 @@ class TimeDistributed(Layer):
             self.layer.built = True
 
     def forward(self, inputs, training=False, mask=None):
-        xs = [np.asarray(x) for x in (inputs if isinstance(inputs, (list, tuple)) else [inputs])]
-        for x in xs:
-            if x.ndim < 3:
-                raise ValueError(f"Layer '{self.name}': expects inputs (batch, steps, ...) of rank >= 3, got shape "
-                                 f"{x.shape}")
-            if x.shape[:2] != xs[0].shape[:2]:
-                raise ValueError(f"Layer '{self.name}': inputs must share batch and steps, got shapes "
-                                 f"{[x.shape for x in xs]}")
-        batch, steps = xs[0].shape[:2]
-        if mask is not None and not isinstance(mask, (list, tuple)):  # checked here, passed on by compute_mask
+        x = np.asarray(inputs)
+        if x.dtype.kind not in "fiu":  # integers too: token ids for a wrapped Embedding
+            raise TypeError(f"Layer '{self.name}': `inputs` must be a numeric array, got dtype {x.dtype}")
+        if x.ndim < 3:
+            raise ValueError(f"Layer '{self.name}': expects inputs (batch, steps, ...) of rank >= 3, got shape "
+                             f"{x.shape}")
+        batch, steps = x.shape[:2]
+        if batch * steps == 0:
+            raise ValueError(f"Layer '{self.name}': inputs of shape {x.shape} have no steps to apply "
+                             f"{type(self.layer).__name__} to")
+        if mask is not None:  # checked here, passed on by compute_mask
             as_mask(mask, batch, steps, f"Layer '{self.name}': `mask`")
-        folded = [x.reshape((batch * steps,) + x.shape[2:]) for x in xs]
-        outputs, cache = self.layer.apply(folded if isinstance(inputs, (list, tuple)) else folded[0],
-                                          training=training)
+        try:
+            outputs, cache = self.layer.apply(x.reshape((batch * steps,) + x.shape[2:]), training=training)
+        except (TypeError, ValueError) as exc:  # the wrapped layer's words, under this layer's name
+            raise type(exc)(f"Layer '{self.name}' (TimeDistributed, the steps of shape {x.shape}): {exc}") from exc
         outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         unfolded = [np.asarray(o).reshape((batch, steps) + np.shape(o)[1:]) for o in outs]
         result = type(outputs)(unfolded) if isinstance(outputs, (list, tuple)) else unfolded[0]
         if not training:
             return result, None
-        return result, (cache, batch, steps, [o.shape for o in outs], [x.shape for x in xs],
-                        isinstance(inputs, (list, tuple)))
+        return result, (cache, batch, steps, [o.shape for o in outs], x.shape)
 
     def backprop(self, cache, dy):
-        inner, batch, steps, out_shapes, in_shapes, multi_input = cache
+        inner, batch, steps, out_shapes, in_shape = cache
         dys = list(dy) if len(out_shapes) > 1 else [dy]
         folded = [None if d is None else self._grad_input(d, (batch, steps) + s[1:]).reshape(s)
                   for d, s in zip(dys, out_shapes)]
@@ -104,16 +104,13 @@ class TimeDistributed(Layer):
             dx = self.layer.backprop(inner, folded if len(out_shapes) > 1 else folded[0])
         finally:
             self.layer.input_gradient_needed = True
-        dxs = list(dx) if multi_input else [dx]
-        unfolded = [None if d is None else np.asarray(d).reshape(s) for d, s in zip(dxs, in_shapes)]
-        return unfolded if multi_input else unfolded[0]
+        return None if dx is None else np.asarray(dx).reshape(in_shape)
 
     def compute_output_shape(self, input_shape):
-        first = input_shape[0] if isinstance(input_shape, list) else input_shape
         inner = self.layer.compute_output_shape(self._step_shape(input_shape))
         if isinstance(inner, list):
-            return [tuple(first[:2]) + tuple(s[1:]) for s in inner]
-        return tuple(first[:2]) + tuple(inner[1:])
+            return [tuple(input_shape[:2]) + tuple(s[1:]) for s in inner]
+        return tuple(input_shape[:2]) + tuple(inner[1:])
 
     def get_config(self):
         config = super().get_config()
