@@ -268,3 +268,22 @@ def test_a_fresh_process_resumes_from_a_checkpoint_to_the_same_losses(tmp_path):
                              capture_output=True, text=True, timeout=300)
         runs[mode] = eval(out.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(runs["resumed"], runs["first"], rtol=1e-7)
+
+
+def test_load_weights_before_the_model_is_built_is_deferred(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3)).astype("float32")
+    attnx.set_random_seed(0)
+    trained = Net()
+    trained(x)
+    trained.save_weights(str(tmp_path / "w.attnx"))
+    attnx.set_random_seed(9)
+    fresh = Net()
+    fresh.load_weights(str(tmp_path / "w.attnx"))  # no weights yet: Keras defers to the first call
+    out = fresh(x)  # built by this call, with its own initial weights, then the saved ones arrive
+    for a, b in zip(fresh.get_weights(), trained.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(fresh(x), trained(x), rtol=1e-6)
+    assert out.shape == (4, 1)
+    with pytest.raises(ValueError, match="truncated or corrupted"):  # a bad file is an error now, not deferred
+        Net().load_weights(__file__)

@@ -478,4 +478,12 @@ def save_weights(model, path):
 
 def load_weights(model, path):
     _, weights = _read_archive(path, WEIGHTS_FORMAT)
+    if not model.params:  # not built yet (a class model before its first call): assigned after it, as Keras defers
+        def restore():
+            if not model.params:
+                return False
+            assign(model, weights, path)
+            return True
+        model.__dict__.setdefault("_deferred_restore", []).append(restore)  # run by Layer.apply
+        return
     assign(model, weights, path)
