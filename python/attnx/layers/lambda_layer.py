@@ -73,8 +73,9 @@ class Lambda(Layer):
         mask: the output mask: None (no mask), an array, or a function ``mask(inputs, input_mask)``.
         arguments: keyword arguments for `function`.
 
-    Inputs are numeric arrays (a boolean mask is given as `mask`). Config: a function of `attnx.ops` or a registered one by name; a lambda as its Python bytecode, which
-    `from_config` loads only with ``safe_mode=False`` (as Keras).
+    Inputs are numeric arrays (a boolean mask is given as `mask`). Config: a function of `attnx.ops` or a
+    registered one by name; a lambda as its Python bytecode, which `from_config` loads only with
+    ``safe_mode=False`` (as Keras).
     """
 
     def __init__(self, function, output_shape=None, mask=None, arguments=None, **kwargs):
