@@ -462,7 +462,8 @@ class TrainingMixin:
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
                  return_dict=False, callbacks=None):
         """Loss (regularization included, as Keras reports it) and metrics over (x, y): arrays, or
-        `x` an iterable of batches (as in `fit`); `steps` batches of it (default: one pass)."""
+        `x` an iterable of batches (as in `fit`); `steps` batches of it (default: one pass). `callbacks` get
+        Keras' on_test_* hooks."""
         self._check_compiled()
         data = data_adapter.DataAdapter("evaluate", x, y, sample_weight, batch_size=batch_size, steps=steps)
         verbose = 1 if verbose == "auto" else int(verbose)
@@ -476,7 +477,8 @@ class TrainingMixin:
 
     def predict(self, x, batch_size=None, verbose=0, steps=None, callbacks=None):
         """Outputs for x (arrays, or an iterable of batches as in `fit`, targets ignored), computed
-        in batches in inference mode; `steps` batches (default: one pass)."""
+        in batches in inference mode; `steps` batches (default: one pass). `callbacks` get Keras' on_predict_*
+        hooks (on_predict_batch_end's logs: {"outputs": the batch's outputs})."""
         data = data_adapter.DataAdapter("predict", x, batch_size=batch_size, steps=steps, targets=False)
         dist = self._distribute
         cbs = callbacks_module.CallbackList(callbacks or [], self, {"steps": data.steps_per_epoch,
