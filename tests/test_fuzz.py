@@ -407,6 +407,60 @@ LAYER_CASES.update({
                                                                     padding=d(st.sampled_from(["same", "valid"]))),
                                   _image_sample, **IMAGE),
 })
+
+def _seq_channels_sample(draw, layer):
+    """(B, T, C) with T >= the layer's window and C fixed once per layer (Conv1D)."""
+    if not hasattr(layer, "sample_channels"):
+        layer.sample_channels = draw(st.sampled_from([1, 2, 4]))
+    span = getattr(layer, "_span", 1)
+    return floats(draw, (draw(st.sampled_from([1, 2, 3])), span + draw(st.sampled_from([0, 1, 3])),
+                         layer.sample_channels))
+
+
+def _gmp_ref(layer, x, mask=None):
+    x = np.asarray(x, np.float64)
+    if mask is None:
+        return x.max(axis=1)
+    m = np.asarray(mask, bool)[:, :, None]
+    return np.where(m.any(axis=1), np.where(m, x, -np.inf).max(axis=1), 0.0)
+
+
+def _dot_ref(layer, xs):
+    """Keras' batch dot over the last axes, sample by sample."""
+    a, b = (np.asarray(x, np.float64) for x in xs)
+    out = np.stack([np.tensordot(a[i], b[i], (-1, -1)) for i in range(len(a))])
+    return out[:, None] if out.ndim == 1 else out
+
+
+LAYER_CASES.update({  # issue 41's layers
+    "TimeDistributed": LayerCase(lambda d: layers.TimeDistributed(layers.Dense(d(st.sampled_from([1, 3])))),
+                                 lambda d, l: floats(d, _shape(d, d(st.sampled_from([3, 4])), features=2,
+                                                               zero_ok=False)),
+                                 lambda l, x: np.asarray(x, np.float64) @ l.params["kernel"] + l.params["bias"]),
+    "Lambda": LayerCase(lambda d: layers.Lambda(attnx.ops.tanh),
+                        lambda d, l: floats(d, _shape(d, d(st.sampled_from([1, 2, 3])))),
+                        lambda l, x: np.tanh(np.asarray(x, np.float64))),
+    # momentum 1: the moving statistics stay (a training call moves them), so every call reads the same
+    "BatchNormalization": LayerCase(lambda d: layers.BatchNormalization(momentum=1.0),
+                                    lambda d, l: floats(d, _shape(d, d(st.sampled_from([2, 3])), features=3)),
+                                    lambda l, x: np.asarray(x, np.float64) / np.sqrt(1 + l.epsilon), ranks=[(2, 3)]),
+    "Conv1D": LayerCase(lambda d: layers.Conv1D(d(st.sampled_from([1, 4])), d(st.sampled_from([1, 2, 3])),
+                                                padding=d(st.sampled_from(["same", "valid", "causal"])),
+                                                dilation_rate=d(st.sampled_from([1, 2])),
+                                                activation=d(st.sampled_from(ACTS))),
+                        _seq_channels_sample, ranks=[(3,)], mask=True),
+    "GlobalMaxPooling1D": LayerCase(lambda d: layers.GlobalMaxPooling1D(),
+                                    lambda d, l: floats(d, _shape(d, 3, zero_ok=False)), _gmp_ref, ranks=(3,),
+                                    mask=True),
+    "GlobalAveragePooling2D": LayerCase(lambda d: layers.GlobalAveragePooling2D(),
+                                        lambda d, l: floats(d, _shape(d, 4, zero_ok=False)),
+                                        lambda l, x: np.asarray(x, np.float64).mean(axis=(1, 2)), ranks=[(4,)]),
+    "Dot": LayerCase(lambda d: layers.Dot(axes=-1),
+                     lambda d, l: [floats(d, s) for s in [_shape(d, 2, zero_ok=False)] * 2], _dot_ref,
+                     multi_input=True, ranks=[(2,), (2,)]),
+    "Permute": LayerCase(lambda d: layers.Permute((2, 1)), lambda d, l: floats(d, _shape(d, 3)),
+                         lambda l, x: np.asarray(x, np.float64).transpose(0, 2, 1), ranks=[(3,)]),
+})
 CASE_NAMES = sorted(LAYER_CASES)
 
 

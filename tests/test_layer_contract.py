@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import attnx
+import keras_layer_cases
 from attnx import layers
 
 F64 = "float64"
@@ -114,6 +115,7 @@ CASES = {
     "FilterbankWrite": (lambda: layers.FilterbankWrite(5, 6, dtype=F64),
                         lambda r, B, T: [(r.standard_normal((B, 3, 3)), "x"), (0.3 * r.standard_normal((B, 5)), "x")]),
 }
+CASES.update(keras_layer_cases.CASES)  # issue 41's layers (tests/keras_layer_cases.py)
 # HardAttention trains by REINFORCE: each training call needs its reward (`set_reward(rewards, cache)`)
 # before backprop, which a generic model does not give it; its shared-call gradients are checked
 # with rewards in test_attention.py. Here: inference only.
@@ -395,6 +397,7 @@ MASKED = {
     "TransformerDecoder (encoder_padding_mask)": (lambda: layers.TransformerDecoder(2, 2, 8),
                                                   lambda l, x, m: l([x, x], encoder_padding_mask=m)),
 }
+MASKED.update(keras_layer_cases.MASKED)  # issue 41's layers (tests/keras_layer_cases.py)
 
 
 def test_every_masked_layer_is_in_the_mask_table():

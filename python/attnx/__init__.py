@@ -19,10 +19,10 @@ from . import seq2seq, vision  # noqa: E402  (registers Seq2Seq, ImageCaptioner,
 
 
 def __getattr__(name):
-    # datasets, distributed (mpi4py), draw, export (onnx), hierarchical, interop (torch), plot (matplotlib),
-    # testing and utils load on first use, keeping `import attnx` fast
-    if name in ("datasets", "distributed", "draw", "export", "hierarchical", "interop", "plot", "testing", "text",
-                "utils"):
+    # data, datasets, distributed (mpi4py), draw, export (onnx), hierarchical, interop (torch), plot (matplotlib),
+    # testing, train, utils and wrappers (scikit-learn) load on first use, keeping `import attnx` fast
+    if name in ("data", "datasets", "distributed", "draw", "export", "hierarchical", "interop", "plot", "testing",
+                "text", "train", "utils", "wrappers"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'attnx' has no attribute {name!r}")

@@ -26,6 +26,16 @@ class Callback:
     def on_epoch_end(self, epoch, logs=None): pass
     def on_train_batch_begin(self, batch, logs=None): pass
     def on_train_batch_end(self, batch, logs=None): pass
+    # evaluate, and fit's validation (Keras calls them there too)
+    def on_test_begin(self, logs=None): pass
+    def on_test_end(self, logs=None): pass
+    def on_test_batch_begin(self, batch, logs=None): pass
+    def on_test_batch_end(self, batch, logs=None): pass
+    # predict: on_predict_batch_end's logs hold the batch's {"outputs": ...}
+    def on_predict_begin(self, logs=None): pass
+    def on_predict_end(self, logs=None): pass
+    def on_predict_batch_begin(self, batch, logs=None): pass
+    def on_predict_batch_end(self, batch, logs=None): pass
 
 
 class CallbackList:
@@ -440,3 +450,138 @@ def _check_rng_state(state, path, what):
     except (TypeError, ValueError, KeyError, OverflowError) as exc:
         raise ValueError(f"{path}: field '{what}' is not a state of {type(trial).__name__} "
                          f"({type(exc).__name__}: {exc})") from exc
+
+
+# ------------------------------------------------------------------------------------------- TensorBoard
+def _crc32c_table():
+    table = []
+    for i in range(256):
+        crc = i
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def _masked_crc32c(data):
+    """TFRecord's checksum: CRC-32C (Castagnoli), rotated and offset ("masked")."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(value):
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number, wire_type, payload):
+    """One protobuf field: its key, then the payload (length-prefixed for wire type 2)."""
+    key = _varint((number << 3) | wire_type)
+    return key + (_varint(len(payload)) + payload if wire_type == 2 else payload)
+
+
+def _event(wall_time, step=None, file_version=None, scalars=()):
+    """An `Event` protobuf (tensorflow/core/util/event.proto): wall_time = 1 (double), step = 2 (int64),
+    file_version = 3, summary = 5 holding `Summary.Value`s (tag = 1, simple_value = 2, a float)."""
+    import struct
+    message = _field(1, 1, struct.pack("<d", wall_time))
+    if step is not None:
+        message += _field(2, 0, _varint(int(step) & 0xFFFFFFFFFFFFFFFF))
+    if file_version is not None:
+        message += _field(3, 2, file_version.encode())
+    if scalars:
+        values = b"".join(_field(1, 2, _field(1, 2, tag.encode()) + _field(2, 5, struct.pack("<f", value)))
+                          for tag, value in scalars)
+        message += _field(5, 2, values)
+    return message
+
+
+class _EventWriter:
+    """One TensorBoard event file (TFRecords of `Event`s), written as TensorBoard's readers expect it."""
+
+    def __init__(self, folder):
+        import socket
+        import time
+        os.makedirs(folder, exist_ok=True)
+        self.path = os.path.join(folder, f"events.out.tfevents.{time.time():.0f}.{socket.gethostname()}."
+                                         f"{os.getpid()}.attnx")
+        self._file = open(self.path, "ab")
+        self.write(_event(time.time(), file_version="brain.Event:2"))
+
+    def write(self, event):
+        import struct
+        length = struct.pack("<Q", len(event))
+        self._file.write(length + struct.pack("<I", _masked_crc32c(length)) + event +
+                         struct.pack("<I", _masked_crc32c(event)))
+
+    def scalars(self, step, values):
+        import time
+        self.write(_event(time.time(), step=step, scalars=[(k, float(v)) for k, v in values.items()]))
+        self._file.flush()
+
+    def close(self):
+        self._file.close()
+
+
+class TensorBoard(Callback):
+    """Writes the logs of `fit` as TensorBoard scalars (Keras' TensorBoard callback, scalars only): under
+    `log_dir`, ``train/`` gets each epoch's training logs and ``validation/`` the ``val_`` ones (without the
+    prefix), tagged ``epoch_<name>`` as Keras tags them; with ``update_freq="batch"`` or an integer n,
+    ``train/`` also gets every n-th batch's logs tagged ``batch_<name>``. The files are TensorBoard's event
+    format, written without TensorFlow; ``tensorboard --logdir <log_dir>`` shows them.
+
+    Args:
+        log_dir: the folder (created).
+        update_freq: "epoch" (default), "batch" (every batch) or a number of batches.
+    """
+
+    def __init__(self, log_dir="logs", update_freq="epoch", **ignored):
+        super().__init__()
+        if update_freq not in ("epoch", "batch") and (isinstance(update_freq, bool) or
+                                                     not isinstance(update_freq, int) or update_freq < 1):
+            raise ValueError(f"TensorBoard: update_freq must be 'epoch', 'batch' or a positive integer, got "
+                             f"{update_freq!r}")
+        self.log_dir = os.fspath(log_dir)
+        self.update_freq = 1 if update_freq == "batch" else update_freq
+        self._writers = {}
+        self._batches = 0
+
+    def _writer(self, name):
+        if name not in self._writers:
+            self._writers[name] = _EventWriter(os.path.join(self.log_dir, name))
+        return self._writers[name]
+
+    def on_train_begin(self, logs=None):
+        self._batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+        if self.update_freq != "epoch" and self._batches % self.update_freq == 0:
+            values = {f"batch_{k}": v for k, v in (logs or {}).items() if np.ndim(v) == 0}
+            self._writer("train").scalars(self._batches, values)
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = {k: v for k, v in (logs or {}).items() if np.ndim(v) == 0}
+        train = {f"epoch_{k}": v for k, v in logs.items() if not k.startswith("val_")}
+        validation = {f"epoch_{k[4:]}": v for k, v in logs.items() if k.startswith("val_")}
+        if self.model is not None and getattr(self.model, "optimizer", None) is not None:
+            train["epoch_learning_rate"] = self.model.optimizer.current_learning_rate
+        self._writer("train").scalars(epoch, train)
+        if validation:
+            self._writer("validation").scalars(epoch, validation)
+
+    def on_train_end(self, logs=None):
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}

@@ -874,3 +874,71 @@ def _scatter_add(x, key, g):
     dx = np.zeros(np.shape(x), dtype=np.result_type(g))
     np.add.at(dx, key, g)
     return dx
+
+
+# ============================================================ the ops a tutorial uses (Keras 3 names)
+# Comparisons, logic, argmax / argmin and zeros / ones make integer or boolean values, which have no
+# gradient; `cast` to a float dtype keeps the gradient (cast back to the input's dtype).
+def zeros(shape, dtype="float32"):
+    """An array of zeros of `shape` (an int or a tuple of ints) and `dtype`."""
+    return np.zeros(shape, dtype=np.dtype(dtype))
+
+
+def ones(shape, dtype="float32"):
+    """An array of ones of `shape` (an int or a tuple of ints) and `dtype`."""
+    return np.ones(shape, dtype=np.dtype(dtype))
+
+
+def equal(x1, x2):
+    """``x1 == x2`` elementwise with broadcasting, as bool (no gradient)."""
+    return np.equal(untraced(x1), untraced(x2))
+
+
+def not_equal(x1, x2):
+    """``x1 != x2`` elementwise with broadcasting, as bool (no gradient); e.g. the mask ``not_equal(ids, 0)``."""
+    return np.not_equal(untraced(x1), untraced(x2))
+
+
+def logical_and(x1, x2):
+    """Elementwise `and` of the truth values of `x1` and `x2` (bool, no gradient)."""
+    return np.logical_and(untraced(x1), untraced(x2))
+
+
+def logical_or(x1, x2):
+    """Elementwise `or` of the truth values of `x1` and `x2` (bool, no gradient)."""
+    return np.logical_or(untraced(x1), untraced(x2))
+
+
+def logical_not(x):
+    """Elementwise `not` of the truth values of `x` (bool, no gradient)."""
+    return np.logical_not(untraced(x))
+
+
+def argmax(x, axis=None, keepdims=False):
+    """The index of the largest value along `axis` (the first on ties; None: of the flattened array), int64."""
+    return np.argmax(untraced(x), axis=axis, keepdims=keepdims).astype(np.int64)
+
+
+def argmin(x, axis=None, keepdims=False):
+    """The index of the smallest value along `axis` (the first on ties; None: of the flattened array), int64."""
+    return np.argmin(untraced(x), axis=axis, keepdims=keepdims).astype(np.int64)
+
+
+def _cast(x, dtype):
+    return np.asarray(x).astype(dtype)
+
+
+def cast(x, dtype):
+    """`x` converted to `dtype` (NumPy's conversion: floats to integers truncate toward zero). A float
+    result of a traced float value keeps its gradient; any other result has none."""
+    dtype = np.dtype(dtype)
+    value = untraced(x)
+    if dtype.kind != "f" or np.asarray(value).dtype.kind != "f":
+        return _cast(value, dtype)
+    return _apply("cast", _cast, x, dtype=dtype)
+
+
+# out = cast(x):  dx = g in x's dtype
+_GRADIENTS["cast"] = lambda g, out, x, dtype: (np.asarray(g).astype(np.asarray(x).dtype),)
+__all__ += ["zeros", "ones", "equal", "not_equal", "logical_and", "logical_or", "logical_not", "argmax", "argmin",
+            "cast"]

@@ -480,9 +480,18 @@ def read_model(path, compile=True):
 def save_weights(model, path):
     if not model.built:
         raise ValueError(f"Model '{model.name}' has no weights yet")
+    os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)  # Keras creates the folder
     _write_archive(path, {"format": WEIGHTS_FORMAT}, model.params)
 
 
 def load_weights(model, path):
     _, weights = _read_archive(path, WEIGHTS_FORMAT)
+    if not model.params:  # not built yet (a class model before its first call): assigned after it, as Keras defers
+        def restore():
+            if not model.params:
+                return False
+            assign(model, weights, path)
+            return True
+        model.__dict__.setdefault("_deferred_restore", []).append(restore)  # run by Layer.apply
+        return
     assign(model, weights, path)

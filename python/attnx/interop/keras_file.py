@@ -50,7 +50,7 @@ class _OpOutput:
 
 
 def _import_converters():
-    from . import attention, conv, core, recurrent, transformer  # noqa: F401  (they register themselves)
+    from . import attention, conv, core, keras_layers, recurrent, transformer  # noqa: F401  (they register themselves)
 
 
 def _import_keras():
@@ -329,6 +329,7 @@ def _op_outputs(value):
 # Keras layers that pass the mask of Embedding(mask_zero=True) on to the layers after them (the
 # recurrent ones when they return sequences); any other layer ends it (pooling, Flatten, custom ones)
 _PASS_MASK = {"Dropout", "SpatialDropout1D", "Dense", "Activation", "LayerNormalization", "TimeDistributed",
+              "BatchNormalization",
               "Attention", "AdditiveAttention", "MultiHeadAttention", "Add", "Concatenate"}
 _RECURRENT = {"SimpleRNN", "GRU", "LSTM", "Bidirectional"}
 

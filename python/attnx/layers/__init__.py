@@ -5,9 +5,15 @@ from .base import Layer, get
 from .conv import AveragePooling2D, Conv2D, MaxPooling2D
 from .core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D, Masking,
                    Multiply, RepeatVector, Reshape, SpatialDropout1D)
+from .conv1d import Conv1D
 from .draw import FilterbankRead, FilterbankWrite
+from .lambda_layer import Lambda
 from .lstmn import LSTMN
+from .normalization import BatchNormalization
+from .pooling import GlobalAveragePooling2D, GlobalMaxPooling1D
 from .recurrent import GRU, LSTM, Bidirectional, GRUCell, LSTMCell, SimpleRNN, SimpleRNNCell
+from .shape import Dot, Permute
+from .time_distributed import TimeDistributed
 from .transformer import (FeedForward, LayerNormalization, MultiHeadAttention, PositionalEncoding, PositionEmbedding,
                           TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
 
@@ -19,4 +25,5 @@ __all__ = ["Layer", "Activation", "Add", "Concatenate", "Dense", "Dropout", "Emb
            "LocalAttention", "LuongAttention", "FeedForward", "LayerNormalization", "MultiHeadAttention",
            "PositionalEncoding", "PositionEmbedding", "TransformerDecoder", "TransformerDecoderLayer",
            "TransformerEncoder", "TransformerEncoderLayer", "Conv2D", "MaxPooling2D", "AveragePooling2D",
-           "LSTMN", "FilterbankRead", "FilterbankWrite"]
+           "LSTMN", "FilterbankRead", "FilterbankWrite", "TimeDistributed", "Lambda", "BatchNormalization", "Conv1D",
+           "GlobalMaxPooling1D", "GlobalAveragePooling2D", "Dot", "Permute"]

@@ -196,8 +196,9 @@ class Layer:
         return list(self._regularizers.items())
 
     def _frozen_params(self):
-        """ids of the weights of sublayers that are not trainable."""
-        return {id(p) for _, layer in self._sublayers() if not layer.trainable for p in layer.params.values()}
+        """ids of the sublayers' weights that are not trainable (a frozen sublayer's, BatchNormalization's moving
+        statistics)."""
+        return {id(p) for _, layer in self._sublayers() for p in layer.non_trainable_weights}
 
     def get_weights(self):
         """Copies of the parameters, in Keras' order."""
@@ -334,7 +335,10 @@ class Layer:
             kwargs["training"] = training
         if mask is not None and self._accepts("mask"):
             kwargs["mask"] = mask
-        return self.forward(inputs, *args, **kwargs)
+        result = self.forward(inputs, *args, **kwargs)
+        if self.__dict__.get("_deferred_restore"):  # weights restored before they existed (attnx.train.Checkpoint)
+            self._deferred_restore = [restore for restore in self._deferred_restore if not restore()]
+        return result
 
     def _accepts(self, arg):
         return arg in _parameters(type(self).forward)

@@ -333,7 +333,7 @@ class TrainingMixin:
         self._fit_data, self._fit_position = data, {"epoch": int(initial_epoch), "step": 0}
         try:
             cbs.on_train_begin()
-            trained_any = False
+            trained_any, logs = False, {}
             while self._fit_position["epoch"] < epochs and not self.stop_training:
                 epoch, first_step = self._fit_position["epoch"], self._fit_position["step"]
                 cbs.on_epoch_begin(epoch)
@@ -370,7 +370,8 @@ class TrainingMixin:
                 self._sum_metrics_over_ranks()
                 logs = {"loss": loss_mean.result(), **self._metric_results()}
                 if validation is not None:
-                    logs.update({f"val_{k}": v for k, v in self._evaluate(validation, "validation_data").items()})
+                    logs.update({f"val_{k}": v for k, v in self._evaluate(validation, "validation_data",
+                                                                          callbacks=cbs).items()})
                 if bar is not None:
                     bar.set_postfix({k: f"{v:.4f}" for k, v in logs.items()})
                     bar.close()
@@ -378,7 +379,7 @@ class TrainingMixin:
                     parts = " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
                     print(f"Epoch {epoch + 1}/{epochs} - {time.perf_counter() - start:.1f}s - {parts}", flush=True)
                 cbs.on_epoch_end(epoch, logs)
-            cbs.on_train_end()
+            cbs.on_train_end(logs)  # the last logs, as Keras
         finally:
             self._fit_data = self._fit_position = None
         self.history = history
@@ -431,14 +432,19 @@ class TrainingMixin:
             raise ValueError(f"Model '{self.name}': expected {self._num_outputs()} target arrays, got {len(ys)}")
         return ys
 
-    def _evaluate(self, data, what, verbose=0):
+    def _evaluate(self, data, what, verbose=0, callbacks=None):
         """Loss and metrics over the batches of one epoch of `data` (a DataAdapter), as a dict."""
         self._reset_metrics()
         loss_mean = metrics_module.Mean("loss")
         bar = _progress(data.steps_per_epoch, "Evaluate", verbose == 1)
-        for batch in data.epoch():
+        callbacks = callbacks or callbacks_module.CallbackList([], self, {})
+        callbacks.on_test_begin()
+        for step, batch in enumerate(data.epoch()):
             self._build_for(batch.x)
-            loss_mean.update_state(self.test_step(batch.x, batch.y, batch.sample_weight), batch.size)
+            callbacks.on_test_batch_begin(step)
+            loss = self.test_step(batch.x, batch.y, batch.sample_weight)
+            loss_mean.update_state(loss, batch.size)
+            callbacks.on_test_batch_end(step, {"loss": loss_mean.result(), **self._metric_results()})
             if bar is not None:
                 bar.update(1)
         if bar is not None:
@@ -447,40 +453,51 @@ class TrainingMixin:
         if not loss_mean.count:
             raise ValueError(f"{what}: the data gave no batch (a generator gives its batches once: give "
                              f"{'validation_steps' if what == 'validation_data' else 'steps'} and enough batches)")
-        return {"loss": loss_mean.result(), **self._metric_results()}
+        logs = {"loss": loss_mean.result(), **self._metric_results()}
+        callbacks.on_test_end(logs)
+        return logs
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None,
-                 return_dict=False):
+                 return_dict=False, callbacks=None):
         """Loss (regularization included, as Keras reports it) and metrics over (x, y): arrays, or
-        `x` an iterable of batches (as in `fit`); `steps` batches of it (default: one pass)."""
+        `x` an iterable of batches (as in `fit`); `steps` batches of it (default: one pass). `callbacks` get
+        Keras' on_test_* hooks."""
         self._check_compiled()
         data = data_adapter.DataAdapter("evaluate", x, y, sample_weight, batch_size=batch_size, steps=steps)
         verbose = 1 if verbose == "auto" else int(verbose)
         dist = self._distribute
+        cbs = callbacks_module.CallbackList(callbacks or [], self, {"steps": data.steps_per_epoch, "verbose": verbose})
         if dist is not None:
-            logs = dist.run(self, self._evaluate, data, "evaluate", verbose if dist.is_main else 0)
+            logs = dist.run(self, self._evaluate, data, "evaluate", verbose if dist.is_main else 0, cbs)
         else:
-            logs = self._evaluate(data, "evaluate", verbose)
+            logs = self._evaluate(data, "evaluate", verbose, cbs)
         return self._result(logs, return_dict)
 
-    def predict(self, x, batch_size=None, verbose=0, steps=None):
+    def predict(self, x, batch_size=None, verbose=0, steps=None, callbacks=None):
         """Outputs for x (arrays, or an iterable of batches as in `fit`, targets ignored), computed
-        in batches in inference mode; `steps` batches (default: one pass)."""
+        in batches in inference mode; `steps` batches (default: one pass). `callbacks` get Keras' on_predict_*
+        hooks (on_predict_batch_end's logs: {"outputs": the batch's outputs})."""
         data = data_adapter.DataAdapter("predict", x, batch_size=batch_size, steps=steps, targets=False)
         dist = self._distribute
+        cbs = callbacks_module.CallbackList(callbacks or [], self, {"steps": data.steps_per_epoch,
+                                                                    "verbose": int(verbose)})
         if dist is not None:
-            return dist.run(self, self._predict, data, int(verbose) if dist.is_main else 0)
-        return self._predict(data, int(verbose))
+            return dist.run(self, self._predict, data, int(verbose) if dist.is_main else 0, cbs)
+        return self._predict(data, int(verbose), cbs)
 
-    def _predict(self, data, verbose):
+    def _predict(self, data, verbose, callbacks):
         bar = _progress(data.steps_per_epoch, "Predict", verbose == 1)
         outs = []
-        for batch in data.epoch():
+        callbacks.on_predict_begin()
+        for step, batch in enumerate(data.epoch()):
+            callbacks.on_predict_batch_begin(step)
             outs.append(self.predict_on_batch(batch.x))
+            callbacks.on_predict_batch_end(step, {"outputs": outs[-1]})
             if bar is not None:
                 bar.update(1)
         if bar is not None:
             bar.close()
+        callbacks.on_predict_end()
         if not outs:
             raise ValueError("predict: the data gave no batch")
         if self._multi_output:
