@@ -211,7 +211,7 @@ class Attention(Layer):
         owner = type(self).__name__
         if score_mode not in scores.KERAS_SCORE_MODES:
             raise ValueError(f"{owner}: Invalid value for argument score_mode. Expected one of "
-                             f"{set(scores.KERAS_SCORE_MODES)}. Received: score_mode={score_mode!r}")
+                             "{" + ", ".join(map(repr, scores.KERAS_SCORE_MODES)) + f"}}. Received: score_mode={score_mode!r}")
         if score is None:
             score = scores.KERAS_SCORE_MODES[score_mode]
         elif score_mode != "dot":

@@ -134,7 +134,7 @@ class Conv1D(Layer):
                  None if bias is None else np.ascontiguousarray(bias[g * f:(g + 1) * f]))
                 for g in range(self.groups)]
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         image, image_kernel, parts, padding, keep, steps = cache
         y0 = parts[0][0]
         dy = self._grad_input(dy, (y0.shape[0], y0.shape[2], self.filters))[:, None]
@@ -152,7 +152,7 @@ class Conv1D(Layer):
             dxs.append(kernels.conv2d_backward(dy=dy if self.groups == 1 else np.ascontiguousarray(dy[..., one]),
                                                x=images, kernel=group_kernel, y=y, z=z, strides=(1, self.strides),
                                                padding=padding, activation=self.activation, dkernel=dkernel_g,
-                                               dbias=dbias_g, need_dx=self.input_gradient_needed))
+                                               dbias=dbias_g, need_dx=need_dx))
             if self.groups > 1:
                 dwide[..., one] += dkernel_g
                 if dbias is not None:

@@ -138,14 +138,14 @@ class BatchNormalization(Layer):
             return y, None
         return y, (xhat, inv, weights, count, reduce, axes, count is not None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         xhat, inv, weights, count, reduce, axes, batch_statistics = cache
         dy = self._grad_input(dy, xhat.shape)
         if self.center:
             self.grads["beta"] += dy.sum(axis=reduce).reshape(self.grads["beta"].shape)
         if self.scale:
             self.grads["gamma"] += (dy * xhat).sum(axis=reduce).reshape(self.grads["gamma"].shape)
-        if not self.input_gradient_needed:
+        if not need_dx:
             return None
         dxhat = dy * self._broadcast(self.params["gamma"], dy.ndim, axes) if self.scale else dy
         if not batch_statistics:  # the moving statistics are constants

@@ -37,7 +37,7 @@ class GlobalMaxPooling1D(GlobalAveragePooling1D):
             pooled = np.expand_dims(pooled, self._steps_axis())
         return np.ascontiguousarray(pooled), ((where, real, x.shape) if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         where, real, shape = cache
         steps_first = (shape[0], shape[1], shape[2])
         out_shape = self.compute_output_shape(steps_first if self.data_format == "channels_last"
@@ -76,7 +76,7 @@ class GlobalAveragePooling2D(Layer):
             raise ValueError(f"Layer '{self.name}': images without pixels (shape {x.shape})")
         return x.mean(axis=axes, keepdims=self.keepdims), (x.shape if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         shape = cache
         axes = self._pixel_axes()
         dy = self._grad_input(dy, self.compute_output_shape(shape))

@@ -34,7 +34,7 @@ class Permute(Layer):
                              f"shape {x.shape}")
         return np.ascontiguousarray(x.transpose((0,) + self.dims)), (x.shape if training else None)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         shape = cache
         dy = self._grad_input(dy, (shape[0],) + tuple(shape[d] for d in self.dims))
         return np.ascontiguousarray(dy.transpose(np.argsort((0,) + self.dims)))
@@ -115,7 +115,7 @@ class Dot(_Merge):
         cache = (x1, x2, scales, (a1, a2), left.shape, right.shape, y.shape) if training else None
         return np.ascontiguousarray(y), cache
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         x1, x2, scales, (a1, a2), left_shape, right_shape, out_shape = cache
         batch, n = left_shape[0], left_shape[-1]
         g = self._grad_input(dy, out_shape).reshape(batch, -1, int(np.prod(right_shape[2:], dtype=np.int64)))

@@ -94,16 +94,12 @@ class TimeDistributed(Layer):
             return result, None
         return result, (cache, batch, steps, [o.shape for o in outs], x.shape)
 
-    def backprop(self, cache, dy):
+    def backprop(self, cache, dy, need_dx=True):
         inner, batch, steps, out_shapes, in_shape = cache
         dys = list(dy) if len(out_shapes) > 1 else [dy]
         folded = [None if d is None else self._grad_input(d, (batch, steps) + s[1:]).reshape(s)
                   for d, s in zip(dys, out_shapes)]
-        self.layer.input_gradient_needed = self.input_gradient_needed
-        try:
-            dx = self.layer.backprop(inner, folded if len(out_shapes) > 1 else folded[0])
-        finally:
-            self.layer.input_gradient_needed = True
+        dx = self.layer.run_backprop(inner, folded if len(out_shapes) > 1 else folded[0], need_dx)
         return None if dx is None else np.asarray(dx).reshape(in_shape)
 
     def compute_output_shape(self, input_shape):

@@ -396,7 +396,7 @@ def head_sizes(owner, num_heads, model_dim=None):
     positive integer (2.5 or True is an error, never truncated) dividing the model size `model_dim`
     (when known). Returns (num_heads, model_dim // num_heads or None)."""
     if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
-        raise ValueError(f"{owner}: `num_heads` must be a positive integer, got {num_heads!r}")
+        raise ValueError(f"{owner}: the argument `num_heads` must be a positive integer, got {num_heads!r}")
     if model_dim is None:
         return int(num_heads), None
     if model_dim % num_heads:
