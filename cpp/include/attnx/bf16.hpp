@@ -35,6 +35,12 @@
 namespace attnx {
 
 // ----------------------------------------------------------------------------- rounding
+// bf16_bits (below) on every lane of a vector of float bits U, or of one uint32_t
+template <class U> ATTNX_ALWAYS_INLINE U bf16_bits_lanes(U bits) {
+    const U rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16, quiet_nan = (bits >> 16) | 0x40u;
+    return (bits & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded;
+}
+
 // reference: cpp/reference/bf16.hpp, round_to_bf16
 // The bf16 value nearest x (ties to the even one) as its 16 bits: the float's top half after adding
 // 0x7FFF plus the lowest kept bit; a NaN stays a (quiet) NaN of the same sign, +-inf stay, values past
@@ -42,8 +48,7 @@ namespace attnx {
 ATTNX_ALWAYS_INLINE uint32_t bf16_bits(float x) {
     uint32_t bits;
     std::memcpy(&bits, &x, sizeof bits);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (bits >> 16) | 0x40u;  // NaN: quiet
-    return (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    return bf16_bits_lanes(bits);
 }
 
 // The float a bf16's bits stand for
@@ -62,18 +67,42 @@ inline void round_to_bf16(float* y, const float* x, size_t n) {
 }
 
 // ----------------------------------------------------------------------------- packing
-// pairs[r * row_stride + kp * k_stride] = (A[r, 2kp], A[r, 2kp + 1]) for rows of A (rows, K), rows lda
-// apart; a zero high half past an odd K
-inline void pack_bf16_rows(uint32_t* pairs, size_t row_stride, size_t k_stride, const float* A, size_t lda, int rows,
-                           int K) {
+// Half a vector of uint32 lanes, and the uint64 lanes of a whole one: what a row's pairs are made of
+template <class U> struct PairLanes;
+typedef uint32_t uint2 __attribute__((vector_size(8)));
+typedef uint64_t uint64x2 __attribute__((vector_size(16)));
+typedef uint64_t uint64x4 __attribute__((vector_size(32)));
+typedef uint64_t uint64x8 __attribute__((vector_size(64)));
+template <> struct PairLanes<uint4> { using Half = uint2; using Wide = uint64x2; };
+template <> struct PairLanes<uint8> { using Half = uint4; using Wide = uint64x4; };
+template <> struct PairLanes<uint16> { using Half = uint8; using Wide = uint64x8; };
+
+// pairs[r * row_stride + kp] = (A[r, 2kp], A[r, 2kp + 1]) for rows of A (rows, K), rows lda apart; a zero
+// high half past an odd K. Two vectors of floats make one of pairs: as uint64 lanes the rounded even
+// value sits in bits 0..15 and the odd one in bits 32..47, which lane | lane >> 16 brings to 16..31.
+inline void pack_bf16_rows(uint32_t* pairs, size_t row_stride, const float* A, size_t lda, int rows, int K) {
     const int K2 = (K + 1) / 2, whole = K / 2;
-    on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
+    on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        using U = typename Lanes<V>::U;
+        using Half = typename PairLanes<U>::Half;
+        using Wide = typename PairLanes<U>::Wide;
+        constexpr int W = Lanes<V>::W;
         for (int r = 0; r < rows; ++r) {
             const float* a = A + (size_t)r * lda;
             uint32_t* out = pairs + (size_t)r * row_stride;
-            for (int kp = 0; kp < whole; ++kp)
-                out[(size_t)kp * k_stride] = bf16_bits(a[2 * kp]) | bf16_bits(a[2 * kp + 1]) << 16;
-            if (whole < K2) out[(size_t)whole * k_stride] = bf16_bits(a[K - 1]);
+            int kp = 0;
+            for (; kp + W / 2 <= whole; kp += W / 2) {
+                U bits;
+                std::memcpy(&bits, a + 2 * kp, sizeof bits);
+                Wide wide;
+                const U rounded = bf16_bits_lanes(bits);
+                std::memcpy(&wide, &rounded, sizeof wide);
+                const Half half = __builtin_convertvector(wide | wide >> 16, Half);
+                std::memcpy(out + kp, &half, sizeof half);
+            }
+            for (; kp < whole; ++kp) out[kp] = bf16_bits(a[2 * kp]) | bf16_bits(a[2 * kp + 1]) << 16;
+            if (whole < K2) out[whole] = bf16_bits(a[K - 1]);
         }
     });
 }
@@ -83,18 +112,42 @@ inline void pack_bf16_rows(uint32_t* pairs, size_t row_stride, size_t k_stride, 
 inline void pack_bf16_columns(uint32_t* pairs, size_t k_stride, const float* At, size_t ldat, int K, int cols,
                               int pad_cols) {
     const int K2 = (K + 1) / 2;
-    on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
+    on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+        using U = typename Lanes<decltype(lanes)>::U;
+        constexpr int W = Lanes<decltype(lanes)>::W;
         for (int kp = 0; kp < K2; ++kp) {
             const float* even = At + (size_t)(2 * kp) * ldat;
             const float* odd = 2 * kp + 1 < K ? even + ldat : nullptr;
             uint32_t* out = pairs + (size_t)kp * k_stride;
-            if (odd)
-                for (int c = 0; c < cols; ++c) out[c] = bf16_bits(even[c]) | bf16_bits(odd[c]) << 16;
-            else
-                for (int c = 0; c < cols; ++c) out[c] = bf16_bits(even[c]);
+            int c = 0;
+            for (; c + W <= cols; c += W) {
+                U e, o = {};
+                std::memcpy(&e, even + c, sizeof e);
+                if (odd) std::memcpy(&o, odd + c, sizeof o);
+                const U pair = bf16_bits_lanes(e) | bf16_bits_lanes(o) << 16;
+                std::memcpy(out + c, &pair, sizeof pair);
+            }
+            for (; c < cols; ++c) out[c] = bf16_bits(even[c]) | (odd ? bf16_bits(odd[c]) << 16 : 0u);
             std::fill(out + cols, out + pad_cols, 0u);
         }
     });
+}
+
+// A panel of `width` columns from Bt (cols, K), rows ldbt apart: panel[kp * width + j] = (Bt[j, 2kp],
+// Bt[j, 2kp + 1]) for j < cols (zeros past them stay as they were). The writes run along the panel's
+// rows; the reads walk `cols` rows of Bt, whose lines stay in L1 across eight pairs.
+inline void pack_bf16_panel_t(uint32_t* panel, int width, const float* Bt, size_t ldbt, int cols, int K) {
+    const int K2 = (K + 1) / 2, whole = K / 2;
+    for (int kp = 0; kp < K2; ++kp) {
+        uint32_t* out = panel + (size_t)kp * width;
+        if (kp < whole)
+            for (int j = 0; j < cols; ++j) {
+                const float* b = Bt + (size_t)j * ldbt + 2 * kp;
+                out[j] = bf16_bits(b[0]) | bf16_bits(b[1]) << 16;
+            }
+        else
+            for (int j = 0; j < cols; ++j) out[j] = bf16_bits(Bt[(size_t)j * ldbt + K - 1]);
+    }
 }
 
 // ----------------------------------------------------------------------------- tiles
@@ -258,11 +311,11 @@ inline void bf16_gemm(float* C, size_t ldc, const float* A, size_t lda, bool tra
     parallel_for(parts, work / 8, [&](size_t lo, size_t hi) {
         const int r0 = (int)(M * lo / parts), r1 = (int)(M * hi / parts);
         if (trans_a) pack_bf16_columns(a_pairs.data() + r0, (size_t)M, A + r0, lda, K, r1 - r0, r1 - r0);
-        else pack_bf16_rows(a_pairs.data() + (size_t)r0 * K2, (size_t)K2, 1, A + (size_t)r0 * lda, lda, r1 - r0, K);
+        else pack_bf16_rows(a_pairs.data() + (size_t)r0 * K2, (size_t)K2, A + (size_t)r0 * lda, lda, r1 - r0, K);
         for (int p = (int)(panel_count * lo / parts); p < (int)(panel_count * hi / parts); ++p) {
             const int n0 = p * width, cols = std::min(width, N - n0);
             uint32_t* panel = b_pairs.data() + (size_t)p * K2 * width;
-            if (trans_b) pack_bf16_rows(panel, 1, (size_t)width, B + (size_t)n0 * ldb, ldb, cols, K);
+            if (trans_b) pack_bf16_panel_t(panel, width, B + (size_t)n0 * ldb, ldb, cols, K);
             else pack_bf16_columns(panel, (size_t)width, B + n0, ldb, K, cols, width);
         }
     });
