@@ -17,3 +17,5 @@ from ._core import (  # noqa: F401
     max_pool2d_forward, quantize_rows, residual_add, rnn_backward, rnn_forward, rnn_forward_int8,
     sdpa_backward, sdpa_forward, sinusoidal_table, softmax_context_backward, softmax_context_forward,
 )
+# bfloat16 products (attnx.mixed_precision)
+from ._core import bf16_matmul, dense_backward_bf16, dense_forward_bf16, round_to_bfloat16  # noqa: F401,E402

@@ -78,6 +78,7 @@ class _Recurrent(Layer):
 
     _cell = None  # "simple", "gru" or "lstm": the C++ kernel
     _quantize_kind = "recurrent"  # attnx.quantization
+    _bf16_products = True  # attnx.mixed_precision: the products over all steps (rnn_bf16.hpp)
     _gates = 1
     _has_cell_state = False
 
@@ -163,7 +164,7 @@ class _Recurrent(Layer):
             recurrent_kernel=self.params["recurrent_kernel" + sfx], bias=bias, recurrent_bias=recurrent_bias,
             h0=h0, c0=c0, mask=mask, recurrent_mask=recurrent_keep, reverse=reverse, reset_after=self.reset_after,
             activation=self.activation, recurrent_activation=self.recurrent_activation, training=training,
-            return_sequences=need_y)
+            return_sequences=need_y, bf16=self.compute_dtype == "bfloat16")
         cache = _LevelCache(x, mask, input_keep, recurrent_keep, kernel_cache, reverse) if training else None
         return y, h, c, cache
 
@@ -178,7 +179,7 @@ class _Recurrent(Layer):
             recurrent_mask=cache.recurrent_keep, dy=dy, dh=dh, dc=dc, dkernel=self.grads["kernel" + sfx],
             drecurrent_kernel=self.grads["recurrent_kernel" + sfx], dbias=dbias, drecurrent_bias=drecurrent_bias,
             reverse=cache.reverse, reset_after=self.reset_after, activation=self.activation,
-            recurrent_activation=self.recurrent_activation, need_dx=need_dx)
+            recurrent_activation=self.recurrent_activation, need_dx=need_dx, bf16=self.compute_dtype == "bfloat16")
         if dx is not None and cache.input_keep is not None:
             dx *= cache.input_keep
         return dx, dh0, dc0
