@@ -720,7 +720,7 @@ class Bidirectional(Layer):
     def __init__(self, layer, merge_mode="concat", backward_layer=None, **kwargs):
         if not isinstance(layer, _RNN):
             raise TypeError(f"Bidirectional: expects a SimpleRNN, GRU or LSTM layer, got {type(layer).__name__}")
-        kwargs.setdefault("dtype", layer.dtype.name)
+        kwargs.setdefault("dtype", layer.dtype_policy.name)
         super().__init__(**kwargs)
         if merge_mode not in _MERGE_MODES:
             raise ValueError(f"Bidirectional: merge_mode must be one of {_MERGE_MODES}, got {merge_mode!r}")
