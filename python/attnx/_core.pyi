@@ -66,7 +66,7 @@ def rnn_forward(
     cell: str, x: Array, kernel: Array, recurrent_kernel: Array, bias: Array | None, recurrent_bias: Array | None,
     h0: Array | None, c0: Array | None, mask: Mask, recurrent_mask: Array | None, reverse: bool = False,
     reset_after: bool = True, activation: str = "tanh", recurrent_activation: str = "sigmoid",
-    split_batch: bool = True, training: bool = True, return_sequences: bool = True,
+    split_batch: bool = True, training: bool = True, return_sequences: bool = True, bf16: bool = False,
 ) -> tuple[Array | None, Array, Array | None, tuple[Array, Array | None, Array | None, Array | None, Array | None]]: ...
 def rnn_backward(
     cell: str, x: Array, kernel: Array, recurrent_kernel: Array,
@@ -74,7 +74,7 @@ def rnn_backward(
     recurrent_mask: Array | None, dy: Array | None, dh: Array | None, dc: Array | None, dkernel: Array,
     drecurrent_kernel: Array, dbias: Array | None, drecurrent_bias: Array | None, reverse: bool = False,
     reset_after: bool = True, activation: str = "tanh", recurrent_activation: str = "sigmoid",
-    need_dx: bool = True, split_batch: bool = True,
+    need_dx: bool = True, split_batch: bool = True, bf16: bool = False,
 ) -> tuple[Array | None, Array, Array | None]: ...
 
 def lstmn_forward(
