@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "attnx/rnn.hpp"
+#include "attnx/rnn_bf16.hpp"
 #include "bindings.hpp"
 #include "checks.hpp"
 
@@ -52,10 +53,11 @@ void init_rnn(py::module_& m) {
            const py::object& bias, const py::object& recurrent_bias, const py::object& h0, const py::object& c0,
            const py::object& mask, const py::object& recurrent_mask, bool reverse, bool reset_after,
            const std::string& activation, const std::string& recurrent_activation, bool split_batch,
-           bool training, bool return_sequences) {
+           bool training, bool return_sequences, bool bf16) {
             RNNConfig cfg = rnn_config(cell, reset_after, reverse, activation, recurrent_activation);
             return dispatch_float(x, "rnn_forward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
+                if (bf16 && !std::is_same_v<T, float>) throw py::type_error("rnn_forward: bf16 needs float32 operands");
                 check_rank(x, 3, "rnn_forward: x");
                 check_rank(recurrent_kernel, 2, "rnn_forward: recurrent_kernel");
                 const py::ssize_t B = x.shape(0), Tn = x.shape(1), C = x.shape(2), H = recurrent_kernel.shape(0);
@@ -108,7 +110,7 @@ void init_rnn(py::module_& m) {
                     if (pc) {
                         if (pc0) std::copy(pc0, pc0 + n, pc); else std::fill(pc, pc + n, T(0));
                     }
-                    rnn_forward<T>(cfg, py_, ph, pc, cache, px, pw, pu, pb, pbr, pm, prm, phu);
+                    rnn_forward_products<T>(bf16, cfg, py_, ph, pc, cache, px, pw, pu, pb, pbr, pm, prm, phu);
                 }
                 py::tuple cache_t = py::make_tuple(gates, none_or(training, h_prev), none_or(prm, h_rec), none_or(keep_c, c_prev),
                                                    none_or(cfg.cell != RNNCell::simple, aux));
@@ -119,11 +121,11 @@ void init_rnn(py::module_& m) {
         py::arg("recurrent_bias"), py::arg("h0"), py::arg("c0"), py::arg("mask"), py::arg("recurrent_mask"),
         py::arg("reverse") = false, py::arg("reset_after") = true, py::arg("activation") = "tanh",
         py::arg("recurrent_activation") = "sigmoid", py::arg("split_batch") = true,
-        py::arg("training") = true, py::arg("return_sequences") = true,
+        py::arg("training") = true, py::arg("return_sequences") = true, py::arg("bf16") = false,
         "Runs a SimpleRNN ('simple'), GRU or LSTM over x (B, T, C). Returns (y (B, T, H), h (B, H), c (B, H) or "
         "None, cache) where cache = (gates, h_prev, h_rec, c_prev, aux) is what rnn_backward needs. "
         "training=False keeps nothing for backward (h_prev, c_prev are None); "
-        "return_sequences=False computes no y (returned as None).");
+        "return_sequences=False computes no y (returned as None); bf16=True runs the input projection in bfloat16.");
 
     m.def(
         "rnn_backward",
@@ -131,10 +133,12 @@ void init_rnn(py::module_& m) {
            const py::tuple& cache_t, const py::object& mask, const py::object& recurrent_mask, const py::object& dy,
            const py::object& dh, const py::object& dc, py::array& dkernel, py::array& drecurrent_kernel,
            const py::object& dbias, const py::object& drecurrent_bias, bool reverse, bool reset_after,
-           const std::string& activation, const std::string& recurrent_activation, bool need_dx, bool split_batch) {
+           const std::string& activation, const std::string& recurrent_activation, bool need_dx, bool split_batch,
+           bool bf16) {
             RNNConfig cfg = rnn_config(cell, reset_after, reverse, activation, recurrent_activation);
             return dispatch_float(x, "rnn_backward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
+                if (bf16 && !std::is_same_v<T, float>) throw py::type_error("rnn_backward: bf16 needs float32 operands");
                 check_rank(x, 3, "rnn_backward: x");
                 check_rank(recurrent_kernel, 2, "rnn_backward: recurrent_kernel");
                 const py::ssize_t B = x.shape(0), Tn = x.shape(1), C = x.shape(2), H = recurrent_kernel.shape(0);
@@ -196,8 +200,8 @@ void init_rnn(py::module_& m) {
                     if (pdc) {
                         if (pdc_in) std::copy(pdc_in, pdc_in + n, pdc); else std::fill(pdc, pdc + n, T(0));
                     }
-                    rnn_backward<T>(cfg, pdx, pdw, pdu, pdb, pdbr, pdh, pdc, pdy, cache, px, pw, pu, pm, prm, pdg,
-                                    pdhu, pdhrec);
+                    rnn_backward_products<T>(bf16, cfg, pdx, pdw, pdu, pdb, pdbr, pdh, pdc, pdy, cache, px, pw, pu, pm,
+                                             prm, pdg, pdhu, pdhrec);
                 }
                 return py::make_tuple(none_or(need_dx, dx), dh0, none_or(lstm, dc0));
             });
@@ -206,9 +210,10 @@ void init_rnn(py::module_& m) {
         py::arg("mask"), py::arg("recurrent_mask"), py::arg("dy"), py::arg("dh"), py::arg("dc"), py::arg("dkernel"),
         py::arg("drecurrent_kernel"), py::arg("dbias"), py::arg("drecurrent_bias"), py::arg("reverse") = false,
         py::arg("reset_after") = true, py::arg("activation") = "tanh", py::arg("recurrent_activation") = "sigmoid",
-        py::arg("need_dx") = true, py::arg("split_batch") = true,
+        py::arg("need_dx") = true, py::arg("split_batch") = true, py::arg("bf16") = false,
         "Backpropagation through time of rnn_forward: accumulates into dkernel, drecurrent_kernel, dbias, "
-        "drecurrent_bias; returns (dx or None, dh0, dc0 or None). dy (B, T, H), dh / dc (B, H) may be None.");
+        "drecurrent_bias; returns (dx or None, dh0, dc0 or None). dy (B, T, H), dh / dc (B, H) may be None. "
+        "bf16=True runs dx, dkernel and drecurrent_kernel in bfloat16.");
 }
 
 }  // namespace attnx::bind

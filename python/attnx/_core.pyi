@@ -66,7 +66,7 @@ def rnn_forward(
     cell: str, x: Array, kernel: Array, recurrent_kernel: Array, bias: Array | None, recurrent_bias: Array | None,
     h0: Array | None, c0: Array | None, mask: Mask, recurrent_mask: Array | None, reverse: bool = False,
     reset_after: bool = True, activation: str = "tanh", recurrent_activation: str = "sigmoid",
-    split_batch: bool = True, training: bool = True, return_sequences: bool = True,
+    split_batch: bool = True, training: bool = True, return_sequences: bool = True, bf16: bool = False,
 ) -> tuple[Array | None, Array, Array | None, tuple[Array, Array | None, Array | None, Array | None, Array | None]]: ...
 def rnn_backward(
     cell: str, x: Array, kernel: Array, recurrent_kernel: Array,
@@ -74,7 +74,7 @@ def rnn_backward(
     recurrent_mask: Array | None, dy: Array | None, dh: Array | None, dc: Array | None, dkernel: Array,
     drecurrent_kernel: Array, dbias: Array | None, drecurrent_bias: Array | None, reverse: bool = False,
     reset_after: bool = True, activation: str = "tanh", recurrent_activation: str = "sigmoid",
-    need_dx: bool = True, split_batch: bool = True,
+    need_dx: bool = True, split_batch: bool = True, bf16: bool = False,
 ) -> tuple[Array | None, Array, Array | None]: ...
 
 def lstmn_forward(
@@ -210,3 +210,17 @@ def decoder_stack_step(
     position: int, weights: list[list[Array | None]], num_heads: int, norm_first: bool, epsilon: float,
     activation: str, return_attention: bool = False,
 ) -> tuple[Array, Array | None]: ...
+# ---------------------------------------------------------------------------- bfloat16 (mixed_bfloat16)
+def round_to_bfloat16(x: Array) -> Array: ...
+def bf16_matmul(
+    a: Array, b: Array, transpose_a: bool = False, transpose_b: bool = False, out: Array | None = None
+) -> Array: ...
+def dense_forward_bf16(
+    x: Array, kernel: Array, bias: Array | None, activation: str = "linear"
+) -> tuple[Array, Array]: ...
+def dense_backward_bf16(
+    dy: Array, x: Array, kernel: Array, y: Array, z: Array, activation: str, dkernel: Array, dbias: Array | None,
+    need_dx: bool = True,
+) -> Array | None: ...
+def _bf16_config() -> dict[str, Any]: ...
+def _bf16_allow_dot_instruction(allowed: bool) -> None: ...

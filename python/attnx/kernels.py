@@ -19,3 +19,5 @@ from ._core import (  # noqa: F401
 )
 from ._core import decoder_stack_step  # noqa: F401
 from ._core import quantize_activations  # noqa: F401  (how the int8 layers quantize inputs)
+# bfloat16 products (attnx.mixed_precision)
+from ._core import bf16_matmul, dense_backward_bf16, dense_forward_bf16, round_to_bfloat16  # noqa: F401,E402

@@ -41,7 +41,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import backend, initializers, masking, ops, quantization, regularizers, serialization
+from .. import backend, initializers, masking, mixed_precision, ops, quantization, regularizers, serialization
 from ..backend import snake_case, unique_name
 from ..symbolic import any_symbolic, symbolic_call
 
@@ -82,7 +82,8 @@ class Layer:
     Args:
         name: unique layer name (default: the class name in snake case, numbered).
         trainable: whether optimizers update this layer's weights.
-        dtype: "float32" or "float64" (used by the gradient checks); default `attnx.backend.floatx()`.
+        dtype: "float32", "float64" (used by the gradient checks) or "mixed_bfloat16" (a policy,
+            `attnx.mixed_precision`); default the global policy.
         input_shape: shape of one sample, for the first layer of a `Sequential` model.
     """
 
@@ -95,6 +96,9 @@ class Layer:
     _gradient_arguments = ()
     # True for a layer whose compute_mask makes a mask from its inputs alone (Embedding(mask_zero=True))
     _creates_mask = False
+    # True for a layer whose products run on bfloat16 operands under the mixed_bfloat16 policy
+    # (attnx.mixed_precision); the others compute in float32 under it
+    _bf16_products = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -111,13 +115,20 @@ class Layer:
             raise TypeError(f"{type(self).__name__}: unexpected keyword arguments {sorted(kwargs)}")
         self.name = name or unique_name(snake_case(type(self).__name__))
         self.trainable = bool(trainable)
-        self.dtype = backend.as_float_dtype(dtype, f"{type(self).__name__} dtype")
+        self.dtype_policy = mixed_precision.layer_policy(dtype, f"{type(self).__name__} dtype")
+        self.dtype = np.dtype(self.dtype_policy.variable_dtype)  # the weights'
         self.params = OrderedDict()
         self.grads = OrderedDict()
         self._regularizers = {}
         self._cache = None
         self.built = False
         self.input_shape_arg = None if input_shape is None else tuple(input_shape)
+
+    @property
+    def compute_dtype(self):
+        """The dtype of this layer's products: "bfloat16" under mixed_bfloat16 where the layer implements it
+        (`_bf16_products`), else its weights' dtype."""
+        return "bfloat16" if self._bf16_products and self.dtype_policy.name == "mixed_bfloat16" else self.dtype.name
 
     # ------------------------------------------------------------------ weights
     def add_weight(self, name, shape, initializer="glorot_uniform", regularizer=None):
@@ -539,7 +550,7 @@ class Layer:
         """The arguments that make this layer again. A class of yours that does not define get_config gets
         its constructor's arguments, when they are what a config holds (numbers, strings, lists, dicts,
         None), as Keras 3 does; otherwise define get_config (and from_config)."""
-        config = {"name": self.name, "trainable": self.trainable, "dtype": self.dtype.name}
+        config = {"name": self.name, "trainable": self.trainable, "dtype": self.dtype_policy.name}
         if self.input_shape_arg is not None:
             config["input_shape"] = list(self.input_shape_arg)
         init = type(self).__init__

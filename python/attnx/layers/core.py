@@ -24,6 +24,7 @@ class Dense(Layer):
     """
 
     supports_masking = True
+    _bf16_products = True  # attnx.mixed_precision
 
     def __init__(self, units, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
                  bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None, quantization_mode=None,
@@ -56,7 +57,8 @@ class Dense(Layer):
         x2 = x.reshape(math.prod(lead), kernel.shape[0])  # -1 fails for 0 features
         if self.quantization_mode:
             return self._int8_forward(x2, training).reshape(lead + (self.units,)), None
-        y, z = kernels.dense_forward(x=x2, kernel=kernel, bias=self.params.get("bias"), activation=self.activation)
+        dense_forward = kernels.dense_forward_bf16 if self.compute_dtype == "bfloat16" else kernels.dense_forward
+        y, z = dense_forward(x=x2, kernel=kernel, bias=self.params.get("bias"), activation=self.activation)
         return y.reshape(lead + (self.units,)), ((x2, y, z, lead) if training else None)
 
     def _int8_forward(self, x2, training):
@@ -73,9 +75,9 @@ class Dense(Layer):
     def backprop(self, cache, dy, need_dx=True):
         x2, y, z, lead = cache
         dy = self._grad_input(dy, lead + (self.units,)).reshape(-1, self.units)
-        dx = kernels.dense_backward(dy=dy, x=x2, kernel=self.params["kernel"], y=y, z=z, activation=self.activation,
-                                  dkernel=self.grads["kernel"], dbias=self.grads.get("bias"),
-                                  need_dx=need_dx)
+        dense_backward = kernels.dense_backward_bf16 if self.compute_dtype == "bfloat16" else kernels.dense_backward
+        dx = dense_backward(dy=dy, x=x2, kernel=self.params["kernel"], y=y, z=z, activation=self.activation,
+                            dkernel=self.grads["kernel"], dbias=self.grads.get("bias"), need_dx=need_dx)
         return None if dx is None else dx.reshape(lead + (x2.shape[1],))
 
     def compute_output_shape(self, input_shape):

@@ -52,6 +52,7 @@ class LSTMN(_RNN):
                "    recurrent_dropout is not supported (the state read is an attention over the tape).\n"
                + _RNN_DOC)
     _cell, _gates, _has_cell_state = "lstm", 4, True
+    _bf16_products = False  # its levels run lstmn.hpp in float32 (attnx.mixed_precision)
 
     def __init__(self, units, attention_units=None, return_attention_scores=False, unit_forget_bias=True,
                  recurrent_dropout=0.0, **kwargs):

@@ -77,6 +77,7 @@ class _Recurrent(Layer):
     """Weights and one-level forward/backward shared by the sequence layers and the cells."""
 
     _cell = None  # "simple", "gru" or "lstm": the C++ kernel
+    _bf16_products = True  # attnx.mixed_precision: the products over all steps (rnn_bf16.hpp)
     _gates = 1
     _has_cell_state = False
 
@@ -183,7 +184,7 @@ class _Recurrent(Layer):
             recurrent_kernel=self.params["recurrent_kernel" + sfx], bias=bias, recurrent_bias=recurrent_bias,
             h0=h0, c0=c0, mask=mask, recurrent_mask=recurrent_keep, reverse=reverse, reset_after=self.reset_after,
             activation=self.activation, recurrent_activation=self.recurrent_activation, training=training,
-            return_sequences=need_y)
+            return_sequences=need_y, bf16=self.compute_dtype == "bfloat16")
         cache = _LevelCache(x, mask, input_keep, recurrent_keep, kernel_cache, reverse) if training else None
         return y, h, c, cache
 
@@ -214,7 +215,7 @@ class _Recurrent(Layer):
             recurrent_mask=cache.recurrent_keep, dy=dy, dh=dh, dc=dc, dkernel=self.grads["kernel" + sfx],
             drecurrent_kernel=self.grads["recurrent_kernel" + sfx], dbias=dbias, drecurrent_bias=drecurrent_bias,
             reverse=cache.reverse, reset_after=self.reset_after, activation=self.activation,
-            recurrent_activation=self.recurrent_activation, need_dx=need_dx)
+            recurrent_activation=self.recurrent_activation, need_dx=need_dx, bf16=self.compute_dtype == "bfloat16")
         if dx is not None and cache.input_keep is not None:
             dx *= cache.input_keep
         return dx, dh0, dc0
@@ -770,7 +771,7 @@ class Bidirectional(Layer):
     def __init__(self, layer, merge_mode="concat", backward_layer=None, **kwargs):
         if not isinstance(layer, _RNN):
             raise TypeError(f"Bidirectional: expects a SimpleRNN, GRU or LSTM layer, got {type(layer).__name__}")
-        kwargs.setdefault("dtype", layer.dtype.name)
+        kwargs.setdefault("dtype", layer.dtype_policy.name)
         super().__init__(**kwargs)
         if merge_mode not in _MERGE_MODES:
             raise ValueError(f"Bidirectional: merge_mode must be one of {_MERGE_MODES}, got {merge_mode!r}")

@@ -1,0 +1,109 @@
+// Recurrent layers under `mixed_bfloat16` (SimpleRNN, GRU, LSTM; every option of rnn.hpp): the
+// products over the whole sequence in bfloat16 with float32 sums (bf16.hpp), the time loop as rnn.hpp
+// runs it for the decoders (the input projection read from cache.gates), in float32.
+//
+//   forward:  gates_in = bf16(x) . bf16(W) + b_in         one bf16 product over the B*T rows
+//             steps: pre_t = gates_in_t + h_{t-1} U, gate math, as rnn.hpp (float32)
+//   backward: the reverse-time steps as rnn.hpp, giving dgates (and GRU's dhu), dh0, dc0, the biases'
+//             gradients (float32 sums); then
+//             dx = bf16(dgates) . bf16(W)^T, dW += bf16(x)^T . bf16(dgates), dU += bf16(h_rec)^T . bf16(dhu)
+//             (GRU classic: dU_rz from h_rec, dU_n from r * h_rec)
+//
+// Why the recurrent product h_{t-1} U stays float32: it is one small product per step (B rows) whose
+// operand changes every step, latency-bound between the gate math of consecutive steps; rounding h to
+// bf16 each step would cost a pass over it for no fewer multiply-adds in flight. The products over all
+// steps (the input projection, dx, dW, dU) are the ones the bf16 tiles run near their peak.
+#pragma once
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include "attnx/bf16.hpp"
+#include "attnx/rnn.hpp"
+
+namespace attnx {
+
+// reference: cpp/reference/rnn.hpp, rnn_forward (on x and W rounded to bf16)
+// rnn_forward's arguments and results (float32); cache.gates (B, T, G) is always given.
+inline void rnn_forward_bf16(const RNNConfig& cfg, float* y, float* h, float* c, const RNNCache<float>& cache,
+                             const float* x, const float* W, const float* U, const float* b_in, const float* b_rec,
+                             const uint8_t* mask, const float* rec_mask, float* hu) {
+    const int G = cfg.G(), rows = cfg.B * cfg.T;
+    bf16_gemm(cache.gates, (size_t)G, x, (size_t)cfg.C, false, W, (size_t)G, false, rows, G, cfg.C, false);
+    if (b_in)
+        on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
+            for (int r = 0; r < rows; ++r)
+                for (int g = 0; g < G; ++g) cache.gates[(size_t)r * G + g] += b_in[g];
+        });
+    thread_local Panels<float> packed;
+    pack_recurrent_kernel_rows<float>(packed, cfg, U);
+    const float* packed_u = packed.data();  // this thread's buffer, read by every thread of the batch split
+    for_batch_rows(cfg, [&](int b0, int b1) {
+        rnn_forward_rows<float>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu);
+    });
+}
+
+// reference: cpp/reference/rnn.hpp, rnn_backward (the steps); cpp/reference/bf16.hpp, bf16_gemm (the products)
+// rnn_backward's arguments and results (float32): dgates, dhu (dgates itself except for GRU
+// reset_after) and dhrec are workspace, which leaves dgates and dhu holding the steps' gradients.
+inline void rnn_backward_bf16(const RNNConfig& cfg, float* dx, float* dW, float* dU, float* db_in, float* db_rec,
+                              float* dh, float* dc, const float* dy, const RNNCache<float>& cache, const float* x,
+                              const float* W, const float* U, const uint8_t* mask, const float* rec_mask,
+                              float* dgates, float* dhu, float* dhrec) {
+    const int H = cfg.H, G = cfg.G(), C = cfg.C, rows = cfg.B * cfg.T;
+    thread_local Panels<float> packed;
+    pack_recurrent_kernel_rows_t<float>(packed, cfg, U);
+    const float* packed_t = packed.data();
+    const bool rec_bias = db_rec && !(cfg.cell == RNNCell::gru && !cfg.reset_after);  // GRU classic has none
+    std::mutex sum_lock;
+    for_batch_rows(cfg, [&](int b0, int b1) {
+        std::vector<float> sums(2 * (size_t)G, 0.0f);  // this thread's rows' db_in, db_rec
+        const StepGradients<float> grads{nullptr, db_in ? sums.data() : nullptr, rec_bias ? sums.data() + G : nullptr};
+        if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
+            rnn_backward_packed_rows<float>(cfg, TanhSigmoidSlopes<float>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy,
+                                            cache, packed_t, mask, rec_mask, grads);
+        else
+            rnn_backward_packed_rows<float>(cfg, AnySlopes<float>{cfg.activation, cfg.recurrent_activation}, b0, b1,
+                                            dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask, grads);
+        std::lock_guard<std::mutex> hold(sum_lock);
+        for (int g = 0; g < G; ++g) {
+            if (db_in) db_in[g] += sums[g];
+            if (rec_bias) db_rec[g] += sums[(size_t)G + g];
+        }
+    });
+    // dx = dgates . W^T;  dW += x^T . dgates
+    if (dx) bf16_gemm(dx, (size_t)C, dgates, (size_t)G, false, W, (size_t)G, true, rows, C, G, false);
+    bf16_gemm(dW, (size_t)G, x, (size_t)C, true, dgates, (size_t)G, false, C, G, rows, true);
+    const float* h_rec = cache.recurrent_input();
+    if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
+        // dU_rz += h_rec^T . d[r, z];  dU_n += (r h_rec)^T . dn
+        bf16_gemm(dU, (size_t)G, h_rec, (size_t)H, true, dhu, (size_t)G, false, H, 2 * H, rows, true);
+        bf16_gemm(dU + 2 * H, (size_t)G, cache.aux, (size_t)H, true, dhu + 2 * H, (size_t)G, false, H, H, rows, true);
+    } else {
+        // dU += h_rec^T . dhu
+        bf16_gemm(dU, (size_t)G, h_rec, (size_t)H, true, dhu, (size_t)G, false, H, G, rows, true);
+    }
+}
+
+// rnn_forward / rnn_backward with their products in bf16 (bf16: float32 operands only) or as rnn.hpp
+// runs them: what the binding calls
+template <class T>
+void rnn_forward_products(bool bf16, const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x,
+                          const T* W, const T* U, const T* b_in, const T* b_rec, const uint8_t* mask, const T* rec_mask,
+                          T* hu) {
+    if constexpr (std::is_same_v<T, float>)
+        if (bf16) return rnn_forward_bf16(cfg, y, h, c, cache, x, W, U, b_in, b_rec, mask, rec_mask, hu);
+    rnn_forward<T>(cfg, y, h, c, cache, x, W, U, b_in, b_rec, mask, rec_mask, hu);
+}
+template <class T>
+void rnn_backward_products(bool bf16, const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec, T* dh, T* dc,
+                           const T* dy, const RNNCache<T>& cache, const T* x, const T* W, const T* U,
+                           const uint8_t* mask, const T* rec_mask, T* dgates, T* dhu, T* dhrec) {
+    if constexpr (std::is_same_v<T, float>)
+        if (bf16)
+            return rnn_backward_bf16(cfg, dx, dW, dU, db_in, db_rec, dh, dc, dy, cache, x, W, U, mask, rec_mask, dgates,
+                                     dhu, dhrec);
+    rnn_backward<T>(cfg, dx, dW, dU, db_in, db_rec, dh, dc, dy, cache, x, W, U, mask, rec_mask, dgates, dhu, dhrec);
+}
+
+}  // namespace attnx

@@ -1,0 +1,71 @@
+// Reference bfloat16 products: what bf16.hpp's packed tiles compute, one output at a time in double.
+// The operands are rounded to bf16 as the fast kernels round them, with an independent rule (the
+// nearest multiple of the value's bf16 quantum, ties to even, through frexp / nearbyint), and the
+// products summed in double; the fast kernels differ from it by their float32 sums only.
+#pragma once
+#include <cfenv>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+#include "reference/dense.hpp"
+
+namespace attnx::reference {
+
+// x rounded to the nearest bf16 (8 significant bits, float's exponent range; ties to even); past
+// bf16's largest finite value (0x7F7F: (2 - 2^-7) 2^127) by half a quantum or more: inf
+inline double round_to_bf16(double x) {
+    if (!std::isfinite(x) || x == 0) return x;
+    int e;
+    std::frexp(x, &e);  // |x| = m 2^e, m in [0.5, 1)
+    const int quantum_exp = std::max(e, -125) - 8;  // 8 significant bits; subnormal below 2^-126
+    const double r = std::nearbyint(std::ldexp(x, -quantum_exp));  // the default mode: to nearest, ties even
+    const double y = std::ldexp(r, quantum_exp);
+    const double largest = std::ldexp(255.0, 127 - 7);
+    return std::abs(y) > largest ? std::copysign(std::numeric_limits<double>::infinity(), x) : y;
+}
+
+inline std::vector<double> rounded_to_bf16(const double* x, size_t n) {
+    std::vector<double> y(x, x + n);
+    for (auto& v : y) v = round_to_bf16(v);
+    return y;
+}
+
+// C[m, n] = sum_k bf16(op(A)[m, k]) bf16(op(B)[k, n])   (+ C[m, n] when accumulate)
+// op(A) = A (M, K), or A^T of A (K, M) when trans_a; op(B) = B (K, N), or B^T of B (N, K) when trans_b
+inline void bf16_gemm(double* C, const double* A, bool trans_a, const double* B, bool trans_b, int M, int N, int K,
+                      bool accumulate) {
+    for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+            double acc = accumulate ? C[(size_t)m * N + n] : 0;
+            for (int k = 0; k < K; ++k) {
+                const double a = trans_a ? A[(size_t)k * M + m] : A[(size_t)m * K + k];
+                const double b = trans_b ? B[(size_t)n * K + k] : B[(size_t)k * N + n];
+                acc += round_to_bf16(a) * round_to_bf16(b);
+            }
+            C[(size_t)m * N + n] = acc;
+        }
+}
+
+// z[n, o] = b[o] + sum_c bf16(x[n, c]) bf16(W[c, o]);  y = act(z)
+inline void bf16_dense_forward(double* y, double* z, const double* x, const double* W, const double* b, int N, int C,
+                               int OC, Activation a) {
+    const auto xr = rounded_to_bf16(x, (size_t)N * C), Wr = rounded_to_bf16(W, (size_t)C * OC);
+    dense_forward(y, z, xr.data(), Wr.data(), b, N, C, OC, a);
+}
+
+// z[n, o] = b[o] + sum_c bf16(x[n, c]) bf16(W[c, o])
+// => dx[n, c] = sum_o bf16(dz[n, o]) bf16(W[c, o]) (overwritten),  dW[c, o] += sum_n bf16(x[n, c]) bf16(dz[n, o]),
+//    db[o] += sum_n dz[n, o] (not rounded: a reduction)
+inline void bf16_dense_backward(double* dx, double* dW, double* db, const double* dz, const double* x, const double* W,
+                                int N, int C, int OC) {
+    const auto xr = rounded_to_bf16(x, (size_t)N * C), Wr = rounded_to_bf16(W, (size_t)C * OC);
+    const auto dzr = rounded_to_bf16(dz, (size_t)N * OC);
+    dense_backward(dx, dW, nullptr, dzr.data(), xr.data(), Wr.data(), N, C, OC);
+    if (db)
+        for (int n = 0; n < N; ++n)
+            for (int o = 0; o < OC; ++o) db[o] += dz[(size_t)n * OC + o];
+}
+
+}  // namespace attnx::reference

@@ -1,0 +1,165 @@
+// bf16.hpp against cpp/reference/bf16.hpp: the rounding to bf16 (exactly, on ties, subnormals, the
+// overflow to inf and NaN), the packed bf16 product in its four transpose forms with and without
+// accumulation, on sizes that leave vector, tile, row-block and pair-block tails and odd K, and the
+// Dense forward and backward; on every SIMD level (AVX-512 both on vdpbf16ps where the CPU has it
+// and on float lanes), on one thread and two. The float-lane levels must agree bit for bit.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attnx/bf16.hpp"
+#include "reference/bf16.hpp"
+#include "reference_check.hpp"
+
+using namespace attnx;
+using namespace attnx::test;
+
+namespace {
+
+// Tolerance of the float32 sums against the reference's double ones (relative to 1 + |value|); the
+// rounding of the operands to bf16 alone moves a product by ~2^-9 relative, which this catches
+constexpr double kBf16SumTolerance = 1e-4;
+
+float from_bits(uint32_t bits) {
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+// fn(where) on every level, the AVX-512 one also on float lanes, on 1 and 2 threads
+template <class F> void on_every_bf16_path(F&& fn) {
+    on_every_level_and_split([&](const std::string& level) {
+        fn(level);
+        if (simd_level() == SimdLevel::avx512 && cpu_has_avx512_bf16()) {
+            bf16_dot_instruction_allowed() = false;
+            fn(level + " float lanes");
+            bf16_dot_instruction_allowed() = true;
+        }
+    });
+}
+
+void test_rounding() {
+    std::vector<float> x;
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<uint32_t> bits;
+    for (int i = 0; i < 20000; ++i) x.push_back(from_bits(bits(rng)));  // every exponent, NaNs, subnormals
+    for (uint32_t hi : {0x3F80u, 0x3F81u, 0x0001u, 0x7F7Fu, 0xFF7Fu, 0x0080u})
+        for (uint32_t lo : {0x7FFFu, 0x8000u, 0x8001u, 0x0000u, 0xFFFFu}) x.push_back(from_bits(hi << 16 | lo));  // ties
+    for (float v : {0.0f, -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min(),
+                    std::numeric_limits<float>::max(), 1.00390625f, 1.01171875f})
+        x.push_back(v);
+    for (float v : x) {
+        const double want = reference::round_to_bf16((double)v);
+        const float got = bf16_value(bf16_bits(v));
+        const bool same = std::isnan(want) ? std::isnan(got) : (double)got == want && std::signbit(got) == std::signbit(want);
+        if (!same) {
+            std::printf("FAIL round_to_bf16(%.9g): got %.9g, reference %.9g\n", v, got, want);
+            ++failures();
+            return;
+        }
+    }
+    on_every_level_and_split([&](const std::string& level) {
+        std::vector<float> y(x.size());
+        round_to_bf16(y.data(), x.data(), x.size());
+        for (size_t i = 0; i < x.size(); ++i)
+            if (std::memcmp(&y[i], &x[i], 4) != 0 && !(std::isnan(x[i]) && std::isnan(y[i]))) {
+                const float want = bf16_value(bf16_bits(x[i]));
+                if (std::memcmp(&y[i], &want, 4) != 0) {
+                    std::printf("FAIL round_to_bf16 array %s [%zu]\n", level.c_str(), i);
+                    ++failures();
+                    return;
+                }
+            }
+    });
+}
+
+void test_gemm(int M, int N, int K, bool trans_a, bool trans_b, bool accumulate, unsigned seed) {
+    std::mt19937 rng(seed);
+    const auto A = random_values(rng, (size_t)M * K), B = random_values(rng, (size_t)K * N);
+    const auto C0 = random_values(rng, (size_t)M * N);
+    std::vector<double> want = C0;
+    reference::bf16_gemm(want.data(), A.data(), trans_a, B.data(), trans_b, M, N, K, accumulate);
+    char where[112];
+    std::snprintf(where, sizeof where, "bf16_gemm M=%d N=%d K=%d%s%s%s", M, N, K, trans_a ? " A^T" : "",
+                  trans_b ? " B^T" : "", accumulate ? " +=" : "");
+    const auto Af = cast<float>(A), Bf = cast<float>(B);
+    const size_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+    std::vector<float> float_lanes;  // the first float-lane level's result: the others must equal it
+    on_every_bf16_path([&](const std::string& level) {
+        std::vector<float> C = cast<float>(C0);
+        bf16_gemm(C.data(), (size_t)N, Af.data(), lda, trans_a, Bf.data(), ldb, trans_b, M, N, K, accumulate);
+        expect_near(C, want, kBf16SumTolerance, std::string(where) + " " + level);
+        if (!bf16_tiles().native) {
+            if (float_lanes.empty()) float_lanes = C;
+            else if (std::memcmp(C.data(), float_lanes.data(), C.size() * 4) != 0) {
+                std::printf("FAIL %s %s: not bit for bit the other float-lane levels' result\n", where, level.c_str());
+                ++failures();
+            }
+        }
+    });
+    // the tolerance tells bf16 operands from float32 ones: a float32 product misses the reference
+    if (K >= 64) {
+        std::vector<double> float32_product = C0;
+        for (int m = 0; m < M; ++m)
+            for (int n = 0; n < N; ++n) {
+                double acc = accumulate ? C0[(size_t)m * N + n] : 0;
+                for (int k = 0; k < K; ++k)
+                    acc += (trans_a ? A[(size_t)k * M + m] : A[(size_t)m * K + k]) *
+                           (trans_b ? B[(size_t)n * K + k] : B[(size_t)k * N + n]);
+                float32_product[(size_t)m * N + n] = acc;
+            }
+        double worst = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+            worst = std::max(worst, std::abs(float32_product[i] - want[i]) / (1 + std::abs(want[i])));
+        CHECK(worst > 10 * kBf16SumTolerance);
+    }
+}
+
+void test_dense(int N, int C, int OC, Activation act, bool bias, unsigned seed) {
+    std::mt19937 rng(seed);
+    const auto x = random_values(rng, (size_t)N * C), W = random_values(rng, (size_t)C * OC, 0.3);
+    const auto b = random_values(rng, OC), dz = random_values(rng, (size_t)N * OC);
+    const auto dW0 = random_values(rng, (size_t)C * OC), db0 = random_values(rng, OC);
+    std::vector<double> y((size_t)N * OC), z(y.size()), dx(x.size()), dW = dW0, db = db0;
+    reference::bf16_dense_forward(y.data(), z.data(), x.data(), W.data(), bias ? b.data() : nullptr, N, C, OC, act);
+    reference::bf16_dense_backward(dx.data(), dW.data(), db.data(), dz.data(), x.data(), W.data(), N, C, OC);
+    const Named want{{"y", y}, {"z", z}, {"dx", dx}, {"dW", dW}, {"db", db}};
+    char where[96];
+    std::snprintf(where, sizeof where, "bf16_dense N=%d C=%d OC=%d act=%d%s", N, C, OC, (int)act, bias ? " bias" : "");
+    on_every_bf16_path([&](const std::string& level) {
+        const auto x_ = cast<float>(x), W_ = cast<float>(W), b_ = cast<float>(b), dz_ = cast<float>(dz);
+        std::vector<float> y_(y.size()), z_(z.size()), dx_(dx.size()), dW_ = cast<float>(dW0), db_ = cast<float>(db0);
+        bf16_dense_forward(y_.data(), z_.data(), x_.data(), W_.data(), bias ? b_.data() : nullptr, N, C, OC, act);
+        bf16_dense_backward(dx_.data(), dW_.data(), db_.data(), dz_.data(), x_.data(), W_.data(), N, C, OC);
+        compare_all({{"y", to_double(y_)}, {"z", to_double(z_)}, {"dx", to_double(dx_)}, {"dW", to_double(dW_)},
+                     {"db", to_double(db_)}},
+                    want, kBf16SumTolerance, std::string(where) + " " + level);
+    });
+}
+
+}  // namespace
+
+int main() {
+    test_rounding();
+    unsigned seed = 1;
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (bool acc : {false, true}) {
+                test_gemm(1, 1, 1, ta, tb, acc, seed++);
+                test_gemm(7, 5, 3, ta, tb, acc, seed++);          // smaller than one tile
+                test_gemm(13, 70, 65, ta, tb, acc, seed++);       // tile tails, odd K
+                test_gemm(131, 67, 601, ta, tb, acc, seed++);     // past a row block and a pair block
+                test_gemm(250, 130, 1100, ta, tb, acc, seed++);   // split across threads, three pair blocks
+            }
+    test_gemm(4, 9, 0, false, false, false, seed++);  // K = 0: zeros
+    for (Activation act : {Activation::linear, Activation::relu, Activation::tanh, Activation::gelu, Activation::softmax}) {
+        test_dense(37, 29, 45, act, true, seed++);
+        test_dense(301, 67, 53, act, false, seed++);
+    }
+    return attnx::test::report("test_reference_bf16");
+}

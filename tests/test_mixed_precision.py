@@ -1,0 +1,265 @@
+"""`mixed_bfloat16` (attnx.mixed_precision): the policy API as Keras', the bf16 kernels against NumPy and
+PyTorch's rounding, and a contract over every public layer: under the policy its weights are float32, its
+config records the policy, and its outputs and gradients are float32's within bfloat16's tolerance where
+it runs bf16 products (`compute_dtype == "bfloat16"` somewhere in it), or float32's exactly where it falls
+back to float32 (documented in docs/guides/mixed_precision.md)."""
+import numpy as np
+import pytest
+
+import attnx
+from attnx import _core, kernels, layers, mixed_precision
+
+from test_layer_contract import CASES, TRAINING_EXEMPT, _run, _symbolic_call
+
+BF16_TOLERANCE = 2e-2  # relative to the norm of the float32 result: bf16 keeps 8 significant bits
+
+
+@pytest.fixture(autouse=True)
+def _reset_policy():
+    yield
+    mixed_precision.set_global_policy(None)
+
+
+def _bf16(x):
+    """x rounded to the nearest bfloat16 (ties to even), independently of attnx: through float64."""
+    x = np.asarray(x, np.float64)
+    m, e = np.frexp(x)
+    quantum_exp = np.maximum(e, -125) - 8
+    return np.ldexp(np.rint(np.ldexp(x, -quantum_exp)), quantum_exp)
+
+
+# ----------------------------------------------------------------------------- the policy API
+def test_policy_names_and_dtypes():
+    p = mixed_precision.Policy("mixed_bfloat16")
+    assert (p.name, p.variable_dtype, p.compute_dtype) == ("mixed_bfloat16", "float32", "bfloat16")
+    assert mixed_precision.Policy("float64").compute_dtype == "float64"
+    assert mixed_precision.Policy(p) == p and mixed_precision.DTypePolicy is mixed_precision.Policy
+    assert mixed_precision.Policy.from_config(p.get_config()) == p
+
+
+@pytest.mark.parametrize("name", ["float16", "mixed_float16", "bfloat16", "int8", 3])
+def test_unknown_policies_are_refused(name):
+    with pytest.raises(ValueError, match="Policy: expected one of float32, float64, mixed_bfloat16"):
+        mixed_precision.Policy(name)
+    with pytest.raises(ValueError, match="Policy"):
+        mixed_precision.set_global_policy(name)
+
+
+def test_a_layer_dtype_that_is_no_policy_is_a_type_error():
+    with pytest.raises(TypeError, match="Dense dtype: attnx computes in float32 or float64"):
+        layers.Dense(2, dtype="float16")
+
+
+def test_global_policy_applies_to_layers_made_after_it():
+    assert mixed_precision.global_policy().name == attnx.backend.floatx()
+    mixed_precision.set_global_policy("mixed_bfloat16")
+    dense, lstm, embedding = layers.Dense(3), layers.LSTM(4), layers.Embedding(5, 2)
+    for layer in (dense, lstm, embedding):
+        assert layer.dtype_policy.name == "mixed_bfloat16" and layer.dtype == np.float32
+    assert (dense.compute_dtype, lstm.compute_dtype, embedding.compute_dtype) == ("bfloat16", "bfloat16", "float32")
+    assert layers.Dense(3, dtype="float32").compute_dtype == "float32"
+    mixed_precision.set_global_policy(None)
+    assert layers.Dense(3).dtype_policy.name == "float32"
+
+
+def test_bf16_layers_are_the_ones_documented():
+    """The guide's list of layers with bf16 products is the code's (a layer added to either fails here)."""
+    import pathlib
+    guide = (pathlib.Path(__file__).parents[1] / "docs" / "guides" / "mixed_precision.md").read_text()
+    listed = guide.split("<!-- bf16 layers -->")[1].split("<!-- /bf16 layers -->")[0]
+    documented = {w.strip("`, .\n") for w in listed.split() if w.startswith("`")}
+    public = {name: getattr(layers, name) for name in layers.__all__ if name != "Layer"}
+    assert documented == {name for name, cls in public.items() if cls._bf16_products}
+
+
+# ----------------------------------------------------------------------------- the kernels
+def test_round_to_bfloat16_is_round_to_nearest_even():
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32)
+    ties = (np.array([0x3F80, 0x3F81, 0x4049], np.uint32)[:, None] << 16 | np.array([0x8000, 0x7FFF, 0x8001],
+                                                                                      np.uint32)).ravel()
+    x = np.concatenate([bits, ties]).view(np.float32)
+    x = x[np.isfinite(x) & (np.abs(x) < 3.3e38)]  # the overflow to inf: the C++ test
+    got = kernels.round_to_bfloat16(x=x)
+    np.testing.assert_array_equal(got.astype(np.float64), _bf16(x))
+
+
+def test_round_to_bfloat16_matches_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 30, 5000)).astype(np.float32)
+    x = np.concatenate([x, [np.inf, -np.inf, np.nan, 0.0, -0.0, 1.00390625, 1.01171875]]).astype(np.float32)
+    want = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(kernels.round_to_bfloat16(x=x), want)
+
+
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_bf16_matmul_is_the_product_of_rounded_operands(transpose_a, transpose_b):
+    rng = np.random.default_rng(2)
+    M, N, K = 37, 70, 301
+    a = rng.standard_normal((K, M) if transpose_a else (M, K)).astype(np.float32)
+    b = rng.standard_normal((N, K) if transpose_b else (K, N)).astype(np.float32)
+    op_a, op_b = (_bf16(a).T if transpose_a else _bf16(a)), (_bf16(b).T if transpose_b else _bf16(b))
+    want = op_a @ op_b
+    got = kernels.bf16_matmul(a=a, b=b, transpose_a=transpose_a, transpose_b=transpose_b)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    out = np.ones((M, N), np.float32)
+    assert kernels.bf16_matmul(a=a, b=b, transpose_a=transpose_a, transpose_b=transpose_b, out=out) is out
+    np.testing.assert_allclose(out, want + 1, rtol=1e-5, atol=1e-4)
+    # the float32 product is further from it than the tolerance: the rounding is there
+    exact = (a.T if transpose_a else a).astype(np.float64) @ (b.T if transpose_b else b)
+    assert np.abs(exact - want).max() > 1e-2
+
+
+def test_bf16_kernels_refuse_bad_operands():
+    a = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match="bf16_matmul: the inner sizes differ"):
+        kernels.bf16_matmul(a=a, b=np.ones((5, 2), np.float32))
+    with pytest.raises(TypeError, match="bf16_matmul: a: expected dtype float32"):
+        kernels.bf16_matmul(a=a.astype(np.float64), b=np.ones((4, 2), np.float32))
+    with pytest.raises(ValueError, match="bf16_matmul: out: expected shape"):
+        kernels.bf16_matmul(a=a, b=np.ones((4, 2), np.float32), out=np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match="bf16_matmul: b: expected rank 2"):
+        kernels.bf16_matmul(a=a, b=np.ones(4, np.float32))
+    x = np.ones((2, 3, 4))
+    with pytest.raises(TypeError, match="rnn_forward: bf16 needs float32 operands"):
+        kernels.rnn_forward(cell="lstm", x=x, kernel=np.ones((4, 8)), recurrent_kernel=np.ones((2, 8)), bias=None,
+                            recurrent_bias=None, h0=None, c0=None, mask=None, recurrent_mask=None, bf16=True)
+
+
+def test_dense_matches_torch_on_rounded_operands():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    layer = layers.Dense(40, activation="relu", dtype="mixed_bfloat16")
+    x = rng.standard_normal((9, 5, 33)).astype(np.float32)
+    y = layer(x)
+    k, b = (torch.from_numpy(w) for w in layer.get_weights())
+    want = torch.relu(torch.from_numpy(x).bfloat16().float() @ k.bfloat16().float() + b).numpy()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("level", ["baseline", "avx2", "avx512"])
+def test_every_simd_level_gives_the_same_dense_training_step(level):
+    """The float-lane levels agree bit for bit (the C++ test proves it on every shape); vdpbf16ps, where it
+    runs, within float32 rounding of them."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((50, 70)).astype(np.float32)
+    dy = rng.standard_normal((50, 30)).astype(np.float32)
+
+    def step(level, dot_instruction):
+        _core._force_simd_level(level)
+        _core._bf16_allow_dot_instruction(dot_instruction)
+        try:
+            attnx.set_random_seed(0)
+            layer = layers.Dense(30, dtype="mixed_bfloat16")
+            y = layer(x, training=True)
+            return y, layer.backward(dy), layer.grads["kernel"].copy()
+        finally:
+            _core._force_simd_level("avx512")
+            _core._bf16_allow_dot_instruction(True)
+
+    reference = step("baseline", False)
+    for got, want in zip(step(level, False), reference):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(step(level, True), reference):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- the layer contract
+def _with_dtype(config, dtype):
+    """The config with every float64 dtype in it (the layer's, its sublayers') replaced by `dtype`."""
+    if isinstance(config, dict):
+        return {k: (dtype if k == "dtype" and v == "float64" else _with_dtype(v, dtype)) for k, v in config.items()}
+    if isinstance(config, list):
+        return [_with_dtype(v, dtype) for v in config]
+    return config
+
+
+def _layers_in(layer):
+    yield layer
+    for _, sub in layer._sublayers():
+        yield from _layers_in(sub)
+
+
+def _relative_error(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_layer_under_mixed_bfloat16(name):
+    make, inputs = CASES[name]
+    config = make().get_config()
+    mixed = type(make()).from_config({**_with_dtype(config, "mixed_bfloat16"), "name": None})
+    single = type(make()).from_config({**_with_dtype(config, "float32"), "name": None})
+    assert mixed.dtype_policy.name == "mixed_bfloat16" and mixed.get_config().get("dtype", "mixed_bfloat16") == \
+        "mixed_bfloat16"  # (Bidirectional takes its layer's)
+    assert type(mixed).from_config(mixed.get_config()).dtype_policy.name == "mixed_bfloat16"
+
+    rng = np.random.default_rng(5)
+    spec = inputs(rng, 3, 5)
+    m_in, m_out = _symbolic_call(mixed, spec)
+    s_in, s_out = _symbolic_call(single, spec)
+    mixed_model, single_model = attnx.Model(m_in, m_out), attnx.Model(s_in, s_out)
+    single.set_weights(mixed.get_weights())
+    assert all(w.dtype == np.float32 for w in mixed.get_weights())
+    bf16 = any(layer.compute_dtype == "bfloat16" for layer in _layers_in(mixed))
+
+    feed = [a for a, _ in spec]
+    training = name not in TRAINING_EXEMPT
+    outs, _ = _run(single_model, feed, None, False, 0)
+    dys = [rng.standard_normal(np.shape(o)) for o in outs]
+    m_outs, m_grads = _run(mixed_model, feed, dys, training, 0)
+    s_outs, s_grads = _run(single_model, feed, dys, training, 0)
+    pairs = list(zip(m_outs, s_outs)) + [(g, t) for g, t in zip(m_grads or [], s_grads or []) if g is not None]
+    pairs += [(mixed.grads[k], single.grads[k]) for k in mixed.grads] if training else []
+    assert pairs
+    for got, want in pairs:
+        assert np.asarray(got).dtype == np.float32
+        if bf16:
+            assert _relative_error(got, want) < BF16_TOLERANCE, f"{name}: bf16 result not float32's within bf16's"
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=f"{name}: the float32 fallback differs from float32")
+    if bf16:  # the products did run in bf16
+        assert max(_relative_error(got, want) for got, want in pairs) > 1e-5, f"{name}: no bf16 rounding seen"
+
+
+# ----------------------------------------------------------------------------- models
+def test_saved_models_keep_the_policy(tmp_path):
+    rng = np.random.default_rng(6)
+    model = attnx.Sequential([
+        layers.Embedding(20, 8, input_shape=(7,)),
+        layers.LSTM(16, dtype="mixed_bfloat16"),
+        layers.Dense(3, dtype="mixed_bfloat16"),
+    ])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    x, y = rng.integers(0, 20, (32, 7)), rng.integers(0, 3, 32)
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    path = tmp_path / "m.attnx"
+    model.save(path)
+    loaded = attnx.load_model(path)
+    assert [layer.dtype_policy.name for layer in loaded.layers] == ["float32", "mixed_bfloat16", "mixed_bfloat16"]
+    assert [layer.compute_dtype for layer in loaded.layers] == ["float32", "bfloat16", "bfloat16"]
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_training_under_the_global_policy_learns_as_float32_does():
+    """The same small LSTM classifier trained under either policy reaches the same accuracy."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((256, 12, 6)).astype(np.float32)
+    y = (x[:, :, 0].sum(axis=1) > 0).astype(np.int64)
+
+    def train(policy):
+        mixed_precision.set_global_policy(policy)
+        attnx.set_random_seed(0)
+        model = attnx.Sequential([layers.LSTM(32, input_shape=(12, 6)), layers.Dense(2, activation="softmax")])
+        model.compile(attnx.optimizers.Adam(0.01), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        history = model.fit(x, y, epochs=8, batch_size=32, verbose=0)
+        assert all(w.dtype == np.float32 for w in model.get_weights())
+        return history.history["accuracy"][-1], model.layers[0].compute_dtype
+
+    acc32, dt32 = train("float32")
+    acc16, dt16 = train("mixed_bfloat16")
+    assert (dt32, dt16) == ("float32", "bfloat16")
+    assert acc32 > 0.9 and abs(acc16 - acc32) < 0.05
