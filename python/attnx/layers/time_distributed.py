@@ -21,7 +21,7 @@ class TimeDistributed(Layer):
     def __init__(self, layer, **kwargs):
         if not isinstance(layer, Layer):
             raise TypeError(f"TimeDistributed: expects an attnx layer, got {type(layer).__name__}")
-        kwargs.setdefault("dtype", layer.dtype.name)
+        kwargs.setdefault("dtype", layer.dtype_policy.name)
         super().__init__(**kwargs)
         self.layer = layer
 
@@ -111,7 +111,7 @@ class TimeDistributed(Layer):
     def get_config(self):
         config = super().get_config()
         config.pop("dtype", None)
-        return {**config, "layer": {"class_name": type(self.layer).__name__, "config": self.layer.get_config()}}
+        return {**config, "layer": {"class_name": Layer.registry.name_of(type(self.layer)), "config": self.layer.get_config()}}
 
     @classmethod
     def from_config(cls, config):
