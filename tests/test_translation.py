@@ -344,3 +344,34 @@ def test_top_k_equals_a_stable_sort_with_ties_and_minus_infinity():
     total[::7, 5:] = -np.inf  # rows with few finite entries
     for k in (1, 3, 6):
         assert (_top(total, k) == np.argsort(-total, axis=1, kind="stable")[:, :k]).all()
+
+
+@pytest.mark.parametrize("arg, bound", [("source_vocab_size", 2 ** 22), ("model_dim", 16384),
+                                        ("intermediate_dim", 65536), ("num_encoder_layers", 256),
+                                        ("num_decoder_layers", 256), ("max_positions", 8192), ("max_length", 1024)])
+def test_every_size_a_file_sets_is_bounded(arg, bound):
+    config = dict(source_vocab_size=11, target_vocab_size=13, model_dim=8, num_heads=2, intermediate_dim=16,
+                  num_encoder_layers=1, num_decoder_layers=1, start_token=1, end_token=2)
+    with pytest.raises(ValueError, match=f"`{arg}` must be <= {bound}"):
+        Transformer(**{**config, arg: bound + 1})
+    with pytest.raises(ValueError, match="num_layers must be an integer"):
+        attnx.layers.TransformerEncoder(2.5, 2, 8)
+
+
+def test_sources_are_bounded_at_max_source_length(text_model):
+    limit = Transformer.MAX_SOURCE_LENGTH
+    ids = np.ones((1, limit + 1), np.int64)
+    with pytest.raises(ValueError, match="MAX_SOURCE_LENGTH"):
+        text_model.predict(ids)
+    assert text_model.encode_sources(["the cat " * 2000]).shape == (1, limit)  # a sentence is cut, not refused
+    assert isinstance(text_model.translate("the cat " * 2000)[0], str)
+
+
+def test_token_ids_and_tokenizers_must_fit_the_vocabularies(text_model):
+    config = dict(model_dim=8, num_heads=2, intermediate_dim=16, num_encoder_layers=1, num_decoder_layers=1)
+    for bad in (-2, 13, 2 ** 40, 1.5, True):
+        with pytest.raises(ValueError, match="start_token"):
+            Transformer(11, 13, start_token=bad, end_token=2, **config)
+    tokenizer = text_model.source_tokenizer  # more ids than a vocabulary of 11
+    with pytest.raises(ValueError, match="source tokenizer has"):
+        Transformer(11, tokenizer.vocab_size, source_tokenizer=tokenizer, target_tokenizer=tokenizer, **config)

@@ -34,9 +34,13 @@ class Hypothesis(NamedTuple):
     attention: np.ndarray
 
 
-def positive_int(owner, arg, value):
+def positive_int(owner, arg, value, maximum=None):
+    """`value` as an int in [1, maximum]: sizes a file can set are bounded, so that work and memory stay
+    linear in what the caller gave."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{owner}: `{arg}` must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{owner}: `{arg}` must be <= {maximum}, got {value}")
     return int(value)
 
 

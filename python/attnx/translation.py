@@ -131,10 +131,18 @@ class Transformer(Model):
         source_tokenizer, target_tokenizer: `attnx.text.SubwordTokenizer`s (or one shared) for the
             methods that take sentences.
 
+    Bounds (a saved file sets these, and time and memory grow with them): vocabulary sizes <= 2**22,
+    model_dim <= 16384, intermediate_dim <= 65536, up to 256 layers per stack, max_positions <= 8192,
+    max_length (the longest decoding) <= 1024. Sources are at most `MAX_SOURCE_LENGTH` = 1024 subwords
+    (CTranslate2's max_input_length): longer ids are a ValueError, longer sentences are cut to their
+    first 1024 subwords by `encode_sources` (so by `translate`, `translate_batch`, `evaluate_bleu`).
+
     Data: ``fit(source, target)`` takes source ids (B, S) and target ids (B, T) that begin with the
     start token, 0 = padding. ``predict(source)`` returns greedy translations (see `predict_step`).
     Call: ``model([source, target_in])`` gives the teacher-forced logits (B, T, V).
     """
+
+    MAX_SOURCE_LENGTH = 1024
 
     def __init__(self, source_vocab_size, target_vocab_size, model_dim=256, num_heads=4, intermediate_dim=1024,
                  num_encoder_layers=3, num_decoder_layers=3, dropout=0.1, activation="relu", norm_first=False,
@@ -143,15 +151,18 @@ class Transformer(Model):
                  target_tokenizer=None, dtype="float32", name=None):
         super().__init__(name=name or unique_name("transformer"), dtype=dtype)
         owner = "Transformer"
-        self.source_vocab_size = _positive_int(owner, "source_vocab_size", source_vocab_size)
-        self.target_vocab_size = _positive_int(owner, "target_vocab_size", target_vocab_size)
-        self.model_dim = _positive_int(owner, "model_dim", model_dim)
+        self.source_vocab_size = _positive_int(owner, "source_vocab_size", source_vocab_size, 2 ** 22)
+        self.target_vocab_size = _positive_int(owner, "target_vocab_size", target_vocab_size, 2 ** 22)
+        self.model_dim = _positive_int(owner, "model_dim", model_dim, 16384)
+        _positive_int(owner, "intermediate_dim", intermediate_dim, 65536)
+        _positive_int(owner, "num_encoder_layers", num_encoder_layers, 256)
+        _positive_int(owner, "num_decoder_layers", num_decoder_layers, 256)
         self.num_heads, _ = head_sizes(owner, num_heads, self.model_dim)
         if positions not in ("sinusoidal", "learned"):
             raise ValueError(f"Transformer: `positions` must be 'sinusoidal' or 'learned', got {positions!r}")
         self.positions = positions
-        self.max_positions = _positive_int(owner, "max_positions", max_positions)
-        self.max_length = _positive_int(owner, "max_length", max_length)
+        self.max_positions = _positive_int(owner, "max_positions", max_positions, 8192)
+        self.max_length = _positive_int(owner, "max_length", max_length, 1024)
         if positions == "learned" and self.max_length > self.max_positions:
             raise ValueError(f"Transformer: max_length={max_length} is longer than the learned position tables "
                              f"(max_positions={max_positions})")
@@ -159,6 +170,12 @@ class Transformer(Model):
         if self.shared_embeddings and self.source_vocab_size != self.target_vocab_size:
             raise ValueError(f"Transformer: shared_embeddings needs one vocabulary size, got {source_vocab_size} "
                              f"and {target_vocab_size}")
+        for side, tokenizer, size in (("source", source_tokenizer, self.source_vocab_size),
+                                      ("target", target_tokenizer, self.target_vocab_size)):
+            ids = None if tokenizer is None else getattr(tokenizer, "vocab_size", "no")
+            if ids is not None and (not isinstance(ids, int) or ids > size):
+                raise ValueError(f"Transformer: the {side} tokenizer has {ids} ids, expected a tokenizer of at most "
+                                 f"{side}_vocab_size={size}")
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
         self.start_id = self._token_id(start_token, "start_token")
         self.end_id = self._token_id(end_token, "end_token")
@@ -207,11 +224,11 @@ class Transformer(Model):
                    target_tokenizer=target_tok, **kwargs)
 
     def _token_id(self, token, arg):
-        if isinstance(token, (int, np.integer)):
-            return int(token)
-        if self.target_tokenizer is None or token not in self.target_tokenizer.word_index:
-            raise ValueError(f"Transformer: `{arg}` {token!r} is not an id and not a token of the target tokenizer")
-        return self.target_tokenizer.word_index[token]
+        if isinstance(token, str):
+            if self.target_tokenizer is None or token not in self.target_tokenizer.word_index:
+                raise ValueError(f"Transformer: `{arg}` {token!r} is not an id and not a token of the target tokenizer")
+            token = self.target_tokenizer.word_index[token]
+        return decoding.token_id("Transformer", arg, token, self.target_vocab_size)
 
     def quantize_refusal(self):
         if self.tie_output:
@@ -368,6 +385,9 @@ class Transformer(Model):
 
     def _source(self, source, arg="source"):
         ids = self._ids(source, arg, self.source_vocab_size)
+        if ids.shape[1] > self.MAX_SOURCE_LENGTH:
+            raise ValueError(f"Transformer: `{arg}` has {ids.shape[1]} steps, more than MAX_SOURCE_LENGTH = "
+                             f"{self.MAX_SOURCE_LENGTH}; cut the sources (encode_sources does for sentences)")
         empty = ~(ids != 0).any(axis=1)
         if empty.any():
             raise ValueError(f"Transformer: `{arg}` has an empty sentence (a row of padding only) at row "
@@ -394,7 +414,7 @@ class Transformer(Model):
             ids = self.source_tokenizer.encode(_strip_markers(sentence))
             if not ids:
                 raise ValueError(f"Transformer: empty sentence {sentence!r}")
-            seqs.append(ids)
+            seqs.append(ids[:self.MAX_SOURCE_LENGTH])
         return text.pad_sequences(seqs, padding="post").astype(np.int64)
 
     def encode_targets(self, sentences):

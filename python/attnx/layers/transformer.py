@@ -1039,13 +1039,17 @@ class TransformerDecoderLayer(_TransformerLayerBase):
 class _TransformerStack(_Composite):
     """num_layers copies of a transformer layer class, applied in order."""
 
+    MAX_LAYERS = 256  # a file sets num_layers: a bound keeps building it linear in what the file holds
+
     layer_class = None
 
     def __init__(self, num_layers, num_heads, intermediate_dim, dropout=0.0, activation="relu",
                  layer_norm_epsilon=1e-5, norm_first=False, **kwargs):
         super().__init__(**kwargs)
-        if int(num_layers) <= 0:
-            raise ValueError(f"{type(self).__name__}: num_layers must be positive, got {num_layers}")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, (int, np.integer)) or \
+                not 1 <= num_layers <= self.MAX_LAYERS:
+            raise ValueError(f"{type(self).__name__}: num_layers must be an integer in [1, {self.MAX_LAYERS}], "
+                             f"got {num_layers!r}")
         self.num_layers = int(num_layers)
         self.layer_config = {"num_heads": num_heads, "intermediate_dim": intermediate_dim, "dropout": dropout,
                              "activation": activation, "layer_norm_epsilon": layer_norm_epsilon,
