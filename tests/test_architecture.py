@@ -146,3 +146,60 @@ def test_model_code_reaches_the_kernels_through_attnx_kernels():
     graph = _graph()
     direct = sorted(m for m, imported in graph.items() if "attnx._core" in imported and m not in allowed)
     assert not direct, f"modules calling _core directly instead of attnx.kernels: {direct}"
+
+
+# ----------------------------------------------------------------------------- no twins
+def _shape_lines(source):
+    """The lines of Python `source` as token shapes (names, strings and numbers as placeholders;
+    keywords kept), without comments, imports, docstring or string-table lines and lone brackets:
+    [(line number, shape)]."""
+    import io
+    import keyword
+    import tokenize
+    kept = set(keyword.kwlist) | {"self", "cls", "np", "None", "True", "False"}
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    lines = {}
+    for t in tokenize.generate_tokens(io.StringIO(source).readline):
+        if t.type in skip:
+            continue
+        if t.type == tokenize.NAME and t.string not in kept:
+            shape = "N"
+        elif t.type in (tokenize.STRING, tokenize.NUMBER):
+            shape = "S" if t.type == tokenize.STRING else "0"
+        else:
+            shape = t.string
+        lines.setdefault(t.start[0], []).append(shape)
+    return [(n, " ".join(tokens)) for n, tokens in sorted(lines.items())
+            if len(tokens) > 2 and tokens[0] not in ("import", "from", "S")]
+
+
+def _repeated_blocks(sources, lines=10):
+    """Pairs of places (file, line) where `lines` consecutive lines of the same shape stand twice."""
+    windows = {}
+    for name, source in sources.items():
+        shapes = _shape_lines(source)
+        for i in range(len(shapes) - lines + 1):
+            key = "\n".join(s for _, s in shapes[i:i + lines])
+            windows.setdefault(key, []).append((name, shapes[i][0], shapes[i + lines - 1][0]))
+    pairs = set()
+    for places in windows.values():
+        for i, (file_a, start_a, end_a) in enumerate(places):
+            for file_b, start_b, _ in places[i + 1:]:
+                if file_a != file_b or start_b > end_a:  # overlapping windows of one run are not a twin
+                    pairs.add((f"{file_a}:{start_a}", f"{file_b}:{start_b}"))
+    return sorted(pairs)
+
+
+def test_no_block_of_ten_lines_is_written_twice():
+    """Issue 38: no block of 10 or more lines stands twice in python/attnx, the same lines or the same shape
+    with other names, strings and numbers (one home per piece of logic)."""
+    sources = {str(p.relative_to(PACKAGE)): p.read_text() for p in PACKAGE.rglob("*.py")}
+    assert _repeated_blocks(sources) == []
+
+
+def test_the_twin_detector_finds_a_renamed_copy():
+    body = "\n".join(f"    total_{i} = weights[{i}] * inputs.sum(axis={i}) + bias" for i in range(12))
+    renamed = body.replace("total", "acc").replace("weights", "kernel").replace("bias", "offset")
+    assert _repeated_blocks({"a.py": f"def f(weights, inputs, bias):\n{body}\n",
+                             "b.py": f"def g(kernel, inputs, offset):\n{renamed}\n"})
+    assert not _repeated_blocks({"a.py": f"def f(weights, inputs, bias):\n{body}\n"})

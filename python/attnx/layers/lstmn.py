@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import initializers, kernels
-from .recurrent import (_RNN, _RNN_DOC, _SequenceCache, _carry_outputs, _split_states, _stack_forward, _step_mask,
+from .recurrent import (_RNN, _RNN_DOC, _SequenceCache, _split_states, _stack_forward, _step_mask,
                         level_suffix)
 
 
@@ -125,16 +125,7 @@ class LSTMN(_RNN):
                                                         self.return_sequences)
         hs, cs = finals[0]
         scores = level_caches[-1][0].weights
-        carried_from = None
-        if not self.return_sequences:
-            out = hs[-1]
-        else:
-            out = top_seqs[0]
-            if self.go_backwards:  # Keras: outputs (and the mask with them) in processing order
-                out = np.ascontiguousarray(out[:, ::-1])
-                step_mask = None if step_mask is None else step_mask[:, ::-1]
-            if step_mask is not None and not self.zero_output_for_mask:
-                out, carried_from = _carry_outputs(out, step_mask)
+        out, carried_from = self._sequence_output(top_seqs[0], hs, step_mask)
         outputs = [out] + (self._final_states(hs, cs) if self.return_state else []) + \
             ([scores] if self.return_attention_scores else [])
         cache = _SequenceCache(level_caches, B, T, states is not None, carried_from=carried_from) if training else None

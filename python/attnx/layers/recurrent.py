@@ -481,20 +481,25 @@ class _RNN(_Recurrent):
                                                         training, self.return_sequences)
         hs, cs = finals[0]
         self._carry(hs, cs)
-        carried_from = None
-        if not self.return_sequences:
-            out = hs[-1]
-        else:
-            out = top_seqs[0]
-            if self.go_backwards:  # Keras: outputs (and the mask with them) in processing order
-                out = np.ascontiguousarray(out[:, ::-1])
-                step_mask = None if step_mask is None else step_mask[:, ::-1]
-            if step_mask is not None and not self.zero_output_for_mask:
-                out, carried_from = _carry_outputs(out, step_mask)
+        out, carried_from = self._sequence_output(top_seqs[0], hs, step_mask)
         if self.return_state:
             out = [out] + self._final_states(hs, cs)
         return out, (_SequenceCache(level_caches, B, T, states is not None, carried_from=carried_from)
                      if training else None)
+
+    def _sequence_output(self, top_seq, hs, step_mask):
+        """The layer's output from the top level's sequence (B, T, units) and final states: the last state,
+        or the sequence in Keras' order with padded steps carrying the last real output unless
+        zero_output_for_mask. Returns (output, carried_from: what the backward needs to undo the carry)."""
+        if not self.return_sequences:
+            return hs[-1], None
+        out = top_seq
+        if self.go_backwards:  # Keras: outputs (and the mask with them) in processing order
+            out = np.ascontiguousarray(out[:, ::-1])
+            step_mask = None if step_mask is None else step_mask[:, ::-1]
+        if step_mask is not None and not self.zero_output_for_mask:
+            return _carry_outputs(out, step_mask)
+        return out, None
 
     def backprop(self, cache, dy, need_dx=True):
         B, T = cache.batch, cache.steps
