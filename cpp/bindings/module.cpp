@@ -58,5 +58,6 @@ PYBIND11_MODULE(_core, m) {
     attnx::bind::init_conv(m);
     attnx::bind::init_lstmn(m);
     attnx::bind::init_draw(m);
+    attnx::bind::init_random(m);
     attnx::bind::init_quantized(m);
 }

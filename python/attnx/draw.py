@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, losses, ops
+from . import backend, losses, ops, random
 from .backend import unique_name
 from .layers import Dense, FilterbankRead, FilterbankWrite, LSTMCell
 from .models import Model
@@ -73,8 +73,10 @@ class DRAW(Model):
     output_names = ("canvas", "kl")
 
     def __init__(self, height, width, read_n=2, write_n=5, steps=8, encoder_units=64, decoder_units=64,
-                 latent_dim=10, dtype="float32", name=None):
+                 latent_dim=10, seed=None, dtype="float32", name=None):
         super().__init__(name=name or unique_name("draw"), dtype=dtype)
+        self.seed_generator = random.SeedGenerator(seed, "DRAW")  # the latent samples
+        self.seed = self.seed_generator.seed
         for arg, value in (("height", height), ("width", width), ("read_n", read_n), ("write_n", write_n),
                            ("steps", steps), ("encoder_units", encoder_units), ("decoder_units", decoder_units),
                            ("latent_dim", latent_dim)):
@@ -109,7 +111,8 @@ class DRAW(Model):
     def get_config(self):
         return {"name": self.name, "height": self.height, "width": self.width, "read_n": self.read_n,
                 "write_n": self.write_n, "steps": self.steps, "encoder_units": self.encoder_units,
-                "decoder_units": self.decoder_units, "latent_dim": self.latent_dim, "dtype": self.dtype.name}
+                "decoder_units": self.decoder_units, "latent_dim": self.latent_dim, "seed": self.seed,
+                "dtype": self.dtype.name}
 
     @classmethod
     def from_config(cls, config):
@@ -164,7 +167,7 @@ class DRAW(Model):
             mu, c_mu = self.mu.apply(h_enc, training=training)
             log_sigma, c_ls = self.log_sigma.apply(h_enc, training=training)
             sigma = np.exp(log_sigma)
-            eps = backend.rng().standard_normal(mu.shape).astype(dt) if noisy else np.zeros_like(mu)
+            eps = self.seed_generator.normal(mu.shape, dt) if noisy else np.zeros_like(mu)
             z = mu + sigma * eps
             # KL(N(mu, sigma) || N(0, 1)) = 1/2 sum (mu^2 + sigma^2 - 2 log sigma - 1)
             kl += 0.5 * np.sum(mu * mu + sigma * sigma - 2 * log_sigma - 1, axis=1)
@@ -220,14 +223,14 @@ class DRAW(Model):
         Returns (canvases (steps, n, H, W) as probabilities sigmoid(c_t) after each step, windows
         (steps, n, 5) = (gX, gY, sigma^2, delta, gamma) of each write, in pixels)."""
         steps = self.steps if steps is None else int(steps)
-        rng = backend.rng() if seed is None else np.random.default_rng(seed)
+        generator = self.seed_generator if seed is None else random.SeedGenerator(seed, "DRAW.generate")
         dt = self.dtype
         h = np.zeros((n, self.decoder_units), dt)
         c = np.zeros_like(h)
         canvas = np.zeros((n, self.height, self.width), dt)
         canvases, windows = [], []
         for _ in range(steps):
-            z = rng.standard_normal((n, self.latent_dim)).astype(dt)
+            z = generator.normal((n, self.latent_dim), dt)
             h, c = self.decoder([z, h, c])
             patch = self.write_patch(h).reshape(n, self.write_n, self.write_n)
             written, window = self.writer([patch, self.write_params(h)])
