@@ -177,7 +177,7 @@ def test_a_batch_cut_into_shards_draws_the_rows_of_the_whole_batch(name):
     np.testing.assert_allclose(np.concatenate(pieces), whole, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", list(DRAWING_LAYERS))
+@pytest.mark.parametrize("name", [n for n in DRAWING_LAYERS if not n.startswith("Bidirectional")])  # a wrapper
 def test_a_layer_with_a_seed_draws_the_same_in_every_copy_and_step_by_step_anew(name):
     factory, make = DRAWING_LAYERS[name]
     layer, x = factory(5), make(6)

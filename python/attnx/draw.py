@@ -63,6 +63,7 @@ class DRAW(Model):
         steps: glimpses T.
         encoder_units, decoder_units: LSTM sizes.
         latent_dim: size of each z_t.
+        seed: seed of the latent noise z_t (default: attnx's stream, `attnx.random`).
 
     Layers: ``read_params`` / ``write_params`` (Dense 5: the windows), ``reader`` / ``writer``
     (FilterbankRead / FilterbankWrite), ``encoder`` / ``decoder`` (LSTMCell), ``mu`` / ``log_sigma``
