@@ -687,9 +687,6 @@ def test_a_layer_applied_twice_gets_the_sum_of_its_calls_gradients(case, seed):
         layer.apply(calls[0][0])  # builds it (an inference call draws no random numbers)
     for twin in twins:
         twin.set_weights(shared.get_weights())
-    common = attnx.random.SeedGenerator(seed)  # one stream for the layer and its twins: the same draws in call order
-    for layer in (shared, *twins):
-        layer.seed_generator = common
     shared_runs = _train_calls([shared, shared], calls, seed)
     twin_runs = _train_calls(twins, calls, seed)
     for i, ((shared_out, _), (twin_out, _)) in enumerate(zip(shared_runs, twin_runs)):

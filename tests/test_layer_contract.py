@@ -142,21 +142,6 @@ def _twin(layer):
     return type(layer).from_config({**layer.get_config(), "name": None})
 
 
-def _share_generators(source, target):
-    """`target` (a twin) draws from `source`'s SeedGenerators, sublayers too: twins called in the
-    shared layer's call order then draw what its calls draw (attnx.random)."""
-    for attr, value in vars(source).items():
-        other = getattr(target, attr, None)
-        if isinstance(value, attnx.random.SeedGenerator):
-            setattr(target, attr, value)
-        elif isinstance(value, layers.Layer) and isinstance(other, layers.Layer):
-            _share_generators(value, other)
-        elif isinstance(value, (list, tuple)) and isinstance(other, (list, tuple)):
-            for a, b in zip(value, other):
-                if isinstance(a, layers.Layer) and isinstance(b, layers.Layer):
-                    _share_generators(a, b)
-
-
 def _build(name, specs, nested):
     make, _ = CASES[name]
     shared = make()
@@ -180,7 +165,6 @@ def _build(name, specs, nested):
         twin = _twin(shared)
         tensors, outs = _symbolic_call(twin, spec)
         twin.set_weights(shared.get_weights())
-        _share_generators(shared, twin)
         twins.append(twin)
         t_inputs += tensors
         t_outputs += outs

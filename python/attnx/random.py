@@ -3,7 +3,7 @@
 Every random number training draws (dropout, SpatialDropout1D, recurrent and attention dropout, the
 transformer layers' dropout, hard attention's samples, the epoch shuffle) is a pure function of
 
-    (the seed, the training step, the drawing layer and its call within the step, the global row, the element)
+    (the seed, the training step, the draw within the step, the global row, the element)
 
 computed in C++ (`cpp/include/attnx/random.hpp`, through `attnx.kernels`). Hence:
 
@@ -15,8 +15,9 @@ computed in C++ (`cpp/include/attnx/random.hpp`, through `attnx.kernels`). Hence
 - nothing depends on thread counts or on the order in which independent layers run.
 
 A layer that draws holds a `SeedGenerator` (Keras' name): with `seed=` its draws depend on that seed
-alone (not on `set_random_seed`), else on the global seed and the order in which generators were
-made since it was set. Initial weights and synthetic data are not training draws: they come from the
+and its own draws alone (not on `set_random_seed`); without one, a draw's place among the step's
+draws identifies the layer call, as in one NumPy stream drawn in call order: the same in every
+process running the same program (ranks, a resumed run, a model and its loaded copy). Initial weights and synthetic data are not training draws: they come from the
 NumPy generator `numpy_generator()`, seeded by `set_random_seed` too.
 """
 import secrets
@@ -32,20 +33,18 @@ _OWN_SEED, _GLOBAL_SEED, _SHUFFLE = 1, 2, 3
 _state = {"seed": secrets.randbits(63), "step": 0}
 # bumped whenever the state is set or the step moves: a generator's draws within a step count from
 # the last bump, so a state set again (a resume, a test) draws again what it drew
-_era = {"n": 0}
-_made = {"count": 0}  # SeedGenerators made without a seed since the seed was set
+_era = {"n": 0, "draws": 0}  # draws: the draws without an own seed since the bump
 _numpy = {"generator": np.random.default_rng()}
 _shard = {"first": 0, "rows": 0}  # this process's share of the global batch: first global row, row count
 _lock = threading.Lock()
 
 
 def set_seed(seed):
-    """Seeds every random choice attnx makes (`attnx.set_random_seed`): the stream, the step counter
-    (back to 0), the numbering of generators made from now on, and `numpy_generator()`."""
+    """Seeds every random choice attnx makes (`attnx.set_random_seed`): the stream, its step (back to
+    0) and `numpy_generator()`."""
     seed = as_seed(seed, "set_random_seed")
     _state.update(seed=seed, step=0)
-    _era["n"] += 1
-    _made["count"] = 0
+    _bump()
     _numpy["generator"] = np.random.default_rng(seed)
 
 
@@ -69,7 +68,7 @@ def step():
 def next_step():
     """Moves the stream to the next training step (`fit` calls it once per batch)."""
     _state["step"] += 1
-    _era["n"] += 1
+    _bump()
 
 
 def get_state():
@@ -86,7 +85,12 @@ def set_state(state):
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
         raise ValueError(f"random.set_state: step must be a non-negative integer, got {count!r}")
     _state.update(seed=seed, step=int(count))
-    _era["n"] += 1
+    _bump()
+
+
+def _bump():
+    with _lock:
+        _era.update(n=_era["n"] + 1, draws=0)
 
 
 def shard_rows(first, rows):
@@ -127,10 +131,10 @@ def _global_key(tag):
 
 
 class SeedGenerator:
-    """The draws of one layer (Keras' `keras.random.SeedGenerator`): draw k of training step s (k
-    counted from the step's start, or from the last `set_state`) is the sub-stream
-    fold_in(fold_in(base, s), k), base being the layer's `seed` or, without one, the global seed and
-    the generator's number.
+    """The draws of one layer (Keras' `keras.random.SeedGenerator`): a draw of training step s is the
+    sub-stream fold_in(fold_in(base, s), k): base from the layer's `seed` and k its k-th draw of the
+    step, or without a seed, base from the global seed and k the draw's place among all draws of the
+    step without one (counted from the step's start, or from the last `set_state`).
 
     Args:
         seed: an integer in [0, 2**64), or None (the global seed's stream).
@@ -139,23 +143,23 @@ class SeedGenerator:
 
     def __init__(self, seed=None, where="SeedGenerator"):
         self.seed = None if seed is None else as_seed(seed, where)
-        if self.seed is None:
-            with _lock:
-                self._number = _made["count"]
-                _made["count"] += 1
         self._era, self._draws = None, 0
 
     def next_key(self):
         """The key of this generator's next draw."""
+        with _lock:
+            if self.seed is None:
+                draw = _era["draws"]
+                _era["draws"] += 1
+            else:
+                if self._era != _era["n"]:
+                    self._era, self._draws = _era["n"], 0
+                draw = self._draws
+                self._draws += 1
         if self.seed is not None:
             base = kernels.random_fold_in(key=_OWN_SEED, data=self.seed)
         else:
-            base = kernels.random_fold_in(key=_global_key(_GLOBAL_SEED), data=self._number)
-        with _lock:
-            if self._era != _era["n"]:
-                self._era, self._draws = _era["n"], 0
-            draw = self._draws
-            self._draws += 1
+            base = _global_key(_GLOBAL_SEED)
         return kernels.random_fold_in(key=kernels.random_fold_in(key=base, data=_state["step"]), data=draw)
 
     def keep(self, shape, rate, dtype, per_row=True):
