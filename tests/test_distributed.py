@@ -145,7 +145,7 @@ def test_ranks_train_the_readme_model_as_one_process_with_dropout_and_shuffling(
     single, w_single = _result(tmp_path, "single")
     dist, w_dist = _result(tmp_path, "dist")
     assert dist["ranks_identical"]
-    for a, b in zip(w_single, w_dist):  # measured: 4e-7 (2 ranks), 1.5e-6 (3 ranks); 0.18 without global rows
+    for a, b in zip(w_single, w_dist):  # measured: 9e-7 (2 ranks), 8e-7 (3 ranks); 0.18 without global rows
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
         np.testing.assert_allclose(dist["history"][key], single["history"][key], rtol=1e-5)
