@@ -206,6 +206,7 @@ class Dropout(Layer):
         rate: fraction to drop, in [0, 1).
         noise_shape: shape of the keep mask, broadcast over the input (None entries copy the
             input's size), e.g. ``(None, 1, None)`` drops whole features for all time steps.
+        seed: seed of the masks (default: attnx's stream, `attnx.random`).
     """
 
     supports_masking = True
