@@ -79,7 +79,7 @@ class _FixedMaskDropout(layers.Dropout):
     """Dropout whose generator restarts from `seed` at every call, so every call draws one mask."""
 
     def forward(self, inputs, training=False):
-        self._rng = np.random.default_rng(self.seed)
+        self.seed_generator = attnx.random.SeedGenerator(self.seed)
         return super().forward(inputs, training=training)
 
 

@@ -143,7 +143,7 @@ def test_gradcheck(options):
 def test_gradcheck_initial_state_and_input_dropout():
     rng = np.random.default_rng(2)
     layer = layers.LSTMN(3, dtype="float64", return_sequences=True, dropout=0.3)
-    layer._noise_rng = lambda: np.random.default_rng(7)  # the same dropout mask on every call
+    layer.seed_generator.next_key = lambda: 7  # the same dropout mask on every call
     x, h0, c0 = rng.standard_normal((2, 4, 3)), rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
     gradcheck(layer, [x, h0, c0], max_elements=30)
 

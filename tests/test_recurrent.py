@@ -156,7 +156,7 @@ def test_gradcheck_initial_state_return_state_go_backwards(cls, kw):
 def test_gradcheck_dropout_fixed_masks_and_stacking(cls, kw):
     layer = _f64(cls, dropout=0.3, recurrent_dropout=0.4, num_layers=2, stack_dropout=0.25, return_sequences=True,
                  **kw)
-    layer._noise_rng = lambda: np.random.default_rng(7)  # the same masks on every forward pass
+    layer.seed_generator.next_key = lambda: 7  # the same masks on every forward pass
     y = layer(_x(), training=True)
     assert np.any(y != layer(_x(), training=False))  # dropout is active in training only
     gradcheck(layer, _x(), call_kwargs={"lengths": np.array([4, 2])})
@@ -381,7 +381,7 @@ def test_weight_gradients_over_many_rows_match_torch(torch, kind, threads):
 def test_gradcheck_recurrent_dropout_over_many_rows(cls, kw):
     """dU from the dropped-out state over 2 * 150 = 300 rows (a whole block of the product and a part)."""
     layer = _f64(cls, recurrent_dropout=0.4, return_sequences=True, **kw)
-    layer._noise_rng = lambda: np.random.default_rng(3)  # the same masks on every forward pass
+    layer.seed_generator.next_key = lambda: 3  # the same masks on every forward pass
     gradcheck(layer, _x(B=2, T=150, C=2), call_kwargs={"lengths": np.array([97, 150])})
 
 
@@ -485,10 +485,10 @@ def _items(x):
 def _share_noise(layers, seed):
     """Makes the dropout masks of `layers` come from one generator, so that calls made in the
     same order draw the same masks."""
-    rng = np.random.default_rng(seed)
+    shared = attnx.random.SeedGenerator(seed)
     for layer in layers:
         for sub in (layer.forward_layer, layer.backward_layer) if isinstance(layer, Bidirectional) else (layer,):
-            sub._noise_rng = lambda: rng
+            sub.seed_generator = shared
 
 
 @pytest.mark.parametrize("case", list(SHARED_CASES))

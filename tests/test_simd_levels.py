@@ -73,25 +73,35 @@ def test_subnormal_inputs_give_the_float64_results(make, shape, scale, level):
                                    err_msg=k)
 
 
-def _splitmix64_keep(n, rate, seed):
-    """NumPy's copy of the dropout stream: draw w = splitmix64(seed + w + 1) holds the 16-bit
-    uniforms of mask entries 4w .. 4w + 3, lowest bits first."""
-    z = np.arange(1, (n + 3) // 4 + 1, dtype=np.uint64) + np.uint64(seed)
-    z *= np.uint64(0x9E3779B97F4A7C15)
+def _mix64(z):
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    uniforms = (z[:, None] >> (np.uint64(16) * np.arange(4, dtype=np.uint64))) & np.uint64(0xFFFF)
-    return np.where(uniforms.reshape(-1)[:n] >= round(rate * 65536), 1 / (1 - rate), 0.0)
+    return z ^ (z >> np.uint64(31))
+
+
+GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _stream_keep(rows, cols, rate, key, first_row):
+    """NumPy's copy of attnx.random's keep mask (random.hpp): row r's key is
+    fold_in(key, first_row + r) = mix64(key ^ mix64(first_row + r + gamma)); its word w =
+    mix64(row key + (w + 1) gamma) holds the 16-bit uniforms of entries 4w .. 4w + 3, lowest bits first."""
+    with np.errstate(over="ignore"):
+        row = np.arange(rows, dtype=np.uint64) + np.uint64(first_row)
+        row_key = _mix64(np.uint64(key) ^ _mix64(row + GAMMA))
+        words = np.arange(1, (cols + 3) // 4 + 1, dtype=np.uint64)
+        z = _mix64(row_key[:, None] + words[None, :] * GAMMA)
+    uniforms = (z[:, :, None] >> (np.uint64(16) * np.arange(4, dtype=np.uint64))) & np.uint64(0xFFFF)
+    return np.where(uniforms.reshape(rows, -1)[:, :cols] >= round(rate * 65536), 1 / (1 - rate), 0.0)
 
 
 @pytest.mark.parametrize("n", [1, 7, 1024, 4 * 256 + 3, 200 * 501])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_dropout_mask_is_the_splitmix64_stream_on_every_level(level, n, dtype):
+def test_dropout_mask_is_the_counter_stream_on_every_level(level, n, dtype):
     """The same stream on every SIMD level and thread split, to the last entry of a partial draw."""
-    for seed, rate in ((42, 0.25), (2 ** 63 + 5, 0.1)):
-        keep = _core.dropout_keep([n], rate, seed, np.dtype(dtype))
-        np.testing.assert_array_equal(keep, _splitmix64_keep(n, rate, seed).astype(dtype))
+    for key, rate, first_row in ((42, 0.25, 0), (2 ** 63 + 5, 0.1, 9)):
+        keep = _core.random_keep([3, n], rate, key, first_row, np.dtype(dtype))
+        np.testing.assert_array_equal(keep, _stream_keep(3, n, rate, key, first_row).astype(dtype))
 
 
 @pytest.mark.parametrize("n", [1, 15, 33, 1027])

@@ -55,11 +55,11 @@ def test_sinusoidal_table_is_vaswanis():
 
 
 def test_dropout_keep_is_scaled_repeatable_and_at_rate():
-    keep = attnx._core.dropout_keep([200, 500], 0.25, 42, np.dtype("float32"))
+    keep = attnx._core.random_keep([200, 500], 0.25, 42, 0, np.dtype("float32"))
     assert set(np.unique(keep)) == {0.0, np.float32(1 / 0.75)}
     assert abs((keep == 0).mean() - 0.25) < 0.01
-    assert np.array_equal(keep, attnx._core.dropout_keep([200, 500], 0.25, 42, np.dtype("float32")))
-    assert not np.array_equal(keep, attnx._core.dropout_keep([200, 500], 0.25, 43, np.dtype("float32")))
+    assert np.array_equal(keep, attnx._core.random_keep([200, 500], 0.25, 42, 0, np.dtype("float32")))
+    assert not np.array_equal(keep, attnx._core.random_keep([200, 500], 0.25, 43, 0, np.dtype("float32")))
 
 
 # ----------------------------------------------------------------------------- gradient checks

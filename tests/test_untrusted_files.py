@@ -106,7 +106,11 @@ def test_backup_model_file_outside_the_folder_is_neither_loaded_nor_deleted(back
     (("rng", "state", "state"), 2 ** 200, r"field 'rng' is not a state of PCG64"),
     (("rng", "bit_generator"), "MT19937", r"field 'rng' is not a state of PCG64"),
     (("rng",), [1, 2], r"field 'rng' should be an object, got \[1, 2\]"),
-    (("training", "data", "pass_rng_state", "state"), "x", r"field 'training.data.pass_rng_state' is not a state"),
+    (("training", "data", "pass_key"), "x", r"field 'training.data.pass_key' should be an integer, got 'x'"),
+    (("training", "data", "pass_key"), 2 ** 64, r"field 'training.data.pass_key' is 18446744073709551616"),
+    (("random", "seed"), -1, r"field 'random.seed' is -1"),
+    (("random", "step"), "3", r"field 'random.step' should be an integer, got '3'"),
+    (("random",), {"seed": 1}, r"field 'random' should hold 'seed' and 'step'"),
     (("training",), None, r"field 'training' should be an object, got None"),
 ])
 def test_every_backup_field_is_checked_with_the_file_and_field_named(backup, field, value, message):

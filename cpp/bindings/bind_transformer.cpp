@@ -1,5 +1,5 @@
-// Layer normalization, positional encodings, dropout masks and residuals, and the cached step of a
-// decoder stack.
+// Layer normalization, positional encodings, dropout (keep masks come from bind_random.cpp), residuals,
+// and the cached step of a decoder stack.
 #include <pybind11/stl.h>
 
 #include <cstdint>
@@ -130,32 +130,6 @@ void init_transformer(py::module_& m) {
             });
         },
         py::arg("dtable"), py::arg("dy"), "dtable[t] += sum_b dy[b, t] (accumulates).");
-
-    m.def(
-        "dropout_keep",
-        [](const std::vector<py::ssize_t>& shape, double rate, uint64_t seed, const py::dtype& dtype) {
-            if (!(rate >= 0.0 && rate < 1.0))
-                throw py::value_error("dropout_keep: rate must be in [0, 1), got " + std::to_string(rate));
-            for (auto s : shape)
-                if (s < 0) throw py::value_error("dropout_keep: negative size in shape");
-            auto make = [&](auto tag) -> py::array {
-                using T = decltype(tag);
-                auto keep = new_array<T>(shape);
-                T* pk = keep.mutable_data();
-                const size_t n = (size_t)keep.size();
-                {
-                    py::gil_scoped_release release;
-                    dropout_keep_scaled<T>(pk, n, rate, seed);
-                }
-                return std::move(keep);
-            };
-            if (dtype.is(py::dtype::of<float>())) return make(float{});
-            if (dtype.is(py::dtype::of<double>())) return make(double{});
-            throw py::type_error("dropout_keep: expected float32 or float64, got " +
-                                 py::str(dtype).cast<std::string>());
-        },
-        py::arg("shape"), py::arg("rate"), py::arg("seed"), py::arg("dtype"),
-        "Scaled dropout mask: each entry 1 / (1 - rate) with probability 1 - rate, else 0.");
 
     m.def(
         "apply_keep",

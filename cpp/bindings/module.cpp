@@ -58,6 +58,7 @@ PYBIND11_MODULE(_core, m) {
     attnx::bind::init_conv(m);
     attnx::bind::init_lstmn(m);
     attnx::bind::init_draw(m);
+    attnx::bind::init_random(m);
     attnx::bind::init_quantized(m);
     attnx::bind::init_bf16(m);
 }

@@ -70,22 +70,6 @@ inline void add_positions_backward(double* dtable, const double* dy, size_t B, s
         for (size_t i = 0; i < T * D; ++i) dtable[i] += dy[b * T * D + i];
 }
 
-// keep[i] = 1 / (1 - rate) if u_i >= round(rate 65536), else 0, where u_i is 16-bit word i % 4 (low
-// first) of splitmix64(seed + i / 4 + 1)
-inline uint64_t splitmix64(uint64_t counter) {
-    uint64_t z = counter * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-inline void dropout_keep_scaled(double* keep, size_t n, double rate, uint64_t seed) {
-    const uint64_t threshold = (uint64_t)std::llround(rate * 65536.0);
-    for (size_t i = 0; i < n; ++i) {
-        const uint64_t u = (splitmix64(seed + i / 4 + 1) >> (16 * (i % 4))) & 0xFFFF;
-        keep[i] = u >= threshold ? 1 / (1 - rate) : 0;
-    }
-}
-
 // y = x keep (dropout; applied to dy, its backward)
 inline void apply_keep(double* y, const double* x, const double* keep, size_t n) {
     for (size_t i = 0; i < n; ++i) y[i] = x[i] * keep[i];

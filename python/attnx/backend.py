@@ -1,4 +1,4 @@
-"""Process-wide settings: the random generator behind initializers, dropout and shuffling, and threads."""
+"""Process-wide settings: the random seed, training's randomness rule, threads and dtypes."""
 import concurrent.futures
 import contextlib
 import contextvars
@@ -8,31 +8,23 @@ import threading
 
 import numpy as np
 
-from . import _core
-
-_rng = np.random.default_rng()
+from . import _core, random
 
 
 def set_random_seed(seed):
-    """Seeds every random choice attnx makes (initializers, dropout masks, shuffling).
+    """Seeds every random choice attnx makes (initializers, dropout masks, sampling, shuffling; see
+    `attnx.random`).
 
     Two runs that call `set_random_seed(s)` first and then do the same things produce identical
     results.
     """
-    global _rng
-    _rng = np.random.default_rng(seed)
-
-
-def set_generator(generator):
-    """Makes `generator` (a numpy Generator) the one attnx draws from (attnx.distributed gives each
-    rank its own stream this way)."""
-    global _rng
-    _rng = generator
+    random.set_seed(seed)
 
 
 def rng():
-    """The generator attnx draws from; reseed it with `set_random_seed`."""
-    return _rng
+    """The NumPy generator of initial weights and synthetic data (`attnx.random.numpy_generator`);
+    training's draws come from `attnx.random`'s stream. Reseed both with `set_random_seed`."""
+    return random.numpy_generator()
 
 
 # False while a layer call recorded on a tape runs in inference mode (``training=False`` under a

@@ -7,7 +7,7 @@ import tempfile
 
 import numpy as np
 
-from . import backend, optimizers, saving
+from . import backend, optimizers, random, saving
 
 
 class Callback:
@@ -291,7 +291,8 @@ class BackupAndRestore(Callback):
 
     A backup in `backup_dir` holds the model with its weights, optimizer state and learning rate
     (an `.attnx` file), the position of the fit (epoch, batch within the epoch and position in the
-    data) and the state of attnx's random generator (`attnx.backend.rng()`: shuffling, dropout), so
+    data), the state of attnx's random stream (`attnx.random`: its seed and step, which fix shuffling,
+    dropout and sampling) and of the NumPy generator of initial weights (`attnx.backend.rng()`), so
     the resumed run continues bit for bit as the uninterrupted one would have. It is written at the
     end of every epoch (``save_freq="epoch"``) or every `save_freq` batches, each backup replacing
     the last one only once it is complete. A fit that completes deletes it (``delete_checkpoint``).
@@ -367,17 +368,21 @@ class BackupAndRestore(Callback):
         step = field(training, "step", int, "training.step")
         at_most(step, 0, steps, "training.step")
         data = field(training, "data", dict, "training.data")
-        for key in ("drawn", "pass_rng_state"):
+        for key in ("drawn", "pass_key"):
             if key not in data:
                 raise ValueError(f"{path}: field 'training.data' has no '{key}'")
         if data.get("drawn") is not None:
             drawn = field(data, "drawn", int, "training.data.drawn")
             # the batches drawn from the current pass were trained by this fit, epoch by epoch
             at_most(drawn, 0, None if steps is None else epoch * steps + step, "training.data.drawn")
-        if data.get("pass_rng_state") is not None:
-            _check_rng_state(field(data, "pass_rng_state", dict, "training.data.pass_rng_state"), path,
-                             "training.data.pass_rng_state")
+        if data.get("pass_key") is not None:
+            at_most(field(data, "pass_key", int, "training.data.pass_key"), 0, 2 ** 64 - 1, "training.data.pass_key")
         _check_rng_state(field(state, "rng", dict, "rng"), path, "rng")
+        stream = field(state, "random", dict, "random")
+        if set(stream) != {"seed", "step"}:
+            raise ValueError(f"{path}: field 'random' should hold 'seed' and 'step', got {sorted(stream)}")
+        at_most(field(stream, "seed", int, "random.seed"), 0, 2 ** 64 - 1, "random.seed")
+        at_most(field(stream, "step", int, "random.step"), 0, None, "random.step")
         return state
 
     def on_train_begin(self, logs=None):
@@ -398,6 +403,7 @@ class BackupAndRestore(Callback):
         self.model.optimizer.learning_rate = optimizers.get(header["compile"]["optimizer"]).learning_rate
         self.model.restore_training_state(state["training"])
         backend.rng().bit_generator.state = state["rng"]
+        random.set_state(state["random"])
 
     def on_train_batch_end(self, batch, logs=None):
         if self.save_freq == "epoch":
@@ -419,7 +425,7 @@ class BackupAndRestore(Callback):
         model_file = f"model-{number}.attnx"
         self.model.save(os.path.join(self.backup_dir, model_file))
         state = {"number": number, "model_file": model_file, "training": self.model.training_state(),
-                 "rng": backend.rng().bit_generator.state}
+                 "rng": backend.rng().bit_generator.state, "random": random.get_state()}
         fd, tmp = tempfile.mkstemp(prefix=".backup-", suffix=".tmp", dir=self.backup_dir)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(state, f)

@@ -20,14 +20,13 @@ target: sparse class ids (B,), one probability per sample (B, 1) rounded to 0 or
 (B, C) (argmax).
 """
 import collections.abc
-import copy
 import math
 import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import backend
+from . import random
 
 _DEFAULT_BATCH_SIZE = 32
 _END = object()
@@ -129,16 +128,16 @@ class DataAdapter:
         x, y, sample_weight: arrays; or `x` an iterable of batches and `y`, `sample_weight` None.
         batch_size: samples per batch for arrays (default 32); must be None for an iterable.
         steps: batches per epoch (None: one pass); must be positive.
-        shuffle: a new sample order each pass (arrays only), drawn from `rng`.
-        rng: the generator the shuffle draws from (default `attnx.backend.rng()`; data-parallel
-            training gives one that is the same on every rank).
+        shuffle: a new sample order each pass (arrays only), drawn from `attnx.random`'s stream at the
+            step the pass starts (the same on every data-parallel rank).
+        training: the batches are training steps: each one moves `attnx.random` to its next step.
         class_weight: {class: weight}, turned into each batch's sample weights.
         targets: whether batches carry targets (fit, evaluate) or not (predict).
     """
 
     def __init__(self, what, x, y=None, sample_weight=None, batch_size=None, steps=None, shuffle=False,
-                 class_weight=None, targets=True, rng=None):
-        self.what, self.targets, self._rng = what, targets, rng
+                 class_weight=None, targets=True, training=False):
+        self.what, self.targets, self.training = what, targets, bool(training)
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps <= 0):
             raise ValueError(f"{what}: steps must be a positive integer or None, got {steps!r}")
         self.steps = None if steps is None else int(steps)
@@ -166,7 +165,7 @@ class DataAdapter:
         self.shuffle = shuffle and self.arrays
         self._pass = None  # the iterator over the batches of the current pass, or None between passes
         self._drawn = 0  # batches drawn from the current pass
-        self._pass_rng_state = None  # the generator state the pass's shuffle drew from (to restore the pass)
+        self._pass_key = None  # the key the pass's shuffle drew from (to restore the pass)
 
     @property
     def reiterable(self):
@@ -183,11 +182,14 @@ class DataAdapter:
         return self.steps if full is None else min(full, self.steps or full)
 
     # ----------------------------------------------------------------- passes
-    def _start_pass(self, rng=None):
-        rng = rng or self._rng or backend.rng()
-        self._pass_rng_state = copy.deepcopy(rng.bit_generator.state) if self.shuffle else None
+    def _start_pass(self, key=None):
+        order = None
+        if self.shuffle and key is None:
+            order, key = random.permutation(self.num_samples)
+        elif self.shuffle:
+            order = random.permutation_for(self.num_samples, key)
+        self._pass_key = key if self.shuffle else None
         if self.arrays:
-            order = rng.permutation(self.num_samples) if self.shuffle else None
             self._pass = self._array_batches(order)
         else:
             self._pass = iter(self.data)
@@ -252,14 +254,16 @@ class DataAdapter:
                     warnings.warn(f"{self.what}: the data ran out after {step} of {self.steps} steps of this epoch",
                                   stacklevel=3)
                 return
+            if self.training:
+                random.next_step()
             yield batch
             step += 1
 
     # ------------------------------------------------------------ save/restore
     def get_state(self):
-        """Where the data is: the batches drawn from the current pass and the generator state its
-        shuffle drew from (a JSON-able dict, for `attnx.callbacks.BackupAndRestore`)."""
-        return {"drawn": None if self._pass is None else self._drawn, "pass_rng_state": self._pass_rng_state}
+        """Where the data is: the batches drawn from the current pass and the key its shuffle drew
+        from (a JSON-able dict, for `attnx.callbacks.BackupAndRestore`)."""
+        return {"drawn": None if self._pass is None else self._drawn, "pass_key": self._pass_key}
 
     def set_state(self, state):
         """Puts the data where `get_state` found it: restarts the pass (the same shuffle order) and
@@ -268,11 +272,7 @@ class DataAdapter:
         self._pass = None
         if state["drawn"] is None:
             return
-        rng = None
-        if state["pass_rng_state"] is not None:
-            rng = copy.deepcopy(self._rng or backend.rng())
-            rng.bit_generator.state = state["pass_rng_state"]
-        self._start_pass(rng)
+        self._start_pass(state["pass_key"])
         for _ in range(state["drawn"]):
             if next(self._pass, _END) is _END:
                 raise ValueError(f"{self.what}: the data holds fewer batches than the {state['drawn']} to resume after")

@@ -10,8 +10,9 @@ on every rank (the scheme of Horovod and PyTorch's DistributedDataParallel).
 What `fit` / `evaluate` / `predict` do with a strategy (see ARCHITECTURE.md, "Distributed"):
 - before the first step, rank 0's weights and optimizer state are broadcast to every rank, after a
   check that every rank built the same model (config and parameter shapes);
-- each global batch (the same shuffle on every rank: rank 0's seed) is split into contiguous
-  shards, one per rank; a rank whose shard is empty still takes part in the reduction;
+- each global batch (the same shuffle on every rank: rank 0's seed and step) is split into contiguous
+  shards, one per rank; a rank whose shard is empty still takes part in the reduction; dropout and
+  sampling draw by global row (`attnx.random`), so N ranks draw the masks one process draws;
 - each rank backpropagates the loss of its shard weighted by its share of the global loss, the
   gradients travel in one flat preallocated buffer through one in-place ``Allreduce``, and every
   rank then applies the same optimizer step (clipping sees the global gradient);
@@ -25,7 +26,6 @@ What `fit` / `evaluate` / `predict` do with a strategy (see ARCHITECTURE.md, "Di
 
 A program run without ``mpiexec`` sees one rank and trains exactly as without a strategy.
 """
-import copy
 import hashlib
 import json
 import sys
@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from . import backend, data_adapter
+from . import data_adapter, random
 
 
 def _comm_world():
@@ -77,6 +77,7 @@ class DataParallel:
             raise ValueError("DataParallel.shard_batch: give the batch's arrays (x, y, ...)")
         n = self.rows(parts[0])
         lo, hi = (n * self.rank) // self.size, (n * (self.rank + 1)) // self.size
+        random.shard_rows(lo, hi - lo)  # the rows this rank's dropout and samples draw
         return tuple(data_adapter.map_structure(lambda a: np.asarray(a)[lo:hi], p) for p in parts)
 
     @staticmethod
@@ -87,14 +88,6 @@ class DataParallel:
             raise ValueError(f"DataParallel: a batch must hold arrays with a batch axis, got {type(x).__name__} "
                              f"{'with no arrays' if not leaves else 'of a scalar'}")
         return int(np.shape(leaves[0])[0])
-
-    def shuffle_rng(self):
-        """A generator that is the same on every rank (seeded from rank 0's `attnx.backend.rng()`),
-        for the epoch shuffle: every rank cuts its shard from the same global batch. The seed is drawn
-        (and broadcast) when the shuffle first draws, so a fit without shuffling leaves attnx's
-        generator where it was, as a fit without a strategy does."""
-        return _SharedGenerator(self)
-
 
     # --------------------------------------------------------------------- run
     def run(self, model, fn, *args):
@@ -107,6 +100,8 @@ class DataParallel:
             if self.size == 1:
                 raise
             self.abort(exc)
+        finally:
+            random.shard_rows(0, 0)
 
     # ------------------------------------------------------------------- setup
     def setup(self, model):
@@ -123,12 +118,8 @@ class DataParallel:
                              "(config or parameter shapes); every rank must build the same model")
         for p in model.params.values():
             self.comm.Bcast(p, root=0)
-        # rank r draws its dropout masks from rank 0's generator jumped r times: reproducible from
-        # one seed, and no two ranks draw the same masks
-        state = self.comm.bcast(backend.rng().bit_generator.state, root=0)
-        generator = np.random.PCG64()
-        generator.state = state
-        backend.set_generator(np.random.Generator(generator.jumped(self.rank) if self.rank else generator))
+        # rank 0's seed and step: every rank shuffles alike and draws the global rows of its shard
+        random.set_state(self.comm.bcast(random.get_state(), root=0))
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None:  # a model loaded with its optimizer state on rank 0 resumes everywhere
             optimizer.iterations = self.comm.bcast(optimizer.iterations, root=0)
@@ -195,31 +186,6 @@ class DataParallel:
         # the launcher forwards a rank's output asynchronously: aborting at once can end it unsent
         time.sleep(0.5)
         self.comm.Abort(1)
-
-
-class _SharedGenerator:
-    """`DataParallel.shuffle_rng()`: a NumPy Generator made on first use from a seed rank 0 draws and
-    broadcasts. Every rank shuffles alike, so every rank reaches the broadcast together."""
-
-    def __init__(self, strategy):
-        self._strategy, self._generator = strategy, None
-
-    def _made(self):
-        if self._generator is None:
-            strategy = self._strategy
-            seed = int(backend.rng().integers(0, 2 ** 62)) if strategy.is_main else None
-            self._generator = np.random.default_rng(strategy.comm.bcast(seed, root=0))
-        return self._generator
-
-    def __getattr__(self, name):  # bit_generator, permutation, ...: the generator's, made on first use
-        if name.startswith("__") or name in ("_strategy", "_generator"):
-            raise AttributeError(name)
-        return getattr(self._made(), name)
-
-    def __deepcopy__(self, memo):  # a copy of the generator, not of the communicator
-        twin = _SharedGenerator(self._strategy)
-        twin._generator = copy.deepcopy(self._made(), memo)
-        return twin
 
 
 def _abort_on_uncaught_exceptions(strategy):

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, losses, ops, serialization
+from . import backend, losses, ops, random, serialization
 from .backend import unique_name
 from .layers import Dense, FilterbankRead, FilterbankWrite, LSTMCell
 from .models import Model
@@ -64,6 +64,7 @@ class DRAW(Model):
         steps: glimpses T.
         encoder_units, decoder_units: LSTM sizes.
         latent_dim: size of each z_t.
+        seed: seed of the latent noise z_t (default: attnx's stream, `attnx.random`).
 
     Bounds (a saved file sets them, and the work and memory grow with them): ``steps`` <= 1024,
     ``height`` and ``width`` <= 4096, the grids <= the image's sides, units and ``latent_dim`` <= 8192.
@@ -78,8 +79,10 @@ class DRAW(Model):
     MAX_STEPS, MAX_SIDE, MAX_UNITS = 1024, 4096, 8192
 
     def __init__(self, height, width, read_n=2, write_n=5, steps=8, encoder_units=64, decoder_units=64,
-                 latent_dim=10, dtype="float32", name=None):
+                 latent_dim=10, seed=None, dtype="float32", name=None):
         super().__init__(name=name or unique_name("draw"), dtype=dtype)
+        self.seed_generator = random.SeedGenerator(seed, "DRAW")  # the latent samples
+        self.seed = self.seed_generator.seed
         arguments = {"height": height, "width": width, "read_n": read_n, "write_n": write_n, "steps": steps,
                      "encoder_units": encoder_units, "decoder_units": decoder_units, "latent_dim": latent_dim}
         for arg, value in arguments.items():
@@ -120,7 +123,8 @@ class DRAW(Model):
     def get_config(self):
         return {"name": self.name, "height": self.height, "width": self.width, "read_n": self.read_n,
                 "write_n": self.write_n, "steps": self.steps, "encoder_units": self.encoder_units,
-                "decoder_units": self.decoder_units, "latent_dim": self.latent_dim, "dtype": self.dtype.name}
+                "decoder_units": self.decoder_units, "latent_dim": self.latent_dim, "seed": self.seed,
+                "dtype": self.dtype.name}
 
     @classmethod
     def from_config(cls, config):
@@ -175,7 +179,7 @@ class DRAW(Model):
             mu, c_mu = self.mu.apply(h_enc, training=training)
             log_sigma, c_ls = self.log_sigma.apply(h_enc, training=training)
             sigma = np.exp(log_sigma)
-            eps = backend.rng().standard_normal(mu.shape).astype(dt) if noisy else np.zeros_like(mu)
+            eps = self.seed_generator.normal(mu.shape, dt) if noisy else np.zeros_like(mu)
             z = mu + sigma * eps
             # KL(N(mu, sigma) || N(0, 1)) = 1/2 sum (mu^2 + sigma^2 - 2 log sigma - 1)
             kl += 0.5 * np.sum(mu * mu + sigma * sigma - 2 * log_sigma - 1, axis=1)
@@ -234,14 +238,14 @@ class DRAW(Model):
         for arg, value, bound in (("n", n, 1 << 16), ("steps", steps, self.MAX_STEPS)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= bound:
                 raise ValueError(f"DRAW.generate: `{arg}` must be an integer in [1, {bound}], got {value!r}")
-        rng = backend.rng() if seed is None else np.random.default_rng(seed)
+        generator = self.seed_generator if seed is None else random.SeedGenerator(seed, "DRAW.generate")
         dt = self.dtype
         h = np.zeros((n, self.decoder_units), dt)
         c = np.zeros_like(h)
         canvas = np.zeros((n, self.height, self.width), dt)
         canvases, windows = [], []
         for _ in range(steps):
-            z = rng.standard_normal((n, self.latent_dim)).astype(dt)
+            z = generator.normal((n, self.latent_dim), dt)
             h, c = self.decoder([z, h, c])
             patch = self.write_patch(h).reshape(n, self.write_n, self.write_n)
             written, window = self.writer([patch, self.write_params(h)])

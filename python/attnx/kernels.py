@@ -11,7 +11,7 @@ from ._core import (  # noqa: F401
     attention_pooling_forward, avg_pool2d_backward, avg_pool2d_forward, conv2d_backward, conv2d_forward,
     decoder_backward, decoder_forward, decoder_greedy, dense_backward, dense_forward, dense_forward_int8,
     dot_scores_backward, dot_scores_forward, draw_attend_backward, draw_read_forward, draw_write_forward,
-    dropout_keep, embedding_backward, embedding_forward, embedding_forward_int8, feed_forward_forward,
+    embedding_backward, embedding_forward, embedding_forward_int8, feed_forward_forward,
     l1l2_add_gradient, l1l2_penalty, layernorm_backward, layernorm_forward, local_window_backward,
     local_window_forward, lstmn_backward, lstmn_forward, masked_softmax_forward, max_pool2d_backward,
     max_pool2d_forward, quantize_rows, residual_add, rnn_backward, rnn_forward, rnn_forward_int8,
@@ -21,3 +21,4 @@ from ._core import decoder_stack_step  # noqa: F401
 from ._core import quantize_activations  # noqa: F401  (how the int8 layers quantize inputs)
 # bfloat16 products (attnx.mixed_precision)
 from ._core import bf16_matmul, dense_backward_bf16, dense_forward_bf16, round_to_bfloat16  # noqa: F401,E402
+from ._core import random_fold_in, random_keep, random_uniform  # noqa: F401  (attnx.random's stream)

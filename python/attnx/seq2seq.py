@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, initializers, kernels, losses, metrics, text
+from . import backend, initializers, kernels, losses, metrics, random, text
 from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Embedding
@@ -192,9 +192,11 @@ class _AttentionDecoder(Layer):
     def __init__(self, vocab_size, embedding_dim, units, cell="gru", score="additive", attention_units=None,
                  local_window=None, local_mode="m", gated=False, hard=False, baseline_decay=0.9, soft_fraction=0.5,
                  embeddings_initializer="uniform", kernel_initializer="glorot_uniform",
-                 recurrent_initializer="orthogonal", **kwargs):
+                 recurrent_initializer="orthogonal", seed=None, **kwargs):
         super().__init__(**kwargs)
         kind = type(self).__name__
+        self.seed_generator = random.SeedGenerator(seed, kind)  # hard attention's samples
+        self.seed = self.seed_generator.seed
         self.gated, self.hard = bool(gated), bool(hard)
         if (self.gated or self.hard) and self._kind != "bahdanau":
             raise ValueError(f"{kind}: `gated` and `hard` are options of the Bahdanau decoder (Show, Attend and Tell)")
@@ -328,7 +330,7 @@ class _AttentionDecoder(Layer):
             h0=states[0], c0=states[1] if self.n_states == 2 else None,
             feed0=None if feed is None else self._state(feed, "feed", (B, self.units)),
             params=self.params, keys=keys, first_step=first_step,
-            uniforms=backend.rng().random(ids.shape, dtype=enc.dtype) if sample else None)
+            uniforms=self.seed_generator.uniform(ids.shape, enc.dtype) if sample else None)
         return outputs, enc
 
     # ------------------------------------------------------------------------ training
@@ -340,7 +342,8 @@ class _AttentionDecoder(Layer):
             raise ValueError(f"Layer '{self.name}': inputs must be [target_ids, encoder_outputs, h0(, c0)]")
         ids, encoder_outputs, *states = inputs
         # Xu et al.'s variance reduction: a share of hard attention's training calls use the expected context
-        soft = backend.training_randomness(training) and self.hard and self.soft_fraction > 0 and backend.rng().random() < self.soft_fraction
+        soft = backend.training_randomness(training) and self.hard and self.soft_fraction > 0 and \
+            self.seed_generator.uniform((), np.float64, per_row=False) < self.soft_fraction
         sample = backend.training_randomness(training) and self.hard and not soft
         (logits, _, _, _, weights, _, kernel_cache), enc = self._run(ids, encoder_outputs, states, source_mask,
                                                                      mask, sample=sample, soft=soft)
@@ -483,7 +486,7 @@ class _AttentionDecoder(Layer):
                 "units": self.units, "cell": self.cell, "score": self.score,
                 "attention_units": self.attention_units, "local_window": self.local_window,
                 "local_mode": self.local_mode, "gated": self.gated, "hard": self.hard,
-                "baseline_decay": self.baseline_decay, "soft_fraction": self.soft_fraction,
+                "baseline_decay": self.baseline_decay, "soft_fraction": self.soft_fraction, "seed": self.seed,
                 "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
                 "recurrent_initializer": initializers.serialize(self.recurrent_initializer)}

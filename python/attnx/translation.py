@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, initializers, losses, metrics, optimizers, text
+from . import initializers, losses, metrics, optimizers, random, text
 from .backend import unique_name
 from . import decoding
 from .decoding import Hypothesis, check_target_ids, positive_int as _positive_int
@@ -73,7 +73,7 @@ def _strip_markers(sentence):
 class LengthBuckets:
     """Batches of pairs of similar lengths, for `Model.fit` (an iterable it starts anew each pass).
 
-    Each pass shuffles the pairs (from attnx's generator, so `attnx.set_random_seed` repeats it),
+    Each pass shuffles the pairs (from `attnx.random`'s stream, so `attnx.set_random_seed` repeats it),
     sorts each window of `window` batches' worth of pairs by target then source length, cuts the
     windows into batches of `batch_size` and shuffles the batches: a batch's rows then need little
     padding, and the order still changes every pass (fairseq's and OpenNMT's bucketing).
@@ -91,20 +91,20 @@ class LengthBuckets:
         self.batch_size = _positive_int("LengthBuckets", "batch_size", batch_size)
         self.window = _positive_int("LengthBuckets", "window", window)
         self.lengths = (self.target != 0).sum(axis=1) * (self.source.shape[1] + 1) + (self.source != 0).sum(axis=1)
+        self.seed_generator = random.SeedGenerator(None, "LengthBuckets")
 
     def __len__(self):
         return -(-len(self.source) // self.batch_size)
 
     def __iter__(self):
-        rng = backend.rng()
-        order = rng.permutation(len(self.source))
+        order = self.seed_generator.permutation(len(self.source))
         span = self.batch_size * self.window
         batches = []
         for lo in range(0, len(order), span):
             chunk = order[lo:lo + span]
             chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
             batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
-        for i in rng.permutation(len(batches)):
+        for i in self.seed_generator.permutation(len(batches)):
             yield self.source[batches[i]], self.target[batches[i]]
 
 

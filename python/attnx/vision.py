@@ -99,6 +99,7 @@ class ImageCaptioner(Model):
         start_token, end_token: ids (or words of `vocabulary`) that begin and end a caption.
         max_length: longest caption (tokens after the start token, end token included).
         vocabulary: token id -> word, for `caption` (e.g. `DigitCaptions.vocabulary`).
+        seed: seed of hard attention's samples (default: attnx's stream, `attnx.random`).
 
     Data: ``fit(images, tokens)`` with tokens (B, T) beginning with the start token, 0 = padding;
     `train_data` makes the teacher-forced inputs ``[images, tokens[:, :-1], tokens[:, 1:]]`` (the
@@ -115,7 +116,7 @@ class ImageCaptioner(Model):
 
     def __init__(self, encoder, image_shape, vocab_size=None, embedding_dim=64, units=128, attention_units=None,
                  attention="soft", gated=True, attention_regularization=1.0, baseline_decay=0.9, soft_fraction=0.5,
-                 start_token=1, end_token=2, max_length=20, vocabulary=None, dtype="float32", name=None):
+                 start_token=1, end_token=2, max_length=20, vocabulary=None, seed=None, dtype="float32", name=None):
         super().__init__(name=name or unique_name("image_captioner"), dtype=dtype)
         if not isinstance(encoder, Layer):
             raise TypeError(f"ImageCaptioner: `encoder` must be an attnx layer or model, got {type(encoder).__name__}")
@@ -153,7 +154,7 @@ class ImageCaptioner(Model):
         self.init_c = Dense(units, activation="tanh", dtype=dtype, name="init_c")
         self.decoder = BahdanauDecoder(vocab_size, embedding_dim, units, cell="lstm", attention_units=attention_units,
                                        gated=gated, hard=attention == "hard", baseline_decay=baseline_decay,
-                                       soft_fraction=soft_fraction, dtype=dtype, name="decoder")
+                                       soft_fraction=soft_fraction, seed=seed, dtype=dtype, name="decoder")
         self.build()
 
     def _token_id(self, token, arg, vocab_size):
@@ -179,7 +180,7 @@ class ImageCaptioner(Model):
                 "vocab_size": dec.vocab_size, "embedding_dim": dec.embedding_dim, "units": dec.units,
                 "attention_units": dec.attention_units, "attention": self.attention, "gated": dec.gated,
                 "attention_regularization": self.attention_regularization, "baseline_decay": dec.baseline_decay,
-                "soft_fraction": dec.soft_fraction,
+                "soft_fraction": dec.soft_fraction, "seed": dec.seed,
                 "start_token": self.start_id, "end_token": self.end_id, "max_length": self.max_length,
                 "vocabulary": None if self.vocabulary is None else list(self.vocabulary), "dtype": dec.dtype.name}
 

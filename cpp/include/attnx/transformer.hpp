@@ -110,45 +110,6 @@ template <class T> void add_positions_backward(T* dtable, const T* dy, size_t B,
 }
 
 // ------------------------------------------------------------------------ dropout and residuals
-// splitmix64's output for one counter value: a counter-based generator, so any stretch of the
-// stream can be drawn on its own thread and the result does not depend on the thread count.
-inline uint64_t splitmix64(uint64_t counter) {
-    uint64_t z = counter * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-// reference: cpp/reference/transformer.hpp, dropout_keep_scaled
-// keep[i] = 1 / (1 - rate) with probability 1 - rate, else 0: a dropout mask already scaled, the
-// form the attention core (attention.hpp) takes. Draw w = splitmix64(seed + w + 1) gives the four
-// 16-bit uniforms of keep[4w .. 4w + 3] (so the rate is honoured to 1/65536); the stream is seeded
-// by the caller, and Python draws the seed from attnx's generator, so set_random_seed makes runs
-// repeatable while the millions of draws per training step stay cheap. Draws go in blocks: one
-// vector loop hashes the block's counters, one compares its uniforms (the draws' 16-bit words in
-// memory order on little-endian x86), so both run on the copy's widest vectors; the one loop over
-// draws with four stores each stayed scalar (6% of an encoder layer's training step).
-template <class T> void dropout_keep_scaled(T* keep, size_t n, double rate, uint64_t seed) {
-    const uint32_t threshold = (uint32_t)std::llround(rate * 65536.0);  // P(u16 < threshold) ~ rate
-    const T scale = T(1.0 / (1.0 - rate));
-    constexpr size_t kBlockDraws = 256;
-    const size_t draws = (n + 3) / 4;
-    parallel_for(draws, double(n), [&](size_t lo, size_t hi) {
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
-            uint64_t z[kBlockDraws];
-            uint16_t uniforms[4 * kBlockDraws];
-            for (size_t w0 = lo; w0 < hi; w0 += kBlockDraws) {
-                const size_t block = std::min(kBlockDraws, hi - w0);
-                for (size_t k = 0; k < block; ++k) z[k] = splitmix64(seed + w0 + k + 1);
-                std::memcpy(uniforms, z, block * sizeof(uint64_t));
-                const size_t first = 4 * w0, count = std::min(4 * block, n - first);
-                // a product, not a select: the select compiled to a branch per entry
-                for (size_t i = 0; i < count; ++i) keep[first + i] = scale * T(uniforms[i] >= threshold);
-            }
-        });
-    });
-}
-
 // reference: cpp/reference/transformer.hpp, apply_keep
 // y[i] = x[i] * keep[i]: dropout's forward and, applied to dy, its backward. y may alias x.
 template <class T> void apply_keep(T* y, const T* x, const T* keep, size_t n) {

@@ -20,10 +20,10 @@ the cache that call returns, so a layer applied several times keeps each call's 
 """
 import numpy as np
 
-from .. import backend, initializers, kernels
+from .. import backend, initializers, kernels, random
 from ..masking import as_mask
 from . import scores
-from .base import Layer, dropout_keep
+from .base import Layer
 from .scores import project as _dense, project_backward as _dense_backward
 
 
@@ -179,7 +179,7 @@ class Attention(Layer):
         score_mode: Keras' names: "dot" or "concat" (the "tanh_sum" score).
         dropout: fraction of attention weights dropped during training; the weights returned by
             ``return_attention_scores`` are those after dropout (Keras).
-        seed: seed of this layer's dropout draws (default: `attnx.backend.rng()`).
+        seed: seed of this layer's dropout draws and samples (default: attnx's stream, `attnx.random`).
         score: attnx's names, one of those above (instead of `score_mode`).
         units: hidden size of the concat / additive scores (default: the key size).
         normalize: weight normalization of `v` (additive score).
@@ -216,8 +216,6 @@ class Attention(Layer):
             score = scores.KERAS_SCORE_MODES[score_mode]
         elif score_mode != "dot":
             raise ValueError(f"{owner}: give score_mode (Keras' names) or score (attnx's), not both")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise ValueError(f"{owner}: seed must be an integer or None, got {seed!r}")
         score_function = scores.get(score, owner, self.offered_scores)
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"{type(self).__name__}: dropout must be in [0, 1), got {dropout}")
@@ -233,8 +231,8 @@ class Attention(Layer):
         self.normalize = bool(normalize)
         self.use_bias = score_function.default_bias if use_bias is None else bool(use_bias)
         self.dropout = float(dropout)
-        self.seed = None if seed is None else int(seed)
-        self._seed_rng = None if seed is None else np.random.default_rng(self.seed)
+        self.seed_generator = random.SeedGenerator(seed, type(self).__name__)
+        self.seed = self.seed_generator.seed
         self.kernel_initializer = initializers.get(kernel_initializer)
 
     # ------------------------------------------------------------------ weights
@@ -333,7 +331,7 @@ class Attention(Layer):
         """The scaled keep mask of the attention weights for a training call, else None."""
         if not (backend.training_randomness(training) and self.dropout > 0):
             return None
-        return dropout_keep(self._seed_rng or backend.rng(), shape, self.dropout, self.dtype)
+        return self.seed_generator.keep(shape, self.dropout, self.dtype)
 
     # ------------------------------------------------------- the public spec (export, interop)
     @property
@@ -794,7 +792,7 @@ class HardAttention(Attention):
         weights = kernels.masked_softmax_forward(scores=scores.reshape(B, 1, Tq, S), mask=value_mask,
                                                causal=causal).reshape(B, Tq, S)
         if backend.training_randomness(training) or self.inference == "sample":
-            u = backend.rng().random((B, Tq, 1))
+            u = self.seed_generator.uniform((B, Tq, 1), np.float64)
             positions = np.minimum((np.cumsum(weights, axis=-1) < u).sum(axis=-1), S - 1)
         else:
             positions = weights.argmax(axis=-1)

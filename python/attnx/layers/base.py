@@ -64,12 +64,6 @@ def weight_budget(nbytes, source):
         _weight_budget.reset(token)
 
 
-def dropout_keep(rng, shape, rate, dtype):
-    """Inverted dropout's scaled keep mask: 1 / (1 - rate) where ``rng.random(shape) >= rate``, else 0."""
-    dtype = np.dtype(dtype)
-    return (rng.random(shape) >= rate).astype(dtype) * dtype.type(1.0 / (1.0 - rate))
-
-
 class Layer:
     """Base class of all layers.
 

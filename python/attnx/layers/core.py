@@ -4,9 +4,9 @@ import math
 
 import numpy as np
 
-from .. import activations, backend, initializers, kernels, quantization, regularizers
+from .. import activations, backend, initializers, kernels, quantization, random, regularizers
 from ..masking import as_mask
-from .base import Layer, dropout_keep
+from .base import Layer
 
 
 class Dense(Layer):
@@ -221,6 +221,7 @@ class Dropout(Layer):
         rate: fraction to drop, in [0, 1).
         noise_shape: shape of the keep mask, broadcast over the input (None entries copy the
             input's size), e.g. ``(None, 1, None)`` drops whole features for all time steps.
+        seed: seed of the masks (default: attnx's stream, `attnx.random`).
     """
 
     supports_masking = True
@@ -231,8 +232,8 @@ class Dropout(Layer):
             raise ValueError(f"Dropout: rate must be in [0, 1), got {rate}")
         self.rate = float(rate)
         self.noise_shape = None if noise_shape is None else tuple(noise_shape)
-        self.seed = seed
-        self._rng = None if seed is None else np.random.default_rng(seed)
+        self.seed_generator = random.SeedGenerator(seed, type(self).__name__)
+        self.seed = self.seed_generator.seed
 
     def forward(self, inputs, training=False):
         x = self._float_input(inputs, min_ndim=1)
@@ -246,7 +247,7 @@ class Dropout(Layer):
                 raise ValueError(f"Layer '{self.name}': noise_shape {self.noise_shape} does not match input "
                                  f"rank {x.ndim}")
             shape = tuple(s if n is None else n for s, n in zip(x.shape, self.noise_shape))
-        keep = dropout_keep(self._rng or backend.rng(), shape, self.rate, self.dtype)
+        keep = self.seed_generator.keep(shape, self.rate, self.dtype, per_row=self.noise_shape is None or self.noise_shape[0] is None)
         return x * keep, (keep, x.shape)
 
     def backprop(self, cache, dy, need_dx=True):

@@ -34,9 +34,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import backend, initializers, kernels, quantization, regularizers
+from .. import backend, initializers, kernels, quantization, random, regularizers
 from ..masking import as_mask
-from .base import Layer, dropout_keep
+from .base import Layer
 
 _ACTIVATIONS = ("tanh", "sigmoid", "relu", "linear")
 
@@ -161,13 +161,9 @@ class _Recurrent(Layer):
         return self.params["kernel" + level_suffix(level)].shape[0]
 
     # ----------------------------------------------------------- one level of recurrence
-    def _noise_rng(self):
-        """Where dropout masks come from: the layer's own generator with `seed`, else attnx's (tests
-        replace it to fix the masks)."""
-        return getattr(self, "_seed_rng", None) or backend.rng()
-
     def _keep_mask(self, shape, rate):
-        return dropout_keep(self._noise_rng(), shape, rate, self.dtype)
+        """A dropout keep mask from the layer's stream (tests replace `seed_generator.next_key` to fix it)."""
+        return self.seed_generator.keep(shape, rate, self.dtype)
 
     def _level_forward(self, level, x, mask, h0, c0, reverse, training, input_keep=None, recurrent_keep=None,
                        need_y=True):
@@ -398,12 +394,10 @@ class _RNN(_Recurrent):
         kind = type(self).__name__
         if implementation not in (0, 1, 2):  # 0: Keras 2's, which Keras 3 still reads from configs
             raise ValueError(f"{kind}: implementation must be 1 or 2, got {implementation!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise ValueError(f"{kind}: seed must be an integer or None, got {seed!r}")
         # unroll and implementation choose how Keras schedules the same arithmetic: one kernel does it here
         self.unroll, self.implementation = bool(unroll), int(implementation)
-        self.seed = None if seed is None else int(seed)
-        self._seed_rng = None if seed is None else np.random.default_rng(self.seed)
+        self.seed_generator = random.SeedGenerator(seed, kind)
+        self.seed = self.seed_generator.seed
         self.stateful = bool(stateful)
         self._carried_states = None  # stateful: the last call's final states, the next call's initial ones
         for arg, rate in (("dropout", dropout), ("recurrent_dropout", recurrent_dropout),
@@ -602,7 +596,7 @@ _RNN_DOC = """
         stack_dropout: PyTorch's `dropout`: elementwise dropout on each level's output but the last.
         stateful: each call starts from the previous call's final states (batches of one size; Keras);
             ``reset_state()`` starts again from zeros. The states are constants of the next call.
-        seed: seed of this layer's dropout masks (default: `attnx.backend.rng()`).
+        seed: seed of this layer's dropout masks (default: attnx's stream, `attnx.random`).
         unroll, implementation: accepted for Keras' sake; one fused kernel runs every step either way.
         zero_output_for_mask: with return_sequences and a mask, padded steps output the output of
             the last real step before them (False, Keras' default) or zeros (True, as PyTorch's

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .. import activations, backend, initializers, kernels, regularizers
+from .. import activations, backend, initializers, kernels, random, regularizers
 from ..masking import as_mask
 from .attention import _default_scale, _dense, _dense_backward, is_shape, scaled_dot_product_attention_backward
 from ..symbolic import any_symbolic
@@ -27,13 +27,12 @@ from .base import Layer
 from .core import Dense
 
 
-def _dropout_keep(shape, rate, dtype, rng=None):
-    """A scaled dropout mask (entries 0 or 1 / (1 - rate)) drawn in C++ from a seed of `rng` (default
-    attnx's generator), or None when rate is 0 or a recorded inference call takes no randomness."""
+def _dropout_keep(generator, shape, rate, dtype):
+    """A scaled dropout mask (entries 0 or 1 / (1 - rate)) from `generator` (an `attnx.random.SeedGenerator`),
+    or None when rate is 0 or a recorded inference call takes no randomness."""
     if rate == 0.0 or not backend.training_randomness(True):
         return None
-    return kernels.dropout_keep(shape=list(shape), rate=rate, seed=int((rng or backend.rng()).integers(0, 2 ** 63)),
-                              dtype=dtype)
+    return generator.keep(shape, rate, dtype)
 
 
 def _where(layer, arg):
@@ -330,6 +329,7 @@ class FeedForward(_Composite):
         activation: "relu" (default) or "gelu" (any attnx activation).
         dropout: rate of the dropout on the hidden activations (PyTorch's placement).
         output_dim: size of the output's last axis (default: the input's).
+        seed: seed of the dropout masks (default: attnx's stream, `attnx.random`).
 
     Input shape: ``(batch, ..., D)``. Output shape: ``(batch, ..., output_dim or D)``.
     Weights: intermediate/kernel ``(D, intermediate_dim)``, intermediate/bias, output/kernel, output/bias.
@@ -337,7 +337,7 @@ class FeedForward(_Composite):
 
     supports_masking = True
 
-    def __init__(self, intermediate_dim, activation="relu", dropout=0.0, output_dim=None, **kwargs):
+    def __init__(self, intermediate_dim, activation="relu", dropout=0.0, output_dim=None, seed=None, **kwargs):
         super().__init__(**kwargs)
         if int(intermediate_dim) <= 0:
             raise ValueError(f"FeedForward: intermediate_dim must be positive, got {intermediate_dim}")
@@ -347,6 +347,8 @@ class FeedForward(_Composite):
         self.activation = activations.get(activation)
         self.dropout = float(dropout)
         self.output_dim = None if output_dim is None else int(output_dim)
+        self.seed_generator = random.SeedGenerator(seed, "FeedForward")
+        self.seed = self.seed_generator.seed
 
     def build(self, input_shape):
         if not is_shape(input_shape, range(2, 33)) or input_shape[-1] is None:
@@ -369,7 +371,7 @@ class FeedForward(_Composite):
                                            activation=self.activation)
             return y.reshape(x.shape[:-1] + (y.shape[-1],)), None
         hidden, intermediate_cache = self.intermediate_dense.apply(inputs, training=True)
-        keep = _dropout_keep(hidden.shape, self.dropout, self.dtype)
+        keep = _dropout_keep(self.seed_generator, hidden.shape, self.dropout, self.dtype)
         if keep is not None:
             hidden = kernels.apply_keep(x=hidden, keep=keep)
         y, output_cache = self.output_dense.apply(hidden, training=True)
@@ -387,7 +389,7 @@ class FeedForward(_Composite):
 
     def get_config(self):
         return {**super().get_config(), "intermediate_dim": self.intermediate_dim, "activation": self.activation,
-                "dropout": self.dropout, "output_dim": self.output_dim}
+                "dropout": self.dropout, "output_dim": self.output_dim, "seed": self.seed}
 
 
 # ---------------------------------------------------------------------------- attention
@@ -487,10 +489,8 @@ class MultiHeadAttention(Layer):
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
         self.dropout = float(dropout)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise ValueError(f"MultiHeadAttention: seed must be an integer or None, got {seed!r}")
-        self.seed = None if seed is None else int(seed)
-        self._seed_rng = None if seed is None else np.random.default_rng(self.seed)
+        self.seed_generator = random.SeedGenerator(seed, "MultiHeadAttention")
+        self.seed = self.seed_generator.seed
         self.use_bias = bool(use_bias)
         dims = _output_dims(output_shape)
         # an int (or a tuple of one, Keras' config of it) stays an int; several sizes stay a tuple
@@ -640,7 +640,7 @@ class MultiHeadAttention(Layer):
         q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
         k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
         v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
-        keep = _dropout_keep((B, H, T, S), self.dropout, self.dtype, self._seed_rng) if training else None
+        keep = _dropout_keep(self.seed_generator, (B, H, T, S), self.dropout, self.dtype) if training else None
         # the kernel itself: the mask is checked (scaled_dot_product_attention would check it again)
         context, weights = kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(use_causal_mask),
                                                 scale=_default_scale(q, H), heads=H, dropout_keep=keep,
@@ -719,7 +719,7 @@ class _TransformerLayerBase(_Composite):
     """
 
     def __init__(self, num_heads, intermediate_dim, dropout=0.0, activation="relu", layer_norm_epsilon=1e-5,
-                 norm_first=False, **kwargs):
+                 norm_first=False, seed=None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads, _ = head_sizes(type(self).__name__, num_heads)
         if int(intermediate_dim) <= 0:
@@ -732,6 +732,8 @@ class _TransformerLayerBase(_Composite):
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.norm_first = bool(norm_first)
         self.model_dim = self.head_dim = None
+        self.seed_generator = random.SeedGenerator(seed, type(self).__name__)  # the residual blocks' dropout
+        self.seed = self.seed_generator.seed
 
     def _model_dim(self, input_shape):
         if not is_shape(input_shape, (3,)) or input_shape[-1] is None:
@@ -745,7 +747,8 @@ class _TransformerLayerBase(_Composite):
     def _attention(self, prefix, input_shapes):
         return self._add_sublayer(prefix, MultiHeadAttention(
             self.num_heads, self.head_dim, dropout=self.dropout, dtype=self.dtype,
-            name=f"{self.name}/{prefix}"), input_shapes)
+            seed=random.sub_seed(self.seed, 1 if prefix == "self_attention" else 2), name=f"{self.name}/{prefix}"),
+            input_shapes)
 
     def _norm(self, prefix, input_shape):
         return self._add_sublayer(prefix, LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=self.dtype,
@@ -753,7 +756,7 @@ class _TransformerLayerBase(_Composite):
 
     def _feed_forward(self, input_shape):
         return self._add_sublayer("feed_forward", FeedForward(
-            self.intermediate_dim, self.activation, self.dropout, dtype=self.dtype,
+            self.intermediate_dim, self.activation, self.dropout, dtype=self.dtype, seed=random.sub_seed(self.seed, 3),
             name=f"{self.name}/feed_forward"), input_shape)
 
     def _residual(self, x, norm, sublayer, training):
@@ -764,7 +767,7 @@ class _TransformerLayerBase(_Composite):
         if self.norm_first:
             h, norm_cache = norm.apply(x, training=training)
         inner, sublayer_cache, weights = sublayer(h)
-        keep = _dropout_keep(x.shape, self.dropout, self.dtype) if training else None
+        keep = _dropout_keep(self.seed_generator, x.shape, self.dropout, self.dtype) if training else None
         y = kernels.residual_add(x=x, sub=inner, keep=keep)
         if not self.norm_first:
             y, norm_cache = norm.apply(y, training=training)
@@ -839,7 +842,7 @@ class _TransformerLayerBase(_Composite):
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "intermediate_dim": self.intermediate_dim,
                 "dropout": self.dropout, "activation": self.activation,
-                "layer_norm_epsilon": self.layer_norm_epsilon, "norm_first": self.norm_first}
+                "layer_norm_epsilon": self.layer_norm_epsilon, "norm_first": self.norm_first, "seed": self.seed}
 
 
 class TransformerEncoderLayer(_TransformerLayerBase):
@@ -1044,7 +1047,7 @@ class _TransformerStack(_Composite):
     layer_class = None
 
     def __init__(self, num_layers, num_heads, intermediate_dim, dropout=0.0, activation="relu",
-                 layer_norm_epsilon=1e-5, norm_first=False, **kwargs):
+                 layer_norm_epsilon=1e-5, norm_first=False, seed=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(num_layers, bool) or not isinstance(num_layers, (int, np.integer)) or \
                 not 1 <= num_layers <= self.MAX_LAYERS:
@@ -1054,15 +1057,16 @@ class _TransformerStack(_Composite):
         self.layer_config = {"num_heads": num_heads, "intermediate_dim": intermediate_dim, "dropout": dropout,
                              "activation": activation, "layer_norm_epsilon": layer_norm_epsilon,
                              "norm_first": norm_first}
-        self.blocks = [self.layer_class(**self.layer_config, dtype=self.dtype, name=f"{self.name}/layer_{i}")
-                       for i in range(self.num_layers)]
+        self.seed = None if seed is None else random.as_seed(seed, type(self).__name__)
+        self.blocks = [self.layer_class(**self.layer_config, seed=random.sub_seed(self.seed, i), dtype=self.dtype,
+                                        name=f"{self.name}/layer_{i}") for i in range(self.num_layers)]
 
     def build(self, input_shape):
         for i, block in enumerate(self.blocks):
             self._add_sublayer(f"layer_{i}", block, input_shape)
 
     def get_config(self):
-        return {**super().get_config(), "num_layers": self.num_layers, **self.layer_config}
+        return {**super().get_config(), "num_layers": self.num_layers, **self.layer_config, "seed": self.seed}
 
 
 class TransformerEncoder(_TransformerStack):

@@ -311,8 +311,7 @@ class TrainingMixin:
             (x, y, sample_weight), validation_data = data_adapter.train_validation_split(
                 x, y, sample_weight, validation_split)
         data = data_adapter.DataAdapter("fit", x, y, sample_weight, batch_size=batch_size, steps=steps_per_epoch,
-                                        shuffle=shuffle, class_weight=class_weight,
-                                        rng=None if self._distribute is None else self._distribute.shuffle_rng())
+                                        shuffle=shuffle, class_weight=class_weight, training=True)
         validation = None if validation_data is None else self._validation_adapter(
             validation_data, validation_batch_size or batch_size, validation_steps)
         if data.arrays:  # built now, so that callbacks find the weights at on_train_begin

@@ -1,0 +1,94 @@
+// attnx's one random stream (ARCHITECTURE.md, "Randomness"): every random number a training step
+// draws (dropout masks, hard attention's samples, the epoch shuffle) is a pure function of a 64-bit
+// key and a position, JAX's PRNGKey / fold_in idea. Python folds the seed, the training step, the
+// layer and its call into the key (`fold_in`); the kernels fold in the global row, so a batch cut
+// into shards (data-parallel ranks, any thread split) draws exactly the rows of the whole batch.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "attnx/activations.hpp"
+#include "attnx/parallel.hpp"
+
+namespace attnx {
+
+constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ull;  // splitmix64's increment, 2^64 / golden ratio
+
+// splitmix64's finalizer: a bijection of 64-bit words that mixes every input bit into every output bit
+inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// reference: cpp/reference/random.hpp, fold_in
+// The key of a sub-stream: fold_in(key, data) = mix64(key ^ mix64(data + gamma)); a bijection in
+// `key` for each `data` and in `data` for each `key`, so distinct steps / layers / rows get distinct keys.
+inline uint64_t fold_in(uint64_t key, uint64_t data) { return mix64(key ^ mix64(data + kGoldenGamma)); }
+
+// reference: cpp/reference/random.hpp, stream_word
+// Word w of the stream `key`: splitmix64 seeded with `key`, mix64(key + (w + 1) gamma).
+inline uint64_t stream_word(uint64_t key, uint64_t w) { return mix64(key + (w + 1) * kGoldenGamma); }
+
+// Rows are drawn in blocks of words: one loop hashes the block's counters, one consumes them, so
+// both run on the copy's widest vectors (one loop doing both stayed scalar).
+constexpr size_t kRandomBlockWords = 256;
+
+// Calls body(row, first_word, words, z) for every block of `words_per_row` words of `rows` rows,
+// z[k] = stream_word(fold_in(key, first_row + row), first_word + k), blocks split across threads.
+template <class T, class Body>
+void for_each_word_block(size_t rows, size_t words_per_row, uint64_t key, uint64_t first_row, double work,
+                         Body&& body) {
+    const size_t blocks_per_row = (words_per_row + kRandomBlockWords - 1) / kRandomBlockWords;
+    parallel_for(rows * blocks_per_row, work, [&](size_t lo, size_t hi) {
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+            uint64_t z[kRandomBlockWords];
+            for (size_t block = lo; block < hi; ++block) {
+                const size_t row = block / blocks_per_row, w0 = (block % blocks_per_row) * kRandomBlockWords;
+                const size_t words = std::min(kRandomBlockWords, words_per_row - w0);
+                const uint64_t row_key = fold_in(key, first_row + row);
+                for (size_t k = 0; k < words; ++k) z[k] = stream_word(row_key, w0 + k);
+                body(row, w0, words, z);
+            }
+        });
+    });
+}
+
+// reference: cpp/reference/random.hpp, random_keep
+// A scaled dropout keep mask of `rows` rows of `cols` entries (the rows of the batch starting at
+// global row `first_row`):
+//   keep[r, i] = 1 / (1 - rate) if u[r, i] >= round(rate 65536), else 0,
+//   u[r, i] = 16-bit word i % 4 (low first) of stream_word(fold_in(key, first_row + r), i / 4)
+// so the rate is honoured to 1/65536 and four entries share one hash.
+template <class T>
+void random_keep(T* keep, size_t rows, size_t cols, uint64_t key, uint64_t first_row, double rate) {
+    const uint32_t threshold = (uint32_t)std::llround(rate * 65536.0);  // P(u16 < threshold) ~ rate
+    const T scale = T(1.0 / (1.0 - rate));
+    for_each_word_block<T>(rows, (cols + 3) / 4, key, first_row, double(rows) * cols,
+                           [&](size_t row, size_t w0, size_t words, const uint64_t* z) __attribute__((always_inline)) {
+                               uint16_t uniforms[4 * kRandomBlockWords];
+                               std::memcpy(uniforms, z, words * sizeof(uint64_t));  // little-endian: low word first
+                               const size_t first = 4 * w0, count = std::min(4 * words, cols - first);
+                               T* out = keep + row * cols + first;
+                               // a product, not a select: the select compiled to a branch per entry
+                               for (size_t i = 0; i < count; ++i) out[i] = scale * T(uniforms[i] >= threshold);
+                           });
+}
+
+// reference: cpp/reference/random.hpp, random_uniform
+// Uniforms in [0, 1) of `rows` rows of `cols` entries from global row `first_row` on:
+//   u[r, i] = (stream_word(fold_in(key, first_row + r), i) >> 11) 2^-53, in float rounded down to 24 bits
+template <class T> void random_uniform(T* u, size_t rows, size_t cols, uint64_t key, uint64_t first_row) {
+    constexpr int bits = sizeof(T) == sizeof(double) ? 53 : 24;
+    const T unit = T(std::ldexp(1.0, -bits));
+    for_each_word_block<T>(rows, cols, key, first_row, double(rows) * cols * 4,
+                           [&](size_t row, size_t w0, size_t words, const uint64_t* z) __attribute__((always_inline)) {
+                               T* out = u + row * cols + w0;
+                               for (size_t k = 0; k < words; ++k) out[k] = T(z[k] >> (64 - bits)) * unit;
+                           });
+}
+
+}  // namespace attnx
