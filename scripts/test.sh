@@ -10,28 +10,34 @@ cd "$(dirname "$0")/.."
 children_cpu() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.1f", ($16 + $17) / hz}' "/proc/$$/stat"; }
 phase_name=""; phase_table=""
 phase() {  # phase NAME: ends the running phase (if any) and starts NAME; `phase ""` only ends
-  local now cpu
-  now="$(date +%s.%N)"; cpu="$(children_cpu)"
+  local wall cpu line
+  wall="$(date +%s.%N)"; cpu="$(children_cpu)"
   if [ -n "$phase_name" ]; then
-    local line
-    line="$(awk -v n="$phase_name" -v w="$now - $phase_wall0" -v c="$cpu - $phase_cpu0" \
-      'BEGIN {split(w, a, " - "); split(c, b, " - "); printf "%-10s %7.0f s wall %7.0f s CPU", n, a[1] - a[2], b[1] - b[2]}')"
+    line="$(awk -v n="$phase_name" -v w0="$phase_wall" -v w1="$wall" -v c0="$phase_cpu" -v c1="$cpu" \
+      'BEGIN {printf "%-9s %6.0f s wall %6.0f s CPU", n, w1 - w0, c1 - c0}')"
     echo "-- $line"
     phase_table+="$line"$'\n'
   fi
-  phase_name="$1"; phase_wall0="$now"; phase_cpu0="$cpu"
+  phase_name="$1"; phase_wall="$wall"; phase_cpu="$cpu"
 }
-report() {
-  local status=$?
+background=""  # the process group of the sanitizer build while it runs beside the other phases
+finish() {
+  local status=$1
+  [ -z "$background" ] || kill -- "-$background" 2>/dev/null || true
   phase ""
-  echo "== time per phase (CPU = user+sys of all processes; exit status $status)"
+  echo "== time per phase (CPU: user+sys of every process the phase ran; exit status $status)"
   printf "%s" "$phase_table"
 }
-trap report EXIT
+trap 'finish $?' EXIT
 
 phase setup
 echo "== setup (system packages, pip install .[test])"
+# the test install links without LTO: the LTO link alone takes minutes on 2 cores and the tests do
+# not depend on it (pytest's wheel build inherits this and reuses the same build folder); wheels
+# for users (plain setup.sh, build_wheel.sh) keep it
+export SKBUILD_CMAKE_DEFINE="CMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF"
 bash scripts/setup.sh test
+source scripts/build_env.sh  # ccache (setup.sh installed it)
 shared_data="$(cd .. && pwd)/shared/data"
 # one folder holding uci-sentiment/ and anki/ serves every loader: the shared data beside the
 # clone when it is there (CI), else the caller's ATTNX_DATA_DIR
@@ -39,11 +45,17 @@ if [ -d "$shared_data/uci-sentiment" ] && [ -d "$shared_data/anki" ]; then
   export ATTNX_DATA_DIR="$shared_data"
 fi
 export MPLBACKEND=Agg
+# The ASan+UBSan build, the longest compile, starts now at low priority in its own process group:
+# it takes the core that the ctest build's link, docs and pytest leave idle. Its log is shown if
+# it fails; the sanitize phase waits for it, then runs the sanitized tests.
+mkdir -p build
+setsid nice -n 10 bash scripts/sanitize.sh --build-only > build/sanitize-background.log 2>&1 &
+background=$!
 phase ctest
 echo "== C++ unit tests"
 cmake -S . -B build/ctest -DATTNX_BUILD_TESTS=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/ctest -j"$(nproc)" >/dev/null
-(cd build/ctest && ctest --output-on-failure)
+(cd build/ctest && ctest --output-on-failure -j"$(nproc)")
 phase docs
 echo "== docs (API reference from the docstrings; warnings are errors)"
 python3 -m mkdocs build --strict -q
@@ -53,4 +65,6 @@ echo "== pytest"
 (cd tests && python3 -m pytest -q -ra --durations=40 "$@")
 phase sanitize
 echo "== sanitizers (C++ unit tests + a fast Python subset under ASan+UBSan)"
+wait "$background" || { cat build/sanitize-background.log; exit 1; }
+background=""
 bash scripts/sanitize.sh
