@@ -4,8 +4,6 @@
 #   bash scripts/sanitize.sh            # C++ unit tests + the fast Python subset (what CI runs)
 #   bash scripts/sanitize.sh --all      # C++ unit tests + the whole pytest suite
 #   bash scripts/sanitize.sh tests/test_fuzz.py -k dense   # C++ tests + the given pytest args
-#   bash scripts/sanitize.sh --build-only   # the build alone (scripts/test.sh starts it early,
-#                                           # beside the other phases; the run after finds it built)
 #
 # The sanitized extension is built in build/sanitize/ (CMake option ATTNX_SANITIZE) and never
 # copied over python/attnx/_core*.so: pytest runs against a temporary copy of python/attnx/ that
@@ -24,8 +22,6 @@ repo="$(pwd)"
 SANITIZE_SUBSET=(tests/test_bad_input.py tests/test_fuzz.py tests/test_nan_guard.py tests/test_concurrency.py
                  tests/test_masks_core.py tests/test_hostile_core.py tests/test_crafted_files.py)
 
-build_only=0
-if [ "${1:-}" = "--build-only" ]; then build_only=1; shift; fi
 pytest_args=()
 if [ "${1:-}" = "--all" ]; then
   shift
@@ -70,7 +66,6 @@ cmake -S . -B "$dir" -DATTNX_SANITIZE=ON -DATTNX_BUILD_PYTHON=ON -DATTNX_BUILD_T
   > "$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
 cmake --build "$dir" -j"$jobs" > "$dir.build.log" 2>&1 \
   || { grep -E -A3 "error" "$dir.build.log" | head -60; exit 1; }
-if [ "$build_only" = 1 ]; then echo "built $dir"; exit 0; fi
 
 # any report aborts the process (ASan always, UBSan by halt_on_error), which fails the step
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"

@@ -45,11 +45,14 @@ if [ -d "$shared_data/uci-sentiment" ] && [ -d "$shared_data/anki" ]; then
   export ATTNX_DATA_DIR="$shared_data"
 fi
 export MPLBACKEND=Agg
-# The ASan+UBSan build, the longest compile, starts now at low priority in its own process group:
-# it takes the core that the ctest build's link, docs and pytest leave idle. Its log is shown if
-# it fails; the sanitize phase waits for it, then runs the sanitized tests.
+# The sanitizer job (scripts/sanitize.sh: the ASan+UBSan build, the longest compile, then the C++
+# tests and a pytest subset under it) runs beside the other phases, at low priority in its own
+# process group: on 2 cores it takes the core that the ctest build's link, docs and pytest leave
+# idle. Its output is printed when the sanitize phase has waited for it.
 mkdir -p build
-setsid nice -n 10 bash scripts/sanitize.sh --build-only > build/sanitize-background.log 2>&1 &
+sanitize_log=build/sanitize-job.log
+setsid nice -n 5 bash -c 'TIMEFORMAT="-- sanitizer job: %0R s wall %0U s user %0S s sys"; time bash scripts/sanitize.sh' \
+  > "$sanitize_log" 2>&1 &
 background=$!
 phase ctest
 echo "== C++ unit tests"
@@ -64,7 +67,9 @@ echo "== pytest"
 # run from tests/ so that the installed attnx is what gets imported, not the source tree
 (cd tests && python3 -m pytest -q -ra --durations=40 "$@")
 phase sanitize
-echo "== sanitizers (C++ unit tests + a fast Python subset under ASan+UBSan)"
-wait "$background" || { cat build/sanitize-background.log; exit 1; }
+echo "== sanitizers (C++ unit tests + a fast Python subset under ASan+UBSan; started after setup)"
+status=0
+wait "$background" || status=$?
 background=""
-bash scripts/sanitize.sh
+cat "$sanitize_log"
+exit "$status"
