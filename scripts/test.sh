@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 # CPU seconds of this shell's finished children (cutime + cstime of /proc/<pid>/stat, in clock ticks)
 children_cpu() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.1f", ($16 + $17) / hz}' "/proc/$$/stat"; }
-phase_name=""; phase_table=""
+phase_name=""; phase_table=""; start_wall="$(date +%s.%N)"
 phase() {  # phase NAME: ends the running phase (if any) and starts NAME; `phase ""` only ends
   local wall cpu line
   wall="$(date +%s.%N)"; cpu="$(children_cpu)"
@@ -20,13 +20,15 @@ phase() {  # phase NAME: ends the running phase (if any) and starts NAME; `phase
   fi
   phase_name="$1"; phase_wall="$wall"; phase_cpu="$cpu"
 }
-background=""  # the process group of the sanitizer build while it runs beside the other phases
+background=""  # the process group of the sanitizer job while it runs beside the other phases
 finish() {
   local status=$1
   [ -z "$background" ] || kill -- "-$background" 2>/dev/null || true
   phase ""
-  echo "== time per phase (CPU: user+sys of every process the phase ran; exit status $status)"
+  echo "== time per phase (CPU: user+sys of every process the phase ran, the background sanitizer job in sanitize; exit status $status)"
   printf "%s" "$phase_table"
+  awk -v w0="$start_wall" -v w1="$(date +%s.%N)" -v c="$(children_cpu)" \
+    'BEGIN {printf "%-9s %6.0f s wall %6.0f s CPU\n", "total", w1 - w0, c}'
 }
 trap 'finish $?' EXIT
 
