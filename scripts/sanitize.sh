@@ -56,7 +56,7 @@ preload="$libasan $(readlink -f "$(gcc -print-file-name=libstdc++.so)")"
 source scripts/build_env.sh  # ccache
 dir=build/sanitize
 mkdir -p build  # the logs sit beside the build folder, which a fresh clone lacks
-# -O1 (from ATTNX_SANITIZE) and line tables only (-g1): enough for the reports' stack traces, and
+# -O0 (from ATTNX_SANITIZE) and line tables only (-g1): enough for the reports' stack traces, and
 # the build stays short for CI
 jobs="${ATTNX_BUILD_JOBS:-$(nproc)}"
 echo "== sanitizer build ($dir)"
