@@ -2,8 +2,7 @@
 # Sets up a fresh Debian/Ubuntu machine for attnx: system packages (a C++17 compiler, ccache,
 # xtensor, xtensor-blas; OpenBLAS for the C++ unit tests, the module links scipy-openblas32's;
 # Devanagari and CJK fonts for attnx.plot's labels), then attnx itself with the Python extras given
-# (default: none). The build's CMake settings can be extended with SKBUILD_CMAKE_DEFINE="A=1;B=2"
-# (scripts/test.sh turns link-time optimization off that way; wheels for users keep it).
+# (default: none).
 #   bash scripts/setup.sh            # the package
 #   bash scripts/setup.sh test       # + pytest, hypothesis, torch==2.13.0 (parity), matplotlib
 set -euo pipefail
