@@ -17,15 +17,11 @@ for arg in "$@"; do
 done
 dir=build/dev-${build_type}${extra:+-custom}
 mkdir -p build  # the logs sit beside the build folder, which a fresh clone lacks
-# ccache when installed: worktrees of one repository share compiled objects (paths relative to the repo)
-launcher=()
-if command -v ccache >/dev/null; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); export CCACHE_BASEDIR="$(pwd)"
-fi
+source scripts/build_env.sh  # ccache when installed
 # no link-time optimization: a developer rebuilds often, and the LTO link alone takes minutes here
 cmake -S . -B "$dir" -DATTNX_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE="$build_type" -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF \
   -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" \
-  -DPython_EXECUTABLE="$(command -v python3)" "${extra[@]}" "${launcher[@]}" > "$dir.configure.log" 2>&1 \
+  -DPython_EXECUTABLE="$(command -v python3)" "${extra[@]}" > "$dir.configure.log" 2>&1 \
   || { cat "$dir.configure.log"; exit 1; }
 cmake --build "$dir" -j"$(nproc)" > "$dir.build.log" 2>&1 \
   || { grep -E -A3 "error" "$dir.build.log" | head -60; exit 1; }

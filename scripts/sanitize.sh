@@ -53,9 +53,10 @@ libasan="$(readlink -f "$libasan")"
 # function and the first C++ exception aborts ("real___cxa_throw != 0"): Python doesn't link it
 preload="$libasan $(readlink -f "$(gcc -print-file-name=libstdc++.so)")"
 
+source scripts/build_env.sh  # ccache
 dir=build/sanitize
 mkdir -p build  # the logs sit beside the build folder, which a fresh clone lacks
-# -O1 (from ATTNX_SANITIZE) and line tables only (-g1): enough for the reports' stack traces, and
+# -O0 (from ATTNX_SANITIZE) and line tables only (-g1): enough for the reports' stack traces, and
 # the build stays short for CI
 jobs="${ATTNX_BUILD_JOBS:-$(nproc)}"
 echo "== sanitizer build ($dir)"
@@ -71,7 +72,7 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 
 echo "== C++ unit tests under ASan+UBSan"
 (cd "$dir" && ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1" \
-  ctest --output-on-failure)
+  ctest --output-on-failure -j"$jobs")
 
 echo "== pytest under ASan+UBSan: ${pytest_args[*]}"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/attnx-sanitize.XXXXXX")"

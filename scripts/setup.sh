@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian/Ubuntu machine for attnx: system packages (a C++17 compiler, xtensor,
-# xtensor-blas; OpenBLAS for the C++ unit tests, the module links scipy-openblas32's; Devanagari and
-# CJK fonts for attnx.plot's labels), then attnx itself with the Python extras given (default: none).
+# Sets up a fresh Debian/Ubuntu machine for attnx: system packages (a C++17 compiler, ccache,
+# xtensor, xtensor-blas; OpenBLAS for the C++ unit tests, the module links scipy-openblas32's;
+# Devanagari and CJK fonts for attnx.plot's labels), then attnx itself with the Python extras given
+# (default: none).
 #   bash scripts/setup.sh            # the package
 #   bash scripts/setup.sh test       # + pytest, hypothesis, torch==2.13.0 (parity), matplotlib
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""
 [ "$(id -u)" -ne 0 ] && sudo="sudo"
-packages="g++ libxtensor-dev libxtensor-blas-dev libopenblas-dev fonts-lohit-deva fonts-wqy-microhei"
+packages="g++ ccache libxtensor-dev libxtensor-blas-dev libopenblas-dev fonts-lohit-deva fonts-wqy-microhei"
 missing=""
 for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -16,6 +17,7 @@ if [ -n "$missing" ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
 fi
+source scripts/build_env.sh  # ccache
 extras="${1:-}"
 target="."
 [ -n "$extras" ] && target=".[$extras]"

@@ -113,7 +113,8 @@ def test_ctest_cpp_unit_tests():
     built = subprocess.run([cmake, "--build", str(build), "-j", str(os.cpu_count() or 2)],
                            capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stdout[-5000:] + built.stderr[-3000:]
-    run = subprocess.run([ctest, "--test-dir", str(build), "--output-on-failure", "--no-tests=error"],
+    run = subprocess.run([ctest, "--test-dir", str(build), "--output-on-failure", "--no-tests=error",
+                          "-j", str(os.cpu_count() or 2)],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
     assert "100% tests passed" in run.stdout
