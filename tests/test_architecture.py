@@ -203,3 +203,34 @@ def test_the_twin_detector_finds_a_renamed_copy():
     assert _repeated_blocks({"a.py": f"def f(weights, inputs, bias):\n{body}\n",
                              "b.py": f"def g(kernel, inputs, offset):\n{renamed}\n"})
     assert not _repeated_blocks({"a.py": f"def f(weights, inputs, bias):\n{body}\n"})
+
+
+# ----------------------------------------------------------------------------- one home per concept
+_HOME = re.compile(r"^\| (?P<concept>[^|]+) \| `(?P<path>[^`:]+)(?:::(?P<name>\w+))?`")
+
+
+def _homes():
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    section = text.split("## One home per concept", 1)[1].split("\n## ", 1)[0]
+    return [m.groupdict() for m in map(_HOME.match, section.splitlines()) if m]
+
+
+def _defined(name, source):
+    return re.search(rf"^\s*(def|class) {name}\b|^{name} = ", source, re.M) is not None
+
+
+def test_every_concept_has_its_one_home():
+    """ARCHITECTURE.md's table names one home per concept (issue 38): the home defines the name, and no
+    other module of the package defines a module-level function or class of that name (a second home;
+    methods of that name are the models' and layers' own API over the home, as `Seq2Seq.beam_search`)."""
+    homes = _homes()
+    assert len(homes) >= 15
+    sources = {p.relative_to(PACKAGE).as_posix(): p.read_text() for p in PACKAGE.rglob("*.py")}
+    for home in homes:
+        assert home["path"] in sources, f"{home['concept']}: {home['path']} does not exist"
+        if not home["name"]:
+            continue
+        assert _defined(home["name"], sources[home["path"]]), f"{home['path']} does not define {home['name']}"
+        others = [path for path, source in sources.items() if path != home["path"] and
+                  re.search(rf"^(def|class) {home['name']}\b", source, re.M)]
+        assert not others, f"{home['concept']}: {home['name']} is also defined in {others}"
