@@ -67,3 +67,13 @@ def test_an_exception_on_one_rank_before_fit_ends_the_job(tmp_path):
     assert done.returncode != 0
     assert "rank 1 fails before fit" in done.stderr and "aborting all 2 ranks" in done.stderr
     assert seconds < 60, f"the job took {seconds:.0f} s to end"
+
+
+def test_gather_checks_what_it_joins():
+    strategy = distributed.DataParallel()
+    x = np.ones((3, 2), np.float32)
+    np.testing.assert_array_equal(strategy.gather(x), x)
+    assert [a.shape for a in strategy.gather([x, x[:, :1]])] == [(3, 2), (3, 1)]
+    for bad in (None, 0.5, np.float32(1.0), [], [x, "y"], "text"):
+        with pytest.raises(ValueError, match="DataParallel.gather"):
+            strategy.gather(bad)

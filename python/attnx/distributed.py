@@ -45,6 +45,15 @@ def _comm_world():
     return MPI, MPI.COMM_WORLD
 
 
+def _output_kind(output):
+    """What `gather` can join: ('array', trailing shape, dtype), ('list', kinds), or None (anything else)."""
+    if isinstance(output, np.ndarray) and output.ndim >= 1:
+        return ("array", output.shape[1:], output.dtype.str)
+    if isinstance(output, list) and output and all(isinstance(o, np.ndarray) and o.ndim >= 1 for o in output):
+        return ("list", tuple((o.shape[1:], o.dtype.str) for o in output))
+    return None
+
+
 class DataParallel:
     """Synchronous data parallelism over the ranks of an MPI communicator (default: COMM_WORLD)."""
 
@@ -172,7 +181,13 @@ class DataParallel:
     def gather(self, outputs):
         """Every rank's outputs (an array, a list of arrays, or None for an empty shard) joined
         along the batch axis in rank order, on every rank."""
-        parts = [p for p in self.comm.allgather(outputs) if p is not None]
+        gathered = self.comm.allgather(outputs)  # every rank checks the same list, so all raise alike
+        parts = [p for p in gathered if p is not None]
+        kinds = {_output_kind(p) for p in parts}
+        if not parts or len(kinds) != 1 or None in kinds:
+            raise ValueError(f"DataParallel.gather: expected on every rank an array, a list of arrays (the same "
+                             f"number and trailing shapes on every rank) or None for an empty shard, got "
+                             f"{[_output_kind(p) for p in gathered]}")
         if isinstance(parts[0], list):
             return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
         return np.concatenate(parts)
