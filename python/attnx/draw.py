@@ -76,6 +76,7 @@ class DRAW(Model):
 
     _multi_output = True
     output_names = ("canvas", "kl")
+    targets_from_inputs = True  # fit(images): train_data makes the targets
     MAX_STEPS, MAX_SIDE, MAX_UNITS = 1024, 4096, 8192
 
     def __init__(self, height, width, read_n=2, write_n=5, steps=8, encoder_units=64, decoder_units=64,

@@ -112,6 +112,10 @@ class TrainingMixin:
         both from its data overrides it (Seq2Seq: teacher forcing, targets shifted by one)."""
         return x, y
 
+    # True for a model whose `train_data` makes the targets from x alone (DRAW: the images), so that
+    # ``fit(x)`` and ``evaluate(x)`` take no y
+    targets_from_inputs = False
+
     def _forward_for_loss(self, x, training, check=False):
         """(predictions, output masks, cache), predictions and masks as lists (one per output)."""
         if self._functional:
@@ -311,7 +315,8 @@ class TrainingMixin:
             (x, y, sample_weight), validation_data = data_adapter.train_validation_split(
                 x, y, sample_weight, validation_split)
         data = data_adapter.DataAdapter("fit", x, y, sample_weight, batch_size=batch_size, steps=steps_per_epoch,
-                                        shuffle=shuffle, class_weight=class_weight, training=True)
+                                        shuffle=shuffle, class_weight=class_weight, training=True,
+                                        targets=not self.targets_from_inputs)
         validation = None if validation_data is None else self._validation_adapter(
             validation_data, validation_batch_size or batch_size, validation_steps)
         if data.arrays:  # built now, so that callbacks find the weights at on_train_begin
@@ -462,7 +467,8 @@ class TrainingMixin:
         `x` an iterable of batches (as in `fit`); `steps` batches of it (default: one pass). `callbacks` get
         Keras' on_test_* hooks."""
         self._check_compiled()
-        data = data_adapter.DataAdapter("evaluate", x, y, sample_weight, batch_size=batch_size, steps=steps)
+        data = data_adapter.DataAdapter("evaluate", x, y, sample_weight, batch_size=batch_size, steps=steps,
+                                        targets=not self.targets_from_inputs)
         verbose = 1 if verbose == "auto" else int(verbose)
         dist = self._distribute
         cbs = callbacks_module.CallbackList(callbacks or [], self, {"steps": data.steps_per_epoch, "verbose": verbose})
