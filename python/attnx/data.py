@@ -17,7 +17,7 @@ import numbers
 
 import numpy as np
 
-from . import backend
+from . import random
 
 AUTOTUNE = -1  # tf.data.AUTOTUNE, for prefetch(buffer_size) and map(num_parallel_calls)
 INFINITE = -1  # cardinality of a repeated dataset
@@ -101,35 +101,31 @@ class Dataset(collections.abc.Iterable):
     # ------------------------------------------------------------------------- transformations
     def shuffle(self, buffer_size, seed=None, reshuffle_each_iteration=True):
         """Elements in random order through a buffer of `buffer_size` (tf.data's: a full shuffle when it holds the
-        whole dataset). `seed` fixes the orders (else attnx's generator, `attnx.set_random_seed`, draws the seed);
-        each pass draws a new order unless `reshuffle_each_iteration` is False."""
+        whole dataset), drawn from attnx's random stream (`attnx.random`): `seed` fixes the orders, else
+        `attnx.set_random_seed` does; each pass draws a new order unless `reshuffle_each_iteration` is False."""
         buffer_size = _count(buffer_size, "shuffle buffer_size", 1)
         if seed is not None:
             seed = _count(seed, "shuffle seed")
         source = self._make_iterator
-        state = {"generator": None, "first": None}
-
-        def generator():
-            if state["generator"] is None:
-                base = seed if seed is not None else int(backend.rng().integers(2 ** 63))
-                state["generator"] = np.random.default_rng(base)
-                state["first"] = state["generator"].bit_generator.state
-            if not reshuffle_each_iteration:
-                state["generator"].bit_generator.state = state["first"]
-            return state["generator"]
+        generator = random.SeedGenerator(seed, "Dataset.shuffle")
+        fixed = {}  # the one pass key when the order is not redrawn
 
         def shuffled():
-            rng = generator()
+            if reshuffle_each_iteration:
+                key = generator.next_key()
+            else:
+                key = fixed.setdefault("key", generator.next_key())
+            draws = random.uniforms(key)
             buffer = []
             for element in source():
                 if len(buffer) < buffer_size:
                     buffer.append(element)
                     continue
-                i = int(rng.integers(len(buffer)))
+                i = int(next(draws) * len(buffer))
                 yield buffer[i]
                 buffer[i] = element
             while buffer:
-                i = int(rng.integers(len(buffer)))
+                i = int(next(draws) * len(buffer))
                 buffer[i], buffer[-1] = buffer[-1], buffer[i]
                 yield buffer.pop()
         return _dataset(shuffled, self._cardinality)

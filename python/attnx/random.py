@@ -23,6 +23,8 @@ NumPy generator `numpy_generator()`, seeded by `set_random_seed` too.
 import secrets
 import threading
 
+import itertools
+
 import numpy as np
 
 from . import kernels
@@ -119,6 +121,14 @@ def permutation(n):
 def permutation_for(n, key):
     u = kernels.random_uniform(shape=[int(n)], key=int(key), first_row=0, dtype=np.dtype(np.float64))
     return np.argsort(u, kind="stable")
+
+
+def uniforms(key):
+    """An endless stream of float uniforms in [0, 1) from `key` (block b of 1024 from fold_in(key, b)): for
+    draws whose count is not known up front, such as `attnx.data.Dataset.shuffle`'s buffer."""
+    for block in itertools.count():
+        block_key = kernels.random_fold_in(key=int(key), data=block)
+        yield from kernels.random_uniform(shape=[1024], key=block_key, first_row=0, dtype=np.dtype(np.float64)).tolist()
 
 
 def sub_seed(seed, k):
