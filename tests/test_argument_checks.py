@@ -8,15 +8,17 @@ import pytest
 
 import attnx
 from attnx import layers
-from attnx.layers import attention, transformer
+from attnx.layers import (attention, attention_pooling, feed_forward, multi_head_attention, normalization, positions,
+                          transformer)
 from attnx.vision import ImageCaptioner
 
 
 def _fresh_layers():
-    """Every public layer class of layers/attention.py and layers/transformer.py, made with 2 for each
-    required argument."""
+    """Every public layer class of the attention and transformer modules, made with 2 for each required
+    argument."""
     found = []
-    for module in (attention, transformer):
+    for module in (attention, attention_pooling, feed_forward, multi_head_attention, normalization, positions,
+                   transformer):
         for name, cls in sorted(vars(module).items()):
             if not inspect.isclass(cls) or not issubclass(cls, layers.Layer) or cls.__module__ != module.__name__ \
                     or name.startswith("_"):

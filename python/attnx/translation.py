@@ -41,8 +41,10 @@ from .backend import unique_name
 from . import decoding
 from .decoding import Hypothesis, check_target_ids, positive_int as _positive_int
 from .layers.core import Dense, Dropout, Embedding
-from .layers.transformer import (LayerNormalization, PositionalEncoding, PositionEmbedding, TransformerDecoder,
-                                 TransformerEncoder, head_sizes)
+from .layers.multi_head_attention import head_sizes
+from .layers.normalization import LayerNormalization
+from .layers.positions import PositionalEncoding, PositionEmbedding
+from .layers.transformer import TransformerDecoder, TransformerEncoder
 from .models import Model
 
 __all__ = ["Transformer", "Hypothesis", "LengthBuckets"]

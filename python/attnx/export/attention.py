@@ -3,8 +3,8 @@
 decompositions. HardAttention with ``inference="sample"`` is refused (it draws random positions)."""
 import numpy as np
 
-from ..layers.attention import (AdditiveAttention, Attention, AttentionPooling, BahdanauAdditiveAttention,
-                                HardAttention, LocalAttention, LuongAttention)
+from ..layers import (AdditiveAttention, Attention, AttentionPooling, BahdanauAdditiveAttention, HardAttention,
+                      LocalAttention, LuongAttention)
 from .registry import converts, output_mask_of, unsupported
 
 

@@ -7,9 +7,8 @@ import math
 
 import numpy as np
 
-from ..layers.transformer import (FeedForward, LayerNormalization, MultiHeadAttention, PositionalEncoding,
-                                  PositionEmbedding, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
-                                  TransformerEncoderLayer)
+from ..layers import (FeedForward, LayerNormalization, MultiHeadAttention, PositionalEncoding, PositionEmbedding,
+                      TransformerDecoder, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
 from .core import dense
 from .registry import converts, output_mask_of, unsupported
 

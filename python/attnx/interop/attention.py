@@ -12,7 +12,7 @@ import functools
 
 import numpy as np
 
-from ..layers.attention import AdditiveAttention, Attention, AttentionPooling, BahdanauAdditiveAttention
+from ..layers import AdditiveAttention, Attention, AttentionPooling, BahdanauAdditiveAttention
 from .registry import check_keras_options, keras_kwargs, keras_layer_kwargs, register_from_keras, register_to_keras
 
 

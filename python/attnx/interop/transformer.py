@@ -4,8 +4,8 @@ the TransformerEncoder / TransformerDecoder stacks (without a final norm) both w
 LayerNormalization and MultiHeadAttention both ways (attnx keeps Keras' weight layout)."""
 import numpy as np
 
-from ..layers.transformer import (LayerNormalization, MultiHeadAttention, TransformerDecoder,
-                                  TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer)
+from ..layers import (LayerNormalization, MultiHeadAttention, TransformerDecoder, TransformerDecoderLayer,
+                      TransformerEncoder, TransformerEncoderLayer)
 from .registry import (check_keras_options, keras_kwargs, keras_layer_kwargs, register_from_keras, register_from_torch,
                        register_to_keras, register_to_torch, set_torch_params)
 

@@ -1,11 +1,13 @@
-"""BatchNormalization (Keras 3's): normalizes with the batch's statistics while training and with the
-moving statistics it keeps (non-trainable weights) otherwise."""
+"""The normalization layers: BatchNormalization (Keras 3's: the batch's statistics while training, the
+moving statistics it keeps as non-trainable weights otherwise) and LayerNormalization (each sample over
+its feature axes, in C++: `transformer.hpp`)."""
 import numbers
 
 import numpy as np
 
-from .. import backend, initializers, regularizers
+from .. import backend, initializers, kernels, regularizers
 from ..masking import as_mask
+from .attention import is_shape
 from .base import Layer
 
 # Keras adds backend.epsilon() to the count of a masked mean and variance
@@ -63,6 +65,8 @@ class BatchNormalization(Layer):
         return [self.axis % ndim]
 
     def build(self, input_shape):
+        if not is_shape(input_shape, range(2, 33)):
+            raise ValueError(f"Layer '{self.name}': expects one input of rank 2 or more, got shape(s) {input_shape}")
         axes = self._feature_axes(len(input_shape))
         if any(input_shape[a] is None for a in axes):
             raise ValueError(f"Layer '{self.name}': the feature axis {self.axis} of inputs {input_shape} must be "
@@ -173,5 +177,116 @@ class BatchNormalization(Layer):
                 "gamma_initializer": initializers.serialize(self.gamma_initializer),
                 "moving_mean_initializer": initializers.serialize(self.moving_mean_initializer),
                 "moving_variance_initializer": initializers.serialize(self.moving_variance_initializer),
+                "beta_regularizer": regularizers.serialize(self.beta_regularizer),
+                "gamma_regularizer": regularizers.serialize(self.gamma_regularizer)}
+
+
+class LayerNormalization(Layer):
+    """Normalizes each position over its features: ``gamma * (x - mean) / sqrt(var + epsilon) + beta``.
+
+    Args:
+        axis: the axis normalized over, or a list or tuple of trailing axes (Keras' default -1).
+        epsilon: added to the variance; Keras' default 1e-3, PyTorch's nn.LayerNorm 1e-5.
+        center: learn the shift `beta`.
+        scale: learn the scale `gamma`.
+        rms_scaling: Keras' scaling without centering, ``gamma * x / sqrt(var(x) + epsilon)`` (no beta).
+        beta_initializer, gamma_initializer: Keras defaults zeros and ones.
+        beta_regularizer, gamma_regularizer: e.g. ``attnx.regularizers.L2(0.01)``.
+
+    Input shape: ``(batch, ..., features)``. Output shape: the same.
+    Weights (Keras order): gamma, beta, each of the shape of the normalized axes.
+    """
+
+    supports_masking = True
+
+    def __init__(self, axis=-1, epsilon=1e-3, center=True, scale=True, rms_scaling=False, beta_initializer="zeros",
+                 gamma_initializer="ones", beta_regularizer=None, gamma_regularizer=None, **kwargs):
+        super().__init__(**kwargs)
+        axes = axis if isinstance(axis, (list, tuple)) else [axis]
+        if not axes or any(isinstance(a, bool) or not isinstance(a, (int, np.integer)) for a in axes):
+            raise TypeError(f"LayerNormalization: Expected an int or a list/tuple of ints for the argument 'axis', "
+                            f"but received: {axis!r}")
+        if not float(epsilon) > 0:
+            raise ValueError(f"LayerNormalization: epsilon must be positive, got {epsilon}")
+        self.axis = int(axis) if not isinstance(axis, (list, tuple)) else [int(a) for a in axis]
+        self.epsilon = float(epsilon)
+        self.rms_scaling = bool(rms_scaling)
+        self.center, self.scale = bool(center) and not self.rms_scaling, bool(scale) or self.rms_scaling
+        self.beta_initializer = initializers.get(beta_initializer)
+        self.gamma_initializer = initializers.get(gamma_initializer)
+        self.beta_regularizer = regularizers.get(beta_regularizer)
+        self.gamma_regularizer = regularizers.get(gamma_regularizer)
+        self.features = None
+
+    def _normalized_axes(self, ndim):
+        """The normalized axes as non-negative, sorted; they must be the trailing axes (one row each)."""
+        axes = sorted({a % ndim if -ndim <= a < ndim else -1 - ndim
+                       for a in (self.axis if isinstance(self.axis, list) else [self.axis])})
+        if axes[0] < 1 or axes != list(range(ndim - len(axes), ndim)):
+            raise ValueError(f"Layer '{self.name}': axis {self.axis} for inputs of rank {ndim}: attnx normalizes "
+                             "trailing axes after the batch axis only (e.g. -1 or (-2, -1))")
+        return axes
+
+    def build(self, input_shape):
+        if not is_shape(input_shape, range(1, 33)):
+            raise ValueError(f"Layer '{self.name}': needs inputs (batch, ..., features) with known features, "
+                             f"got shape {input_shape}")
+        axes = self._normalized_axes(len(input_shape))
+        shape = tuple(input_shape[a] for a in axes)
+        if None in shape:
+            raise ValueError(f"Layer '{self.name}': needs inputs with known sizes on the normalized axes, got shape "
+                             f"{input_shape}")
+        self.features = int(np.prod(shape))
+        self._weight_shape = shape
+        if self.scale:
+            self.add_weight("gamma", shape, self.gamma_initializer, self.gamma_regularizer)
+        if self.center:
+            self.add_weight("beta", shape, self.beta_initializer, self.beta_regularizer)
+
+    def _flat(self, name, tensors):
+        w = tensors.get(name)
+        return None if w is None else w.reshape(-1)
+
+    def forward(self, inputs, training=False):
+        x = self._float_input(inputs, min_ndim=2, last_dim=self._weight_shape[-1])
+        if x.shape[x.ndim - len(self._weight_shape):] != self._weight_shape:
+            raise ValueError(f"Layer '{self.name}': `inputs` expected trailing axes {self._weight_shape}, got shape "
+                             f"{x.shape}")
+        rows = x.reshape(-1, self.features)
+        if self.rms_scaling:
+            # y = gamma * x * r, r = 1 / sqrt(var(x) + eps) per row (Keras: x is not centered)
+            centered = rows - rows.mean(axis=1, keepdims=True)
+            r = 1.0 / np.sqrt(np.mean(centered * centered, axis=1, keepdims=True) + self.epsilon)
+            y = rows * r * self._flat("gamma", self.params)
+            return y.reshape(x.shape), ((rows, centered, r, x.shape) if training else None)
+        y, mean, rstd = kernels.layernorm_forward(x=rows, gamma=self._flat("gamma", self.params),
+                                                beta=self._flat("beta", self.params), eps=self.epsilon)
+        return y.reshape(x.shape), ((rows, mean, rstd, x.shape) if training else None)
+
+    def backprop(self, cache, dy, need_dx=True):
+        if self.rms_scaling:
+            rows, centered, r, shape = cache
+            dy = self._grad_input(dy, shape).reshape(rows.shape)
+            # y = gamma * x * r: dgamma = sum(dy * x * r); with g = dy * gamma and dr/dx = -r^3 (x - mean) / N,
+            # dx = r * g - (x - mean) * r^3 * mean(g * x)
+            self.grads["gamma"].reshape(-1)[:] += np.sum(dy * rows * r, axis=0)
+            g = dy * self._flat("gamma", self.params)
+            dx = r * g - centered * r ** 3 * np.mean(g * rows, axis=1, keepdims=True)
+            return dx.reshape(shape)
+        rows, mean, rstd, shape = cache
+        dy = self._grad_input(dy, shape).reshape(rows.shape)
+        # layernorm_backward always returns dx: the binding has no switch to skip it
+        dx = kernels.layernorm_backward(dy=dy, x=rows, mean=mean, rstd=rstd, gamma=self._flat("gamma", self.params),
+                                      dgamma=self._flat("gamma", self.grads), dbeta=self._flat("beta", self.grads))
+        return dx.reshape(shape)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "axis": self.axis, "epsilon": self.epsilon, "center": self.center,
+                "scale": self.scale, "rms_scaling": self.rms_scaling,
+                "beta_initializer": initializers.serialize(self.beta_initializer),
+                "gamma_initializer": initializers.serialize(self.gamma_initializer),
                 "beta_regularizer": regularizers.serialize(self.beta_regularizer),
                 "gamma_regularizer": regularizers.serialize(self.gamma_regularizer)}

@@ -1,0 +1,50 @@
+"""What the composite layers share (FeedForward, MultiHeadAttention, the transformer layers and
+stacks): `_Composite`, a layer made of sublayers whose weights it exposes as its own, and the dropout
+mask of their residual and attention dropout."""
+
+
+
+from .. import backend
+from .base import Layer
+
+
+def _dropout_keep(generator, shape, rate, dtype):
+    """A scaled dropout mask (entries 0 or 1 / (1 - rate)) from `generator` (an `attnx.random.SeedGenerator`),
+    or None when rate is 0 or a recorded inference call takes no randomness."""
+    if rate == 0.0 or not backend.training_randomness(True):
+        return None
+    return generator.keep(shape, rate, dtype)
+
+
+def _where(layer, arg):
+    """The start of an error message about argument `arg` of `layer`."""
+    return f"Layer '{layer.name}': `{arg}`"
+
+
+class _Composite(Layer):
+    """A layer made of sublayers whose weights it exposes as its own, "<prefix>/<name>".
+
+    Its backprop passes its `need_dx` on to the sublayers whose input gradient goes nowhere but into
+    this layer's own input gradient, so that they skip it when a model does not read it.
+    """
+
+    quantizes_sublayers = False  # its fused float32 kernels read the sublayers' weights (FeedForward's Dense)
+
+    def _add_sublayer(self, prefix, layer, input_shape):
+        layer.build(input_shape)
+        layer.built = True
+        for name in layer.params:
+            self.params[f"{prefix}/{name}"] = layer.params[name]
+            self.grads[f"{prefix}/{name}"] = layer.grads[name]
+        return layer
+
+    def _output_grad(self, dy, shape):
+        """The output's gradient; with return_attention_scores, dy may be (doutput, None, ...):
+        gradients into the returned weights are only taken by MultiHeadAttention itself."""
+        if isinstance(dy, (list, tuple)):
+            if any(d is not None for d in dy[1:]):
+                raise ValueError(f"Layer '{self.name}': backprop takes no gradient for the returned attention "
+                                 "weights; pass (doutput, None)")
+            dy = dy[0]
+        return self._grad_input(dy, shape)
+

@@ -1,0 +1,361 @@
+"""Multi-head attention (Keras' `MultiHeadAttention`), the one rule for a number of heads
+(`head_sizes`) and the attention-mask forms its callers take."""
+
+import math
+
+import numpy as np
+
+from .. import initializers, kernels, random
+from ..masking import as_mask
+from ..symbolic import any_symbolic
+from .attention import _default_scale, _dense, _dense_backward, scaled_dot_product_attention_backward
+from .base import Layer
+from .composite import _dropout_keep, _where
+
+
+def _attention_mask(mask, batch, queries, keys, where):
+    """An attention mask as the kernel takes it, or None: (batch, queries, keys), or
+    (1, queries, keys) for one (queries, keys) mask shared by the batch (as torch's attn_mask).
+    Keras' forms too: float 0/1 values, and (batch, heads, queries, keys) the same for every head."""
+    if mask is not None and np.asarray(mask).dtype.kind == "f":
+        values = np.asarray(mask)
+        if not np.all((values == 0) | (values == 1)):
+            raise ValueError(f"{where}: a float mask must hold only 0 and 1, got other values")
+        mask = values.astype(bool)
+    if mask is not None and np.ndim(mask) == 4:  # per head: one mask when every head has the same
+        per_head = np.asarray(mask)
+        if per_head.shape[1] != 1 and not np.all(per_head == per_head[:, :1]):
+            raise ValueError(f"{where}: a (batch, heads, queries, keys) mask must be the same for every head "
+                             f"(attnx's kernel takes one mask for all heads), got shape {per_head.shape}")
+        mask = per_head[:, 0]
+    if mask is not None and np.ndim(mask) == 2:
+        mask = np.asarray(mask)[None]
+    mask = as_mask(mask, batch, keys, where, queries=queries, shared=True)
+    if mask is not None and mask.ndim == 2:  # given as lengths: every query sees the same keys
+        mask = np.ascontiguousarray(np.broadcast_to(mask[:, None, :], (batch, queries, keys)))
+    return mask
+
+
+def _combine_masks(attention_mask, padding_mask):
+    """The one mask the attention kernel takes: the padding (B, S), the attention mask, or their AND."""
+    if attention_mask is None:
+        return padding_mask
+    if padding_mask is None:
+        return attention_mask
+    return attention_mask & padding_mask[:, None, :]
+
+
+# ---------------------------------------------------------------------------- attention
+def head_sizes(owner, num_heads, model_dim=None):
+    """The one rule for a number of heads, for every layer and model that takes `num_heads`: a
+    positive integer (2.5 or True is an error, never truncated) dividing the model size `model_dim`
+    (when known). Returns (num_heads, model_dim // num_heads or None)."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
+        raise ValueError(f"{owner}: the argument `num_heads` must be a positive integer, got {num_heads!r}")
+    if model_dim is None:
+        return int(num_heads), None
+    if model_dim % num_heads:
+        raise ValueError(f"{owner}: the embedding size {model_dim} is not divisible by num_heads={num_heads}")
+    return int(num_heads), int(model_dim) // int(num_heads)
+
+
+def _positive_int(value, arg):
+    """`value` as a positive int; MultiHeadAttention's error (naming `arg`) for 0, negatives, floats."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"MultiHeadAttention: Invalid argument `{arg}`: expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def _output_dims(output_shape):
+    """Keras' output_shape (None, an int or a tuple of ints) as a tuple of ints, or None."""
+    if output_shape is None:
+        return None
+    dims = (output_shape,) if not isinstance(output_shape, (list, tuple)) else tuple(output_shape)
+    if not dims or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d <= 0 for d in dims):
+        raise ValueError(f"MultiHeadAttention: Invalid `output_shape`: expected an int or a tuple of positive ints, "
+                         f"got {output_shape!r}")
+    return tuple(int(d) for d in dims)
+
+
+def _mha_masks(mask, query_mask, value_mask, key_mask):
+    """The (query, value, key) masks of a MultiHeadAttention call: explicit ones win over the masks
+    its inputs carry (`mask`: the query's, or [query's, value's(, key's)] in a functional model)."""
+    carried = list(mask) if isinstance(mask, (list, tuple)) else [mask]
+    carried += [None] * (3 - len(carried))
+    return tuple(m if m is not None else c for m, c in zip((query_mask, value_mask, key_mask), carried))
+
+
+def _value_and_key(value, key):
+    """The positional arguments after the query that a call gave: (), (value,) or (value, key)."""
+    if value is None:
+        return ()
+    return (value,) if key is None else (value, key)
+
+
+class MultiHeadAttention(Layer):
+    """Multi-head attention (Vaswani et al. 2017) with Keras' weight layout.
+
+    Each head h projects the inputs, ``q_h = query W^Q_h``, ``k_h = key W^K_h``, ``v_h = value W^V_h``;
+    ``softmax(q_h k_h^T / sqrt(key_dim)) v_h`` and the concatenated heads are projected to the
+    output. The attention core is the kernel of `attnx.layers.attention.scaled_dot_product_attention`
+    (one call for all batch rows and heads, reading the projections in place).
+
+    Args:
+        num_heads: number of heads.
+        key_dim: size of each head's query and key.
+        value_dim: size of each head's value (default key_dim).
+        dropout: dropout rate on the attention weights.
+        use_bias: whether the projections have biases.
+        output_shape: size of the output's last axis (default: the query's), or a tuple of sizes
+            (Keras: the output is then ``(batch, T, *output_shape)``).
+        kernel_initializer, bias_initializer: Keras defaults glorot_uniform and zeros.
+
+    Call arguments:
+        query: ``(batch, T, query_dim)``; or a list ``[query, value]`` / ``[query, value, key]``.
+        value: ``(batch, S, value_dim_in)``.
+        key: ``(batch, S, key_dim_in)``; default: value.
+        query_mask, value_mask, key_mask: ``(batch, T)`` / ``(batch, S)`` (Keras): in a functional model
+            they come from the inputs' masks (e.g. ``Embedding(mask_zero=True)``); the query's mask is
+            passed on to the output. A query row with nothing to attend to gets a zero context.
+        attention_mask: ``(batch, T, S)``, ``(T, S)`` or ``(batch, heads, T, S)`` the same for each head;
+            bool, 0/1 integers or 0/1 floats; True = query t may attend to key s.
+        key_padding_mask: ``(batch, S)`` (True = real token) or lengths ``(batch,)``.
+        use_causal_mask: query t attends only to keys s <= t.
+        return_attention_scores: also return the per-head weights ``(batch, num_heads, T, S)``.
+        training: apply dropout and keep what backprop needs.
+
+    Output shape: ``(batch, T, *output_shape)`` or ``(batch, T, query_dim)``.
+    Weights (Keras order and shapes): query_kernel ``(query_dim, heads, key_dim)``, query_bias
+    ``(heads, key_dim)``, key_kernel, key_bias, value_kernel ``(value_dim_in, heads, value_dim)``,
+    value_bias, output_kernel ``(heads, value_dim, out)``, output_bias ``(out,)``.
+    ``backprop(cache, dy)`` (dy may be ``(doutput, dweights)``) returns ``[dquery, dvalue]``, or
+    ``[dquery, dvalue, dkey]`` when a key was given; with no key, dvalue includes the key's path.
+    """
+    _gradient_arguments = (("value", 0), ("key", 1))  # see Layer._with_gradient_arguments
+
+    def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True, output_shape=None,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros", seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads, _ = head_sizes("MultiHeadAttention", num_heads)
+        self.key_dim = _positive_int(key_dim, "key_dim")
+        self.value_dim = _positive_int(value_dim, "value_dim") if value_dim is not None else self.key_dim
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
+        self.dropout = float(dropout)
+        self.seed_generator = random.SeedGenerator(seed, "MultiHeadAttention")
+        self.seed = self.seed_generator.seed
+        self.use_bias = bool(use_bias)
+        dims = _output_dims(output_shape)
+        # an int (or a tuple of one, Keras' config of it) stays an int; several sizes stay a tuple
+        self.output_shape = None if dims is None else (dims[0] if len(dims) == 1 else dims)
+        self.kernel_initializer = initializers.get(kernel_initializer)
+        self.bias_initializer = initializers.get(bias_initializer)
+
+    # Keras-style calls layer(query, value, key): Layer.__call__ and Layer.apply would build from
+    # the query's shape alone, so both build here from all three, on arrays and on a model's
+    # symbolic tensors alike.
+    supports_masking = True
+
+    def __call__(self, query, value=None, key=None, **kwargs):
+        self._build_from_inputs(query, value, key)
+        if value is not None and not isinstance(query, (list, tuple)) and \
+                any(type(t) is not np.ndarray and any_symbolic(t) for t in (query, value, key) if t is not None):
+            # on a model's tensors the call records [query, value(, key)] as its inputs: each input's mask
+            # and shape reach the layer
+            return super().__call__([query, *_value_and_key(value, key)], **kwargs)
+        return super().__call__(query, *_value_and_key(value, key), **kwargs)
+
+    def apply(self, query, value=None, key=None, **kwargs):
+        self._build_from_inputs(query, value, key)
+        return super().apply(query, *_value_and_key(value, key), **kwargs)
+
+    def _build_from_inputs(self, query, value, key):
+        if not self.built and value is not None and not isinstance(query, (list, tuple)):
+            self.build([tuple(np.shape(t)) for t in (query, value, key) if t is not None])
+            self.built = True
+
+    def build(self, input_shape):
+        """Creates the weights for [query, value] or [query, value, key] shapes."""
+        if not isinstance(input_shape, list) or not 2 <= len(input_shape) <= 3:
+            raise ValueError(f"Layer '{self.name}': call with (query, value[, key]) or [query, value[, key]], "
+                             f"got input shape {input_shape}")
+        self._check_shapes(*input_shape)
+        if any(len(shape) != 3 for shape in input_shape):
+            raise ValueError(f"Layer '{self.name}': query, value and key should be rank 3 (batch, time, "
+                             f"features), got shapes {input_shape}")
+        shapes = list(input_shape) + [input_shape[1]] * (3 - len(input_shape))
+        self.build_from_dims(shapes[0][-1], shapes[1][-1], shapes[2][-1])
+
+    def _check_shapes(self, query_shape, value_shape, key_shape=None):
+        """Keras' shape rule: value and key share every axis but the batch and the last."""
+        if key_shape is not None and tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
+            raise ValueError(f"Layer '{self.name}': All dimensions of `value` and `key`, except the last one, must "
+                             f"be equal. Received: value_shape={tuple(value_shape)} and key_shape={tuple(key_shape)}")
+
+    def build_from_dims(self, query_dim, value_dim, key_dim):
+        """Creates the weights for inputs with these feature sizes."""
+        H, dk, dv = self.num_heads, self.key_dim, self.value_dim
+        out = _output_dims(self.output_shape) or (query_dim,)
+        for name, in_dim, head_dim in (("query", query_dim, dk), ("key", key_dim, dk), ("value", value_dim, dv)):
+            self.add_weight(f"{name}_kernel", (in_dim, H, head_dim), self.kernel_initializer)
+            if self.use_bias:
+                self.add_weight(f"{name}_bias", (H, head_dim), self.bias_initializer)
+        self.add_weight("output_kernel", (H, dv, *out), self.kernel_initializer)
+        if self.use_bias:
+            self.add_weight("output_bias", out, self.bias_initializer)
+
+    def matrix(self, name):
+        """The kernel of projection `name` ("query", "key", "value", "output") as the (in, out)
+        matrix the kernels take (a view of the weight)."""
+        return self._matrix(name, self.params[f"{name}_kernel"])
+
+    @staticmethod
+    def _matrix(name, kernel):
+        """The Keras-shaped kernel as the (in, out) matrix dense_forward takes (a view)."""
+        if name == "output":
+            return kernel.reshape(kernel.shape[0] * kernel.shape[1], -1)
+        return kernel.reshape(kernel.shape[0], -1)
+
+    def _output_tail(self):
+        """The output's axes after (batch, T): the output kernel's after (heads, value_dim)."""
+        return self.params["output_kernel"].shape[2:]
+
+    def _project(self, name, rows):
+        bias = self.params.get(f"{name}_bias")
+        return _dense(rows, self._matrix(name, self.params[f"{name}_kernel"]), None if bias is None else bias.reshape(-1))
+
+    def project(self, name, inputs):
+        """One projection on its own, for incremental decoding (a decoder step reuses the keys and
+        values of the earlier steps): ``"query"``, ``"key"`` or ``"value"`` of inputs (B, T, in) as
+        (B, T, heads * head_dim), or ``"output"`` of a context (B, T, heads * value_dim)."""
+        x = self._float_input(inputs, name, ndim=3)
+        B, T = x.shape[:2]
+        return self._project(name, x.reshape(B * T, x.shape[2])).reshape(B, T, -1)
+
+    def _project_backward(self, name, dy, rows, need_dx):
+        dbias = self.grads.get(f"{name}_bias")
+        # a linear activation does not read its output y: dy stands in for it
+        return _dense_backward(dy, rows, self._matrix(name, self.params[f"{name}_kernel"]), dy, "linear",
+                               self._matrix(name, self.grads[f"{name}_kernel"]),
+                               None if dbias is None else dbias.reshape(-1), need_dx)
+
+    def forward(self, query, value=None, key=None, attention_mask=None, key_padding_mask=None,
+                use_causal_mask=False, return_attention_scores=False, training=False, mask=None, query_mask=None,
+                value_mask=None, key_mask=None):
+        if isinstance(query, (list, tuple)):
+            if not 2 <= len(query) <= 3 or value is not None:
+                raise ValueError(f"Layer '{self.name}': call with [query, value] or [query, value, key], got "
+                                 f"{len(query)} inputs")
+            query, value, key = (list(query) + [None])[:3]
+        if value is None:
+            raise ValueError(f"Layer '{self.name}': needs a value (self-attention: layer(x, x))")
+        has_key = key is not None
+        q_in = self._float_input(query, "query", ndim=3)
+        v_in = self._float_input(value, "value", ndim=3)
+        k_in = self._float_input(key, "key", ndim=3) if has_key else v_in
+        B, T = q_in.shape[:2]
+        S = v_in.shape[1]
+        self._check_shapes(q_in.shape, v_in.shape, k_in.shape)
+        if v_in.shape[0] != B or k_in.shape[:2] != (B, S):
+            raise ValueError(f"Layer '{self.name}': query, value and key must share the batch and value/key the "
+                             f"length; got query {q_in.shape}, value {v_in.shape}, key {k_in.shape}")
+        for name, arr in (("query", q_in), ("value", v_in), ("key", k_in)):
+            in_dim = self.params[f"{name}_kernel"].shape[0]
+            if arr.shape[2] != in_dim:
+                raise ValueError(f"Layer '{self.name}': `{name}` expected shape ({B}, *, {in_dim}), got {arr.shape}")
+        query_mask, value_mask, key_mask = _mha_masks(mask, query_mask, value_mask, key_mask)
+        padding = None  # (B, S): key_padding_mask AND value_mask AND key_mask
+        for arg, m in (("key_padding_mask", key_padding_mask), ("value_mask", value_mask), ("key_mask", key_mask)):
+            m = as_mask(m, B, S, _where(self, arg))
+            padding = m if padding is None else padding if m is None else padding & m
+        mask = _combine_masks(_attention_mask(attention_mask, B, T, S, _where(self, "attention_mask")), padding)
+        if query_mask is not None:  # Keras: a padded query attends to nothing
+            rows = as_mask(query_mask, B, T, _where(self, "query_mask"))
+            full = np.ones((B, T, S), bool) if mask is None else np.broadcast_to(
+                mask if mask.ndim == 3 else mask[:, None, :], (B, T, S))
+            mask = np.ascontiguousarray(full & rows[:, :, None])
+        return self.forward_checked(q_in, v_in, k_in if has_key else None, mask, use_causal_mask,
+                                    return_attention_scores, training)
+
+    def forward_checked(self, query, value, key, mask, use_causal_mask=False, return_attention_scores=False,
+                        training=False):
+        """`forward` on inputs and one mask it has checked: query (B, T, in), value (B, S, in), key or
+        None (the value), mask (B, S), (B, T, S), (1, T, S) or None as the kernel takes it (the
+        layers of this module call it with the masks they checked once)."""
+        q_in, v_in = query, value
+        has_key = key is not None
+        k_in = key if has_key else v_in
+        (B, T), S = q_in.shape[:2], v_in.shape[1]
+        H = self.num_heads
+        # sizes spelled out, not -1: a zero-length query or value (B * T == 0) has no size to infer from
+        q_rows, k_rows, v_rows = (q_in.reshape(B * T, q_in.shape[2]), k_in.reshape(B * S, k_in.shape[2]),
+                                  v_in.reshape(B * S, v_in.shape[2]))
+        q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
+        k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
+        v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
+        keep = _dropout_keep(self.seed_generator, (B, H, T, S), self.dropout, self.dtype) if training else None
+        # the kernel itself: the mask is checked (scaled_dot_product_attention would check it again)
+        context, weights = kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(use_causal_mask),
+                                                scale=_default_scale(q, H), heads=H, dropout_keep=keep,
+                                                return_weights=bool(training or return_attention_scores))
+        context_rows = context.reshape(B * T, H * self.value_dim)
+        out = self._project("output", context_rows).reshape(B, T, *self._output_tail())
+        outputs = (out, weights) if return_attention_scores else out
+        if not training:
+            return outputs, None
+        # with no key given, the key projection read the value: k_rows is None says so to backprop
+        return outputs, (q_rows, k_rows if has_key else None, v_rows, q, k, v, keep, weights, context_rows)
+
+    def backprop(self, cache, dy, need_dx=True):
+        q_rows, k_rows, v_rows, q, k, v, keep, weights, context_rows = cache
+        dweights = None
+        if isinstance(dy, (list, tuple)):
+            dy, dweights = dy
+            if dweights is not None:
+                dweights = self._grad_input(dweights, weights.shape, "dweights")
+        (B, T, _), S = q.shape, v.shape[1]
+        tail = self._output_tail()
+        dy = self._grad_input(dy, (B, T, *tail))
+        # sizes spelled out, not -1, as in forward (zero-length sequences)
+        dcontext = self._project_backward("output", dy.reshape(B * T, math.prod(tail)), context_rows, need_dx=True)
+        dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, context_rows.shape[1]), weights,
+                                                           q, k, v, heads=self.num_heads, dweights=dweights,
+                                                           dropout_keep=keep)
+        key_rows = v_rows if k_rows is None else k_rows
+        dquery = self._project_backward("query", dq.reshape(B * T, q.shape[2]), q_rows, need_dx)
+        dvalue = self._project_backward("value", dv.reshape(B * S, v.shape[2]), v_rows, need_dx)
+        dkey = self._project_backward("key", dk.reshape(B * S, k.shape[2]), key_rows, need_dx)
+        if not need_dx:
+            return None
+        dquery, dvalue, dkey = (dquery.reshape(B, T, q_rows.shape[1]), dvalue.reshape(B, S, v_rows.shape[1]),
+                                dkey.reshape(B, S, key_rows.shape[1]))
+        if k_rows is not None:
+            return [dquery, dvalue, dkey]
+        dvalue += dkey  # the value was the key too
+        return [dquery, dvalue]
+
+    def compute_mask(self, inputs, mask=None):
+        return mask[0] if isinstance(mask, (list, tuple)) else mask  # the query's (Keras)
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None, return_attention_scores=False):
+        """Keras' ``(query_shape, value_shape, key_shape)``, or one list of them."""
+        if value_shape is None and isinstance(query_shape, list) and query_shape and \
+                isinstance(query_shape[0], (list, tuple)):
+            query_shape, value_shape, key_shape = (list(query_shape) + [None, None])[:3]
+        query_shape = tuple(query_shape)
+        if value_shape is not None:
+            value_shape = tuple(value_shape)
+            self._check_shapes(query_shape, value_shape, None if key_shape is None else tuple(key_shape))
+        out = query_shape[:-1] + (_output_dims(self.output_shape) or (query_shape[-1],))
+        if not return_attention_scores:
+            return out
+        source_len = value_shape[-2] if value_shape is not None else None
+        return [out, (query_shape[0], self.num_heads) + query_shape[1:-1] + (source_len,)]
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "key_dim": self.key_dim,
+                "value_dim": self.value_dim, "dropout": self.dropout, "use_bias": self.use_bias,
+                "output_shape": self.output_shape, "seed": self.seed,
+                "kernel_initializer": initializers.serialize(self.kernel_initializer),
+                "bias_initializer": initializers.serialize(self.bias_initializer)}
+
