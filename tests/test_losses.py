@@ -275,3 +275,14 @@ def test_get_and_serialize():
     assert losses.get(losses.serialize(ig)).ignore_index == 0
     with pytest.raises(ValueError):
         losses.get("nope")
+
+
+@pytest.mark.parametrize("mask, error", [(np.array([[0.5, 1.0]]), TypeError), (np.array([[1.0, 0.0]]), TypeError),
+                                         (np.array([[2, 1]]), ValueError), (np.array([[-1, 1]]), ValueError)])
+def test_losses_take_masks_by_the_one_mask_rule(mask, error):
+    """Bool or 0/1 integers, as every layer's mask (attnx.masking): a float mask is refused, not read as weights."""
+    y_true, y_pred = np.ones((1, 2)), np.full((1, 2), 0.5)
+    with pytest.raises(error, match="mask"):
+        losses.MeanSquaredError()(y_true, y_pred, mask=mask)
+    assert losses.MeanSquaredError()(y_true, y_pred, mask=np.array([[1, 0]])) == \
+        losses.MeanSquaredError()(y_true, y_pred, mask=np.array([[True, False]]))

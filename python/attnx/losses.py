@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from . import _core, ops, serialization
+from . import _core, masking, ops, serialization
 from .backend import snake_case
 
 
@@ -162,6 +162,8 @@ class Loss:
     def _weights(self, sample_weight, mask, shape, dtype):
         """Per-element weights broadcast from leading axes, and the mean's denominator."""
         w = None
+        if mask is not None:
+            mask = masking.mask_values(mask, f"{self.name}: `mask`")  # the one mask rule: bool or 0/1
         for extra, what in ((sample_weight, "sample_weight"), (mask, "mask")):
             if extra is None:
                 continue

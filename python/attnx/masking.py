@@ -28,9 +28,7 @@ def as_mask(mask, batch, steps, where, queries=None, shared=False):
     if mask is None:
         return None
     m = np.asarray(mask)
-    if m.dtype.kind not in "biu":
-        raise TypeError(f"{where}: expected a bool mask (True = real position) or integer lengths, got dtype "
-                        f"{m.dtype}" + (" (additive float masks are not supported)" if m.dtype.kind == "f" else ""))
+    _check_dtype(m, where, " or integer lengths")
     if m.ndim == 1 and m.dtype.kind in "iu":
         if m.shape != (batch,):
             raise ValueError(f"{where}: expected lengths of shape ({batch},), got shape {m.shape}")
@@ -42,12 +40,26 @@ def as_mask(mask, batch, steps, where, queries=None, shared=False):
     if m.shape not in shapes:
         raise ValueError(f"{where}: expected a mask of shape {' or '.join(map(str, shapes))} or lengths "
                          f"({batch},), got shape {m.shape}")
+    return np.ascontiguousarray(mask_values(m, where))
+
+
+def mask_values(mask, where):
+    """The value rule of every mask, `as_mask`'s and the losses' (whose masks cover any leading axes of the
+    values): bool, or integers holding only 0 and 1 (True / 1 = real); returned as bool."""
+    m = np.asarray(mask)
+    _check_dtype(m, where)
     if m.dtype != np.bool_:
         if m.size and (m.min() < 0 or m.max() > 1):
             raise ValueError(f"{where}: an integer mask must hold only 0 and 1, got values "
                              f"{m.min()}..{m.max()}")
         m = m != 0
-    return np.ascontiguousarray(m)
+    return m
+
+
+def _check_dtype(m, where, or_lengths=""):
+    if m.dtype.kind not in "biu":
+        raise TypeError(f"{where}: expected a bool mask (True = real position){or_lengths}, got dtype "
+                        f"{m.dtype}" + (" (additive float masks are not supported)" if m.dtype.kind == "f" else ""))
 
 
 # ------------------------------------------------------------------ propagation
