@@ -122,7 +122,9 @@ class Layer:
     def compute_dtype(self):
         """The dtype of this layer's products: "bfloat16" under mixed_bfloat16 where the layer implements it
         (`_bf16_products`), else its weights' dtype."""
-        return "bfloat16" if self._bf16_products and self.dtype_policy.name == "mixed_bfloat16" else self.dtype.name
+        # the policy's name, not np.dtype.name (a slow property), on this per-call path
+        policy = self.dtype_policy.name
+        return "bfloat16" if self._bf16_products and policy == "mixed_bfloat16" else self.dtype_policy.variable_dtype
 
     # ------------------------------------------------------------------ weights
     def add_weight(self, name, shape, initializer="glorot_uniform", regularizer=None):
