@@ -133,7 +133,9 @@ class GraphMixin:
                 x = substitute(inputs_spec, values)
                 call_args = substitute(args, values)
                 call_kwargs = substitute(kwargs, values)
-            in_mask = call_mask(inputs_spec, lambda t: masks.get(id(t)), call_kwargs.pop("mask", None))
+            given = call_kwargs.pop("mask", None)
+            # no tensor carries a mask yet (most models): nothing to look up
+            in_mask = call_mask(inputs_spec, lambda t: masks.get(id(t)), given) if masks else given
             layer = node.layer
             if isinstance(layer, GraphMixin) and layer._functional:  # a nested model: its masks come with its outputs
                 out, out_masks, cache = layer._run_graph(x, training, in_mask, check)
@@ -146,6 +148,9 @@ class GraphMixin:
             if check:
                 _check_finite(outs, lambda i: f"output {i} of layer '{layer.name}' ({type(layer).__name__}) "
                                               "in the forward pass")
+            if out_masks is None:
+                values.update(zip(map(id, node.outputs), outs))
+                continue
             for (t, m), o in zip(output_masks(node.outputs, out_masks), outs):
                 values[id(t)] = o
                 if m is not None:
