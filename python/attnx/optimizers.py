@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from . import _core
+from . import _core, constraints
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -148,6 +148,7 @@ class Optimizer:
             group = [(p, g) for p, g in zip(params, grads) if p.dtype == dtype]
             ps = [p for p, _ in group]
             self._update(ps, [g for _, g in group], [self._state(p) for p in ps], lr)
+        constraints.apply_constraints(params)  # Keras: each variable's constraint after its update
 
     def _state(self, param):
         slot = self._slots.get(id(param))

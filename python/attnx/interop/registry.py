@@ -97,6 +97,13 @@ def keras_regularizer(keras, regularizer):
     return keras.regularizers.L1L2(l1=regularizer.l1, l2=regularizer.l2)
 
 
+def keras_constraint(keras, constraint):
+    """An attnx constraint (attnx.constraints, Keras' classes) as Keras', or None."""
+    if constraint is None:
+        return None
+    return getattr(keras.constraints, type(constraint).__name__)(**constraint.get_config())
+
+
 def check_keras_options(class_name, config, **supported):
     """Raises ValueError for a Keras option attnx does not have, set to anything but its `supported`
     value (e.g. ``stateful=False``)."""

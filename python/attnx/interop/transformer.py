@@ -4,10 +4,11 @@ the TransformerEncoder / TransformerDecoder stacks (without a final norm) both w
 LayerNormalization and MultiHeadAttention both ways (attnx keeps Keras' weight layout)."""
 import numpy as np
 
+from .. import constraints, regularizers
 from ..layers import (LayerNormalization, MultiHeadAttention, TransformerDecoder, TransformerDecoderLayer,
                       TransformerEncoder, TransformerEncoderLayer)
-from .registry import (check_keras_options, keras_kwargs, keras_layer_kwargs, register_from_keras, register_from_torch,
-                       register_to_keras, register_to_torch, set_torch_params)
+from .registry import (check_keras_options, keras_constraint, keras_kwargs, keras_layer_kwargs, keras_regularizer,
+                       register_from_keras, register_from_torch, register_to_keras, register_to_torch, set_torch_params)
 
 
 def _torch_dtype(layer):
@@ -274,27 +275,39 @@ def _layernorm_to_keras(layer, keras):
                                              **keras_kwargs(layer)), layer.get_weights())]
 
 
-_MHA_PROJECTIONS = ("query", "key", "value", "output")
-
-
 @register_from_keras("MultiHeadAttention")
 def _mha_from_keras(class_name, config, weights):
-    check_keras_options(class_name, config, use_gate=False, sliding_window=None, attention_axes=(None, [1], 1))
+    check_keras_options(class_name, config, sliding_window=None, activity_regularizer=None)
     output_shape = config.get("output_shape")
     if isinstance(output_shape, (list, tuple)):
         if len(output_shape) != 1:
             raise ValueError(f"MultiHeadAttention '{config.get('name')}' has output_shape {output_shape}; attnx "
                              "projects to a size (one axis)")
         output_shape = output_shape[0]
+    use_gate = bool(config.get("use_gate", False))
     layer = MultiHeadAttention(config["num_heads"], config["key_dim"], value_dim=config.get("value_dim"),
                                dropout=config.get("dropout", 0.0), use_bias=config.get("use_bias", True),
-                               output_shape=output_shape, **keras_layer_kwargs(config))
-    return layer, lambda: [w for name in _MHA_PROJECTIONS for w in weights.read(f"{name}_dense")]
+                               output_shape=output_shape, attention_axes=config.get("attention_axes"),
+                               use_gate=use_gate,
+                               kernel_regularizer=regularizers.get(config.get("kernel_regularizer")),
+                               bias_regularizer=regularizers.get(config.get("bias_regularizer")),
+                               kernel_constraint=constraints.get(config.get("kernel_constraint")),
+                               bias_constraint=constraints.get(config.get("bias_constraint")),
+                               **keras_layer_kwargs(config))
+    # Keras' sublayers in its weights' order (the gate's attribute is private: `_gate_dense`)
+    sublayers = ["query_dense", "key_dense"] + ["_gate_dense"] * use_gate + ["value_dense", "output_dense"]
+    return layer, lambda: [w for name in sublayers for w in weights.read(name)]
 
 
 @register_to_keras(MultiHeadAttention)
 def _mha_to_keras(layer, keras):
     return [(keras.layers.MultiHeadAttention(layer.num_heads, layer.key_dim, value_dim=layer.value_dim,
                                              dropout=layer.dropout, use_bias=layer.use_bias,
-                                             output_shape=layer.output_shape, **keras_kwargs(layer)),
+                                             output_shape=layer.output_shape, attention_axes=layer.attention_axes,
+                                             use_gate=layer.use_gate,
+                                             kernel_regularizer=keras_regularizer(keras, layer.kernel_regularizer),
+                                             bias_regularizer=keras_regularizer(keras, layer.bias_regularizer),
+                                             kernel_constraint=keras_constraint(keras, layer.kernel_constraint),
+                                             bias_constraint=keras_constraint(keras, layer.bias_constraint),
+                                             **keras_kwargs(layer)),
              layer.get_weights())]

@@ -41,7 +41,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import backend, initializers, masking, mixed_precision, ops, quantization, regularizers, serialization
+from .. import backend, constraints, initializers, masking, mixed_precision, ops, quantization, regularizers, \
+    serialization
 from ..backend import snake_case, unique_name
 from ..symbolic import any_symbolic, symbolic_call
 
@@ -127,8 +128,9 @@ class Layer:
         return "bfloat16" if self._bf16_products and policy == "mixed_bfloat16" else self.dtype_policy.variable_dtype
 
     # ------------------------------------------------------------------ weights
-    def add_weight(self, name, shape, initializer="glorot_uniform", regularizer=None):
-        """Creates a parameter (and its zeroed gradient buffer) and returns it."""
+    def add_weight(self, name, shape, initializer="glorot_uniform", regularizer=None, constraint=None):
+        """Creates a parameter (and its zeroed gradient buffer) and returns it; `constraint` (attnx.constraints)
+        projects it after every optimizer step."""
         shape = tuple(int(s) for s in shape)
         params, grads = self._own_weights()
         budget = _weight_budget.get()
@@ -146,6 +148,7 @@ class Layer:
         grads[name] = np.zeros_like(value)
         if regularizer is not None:
             self._regularizers[name] = regularizers.get(regularizer)
+        constraints.attach(value, constraints.get(constraint))
         return value
 
     def _own_weights(self):

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from .. import initializers, kernels, random
+from .. import constraints, initializers, kernels, random, regularizers
 from ..masking import as_mask
 from ..symbolic import any_symbolic
 from .attention import _default_scale, _dense, _dense_backward, scaled_dot_product_attention_backward
@@ -85,6 +85,22 @@ def _mha_masks(mask, query_mask, value_mask, key_mask):
     return tuple(m if m is not None else c for m, c in zip((query_mask, value_mask, key_mask), carried))
 
 
+def _attention_axes_arg(attention_axes):
+    """Keras' `attention_axes` (None, an int, or a list or tuple of ints) as None or a tuple of ints."""
+    if attention_axes is None:
+        return None
+    axes = (attention_axes,) if isinstance(attention_axes, (int, np.integer)) else attention_axes
+    if isinstance(attention_axes, bool) or not isinstance(axes, (list, tuple)) or not axes or \
+            any(isinstance(a, bool) or not isinstance(a, (int, np.integer)) for a in axes):
+        raise ValueError(f"MultiHeadAttention: `attention_axes` must be an int, list, or tuple. Received: "
+                         f"attention_axes={attention_axes!r}")
+    return tuple(int(a) for a in axes)
+
+
+class _AxesCache(tuple):
+    """The cache of a call over `attention_axes` or inputs of rank > 3: (the layout, the rank-3 call's cache)."""
+
+
 def _value_and_key(value, key):
     """The positional arguments after the query that a call gave: (), (value,) or (value, key)."""
     if value is None:
@@ -108,10 +124,19 @@ class MultiHeadAttention(Layer):
         use_bias: whether the projections have biases.
         output_shape: size of the output's last axis (default: the query's), or a tuple of sizes
             (Keras: the output is then ``(batch, T, *output_shape)``).
+        attention_axes: the axes attention runs over (Keras'): None, every axis between the batch and the
+            features; an int or a list of them. The other axes between batch and features are batch axes of
+            their own; the query attends over the product of its attention axes, as Keras' einsum does.
+        use_gate: Keras 3.15's gated attention: ``sigmoid(query W^G + b^G)`` (per head, value_dim wide)
+            multiplies each head's context before the output projection.
         kernel_initializer, bias_initializer: Keras defaults glorot_uniform and zeros.
+        kernel_regularizer, bias_regularizer: e.g. ``attnx.regularizers.L2(1e-4)``, on every projection.
+        kernel_constraint, bias_constraint: e.g. ``attnx.constraints.MaxNorm(2)``, applied after each step.
 
     Call arguments:
-        query: ``(batch, T, query_dim)``; or a list ``[query, value]`` / ``[query, value, key]``.
+        query: ``(batch, T, query_dim)``; or a list ``[query, value]`` / ``[query, value, key]``. Rank > 3:
+            ``(batch, ..., query_dim)`` with `attention_axes` (masks then: none, as attnx's kernel takes a
+            (batch, T, S) mask of one query axis).
         value: ``(batch, S, value_dim_in)``.
         key: ``(batch, S, key_dim_in)``; default: value.
         query_mask, value_mask, key_mask: ``(batch, T)`` / ``(batch, S)`` (Keras): in a functional model
@@ -126,15 +151,17 @@ class MultiHeadAttention(Layer):
 
     Output shape: ``(batch, T, *output_shape)`` or ``(batch, T, query_dim)``.
     Weights (Keras order and shapes): query_kernel ``(query_dim, heads, key_dim)``, query_bias
-    ``(heads, key_dim)``, key_kernel, key_bias, value_kernel ``(value_dim_in, heads, value_dim)``,
-    value_bias, output_kernel ``(heads, value_dim, out)``, output_bias ``(out,)``.
+    ``(heads, key_dim)``, key_kernel, key_bias, (with use_gate) gate_kernel ``(query_dim, heads, value_dim)``,
+    gate_bias, value_kernel ``(value_dim_in, heads, value_dim)``, value_bias, output_kernel ``(heads, value_dim, out)``, output_bias ``(out,)``.
     ``backprop(cache, dy)`` (dy may be ``(doutput, dweights)``) returns ``[dquery, dvalue]``, or
     ``[dquery, dvalue, dkey]`` when a key was given; with no key, dvalue includes the key's path.
     """
     _gradient_arguments = (("value", 0), ("key", 1))  # see Layer._with_gradient_arguments
 
     def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True, output_shape=None,
-                 kernel_initializer="glorot_uniform", bias_initializer="zeros", seed=None, **kwargs):
+                 attention_axes=None, kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 kernel_regularizer=None, bias_regularizer=None, kernel_constraint=None, bias_constraint=None,
+                 use_gate=False, seed=None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads, _ = head_sizes("MultiHeadAttention", num_heads)
         self.key_dim = _positive_int(key_dim, "key_dim")
@@ -148,8 +175,14 @@ class MultiHeadAttention(Layer):
         dims = _output_dims(output_shape)
         # an int (or a tuple of one, Keras' config of it) stays an int; several sizes stay a tuple
         self.output_shape = None if dims is None else (dims[0] if len(dims) == 1 else dims)
+        self.attention_axes = _attention_axes_arg(attention_axes)
+        self.use_gate = bool(use_gate)
         self.kernel_initializer = initializers.get(kernel_initializer)
         self.bias_initializer = initializers.get(bias_initializer)
+        self.kernel_regularizer = regularizers.get(kernel_regularizer)
+        self.bias_regularizer = regularizers.get(bias_regularizer)
+        self.kernel_constraint = constraints.get(kernel_constraint)
+        self.bias_constraint = constraints.get(bias_constraint)
 
     # Keras-style calls layer(query, value, key): Layer.__call__ and Layer.apply would build from
     # the query's shape alone, so both build here from all three, on arrays and on a model's
@@ -180,11 +213,35 @@ class MultiHeadAttention(Layer):
             raise ValueError(f"Layer '{self.name}': call with (query, value[, key]) or [query, value[, key]], "
                              f"got input shape {input_shape}")
         self._check_shapes(*input_shape)
-        if any(len(shape) != 3 for shape in input_shape):
-            raise ValueError(f"Layer '{self.name}': query, value and key should be rank 3 (batch, time, "
-                             f"features), got shapes {input_shape}")
+        self._layout(input_shape)
         shapes = list(input_shape) + [input_shape[1]] * (3 - len(input_shape))
         self.build_from_dims(shapes[0][-1], shapes[1][-1], shapes[2][-1])
+
+    def _layout(self, shapes):
+        """(batch axes, attention axes) of inputs of these shapes (query, value[, key]), non-negative, or None
+        for (batch, T, features) attention over axis 1 (the kernel's own layout). Keras' rule: the attention
+        axes lie between the batch axis and the features; query, value and key have one rank and share the
+        sizes of the batch axes."""
+        ranks = {len(shape) for shape in shapes}
+        if len(ranks) != 1 or min(ranks) < 3:
+            raise ValueError(f"Layer '{self.name}': query, value and key should have one rank of 3 or more "
+                             f"(batch, ..., features), got shapes {[tuple(s) for s in shapes]}")
+        ndim = ranks.pop()
+        given = tuple(range(1, ndim - 1)) if self.attention_axes is None else self.attention_axes
+        axes = tuple(a + ndim if a < 0 else a for a in given)  # as Keras: -2 is the last axis before the features
+        if any(not 1 <= a <= ndim - 2 for a in axes) or len(set(axes)) != len(axes):
+            raise ValueError(f"Layer '{self.name}': attention_axes={self.attention_axes} for inputs of rank {ndim}: "
+                             f"each axis once, between the batch axis and the features (1 to {ndim - 2})")
+        axes = tuple(sorted(axes))
+        batch_axes = tuple(a for a in range(ndim - 1) if a not in axes)
+        if axes == (1,) and ndim == 3:
+            return None
+        for shape in shapes[1:]:
+            if any(shape[a] != shapes[0][a] and None not in (shape[a], shapes[0][a]) for a in batch_axes[1:]):
+                raise ValueError(f"Layer '{self.name}': query, value and key must share the sizes of the axes "
+                                 f"{batch_axes[1:]} (not attention axes {axes}), got shapes "
+                                 f"{[tuple(s) for s in shapes]}")
+        return batch_axes, axes
 
     def _check_shapes(self, query_shape, value_shape, key_shape=None):
         """Keras' shape rule: value and key share every axis but the batch and the last."""
@@ -196,13 +253,19 @@ class MultiHeadAttention(Layer):
         """Creates the weights for inputs with these feature sizes."""
         H, dk, dv = self.num_heads, self.key_dim, self.value_dim
         out = _output_dims(self.output_shape) or (query_dim,)
-        for name, in_dim, head_dim in (("query", query_dim, dk), ("key", key_dim, dk), ("value", value_dim, dv)):
-            self.add_weight(f"{name}_kernel", (in_dim, H, head_dim), self.kernel_initializer)
-            if self.use_bias:
-                self.add_weight(f"{name}_bias", (H, head_dim), self.bias_initializer)
-        self.add_weight("output_kernel", (H, dv, *out), self.kernel_initializer)
+        # Keras' order: its sublayers query, key, gate, value, attention_output, as its build makes them
+        projections = [("query", query_dim, dk), ("key", key_dim, dk)] + \
+            [("gate", query_dim, dv)] * self.use_gate + [("value", value_dim, dv)]
+        for name, in_dim, head_dim in projections:
+            self._add_projection(name, (in_dim, H, head_dim), (H, head_dim))
+        self._add_projection("output", (H, dv, *out), out)
+
+    def _add_projection(self, name, kernel_shape, bias_shape):
+        self.add_weight(f"{name}_kernel", kernel_shape, self.kernel_initializer, self.kernel_regularizer,
+                        self.kernel_constraint)
         if self.use_bias:
-            self.add_weight("output_bias", out, self.bias_initializer)
+            self.add_weight(f"{name}_bias", bias_shape, self.bias_initializer, self.bias_regularizer,
+                            self.bias_constraint)
 
     def matrix(self, name):
         """The kernel of projection `name` ("query", "key", "value", "output") as the (in, out)
@@ -220,9 +283,10 @@ class MultiHeadAttention(Layer):
         """The output's axes after (batch, T): the output kernel's after (heads, value_dim)."""
         return self.params["output_kernel"].shape[2:]
 
-    def _project(self, name, rows):
+    def _project(self, name, rows, activation="linear"):
         bias = self.params.get(f"{name}_bias")
-        return _dense(rows, self._matrix(name, self.params[f"{name}_kernel"]), None if bias is None else bias.reshape(-1))
+        return _dense(rows, self._matrix(name, self.params[f"{name}_kernel"]), None if bias is None else bias.reshape(-1),
+                      activation)
 
     def project(self, name, inputs):
         """One projection on its own, for incremental decoding (a decoder step reuses the keys and
@@ -232,10 +296,11 @@ class MultiHeadAttention(Layer):
         B, T = x.shape[:2]
         return self._project(name, x.reshape(B * T, x.shape[2])).reshape(B, T, -1)
 
-    def _project_backward(self, name, dy, rows, need_dx):
+    def _project_backward(self, name, dy, rows, need_dx, y=None, activation="linear"):
         dbias = self.grads.get(f"{name}_bias")
         # a linear activation does not read its output y: dy stands in for it
-        return _dense_backward(dy, rows, self._matrix(name, self.params[f"{name}_kernel"]), dy, "linear",
+        return _dense_backward(dy, rows, self._matrix(name, self.params[f"{name}_kernel"]),
+                               dy if y is None else y, activation,
                                self._matrix(name, self.grads[f"{name}_kernel"]),
                                None if dbias is None else dbias.reshape(-1), need_dx)
 
@@ -250,19 +315,28 @@ class MultiHeadAttention(Layer):
         if value is None:
             raise ValueError(f"Layer '{self.name}': needs a value (self-attention: layer(x, x))")
         has_key = key is not None
-        q_in = self._float_input(query, "query", ndim=3)
-        v_in = self._float_input(value, "value", ndim=3)
-        k_in = self._float_input(key, "key", ndim=3) if has_key else v_in
+        q_in = self._float_input(query, "query", min_ndim=3)
+        v_in = self._float_input(value, "value", min_ndim=3)
+        k_in = self._float_input(key, "key", min_ndim=3) if has_key else v_in
+        self._check_shapes(q_in.shape, v_in.shape, k_in.shape)
+        layout = self._layout([q_in.shape, v_in.shape, k_in.shape])
+        for name, arr in (("query", q_in), ("value", v_in), ("key", k_in)):
+            in_dim = self.params[f"{name}_kernel"].shape[0]
+            if arr.shape[-1] != in_dim:
+                raise ValueError(f"Layer '{self.name}': `{name}` expected shape ({q_in.shape[0]}, *, {in_dim}), got {arr.shape}")
+        if layout is not None:
+            masks = (attention_mask, key_padding_mask) + _mha_masks(mask, query_mask, value_mask, key_mask)
+            if use_causal_mask or any(m is not None for m in masks):
+                raise ValueError(f"Layer '{self.name}': masks and use_causal_mask take inputs (batch, T, features) "
+                                 f"attending over axis 1; got query {q_in.shape} with attention_axes="
+                                 f"{self.attention_axes}: call it without masks")
+            return self._forward_over_axes(layout, q_in, v_in, k_in if has_key else None, return_attention_scores,
+                                           training)
         B, T = q_in.shape[:2]
         S = v_in.shape[1]
-        self._check_shapes(q_in.shape, v_in.shape, k_in.shape)
         if v_in.shape[0] != B or k_in.shape[:2] != (B, S):
             raise ValueError(f"Layer '{self.name}': query, value and key must share the batch and value/key the "
                              f"length; got query {q_in.shape}, value {v_in.shape}, key {k_in.shape}")
-        for name, arr in (("query", q_in), ("value", v_in), ("key", k_in)):
-            in_dim = self.params[f"{name}_kernel"].shape[0]
-            if arr.shape[2] != in_dim:
-                raise ValueError(f"Layer '{self.name}': `{name}` expected shape ({B}, *, {in_dim}), got {arr.shape}")
         query_mask, value_mask, key_mask = _mha_masks(mask, query_mask, value_mask, key_mask)
         padding = None  # (B, S): key_padding_mask AND value_mask AND key_mask
         for arg, m in (("key_padding_mask", key_padding_mask), ("value_mask", value_mask), ("key_mask", key_mask)):
@@ -276,6 +350,51 @@ class MultiHeadAttention(Layer):
             mask = np.ascontiguousarray(full & rows[:, :, None])
         return self.forward_checked(q_in, v_in, k_in if has_key else None, mask, use_causal_mask,
                                     return_attention_scores, training)
+
+    def _forward_over_axes(self, layout, query, value, key, return_attention_scores, training):
+        """Attention over `layout`'s attention axes: the batch axes (the batch and every other axis before the
+        features) merged into one batch and the attention axes into one sequence, the rank-3 call, and its
+        results put back in the query's axes; the scores (batch axes, heads, query's attention axes, value's
+        attention axes) as Keras' einsum gives them."""
+        batch_axes, axes = layout
+        perm = batch_axes + axes + (query.ndim - 1,)
+        flat = [None if x is None else np.ascontiguousarray(np.transpose(x, perm)).reshape(
+            math.prod(x.shape[a] for a in batch_axes), math.prod(x.shape[a] for a in axes), x.shape[-1])
+            for x in (query, value, key)]
+        outputs, cache = self.forward_checked(*flat, None, False, return_attention_scores, training)
+        out, weights = outputs if return_attention_scores else (outputs, None)
+        lead = tuple(query.shape[a] for a in batch_axes)
+        out = out.reshape(lead + tuple(query.shape[a] for a in axes) + out.shape[2:])
+        restore = tuple(np.argsort(batch_axes + axes)) + tuple(range(query.ndim - 1, out.ndim))
+        out = np.ascontiguousarray(np.transpose(out, restore))
+        if return_attention_scores:
+            weights = weights.reshape(lead + (self.num_heads,) + tuple(query.shape[a] for a in axes) +
+                                      tuple(value.shape[a] for a in axes))
+        shapes = tuple(None if x is None else x.shape for x in (query, value, key))
+        return ((out, weights) if return_attention_scores else out), \
+            (None if cache is None else _AxesCache((perm, restore, shapes, cache)))
+
+    def _backprop_over_axes(self, cache, dy, need_dx):
+        """`backprop` of a `_forward_over_axes` call: dy (and dweights) in the rank-3 call's layout, its input
+        gradients back in the inputs' axes."""
+        perm, restore, (query_shape, value_shape, key_shape), inner = cache
+        dweights = None
+        if isinstance(dy, (list, tuple)):
+            dy, dweights = dy
+        tail = self._output_tail()
+        dy = self._grad_input(dy, tuple(query_shape[:-1]) + tail)
+        forward_order = tuple(int(a) for a in np.argsort(restore))  # the output's axes as the rank-3 call's
+        merged = inner[3].shape[:2]  # the projected query (batch', T', ...) of the rank-3 call
+        dy = np.ascontiguousarray(np.transpose(dy, forward_order)).reshape(merged + tail)
+        if dweights is not None:
+            dweights = np.asarray(dweights).reshape(inner[7].shape)
+        grads = self.backprop(inner, dy if dweights is None else (dy, dweights), need_dx)
+        if grads is None:
+            return None
+        inverse = tuple(int(a) for a in np.argsort(perm))
+        shapes = [query_shape, value_shape] + ([key_shape] if key_shape is not None else [])
+        return [np.ascontiguousarray(np.transpose(g.reshape(tuple(shape[a] for a in perm)), inverse))
+                for g, shape in zip(grads, shapes)]
 
     def forward_checked(self, query, value, key, mask, use_causal_mask=False, return_attention_scores=False,
                         training=False):
@@ -299,15 +418,21 @@ class MultiHeadAttention(Layer):
                                                 scale=_default_scale(q, H), heads=H, dropout_keep=keep,
                                                 return_weights=bool(training or return_attention_scores))
         context_rows = context.reshape(B * T, H * self.value_dim)
-        out = self._project("output", context_rows).reshape(B, T, *self._output_tail())
+        # use_gate: each head's context times sigmoid(query W^G + b^G), before the output projection (Keras 3.15)
+        gate = self._project("gate", q_rows, "sigmoid") if self.use_gate else None
+        attended = context_rows if gate is None else context_rows * gate
+        out = self._project("output", attended).reshape(B, T, *self._output_tail())
         outputs = (out, weights) if return_attention_scores else out
         if not training:
             return outputs, None
         # with no key given, the key projection read the value: k_rows is None says so to backprop
-        return outputs, (q_rows, k_rows if has_key else None, v_rows, q, k, v, keep, weights, context_rows)
+        return outputs, (q_rows, k_rows if has_key else None, v_rows, q, k, v, keep, weights, attended, gate,
+                         context_rows)
 
     def backprop(self, cache, dy, need_dx=True):
-        q_rows, k_rows, v_rows, q, k, v, keep, weights, context_rows = cache
+        if isinstance(cache, _AxesCache):
+            return self._backprop_over_axes(cache, dy, need_dx)
+        q_rows, k_rows, v_rows, q, k, v, keep, weights, attended, gate, context_rows = cache
         dweights = None
         if isinstance(dy, (list, tuple)):
             dy, dweights = dy
@@ -317,12 +442,17 @@ class MultiHeadAttention(Layer):
         tail = self._output_tail()
         dy = self._grad_input(dy, (B, T, *tail))
         # sizes spelled out, not -1, as in forward (zero-length sequences)
-        dcontext = self._project_backward("output", dy.reshape(B * T, math.prod(tail)), context_rows, need_dx=True)
+        dattended = self._project_backward("output", dy.reshape(B * T, math.prod(tail)), attended, need_dx=True)
+        dcontext = dattended if gate is None else dattended * gate
         dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, context_rows.shape[1]), weights,
                                                            q, k, v, heads=self.num_heads, dweights=dweights,
                                                            dropout_keep=keep)
         key_rows = v_rows if k_rows is None else k_rows
         dquery = self._project_backward("query", dq.reshape(B * T, q.shape[2]), q_rows, need_dx)
+        if gate is not None:
+            dgate_query = self._project_backward("gate", dattended * context_rows, q_rows, need_dx, gate, "sigmoid")
+            if need_dx:
+                dquery += dgate_query
         dvalue = self._project_backward("value", dv.reshape(B * S, v.shape[2]), v_rows, need_dx)
         dkey = self._project_backward("key", dk.reshape(B * S, k.shape[2]), key_rows, need_dx)
         if not need_dx:
@@ -349,13 +479,24 @@ class MultiHeadAttention(Layer):
         out = query_shape[:-1] + (_output_dims(self.output_shape) or (query_shape[-1],))
         if not return_attention_scores:
             return out
-        source_len = value_shape[-2] if value_shape is not None else None
-        return [out, (query_shape[0], self.num_heads) + query_shape[1:-1] + (source_len,)]
+        if value_shape is None:
+            return [out, (query_shape[0], self.num_heads) + query_shape[1:-1] + (None,)]
+        layout = self._layout([query_shape, value_shape])
+        if layout is None:
+            return [out, (query_shape[0], self.num_heads, query_shape[1], value_shape[1])]
+        batch_axes, axes = layout
+        return [out, tuple(query_shape[a] for a in batch_axes) + (self.num_heads,) +
+                tuple(query_shape[a] for a in axes) + tuple(value_shape[a] for a in axes)]
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "key_dim": self.key_dim,
                 "value_dim": self.value_dim, "dropout": self.dropout, "use_bias": self.use_bias,
-                "output_shape": self.output_shape, "seed": self.seed,
+                "output_shape": self.output_shape, "seed": self.seed, "attention_axes": self.attention_axes,
+                "use_gate": self.use_gate,
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
-                "bias_initializer": initializers.serialize(self.bias_initializer)}
+                "bias_initializer": initializers.serialize(self.bias_initializer),
+                "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
+                "bias_regularizer": regularizers.serialize(self.bias_regularizer),
+                "kernel_constraint": constraints.serialize(self.kernel_constraint),
+                "bias_constraint": constraints.serialize(self.bias_constraint)}
 

@@ -218,10 +218,19 @@ class LayerNormalization(Layer):
         self.gamma_regularizer = regularizers.get(gamma_regularizer)
         self.features = None
 
-    def _normalized_axes(self, ndim):
-        """The normalized axes as non-negative, sorted; they must be the trailing axes (one row each)."""
-        axes = sorted({a % ndim if -ndim <= a < ndim else -1 - ndim
-                       for a in (self.axis if isinstance(self.axis, list) else [self.axis])})
+    def _normalized_axes(self, input_shape):
+        """The normalized axes of inputs of `input_shape`, non-negative and sorted; Keras' errors for an axis out
+        of range or named twice, and attnx's rule that they be the trailing axes (one row each)."""
+        ndim = len(input_shape)
+        given = self.axis if isinstance(self.axis, list) else [self.axis]
+        for a in given:
+            if not -ndim <= a < ndim:
+                raise ValueError(f"Layer '{self.name}': Axis {a} is out of bounds for input shape "
+                                 f"{tuple(input_shape)}. Received: axis={self.axis}")
+        axes = sorted(a % ndim for a in given)
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"Layer '{self.name}': Duplicate axes in axis={self.axis} for inputs of rank {ndim} "
+                             f"(they name the axes {axes}); name each axis once")
         if axes[0] < 1 or axes != list(range(ndim - len(axes), ndim)):
             raise ValueError(f"Layer '{self.name}': axis {self.axis} for inputs of rank {ndim}: attnx normalizes "
                              "trailing axes after the batch axis only (e.g. -1 or (-2, -1))")
@@ -231,11 +240,13 @@ class LayerNormalization(Layer):
         if not is_shape(input_shape, range(1, 33)):
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, ..., features) with known features, "
                              f"got shape {input_shape}")
-        axes = self._normalized_axes(len(input_shape))
+        axes = self._normalized_axes(input_shape)
         shape = tuple(input_shape[a] for a in axes)
         if None in shape:
             raise ValueError(f"Layer '{self.name}': needs inputs with known sizes on the normalized axes, got shape "
                              f"{input_shape}")
+        # Keras 3 keeps `axis` as a sorted list after build, in the signs the user wrote (-1 stays -1)
+        self.axis = sorted(self.axis) if isinstance(self.axis, list) else [self.axis]
         self.features = int(np.prod(shape))
         self._weight_shape = shape
         if self.scale:
@@ -281,6 +292,7 @@ class LayerNormalization(Layer):
         return dx.reshape(shape)
 
     def compute_output_shape(self, input_shape):
+        self._normalized_axes(input_shape)
         return tuple(input_shape)
 
     def get_config(self):
