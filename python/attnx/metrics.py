@@ -147,6 +147,97 @@ class F1Score(_Confusion):
         return 2 * self.tp / denom if denom else 0.0
 
 
+class AUC(Metric):
+    """Area under the ROC or the precision-recall curve (Keras' `AUC`), from weighted confusion counts at
+    `num_thresholds` thresholds: a prediction above a threshold is positive, a label other than 0 is.
+
+    Args:
+        num_thresholds: Keras' default 200: 0 - 1e-7, (i + 1) / (num_thresholds - 1) for i < num_thresholds - 2,
+            and 1 + 1e-7.
+        curve: "ROC" (true positive rate over false positive rate) or "PR" (precision over recall).
+        summation_method: "interpolation" (trapezoids; for PR Davis & Goadrich's interpolation), "minoring" or
+            "majoring" (the lower or upper Riemann sum).
+        thresholds: explicit thresholds in [0, 1] instead of num_thresholds (Keras adds the two end ones).
+        from_logits: predictions are logits (a sigmoid is applied first).
+    """
+
+    state_names = ("true_positives", "false_positives", "true_negatives", "false_negatives")
+
+    def __init__(self, num_thresholds=200, curve="ROC", summation_method="interpolation", name=None,
+                 thresholds=None, from_logits=False):
+        curve, summation_method = str(curve).upper(), str(summation_method).lower()
+        if curve not in ("ROC", "PR"):
+            raise ValueError(f'AUC: Invalid AUC curve value: "{curve}". Expected values are ["PR", "ROC"]')
+        if summation_method not in ("interpolation", "minoring", "majoring"):
+            raise ValueError(f'AUC: Invalid AUC summation method value: "{summation_method}". Expected values are '
+                             '["interpolation", "majoring", "minoring"]')
+        epsilon = 1e-7
+        if thresholds is not None:
+            inner = sorted(float(t) for t in np.ravel(thresholds))
+            if any(not 0.0 <= t <= 1.0 for t in inner):
+                raise ValueError(f"AUC: thresholds must be in [0, 1], got {list(thresholds)}")
+        else:
+            if isinstance(num_thresholds, bool) or not isinstance(num_thresholds, (int, np.integer)) or \
+                    num_thresholds <= 1:
+                raise ValueError(f"AUC: Argument `num_thresholds` must be an integer > 1. Received: "
+                                 f"num_thresholds={num_thresholds!r}")
+            inner = [(i + 1) / (num_thresholds - 1) for i in range(num_thresholds - 2)]
+        self.thresholds = np.array([0.0 - epsilon] + inner + [1.0 + epsilon])
+        self.num_thresholds = len(self.thresholds)
+        self.curve, self.summation_method, self.from_logits = curve, summation_method, bool(from_logits)
+        super().__init__(name or "auc")
+
+    def reset_state(self):
+        for n in self.state_names:
+            setattr(self, n, np.zeros(self.num_thresholds))
+
+    def update_state(self, y_true, y_pred, sample_weight=None, mask=None):
+        y_true, y_pred = _match_binary(np.asarray(y_true), np.asarray(y_pred, dtype=np.float64))
+        if self.from_logits:
+            y_pred = 1.0 / (1.0 + np.exp(-y_pred))
+        w = np.ones(y_true.shape)
+        for extra in (sample_weight, mask):
+            if extra is not None:
+                e = np.asarray(extra, dtype=np.float64)
+                w = w * e.reshape(e.shape + (1,) * (y_true.ndim - e.ndim))
+        w, true, pred = w.reshape(-1), y_true.reshape(-1) != 0, y_pred.reshape(-1)
+        above = pred[None, :] > self.thresholds[:, None]  # (thresholds, values)
+        self.true_positives += (above & true) @ w
+        self.false_positives += (above & ~true) @ w
+        self.true_negatives += (~above & ~true) @ w
+        self.false_negatives += (~above & true) @ w
+
+    def result(self):
+        tp, fp, tn, fn = (np.asarray(getattr(self, n), dtype=np.float64) for n in self.state_names)
+        if self.curve == "PR" and self.summation_method == "interpolation":
+            return self._interpolated_pr_auc(tp, fp, fn)
+        recall = _divide_no_nan(tp, tp + fn)
+        if self.curve == "ROC":
+            x, y = _divide_no_nan(fp, fp + tn), recall
+        else:
+            x, y = recall, _divide_no_nan(tp, tp + fp)
+        heights = {"interpolation": (y[:-1] + y[1:]) / 2, "minoring": np.minimum(y[:-1], y[1:]),
+                   "majoring": np.maximum(y[:-1], y[1:])}[self.summation_method]
+        return float(np.sum((x[:-1] - x[1:]) * heights))
+
+    @staticmethod
+    def _interpolated_pr_auc(tp, fp, fn):
+        """Davis & Goadrich (2006): precision interpolated between thresholds along the true positives."""
+        dtp = tp[:-1] - tp[1:]
+        p = tp + fp
+        dp = p[:-1] - p[1:]
+        slope = _divide_no_nan(dtp, np.maximum(dp, 0))
+        intercept = tp[1:] - slope * p[1:]
+        both = (p[:-1] > 0) & (p[1:] > 0)
+        ratio = np.where(both, _divide_no_nan(p[:-1], np.maximum(p[1:], 0)), 1.0)
+        return float(np.sum(_divide_no_nan(slope * (dtp + intercept * np.log(ratio)), np.maximum(tp[1:] + fn[1:], 0))))
+
+
+def _divide_no_nan(a, b):
+    """a / b, and 0 where b is 0."""
+    return np.divide(a, b, out=np.zeros(np.broadcast(a, b).shape), where=b != 0)
+
+
 class Mean(Metric):
     """Running (weighted) mean of the values given to ``update_state(value, weight)``."""
 
@@ -181,7 +272,7 @@ _ALIASES = {
     "huber": _loss_values("Huber", "huber"), "kl_divergence": _loss_values("KLDivergence", "kl_divergence"),
     "binary_accuracy": BinaryAccuracy, "sparse_categorical_accuracy": SparseCategoricalAccuracy,
     "categorical_accuracy": CategoricalAccuracy, "precision": Precision, "recall": Recall, "f1": F1Score,
-    "f1_score": F1Score,
+    "f1_score": F1Score, "auc": AUC,
 }
 
 
