@@ -5,9 +5,13 @@ What the data may be (Keras' rules):
 
 - arrays: an array, or a list / tuple / dict of arrays for several inputs or outputs, cut into
   batches of `batch_size` samples (32 by default), in a new order every epoch when shuffled;
+- a sequence of batches (`attnx.utils.PyDataset`, Keras' `PyDataset` / `Sequence`, or any object with
+  ``__len__`` and ``__getitem__`` that is not an array or a list / tuple / dict): ``data[i]`` is batch i;
+  a shuffled pass takes the batches in a new order, and ``on_epoch_end()`` runs after each pass (Keras);
 - anything else iterable (a generator, an iterator, an object with ``__iter__`` such as a PyTorch
-  DataLoader) yields whole batches: ``(x, y)`` or ``(x, y, sample_weight)`` tuples, or for
-  `predict` also ``x`` alone (several inputs as a list). It fixes its own batch size.
+  DataLoader) yields whole batches: ``(x, y)`` or ``(x, y, sample_weight)`` tuples (for `fit` and
+  `evaluate` lists too: a DataLoader's ``[x, y]``), or for `predict` also ``x`` alone (several inputs as a
+  list). It fixes its own batch size.
 
 Epochs: without `steps`, an epoch is one pass over the data (a generator gives one pass only: the
 epoch after it finds nothing and training stops). With `steps` (fit's `steps_per_epoch`), an epoch
@@ -42,10 +46,17 @@ class Batch(NamedTuple):
 
 def is_array_data(x):
     """True for an array or a list / tuple / dict of arrays (Keras reads those as arrays, several
-    inputs in a list); False for any other iterable, whose items are batches."""
+    inputs in a list); False for any other iterable and for a sequence of batches, whose items are batches."""
     if isinstance(x, (list, tuple, dict, np.ndarray, np.generic, int, float)) or hasattr(x, "__array__"):
         return True
-    return not hasattr(x, "__iter__")
+    return not hasattr(x, "__iter__") and not is_batch_sequence(x)
+
+
+def is_batch_sequence(x):
+    """True for a sequence of batches (Keras' PyDataset / Sequence): ``len(x)`` batches, ``x[i]`` the i-th;
+    not an array, a list / tuple / dict of arrays, or a string."""
+    return hasattr(x, "__len__") and hasattr(x, "__getitem__") and not hasattr(x, "__array__") and \
+        not isinstance(x, (list, tuple, dict, str, bytes, np.ndarray))
 
 
 def map_structure(fn, structure):
@@ -162,7 +173,8 @@ class DataAdapter:
                     raise ValueError(f"{what}: do not give {name} when x is a generator or iterable of batches: "
                                      f"its batches hold the targets and weights and fix their size")
             self.data = x
-        self.shuffle = shuffle and self.arrays
+        self.sequence = not self.arrays and is_batch_sequence(x)
+        self.shuffle = shuffle and (self.arrays or self.sequence)  # a sequence: the batches' order, as Keras
         self._pass = None  # the iterator over the batches of the current pass, or None between passes
         self._drawn = 0  # batches drawn from the current pass
         self._pass_key = None  # the key the pass's shuffle drew from (to restore the pass)
@@ -184,13 +196,16 @@ class DataAdapter:
     # ----------------------------------------------------------------- passes
     def _start_pass(self, key=None):
         order = None
+        count = len(self.data) if self.sequence else self.num_samples if self.arrays else 0
         if self.shuffle and key is None:
-            order, key = random.permutation(self.num_samples)
+            order, key = random.permutation(count)
         elif self.shuffle:
-            order = random.permutation_for(self.num_samples, key)
+            order = random.permutation_for(count, key)
         self._pass_key = key if self.shuffle else None
         if self.arrays:
             self._pass = self._array_batches(order)
+        elif self.sequence:
+            self._pass = self._sequence_batches(range(count) if order is None else order)
         else:
             self._pass = iter(self.data)
         self._drawn = 0
@@ -199,6 +214,14 @@ class DataAdapter:
         for start in range(0, self.num_samples, self.batch_size):
             rows = slice(start, start + self.batch_size) if order is None else order[start:start + self.batch_size]
             yield tuple(map_structure(lambda a: a[rows], d) for d in self.data)
+
+    def _sequence_batches(self, order):
+        if callable(getattr(self.data, "on_epoch_begin", None)):
+            self.data.on_epoch_begin()
+        for i in order:
+            yield self.data[int(i)]
+        if callable(getattr(self.data, "on_epoch_end", None)):  # Keras: after each pass
+            self.data.on_epoch_end()
 
     def _next(self):
         """The next batch of the pass (a Batch), or _END when the pass is over."""
@@ -211,6 +234,8 @@ class DataAdapter:
 
     def _batch(self, item):
         where = f" (batch {self._drawn} of the pass)"
+        if not self.arrays and self.targets and isinstance(item, list) and 2 <= len(item) <= 3:
+            item = tuple(item)  # a DataLoader's default collate gives [x, y]
         if self.arrays:
             x, y, sw = item
         elif isinstance(item, tuple) and 1 <= len(item) <= 3 and (len(item) >= 2 or not self.targets):

@@ -17,6 +17,9 @@ class GraphMixin:
     """A `Model` built from symbolic tensors: its nodes, layers, forward and backward passes."""
 
     def _init_graph(self, inputs, outputs):
+        # dict inputs (Keras): fed by their keys; self.inputs lists them in the dict's order
+        self._input_keys = [str(k) for k in inputs] if isinstance(inputs, dict) else None
+        inputs = list(inputs.values()) if isinstance(inputs, dict) else inputs
         self._multi_input = isinstance(inputs, (list, tuple))
         self._multi_output = isinstance(outputs, (list, tuple))
         self.inputs = _structure(inputs)
@@ -97,12 +100,14 @@ class GraphMixin:
 
 
     def _feed(self, inputs):
-        """Model inputs (array, list, or dict by input name) as a list matching self.inputs."""
+        """Model inputs (array, list, or dict by the model's input keys, else by input name) as a list matching
+        self.inputs."""
         if isinstance(inputs, dict):
-            missing = [t.name for t in self.inputs if t.name not in inputs]
+            keys = self._input_keys or [t.name for t in self.inputs]
+            missing = [k for k in keys if k not in inputs]
             if missing:
-                raise ValueError(f"Model '{self.name}': missing inputs {missing}")
-            return [inputs[t.name] for t in self.inputs]
+                raise ValueError(f"Model '{self.name}': missing inputs {missing} (the dict's keys: {sorted(inputs)})")
+            return [inputs[k] for k in keys]
         xs = _structure(inputs) if self._multi_input else [inputs]
         if len(xs) != len(self.inputs):
             raise ValueError(f"Model '{self.name}': expected {len(self.inputs)} inputs, got {len(xs)}")
@@ -237,6 +242,7 @@ class GraphMixin:
             "layers": [_layer_entry(l) for l in self.layers],
             "inputs": [{"shape": list(t.shape[1:]), "dtype": t.dtype.name, "name": t.name} for t in self.inputs],
             "multi_input": self._multi_input,
+            "input_keys": self._input_keys,
             "nodes": nodes,
             "outputs": [ref(t) for t in self.outputs],
             "multi_output": self._multi_output,
@@ -276,6 +282,13 @@ class GraphMixin:
             raise ValueError(f"functional model config: {len(tensors['input'])} inputs for a model with "
                              f"multi_input={config['multi_input']}")
         inputs = tensors["input"] if config["multi_input"] else tensors["input"][0]
+        keys = config.get("input_keys")
+        if keys is not None:
+            if not isinstance(keys, list) or len(keys) != len(tensors["input"]) or \
+                    not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
+                raise ValueError(f"functional model config: input_keys must be {len(tensors['input'])} distinct "
+                                 f"strings, one per input, got {keys!r}")
+            inputs = dict(zip(keys, tensors["input"]))
         outputs = [_decode({"tensor": r}, tensors, f"outputs[{i}]") for i, r in enumerate(_listed(config, "outputs"))]
         if not outputs or (not config["multi_output"] and len(outputs) != 1):
             raise ValueError(f"functional model config: {len(outputs)} outputs for a model with "

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .. import quantization, saving
-from ..backend import unique_name
+from ..backend import snake_case, unique_name
 from ..layers.base import Layer
 from ..ops import TracedArray, gradient_buffers
 from .graph import GraphMixin
@@ -32,7 +32,9 @@ class Model(TrainingMixin, GraphMixin, Layer):
 
     def __init__(self, inputs=None, outputs=None, name=None, **kwargs):
         self._nodes = []
-        super().__init__(name=name or unique_name("model"), **kwargs)
+        # Keras: a subclass is named after its class (MyModel: "my_model")
+        default = "model" if type(self).__module__.startswith("attnx.") else snake_case(type(self).__name__)
+        super().__init__(name=name or unique_name(default), **kwargs)
         self.optimizer = None
         self.stop_training = False
         self.compiled = False
@@ -145,8 +147,10 @@ class Model(TrainingMixin, GraphMixin, Layer):
             shapes = [o.shape for o in node.outputs]
             rows.append((f"{node.layer.name} ({type(node.layer).__name__})",
                          str(shapes[0]) if len(shapes) == 1 else str(shapes), str(node.layer.count_params())))
-        if not self._functional:  # a model written as a class: its layers, shapes unknown until called
-            rows += [(f"{l.name} ({type(l).__name__})", "?", str(l.count_params())) for l in self.layers]
+        if not self._functional:  # a model written as a class: its layers, their shapes once it was called
+            shapes = self._sublayer_output_shapes()
+            rows += [(f"{l.name} ({type(l).__name__})", shapes.get(id(l), "?"), str(l.count_params()))
+                     for l in self.layers]
         widths = [max(len(r[i]) for r in rows) + 2 for i in range(3)]
         line = "=" * sum(widths)
         print_fn(f'Model: "{self.name}"')
@@ -158,6 +162,32 @@ class Model(TrainingMixin, GraphMixin, Layer):
         print_fn(f"Total params: {self.count_params():,}")
         print_fn(f"Trainable params: {trainable:,}")
         print_fn(f"Non-trainable params: {self.count_params() - trainable:,}")
+
+    def _sublayer_output_shapes(self):
+        """{id(sublayer): its first output shape as text, batch axis None} of a model written as a class, from
+        one inference call on zeros of its first call's input shapes (`_build_inputs`, what load_model builds
+        from); {} before that call. A layer keeps nothing of its calls, so summary calls again."""
+        spec = getattr(self, "_build_inputs", None)
+        if spec is None:
+            return {}
+        shapes, sublayers = {}, self.layers
+
+        def recording(layer, forward):
+            def run(*args, **kwargs):
+                outputs, cache = forward(*args, **kwargs)
+                first = outputs[0] if isinstance(outputs, (list, tuple)) else outputs
+                shapes.setdefault(id(layer), str((None,) + tuple(np.shape(first))[1:]))
+                return outputs, cache
+            return run
+        for layer in sublayers:
+            layer.forward = recording(layer, layer.forward)
+        try:
+            values = [None if s is None else np.zeros(s["shape"], dtype=s["dtype"]) for s in spec]
+            self.apply(values[0], *values[1:], training=False)
+        finally:
+            for layer in sublayers:
+                del layer.forward
+        return shapes
 
     # ---------------------------------------------------------- save and load
     def quantize(self, mode):
