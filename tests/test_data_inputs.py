@@ -204,8 +204,8 @@ def test_a_generator_runs_out_after_one_pass_and_training_stops():
 
 # ------------------------------------------------------------------------ bad data
 BAD_BATCHES = [
-    ([np.zeros((2, 6), np.float32), np.zeros((2, 1), np.float32)], r"must be \(x, y\) or \(x, y, sample_weight\), "
-                                                                    r"got list \(batch 1 of the pass\)"),
+    ([np.zeros((2, 6), np.float32)] * 4, r"must be \(x, y\) or \(x, y, sample_weight\), "
+                                         r"got list \(batch 1 of the pass\)"),  # [x, y] is a batch (a DataLoader's)
     (np.zeros((2, 6), np.float32), r"must be \(x, y\).*got ndarray"),
     ((np.zeros((2, 6), np.float32),), r"must be \(x, y\).*got a tuple of 1"),
     ((np.zeros((2, 6), np.float32),) * 4, r"got a tuple of 4"),

@@ -274,3 +274,37 @@ def test_plot_model_without_graphviz_names_graphviz(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no `dot` program on the path
     with pytest.raises(ImportError, match="graphviz"):
         attnx.utils.plot_model(_functional(), to_file=tmp_path / "model.png")
+
+
+# ---- the kernel-layer arguments: one helper for Dense, Conv1D, Conv2D ---------------------------------------------
+
+_KERNEL_LAYERS = [(lambda **kw: layers.Dense(3, **kw), (4, 5)),
+                  (lambda **kw: layers.Conv1D(3, 2, **kw), (4, 6, 5)),
+                  (lambda **kw: layers.Conv2D(3, (2, 2), **kw), (4, 5, 5, 2))]
+
+
+@pytest.mark.parametrize("make, shape", _KERNEL_LAYERS)
+def test_kernel_layers_share_the_argument_block_and_match_keras_after_a_step(make, shape):
+    from attnx import constraints, interop, regularizers
+    kwargs = dict(activation="relu", kernel_regularizer=regularizers.L2(0.01), bias_regularizer=regularizers.L1(0.1),
+                  kernel_constraint=constraints.MaxNorm(0.4, axis=0), bias_constraint="non_neg")
+    layer = make(**kwargs)
+    config = layer.get_config()
+    assert {"activation", "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
+            "bias_regularizer", "kernel_constraint", "bias_constraint"} <= set(config)
+    assert type(layer).from_config(config).get_config() == config
+    inputs = attnx.Input(shape[1:])
+    model = attnx.Model(inputs, layers.Flatten()(layer(inputs)))
+    model.compile(optimizer=attnx.optimizers.SGD(0.5), loss="mse")
+    kmodel = interop.to_keras(model)
+    klayer = kmodel.layers[1]
+    assert type(klayer.kernel_constraint).__name__ == "MaxNorm" and type(klayer.bias_constraint).__name__ == "NonNeg"
+    kmodel.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype("float32")
+    y = rng.standard_normal((shape[0],) + model.outputs[0].shape[1:]).astype("float32")
+    model.fit(x, y, batch_size=shape[0], epochs=2, shuffle=False, verbose=0)
+    kmodel.fit(x, y, batch_size=shape[0], epochs=2, shuffle=False, verbose=0)
+    for a, k in zip(model.get_weights(), kmodel.get_weights()):
+        np.testing.assert_allclose(a, np.asarray(k), rtol=1e-4, atol=1e-5)
+    assert np.all(model.get_weights()[1] >= 0)

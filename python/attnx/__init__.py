@@ -9,7 +9,8 @@ import os
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 from . import _core  # noqa: E402
-from . import activations, backend, callbacks, constraints, initializers, layers, losses, metrics, optimizers, regularizers
+from . import (activations, backend, callbacks, constraints, initializers, layers, losses, metrics, optimizers,
+               regularizers)
 from ._version import __version__  # noqa: F401
 from .backend import set_num_threads, set_random_seed, show_config
 from .models import Input, Model, Sequential, load_model

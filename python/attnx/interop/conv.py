@@ -2,11 +2,10 @@
 weights convert, the layouts do not (PyTorch's modules read (B, C, H, W), attnx's (B, H, W, C)).
 Keras: Conv2D, MaxPooling2D, AveragePooling2D both ways, channels last on both sides and the kernel in
 the same (KH, KW, C, F) layout, so the weights go across as they are."""
-from .. import regularizers
 from ..layers.conv import AveragePooling2D, Conv2D, MaxPooling2D
-from .registry import (check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer, no_weights,
-                       register_from_keras, register_from_torch, register_to_keras, register_to_torch,
-                       set_torch_params, torch_kernel_and_bias)
+from .registry import (check_keras_options, kernel_arguments_from_keras, keras_kernel_arguments, keras_kwargs,
+                       keras_layer_kwargs, no_weights, register_from_keras, register_from_torch, register_to_keras,
+                       register_to_torch, set_torch_params, torch_kernel_and_bias)
 
 
 def _pair(value):
@@ -93,20 +92,15 @@ def _check_keras_image_options(class_name, config):
 def _conv2d_from_keras(class_name, config, weights):
     _check_keras_image_options(class_name, config)
     layer = Conv2D(config["filters"], _pair(config["kernel_size"]), strides=_pair(config.get("strides", 1)),
-                   padding=config.get("padding", "valid"), activation=config.get("activation"),
-                   use_bias=config.get("use_bias", True),
-                   kernel_regularizer=regularizers.get(config.get("kernel_regularizer")),
-                   bias_regularizer=regularizers.get(config.get("bias_regularizer")), **keras_layer_kwargs(config))
+                   padding=config.get("padding", "valid"), **kernel_arguments_from_keras(config),
+                   **keras_layer_kwargs(config))
     return layer, weights.read
 
 
 @register_to_keras(Conv2D)
 def _conv2d_to_keras(layer, keras):
     return [(keras.layers.Conv2D(layer.filters, layer.kernel_size, strides=layer.strides, padding=layer.padding,
-                                 activation=layer.activation, use_bias=layer.use_bias,
-                                 kernel_regularizer=keras_regularizer(keras, layer.kernel_regularizer),
-                                 bias_regularizer=keras_regularizer(keras, layer.bias_regularizer),
-                                 **keras_kwargs(layer)),
+                                 **keras_kernel_arguments(keras, layer), **keras_kwargs(layer)),
              layer.get_weights())]
 
 

@@ -5,9 +5,10 @@ TimeDistributed around a layer that acts on the last axis (that layer: attnx's t
 from .. import regularizers
 from ..layers.core import (Activation, Add, Concatenate, Dense, Dropout, Embedding, Flatten, GlobalAveragePooling1D,
                            Masking, Multiply, RepeatVector, Reshape, SpatialDropout1D)
-from .registry import (_FROM_KERAS, check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer,
-                       no_weights, register_from_keras, register_from_torch, register_to_keras, register_to_torch,
-                       set_torch_params, torch_kernel_and_bias)
+from .registry import (_FROM_KERAS, check_keras_options, kernel_arguments_from_keras, keras_kernel_arguments,
+                       keras_kwargs, keras_layer_kwargs, keras_regularizer, no_weights, register_from_keras,
+                       register_from_torch, register_to_keras, register_to_torch, set_torch_params,
+                       torch_kernel_and_bias)
 
 
 @register_from_torch("Linear")
@@ -57,18 +58,13 @@ def _embedding_to(layer):
 # ----------------------------------------------------------------------------- Keras
 @register_from_keras("Dense")
 def _dense_from_keras(class_name, config, weights):
-    layer = Dense(config["units"], activation=config.get("activation"), use_bias=config.get("use_bias", True),
-                  kernel_regularizer=regularizers.get(config.get("kernel_regularizer")),
-                  bias_regularizer=regularizers.get(config.get("bias_regularizer")), **keras_layer_kwargs(config))
+    layer = Dense(config["units"], **kernel_arguments_from_keras(config), **keras_layer_kwargs(config))
     return layer, weights.read
 
 
 @register_to_keras(Dense)
 def _dense_to_keras(layer, keras):
-    return [(keras.layers.Dense(layer.units, activation=layer.activation, use_bias=layer.use_bias,
-                                kernel_regularizer=keras_regularizer(keras, layer.kernel_regularizer),
-                                bias_regularizer=keras_regularizer(keras, layer.bias_regularizer),
-                                **keras_kwargs(layer)),
+    return [(keras.layers.Dense(layer.units, **keras_kernel_arguments(keras, layer), **keras_kwargs(layer)),
              layer.get_weights())]
 
 

@@ -6,8 +6,8 @@ from ..layers.conv1d import Conv1D
 from ..layers.normalization import BatchNormalization
 from ..layers.pooling import GlobalAveragePooling2D, GlobalMaxPooling1D
 from ..layers.shape import Dot, Permute
-from .registry import (check_keras_options, keras_kwargs, keras_layer_kwargs, keras_regularizer, no_weights,
-                       register_from_keras, register_to_keras)
+from .registry import (check_keras_options, kernel_arguments_from_keras, keras_kernel_arguments, keras_kwargs,
+                       keras_layer_kwargs, keras_regularizer, no_weights, register_from_keras, register_to_keras)
 
 
 def _one(value):
@@ -20,21 +20,15 @@ def _conv1d_from_keras(class_name, config, weights):
                         data_format="channels_last")
     layer = Conv1D(config["filters"], _one(config["kernel_size"]), strides=_one(config.get("strides", 1)),
                    padding=config.get("padding", "valid"), dilation_rate=_one(config.get("dilation_rate", 1)),
-                   groups=config.get("groups", 1),
-                   activation=config.get("activation"), use_bias=config.get("use_bias", True),
-                   kernel_regularizer=regularizers.get(config.get("kernel_regularizer")),
-                   bias_regularizer=regularizers.get(config.get("bias_regularizer")), **keras_layer_kwargs(config))
+                   groups=config.get("groups", 1), **kernel_arguments_from_keras(config), **keras_layer_kwargs(config))
     return layer, weights.read
 
 
 @register_to_keras(Conv1D)
 def _conv1d_to_keras(layer, keras):
     return [(keras.layers.Conv1D(layer.filters, layer.kernel_size, strides=layer.strides, padding=layer.padding,
-                                 dilation_rate=layer.dilation_rate, groups=layer.groups, activation=layer.activation,
-                                 use_bias=layer.use_bias,
-                                 kernel_regularizer=keras_regularizer(keras, layer.kernel_regularizer),
-                                 bias_regularizer=keras_regularizer(keras, layer.bias_regularizer),
-                                 **keras_kwargs(layer)), layer.get_weights())]
+                                 dilation_rate=layer.dilation_rate, groups=layer.groups,
+                                 **keras_kernel_arguments(keras, layer), **keras_kwargs(layer)), layer.get_weights())]
 
 
 @register_from_keras("BatchNormalization")

@@ -4,6 +4,8 @@ up. Kept apart from the package's __init__ so that the converter modules import 
 importing the package that imports them."""
 import numpy as np
 
+from .. import constraints, regularizers
+
 _FROM_TORCH = {}
 _TO_TORCH = {}
 _FROM_KERAS = {}
@@ -102,6 +104,25 @@ def keras_constraint(keras, constraint):
     if constraint is None:
         return None
     return getattr(keras.constraints, type(constraint).__name__)(**constraint.get_config())
+
+
+def kernel_arguments_from_keras(config):
+    """attnx's kernel-layer arguments (Dense, Conv1D, Conv2D: `Layer._set_kernel_arguments`) of a Keras config;
+    the initializers are not read (the weights come with the file)."""
+    return {"activation": config.get("activation"), "use_bias": config.get("use_bias", True),
+            "kernel_regularizer": regularizers.get(config.get("kernel_regularizer")),
+            "bias_regularizer": regularizers.get(config.get("bias_regularizer")),
+            "kernel_constraint": constraints.get(config.get("kernel_constraint")),
+            "bias_constraint": constraints.get(config.get("bias_constraint"))}
+
+
+def keras_kernel_arguments(keras, layer):
+    """The Keras arguments of an attnx kernel layer's activation, bias, regularizers and constraints."""
+    return {"activation": layer.activation, "use_bias": layer.use_bias,
+            "kernel_regularizer": keras_regularizer(keras, layer.kernel_regularizer),
+            "bias_regularizer": keras_regularizer(keras, layer.bias_regularizer),
+            "kernel_constraint": keras_constraint(keras, layer.kernel_constraint),
+            "bias_constraint": keras_constraint(keras, layer.bias_constraint)}
 
 
 def check_keras_options(class_name, config, **supported):

@@ -41,8 +41,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import backend, constraints, initializers, masking, mixed_precision, ops, quantization, regularizers, \
-    serialization
+from .. import activations, backend, constraints, initializers, masking, mixed_precision, ops, quantization, \
+    regularizers, serialization
 from ..backend import snake_case, unique_name
 from ..symbolic import any_symbolic, symbolic_call
 
@@ -150,6 +150,35 @@ class Layer:
             self._regularizers[name] = regularizers.get(regularizer)
         constraints.attach(value, constraints.get(constraint))
         return value
+
+    # Keras' kernel-layer arguments (Dense, Conv1D, Conv2D): one home for reading, creating and configuring them
+    def _set_kernel_arguments(self, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
+                              bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None,
+                              kernel_constraint=None, bias_constraint=None):
+        self.activation = activations.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = initializers.get(kernel_initializer)
+        self.bias_initializer = initializers.get(bias_initializer)
+        self.kernel_regularizer = regularizers.get(kernel_regularizer)
+        self.bias_regularizer = regularizers.get(bias_regularizer)
+        self.kernel_constraint = constraints.get(kernel_constraint)
+        self.bias_constraint = constraints.get(bias_constraint)
+
+    def _add_kernel_and_bias(self, kernel_shape, units):
+        """The weights "kernel" of `kernel_shape` and, with use_bias, "bias" of (units,)."""
+        self.add_weight("kernel", kernel_shape, self.kernel_initializer, self.kernel_regularizer,
+                        self.kernel_constraint)
+        if self.use_bias:
+            self.add_weight("bias", (units,), self.bias_initializer, self.bias_regularizer, self.bias_constraint)
+
+    def _kernel_arguments_config(self):
+        return {"activation": self.activation, "use_bias": self.use_bias,
+                "kernel_initializer": initializers.serialize(self.kernel_initializer),
+                "bias_initializer": initializers.serialize(self.bias_initializer),
+                "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
+                "bias_regularizer": regularizers.serialize(self.bias_regularizer),
+                "kernel_constraint": constraints.serialize(self.kernel_constraint),
+                "bias_constraint": constraints.serialize(self.bias_constraint)}
 
     def _own_weights(self):
         """(params, grads): the dicts `add_weight` adds to."""

@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from .. import activations, initializers, kernels, regularizers
+from .. import kernels
 from .base import Layer
 
 # the kernels index images, windows and weights with C++ ints (the bindings refuse larger arrays)
@@ -102,6 +102,7 @@ class Conv2D(_Windows2D):
         use_bias: whether to add a bias.
         kernel_initializer, bias_initializer: Keras defaults glorot_uniform and zeros.
         kernel_regularizer, bias_regularizer: e.g. ``attnx.regularizers.L2(1e-3)``.
+        kernel_constraint, bias_constraint: e.g. ``attnx.constraints.MaxNorm(2)``, after each optimizer step.
 
     Input shape ``(batch, rows, cols, channels)``; output ``(batch, new_rows, new_cols, filters)``.
     The kernel is stored as Keras does, ``(kernel_rows, kernel_cols, channels, filters)``.
@@ -109,19 +110,15 @@ class Conv2D(_Windows2D):
 
     def __init__(self, filters, kernel_size, strides=(1, 1), padding="valid", activation=None, use_bias=True,
                  kernel_initializer="glorot_uniform", bias_initializer="zeros", kernel_regularizer=None,
-                 bias_regularizer=None, **kwargs):
+                 bias_regularizer=None, kernel_constraint=None, bias_constraint=None, **kwargs):
         super().__init__(**kwargs)
         self.filters = _positive_int(filters, "filters", "Conv2D")
         self.kernel_size = _pair(kernel_size, "kernel_size", "Conv2D")
         _check_elements(self.kernel_size + (self.filters,), "a kernel (rows, cols, filters) on one channel", "Conv2D")
         self.strides = _pair(strides, "strides", "Conv2D")
         self.padding = _padding(padding, "Conv2D")
-        self.activation = activations.get(activation)
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = initializers.get(kernel_initializer)
-        self.bias_initializer = initializers.get(bias_initializer)
-        self.kernel_regularizer = regularizers.get(kernel_regularizer)
-        self.bias_regularizer = regularizers.get(bias_regularizer)
+        self._set_kernel_arguments(activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+                                   bias_regularizer, kernel_constraint, bias_constraint)
 
     def _window_shape(self):
         return self.kernel_size
@@ -131,10 +128,7 @@ class Conv2D(_Windows2D):
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, rows, cols, channels) with known channels, "
                              f"got shape {input_shape}")
         _check_elements(self.kernel_size + (input_shape[-1], self.filters), "the kernel", f"Layer '{self.name}'")
-        self.add_weight("kernel", self.kernel_size + (input_shape[-1], self.filters), self.kernel_initializer,
-                        self.kernel_regularizer)
-        if self.use_bias:
-            self.add_weight("bias", (self.filters,), self.bias_initializer, self.bias_regularizer)
+        self._add_kernel_and_bias(self.kernel_size + (input_shape[-1], self.filters), self.filters)
 
     def forward(self, inputs, training=False):
         kernel = self.params["kernel"]
@@ -155,12 +149,7 @@ class Conv2D(_Windows2D):
 
     def get_config(self):
         return {**super().get_config(), "filters": self.filters, "kernel_size": list(self.kernel_size),
-                "strides": list(self.strides), "padding": self.padding, "activation": self.activation,
-                "use_bias": self.use_bias,
-                "kernel_initializer": initializers.serialize(self.kernel_initializer),
-                "bias_initializer": initializers.serialize(self.bias_initializer),
-                "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
-                "bias_regularizer": regularizers.serialize(self.bias_regularizer)}
+                "strides": list(self.strides), "padding": self.padding, **self._kernel_arguments_config()}
 
 
 class _Pooling2D(_Windows2D):

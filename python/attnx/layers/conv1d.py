@@ -2,7 +2,7 @@
 row (B, 1, T, C), a (K, C, F) kernel one of (1, K, C, F)."""
 import numpy as np
 
-from .. import activations, initializers, kernels, regularizers
+from .. import kernels
 from ..masking import as_mask
 from .base import Layer
 from .conv import _check_elements, _output_size, _positive_int
@@ -33,8 +33,8 @@ class Conv1D(Layer):
         dilation_rate: the gap between the window's taps, default 1 (with strides 1 only, as Keras).
         groups: the channels and filters split into this many groups, each filter reading its group's
             channels only (Keras' grouped convolution), default 1.
-        activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer:
-            as Conv2D.
+        activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
+            kernel_constraint, bias_constraint: as Conv2D.
 
     Input (batch, steps, channels); output (batch, new_steps, filters). The kernel is stored as Keras
     does, (kernel_size, channels, filters). A mask (batch, steps) (Keras ignores one) makes the masked
@@ -44,7 +44,8 @@ class Conv1D(Layer):
 
     def __init__(self, filters, kernel_size, strides=1, padding="valid", dilation_rate=1, activation=None,
                  use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
-                 kernel_regularizer=None, bias_regularizer=None, data_format="channels_last", groups=1, **kwargs):
+                 kernel_regularizer=None, bias_regularizer=None, kernel_constraint=None, bias_constraint=None,
+                 data_format="channels_last", groups=1, **kwargs):
         super().__init__(**kwargs)
         if data_format != "channels_last":
             raise ValueError(f"Conv1D: only data_format='channels_last' is supported, got {data_format!r}; "
@@ -62,12 +63,8 @@ class Conv1D(Layer):
         self.padding = str(padding).lower()
         if self.padding not in _PADDINGS:
             raise ValueError(f"Conv1D: padding must be one of {_PADDINGS}, got {padding!r}")
-        self.activation = activations.get(activation)
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = initializers.get(kernel_initializer)
-        self.bias_initializer = initializers.get(bias_initializer)
-        self.kernel_regularizer = regularizers.get(kernel_regularizer)
-        self.bias_regularizer = regularizers.get(bias_regularizer)
+        self._set_kernel_arguments(activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+                                   bias_regularizer, kernel_constraint, bias_constraint)
 
     @property
     def _span(self):
@@ -83,9 +80,7 @@ class Conv1D(Layer):
                              f"{self.groups}")
         shape = (self.kernel_size, input_shape[-1] // self.groups, self.filters)
         _check_elements(shape, "the kernel", f"Layer '{self.name}'")
-        self.add_weight("kernel", shape, self.kernel_initializer, self.kernel_regularizer)
-        if self.use_bias:
-            self.add_weight("bias", (self.filters,), self.bias_initializer, self.bias_regularizer)
+        self._add_kernel_and_bias(shape, self.filters)
 
     def _image_kernel(self):
         """The kernel as Conv2D's (1, span, C, F): the taps dilation_rate apart, zeros between them."""
@@ -182,9 +177,4 @@ class Conv1D(Layer):
     def get_config(self):
         return {**super().get_config(), "filters": self.filters, "kernel_size": [self.kernel_size],
                 "strides": [self.strides], "padding": self.padding, "dilation_rate": [self.dilation_rate],
-                "groups": self.groups,
-                "activation": self.activation, "use_bias": self.use_bias,
-                "kernel_initializer": initializers.serialize(self.kernel_initializer),
-                "bias_initializer": initializers.serialize(self.bias_initializer),
-                "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
-                "bias_regularizer": regularizers.serialize(self.bias_regularizer)}
+                "groups": self.groups, **self._kernel_arguments_config()}

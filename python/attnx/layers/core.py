@@ -18,6 +18,7 @@ class Dense(Layer):
         use_bias: whether to add a bias.
         kernel_initializer, bias_initializer: Keras defaults glorot_uniform and zeros.
         kernel_regularizer, bias_regularizer: e.g. ``attnx.regularizers.L2(1e-3)``.
+        kernel_constraint, bias_constraint: e.g. ``attnx.constraints.MaxNorm(2)``, after each optimizer step.
 
     Input shape ``(batch, ..., in_features)``; output shape ``(batch, ..., units)``.
     The kernel is stored as Keras does, ``(in_features, units)``.
@@ -27,28 +28,22 @@ class Dense(Layer):
     _bf16_products = True  # attnx.mixed_precision
 
     def __init__(self, units, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
-                 bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None, quantization_mode=None,
-                 **kwargs):
+                 bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None, kernel_constraint=None,
+                 bias_constraint=None, quantization_mode=None, **kwargs):
         super().__init__(**kwargs)
         self.quantization_mode = quantization.check_mode("Dense", quantization_mode)
         if int(units) <= 0:
             raise ValueError(f"Dense: units must be positive, got {units}")
         self.units = int(units)
-        self.activation = activations.get(activation)
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = initializers.get(kernel_initializer)
-        self.bias_initializer = initializers.get(bias_initializer)
-        self.kernel_regularizer = regularizers.get(kernel_regularizer)
-        self.bias_regularizer = regularizers.get(bias_regularizer)
+        self._set_kernel_arguments(activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+                                   bias_regularizer, kernel_constraint, bias_constraint)
 
     def build(self, input_shape):
         if len(input_shape) < 2 or input_shape[-1] is None:
             raise ValueError(f"Layer '{self.name}': needs inputs (batch, ..., features) with known features, "
                              f"got shape {input_shape}")
         with quantization.building(self):
-            self.add_weight("kernel", (input_shape[-1], self.units), self.kernel_initializer, self.kernel_regularizer)
-            if self.use_bias:
-                self.add_weight("bias", (self.units,), self.bias_initializer, self.bias_regularizer)
+            self._add_kernel_and_bias((input_shape[-1], self.units), self.units)
 
     def forward(self, inputs, training=False):
         kernel = self.params["kernel"]
@@ -84,12 +79,8 @@ class Dense(Layer):
         return tuple(input_shape[:-1]) + (self.units,)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units, "activation": self.activation,
-                "use_bias": self.use_bias,
-                "kernel_initializer": initializers.serialize(self.kernel_initializer),
-                "bias_initializer": initializers.serialize(self.bias_initializer),
-                "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
-                "bias_regularizer": regularizers.serialize(self.bias_regularizer), **quantization.config(self)}
+        return {**super().get_config(), "units": self.units, **self._kernel_arguments_config(),
+                **quantization.config(self)}
 
 
 class Embedding(Layer):

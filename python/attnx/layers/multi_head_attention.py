@@ -152,7 +152,8 @@ class MultiHeadAttention(Layer):
     Output shape: ``(batch, T, *output_shape)`` or ``(batch, T, query_dim)``.
     Weights (Keras order and shapes): query_kernel ``(query_dim, heads, key_dim)``, query_bias
     ``(heads, key_dim)``, key_kernel, key_bias, (with use_gate) gate_kernel ``(query_dim, heads, value_dim)``,
-    gate_bias, value_kernel ``(value_dim_in, heads, value_dim)``, value_bias, output_kernel ``(heads, value_dim, out)``, output_bias ``(out,)``.
+    gate_bias, value_kernel ``(value_dim_in, heads, value_dim)``, value_bias, output_kernel
+    ``(heads, value_dim, out)``, output_bias ``(out,)``.
     ``backprop(cache, dy)`` (dy may be ``(doutput, dweights)``) returns ``[dquery, dvalue]``, or
     ``[dquery, dvalue, dkey]`` when a key was given; with no key, dvalue includes the key's path.
     """
@@ -285,8 +286,8 @@ class MultiHeadAttention(Layer):
 
     def _project(self, name, rows, activation="linear"):
         bias = self.params.get(f"{name}_bias")
-        return _dense(rows, self._matrix(name, self.params[f"{name}_kernel"]), None if bias is None else bias.reshape(-1),
-                      activation)
+        return _dense(rows, self._matrix(name, self.params[f"{name}_kernel"]),
+                      None if bias is None else bias.reshape(-1), activation)
 
     def project(self, name, inputs):
         """One projection on its own, for incremental decoding (a decoder step reuses the keys and
@@ -323,7 +324,8 @@ class MultiHeadAttention(Layer):
         for name, arr in (("query", q_in), ("value", v_in), ("key", k_in)):
             in_dim = self.params[f"{name}_kernel"].shape[0]
             if arr.shape[-1] != in_dim:
-                raise ValueError(f"Layer '{self.name}': `{name}` expected shape ({q_in.shape[0]}, *, {in_dim}), got {arr.shape}")
+                raise ValueError(f"Layer '{self.name}': `{name}` expected shape ({q_in.shape[0]}, *, {in_dim}), "
+                                 f"got {arr.shape}")
         if layout is not None:
             masks = (attention_mask, key_padding_mask) + _mha_masks(mask, query_mask, value_mask, key_mask)
             if use_causal_mask or any(m is not None for m in masks):
