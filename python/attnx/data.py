@@ -1,9 +1,17 @@
 """`attnx.data.Dataset`: the part of `tf.data` a tutorial uses, over NumPy arrays.
 
-    dataset = attnx.data.Dataset.from_tensor_slices((inputs, targets)).shuffle(len(inputs), seed=0)
-    dataset = dataset.batch(64, drop_remainder=True)
-    model.fit(dataset, epochs=10)
-    for batch, (inp, targ) in enumerate(dataset.take(steps_per_epoch)): ...
+    >>> import numpy as np, attnx
+    >>> inputs, targets = np.ones((200, 3), np.float32), np.zeros((200, 1), np.float32)
+    >>> dataset = attnx.data.Dataset.from_tensor_slices((inputs, targets)).shuffle(len(inputs), seed=0)
+    >>> dataset = dataset.batch(64, drop_remainder=True)
+    >>> model = attnx.Sequential([attnx.layers.Dense(1, input_shape=(3,))])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> len(model.fit(dataset, epochs=2, verbose=0).history["loss"])
+    2
+    >>> for batch, (inp, targ) in enumerate(dataset.take(2)):
+    ...     print(batch, inp.shape, targ.shape)
+    0 (64, 3) (64, 1)
+    1 (64, 3) (64, 1)
 
 A Dataset is a recipe: each iteration runs it from the start (a new shuffle order each pass, drawn from
 the generator `shuffle` seeded, as `tf.data` reshuffles each iteration), yielding NumPy arrays in the

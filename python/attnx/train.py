@@ -1,10 +1,15 @@
 """Checkpoints of models, layers and optimizers together, as TensorFlow's `tf.train` names them:
 `Checkpoint`, `CheckpointManager` and `latest_checkpoint`.
 
-    checkpoint = attnx.train.Checkpoint(optimizer=optimizer, encoder=encoder, decoder=decoder)
-    path = checkpoint.save("training_checkpoints/ckpt")     # "training_checkpoints/ckpt-1"
-    ...                                                      # a fresh process, the same objects made anew:
-    checkpoint.restore(attnx.train.latest_checkpoint("training_checkpoints"))
+    >>> import numpy as np, attnx
+    >>> encoder, decoder = attnx.layers.Dense(4), attnx.layers.Dense(2)
+    >>> _ = decoder(encoder(np.ones((1, 3), np.float32)))
+    >>> optimizer = attnx.optimizers.Adam()
+    >>> checkpoint = attnx.train.Checkpoint(optimizer=optimizer, encoder=encoder, decoder=decoder)
+    >>> checkpoint.save("training_checkpoints/ckpt")
+    'training_checkpoints/ckpt-1'
+    >>> # a fresh process, the same objects made anew:
+    >>> status = checkpoint.restore(attnx.train.latest_checkpoint("training_checkpoints"))
 
 A checkpoint is one `.attnx` archive (`attnx.saving`: checked, checksummed, written atomically) at
 ``<prefix>-<n>.attnx`` holding each layer's weights (matched by order, as `load_weights`) and each
