@@ -19,7 +19,7 @@ Needs the ``onnx`` package (``pip install "attnx[onnx]"``, which also brings onn
 from ..models import Model
 from ..seq2seq import Seq2Seq
 from .graph import OPSET, UnsupportedLayerError, write  # first: it says so when onnx is missing
-from . import attention, conv, core, recurrent, transformer  # noqa: F401  (register the converters)
+from . import attention, conv, core, keras_layers, recurrent, transformer  # noqa: F401  (register the converters)
 from .model import OnnxModel, check_path, model_to_onnx
 from .registry import supported_layers
 from .seq2seq import OnnxSeq2Seq, onnx_greedy_translate, seq2seq_to_onnx
