@@ -308,3 +308,41 @@ def test_kernel_layers_share_the_argument_block_and_match_keras_after_a_step(mak
     for a, k in zip(model.get_weights(), kmodel.get_weights()):
         np.testing.assert_allclose(a, np.asarray(k), rtol=1e-4, atol=1e-5)
     assert np.all(model.get_weights()[1] >= 0)
+
+
+_AUC_WORKER = '''
+import json, sys
+import numpy as np
+import attnx
+from attnx import layers
+dist = attnx.distributed.DataParallel() if sys.argv[1] == "dist" else None
+attnx.set_random_seed(0)
+rng = np.random.default_rng(1)
+x = rng.standard_normal((96, 4)).astype("float32")
+y = (x[:, :1] + 0.5 * rng.standard_normal((96, 1)) > 0).astype("float32")
+model = attnx.Sequential([layers.Dense(1, activation="sigmoid", input_shape=(4,))])
+model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["auc"], distribute=dist)
+result = model.evaluate(x, y, batch_size=32, verbose=0, return_dict=True)
+if dist is None or dist.rank == 0:
+    print(json.dumps(result))
+'''
+
+
+def test_auc_sums_its_threshold_counts_over_data_parallel_ranks(tmp_path):
+    import json
+    import shutil
+    import subprocess
+    import sys
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("mpiexec (pip install mpich) is not installed")
+    script = tmp_path / "worker.py"
+    script.write_text(_AUC_WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, str(script), "one"], capture_output=True, text=True, env=env, timeout=300)
+    two = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script), "dist"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
+    single, ranks = json.loads(one.stdout.strip().splitlines()[-1]), json.loads(two.stdout.strip().splitlines()[-1])
+    assert ranks["auc"] == pytest.approx(single["auc"], rel=1e-9)
+    assert 0.5 < single["auc"] <= 1.0

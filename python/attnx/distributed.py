@@ -163,12 +163,18 @@ class DataParallel:
         return float(buf[at])
 
     def sum(self, values):
-        """The sums over ranks of a list of floats."""
+        """The sums over ranks of a list of floats and float arrays (metrics.AUC's per-threshold counts), in
+        one buffer; floats come back as floats, arrays as arrays."""
         if self.size == 1:
-            return [float(v) for v in values]
-        arr = np.asarray(values, dtype=np.float64)
+            return [float(v) if np.ndim(v) == 0 else np.asarray(v, dtype=np.float64) for v in values]
+        parts = [np.asarray(v, dtype=np.float64) for v in values]
+        arr = np.concatenate([p.reshape(-1) for p in parts]) if parts else np.zeros(0)
         self.comm.Allreduce(self._mpi.IN_PLACE, arr, op=self._mpi.SUM)
-        return arr.tolist()
+        out, at = [], 0
+        for p in parts:
+            out.append(float(arr[at]) if p.ndim == 0 else arr[at:at + p.size].reshape(p.shape))
+            at += p.size
+        return out
 
     def sum_metrics(self, metrics):
         """Replaces every metric's running sums (`state_names`) by their sums over the ranks."""
