@@ -9,6 +9,7 @@ number of them).
 import pathlib
 import statistics
 import sys
+import types
 
 import numpy as np
 import torch
@@ -57,7 +58,7 @@ class TorchDecoder(nn.Module):
     def forward(self, x, hidden, enc_output):
         context_vector, attention_weights = self.attention(hidden, enc_output)
         x = torch.cat([context_vector[:, None], self.embedding(x)], dim=-1)
-        output, state = self.gru(x, hidden[None])
+        output, state = self.gru(x)  # the tutorial's decoder: its GRU starts from zeros
         return self.fc(output.reshape(-1, output.shape[2])), state[0], attention_weights
 
 
@@ -84,7 +85,11 @@ def main():
     target[:, 0] = 1
     attnx.set_random_seed(0)
     encoder, decoder = tutorial.Encoder(V_SRC, E, H, B), tutorial.Decoder(V_TGT, E, H, B)
-    step = tutorial.make_train_step(encoder, decoder, attnx.optimizers.Adam(), 1)
+    # the tutorial's train_step reads its globals
+    tutorial.encoder, tutorial.decoder, tutorial.BATCH_SIZE = encoder, decoder, B
+    tutorial.optimizer = attnx.optimizers.Adam()
+    tutorial.targ_lang = types.SimpleNamespace(word_index={"<start>": 1})
+    step = tutorial.train_step
     hidden = encoder.initialize_hidden_state()
     torch.manual_seed(0)
     t_encoder, t_decoder = TorchEncoder(V_SRC, E, H), TorchDecoder(V_TGT, E, H)
