@@ -94,7 +94,8 @@ def _permute(g, layer, call):
 @converts(Dot)
 def _dot(g, layer, call):
     (x1, x2), (s1, s2) = call.inputs, call.shapes
-    a1, a2 = layer._axes((len(s1), len(s2)))
+    pair = layer.axes if isinstance(layer.axes, list) else [layer.axes, layer.axes]
+    a1, a2 = pair[0] % len(s1), pair[1] % len(s2)  # checked by the layer when the model was built
     if len(s1) > 3 or len(s2) > 3:
         raise unsupported(layer, "inputs of rank > 3 have no ONNX export yet")
     if layer.normalize:  # x / max(|x|, epsilon) along the contracted axis (Dot's epsilon, 1e-7)

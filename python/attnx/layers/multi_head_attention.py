@@ -225,8 +225,9 @@ class MultiHeadAttention(Layer):
         sizes of the batch axes."""
         ranks = {len(shape) for shape in shapes}
         if len(ranks) != 1 or min(ranks) < 3:
-            raise ValueError(f"Layer '{self.name}': query, value and key should have one rank of 3 or more "
-                             f"(batch, ..., features), got shapes {[tuple(s) for s in shapes]}")
+            raise ValueError(f"Layer '{self.name}': query, value and key should be rank 3 (batch, time, features), "
+                             f"got shapes {[tuple(s) for s in shapes]}; or all of one rank above 3 (batch, ..., "
+                             "features) with attention_axes")
         ndim = ranks.pop()
         given = tuple(range(1, ndim - 1)) if self.attention_axes is None else self.attention_axes
         axes = tuple(a + ndim if a < 0 else a for a in given)  # as Keras: -2 is the last axis before the features
