@@ -4,10 +4,11 @@ tolerances.
 Adapted: Keras' eager tensors carry a mask (`_keras_mask`); attnx's arrays do not, so the mask tests run
 the same layers in a functional model (where the masks propagate), and test_correctness runs in float32
 (attnx computes in float32 or float64, not float16).
-Not ported (attnx lacks the feature): `attention_axes` and inputs of rank > 3 (test_high_dim_attention,
-test_attention_axes_negative_indexing, the high_dim cases of test_compute_output_shape and
-test_shape_mismatch_error), `use_gate` (two test_basics cases, test_initializer), flash attention,
-sliding windows and the fused causal fast path, constraints, LoRA, dtype policies, int8 quantization.
+Adapted too: Keras' sublayers' kernels (`layer._query_dense.kernel`) are attnx's weights
+(`layer.params["query_kernel"]`), and a weight's constraint is `attnx.constraints.constraint_of(weight)`.
+Not ported (attnx lacks the feature): the masks of test_high_dim_attention's cases (attnx takes masks with
+rank-3 inputs only; the Keras test passes none either), flash attention, sliding windows and the fused causal
+fast path, LoRA, dtype policies, int8 quantization.
 """
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ from _keras_testing import assert_all_close, run_layer_test
 @pytest.mark.parametrize("init_kwargs, trainable, seeds", [
     ({"num_heads": 2, "key_dim": 2}, 8, 0),
     ({"num_heads": 2, "key_dim": 2, "value_dim": 4, "use_bias": False, "dropout": 0.5}, 4, 1),
+    ({"num_heads": 2, "key_dim": 2, "use_gate": True}, 10, 0),
+    ({"num_heads": 2, "key_dim": 2, "value_dim": 4, "use_bias": False, "dropout": 0.5, "use_gate": True}, 5, 1),
 ])
 def test_basics(init_kwargs, trainable, seeds):
     run_layer_test(layers.MultiHeadAttention, init_kwargs=init_kwargs,
@@ -34,7 +37,11 @@ def test_basics(init_kwargs, trainable, seeds):
     ((4, 8), (2, 8), (2, 3), None),
     ((4, 8), (2, 8), None, (3, 4)),
     ((4, 8), (2, 8), (2, 3), (1, 5)),
-], ids=["without_key_same_proj", "with_key_same_proj", "without_key_different_proj", "with_key_different_proj"])
+    ((4, 2, 3, 8), (1, 1, 5, 8), (1, 1, 5, 2), None),
+    ((4, 2, 3, 8), (1, 1, 5, 8), (1, 1, 5, 2), (3, 2)),
+    ((4, 2, 3, 8), (4, 2, 3, 7), (4, 2, 3, 8), None),
+], ids=["without_key_same_proj", "with_key_same_proj", "without_key_different_proj", "with_key_different_proj",
+        "high_dim_same_proj", "high_dim_different_proj", "different_qv_last_dims"])
 def test_compute_output_shape(query_dims, value_dims, key_dims, output_shape):
     layer = layers.MultiHeadAttention(num_heads=2, key_dim=2, value_dim=2, output_shape=output_shape)
     batch_size = 7
@@ -53,7 +60,8 @@ def test_compute_output_shape(query_dims, value_dims, key_dims, output_shape):
 @pytest.mark.parametrize("query_shape, value_shape, key_shape", [
     ((2, 4, 8), (2, 2, 7), (2,)),
     ((2, 4, 8), (2, 2, 8), (2, 1, 7)),
-], ids=["query_value_dim_mismatch", "key_value_dim_mismatch"])
+    ((2, 4, 2, 3, 8), (2, 1, 1, 5, 8), (2, 1, 15, 5, 2)),
+], ids=["query_value_dim_mismatch", "key_value_dim_mismatch", "key_value_dim_mismatch_high_dim"])
 def test_shape_mismatch_error(query_shape, value_shape, key_shape):
     layer = layers.MultiHeadAttention(num_heads=4, key_dim=2, value_dim=2)
     with pytest.raises(ValueError, match=r"must be equal"):
@@ -181,3 +189,58 @@ def test_multi_head_attention_output_shape_as_tuple():
 def test_multi_head_attention_output_shape_error():
     with pytest.raises(ValueError, match=r"Invalid `output_shape`"):
         layers.MultiHeadAttention(num_heads=2, key_dim=16, output_shape=8.0)
+
+
+@pytest.mark.parametrize("q_dims, v_dims, attention_axes", [
+    ((3, 4), (3, 2), (2,)),
+    ((3, 4), (3, 2), (1, 2)),
+    ((5, 3, 4), (5, 3, 2), (2, 3)),
+], ids=["4d_inputs_1freebatch", "4d_inputs_2d_attention", "5d_inputs_2d_attention"])
+@pytest.mark.parametrize("use_gate, trainable", [(False, 8), (True, 10)])
+def test_high_dim_attention(q_dims, v_dims, attention_axes, use_gate, trainable):
+    batch_size, hidden_size = 3, 8
+    query_shape = (batch_size,) + q_dims + (hidden_size,)
+    value_shape = (batch_size,) + v_dims + (hidden_size,)
+    run_layer_test(layers.MultiHeadAttention,
+                   init_kwargs={"num_heads": 2, "key_dim": 2, "attention_axes": attention_axes, "use_gate": use_gate},
+                   input_shape={"query_shape": query_shape, "value_shape": value_shape},
+                   expected_output_shape=query_shape, expected_num_trainable_weights=trainable,
+                   expected_num_non_trainable_weights=0, expected_num_seed_generators=0, expected_num_losses=0,
+                   supports_masking=True)
+
+
+@pytest.mark.parametrize("use_gate", [False, True])
+def test_attention_axes_negative_indexing(use_gate):
+    x = np.random.normal(size=(2, 3, 8, 4))
+    mha_pos = layers.MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=2, use_gate=use_gate)
+    mha_neg = layers.MultiHeadAttention(num_heads=2, key_dim=4, attention_axes=-2, use_gate=use_gate)
+    _ = mha_pos(x, x)
+    _ = mha_neg(x, x)
+    mha_neg.set_weights(mha_pos.get_weights())
+    z_pos, a_pos = mha_pos(x, x, return_attention_scores=True)
+    z_neg, a_neg = mha_neg(x, x, return_attention_scores=True)
+    assert z_pos.shape == z_neg.shape
+    assert a_pos.shape == a_neg.shape
+    assert_all_close(z_pos, z_neg, rtol=1e-5, atol=1e-5)
+    assert_all_close(a_pos, a_neg, rtol=1e-5, atol=1e-5)
+
+
+def test_initializer():
+    layer = layers.MultiHeadAttention(num_heads=12, key_dim=64, use_gate=True,
+                                      kernel_initializer=attnx.initializers.TruncatedNormal(stddev=0.02))
+    layer.build([(2, 4, 8), (2, 4, 8)])
+    p = layer.params
+    for other in ("key_kernel", "value_kernel", "output_kernel", "gate_kernel"):
+        assert not np.allclose(p["query_kernel"].reshape(-1)[:32], p[other].reshape(-1)[:32])
+
+
+def test_mha_constraints():
+    from attnx import constraints
+    query = np.array([[[1.0, 0.0], [0.0, 1.0]]])
+    key = np.array([[[0.0, 1.0], [1.0, 0.0]]])
+    value = np.array([[[1.0, 2.0], [3.0, 4.0]]])
+    for argument, weight in (("kernel_constraint", "kernel"), ("bias_constraint", "bias")):
+        layer = layers.MultiHeadAttention(num_heads=2, key_dim=2, use_gate=True, **{argument: "non_neg"})
+        layer.build([query.shape, value.shape, key.shape])
+        for name in ("query", "value", "key", "gate"):
+            assert isinstance(constraints.constraint_of(layer.params[f"{name}_{weight}"]), constraints.NonNeg)
