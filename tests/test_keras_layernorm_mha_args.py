@@ -255,3 +255,29 @@ def test_mha_new_arguments_round_trip_keras_files(tmp_path, kwargs):
     back = interop.from_keras(str(path))
     _close(back.predict(x, verbose=0), model.predict(x, verbose=0))
     assert back.layers[-1].get_config()["use_gate"] == model.layers[-1].use_gate
+
+
+def test_mha_gate_exports_to_onnx_and_other_axes_are_refused(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    import attnx
+    from attnx import export, interop
+    q, v = attnx.Input((4, 5)), attnx.Input((6, 5))
+    model = attnx.Model([q, v], layers.MultiHeadAttention(2, 3, use_gate=True, bias_initializer="ones")(q, v))
+    rng = np.random.default_rng(7)
+    x = [rng.standard_normal((2, 4, 5)).astype("float32"), rng.standard_normal((2, 6, 5)).astype("float32")]
+    path = export.to_onnx(model, tmp_path / "m.onnx")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], x)))
+    _close(got, model.predict(x, verbose=0), atol=1e-5)
+    q4, v4 = attnx.Input((3, 4, 5)), attnx.Input((3, 6, 5))
+    high = attnx.Model([q4, v4], layers.MultiHeadAttention(2, 3, attention_axes=(2,))(q4, v4))
+    with pytest.raises(export.UnsupportedLayerError, match="inputs of rank 4"):
+        export.to_onnx(high, tmp_path / "h.onnx")
+    with pytest.raises(ValueError, match="use_gate=True"):
+        interop.to_torch(_built_gate())
+
+
+def _built_gate():
+    layer = layers.MultiHeadAttention(2, 3, use_gate=True)
+    layer(np.zeros((1, 2, 6), "float32"), np.zeros((1, 2, 6), "float32"))
+    return layer

@@ -92,6 +92,8 @@ def multi_head_attention(g, layer, query, value, key=None, allowed=None, want_we
     scores = g.node("Mul", [g.node("MatMul", [q, k]), g.scalar(1.0 / math.sqrt(dk))])
     weights = g.masked_softmax(scores, allowed)
     context = g.reshape(g.transpose(g.node("MatMul", [weights, v]), 0, 2, 1, 3), (0, 0, H * dv))
+    if layer.use_gate:  # Keras 3.15: each head's context times sigmoid(query W^G + b^G)
+        context = g.node("Mul", [context, g.node("Sigmoid", [project("gate", query)])])
     kernel = params["output_kernel"]
     if kernel.ndim != 3:
         raise unsupported(layer, f"output_shape {layer.output_shape} (several output axes) has no ONNX export yet")
@@ -105,6 +107,10 @@ def _multi_head_attention(g, layer, call):
         query, value, key = (list(call.inputs) + [None])[:3]
     else:
         query, value, key = (call.inputs, *call.args, None)[:3]
+    query_shape = call.shapes[0] if isinstance(call.inputs, (list, tuple)) else call.shapes
+    if len(query_shape) != 3:
+        raise unsupported(layer, f"inputs of rank {len(query_shape)} (attention_axes={layer.attention_axes}) have no "
+                                 "ONNX export yet; rank-3 inputs (batch, T, features) export")
     # the query / value / key masks: given to the call, else those its inputs carry (Keras)
     carried = (list(call.mask) if isinstance(call.mask, (list, tuple)) else [call.mask]) + [None] * 3
     query_mask, value_mask, key_mask = (call.option(name) if call.option(name) is not None else carried[i]

@@ -73,6 +73,9 @@ def _mha_to_attnx(t, prefix, num_heads):
 def _mha_to_torch(layer):
     """{torch name: array} for `layer`, checking torch can hold it."""
     H, E = layer.num_heads, layer.params["query_kernel"].shape[0]
+    if layer.use_gate or layer.attention_axes not in (None, (1,), (-2,)):
+        raise ValueError(f"to_torch: MultiHeadAttention '{layer.name}' has use_gate={layer.use_gate}, "
+                         f"attention_axes={layer.attention_axes}; torch.nn.MultiheadAttention has neither")
     if layer.key_dim * H != E or layer.value_dim * H != E or layer.params["output_kernel"].shape[-1] != E:
         raise ValueError(f"to_torch: MultiHeadAttention '{layer.name}' needs num_heads * key_dim == "
                          f"num_heads * value_dim == query size == output size for torch.nn.MultiheadAttention; "
