@@ -129,7 +129,8 @@ def translation_bleu(translations, references, normalize=False, scorer="auto"):
     def words(sentence):
         if not isinstance(sentence, str):
             raise TypeError(f"evaluate_bleu: references must be str sentences, got {type(sentence).__name__}")
-        return _strip_markers(datasets.preprocess_sentence(sentence) if normalize else sentence).split()
+        sentence = _strip_markers(sentence)
+        return (_strip_markers(datasets.preprocess_sentence(sentence)) if normalize else sentence).split()
 
     return metrics.bleu_score([[words(r)] for r in references], [words(t) for t in translations], scorer)
 
@@ -369,7 +370,7 @@ class Transformer(Model):
         if self._warmup_from_fit and self.optimizer.iterations == 0:
             steps = kwargs.get("steps_per_epoch")
             if steps is None and isinstance(x, np.ndarray):
-                kept = len(x) - int(len(x) * kwargs.get("validation_split", 0.0))
+                kept = int(len(x) * (1.0 - kwargs.get("validation_split", 0.0)))  # the training part, as fit cuts it
                 steps = -(-kept // (batch_size or 32))
             elif steps is None and hasattr(x, "__len__") and not isinstance(x, (list, tuple, dict)):
                 steps = len(x)  # an iterable of batches (LengthBuckets, a Dataset)
