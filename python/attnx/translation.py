@@ -47,7 +47,8 @@ from .layers.positions import PositionalEncoding, PositionEmbedding
 from .layers.transformer import TransformerDecoder, TransformerEncoder
 from .models import Model
 
-__all__ = ["Transformer", "Hypothesis", "LengthBuckets", "subword_tokenizers", "translation_bleu"]
+__all__ = ["Transformer", "Hypothesis", "LengthBuckets", "AttentionMaps", "Alignment", "subword_tokenizers",
+           "translation_bleu", "word_alignment", "lexicon_cells"]
 
 
 class _Cache(NamedTuple):
@@ -133,6 +134,78 @@ def translation_bleu(translations, references, normalize=False, scorer="auto"):
         return (_strip_markers(datasets.preprocess_sentence(sentence)) if normalize else sentence).split()
 
     return metrics.bleu_score([[words(r)] for r in references], [words(t) for t in translations], scorer)
+
+
+class Alignment(NamedTuple):
+    """What `word_alignment` found: ``pairs`` the word pairs it scored, ``accuracy`` the share of them
+    whose target word attends most to its source word, ``mass`` the mean weight it gives that word."""
+    pairs: int
+    accuracy: float
+    mass: float
+
+
+def _word_key(word):
+    return word.strip(".,;:!?\"'()[]«»¿¡।").lower()
+
+
+def lexicon_cells(source_words, target_words, lexicon):
+    """The (row, column) cells where a lexicon pair meets in one attention map (words as `word_alignment`
+    takes them): a row of a target word starting with the stem, a column of its source word. For
+    drawing the pairs on a heatmap."""
+    pairs = [(_word_key(en), _word_key(stem)) for en, stem in lexicon]
+    return [(r, c) for r, tw in enumerate(target_words) if tw is not None for c, sw in enumerate(source_words)
+            if any(_word_key(sw) == en and _word_key(tw).startswith(stem) for en, stem in pairs)]
+
+
+def word_alignment(examples, lexicon):
+    """How well attention aligns the words of a small bilingual lexicon, over translated sentences.
+
+    Args:
+        examples: ``(source_words, target_words, weights)`` per sentence: ``weights`` (rows, columns)
+            an attention matrix, ``source_words[c]`` the word column c belongs to, ``target_words[r]``
+            the word row r belongs to (a word of several subwords repeats;
+            `text.SubwordTokenizer.piece_words` gives them), None for rows of no word (``<end>``).
+        lexicon: ``(source word, target stem)`` pairs, e.g. ``("school", "शाळ")``: a target word
+            matches when it starts with the stem (case and attached punctuation ignored on both sides).
+    Returns:
+        `Alignment`: for every sentence whose source has a lexicon word and whose translation a word
+        of its stem, the rows of that target word are averaged and summed per source word; the pair
+        counts as aligned when the lexicon's source word gets the largest share.
+    """
+    found = hits = 0
+    mass = 0.0
+    for source_words, target_words, weights in examples:
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (len(target_words), len(source_words)):
+            raise ValueError(f"word_alignment: weights of shape {weights.shape} for {len(target_words)} target and "
+                             f"{len(source_words)} source words")
+        source_keys = [_word_key(w) for w in source_words]
+        target_keys = [None if w is None else _word_key(w) for w in target_words]
+        per_word = {}
+        for column, key in enumerate(source_keys):
+            per_word.setdefault(key, []).append(column)
+        for source_word, stem in lexicon:
+            source_word, stem = _word_key(source_word), _word_key(stem)
+            if source_word not in per_word:
+                continue
+            for target_word in dict.fromkeys(k for k in target_keys if k and k.startswith(stem)):
+                rows = [r for r, k in enumerate(target_keys) if k == target_word]
+                row = weights[rows].mean(axis=0)
+                shares = {key: row[columns].sum() for key, columns in per_word.items()}
+                found += 1
+                hits += max(shares, key=shares.get) == source_word
+                mass += shares[source_word]
+    return Alignment(found, hits / found if found else float("nan"), mass / found if found else float("nan"))
+
+
+class AttentionMaps(NamedTuple):
+    """A translation and its cross-attention (`Transformer.cross_attention`): ``weights`` (layers, heads,
+    rows, columns), a row per target piece and the end token (``target_pieces`` ends with "<end>",
+    unless max_length cut the translation), a column per source piece."""
+    translation: str
+    source_pieces: list
+    target_pieces: list
+    weights: np.ndarray
 
 
 class LengthBuckets:
@@ -526,6 +599,25 @@ class Transformer(Model):
     def target_text(self, tokens):
         """Target ids (without start / end tokens) -> the detokenized sentence."""
         return self.target_tokenizer.decode(tokens)
+
+    def cross_attention(self, sentence, width=1, length_penalty=0.0, max_length=None):
+        """Translates a sentence (`translate_batch`) and returns its `AttentionMaps`: the cross-attention
+        of every decoder layer and head over the source pieces, from the decoder run once more on the
+        translation (teacher forcing: the rows `translate` returns, there the last layer's mean of heads)."""
+        if not isinstance(sentence, str):
+            raise TypeError(f"Transformer.cross_attention: expected a str sentence, got {type(sentence).__name__}")
+        best = self.translate_batch([sentence], width, length_penalty, max_length)[0]
+        source = self.encode_sources([sentence])
+        target_in = np.array([[self.start_id] + list(best.tokens)], dtype=np.int64)
+        memory, source_mask, _ = self._encode(source)
+        y, _ = self._embed(self.target_embedding, self.target_positions, target_in, False)
+        (_, _, cross), _ = self.decoder.forward_checked(y, memory, None, source_mask, use_causal_mask=True,
+                                                        return_attention_scores=True)
+        rows = best.attention.shape[-2]  # no end row for a translation cut at max_length
+        index_word = self.target_tokenizer.index_word
+        return AttentionMaps(self.target_text(best.tokens), self.source_tokenizer.tokenize(_strip_markers(sentence)),
+                             ([index_word[t] for t in best.tokens] + ["<end>"])[:rows],
+                             np.stack([w[0, :, :rows] for w in cross]))
 
     # ------------------------------------------------------------------------ decoding
     def _decode_length(self, max_length):
