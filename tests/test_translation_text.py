@@ -7,7 +7,7 @@ import pytest
 import attnx
 from attnx import optimizers
 from attnx.seq2seq import Seq2Seq, Transformer
-from attnx.translation import LengthBuckets, translation_bleu
+from attnx.translation import LengthBuckets, lexicon_cells, translation_bleu, word_alignment
 
 sacrebleu = pytest.importorskip("sacrebleu")
 pytest.importorskip("sentencepiece")
@@ -226,3 +226,75 @@ def test_seq2seq_subword_bad_input():
         model.translate("<start>   <end>")
     with pytest.raises(TypeError, match="str"):
         model.encode_sources([3])
+
+
+# ----------------------------------------------------------------------------- attention maps and alignment
+def test_piece_words_groups_pieces_into_the_words_of_the_text():
+    words = attnx.text.SubwordTokenizer.piece_words
+    assert words(["\u2581I", "\u2581am", "\u2581hung", "ry", "."]) == ["I", "am", "hungry.", "hungry.", "hungry."]
+    assert words(["\u2581टॉम", "\u2581ब", "ॉ", "स्टन", "ला", "<end>"]) == ["टॉम"] + ["बॉस्टनला"] * 4 + ["<end>"]
+    assert words(["ab", "\u2581c", "<unk>", "d"]) == ["ab", "c", "<unk>", "d"]
+    assert words([]) == []
+
+
+def test_word_alignment_counts_a_pair_when_its_source_word_gets_the_most_weight():
+    lexicon = [("Tom", "टॉम"), ("book", "पुस्तक"), ("Boston", "बॉस्टन")]
+    source = ["Tom's", "book", "is", "in", "Boston", "Boston", "."]  # Boston spelt in two pieces
+    target = ["टॉमचं", "पुस्तक", "पुस्तक", "बॉस्टनमध्ये", "आहे.", None]
+    weights = np.full((6, 7), 0.02)
+    weights[0, 2] = 0.5   # टॉमचं looks at "is": not aligned (Tom's gets 0.02)
+    weights[1, 1] = 0.5   # पुस्तक, two rows: one on "book", one spread evenly -> "book" still wins
+    weights[3, 4] = weights[3, 5] = 0.25   # बॉस्टन: the two pieces of "Boston" sum to 0.5
+    weights /= weights.sum(axis=1, keepdims=True)
+    alignment = word_alignment([(source, target, weights)], lexicon)
+    assert alignment.pairs == 3 and alignment.accuracy == pytest.approx(2 / 3)
+    expected_mass = (weights[0, 0] + weights[1:3, 1].mean() + weights[3, 4:6].sum()) / 3
+    assert alignment.mass == pytest.approx(expected_mass)
+    assert lexicon_cells(source, target, lexicon) == [(0, 0), (1, 1), (2, 1), (3, 4), (3, 5)]
+    empty = word_alignment([(source, ["आहे", None], weights[:2])], lexicon)
+    assert empty.pairs == 0 and np.isnan(empty.accuracy)
+    with pytest.raises(ValueError, match="weights of shape"):
+        word_alignment([(source, target, weights[:, :3])], lexicon)
+
+
+def test_cross_attention_gives_every_layer_and_head_and_ends_in_translates_attention(half_trained, raw_pairs):
+    model = half_trained["Transformer"]
+    for sentence in raw_pairs[0][:10] + ["Tom's book is in Boston."]:
+        maps = model.cross_attention(sentence)
+        translation, attention = model.translate(sentence)
+        assert maps.translation == translation
+        assert maps.weights.shape == (2, 4, len(maps.target_pieces), len(maps.source_pieces))
+        assert maps.source_pieces == model.source_tokenizer.tokenize(sentence)
+        assert np.allclose(maps.weights.sum(axis=-1), 1.0, atol=1e-5)
+        assert np.abs(maps.weights[-1].mean(axis=0) - attention).max() < 1e-5
+        assert maps.target_pieces[-1] == "<end>" or len(maps.target_pieces) == model.max_length
+    with pytest.raises(TypeError, match="str"):
+        model.cross_attention(["a list"])
+
+
+def test_alignment_map_pixels_show_the_aligned_cell_brightest():
+    """The boxed map of the notebooks: drawn by attention_heatmap, the lexicon cell of each row is its
+    brightest pixel block (viridis: brightest = most yellow), and the box sits on it."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    source, target = ["tom", "reads", "a", "book", "."], ["टॉम", "पुस्तक", "वाचतो", "."]
+    weights = np.full((4, 5), 0.1)
+    weights[0, 0] = weights[1, 3] = weights[2, 1] = weights[3, 4] = 0.6
+    fig, ax = plt.subplots(figsize=(5, 4), dpi=100)
+    attnx.plot.attention_heatmap(weights, source_tokens=source, target_tokens=target, ax=ax, colorbar=False)
+    cells = lexicon_cells(source, target, [("Tom", "टॉम"), ("book", "पुस्तक")])
+    assert cells == [(0, 0), (1, 3)]
+    fig.canvas.draw()
+    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(float)
+    height = pixels.shape[0]
+
+    def colour(row, column):  # the pixel at the centre of a cell (data coordinates -> display -> image rows)
+        x, y = ax.transData.transform((column, row))
+        return pixels[int(round(height - y)), int(round(x))]
+
+    yellow = (lambda rgb: rgb[0] + rgb[1] - rgb[2])  # viridis' bright end is yellow, its dark end blue
+    for row, column in cells:
+        brightest = max(range(len(source)), key=lambda c: yellow(colour(row, c)))
+        assert brightest == column
+    plt.close(fig)

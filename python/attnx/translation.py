@@ -145,7 +145,10 @@ class Alignment(NamedTuple):
 
 
 def _word_key(word):
-    return word.strip(".,;:!?\"'()[]«»¿¡।").lower()
+    """A word as the lexicon matches it: lowercased, without the punctuation around it or an English
+    possessive ("Tom's" is "tom")."""
+    word = word.strip(".,;:!?\"'()[]«»¿¡।").lower()
+    return word[:-2] if word.endswith(("'s", "\u2019s")) else word
 
 
 def lexicon_cells(source_words, target_words, lexicon):
@@ -166,7 +169,8 @@ def word_alignment(examples, lexicon):
             the word row r belongs to (a word of several subwords repeats;
             `text.SubwordTokenizer.piece_words` gives them), None for rows of no word (``<end>``).
         lexicon: ``(source word, target stem)`` pairs, e.g. ``("school", "शाळ")``: a target word
-            matches when it starts with the stem (case and attached punctuation ignored on both sides).
+            matches when it starts with the stem (case, attached punctuation and an English possessive
+            ignored).
     Returns:
         `Alignment`: for every sentence whose source has a lexicon word and whose translation a word
         of its stem, the rows of that target word are averaged and summed per source word; the pair
