@@ -20,7 +20,7 @@ loss on the first `--val-pairs` validation pairs is computed and the weights wit
 kept (the best validation checkpoint), which are then scored: cased sacreBLEU on the detokenized
 translations of the test split against the raw references (`attnx.translation.translation_bleu`),
 greedy, and beam 4 (length penalty 0.6) for the attnx models. `--threads` (default 2) for attnx
-and torch alike.
+and torch alike (`--torch-threads` sets torch's apart).
 """
 import argparse
 import copy
@@ -235,6 +235,9 @@ def main():
     parser.add_argument("--val-pairs", type=int, default=1000, help="validation pairs for the checkpoint choice")
     parser.add_argument("--test-pairs", type=int, default=None, help="test pairs scored (default: all)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch's threads (default --threads; on a host loaded by other jobs torch's OpenMP "
+                             "threads wait on each other, and 1 thread can be several times faster)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=None, help="path of mar.txt (default: $ATTNX_DATA_DIR/anki/mar.txt)")
     args = parser.parse_args()
@@ -272,7 +275,7 @@ def main():
               flush=True)
     if "torch" in models:
         import torch
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(args.torch_threads or args.threads)
         torch.manual_seed(args.seed)
         model = torch_model(torch, V)
         encode_sources = (lambda texts: attnx.text.pad_sequences([tokenizer.encode(t) for t in texts],
