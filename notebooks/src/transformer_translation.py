@@ -126,7 +126,9 @@ for mr in test.target[:5]:
 # `evaluate_bleu` scores the translations of the test split against the raw references with
 # sacreBLEU (cased, its own 13a tokenization of the detokenized text: the number papers report, with
 # its signature). `normalize=True` scores both sides after the tutorial's preprocessing instead
-# (lowercased, punctuation split), as `nmt_attention.ipynb` does for its word-level model.
+# (lowercased, punctuation split), as `nmt_attention.ipynb` does for its word-level model. For
+# Marathi the two agree (Devanagari has no case, and sacreBLEU's tokenizer splits the punctuation the
+# preprocessing splits); for a cased target language they do not.
 
 # %%
 n_test = 200 if QUICK else len(test.source)
@@ -220,11 +222,14 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# What to look at: names and nouns (Tom, Boston, book, school) are where attention aligns best,
-# usually in the last decoder layers; a few heads carry the alignment while others attend to the
-# sentence end or to punctuation, so the mean of the heads aligns less sharply than the best head.
-# Marathi is verb-final, so the alignment is not a diagonal.
+# What to look at: the transformer's cross-attention aligns the lexicon's words in every layer, far
+# above chance; some heads carry the alignment (in the run committed here layer 2's head 1: 94% of
+# 226 pairs, 89% of the 75 that are not "Tom") while others spread their weight, so a mean of heads
+# can align less sharply than its best head. Marathi is verb-final and Marathi case endings attach
+# to the noun ("बॉस्टनला", to Boston), so the alignment is not a diagonal, and a noun's row often also
+# looks at the English preposition.
 #
-# The full run (`ATTNX_QUICK` unset: 10,000 pairs, D 128, 2 + 2 layers, at most 10 minutes on two
-# cores) is what the figures above are for; `benchmarks/translation_quality.py` compares this model
-# with the Bahdanau `Seq2Seq` and PyTorch's `nn.Transformer` at equal time.
+# The outputs committed are of the full run (`ATTNX_QUICK` unset: 10,000 pairs, D 128, 2 + 2 layers,
+# 600 s of training on a 2-core host shared with other jobs: 19 epochs, test BLEU 32.5 greedy,
+# 33.1 beam 4). `benchmarks/translation_quality.py` compares the transformer with the Bahdanau
+# `Seq2Seq` and PyTorch's `nn.Transformer` at equal time.
