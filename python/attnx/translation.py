@@ -31,6 +31,7 @@ Typical use::
     translation, attention = model.translate("I am hungry.")
     model.save("mar.attnx")               # attnx.load_model("mar.attnx") reads it back
 """
+import logging
 import math
 from typing import NamedTuple
 
@@ -133,7 +134,17 @@ def translation_bleu(translations, references, normalize=False, scorer="auto"):
         sentence = _strip_markers(sentence)
         return (_strip_markers(datasets.preprocess_sentence(sentence)) if normalize else sentence).split()
 
-    return metrics.bleu_score([[words(r)] for r in references], [words(t) for t in translations], scorer)
+    references, translations = [[words(r)] for r in references], [words(t) for t in translations]
+    if not normalize:
+        return metrics.bleu_score(references, translations, scorer)
+    # normalized text is tokenized on purpose: no "you forgot to detokenize" warning from sacreBLEU
+    logger = logging.getLogger("sacrebleu")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return metrics.bleu_score(references, translations, scorer)
+    finally:
+        logger.setLevel(level)
 
 
 class Alignment(NamedTuple):
