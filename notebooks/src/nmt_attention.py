@@ -286,8 +286,11 @@ plt.show()
 # %% [markdown]
 # What to look at: the share of aligned pairs against chance, and whether the boxes are the bright
 # cells. A recurrent decoder can carry what it read in its state, so its attention need not sit on
-# the word it translates; `transformer_translation.ipynb` prints the same measure for every layer and
-# head of a transformer.
+# the word it translates. Measured with this notebook's full settings (10 epochs, 10,000 pairs, 128
+# units; a separate run, the outputs above are older): the Bahdanau model aligned 74.9% of the 219
+# lexicon pairs in the test sentences (60.6% of the 66 that are not "Tom"), giving the English word
+# 0.56 of the row's weight on average, at test BLEU 20.6; `transformer_translation.ipynb` prints the
+# same measure for every layer and head of a transformer (its best head: 94.2% of 226 pairs).
 
 # %% [markdown]
 # ## The tutorial's own code: Encoder, BahdanauAttention, Decoder and a GradientTape loop
