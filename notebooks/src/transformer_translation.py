@@ -16,7 +16,6 @@ import tempfile
 import time
 
 import matplotlib.pyplot as plt
-import numpy as np
 
 import attnx
 from attnx.seq2seq import Transformer

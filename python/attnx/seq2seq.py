@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, initializers, kernels, losses, metrics, random, text
+from . import backend, initializers, kernels, losses, random, text
 from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Embedding
