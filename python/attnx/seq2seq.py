@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, initializers, kernels, losses, metrics, random, text
+from . import backend, initializers, kernels, losses, random, text
 from .backend import unique_name
 from .layers.base import Layer
 from .layers.core import Embedding
@@ -45,6 +45,7 @@ from .decoding import Hypothesis, check_target_ids, positive_int as _positive_in
 from .decoding import without_trailing_padding as _without_trailing_padding
 from .masking import as_mask
 from .models import Model
+from . import translation
 from .translation import Transformer  # the transformer translation model, with Seq2Seq's API
 
 __all__ = ["Encoder", "BahdanauDecoder", "LuongDecoder", "DecoderState", "Hypothesis", "Seq2Seq", "Transformer"]
@@ -597,7 +598,8 @@ class Seq2Seq(Model):
         start_token, end_token: target start and end ids, or words looked up in `target_tokenizer`.
         max_length: longest target (tokens after the start token, end token included) that
             training accepts and decoding produces.
-        source_tokenizer, target_tokenizer: `attnx.text.Tokenizer`s for `translate` / `fit_texts`.
+        source_tokenizer, target_tokenizer: `attnx.text.Tokenizer`s (preprocessed text) or
+            `attnx.text.SubwordTokenizer`s (raw text) for `translate` / `fit_texts`.
 
     Data: ``fit(source, target)``, ``evaluate(source, target)`` take source ids (B, S) and target ids
     (B, T) that begin with the start token, 0 = padding; `train_data` turns them into teacher
@@ -639,10 +641,24 @@ class Seq2Seq(Model):
         self.build()
 
     @classmethod
-    def from_texts(cls, sources, targets, num_words=None, oov_token=None, **kwargs):
-        """Fits word-level tokenizers (``filters=''``: punctuation was split off by
-        `attnx.datasets.preprocess_sentence`) on the texts and builds a model for them.
-        With `oov_token` (e.g. "<unk>"), unknown words map to it instead of raising."""
+    def from_texts(cls, sources, targets, num_words=None, oov_token=None, subwords=None, shared_vocabulary=False,
+                   **kwargs):
+        """Fits tokenizers on the texts and builds a model for them.
+
+        Words (default): `text.Tokenizer`s (``filters=''``: punctuation was split off by
+        `attnx.datasets.preprocess_sentence`); with `oov_token` (e.g. "<unk>"), unknown words map to it
+        instead of raising. Subwords (`subwords` a vocabulary size): the Transformer's SentencePiece BPE
+        vocabularies (`translation.subword_tokenizers`) learned on the sentences as written, one per side
+        or one shared (`shared_vocabulary`); the model then reads and writes raw, cased text."""
+        if subwords is not None:
+            if num_words is not None or oov_token is not None:
+                raise ValueError("Seq2Seq.from_texts: num_words and oov_token are options of word tokenizers; "
+                                 "with subwords=..., pass neither (every text is spelt with subwords)")
+            src_tok, tgt_tok = translation.subword_tokenizers(sources, targets, subwords, shared_vocabulary)
+            return cls(src_tok.vocab_size, tgt_tok.vocab_size, source_tokenizer=src_tok, target_tokenizer=tgt_tok,
+                       **kwargs)
+        if shared_vocabulary:
+            raise ValueError("Seq2Seq.from_texts: shared_vocabulary needs subwords=<vocabulary size>")
         src_tok = text.Tokenizer(num_words=num_words, filters="", oov_token=oov_token)
         tgt_tok = text.Tokenizer(num_words=num_words, filters="", oov_token=oov_token)
         src_tok.fit_on_texts(list(sources))
@@ -682,11 +698,7 @@ class Seq2Seq(Model):
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        for key in ("source_tokenizer", "target_tokenizer"):
-            if config.get(key) is not None:
-                config[key] = text.tokenizer_from_json(config[key])
-        return cls(**config)
+        return cls(**translation.tokenizers_from_config(config))
 
     # ------------------------------------------------------------------------ training
     def compile(self, optimizer="adam", loss=None, metrics=None, loss_weights=None, distribute=None):
@@ -755,10 +767,14 @@ class Seq2Seq(Model):
             raise RuntimeError(f"Seq2Seq: {what} needs source_tokenizer and target_tokenizer")
 
     def encode_sources(self, sentences, max_length=None):
-        """Preprocessed sentences -> padded id array; raises on empty sentences and unknown words
-        (unless the tokenizer has an oov_token)."""
+        """Sentences -> padded id array. Subword tokenizers: sentences as written (``<start>`` / ``<end>``
+        optional). Word tokenizers: preprocessed sentences; unknown words raise (unless the tokenizer
+        has an oov_token). An empty sentence raises."""
         self._require_tokenizers("encode_sources")
         tok = self.source_tokenizer
+        if isinstance(tok, text.SubwordTokenizer):
+            seqs = translation.subword_sources("Seq2Seq", tok, sentences)
+            return text.pad_sequences(seqs, maxlen=max_length, padding="post", truncating="post").astype(np.int64)
         seqs = []
         for sentence in sentences:
             words = text.text_to_word_sequence(sentence, tok.filters, tok.lower, tok.split)
@@ -773,8 +789,13 @@ class Seq2Seq(Model):
         return text.pad_sequences(seqs, maxlen=max_length, padding="post").astype(np.int64)
 
     def encode_targets(self, sentences):
+        """Sentences -> target ids (B, T) starting with the start token (subwords: added here; words:
+        the preprocessed sentence's ``<start>``), padded."""
         self._require_tokenizers("encode_targets")
-        seqs = self.target_tokenizer.texts_to_sequences(list(sentences))
+        if isinstance(self.target_tokenizer, text.SubwordTokenizer):
+            seqs = translation.subword_targets(self.target_tokenizer, sentences, self.start_id, self.end_id)
+        else:
+            seqs = self.target_tokenizer.texts_to_sequences(list(sentences))
         return text.pad_sequences(seqs, padding="post").astype(np.int64)
 
     def fit_texts(self, sources, targets, validation_data=None, **kwargs):
@@ -789,6 +810,13 @@ class Seq2Seq(Model):
         """Target ids -> words (ids outside the vocabulary give "<unk>")."""
         index_word = self.target_tokenizer.index_word
         return [index_word.get(int(t), "<unk>") for t in tokens]
+
+    def target_text(self, tokens):
+        """Target ids (without start / end tokens) -> the sentence: subwords detokenized, words joined by
+        spaces."""
+        if isinstance(self.target_tokenizer, text.SubwordTokenizer):
+            return self.target_tokenizer.decode(tokens)
+        return " ".join(self.target_words(tokens))
 
     # ------------------------------------------------------------------------ decoding
     def _decode_length(self, max_length):
@@ -828,12 +856,13 @@ class Seq2Seq(Model):
                                     self.start_id, end, width, alpha, L)
 
     def translate(self, sentence, width=1, length_penalty=0.0, max_length=None):
-        """Translates one preprocessed sentence (``<start> ... <end>``, see
-        `attnx.datasets.preprocess_sentence`).
+        """Translates one sentence: preprocessed (``<start> ... <end>``, see
+        `attnx.datasets.preprocess_sentence`) for word tokenizers, as written for subword ones.
 
-        Returns (translation str without start/end tokens, attention (target words + 1, source tokens));
-        `source_tokens` / `target_tokens` for `attnx.plot.attention_heatmap` are
-        ``sentence.split()`` and ``translation.split() + ['<end>']``."""
+        Returns (translation str without start/end tokens, attention (target tokens + 1, source tokens));
+        `source_tokens` / `target_tokens` for `attnx.plot.attention_heatmap` are ``sentence.split()`` and
+        ``translation.split() + ['<end>']`` for words, the tokenizers' ``tokenize`` of the sentence and
+        ``index_word`` of the tokens for subwords."""
         self._require_tokenizers("translate")
         if not isinstance(sentence, str):
             raise TypeError(f"Seq2Seq.translate: expected a str sentence, got {type(sentence).__name__}")
@@ -845,12 +874,15 @@ class Seq2Seq(Model):
         else:
             best = self.beam_search(source, width, length_penalty, max_length)[0][0]
             words, weights = best.tokens, best.attention
-        return " ".join(self.target_words(words)), weights
+        return self.target_text(words), weights
 
     def evaluate_bleu(self, sources, references, width=1, length_penalty=0.0, batch_size=64, max_length=None,
-                      scorer="auto"):
-        """Corpus BLEU-4 of the translations of preprocessed `sources` against preprocessed
-        `references` (start/end tokens are not scored).
+                      scorer="auto", normalize=False):
+        """Corpus BLEU-4 of the translations of `sources` against `references` (`translation.translation_bleu`,
+        the Transformer's: start/end tokens are not scored): by default the text as the model writes it
+        (subwords: cased and detokenized; words: the preprocessed words joined by spaces), with
+        ``normalize=True`` both sides after `attnx.datasets.preprocess_sentence` (lowercased,
+        punctuation split).
 
         `scorer`: "sacrebleu" (the `sacrebleu` package, the score papers report), "attnx" (NLTK's
         formula, `metrics.corpus_bleu`) or "auto" (sacreBLEU when installed). Returns a
@@ -862,11 +894,9 @@ class Seq2Seq(Model):
             src = self.encode_sources(sources[lo:lo + batch_size])
             if width == 1:
                 tokens, _ = self.greedy_decode(src, max_length)
-                hyps += [self.target_words([t for t in decoding.until_end(row, self.end_id)[0] if t])
+                hyps += [self.target_text([t for t in decoding.until_end(row, self.end_id)[0] if t])
                          for row in tokens.tolist()]
             else:
                 beams = self.beam_search(src, width, length_penalty, max_length)
-                hyps += [self.target_words(h[0].tokens) for h in beams]
-        refs = [[[w for w in r.split() if w not in ("<start>", "<end>")]] for r in references]
-        return metrics.bleu_score(refs, hyps, scorer)
-
+                hyps += [self.target_text(h[0].tokens) for h in beams]
+        return translation.translation_bleu(hyps, references, normalize, scorer)

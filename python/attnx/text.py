@@ -552,6 +552,19 @@ class SubwordTokenizer:
     def sequences_to_texts(self, sequences):
         return [self.decode(s) for s in sequences]
 
+    @classmethod
+    def piece_words(cls, pieces):
+        """The word each piece belongs to (a word starts at each piece with SentencePiece's marker, which
+        is dropped), one per piece: ``["▁I", "▁am", "▁hung", "ry."]`` -> ``["I", "am", "hungry.", "hungry."]``;
+        special tokens (``<end>``) are words of their own."""
+        starts = [i for i, piece in enumerate(pieces) if piece.startswith(cls.MARKER) or piece in cls.SPECIAL_TOKENS
+                  or i == 0 or pieces[i - 1] in cls.SPECIAL_TOKENS]
+        words = []
+        for lo, hi in zip(starts, starts[1:] + [len(pieces)]):
+            word = "".join(pieces[lo:hi]).replace(cls.MARKER, " ").strip()
+            words += [word] * (hi - lo)
+        return words
+
     def get_config(self):
         """The arguments and, once fitted, SentencePiece's model as base64 text (a few hundred KB at 8k ids)."""
         import base64

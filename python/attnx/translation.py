@@ -24,19 +24,20 @@ on fewer rows.
 
 Typical use::
 
-    splits = attnx.datasets.load_anki_pairs(data_dir=..., max_words=10)
+    splits = attnx.datasets.load_anki_pairs(data_dir=..., max_words=10, raw=True)
     model = Transformer.from_texts(splits.train.source, splits.train.target, vocab_size=4000)
-    model.compile()                       # Adam + NoamDecay warm-up, label smoothing 0.1
+    model.compile()                       # Adam + NoamDecay, warm-up scaled to the run; label smoothing 0.1
     model.fit_texts(splits.train.source, splits.train.target, epochs=10)
-    translation, attention = model.translate("i am hungry .")
+    translation, attention = model.translate("I am hungry.")
     model.save("mar.attnx")               # attnx.load_model("mar.attnx") reads it back
 """
+import logging
 import math
 from typing import NamedTuple
 
 import numpy as np
 
-from . import initializers, losses, metrics, optimizers, random, text
+from . import datasets, initializers, losses, metrics, optimizers, random, text
 from .backend import unique_name
 from . import decoding
 from .decoding import Hypothesis, check_target_ids, positive_int as _positive_int
@@ -47,9 +48,8 @@ from .layers.positions import PositionalEncoding, PositionEmbedding
 from .layers.transformer import TransformerDecoder, TransformerEncoder
 from .models import Model
 
-__all__ = ["Transformer", "Hypothesis", "LengthBuckets"]
-
-
+__all__ = ["Transformer", "Hypothesis", "LengthBuckets", "AttentionMaps", "Alignment", "subword_tokenizers",
+           "translation_bleu", "word_alignment", "lexicon_cells"]
 
 
 class _Cache(NamedTuple):
@@ -70,6 +70,157 @@ def _strip_markers(sentence):
     if words and words[-1] == "<end>":
         words = words[:-1]
     return " ".join(words)
+
+
+def subword_tokenizers(sources, targets, vocab_size, shared_vocabulary):
+    """(source tokenizer, target tokenizer): SentencePiece BPE vocabularies (`attnx.text.SubwordTokenizer`)
+    of about `vocab_size` ids learned on the sentences as written (``<start>`` / ``<end>`` markers
+    dropped), one shared by both sides (the same object twice) or one per side. `Transformer.from_texts`
+    and `Seq2Seq.from_texts` build their subword models on it."""
+    sources = [_strip_markers(s) for s in sources]
+    targets = [_strip_markers(t) for t in targets]
+    if shared_vocabulary:
+        shared = text.SubwordTokenizer(vocab_size).fit_on_texts(sources + targets)
+        return shared, shared
+    return text.SubwordTokenizer(vocab_size).fit_on_texts(sources), text.SubwordTokenizer(vocab_size).fit_on_texts(targets)
+
+
+def subword_sources(owner, tokenizer, sentences, max_subwords=None):
+    """The subword ids of each source sentence (markers optional), the first `max_subwords` of each;
+    a sentence that is not a str is a TypeError, one without a subword a ValueError, naming `owner`."""
+    seqs = []
+    for sentence in sentences:
+        if not isinstance(sentence, str):
+            raise TypeError(f"{owner}: sentences must be str, got {type(sentence).__name__}")
+        ids = tokenizer.encode(_strip_markers(sentence))
+        if not ids:
+            raise ValueError(f"{owner}: empty sentence {sentence!r}")
+        seqs.append(ids[:max_subwords])
+    return seqs
+
+
+def subword_targets(tokenizer, sentences, start_id, end_id):
+    """Each target sentence (markers optional) as the start id, its subword ids, the end id."""
+    return [[start_id] + tokenizer.encode(_strip_markers(s)) + [end_id] for s in sentences]
+
+
+def tokenizers_from_config(config):
+    """A translator's config with its tokenizers' JSON read back (the same JSON on both sides, a shared
+    vocabulary, read as one tokenizer)."""
+    config = dict(config)
+    source, target = config.get("source_tokenizer"), config.get("target_tokenizer")
+    read = (lambda js: None if js is None else text.tokenizer_from_json(js))
+    config["source_tokenizer"] = read(source)
+    config["target_tokenizer"] = config["source_tokenizer"] if target == source else read(target)
+    return config
+
+
+def translation_bleu(translations, references, normalize=False, scorer="auto"):
+    """Corpus BLEU-4 of translated sentences against one reference sentence each (``<start>`` / ``<end>``
+    markers never scored).
+
+    By default the text as written, cased and detokenized, which sacreBLEU tokenizes itself (its 13a
+    tokenizer): the score papers report. ``normalize=True`` scores both sides after the loader's
+    normalization instead (`attnx.datasets.preprocess_sentence`: lowercased, punctuation split off),
+    the score of the tutorial's preprocessed text. `scorer` as in `metrics.bleu_score` ("auto":
+    sacreBLEU when installed); the returned `metrics.BleuScore` carries its signature."""
+    translations, references = list(translations), list(references)
+    if len(translations) != len(references):
+        raise ValueError(f"evaluate_bleu: {len(translations)} translations but {len(references)} references")
+
+    def words(sentence):
+        if not isinstance(sentence, str):
+            raise TypeError(f"evaluate_bleu: references must be str sentences, got {type(sentence).__name__}")
+        sentence = _strip_markers(sentence)
+        return (_strip_markers(datasets.preprocess_sentence(sentence)) if normalize else sentence).split()
+
+    references, translations = [[words(r)] for r in references], [words(t) for t in translations]
+    if not normalize:
+        return metrics.bleu_score(references, translations, scorer)
+    # normalized text is tokenized on purpose: no "you forgot to detokenize" warning from sacreBLEU
+    logger = logging.getLogger("sacrebleu")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return metrics.bleu_score(references, translations, scorer)
+    finally:
+        logger.setLevel(level)
+
+
+class Alignment(NamedTuple):
+    """What `word_alignment` found: ``pairs`` the word pairs it scored, ``accuracy`` the share of them
+    whose target word attends most to its source word, ``mass`` the mean weight it gives that word."""
+    pairs: int
+    accuracy: float
+    mass: float
+
+
+def _word_key(word):
+    """A word as the lexicon matches it: lowercased, without the punctuation around it or an English
+    possessive ("Tom's" is "tom")."""
+    word = word.strip(".,;:!?\"'()[]«»¿¡।").lower()
+    return word[:-2] if word.endswith(("'s", "\u2019s")) else word
+
+
+def lexicon_cells(source_words, target_words, lexicon):
+    """The (row, column) cells where a lexicon pair meets in one attention map (words as `word_alignment`
+    takes them): a row of a target word starting with the stem, a column of its source word. For
+    drawing the pairs on a heatmap."""
+    pairs = [(_word_key(en), _word_key(stem)) for en, stem in lexicon]
+    return [(r, c) for r, tw in enumerate(target_words) if tw is not None for c, sw in enumerate(source_words)
+            if any(_word_key(sw) == en and _word_key(tw).startswith(stem) for en, stem in pairs)]
+
+
+def word_alignment(examples, lexicon):
+    """How well attention aligns the words of a small bilingual lexicon, over translated sentences.
+
+    Args:
+        examples: ``(source_words, target_words, weights)`` per sentence: ``weights`` (rows, columns)
+            an attention matrix, ``source_words[c]`` the word column c belongs to, ``target_words[r]``
+            the word row r belongs to (a word of several subwords repeats;
+            `text.SubwordTokenizer.piece_words` gives them), None for rows of no word (``<end>``).
+        lexicon: ``(source word, target stem)`` pairs, e.g. ``("school", "शाळ")``: a target word
+            matches when it starts with the stem (case, attached punctuation and an English possessive
+            ignored).
+    Returns:
+        `Alignment`: for every sentence whose source has a lexicon word and whose translation a word
+        of its stem, the rows of that target word are averaged and summed per source word; the pair
+        counts as aligned when the lexicon's source word gets the largest share.
+    """
+    found = hits = 0
+    mass = 0.0
+    for source_words, target_words, weights in examples:
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (len(target_words), len(source_words)):
+            raise ValueError(f"word_alignment: weights of shape {weights.shape} for {len(target_words)} target and "
+                             f"{len(source_words)} source words")
+        source_keys = [_word_key(w) for w in source_words]
+        target_keys = [None if w is None else _word_key(w) for w in target_words]
+        per_word = {}
+        for column, key in enumerate(source_keys):
+            per_word.setdefault(key, []).append(column)
+        for source_word, stem in lexicon:
+            source_word, stem = _word_key(source_word), _word_key(stem)
+            if source_word not in per_word:
+                continue
+            for target_word in dict.fromkeys(k for k in target_keys if k and k.startswith(stem)):
+                rows = [r for r, k in enumerate(target_keys) if k == target_word]
+                row = weights[rows].mean(axis=0)
+                shares = {key: row[columns].sum() for key, columns in per_word.items()}
+                found += 1
+                hits += max(shares, key=shares.get) == source_word
+                mass += shares[source_word]
+    return Alignment(found, hits / found if found else float("nan"), mass / found if found else float("nan"))
+
+
+class AttentionMaps(NamedTuple):
+    """A translation and its cross-attention (`Transformer.cross_attention`): ``weights`` (layers, heads,
+    rows, columns), a row per target piece and the end token (``target_pieces`` ends with "<end>",
+    unless max_length cut the translation), a column per source piece."""
+    translation: str
+    source_pieces: list
+    target_pieces: list
+    weights: np.ndarray
 
 
 class LengthBuckets:
@@ -145,6 +296,7 @@ class Transformer(Model):
     """
 
     MAX_SOURCE_LENGTH = 1024
+    _warmup_from_fit = False  # compile(warmup_steps="auto") until the first fit sets the warm-up
 
     def __init__(self, source_vocab_size, target_vocab_size, model_dim=256, num_heads=4, intermediate_dim=1024,
                  num_encoder_layers=3, num_decoder_layers=3, dropout=0.1, activation="relu", norm_first=False,
@@ -210,18 +362,13 @@ class Transformer(Model):
     # ------------------------------------------------------------------------ construction
     @classmethod
     def from_texts(cls, sources, targets, vocab_size=8000, shared_vocabulary=True, **kwargs):
-        """Learns BPE subword vocabularies (`attnx.text.SubwordTokenizer`) of about `vocab_size`
-        tokens on the texts, one shared by both sides (and then, unless told otherwise, one shared
-        embedding table) or one per side, and builds a model for them. Sentences may carry the
-        ``<start>`` / ``<end>`` markers of `attnx.datasets.preprocess_sentence`."""
-        sources = [_strip_markers(s) for s in sources]
-        targets = [_strip_markers(t) for t in targets]
+        """Learns SentencePiece BPE subword vocabularies (`subword_tokenizers`) of about `vocab_size`
+        ids on the sentences as written, one shared by both sides (and then, unless told otherwise,
+        one shared embedding table) or one per side, and builds a model for them. Sentences may carry
+        the ``<start>`` / ``<end>`` markers of `attnx.datasets.preprocess_sentence`."""
+        source_tok, target_tok = subword_tokenizers(sources, targets, vocab_size, shared_vocabulary)
         if shared_vocabulary:
-            source_tok = target_tok = text.SubwordTokenizer(vocab_size).fit_on_texts(sources + targets)
             kwargs.setdefault("shared_embeddings", True)
-        else:
-            source_tok = text.SubwordTokenizer(vocab_size).fit_on_texts(sources)
-            target_tok = text.SubwordTokenizer(vocab_size).fit_on_texts(targets)
         return cls(source_tok.vocab_size, target_tok.vocab_size, source_tokenizer=source_tok,
                    target_tokenizer=target_tok, **kwargs)
 
@@ -267,27 +414,61 @@ class Transformer(Model):
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        source, target = config.get("source_tokenizer"), config.get("target_tokenizer")
-        read = (lambda js: None if js is None else text.tokenizer_from_json(js))
-        config["source_tokenizer"] = read(source)
-        # the same JSON on both sides: a shared vocabulary, read back as one tokenizer
-        config["target_tokenizer"] = config["source_tokenizer"] if target == source else read(target)
-        return cls(**config)
+        return cls(**tokenizers_from_config(config))
 
     # ------------------------------------------------------------------------ training
+    PAPER_WARMUP_STEPS = 4000
+
     def compile(self, optimizer=None, loss=None, metrics=None, loss_weights=None, distribute=None,
-                label_smoothing=0.1, warmup_steps=4000):
-        """As `Model.compile`, with the paper's recipe as defaults: Adam (beta_2 0.98, epsilon 1e-9)
-        on `optimizers.NoamDecay` (`warmup_steps`), and the cross-entropy of each next target token
-        from the logits with `label_smoothing`, padding (id 0) ignored, averaged over the real tokens."""
+                label_smoothing=0.1, warmup_steps="auto"):
+        """As `Model.compile`, with the paper's recipe as defaults: Adam (beta_2 0.98, epsilon 1e-9) on
+        `optimizers.NoamDecay` (a linear warm-up, then a decay as 1/sqrt(step)), and the cross-entropy
+        of each next target token from the logits with `label_smoothing`, padding (id 0) ignored,
+        averaged over the real tokens.
+
+        `warmup_steps`: "auto" (default) scales the warm-up to the run, so that a short run learns: the
+        first `fit` sets it to a tenth of the steps it will take (epochs times batches per epoch), at
+        most the paper's 4000, and the rate rises to the paper's peak, (model_dim * 4000) ** -0.5,
+        whatever the warm-up's length (data without a length: 4000 steps). A warm-up of a tenth keeps
+        the rate near its peak for most of a short run; the paper's 4000 steps would take a first run
+        of a few minutes all its time to reach it. A number is the paper's schedule
+        with that warm-up (peak (model_dim * warmup_steps) ** -0.5), as is any schedule or optimizer
+        given. A fit that starts from a trained optimizer keeps its schedule."""
+        self._warmup_from_fit = optimizer is None and isinstance(warmup_steps, str) and warmup_steps == "auto"
         if optimizer is None:
-            optimizer = optimizers.Adam(optimizers.NoamDecay(self.model_dim, warmup_steps), beta_2=0.98, epsilon=1e-9)
+            if self._warmup_from_fit:
+                schedule = self._run_scaled_schedule(self.PAPER_WARMUP_STEPS)
+            else:
+                schedule = optimizers.NoamDecay(self.model_dim, _positive_int("Transformer.compile", "warmup_steps",
+                                                                              warmup_steps))
+            optimizer = optimizers.Adam(schedule, beta_2=0.98, epsilon=1e-9)
         if loss is None:
             loss = losses.SparseCategoricalCrossentropy(from_logits=True, ignore_index=0,
                                                         label_smoothing=label_smoothing)
         super().compile(optimizer=optimizer, loss=loss, metrics=metrics, loss_weights=loss_weights,
                         distribute=distribute)
+
+    def _run_scaled_schedule(self, warmup_steps):
+        """NoamDecay with `warmup_steps`, scaled to peak at the paper's rate (model_dim * 4000) ** -0.5."""
+        return optimizers.NoamDecay(self.model_dim, warmup_steps, math.sqrt(warmup_steps / self.PAPER_WARMUP_STEPS))
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, **kwargs):
+        """`Model.fit`; the first fit after ``compile(warmup_steps="auto")`` sets the warm-up to the run
+        (see `compile`)."""
+        if self._warmup_from_fit and self.optimizer.iterations == 0:
+            steps = kwargs.get("steps_per_epoch")
+            if steps is None and isinstance(x, np.ndarray):
+                kept = int(len(x) * (1.0 - kwargs.get("validation_split", 0.0)))  # the training part, as fit cuts it
+                steps = -(-kept // (batch_size or 32))
+            elif steps is None and hasattr(x, "__len__") and not isinstance(x, (list, tuple, dict)):
+                steps = len(x)  # an iterable of batches (LengthBuckets, a Dataset)
+            total = None if steps is None else steps * max(1, epochs - kwargs.get("initial_epoch", 0))
+            if total is not None:
+                warmup = max(1, min(self.PAPER_WARMUP_STEPS, total // 10))
+                self.optimizer.learning_rate = self._run_scaled_schedule(warmup)
+                self._compile_config["optimizer"] = optimizers.serialize(self.optimizer)
+            self._warmup_from_fit = False
+        return super().fit(x, y, batch_size=batch_size, epochs=epochs, **kwargs)
 
     def _embed(self, embedding, positions, ids, training):
         """``dropout(E[ids] * sqrt(D) + P)`` and its cache."""
@@ -407,22 +588,16 @@ class Transformer(Model):
             raise RuntimeError(f"Transformer: {what} needs source_tokenizer and target_tokenizer")
 
     def encode_sources(self, sentences):
-        """Sentences (``<start>`` / ``<end>`` markers optional) -> padded source ids (B, S)."""
+        """Sentences (``<start>`` / ``<end>`` markers optional) -> padded source ids (B, S), each cut to
+        its first `MAX_SOURCE_LENGTH` subwords."""
         self._require_tokenizers("encode_sources")
-        seqs = []
-        for sentence in sentences:
-            if not isinstance(sentence, str):
-                raise TypeError(f"Transformer: sentences must be str, got {type(sentence).__name__}")
-            ids = self.source_tokenizer.encode(_strip_markers(sentence))
-            if not ids:
-                raise ValueError(f"Transformer: empty sentence {sentence!r}")
-            seqs.append(ids[:self.MAX_SOURCE_LENGTH])
+        seqs = subword_sources("Transformer", self.source_tokenizer, sentences, self.MAX_SOURCE_LENGTH)
         return text.pad_sequences(seqs, padding="post").astype(np.int64)
 
     def encode_targets(self, sentences):
         """Sentences -> target ids (B, T): the start token, the subwords, the end token, padding."""
         self._require_tokenizers("encode_targets")
-        seqs = [[self.start_id] + self.target_tokenizer.encode(_strip_markers(s)) + [self.end_id] for s in sentences]
+        seqs = subword_targets(self.target_tokenizer, sentences, self.start_id, self.end_id)
         return text.pad_sequences(seqs, padding="post").astype(np.int64)
 
     def fit_texts(self, sources, targets, validation_data=None, batch_size=32, length_buckets=True, **kwargs):
@@ -439,6 +614,25 @@ class Transformer(Model):
     def target_text(self, tokens):
         """Target ids (without start / end tokens) -> the detokenized sentence."""
         return self.target_tokenizer.decode(tokens)
+
+    def cross_attention(self, sentence, width=1, length_penalty=0.0, max_length=None):
+        """Translates a sentence (`translate_batch`) and returns its `AttentionMaps`: the cross-attention
+        of every decoder layer and head over the source pieces, from the decoder run once more on the
+        translation (teacher forcing: the rows `translate` returns, there the last layer's mean of heads)."""
+        if not isinstance(sentence, str):
+            raise TypeError(f"Transformer.cross_attention: expected a str sentence, got {type(sentence).__name__}")
+        best = self.translate_batch([sentence], width, length_penalty, max_length)[0]
+        source = self.encode_sources([sentence])
+        target_in = np.array([[self.start_id] + list(best.tokens)], dtype=np.int64)
+        memory, source_mask, _ = self._encode(source)
+        y, _ = self._embed(self.target_embedding, self.target_positions, target_in, False)
+        (_, _, cross), _ = self.decoder.forward_checked(y, memory, None, source_mask, use_causal_mask=True,
+                                                        return_attention_scores=True)
+        rows = best.attention.shape[-2]  # no end row for a translation cut at max_length
+        index_word = self.target_tokenizer.index_word
+        return AttentionMaps(self.target_text(best.tokens), self.source_tokenizer.tokenize(_strip_markers(sentence)),
+                             ([index_word[t] for t in best.tokens] + ["<end>"])[:rows],
+                             np.stack([w[0, :, :rows] for w in cross]))
 
     # ------------------------------------------------------------------------ decoding
     def _decode_length(self, max_length):
@@ -554,12 +748,11 @@ class Transformer(Model):
         return self.target_text(best.tokens), best.attention.mean(axis=0)
 
     def evaluate_bleu(self, sources, references, width=1, length_penalty=0.0, batch_size=64, max_length=None,
-                      scorer="auto"):
-        """Corpus BLEU-4 of the translations of `sources` against `references`, both as whitespace-split
-        tokens of the detokenized text (markers removed): the same function on the same text as
-        `Seq2Seq.evaluate_bleu` when the texts come from `attnx.datasets.preprocess_sentence`.
-        `scorer` as in `metrics.bleu_score`. Returns a `metrics.BleuScore`."""
-        hyps = [self.target_text(h.tokens).split()
+                      scorer="auto", normalize=False):
+        """Corpus BLEU-4 of the translations of `sources` against `references` (`translation_bleu`): by
+        default sacreBLEU on the cased, detokenized text as written, with its signature; with
+        ``normalize=True`` on the loader's lowercased, punctuation-split text of both sides, the same
+        function on the same text as `Seq2Seq.evaluate_bleu`'s. Returns a `metrics.BleuScore`."""
+        hyps = [self.target_text(h.tokens)
                 for h in self.translate_batch(sources, width, length_penalty, max_length, batch_size)]
-        refs = [[_strip_markers(r).split()] for r in references]
-        return metrics.bleu_score(refs, hyps, scorer)
+        return translation_bleu(hyps, references, normalize, scorer)
