@@ -10,7 +10,8 @@
 //            e[r, k] = x[r, k] - sx[r] qx[r, k],  se[r] = max_k |e[r, k]| / 127,  qe = round(e / se)
 //            out[r, n] += (sum_k qe[r, k] qw[k, n]) * (se[r] sw[n])      (see Int8Activations)
 //
-// Layout: qw packed once per call, four k per 32-bit lane, whole rows of 16 columns:
+// Layout: qw packed once, when the layer's weights are set (Int8Kernel), four k per 32-bit lane,
+// whole rows of 16 columns:
 //   packed[((k / 4) * Np + n) * 4 + k % 4] = qw[k, n]   (zero past K and N; Np = N rounded up to 16)
 // so that one 32-bit broadcast of qx[r, k..k+4) meets 4 k of W (or 8, 16) columns in one vector. The
 // tiles (R rows x Q vectors of int32 accumulators) run on three instruction sets, picked like the
@@ -142,6 +143,23 @@ inline void pack_int8(Int8Packed& p, const int8_t* qw, size_t ldw, int K, int N)
         }
     p.feature_weight.resize(K);
     int8_feature_weights(p.feature_weight.data(), qw, ldw, K, N);
+}
+
+// A quantized kernel qw (K, N) with its per-column scale sw (N), packed once (when the layer's weights
+// are set: the bindings' pack_int8, cached by attnx.quantization) and read by every call. `head` holds
+// the columns [0, split), `tail` the columns [split, N) (a classic GRU's candidate columns, multiplied
+// by r * h_{t-1} after the other gates); split = N leaves `tail` empty.
+struct Int8Kernel {
+    Int8Packed head, tail;
+    std::vector<float> scale;
+    int K = 0, N = 0, split = 0;
+};
+
+inline void pack_int8_kernel(Int8Kernel& w, const int8_t* qw, const float* sw, int K, int N, int split) {
+    w.K = K, w.N = N, w.split = split;
+    w.scale.assign(sw, sw + N);
+    pack_int8(w.head, qw, (size_t)N, K, split);
+    if (split < N) pack_int8(w.tail, qw + split, (size_t)N, K, N - split);
 }
 
 // ----------------------------------------------------------------------------- tiles
@@ -354,13 +372,12 @@ struct Int8Activations {
 };
 
 // ----------------------------------------------------------------------------- Dense
-// out (rows, N) = act(x (rows, K) W + bias) with W quantized (qw (K, N), sw (N)); bias may be null.
-// Rows split across the thread budget.
-inline void dense_forward_int8(float* out, const float* x, int rows, int K, int N, const int8_t* qw, const float* sw,
-                               const float* bias, Activation activation) {
-    thread_local Int8Packed packed;
-    pack_int8(packed, qw, (size_t)N, K, N);
-    const Int8Packed& B = packed;  // this thread's buffer, read by every thread of the split
+// out (rows, N) = act(x (rows, K) W + bias) with W quantized and packed (w: columns [0, N) in w.head);
+// bias may be null. Rows split across the thread budget.
+inline void dense_forward_int8(float* out, const float* x, int rows, const Int8Kernel& w, const float* bias,
+                               Activation activation) {
+    const Int8Packed& B = w.head;
+    const int K = B.K, N = B.N;
     const double work = (double)rows * K * N / 4;
     parallel_for((size_t)rows, work, [&](size_t r0, size_t r1) {
         constexpr int chunk = 64;
@@ -373,7 +390,8 @@ inline void dense_forward_int8(float* out, const float* x, int rows, int K, int 
                 xq.quantize_on<decltype(lanes)>(x + c0 * K, (size_t)K, n_rows, B.feature_weight.data());
             });
             xq.product(acc.data(), (size_t)B.Np, n_rows, B, N);
-            xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, sw, bias, N, (size_t)B.Np);
+            xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, w.scale.data(), bias, N,
+                          (size_t)B.Np);
             activation_forward<float>(out + c0 * N, out + c0 * N, (size_t)n_rows, (size_t)N, activation);
         }
     });
@@ -391,38 +409,35 @@ inline void embedding_forward_int8(float* out, const int64_t* ids, size_t count,
 }
 
 // ----------------------------------------------------------------------------- recurrent layers
-// One level of SimpleRNN / GRU / LSTM (cfg as rnn_forward's) on quantized kernels: each step
-//   pre = (Q(x_t) qW) * sx sW + b_in + (Q(h_{t-1}) qU) * sh sU [+ b_rec]   (Q: Int8Activations' passes)
+// One level of SimpleRNN / GRU / LSTM (cfg as rnn_forward's) on quantized kernels:
+//   xw[b, t] = (Q(x[b, t]) qW) * sx sW + b_in       every step at once: one int8 product of B T rows
+//   pre_t    = xw[:, t] + (Q(h_{t-1}) qU) * sh sU [+ b_rec]            per step (Q: Int8Activations)
 // then the float gate math of rnn.hpp's cells (equations below). y (B, T, H) may be null; h, c (B, H)
 // hold the initial state and leave with the final one (c: LSTM only). mask (B, T) nonzero = real
-// step (null: all real); a padded step carries the state and writes y = 0.
-struct Int8Kernel {
-    const int8_t* q;
-    const float* scale;
-};
-
+// step (null: all real); a padded step carries the state and writes y = 0. A classic GRU (reset
+// before the product) has U packed with split = 2H: r and z from U.head, the candidate from U.tail.
 template <class V, class Acts>
 ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, int b0, int b1, float* y, float* h,
-                                        float* c, const float* x, const Int8Packed& PW, const float* sW,
-                                        const Int8Packed& PU, const float* sU, const Int8Packed* PUn,
-                                        const float* b_in, const float* b_rec, const uint8_t* mask) {
+                                        float* c, const float* xw, const Int8Kernel& U, const float* b_rec,
+                                        const uint8_t* mask) {
     constexpr int W = Lanes<V>::W;
-    const int Tn = cfg.T, H = cfg.H, C = cfg.C, G = cfg.G(), rows = b1 - b0;
+    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), rows = b1 - b0;
     const bool classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
-    const int nU = classic ? 2 * H : G;  // the columns of U multiplied by h (classic GRU: r and z)
-    Int8Activations xq, hq, rq;  // x_t, h_{t-1}, and the classic GRU's r * h_{t-1}
-    xq.resize(rows, C, PW.Kp, PW.Np), hq.resize(rows, H, PU.Kp, PU.Np);
-    std::vector<float> xg((size_t)rows * G), hg((size_t)rows * G), rh;
-    std::vector<int32_t> ax((size_t)rows * PW.Np), ah((size_t)rows * PU.Np), an;
-    if (classic) rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn->Np), rq.resize(rows, H, PUn->Kp, PUn->Np);
+    const Int8Packed &PU = U.head, &PUn = U.tail;  // h_{t-1}'s columns (classic GRU: r and z), the candidate's
+    const int nU = PU.N;
+    const float* sU = U.scale.data();
+    const size_t ldx = (size_t)Tn * G;  // xw's rows of one time step
+    Int8Activations hq, rq;  // h_{t-1}, and the classic GRU's r * h_{t-1}
+    hq.resize(rows, H, PU.Kp, PU.Np);
+    std::vector<float> hg((size_t)rows * G), rh;
+    std::vector<int32_t> ah((size_t)rows * PU.Np), an;
+    if (classic) rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn.Np), rq.resize(rows, H, PUn.Kp, PUn.Np);
     for (int step = 0; step < Tn; ++step) {
         const int t = cfg.time_at(step);
-        // x_t W + b_in and h_{t-1} U (+ b_rec)
-        xq.quantize_on<V>(x + ((size_t)b0 * Tn + t) * C, (size_t)Tn * C, rows, PW.feature_weight.data());
+        const float* xg = xw + ((size_t)b0 * Tn + t) * G;  // x_t W + b_in of row b0, rows ldx apart
+        // h_{t-1} U (+ b_rec)
         hq.quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows, PU.feature_weight.data());
-        xq.product(ax.data(), (size_t)PW.Np, rows, PW, G);
         hq.product(ah.data(), (size_t)PU.Np, rows, PU, nU);
-        xq.dequantize(xg.data(), (size_t)G, ax.data(), (size_t)PW.Np, rows, sW, b_in, G, (size_t)PW.Np);
         hq.dequantize(hg.data(), (size_t)G, ah.data(), (size_t)PU.Np, rows, sU, b_rec, nU, (size_t)PU.Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
@@ -433,7 +448,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
                 if (yb) std::fill(yb, yb + H, 0.f);
                 continue;
             }
-            const float* xr = xg.data() + (size_t)r * G;
+            const float* xr = xg + (size_t)r * ldx;
             const float* hr = hg.data() + (size_t)r * G;
             for (int j = 0; j < H; j += W) {
                 const int n = std::min(W, H - j);
@@ -470,16 +485,16 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
         }
         if (!classic) continue;
         // classic GRU: n = act(x_n + b_n + (r * h_{t-1}) U_n); h_t = z h_{t-1} + (1 - z) n
-        rq.quantize_on<V>(rh.data(), (size_t)H, rows, PUn->feature_weight.data());
-        rq.product(an.data(), (size_t)PUn->Np, rows, *PUn, H);
-        rq.dequantize(hg.data() + 2 * H, (size_t)G, an.data(), (size_t)PUn->Np, rows, sU + 2 * H, nullptr, H,
-                      (size_t)PUn->Np);
+        rq.quantize_on<V>(rh.data(), (size_t)H, rows, PUn.feature_weight.data());
+        rq.product(an.data(), (size_t)PUn.Np, rows, PUn, H);
+        rq.dequantize(hg.data() + 2 * H, (size_t)G, an.data(), (size_t)PUn.Np, rows, sU + 2 * H, nullptr, H,
+                      (size_t)PUn.Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
             if (mask && !mask[(size_t)b * Tn + t]) continue;
             float* hb = h + (size_t)b * H;
             float* yb = y ? y + ((size_t)b * Tn + t) * H : nullptr;
-            const float* xr = xg.data() + (size_t)r * G;
+            const float* xr = xg + (size_t)r * ldx;
             const float* hr = hg.data() + (size_t)r * G;
             for (int j = 0; j < H; j += W) {
                 const int n = std::min(W, H - j);
@@ -493,20 +508,19 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
     }
 }
 
-inline void rnn_forward_int8(const RNNConfig& cfg, float* y, float* h, float* c, const float* x, Int8Kernel kernel,
-                             Int8Kernel recurrent, const float* b_in, const float* b_rec, const uint8_t* mask) {
-    const int H = cfg.H, G = cfg.G();
-    const bool classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
-    thread_local Int8Packed PW, PU, PUn;
-    pack_int8(PW, kernel.q, (size_t)G, cfg.C, G);
-    pack_int8(PU, recurrent.q, (size_t)G, H, classic ? 2 * H : G);
-    if (classic) pack_int8(PUn, recurrent.q + 2 * H, (size_t)G, H, H);
-    const Int8Packed &pw = PW, &pu = PU, &pun = PUn;  // this thread's buffers, read by every thread of the split
+// W (C, G) and U (H, G) packed (U with split = 2H for a classic GRU, G otherwise); xw's buffer is
+// this thread's, reused by the next call
+inline void rnn_forward_int8(const RNNConfig& cfg, float* y, float* h, float* c, const float* x, const Int8Kernel& W,
+                             const Int8Kernel& U, const float* b_in, const float* b_rec, const uint8_t* mask) {
+    const size_t TG = (size_t)cfg.T * cfg.G();
+    thread_local std::vector<float> xw_buffer;
+    xw_buffer.resize((size_t)cfg.B * TG);
+    float* xw = xw_buffer.data();
     for_batch_rows(cfg, [&](int b0, int b1) {
+        dense_forward_int8(xw + b0 * TG, x + (size_t)b0 * cfg.T * cfg.C, (b1 - b0) * cfg.T, W, b_in, Activation::linear);
         auto run = [&](const auto& acts) {
             on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-                rnn_steps_int8<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, x, pw, kernel.scale, pu, recurrent.scale,
-                                                classic ? &pun : nullptr, b_in, b_rec, mask);
+                rnn_steps_int8<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, xw, U, b_rec, mask);
             });
         };
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid) run(TanhSigmoid{});
