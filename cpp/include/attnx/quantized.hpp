@@ -45,6 +45,27 @@ constexpr int kInt8Max = 127;
 inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
 // ----------------------------------------------------------------------------- activations
+// q[0, W) = v's W lanes (whole numbers in [-127, 127]) as bytes
+typedef int8_t int8x4 __attribute__((vector_size(4)));
+typedef int8_t int8x8 __attribute__((vector_size(8)));
+typedef int8_t int8x16 __attribute__((vector_size(16)));
+ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float4 v) {
+    const int8x4 b = __builtin_convertvector(__builtin_convertvector(v, int4), int8x4);
+    std::memcpy(q, &b, sizeof b);
+}
+ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float8 v) {  // in SSE2 halves: a direct conversion went lane by lane
+    typedef short short8 __attribute__((vector_size(16)));
+    const int4 lo = __builtin_ia32_cvttps2dq(__builtin_shufflevector(v, v, 0, 1, 2, 3));
+    const int4 hi = __builtin_ia32_cvttps2dq(__builtin_shufflevector(v, v, 4, 5, 6, 7));
+    const short8 words = __builtin_ia32_packssdw128(lo, hi);
+    const int8x16 b = (int8x16)__builtin_ia32_packsswb128(words, words);
+    std::memcpy(q, &b, 8);
+}
+ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float16 v) {
+    const int8x16 b = __builtin_convertvector(__builtin_convertvector(v, int16), int8x16);
+    std::memcpy(q, &b, sizeof b);
+}
+
 // qx (rows, Kp; zero past K) and sx (rows) of x (rows, K, rows ldx apart), per row:
 //   sx[r] = max_k |x[r, k]| / 127,  qx[r, k] = round_half_even(x[r, k] * (127 / max_k |x[r, k]|))
 // A zero row has sx = 0 and qx = 0. The rounding adds and takes off 1.5 * 2^23 (exact for
@@ -76,6 +97,12 @@ ATTNX_ALWAYS_INLINE void quantize_rows_on(int8_t* qx, size_t ldq, float* sx, con
             V rounded = (v + magic) - magic;
             rounded = rounded > vbroadcast<V>(127.f) ? vbroadcast<V>(127.f) : rounded;
             rounded = rounded < vbroadcast<V>(-127.f) ? vbroadcast<V>(-127.f) : rounded;
+            if constexpr (W > 1) {
+                if (n == W) {  // a whole vector's bytes at once (vpmovdb / packs), not lane by lane
+                    store_int8(q + k, rounded);
+                    continue;
+                }
+            }
             for (int j = 0; j < n; ++j) q[k + j] = (int8_t)(int)lane(rounded, j);
         }
         std::fill(q + K, q + Kp, int8_t(0));
@@ -110,15 +137,27 @@ inline void int8_feature_weights(float* kw, const int8_t* qw, size_t ldw, int K,
 }
 
 // e = x - s q of row x (K values) quantized to q, s; whether the row is coarse for features weighing kw.
-// Plain sums in order: the same decision at every SIMD level
-inline bool coarse_residual(float* e, const float* x, const int8_t* q, float s, const float* kw, int K) {
-    float error = 0.f, magnitude = 0.f;
-    for (int k = 0; k < K; ++k) {
-        e[k] = x[k] - s * (float)q[k];
-        error += std::abs(e[k]) * kw[k];
-        magnitude += std::abs(x[k]) * kw[k];
+// The sums run in 16 fixed lanes (feature k in lane k % 16, each lane in order, the lanes added in
+// order at the end): the same decision at every SIMD level, in vectors at each
+constexpr int kCoarseLanes = 16;
+ATTNX_ALWAYS_INLINE bool coarse_residual(float* __restrict e, const float* __restrict x, const int8_t* __restrict q, float s,
+                                         const float* __restrict kw, int K) {
+    float error[kCoarseLanes] = {}, magnitude[kCoarseLanes] = {};
+    int k = 0;
+    for (; k + kCoarseLanes <= K; k += kCoarseLanes)
+        for (int j = 0; j < kCoarseLanes; ++j) {
+            e[k + j] = x[k + j] - s * (float)q[k + j];
+            error[j] += std::abs(e[k + j]) * kw[k + j];
+            magnitude[j] += std::abs(x[k + j]) * kw[k + j];
+        }
+    for (int j = 0; k + j < K; ++j) {
+        e[k + j] = x[k + j] - s * (float)q[k + j];
+        error[j] += std::abs(e[k + j]) * kw[k + j];
+        magnitude[j] += std::abs(x[k + j]) * kw[k + j];
     }
-    return error * kCoarseRatio > magnitude;
+    float total_error = 0.f, total_magnitude = 0.f;
+    for (int j = 0; j < kCoarseLanes; ++j) total_error += error[j], total_magnitude += magnitude[j];
+    return total_error * kCoarseRatio > total_magnitude;
 }
 
 // ----------------------------------------------------------------------------- packed weights
@@ -359,13 +398,17 @@ struct Int8Activations {
 
     // out[r, j] (n rows, ldo apart; j < n_cols) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be null),
     // then += acc2[i, j] (se[i] sw[j]) for the coarse row r = which[i]
-    void dequantize(float* out, size_t ldo, const int32_t* acc, size_t ldc, int n, const float* sw, const float* bias,
-                    int n_cols, size_t ld_acc2) const {
+    // (plain loops, inlined so that they vectorize at the caller's level)
+    ATTNX_ALWAYS_INLINE void dequantize(float* out, size_t ldo, const int32_t* acc, size_t ldc, int n, const float* sw,
+                                        const float* bias, int n_cols, size_t ld_acc2) const {
         for (int r = 0; r < n; ++r) {
             float* o = out + (size_t)r * ldo;
             const int32_t* a = acc + (size_t)r * ldc;
             const float sr = s[r];
-            for (int j = 0; j < n_cols; ++j) o[j] = (float)a[j] * (sr * sw[j]) + (bias ? bias[j] : 0.f);
+            if (bias)
+                for (int j = 0; j < n_cols; ++j) o[j] = (float)a[j] * (sr * sw[j]) + bias[j];
+            else
+                for (int j = 0; j < n_cols; ++j) o[j] = (float)a[j] * (sr * sw[j]);
         }
         for (int i = 0; i < coarse; ++i) {
             float* o = out + (size_t)which[i] * ldo;
@@ -395,8 +438,10 @@ inline void dense_forward_int8(float* out, const float* x, int rows, const Int8K
                 xq.quantize_on<decltype(lanes)>(x + c0 * K, (size_t)K, n_rows, B.feature_weight.data());
             });
             xq.product(acc.data(), (size_t)B.Np, n_rows, B, N);
-            xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, w.scale.data(), bias, N,
-                          (size_t)B.Np);
+            on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
+                xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, w.scale.data(), bias, N,
+                              (size_t)B.Np);
+            });
             activation_forward<float>(out + c0 * N, out + c0 * N, (size_t)n_rows, (size_t)N, activation);
         }
     });
