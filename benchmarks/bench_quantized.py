@@ -15,9 +15,15 @@ Each row prints, in harness.compare's columns ("attnx" is always attnx int8; "to
 - vs PyTorch quantize_dynamic (qint8 nn.LSTM / nn.Linear; PyTorch picks its own kernels),
 - vs PyTorch float32.
 
+Then, since a shared host's wall times are mostly waiting, the same pairs again on one thread in
+process CPU time (time.process_time: only this process's work counts), interleaved, median of
+CPU_ROUNDS rounds: "cpu time int8 / other".
+
     python benchmarks/run.py quantized
 """
 import contextlib
+import statistics
+import time
 
 import numpy as np
 
@@ -37,6 +43,52 @@ def simd_level(level):
         _core._force_simd_level(was)
 
 
+CPU_ROUNDS = 7
+
+
+def cpu_time(fn, min_seconds=0.05):
+    """CPU seconds per call of fn, over at least min_seconds of CPU time."""
+    calls, start = 0, time.process_time()
+    while True:
+        fn()
+        calls += 1
+        used = time.process_time() - start
+        if used >= min_seconds:
+            return used / calls
+
+
+@contextlib.contextmanager
+def one_thread():
+    import torch
+
+    import attnx
+    threads = torch.get_num_threads()
+    attnx.set_num_threads(1), torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        attnx.set_num_threads(threads), torch.set_num_threads(threads)
+
+
+def cpu_compare(name, int8_fn, other_fn):
+    """The other's CPU time over int8's on one thread (> 1: int8 is faster), interleaved rounds."""
+    int8_fn(), other_fn()
+    ratios, times = [], []
+    for r in range(CPU_ROUNDS):
+        if r % 2 == 0:  # which one goes first alternates
+            a = cpu_time(int8_fn)
+            b = cpu_time(other_fn)
+        else:
+            b = cpu_time(other_fn)
+            a = cpu_time(int8_fn)
+        times.append((a, b)), ratios.append(b / a)
+    a = statistics.median(t for t, _ in times)
+    b = statistics.median(t for _, t in times)
+    print(f"{name:<60s} 1 thread, CPU time: int8 {a * 1e3:8.3f} ms  other {b * 1e3:8.3f} ms  other/int8 "
+          f"{statistics.median(ratios):5.2f}x ({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+    return {"name": name + " (cpu time)", "ratio": statistics.median(ratios)}
+
+
 def rows(name, int8_fn, fp32_fn, torch_dynamic_fn, torch_fp32_fn, err):
     print(f"{name}: attnx int8 output vs its float32: max |diff| / max |out| = {err:.4f}", flush=True)
     results = [compare(f"{name} int8 vs attnx fp32 ({_int8_level()})", int8_fn, fp32_fn)]
@@ -44,6 +96,11 @@ def rows(name, int8_fn, fp32_fn, torch_dynamic_fn, torch_fp32_fn, err):
         results.append(compare(f"{name} int8 vs attnx fp32 ({level})", int8_fn, fp32_fn))
     results.append(compare(f"{name} int8 vs torch quantize_dynamic", int8_fn, torch_dynamic_fn))
     results.append(compare(f"{name} int8 vs torch fp32", int8_fn, torch_fp32_fn))
+    with one_thread():
+        results.append(cpu_compare(f"{name} int8 vs attnx fp32 ({_int8_level()})", int8_fn, fp32_fn))
+        with simd_level("avx2") as level:
+            results.append(cpu_compare(f"{name} int8 vs attnx fp32 ({level})", int8_fn, fp32_fn))
+        results.append(cpu_compare(f"{name} int8 vs torch quantize_dynamic", int8_fn, torch_dynamic_fn))
     return results
 
 
