@@ -196,7 +196,8 @@ def test_binding_checks(rng):
         _core.dense_forward_int8(x=np.zeros((2, 4), np.float32), kernel=packed, bias=None)
     with pytest.raises(ValueError, match="split at column 4"):  # a classic GRU's recurrent kernel splits at 2 H
         _core.rnn_forward_int8(cell="gru", x=np.zeros((1, 2, 3), np.float32),
-                               kernel=_core.pack_int8(kernel=np.zeros((3, 6), np.int8), kernel_scale=np.ones(6, np.float32)),
+                               kernel=_core.pack_int8(kernel=np.zeros((3, 6), np.int8),
+                                                      kernel_scale=np.ones(6, np.float32)),
                                recurrent_kernel=_core.pack_int8(kernel=np.zeros((2, 6), np.int8),
                                                                 kernel_scale=np.ones(6, np.float32)),
                                bias=None, recurrent_bias=None, h0=None, c0=None, mask=None, reset_after=False)

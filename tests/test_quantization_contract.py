@@ -273,8 +273,9 @@ def test_minus_128_never_reaches_a_kernel(rng):
         lstm(rng.normal(size=(2, 4, 3)).astype(np.float32))
 
 
-@pytest.mark.parametrize("make", [lambda: layers.Dense(4), lambda: layers.LSTM(3), lambda: layers.GRU(3, reset_after=False),
-                                  lambda: layers.GRU(3), lambda: layers.SimpleRNN(3)])
+@pytest.mark.parametrize("make", [lambda: layers.Dense(4), lambda: layers.LSTM(3),
+                                  lambda: layers.GRU(3, reset_after=False), lambda: layers.GRU(3),
+                                  lambda: layers.SimpleRNN(3)])
 def test_packed_kernels_follow_set_weights_and_refuse_stray_writes(rng, make):
     """The int8 kernels are packed once (attnx.quantization.packed): set_weights (and loading) must
     reach the products, and a write past it must fail instead of leaving the packed form stale."""

@@ -29,8 +29,8 @@ static std::shared_ptr<Int8Kernel> pack_kernel(const py::array& q, const py::arr
     const int8_t* pq = in_ptr<int8_t>(q, "pack_int8: kernel");
     const float* ps = in_ptr<float>(scale, "pack_int8: kernel_scale");
     if (split < 0 || split > N)
-        throw py::value_error("pack_int8: split must lie in [0, " + std::to_string(N) + "] (the kernel's columns), got " +
-                              std::to_string(split));
+        throw py::value_error("pack_int8: split must lie in [0, " + std::to_string(N) +
+                              "] (the kernel's columns), got " + std::to_string(split));
     check_int8_range(pq, K * N, "pack_int8: kernel");
     auto w = std::make_shared<Int8Kernel>();
     py::gil_scoped_release release;
@@ -232,7 +232,8 @@ void init_quantized(py::module_& m) {
             return py::make_tuple(return_sequences ? py::object(y) : py::none(), h,
                                   lstm ? py::object(c) : py::none());
         },
-        py::arg("cell"), py::arg("x"), py::arg("kernel"), py::arg("recurrent_kernel"), py::arg("bias"), py::arg("recurrent_bias"), py::arg("h0"), py::arg("c0"),
+        py::arg("cell"), py::arg("x"), py::arg("kernel"), py::arg("recurrent_kernel"), py::arg("bias"),
+        py::arg("recurrent_bias"), py::arg("h0"), py::arg("c0"),
         py::arg("mask"), py::arg("reverse") = false, py::arg("reset_after") = true, py::arg("activation") = "tanh",
         py::arg("recurrent_activation") = "sigmoid", py::arg("return_sequences") = true,
         "rnn_forward's inference on int8 kernels packed by pack_int8 (kernel (C, G), recurrent_kernel (H, G), split "

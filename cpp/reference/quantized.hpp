@@ -42,7 +42,10 @@ inline void int8_row_product(double* out, const float* x, const int8_t* qW, cons
     const float se = error * 16 > magnitude ? quantize_row_int8(qe.data(), e.data(), K) : 0.f;
     for (int n = 0; n < N; ++n) {
         double a = 0, ae = 0;
-        for (int k = 0; k < K; ++k) a += (double)q[k] * qW[(size_t)k * N + n], ae += (double)qe[k] * qW[(size_t)k * N + n];
+        for (int k = 0; k < K; ++k) {
+            a += (double)q[k] * qW[(size_t)k * N + n];
+            ae += (double)qe[k] * qW[(size_t)k * N + n];
+        }
         out[n] = (a * s + ae * se) * sW[n];
     }
 }

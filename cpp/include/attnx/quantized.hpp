@@ -140,8 +140,8 @@ inline void int8_feature_weights(float* kw, const int8_t* qw, size_t ldw, int K,
 // The sums run in 16 fixed lanes (feature k in lane k % 16, each lane in order, the lanes added in
 // order at the end): the same decision at every SIMD level, in vectors at each
 constexpr int kCoarseLanes = 16;
-ATTNX_ALWAYS_INLINE bool coarse_residual(float* __restrict e, const float* __restrict x, const int8_t* __restrict q, float s,
-                                         const float* __restrict kw, int K) {
+ATTNX_ALWAYS_INLINE bool coarse_residual(float* __restrict e, const float* __restrict x, const int8_t* __restrict q,
+                                         float s, const float* __restrict kw, int K) {
     float error[kCoarseLanes] = {}, magnitude[kCoarseLanes] = {};
     int k = 0;
     for (; k + kCoarseLanes <= K; k += kCoarseLanes)
@@ -567,7 +567,8 @@ inline void rnn_forward_int8(const RNNConfig& cfg, float* y, float* h, float* c,
     xw_buffer.resize((size_t)cfg.B * TG);
     float* xw = xw_buffer.data();
     for_batch_rows(cfg, [&](int b0, int b1) {
-        dense_forward_int8(xw + b0 * TG, x + (size_t)b0 * cfg.T * cfg.C, (b1 - b0) * cfg.T, W, b_in, Activation::linear);
+        dense_forward_int8(xw + b0 * TG, x + (size_t)b0 * cfg.T * cfg.C, (b1 - b0) * cfg.T, W, b_in,
+                           Activation::linear);
         auto run = [&](const auto& acts) {
             on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
                 rnn_steps_int8<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, xw, U, b_rec, mask);
