@@ -1,60 +1,203 @@
-"""int8 inference (issue 32) against PyTorch, same threads, one run: the recurrent encoders of
-bench_rnn.py ((a) the sentiment model Embedding(5000, 32) -> LSTM(100) -> Dense(1), B=32, T=32;
-(b) LSTM(256), B=64, T=128, E=128; (c) BiLSTM(100)) with every layer quantized by
-attnx.quantization (model.quantize("int8")), against
+"""int8 inference (issues 32, 39): model.quantize("int8") against attnx's own float32 and PyTorch's
+torch.ao.quantization.quantize_dynamic, same threads, one interleaved run. The rows:
 
-- PyTorch float32 (the same modules as bench_rnn.py),
-- PyTorch torch.ao.quantization.quantize_dynamic (int8 nn.LSTM and nn.Linear, qint8 weights),
-- attnx float32 (the "torch" column of that row is attnx's own float32 time).
+(a) the sentiment model Embedding(5000, 32) -> LSTM(100) -> Dense(1), B=32, T=32 (bench_rnn.py);
+(b) LSTM(256), B=64, T=128, E=128; (c) BiLSTM(100), B=32, T=32, E=32 (bench_rnn.py);
+(d) a Dense-heavy MLP 512 -> 1024 (relu) -> 1024 (relu) -> 10, B=256 (bench_mlp.py's large size);
+(e) a transformer encoder layer's inference, B=32 T=128 D=128 h=4 ff=512 (bench_transformer.py).
+    attnx's transformer layers stay float32 under quantize (their fused kernels read the sublayers'
+    weights: quantizes_sublayers = False), so this row's "int8" runs float32.
+
+Each row prints, in harness.compare's columns ("attnx" is always attnx int8; "torch" the other):
+- vs attnx fp32 at this CPU's level (AVX-512 VNNI where it has it),
+- vs attnx fp32 with attnx's kernels forced to the AVX2 level (_core._force_simd_level; OpenBLAS,
+  which attnx's float32 calls for some products, keeps its own level),
+- vs PyTorch quantize_dynamic (qint8 nn.LSTM / nn.Linear; PyTorch picks its own kernels),
+- vs PyTorch float32.
+
+Then, since a shared host's wall times are mostly waiting, the same pairs again on one thread in
+process CPU time (time.process_time: only this process's work counts), interleaved, median of
+CPU_ROUNDS rounds: "cpu time int8 / other".
 
     python benchmarks/run.py quantized
 """
+import contextlib
+import statistics
+import time
+
 import numpy as np
 
 from bench_rnn import AttnxModel, _data, torch_model
 from harness import compare
 
 
-def attnx_int8(rnn, embed, units, bidirectional, ids):
-    model = AttnxModel(rnn, embed, units, bidirectional)
-    float_out = model.predict(ids)
-    for layer in model.layers:
-        layer.quantize("int8")
-    int8_out = model.predict(ids)
-    err = np.abs(int8_out - float_out).max() / np.abs(float_out).max()
-    return model, err
+@contextlib.contextmanager
+def simd_level(level):
+    """attnx's kernels capped at `level` ("avx2", ...) inside the block; yields the int8 tiles' name."""
+    from attnx import _core
+    was = _core._config()["simd_level"]
+    _core._force_simd_level(level)
+    try:
+        yield _core.int8_level()
+    finally:
+        _core._force_simd_level(was)
 
 
-def torch_dynamic(predict_fp32):
-    """PyTorch's dynamic int8 quantization of the float model behind predict_fp32."""
+CPU_ROUNDS = 7
+
+
+def cpu_time(fn, min_seconds=0.05):
+    """CPU seconds per call of fn, over at least min_seconds of CPU time."""
+    calls, start = 0, time.process_time()
+    while True:
+        fn()
+        calls += 1
+        used = time.process_time() - start
+        if used >= min_seconds:
+            return used / calls
+
+
+@contextlib.contextmanager
+def one_thread():
     import torch
-    return torch.ao.quantization.quantize_dynamic(predict_fp32.module, {torch.nn.LSTM, torch.nn.Linear}, dtype=torch.qint8)
+
+    import attnx
+    threads = torch.get_num_threads()
+    attnx.set_num_threads(1), torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        attnx.set_num_threads(threads), torch.set_num_threads(threads)
 
 
-def run_case(name, rnn, B, T, embed, units, bidirectional=False):
+def cpu_compare(name, int8_fn, other_fn):
+    """The other's CPU time over int8's on one thread (> 1: int8 is faster), interleaved rounds."""
+    int8_fn(), other_fn()
+    ratios, times = [], []
+    for r in range(CPU_ROUNDS):
+        if r % 2 == 0:  # which one goes first alternates
+            a = cpu_time(int8_fn)
+            b = cpu_time(other_fn)
+        else:
+            b = cpu_time(other_fn)
+            a = cpu_time(int8_fn)
+        times.append((a, b)), ratios.append(b / a)
+    a = statistics.median(t for t, _ in times)
+    b = statistics.median(t for _, t in times)
+    print(f"{name:<60s} 1 thread, CPU time: int8 {a * 1e3:8.3f} ms  other {b * 1e3:8.3f} ms  other/int8 "
+          f"{statistics.median(ratios):5.2f}x ({min(ratios):.2f}-{max(ratios):.2f})", flush=True)
+    return {"name": name + " (cpu time)", "ratio": statistics.median(ratios)}
+
+
+def rows(name, int8_fn, fp32_fn, torch_dynamic_fn, torch_fp32_fn, err):
+    print(f"{name}: attnx int8 output vs its float32: max |diff| / max |out| = {err:.4f}", flush=True)
+    results = [compare(f"{name} int8 vs attnx fp32 ({_int8_level()})", int8_fn, fp32_fn)]
+    with simd_level("avx2") as level:
+        results.append(compare(f"{name} int8 vs attnx fp32 ({level})", int8_fn, fp32_fn))
+    results.append(compare(f"{name} int8 vs torch quantize_dynamic", int8_fn, torch_dynamic_fn))
+    results.append(compare(f"{name} int8 vs torch fp32", int8_fn, torch_fp32_fn))
+    with one_thread():
+        results.append(cpu_compare(f"{name} int8 vs attnx fp32 ({_int8_level()})", int8_fn, fp32_fn))
+        with simd_level("avx2") as level:
+            results.append(cpu_compare(f"{name} int8 vs attnx fp32 ({level})", int8_fn, fp32_fn))
+        results.append(cpu_compare(f"{name} int8 vs torch quantize_dynamic", int8_fn, torch_dynamic_fn))
+    return results
+
+
+def _int8_level():
+    from attnx import _core
+    return _core.int8_level()
+
+
+def _relative_error(got, want):
+    return float(np.abs(np.asarray(got) - np.asarray(want)).max() / np.abs(np.asarray(want)).max())
+
+
+def _no_grad(fn):
+    import torch
+
+    def run():
+        with torch.no_grad():
+            fn()
+    return run
+
+
+def recurrent_case(name, rnn, B, T, embed, units, bidirectional=False):
     import torch
     ids, _ = _data(B, T)
     ids_t = torch.from_numpy(ids)
-    ours, err = attnx_int8(rnn, embed, units, bidirectional, ids)
-    ours_fp32 = AttnxModel(rnn, embed, units, bidirectional)
+    fp32 = AttnxModel(rnn, embed, units, bidirectional)
+    int8 = AttnxModel(rnn, embed, units, bidirectional)
+    want = int8.predict(ids)
+    for layer in int8.layers:
+        layer.quantize("int8")
     _, t_predict = torch_model(rnn, embed, units, bidirectional)
-    qnet = torch_dynamic(t_predict)
+    qnet = torch.ao.quantization.quantize_dynamic(t_predict.module, {torch.nn.LSTM, torch.nn.GRU, torch.nn.Linear},
+                                                  dtype=torch.qint8)
+    return rows(name, lambda: int8.predict(ids), lambda: fp32.predict(ids), _no_grad(lambda: qnet(ids_t)),
+                lambda: t_predict(ids_t), _relative_error(int8.predict(ids), want))
 
-    def t_int8():
-        with torch.no_grad():
-            qnet(ids_t)
 
-    print(f"{name}: attnx int8 output vs its float32: max |diff| / max |out| = {err:.4f}")
-    return [compare(f"{name} int8 vs torch fp32", lambda: ours.predict(ids), lambda: t_predict(ids_t)),
-            compare(f"{name} int8 vs torch quantize_dynamic", lambda: ours.predict(ids), t_int8),
-            compare(f"{name} int8 vs attnx fp32", lambda: ours.predict(ids), lambda: ours_fp32.predict(ids))]
+def mlp_case(name, B, n_in, hidden, n_out):
+    import torch
+
+    import attnx
+    x = np.random.default_rng(0).standard_normal((B, n_in)).astype(np.float32)
+
+    def build():
+        attnx.set_random_seed(0)
+        return attnx.Sequential([attnx.layers.Dense(hidden, activation="relu", input_shape=(n_in,)),
+                                 attnx.layers.Dense(hidden, activation="relu"), attnx.layers.Dense(n_out)])
+    fp32, int8 = build(), build()
+    want = int8(x)
+    int8.quantize("int8")
+    net = torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+                              torch.nn.ReLU(), torch.nn.Linear(hidden, n_out)).eval()
+    qnet = torch.ao.quantization.quantize_dynamic(net, {torch.nn.Linear}, dtype=torch.qint8)
+    tx = torch.from_numpy(x)
+    return rows(name, lambda: int8(x), lambda: fp32(x), _no_grad(lambda: qnet(tx)), _no_grad(lambda: net(tx)),
+                _relative_error(int8(x), want))
+
+
+def encoder_case(name, B, T, D, heads, ff):
+    import torch
+
+    from attnx.interop import from_torch
+    torch.manual_seed(0)
+    # dropout 0: the quantized module runs in training mode (below), which has no dropout then
+    module = torch.nn.TransformerEncoderLayer(D, heads, ff, dropout=0.0, batch_first=True).eval()
+    fp32, int8 = from_torch(module), from_torch(module)
+    x = np.random.default_rng(0).standard_normal((B, T, D)).astype(np.float32)
+    want = int8(x)
+    int8.quantize("int8")  # stays float32 (see the module docstring)
+    # its quantized Linear layers fail the eval fast path's checks (their weight is a method): it runs the
+    # plain path, which training mode selects
+    qmodule = torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8).train()
+    tx = torch.from_numpy(x)
+
+    def torch_run(m):
+        def run():
+            with torch.inference_mode():
+                m(tx)
+        return run
+    print(f"{name}: quantized weights: {sum(p.dtype == np.int8 for p in int8.params.values())} "
+          f"of {len(int8.params)} (the layer runs float32)")
+    return rows(name, lambda: int8(x), lambda: fp32(x), torch_run(qmodule), torch_run(module),
+                _relative_error(int8(x), want))
 
 
 def main():
-    from attnx import _core
-    print(f"attnx int8 tiles: {_core.int8_level()}")
+    print(f"attnx int8 tiles at this CPU's level: {_int8_level()}")
     results = []
-    results += run_case("(a) LSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100)
-    results += run_case("(b) LSTM(256) B=64 T=128 E=128", "lstm", 64, 128, 128, 256)
-    results += run_case("(c) BiLSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100, bidirectional=True)
+    results += recurrent_case("(a) LSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100)
+    results += recurrent_case("(b) LSTM(256) B=64 T=128 E=128", "lstm", 64, 128, 128, 256)
+    results += recurrent_case("(c) BiLSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100, bidirectional=True)
+    results += mlp_case("(d) MLP 512-1024-1024-10 B=256", 256, 512, 1024, 10)
+    results += encoder_case("(e) encoder layer B=32 T=128 D=128 h=4 ff=512", 32, 128, 128, 4, 512)
     return results
+
+
+if __name__ == "__main__":
+    import harness
+    harness.setup_threads()
+    main()

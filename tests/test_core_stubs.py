@@ -48,7 +48,14 @@ def stub_signatures():
     return out
 
 
-BINDINGS = sorted(n for n in dir(_core) if not n.startswith("__") and callable(getattr(_core, n)))
+BINDINGS = sorted(n for n in dir(_core) if not n.startswith("__") and callable(getattr(_core, n))
+                  and not isinstance(getattr(_core, n), type))
+CLASSES = sorted(n for n in dir(_core) if isinstance(getattr(_core, n), type))  # e.g. Int8Kernel
+
+
+def test_every_class_has_a_stub():
+    stubbed = {node.name for node in ast.parse(STUB.read_text()).body if isinstance(node, ast.ClassDef)}
+    assert sorted(set(CLASSES) - stubbed) == []
 
 
 def test_stub_ships_with_the_package():

@@ -185,7 +185,21 @@ def test_binding_checks(rng):
     with pytest.raises(TypeError, match="int8"):
         _core.int8_product(qx=np.zeros((2, 3), np.float32), qw=np.zeros((3, 2), np.int8))
     with pytest.raises(ValueError, match="kernel_scale"):
-        _core.dense_forward_int8(x=np.zeros((2, 3), np.float32), kernel=np.zeros((3, 2), np.int8),
-                                 kernel_scale=np.zeros(3, np.float32), bias=None)
+        _core.pack_int8(kernel=np.zeros((3, 2), np.int8), kernel_scale=np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="-128"):
+        _core.pack_int8(kernel=np.full((3, 2), -128, np.int8), kernel_scale=np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="split must lie in \\[0, 2\\]"):
+        _core.pack_int8(kernel=np.zeros((3, 2), np.int8), kernel_scale=np.zeros(2, np.float32), split=3)
+    packed = _core.pack_int8(kernel=np.zeros((3, 2), np.int8), kernel_scale=np.zeros(2, np.float32))
+    assert packed.shape == (3, 2) and packed.split == 2
+    with pytest.raises(ValueError, match="expected a kernel packed as \\(4, 2\\)"):
+        _core.dense_forward_int8(x=np.zeros((2, 4), np.float32), kernel=packed, bias=None)
+    with pytest.raises(ValueError, match="split at column 4"):  # a classic GRU's recurrent kernel splits at 2 H
+        _core.rnn_forward_int8(cell="gru", x=np.zeros((1, 2, 3), np.float32),
+                               kernel=_core.pack_int8(kernel=np.zeros((3, 6), np.int8),
+                                                      kernel_scale=np.ones(6, np.float32)),
+                               recurrent_kernel=_core.pack_int8(kernel=np.zeros((2, 6), np.int8),
+                                                                kernel_scale=np.ones(6, np.float32)),
+                               bias=None, recurrent_bias=None, h0=None, c0=None, mask=None, reset_after=False)
     with pytest.raises(IndexError):
         _core.embedding_forward_int8(ids=np.array([5]), table=np.zeros((3, 2), np.int8), scale=np.ones(3, np.float32))

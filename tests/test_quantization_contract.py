@@ -269,8 +269,36 @@ def test_minus_128_never_reaches_a_kernel(rng):
     lstm(rng.normal(size=(2, 4, 3)).astype(np.float32))
     lstm.quantize("int8")
     lstm.params["recurrent_kernel"][1, 2] = -128
-    with pytest.raises(ValueError, match="recurrent_kernel: int8 values must lie in"):
+    with pytest.raises(ValueError, match=f"Layer '{lstm.name}': weight 'recurrent_kernel': .*int8 values must lie in"):
         lstm(rng.normal(size=(2, 4, 3)).astype(np.float32))
+
+
+@pytest.mark.parametrize("make", [lambda: layers.Dense(4), lambda: layers.LSTM(3),
+                                  lambda: layers.GRU(3, reset_after=False), lambda: layers.GRU(3),
+                                  lambda: layers.SimpleRNN(3)])
+def test_packed_kernels_follow_set_weights_and_refuse_stray_writes(rng, make):
+    """The int8 kernels are packed once (attnx.quantization.packed): set_weights (and loading) must
+    reach the products, and a write past it must fail instead of leaving the packed form stale."""
+    layer = make()
+    x = rng.normal(size=(2, 4, 3)).astype(np.float32)
+    layer(x)
+    layer.quantize("int8")
+    before = layer(x)
+    weights = layer.get_weights()
+    name = next(n for n, p in layer.params.items() if p.dtype == np.int8)
+    with pytest.raises(ValueError, match="read-only"):
+        layer.params[name][0, 0] = 1
+    doubled = [w * 2 if n.endswith("_scale") else w for n, w in zip(layer.params, weights)]
+    layer.set_weights(doubled)
+    after = layer(x)
+    assert not np.allclose(after, before)
+    fresh = make()
+    fresh(x)
+    fresh.quantize("int8")
+    fresh.set_weights(doubled)
+    np.testing.assert_array_equal(after, fresh(x))  # as if packed from these weights in the first place
+    layer.set_weights(weights)
+    np.testing.assert_array_equal(layer(x), before)
 
 
 def test_quantized_models_do_not_export_or_convert(rng):

@@ -2,6 +2,7 @@
 // product the tests hold to the plain loop at each SIMD level (quantized.hpp).
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "attnx/quantized.hpp"
@@ -18,18 +19,46 @@ static void check_int8_range(const int8_t* q, py::ssize_t count, const std::stri
     if (lowest == -128) throw py::value_error(what + ": int8 values must lie in [-127, 127], got -128");
 }
 
-// A quantized kernel: q int8 (K, N) with values in [-127, 127] and its per-column scale float32 (N).
-// The range is scanned on every call: one pass over the bytes pack_int8 reads anyway
-static Int8Kernel int8_kernel(const py::array& q, const py::array& scale, py::ssize_t K, py::ssize_t N,
-                              const std::string& what) {
-    check_shape(q, {K, N}, (what).c_str());
-    check_shape(scale, {N}, (what + "_scale").c_str());
-    const int8_t* pq = in_ptr<int8_t>(q, what.c_str());
-    check_int8_range(pq, K * N, what);
-    return {pq, in_ptr<float>(scale, (what + "_scale").c_str())};
+// A quantized kernel q int8 (K, N) in [-127, 127] with its per-column scale float32 (N), packed for
+// the products (split: Int8Kernel's). The range is checked here, once per packing: the layers pack
+// when their weights are set and reuse the packed kernel on every call (attnx.quantization.packed)
+static std::shared_ptr<Int8Kernel> pack_kernel(const py::array& q, const py::array& scale, py::ssize_t split) {
+    check_rank(q, 2, "pack_int8: kernel");
+    const py::ssize_t K = q.shape(0), N = q.shape(1);
+    check_shape(scale, {N}, "pack_int8: kernel_scale");
+    const int8_t* pq = in_ptr<int8_t>(q, "pack_int8: kernel");
+    const float* ps = in_ptr<float>(scale, "pack_int8: kernel_scale");
+    if (split < 0 || split > N)
+        throw py::value_error("pack_int8: split must lie in [0, " + std::to_string(N) +
+                              "] (the kernel's columns), got " + std::to_string(split));
+    check_int8_range(pq, K * N, "pack_int8: kernel");
+    auto w = std::make_shared<Int8Kernel>();
+    py::gil_scoped_release release;
+    pack_int8_kernel(*w, pq, ps, (int)K, (int)N, split ? (int)split : (int)N);
+    return w;
+}
+
+// A packed kernel's shape must be (K, N) with the split the caller's product needs
+static const Int8Kernel& packed_kernel(const Int8Kernel& w, py::ssize_t K, py::ssize_t N, py::ssize_t split,
+                                       const std::string& what) {
+    if (w.K != K || w.N != N || w.split != split)
+        throw py::value_error(what + ": expected a kernel packed as (" + std::to_string(K) + ", " + std::to_string(N) +
+                              ") split at column " + std::to_string(split) + ", got (" + std::to_string(w.K) + ", " +
+                              std::to_string(w.N) + ") split at " + std::to_string(w.split) +
+                              " (kernels.pack_int8(kernel, kernel_scale, split))");
+    return w;
 }
 
 void init_quantized(py::module_& m) {
+    py::class_<Int8Kernel, std::shared_ptr<Int8Kernel>>(
+        m, "Int8Kernel", "An int8 kernel (K, N) and its per-column scales packed for the int8 products (pack_int8).")
+        .def_property_readonly("shape", [](const Int8Kernel& w) { return py::make_tuple(w.K, w.N); })
+        .def_property_readonly("split", [](const Int8Kernel& w) { return w.split; });
+
+    m.def("pack_int8", &pack_kernel, py::arg("kernel"), py::arg("kernel_scale"), py::arg("split") = 0,
+          "kernel int8 (K, N) in [-127, 127] and kernel_scale float32 (N,) packed once for dense_forward_int8 and "
+          "rnn_forward_int8; split (0: N) packs the columns [split, N) apart (a classic GRU's recurrent kernel: 2 H).");
+
     m.def(
         "int8_product",
         [](const py::array& qx, const py::array& qw) {
@@ -116,21 +145,19 @@ void init_quantized(py::module_& m) {
 
     m.def(
         "dense_forward_int8",
-        [](const py::array& x, const py::array& kernel, const py::array& kernel_scale, const py::object& bias,
-           const std::string& activation) {
+        [](const py::array& x, const Int8Kernel& kernel, const py::object& bias, const std::string& activation) {
             check_rank(x, 2, "dense_forward_int8: x");
-            check_rank(kernel, 2, "dense_forward_int8: kernel");
-            const py::ssize_t R = x.shape(0), K = x.shape(1), N = kernel.shape(1);
-            const Int8Kernel w = int8_kernel(kernel, kernel_scale, K, N, "dense_forward_int8: kernel");
+            const py::ssize_t R = x.shape(0), K = x.shape(1), N = kernel.N;
+            const Int8Kernel& w = packed_kernel(kernel, K, N, N, "dense_forward_int8: kernel");
             const float* px = in_ptr<float>(x, "dense_forward_int8: x");
             const float* pb = optional_in_ptr<float>(bias, {N}, "dense_forward_int8: bias");
             const Activation act = parse_activation(activation);
             return released_result<float>({R, N}, [&](float* out) {
-                dense_forward_int8(out, px, (int)R, (int)K, (int)N, w.q, w.scale, pb, act);
+                dense_forward_int8(out, px, (int)R, w, pb, act);
             });
         },
-        py::arg("x"), py::arg("kernel"), py::arg("kernel_scale"), py::arg("bias"), py::arg("activation") = "linear",
-        "activation(x (R, K) . kernel + bias) with kernel int8 (K, N) quantized per column (kernel_scale (N,)), "
+        py::arg("x"), py::arg("kernel"), py::arg("bias"), py::arg("activation") = "linear",
+        "activation(x (R, K) . kernel + bias) with kernel int8 (K, N) quantized per column and packed (pack_int8), "
         "x quantized per row; float32 (R, N).");
 
     m.def(
@@ -153,8 +180,8 @@ void init_quantized(py::module_& m) {
 
     m.def(
         "rnn_forward_int8",
-        [](const std::string& cell, const py::array& x, const py::array& kernel, const py::array& kernel_scale,
-           const py::array& recurrent_kernel, const py::array& recurrent_kernel_scale, const py::object& bias,
+        [](const std::string& cell, const py::array& x, const Int8Kernel& kernel, const Int8Kernel& recurrent_kernel,
+           const py::object& bias,
            const py::object& recurrent_bias, const py::object& h0, const py::object& c0, const py::object& mask,
            bool reverse, bool reset_after, const std::string& activation, const std::string& recurrent_activation,
            bool return_sequences) {
@@ -169,15 +196,15 @@ void init_quantized(py::module_& m) {
             if (!rnn_activation_ok(cfg.activation) || !rnn_activation_ok(cfg.recurrent_activation))
                 throw py::value_error("rnn_forward_int8: activations must be tanh, sigmoid, relu or linear");
             check_rank(x, 3, "rnn_forward_int8: x");
-            check_rank(recurrent_kernel, 2, "rnn_forward_int8: recurrent_kernel");
-            const py::ssize_t B = x.shape(0), Tn = x.shape(1), C = x.shape(2), H = recurrent_kernel.shape(0);
+            const py::ssize_t B = x.shape(0), Tn = x.shape(1), C = x.shape(2), H = recurrent_kernel.K;
             cfg.B = (int)B, cfg.T = (int)Tn, cfg.C = (int)C, cfg.H = (int)H;
             const py::ssize_t G = cfg.G();
             if (B == 0 || Tn == 0) throw py::value_error("rnn_forward_int8: x: empty batch or sequence, shape " + shape_str(x));
             const float* px = in_ptr<float>(x, "rnn_forward_int8: x");
-            const Int8Kernel w = int8_kernel(kernel, kernel_scale, C, G, "rnn_forward_int8: kernel");
-            const Int8Kernel u = int8_kernel(recurrent_kernel, recurrent_kernel_scale, H, G,
-                                             "rnn_forward_int8: recurrent_kernel");
+            const Int8Kernel& w = packed_kernel(kernel, C, G, G, "rnn_forward_int8: kernel");
+            const bool classic = cfg.cell == RNNCell::gru && !reset_after;
+            const Int8Kernel& u = packed_kernel(recurrent_kernel, H, G, classic ? 2 * H : G,
+                                                "rnn_forward_int8: recurrent_kernel");
             const bool lstm = cfg.cell == RNNCell::lstm, gru_after = cfg.cell == RNNCell::gru && reset_after;
             const float* pb = optional_in_ptr<float>(bias, {G}, "rnn_forward_int8: bias");
             if (!recurrent_bias.is_none() && !gru_after)
@@ -205,11 +232,12 @@ void init_quantized(py::module_& m) {
             return py::make_tuple(return_sequences ? py::object(y) : py::none(), h,
                                   lstm ? py::object(c) : py::none());
         },
-        py::arg("cell"), py::arg("x"), py::arg("kernel"), py::arg("kernel_scale"), py::arg("recurrent_kernel"),
-        py::arg("recurrent_kernel_scale"), py::arg("bias"), py::arg("recurrent_bias"), py::arg("h0"), py::arg("c0"),
+        py::arg("cell"), py::arg("x"), py::arg("kernel"), py::arg("recurrent_kernel"), py::arg("bias"),
+        py::arg("recurrent_bias"), py::arg("h0"), py::arg("c0"),
         py::arg("mask"), py::arg("reverse") = false, py::arg("reset_after") = true, py::arg("activation") = "tanh",
         py::arg("recurrent_activation") = "sigmoid", py::arg("return_sequences") = true,
-        "rnn_forward's inference on int8 kernels (each int8 (K, G) with a per-column float32 scale (G,)): "
+        "rnn_forward's inference on int8 kernels packed by pack_int8 (kernel (C, G), recurrent_kernel (H, G), split "
+        "at 2 H for a classic GRU, else G): "
         "returns (y (B, T, H) or None, h (B, H), c (B, H) or None).");
 
     m.def("int8_level", []() { return std::string(int8_level_name()); },

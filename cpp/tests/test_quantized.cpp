@@ -1,6 +1,8 @@
 // The int8 tiles (quantized.hpp) at every SIMD level this CPU runs against the plain loop: equal
 // int32 accumulators on shapes that leave partial vectors, tiles and k blocks; the row
-// quantization's round trip; and the second pass of coarse rows (an outlier feature).
+// quantization's round trip; the second pass of coarse rows (an outlier feature); and the int8
+// Dense and recurrent forward passes (packed kernels, the input projection of every step in one
+// product) against the double reference (cpp/reference/quantized.hpp) at every level and split.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -9,6 +11,8 @@
 
 #include "attnx/quantized.hpp"
 #include "check.hpp"
+#include "reference/quantized.hpp"
+#include "reference_check.hpp"
 
 using namespace attnx;
 
@@ -36,6 +40,82 @@ static void product_matches_reference(int R, int K, int N, std::mt19937& rng) {
         CHECK(bad == 0);
     }
     simd_level_cap() = (int)SimdLevel::avx512;
+}
+
+// int8 weights (K, N) quantized per column from normal floats, as attnx.quantization does
+static void random_int8_kernel(std::vector<int8_t>& q, std::vector<float>& scale, int K, int N, std::mt19937& rng) {
+    std::normal_distribution<float> normal(0.f, 0.3f);
+    std::vector<float> w((size_t)K * N);
+    for (auto& v : w) v = normal(rng);
+    q.resize((size_t)K * N), scale.resize(N);
+    for (int n = 0; n < N; ++n) {
+        float m = 0.f;
+        for (int k = 0; k < K; ++k) m = std::max(m, std::abs(w[(size_t)k * N + n]));
+        scale[n] = m / 127.f;
+        for (int k = 0; k < K; ++k) q[(size_t)k * N + n] = (int8_t)std::lrint(w[(size_t)k * N + n] / scale[n]);
+    }
+}
+
+// dense_forward_int8 at every level and split = the reference, on rows with an unused outlier (two passes)
+static void dense_matches_reference(std::mt19937& rng) {
+    const int R = 150, K = 37, N = 70;  // partial tiles, chunks of 64 rows, a split across threads
+    std::vector<int8_t> qw;
+    std::vector<float> sw;
+    random_int8_kernel(qw, sw, K, N, rng);
+    for (int n = 0; n < N; ++n) qw[(size_t)5 * N + n] = 0;  // feature 5 unused
+    auto x = attnx::test::cast<float>(attnx::test::random_values(rng, (size_t)R * K));
+    auto bias = attnx::test::cast<float>(attnx::test::random_values(rng, N));
+    for (int r = 0; r < R; r += 7) x[(size_t)r * K + 5] = 1000.f;
+    Int8Kernel packed;
+    pack_int8_kernel(packed, qw.data(), sw.data(), K, N, N);
+    for (Activation a : {Activation::linear, Activation::relu, Activation::tanh}) {
+        std::vector<double> want((size_t)R * N);
+        reference::dense_forward_int8(want.data(), x.data(), qw.data(), sw.data(), bias.data(), R, K, N, a);
+        attnx::test::on_every_level_and_split([&](const std::string& where) {
+            std::vector<float> got((size_t)R * N);
+            dense_forward_int8(got.data(), x.data(), R, packed, bias.data(), a);
+            attnx::test::expect_near(got, want, 1e-5, "dense_forward_int8 " + where);
+        });
+    }
+}
+
+// rnn_forward_int8 (one cell, direction, GRU form) at every level and split = the reference, with a
+// padded step. h's quantization could round the other way where the float and double states differ
+// in their last bits (an error of an int8 step of one product then); these operands do not meet one
+static void recurrent_matches_reference(RNNCell cell, bool reset_after, bool reverse, std::mt19937& rng) {
+    RNNConfig cfg;
+    cfg.cell = cell, cfg.reset_after = reset_after, cfg.reverse = reverse;
+    cfg.B = 5, cfg.T = 6, cfg.C = 13, cfg.H = 21;
+    const int G = cfg.G(), B = cfg.B, T = cfg.T, H = cfg.H;
+    const bool classic = cell == RNNCell::gru && !reset_after;
+    std::vector<int8_t> qw, qu;
+    std::vector<float> sw, su;
+    random_int8_kernel(qw, sw, cfg.C, G, rng);
+    random_int8_kernel(qu, su, H, G, rng);
+    auto x = attnx::test::cast<float>(attnx::test::random_values(rng, (size_t)B * T * cfg.C));
+    auto b_in = attnx::test::cast<float>(attnx::test::random_values(rng, G, 0.1));
+    auto b_rec = attnx::test::cast<float>(attnx::test::random_values(rng, G, 0.1));
+    const float* pb_rec = cell == RNNCell::gru && reset_after ? b_rec.data() : nullptr;
+    std::vector<uint8_t> mask((size_t)B * T, 1);
+    mask[(size_t)1 * T + 2] = 0;
+    auto h0 = attnx::test::random_values(rng, (size_t)B * H, 0.5), c0 = attnx::test::random_values(rng, (size_t)B * H);
+    std::vector<double> want_y((size_t)B * T * H), want_h = h0, want_c = c0;
+    reference::rnn_forward_int8(cfg, want_y.data(), want_h.data(), want_c.data(), x.data(), qw.data(), sw.data(),
+                                qu.data(), su.data(), b_in.data(), pb_rec, mask.data());
+    Int8Kernel W, U;
+    pack_int8_kernel(W, qw.data(), sw.data(), cfg.C, G, G);
+    pack_int8_kernel(U, qu.data(), su.data(), H, G, classic ? 2 * H : G);
+    const std::string what = std::string("rnn_forward_int8 ") +
+                             (cell == RNNCell::lstm ? "lstm" : cell == RNNCell::gru ? "gru" : "simple") +
+                             (classic ? " classic" : "") + (reverse ? " reverse " : " ");
+    attnx::test::on_every_level_and_split([&](const std::string& where) {
+        std::vector<float> y((size_t)B * T * H), h = attnx::test::cast<float>(h0), c = attnx::test::cast<float>(c0);
+        rnn_forward_int8(cfg, y.data(), h.data(), cell == RNNCell::lstm ? c.data() : nullptr, x.data(), W, U,
+                         b_in.data(), pb_rec, mask.data());
+        attnx::test::expect_near(y, want_y, 1e-5, what + "y " + where);
+        attnx::test::expect_near(h, want_h, 1e-5, what + "h " + where);
+        if (cell == RNNCell::lstm) attnx::test::expect_near(c, want_c, 1e-5, what + "c " + where);
+    });
 }
 
 int main() {
@@ -132,7 +212,9 @@ int main() {
             for (int k = 0; k < K; ++k) qw[(size_t)k * N + n] = (int8_t)std::lrint(w[(size_t)k * N + n] / sw[n]);
         }
         std::vector<float> out((size_t)R * N);
-        dense_forward_int8(out.data(), x.data(), R, K, N, qw.data(), sw.data(), nullptr, Activation::linear);
+        Int8Kernel packed;
+        pack_int8_kernel(packed, qw.data(), sw.data(), K, N, N);
+        dense_forward_int8(out.data(), x.data(), R, packed, nullptr, Activation::linear);
         for (int n = 0; n < N; ++n) {
             double y = 0, wsum = 0, xsum = 0;
             for (int k = 0; k < K; ++k) y += (double)x[(size_t)K + k] * w[(size_t)k * N + n];
@@ -142,5 +224,12 @@ int main() {
             CHECK(std::abs(out[N + n] - y) <= dx * (wsum + K * dw) + xsum * dw + 1e-3);
         }
     }
+    dense_matches_reference(rng);
+    for (RNNCell cell : {RNNCell::simple, RNNCell::gru, RNNCell::lstm})
+        for (bool reset_after : {true, false})
+            for (bool reverse : {false, true}) {
+                if (cell != RNNCell::gru && !reset_after) continue;
+                recurrent_matches_reference(cell, reset_after, reverse, rng);
+            }
     return attnx::test::report("test_quantized");
 }

@@ -22,7 +22,9 @@ becomes ``w`` (int8) followed by ``w_scale`` (float32) in the layer and in every
 builds the model, quantizes it and reads the int8 weights. A quantized layer runs inference only.
 Weights that reach an int8 parameter (``set_weights``, loading) must be int8 in [-127, 127]
 (`check_weights`): the AVX2 tiles cannot take -128 (the bindings refuse it too), and another integer
-dtype would wrap.
+dtype would wrap. A kernel is packed for the products once (`packed`: its range checked there) and
+the packed form is reused by every call until `check_weights` lets new values in; meanwhile the
+int8 kernel and its scale are read-only, so that no other write leaves the packed form stale.
 
 The error bound (``docs/guides/int8.md``): for ``y = x . w`` of one input row x (K,) and one kernel
 column w (K,), with ``|w - sw qw| <= dw = max|w| / 254`` and ``|x - x_int8| <= dx`` (``dx = max|x| / 254``,
@@ -35,6 +37,7 @@ sum that cancels (|y| much smaller than sum|x w|) keeps the weights' rounding er
 |y| is. A recurrent layer's step has the bound on its pre-activations, given the same state.
 """
 import contextlib
+import weakref
 
 import numpy as np
 
@@ -82,14 +85,47 @@ def quantize_matrix(w, axis):
     return np.ascontiguousarray(q.T), scale
 
 
+# The packed form of each int8 kernel in use: id(kernel) -> {split: kernels.Int8Kernel}, emptied by
+# check_weights when new values are let in, the entry dropped with its kernel
+_PACKED = {}
+
+
+def packed(layer, name, split=0):
+    """`layer`'s int8 weight `name` (K, N) with its per-column scale ``name + "_scale"`` packed for the
+    int8 products (`kernels.pack_int8`, which checks the range; `split` as there), made at the first
+    call after the weight was quantized or set, then reused. Both arrays stay read-only while packed
+    (`check_weights` opens them again)."""
+    kernel, scale = layer.params[name], layer.params[name + "_scale"]
+    entry = _PACKED.get(id(kernel))
+    if entry is None:
+        entry = _PACKED[id(kernel)] = {}
+        weakref.finalize(kernel, _PACKED.pop, id(kernel), None)
+    if split not in entry:
+        try:
+            entry[split] = kernels.pack_int8(kernel=kernel, kernel_scale=scale, split=split)
+        except ValueError as exc:
+            raise ValueError(f"Layer '{layer.name}': weight '{name}': {exc}") from None
+        kernel.flags.writeable = scale.flags.writeable = False
+    return entry[split]
+
+
+def _unpack(param):
+    """Forgets the packed forms of `param` (an int8 kernel or its scale) and lets it be written."""
+    _PACKED.get(id(param), {}).clear()
+    param.flags.writeable = True
+
+
 def check_weights(names, params, values, what):
     """`values` checked for the parameters `params` (named `names`) they are about to be copied into:
     an int8 parameter takes int8 values in [-127, 127] only (another integer dtype would wrap, a float
     one would be cast), and the float32 scale after it finite values >= 0. `what(i)` names entry i in
-    the errors."""
+    the errors. Once all are checked, the int8 kernels and their scales are unpacked (`packed`) and
+    writable for the copy."""
+    opened = []
     for i, (name, p, value) in enumerate(zip(names, params, values)):
         value = np.asarray(value)
         if p.dtype == np.int8:
+            opened.append(p)
             if value.dtype != np.int8:
                 raise ValueError(f"{what(i)} is an int8 quantized weight; got dtype {value.dtype} (its values would "
                                  "be cast or wrap): pass the int8 array model.quantize made, or set the float weights "
@@ -98,10 +134,13 @@ def check_weights(names, params, values, what):
                 raise ValueError(f"{what(i)} holds -128; attnx's int8 weights are symmetric, in [-{INT8_LIMIT}, "
                                  f"{INT8_LIMIT}] (quantize with attnx.quantization.quantize_matrix)")
         elif i > 0 and params[i - 1].dtype == np.int8 and name == names[i - 1] + "_scale":
+            opened += [params[i - 1], p]
             if value.dtype.kind != "f" or not np.all(np.isfinite(value)) or np.any(value < 0):
                 raise ValueError(f"{what(i)} is the scale of an int8 weight: finite floats >= 0, got "
                                  f"{value.dtype} values in [{np.min(value) if value.size else 0}, "
                                  f"{np.max(value) if value.size else 0}]")
+    for p in opened:
+        _unpack(p)
 
 
 def _layer_tree(root):

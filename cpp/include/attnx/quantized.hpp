@@ -10,7 +10,8 @@
 //            e[r, k] = x[r, k] - sx[r] qx[r, k],  se[r] = max_k |e[r, k]| / 127,  qe = round(e / se)
 //            out[r, n] += (sum_k qe[r, k] qw[k, n]) * (se[r] sw[n])      (see Int8Activations)
 //
-// Layout: qw packed once per call, four k per 32-bit lane, whole rows of 16 columns:
+// Layout: qw packed once, when the layer's weights are set (Int8Kernel), four k per 32-bit lane,
+// whole rows of 16 columns:
 //   packed[((k / 4) * Np + n) * 4 + k % 4] = qw[k, n]   (zero past K and N; Np = N rounded up to 16)
 // so that one 32-bit broadcast of qx[r, k..k+4) meets 4 k of W (or 8, 16) columns in one vector. The
 // tiles (R rows x Q vectors of int32 accumulators) run on three instruction sets, picked like the
@@ -44,6 +45,27 @@ constexpr int kInt8Max = 127;
 inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
 // ----------------------------------------------------------------------------- activations
+// q[0, W) = v's W lanes (whole numbers in [-127, 127]) as bytes
+typedef int8_t int8x4 __attribute__((vector_size(4)));
+typedef int8_t int8x8 __attribute__((vector_size(8)));
+typedef int8_t int8x16 __attribute__((vector_size(16)));
+ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float4 v) {
+    const int8x4 b = __builtin_convertvector(__builtin_convertvector(v, int4), int8x4);
+    std::memcpy(q, &b, sizeof b);
+}
+ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float8 v) {  // in SSE2 halves: a direct conversion went lane by lane
+    typedef short short8 __attribute__((vector_size(16)));
+    const int4 lo = __builtin_ia32_cvttps2dq(__builtin_shufflevector(v, v, 0, 1, 2, 3));
+    const int4 hi = __builtin_ia32_cvttps2dq(__builtin_shufflevector(v, v, 4, 5, 6, 7));
+    const short8 words = __builtin_ia32_packssdw128(lo, hi);
+    const int8x16 b = (int8x16)__builtin_ia32_packsswb128(words, words);
+    std::memcpy(q, &b, 8);
+}
+ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float16 v) {
+    const int8x16 b = __builtin_convertvector(__builtin_convertvector(v, int16), int8x16);
+    std::memcpy(q, &b, sizeof b);
+}
+
 // qx (rows, Kp; zero past K) and sx (rows) of x (rows, K, rows ldx apart), per row:
 //   sx[r] = max_k |x[r, k]| / 127,  qx[r, k] = round_half_even(x[r, k] * (127 / max_k |x[r, k]|))
 // A zero row has sx = 0 and qx = 0. The rounding adds and takes off 1.5 * 2^23 (exact for
@@ -75,6 +97,12 @@ ATTNX_ALWAYS_INLINE void quantize_rows_on(int8_t* qx, size_t ldq, float* sx, con
             V rounded = (v + magic) - magic;
             rounded = rounded > vbroadcast<V>(127.f) ? vbroadcast<V>(127.f) : rounded;
             rounded = rounded < vbroadcast<V>(-127.f) ? vbroadcast<V>(-127.f) : rounded;
+            if constexpr (W > 1) {
+                if (n == W) {  // a whole vector's bytes at once (vpmovdb / packs), not lane by lane
+                    store_int8(q + k, rounded);
+                    continue;
+                }
+            }
             for (int j = 0; j < n; ++j) q[k + j] = (int8_t)(int)lane(rounded, j);
         }
         std::fill(q + K, q + Kp, int8_t(0));
@@ -109,15 +137,27 @@ inline void int8_feature_weights(float* kw, const int8_t* qw, size_t ldw, int K,
 }
 
 // e = x - s q of row x (K values) quantized to q, s; whether the row is coarse for features weighing kw.
-// Plain sums in order: the same decision at every SIMD level
-inline bool coarse_residual(float* e, const float* x, const int8_t* q, float s, const float* kw, int K) {
-    float error = 0.f, magnitude = 0.f;
-    for (int k = 0; k < K; ++k) {
-        e[k] = x[k] - s * (float)q[k];
-        error += std::abs(e[k]) * kw[k];
-        magnitude += std::abs(x[k]) * kw[k];
+// The sums run in 16 fixed lanes (feature k in lane k % 16, each lane in order, the lanes added in
+// order at the end): the same decision at every SIMD level, in vectors at each
+constexpr int kCoarseLanes = 16;
+ATTNX_ALWAYS_INLINE bool coarse_residual(float* __restrict e, const float* __restrict x, const int8_t* __restrict q,
+                                         float s, const float* __restrict kw, int K) {
+    float error[kCoarseLanes] = {}, magnitude[kCoarseLanes] = {};
+    int k = 0;
+    for (; k + kCoarseLanes <= K; k += kCoarseLanes)
+        for (int j = 0; j < kCoarseLanes; ++j) {
+            e[k + j] = x[k + j] - s * (float)q[k + j];
+            error[j] += std::abs(e[k + j]) * kw[k + j];
+            magnitude[j] += std::abs(x[k + j]) * kw[k + j];
+        }
+    for (int j = 0; k + j < K; ++j) {
+        e[k + j] = x[k + j] - s * (float)q[k + j];
+        error[j] += std::abs(e[k + j]) * kw[k + j];
+        magnitude[j] += std::abs(x[k + j]) * kw[k + j];
     }
-    return error * kCoarseRatio > magnitude;
+    float total_error = 0.f, total_magnitude = 0.f;
+    for (int j = 0; j < kCoarseLanes; ++j) total_error += error[j], total_magnitude += magnitude[j];
+    return total_error * kCoarseRatio > total_magnitude;
 }
 
 // ----------------------------------------------------------------------------- packed weights
@@ -144,6 +184,23 @@ inline void pack_int8(Int8Packed& p, const int8_t* qw, size_t ldw, int K, int N)
     int8_feature_weights(p.feature_weight.data(), qw, ldw, K, N);
 }
 
+// A quantized kernel qw (K, N) with its per-column scale sw (N), packed once (when the layer's weights
+// are set: the bindings' pack_int8, cached by attnx.quantization) and read by every call. `head` holds
+// the columns [0, split), `tail` the columns [split, N) (a classic GRU's candidate columns, multiplied
+// by r * h_{t-1} after the other gates); split = N leaves `tail` empty.
+struct Int8Kernel {
+    Int8Packed head, tail;
+    std::vector<float> scale;
+    int K = 0, N = 0, split = 0;
+};
+
+inline void pack_int8_kernel(Int8Kernel& w, const int8_t* qw, const float* sw, int K, int N, int split) {
+    w.K = K, w.N = N, w.split = split;
+    w.scale.assign(sw, sw + N);
+    pack_int8(w.head, qw, (size_t)N, K, split);
+    if (split < N) pack_int8(w.tail, qw + split, (size_t)N, K, N - split);
+}
+
 // ----------------------------------------------------------------------------- tiles
 typedef char char16 __attribute__((vector_size(16)));
 typedef char char32 __attribute__((vector_size(32)));
@@ -167,12 +224,18 @@ struct Int8Baseline {
     ATTNX_ALWAYS_INLINE static V finish(V acc, const int32_t*) { return acc; }
 };
 
+#define ATTNX_INT8_AVX2 __attribute__((target("avx2,fma")))
+#define ATTNX_INT8_VNNI __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma")))
+
 struct Int8Avx2 {
     using V = int8;  // eight int32
     static constexpr int W = 8, R = 2;
     struct A { char32 abs, sign; };
     ATTNX_ALWAYS_INLINE static A prepare(int32_t a4) {
-        const V b = {a4, a4, a4, a4, a4, a4, a4, a4};
+        // one vpbroadcastd (a vector listing a4 eight times compiles to eight masked inserts, and
+        // made the tiles several times slower than the instructions' rate)
+        typedef int int4v __attribute__((vector_size(16)));
+        const V b = (V)__builtin_ia32_pbroadcastd256(int4v{a4, 0, 0, 0});
         return {__builtin_ia32_pabsb256((char32)b), (char32)b};
     }
     // |a| . (sign(a) w): u8 x s8 in int16 pairs, then the pairs of those into int32
@@ -190,8 +253,7 @@ struct Int8Vnni {
     using A = V;
     // qx + 128 as u8 (flipping the sign bit)
     ATTNX_ALWAYS_INLINE static A prepare(int32_t a4) {
-        const int32_t u = a4 ^ (int32_t)0x80808080u;
-        return V{u, u, u, u, u, u, u, u, u, u, u, u, u, u, u, u};
+        return (V)__builtin_ia32_pbroadcastd512_gpr_mask(a4 ^ (int32_t)0x80808080u, V{}, 0xFFFF);  // as Int8Avx2's
     }
     ATTNX_ALWAYS_INLINE static V madd(V acc, const A& a, V w) { return (V)__builtin_ia32_vpdpbusd_v16si(acc, a, w); }
     // sum (qx + 128) qw - 128 colsum
@@ -213,7 +275,10 @@ ATTNX_ALWAYS_INLINE void int8_tile(int32_t* acc, size_t ldc, const int8_t* qx, s
     const int8_t* w0 = B.data.data() + (size_t)n * 4;
     for (int kb = 0; kb < Kb; ++kb) {
         V w[Q];
-        for (int q = 0; q < Q; ++q) std::memcpy(&w[q], w0 + ((size_t)kb * B.Np + (size_t)q * W) * 4, sizeof(V));
+        // whole aligned vectors (Np a multiple of 16, the data cache-line aligned); a memcpy of 32 bytes
+        // compiled to a copy through the stack on the AVX2 level
+        typedef V VAlias __attribute__((may_alias));
+        for (int q = 0; q < Q; ++q) w[q] = *(const VAlias*)(w0 + ((size_t)kb * B.Np + (size_t)q * W) * 4);
         for (int r = 0; r < R; ++r) {
             int32_t a4;
             std::memcpy(&a4, qx + (size_t)r * lda + (size_t)kb * 4, 4);
@@ -265,11 +330,8 @@ inline const char* int8_level_name() {
     return level == SimdLevel::avx512 && cpu_has_vnni() ? "vnni" : level >= SimdLevel::avx2 ? "avx2" : "baseline";
 }
 
-template <class Body>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma"))) void on_vnni(Body& body) {
-    body(Int8Vnni{});
-}
-template <class Body> __attribute__((target("avx2,fma"))) void on_avx2_int8(Body& body) { body(Int8Avx2{}); }
+template <class Body> ATTNX_INT8_VNNI void on_vnni(Body& body) { body(Int8Vnni{}); }
+template <class Body> ATTNX_INT8_AVX2 void on_avx2_int8(Body& body) { body(Int8Avx2{}); }
 
 template <class Body> void on_int8_level(Body&& body) {
     const SimdLevel level = simd_level();
@@ -336,13 +398,17 @@ struct Int8Activations {
 
     // out[r, j] (n rows, ldo apart; j < n_cols) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be null),
     // then += acc2[i, j] (se[i] sw[j]) for the coarse row r = which[i]
-    void dequantize(float* out, size_t ldo, const int32_t* acc, size_t ldc, int n, const float* sw, const float* bias,
-                    int n_cols, size_t ld_acc2) const {
+    // (plain loops, inlined so that they vectorize at the caller's level)
+    ATTNX_ALWAYS_INLINE void dequantize(float* out, size_t ldo, const int32_t* acc, size_t ldc, int n, const float* sw,
+                                        const float* bias, int n_cols, size_t ld_acc2) const {
         for (int r = 0; r < n; ++r) {
             float* o = out + (size_t)r * ldo;
             const int32_t* a = acc + (size_t)r * ldc;
             const float sr = s[r];
-            for (int j = 0; j < n_cols; ++j) o[j] = (float)a[j] * (sr * sw[j]) + (bias ? bias[j] : 0.f);
+            if (bias)
+                for (int j = 0; j < n_cols; ++j) o[j] = (float)a[j] * (sr * sw[j]) + bias[j];
+            else
+                for (int j = 0; j < n_cols; ++j) o[j] = (float)a[j] * (sr * sw[j]);
         }
         for (int i = 0; i < coarse; ++i) {
             float* o = out + (size_t)which[i] * ldo;
@@ -354,13 +420,12 @@ struct Int8Activations {
 };
 
 // ----------------------------------------------------------------------------- Dense
-// out (rows, N) = act(x (rows, K) W + bias) with W quantized (qw (K, N), sw (N)); bias may be null.
-// Rows split across the thread budget.
-inline void dense_forward_int8(float* out, const float* x, int rows, int K, int N, const int8_t* qw, const float* sw,
-                               const float* bias, Activation activation) {
-    thread_local Int8Packed packed;
-    pack_int8(packed, qw, (size_t)N, K, N);
-    const Int8Packed& B = packed;  // this thread's buffer, read by every thread of the split
+// out (rows, N) = act(x (rows, K) W + bias) with W quantized and packed (w: columns [0, N) in w.head);
+// bias may be null. Rows split across the thread budget.
+inline void dense_forward_int8(float* out, const float* x, int rows, const Int8Kernel& w, const float* bias,
+                               Activation activation) {
+    const Int8Packed& B = w.head;
+    const int K = B.K, N = B.N;
     const double work = (double)rows * K * N / 4;
     parallel_for((size_t)rows, work, [&](size_t r0, size_t r1) {
         constexpr int chunk = 64;
@@ -373,7 +438,10 @@ inline void dense_forward_int8(float* out, const float* x, int rows, int K, int 
                 xq.quantize_on<decltype(lanes)>(x + c0 * K, (size_t)K, n_rows, B.feature_weight.data());
             });
             xq.product(acc.data(), (size_t)B.Np, n_rows, B, N);
-            xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, sw, bias, N, (size_t)B.Np);
+            on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
+                xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, w.scale.data(), bias, N,
+                              (size_t)B.Np);
+            });
             activation_forward<float>(out + c0 * N, out + c0 * N, (size_t)n_rows, (size_t)N, activation);
         }
     });
@@ -391,38 +459,35 @@ inline void embedding_forward_int8(float* out, const int64_t* ids, size_t count,
 }
 
 // ----------------------------------------------------------------------------- recurrent layers
-// One level of SimpleRNN / GRU / LSTM (cfg as rnn_forward's) on quantized kernels: each step
-//   pre = (Q(x_t) qW) * sx sW + b_in + (Q(h_{t-1}) qU) * sh sU [+ b_rec]   (Q: Int8Activations' passes)
+// One level of SimpleRNN / GRU / LSTM (cfg as rnn_forward's) on quantized kernels:
+//   xw[b, t] = (Q(x[b, t]) qW) * sx sW + b_in       every step at once: one int8 product of B T rows
+//   pre_t    = xw[:, t] + (Q(h_{t-1}) qU) * sh sU [+ b_rec]            per step (Q: Int8Activations)
 // then the float gate math of rnn.hpp's cells (equations below). y (B, T, H) may be null; h, c (B, H)
 // hold the initial state and leave with the final one (c: LSTM only). mask (B, T) nonzero = real
-// step (null: all real); a padded step carries the state and writes y = 0.
-struct Int8Kernel {
-    const int8_t* q;
-    const float* scale;
-};
-
+// step (null: all real); a padded step carries the state and writes y = 0. A classic GRU (reset
+// before the product) has U packed with split = 2H: r and z from U.head, the candidate from U.tail.
 template <class V, class Acts>
 ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, int b0, int b1, float* y, float* h,
-                                        float* c, const float* x, const Int8Packed& PW, const float* sW,
-                                        const Int8Packed& PU, const float* sU, const Int8Packed* PUn,
-                                        const float* b_in, const float* b_rec, const uint8_t* mask) {
+                                        float* c, const float* xw, const Int8Kernel& U, const float* b_rec,
+                                        const uint8_t* mask) {
     constexpr int W = Lanes<V>::W;
-    const int Tn = cfg.T, H = cfg.H, C = cfg.C, G = cfg.G(), rows = b1 - b0;
+    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), rows = b1 - b0;
     const bool classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
-    const int nU = classic ? 2 * H : G;  // the columns of U multiplied by h (classic GRU: r and z)
-    Int8Activations xq, hq, rq;  // x_t, h_{t-1}, and the classic GRU's r * h_{t-1}
-    xq.resize(rows, C, PW.Kp, PW.Np), hq.resize(rows, H, PU.Kp, PU.Np);
-    std::vector<float> xg((size_t)rows * G), hg((size_t)rows * G), rh;
-    std::vector<int32_t> ax((size_t)rows * PW.Np), ah((size_t)rows * PU.Np), an;
-    if (classic) rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn->Np), rq.resize(rows, H, PUn->Kp, PUn->Np);
+    const Int8Packed &PU = U.head, &PUn = U.tail;  // h_{t-1}'s columns (classic GRU: r and z), the candidate's
+    const int nU = PU.N;
+    const float* sU = U.scale.data();
+    const size_t ldx = (size_t)Tn * G;  // xw's rows of one time step
+    Int8Activations hq, rq;  // h_{t-1}, and the classic GRU's r * h_{t-1}
+    hq.resize(rows, H, PU.Kp, PU.Np);
+    std::vector<float> hg((size_t)rows * G), rh;
+    std::vector<int32_t> ah((size_t)rows * PU.Np), an;
+    if (classic) rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn.Np), rq.resize(rows, H, PUn.Kp, PUn.Np);
     for (int step = 0; step < Tn; ++step) {
         const int t = cfg.time_at(step);
-        // x_t W + b_in and h_{t-1} U (+ b_rec)
-        xq.quantize_on<V>(x + ((size_t)b0 * Tn + t) * C, (size_t)Tn * C, rows, PW.feature_weight.data());
+        const float* xg = xw + ((size_t)b0 * Tn + t) * G;  // x_t W + b_in of row b0, rows ldx apart
+        // h_{t-1} U (+ b_rec)
         hq.quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows, PU.feature_weight.data());
-        xq.product(ax.data(), (size_t)PW.Np, rows, PW, G);
         hq.product(ah.data(), (size_t)PU.Np, rows, PU, nU);
-        xq.dequantize(xg.data(), (size_t)G, ax.data(), (size_t)PW.Np, rows, sW, b_in, G, (size_t)PW.Np);
         hq.dequantize(hg.data(), (size_t)G, ah.data(), (size_t)PU.Np, rows, sU, b_rec, nU, (size_t)PU.Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
@@ -433,7 +498,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
                 if (yb) std::fill(yb, yb + H, 0.f);
                 continue;
             }
-            const float* xr = xg.data() + (size_t)r * G;
+            const float* xr = xg + (size_t)r * ldx;
             const float* hr = hg.data() + (size_t)r * G;
             for (int j = 0; j < H; j += W) {
                 const int n = std::min(W, H - j);
@@ -470,16 +535,16 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
         }
         if (!classic) continue;
         // classic GRU: n = act(x_n + b_n + (r * h_{t-1}) U_n); h_t = z h_{t-1} + (1 - z) n
-        rq.quantize_on<V>(rh.data(), (size_t)H, rows, PUn->feature_weight.data());
-        rq.product(an.data(), (size_t)PUn->Np, rows, *PUn, H);
-        rq.dequantize(hg.data() + 2 * H, (size_t)G, an.data(), (size_t)PUn->Np, rows, sU + 2 * H, nullptr, H,
-                      (size_t)PUn->Np);
+        rq.quantize_on<V>(rh.data(), (size_t)H, rows, PUn.feature_weight.data());
+        rq.product(an.data(), (size_t)PUn.Np, rows, PUn, H);
+        rq.dequantize(hg.data() + 2 * H, (size_t)G, an.data(), (size_t)PUn.Np, rows, sU + 2 * H, nullptr, H,
+                      (size_t)PUn.Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
             if (mask && !mask[(size_t)b * Tn + t]) continue;
             float* hb = h + (size_t)b * H;
             float* yb = y ? y + ((size_t)b * Tn + t) * H : nullptr;
-            const float* xr = xg.data() + (size_t)r * G;
+            const float* xr = xg + (size_t)r * ldx;
             const float* hr = hg.data() + (size_t)r * G;
             for (int j = 0; j < H; j += W) {
                 const int n = std::min(W, H - j);
@@ -493,20 +558,20 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
     }
 }
 
-inline void rnn_forward_int8(const RNNConfig& cfg, float* y, float* h, float* c, const float* x, Int8Kernel kernel,
-                             Int8Kernel recurrent, const float* b_in, const float* b_rec, const uint8_t* mask) {
-    const int H = cfg.H, G = cfg.G();
-    const bool classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
-    thread_local Int8Packed PW, PU, PUn;
-    pack_int8(PW, kernel.q, (size_t)G, cfg.C, G);
-    pack_int8(PU, recurrent.q, (size_t)G, H, classic ? 2 * H : G);
-    if (classic) pack_int8(PUn, recurrent.q + 2 * H, (size_t)G, H, H);
-    const Int8Packed &pw = PW, &pu = PU, &pun = PUn;  // this thread's buffers, read by every thread of the split
+// W (C, G) and U (H, G) packed (U with split = 2H for a classic GRU, G otherwise); xw's buffer is
+// this thread's, reused by the next call
+inline void rnn_forward_int8(const RNNConfig& cfg, float* y, float* h, float* c, const float* x, const Int8Kernel& W,
+                             const Int8Kernel& U, const float* b_in, const float* b_rec, const uint8_t* mask) {
+    const size_t TG = (size_t)cfg.T * cfg.G();
+    thread_local std::vector<float> xw_buffer;
+    xw_buffer.resize((size_t)cfg.B * TG);
+    float* xw = xw_buffer.data();
     for_batch_rows(cfg, [&](int b0, int b1) {
+        dense_forward_int8(xw + b0 * TG, x + (size_t)b0 * cfg.T * cfg.C, (b1 - b0) * cfg.T, W, b_in,
+                           Activation::linear);
         auto run = [&](const auto& acts) {
             on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-                rnn_steps_int8<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, x, pw, kernel.scale, pu, recurrent.scale,
-                                                classic ? &pun : nullptr, b_in, b_rec, mask);
+                rnn_steps_int8<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, xw, U, b_rec, mask);
             });
         };
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid) run(TanhSigmoid{});

@@ -60,9 +60,9 @@ class Dense(Layer):
         """The quantized layer's output for x2 (rows, in_features): x2 quantized per row, int8 products."""
         quantization.inference_only(self, training)
         p = self.params
-        return kernels.dense_forward_int8(x=np.require(x2, np.float32, "CA"), kernel=p["kernel"],
-                                          kernel_scale=p["kernel_scale"], bias=p.get("bias"),
-                                          activation=self.activation)
+        return kernels.dense_forward_int8(x=np.require(x2, np.float32, "CA"),
+                                          kernel=quantization.packed(self, "kernel"),
+                                          bias=p.get("bias"), activation=self.activation)
 
     def quantizable_weights(self):
         return {"kernel": "columns"}

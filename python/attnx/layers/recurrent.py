@@ -192,9 +192,11 @@ class _Recurrent(Layer):
         def float32(a):
             return None if a is None else np.require(a, np.float32, "CA")
         bias, recurrent_bias = self._biases(p, level)
+        classic_gru = self._cell == "gru" and not self.reset_after  # its candidate's columns packed apart
         y, h, c = kernels.rnn_forward_int8(
-            cell=self._cell, x=float32(x), kernel=p["kernel" + sfx], kernel_scale=p["kernel" + sfx + "_scale"],
-            recurrent_kernel=p["recurrent_kernel" + sfx], recurrent_kernel_scale=p["recurrent_kernel" + sfx + "_scale"],
+            cell=self._cell, x=float32(x), kernel=quantization.packed(self, "kernel" + sfx),
+            recurrent_kernel=quantization.packed(self, "recurrent_kernel" + sfx,
+                                                 split=2 * self.units if classic_gru else 0),
             bias=float32(bias), recurrent_bias=float32(recurrent_bias), h0=float32(h0), c0=float32(c0), mask=mask,
             reverse=reverse, reset_after=self.reset_after, activation=self.activation,
             recurrent_activation=self.recurrent_activation, return_sequences=need_y)
