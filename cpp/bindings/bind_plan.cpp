@@ -3,6 +3,8 @@
 #include <memory>
 #include <string>
 
+#include <pybind11/stl.h>
+
 #include "attnx/plan.hpp"
 #include "bindings.hpp"
 #include "checks.hpp"

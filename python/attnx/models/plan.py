@@ -113,8 +113,8 @@ def run(model, x):
 def _compile(model, x):
     """The plan of `model` for inputs like x; None when the model holds something the plan does not;
     False when a layer is not built yet."""
-    if not (model._functional and len(model.inputs) == 1 and len(model.outputs) == 1 and x.ndim >= 1
-            and x.size and not model._multi_output):
+    if not (model._functional and len(model.inputs) == 1 and len(model.outputs) == 1 and x.size
+            and not model._multi_output and x.ndim == len(model.inputs[0].shape)):
         return None
     for layer in model.layers:
         if not layer.built or layer.__dict__.get("_deferred_restore"):
