@@ -107,6 +107,20 @@ def test_plan_output_equals_eager_output(cls, seed):
     np.testing.assert_allclose(model(batch), eager(model, batch), rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("make", [lambda: layers.LSTM(48, return_sequences=True, zero_output_for_mask=True),
+                                  lambda: layers.GRU(64, reset_after=False), lambda: layers.SimpleRNN(200),
+                                  lambda: layers.Bidirectional(layers.GRU(40))], ids=["LSTM", "GRU", "SimpleRNN",
+                                                                                      "Bidirectional"])
+def test_recurrent_layers_past_the_size_that_projects_inputs_first(make):
+    # (B, T, gates * units) beyond plan.hpp's kProjectFirstBytes: the steps fuse x_t W (rnn_forward)
+    rng = np.random.default_rng(7)
+    model = token_model(rng, make(), steps=30)
+    x = ids(rng, 40, 30)
+    planned = plan.run(model, x)
+    assert planned is not None
+    np.testing.assert_allclose(planned, eager(model, x), rtol=2e-5, atol=2e-6)
+
+
 def sentiment_model():
     return attnx.Sequential([layers.Embedding(500, 32, input_shape=(32,)), layers.LSTM(100, dropout=0.2,
                                                                                       return_sequences=True),
@@ -219,13 +233,15 @@ def _error(fn):
     return None
 
 
-@pytest.mark.parametrize("bad", ["rank", "features", "dtype", "token id", "negative id", "float ids"])
+@pytest.mark.parametrize("bad", ["rank", "rank of ids", "features", "dtype", "token id", "negative id", "float ids"])
 def test_bad_input_raises_the_eager_error(bad):
     rng = np.random.default_rng(5)
     tokens = transformer_classifier()
     floats = float_model((6, 4), layers.LSTM(3), layers.Dense(2))
     model, x = {
         "rank": (tokens, ids(rng, 2, 5, 500)[:, :, None]),
+        "rank of ids": (attnx.Sequential([layers.Embedding(500, 4, input_shape=(5,)), layers.Dense(2)]),
+                        ids(rng, 2, 5, 500)[:, :, None]),
         "features": (floats, rng.normal(size=(2, 6, 5)).astype(np.float32)),
         "dtype": (floats, np.full((2, 6, 4), "a")),
         "token id": (tokens, np.array([[1, 2, 500]])),
@@ -236,7 +252,8 @@ def test_bad_input_raises_the_eager_error(bad):
     assert expected is not None
     for call in (model, model.predict_on_batch, model.predict):
         assert _error(lambda: call(x)) == expected, call
-    good = ids(rng, 1, 3, 500) if model is tokens else rng.normal(size=(1, 6, 4)).astype(np.float32)
+    good = ids(rng, 1, 5, 500) if x.dtype.kind in "iuf" and model is not floats else \
+        rng.normal(size=(1, 6, 4)).astype(np.float32)
     np.testing.assert_allclose(model(good), eager(model, good), rtol=2e-5, atol=2e-6)  # still planned after
 
 

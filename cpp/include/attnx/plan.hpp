@@ -56,7 +56,15 @@ struct PlanOp {
     PoolingConfig pool;
     AttendShape attend;
     std::vector<float> work;  // the op's own workspace (the RNN's gates, the norm's statistics)
+    Panels<float> packed;     // the recurrent kernel packed for the steps (each run: the weights may change)
 };
+
+// An RNN whose (B, T, G) input projection fits in this many bytes projects every step's input with one
+// product first, and its steps multiply h_{t-1} alone (K = H, not H + C); a larger one fuses x_t W into
+// each step's product (rnn_forward), which spares a round trip of that buffer through memory. Measured
+// on the sentiment LSTM(100), T = 32, 1 thread (AMD EPYC Zen 5, shared host): batch 1, 51 -> 46.5 us
+// projecting first; batch 32 (1.6 MiB of gates), 590 us fused, 655 us projecting first.
+constexpr size_t kProjectFirstBytes = 256 << 10;
 
 class InferencePlan {
   public:
@@ -181,8 +189,19 @@ class InferencePlan {
         RNNCache<float> cache;  // inference: gates and aux are workspace only
         cache.gates = gates;
         cache.aux = cfg.cell != RNNCell::simple ? aux : nullptr;
-        rnn_forward<float>(cfg, sequences ? out(op.out) : nullptr, h, cfg.cell == RNNCell::lstm ? c : nullptr, cache,
-                           in(op.in), op.w[0], op.w[1], op.w[2], op.w[3], mask(op.mask), nullptr, hu);
+        float* y = sequences ? out(op.out) : nullptr;
+        float* cell = cfg.cell == RNNCell::lstm ? c : nullptr;
+        if (BT * G * sizeof(float) > kProjectFirstBytes) {
+            rnn_forward<float>(cfg, y, h, cell, cache, in(op.in), op.w[0], op.w[1], op.w[2], op.w[3], mask(op.mask),
+                               nullptr, hu);
+            return;
+        }
+        // gates = x . W + b_in for every step, then the steps (the decoders' rnn_forward_rows)
+        dense_forward_rows<float>(gates, gates, in(op.in), op.w[0], op.w[2], (int)BT, cfg.C, (int)G,
+                                  Activation::linear);
+        pack_recurrent_kernel_rows<float>(op.packed, cfg, op.w[1]);
+        rnn_forward_rows<float>(cfg, 0, cfg.B, y, h, cell, cache, op.packed.data(), op.w[3], mask(op.mask), nullptr,
+                                hu);
     }
 
     // out = in ++ in2 on the last axis (rows of `cols` each), or in (+, *, mean) in2 elementwise
