@@ -258,7 +258,7 @@ def test_bad_input_raises_the_eager_error(bad):
 
 
 def test_the_plan_checks_what_it_is_given():
-    p = attnx.kernels.InferencePlan(input_shape=[2, 3], token_ids=False)
+    p = attnx.kernels.inference_plan(input_shape=[2, 3], token_ids=False)
     out = p.add_slot(size=8)
     with pytest.raises(ValueError, match="slot"):
         p.dense(out=out, in_=0, kernel=np.zeros((3, 5), np.float32), bias=None, activation="linear", rows=2)

@@ -57,18 +57,23 @@ void positive(std::initializer_list<int> sizes, const char* what) {
 }  // namespace
 
 void init_plan(py::module_& m) {
-    py::class_<PlanHandle>(m, "InferencePlan",
+    // the class in a submodule, made by the function inference_plan: _core's callables are its kernels
+    py::module_ sub = m.def_submodule("plan", "The compiled inference plan's class.");
+    m.def(
+        "inference_plan",
+        [](std::vector<py::ssize_t> input_shape, bool token_ids) {
+            auto h = std::make_unique<PlanHandle>();
+            for (auto s : input_shape)
+                if (s <= 0 || s > kMaxIndex) throw py::value_error("inference_plan: input axes must be positive");
+            h->input_shape = std::move(input_shape);
+            h->token_ids = token_ids;
+            return h;
+        },
+        py::arg("input_shape"), py::arg("token_ids"),
+        "An empty InferencePlan for inputs of `input_shape`: float32, or int64 token ids (token_ids=True).");
+    py::class_<PlanHandle>(sub, "InferencePlan",
                            "A model's kernels in order over buffers allocated once, for one input signature "
                            "(python/attnx/models/plan.py builds it; cpp/include/attnx/plan.hpp runs it).")
-        .def(py::init([](std::vector<py::ssize_t> input_shape, bool token_ids) {
-                 auto h = std::make_unique<PlanHandle>();
-                 for (auto s : input_shape)
-                     if (s <= 0 || s > kMaxIndex) throw py::value_error("InferencePlan: input axes must be positive");
-                 h->input_shape = std::move(input_shape);
-                 h->token_ids = token_ids;
-                 return h;
-             }),
-             py::arg("input_shape"), py::arg("token_ids"))
         .def("add_slot", [](PlanHandle& h, py::ssize_t size) {
                  if (size <= 0 || size > kMaxIndex) throw py::value_error("InferencePlan.add_slot: size out of range");
                  return h.plan.add_slot((size_t)size);

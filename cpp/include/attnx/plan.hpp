@@ -1,4 +1,4 @@
-// A compiled inference plan (ARCHITECTURE.md, "The inference plan"): a model's layers for one input
+// A compiled inference plan (ARCHITECTURE.md, "Models and training"): a model's layers for one input
 // signature (shape and dtype) as an ordered list of kernel calls over buffers allocated once, run in
 // one call. Every op calls the kernel its layer's forward calls (dense.hpp, rnn.hpp, pooling.hpp,
 // attention.hpp, transformer.hpp, embedding.hpp); the plan adds no layer math but the elementwise

@@ -1,4 +1,4 @@
-"""The compiled inference plan (ARCHITECTURE.md, "The inference plan"): a functional model's inference
+"""The compiled inference plan (ARCHITECTURE.md, "Models and training"): a functional model's inference
 call as one C++ call (`cpp/include/attnx/plan.hpp`, GIL released) over buffers allocated once.
 
 `run(model, x)` looks up the plan of x's signature (shape and dtype; a few kept per model), building it
@@ -42,10 +42,10 @@ class _Value(NamedTuple):
 
 
 class _Builder:
-    """Adds a model's ops to one `kernels.InferencePlan`, recording the weight arrays it points into."""
+    """Adds a model's ops to one `kernels.inference_plan`, recording the weight arrays it points into."""
 
     def __init__(self, shape, token_ids):
-        self.plan = kernels.InferencePlan(input_shape=list(shape), token_ids=token_ids)
+        self.plan = kernels.inference_plan(input_shape=list(shape), token_ids=token_ids)
         self.weights = []  # (params dict, name, array): the plan is current while each entry is its dict's
 
     def slot(self, shape):
