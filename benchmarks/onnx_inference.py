@@ -109,8 +109,8 @@ def main():
           "| attnx eager (no plan) | eager / plan |")
     print("|---|---|---|---|---|---|")
     for label, ours, theirs, eager in rows:
-        tail = "| - | - |" if eager is None else f"| {eager:.2f} ms | {eager / ours:.2f}x |"
-        print(f"| {label} | {ours:.2f} ms | {theirs:.2f} ms | {theirs / ours:.2f}x {tail}")
+        tail = "| - | - |" if eager is None else f"| {eager:.3f} ms | {eager / ours:.2f}x |"
+        print(f"| {label} | {ours:.3f} ms | {theirs:.3f} ms | {theirs / ours:.2f}x {tail}")
 
 
 if __name__ == "__main__":
