@@ -284,3 +284,16 @@ def test_threads_share_a_plan():
         results = list(pool.map(model.predict_on_batch, xs * 3))
     for got, want in zip(results, expected * 3):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_a_copied_model_plans_with_its_own_weights():
+    import copy
+    rng = np.random.default_rng(8)
+    model = sentiment_model()
+    x = ids(rng, 2, 32, 500)
+    model(x)
+    for twin in (copy.deepcopy(model),):
+        twin.set_weights([w + 0.1 for w in twin.get_weights()])
+        np.testing.assert_allclose(twin(x), eager(twin, x), rtol=2e-5, atol=2e-6)
+        assert not np.allclose(twin(x), model(x))
+    np.testing.assert_allclose(model(x), eager(model, x), rtol=2e-5, atol=2e-6)

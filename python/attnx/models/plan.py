@@ -73,6 +73,17 @@ class _Plan:
         return all(params.get(name) is array for params, name, array in self.weights)
 
 
+class _Plans(dict):
+    """A model's plans by signature. A copy of the model starts without them: they point into the
+    original's weights."""
+
+    def __deepcopy__(self, memo):
+        return _Plans()
+
+    def __reduce__(self):
+        return _Plans, ()
+
+
 LOWERINGS = {}
 
 
@@ -90,7 +101,9 @@ def run(model, x):
     runs the eager path)."""
     if type(x) is not np.ndarray:
         return None
-    plans = model.__dict__.setdefault("_inference_plans", {})
+    plans = model.__dict__.get("_inference_plans")
+    if plans is None:
+        plans = model.__dict__["_inference_plans"] = _Plans()
     key = (x.shape, x.dtype.char)
     entry = plans.get(key, False)
     if entry is False or (entry is not None and not entry.current()):
