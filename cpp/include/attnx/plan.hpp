@@ -223,7 +223,7 @@ class InferencePlan {
         }
     }
 
-    // reference: tests/test_predict_plan.py (GlobalAveragePooling1D's eager NumPy path)
+    // reference: cpp/tests/test_plan.cpp (double loops); the eager path: GlobalAveragePooling1D (NumPy)
     // out[b, c] = sum_t m[b, t] x[b, t, c] / max(sum_t m[b, t], 1), m = 1 without a mask
     void run_mean_pool(const PlanOp& op) {
         const int B = op.attend.B, Tn = op.attend.Tq, C = op.cols;
