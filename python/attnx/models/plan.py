@@ -367,8 +367,9 @@ def _transformer_encoder(b, layer, value):
 def _self_attention(b, attention, source, out, mask, B, T, D, slots):
     """MultiHeadAttention with the query, key and value all `source` (`forward_checked`'s products)."""
     H, key_dim, value_dim = attention.num_heads, attention.key_dim, attention.value_dim
-    if tuple(attention.params["output_kernel"].shape[2:]) != (D,):
-        raise Unsupported("an output shape other than the model size")
+    if tuple(attention.params["output_kernel"].shape[2:]) != (D,) or getattr(attention, "use_gate", False) or \
+            getattr(attention, "attention_axes", None) is not None:  # (main's gated / per-axis attention: eager)
+        raise Unsupported("an output shape other than the model size, a gate or other attention axes")
     rows = B * T
     if not slots:
         slots.update(query=b.slot((rows, H * key_dim)), key=b.slot((rows, H * key_dim)),
