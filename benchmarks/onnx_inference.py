@@ -4,7 +4,10 @@ ONNX Runtime (CPU), in one process with the same thread count; prints a Markdown
     python benchmarks/onnx_inference.py              # 1 thread each
     python benchmarks/onnx_inference.py --threads 2
 
-Weights are untrained (time does not depend on them); the Seq2Seq decodes max_length steps either way.
+The classifiers' predict runs their compiled inference plan (attnx.models.plan); the "eager" column is
+the same predict with the plan switched off (layer by layer from Python), timed interleaved with the
+others round by round. Weights are untrained (time does not depend on them); the Seq2Seq decodes
+max_length steps either way.
 """
 import argparse
 import statistics
@@ -17,17 +20,37 @@ import onnxruntime as ort
 
 import attnx
 from attnx import export, layers
+from attnx.models import plan
 from attnx.seq2seq import Seq2Seq
 
 
 def median_ms(fn, rounds):
-    fn()  # warm up
-    times = []
+    return interleaved_ms([fn], rounds)[0]
+
+
+def interleaved_ms(fns, rounds):
+    """Median milliseconds of each of `fns`, timed in turn within every round (a shared host's slow
+    moments fall on all of them alike)."""
+    for fn in fns:
+        fn()  # warm up
+    times = [[] for _ in fns]
     for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+        for fn, kept in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            kept.append(time.perf_counter() - start)
+    return [1000 * statistics.median(kept) for kept in times]
+
+
+def without_plan(fn):
+    """fn run with the compiled inference plan switched off: the eager path, layer by layer."""
+    def run():
+        planned, plan.run = plan.run, lambda model, x: None
+        try:
+            return fn()
+        finally:
+            plan.run = planned
+    return run
 
 
 def ids(rng, batch, steps, vocab):
@@ -69,20 +92,25 @@ def main():
         sess = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         feed = sess.get_inputs()[0].name
         for x in batches:
-            ours = median_ms(lambda: model.predict(x, batch_size=len(x)), args.rounds)
-            theirs = median_ms(lambda: sess.run(None, {feed: x}), args.rounds)
-            rows.append((f"{name}, batch {len(x)}", ours, theirs))
+            def ours():
+                return model.predict(x, batch_size=len(x))
+            np.testing.assert_allclose(ours(), sess.run(None, {feed: x})[0], rtol=1e-4, atol=1e-5)
+            planned, eager, theirs = interleaved_ms([ours, without_plan(ours), lambda: sess.run(None, {feed: x})],
+                                                    args.rounds)
+            rows.append((f"{name}, batch {len(x)}", planned, theirs, eager))
     model = Seq2Seq(5000, 5000, embedding_dim=128, units=256, start_token=1, end_token=2, max_length=16)
     translator = export.OnnxSeq2Seq(export.to_onnx(model, folder / "seq2seq"), sess_options=options)
     for batch in (1, 32):
         source = ids(rng, batch, 16, 5000)
         ours = median_ms(lambda: model.greedy_decode(source), max(5, args.rounds // 3))
         theirs = median_ms(lambda: translator.greedy_decode(source), max(5, args.rounds // 3))
-        rows.append((f"Seq2Seq GRU(256) + Bahdanau greedy decoding, 16 steps, batch {batch}", ours, theirs))
-    print(f"| model, {args.threads} thread(s) | attnx predict | ONNX Runtime | ONNX Runtime / attnx |")
-    print("|---|---|---|---|")
-    for label, ours, theirs in rows:
-        print(f"| {label} | {ours:.2f} ms | {theirs:.2f} ms | {theirs / ours:.2f}x |")
+        rows.append((f"Seq2Seq GRU(256) + Bahdanau greedy decoding, 16 steps, batch {batch}", ours, theirs, None))
+    print(f"| model, {args.threads} thread(s) | attnx predict | ONNX Runtime | ONNX Runtime / attnx "
+          "| attnx eager (no plan) | eager / plan |")
+    print("|---|---|---|---|---|---|")
+    for label, ours, theirs, eager in rows:
+        tail = "| - | - |" if eager is None else f"| {eager:.3f} ms | {eager / ours:.2f}x |"
+        print(f"| {label} | {ours:.3f} ms | {theirs:.3f} ms | {theirs / ours:.2f}x {tail}")
 
 
 if __name__ == "__main__":

@@ -416,7 +416,8 @@ def test_mask_propagated_through_a_functional_graph_equals_the_mask_given(name):
     inp = attnx.Input((T,), dtype="int64")
     embedding, layer = layers.Embedding(9, C, mask_zero=True), make()
     model = attnx.Model(inp, layer(embedding(inp)))
-    np.testing.assert_array_equal(model(ids), call(layer, embedding(ids), ids != 0), err_msg=name)
+    # to float32 noise: model(ids) runs the compiled inference plan (attnx.models.plan) where it holds the model
+    np.testing.assert_allclose(model(ids), call(layer, embedding(ids), ids != 0), rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 GOOD = {

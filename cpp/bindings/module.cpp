@@ -61,4 +61,5 @@ PYBIND11_MODULE(_core, m) {
     attnx::bind::init_random(m);
     attnx::bind::init_quantized(m);
     attnx::bind::init_bf16(m);
+    attnx::bind::init_plan(m);
 }

@@ -5,6 +5,7 @@ from .. import quantization, saving
 from ..backend import snake_case, unique_name
 from ..layers.base import Layer
 from ..ops import TracedArray, gradient_buffers
+from . import plan
 from .graph import GraphMixin
 from .training import TrainingMixin
 
@@ -113,6 +114,10 @@ class Model(TrainingMixin, GraphMixin, Layer):
             if args or kwargs:
                 raise TypeError(f"Model '{self.name}': a functional model takes its inputs only (got "
                                 f"{len(args)} more positional and {sorted(kwargs)} keyword arguments)")
+            if not training and mask is None:  # inference: the compiled plan, one C++ call, if it holds the model
+                outputs = plan.run(self, inputs)
+                if outputs is not None:
+                    return outputs, None
             outputs, _, caches = self._run_graph(inputs, training, mask)
             return outputs, caches
         if getattr(self, "call", None) is None:

@@ -482,6 +482,8 @@ class TrainingMixin:
         """Outputs for x (arrays, or an iterable of batches as in `fit`, targets ignored), computed
         in batches in inference mode; `steps` batches (default: one pass). `callbacks` get Keras' on_predict_*
         hooks (on_predict_batch_end's logs: {"outputs": the batch's outputs})."""
+        if self._one_batch(x, batch_size, verbose, steps, callbacks):  # no adapter, no progress bar
+            return self.predict_on_batch(x)
         data = data_adapter.DataAdapter("predict", x, batch_size=batch_size, steps=steps, targets=False)
         dist = self._distribute
         cbs = callbacks_module.CallbackList(callbacks or [], self, {"steps": data.steps_per_epoch,
@@ -489,6 +491,13 @@ class TrainingMixin:
         if dist is not None:
             return dist.run(self, self._predict, data, int(verbose) if dist.is_main else 0, cbs)
         return self._predict(data, int(verbose), cbs)
+
+    def _one_batch(self, x, batch_size, verbose, steps, callbacks):
+        """Whether predict's data is one array of at most one batch with nothing to report: the batch goes
+        straight to predict_on_batch (the adapter would hand it over unchanged)."""
+        limit = 32 if batch_size is None else batch_size if type(batch_size) is int else 0  # else the adapter says why
+        return (type(x) is np.ndarray and x.ndim >= 1 and 0 < len(x) <= limit and steps is None
+                and not callbacks and not verbose and self._distribute is None and not self._multi_input)
 
     def _predict(self, data, verbose, callbacks):
         bar = _progress(data.steps_per_epoch, "Predict", verbose == 1)

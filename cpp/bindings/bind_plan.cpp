@@ -1,0 +1,316 @@
+// The compiled inference plan (plan.hpp): python/attnx/models/plan.py adds a model's ops once per input
+// signature, every slot size and weight checked here as it is added; `run` then checks only the input.
+#include <memory>
+#include <string>
+
+#include <pybind11/stl.h>
+
+#include "attnx/plan.hpp"
+#include "bindings.hpp"
+#include "checks.hpp"
+
+namespace attnx::bind {
+
+namespace {
+
+// The plan with the weight arrays it points into (kept alive) and the input it takes.
+struct PlanHandle {
+    InferencePlan plan;
+    std::vector<py::object> weights;
+    std::vector<py::ssize_t> input_shape;
+    bool token_ids = false;  // the input is int64 token ids (an embedding reads slot 0)
+
+    const float* weight(const py::object& a, const std::vector<py::ssize_t>& shape, const std::string& what) {
+        if (a.is_none()) return nullptr;
+        py::array arr = shaped_array_arg(a, shape, what.c_str());
+        const float* p = in_ptr<float>(arr, what.c_str());
+        weights.push_back(arr);
+        return p;
+    }
+
+    void check_slot(int s, size_t size, const std::string& what, bool written = true) const {
+        const bool input = s == 0 && !written && !token_ids;
+        const size_t have = input ? input_size() : plan.slot_size(s);
+        if ((s == 0 && (written || token_ids)) || (!input && (s <= 0 || s >= plan.slot_count())) || have != size)
+            throw py::value_error("InferencePlan." + what + ": slot " + std::to_string(s) + " holds " +
+                                  std::to_string(have) + " floats, the op needs " + std::to_string(size) +
+                                  (s == 0 && (written || token_ids) ? " (slot 0 is the read-only input)" : ""));
+    }
+    void check_mask(int m, size_t size, const std::string& what) const {
+        if (m >= plan.mask_count() || (m >= 0 && plan_mask_sizes[m] != size))
+            throw py::value_error("InferencePlan." + what + ": mask slot " + std::to_string(m) + " does not hold " +
+                                  std::to_string(size) + " flags");
+    }
+    size_t input_size() const {
+        size_t n = 1;
+        for (auto s : input_shape) n *= (size_t)s;
+        return n;
+    }
+    std::vector<size_t> plan_mask_sizes;
+};
+
+void positive(std::initializer_list<int> sizes, const char* what) {
+    for (int s : sizes)
+        if (s <= 0) throw py::value_error(std::string("InferencePlan.") + what + ": sizes must be positive");
+}
+
+}  // namespace
+
+void init_plan(py::module_& m) {
+    // the class in a submodule, made by the function inference_plan: _core's callables are its kernels
+    py::module_ sub = m.def_submodule("plan", "The compiled inference plan's class.");
+    m.def(
+        "inference_plan",
+        [](std::vector<py::ssize_t> input_shape, bool token_ids) {
+            auto h = std::make_unique<PlanHandle>();
+            for (auto s : input_shape)
+                if (s <= 0 || s > kMaxIndex) throw py::value_error("inference_plan: input axes must be positive");
+            h->input_shape = std::move(input_shape);
+            h->token_ids = token_ids;
+            return h;
+        },
+        py::arg("input_shape"), py::arg("token_ids"),
+        "An empty InferencePlan for inputs of `input_shape`: float32, or int64 token ids (token_ids=True).");
+    py::class_<PlanHandle>(sub, "InferencePlan",
+                           "A model's kernels in order over buffers allocated once, for one input signature "
+                           "(python/attnx/models/plan.py builds it; cpp/include/attnx/plan.hpp runs it).")
+        .def("add_slot", [](PlanHandle& h, py::ssize_t size) {
+                 if (size <= 0 || size > kMaxIndex) throw py::value_error("InferencePlan.add_slot: size out of range");
+                 return h.plan.add_slot((size_t)size);
+             }, py::arg("size"))
+        .def("add_mask_slot", [](PlanHandle& h, py::ssize_t size) {
+                 if (size <= 0 || size > kMaxIndex) throw py::value_error("InferencePlan.add_mask_slot: size out of range");
+                 h.plan_mask_sizes.push_back((size_t)size);
+                 return h.plan.add_mask_slot((size_t)size);
+             }, py::arg("size"))
+        .def("embedding", [](PlanHandle& h, int out, const py::array& table) {
+                 check_rank(table, 2, "InferencePlan.embedding: table");
+                 if (!h.token_ids) throw py::value_error("InferencePlan.embedding: the plan's input is not token ids");
+                 PlanOp op;
+                 op.kind = PlanOpKind::embedding;
+                 op.rows = (int)h.input_size(), op.cols = (int)table.shape(1), op.vocab = table.shape(0);
+                 op.w[0] = h.weight(table, {-1, -1}, "embedding: table");
+                 h.check_slot(out, (size_t)op.rows * op.cols, "embedding");
+                 op.out = out;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("table"))
+        .def("padding_mask", [](PlanHandle& h, int mask) {
+                 if (!h.token_ids) throw py::value_error("InferencePlan.padding_mask: the plan's input is not token ids");
+                 PlanOp op;
+                 op.kind = PlanOpKind::padding_mask;
+                 op.rows = (int)h.input_size(), op.mask = mask;
+                 h.check_mask(mask, (size_t)op.rows, "padding_mask");
+                 if (mask < 0) throw py::value_error("InferencePlan.padding_mask: needs a mask slot");
+                 h.plan.add_op(std::move(op));
+             }, py::arg("mask"))
+        .def("dense", [](PlanHandle& h, int out, int in, const py::array& kernel, const py::object& bias,
+                         const std::string& activation, int rows) {
+                 check_rank(kernel, 2, "InferencePlan.dense: kernel");
+                 PlanOp op;
+                 op.kind = PlanOpKind::dense;
+                 op.rows = rows, op.cols = (int)kernel.shape(0), op.units = (int)kernel.shape(1);
+                 positive({op.rows, op.cols, op.units}, "dense");
+                 op.act = parse_activation(activation);
+                 op.w[0] = h.weight(kernel, {-1, -1}, "dense: kernel");
+                 op.w[1] = h.weight(bias, {op.units}, "dense: bias");
+                 h.check_slot(in, (size_t)rows * op.cols, "dense", false);
+                 h.check_slot(out, (size_t)rows * op.units, "dense");
+                 op.in = in, op.out = out;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("in_"), py::arg("kernel"), py::arg("bias"), py::arg("activation"), py::arg("rows"))
+        .def("feed_forward", [](PlanHandle& h, int out, int in, const py::array& kernel1, const py::object& bias1,
+                                const py::array& kernel2, const py::object& bias2, const std::string& activation,
+                                int rows) {
+                 check_rank(kernel1, 2, "InferencePlan.feed_forward: kernel1");
+                 check_rank(kernel2, 2, "InferencePlan.feed_forward: kernel2");
+                 PlanOp op;
+                 op.kind = PlanOpKind::feed_forward;
+                 op.rows = rows, op.cols = (int)kernel1.shape(0), op.inner = (int)kernel1.shape(1);
+                 op.units = (int)kernel2.shape(1);
+                 positive({op.rows, op.cols, op.inner, op.units}, "feed_forward");
+                 op.act = parse_activation(activation);
+                 op.w[0] = h.weight(kernel1, {-1, -1}, "feed_forward: kernel1");
+                 op.w[1] = h.weight(bias1, {op.inner}, "feed_forward: bias1");
+                 op.w[2] = h.weight(kernel2, {op.inner, op.units}, "feed_forward: kernel2");
+                 op.w[3] = h.weight(bias2, {op.units}, "feed_forward: bias2");
+                 h.check_slot(in, (size_t)rows * op.cols, "feed_forward", false);
+                 h.check_slot(out, (size_t)rows * op.units, "feed_forward");
+                 op.in = in, op.out = out;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("in_"), py::arg("kernel1"), py::arg("bias1"), py::arg("kernel2"),
+             py::arg("bias2"), py::arg("activation"), py::arg("rows"))
+        .def("rnn", [](PlanHandle& h, int out, int in, const std::string& cell, const py::array& kernel,
+                       const py::array& recurrent_kernel, const py::object& bias, const py::object& recurrent_bias,
+                       int mask, bool reverse, bool reset_after, const std::string& activation,
+                       const std::string& recurrent_activation, int batch, int steps, bool return_sequences) {
+                 PlanOp op;
+                 op.kind = PlanOpKind::rnn;
+                 RNNConfig& cfg = op.rnn;
+                 if (cell == "simple") cfg.cell = RNNCell::simple;
+                 else if (cell == "gru") cfg.cell = RNNCell::gru;
+                 else if (cell == "lstm") cfg.cell = RNNCell::lstm;
+                 else throw py::value_error("InferencePlan.rnn: unknown cell '" + cell + "'");
+                 cfg.reverse = reverse, cfg.reset_after = reset_after;
+                 cfg.activation = parse_activation(activation);
+                 cfg.recurrent_activation = parse_activation(recurrent_activation);
+                 if (!rnn_activation_ok(cfg.activation) || !rnn_activation_ok(cfg.recurrent_activation))
+                     throw py::value_error("InferencePlan.rnn: activations must be tanh, sigmoid, relu or linear");
+                 check_rank(kernel, 2, "InferencePlan.rnn: kernel");
+                 check_rank(recurrent_kernel, 2, "InferencePlan.rnn: recurrent_kernel");
+                 cfg.B = batch, cfg.T = steps, cfg.C = (int)kernel.shape(0), cfg.H = (int)recurrent_kernel.shape(0);
+                 positive({cfg.B, cfg.T, cfg.C, cfg.H}, "rnn");
+                 const py::ssize_t G = cfg.G();
+                 op.w[0] = h.weight(kernel, {cfg.C, G}, "rnn: kernel");
+                 op.w[1] = h.weight(recurrent_kernel, {cfg.H, G}, "rnn: recurrent_kernel");
+                 op.w[2] = h.weight(bias, {G}, "rnn: bias");
+                 if (!recurrent_bias.is_none() && !(cfg.cell == RNNCell::gru && reset_after))
+                     throw py::value_error("InferencePlan.rnn: recurrent_bias is only GRU's with reset_after=True");
+                 op.w[3] = h.weight(recurrent_bias, {G}, "rnn: recurrent_bias");
+                 h.check_mask(mask, (size_t)batch * steps, "rnn");
+                 h.check_slot(in, (size_t)batch * steps * cfg.C, "rnn", false);
+                 h.check_slot(out, (size_t)batch * (return_sequences ? steps : 1) * cfg.H, "rnn");
+                 op.units = return_sequences;
+                 op.in = in, op.out = out, op.mask = mask;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("in_"), py::arg("cell"), py::arg("kernel"), py::arg("recurrent_kernel"),
+             py::arg("bias"), py::arg("recurrent_bias"), py::arg("mask"), py::arg("reverse"), py::arg("reset_after"),
+             py::arg("activation"), py::arg("recurrent_activation"), py::arg("batch"), py::arg("steps"),
+             py::arg("return_sequences"))
+        .def("merge", [](PlanHandle& h, int out, int a, int b, const std::string& mode, int rows, int width) {
+                 PlanOp op;
+                 op.kind = PlanOpKind::merge;
+                 if (mode == "concat") op.merge = PlanMerge::concat;
+                 else if (mode == "sum") op.merge = PlanMerge::sum;
+                 else if (mode == "mul") op.merge = PlanMerge::mul;
+                 else if (mode == "ave") op.merge = PlanMerge::ave;
+                 else throw py::value_error("InferencePlan.merge: unknown mode '" + mode + "'");
+                 positive({rows, width}, "merge");
+                 const size_t n = (size_t)rows * width;
+                 h.check_slot(a, n, "merge", false);
+                 h.check_slot(b, n, "merge", false);
+                 h.check_slot(out, op.merge == PlanMerge::concat ? 2 * n : n, "merge");
+                 op.rows = rows, op.cols = width, op.in = a, op.in2 = b, op.out = out;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("a"), py::arg("b"), py::arg("mode"), py::arg("rows"), py::arg("width"))
+        .def("attention_pooling", [](PlanHandle& h, int out, int in, const py::array& kernel, const py::array& bias,
+                                     int mask, int batch, int steps, bool return_sequences) {
+                 check_rank(kernel, 2, "InferencePlan.attention_pooling: kernel");
+                 PlanOp op;
+                 op.kind = PlanOpKind::attention_pooling;
+                 const int C = (int)kernel.shape(0);
+                 positive({batch, steps, C}, "attention_pooling");
+                 op.w[0] = h.weight(kernel, {C, 1}, "attention_pooling: kernel");
+                 check_rank(bias, 2, "InferencePlan.attention_pooling: bias");
+                 if (!(bias.shape(0) == 1 || bias.shape(0) == steps))
+                     throw py::value_error("InferencePlan.attention_pooling: bias must have 1 or `steps` rows");
+                 op.w[1] = h.weight(bias, {-1, 1}, "attention_pooling: bias");
+                 op.pool = PoolingConfig{batch, steps, C, bias.shape(0) == steps && steps != 1, return_sequences};
+                 h.check_mask(mask, (size_t)batch * steps, "attention_pooling");
+                 h.check_slot(in, (size_t)batch * steps * C, "attention_pooling", false);
+                 h.check_slot(out, (size_t)batch * (return_sequences ? steps : 1) * C, "attention_pooling");
+                 op.in = in, op.out = out, op.mask = mask;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("in_"), py::arg("kernel"), py::arg("bias"), py::arg("mask"), py::arg("batch"),
+             py::arg("steps"), py::arg("return_sequences"))
+        .def("add_positions", [](PlanHandle& h, int out, int in, const py::array& table, int batch, int steps) {
+                 check_rank(table, 2, "InferencePlan.add_positions: table");
+                 PlanOp op;
+                 op.kind = PlanOpKind::add_positions;
+                 const int D = (int)table.shape(1);
+                 positive({batch, steps, D}, "add_positions");
+                 if (table.shape(0) < steps) throw py::value_error("InferencePlan.add_positions: table too short");
+                 op.w[0] = h.weight(table, {-1, D}, "add_positions: table");
+                 op.attend.B = batch, op.attend.Tq = steps, op.cols = D;
+                 h.check_slot(in, (size_t)batch * steps * D, "add_positions", false);
+                 h.check_slot(out, (size_t)batch * steps * D, "add_positions");
+                 op.in = in, op.out = out;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("in_"), py::arg("table"), py::arg("batch"), py::arg("steps"))
+        .def("layernorm", [](PlanHandle& h, int out, int in, const py::object& gamma, const py::object& beta, double eps,
+                             int rows, int cols) {
+                 PlanOp op;
+                 op.kind = PlanOpKind::layernorm;
+                 positive({rows, cols}, "layernorm");
+                 op.rows = rows, op.cols = cols, op.scalar = (float)eps;
+                 op.w[0] = h.weight(gamma, {cols}, "layernorm: gamma");
+                 op.w[1] = h.weight(beta, {cols}, "layernorm: beta");
+                 h.check_slot(in, (size_t)rows * cols, "layernorm", false);
+                 h.check_slot(out, (size_t)rows * cols, "layernorm");
+                 op.in = in, op.out = out;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("in_"), py::arg("gamma"), py::arg("beta"), py::arg("eps"), py::arg("rows"),
+             py::arg("cols"))
+        .def("sdpa", [](PlanHandle& h, int out, int q, int k, int v, int mask, int heads, int batch, int steps,
+                        int key_dim, int value_dim, double scale) {
+                 PlanOp op;
+                 op.kind = PlanOpKind::sdpa;
+                 positive({heads, batch, steps, key_dim, value_dim}, "sdpa");
+                 op.attend = AttendShape{batch, heads, steps, steps, key_dim, value_dim};
+                 const size_t rows = (size_t)batch * steps;
+                 h.check_slot(q, rows * heads * key_dim, "sdpa", false);
+                 h.check_slot(k, rows * heads * key_dim, "sdpa", false);
+                 h.check_slot(v, rows * heads * value_dim, "sdpa", false);
+                 h.check_slot(out, rows * heads * value_dim, "sdpa");
+                 h.check_mask(mask, (size_t)batch * steps, "sdpa");
+                 op.in = q, op.in2 = k, op.in3 = v, op.out = out, op.mask = mask, op.scalar = (float)scale;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask"), py::arg("heads"),
+             py::arg("batch"), py::arg("steps"), py::arg("key_dim"), py::arg("value_dim"), py::arg("scale"))
+        .def("residual_add", [](PlanHandle& h, int out, int a, int b) {
+                 PlanOp op;
+                 op.kind = PlanOpKind::residual_add;
+                 const size_t n = h.plan.slot_size(out);
+                 h.check_slot(out, n, "residual_add");
+                 h.check_slot(a, n, "residual_add", false);
+                 h.check_slot(b, n, "residual_add", false);
+                 op.in = a, op.in2 = b, op.out = out;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("a"), py::arg("b"))
+        .def("mean_pool", [](PlanHandle& h, int out, int in, int mask, int batch, int steps, int features) {
+                 PlanOp op;
+                 op.kind = PlanOpKind::mean_pool;
+                 positive({batch, steps, features}, "mean_pool");
+                 h.check_slot(in, (size_t)batch * steps * features, "mean_pool", false);
+                 h.check_slot(out, (size_t)batch * features, "mean_pool");
+                 h.check_mask(mask, (size_t)batch * steps, "mean_pool");
+                 op.attend.B = batch, op.attend.Tq = steps, op.cols = features;
+                 op.in = in, op.out = out, op.mask = mask;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("in_"), py::arg("mask"), py::arg("batch"), py::arg("steps"), py::arg("features"))
+        .def("activation", [](PlanHandle& h, int out, int in, const std::string& activation, int rows, int cols) {
+                 PlanOp op;
+                 op.kind = PlanOpKind::activation;
+                 positive({rows, cols}, "activation");
+                 op.act = parse_activation(activation);
+                 h.check_slot(in, (size_t)rows * cols, "activation", false);
+                 h.check_slot(out, (size_t)rows * cols, "activation");
+                 op.rows = rows, op.cols = cols, op.in = in, op.out = out;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("in_"), py::arg("activation"), py::arg("rows"), py::arg("cols"))
+        .def("run", [](PlanHandle& h, const py::array& x, int result, const std::vector<py::ssize_t>& shape) -> py::object {
+                 // the one check per call: the input is the signature the plan was built for
+                 bool ok = x.ndim() == (py::ssize_t)h.input_shape.size();
+                 for (size_t i = 0; ok && i < h.input_shape.size(); ++i) ok = x.shape(i) == h.input_shape[i];
+                 if (!ok) throw py::value_error("InferencePlan.run: input of shape " + shape_str(x) +
+                                                ", the plan's is another");
+                 // the ids' range is the embedding op's check (run gives None, and the eager path names the id)
+                 const void* px = h.token_ids ? static_cast<const void*>(in_ptr<int64_t>(x, "InferencePlan.run: x"))
+                                              : static_cast<const void*>(in_ptr<float>(x, "InferencePlan.run: x"));
+                 auto y = new_array<float>(shape);
+                 if (result <= 0 || (size_t)y.size() != h.plan.slot_size(result))
+                     throw py::value_error("InferencePlan.run: result slot " + std::to_string(result) +
+                                           " does not hold the output shape's " + std::to_string(y.size()) + " floats");
+                 float* py_ = y.mutable_data();
+                 bool done;
+                 {
+                     py::gil_scoped_release release;
+                     done = h.plan.run(px, result, py_);
+                 }
+                 if (!done) return py::none();
+                 return std::move(y);
+             }, py::arg("x"), py::arg("result"), py::arg("shape"),
+             "Runs the plan on x (the signature it was built for) and returns a new array of `shape` holding slot "
+             "`result`; None when a token id lies outside an embedding's table (the eager path then says which).");
+}
+
+}  // namespace attnx::bind

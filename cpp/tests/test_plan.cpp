@@ -1,0 +1,113 @@
+// The inference plan (plan.hpp) against plain double-precision loops: a plan of embedding, padding mask,
+// dense, merge and the masked mean over time, and the embedding's refusal of ids outside its table.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "attnx/plan.hpp"
+#include "check.hpp"
+
+using namespace attnx;
+
+static std::vector<float> normal(size_t n, std::mt19937& gen) {
+    std::normal_distribution<float> dist;
+    std::vector<float> v(n);
+    for (auto& x : v) x = dist(gen);
+    return v;
+}
+
+// ids (B, T) -> embedding (B, T, D) -> dense tanh (B, T, U) -> merge with itself (concat, sum)
+// -> masked mean over time under ids != 0
+static void test_token_plan() {
+    std::mt19937 gen(3);
+    const int B = 3, Tn = 5, V = 11, D = 4, U = 6;
+    const std::vector<int64_t> ids = {1, 2, 3, 0, 0, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0};  // the last row fully padded
+    const auto table = normal((size_t)V * D, gen), W = normal((size_t)D * U, gen), bias = normal(U, gen);
+
+    InferencePlan plan;
+    const int embedded = plan.add_slot((size_t)B * Tn * D), dense = plan.add_slot((size_t)B * Tn * U);
+    const int both = plan.add_slot((size_t)B * Tn * 2 * U), pooled = plan.add_slot((size_t)B * 2 * U);
+    const int mask = plan.add_mask_slot((size_t)B * Tn);
+    PlanOp op;
+    op.kind = PlanOpKind::embedding, op.out = embedded, op.rows = B * Tn, op.cols = D, op.vocab = V;
+    op.w[0] = table.data();
+    plan.add_op(op);
+    op = PlanOp{};
+    op.kind = PlanOpKind::padding_mask, op.mask = mask, op.rows = B * Tn;
+    plan.add_op(op);
+    op = PlanOp{};
+    op.kind = PlanOpKind::dense, op.in = embedded, op.out = dense, op.rows = B * Tn, op.cols = D, op.units = U;
+    op.w[0] = W.data(), op.w[1] = bias.data(), op.act = Activation::tanh;
+    plan.add_op(op);
+    op = PlanOp{};
+    op.kind = PlanOpKind::merge, op.in = dense, op.in2 = dense, op.out = both, op.rows = B * Tn, op.cols = U;
+    plan.add_op(op);
+    op = PlanOp{};
+    op.kind = PlanOpKind::mean_pool, op.in = both, op.out = pooled, op.mask = mask, op.cols = 2 * U;
+    op.attend.B = B, op.attend.Tq = Tn;
+    plan.add_op(op);
+
+    std::vector<float> out((size_t)B * 2 * U, -1.f);
+    CHECK(plan.run(ids.data(), pooled, out.data()));
+    for (int b = 0; b < B; ++b) {
+        std::vector<double> sum(U, 0.0);
+        int count = 0;
+        for (int t = 0; t < Tn; ++t) {
+            const int64_t id = ids[(size_t)b * Tn + t];
+            if (id == 0) continue;
+            ++count;
+            for (int u = 0; u < U; ++u) {
+                double z = bias[u];
+                for (int d = 0; d < D; ++d) z += (double)table[(size_t)id * D + d] * W[(size_t)d * U + u];
+                sum[u] += std::tanh(z);
+            }
+        }
+        for (int u = 0; u < U; ++u) {
+            const double want = count ? sum[u] / count : 0.0;  // a fully padded row pools to zeros
+            CHECK_CLOSE(out[(size_t)b * 2 * U + u], want, 1e-5);
+            CHECK_CLOSE(out[(size_t)b * 2 * U + U + u], want, 1e-5);
+        }
+    }
+
+    std::vector<int64_t> bad = ids;
+    bad[7] = V;  // outside the table: the run stops, the output untouched
+    std::vector<float> untouched(out.size(), 7.f);
+    CHECK(!plan.run(bad.data(), pooled, untouched.data()));
+    CHECK(untouched[0] == 7.f);
+    bad[7] = -1;
+    CHECK(!plan.run(bad.data(), pooled, untouched.data()));
+}
+
+// float input -> layer norm -> residual add of the input
+static void test_float_plan() {
+    std::mt19937 gen(5);
+    const int N = 4, C = 8;
+    const auto x = normal((size_t)N * C, gen), gamma = normal(C, gen), beta = normal(C, gen);
+    InferencePlan plan;
+    const int normed = plan.add_slot((size_t)N * C), sum = plan.add_slot((size_t)N * C);
+    PlanOp op;
+    op.kind = PlanOpKind::layernorm, op.in = 0, op.out = normed, op.rows = N, op.cols = C, op.scalar = 1e-5f;
+    op.w[0] = gamma.data(), op.w[1] = beta.data();
+    plan.add_op(op);
+    op = PlanOp{};
+    op.kind = PlanOpKind::residual_add, op.in = 0, op.in2 = normed, op.out = sum;
+    plan.add_op(op);
+    std::vector<float> out((size_t)N * C);
+    CHECK(plan.run(x.data(), sum, out.data()));
+    for (int n = 0; n < N; ++n) {
+        double mean = 0, var = 0;
+        for (int c = 0; c < C; ++c) mean += x[(size_t)n * C + c] / (double)C;
+        for (int c = 0; c < C; ++c) var += std::pow(x[(size_t)n * C + c] - mean, 2) / C;
+        for (int c = 0; c < C; ++c) {
+            const double xv = x[(size_t)n * C + c];
+            CHECK_CLOSE(out[(size_t)n * C + c], xv + (xv - mean) / std::sqrt(var + 1e-5) * gamma[c] + beta[c], 1e-4);
+        }
+    }
+}
+
+int main() {
+    test_token_plan();
+    test_float_plan();
+    return attnx::test::report("test_plan");
+}
