@@ -22,3 +22,5 @@ from ._core import quantize_activations  # noqa: F401  (how the int8 layers quan
 # bfloat16 products (attnx.mixed_precision)
 from ._core import bf16_matmul, dense_backward_bf16, dense_forward_bf16, round_to_bfloat16  # noqa: F401,E402
 from ._core import random_fold_in, random_keep, random_uniform  # noqa: F401  (attnx.random's stream)
+# the one search of the translators (attnx.decoding): over a decoder stack, or over a Python step
+from ._core import search_decoder_stack, search_python_step  # noqa: F401,E402
