@@ -24,6 +24,7 @@
 
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
+#include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 #include "attnx/transformer.hpp"
 
@@ -53,6 +54,45 @@ struct DecoderStepConfig {
     const int32_t* memory_rows = nullptr;  // (N,) each row's memory row; null: row n reads memory row n
     int memory_batch = 0;                  // memory rows per layer of the cross keys / values (with memory_rows)
 };
+
+// reference: cpp/reference/dense.hpp, dense_forward
+// z = act(x W + b) for the N rows of a decoding step, x (N, C), W (C, OC) row-major: packed.hpp's
+// register tiles read W's own rows in place (RightPanels over W: rows OC apart, panels side by side)
+// instead of a packed copy. A step multiplies a few rows once by each weight, so packing W per call
+// (what BLAS does: 56% of a greedy step at batch 1 went to sgemm's copy of W) costs more than the
+// product. Column panels split across threads when the caller is not already split. OC not a whole
+// number of vectors (a tile would read past W's last row) goes to BLAS. act: linear or relu fused,
+// others applied after.
+template <class T>
+void step_dense(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act = Activation::linear) {
+    const int lanes = tile_lanes<T>(), width = 3 * lanes;  // the tiles' vectors, as on_widest_lanes picks them
+    const bool relu = act == Activation::relu;
+    if (OC % lanes) {
+        dense_forward<T>(z, x, W, b, N, C, OC);
+    } else {
+        const LeftRows<T> left{x, (size_t)C, C, nullptr, 0, 0};
+        const int panels = (OC + width - 1) / width;
+        parallel_for((size_t)panels, double(N) * C * OC, [&](size_t lo, size_t hi) {
+            const int col0 = (int)lo * width, cols = std::min(OC, (int)hi * width) - col0;
+            const RightPanels<T> right{W + col0, (size_t)OC, (size_t)width, (size_t)OC};
+            on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {
+                using V = decltype(lane);
+                constexpr int L = Lanes<V>::W, Q = 3;
+                panels_product<V, Q>(0, N, left, right, 0, cols, [&](int r, auto pre, int p)
+                                                                     __attribute__((always_inline)) {
+                    for (int q = 0; q < pre.count; ++q) {
+                        const int n0 = col0 + (p * Q + q) * L;
+                        if (b) pre.q[q] += vload<V>(b + n0, L);
+                        if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
+                        vstore(z + (size_t)r * OC + n0, pre.q[q], L);
+                    }
+                });
+            });
+        });
+        if (relu) return;
+    }
+    if (act != Activation::linear) activation_forward<T>(z, z, (size_t)N, (size_t)OC, act);
+}
 
 // reference: cpp/reference/decoder_step.hpp, attend_one_query
 // One query row per (row n, head h), problems split across threads:
@@ -108,6 +148,7 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
     const size_t first_memory_row = c.memory_rows ? 0 : lo;
     const uint8_t* source_mask = source_mask_all ? source_mask_all + first_memory_row * S : nullptr;
     std::vector<T> h(rows), q(rows), k(rows), v(rows), context(rows), out(rows), mean(N), rstd(N);
+    std::vector<T> hidden((size_t)N * c.F);
     const T eps = T(c.epsilon);
     // one residual block: x = norm(x + sublayer(x)) or x = x + sublayer(norm(x)); sublayer(in, out)
     auto residual = [&](const T* gamma, const T* beta, auto&& sublayer) {
@@ -130,9 +171,9 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
         T* keys = self_keys + layer_rows * c.capacity * D;
         T* values = self_values + layer_rows * c.capacity * D;
         residual(w.norm1_gamma, w.norm1_beta, [&](const T* in, T* result) {
-            dense_forward<T>(q.data(), in, w.self_query, w.self_query_bias, N, D, D);
-            dense_forward<T>(k.data(), in, w.self_key, w.self_key_bias, N, D, D);
-            dense_forward<T>(v.data(), in, w.self_value, w.self_value_bias, N, D, D);
+            step_dense<T>(q.data(), in, w.self_query, w.self_query_bias, N, D, D);
+            step_dense<T>(k.data(), in, w.self_key, w.self_key_bias, N, D, D);
+            step_dense<T>(v.data(), in, w.self_value, w.self_value_bias, N, D, D);
             for (int n = 0; n < N; ++n) {
                 std::copy(k.data() + (size_t)n * D, k.data() + (size_t)(n + 1) * D,
                           keys + ((size_t)n * c.capacity + t) * D);
@@ -141,21 +182,21 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
             }
             attend_one_query<T>(context.data(), nullptr, q.data(), keys, values, nullptr, nullptr, N, c.H, D, t + 1,
                                 (size_t)c.capacity);
-            dense_forward<T>(result, context.data(), w.self_output, w.self_output_bias, N, D, D);
+            step_dense<T>(result, context.data(), w.self_output, w.self_output_bias, N, D, D);
         });
         if (w.cross_query) {  // an encoder layer decoding causally has no cross-attention block
             residual(w.norm2_gamma, w.norm2_beta, [&](const T* in, T* result) {
-                dense_forward<T>(q.data(), in, w.cross_query, w.cross_query_bias, N, D, D);
+                step_dense<T>(q.data(), in, w.cross_query, w.cross_query_bias, N, D, D);
                 const size_t offset = ((size_t)l * memory_batch + first_memory_row) * S * D;
                 attend_one_query<T>(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(),
                                     cross_keys + offset, cross_values + offset, source_mask, memory_rows, N, c.H,
                                     D, S, (size_t)S);
-                dense_forward<T>(result, context.data(), w.cross_output, w.cross_output_bias, N, D, D);
+                step_dense<T>(result, context.data(), w.cross_output, w.cross_output_bias, N, D, D);
             });
         }
         residual(w.norm3_gamma, w.norm3_beta, [&](const T* in, T* result) {
-            feed_forward_forward<T>(result, in, w.ff_kernel1, w.ff_bias1, w.ff_kernel2, w.ff_bias2, N, D, c.F, D,
-                                    c.activation);
+            step_dense<T>(hidden.data(), in, w.ff_kernel1, w.ff_bias1, N, D, c.F, c.activation);
+            step_dense<T>(result, hidden.data(), w.ff_kernel2, w.ff_bias2, N, c.F, D);
         });
     }
 }
@@ -234,8 +275,8 @@ public:
                               cross_keys_, cross_values_, source_mask_, layers_, c);
         layernorm_forward<T>(h_.data(), mean_.data(), rstd_.data(), x_.data(), ends_.norm_gamma, ends_.norm_beta,
                              rows, D, T(ends_.norm_epsilon));
-        if (ends_.output_kernel) dense_forward<T>(logits_.data(), h_.data(), ends_.output_kernel, ends_.output_bias,
-                                                  rows, D, ends_.vocab);
+        if (ends_.output_kernel) step_dense<T>(logits_.data(), h_.data(), ends_.output_kernel, ends_.output_bias,
+                                               rows, D, ends_.vocab);
         else matmul<T>(logits_.data(), h_.data(), ends_.embedding, rows, ends_.vocab, D, false, true);
         return logits_.data();
     }

@@ -28,6 +28,9 @@
 #include <utility>
 #include <vector>
 
+#include "attnx/loss.hpp"
+#include "attnx/parallel.hpp"
+
 namespace attnx {
 
 struct SearchConfig {
@@ -51,6 +54,35 @@ template <class A> struct SearchResult {
 // GNMT's ((5 + length) / 6) ** alpha
 inline double length_penalty(int length, double alpha) { return std::pow((5.0 + length) / 6.0, alpha); }
 
+// One row of logits l (V,): log p[v] = l[v] + offset with offset = -max - log sum_u exp(l[u] - max)
+// (the sum in double; float logits through the vectorized exp, double ones through std::exp, as
+// NumPy's), and its `width` best words by logit, ties to the lowest id, into best[0..width).
+// `scratch` holds V values.
+template <class L> double row_top_words(int32_t* best, const L* l, int V, int width, L* scratch) {
+    const L top = row_max(l, (size_t)V);
+    double sum = 0.0;
+    if constexpr (sizeof(L) == sizeof(float)) sum = exp_shifted(scratch, l, (size_t)V, top);
+    else for (int v = 0; v < V; ++v) sum += std::exp((double)l[v] - (double)top);
+    if (width == 1) {
+        best[0] = (int32_t)row_argmax(l, (size_t)V);
+    } else if (width <= 16) {  // a sorted list of the best so far: one compare per word
+        int kept = 0;
+        for (int v = 0; v < V; ++v) {
+            if (kept == width && !(l[v] > l[best[kept - 1]])) continue;
+            int j = kept < width ? kept++ : width - 1;
+            for (; j > 0 && l[v] > l[best[j - 1]]; --j) best[j] = best[j - 1];
+            best[j] = v;
+        }
+    } else {
+        std::vector<int32_t> order((size_t)V);
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + width, order.end(),
+                          [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+        std::copy(order.begin(), order.begin() + width, best);
+    }
+    return -(double)top - std::log(sum);
+}
+
 template <class Step>
 SearchResult<typename Step::attention_type> search(Step& step, const SearchConfig& c) {
     using L = typename Step::logits_type;
@@ -71,7 +103,8 @@ SearchResult<typename Step::attention_type> search(Step& step, const SearchConfi
     std::iota(active.begin(), active.end(), 0);
     std::vector<int64_t> ids((size_t)B, c.start_id), next_ids;
     std::vector<std::pair<double, int64_t>> candidates;  // (total, beam * V + word)
-    std::vector<int32_t> order;
+    std::vector<double> offsets;
+    std::vector<int32_t> best;
     std::vector<double> new_score((size_t)W);
     std::vector<int32_t> new_length((size_t)W), new_parent((size_t)W);
     std::vector<int64_t> new_word((size_t)W);
@@ -85,7 +118,7 @@ SearchResult<typename Step::attention_type> search(Step& step, const SearchConfi
         const int rows = (int)active.size() * beams;
         const L* logits = step.step(ids.data(), rows, t);
         const A* weights = c.attention ? step.attention() : nullptr;
-        if (t == 0) V = step.vocab(), order.resize((size_t)V);
+        if (t == 0) V = step.vocab();
         if (c.attention && t == 0) {
             heads = step.attention_heads(), keys = step.attention_keys();
             span = (size_t)heads * keys;
@@ -95,34 +128,33 @@ SearchResult<typename Step::attention_type> search(Step& step, const SearchConfi
         history.resize((size_t)(t + 1) * BW * span, A(0));
         for (size_t i = 0; i < BW; ++i) parents[(size_t)t * BW + i] = (int32_t)(i % W);  // inputs that left stay put
         next_active.clear(), picks.clear(), next_ids.clear();
+        // every live row's log-softmax offset and best words, rows split across threads
+        const int kept = W;  // words per row (a row's best W are the only ones of it among its input's W)
+        offsets.resize((size_t)rows), best.resize((size_t)rows * kept);
+        parallel_for((size_t)rows, (double)rows * V * 8, [&](size_t lo, size_t hi) {
+            std::vector<L> scratch((size_t)V);
+            for (size_t r = lo; r < hi; ++r) {
+                const int b = active[r / beams], k = (int)(r % beams);
+                if (!done[(size_t)b * W + k])
+                    offsets[r] = row_top_words(best.data() + r * kept, logits + r * (size_t)V, V, kept,
+                                               scratch.data());
+            }
+        });
         for (size_t i = 0; i < active.size(); ++i) {
             const int b = active[i];
             const size_t base = (size_t)b * W;
             candidates.clear();
             for (int k = 0; k < beams; ++k) {
+                const size_t r = i * beams + k;
                 if (done[base + k]) {  // padding at no cost
                     candidates.emplace_back(score[base + k], (int64_t)k * V);
                     continue;
                 }
-                // log p[v] = (l[v] - max) - log sum_u exp(l[u] - max), in double
-                const L* l = logits + (i * beams + k) * (size_t)V;
-                double top = (double)l[0];
-                for (int v = 1; v < V; ++v) top = std::max(top, (double)l[v]);
-                double sum = 0.0;
-                for (int v = 0; v < V; ++v) sum += std::exp((double)l[v] - top);
-                const double offset = score[base + k] - top - std::log(sum);
-                // a beam's best W words by logit (ties to the lowest id) are the only ones of it that
-                // can be among the input's best W totals
-                if (W == 1) {
-                    const int v = (int)(std::max_element(l, l + V) - l);  // the first maximum
-                    candidates.emplace_back(offset + (double)l[v], (int64_t)k * V + v);
-                    continue;
+                const L* l = logits + r * (size_t)V;
+                for (int j = 0; j < kept; ++j) {
+                    const int32_t v = best[r * kept + j];
+                    candidates.emplace_back(score[base + k] + offsets[r] + (double)l[v], (int64_t)k * V + v);
                 }
-                std::iota(order.begin(), order.end(), 0);
-                std::partial_sort(order.begin(), order.begin() + W, order.end(),
-                                  [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
-                for (int j = 0; j < W; ++j)
-                    candidates.emplace_back(offset + (double)l[order[j]], (int64_t)k * V + order[j]);
             }
             std::partial_sort(candidates.begin(), candidates.begin() + W, candidates.end(), better);
             bool going = false;
