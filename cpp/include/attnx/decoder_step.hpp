@@ -55,14 +55,40 @@ struct DecoderStepConfig {
     int memory_batch = 0;                  // memory rows per layer of the cross keys / values (with memory_rows)
 };
 
+// The rows [r, r + rest) of a step's product on one panel of Q vectors, rest < R, in one tile
+// (packed.hpp's row_tile): every row shares each load of the panel. store(row, TileRow).
+template <class V, int Q, int R, class T, class Store>
+ATTNX_ALWAYS_INLINE void step_rows_tail(int rest, int r, const LeftRows<T>& left, const T* panel, size_t k_stride,
+                                        Store& store) {
+    if constexpr (R > 1)
+        if (rest < R) return step_rows_tail<V, Q, R - 1>(rest, r, left, panel, k_stride, store);
+    TileRow<V, Q> pre[R];
+    row_tile<V, Q, R>(pre, left.from_row(r), panel, k_stride);
+    for (int i = 0; i < R; ++i) store(r + i, pre[i]);
+}
+
+// The N rows of a step on one panel of Q vectors: tiles of the most rows the registers hold
+// (AVX-512's 32: 6 rows of 3 vectors; 16 registers: 3), the rest in one smaller tile
+template <class V, int Q, class T, class Store>
+ATTNX_ALWAYS_INLINE void step_panel(int N, const LeftRows<T>& left, const T* panel, size_t k_stride, Store&& store) {
+    constexpr int R = Lanes<V>::W == 16 ? 6 : 3;
+    int r = 0;
+    for (; r + R <= N; r += R) {
+        TileRow<V, Q> pre[R];
+        row_tile<V, Q, R>(pre, left.from_row(r), panel, k_stride);
+        for (int i = 0; i < R; ++i) store(r + i, pre[i]);
+    }
+    if (r < N) step_rows_tail<V, Q, R - 1>(N - r, r, left, panel, k_stride, store);
+}
+
 // reference: cpp/reference/dense.hpp, dense_forward
-// z = act(x W + b) for the N rows of a decoding step, x (N, C), W (C, OC) row-major: packed.hpp's
-// register tiles read W's own rows in place (RightPanels over W: rows OC apart, panels side by side)
-// instead of a packed copy. A step multiplies a few rows once by each weight, so packing W per call
+// z = act(x W + b) for the N rows of a decoding step, x (N, C), W (C, OC) row-major: the register
+// tiles of packed.hpp read W's own rows in place (OC apart) instead of a packed copy, every row of a
+// tile sharing each load. A step multiplies a few rows once by each weight, so packing W per call
 // (what BLAS does: 56% of a greedy step at batch 1 went to sgemm's copy of W) costs more than the
 // product. Column panels split across threads when the caller is not already split. OC not a whole
-// number of vectors (a tile would read past W's last row) goes to BLAS. act: linear or relu fused,
-// others applied after.
+// number of vectors (a tile would read past W's last row) goes to BLAS. act: relu fused, others
+// applied after.
 template <class T>
 void step_dense(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act = Activation::linear) {
     const int lanes = tile_lanes<T>(), width = 3 * lanes;  // the tiles' vectors, as on_widest_lanes picks them
@@ -73,20 +99,23 @@ void step_dense(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, 
         const LeftRows<T> left{x, (size_t)C, C, nullptr, 0, 0};
         const int panels = (OC + width - 1) / width;
         parallel_for((size_t)panels, double(N) * C * OC, [&](size_t lo, size_t hi) {
-            const int col0 = (int)lo * width, cols = std::min(OC, (int)hi * width) - col0;
-            const RightPanels<T> right{W + col0, (size_t)OC, (size_t)width, (size_t)OC};
             on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {
                 using V = decltype(lane);
-                constexpr int L = Lanes<V>::W, Q = 3;
-                panels_product<V, Q>(0, N, left, right, 0, cols, [&](int r, auto pre, int p)
-                                                                     __attribute__((always_inline)) {
-                    for (int q = 0; q < pre.count; ++q) {
-                        const int n0 = col0 + (p * Q + q) * L;
-                        if (b) pre.q[q] += vload<V>(b + n0, L);
-                        if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
-                        vstore(z + (size_t)r * OC + n0, pre.q[q], L);
-                    }
-                });
+                constexpr int L = Lanes<V>::W;
+                for (size_t p = lo; p < hi; ++p) {
+                    const int n0 = (int)p * width, vectors = std::min(width, OC - n0) / L;
+                    auto store = [&](int r, auto& pre) __attribute__((always_inline)) {
+                        for (int q = 0; q < pre.count; ++q) {
+                            const int n = n0 + q * L;
+                            if (b) pre.q[q] += vload<V>(b + n, L);
+                            if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
+                            vstore(z + (size_t)r * OC + n, pre.q[q], L);
+                        }
+                    };
+                    if (vectors == 3) step_panel<V, 3>(N, left, W + n0, (size_t)OC, store);
+                    else if (vectors == 2) step_panel<V, 2>(N, left, W + n0, (size_t)OC, store);
+                    else step_panel<V, 1>(N, left, W + n0, (size_t)OC, store);
+                }
             });
         });
         if (relu) return;
@@ -201,6 +230,8 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
     }
 }
 
+constexpr int kStepRowsPerThread = 6;
+
 // reference: cpp/reference/decoder_step.hpp, decoder_stack_step
 // x (N, D): the embedded tokens of `position` in, the last layer's output out. Per layer l:
 //   self-attention: q, k, v = h W^Q + b^Q, h W^K + b^K, h W^V + b^V   (h: x, or norm1(x) pre-norm)
@@ -217,7 +248,10 @@ void decoder_stack_step(T* x, T* self_keys, T* self_values, T* cross_weights, co
                         const T* cross_values, const uint8_t* source_mask, const DecoderLayerWeights<T>* layers,
                         const DecoderStepConfig& c) {
     const double D = c.D, per_row = D * (6 * D + 2 * c.F + 2 * (c.position + 1 + c.S));
-    parallel_for((size_t)c.N, per_row * c.N * c.layers, [&](size_t lo, size_t hi) {
+    // a few rows share each load of the weights in one tile: split, each thread would read all the
+    // weights for them; unsplit, the products split their columns (kStepRowsPerThread measured)
+    const bool split_rows = c.N >= 2 * kStepRowsPerThread;
+    parallel_for((size_t)c.N, split_rows ? per_row * c.N * c.layers : 0.0, [&](size_t lo, size_t hi) {
         decoder_stack_rows<T>(x, self_keys, self_values, cross_weights, cross_keys, cross_values, source_mask,
                               layers, c, lo, hi);
     });
