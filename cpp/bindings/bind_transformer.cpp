@@ -11,6 +11,7 @@
 #include "attnx/transformer.hpp"
 #include "bindings.hpp"
 #include "checks.hpp"
+#include "search_bindings.hpp"
 
 namespace attnx::bind {
 
@@ -75,47 +76,6 @@ DecoderStepConfig stack_config(std::vector<DecoderLayerWeights<T>>& layers,
     config.layers = (int)L, config.D = (int)D, config.H = num_heads, config.F = (int)F;
     config.norm_first = norm_first, config.epsilon = epsilon, config.activation = act;
     return config;
-}
-
-// The search's arguments every searcher shares, checked: a ValueError names `fn` and the argument.
-// A vocab of 0: known after the first step only (a Python step's), which checks the width then.
-static SearchConfig search_config(const std::string& fn, py::ssize_t batch, py::ssize_t vocab, int64_t start_id,
-                                  int64_t end_id, int width, double length_penalty, int max_length,
-                                  bool return_attention) {
-    if (batch < 1) throw py::value_error(fn + ": the batch is empty");
-    const int64_t ids = vocab > 0 ? vocab : std::numeric_limits<int64_t>::max();
-    if (start_id < 0 || start_id >= ids || end_id < 0 || end_id >= ids)
-        throw py::value_error(fn + ": start_id and end_id must be token ids in [0, " + std::to_string(vocab) + ")");
-    if (width < 1 || width > ids)
-        throw py::value_error(fn + ": width must be in [1, " + std::to_string(vocab) + "] (the vocabulary size), got " +
-                              std::to_string(width));
-    if (!(length_penalty >= 0) || std::isinf(length_penalty))
-        throw py::value_error(fn + ": length_penalty must be a finite number >= 0");
-    if (max_length < 1) throw py::value_error(fn + ": max_length must be positive, got " + std::to_string(max_length));
-    SearchConfig c;
-    c.batch = (int)batch, c.width = width, c.max_length = max_length;
-    c.start_id = start_id, c.end_id = end_id, c.alpha = length_penalty, c.attention = return_attention;
-    return c;
-}
-
-// A SearchResult as (tokens (B, W, steps) int64, lengths (B, W) int64, scores (B, W), normalized
-// scores (B, W), attention (B, W, heads, steps, keys) or None), each input's beams best first.
-template <class A> static py::tuple search_result_tuple(const SearchResult<A>& r, bool with_attention) {
-    const py::ssize_t B = r.batch, W = r.width, steps = r.steps;
-    py::array_t<int64_t> tokens({B, W, steps});
-    std::copy(r.tokens.begin(), r.tokens.end(), tokens.mutable_data());
-    py::array_t<int64_t> lengths({B, W});
-    std::copy(r.lengths.begin(), r.lengths.end(), lengths.mutable_data());
-    py::array_t<double> scores({B, W}), normalized({B, W});
-    std::copy(r.scores.begin(), r.scores.end(), scores.mutable_data());
-    std::copy(r.normalized.begin(), r.normalized.end(), normalized.mutable_data());
-    py::object attention = py::none();
-    if (with_attention) {
-        py::array_t<A> a({B, W, (py::ssize_t)r.heads, steps, (py::ssize_t)r.keys});
-        std::copy(r.attention.begin(), r.attention.end(), a.mutable_data());
-        attention = std::move(a);
-    }
-    return py::make_tuple(tokens, lengths, scores, normalized, attention);
 }
 
 // The step functor of search.hpp over a Python decoder of the step protocol (attnx.decoding): the

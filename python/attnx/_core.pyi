@@ -159,11 +159,6 @@ def decoder_backward(
     cache: dict[str, Any], dlogits: Array, dweights: Array | None = None, dh: Array | None = None,
     dc: Array | None = None, *, enc: Array, params: dict[str, Array], grads: dict[str, Array],
 ) -> tuple[Array, Array, Array | None]: ...
-def decoder_greedy(
-    kind: str, score: str, cell: str, enc: Array, source_mask: Mask = None, *, h0: Array, c0: Array | None = None,
-    params: dict[str, Array], local_window: int = -1, local_mode: str = "m", start_id: int, end_id: int,
-    max_length: int, gated: bool = False, hard: bool = False,
-) -> tuple[Array, Array]: ...
 
 # ---------------------------------------------------------------------------- convolution, pooling: (B, H, W, C)
 def conv2d_forward(
@@ -239,4 +234,9 @@ def search_decoder_stack(
 def search_python_step(
     decoder: Any, state: Any, batch: int, start_id: int, end_id: int, width: int, length_penalty: float,
     max_length: int, return_attention: bool,
+) -> SearchResult: ...
+def search_attention_decoder(
+    kind: str, score: str, cell: str, enc: Array, source_mask: Mask = None, *, h0: Array, c0: Array | None = None,
+    params: dict[str, Array], local_window: int = -1, local_mode: str = "m", gated: bool = False, hard: bool = False,
+    start_id: int, end_id: int, width: int, length_penalty: float, max_length: int, return_attention: bool,
 ) -> SearchResult: ...

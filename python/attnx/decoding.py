@@ -113,16 +113,17 @@ def until_end(row, end_id):
 
 def _search(decoder, state, batch, start_id, end_id, width, alpha, max_length, return_attention):
     """The one search (`cpp/include/attnx/search.hpp`), one C++ call per batch: over the decoder's
-    compiled step when it offers one (``decoder.compiled_step(state, max_length)``: the arguments of
-    `kernels.search_decoder_stack`, or None), else over its Python step, which the C++ search calls
-    back. Returns (tokens (B, W, steps), lengths (B, W), scores (B, W), normalized scores (B, W),
+    step compiled in C++ when it offers one (``decoder.compiled_step(state, max_length)``: a search
+    kernel of `attnx.kernels` and its arguments, or None), else over its Python step, which the C++
+    search calls back. Returns (tokens (B, W, steps), lengths (B, W), scores (B, W), normalized scores (B, W),
     attention (B, W, ..., steps, S) or None), each input's beams best first."""
     search = {"start_id": int(start_id), "end_id": int(end_id), "width": int(width), "length_penalty": float(alpha),
               "max_length": int(max_length), "return_attention": bool(return_attention)}
     compiled = getattr(decoder, "compiled_step", None)
-    arguments = None if compiled is None else compiled(state, max_length)
-    if arguments is not None:
-        return kernels.search_decoder_stack(**arguments, **search)
+    plan = None if compiled is None else compiled(state, max_length)
+    if plan is not None:
+        kernel, arguments = plan
+        return kernel(**arguments, **search)
     return kernels.search_python_step(decoder=decoder, state=state, batch=int(batch), **search)
 
 

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import initializers, losses, metrics, optimizers, random, text
+from . import initializers, kernels, losses, metrics, optimizers, random, text
 from .backend import unique_name
 from . import decoding
 from .decoding import Hypothesis, check_target_ids, positive_int as _positive_int
@@ -484,9 +484,9 @@ class Transformer(Model):
 
     def compiled_step(self, state, max_length):
         """What `attnx.decoding`'s search needs to run this model's `step` in C++ from the start
-        state `state` for up to `max_length` positions (the arguments of
-        `kernels.search_decoder_stack`: the memory's cross keys and values, the decoder stack's
-        weights, the embedding, positions, final norm and output projection), or None when a part
+        state `state` for up to `max_length` positions: `kernels.search_decoder_stack` and its
+        arguments (the memory's cross keys and values, the decoder stack's weights, the embedding,
+        positions, final norm and output projection), or None when a part
         of the step is not the float kernels' (an int8 embedding or projection, bfloat16 products):
         the search then calls `step` back."""
         quantized = [layer for layer in (self.target_embedding, self.output_projection)
@@ -496,7 +496,7 @@ class Transformer(Model):
             return None
         first = self.decoder.blocks[0]
         projection = self.output_projection
-        return {"cross_keys": state.cross_keys, "cross_values": state.cross_values, "source_mask": state.source_mask,
+        return kernels.search_decoder_stack, {"cross_keys": state.cross_keys, "cross_values": state.cross_values, "source_mask": state.source_mask,
                 "weights": state.layer_weights, "num_heads": first.num_heads, "norm_first": first.norm_first,
                 "epsilon": first.layer_norm_epsilon, "activation": first.activation,
                 "embedding": self.target_embedding.params["embeddings"], "embedding_scale": math.sqrt(self.model_dim),
