@@ -442,7 +442,10 @@ class Transformer(Model):
 
     # ------------------------------------------------------------------------ decoding
     def _decode_length(self, max_length):
-        return self.max_length if max_length is None else _positive_int("Transformer", "max_length", max_length)
+        """The decoding's length: the model's, or `max_length` within the class's bound (1024) and the
+        learned position tables' rows."""
+        bound = min(1024, self.max_positions) if self.positions == "learned" else 1024
+        return self.max_length if max_length is None else _positive_int("Transformer", "max_length", max_length, bound)
 
     def start_state(self, memory, source_mask, capacity=None):
         """The decoding state of encoder outputs memory (N, S, D) with source mask (N, S): the
