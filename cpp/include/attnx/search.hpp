@@ -1,7 +1,8 @@
-// The one search of every translator (ARCHITECTURE.md, "Decoding"): greedy decoding (width 1) and
-// batched beam search over a step functor, CTranslate2's design (one decoder step, the search over
-// it, all in C++). The inputs' `width` hypotheses run as rows of one step; an input leaves the batch
-// once all its beams have ended, so the remaining steps run on fewer rows.
+// The one search of every translator (ARCHITECTURE.md, "Where each layer's math lives", its
+// paragraph Decoding): greedy decoding (width 1) and batched beam search over a step functor,
+// CTranslate2's design (one decoder step, the search over it, all in C++). The inputs' `width`
+// hypotheses run as rows of one step; an input leaves the batch once all its beams have ended, so
+// the remaining steps run on fewer rows.
 //
 // The rule (python/attnx/decoding.py documents it for users): every step extends each live
 // hypothesis by every word and keeps, per input, the `width` best totals (summed log
