@@ -219,12 +219,13 @@ def _backward(cache, enc, params, B=2, T=2):
 
 
 @pytest.mark.parametrize("extra", [1, 2, 1000])
-def test_decoder_greedy_output_vocabulary_must_fit_the_embedding_table(extra):
+def test_decoder_search_output_vocabulary_must_fit_the_embedding_table(extra):
     params = _params(vocab=V, out_vocab=V + extra)
-    with pytest.raises(ValueError, match=rf"decoder_greedy: the output vocabulary .*{V + extra} columns\) exceeds "
-                                         rf"the embedding table's {V} rows"):
-        _core.decoder_greedy(kind="bahdanau", score="additive", cell="gru", enc=np.zeros((2, 3, K), f32),
-                             h0=np.zeros((2, H), f32), params=params, start_id=1, end_id=2, max_length=4)
+    with pytest.raises(ValueError, match=rf"search_attention_decoder: the output vocabulary .*{V + extra} columns\) "
+                                         rf"exceeds the embedding table's {V} rows"):
+        _core.search_attention_decoder(kind="bahdanau", score="additive", cell="gru", enc=np.zeros((2, 3, K), f32),
+                                       h0=np.zeros((2, H), f32), params=params, start_id=1, end_id=2, width=1,
+                                       length_penalty=0.0, max_length=4, return_attention=False)
 
 
 def test_decoder_backward_accepts_its_own_cache():

@@ -67,9 +67,10 @@ ENTRY_POINTS = {
     "decoder_forward:target_mask": ("target_mask", False, lambda m: _core.decoder_forward(
         kind="bahdanau", score="additive", cell="gru", ids=np.ones((B, L), np.int64), enc=ENC, target_mask=m,
         h0=np.zeros((B, 4), f32), params=DEC_PARAMS)[0]),
-    "decoder_greedy": ("source_mask", False, lambda m: _core.decoder_greedy(
+    "search_attention_decoder": ("source_mask", False, lambda m: _core.search_attention_decoder(
         kind="bahdanau", score="additive", cell="gru", enc=ENC, source_mask=m, h0=np.zeros((B, 4), f32),
-        params=DEC_PARAMS, start_id=1, end_id=2, max_length=3)[1]),
+        params=DEC_PARAMS, start_id=1, end_id=2, width=1, length_penalty=0.0, max_length=3,
+        return_attention=True)[4]),
 }
 
 GOOD = np.array([[1, 1, 1, 0, 0], [1, 0, 1, 1, 1]], bool)

@@ -7,6 +7,7 @@
 #include "attnx/seq2seq.hpp"
 #include "bindings.hpp"
 #include "checks.hpp"
+#include "search_bindings.hpp"
 
 namespace attnx::bind {
 
@@ -303,62 +304,57 @@ void init_seq2seq(py::module_& m) {
         "(denc (B, S, K), dh0 (B, H), dc0 or None); parameter gradients accumulate into grads.");
 
     m.def(
-        "decoder_greedy",
+        "search_attention_decoder",
         [](const std::string& kind, const std::string& score, const std::string& cell, const py::array& enc,
            const py::object& source_mask, const py::array& h0, const py::object& c0, const py::dict& params,
-           int local_window, const std::string& local_mode, int64_t start_id, int64_t end_id, int max_length,
-           bool gated, bool hard) {
+           int local_window, const std::string& local_mode, bool gated, bool hard, int64_t start_id, int64_t end_id,
+           int width, double length_penalty, int max_length, bool return_attention) {
             DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode, gated, hard);
-            if (max_length < 1) throw py::value_error("decoder_greedy: max_length must be >= 1");
-            return dispatch_float(enc, "decoder_greedy: enc", [&](auto tag) -> py::tuple {
+            return dispatch_float(enc, "search_attention_decoder: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
-                const char* fn = "decoder_greedy";
-                check_rank(enc, 3, "decoder_greedy: enc");
+                const char* fn = "search_attention_decoder";
+                check_rank(enc, 3, "search_attention_decoder: enc");
                 size_config(cfg, params, enc, fn);
                 cfg.T = 1;
-                const py::ssize_t B = cfg.B, S = cfg.S, H = cfg.H, L = max_length;
+                const py::ssize_t B = cfg.B, S = cfg.S, H = cfg.H;
                 if (B == 0 || S == 0)
-                    throw py::value_error("decoder_greedy: empty batch or source, enc " + shape_str(enc));
+                    throw py::value_error("search_attention_decoder: empty batch or source, enc " + shape_str(enc));
                 const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
                 const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
-                // each step's argmax over the V outputs is the next step's input
+                // each step's words are the next step's inputs
                 if (cfg.V > vocab)
-                    throw py::value_error("decoder_greedy: the output vocabulary (output_kernel's " +
+                    throw py::value_error("search_attention_decoder: the output vocabulary (output_kernel's " +
                                           std::to_string(cfg.V) + " columns) exceeds the embedding table's " +
                                           std::to_string(vocab) + " rows");
-                if (start_id < 0 || start_id >= vocab)
-                    throw py::index_error("decoder_greedy: start id " + std::to_string(start_id) +
-                                          " out of range [0, " + std::to_string(vocab) + ")");
-                const T* penc = in_ptr<T>(enc, "decoder_greedy: enc");
-                const MaskRows source_rows = parse_position_mask(source_mask, B, S, "decoder_greedy", "source_mask");
-                const uint8_t* psm = source_rows.data;
-                const bool lstm = cfg.cell == RNNCell::lstm, luong = cfg.kind == DecoderKind::luong;
-                if (lstm == c0.is_none()) throw py::value_error("decoder_greedy: c0 is given exactly for an LSTM cell");
-                py::array_t<T> h = state_copy<T>(h0, B, H, true, "decoder_greedy: h0");
-                py::array_t<T> cs = state_copy<T>(c0, B, H, lstm, "decoder_greedy: c0");
-                py::array_t<T> feed = state_copy<T>(py::none(), B, H, luong, "decoder_greedy: feed");
-                py::array_t<int64_t> tokens = new_array<int64_t>({B, L});
-                py::array_t<T> attention = new_array<T>({B, L, S});
-                int64_t* ptok = tokens.mutable_data();
-                T *pa = attention.mutable_data(), *ph = h.mutable_data(), *pc = lstm ? cs.mutable_data() : nullptr;
-                T* pf = luong ? feed.mutable_data() : nullptr;
-                int steps;
+                const SearchConfig search = search_config(fn, B, cfg.V, start_id, end_id, width, length_penalty,
+                                                          max_length, return_attention);
+                const T* penc = in_ptr<T>(enc, "search_attention_decoder: enc");
+                const MaskRows source_rows = parse_position_mask(source_mask, B, S, fn, "source_mask");
+                const bool lstm = cfg.cell == RNNCell::lstm;
+                if (lstm == c0.is_none())
+                    throw py::value_error("search_attention_decoder: c0 is given exactly for an LSTM cell");
+                py::array_t<T> h = state_copy<T>(h0, B, H, true, "search_attention_decoder: h0");
+                py::array_t<T> cs = state_copy<T>(c0, B, H, lstm, "search_attention_decoder: c0");
+                const T* ph = h.data();
+                const T* pc = lstm ? cs.data() : nullptr;
+                SearchResult<T> result;
                 {
                     py::gil_scoped_release release;
-                    steps = decoder_greedy<T>(cfg, ptok, pa, ph, pc, pf, w, penc, psm, start_id, end_id, (int)L);
+                    AttentionDecoderSearchStep<T> step(cfg, (int)B * width, w, ph, pc, penc, source_rows.data);
+                    result = attnx::search(step, search);
                 }
-                py::slice first(0, steps, 1), all(0, B, 1);
-                return py::make_tuple(tokens[py::make_tuple(all, first)], attention[py::make_tuple(all, first)]);
+                return search_result_tuple(result, return_attention, false);
             });
         },
         py::arg("kind"), py::arg("score"), py::arg("cell"), py::arg("enc"), py::arg("source_mask") = py::none(),
         py::arg("h0"), py::arg("c0") = py::none(), py::arg("params"), py::arg("local_window") = -1,
-        py::arg("local_mode") = "m", py::arg("start_id"), py::arg("end_id"), py::arg("max_length"),
-        py::arg("gated") = false, py::arg("hard") = false,
-        "Greedy decoding in one call: each step's argmax is the next step's input (0 after a row's end_id); hard "
-        "attention attends to each step's most likely region. "
-        "Returns (tokens (B, L) int64 with 0 after the end token, attention (B, L, S)); L <= max_length steps, "
-        "fewer when every row has ended.");
+        py::arg("local_mode") = "m", py::arg("gated") = false, py::arg("hard") = false, py::arg("start_id"),
+        py::arg("end_id"), py::arg("width"), py::arg("length_penalty"), py::arg("max_length"),
+        py::arg("return_attention"),
+        "Greedy decoding (width 1) or beam search (search.hpp) of a whole batch in one call over an attention "
+        "decoder's steps (decoder_forward, T = 1; hard attention attends to each step's most likely region). Returns "
+        "(tokens (B, W, steps), lengths (B, W), scores (B, W), scores / length penalty (B, W), attention "
+        "(B, W, steps, S) or None), each input's beams best first.");
 }
 
 }  // namespace attnx::bind

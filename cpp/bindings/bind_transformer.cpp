@@ -1,17 +1,141 @@
 // Layer normalization, positional encodings, dropout (keep masks come from bind_random.cpp), residuals,
-// and the cached step of a decoder stack.
+// the cached step of a decoder stack, and the one search (search.hpp) over it or over a Python step.
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "attnx/decoder_step.hpp"
+#include "attnx/search.hpp"
 #include "attnx/transformer.hpp"
 #include "bindings.hpp"
 #include "checks.hpp"
+#include "search_bindings.hpp"
 
 namespace attnx::bind {
 
 static std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
+
+// The per-layer weights of a decoder stack (`weights`: per layer 22 arrays or None, in
+// DecoderLayerWeights' order, as TransformerDecoderLayer.step_weights gives them) checked against
+// the model size D, into `layers`; returns the stack's config (layers, D, H, F and the options).
+template <class T>
+DecoderStepConfig stack_config(std::vector<DecoderLayerWeights<T>>& layers,
+                               const std::vector<std::vector<py::object>>& weights, py::ssize_t L, py::ssize_t D,
+                               int num_heads, bool norm_first, double epsilon, Activation act, const std::string& fn) {
+    static const char* kNames[22] = {
+        "norm1 gamma", "norm1 beta", "self query kernel", "self query bias", "self key kernel",
+        "self key bias", "self value kernel", "self value bias", "self output kernel", "self output bias",
+        "norm2 gamma", "norm2 beta", "cross query kernel", "cross query bias", "cross output kernel",
+        "cross output bias", "norm3 gamma", "norm3 beta", "feed-forward kernel1", "feed-forward bias1",
+        "feed-forward kernel2", "feed-forward bias2"};
+    if (L < 1 || (py::ssize_t)weights.size() != L)
+        throw py::value_error(fn + ": weights must hold one list per layer of the caches (" +
+                              std::to_string(L) + "), got " + std::to_string(weights.size()));
+    if (num_heads < 1 || D % num_heads)
+        throw py::value_error(fn + ": num_heads must divide the model size " +
+                              std::to_string(D) + ", got " + std::to_string(num_heads));
+    if (!(epsilon > 0)) throw py::value_error(fn + ": epsilon must be positive");
+    layers.resize((size_t)L);
+    py::ssize_t F = -1;
+    for (py::ssize_t l = 0; l < L; ++l) {
+        if (weights[l].size() != 22)
+            throw py::value_error(fn + ": weights[" + std::to_string(l) +
+                                  "] must hold 22 arrays (or None), got " +
+                                  std::to_string(weights[l].size()));
+        if (weights[l][18].is_none())
+            throw py::value_error(fn + ": the feed-forward kernel1 is required");
+        const py::ssize_t width =
+            shaped_array_arg(weights[l][18], {D, -1}, (fn + ": feed-forward kernel1").c_str()).shape(1);
+        if (F >= 0 && width != F)
+            throw py::value_error(fn + ": every layer's feed-forward width must be equal");
+        F = width;
+        // (D, D) kernels, (D,) biases and norms; the feed-forward network (D, F), (F,), (F, D), (D,)
+        const T* p[22];
+        for (int i = 0; i < 22; ++i) {
+            const bool kernel = i == 2 || i == 4 || i == 6 || i == 8 || i == 12 || i == 14;
+            std::vector<py::ssize_t> shape = kernel ? std::vector<py::ssize_t>{D, D}
+                                             : std::vector<py::ssize_t>{D};
+            if (i == 18) shape = {D, F};
+            if (i == 19) shape = {F};
+            if (i == 20) shape = {F, D};
+            const std::string what = fn + ": layer " + std::to_string(l) + " " + kNames[i];
+            // without a cross-attention query the whole cross-attention block is absent
+            const bool cross = i >= 10 && i < 16, has_cross = !weights[l][12].is_none();
+            if (cross && !has_cross && !weights[l][i].is_none())
+                throw py::value_error(what + " given without the cross-attention query kernel");
+            const bool required = (kernel && (!cross || has_cross)) || i == 18 || i == 20;
+            if (required && weights[l][i].is_none()) throw py::value_error(what + " is required");
+            p[i] = optional_in_ptr<T>(weights[l][i], shape, what.c_str());
+        }
+        layers[l] = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
+                     p[12], p[13], p[14], p[15], p[16], p[17], p[18], p[19], p[20], p[21]};
+    }
+    DecoderStepConfig config;
+    config.layers = (int)L, config.D = (int)D, config.H = num_heads, config.F = (int)F;
+    config.norm_first = norm_first, config.epsilon = epsilon, config.activation = act;
+    return config;
+}
+
+// The step functor of search.hpp over a Python decoder of the step protocol (attnx.decoding): the
+// search runs without the GIL and takes it only here, in the callbacks.
+struct PythonStep {
+    using logits_type = double;
+    using attention_type = double;
+    py::object decoder_step, state;
+    int width;
+    bool want_attention;
+    py::ssize_t vocab_size = 0;  // the first step's
+    py::array_t<double> logits, weights;
+    py::object weights_dtype = py::none();
+    std::vector<py::ssize_t> middle;  // the attention's axes between the row and the source axis
+    int heads = 1, keys = 0;
+
+    const double* step(const int64_t* ids, int rows, int position) {
+        py::gil_scoped_acquire gil;
+        py::array_t<int64_t> previous((py::ssize_t)rows);
+        std::copy(ids, ids + rows, previous.mutable_data());
+        py::tuple out = decoder_step(previous, position, state, want_attention);
+        if (out.size() != 3) throw py::value_error("decoding: a decoder's step must return (logits, state, attention)");
+        state = out[1];
+        logits = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(out[0]);
+        if (logits && logits.ndim() == 2 && vocab_size == 0) vocab_size = logits.shape(1);
+        if (!logits || logits.ndim() != 2 || logits.shape(0) != rows || logits.shape(1) != vocab_size)
+            throw py::value_error("decoding: the decoder's step returned logits of shape " +
+                                  (logits ? shape_str(logits) : std::string("?")) + ", expected (" +
+                                  std::to_string(rows) + ", " + std::to_string(vocab_size) + ")");
+        if (vocab_size < width)
+            throw py::value_error("decoding: width " + std::to_string(width) + " is more than the decoder's " +
+                                  std::to_string(vocab_size) + " words");
+        if (want_attention) {
+            py::array given = py::array::ensure(out[2]);
+            if (!given || given.ndim() < 2 || given.shape(0) != rows)
+                throw py::value_error("decoding: the decoder's step returned no attention (rows, ..., source) for " +
+                                      std::to_string(rows) + " rows");
+            std::vector<py::ssize_t> axes(given.shape() + 1, given.shape() + given.ndim() - 1);
+            if (weights_dtype.is_none()) {
+                weights_dtype = given.dtype(), middle = axes, keys = (int)given.shape(given.ndim() - 1);
+                heads = 1;
+                for (auto a : middle) heads *= (int)a;
+            } else if (axes != middle || given.shape(given.ndim() - 1) != keys) {
+                throw py::value_error("decoding: the decoder's step changed its attention's shape");
+            }
+            weights = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(given);
+        }
+        return logits.data();
+    }
+    const double* attention() const { return weights.data(); }
+    int attention_heads() const { return heads; }
+    int attention_keys() const { return keys; }
+    int vocab() const { return (int)vocab_size; }
+    void select(const int32_t* rows, int count) {
+        py::gil_scoped_acquire gil;
+        py::array_t<int64_t> picked((py::ssize_t)count);
+        std::copy(rows, rows + count, picked.mutable_data());
+        state = state.attr("select")(picked);
+    }
+};
 
 void init_transformer(py::module_& m) {
     m.def(
@@ -195,12 +319,6 @@ void init_transformer(py::module_& m) {
            const py::array& cross_values, const py::object& source_mask, int position,
            const std::vector<std::vector<py::object>>& weights, int num_heads, bool norm_first, double epsilon,
            const std::string& activation, bool return_attention) {
-            static const char* kNames[22] = {
-                "norm1 gamma", "norm1 beta", "self query kernel", "self query bias", "self key kernel",
-                "self key bias", "self value kernel", "self value bias", "self output kernel", "self output bias",
-                "norm2 gamma", "norm2 beta", "cross query kernel", "cross query bias", "cross output kernel",
-                "cross output bias", "norm3 gamma", "norm3 beta", "feed-forward kernel1", "feed-forward bias1",
-                "feed-forward kernel2", "feed-forward bias2"};
             const Activation act = parse_activation(activation);
             return dispatch_float(x, "decoder_stack_step: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -213,61 +331,19 @@ void init_transformer(py::module_& m) {
                 check_shape(self_values, {L, N, capacity, D}, "decoder_stack_step: self_values");
                 check_shape(cross_keys, {L, N, S, D}, "decoder_stack_step: cross_keys");
                 check_shape(cross_values, {L, N, S, D}, "decoder_stack_step: cross_values");
-                if (L < 1 || (py::ssize_t)weights.size() != L)
-                    throw py::value_error("decoder_stack_step: weights must hold one list per layer of the caches (" +
-                                          std::to_string(L) + "), got " + std::to_string(weights.size()));
-                if (num_heads < 1 || D % num_heads)
-                    throw py::value_error("decoder_stack_step: num_heads must divide the model size " +
-                                          std::to_string(D) + ", got " + std::to_string(num_heads));
                 if (position < 0 || position >= capacity)
                     throw py::value_error("decoder_stack_step: position must be in [0, capacity " +
                                           std::to_string(capacity) + "), got " + std::to_string(position));
-                if (!(epsilon > 0)) throw py::value_error("decoder_stack_step: epsilon must be positive");
                 const MaskRows mask = parse_position_mask(source_mask, N, S, "decoder_stack_step", "source_mask");
                 const T* px = in_ptr<T>(x, "decoder_stack_step: x");
                 T* pkeys = inout_ptr<T>(self_keys, "decoder_stack_step: self_keys");
                 T* pvalues = inout_ptr<T>(self_values, "decoder_stack_step: self_values");
                 const T* pcross_keys = in_ptr<T>(cross_keys, "decoder_stack_step: cross_keys");
                 const T* pcross_values = in_ptr<T>(cross_values, "decoder_stack_step: cross_values");
-                std::vector<DecoderLayerWeights<T>> layers((size_t)L);
-                py::ssize_t F = -1;
-                for (py::ssize_t l = 0; l < L; ++l) {
-                    if (weights[l].size() != 22)
-                        throw py::value_error("decoder_stack_step: weights[" + std::to_string(l) +
-                                              "] must hold 22 arrays (or None), got " +
-                                              std::to_string(weights[l].size()));
-                    if (weights[l][18].is_none())
-                        throw py::value_error("decoder_stack_step: the feed-forward kernel1 is required");
-                    const py::ssize_t width =
-                        shaped_array_arg(weights[l][18], {D, -1}, "decoder_stack_step: feed-forward kernel1").shape(1);
-                    if (F >= 0 && width != F)
-                        throw py::value_error("decoder_stack_step: every layer's feed-forward width must be equal");
-                    F = width;
-                    // (D, D) kernels, (D,) biases and norms; the feed-forward network (D, F), (F,), (F, D), (D,)
-                    const T* p[22];
-                    for (int i = 0; i < 22; ++i) {
-                        const bool kernel = i == 2 || i == 4 || i == 6 || i == 8 || i == 12 || i == 14;
-                        std::vector<py::ssize_t> shape = kernel ? std::vector<py::ssize_t>{D, D}
-                                                         : std::vector<py::ssize_t>{D};
-                        if (i == 18) shape = {D, F};
-                        if (i == 19) shape = {F};
-                        if (i == 20) shape = {F, D};
-                        const std::string what = "decoder_stack_step: layer " + std::to_string(l) + " " + kNames[i];
-                        // without a cross-attention query the whole cross-attention block is absent
-                        const bool cross = i >= 10 && i < 16, has_cross = !weights[l][12].is_none();
-                        if (cross && !has_cross && !weights[l][i].is_none())
-                            throw py::value_error(what + " given without the cross-attention query kernel");
-                        const bool required = (kernel && (!cross || has_cross)) || i == 18 || i == 20;
-                        if (required && weights[l][i].is_none()) throw py::value_error(what + " is required");
-                        p[i] = optional_in_ptr<T>(weights[l][i], shape, what.c_str());
-                    }
-                    layers[l] = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
-                                 p[12], p[13], p[14], p[15], p[16], p[17], p[18], p[19], p[20], p[21]};
-                }
-                DecoderStepConfig config;
-                config.layers = (int)L, config.N = (int)N, config.D = (int)D, config.H = num_heads;
-                config.F = (int)F, config.S = (int)S, config.capacity = (int)capacity, config.position = position;
-                config.norm_first = norm_first, config.epsilon = epsilon, config.activation = act;
+                std::vector<DecoderLayerWeights<T>> layers;
+                DecoderStepConfig config = stack_config<T>(layers, weights, L, D, num_heads, norm_first, epsilon, act,
+                                                           "decoder_stack_step");
+                config.N = (int)N, config.S = (int)S, config.capacity = (int)capacity, config.position = position;
                 auto y = new_array<T>({N, D});
                 std::copy(px, px + N * D, y.mutable_data());
                 py::object weights_out = py::none();
@@ -293,6 +369,100 @@ void init_transformer(py::module_& m) {
         "self-attention caches (layers, N, capacity, D) in place and returns (y (N, D), the last layer's "
         "cross-attention weights (N, heads, S) or None). weights: per layer 22 arrays in DecoderLayerWeights' "
         "order (cpp/include/attnx/decoder_step.hpp).");
+    m.def(
+        "search_decoder_stack",
+        [](const py::array& cross_keys, const py::array& cross_values, const py::object& source_mask,
+           const std::vector<std::vector<py::object>>& weights, int num_heads, bool norm_first, double epsilon,
+           const std::string& activation, const py::array& embedding, double embedding_scale,
+           const py::array& positions, const py::object& norm_gamma, const py::object& norm_beta, double norm_epsilon,
+           const py::object& output_kernel, const py::object& output_bias, int64_t start_id, int64_t end_id,
+           int width, double length_penalty, int max_length, bool return_attention) {
+            const char* fn = "search_decoder_stack";
+            const Activation act = parse_activation(activation);
+            return dispatch_float(embedding, "search_decoder_stack: embedding", [&](auto tag) -> py::tuple {
+                using T = decltype(tag);
+                check_rank(cross_keys, 4, "search_decoder_stack: cross_keys");
+                check_rank(embedding, 2, "search_decoder_stack: embedding");
+                const auto L = cross_keys.shape(0), B = cross_keys.shape(1), S = cross_keys.shape(2);
+                const auto D = cross_keys.shape(3), V = embedding.shape(0);
+                check_shape(embedding, {-1, D}, "search_decoder_stack: embedding");
+                check_shape(cross_values, {L, B, S, D}, "search_decoder_stack: cross_values");
+                check_shape(positions, {-1, D}, "search_decoder_stack: positions");
+                if (positions.shape(0) < max_length)
+                    throw py::value_error("search_decoder_stack: positions has " + std::to_string(positions.shape(0)) +
+                                          " rows, fewer than max_length = " + std::to_string(max_length));
+                if (!(norm_epsilon > 0)) throw py::value_error("search_decoder_stack: norm_epsilon must be positive");
+                SearchConfig search = search_config(fn, B, V, start_id, end_id, width, length_penalty, max_length,
+                                                    return_attention);
+                if (S < 1) throw py::value_error("search_decoder_stack: the memory has no positions");
+                const MaskRows mask = parse_position_mask(source_mask, B, S, fn, "source_mask");
+                std::vector<DecoderLayerWeights<T>> layers;
+                DecoderStepConfig config = stack_config<T>(layers, weights, L, D, num_heads, norm_first, epsilon, act,
+                                                           fn);
+                if (!layers.back().cross_query)
+                    throw py::value_error("search_decoder_stack: the last layer has no cross-attention");
+                config.N = (int)(B * width), config.S = (int)S, config.capacity = max_length;
+                config.memory_batch = (int)B;
+                DecoderEnds<T> ends;
+                ends.embedding = in_ptr<T>(embedding, "search_decoder_stack: embedding");
+                ends.embedding_scale = T(embedding_scale);
+                ends.positions = in_ptr<T>(positions, "search_decoder_stack: positions");
+                ends.norm_gamma = optional_in_ptr<T>(norm_gamma, {D}, "search_decoder_stack: norm_gamma");
+                ends.norm_beta = optional_in_ptr<T>(norm_beta, {D}, "search_decoder_stack: norm_beta");
+                ends.norm_epsilon = norm_epsilon;
+                ends.output_kernel = optional_in_ptr<T>(output_kernel, {D, V}, "search_decoder_stack: output_kernel");
+                ends.output_bias = optional_in_ptr<T>(output_bias, {V}, "search_decoder_stack: output_bias");
+                ends.vocab = (int)V;
+                const T* pcross_keys = in_ptr<T>(cross_keys, "search_decoder_stack: cross_keys");
+                const T* pcross_values = in_ptr<T>(cross_values, "search_decoder_stack: cross_values");
+                SearchResult<T> result;
+                {
+                    py::gil_scoped_release release;
+                    DecoderSearchStep<T> step(layers.data(), config, pcross_keys, pcross_values, mask.data, ends,
+                                              return_attention);
+                    result = attnx::search(step, search);
+                }
+                return search_result_tuple(result, return_attention);
+            });
+        },
+        py::arg("cross_keys"), py::arg("cross_values"), py::arg("source_mask"), py::arg("weights"),
+        py::arg("num_heads"), py::arg("norm_first"), py::arg("epsilon"), py::arg("activation"), py::arg("embedding"),
+        py::arg("embedding_scale"), py::arg("positions"), py::arg("norm_gamma"), py::arg("norm_beta"),
+        py::arg("norm_epsilon"), py::arg("output_kernel"), py::arg("output_bias"), py::arg("start_id"),
+        py::arg("end_id"), py::arg("width"), py::arg("length_penalty"), py::arg("max_length"),
+        py::arg("return_attention"),
+        "Greedy decoding (width 1) or beam search (search.hpp) of a whole batch in one call over a decoder stack: "
+        "x = embedding[id] * embedding_scale + positions[t], the stack's cached step on the memory's cross keys / "
+        "values (layers, B, S, D), logits = norm(x) output_kernel + output_bias (output_kernel None: norm(x) "
+        "embedding^T). Returns (tokens (B, W, steps), lengths (B, W), scores (B, W), scores / length penalty "
+        "(B, W), the last layer's cross-attention (B, W, heads, steps, S) or None), each input's beams best first.");
+    m.def(
+        "search_python_step",
+        [](const py::object& decoder, const py::object& state, py::ssize_t batch, int64_t start_id, int64_t end_id, int width, double length_penalty, int max_length,
+           bool return_attention) {
+            SearchConfig search = search_config("search_python_step", batch, 0, start_id, end_id, width,
+                                                length_penalty, max_length, return_attention);
+            PythonStep step{decoder.attr("step"), state, width, return_attention};
+            SearchResult<double> result;
+            {
+                py::gil_scoped_release release;
+                result = attnx::search(step, search);
+            }
+            py::tuple out = search_result_tuple(result, return_attention);
+            if (out[4].is_none()) return out;
+            // the attention in the decoder's dtype and shape: (B, W) + its middle axes + (steps, S)
+            std::vector<py::ssize_t> shape{(py::ssize_t)batch, (py::ssize_t)width};
+            shape.insert(shape.end(), step.middle.begin(), step.middle.end());
+            shape.push_back(result.steps), shape.push_back(step.keys);
+            py::array attention = out[4].cast<py::array>().attr("astype")(step.weights_dtype).attr("reshape")(shape);
+            return py::tuple(py::make_tuple(out[0], out[1], out[2], out[3], attention));
+        },
+        py::arg("decoder"), py::arg("state"), py::arg("batch"), py::arg("start_id"),
+        py::arg("end_id"), py::arg("width"), py::arg("length_penalty"), py::arg("max_length"),
+        py::arg("return_attention"),
+        "The search of search_decoder_stack over a Python decoder of attnx.decoding's step protocol "
+        "(decoder.step(ids, position, state, return_attention) -> (logits, state, attention), state.select(rows)); "
+        "the attention comes back as (B, W, ..., steps, S) in the step's dtype.");
 }
 
 }  // namespace attnx::bind

@@ -1,7 +1,8 @@
 // Reference cached decoder step: what decoder_step.hpp computes, one layer, block and value at a
 // time in double, composed from the reference norms, dense layers and feed-forward network.
 // Layouts as decoder_step.hpp: x (N, D), caches (layers, N, capacity, D), cross keys / values
-// (layers, N, S, D), source_mask (N, S), cross_weights (N, H, S).
+// (layers, N, S, D), source_mask (N, S), cross_weights (N, H, S); with c.memory_rows, row n reads
+// memory row memory_rows[n] of cross keys / values (layers, memory_batch, S, D) and source_mask.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -85,9 +86,17 @@ inline void decoder_stack_step(double* x, double* self_keys, double* self_values
         if (w.cross_query) {  // no cross-attention block: an encoder layer run causally
             residual(w.norm2_gamma, w.norm2_beta, [&](const double* in, double* result) {
                 dense_forward(q.data(), z.data(), in, w.cross_query, w.cross_query_bias, N, D, D, Activation::linear);
-                const size_t offset = (size_t)l * N * c.S * D;
-                attend_one_query(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(),
-                                 cross_keys + offset, cross_values + offset, source_mask, N, c.H, D, c.S, c.S);
+                // one row at a time, on its own memory row
+                const size_t memory_batch = c.memory_rows ? (size_t)c.memory_batch : (size_t)N;
+                for (int n = 0; n < N; ++n) {
+                    const size_t m = c.memory_rows ? (size_t)c.memory_rows[n] : (size_t)n;
+                    const size_t offset = ((size_t)l * memory_batch + m) * c.S * D;
+                    attend_one_query(context.data() + (size_t)n * D,
+                                     l == c.layers - 1 && cross_weights ? cross_weights + (size_t)n * c.H * c.S
+                                                                        : nullptr,
+                                     q.data() + (size_t)n * D, cross_keys + offset, cross_values + offset,
+                                     source_mask ? source_mask + m * c.S : nullptr, 1, c.H, D, c.S, c.S);
+                }
                 dense_forward(result, z.data(), context.data(), w.cross_output, w.cross_output_bias, N, D, D,
                               Activation::linear);
             });

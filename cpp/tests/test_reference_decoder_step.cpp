@@ -61,29 +61,34 @@ struct StackWeights {
     }
 };
 
+// memory_batch > 0: the rows read memory rows (n * 3 + 1) % memory_batch (a beam search's shared memory)
 void test_decoder_step(int layers, int N, int D, int H, int F, int S, int capacity, int position, bool norm_first,
-                       Activation act, bool with_biases, unsigned seed) {
+                       Activation act, bool with_biases, unsigned seed, int memory_batch = 0) {
     std::mt19937 rng(seed);
     const StackWeights weights(rng, layers, D, F, with_biases, S > 0);
     const auto x0 = random_values(rng, (size_t)N * D);
-    const size_t cache = (size_t)layers * N * capacity * D, cross = (size_t)layers * N * S * D;
+    const int M = memory_batch ? memory_batch : N;  // memory rows
+    std::vector<int32_t> memory_rows((size_t)N);
+    for (int n = 0; n < N; ++n) memory_rows[n] = (n * 3 + 1) % M;
+    const size_t cache = (size_t)layers * N * capacity * D, cross = (size_t)layers * M * S * D;
     const auto keys0 = random_values(rng, cache), values0 = random_values(rng, cache);
     const auto cross_keys = random_values(rng, cross), cross_values = random_values(rng, cross);
-    std::vector<uint8_t> mask((size_t)N * S, 1);
+    std::vector<uint8_t> mask((size_t)M * S, 1);
     for (int s = S / 2; s < S; ++s) mask[s] = 0;                       // row 0: padded
-    if (N > 1 && S > 0) for (int s = 0; s < S; ++s) mask[S + s] = 0;   // row 1: nothing to attend to
+    if (M > 1 && S > 0) for (int s = 0; s < S; ++s) mask[S + s] = 0;   // row 1: nothing to attend to
     DecoderStepConfig c;
     c.layers = layers, c.N = N, c.D = D, c.H = H, c.F = F, c.S = S, c.capacity = capacity, c.position = position;
     c.norm_first = norm_first, c.activation = act, c.epsilon = 1e-5;
+    if (memory_batch) c.memory_rows = memory_rows.data(), c.memory_batch = memory_batch;
 
     std::vector<double> x = x0, keys = keys0, values = values0, cross_weights((size_t)N * H * S);
     const auto ref_layers = weights.pointers<double>(weights.arrays);
     reference::decoder_stack_step(x.data(), keys.data(), values.data(), cross_weights.data(), cross_keys.data(),
                                   cross_values.data(), mask.data(), ref_layers.data(), c);
     char where[160];
-    std::snprintf(where, sizeof where, "decoder_stack_step layers=%d N=%d D=%d H=%d F=%d S=%d t=%d%s%s%s", layers, N, D,
-                  H, F, S, position, norm_first ? " pre-norm" : "", act == Activation::gelu ? " gelu" : "",
-                  with_biases ? "" : " no biases");
+    std::snprintf(where, sizeof where, "decoder_stack_step layers=%d N=%d D=%d H=%d F=%d S=%d t=%d%s%s%s memory=%d",
+                  layers, N, D, H, F, S, position, norm_first ? " pre-norm" : "", act == Activation::gelu ? " gelu" : "",
+                  with_biases ? "" : " no biases", memory_batch);
     check_every_level(where, {{"x", x}, {"keys", keys}, {"values", values}, {"cross_weights", cross_weights}},
                       [&](auto tag) {
                           using T = decltype(tag);
@@ -111,6 +116,8 @@ int main() {
         test_decoder_step(1, 2, 10, 2, 7, 3, 9, 8, norm_first, Activation::relu, false, seed++);  // the last cache row
     }
     test_decoder_step(3, 37, 64, 4, 96, 29, 12, 7, false, Activation::relu, true, seed++);  // splits across two threads
+    test_decoder_step(2, 7, 12, 3, 17, 5, 6, 3, false, Activation::relu, true, seed++, 3);     // shared memory rows
+    test_decoder_step(2, 40, 64, 4, 96, 9, 6, 2, true, Activation::gelu, true, seed++, 5);     // ... split, whole vectors
     for (bool norm_first : {false, true})  // S = 0: encoder layers run causally, no cross-attention
         test_decoder_step(2, 3, 12, 3, 17, 0, 6, 4, norm_first, Activation::relu, true, seed++);
     return attnx::test::report("test_reference_decoder_step");

@@ -159,11 +159,6 @@ def decoder_backward(
     cache: dict[str, Any], dlogits: Array, dweights: Array | None = None, dh: Array | None = None,
     dc: Array | None = None, *, enc: Array, params: dict[str, Array], grads: dict[str, Array],
 ) -> tuple[Array, Array, Array | None]: ...
-def decoder_greedy(
-    kind: str, score: str, cell: str, enc: Array, source_mask: Mask = None, *, h0: Array, c0: Array | None = None,
-    params: dict[str, Array], local_window: int = -1, local_mode: str = "m", start_id: int, end_id: int,
-    max_length: int, gated: bool = False, hard: bool = False,
-) -> tuple[Array, Array]: ...
 
 # ---------------------------------------------------------------------------- convolution, pooling: (B, H, W, C)
 def conv2d_forward(
@@ -265,3 +260,21 @@ class InferencePlan:  # _core.plan.InferencePlan
     def mean_pool(self, out: int, in_: int, mask: int, batch: int, steps: int, features: int) -> None: ...
     def activation(self, out: int, in_: int, activation: str, rows: int, cols: int) -> None: ...
     def run(self, x: Array, result: int, shape: Sequence[int]) -> Array | None: ...
+# ---------------------------------------------------------------------------- the search (attnx.decoding)
+SearchResult = tuple[Array, Array, Array, Array, Array | None]
+def search_decoder_stack(
+    cross_keys: Array, cross_values: Array, source_mask: Mask, weights: list[list[Array | None]], num_heads: int,
+    norm_first: bool, epsilon: float, activation: str, embedding: Array, embedding_scale: float, positions: Array,
+    norm_gamma: Array | None, norm_beta: Array | None, norm_epsilon: float, output_kernel: Array | None,
+    output_bias: Array | None, start_id: int, end_id: int, width: int, length_penalty: float, max_length: int,
+    return_attention: bool,
+) -> SearchResult: ...
+def search_python_step(
+    decoder: Any, state: Any, batch: int, start_id: int, end_id: int, width: int, length_penalty: float,
+    max_length: int, return_attention: bool,
+) -> SearchResult: ...
+def search_attention_decoder(
+    kind: str, score: str, cell: str, enc: Array, source_mask: Mask = None, *, h0: Array, c0: Array | None = None,
+    params: dict[str, Array], local_window: int = -1, local_mode: str = "m", gated: bool = False, hard: bool = False,
+    start_id: int, end_id: int, width: int, length_penalty: float, max_length: int, return_attention: bool,
+) -> SearchResult: ...

@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import kernels
+
 __all__ = ["Hypothesis", "greedy_search", "beam_search"]
 
 
@@ -99,17 +101,6 @@ def check_target_ids(target, owner, what, start_id, max_length):
     return ids
 
 
-def top_k(total, k):
-    """The indices of the k largest entries of each row, largest first, ties to the smaller index
-    (``np.argsort(-total, kind="stable")[:, :k]``) without sorting whole rows: the entries at least
-    as large as each row's k-th largest are the only candidates."""
-    kth = np.partition(total, total.shape[1] - k, axis=1)[:, total.shape[1] - k]
-    rows, cols = np.nonzero(total >= kth[:, None])
-    order = np.lexsort((cols, -total[rows, cols], rows))
-    starts = np.cumsum(np.bincount(rows, minlength=len(total))) - np.bincount(rows, minlength=len(total))
-    return cols[order][starts[:, None] + np.arange(k)]
-
-
 def until_end(row, end_id):
     """(the tokens of a decoded row before its end token, the steps it took: those tokens and the end
     token, or the whole row when it was cut at max_length)."""
@@ -120,57 +111,39 @@ def until_end(row, end_id):
     return row, len(row)
 
 
-def greedy_hypotheses(tokens, scores, attention, end_id, alpha):
-    """The rows of `greedy_search`'s result as `Hypothesis`es (scores divided by the length penalty)."""
-    hyps = []
-    for row, score, weights in zip(tokens.tolist(), scores, attention):
-        seq, steps = until_end(row, end_id)
-        hyps.append(Hypothesis(seq, float(score) / length_penalty(steps, alpha), weights[..., :steps, :]))
-    return hyps
+def _search(decoder, state, batch, start_id, end_id, width, alpha, max_length, return_attention):
+    """The one search (`cpp/include/attnx/search.hpp`), one C++ call per batch: over the decoder's
+    step compiled in C++ when it offers one (``decoder.compiled_step(state, max_length)``: a search
+    kernel of `attnx.kernels` and its arguments, or None), else over its Python step, which the C++
+    search calls back. Returns (tokens (B, W, steps), lengths (B, W), scores (B, W), normalized scores (B, W),
+    attention (B, W, ..., steps, S) or None), each input's beams best first."""
+    search = {"start_id": int(start_id), "end_id": int(end_id), "width": int(width), "length_penalty": float(alpha),
+              "max_length": int(max_length), "return_attention": bool(return_attention)}
+    compiled = getattr(decoder, "compiled_step", None)
+    plan = None if compiled is None else compiled(state, max_length)
+    if plan is not None:
+        kernel, arguments = plan
+        return kernel(**arguments, **search)
+    return kernels.search_python_step(decoder=decoder, state=state, batch=int(batch), **search)
 
 
-def _step_attention_array(batch, weights, steps):
-    """Zeros for the attention of `batch` rows over `steps` steps, shaped as one step's `weights`
-    (N, ..., S) with the step axis before the source axis: (batch, ..., steps, S)."""
-    return np.zeros((batch,) + weights.shape[1:-1] + (steps, weights.shape[-1]), dtype=weights.dtype)
-
-
-def greedy_search(decoder, state, batch, start_id, end_id, max_length):
+def greedy_search(decoder, state, batch, start_id, end_id, max_length, return_attention=True):
     """The most likely next token at every step; a row leaves the batch at its end token.
 
     Args:
         decoder: has the step protocol (module docstring); state: its start state for `batch` rows.
         start_id, end_id: the first input token and the token that ends a row; max_length: most steps.
+        return_attention: keep the attention (else None is returned for it).
     Returns:
         (tokens (B, L) with the end token and 0 after it, scores (B,) the summed log probabilities,
         attention (B, ..., L, S), zero after a row's end), L <= max_length.
     """
-    tokens = np.zeros((batch, max_length), dtype=np.int64)
-    scores = np.zeros(batch)
-    attention = None
-    active = np.arange(batch)
-    prev = np.full(batch, start_id, dtype=np.int64)
-    steps = 0
-    for t in range(max_length):
-        logits, state, weights = decoder.step(prev, t, state, return_attention=True)
-        if attention is None:
-            attention = _step_attention_array(batch, weights, max_length)
-        word = logits.argmax(axis=1)  # the first maximum: ties to the lowest id
-        logp = log_softmax(logits.astype(np.float64))
-        scores[active] += logp[np.arange(len(word)), word]
-        tokens[active, t] = word
-        attention[active, ..., t, :] = weights
-        steps = t + 1
-        going = word != end_id
-        if not going.all():
-            active, state = active[going], state.select(going)
-        if not active.size:
-            break
-        prev = word[going]
-    return tokens[:, :steps], scores, attention[..., :steps, :]
+    tokens, _, scores, _, attention = _search(decoder, state, batch, start_id, end_id, 1, 0.0, max_length,
+                                              return_attention)
+    return tokens[:, 0], scores[:, 0], None if attention is None else attention[:, 0]
 
 
-def beam_search(decoder, state, batch, start_id, end_id, width, alpha, max_length):
+def beam_search(decoder, state, batch, start_id, end_id, width, alpha, max_length, return_attention=True):
     """Batched beam search: the `batch` inputs' `width` hypotheses run as rows of one step; an input
     leaves the batch once all its beams have ended, so the remaining steps run on fewer rows.
 
@@ -178,6 +151,7 @@ def beam_search(decoder, state, batch, start_id, end_id, width, alpha, max_lengt
     `width` best totals (the summed log probabilities), ties to the earliest beam, then the lowest
     id; a finished hypothesis stays in its beam, extended by padding at no cost. The final scores
     are divided by GNMT's length penalty ((5 + len) / 6) ** alpha, len counting the end token.
+    Width 1 is `greedy_search`.
 
     Args:
         decoder: has the step protocol (module docstring); state: its start state for `batch` rows.
@@ -185,80 +159,17 @@ def beam_search(decoder, state, batch, start_id, end_id, width, alpha, max_lengt
         width: beams per input, checked by the caller (`beam_width`: 1 to the vocabulary size;
             1 gives greedy decoding); alpha: the length penalty's, >= 0.
         max_length: most tokens per hypothesis.
+        return_attention: keep each hypothesis' attention (else its ``attention`` is None).
     Returns:
         For each input, its `width` `Hypothesis`es, best first.
     """
-    B, W = batch, width
-    state = state.select(np.repeat(np.arange(B), W))
-    scores = np.full((B, W), -np.inf)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    lengths = np.zeros((B, W), dtype=np.int64)
-    done = np.zeros((B, W), dtype=bool)
-    # per step, for every input: each beam's parent, its token (0 once finished) and attention; the
-    # histories are read back through the parents at the end instead of gathered at every step
-    parents, words, step_weights = [], [], []
-    active = np.arange(B)
-    prev = np.full(B * W, start_id, dtype=np.int64)
-    for t in range(max_length):
-        logits, state, weights = decoder.step(prev, t, state, return_attention=True)
-        A = len(active)
-        logp = log_softmax(logits.astype(np.float64)).reshape(A, W, -1)
-        V = logp.shape[-1]
-        finished = done[active]
-        logp[finished] = -np.inf  # a finished hypothesis extends only with padding, at no cost
-        logp[finished, 0] = 0.0
-        total = (scores[active][:, :, None] + logp).reshape(A, W * V)
-        best = top_k(total, W)  # flat index beam * V + word: ties to the earliest beam, then the lowest id
-        beam, word = best // V, best % V
-        pick = (np.arange(A)[:, None] * W + beam).reshape(-1)
-        state = state.select(pick)
-        was_done = np.take_along_axis(finished, beam, axis=1)
-        scores[active] = np.take_along_axis(total, best, axis=1)
-        lengths[active] = np.take_along_axis(lengths[active], beam, axis=1) + ~was_done
-        parent = np.tile(np.arange(W), (B, 1))  # an input that has left keeps its beams in place
-        parent[active] = beam
-        word = np.where(was_done, 0, word)
-        step_words = np.zeros((B, W), dtype=np.int64)
-        step_words[active] = word
-        picked = weights[pick].reshape((A, W) + weights.shape[1:])
-        step_attention = np.zeros((B, W) + weights.shape[1:], dtype=weights.dtype)
-        step_attention[active] = np.where(was_done.reshape((A, W) + (1,) * (weights.ndim - 1)), 0, picked)
-        parents.append(parent)
-        words.append(step_words)
-        step_weights.append(step_attention)
-        done[active] = was_done | (word == end_id)
-        going = ~done[active].all(axis=1)
-        if not going.all():
-            active, state = active[going], state.select(np.repeat(going, W))
-        if not active.size:
-            break
-        prev = step_words[active].reshape(-1)
-    return _backtrack(parents, words, step_weights, scores, lengths, alpha, end_id)
-
-
-def _backtrack(parents, words, step_weights, scores, lengths, alpha, end_id):
-    """The hypotheses of `beam_search`, read back through the parents."""
-    B, W = scores.shape
-    steps = len(words)
-    tokens = np.zeros((B, W, steps), dtype=np.int64)
-    attention = np.zeros((B, W, steps) + step_weights[0].shape[2:], dtype=step_weights[0].dtype)
-    beam = np.broadcast_to(np.arange(W), (B, W))
-    for t in reversed(range(steps)):
-        tokens[:, :, t] = np.take_along_axis(words[t], beam, axis=1)
-        picked = beam.reshape((B, W) + (1,) * (step_weights[t].ndim - 2))
-        attention[:, :, t] = np.take_along_axis(step_weights[t], picked, axis=1)
-        beam = np.take_along_axis(parents[t], beam, axis=1)
-    attention = np.moveaxis(attention, 2, -2)  # the step axis before the source axis, as greedy_search's
+    tokens, lengths, _, normalized, attention = _search(decoder, state, batch, start_id, end_id, width, alpha,
+                                                        max_length, return_attention)
     results = []
-    for b in range(B):
+    for b, (rows, row_lengths, row_scores) in enumerate(zip(tokens.tolist(), lengths.tolist(), normalized.tolist())):
         hyps = []
-        for w in range(W):
-            n = int(lengths[b, w])
-            seq = tokens[b, w, :n].tolist()
-            if seq and seq[-1] == end_id:
-                seq = seq[:-1]
-            hyps.append(Hypothesis(seq, float(scores[b, w]) / length_penalty(n, alpha),
-                                   np.ascontiguousarray(attention[b, w, ..., :n, :])))
-        hyps.sort(key=lambda h: -h.score)
+        for w, (row, n, score) in enumerate(zip(rows, row_lengths, row_scores)):
+            seq = row[:n - 1] if n and row[n - 1] == end_id else row[:n]
+            hyps.append(Hypothesis(seq, score, None if attention is None else attention[b, w, ..., :n, :]))
         results.append(hyps)
     return results

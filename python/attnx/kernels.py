@@ -9,7 +9,7 @@ from ._core import (  # noqa: F401
     activation_backward, activation_forward, add_positions_backward, add_positions_forward,
     additive_scores_backward, additive_scores_forward, apply_keep, attention_pooling_backward,
     attention_pooling_forward, avg_pool2d_backward, avg_pool2d_forward, conv2d_backward, conv2d_forward,
-    decoder_backward, decoder_forward, decoder_greedy, dense_backward, dense_forward, dense_forward_int8,
+    decoder_backward, decoder_forward, dense_backward, dense_forward, dense_forward_int8,
     dot_scores_backward, dot_scores_forward, draw_attend_backward, draw_read_forward, draw_write_forward,
     embedding_backward, embedding_forward, embedding_forward_int8, feed_forward_forward,
     l1l2_add_gradient, l1l2_penalty, layernorm_backward, layernorm_forward, local_window_backward,
@@ -24,3 +24,5 @@ from ._core import bf16_matmul, dense_backward_bf16, dense_forward_bf16, round_t
 from ._core import random_fold_in, random_keep, random_uniform  # noqa: F401  (attnx.random's stream)
 from ._core import Int8Kernel, pack_int8  # noqa: F401  (int8 kernels packed once: attnx.quantization.packed)
 from ._core import inference_plan  # noqa: F401,E402  (attnx.models.plan: a model's inference in one call)
+# the one search of the translators (attnx.decoding): over a decoder stack, or over a Python step
+from ._core import search_attention_decoder, search_decoder_stack, search_python_step  # noqa: F401,E402

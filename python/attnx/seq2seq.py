@@ -459,8 +459,18 @@ class _AttentionDecoder(Layer):
         next_state = state._replace(h=h, c=c, feed=feed, keys=keys)
         return logits[:, 0], next_state, (weights[:, 0] if return_attention else None)
 
+    def compiled_step(self, state, max_length):
+        """What `attnx.decoding`'s search needs to run this decoder's `step` in C++ from the start
+        state `state`: `kernels.search_attention_decoder` and its arguments (the variant, weights,
+        encoder outputs, mask and initial states); None for a state that has stepped."""
+        if state.feed is not None or state.keys is not None:
+            return None
+        return kernels.search_attention_decoder, {
+            **self._variant, "enc": state.encoder_outputs, "source_mask": state.source_mask, "h0": state.h,
+            "c0": state.c, "params": self.params}
+
     def greedy(self, encoder_outputs, states, start_id, end_id, max_length, source_mask=None):
-        """Greedy decoding in one C++ call (the step loop and argmax included).
+        """Greedy decoding in one C++ call (`attnx.decoding.greedy_search` over the compiled step).
 
         Args:
             encoder_outputs: (B, S, K); states: ``[h0]`` or ``[h0, c0]``; source_mask (B, S) or lengths.
@@ -468,14 +478,10 @@ class _AttentionDecoder(Layer):
         Returns:
             (tokens (B, L) ints, 0 after a row's end token; attention (B, L, S)), L <= max_length.
         """
-        self._require_built("greedy")
-        enc = self._encoder_outputs(encoder_outputs)
-        B, S = enc.shape[:2]
-        states = self._initial_states(states, B)
-        return kernels.decoder_greedy(
-            **self._variant, enc=enc, source_mask=self._mask(source_mask, B, S, "source_mask"), h0=states[0],
-            c0=states[1] if self.n_states == 2 else None, params=self.params, start_id=int(start_id),
-            end_id=int(end_id), max_length=_positive_int(type(self).__name__, "max_length", max_length))
+        state = self.start_state(encoder_outputs, states, source_mask)
+        tokens, _, attention = decoding.greedy_search(self, state, len(state.h), start_id, end_id,
+                                                      _positive_int(type(self).__name__, "max_length", max_length))
+        return tokens, attention
 
     def compute_output_shape(self, input_shape, return_attention_scores=False):
         (B, T), S = input_shape[0], input_shape[1][1]

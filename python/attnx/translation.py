@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import datasets, initializers, losses, metrics, optimizers, random, text
+from . import datasets, initializers, kernels, losses, metrics, optimizers, random, text
 from .backend import unique_name
 from . import decoding
 from .decoding import Hypothesis, check_target_ids, positive_int as _positive_int
@@ -636,7 +636,10 @@ class Transformer(Model):
 
     # ------------------------------------------------------------------------ decoding
     def _decode_length(self, max_length):
-        return self.max_length if max_length is None else _positive_int("Transformer", "max_length", max_length)
+        """The decoding's length: the model's, or `max_length` within the class's bound (1024) and the
+        learned position tables' rows."""
+        bound = min(1024, self.max_positions) if self.positions == "learned" else 1024
+        return self.max_length if max_length is None else _positive_int("Transformer", "max_length", max_length, bound)
 
     def start_state(self, memory, source_mask, capacity=None):
         """The decoding state of encoder outputs memory (N, S, D) with source mask (N, S): the
@@ -646,7 +649,8 @@ class Transformer(Model):
 
     def step(self, ids, position, state, return_attention=False):
         """One decoder position for N rows: the decoder stack's cached step (one C++ call for every
-        layer), then the final norm and the output projection.
+        layer), then the final norm and the output projection. The searches run `compiled_step`'s
+        C++ step instead when they can; this is the step protocol's for other callers.
 
         Args:
             ids: (N,) the previous tokens (the start token at position 0).
@@ -663,37 +667,72 @@ class Transformer(Model):
                              f"position is {state.length}, got position={position}")
         x, _ = self.target_embedding.apply(np.asarray(ids, dtype=np.int64)[:, None])
         x = x[:, 0] * x.dtype.type(math.sqrt(self.model_dim))
-        if self.positions == "sinusoidal":
-            x += self.target_positions.table(position + 1, self.model_dim)[position]
-        else:
-            x += self.target_positions.params["embeddings"][position]
+        x += self._position_rows(position + 1)[position]
         h, state, weights = self.decoder.step(x, state, return_attention_scores=return_attention)
         h, _ = self.decoder_norm.apply(h)
         logits, _ = self._logits(h, False)
         return logits, state, weights
 
-    def greedy_decode(self, source, max_length=None):
-        """The most likely next token at every step, for source ids (B, S) (`attnx.decoding.greedy_search`);
-        a row leaves the batch at its end token.
+    def _position_rows(self, length):
+        """The target position rows 0..length-1 added to the embedded tokens (length, D)."""
+        if self.positions == "sinusoidal":
+            return self.target_positions.table(length, self.model_dim)
+        return self.target_positions.params["embeddings"][:length]
+
+    def compiled_step(self, state, max_length):
+        """What `attnx.decoding`'s search needs to run this model's `step` in C++ from the start
+        state `state` for up to `max_length` positions: `kernels.search_decoder_stack` and its
+        arguments (the memory's cross keys and values, the decoder stack's weights, the embedding,
+        positions, final norm and output projection), or None when a part
+        of the step is not the float kernels' (an int8 embedding or projection, bfloat16 products):
+        the search then calls `step` back."""
+        quantized = [layer for layer in (self.target_embedding, self.output_projection)
+                     if layer is not None and getattr(layer, "quantization_mode", None)]
+        if quantized or state.length or (self.output_projection is not None and (
+                self.output_projection.compute_dtype == "bfloat16" or self.output_projection.activation != "linear")):
+            return None
+        first = self.decoder.blocks[0]
+        projection = self.output_projection
+        return kernels.search_decoder_stack, {"cross_keys": state.cross_keys, "cross_values": state.cross_values, "source_mask": state.source_mask,
+                "weights": state.layer_weights, "num_heads": first.num_heads, "norm_first": first.norm_first,
+                "epsilon": first.layer_norm_epsilon, "activation": first.activation,
+                "embedding": self.target_embedding.params["embeddings"], "embedding_scale": math.sqrt(self.model_dim),
+                "positions": np.ascontiguousarray(self._position_rows(max_length)),
+                "norm_gamma": self.decoder_norm.params.get("gamma"), "norm_beta": self.decoder_norm.params.get("beta"),
+                "norm_epsilon": self.decoder_norm.epsilon,
+                "output_kernel": None if projection is None else projection.params["kernel"],
+                "output_bias": None if projection is None else projection.params.get("bias")}
+
+    def _start(self, source):
+        """The start state of checked source ids: the memory's cross keys and values, room for one
+        position (the C++ search keeps its own caches; a Python step grows it)."""
+        memory, source_mask, _ = self._encode(source)
+        return self.start_state(memory, source_mask, capacity=1)
+
+    def greedy_decode(self, source, max_length=None, return_attention=True):
+        """The most likely next token at every step, for source ids (B, S) (`attnx.decoding.greedy_search`,
+        the whole batch in one C++ call); a row leaves the batch at its end token.
 
         Returns (tokens (B, L) with the end token and 0 after it, scores (B,) the summed log
-        probabilities, attention (B, heads, L, S) of the last decoder layer), L <= max_length."""
+        probabilities, attention (B, heads, L, S) of the last decoder layer, or None without
+        `return_attention`), L <= max_length."""
         source = self._source(source)
         L = self._decode_length(max_length)
-        memory, source_mask, _ = self._encode(source)
-        return decoding.greedy_search(self, self.start_state(memory, source_mask), len(source), self.start_id,
-                                      self.end_id, L)
+        return decoding.greedy_search(self, self._start(source), len(source), self.start_id, self.end_id, L,
+                                      return_attention)
 
-    def beam_search(self, source, width=4, length_penalty=0.0, max_length=None):
-        """Batched beam search (`attnx.decoding.beam_search`: a finished hypothesis stays in its beam,
-        extended by padding at no cost; final scores divided by GNMT's length penalty
-        ((5 + len) / 6) ** alpha); a sentence leaves the batch once all its beams have ended.
+    def beam_search(self, source, width=4, length_penalty=0.0, max_length=None, return_attention=True):
+        """Batched beam search (`attnx.decoding.beam_search`, the whole batch in one C++ call: a
+        finished hypothesis stays in its beam, extended by padding at no cost; final scores divided
+        by GNMT's length penalty ((5 + len) / 6) ** alpha); a sentence leaves the batch once all its
+        beams have ended. Width 1 is greedy decoding.
 
         Args:
             source: source ids (B, S).
             width: beams per sentence (1 to the target vocabulary size; 1 gives greedy decoding).
             length_penalty: alpha >= 0.
             max_length: most tokens per hypothesis (default the model's max_length).
+            return_attention: keep each hypothesis' attention (else it is None).
         Returns:
             For each sentence, its `width` `Hypothesis`es, best first; their attention is the last
             decoder layer's per head, (heads, steps, S).
@@ -702,20 +741,20 @@ class Transformer(Model):
         alpha = decoding.length_penalty_alpha("Transformer.beam_search", length_penalty)
         source = self._source(source)
         L = self._decode_length(max_length)
-        memory, source_mask, _ = self._encode(source)
-        return decoding.beam_search(self, self.start_state(memory, source_mask), len(source), self.start_id,
-                                    self.end_id, width, alpha, L)
+        return decoding.beam_search(self, self._start(source), len(source), self.start_id, self.end_id, width, alpha,
+                                    L, return_attention)
 
-    def translate_batch(self, sentences, width=1, length_penalty=0.0, max_length=None, batch_size=32):
+    def translate_batch(self, sentences, width=1, length_penalty=0.0, max_length=None, batch_size=32,
+                        return_attention=True):
         """Translates sentences (``<start>`` / ``<end>`` markers optional), `batch_size` at a time
         in order of length (CTranslate2's `translate_batch`: rows of one batch then have similar
-        lengths), greedily (width 1) or by beam search.
+        lengths), greedily (width 1) or by beam search, each batch in one C++ call.
 
         Returns one `Hypothesis` per sentence, in the input order, the best of its beam; its
-        ``tokens`` are target ids (`target_text` detokenizes them)."""
+        ``tokens`` are target ids (`target_text` detokenizes them), its attention None without
+        `return_attention`."""
         self._require_tokenizers("translate_batch")
         batch_size = _positive_int("Transformer.translate_batch", "batch_size", batch_size)
-        alpha = decoding.length_penalty_alpha("Transformer.translate_batch", length_penalty)
         sentences = list(sentences)
         if not sentences:
             return []
@@ -726,13 +765,8 @@ class Transformer(Model):
         for lo in range(0, len(order), batch_size):
             rows = order[lo:lo + batch_size]
             batch = source[rows][:, :lengths[rows].max()]
-            if width == 1:
-                tokens, scores, attention = self.greedy_decode(batch, max_length)
-                for row, hyp in zip(rows, decoding.greedy_hypotheses(tokens, scores, attention, self.end_id, alpha)):
-                    results[row] = hyp
-            else:
-                for row, hyps in zip(rows, self.beam_search(batch, width, alpha, max_length)):
-                    results[row] = hyps[0]
+            for row, hyps in zip(rows, self.beam_search(batch, width, length_penalty, max_length, return_attention)):
+                results[row] = hyps[0]
         return results
 
     def translate(self, sentence, width=1, length_penalty=0.0, max_length=None):
@@ -754,5 +788,6 @@ class Transformer(Model):
         ``normalize=True`` on the loader's lowercased, punctuation-split text of both sides, the same
         function on the same text as `Seq2Seq.evaluate_bleu`'s. Returns a `metrics.BleuScore`."""
         hyps = [self.target_text(h.tokens)
-                for h in self.translate_batch(sources, width, length_penalty, max_length, batch_size)]
+                for h in self.translate_batch(sources, width, length_penalty, max_length, batch_size,
+                                              return_attention=False)]
         return translation_bleu(hyps, references, normalize, scorer)

@@ -12,7 +12,10 @@
 //
 // Layouts (row-major): x (N, D); caches (layers, N, capacity, D) and cross keys / values
 // (layers, N, S, D), heads side by side in D = H * Dh as MultiHeadAttention projects them;
-// source_mask (N, S) (nonzero = real token, null = all real); cross_weights (N, H, S).
+// source_mask (N, S) (nonzero = real token, null = all real); cross_weights (N, H, S). With
+// memory_rows, row n attends to memory row memory_rows[n] of the cross keys / values (layers,
+// memory_batch, S, D) and of the source mask (memory_batch, S): a beam search's rows share their
+// sentence's memory instead of copying it per beam and per reorder.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -21,6 +24,7 @@
 
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
+#include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 #include "attnx/transformer.hpp"
 
@@ -47,33 +51,104 @@ struct DecoderStepConfig {
     bool norm_first = false;
     double epsilon = 1e-5;
     Activation activation = Activation::relu;
+    const int32_t* memory_rows = nullptr;  // (N,) each row's memory row; null: row n reads memory row n
+    int memory_batch = 0;                  // memory rows per layer of the cross keys / values (with memory_rows)
 };
+
+// The rows [r, r + rest) of a step's product on one panel of Q vectors, rest < R, in one tile
+// (packed.hpp's row_tile): every row shares each load of the panel. store(row, TileRow).
+template <class V, int Q, int R, class T, class Store>
+ATTNX_ALWAYS_INLINE void step_rows_tail(int rest, int r, const LeftRows<T>& left, const T* panel, size_t k_stride,
+                                        Store& store) {
+    if constexpr (R > 1)
+        if (rest < R) return step_rows_tail<V, Q, R - 1>(rest, r, left, panel, k_stride, store);
+    TileRow<V, Q> pre[R];
+    row_tile<V, Q, R>(pre, left.from_row(r), panel, k_stride);
+    for (int i = 0; i < R; ++i) store(r + i, pre[i]);
+}
+
+// The N rows of a step on one panel of Q vectors: tiles of the most rows the registers hold
+// (AVX-512's 32: 6 rows of 3 vectors; 16 registers: 3), the rest in one smaller tile
+template <class V, int Q, class T, class Store>
+ATTNX_ALWAYS_INLINE void step_panel(int N, const LeftRows<T>& left, const T* panel, size_t k_stride, Store&& store) {
+    constexpr int R = Lanes<V>::W == 16 ? 6 : 3;
+    int r = 0;
+    for (; r + R <= N; r += R) {
+        TileRow<V, Q> pre[R];
+        row_tile<V, Q, R>(pre, left.from_row(r), panel, k_stride);
+        for (int i = 0; i < R; ++i) store(r + i, pre[i]);
+    }
+    if (r < N) step_rows_tail<V, Q, R - 1>(N - r, r, left, panel, k_stride, store);
+}
+
+// reference: cpp/reference/dense.hpp, dense_forward
+// z = act(x W + b) for the N rows of a decoding step, x (N, C), W (C, OC) row-major: the register
+// tiles of packed.hpp read W's own rows in place (OC apart) instead of a packed copy, every row of a
+// tile sharing each load. A step multiplies a few rows once by each weight, so packing W per call
+// (what BLAS does: 56% of a greedy step at batch 1 went to sgemm's copy of W) costs more than the
+// product. Column panels split across threads when the caller is not already split. OC not a whole
+// number of vectors (a tile would read past W's last row) goes to BLAS. act: relu fused, others
+// applied after.
+template <class T>
+void step_dense(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act = Activation::linear) {
+    const int lanes = tile_lanes<T>(), width = 3 * lanes;  // the tiles' vectors, as on_widest_lanes picks them
+    const bool relu = act == Activation::relu;
+    if (OC % lanes) {
+        dense_forward<T>(z, x, W, b, N, C, OC);
+    } else {
+        const LeftRows<T> left{x, (size_t)C, C, nullptr, 0, 0};
+        const int panels = (OC + width - 1) / width;
+        parallel_for((size_t)panels, double(N) * C * OC, [&](size_t lo, size_t hi) {
+            on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {
+                using V = decltype(lane);
+                constexpr int L = Lanes<V>::W;
+                for (size_t p = lo; p < hi; ++p) {
+                    const int n0 = (int)p * width, vectors = std::min(width, OC - n0) / L;
+                    auto store = [&](int r, auto& pre) __attribute__((always_inline)) {
+                        for (int q = 0; q < pre.count; ++q) {
+                            const int n = n0 + q * L;
+                            if (b) pre.q[q] += vload<V>(b + n, L);
+                            if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
+                            vstore(z + (size_t)r * OC + n, pre.q[q], L);
+                        }
+                    };
+                    if (vectors == 3) step_panel<V, 3>(N, left, W + n0, (size_t)OC, store);
+                    else if (vectors == 2) step_panel<V, 2>(N, left, W + n0, (size_t)OC, store);
+                    else step_panel<V, 1>(N, left, W + n0, (size_t)OC, store);
+                }
+            });
+        });
+        if (relu) return;
+    }
+    if (act != Activation::linear) activation_forward<T>(z, z, (size_t)N, (size_t)OC, act);
+}
 
 // reference: cpp/reference/decoder_step.hpp, attend_one_query
 // One query row per (row n, head h), problems split across threads:
 //   w[n, h, s] = masked_softmax_s(scale * q[n, h, :] . K[n, s, h, :])   s < keys, allowed[n, s]
 //   context[n, h, :] = sum_s w[n, h, s] V[n, s, h, :]
-// K, V rows D apart, batch rows `row_stride` rows apart; weights (N, H, keys) written when not null.
+// K, V rows D apart, batch rows `row_stride` rows apart; row n reads batch row key_rows[n] of K, V and
+// `allowed` (null: row n); weights (N, H, keys) written when not null.
 template <class T>
-void attend_one_query(T* context, T* weights, const T* q, const T* K, const T* V, const uint8_t* allowed, int N,
-                      int H, int D, int keys, size_t row_stride) {
+void attend_one_query(T* context, T* weights, const T* q, const T* K, const T* V, const uint8_t* allowed,
+                      const int32_t* key_rows, int N, int H, int D, int keys, size_t row_stride) {
     const int Dh = D / H;
     const T scale = T(1) / std::sqrt(T(Dh));
     parallel_for((size_t)N * H, double(N) * keys * D * 4, [&](size_t lo, size_t hi) {
         std::vector<T> row((size_t)keys);
         on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
             for (size_t p = lo; p < hi; ++p) {
-                const size_t n = p / H, h = p % H;
+                const size_t n = p / H, h = p % H, m = key_rows ? (size_t)key_rows[n] : n;
                 const T* qh = q + n * D + h * Dh;
-                const T* Kn = K + n * row_stride * D + h * Dh;
-                const T* Vn = V + n * row_stride * D + h * Dh;
+                const T* Kn = K + m * row_stride * D + h * Dh;
+                const T* Vn = V + m * row_stride * D + h * Dh;
                 for (int s = 0; s < keys; ++s) {
                     const T* ks = Kn + (size_t)s * D;
                     row[s] = scale * sum_lanes<T>(Dh, [&](size_t d) __attribute__((always_inline)) {
                         return qh[d] * ks[d];
                     });
                 }
-                masked_softmax_row(row.data(), row.data(), allowed ? allowed + n * keys : nullptr, (size_t)keys);
+                masked_softmax_row(row.data(), row.data(), allowed ? allowed + m * keys : nullptr, (size_t)keys);
                 T* ch = context + n * D + h * Dh;
                 for (int d = 0; d < Dh; ++d) ch[d] = T(0);
                 for (int s = 0; s < keys; ++s) {
@@ -96,8 +171,13 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
     const size_t rows = (size_t)N * D;
     T* x = x_all + lo * D;
     T* cross_weights = cross_weights_all ? cross_weights_all + lo * c.H * S : nullptr;
-    const uint8_t* source_mask = source_mask_all ? source_mask_all + lo * S : nullptr;
+    // the memory rows of rows lo..: through memory_rows, or rows lo.. themselves
+    const int32_t* memory_rows = c.memory_rows ? c.memory_rows + lo : nullptr;
+    const size_t memory_batch = c.memory_rows ? (size_t)c.memory_batch : (size_t)c.N;
+    const size_t first_memory_row = c.memory_rows ? 0 : lo;
+    const uint8_t* source_mask = source_mask_all ? source_mask_all + first_memory_row * S : nullptr;
     std::vector<T> h(rows), q(rows), k(rows), v(rows), context(rows), out(rows), mean(N), rstd(N);
+    std::vector<T> hidden((size_t)N * c.F);
     const T eps = T(c.epsilon);
     // one residual block: x = norm(x + sublayer(x)) or x = x + sublayer(norm(x)); sublayer(in, out)
     auto residual = [&](const T* gamma, const T* beta, auto&& sublayer) {
@@ -120,35 +200,37 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
         T* keys = self_keys + layer_rows * c.capacity * D;
         T* values = self_values + layer_rows * c.capacity * D;
         residual(w.norm1_gamma, w.norm1_beta, [&](const T* in, T* result) {
-            dense_forward<T>(q.data(), in, w.self_query, w.self_query_bias, N, D, D);
-            dense_forward<T>(k.data(), in, w.self_key, w.self_key_bias, N, D, D);
-            dense_forward<T>(v.data(), in, w.self_value, w.self_value_bias, N, D, D);
+            step_dense<T>(q.data(), in, w.self_query, w.self_query_bias, N, D, D);
+            step_dense<T>(k.data(), in, w.self_key, w.self_key_bias, N, D, D);
+            step_dense<T>(v.data(), in, w.self_value, w.self_value_bias, N, D, D);
             for (int n = 0; n < N; ++n) {
                 std::copy(k.data() + (size_t)n * D, k.data() + (size_t)(n + 1) * D,
                           keys + ((size_t)n * c.capacity + t) * D);
                 std::copy(v.data() + (size_t)n * D, v.data() + (size_t)(n + 1) * D,
                           values + ((size_t)n * c.capacity + t) * D);
             }
-            attend_one_query<T>(context.data(), nullptr, q.data(), keys, values, nullptr, N, c.H, D, t + 1,
+            attend_one_query<T>(context.data(), nullptr, q.data(), keys, values, nullptr, nullptr, N, c.H, D, t + 1,
                                 (size_t)c.capacity);
-            dense_forward<T>(result, context.data(), w.self_output, w.self_output_bias, N, D, D);
+            step_dense<T>(result, context.data(), w.self_output, w.self_output_bias, N, D, D);
         });
         if (w.cross_query) {  // an encoder layer decoding causally has no cross-attention block
             residual(w.norm2_gamma, w.norm2_beta, [&](const T* in, T* result) {
-                dense_forward<T>(q.data(), in, w.cross_query, w.cross_query_bias, N, D, D);
-                const size_t offset = layer_rows * S * D;
+                step_dense<T>(q.data(), in, w.cross_query, w.cross_query_bias, N, D, D);
+                const size_t offset = ((size_t)l * memory_batch + first_memory_row) * S * D;
                 attend_one_query<T>(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(),
-                                    cross_keys + offset, cross_values + offset, source_mask, N, c.H, D, S,
-                                    (size_t)S);
-                dense_forward<T>(result, context.data(), w.cross_output, w.cross_output_bias, N, D, D);
+                                    cross_keys + offset, cross_values + offset, source_mask, memory_rows, N, c.H,
+                                    D, S, (size_t)S);
+                step_dense<T>(result, context.data(), w.cross_output, w.cross_output_bias, N, D, D);
             });
         }
         residual(w.norm3_gamma, w.norm3_beta, [&](const T* in, T* result) {
-            feed_forward_forward<T>(result, in, w.ff_kernel1, w.ff_bias1, w.ff_kernel2, w.ff_bias2, N, D, c.F, D,
-                                    c.activation);
+            step_dense<T>(hidden.data(), in, w.ff_kernel1, w.ff_bias1, N, D, c.F, c.activation);
+            step_dense<T>(result, hidden.data(), w.ff_kernel2, w.ff_bias2, N, c.F, D);
         });
     }
 }
+
+constexpr int kStepRowsPerThread = 6;
 
 // reference: cpp/reference/decoder_step.hpp, decoder_stack_step
 // x (N, D): the embedded tokens of `position` in, the last layer's output out. Per layer l:
@@ -166,10 +248,106 @@ void decoder_stack_step(T* x, T* self_keys, T* self_values, T* cross_weights, co
                         const T* cross_values, const uint8_t* source_mask, const DecoderLayerWeights<T>* layers,
                         const DecoderStepConfig& c) {
     const double D = c.D, per_row = D * (6 * D + 2 * c.F + 2 * (c.position + 1 + c.S));
-    parallel_for((size_t)c.N, per_row * c.N * c.layers, [&](size_t lo, size_t hi) {
+    // a few rows share each load of the weights in one tile: split, each thread would read all the
+    // weights for them; unsplit, the products split their columns (kStepRowsPerThread measured)
+    const bool split_rows = c.N >= 2 * kStepRowsPerThread;
+    parallel_for((size_t)c.N, split_rows ? per_row * c.N * c.layers : 0.0, [&](size_t lo, size_t hi) {
         decoder_stack_rows<T>(x, self_keys, self_values, cross_weights, cross_keys, cross_values, source_mask,
                               layers, c, lo, hi);
     });
 }
+
+// What turns token ids into the decoder stack's input and its output into logits (the Transformer
+// translator's step, python/attnx/translation.py): x = E[id] * scale + positions[position];
+// logits = norm(x) W + b, or norm(x) E^T when the output is tied to the embedding (kernel null).
+template <class T> struct DecoderEnds {
+    const T* embedding = nullptr;   // (vocab, D)
+    T embedding_scale = T(1);       // sqrt(D)
+    const T* positions = nullptr;   // (max_length, D), a row per target position
+    const T *norm_gamma = nullptr, *norm_beta = nullptr;
+    double norm_epsilon = 1e-5;
+    const T *output_kernel = nullptr, *output_bias = nullptr;  // (D, vocab), (vocab,)
+    int vocab = 0;
+};
+
+// The step functor of search.hpp (its header names the interface) over a decoder stack: the caches of
+// `rows` rows (layers, rows, capacity, D), reordered by row index in select (the decoded positions
+// only; the memory is shared through memory_rows, never copied). config: the stack's sizes, with N
+// the most rows a step takes, capacity the most positions and memory_batch the memory's rows.
+template <class T> class DecoderSearchStep {
+public:
+    using logits_type = T;
+    using attention_type = T;
+
+    DecoderSearchStep(const DecoderLayerWeights<T>* layers, const DecoderStepConfig& config, const T* cross_keys,
+                      const T* cross_values, const uint8_t* source_mask, const DecoderEnds<T>& ends,
+                      bool keep_attention)
+        : layers_(layers), c_(config), cross_keys_(cross_keys), cross_values_(cross_values),
+          source_mask_(source_mask), ends_(ends), keep_attention_(keep_attention) {
+        const size_t cache = (size_t)c_.layers * c_.N * c_.capacity * c_.D;
+        keys_.resize(cache), values_.resize(cache), spare_keys_.resize(cache), spare_values_.resize(cache);
+        memory_rows_.resize((size_t)c_.memory_batch);  // the first step: row n is sentence n
+        for (int n = 0; n < c_.memory_batch; ++n) memory_rows_[n] = n;
+        x_.resize((size_t)c_.N * c_.D), h_.resize(x_.size()), mean_.resize(c_.N), rstd_.resize(c_.N);
+        logits_.resize((size_t)c_.N * ends_.vocab);
+        if (keep_attention_) weights_.resize((size_t)c_.N * c_.H * c_.S);
+    }
+
+    const T* step(const int64_t* ids, int rows, int position) {
+        const int D = c_.D;
+        rows_ = rows, length_ = position + 1;
+        // x = E[id] * sqrt(D) + P[position]
+        const T* p = ends_.positions + (size_t)position * D;
+        for (int n = 0; n < rows; ++n) {
+            const T* e = ends_.embedding + (size_t)ids[n] * D;
+            T* xn = x_.data() + (size_t)n * D;
+            for (int d = 0; d < D; ++d) xn[d] = e[d] * ends_.embedding_scale + p[d];
+        }
+        DecoderStepConfig c = c_;
+        c.N = rows, c.position = position, c.memory_rows = memory_rows_.data();
+        decoder_stack_step<T>(x_.data(), keys_.data(), values_.data(), keep_attention_ ? weights_.data() : nullptr,
+                              cross_keys_, cross_values_, source_mask_, layers_, c);
+        layernorm_forward<T>(h_.data(), mean_.data(), rstd_.data(), x_.data(), ends_.norm_gamma, ends_.norm_beta,
+                             rows, D, T(ends_.norm_epsilon));
+        if (ends_.output_kernel) step_dense<T>(logits_.data(), h_.data(), ends_.output_kernel, ends_.output_bias,
+                                               rows, D, ends_.vocab);
+        else matmul<T>(logits_.data(), h_.data(), ends_.embedding, rows, ends_.vocab, D, false, true);
+        return logits_.data();
+    }
+
+    const T* attention() const { return weights_.data(); }
+    int attention_heads() const { return c_.H; }
+    int attention_keys() const { return c_.S; }
+    int vocab() const { return ends_.vocab; }
+
+    // the caches of rows `rows` (of the last step's), in that order: the decoded positions copied
+    // into the spare caches, which become the caches
+    void select(const int32_t* rows, int count) {
+        const size_t D = c_.D, capacity = c_.capacity, decoded = (size_t)length_ * D;
+        for (int l = 0; l < c_.layers; ++l)
+            for (int j = 0; j < count; ++j) {
+                const size_t from = (((size_t)l * rows_ + rows[j]) * capacity) * D;
+                const size_t to = (((size_t)l * count + j) * capacity) * D;
+                std::copy(keys_.data() + from, keys_.data() + from + decoded, spare_keys_.data() + to);
+                std::copy(values_.data() + from, values_.data() + from + decoded, spare_values_.data() + to);
+            }
+        keys_.swap(spare_keys_), values_.swap(spare_values_);
+        std::vector<int32_t> memory((size_t)count);
+        for (int j = 0; j < count; ++j) memory[j] = memory_rows_[rows[j]];
+        memory_rows_.swap(memory);
+        rows_ = count;
+    }
+
+private:
+    const DecoderLayerWeights<T>* layers_;
+    DecoderStepConfig c_;
+    const T *cross_keys_, *cross_values_;
+    const uint8_t* source_mask_;
+    DecoderEnds<T> ends_;
+    bool keep_attention_;
+    int rows_ = 0, length_ = 0;
+    std::vector<T> keys_, values_, spare_keys_, spare_values_, x_, h_, mean_, rstd_, logits_, weights_;
+    std::vector<int32_t> memory_rows_;
+};
 
 }  // namespace attnx

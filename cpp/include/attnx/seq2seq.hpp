@@ -680,51 +680,75 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
     }
 }
 
-// ------------------------------------------------------------------------------ greedy decoding
-// Greedy decoding: steps of decoder_forward (T = 1), each reading the argmax of the previous step's
-// logits (the first reads start_id; a row that has produced end_id then reads 0, the padding id).
-//   cfg: sizes with T = 1. h, c, feed (B, H): the initial state (c: LSTM, feed: Luong, zeros at the
-//   start), left as the final one. tokens (B, L): the chosen ids, 0 after a row's end token;
-//   attention (B, L, S): each step's weights, 0 after the end token. Returns the steps run (< L
-//   when every row has ended).
-template <class T>
-int decoder_greedy(DecoderConfig cfg, int64_t* tokens, T* attention, T* h, T* c, T* feed,
-                   const DecoderParams<const T*>& w, const T* enc, const uint8_t* source_mask, int64_t start_id,
-                   int64_t end_id, int L) {
-    const int B = cfg.B, S = cfg.S, V = cfg.V;
-    cfg.T = 1;
-    const OwnedDecoderCache<T> step_cache(cfg, false);  // reused by every step
-    const DecoderCache<T>& cache = step_cache.cache;
-    std::vector<T> logits((size_t)B * V), hu((size_t)B * cfg.G());
-    std::vector<int64_t> prev((size_t)B, start_id);
-    std::vector<uint8_t> done((size_t)B, 0);
-    std::fill(tokens, tokens + (size_t)B * L, int64_t(0));
-    std::fill(attention, attention + (size_t)B * L * S, T(0));
-    const DecoderPanels<T> panels(cfg, w, true);  // for every step
-    std::vector<int64_t> best((size_t)B);
-    for (int t = 0; t < L; ++t) {
-        cfg.first_step = t;
-        decoder_forward<T>(cfg, logits.data(), h, c, feed, cache, w, prev.data(), enc, source_mask, nullptr, t > 0,
-                           hu.data(), &panels);
-        parallel_for((size_t)B, (double)B * V, [&](size_t b0, size_t b1) {
-            for (size_t b = b0; b < b1; ++b) best[b] = row_argmax(logits.data() + b * V, (size_t)V);
-        });
-        bool all_done = true;
-        for (int b = 0; b < B; ++b) {
-            if (done[b]) {
-                prev[b] = 0;
-                continue;
-            }
-            prev[b] = best[b];
-            tokens[(size_t)b * L + t] = prev[b];
-            std::copy(cache.weights + (size_t)b * S, cache.weights + (size_t)(b + 1) * S,
-                      attention + ((size_t)b * L + t) * S);
-            done[b] = prev[b] == end_id;
-            all_done = all_done && done[b];
-        }
-        if (all_done) return t + 1;
+// ------------------------------------------------------------------------------ decoding
+// The step functor of search.hpp (its header names the interface) over an attention decoder: steps
+// of decoder_forward (T = 1) on the rows still decoding, its state (h, c for LSTM, feed for Luong,
+// the encoder outputs, source mask and projected keys of each row) reordered by row index in select.
+//   cfg: the sizes of the start (B rows); rows: the most rows a step takes (B * width). h0, c0 (B, H):
+//   the initial state; enc (B, S, K), source_mask (B, S) or null.
+template <class T> class AttentionDecoderSearchStep {
+public:
+    using logits_type = T;
+    using attention_type = T;
+
+    AttentionDecoderSearchStep(const DecoderConfig& cfg, int rows, const DecoderParams<const T*>& w, const T* h0,
+                               const T* c0, const T* enc, const uint8_t* source_mask)
+        : cfg_(sized(cfg, rows)), w_(w), cache_(cfg_, false), panels_(cfg_, w, true), rows_(cfg.B) {
+        const size_t B = cfg.B, S = cfg.S, H = cfg.H;
+        h_.assign(h0, h0 + B * H), h_.resize((size_t)rows * H);
+        if (cfg.cell == RNNCell::lstm) c_.assign(c0, c0 + B * H), c_.resize((size_t)rows * H);
+        if (cfg.kind == DecoderKind::luong) feed_.assign((size_t)rows * cfg.F(), T(0));  // h~_{-1} = 0
+        enc_.assign(enc, enc + B * S * cfg.K), enc_.resize((size_t)rows * S * cfg.K);
+        if (source_mask) mask_.assign(source_mask, source_mask + B * S), mask_.resize((size_t)rows * S);
+        logits_.resize((size_t)rows * cfg.V), hu_.resize((size_t)rows * cfg.G());
     }
-    return L;
-}
+
+    const T* step(const int64_t* ids, int rows, int position) {
+        DecoderConfig c = cfg_;
+        c.B = rows_ = rows, c.first_step = position;
+        decoder_forward<T>(c, logits_.data(), h_.data(), c_.empty() ? nullptr : c_.data(),
+                           feed_.empty() ? nullptr : feed_.data(), cache_.cache, w_, ids, enc_.data(),
+                           mask_.empty() ? nullptr : mask_.data(), nullptr, position > 0, hu_.data(), &panels_);
+        return logits_.data();
+    }
+    const T* attention() const { return cache_.cache.weights; }
+    int attention_heads() const { return 1; }
+    int attention_keys() const { return cfg_.S; }
+    int vocab() const { return cfg_.V; }
+
+    // the state of rows `rows` of the last step's, in that order
+    void select(const int32_t* rows, int count) {
+        const size_t S = cfg_.S;
+        gather(h_, rows, count, cfg_.H);
+        gather(c_, rows, count, cfg_.H);
+        gather(feed_, rows, count, cfg_.F());
+        gather(enc_, rows, count, S * cfg_.K);
+        gather(mask_, rows, count, S);
+        if (cache_.cache.keys) gather_into(cache_.cache.keys, rows, count, S * cfg_.Dk());
+        rows_ = count;
+    }
+
+private:
+    static DecoderConfig sized(DecoderConfig c, int rows) {
+        c.B = rows, c.T = 1;
+        return c;
+    }
+    template <class U> void gather(std::vector<U>& a, const int32_t* rows, int count, size_t width) {
+        if (!a.empty()) gather_into(a.data(), rows, count, width);
+    }
+    template <class U> void gather_into(U* a, const int32_t* rows, int count, size_t width) {
+        std::vector<U> picked((size_t)count * width);
+        for (int j = 0; j < count; ++j) std::copy(a + rows[j] * width, a + (rows[j] + 1) * width, picked.begin() + j * width);
+        std::copy(picked.begin(), picked.end(), a);
+    }
+
+    DecoderConfig cfg_;  // B: the most rows
+    DecoderParams<const T*> w_;
+    OwnedDecoderCache<T> cache_;  // one step's buffers, for the most rows
+    DecoderPanels<T> panels_;     // the weights packed once for every step
+    int rows_;
+    std::vector<T> h_, c_, feed_, enc_, logits_, hu_;
+    std::vector<uint8_t> mask_;
+};
 
 }  // namespace attnx
