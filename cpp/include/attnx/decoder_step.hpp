@@ -55,74 +55,6 @@ struct DecoderStepConfig {
     int memory_batch = 0;                  // memory rows per layer of the cross keys / values (with memory_rows)
 };
 
-// The rows [r, r + rest) of a step's product on one panel of Q vectors, rest < R, in one tile
-// (packed.hpp's row_tile): every row shares each load of the panel. store(row, TileRow).
-template <class V, int Q, int R, class T, class Store>
-ATTNX_ALWAYS_INLINE void step_rows_tail(int rest, int r, const LeftRows<T>& left, const T* panel, size_t k_stride,
-                                        Store& store) {
-    if constexpr (R > 1)
-        if (rest < R) return step_rows_tail<V, Q, R - 1>(rest, r, left, panel, k_stride, store);
-    TileRow<V, Q> pre[R];
-    row_tile<V, Q, R>(pre, left.from_row(r), panel, k_stride);
-    for (int i = 0; i < R; ++i) store(r + i, pre[i]);
-}
-
-// The N rows of a step on one panel of Q vectors: tiles of the most rows the registers hold
-// (AVX-512's 32: 6 rows of 3 vectors; 16 registers: 3), the rest in one smaller tile
-template <class V, int Q, class T, class Store>
-ATTNX_ALWAYS_INLINE void step_panel(int N, const LeftRows<T>& left, const T* panel, size_t k_stride, Store&& store) {
-    constexpr int R = Lanes<V>::W == 16 ? 6 : 3;
-    int r = 0;
-    for (; r + R <= N; r += R) {
-        TileRow<V, Q> pre[R];
-        row_tile<V, Q, R>(pre, left.from_row(r), panel, k_stride);
-        for (int i = 0; i < R; ++i) store(r + i, pre[i]);
-    }
-    if (r < N) step_rows_tail<V, Q, R - 1>(N - r, r, left, panel, k_stride, store);
-}
-
-// reference: cpp/reference/dense.hpp, dense_forward
-// z = act(x W + b) for the N rows of a decoding step, x (N, C), W (C, OC) row-major: the register
-// tiles of packed.hpp read W's own rows in place (OC apart) instead of a packed copy, every row of a
-// tile sharing each load. A step multiplies a few rows once by each weight, so packing W per call
-// (what BLAS does: 56% of a greedy step at batch 1 went to sgemm's copy of W) costs more than the
-// product. Column panels split across threads when the caller is not already split. OC not a whole
-// number of vectors (a tile would read past W's last row) goes to BLAS. act: relu fused, others
-// applied after.
-template <class T>
-void step_dense(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act = Activation::linear) {
-    const int lanes = tile_lanes<T>(), width = 3 * lanes;  // the tiles' vectors, as on_widest_lanes picks them
-    const bool relu = act == Activation::relu;
-    if (OC % lanes) {
-        dense_forward<T>(z, x, W, b, N, C, OC);
-    } else {
-        const LeftRows<T> left{x, (size_t)C, C, nullptr, 0, 0};
-        const int panels = (OC + width - 1) / width;
-        parallel_for((size_t)panels, double(N) * C * OC, [&](size_t lo, size_t hi) {
-            on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {
-                using V = decltype(lane);
-                constexpr int L = Lanes<V>::W;
-                for (size_t p = lo; p < hi; ++p) {
-                    const int n0 = (int)p * width, vectors = std::min(width, OC - n0) / L;
-                    auto store = [&](int r, auto& pre) __attribute__((always_inline)) {
-                        for (int q = 0; q < pre.count; ++q) {
-                            const int n = n0 + q * L;
-                            if (b) pre.q[q] += vload<V>(b + n, L);
-                            if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
-                            vstore(z + (size_t)r * OC + n, pre.q[q], L);
-                        }
-                    };
-                    if (vectors == 3) step_panel<V, 3>(N, left, W + n0, (size_t)OC, store);
-                    else if (vectors == 2) step_panel<V, 2>(N, left, W + n0, (size_t)OC, store);
-                    else step_panel<V, 1>(N, left, W + n0, (size_t)OC, store);
-                }
-            });
-        });
-        if (relu) return;
-    }
-    if (act != Activation::linear) activation_forward<T>(z, z, (size_t)N, (size_t)OC, act);
-}
-
 // reference: cpp/reference/decoder_step.hpp, attend_one_query
 // One query row per (row n, head h), problems split across threads:
 //   w[n, h, s] = masked_softmax_s(scale * q[n, h, :] . K[n, s, h, :])   s < keys, allowed[n, s]
@@ -200,9 +132,9 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
         T* keys = self_keys + layer_rows * c.capacity * D;
         T* values = self_values + layer_rows * c.capacity * D;
         residual(w.norm1_gamma, w.norm1_beta, [&](const T* in, T* result) {
-            step_dense<T>(q.data(), in, w.self_query, w.self_query_bias, N, D, D);
-            step_dense<T>(k.data(), in, w.self_key, w.self_key_bias, N, D, D);
-            step_dense<T>(v.data(), in, w.self_value, w.self_value_bias, N, D, D);
+            dense_rows_in_place<T>(q.data(), in, w.self_query, w.self_query_bias, N, D, D);
+            dense_rows_in_place<T>(k.data(), in, w.self_key, w.self_key_bias, N, D, D);
+            dense_rows_in_place<T>(v.data(), in, w.self_value, w.self_value_bias, N, D, D);
             for (int n = 0; n < N; ++n) {
                 std::copy(k.data() + (size_t)n * D, k.data() + (size_t)(n + 1) * D,
                           keys + ((size_t)n * c.capacity + t) * D);
@@ -211,21 +143,21 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
             }
             attend_one_query<T>(context.data(), nullptr, q.data(), keys, values, nullptr, nullptr, N, c.H, D, t + 1,
                                 (size_t)c.capacity);
-            step_dense<T>(result, context.data(), w.self_output, w.self_output_bias, N, D, D);
+            dense_rows_in_place<T>(result, context.data(), w.self_output, w.self_output_bias, N, D, D);
         });
         if (w.cross_query) {  // an encoder layer decoding causally has no cross-attention block
             residual(w.norm2_gamma, w.norm2_beta, [&](const T* in, T* result) {
-                step_dense<T>(q.data(), in, w.cross_query, w.cross_query_bias, N, D, D);
+                dense_rows_in_place<T>(q.data(), in, w.cross_query, w.cross_query_bias, N, D, D);
                 const size_t offset = ((size_t)l * memory_batch + first_memory_row) * S * D;
                 attend_one_query<T>(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(),
                                     cross_keys + offset, cross_values + offset, source_mask, memory_rows, N, c.H,
                                     D, S, (size_t)S);
-                step_dense<T>(result, context.data(), w.cross_output, w.cross_output_bias, N, D, D);
+                dense_rows_in_place<T>(result, context.data(), w.cross_output, w.cross_output_bias, N, D, D);
             });
         }
         residual(w.norm3_gamma, w.norm3_beta, [&](const T* in, T* result) {
-            step_dense<T>(hidden.data(), in, w.ff_kernel1, w.ff_bias1, N, D, c.F, c.activation);
-            step_dense<T>(result, hidden.data(), w.ff_kernel2, w.ff_bias2, N, c.F, D);
+            dense_rows_in_place<T>(hidden.data(), in, w.ff_kernel1, w.ff_bias1, N, D, c.F, c.activation);
+            dense_rows_in_place<T>(result, hidden.data(), w.ff_kernel2, w.ff_bias2, N, c.F, D);
         });
     }
 }
@@ -309,7 +241,7 @@ public:
                               cross_keys_, cross_values_, source_mask_, layers_, c);
         layernorm_forward<T>(h_.data(), mean_.data(), rstd_.data(), x_.data(), ends_.norm_gamma, ends_.norm_beta,
                              rows, D, T(ends_.norm_epsilon));
-        if (ends_.output_kernel) step_dense<T>(logits_.data(), h_.data(), ends_.output_kernel, ends_.output_bias,
+        if (ends_.output_kernel) dense_rows_in_place<T>(logits_.data(), h_.data(), ends_.output_kernel, ends_.output_bias,
                                                rows, D, ends_.vocab);
         else matmul<T>(logits_.data(), h_.data(), ends_.embedding, rows, ends_.vocab, D, false, true);
         return logits_.data();

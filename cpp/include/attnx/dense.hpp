@@ -47,6 +47,74 @@ void packed_dense_rows(T* y, T* z, const T* x, const PackedRight<T>& W, const T*
     });
 }
 
+// The rows [r, r + rest) of a step's product on one panel of Q vectors, rest < R, in one tile
+// (packed.hpp's row_tile): every row shares each load of the panel. store(row, TileRow).
+template <class V, int Q, int R, class T, class Store>
+ATTNX_ALWAYS_INLINE void step_rows_tail(int rest, int r, const LeftRows<T>& left, const T* panel, size_t k_stride,
+                                        Store& store) {
+    if constexpr (R > 1)
+        if (rest < R) return step_rows_tail<V, Q, R - 1>(rest, r, left, panel, k_stride, store);
+    TileRow<V, Q> pre[R];
+    row_tile<V, Q, R>(pre, left.from_row(r), panel, k_stride);
+    for (int i = 0; i < R; ++i) store(r + i, pre[i]);
+}
+
+// The N rows of a step on one panel of Q vectors: tiles of the most rows the registers hold
+// (AVX-512's 32: 6 rows of 3 vectors; 16 registers: 3), the rest in one smaller tile
+template <class V, int Q, class T, class Store>
+ATTNX_ALWAYS_INLINE void step_panel(int N, const LeftRows<T>& left, const T* panel, size_t k_stride, Store&& store) {
+    constexpr int R = Lanes<V>::W == 16 ? 6 : 3;
+    int r = 0;
+    for (; r + R <= N; r += R) {
+        TileRow<V, Q> pre[R];
+        row_tile<V, Q, R>(pre, left.from_row(r), panel, k_stride);
+        for (int i = 0; i < R; ++i) store(r + i, pre[i]);
+    }
+    if (r < N) step_rows_tail<V, Q, R - 1>(N - r, r, left, panel, k_stride, store);
+}
+
+// reference: cpp/reference/dense.hpp, dense_forward
+// z = act(x W + b) for a few rows (a decoding step's, a batch of one sentence), x (N, C), W (C, OC)
+// row-major: the register tiles of packed.hpp read W's own rows in place (OC apart) instead of a
+// packed copy, every row of a tile sharing each load. A few rows multiply each weight only a few
+// times, so packing W per call (what BLAS does: 56% of a greedy step at batch 1 went to sgemm's copy
+// of W) costs more than the product. Column panels split across threads when the caller is not already split. OC not a whole
+// number of vectors (a tile would read past W's last row) goes to BLAS. act: relu fused, others
+// applied after.
+template <class T>
+void dense_rows_in_place(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act = Activation::linear) {
+    const int lanes = tile_lanes<T>(), width = 3 * lanes;  // the tiles' vectors, as on_widest_lanes picks them
+    const bool relu = act == Activation::relu;
+    if (OC % lanes) {
+        dense_forward<T>(z, x, W, b, N, C, OC);
+    } else {
+        const LeftRows<T> left{x, (size_t)C, C, nullptr, 0, 0};
+        const int panels = (OC + width - 1) / width;
+        parallel_for((size_t)panels, double(N) * C * OC, [&](size_t lo, size_t hi) {
+            on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {
+                using V = decltype(lane);
+                constexpr int L = Lanes<V>::W;
+                for (size_t p = lo; p < hi; ++p) {
+                    const int n0 = (int)p * width, vectors = std::min(width, OC - n0) / L;
+                    auto store = [&](int r, auto& pre) __attribute__((always_inline)) {
+                        for (int q = 0; q < pre.count; ++q) {
+                            const int n = n0 + q * L;
+                            if (b) pre.q[q] += vload<V>(b + n, L);
+                            if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
+                            vstore(z + (size_t)r * OC + n, pre.q[q], L);
+                        }
+                    };
+                    if (vectors == 3) step_panel<V, 3>(N, left, W + n0, (size_t)OC, store);
+                    else if (vectors == 2) step_panel<V, 2>(N, left, W + n0, (size_t)OC, store);
+                    else step_panel<V, 1>(N, left, W + n0, (size_t)OC, store);
+                }
+            });
+        });
+        if (relu) return;
+    }
+    if (act != Activation::linear) activation_forward<T>(z, z, (size_t)N, (size_t)OC, act);
+}
+
 // reference: cpp/reference/dense.hpp, dense_forward
 // y = act(z), z = x . W + b. Products of kPackedMinWork multiply-adds and more run on the register
 // tiles with W packed once per call (packed_dense_rows): 360-450 GFLOP/s on 2 cores whether or not
@@ -54,12 +122,21 @@ void packed_dense_rows(T* y, T* z, const T* x, const PackedRight<T>& W, const T*
 // ones go to OpenBLAS, which runs them on the calling thread with its small-matrix kernels (no
 // packing). Neither wakes OpenBLAS' threads, which for a product this size took longer than the
 // product (a CNN's last Dense, 64 x 2048 x 10, took 0.19 ms after the pooling layer before it,
-// 0.03 ms alone). y may alias z (gelu's backward needs z; every other activation's only y).
+// 0.03 ms alone). Fewer rows than packing W repays read W in place (dense_rows_in_place): below 64
+// rows, or 256 when W fits in 256 KiB (one core's L2 share), measured 1.1-4x faster than packing
+// on Zen 5 (a batch of one sentence, a decoding step); from there packing wins (0.8x at 512 rows of
+// a 256 x 1024 W). y may alias z (gelu's backward needs z; every other activation's only y).
 template <class T>
 void dense_forward_rows(T* y, T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act) {
     if (double(N) * C * OC < kPackedMinWork) {
         dense_forward<T>(z, x, W, b, N, C, OC);
         activation_forward<T>(y, z, (size_t)N, (size_t)OC, act);
+        return;
+    }
+    const bool few_rows = N < 64 || (N <= 256 && (size_t)C * OC * sizeof(T) <= (size_t(256) << 10));
+    if (few_rows && OC % tile_lanes<T>() == 0) {  // (other widths: the packed tiles take any OC)
+        dense_rows_in_place<T>(z, x, W, b, N, C, OC, y == z ? act : Activation::linear);
+        if (y != z) activation_forward<T>(y, z, (size_t)N, (size_t)OC, act);
         return;
     }
     packed_dense_rows<T>(y, z, x, PackedRight<T>(W, C, OC, false), b, N, act);

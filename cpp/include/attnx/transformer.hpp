@@ -146,9 +146,9 @@ void feed_forward_forward(T* y, const T* x, const T* W1, const T* b1, const T* W
         std::vector<T> hidden((size_t)std::min(rows, N) * F);
         for (size_t block = lo; block < hi; ++block) {
             const int r0 = (int)block * rows, r = std::min(rows, N - r0);
-            dense_forward<T>(hidden.data(), x + (size_t)r0 * C, W1, b1, r, C, F);
-            activation_forward<T>(hidden.data(), hidden.data(), (size_t)r, (size_t)F, act);
-            dense_forward<T>(y + (size_t)r0 * OC, hidden.data(), W2, b2, r, F, OC);
+            dense_forward_rows<T>(hidden.data(), hidden.data(), x + (size_t)r0 * C, W1, b1, r, C, F, act);
+            dense_forward_rows<T>(y + (size_t)r0 * OC, y + (size_t)r0 * OC, hidden.data(), W2, b2, r, F, OC,
+                                  Activation::linear);
         }
     });
 }
