@@ -269,6 +269,30 @@ def test_every_layer_under_mixed_bfloat16(name):
         assert max(_relative_error(got, want) for got, want in pairs) > 1e-5, f"{name}: no bf16 rounding seen"
 
 
+def test_tied_transformer_output_projection_in_bf16():
+    """A Transformer with tie_output under mixed_bfloat16: the logits h E^T and their gradients (dh, dE) are
+    bf16 products (float32's within bf16's tolerance, and rounded: not float32's), as the untied Dense is."""
+    from attnx.translation import Transformer
+    rng = np.random.default_rng(12)
+    source, target = rng.integers(3, 40, (4, 7)), rng.integers(3, 40, (4, 6))
+    target[:, 0] = 1
+    made = {p: Transformer(40, 40, model_dim=16, num_heads=2, intermediate_dim=32, num_encoder_layers=1,
+                           num_decoder_layers=1, dropout=0.0, tie_output=True, start_token=1, end_token=2, dtype=p)
+            for p in ("float32", "mixed_bfloat16")}
+    made["mixed_bfloat16"].set_weights(made["float32"].get_weights())
+    h = rng.standard_normal((4, 6, 16)).astype(np.float32)
+    dlogits = rng.standard_normal((4, 6, 40)).astype(np.float32)
+    results = {}
+    for policy, model in made.items():
+        logits, cache = model._logits(h, training=True)
+        model.target_embedding.grads["embeddings"][...] = 0
+        dh = model._logits_backprop(cache, dlogits)
+        results[policy] = (logits, dh, model.target_embedding.grads["embeddings"].copy())
+    for got, want in zip(results["mixed_bfloat16"], results["float32"]):
+        assert got.dtype == np.float32 and got.shape == want.shape
+        assert 1e-5 < _relative_error(got, want) < BF16_TOLERANCE
+
+
 # ----------------------------------------------------------------------------- models
 def test_saved_models_keep_the_policy(tmp_path):
     rng = np.random.default_rng(6)
