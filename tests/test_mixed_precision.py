@@ -228,7 +228,9 @@ def _layers_in(layer):
 
 def _relative_error(got, want):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-6)
+    # (the floor: a gradient that is zero in exact arithmetic, as MultiHeadAttention's key bias's is, since
+    # the softmax ignores a shift of a row, is rounding noise under either policy)
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-4)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
