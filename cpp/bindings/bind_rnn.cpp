@@ -125,7 +125,7 @@ void init_rnn(py::module_& m) {
         "Runs a SimpleRNN ('simple'), GRU or LSTM over x (B, T, C). Returns (y (B, T, H), h (B, H), c (B, H) or "
         "None, cache) where cache = (gates, h_prev, h_rec, c_prev, aux) is what rnn_backward needs. "
         "training=False keeps nothing for backward (h_prev, c_prev are None); "
-        "return_sequences=False computes no y (returned as None); bf16=True runs the input projection in bfloat16.");
+        "return_sequences=False computes no y (returned as None); bf16=True runs the input projection and the steps' h_rec . U in bfloat16 (float32 sums).");
 
     m.def(
         "rnn_backward",
@@ -213,7 +213,7 @@ void init_rnn(py::module_& m) {
         py::arg("need_dx") = true, py::arg("split_batch") = true, py::arg("bf16") = false,
         "Backpropagation through time of rnn_forward: accumulates into dkernel, drecurrent_kernel, dbias, "
         "drecurrent_bias; returns (dx or None, dh0, dc0 or None). dy (B, T, H), dh / dc (B, H) may be None. "
-        "bf16=True runs dx, dkernel and drecurrent_kernel in bfloat16.");
+        "bf16=True runs the steps' dgates . U^T, dx, dkernel and drecurrent_kernel in bfloat16 (float32 sums).");
 }
 
 }  // namespace attnx::bind

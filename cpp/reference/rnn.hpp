@@ -3,7 +3,8 @@
 // in double. Shapes as rnn.hpp: x (B, T, C); W (C, G); U (H, G); G = gates * H, gates in the order
 // SimpleRNN (h), GRU (r, z, n), LSTM (i, f, g, o). mask (B, T): nonzero = real step (a padded step
 // carries h and c and outputs 0); rec_mask (B, H): recurrent dropout, multiplies h_{t-1} where it
-// meets U; cfg.reverse walks t = T-1 .. 0.
+// meets U; cfg.reverse walks t = T-1 .. 0. recurrent_operand (if given) maps both operands of the
+// per-step products h_rec U and dhu U^T (bf16 rounding for mixed_bfloat16, cpp/reference/bf16.hpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -31,8 +32,9 @@ inline double rnn_pre(const RNNConfig& cfg, const double* x, const double* W, co
 
 inline void rnn_forward(const RNNConfig& cfg, double* y, double* h, double* c, RNNCache& cache, const double* x,
                         const double* W, const double* U, const double* b_in, const double* b_rec,
-                        const uint8_t* mask, const double* rec_mask) {
+                        const uint8_t* mask, const double* rec_mask, double (*recurrent_operand)(double) = nullptr) {
     const int B = cfg.B, T = cfg.T, H = cfg.H, G = cfg.G();
+    auto op = [&](double v) { return recurrent_operand ? recurrent_operand(v) : v; };
     const Activation act = cfg.activation, ract = cfg.recurrent_activation;
     const size_t BTH = (size_t)B * T * H;
     cache.h_prev.assign(BTH, 0), cache.c_prev.assign(BTH, 0), cache.h_rec.assign(BTH, 0);
@@ -61,7 +63,7 @@ inline void rnn_forward(const RNNConfig& cfg, double* y, double* h, double* c, R
             // hu[col] = h_rec . U[:, col]
             auto hu = [&](const double* left, int col) {
                 double a = 0;
-                for (int k = 0; k < H; ++k) a += left[k] * U[(size_t)k * G + col];
+                for (int k = 0; k < H; ++k) a += op(left[k]) * op(U[(size_t)k * G + col]);
                 return a;
             };
             auto bias_rec = [&](int col) { return b_rec ? b_rec[col] : 0.0; };
@@ -122,8 +124,10 @@ inline void rnn_forward(const RNNConfig& cfg, double* y, double* h, double* c, R
 // final state, out that of the initial state. dx is overwritten; dW, dU, db_in, db_rec accumulate.
 inline void rnn_backward(const RNNConfig& cfg, double* dx, double* dW, double* dU, double* db_in, double* db_rec,
                          double* dh, double* dc, const double* dy, const RNNCache& cache, const double* x,
-                         const double* W, const double* U, const uint8_t* mask, const double* rec_mask) {
+                         const double* W, const double* U, const uint8_t* mask, const double* rec_mask,
+                         double (*recurrent_operand)(double) = nullptr) {
     const int B = cfg.B, T = cfg.T, C = cfg.C, H = cfg.H, G = cfg.G();
+    auto op = [&](double v) { return recurrent_operand ? recurrent_operand(v) : v; };
     const Activation act = cfg.activation, ract = cfg.recurrent_activation;
     auto slope = [](Activation a, double y) { return reference::act_slope(a, 0, y); };  // tanh, sigmoid, relu, linear
     std::vector<double> dpre(G), dhu(G), dhr(H);
@@ -186,7 +190,7 @@ inline void rnn_backward(const RNNConfig& cfg, double* dx, double* dW, double* d
                         // n = act(x W_n + b_n + rh U_n),  rh = r * h_rec
                         for (int j = 0; j < H; ++j) {
                             double drh = 0;
-                            for (int k = 0; k < H; ++k) drh += dpre[2 * H + k] * U[(size_t)j * G + 2 * H + k];
+                            for (int k = 0; k < H; ++k) drh += op(dpre[2 * H + k]) * op(U[(size_t)j * G + 2 * H + k]);
                             dpre[j] = dhu[j] = drh * hr[j] * slope(ract, g[j]);
                             dhr[j] = drh * g[j];  // the direct part through rh
                         }
@@ -211,7 +215,7 @@ inline void rnn_backward(const RNNConfig& cfg, double* dx, double* dW, double* d
                 double d = cfg.cell == RNNCell::gru && !cfg.reset_after ? dhr[j] : 0;
                 for (int col = 0; col < ncols; ++col) {
                     dU[(size_t)j * G + col] += hr[j] * dhu[col];
-                    d += dhu[col] * U[(size_t)j * G + col];
+                    d += op(dhu[col]) * op(U[(size_t)j * G + col]);
                 }
                 // h_rec = h_{t-1} * rec_mask
                 dhb[j] += d * (rec_mask ? rec_mask[(size_t)b * H + j] : 1.0);

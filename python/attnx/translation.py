@@ -487,6 +487,9 @@ class Transformer(Model):
         if self.output_projection is not None:
             return self.output_projection.apply(h, training=training)
         table = self.target_embedding.params["embeddings"]
+        if self.dtype_policy.name == "mixed_bfloat16":  # in bf16, as the untied projection's Dense
+            logits = kernels.bf16_matmul(a=h.reshape(-1, self.model_dim), b=table, transpose_b=True)
+            return logits.reshape(h.shape[:-1] + (-1,)), (h if training else None)
         return h @ table.T, (h if training else None)
 
     def _logits_backprop(self, cache, dlogits):
@@ -494,6 +497,11 @@ class Transformer(Model):
             return self.output_projection.backprop(cache, dlogits)
         # logits = h E^T:  dE += dlogits^T h,  dh = dlogits E
         table, V = self.target_embedding.params["embeddings"], self.target_vocab_size
+        if self.dtype_policy.name == "mixed_bfloat16":
+            flat = dlogits.reshape(-1, V)
+            kernels.bf16_matmul(a=flat, b=cache.reshape(-1, self.model_dim), transpose_a=True,
+                                out=self.target_embedding.grads["embeddings"])
+            return kernels.bf16_matmul(a=flat, b=table).reshape(dlogits.shape[:-1] + (self.model_dim,))
         self.target_embedding.grads["embeddings"] += dlogits.reshape(-1, V).T @ cache.reshape(-1, self.model_dim)
         return dlogits @ table
 

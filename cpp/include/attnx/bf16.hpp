@@ -181,12 +181,11 @@ inline Bf16Tiles bf16_tiles() {
 }
 
 // C[r, 0..cols) (+)= sum_kp pair products of left rows r < R (pairs a[r * ars + kp * aks]) with the
-// panel's pair rows (kp * width + q * 16 + lane), kp < K2, on vdpbf16ps
+// panel's pair rows (kp * k_stride + q * 16 + lane), kp < K2, on vdpbf16ps
 template <int Q, int R>
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"))) void bf16_tile_dot(
-    float* C, size_t ldc, int cols, const uint32_t* a, size_t ars, size_t aks, const uint32_t* panel, int K2,
-    bool accumulate) {
-    constexpr int width = Q * 16;
+    float* C, size_t ldc, int cols, const uint32_t* a, size_t ars, size_t aks, const uint32_t* panel, size_t k_stride,
+    int K2, bool accumulate) {
     __mmask16 mask[Q];
     for (int q = 0; q < Q; ++q) {
         const int m = std::clamp(cols - q * 16, 0, 16);
@@ -201,7 +200,7 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"))
     for (int kp = 0; kp < K2; ++kp) {
         __m512bh b[Q];
 #pragma GCC unroll 4
-        for (int q = 0; q < Q; ++q) b[q] = (__m512bh)_mm512_loadu_si512(panel + (size_t)kp * width + q * 16);
+        for (int q = 0; q < Q; ++q) b[q] = (__m512bh)_mm512_loadu_si512(panel + (size_t)kp * k_stride + q * 16);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
             const __m512bh pair = (__m512bh)_mm512_set1_epi32((int)a[r * ars + kp * aks]);
@@ -218,9 +217,9 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"))
 // The same tile on float lanes V: acc += odd * odd, then acc += even * even, per pair
 template <class V, int Q, int R>
 ATTNX_ALWAYS_INLINE void bf16_tile_lanes(float* C, size_t ldc, int cols, const uint32_t* a, size_t ars, size_t aks,
-                                         const uint32_t* panel, int K2, bool accumulate) {
+                                         const uint32_t* panel, size_t k_stride, int K2, bool accumulate) {
     using U = typename Lanes<V>::U;
-    constexpr int W = Lanes<V>::W, width = Q * W;
+    constexpr int W = Lanes<V>::W;
     V acc[R][Q];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -232,7 +231,7 @@ ATTNX_ALWAYS_INLINE void bf16_tile_lanes(float* C, size_t ldc, int cols, const u
 #pragma GCC unroll 4
         for (int q = 0; q < Q; ++q) {
             U bits, lo, hi;
-            std::memcpy(&bits, panel + (size_t)kp * width + q * W, sizeof bits);
+            std::memcpy(&bits, panel + (size_t)kp * k_stride + q * W, sizeof bits);
             lo = bits << 16;
             hi = bits & 0xFFFF0000u;
             std::memcpy(&even[q], &lo, sizeof lo);
@@ -326,7 +325,7 @@ inline void bf16_gemm(float* C, size_t ldc, const float* A, size_t lda, bool tra
         if (tiles.native) {
             bf16_tiled_rows<6>(C, ldc, m0, m1, N, width, a_pairs.data(), ars, aks, b_pairs.data(), K2, accumulate,
                                [&](auto rows, float* c, int cols, const uint32_t* a, const uint32_t* panel, int kc,
-                                   bool acc) { bf16_tile_dot<4, decltype(rows)::value>(c, ldc, cols, a, ars, aks, panel, kc, acc); });
+                                   bool acc) { bf16_tile_dot<4, decltype(rows)::value>(c, ldc, cols, a, ars, aks, panel, (size_t)width, kc, acc); });
             return;
         }
         on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
@@ -335,10 +334,97 @@ inline void bf16_gemm(float* C, size_t ldc, const float* A, size_t lda, bool tra
             bf16_tiled_rows<TR>(C, ldc, m0, m1, N, width, a_pairs.data(), ars, aks, b_pairs.data(), K2, accumulate,
                                 [&](auto rows, float* c, int cols, const uint32_t* a, const uint32_t* panel, int kc,
                                     bool acc) __attribute__((always_inline)) {
-                                    bf16_tile_lanes<V, 2, decltype(rows)::value>(c, ldc, cols, a, ars, aks, panel, kc, acc);
+                                    bf16_tile_lanes<V, 2, decltype(rows)::value>(c, ldc, cols, a, ars, aks, panel, (size_t)width, kc,
+                                                                                   acc);
                                 });
         });
     });
+}
+
+// ----------------------------------------------------------------------------- step products
+// The products of a time loop (rnn.hpp's h_{t-1} U forward, dgates U^T backward): a few rows per step
+// against a right operand packed once per sequence in packed.hpp's panels, whose rows are paired
+// along k here (pair_panels); each step pairs its left rows (pack_bf16_rows). The same tiles as
+// bf16_gemm, their sums handed to the time loop's cell in registers.
+
+// The panels pack_panels / pack_panels_t wrote for B (K, N), each panel's K rows paired into (K + 1) / 2
+// rows of bf16 pairs (the last panel narrowed as there): the layout packed_panels(pairs, (K + 1) / 2,
+// N, width, lanes) reads
+inline void pair_panels(Panels<uint32_t>& pairs, const float* packed, int K, int N, int width, int lanes) {
+    const int panels = (N + width - 1) / width, last_width = last_panel_width(N, width, lanes), K2 = (K + 1) / 2;
+    pairs.resize(((size_t)std::max(panels - 1, 0) * width + last_width) * K2);
+    for (int p = 0; p < panels; ++p) {
+        const int pw = p + 1 == panels ? last_width : width;
+        pack_bf16_columns(pairs.data() + (size_t)p * K2 * width, (size_t)pw, packed + (size_t)p * K * width, (size_t)pw,
+                          K, pw, pw);
+    }
+}
+
+// For every block c < blocks (pair rows at panel0 + c * block_stride, k_stride apart, Q vectors of V
+// each) and every row b of [b0, b1) (K2 pairs at a + (b - b0) * lda):
+//   pre.q[q] = sum_kp pair products of row b with the block's vector q;  then cell(b, pre, c)
+// vdpbf16ps tiles of 6 rows where `native` (bf16_tiles; V is then 16 floats), else bf16_tile_lanes
+// (4 rows on AVX-512, 2 on narrower lanes, where the even and odd halves take twice the registers)
+template <class V, int Q, class Cell>
+ATTNX_ALWAYS_INLINE void bf16_step_product(bool native, int b0, int b1, const uint32_t* a, size_t lda, int K2,
+                                           const uint32_t* panel0, size_t k_stride, size_t block_stride, int blocks,
+                                           Cell&& cell) {
+    constexpr int W = Lanes<V>::W, width = Q * W;
+    alignas(64) float sums[6 * width];
+    auto tile = [&](auto rows, int b, const uint32_t* panel, int c) __attribute__((always_inline)) {
+        constexpr int R = decltype(rows)::value;
+        const uint32_t* left = a + (size_t)(b - b0) * lda;
+        bool done = false;
+        if constexpr (W == 16)
+            if (native) bf16_tile_dot<Q, R>(sums, width, width, left, lda, 1, panel, k_stride, K2, false), done = true;
+        if (!done) bf16_tile_lanes<V, Q, R>(sums, width, width, left, lda, 1, panel, k_stride, K2, false);
+        for (int r = 0; r < R; ++r) {
+            TileRow<V, Q> pre;
+            for (int q = 0; q < Q; ++q) pre.q[q] = vload<V>(sums + r * width + q * W, W);
+            cell(b + r, pre, c);
+        }
+    };
+    constexpr int lane_rows = W == 16 ? 4 : 2;
+    for (int c = 0; c < blocks; ++c) {
+        const uint32_t* panel = panel0 + (size_t)c * block_stride;
+        int b = b0;
+        if (native)
+            for (; b + 6 <= b1; b += 6) tile(std::integral_constant<int, 6>{}, b, panel, c);
+        for (; b + lane_rows <= b1; b += lane_rows) tile(std::integral_constant<int, lane_rows>{}, b, panel, c);
+        for (; b < b1; ++b) tile(std::integral_constant<int, 1>{}, b, panel, c);
+    }
+}
+
+// panels_product (packed.hpp) in bf16: right from pair row kp0 on, N columns in panels of Q vectors,
+// the narrowed last panel in tiles of the vectors it holds; cell(b, pre, p)
+template <class V, int Q, class Cell>
+ATTNX_ALWAYS_INLINE void bf16_panels_product(bool native, int b0, int b1, const uint32_t* a, size_t lda, int K2,
+                                             const RightPanels<uint32_t>& right, int kp0, int N, Cell&& cell) {
+    constexpr int W = Lanes<V>::W, width = Q * W;
+    const int whole = N / width, rest = (N - whole * width + W - 1) / W;
+    bf16_step_product<V, Q>(native, b0, b1, a, lda, K2, right.data + (size_t)kp0 * right.k_stride, right.k_stride,
+                            right.panel_stride, whole, cell);
+    if (!rest) return;
+    const uint32_t* last = right.data + (size_t)whole * right.panel_stride + (size_t)kp0 * right.last_k_stride;
+    auto last_panel = [&](auto vectors) __attribute__((always_inline)) {
+        bf16_step_product<V, decltype(vectors)::value>(native, b0, b1, a, lda, K2, last, right.last_k_stride, 0, 1,
+                                                        [&](int b, auto pre, int) { cell(b, pre, whole); });
+    };
+    if (rest == 1) last_panel(std::integral_constant<int, 1>{});
+    else if constexpr (Q >= 2) {
+        if (rest == 2) last_panel(std::integral_constant<int, 2>{});
+        else if constexpr (Q >= 3) last_panel(std::integral_constant<int, 3>{});
+    }
+}
+
+// The left rows of a step product: rows (b1 - b0 of them, lda apart) of K values as bf16 pairs in this
+// thread's buffer, (K + 1) / 2 per row
+inline const uint32_t* bf16_step_left(const float* rows, size_t lda, int count, int K) {
+    thread_local std::vector<uint32_t> pairs;
+    const int K2 = (K + 1) / 2;
+    pairs.resize((size_t)count * K2);
+    pack_bf16_rows(pairs.data(), (size_t)K2, rows, lda, count, K);
+    return pairs.data();
 }
 
 // ----------------------------------------------------------------------------- Dense

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "attnx/activations.hpp"
+#include "attnx/bf16.hpp"
 #include "attnx/dense.hpp"
 #include "attnx/gemm.hpp"
 #include "attnx/packed.hpp"
@@ -149,6 +150,51 @@ ATTNX_ALWAYS_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& le
                          });
 }
 
+// The recurrent kernel as the time loops multiply it: float32 panels (forward: pack_recurrent_kernel's
+// layout; backward: pack_recurrent_kernel_rows_t's), or under mixed_bfloat16 the same panels with
+// their rows paired along k as bf16 (rnn_bf16.hpp), whose steps pair their left rows (h_{t-1}, or
+// the step's gate gradients) too and sum in float32 (bf16.hpp's step products)
+template <class T> struct RecurrentKernel {
+    const T* packed = nullptr;
+    const uint32_t* pairs = nullptr;  // float only
+    bool native = false;              // pairs on vdpbf16ps (bf16_tiles)
+};
+
+// recurrent_product on the kernel's float32 or bf16 panels; under bf16 the left is the state alone (the
+// input projection is not fused)
+template <class V, int Q, class T, class Cell>
+ATTNX_ALWAYS_INLINE void step_product(const RecurrentKernel<T>& kernel, int b0, int b1, const LeftRows<T>& left, int H,
+                                      int units, int Qt, int q0, Cell&& cell) {
+    if constexpr (std::is_same_v<T, float>)
+        if (kernel.pairs) {
+            constexpr int W = Lanes<V>::W;
+            const int K2 = (H + 1) / 2;
+            bf16_step_product<V, Q>(kernel.native, b0, b1, bf16_step_left(left.a, left.lda, b1 - b0, H), (size_t)K2,
+                                    K2, kernel.pairs + (size_t)q0 * W, (size_t)Qt * W, (size_t)K2 * Qt * W,
+                                    (units + W - 1) / W,
+                                    [&](int b, TileRow<V, Q> pre, int c) __attribute__((always_inline)) {
+                                        cell(b, pre, c * W, std::min(W, units - c * W));
+                                    });
+            return;
+        }
+    recurrent_product<V, Q>(b0, b1, left, kernel.packed, H, units, Qt, q0, cell);
+}
+
+// LSTM's tail units (lstm_tail_units): the block of one vector after the `blocks` whole ones
+template <class V, class T, class Cell>
+ATTNX_ALWAYS_INLINE void tail_step_product(const RecurrentKernel<T>& kernel, int b0, int b1, const LeftRows<T>& left,
+                                           int H, int blocks, Cell&& cell) {
+    constexpr int W = Lanes<V>::W;
+    if constexpr (std::is_same_v<T, float>)
+        if (kernel.pairs) {
+            const int K2 = (H + 1) / 2;
+            bf16_step_product<V, 1>(kernel.native, b0, b1, bf16_step_left(left.a, left.lda, b1 - b0, H), (size_t)K2,
+                                    K2, kernel.pairs + (size_t)blocks * K2 * 4 * W, W, 0, 1, cell);
+            return;
+        }
+    packed_product<V, 1>(b0, b1, left, kernel.packed + (size_t)blocks * (H + left.C) * 4 * W, W, 0, 1, cell);
+}
+
 // v's lanes from m on, moved to the front (the lanes after them: any of v's)
 template <class V> ATTNX_ALWAYS_INLINE V lanes_from(V v, int m) {
     constexpr int W = Lanes<V>::W;
@@ -181,7 +227,7 @@ ATTNX_ALWAYS_INLINE void add_input_terms(TileRow<V, Q>& pre, int q0, bool fused,
 // read. Without cache.h_prev (inference) nothing is kept for backward.
 template <class V, class T, class Acts>
 ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b0, int b1, T* y, T* h, T* c,
-                            const RNNCache<T>& cache, const T* x, const T* b_in, const T* packed_u, const T* b_rec,
+                            const RNNCache<T>& cache, const T* x, const T* b_in, const RecurrentKernel<T>& packed_u, const T* b_rec,
                             const uint8_t* mask, const T* rec_mask, T* hu, size_t ld_hu) {
     constexpr int W = Lanes<V>::W;
     const int Tn = cfg.T, H = cfg.H, G = cfg.G(), Q = cfg.gates();
@@ -243,7 +289,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
         switch (cfg.cell) {
             case RNNCell::simple:
                 // h_t = act(x_t W + b + h_{t-1} U)
-                recurrent_product<V, 1>(b0, b1, left, packed_u, H, H, Q, 0,
+                step_product<V, 1>(packed_u, b0, b1, left, H, H, Q, 0,
                                         [&](int b, TileRow<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                                             const Block k = block(b, u0);
                                             if (!real(b)) return carry(k, n);
@@ -269,7 +315,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                         emit(k, o * act_c, n);
                     };
                 const int r = tail_units, u_tail = H - r;
-                recurrent_product<V, 4>(b0, b1, left, packed_u, H, u_tail, Q, 0,
+                step_product<V, 4>(packed_u, b0, b1, left, H, u_tail, Q, 0,
                                         [&](int b, TileRow<V, 4> hu_, int u0, int n) __attribute__((always_inline)) {
                                             const Block k = block(b, u0);
                                             if (!real(b)) return carry(k, n);
@@ -279,8 +325,8 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                 if (!r) break;
                 // the tail units' four gates in one vector (pack_recurrent_kernel), each gate's r
                 // lanes moved to the front
-                packed_product<V, 1>(
-                    b0, b1, left, packed_u + (size_t)(u_tail / W) * (H + left.C) * Q * W, W, 0, 1,
+                tail_step_product<V>(
+                    packed_u, b0, b1, left, H, u_tail / W,
                     [&](int b, TileRow<V, 1> pre, int) __attribute__((always_inline)) {
                         const Block k = block(b, u_tail);
                         if (!real(b)) return carry(k, r);
@@ -293,8 +339,8 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                 if (cfg.reset_after) {
                     // r, z = ract(x W + b_in + h U + b_rec); n = act(x_n + r * (h U_n + b_hn));
                     // h_t = z h_{t-1} + (T(1) - z) n
-                    recurrent_product<V, 3>(
-                        b0, b1, left, packed_u, H, H, Q, 0,
+                    step_product<V, 3>(
+                        packed_u, b0, b1, left, H, H, Q, 0,
                         [&](int b, TileRow<V, 3> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return carry(k, n);
@@ -315,8 +361,8 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                         });
                 } else {
                     // r, z = ract(x W + b + h_rec U_rz); aux = r * h_rec, which the candidate's product needs
-                    recurrent_product<V, 2>(
-                        b0, b1, left, packed_u, H, H, Q, 0,
+                    step_product<V, 2>(
+                        packed_u, b0, b1, left, H, H, Q, 0,
                         [&](int b, TileRow<V, 2> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return carry(k, n);
@@ -326,9 +372,9 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                             vstore(k.aux, r * vload<V>(hr + (size_t)(b - b0) * ld_hr + u0, n), n);
                         });
                     // n = act(x_n + (r * h_rec) U_n); h_t = z h_{t-1} + (T(1) - z) n
-                    recurrent_product<V, 1>(
-                        b0, b1, LeftRows<T>{cache.aux + (size_t)b0 * TH + (size_t)t * H, TH, H, x_t, TC, left.C},
-                        packed_u, H, H, Q, 2,
+                    step_product<V, 1>(
+                        packed_u, b0, b1, LeftRows<T>{cache.aux + (size_t)b0 * TH + (size_t)t * H, TH, H, x_t, TC, left.C},
+                        H, H, Q, 2,
                         [&](int b, TileRow<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return;  // carried in the first pass
@@ -348,7 +394,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
 // the default pair
 template <class T>
 void rnn_packed_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache, const T* x,
-                     const T* b_in, const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu,
+                     const T* b_in, const RecurrentKernel<T>& packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu,
                      size_t ld_hu) {
     auto run = [&](const auto& acts) {
         on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
@@ -370,7 +416,7 @@ template <class T> void pack_recurrent_kernel_rows(Panels<T>& packed, const RNNC
 template <class T>
 void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache,
                       const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
-    rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, nullptr, nullptr, packed_u, b_rec, mask, rec_mask, hu,
+    rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, nullptr, nullptr, RecurrentKernel<T>{packed_u}, b_rec, mask, rec_mask, hu,
                        (size_t)cfg.G());
 }
 
@@ -394,7 +440,7 @@ void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cach
     const size_t TG = (size_t)cfg.T * cfg.G(), TC = (size_t)cfg.T * cfg.C;
     for_batch_rows(cfg, [&](int b0, int b1) {
         if (!fuse) dense_forward<T>(cache.gates + b0 * TG, x + b0 * TC, W, b_in, (b1 - b0) * cfg.T, cfg.C, cfg.G());
-        rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, fuse ? x : nullptr, b_in, packed_u, b_rec, mask, rec_mask, hu,
+        rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, fuse ? x : nullptr, b_in, RecurrentKernel<T>{packed_u}, b_rec, mask, rec_mask, hu,
                            (size_t)cfg.G());
     });
 }
@@ -488,6 +534,28 @@ ATTNX_ALWAYS_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t
                          });
 }
 
+// recurrent_product_t on the kernel's float32 or bf16 panels (the bf16 ones hold U^T alone: dx is not
+// in the steps there)
+template <class V, class T, class Out>
+ATTNX_ALWAYS_INLINE void step_product_t(const RecurrentKernel<T>& kernel, int b0, int b1, const T* dA, size_t lda,
+                                        int n0, int K, int N, int G, Out&& out) {
+    if constexpr (std::is_same_v<T, float>)
+        if (kernel.pairs) {
+            constexpr int W = Lanes<V>::W, width = 3 * W;
+            const int K2 = (K + 1) / 2;  // n0 is even (0 or 2H): row pairs of U^T and of dA line up
+            bf16_panels_product<V, 3>(kernel.native, b0, b1, bf16_step_left(dA + n0, lda, b1 - b0, K), (size_t)K2, K2,
+                                      packed_panels(kernel.pairs, (G + 1) / 2, N, width, W), n0 / 2, N,
+                                      [&](int b, auto pre, int p) __attribute__((always_inline)) {
+                                          for (int q = 0; q < pre.count; ++q) {
+                                              const int k0 = p * width + q * W;
+                                              if (k0 < N) out(b, k0, pre.q[q], std::min(W, N - k0));
+                                          }
+                                      });
+            return;
+        }
+    recurrent_product_t<V>(b0, b1, dA, lda, n0, K, kernel.packed, N, G, out);
+}
+
 // The units H rounded up to whole vectors of `lanes`: where W^T starts in the columns of a packed
 // [U^T | 0 | W^T], so that no vector holds both dh and dx
 inline int padded_units(int H, int lanes) { return (H + lanes - 1) / lanes * lanes; }
@@ -510,7 +578,7 @@ template <class T> struct StepGradients {
 template <class V, class T, class Slopes>
 ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc,
                                             T* dgates, T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache,
-                                            const T* packed_t, const uint8_t* mask, const T* rec_mask,
+                                            const RecurrentKernel<T>& packed_t, const uint8_t* mask, const T* rec_mask,
                                             const StepGradients<T>& grads) {
     constexpr int W = Lanes<V>::W;
     const int Tn = cfg.T, H = cfg.H, G = cfg.G(), C = cfg.C;
@@ -561,7 +629,7 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
         const T* du0 = dhu + (size_t)b0 * TG + (size_t)t * G;
         if (gru_classic) {
             // d(r h_rec) = dn . U_n^T; dr = d(r h_rec) h_rec ract'(r); d h_rec = d(r h_rec) r + d[r, z] . U_rz^T
-            recurrent_product_t<V>(b0, b1, du0, TG, 2 * H, H, packed_t, H, G,
+            step_product_t<V>(packed_t, b0, b1, du0, TG, 2 * H, H, H, G,
                                    [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
                                        vstore(dhrec + (size_t)b * H + k0, v, n);
                                    });
@@ -576,7 +644,7 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
                     dhrb[j] *= r;
                 }
             }
-            recurrent_product_t<V>(b0, b1, du0, TG, 0, 2 * H, packed_t, H, G,
+            step_product_t<V>(packed_t, b0, b1, du0, TG, 0, 2 * H, H, G,
                                    [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
                                        add_to_dh(b, k0, v + vload<V>(dhrec + (size_t)b * H + k0, n), n);
                                    });
@@ -584,14 +652,14 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
             // [d h_rec, dx_t] = d(h_rec U + x_t W) . [U; W]^T (du0 is dgates here), W^T from column
             // Hp of packed_t
             const int Hp = padded_units(H, W);
-            recurrent_product_t<V>(b0, b1, du0, TG, 0, G, packed_t, Hp + C, G,
+            recurrent_product_t<V>(b0, b1, du0, TG, 0, G, packed_t.packed, Hp + C, G,
                                    [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
                                        if (k0 < Hp) add_to_dh(b, k0, v, std::min(n, H - k0));
                                        else vstore(grads.dx + ((size_t)b * Tn + t) * C + (k0 - Hp), v, n);
                                    });
         } else {
             // d h_rec = d(h_rec U) . U^T
-            recurrent_product_t<V>(b0, b1, du0, TG, 0, G, packed_t, H, G, add_to_dh);
+            step_product_t<V>(packed_t, b0, b1, du0, TG, 0, G, H, G, add_to_dh);
         }
         // (padded steps' rows are 0)
         if (grads.db_in) add_rows(grads.db_in, dgates, t);
@@ -601,7 +669,7 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
 
 template <class T, class Slopes>
 void rnn_backward_packed_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates,
-                              T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache, const T* packed_t,
+                              T* dhu, T* dhrec, const T* dy, const RNNCache<T>& cache, const RecurrentKernel<T>& packed_t,
                               const uint8_t* mask, const T* rec_mask, const StepGradients<T>& grads = {}) {
     on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
         rnn_backward_steps<decltype(lanes)>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t,
@@ -630,7 +698,8 @@ template <class T, class Slopes>
 void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu,
                        T* dhrec, const T* dy, const RNNCache<T>& cache, const T* packed_t, const uint8_t* mask,
                        const T* rec_mask) {
-    rnn_backward_packed_rows<T>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask);
+    rnn_backward_packed_rows<T>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, RecurrentKernel<T>{packed_t},
+                                mask, rec_mask);
 }
 
 // reference: cpp/reference/rnn.hpp, rnn_backward
@@ -647,7 +716,7 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
     const bool dx_in_steps = dx && cfg.cell != RNNCell::gru;
     thread_local Panels<T> packed;
     pack_recurrent_kernel_rows_t(packed, cfg, U, dx_in_steps ? W : nullptr);
-    const T* packed_t = packed.data();  // this thread's buffer, read by every thread of the batch split
+    const RecurrentKernel<T> packed_t{packed.data()};  // this thread's buffer, read by every thread of the batch split
     // [dW; dU] (stacked, C + H rows) += over the n steps of rows from r0 (as rows of (B * T, .)):
     //   LSTM, SimpleRNN: [x | h_rec]^T . dgates, one GEMM per block of rows copied side by side (two
     //     GEMMs packed dgates twice: 7% of the weight gradients' time at LSTM(256), 14% at LSTM(100))

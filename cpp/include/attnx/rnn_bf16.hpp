@@ -1,18 +1,18 @@
-// Recurrent layers under `mixed_bfloat16` (SimpleRNN, GRU, LSTM; every option of rnn.hpp): the
-// products over the whole sequence in bfloat16 with float32 sums (bf16.hpp), the time loop as rnn.hpp
-// runs it for the decoders (the input projection read from cache.gates), in float32.
+// Recurrent layers under `mixed_bfloat16` (SimpleRNN, GRU, LSTM; every option of rnn.hpp): every
+// product in bfloat16 with float32 sums (bf16.hpp); the gates, their nonlinearities, the cell state and
+// the bias gradients in float32.
 //
 //   forward:  gates_in = bf16(x) . bf16(W) + b_in         one bf16 product over the B*T rows
-//             steps: pre_t = gates_in_t + h_{t-1} U, gate math, as rnn.hpp (float32)
-//   backward: the reverse-time steps as rnn.hpp, giving dgates (and GRU's dhu), dh0, dc0, the biases'
-//             gradients (float32 sums); then
+//             steps: pre_t = gates_in_t + bf16(h_rec) . bf16(U), gate math as rnn.hpp (the decoders'
+//             mode, the input projection read from cache.gates), U paired once per call
+//   backward: the reverse-time steps as rnn.hpp with d h_rec = bf16(dhu_t) . bf16(U)^T, giving dgates
+//             (and GRU's dhu), dh0, dc0, the biases' gradients; then
 //             dx = bf16(dgates) . bf16(W)^T, dW += bf16(x)^T . bf16(dgates), dU += bf16(h_rec)^T . bf16(dhu)
 //             (GRU classic: dU_rz from h_rec, dU_n from r * h_rec)
 //
-// Why the recurrent product h_{t-1} U stays float32: it is one small product per step (B rows) whose
-// operand changes every step, latency-bound between the gate math of consecutive steps; rounding h to
-// bf16 each step would cost a pass over it for no fewer multiply-adds in flight. The products over all
-// steps (the input projection, dx, dW, dU) are the ones the bf16 tiles run near their peak.
+// The per-step products are 45% of an LSTM(256)'s training FLOPs at B 64, T 128: in float32 they held
+// the bf16 step to 1.03x the float32 one. Paired, U is half the bytes (512 KiB at H 256 for the LSTM's
+// four gates, inside a Zen 5 core's 1 MiB L2).
 #pragma once
 #include <mutex>
 #include <type_traits>
@@ -23,7 +23,33 @@
 
 namespace attnx {
 
-// reference: cpp/reference/rnn.hpp, rnn_forward (on x and W rounded to bf16)
+// U (H, G) packed by pack_recurrent_kernel_rows (float32, `packed`) and paired along H (bf16 pairs): the
+// blocks of Q vectors and LSTM's tail block (lstm_tail_units) each with their rows paired
+inline RecurrentKernel<float> pair_recurrent_kernel(Panels<uint32_t>& pairs, Panels<float>& packed,
+                                                    const RNNConfig& cfg, const float* U) {
+    pack_recurrent_kernel_rows<float>(packed, cfg, U);
+    const int W = tile_lanes<float>(), H = cfg.H, Q = cfg.gates(), K2 = (H + 1) / 2;
+    const int tail = cfg.cell == RNNCell::lstm ? lstm_tail_units(Q, H, W) : 0, blocks = (H - tail + W - 1) / W;
+    pairs.resize(((size_t)blocks * Q + (tail ? 1 : 0)) * K2 * W);
+    for (int c = 0; c < blocks; ++c)
+        pack_bf16_columns(pairs.data() + (size_t)c * K2 * Q * W, (size_t)Q * W, packed.data() + (size_t)c * H * Q * W,
+                          (size_t)Q * W, H, Q * W, Q * W);
+    if (tail)
+        pack_bf16_columns(pairs.data() + (size_t)blocks * K2 * Q * W, (size_t)W, packed.data() + (size_t)blocks * H * Q * W,
+                          (size_t)W, H, W, W);
+    return {packed.data(), pairs.data(), bf16_tiles().native};
+}
+
+// U^T (G, H) packed by pack_recurrent_kernel_rows_t and paired along G (pair_panels)
+inline RecurrentKernel<float> pair_recurrent_kernel_t(Panels<uint32_t>& pairs, Panels<float>& packed,
+                                                      const RNNConfig& cfg, const float* U) {
+    pack_recurrent_kernel_rows_t<float>(packed, cfg, U);
+    const int W = tile_lanes<float>();
+    pair_panels(pairs, packed.data(), cfg.G(), cfg.H, 3 * W, W);
+    return {packed.data(), pairs.data(), bf16_tiles().native};
+}
+
+// reference: cpp/reference/rnn.hpp, rnn_forward (x, W, h_rec and U rounded to bf16: bf16_operand)
 // rnn_forward's arguments and results (float32); cache.gates (B, T, G) is always given.
 inline void rnn_forward_bf16(const RNNConfig& cfg, float* y, float* h, float* c, const RNNCache<float>& cache,
                              const float* x, const float* W, const float* U, const float* b_in, const float* b_rec,
@@ -36,14 +62,17 @@ inline void rnn_forward_bf16(const RNNConfig& cfg, float* y, float* h, float* c,
                 for (int g = 0; g < G; ++g) cache.gates[(size_t)r * G + g] += b_in[g];
         });
     thread_local Panels<float> packed;
-    pack_recurrent_kernel_rows<float>(packed, cfg, U);
-    const float* packed_u = packed.data();  // this thread's buffer, read by every thread of the batch split
+    thread_local Panels<uint32_t> pairs;
+    // this thread's buffers, read by every thread of the batch split
+    const RecurrentKernel<float> kernel = pair_recurrent_kernel(pairs, packed, cfg, U);
     for_batch_rows(cfg, [&](int b0, int b1) {
-        rnn_forward_rows<float>(cfg, b0, b1, y, h, c, cache, packed_u, b_rec, mask, rec_mask, hu);
+        rnn_packed_rows<float>(cfg, b0, b1, y, h, c, cache, nullptr, nullptr, kernel, b_rec, mask, rec_mask, hu,
+                               (size_t)G);
     });
 }
 
-// reference: cpp/reference/rnn.hpp, rnn_backward (the steps); cpp/reference/bf16.hpp, bf16_gemm (the products)
+// reference: cpp/reference/rnn.hpp, rnn_backward (the steps, bf16_operand); cpp/reference/bf16.hpp, bf16_gemm (the
+// products over all steps)
 // rnn_backward's arguments and results (float32): dgates, dhu (dgates itself except for GRU
 // reset_after) and dhrec are workspace, which leaves dgates and dhu holding the steps' gradients.
 inline void rnn_backward_bf16(const RNNConfig& cfg, float* dx, float* dW, float* dU, float* db_in, float* db_rec,
@@ -52,8 +81,8 @@ inline void rnn_backward_bf16(const RNNConfig& cfg, float* dx, float* dW, float*
                               float* dgates, float* dhu, float* dhrec) {
     const int H = cfg.H, G = cfg.G(), C = cfg.C, rows = cfg.B * cfg.T;
     thread_local Panels<float> packed;
-    pack_recurrent_kernel_rows_t<float>(packed, cfg, U);
-    const float* packed_t = packed.data();
+    thread_local Panels<uint32_t> pairs;
+    const RecurrentKernel<float> packed_t = pair_recurrent_kernel_t(pairs, packed, cfg, U);
     const bool rec_bias = db_rec && !(cfg.cell == RNNCell::gru && !cfg.reset_after);  // GRU classic has none
     std::mutex sum_lock;
     for_batch_rows(cfg, [&](int b0, int b1) {

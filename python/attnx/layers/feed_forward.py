@@ -46,14 +46,16 @@ class FeedForward(_Composite):
                              f"got shape {input_shape}")
         out_dim = self.output_dim or input_shape[-1]
         self.intermediate_dense = self._add_sublayer(
-            "intermediate", Dense(self.intermediate_dim, self.activation, dtype=self.dtype,
+            "intermediate", Dense(self.intermediate_dim, self.activation, dtype=self.dtype_policy,
                                   name=f"{self.name}/intermediate"), input_shape)
         self.output_dense = self._add_sublayer(
-            "output", Dense(out_dim, dtype=self.dtype, name=f"{self.name}/output"),
+            "output", Dense(out_dim, dtype=self.dtype_policy, name=f"{self.name}/output"),
             tuple(input_shape[:-1]) + (self.intermediate_dim,))
 
     def forward(self, inputs, training=False):
-        if not training:  # one kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never stored
+        # inference in one float32 kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never
+        # stored; under mixed_bfloat16 (the sublayers take the policy) the two Dense layers' bf16 products
+        if not training and self.intermediate_dense.compute_dtype != "bfloat16":
             inner, outer = self.intermediate_dense.params, self.output_dense.params
             x = self._float_input(inputs, min_ndim=2, last_dim=inner["kernel"].shape[0])
             y = kernels.feed_forward_forward(x=x.reshape(-1, x.shape[-1]), kernel1=inner["kernel"],

@@ -157,6 +157,8 @@ class MultiHeadAttention(Layer):
     ``backprop(cache, dy)`` (dy may be ``(doutput, dweights)``) returns ``[dquery, dvalue]``, or
     ``[dquery, dvalue, dkey]`` when a key was given; with no key, dvalue includes the key's path.
     """
+
+    _bf16_products = True  # attnx.mixed_precision: the four projections (scores and softmax stay float32)
     _gradient_arguments = (("value", 0), ("key", 1))  # see Layer._with_gradient_arguments
 
     def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True, output_shape=None,
@@ -287,8 +289,10 @@ class MultiHeadAttention(Layer):
 
     def _project(self, name, rows, activation="linear"):
         bias = self.params.get(f"{name}_bias")
-        return _dense(rows, self._matrix(name, self.params[f"{name}_kernel"]),
-                      None if bias is None else bias.reshape(-1), activation)
+        kernel, bias = self._matrix(name, self.params[f"{name}_kernel"]), None if bias is None else bias.reshape(-1)
+        if self.compute_dtype == "bfloat16":
+            return kernels.dense_forward_bf16(x=rows, kernel=kernel, bias=bias, activation=activation)[0]
+        return _dense(rows, kernel, bias, activation)
 
     def project(self, name, inputs):
         """One projection on its own, for incremental decoding (a decoder step reuses the keys and
@@ -300,11 +304,14 @@ class MultiHeadAttention(Layer):
 
     def _project_backward(self, name, dy, rows, need_dx, y=None, activation="linear"):
         dbias = self.grads.get(f"{name}_bias")
+        kernel, dkernel = self._matrix(name, self.params[f"{name}_kernel"]), self._matrix(name, self.grads[f"{name}_kernel"])
+        dbias = None if dbias is None else dbias.reshape(-1)
         # a linear activation does not read its output y: dy stands in for it
-        return _dense_backward(dy, rows, self._matrix(name, self.params[f"{name}_kernel"]),
-                               dy if y is None else y, activation,
-                               self._matrix(name, self.grads[f"{name}_kernel"]),
-                               None if dbias is None else dbias.reshape(-1), need_dx)
+        y = dy if y is None else y
+        if self.compute_dtype == "bfloat16":
+            return kernels.dense_backward_bf16(dy=dy, x=rows, kernel=kernel, y=y, z=y, activation=activation,
+                                               dkernel=dkernel, dbias=dbias, need_dx=need_dx)
+        return _dense_backward(dy, rows, kernel, y, activation, dkernel, dbias, need_dx)
 
     def forward(self, query, value=None, key=None, attention_mask=None, key_padding_mask=None,
                 use_causal_mask=False, return_attention_scores=False, training=False, mask=None, query_mask=None,
