@@ -12,6 +12,9 @@ Variants (the same data order, tokenizer and seed in each; accuracy = predict > 
 The study (--study) asks why the unmasked model scores higher:
     unmasked_pre    no mask, padding before the sentence (no state after the sentence's last word)
     masked_bidi     masked, Bidirectional(LSTM(50)) (every real step's state sees the whole sentence)
+    masked_pool_all masked LSTM (a padding step repeats the last real state, Keras' default), pooling
+                    over every step (AttentionPooling(use_mask=False)): the sentence's final state
+                    reachable by the pooling, without the LSTM steps over the padding
 and, for `unmasked`, the share of the pooling's attention that lands on padding steps.
 """
 import argparse
@@ -31,7 +34,7 @@ import attnx  # noqa: E402
 from attnx import layers  # noqa: E402
 
 VARIANTS = ("float32", "unmasked", "mixed_bfloat16", "int8")
-STUDY = ("unmasked_pre", "masked_bidi")
+STUDY = ("unmasked_pre", "masked_bidi", "masked_pool_all")
 
 
 def sequences(seed, padding):
@@ -43,12 +46,14 @@ def sequences(seed, padding):
     return x, labels, len(tokenizer.word_index) + 1
 
 
-def bidirectional_model(vocab_size):
+def study_model(variant, vocab_size):
+    recurrent = (layers.Bidirectional(layers.LSTM(50, dropout=0.2, return_sequences=True))
+                 if variant == "masked_bidi" else layers.LSTM(100, dropout=0.2, return_sequences=True))
     return attnx.Sequential([
         layers.Embedding(vocab_size, 32, input_shape=(sentiment.MAXLEN,), mask_zero=True,
                          embeddings_regularizer=attnx.regularizers.L2(1e-3)),
-        layers.Bidirectional(layers.LSTM(50, dropout=0.2, return_sequences=True)),
-        layers.AttentionPooling(),
+        recurrent,
+        layers.AttentionPooling(use_mask=variant != "masked_pool_all"),
         layers.Dense(1, activation="sigmoid"),
     ])
 
@@ -60,8 +65,8 @@ def train(seed, variant):
     attnx.set_random_seed(seed)
     attnx.mixed_precision.set_global_policy("mixed_bfloat16" if variant == "mixed_bfloat16" else None)
     try:
-        if variant == "masked_bidi":
-            model = bidirectional_model(vocab_size)
+        if variant in ("masked_bidi", "masked_pool_all"):
+            model = study_model(variant, vocab_size)
         else:
             model = sentiment.lstm_attention_model(vocab_size, mask_zero=variant in ("float32", "mixed_bfloat16"))
         model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
@@ -98,9 +103,12 @@ def main():
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--study", action="store_true", help="also the masked-vs-unmasked study variants")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS + STUDY, help="only these (float32 first)")
     args = parser.parse_args()
     attnx.set_num_threads(args.threads)
     variants = VARIANTS + (STUDY if args.study else ())
+    if args.variants:
+        variants = ("float32",) + tuple(v for v in args.variants if v != "float32")
     results = {v: [] for v in variants}
     shares = []
     start = time.perf_counter()
@@ -110,10 +118,10 @@ def main():
                 continue  # float32's model, quantized below
             model, x_val, y_val = train(seed, variant)
             results[variant].append(accuracy(model, x_val, y_val))
-            if variant == "float32":
+            if variant == "float32" and "int8" in variants:
                 model.quantize("int8")
                 results["int8"].append(accuracy(model, x_val, y_val))
-            if variant == "unmasked" and args.study:
+            if variant == "unmasked":
                 shares.append(padding_attention(model, x_val))
         print(f"seed {seed}: " + "  ".join(f"{v} {100 * results[v][-1]:.2f}" for v in variants)
               + f"  ({time.perf_counter() - start:.0f} s)", flush=True)
