@@ -77,7 +77,8 @@ def _int8():
 # ContextAttention first: the file that once needed `import attnx.hierarchical` before load_model
 CASES = {"ContextAttention": _context_attention}
 CASES.update({name: _layer_case(name) for name in sorted(test_layer_contract.CASES)})
-CASES.update({name: _model_case(name) for name in test_fuzz_loaders.MODELS})
+# (not the loader fuzzer's "subclassed" model: a class of yours loads where its module is imported, as in Keras)
+CASES.update({name: _model_case(name) for name in test_fuzz_loaders.MODELS if name != "subclassed"})
 CASES.update({"Seq2Seq(luong)": _seq2seq_luong, "int8 Sequential": _int8})
 
 
