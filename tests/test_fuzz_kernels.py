@@ -6,8 +6,12 @@ ValueError / TypeError / IndexError / RuntimeError: never another exception type
 
 Under `scripts/sanitize.sh` (gcc's ASan + UBSan build) the same loop checks memory safety: a read past
 a buffer is an ASan report, which aborts the child. The budget is ATTNX_FUZZ_KERNEL_MUTATIONS per
-recorded call (default 12: about 2,000 calls, seconds in the plain build); the mutations are the same
-in every run (seeded by the binding's name).
+recorded call (default 80: about 9,000 calls, seconds in the plain build); the mutations are the same
+in every run (seeded by the binding's name). A crash that corrupts the heap may surface only when the
+child exits: the child's exit status is checked, not only its last call.
+
+Found so far: `decoder_backward` wrote an embedding gradient of fewer rows than the table past its end
+(heap corruption, seen at exit): now a ValueError (`test_decoder_backward_checks_the_gradient_table`).
 """
 import os
 import pickle
@@ -23,7 +27,7 @@ import test_fuzz_loaders
 import test_layer_contract
 from attnx import _core, kernels, layers
 
-MUTATIONS = int(os.environ.get("ATTNX_FUZZ_KERNEL_MUTATIONS", "12"))
+MUTATIONS = int(os.environ.get("ATTNX_FUZZ_KERNEL_MUTATIONS", "80"))
 SEEDS_PER_BINDING = 2  # distinct argument shapes recorded per binding
 # process settings and queries: nothing a caller's arrays reach
 NOT_KERNELS = {"get_num_threads", "set_num_threads", "int8_level"}
@@ -377,3 +381,16 @@ def test_mutated_calls_raise_typed_errors_never_crash(corpus):
     _, calls, bad = last.split(" ", 2)
     assert bad == "[]", f"untyped outcomes: {bad}"
     assert int(calls) >= 10 * len(corpus[0]), f"only {calls} mutated calls ran"
+
+
+def test_decoder_backward_checks_the_gradient_table(corpus):
+    """The fuzzer's find: grads["embeddings"] with fewer rows than params["embeddings"] was written past
+    its end by the ids' rows (heap corruption, a crash at exit); now refused before the kernel runs."""
+    seeds, _ = corpus
+    args, kwargs = seeds["decoder_backward"][0]
+    kwargs = dict(kwargs)
+    grads = dict(kwargs["grads"])
+    grads["embeddings"] = np.zeros((0,) + grads["embeddings"].shape[1:], grads["embeddings"].dtype)
+    kwargs["grads"] = grads
+    with pytest.raises(ValueError, match=r"decoder_backward: grads: embeddings"):
+        _core.decoder_backward(*args, **kwargs)
