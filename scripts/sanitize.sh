@@ -13,14 +13,17 @@
 #
 # The fast subset (SANITIZE_SUBSET below, by file) exercises every binding without PyTorch: the
 # fuzz (with ATTNX_FUZZ_EXAMPLES=6 unless set), bad-input, NaN-guard, concurrency, mask-rule and
-# hostile-input tests. The parity tests import torch; they run with --all, torch loading under the
+# hostile-input tests, and the kernel fuzzer (tests/test_fuzz_kernels.py: every binding's recorded
+# calls with one argument mutated; ATTNX_FUZZ_KERNEL_MUTATIONS=20 unless set). libFuzzer would need
+# clang, which the image does not have; the mutation loop runs on gcc's ASan + UBSan instead. The parity tests import torch; they run with --all, torch loading under the
 # preloaded runtime too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
 
 SANITIZE_SUBSET=(tests/test_bad_input.py tests/test_fuzz.py tests/test_nan_guard.py tests/test_concurrency.py
-                 tests/test_masks_core.py tests/test_hostile_core.py tests/test_crafted_files.py)
+                 tests/test_masks_core.py tests/test_hostile_core.py tests/test_crafted_files.py
+                 tests/test_fuzz_kernels.py)
 
 pytest_args=()
 if [ "${1:-}" = "--all" ]; then
@@ -35,6 +38,7 @@ else
   for f in "${SANITIZE_SUBSET[@]}"; do [ -f "$f" ] && pytest_args+=("$f"); done
   # the CI subset runs the fuzz tests with a small budget (ASan makes every call slower)
   export ATTNX_FUZZ_EXAMPLES="${ATTNX_FUZZ_EXAMPLES:-6}"
+  export ATTNX_FUZZ_KERNEL_MUTATIONS="${ATTNX_FUZZ_KERNEL_MUTATIONS:-20}"  # every binding, 20 mutations per seed
 fi
 
 libasan="$(gcc -print-file-name=libasan.so)"

@@ -127,28 +127,8 @@ def test_draw_arguments_are_bounded(kwargs, words):
             model.generate(n, steps=steps)
 
 
-def test_draw_with_its_default_compile_saves_and_loads_in_a_fresh_process(tmp_path):
-    """kl_mean, the default compile's KL loss, is registered: the file loads without custom_objects,
-    in a process that never imported attnx.draw."""
-    import subprocess
-    import sys
-
-    import attnx
-    from attnx.draw import DRAW
-    images = digit_images(1)[:20]
-    model = DRAW(8, 8, read_n=2, write_n=3, steps=2, encoder_units=6, decoder_units=6, latent_dim=3)
-    model.compile()
-    model.fit(images, epochs=1, batch_size=10, verbose=0)  # the module docstring's fit(images): no y
-    path = tmp_path / "draw.attnx"
-    model.save(path)
-    np.save(tmp_path / "images.npy", images)
-    code = (f"import attnx, numpy as np; m = attnx.load_model({str(path)!r}); "
-            f"x = np.load({str(tmp_path / 'images.npy')!r}); print(repr(float(m.evaluate(x, verbose=0))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    expected = model.evaluate(images, verbose=0)
-    assert float(out.stdout.split()[-1]) == pytest.approx(expected, rel=1e-6)
-    assert attnx.load_model(path).evaluate(images, verbose=0) == pytest.approx(expected, rel=1e-6)
+# Saved and loaded in a fresh process (fit(images), the default compile's kl_mean found without
+# custom_objects): tests/test_fresh_process_load.py, the contract over every public class.
 
 
 def digit_images(scale=2):

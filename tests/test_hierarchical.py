@@ -114,20 +114,5 @@ def test_han_finds_the_review_sentences():
     assert chance < 0.35 and hit >= 0.5, (hit, chance)
 
 
-def test_a_model_with_context_attention_loads_in_a_fresh_process(tmp_path):
-    """load_model finds ContextAttention in a process that never imported attnx.hierarchical."""
-    import subprocess
-    import sys
-    from attnx.hierarchical import ContextAttention
-    inputs = attnx.Input((5, 4))
-    pooled, _ = ContextAttention(3)(inputs)
-    model = attnx.Model(inputs, attnx.layers.Dense(2)(pooled))
-    x = np.random.default_rng(0).standard_normal((2, 5, 4)).astype(np.float32)
-    path = tmp_path / "context.attnx"
-    model.save(path)
-    np.save(tmp_path / "x.npy", x)
-    code = (f"import attnx, numpy as np; m = attnx.load_model({str(path)!r}); "
-            f"np.save({str(tmp_path / 'y.npy')!r}, m.predict(np.load({str(tmp_path / 'x.npy')!r}), verbose=0))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert_close(np.load(tmp_path / "y.npy"), model.predict(x, verbose=0), 0, what="predictions after loading")
+# ContextAttention loads in a process that never imported attnx.hierarchical:
+# tests/test_fresh_process_load.py, the contract over every public class.

@@ -72,7 +72,7 @@ void init_loss(py::module_& m) {
                 if (pred.ndim() < 1) throw py::value_error("sparse_categorical_crossentropy: pred must have a class axis");
                 const auto K = pred.shape(pred.ndim() - 1);
                 const py::ssize_t rows = K ? pred.size() / K : 0;
-                if (!labels.dtype().is(py::dtype::of<int64_t>()) || !(labels.flags() & py::array::c_style) ||
+                if (!has_dtype<int64_t>(labels) || !(labels.flags() & py::array::c_style) ||
                     !is_aligned(labels))
                     throw py::type_error("sparse_categorical_crossentropy: labels must be C-contiguous int64");
                 if (labels.size() != rows)

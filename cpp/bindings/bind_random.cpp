@@ -25,8 +25,8 @@ py::array drawn(const char* what, const std::vector<py::ssize_t>& shape, const p
         using T = decltype(tag);
         return released_result<T>(shape, [&](T* out) { kernel(tag, out, rows, cols); });
     };
-    if (dtype.is(py::dtype::of<float>())) return make(float{});
-    if (dtype.is(py::dtype::of<double>())) return make(double{});
+    if (is_dtype<float>(dtype)) return make(float{});
+    if (is_dtype<double>(dtype)) return make(double{});
     throw py::type_error(std::string(what) + ": expected dtype float32 or float64, got " +
                          py::str(dtype).cast<std::string>());
 }

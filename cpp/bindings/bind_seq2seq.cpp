@@ -282,7 +282,10 @@ void init_seq2seq(py::module_& m) {
                 const DecoderParams<T*> dw = decoder_params<T, T*>(cfg, grads, "decoder_backward: grads");
                 py::dict cache_mut = cache;
                 DecoderCache<T> c = decoder_cache<T>(cfg, cache_mut, false);
-                ids_ptr(cached_ids, params["embeddings"].cast<py::array>().shape(0), fn, "cache[\"ids\"]");
+                const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
+                ids_ptr(cached_ids, vocab, fn, "cache[\"ids\"]");
+                // the ids index the gradient's rows too (a smaller table was written past its end)
+                check_shape(grads["embeddings"].cast<py::array>(), {vocab, cfg.E}, "decoder_backward: grads: embeddings");
                 check_shape(dlogits, {B, Tn, cfg.V}, "decoder_backward: dlogits");
                 const T* pdl = in_ptr<T>(dlogits, "decoder_backward: dlogits");
                 const T* pdw = optional_in_ptr<T>(dweights, {B, Tn, S}, "decoder_backward: dweights");

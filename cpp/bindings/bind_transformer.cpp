@@ -208,8 +208,8 @@ void init_transformer(py::module_& m) {
                 sinusoidal_table<T>(table.mutable_data(), num_positions, dim, max_wavelength);
                 return std::move(table);
             };
-            if (dtype.is(py::dtype::of<float>())) return make(float{});
-            if (dtype.is(py::dtype::of<double>())) return make(double{});
+            if (is_dtype<float>(dtype)) return make(float{});
+            if (is_dtype<double>(dtype)) return make(double{});
             throw py::type_error("sinusoidal_table: expected float32 or float64, got " +
                                  py::str(dtype).cast<std::string>());
         },

@@ -41,6 +41,14 @@ inline std::string dtype_str(const py::array& a) { return py::str(a.dtype()).cas
 // NumPy's ALIGNED flag (pybind11 names only c_style / f_style)
 inline bool is_aligned(const py::array& a) { return a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_; }
 
+// `a` holds T's: NumPy's own dtype object, or an equal one (an unpickled array's dtype is a new
+// object, '<f4' where the singleton is '=f4'); a byte-swapped dtype is not equal.
+template <class T> bool is_dtype(const py::dtype& dtype) {
+    const py::dtype want = py::dtype::of<T>();
+    return dtype.is(want) || dtype.equal(want);
+}
+template <class T> bool has_dtype(const py::array& a) { return is_dtype<T>(a.dtype()); }
+
 template <class T> const char* dtype_name() { return sizeof(T) == 4 ? "float32" : "float64"; }
 
 // The kernels index with int (BLAS' own index type, and their loops over rows, steps and
@@ -57,7 +65,7 @@ inline void check_index_range(const py::array& a, const char* what) {
 }
 
 template <class T> void check_dtype(const py::array& a, const char* what) {
-    if (!a.dtype().is(py::dtype::of<T>()))
+    if (!has_dtype<T>(a))
         throw py::type_error(std::string(what) + ": expected dtype " + py::str(py::dtype::of<T>()).cast<std::string>() +
                              ", got " + dtype_str(a));
     if (!(a.flags() & py::array::c_style))
@@ -139,7 +147,7 @@ template <class T> T* optional_inout_ptr(const py::object& a, const std::vector<
 // of `vocab` rows (IndexError otherwise).
 inline const int64_t* ids_ptr(const py::array& ids, py::ssize_t vocab, const char* fn, const char* arg) {
     const std::string what = std::string(fn) + ": " + arg;
-    if (!ids.dtype().is(py::dtype::of<int64_t>()) || !(ids.flags() & py::array::c_style) || !is_aligned(ids))
+    if (!has_dtype<int64_t>(ids) || !(ids.flags() & py::array::c_style) || !is_aligned(ids))
         throw py::type_error(what + ": expected a C-contiguous, aligned int64 array (np.require(ids, np.int64, "
                              "'CA')), got dtype " + dtype_str(ids) + (is_aligned(ids) ? "" : ", misaligned"));
     check_index_range(ids, what.c_str());
@@ -257,8 +265,8 @@ py::array_t<T> released_result(const std::vector<py::ssize_t>& shape, Kernel&& k
 
 // Runs f(T{}) for the floating dtype of `a` (float32 or float64).
 template <class F> auto dispatch_float(const py::array& a, const char* what, F&& f) {
-    if (a.dtype().is(py::dtype::of<float>())) return f(float{});
-    if (a.dtype().is(py::dtype::of<double>())) return f(double{});
+    if (has_dtype<float>(a)) return f(float{});
+    if (has_dtype<double>(a)) return f(double{});
     throw py::type_error(std::string(what) + ": expected float32 or float64, got " + dtype_str(a));
 }
 

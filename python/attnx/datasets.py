@@ -264,6 +264,9 @@ def load_uci_sentiment(sources=("amazon", "yelp", "imdb"), data_dir=None):
             name as a string), concatenated in the given order.
         data_dir: Optional folder holding the `*_labelled.txt` files.
 
+    Bounds: none beyond the files: each file is read once, in time and
+    memory linear in its size (lines of any length).
+
     Returns:
         `(sentences, labels)`: a list of str and an int64 array of 0/1, in
         file order.
@@ -438,6 +441,10 @@ def load_anki_pairs(
         raw: Keep each sentence as written (surrounding whitespace stripped)
             instead of preprocessing it.
 
+    Bounds: `max_words` and `num_examples` only filter, so any positive int
+    is accepted; the file is read once, in time and memory linear in its
+    size (lines of any length).
+
     Returns:
         An `AnkiSplits(train, val, test)`; each is a
         `SentencePairs(source, target)` of two aligned lists of str.
@@ -548,6 +555,10 @@ def _check_int(name, value, low):
     return int(value)
 
 
+MAX_CANVAS_SIDE = 4096  # load_digit_captions' canvas
+MAX_PIXELS = 2 ** 31 - 1  # load_digit_captions' images together: the kernels' index limit
+
+
 def load_digit_captions(n, canvas=(16, 48), digits_per_image=3, seed=0, min_gap=1, split=None):
     """Images of `digits_per_image` handwritten digits placed at random on a blank canvas, left to
     right with at least `min_gap` blank columns between them, captioned with their names left to
@@ -563,6 +574,10 @@ def load_digit_captions(n, canvas=(16, 48), digits_per_image=3, seed=0, min_gap=
         split: None (all 1797 digit images), "train" or "test": a fixed 80 / 20 partition of the
             digit images, so that test images show handwriting never seen in training.
 
+    Bounds: the canvas sides at most `MAX_CANVAS_SIDE` = 4096 pixels and the images at most
+    `MAX_PIXELS` = 2**31 - 1 pixels together (n * height * width), so that memory stays what the
+    arguments ask for and within what the kernels index.
+
     Returns:
         `DigitCaptions` (images, digits, captions, tokens, boxes, vocabulary).
     """
@@ -573,6 +588,11 @@ def load_digit_captions(n, canvas=(16, 48), digits_per_image=3, seed=0, min_gap=
         height, width = (int(v) for v in canvas)
     except (TypeError, ValueError):
         raise TypeError(f"`canvas` must be (height, width), got {canvas!r}.") from None
+    if max(height, width) > MAX_CANVAS_SIDE:
+        raise ValueError(f"`canvas` sides must be <= {MAX_CANVAS_SIDE} pixels, got {(height, width)}.")
+    if n * height * width > MAX_PIXELS:
+        raise ValueError(f"{n} images of {height} x {width} are more than MAX_PIXELS = {MAX_PIXELS} pixels; "
+                         "make fewer or smaller images.")
     needed = _DIGIT_SIZE * k + gap * (k - 1)
     if height < _DIGIT_SIZE or width < needed:
         raise ValueError(f"{k} digits of 8x8 pixels with min_gap={gap} need a canvas of at least (8, {needed}), "

@@ -78,6 +78,7 @@ class DRAW(Model):
     output_names = ("canvas", "kl")
     targets_from_inputs = True  # fit(images): train_data makes the targets
     MAX_STEPS, MAX_SIDE, MAX_UNITS = 1024, 4096, 8192
+    MAX_GENERATE, MAX_CANVAS_VALUES = 1 << 16, 2 ** 31 - 1  # generate's images per call and its output's size
 
     def __init__(self, height, width, read_n=2, write_n=5, steps=8, encoder_units=64, decoder_units=64,
                  latent_dim=10, seed=None, dtype="float32", name=None):
@@ -234,11 +235,17 @@ class DRAW(Model):
         """Draws n images from the prior: z_t ~ N(0, 1) through the decoder and the writes.
 
         Returns (canvases (steps, n, H, W) as probabilities sigmoid(c_t) after each step, windows
-        (steps, n, 5) = (gX, gY, sigma^2, delta, gamma) of each write, in pixels)."""
+        (steps, n, 5) = (gX, gY, sigma^2, delta, gamma) of each write, in pixels).
+
+        Bounds: `n` <= `MAX_GENERATE` = 65536, `steps` (default the model's) <= `MAX_STEPS` = 1024, and
+        the canvases at most `MAX_CANVAS_VALUES` = 2**31 - 1 values (steps * n * H * W)."""
         steps = self.steps if steps is None else steps
-        for arg, value, bound in (("n", n, 1 << 16), ("steps", steps, self.MAX_STEPS)):
+        for arg, value, bound in (("n", n, self.MAX_GENERATE), ("steps", steps, self.MAX_STEPS)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= bound:
                 raise ValueError(f"DRAW.generate: `{arg}` must be an integer in [1, {bound}], got {value!r}")
+        if steps * n * self.height * self.width > self.MAX_CANVAS_VALUES:
+            raise ValueError(f"DRAW.generate: {steps} steps of {n} images of {self.height} x {self.width} are more "
+                             f"than MAX_CANVAS_VALUES = {self.MAX_CANVAS_VALUES} values; draw fewer images per call")
         generator = self.seed_generator if seed is None else random.SeedGenerator(seed, "DRAW.generate")
         dt = self.dtype
         h = np.zeros((n, self.decoder_units), dt)

@@ -473,7 +473,11 @@ def _check_optimizer(optimizer, schedule_class, path):
 
 def read_model(path, compile=True):
     """(header, [(name, array), ...]) of a model file, every check passed (`attnx.load_model` builds the
-    model). The arrays are read-only views of the file's bytes; together they are never larger than the file."""
+    model). The arrays are read-only views of the file's bytes; together they are never larger than the file.
+
+    Bounds: every size the header declares is checked against the member holding it before it is read
+    (one byte more than the member is a ValueError), so reading allocates no more than the file's size;
+    a header nested deeper than Python's recursion limit (``sys.getrecursionlimit()``) is a ValueError."""
     return _read_archive(path, FORMAT, lambda header, where: _check_model_header(header, where, compile))
 
 

@@ -339,8 +339,13 @@ def tokenizer_from_json(json_string):
     Returns:
         A `Tokenizer` with the saved configuration and vocabulary.
 
+    Bounds: JSON (the whole string and each of Keras' JSON-in-JSON fields) nested deeper than
+    Python's recursion limit (``sys.getrecursionlimit()``, 1000 by default) is a ValueError; time and
+    memory are otherwise linear in the string's length.
+
     Raises:
-        ValueError: If the JSON does not describe a tokenizer.
+        ValueError: If the JSON does not describe a tokenizer, or nests too deeply.
+        TypeError: If `json_string` is not a str or bytes.
     """
     payload = _json_value(json_string, "the tokenizer JSON")
     if not isinstance(payload, dict) or not isinstance(payload.get("config"), dict):

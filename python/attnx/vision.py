@@ -97,7 +97,8 @@ class ImageCaptioner(Model):
         soft_fraction: the share of hard attention's training batches that use the expected context
             (the paper's 0.5; 0: always a drawn region).
         start_token, end_token: ids (or words of `vocabulary`) that begin and end a caption.
-        max_length: longest caption (tokens after the start token, end token included).
+        max_length: longest caption (tokens after the start token, end token included), at most
+            `MAX_LENGTH` = 1024: a saved file sets it, and decoding runs that many steps.
         vocabulary: token id -> word, for `caption` (e.g. `DigitCaptions.vocabulary`).
         seed: seed of hard attention's samples (default: attnx's stream, `attnx.random`).
 
@@ -113,6 +114,7 @@ class ImageCaptioner(Model):
 
     _multi_output = True
     output_names = ("caption", "attention")
+    MAX_LENGTH = 1024  # the longest caption, in training and decoding (CTranslate2's max_decoding_length)
 
     def __init__(self, encoder, image_shape, vocab_size=None, embedding_dim=64, units=128, attention_units=None,
                  attention="soft", gated=True, attention_regularization=1.0, baseline_decay=0.9, soft_fraction=0.5,
@@ -135,7 +137,7 @@ class ImageCaptioner(Model):
         vocab_size = _positive_int("ImageCaptioner", "vocab_size", vocab_size)
         self.start_id = self._token_id(start_token, "start_token", vocab_size)
         self.end_id = self._token_id(end_token, "end_token", vocab_size)
-        self.max_length = _positive_int("ImageCaptioner", "max_length", max_length)
+        self.max_length = _positive_int("ImageCaptioner", "max_length", max_length, self.MAX_LENGTH)
         self.attention_regularization = float(attention_regularization)
         if not np.isfinite(self.attention_regularization) or self.attention_regularization < 0:
             raise ValueError(f"ImageCaptioner: `attention_regularization` must be a finite number >= 0, got "
@@ -270,10 +272,12 @@ class ImageCaptioner(Model):
 
     # ------------------------------------------------------------------------ captioning
     def _decode_length(self, max_length):
-        return self.max_length if max_length is None else _positive_int("ImageCaptioner", "max_length", max_length)
+        return self.max_length if max_length is None else _positive_int("ImageCaptioner", "max_length", max_length,
+                                                                        self.MAX_LENGTH)
 
     def greedy_caption(self, images, max_length=None):
-        """The most likely next word at every step, in one C++ call.
+        """The most likely next word at every step, in one C++ call; `max_length` (default the model's)
+        at most `MAX_LENGTH` = 1024.
 
         Returns (tokens (B, n) ints with the end token and 0 after it, attention (B, n, L)), n <= max_length."""
         L = self._decode_length(max_length)
@@ -283,7 +287,8 @@ class ImageCaptioner(Model):
     def beam_caption(self, images, width=3, length_penalty=0.0, max_length=None):
         """Batched beam search (`attnx.decoding.beam_search` over the decoder's step): for each image
         its `width` `Hypothesis`es, best first, each with the attention over the regions
-        (len(tokens) + 1 steps, L)."""
+        (len(tokens) + 1 steps, L). Bounds: `width` in [1, vocab_size], `max_length` (default the
+        model's) <= `MAX_LENGTH` = 1024."""
         owner = "ImageCaptioner.beam_caption"
         width = decoding.beam_width(owner, width, self.decoder.vocab_size)
         alpha = decoding.length_penalty_alpha(owner, length_penalty)
@@ -295,7 +300,8 @@ class ImageCaptioner(Model):
     def caption(self, images, width=1, length_penalty=0.0, max_length=None):
         """Captions of images (B, *image_shape): for each, (words, attention (len(words), L)) with one
         row of attention over the regions per word (the end token's step left out); words are the
-        vocabulary's (ids when the model has none). width > 1 uses beam search."""
+        vocabulary's (ids when the model has none). width > 1 uses beam search. Bounds: `width` in
+        [1, vocab_size], `max_length` (default the model's) <= `MAX_LENGTH` = 1024."""
         if width == 1:
             tokens, attention = self.greedy_caption(images, max_length)
             found = []

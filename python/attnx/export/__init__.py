@@ -18,9 +18,9 @@ Needs the ``onnx`` package (``pip install "attnx[onnx]"``, which also brings onn
 """
 from ..models import Model
 from ..seq2seq import Seq2Seq
-from .graph import OPSET, UnsupportedLayerError, write  # first: it says so when onnx is missing
+from .graph import OPSET, UnsupportedLayerError  # first: it says so when onnx is missing
 from . import attention, conv, core, keras_layers, recurrent, transformer  # noqa: F401  (register the converters)
-from .model import OnnxModel, check_path, model_to_onnx
+from .model import OnnxModel, check_path, export_model
 from .registry import supported_layers
 from .seq2seq import OnnxSeq2Seq, onnx_greedy_translate, seq2seq_to_onnx
 from .ctranslate2 import to_ctranslate2
@@ -50,6 +50,10 @@ def to_onnx(model, path, opset=OPSET, dynamic_steps=False):
         UnsupportedLayerError: a layer (or a layer option) has no ONNX form; the message names it.
         ValueError: the model is not built.
         FileNotFoundError: the folder of `path` does not exist.
+        MemoryError: the export did not fit in the memory the process may use (no partial file is
+            left). Weights of `graph.EXTERNAL_DATA_BYTES` (64 MiB) or more are streamed to
+            ``<path>.data`` (ONNX external data) as they are converted: an export needs about half
+            the model's weights again, plus 200 MiB.
     """
     if getattr(model, "quantization_mode", None):
         raise UnsupportedLayerError(f"attnx.export: model '{model.name}' is quantized ({model.quantization_mode}); "
@@ -60,5 +64,5 @@ def to_onnx(model, path, opset=OPSET, dynamic_steps=False):
         raise TypeError(f"attnx.export.to_onnx: expected an attnx Model, Sequential or Seq2Seq, got "
                         f"{type(model).__name__}")
     path = check_path(path)
-    write(model_to_onnx(model, opset, dynamic_steps), path)
+    export_model(model, path, opset, dynamic_steps)
     return path

@@ -18,26 +18,83 @@ class UnsupportedLayerError(ValueError):
     """A layer (or a layer option) that `attnx.export` cannot express in standard ONNX operators."""
 
 
-# An ONNX file is one protobuf message, which cannot exceed 2 GiB: a model whose weights take more
-# (less a margin for the graph) keeps them in ONNX external data, a side file `<file>.data`.
-EXTERNAL_DATA_BYTES = (2 << 30) - (64 << 20)
+# An ONNX file is one protobuf message, which cannot exceed 2 GiB; and building that message, writing it
+# and checking it each hold another copy of the weights. A model with `EXTERNAL_DATA_BYTES` of weights or
+# more therefore streams them into ONNX external data, a side file `<file>.data`, as the graph is built
+# (`ExternalData`): each weight is written once, straight from its array, and the message holds only
+# their places, so exporting needs little memory beyond the model's own (<= 1.5 x the weights + 200 MiB,
+# `tests/test_export_large.py`). Smaller models are one file (a few copies of at most 64 MiB).
+EXTERNAL_DATA_BYTES = 64 << 20
+INLINE_TENSOR_BYTES = 1024  # smaller weights (shapes, scalars, small constants) stay in the message
+_ALIGNMENT = 64  # each external tensor starts at a multiple of it (aligned vector loads when mapped)
+
+
+class ExternalData:
+    """The side file of an export: ``<path>.data`` (a stale one replaced), opened for writing; `add`
+    appends one array's bytes and returns its TensorProto, which points at them."""
+
+    def __init__(self, path):
+        self.path = path.with_name(path.name + ".data")
+        self.file = open(self.path, "wb")
+        self.offset = 0
+
+    def add(self, array, name):
+        """`array` (C-contiguous) appended to the file; its TensorProto named `name`."""
+        if array.dtype.byteorder == ">":  # ONNX stores little-endian
+            array = array.astype(array.dtype.newbyteorder("<"))
+        tensor = onnx.TensorProto()
+        tensor.name = name
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.dims.extend(array.shape)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        padding = -self.offset % _ALIGNMENT
+        self.file.write(bytes(padding))
+        self.offset += padding
+        self.file.write(memoryview(array.reshape(-1)).cast("B"))  # the array's own bytes, not a copy
+        for key, value in (("location", self.path.name), ("offset", str(self.offset)), ("length", str(array.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self.offset += array.nbytes
+        return tensor
+
+    def close(self):
+        self.file.close()
+
+
+def claim_memory(nbytes):
+    """Raises MemoryError unless `nbytes` more can be allocated now. protobuf's runtime cannot report a
+    failed allocation (it crashes the process), so an export asks first for what its messages will take:
+    NumPy allocates the block without writing to it (no page is touched) and frees it at once."""
+    np.empty(int(nbytes), dtype=np.uint8)
+
+
+# what the messages of an export take beyond their weights' bytes (nodes, names, the checker, the writer)
+MESSAGE_OVERHEAD_BYTES = 32 << 20
+# copies of the weights an in-message export holds at once: the initializers, the graph, the model,
+# the serialized bytes (onnx.helper copies messages; the checker and the writer serialize)
+IN_MESSAGE_COPIES = 4
 
 
 def write(model, path):
-    """Checks ONNX ModelProto `model` with the ONNX checker and writes it to `path`; weights of
-    `EXTERNAL_DATA_BYTES` or more together go to ONNX external data beside it (``<name>.data``, which
-    ONNX Runtime reads from the model's folder), so that models of any size export."""
+    """Checks ONNX ModelProto `model` with the ONNX checker and writes it to `path`. Weights already in
+    external data (a graph built with an `ExternalData`) stay there; a message whose inline weights reach
+    `EXTERNAL_DATA_BYTES` moves them to ``<name>.data`` on writing (so that any graph, however built,
+    writes), and ONNX Runtime reads the side file from the model's folder."""
     weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
+    streamed = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     if weight_bytes < EXTERNAL_DATA_BYTES:
-        onnx.checker.check_model(model)
+        if not streamed:
+            onnx.checker.check_model(model)
         onnx.save(model, str(path))
+        if streamed:
+            onnx.checker.check_model(str(path))  # by path: the checker finds the external data from there
         return
     data = path.with_name(path.name + ".data")
     if data.exists():  # left by an earlier export to this path: onnx appends to no existing file
         data.unlink()
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=1024)
-    onnx.checker.check_model(str(path))  # by path: the checker reads the external data from there
+                    location=data.name, size_threshold=INLINE_TENSOR_BYTES)
+    onnx.checker.check_model(str(path))
 
 
 class Graph:
@@ -46,10 +103,12 @@ class Graph:
     Tensors are named by strings; `node` returns the name (or names) of a node's outputs.
     `open_steps`: axis 1 of the graph's inputs is left open (`to_onnx(dynamic_steps=True)`) even where
     attnx's shapes fix it, so converters must not bake a size of that axis into constants.
+    `external_data`: an `ExternalData` that weights of `INLINE_TENSOR_BYTES` or more are written to as
+    they are added (a large model's export), instead of being copied into the message.
     """
 
-    def __init__(self, name, open_steps=False):
-        self.name, self.open_steps = name, open_steps
+    def __init__(self, name, open_steps=False, external_data=None):
+        self.name, self.open_steps, self.external_data = name, open_steps, external_data
         self.nodes, self.initializers, self.inputs, self.outputs = [], [], [], []
         self._used = set()
         self._constants = {}
@@ -82,7 +141,10 @@ class Graph:
             if key in self._constants:
                 return self._constants[key]
         name = self.unique(hint)
-        self.initializers.append(numpy_helper.from_array(array, name))
+        if self.external_data is not None and array.nbytes >= INLINE_TENSOR_BYTES:
+            self.initializers.append(self.external_data.add(array, name))
+        else:
+            self.initializers.append(numpy_helper.from_array(array, name))
         if key is not None:
             self._constants[key] = name
         return name

@@ -8,7 +8,8 @@ import numpy as np
 from ..masking import call_mask, carried_masks, output_masks
 from ..models import Model
 from ..symbolic import is_symbolic, substitute
-from .graph import OPSET, Graph, UnsupportedLayerError
+from . import graph
+from .graph import OPSET, ExternalData, Graph, UnsupportedLayerError, write
 from .registry import Call, convert, output_mask, unsupported
 
 
@@ -71,8 +72,9 @@ def _declared_shape(tensor, dynamic_steps):
                         for i, d in enumerate(tensor.shape[1:], 1)]
 
 
-def model_to_onnx(model, opset=OPSET, dynamic_steps=False):
-    """The ONNX ModelProto of a built functional or Sequential `model` (see `attnx.export.to_onnx`)."""
+def model_to_onnx(model, opset=OPSET, dynamic_steps=False, external_data=None):
+    """The ONNX ModelProto of a built functional or Sequential `model` (see `attnx.export.to_onnx`), its
+    weights written to `external_data` (an `ExternalData`) as they are converted when one is given."""
     if model.built and not model.nodes:
         raise UnsupportedLayerError(f"attnx.export: model '{model.name}' ({type(model).__name__}) is a class model "
                                     "with its own forward; to_onnx exports Sequential and functional models and "
@@ -80,13 +82,34 @@ def model_to_onnx(model, opset=OPSET, dynamic_steps=False):
     if not model.nodes:
         raise ValueError(f"attnx.export: model '{model.name}' is not built; give its first layer an input_shape (or "
                          "start it with attnx.Input), or call it on data once, before exporting")
-    g = Graph(model.name, open_steps=dynamic_steps)
+    g = Graph(model.name, open_steps=dynamic_steps, external_data=external_data)
     inputs = [g.add_input(t.name, t.dtype, _declared_shape(t, dynamic_steps)) for t in model.inputs]
     outputs, _ = convert_model(g, model, inputs, [None] * len(inputs))
     names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
     for value, name, t in zip(outputs, names, model.outputs):
         g.add_output(value, name, np.float32, ["batch"] + [None] * (len(t.shape) - 1))
     return g.model(opset, doc=f"attnx model '{model.name}'")
+
+
+def export_model(model, path, opset=OPSET, dynamic_steps=False):
+    """Writes functional or Sequential `model` to `path`: a model of `EXTERNAL_DATA_BYTES` of weights or
+    more streams them into ``<path>.data`` while its graph is built. A failed export (MemoryError, a
+    full disk) leaves no partial file behind."""
+    weight_bytes = sum(w.nbytes for w in model.weights)
+    streamed = weight_bytes >= graph.EXTERNAL_DATA_BYTES
+    graph.claim_memory(graph.MESSAGE_OVERHEAD_BYTES + (0 if streamed else graph.IN_MESSAGE_COPIES * weight_bytes))
+    external_data = ExternalData(path) if streamed else None
+    try:
+        proto = model_to_onnx(model, opset, dynamic_steps, external_data)
+        if external_data is not None:
+            external_data.close()
+        write(proto, path)
+    except BaseException:
+        if external_data is not None:
+            external_data.close()
+        for partial in (path, path.with_name(path.name + ".data")):
+            partial.unlink(missing_ok=True)
+        raise
 
 
 def check_path(path, what="path"):

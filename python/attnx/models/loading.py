@@ -13,7 +13,8 @@ def load_model(path, custom_objects=None, compile=True):
     state): a functional model, a Sequential, a model class such as `attnx.seq2seq.Seq2Seq`, or a model
     class of yours. `custom_objects` ({name: class or function}) names your layers, models and loss
     functions not registered with `attnx.register_serializable`; ``compile=False`` leaves the model
-    uncompiled (the saved optimizer, losses and metrics are not rebuilt), as in Keras."""
+    uncompiled (the saved optimizer, losses and metrics are not rebuilt), as in Keras. Bounds: those of
+    `attnx.saving.read_model` (no allocation beyond the file's size), then the model class's own."""
     with serialization.custom_object_scope(custom_objects):
         return _load_model(path, compile)
 
