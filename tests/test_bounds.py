@@ -1,8 +1,7 @@
 """Every public loader and translator entry point at its bound + 1 (issue 43): one table, a row per bound,
 each naming the entry point whose docstring states the bound (checked too) and the call one past it,
 which must raise a ValueError naming the argument (or, for a documented truncation, give what the bound
-gives). Rows whose check is still missing in a module another engineer owns are strict xfails: they
-fail as soon as the check lands, so the table is updated with it.
+gives).
 
 Bounds that other test files already drive past (the Transformer's constructor sizes, DRAW's constructor,
 the loader fuzzer's header mutations) are here once more only where this table needs the entry point.
@@ -21,10 +20,6 @@ import pytest
 import attnx
 import test_fuzz_loaders
 from attnx import datasets, saving, text
-
-MISSING_IN_SEQ2SEQ = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                       reason="no such bound in seq2seq.py / translation.py yet (issue 43, named in "
-                                              "the reliability report; their search methods are being rewritten)")
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +180,7 @@ ROWS = {
         "width"),
     "Transformer.greedy_decode: max_length": Row(
         lambda: _transformer().greedy_decode, r"1024",
-        lambda m, t: lambda: m["Transformer"].greedy_decode(_ids(3), max_length=1025), "max_length",
-        marks=(MISSING_IN_SEQ2SEQ,)),
+        lambda m, t: lambda: m["Transformer"].greedy_decode(_ids(3), max_length=1025), "max_length"),
     # ---------------------------------------------------------------- Seq2Seq
     "Seq2Seq.beam_search: width": Row(
         lambda: _seq2seq().beam_search, r"width: beams per sentence \(1 to the target vocabulary size",
@@ -194,15 +188,13 @@ ROWS = {
     "Seq2Seq: max_length (a file sets it)": Row(
         lambda: _seq2seq(), r"max_length.*<= 1024",
         lambda m, t: lambda: _seq2seq()(13, 13, embedding_dim=8, units=8, start_token=1, end_token=2,
-                                        max_length=1025), "max_length", marks=(MISSING_IN_SEQ2SEQ,)),
+                                        max_length=1025), "max_length"),
     "Seq2Seq.greedy_decode: max_length": Row(
         lambda: _seq2seq().greedy_decode, r"1024",
-        lambda m, t: lambda: m["Seq2Seq"].greedy_decode(_ids(3), max_length=1025), "max_length",
-        marks=(MISSING_IN_SEQ2SEQ,)),
+        lambda m, t: lambda: m["Seq2Seq"].greedy_decode(_ids(3), max_length=1025), "max_length"),
     "Seq2Seq.beam_search: max_length": Row(
         lambda: _seq2seq().beam_search, r"1024",
-        lambda m, t: lambda: m["Seq2Seq"].beam_search(_ids(3), width=2, max_length=1025), "max_length",
-        marks=(MISSING_IN_SEQ2SEQ,)),
+        lambda m, t: lambda: m["Seq2Seq"].beam_search(_ids(3), width=2, max_length=1025), "max_length"),
     # ---------------------------------------------------------------- the captioner
     "ImageCaptioner: max_length (a file sets it)": Row(
         lambda: _captioner(), r"`MAX_LENGTH` = 1024",

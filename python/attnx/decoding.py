@@ -21,7 +21,11 @@ import numpy as np
 
 from . import kernels
 
-__all__ = ["Hypothesis", "greedy_search", "beam_search"]
+__all__ = ["Hypothesis", "greedy_search", "beam_search", "MAX_DECODING_LENGTH"]
+
+# The longest decoding of every translator (CTranslate2's max_decoding_length default): a saved file
+# or a call can set max_length, and a search runs that many steps, so it is bounded.
+MAX_DECODING_LENGTH = 1024
 
 
 class Hypothesis(NamedTuple):

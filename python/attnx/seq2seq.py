@@ -603,7 +603,7 @@ class Seq2Seq(Model):
         local_mode: "m" (local-m, p_t = t) or "p" (local-p, p_t predicted from h_t).
         start_token, end_token: target start and end ids, or words looked up in `target_tokenizer`.
         max_length: longest target (tokens after the start token, end token included) that
-            training accepts and decoding produces.
+            training accepts and decoding produces, <= 1024 (`decoding.MAX_DECODING_LENGTH`).
         source_tokenizer, target_tokenizer: `attnx.text.Tokenizer`s (preprocessed text) or
             `attnx.text.SubwordTokenizer`s (raw text) for `translate` / `fit_texts`.
 
@@ -628,7 +628,7 @@ class Seq2Seq(Model):
         vocab_size = _positive_int("Seq2Seq", "target_vocab_size", target_vocab_size)
         self.start_id = self._token_id(start_token, "start_token", vocab_size)
         self.end_id = self._token_id(end_token, "end_token", vocab_size)
-        self.max_length = _positive_int("Seq2Seq", "max_length", max_length)
+        self.max_length = _positive_int("Seq2Seq", "max_length", max_length, decoding.MAX_DECODING_LENGTH)
         units = _positive_int("Seq2Seq", "units", units)
         if bidirectional and units % 2:
             raise ValueError(f"Seq2Seq: a bidirectional encoder needs even units, got {units}")
@@ -826,12 +826,14 @@ class Seq2Seq(Model):
 
     # ------------------------------------------------------------------------ decoding
     def _decode_length(self, max_length):
-        return self.max_length if max_length is None else _positive_int("Seq2Seq", "max_length", max_length)
+        return self.max_length if max_length is None else _positive_int("Seq2Seq", "max_length", max_length,
+                                                                        decoding.MAX_DECODING_LENGTH)
 
     def greedy_decode(self, source, max_length=None):
         """Most likely next word at every step, for a batch of source ids (B, S).
 
-        Returns (tokens (B, L) ints with the end token and 0 after it, attention (B, L, S))."""
+        Returns (tokens (B, L) ints with the end token and 0 after it, attention (B, L, S)), L <=
+        max_length (default the model's; at most 1024)."""
         source = self._source(source)
         L = self._decode_length(max_length)
         enc, smask, states = self._encode(source)
@@ -845,7 +847,7 @@ class Seq2Seq(Model):
             source: source ids (B, S).
             width: beams per sentence (1 to the target vocabulary size; 1 gives greedy decoding).
             length_penalty: alpha of GNMT's ((5 + len) / 6) ** alpha dividing the final scores.
-            max_length: most tokens per hypothesis (default the model's max_length).
+            max_length: most tokens per hypothesis (default the model's max_length; at most 1024).
             end_token: id that ends a hypothesis (default the model's end token).
         Returns:
             For each sentence, its `width` `Hypothesis`es, best first, with the attention (steps, S).

@@ -316,7 +316,7 @@ class Transformer(Model):
             raise ValueError(f"Transformer: `positions` must be 'sinusoidal' or 'learned', got {positions!r}")
         self.positions = positions
         self.max_positions = _positive_int(owner, "max_positions", max_positions, 8192)
-        self.max_length = _positive_int(owner, "max_length", max_length, 1024)
+        self.max_length = _positive_int(owner, "max_length", max_length, decoding.MAX_DECODING_LENGTH)
         if positions == "learned" and self.max_length > self.max_positions:
             raise ValueError(f"Transformer: max_length={max_length} is longer than the learned position tables "
                              f"(max_positions={max_positions})")
@@ -644,9 +644,10 @@ class Transformer(Model):
 
     # ------------------------------------------------------------------------ decoding
     def _decode_length(self, max_length):
-        """The decoding's length: the model's, or `max_length` within the class's bound (1024) and the
-        learned position tables' rows."""
-        bound = min(1024, self.max_positions) if self.positions == "learned" else 1024
+        """The decoding's length: the model's, or `max_length` within `decoding.MAX_DECODING_LENGTH`
+        (1024) and the learned position tables' rows."""
+        bound = decoding.MAX_DECODING_LENGTH
+        bound = min(bound, self.max_positions) if self.positions == "learned" else bound
         return self.max_length if max_length is None else _positive_int("Transformer", "max_length", max_length, bound)
 
     def start_state(self, memory, source_mask, capacity=None):
@@ -723,7 +724,8 @@ class Transformer(Model):
 
         Returns (tokens (B, L) with the end token and 0 after it, scores (B,) the summed log
         probabilities, attention (B, heads, L, S) of the last decoder layer, or None without
-        `return_attention`), L <= max_length."""
+        `return_attention`), L <= max_length (default the model's; at most 1024, and the learned
+        position table's rows)."""
         source = self._source(source)
         L = self._decode_length(max_length)
         return decoding.greedy_search(self, self._start(source), len(source), self.start_id, self.end_id, L,
@@ -739,7 +741,7 @@ class Transformer(Model):
             source: source ids (B, S).
             width: beams per sentence (1 to the target vocabulary size; 1 gives greedy decoding).
             length_penalty: alpha >= 0.
-            max_length: most tokens per hypothesis (default the model's max_length).
+            max_length: most tokens per hypothesis (default the model's max_length; at most 1024).
             return_attention: keep each hypothesis' attention (else it is None).
         Returns:
             For each sentence, its `width` `Hypothesis`es, best first; their attention is the last

@@ -114,7 +114,7 @@ class ImageCaptioner(Model):
 
     _multi_output = True
     output_names = ("caption", "attention")
-    MAX_LENGTH = 1024  # the longest caption, in training and decoding (CTranslate2's max_decoding_length)
+    MAX_LENGTH = decoding.MAX_DECODING_LENGTH  # the longest caption, in training and decoding
 
     def __init__(self, encoder, image_shape, vocab_size=None, embedding_dim=64, units=128, attention_units=None,
                  attention="soft", gated=True, attention_regularization=1.0, baseline_decay=0.9, soft_fraction=0.5,
