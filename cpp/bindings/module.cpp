@@ -6,6 +6,7 @@
 #include "attnx/activations.hpp"
 #include "attnx/gemm.hpp"
 #include "attnx/parallel.hpp"
+#include "attnx/search.hpp"
 
 namespace py = pybind11;
 
@@ -48,6 +49,7 @@ PYBIND11_MODULE(_core, m) {
         d["threads"] = attnx::get_blas_threads();
         return d;
     }, "What runs: SIMD level, OpenBLAS build and core, thread budget.");
+    m.attr("MAX_DECODING_LENGTH") = attnx::kMaxDecodingLength;  // search.hpp's bound on max_length
     attnx::bind::init_core(m);
     attnx::bind::init_loss(m);
     attnx::bind::init_optim(m);

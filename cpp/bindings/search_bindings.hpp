@@ -30,7 +30,9 @@ inline SearchConfig search_config(const std::string& fn, py::ssize_t batch, py::
                               std::to_string(width));
     if (!(length_penalty >= 0) || std::isinf(length_penalty))
         throw py::value_error(fn + ": length_penalty must be a finite number >= 0");
-    if (max_length < 1) throw py::value_error(fn + ": max_length must be positive, got " + std::to_string(max_length));
+    if (max_length < 1 || max_length > kMaxDecodingLength)
+        throw py::value_error(fn + ": max_length must be in [1, " + std::to_string(kMaxDecodingLength) + "], got " +
+                              std::to_string(max_length));
     SearchConfig c;
     c.batch = (int)batch, c.width = width, c.max_length = max_length;
     c.start_id = start_id, c.end_id = end_id, c.alpha = length_penalty, c.attention = return_attention;

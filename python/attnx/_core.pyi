@@ -278,3 +278,5 @@ def search_attention_decoder(
     params: dict[str, Array], local_window: int = -1, local_mode: str = "m", gated: bool = False, hard: bool = False,
     start_id: int, end_id: int, width: int, length_penalty: float, max_length: int, return_attention: bool,
 ) -> SearchResult: ...
+
+MAX_DECODING_LENGTH: int  # search.hpp's kMaxDecodingLength: the longest max_length a search takes

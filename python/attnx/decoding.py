@@ -24,8 +24,8 @@ from . import kernels
 __all__ = ["Hypothesis", "greedy_search", "beam_search", "MAX_DECODING_LENGTH"]
 
 # The longest decoding of every translator (CTranslate2's max_decoding_length default): a saved file
-# or a call can set max_length, and a search runs that many steps, so it is bounded.
-MAX_DECODING_LENGTH = 1024
+# or a call can set max_length, and a search runs that many steps, so it is bounded (search.hpp).
+MAX_DECODING_LENGTH = kernels.MAX_DECODING_LENGTH
 
 
 class Hypothesis(NamedTuple):

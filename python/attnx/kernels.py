@@ -26,3 +26,4 @@ from ._core import Int8Kernel, pack_int8  # noqa: F401  (int8 kernels packed onc
 from ._core import inference_plan  # noqa: F401,E402  (attnx.models.plan: a model's inference in one call)
 # the one search of the translators (attnx.decoding): over a decoder stack, or over a Python step
 from ._core import search_attention_decoder, search_decoder_stack, search_python_step  # noqa: F401,E402
+from ._core import MAX_DECODING_LENGTH  # noqa: F401,E402  (search.hpp's bound, attnx.decoding's)

@@ -34,6 +34,10 @@
 
 namespace attnx {
 
+// The longest decoding a search runs (CTranslate2's max_decoding_length default): a file or a call
+// sets max_length, and the search allocates and runs that many steps. attnx.decoding.MAX_DECODING_LENGTH.
+constexpr int kMaxDecodingLength = 1024;
+
 struct SearchConfig {
     int batch = 0, width = 1, max_length = 0;
     int64_t start_id = 0, end_id = 0;
