@@ -257,10 +257,10 @@ def test_word_alignment_counts_a_pair_when_its_source_word_gets_the_most_weight(
         word_alignment([(source, target, weights[:, :3])], lexicon)
 
 
-def test_cross_attention_gives_every_layer_and_head_and_ends_in_translates_attention(half_trained, raw_pairs):
+def test_attention_maps_give_every_layer_and_head_and_ends_in_translates_attention(half_trained, raw_pairs):
     model = half_trained["Transformer"]
     for sentence in raw_pairs[0][:10] + ["Tom's book is in Boston."]:
-        maps = model.cross_attention(sentence)
+        maps = model.attention_maps(sentence)
         translation, attention = model.translate(sentence)
         assert maps.translation == translation
         assert maps.weights.shape == (2, 4, len(maps.target_pieces), len(maps.source_pieces))
@@ -269,7 +269,7 @@ def test_cross_attention_gives_every_layer_and_head_and_ends_in_translates_atten
         assert np.abs(maps.weights[-1].mean(axis=0) - attention).max() < 1e-5
         assert maps.target_pieces[-1] == "<end>" or len(maps.target_pieces) == model.max_length
     with pytest.raises(TypeError, match="str"):
-        model.cross_attention(["a list"])
+        model.attention_maps(["a list"])
 
 
 def test_alignment_map_pixels_show_the_aligned_cell_brightest():

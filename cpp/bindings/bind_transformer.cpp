@@ -442,6 +442,9 @@ void init_transformer(py::module_& m) {
            bool return_attention) {
             SearchConfig search = search_config("search_python_step", batch, 0, start_id, end_id, width,
                                                 length_penalty, max_length, return_attention);
+            if (!py::hasattr(decoder, "step") || !PyCallable_Check(decoder.attr("step").ptr()))
+                throw py::type_error("search_python_step: the decoder must have a step(ids, position, state, "
+                                     "return_attention) method, got " + std::string(py::str(py::type::of(decoder))));
             PythonStep step{decoder.attr("step"), state, width, return_attention};
             SearchResult<double> result;
             {

@@ -28,6 +28,9 @@ inline SearchConfig search_config(const std::string& fn, py::ssize_t batch, py::
     if (width < 1 || width > ids)
         throw py::value_error(fn + ": width must be in [1, " + std::to_string(vocab) + "] (the vocabulary size), got " +
                               std::to_string(width));
+    if ((int64_t)batch * width > kMaxSearchRows)
+        throw py::value_error(fn + ": batch x width must be <= " + std::to_string(kMaxSearchRows) + " rows, got " +
+                              std::to_string(batch) + " x " + std::to_string(width));
     if (!(length_penalty >= 0) || std::isinf(length_penalty))
         throw py::value_error(fn + ": length_penalty must be a finite number >= 0");
     if (max_length < 1 || max_length > kMaxDecodingLength)

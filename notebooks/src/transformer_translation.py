@@ -143,12 +143,12 @@ print(f"signature: {score.scorer} {score.signature}")
 # %% [markdown]
 # ## Cross-attention, layer by layer and head by head
 #
-# `cross_attention` translates a sentence and runs the decoder once more over its translation,
+# `attention_maps` translates a sentence and runs the decoder once more over its translation,
 # returning every decoder layer's cross-attention per head: a row per Marathi piece (and the end
 # token), a column per English piece.
 
 # %%
-maps = model.cross_attention("Tom's book is in Boston.")
+maps = model.attention_maps("Tom's book is in Boston.")
 layers, heads = maps.weights.shape[:2]
 fig, axes = plt.subplots(layers, heads, figsize=(3.6 * heads, 3.2 * layers), squeeze=False)
 for layer in range(layers):
@@ -180,7 +180,7 @@ def read_lexicon(path="data/english_marathi_word_pairs.tsv"):
 lexicon = read_lexicon()
 keys = {en.lower() for en, _ in lexicon}
 chosen = [s for s in test.source if keys & {w.strip(".,?!\"'").lower() for w in s.split()}][:100 if QUICK else 400]
-all_maps = [model.cross_attention(s) for s in chosen]
+all_maps = [model.attention_maps(s) for s in chosen]
 
 
 def examples_of(layer, head=None):

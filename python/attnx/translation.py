@@ -45,7 +45,7 @@ from .layers.core import Dense, Dropout, Embedding
 from .layers.multi_head_attention import head_sizes
 from .layers.normalization import LayerNormalization
 from .layers.positions import PositionalEncoding, PositionEmbedding
-from .layers.transformer import TransformerDecoder, TransformerEncoder
+from .layers.transformer import DecoderCache, TransformerDecoder, TransformerEncoder
 from .models import Model
 
 __all__ = ["Transformer", "Hypothesis", "LengthBuckets", "AttentionMaps", "Alignment", "subword_tokenizers",
@@ -214,7 +214,7 @@ def word_alignment(examples, lexicon):
 
 
 class AttentionMaps(NamedTuple):
-    """A translation and its cross-attention (`Transformer.cross_attention`): ``weights`` (layers, heads,
+    """A translation and its cross-attention (`Transformer.attention_maps`): ``weights`` (layers, heads,
     rows, columns), a row per target piece and the end token (``target_pieces`` ends with "<end>",
     unless max_length cut the translation), a column per source piece."""
     translation: str
@@ -623,12 +623,12 @@ class Transformer(Model):
         """Target ids (without start / end tokens) -> the detokenized sentence."""
         return self.target_tokenizer.decode(tokens)
 
-    def cross_attention(self, sentence, width=1, length_penalty=0.0, max_length=None):
+    def attention_maps(self, sentence, width=1, length_penalty=0.0, max_length=None):
         """Translates a sentence (`translate_batch`) and returns its `AttentionMaps`: the cross-attention
         of every decoder layer and head over the source pieces, from the decoder run once more on the
         translation (teacher forcing: the rows `translate` returns, there the last layer's mean of heads)."""
         if not isinstance(sentence, str):
-            raise TypeError(f"Transformer.cross_attention: expected a str sentence, got {type(sentence).__name__}")
+            raise TypeError(f"Transformer.attention_maps: expected a str sentence, got {type(sentence).__name__}")
         best = self.translate_batch([sentence], width, length_penalty, max_length)[0]
         source = self.encode_sources([sentence])
         target_in = np.array([[self.start_id] + list(best.tokens)], dtype=np.int64)
@@ -671,6 +671,9 @@ class Transformer(Model):
             (logits (N, V), the next state, attention or None); equal to the teacher-forced
             forward's logits at `position`.
         """
+        if not isinstance(state, DecoderCache):
+            raise TypeError(f"Transformer.step: `state` must be the DecoderCache of start_state or of the last "
+                            f"step, got {type(state).__name__}")
         if position != state.length:
             raise ValueError(f"Transformer.step: the state holds {state.length} decoded positions, so the next "
                              f"position is {state.length}, got position={position}")

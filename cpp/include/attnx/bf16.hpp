@@ -407,8 +407,10 @@ ATTNX_ALWAYS_INLINE void bf16_panels_product(bool native, int b0, int b1, const 
     if (!rest) return;
     const uint32_t* last = right.data + (size_t)whole * right.panel_stride + (size_t)kp0 * right.last_k_stride;
     auto last_panel = [&](auto vectors) __attribute__((always_inline)) {
-        bf16_step_product<V, decltype(vectors)::value>(native, b0, b1, a, lda, K2, last, right.last_k_stride, 0, 1,
-                                                        [&](int b, auto pre, int) { cell(b, pre, whole); });
+        // always_inline: under LTO a clone of this lambda lost the caller's SIMD target (a wheel build error)
+        bf16_step_product<V, decltype(vectors)::value>(
+            native, b0, b1, a, lda, K2, last, right.last_k_stride, 0, 1,
+            [&](int b, auto pre, int) __attribute__((always_inline)) { cell(b, pre, whole); });
     };
     if (rest == 1) last_panel(std::integral_constant<int, 1>{});
     else if constexpr (Q >= 2) {

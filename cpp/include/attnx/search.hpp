@@ -37,6 +37,10 @@ namespace attnx {
 // The longest decoding a search runs (CTranslate2's max_decoding_length default): a file or a call
 // sets max_length, and the search allocates and runs that many steps. attnx.decoding.MAX_DECODING_LENGTH.
 constexpr int kMaxDecodingLength = 1024;
+// The most rows (inputs x beams) one search holds: far past any batch a decoder step can hold, it
+// keeps a mistaken size (a Python step's vocabulary is known only after its first step) from
+// allocating gigabytes before anything can check it.
+constexpr int64_t kMaxSearchRows = int64_t(1) << 24;
 
 struct SearchConfig {
     int batch = 0, width = 1, max_length = 0;
@@ -95,10 +99,11 @@ SearchResult<typename Step::attention_type> search(Step& step, const SearchConfi
     const int B = c.batch, W = c.width;
     int V = 0;  // the step's vocabulary, known after its first step
     const size_t BW = (size_t)B * W;
-    std::vector<double> score(BW, -std::numeric_limits<double>::infinity());
-    for (int b = 0; b < B; ++b) score[(size_t)b * W] = 0.0;
-    std::vector<int32_t> length(BW, 0);
-    std::vector<uint8_t> done(BW, 0);
+    // sized after the first step, whose vocabulary bounds the width (a Python step's is known only
+    // then): a width past the vocabulary is refused before anything of its size is allocated
+    std::vector<double> score;
+    std::vector<int32_t> length;
+    std::vector<uint8_t> done;
     // per step, per input and beam: its parent beam, its token (0 once finished) and its attention;
     // the histories are read back through the parents at the end instead of gathered every step
     std::vector<int32_t> parents;
@@ -110,10 +115,10 @@ SearchResult<typename Step::attention_type> search(Step& step, const SearchConfi
     std::vector<std::pair<double, int64_t>> candidates;  // (total, beam * V + word)
     std::vector<double> offsets;
     std::vector<int32_t> best;
-    std::vector<double> new_score((size_t)W);
-    std::vector<int32_t> new_length((size_t)W), new_parent((size_t)W);
-    std::vector<int64_t> new_word((size_t)W);
-    std::vector<uint8_t> new_done((size_t)W);
+    std::vector<double> new_score;
+    std::vector<int32_t> new_length, new_parent;
+    std::vector<int64_t> new_word;
+    std::vector<uint8_t> new_done;
     const auto better = [](const std::pair<double, int64_t>& a, const std::pair<double, int64_t>& b) {
         return a.first > b.first || (a.first == b.first && a.second < b.second);
     };
@@ -123,7 +128,14 @@ SearchResult<typename Step::attention_type> search(Step& step, const SearchConfi
         const int rows = (int)active.size() * beams;
         const L* logits = step.step(ids.data(), rows, t);
         const A* weights = c.attention ? step.attention() : nullptr;
-        if (t == 0) V = step.vocab();
+        if (t == 0) {
+            V = step.vocab();
+            score.assign(BW, -std::numeric_limits<double>::infinity());
+            for (int b = 0; b < B; ++b) score[(size_t)b * W] = 0.0;
+            length.assign(BW, 0), done.assign(BW, 0);
+            new_score.resize((size_t)W), new_length.resize((size_t)W), new_parent.resize((size_t)W);
+            new_word.resize((size_t)W), new_done.resize((size_t)W);
+        }
         if (c.attention && t == 0) {
             heads = step.attention_heads(), keys = step.attention_keys();
             span = (size_t)heads * keys;
