@@ -76,11 +76,13 @@ int main() {
         test_dense(301, 67, 53, act, false, false, seed++);  // packed tiles split across threads (1.07e6)
         test_dense(37, 83, 96, act, true, false, seed++);    // few rows: W read in place, one thread (2.9e5)
         test_dense(200, 71, 48, act, false, false, seed++);  // few rows of a small W, in place, split (6.8e5)
+        test_dense(1, 301, 1000, act, true, false, seed++);  // one row: W streamed, blocks split (3.0e5)
     }
     test_dense(97, 61, 45, Activation::relu, true, true, seed++);  // relu fused into the tiles
     test_dense(301, 67, 53, Activation::relu, true, true, seed++);
     test_dense(37, 83, 96, Activation::relu, true, true, seed++);  // relu fused into the in-place tiles
     test_dense(37, 83, 96, Activation::gelu, true, true, seed++);
+    test_dense(1, 301, 1000, Activation::relu, false, true, seed++);
     test_dense(13, 11, 9, Activation::tanh, true, true, seed++);
     return attnx::test::report("test_reference_dense");
 }
