@@ -165,6 +165,8 @@ def test_torch_dataloader_batches_as_lists():
     hb = b.fit(loader, epochs=2, verbose=0)
     np.testing.assert_allclose(hb.history["loss"], ha.history["loss"], rtol=1e-6)
     np.testing.assert_allclose(b.evaluate(loader, verbose=0), a.evaluate(x, y, verbose=0), rtol=1e-6)
+    # predict reads [x, y] as (x, y) too, as Keras 3 does, and predicts x
+    np.testing.assert_allclose(b.predict(loader, verbose=0), b.predict(x, verbose=0), rtol=1e-6)
 
 
 # ---- dict inputs -----------------------------------------------------------------------------------------------

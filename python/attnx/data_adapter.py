@@ -9,9 +9,9 @@ What the data may be (Keras' rules):
   ``__len__`` and ``__getitem__`` that is not an array or a list / tuple / dict): ``data[i]`` is batch i;
   a shuffled pass takes the batches in a new order, and ``on_epoch_end()`` runs after each pass (Keras);
 - anything else iterable (a generator, an iterator, an object with ``__iter__`` such as a PyTorch
-  DataLoader) yields whole batches: ``(x, y)`` or ``(x, y, sample_weight)`` tuples (for `fit` and
-  `evaluate` lists too: a DataLoader's ``[x, y]``), or for `predict` also ``x`` alone (several inputs as a
-  list). It fixes its own batch size.
+  DataLoader) yields whole batches: ``(x, y)`` or ``(x, y, sample_weight)`` tuples or lists (a
+  DataLoader's ``[x, y]``; Keras 3 reads a list as that tuple for `predict` too), or for `predict` also
+  ``x`` alone (several inputs as a tuple ``((x1, x2),)`` or a dict). It fixes its own batch size.
 
 Epochs: without `steps`, an epoch is one pass over the data (a generator gives one pass only: the
 epoch after it finds nothing and training stops). With `steps` (fit's `steps_per_epoch`), an epoch
@@ -234,8 +234,8 @@ class DataAdapter:
 
     def _batch(self, item):
         where = f" (batch {self._drawn} of the pass)"
-        if not self.arrays and self.targets and isinstance(item, list) and 2 <= len(item) <= 3:
-            item = tuple(item)  # a DataLoader's default collate gives [x, y]
+        if not self.arrays and isinstance(item, list) and 2 <= len(item) <= 3:
+            item = tuple(item)  # a DataLoader's default collate gives [x, y] (Keras 3: a list is that tuple)
         if self.arrays:
             x, y, sw = item
         elif isinstance(item, tuple) and 1 <= len(item) <= 3 and (len(item) >= 2 or not self.targets):

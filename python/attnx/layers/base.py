@@ -145,7 +145,9 @@ class Layer:
         if value.shape != shape:
             raise ValueError(f"{self.name}: initializer for '{name}' gave shape {value.shape}, expected {shape}")
         params[name] = value
-        grads[name] = np.zeros_like(value)
+        # np.zeros (calloc), not zeros_like (which writes its zeros): a gradient no backward has written
+        # keeps its pages unmapped, so a model that only predicts or exports holds its weights once
+        grads[name] = np.zeros(value.shape, value.dtype)
         if regularizer is not None:
             self._regularizers[name] = regularizers.get(regularizer)
         constraints.attach(value, constraints.get(constraint))
