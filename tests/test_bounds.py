@@ -174,6 +174,13 @@ ROWS = {
     "Transformer.beam_search: source ids": Row(
         lambda: _transformer(), r"MAX_SOURCE_LENGTH` = 1024",
         lambda m, t: lambda: m["Transformer"].beam_search(_ids(1025), width=2), "MAX_SOURCE_LENGTH"),
+    "Seq2Seq.greedy_decode: source ids": Row(
+        lambda: _seq2seq(), r"MAX_SOURCE_LENGTH` = 1024",
+        lambda m, t: lambda: m["Seq2Seq"].greedy_decode(_ids(1025)), "MAX_SOURCE_LENGTH",
+        at=lambda m, t: lambda: m["Seq2Seq"].greedy_decode(_ids(1024), max_length=2)),
+    "Seq2Seq.beam_search: source ids": Row(
+        lambda: _seq2seq(), r"MAX_SOURCE_LENGTH` = 1024",
+        lambda m, t: lambda: m["Seq2Seq"].beam_search(_ids(1025), width=2), "MAX_SOURCE_LENGTH"),
     "Transformer.beam_search: width": Row(
         lambda: _transformer().beam_search, r"width: beams per sentence \(1 to the target vocabulary size",
         lambda m, t: lambda: m["Transformer"].beam_search(_ids(3), width=m["Transformer"].target_vocab_size + 1),
@@ -257,3 +264,20 @@ def test_a_sentence_past_max_source_length_is_cut_to_it(models):
     from attnx.decoding import until_end
     tokens, _ = until_end(model.greedy_decode(ids, max_length=3)[0][0].tolist(), model.end_id)
     assert model.translate_batch([" ".join(words)], max_length=3)[0].tokens == tokens
+
+
+def test_a_seq2seq_source_past_max_source_length_is_cut_to_it():
+    """Seq2Seq's documented truncation: a sentence of more than MAX_SOURCE_LENGTH words encodes (so
+    translates) as its first MAX_SOURCE_LENGTH; a max_length given still sets the width."""
+    from attnx.seq2seq import Seq2Seq
+    attnx.set_random_seed(0)
+    model = Seq2Seq.from_texts(["<start> a b c <end>", "<start> b c <end>"], ["<start> x y <end>", "<start> y <end>"],
+                               embedding_dim=4, units=4, max_length=5)
+    bound = model.MAX_SOURCE_LENGTH
+    long = "<start> " + "a b c " * 700 + "<end>"
+    ids = model.encode_sources([long, "<start> a b <end>"])
+    assert ids.shape == (2, bound)
+    np.testing.assert_array_equal(ids[0], model.encode_sources([long[:-len("<end>")]])[0][:bound])
+    assert model.encode_sources(["<start> a b <end>"]).shape == (1, 4)  # the longest row, not the bound
+    assert model.encode_sources(["<start> a b <end>"], max_length=7).shape == (1, 7)
+    model.translate(long)

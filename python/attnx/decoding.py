@@ -21,11 +21,14 @@ import numpy as np
 
 from . import kernels
 
-__all__ = ["Hypothesis", "greedy_search", "beam_search", "MAX_DECODING_LENGTH"]
+__all__ = ["Hypothesis", "greedy_search", "beam_search", "MAX_DECODING_LENGTH", "MAX_SOURCE_LENGTH"]
 
 # The longest decoding of every translator (CTranslate2's max_decoding_length default): a saved file
 # or a call can set max_length, and a search runs that many steps, so it is bounded (search.hpp).
 MAX_DECODING_LENGTH = kernels.MAX_DECODING_LENGTH
+# The longest source of every translator, in ids (CTranslate2's max_input_length): longer ids are a
+# ValueError, longer sentences are cut to it by the translators' `encode_sources`.
+MAX_SOURCE_LENGTH = 1024
 
 
 class Hypothesis(NamedTuple):

@@ -616,7 +616,13 @@ class Seq2Seq(Model):
 
     Layers: ``encoder`` (an `Encoder`) and ``decoder`` (a `BahdanauDecoder` or `LuongDecoder`); the
     weights are built with the model (their shapes depend on the sizes above, not on the data).
+
+    Bounds: max_length <= 1024; sources are at most `MAX_SOURCE_LENGTH` = 1024 ids (CTranslate2's
+    max_input_length): longer ids are a ValueError, longer sentences are cut to their first 1024 ids
+    by `encode_sources` (so by `translate` and `evaluate_bleu`).
     """
+
+    MAX_SOURCE_LENGTH = decoding.MAX_SOURCE_LENGTH
 
     def __init__(self, source_vocab_size, target_vocab_size, embedding_dim=256, units=512, attention="bahdanau",
                  score=None, cell="gru", bidirectional=False, attention_units=None, local_window=None, local_mode="m",
@@ -754,6 +760,9 @@ class Seq2Seq(Model):
             raise TypeError(f"Seq2Seq: `{arg}` must be integer ids, got dtype {ids.dtype}")
         if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
             raise ValueError(f"Seq2Seq: `{arg}` expected non-empty ids of shape (batch, steps), got {ids.shape}")
+        if ids.shape[1] > self.MAX_SOURCE_LENGTH:
+            raise ValueError(f"Seq2Seq: `{arg}` has {ids.shape[1]} steps, more than MAX_SOURCE_LENGTH = "
+                             f"{self.MAX_SOURCE_LENGTH}; cut the sources (encode_sources does for sentences)")
         if not (ids != 0).any(axis=1).all():
             raise ValueError(f"Seq2Seq: `{arg}` has an empty sentence (a row of padding only) at row "
                              f"{int(np.argmin((ids != 0).any(axis=1)))}")
@@ -775,12 +784,16 @@ class Seq2Seq(Model):
     def encode_sources(self, sentences, max_length=None):
         """Sentences -> padded id array. Subword tokenizers: sentences as written (``<start>`` / ``<end>``
         optional). Word tokenizers: preprocessed sentences; unknown words raise (unless the tokenizer
-        has an oov_token). An empty sentence raises."""
+        has an oov_token). An empty sentence raises. Each is cut to its first `max_length` ids (at most
+        `MAX_SOURCE_LENGTH`)."""
         self._require_tokenizers("encode_sources")
         tok = self.source_tokenizer
+        # a max_length given pads (and cuts) every row to it, as before; none pads to the longest
+        width = None if max_length is None else min(_positive_int("Seq2Seq.encode_sources", "max_length", max_length),
+                                                    self.MAX_SOURCE_LENGTH)
         if isinstance(tok, text.SubwordTokenizer):
-            seqs = translation.subword_sources("Seq2Seq", tok, sentences)
-            return text.pad_sequences(seqs, maxlen=max_length, padding="post", truncating="post").astype(np.int64)
+            seqs = translation.subword_sources("Seq2Seq", tok, sentences, self.MAX_SOURCE_LENGTH)
+            return text.pad_sequences(seqs, maxlen=width, padding="post", truncating="post").astype(np.int64)
         seqs = []
         for sentence in sentences:
             words = text.text_to_word_sequence(sentence, tok.filters, tok.lower, tok.split)
@@ -791,8 +804,8 @@ class Seq2Seq(Model):
             if unknown and tok.oov_token is None:
                 raise ValueError(f"Seq2Seq: unknown source word(s) {unknown} in {sentence!r} (not in the source "
                                  "vocabulary; give the tokenizer an oov_token to map them)")
-            seqs.append(tok.texts_to_sequences([words])[0])
-        return text.pad_sequences(seqs, maxlen=max_length, padding="post").astype(np.int64)
+            seqs.append(tok.texts_to_sequences([words])[0][:self.MAX_SOURCE_LENGTH])
+        return text.pad_sequences(seqs, maxlen=width, padding="post").astype(np.int64)
 
     def encode_targets(self, sentences):
         """Sentences -> target ids (B, T) starting with the start token (subwords: added here; words:

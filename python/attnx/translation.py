@@ -295,7 +295,7 @@ class Transformer(Model):
     Call: ``model([source, target_in])`` gives the teacher-forced logits (B, T, V).
     """
 
-    MAX_SOURCE_LENGTH = 1024
+    MAX_SOURCE_LENGTH = decoding.MAX_SOURCE_LENGTH
     _warmup_from_fit = False  # compile(warmup_steps="auto") until the first fit sets the warm-up
 
     def __init__(self, source_vocab_size, target_vocab_size, model_dim=256, num_heads=4, intermediate_dim=1024,
