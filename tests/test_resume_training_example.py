@@ -10,12 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
+import attnx
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "resume_training.py"
+PYTHON_DIR = str(Path(attnx.__file__).resolve().parents[1])  # the attnx under test: the source tree or site-packages
 
 
 def _run(*args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, check=True,
                          timeout=600).stdout
     return json.loads(out.strip().splitlines()[-1])
