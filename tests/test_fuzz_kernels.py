@@ -377,8 +377,12 @@ print("RESULT", calls, repr(bad), flush=True)
 
 def test_mutated_calls_raise_typed_errors_never_crash(corpus):
     _, path = corpus
+    # the corpus pickles this module's _PythonStep by reference: the child imports it from this folder
+    # (the sanitizer job runs pytest from the repository's root, where it is not on the path)
+    path_entries = [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]
     done = subprocess.run([sys.executable, "-c", _FUZZ, str(path), str(MUTATIONS)], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+                          timeout=900, env={**os.environ, "PYTHONFAULTHANDLER": "1",
+                                            "PYTHONPATH": os.pathsep.join(filter(None, path_entries))})
     lines = done.stdout.splitlines()
     last = lines[-1] if lines else "(no call)"
     assert done.returncode == 0, (f"the fuzzer's child ended with {done.returncode} at: {last}\n"
