@@ -98,6 +98,7 @@ def test_matches_torch_batch_norm_in_train_and_eval_mode(shape, module, affine):
     ours = layers.BatchNormalization(axis=1, momentum=momentum, epsilon=eps, center=affine, scale=affine,
                                      dtype="float64")
     ours.build(shape)
+    ours.built = True
     if affine:
         with torch.no_grad():
             theirs.weight.copy_(torch.tensor(rng.standard_normal(C)))
@@ -109,8 +110,12 @@ def test_matches_torch_batch_norm_in_train_and_eval_mode(shape, module, affine):
         x, dy = rng.standard_normal(shape) * 2 + step, rng.standard_normal(shape)
         for training in (True, False):
             theirs.train(training)
+            if not training:  # PyTorch's running variance is the unbiased one's: read ours, as translated
+                with torch.no_grad():
+                    theirs.running_var.copy_(torch.tensor(ours.params["moving_variance"]))
             xt = torch.tensor(x, requires_grad=True)
             before = theirs.running_var.detach().numpy().copy()
+            theirs.zero_grad()
             out = theirs(xt)
             (out * torch.tensor(dy)).sum().backward()
             ours.zero_grad()
@@ -122,7 +127,6 @@ def test_matches_torch_batch_norm_in_train_and_eval_mode(shape, module, affine):
                 if affine:
                     np.testing.assert_allclose(ours.grads["gamma"], theirs.weight.grad.numpy(), rtol=1e-9, atol=1e-10)
                     np.testing.assert_allclose(ours.grads["beta"], theirs.bias.grad.numpy(), rtol=1e-9, atol=1e-10)
-                    theirs.weight.grad, theirs.bias.grad = None, None
                 unbiased_step = (theirs.running_var.detach().numpy() - momentum * before) / (1 - momentum)
                 expected_variance = momentum * expected_variance + (1 - momentum) * unbiased_step * (n - 1) / n
             np.testing.assert_allclose(ours.params["moving_mean"], theirs.running_mean.numpy(), rtol=1e-10, atol=1e-12)
@@ -140,6 +144,7 @@ def test_eval_mode_gradients_match_torch():
         theirs.weight.copy_(torch.tensor(rng.standard_normal(3)))
     ours = layers.BatchNormalization(axis=1, epsilon=1e-3, dtype="float64")
     ours.build((2, 3, 4, 5))
+    ours.built = True
     ours.set_weights([p.detach().numpy().copy() for p in (theirs.weight, theirs.bias, theirs.running_mean,
                                                            theirs.running_var)])
     x, dy = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 4, 5))
@@ -150,6 +155,21 @@ def test_eval_mode_gradients_match_torch():
     np.testing.assert_allclose(y, theirs(torch.tensor(x)).detach().numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(ours.backprop(cache, dy), xt.grad.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(ours.grads["gamma"], theirs.weight.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_an_empty_batch_moves_nothing():
+    """No elements per channel (a sequence of no steps): no batch statistics, so the moving ones are read and
+    stay; the gradients are empty or zero."""
+    layer = layers.BatchNormalization(momentum=0.5, dtype="float64")
+    layer.build((None, None, 3))
+    layer.built = True
+    layer.set_weights([np.full(3, 2.0), np.full(3, 1.0), np.full(3, 0.5), np.full(3, 4.0)])
+    y, cache = layer.apply(np.zeros((2, 0, 3)), training=True)
+    assert y.shape == (2, 0, 3)
+    np.testing.assert_array_equal(layer.params["moving_mean"], 0.5)
+    np.testing.assert_array_equal(layer.params["moving_variance"], 4.0)
+    assert layer.backprop(cache, np.zeros((2, 0, 3))).shape == (2, 0, 3)
+    np.testing.assert_array_equal(layer.grads["gamma"], 0.0)
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -163,6 +183,7 @@ def test_eval_mode_gradients_match_torch():
 def test_layer_bad_input_is_a_typed_error_naming_the_layer(inputs, error, match):
     layer = layers.BatchNormalization(name="bn")
     layer.build((None, 3))
+    layer.built = True
     with pytest.raises(error, match=match) as info:
         layer(inputs, training=True)
     assert "'bn'" in str(info.value)
@@ -194,7 +215,6 @@ def _forward_args(**changes):
     ({"axis": 2}, ValueError, "not a feature axis"),
     ({"mask": np.ones((4, 3), bool)}, ValueError, "rank 3 or more"),
     ({"x": np.zeros((4, 2, 3), np.float32), "mask": np.ones((4, 3), bool)}, ValueError, "mask: expected shape"),
-    ({"x": np.zeros((0, 3), np.float32)}, ValueError, "no values"),
     ({"epsilon": 0.0}, ValueError, "epsilon must be positive"),
     ({"momentum": 1.5}, ValueError, "momentum must be in"),
     ({"moving_mean": np.zeros(3, np.float32)[::-1]}, ValueError, "C-contiguous"),

@@ -70,9 +70,6 @@ void init_batch_norm(py::module_& m) {
                 py::object count = py::none();
                 T* pcount = nullptr;
                 if (training) {
-                    if (cfg.outer * cfg.inner == 0)
-                        throw py::value_error("batch_norm_forward: x of shape " + shape_str(x) +
-                                              " has no values to take batch statistics over");
                     auto counts = new_array<T>({C});
                     pcount = counts.mutable_data();
                     count = std::move(counts);

@@ -18,7 +18,8 @@ inline double batch_norm_weight(const BatchNormConfig& cfg, const uint8_t* mask,
 // Batch statistics: count[c] = sum_e w_e (+ kMaskedCountEpsilon with a mask),
 //   mean[c] = sum_e w_e x_e / count[c],  var[c] = sum_e w_e (x_e - mean[c])^2 / count[c],
 //   moving = moving momentum + batch (1 - momentum)
-// Moving statistics: mean, var = moving_mean, moving_variance.
+// Moving statistics: mean, var = moving_mean, moving_variance; so too for an empty batch (count 0), whose
+// moving statistics do not move.
 // rstd[c] = 1 / sqrt(var[c] + epsilon),  y_e = (x_e - mean[c]) rstd[c] gamma[c] + beta[c]
 inline void batch_norm_forward(const BatchNormConfig& cfg, double* y, double* mean, double* rstd, double* count,
                                double* moving_mean, double* moving_variance, const double* x, const double* gamma,
@@ -27,7 +28,8 @@ inline void batch_norm_forward(const BatchNormConfig& cfg, double* y, double* me
     auto index = [&](size_t o, size_t c, size_t i) { return (o * C + c) * inner + i; };
     for (size_t c = 0; c < C; ++c) {
         double var;
-        if (cfg.batch_statistics) {
+        if (cfg.batch_statistics) count[c] = 0;
+        if (cfg.batch_statistics && cfg.outer * inner > 0) {
             double n = 0, sum = 0;
             for (size_t o = 0; o < cfg.outer; ++o)
                 for (size_t i = 0; i < inner; ++i) {
@@ -81,7 +83,7 @@ inline void batch_norm_backward(const BatchNormConfig& cfg, double* dx, double* 
             }
         if (!dx) continue;
         double dvar = 0, dmean = 0, n = 1;
-        if (cfg.batch_statistics) {
+        if (cfg.batch_statistics && count[c] > 0) {
             n = count[c];
             dvar = -0.5 * rstd[c] * rstd[c] * sum_dxhat_xhat;
             dmean = -rstd[c] * sum_dxhat + dvar * (-2 * sum_w_centered / n);

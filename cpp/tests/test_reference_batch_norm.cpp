@@ -1,6 +1,7 @@
 // batch_norm.hpp against cpp/reference/batch_norm.hpp: batch and moving statistics, channels last and
 // a feature axis with axes after it, with and without a mask (one flag per row, per run, per element),
-// gamma / beta or neither, dx or the parameter gradients only; sizes that split across two threads.
+// gamma / beta or neither, dx or the parameter gradients only, an empty batch; sizes that split across two
+// threads.
 // The reference's own dx is checked against central differences of sum(y dy).
 #include <cstdint>
 #include <random>
@@ -131,6 +132,7 @@ int main() {
     test_batch_norm({700, 67, 1, 67, true, true, true}, seed++);
     test_batch_norm({40, 3, 1500, 4500, true, true, true}, seed++);
     test_batch_norm({5, 3, 9000, 0, true, false, true}, seed++);           // runs longer than one block
+    test_batch_norm({0, 3, 5, 0, true, true, true}, seed++);               // an empty batch: nothing moves
     test_reference_gradient(5, 3, 1, 0, seed++);
     test_reference_gradient(4, 3, 2, 6, seed++);
     test_reference_gradient(6, 4, 1, 8, seed++);

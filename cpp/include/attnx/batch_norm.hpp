@@ -113,13 +113,16 @@ template <class T, class Fn> void for_each_element(const BatchNormConfig& cfg, c
 //   var[c] = sum_e w_e (x_e - mean[c])^2 / count[c]
 //   moving_mean[c] = moving_mean[c] momentum + mean[c] (1 - momentum), moving_variance likewise with var
 // Moving statistics: mean = moving_mean, var = moving_variance (neither written, count not written).
+// An empty batch (no elements per channel) has no statistics: it reads the moving ones, which do not
+// move, and its count is 0.
 // rstd[c] = 1 / sqrt(var[c] + epsilon),  y_e = (x_e - mean[c]) rstd[c] gamma[c] + beta[c]
 template <class T>
 void batch_norm_forward(const BatchNormConfig& cfg, T* y, T* mean, T* rstd, T* count, T* moving_mean,
                         T* moving_variance, const T* x, const T* gamma, const T* beta, const uint8_t* mask) {
     using namespace batch_norm_detail;
     const size_t C = cfg.C;
-    if (cfg.batch_statistics) {
+    if (cfg.batch_statistics && cfg.outer * cfg.inner == 0) std::fill(count, count + C, T(0));
+    if (cfg.batch_statistics && cfg.outer * cfg.inner > 0) {
         std::vector<double> sums(2 * C), n(C);
         channel_sums<T, 2>(cfg, mask, sums.data(), [&](size_t e, size_t, T w) __attribute__((always_inline)) {
             return std::array<T, 2>{w, w * x[e]};
@@ -190,8 +193,8 @@ void batch_norm_backward(const BatchNormConfig& cfg, T* dx, T* dgamma, T* dbeta,
     for (size_t c = 0; c < C; ++c) {
         const double g = gamma ? gamma[c] : 1.0, s = rstd[c];
         direct[c] = T(g * s);
-        if (!cfg.batch_statistics) continue;
-        const double n = count[c];
+        const double n = cfg.batch_statistics ? double(count[c]) : 0.0;
+        if (n == 0) continue;  // the moving statistics (constants), or an empty batch
         const double dvar = -0.5 * s * s * s * g * sum_dy_centered[c];
         const double dmean = -s * g * sum_dy[c] + dvar * (-2 * sum_w_centered[c] / n);
         offset[c] = T(dmean / n);
