@@ -11,8 +11,6 @@ import argparse
 import os
 import time
 
-import numpy as np
-
 import attnx
 from attnx.seq2seq import Seq2Seq
 
@@ -48,11 +46,20 @@ class StopAfter(attnx.callbacks.Callback):
             self.model.stop_training = True
 
 
+def load_pairs(path=None, seed=0, raw=False, num_examples=None):
+    """The English-Marathi pairs of at most 10 words, split 80/10/10 after a shuffle seeded by `seed`: the
+    data of these examples and of the translation notebooks. `path`: mar.txt (default: the one in
+    $ATTNX_DATA_DIR, else in ../shared/data); `raw`: the sentences as written rather than the tutorial's
+    preprocessed text (the same pairs in the same splits); `num_examples`: only the shortest pairs."""
+    data_dir = None if path or os.environ.get("ATTNX_DATA_DIR") else "../shared/data"
+    return attnx.datasets.load_anki_pairs(path=path, data_dir=data_dir, max_words=10, num_examples=num_examples,
+                                          split=(0.8, 0.1, 0.1), seed=seed, raw=raw)
+
+
 def prepare(args):
     """The splits, and a freshly initialized attnx model with tokenizers fitted on the training split
     (the PyTorch example copies its weights, so both start from the same point)."""
-    path = args.data or os.path.join(os.environ.get("ATTNX_DATA_DIR", "../shared/data"), "anki", "mar.txt")
-    splits = attnx.datasets.load_anki_pairs(path=path, max_words=10, split=(0.8, 0.1, 0.1), seed=args.seed)
+    splits = load_pairs(args.data, args.seed)
     attnx.set_random_seed(args.seed)
     model = Seq2Seq.from_texts(splits.train.source, splits.train.target, num_words=args.num_words, oov_token="<unk>",
                                embedding_dim=args.embedding_dim, units=args.units, attention="bahdanau",

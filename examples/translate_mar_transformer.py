@@ -17,7 +17,7 @@ import time
 import attnx
 from attnx import optimizers
 from attnx.seq2seq import Transformer
-from translate_mar import StopAfter
+from translate_mar import StopAfter, load_pairs
 
 
 def main():
@@ -37,8 +37,7 @@ def main():
     parser.add_argument("--data", default=None, help="path of mar.txt (default: $ATTNX_DATA_DIR)")
     args = parser.parse_args()
     attnx.set_num_threads(args.threads)
-    path = args.data or os.path.join(os.environ.get("ATTNX_DATA_DIR", "../shared/data"), "anki", "mar.txt")
-    splits = attnx.datasets.load_anki_pairs(path=path, max_words=10, split=(0.8, 0.1, 0.1), seed=args.seed, raw=True)
+    splits = load_pairs(args.data, args.seed, raw=True)
     attnx.set_random_seed(args.seed)
     start = time.perf_counter()
     model = Transformer.from_texts(splits.train.source, splits.train.target, vocab_size=args.vocab_size,

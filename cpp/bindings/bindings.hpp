@@ -17,4 +17,5 @@ void init_quantized(pybind11::module_& m);
 void init_bf16(pybind11::module_& m);
 void init_random(pybind11::module_& m);
 void init_plan(pybind11::module_& m);
+void init_batch_norm(pybind11::module_& m);
 }  // namespace attnx::bind

@@ -64,4 +64,5 @@ PYBIND11_MODULE(_core, m) {
     attnx::bind::init_quantized(m);
     attnx::bind::init_bf16(m);
     attnx::bind::init_plan(m);
+    attnx::bind::init_batch_norm(m);
 }

@@ -12,6 +12,7 @@
 
 # %%
 import os
+import sys
 import tempfile
 import time
 
@@ -21,6 +22,9 @@ import attnx
 from attnx.seq2seq import Transformer
 from attnx.text import SubwordTokenizer
 from attnx.translation import lexicon_cells, word_alignment
+
+sys.path.insert(0, "../examples")
+from translate_mar import StopAfter, load_pairs  # noqa: E402  (the examples' data and time budget)
 
 # ATTNX_QUICK=1 (set by the test suite): a small model, the 4000 shortest pairs, at most 60 s of
 # training, to check that the notebook runs. The full run (the default) trains a 2 + 2-layer model on the 10,000
@@ -36,12 +40,13 @@ attnx.set_random_seed(0)
 # %% [markdown]
 # ## Data
 #
-# `load_anki_pairs(raw=True)` keeps each sentence as written; the pairs kept (at most 10 words) and
-# the 80/10/10 split are those of the preprocessed tutorial data. `from_texts` learns the shared
+# `load_pairs` (`examples/translate_mar.py`, the data of the translation examples) reads the pairs of at
+# most 10 words and splits them 80/10/10 after a seeded shuffle; `raw=True` keeps each sentence as
+# written, in the same splits as the preprocessed tutorial data. `from_texts` learns the shared
 # subword vocabulary on the training split (SentencePiece, in C++: well under a second here).
 
 # %%
-splits = attnx.datasets.load_anki_pairs(max_words=10, num_examples=NUM_EXAMPLES, seed=0, raw=True)
+splits = load_pairs(seed=0, raw=True, num_examples=NUM_EXAMPLES)
 train, val, test = splits
 print(f"pairs: train {len(train.source)}, validation {len(val.source)}, test {len(test.source)}")
 for en, mr in list(zip(train.source, train.target))[:5]:
@@ -63,30 +68,17 @@ print(tok.tokenize("टॉम बॉस्टनला गेला."))
 # smoothing 0.1. The warm-up is scaled to the run: the first `fit` sets it to a tenth of the steps it
 # will take (at most the paper's 4000), with the rate rising to the paper's peak
 # (D · 4000)^-1/2, so that a run of minutes translates. `fit_texts` batches pairs of similar length;
-# the run stops at the time budget and the weights of the epoch with the best validation loss are
-# kept.
+# the run stops at the time budget (the examples' `StopAfter` callback) and the weights of the epoch
+# with the best validation loss are kept.
 
 # %%
-class TimeBudget(attnx.callbacks.Callback):
-    def __init__(self, seconds):
-        super().__init__()
-        self.seconds = seconds
-
-    def on_train_begin(self, logs=None):
-        self.deadline = time.perf_counter() + self.seconds
-
-    def on_train_batch_end(self, batch, logs=None):
-        if time.perf_counter() > self.deadline:
-            self.model.stop_training = True
-
-
 model.compile()
 best_path = os.path.join(tempfile.mkdtemp(), "best.attnx")
 n_val = min(500, len(val.source))
 start = time.perf_counter()
 history = model.fit_texts(train.source, train.target, batch_size=64, epochs=EPOCHS, verbose=2,
                           validation_data=(val.source[:n_val], val.target[:n_val]),
-                          callbacks=[TimeBudget(TRAIN_SECONDS),
+                          callbacks=[StopAfter(TRAIN_SECONDS),
                                      attnx.callbacks.ModelCheckpoint(best_path, save_best_only=True)])
 seconds = time.perf_counter() - start
 print(f"{len(history.epoch)} epochs in {seconds:.0f} s, warm-up {model.optimizer.learning_rate.warmup_steps} "

@@ -280,3 +280,12 @@ def search_attention_decoder(
 ) -> SearchResult: ...
 
 MAX_DECODING_LENGTH: int  # search.hpp's kMaxDecodingLength: the longest max_length a search takes
+# ---------------------------------------------------------------------------- batch normalization
+def batch_norm_forward(
+    x: Array, axis: int, gamma: Array | None, beta: Array | None, moving_mean: Array, moving_variance: Array,
+    mask: Array | None, training: bool, momentum: float, epsilon: float,
+) -> tuple[Array, Array, Array, Array | None]: ...
+def batch_norm_backward(
+    dy: Array, x: Array, axis: int, mean: Array, rstd: Array, count: Array | None, gamma: Array | None,
+    mask: Array | None, dgamma: Array | None, dbeta: Array | None, need_dx: bool = True,
+) -> Array | None: ...

@@ -27,3 +27,4 @@ from ._core import inference_plan  # noqa: F401,E402  (attnx.models.plan: a mode
 # the one search of the translators (attnx.decoding): over a decoder stack, or over a Python step
 from ._core import search_attention_decoder, search_decoder_stack, search_python_step  # noqa: F401,E402
 from ._core import MAX_DECODING_LENGTH  # noqa: F401,E402  (search.hpp's bound, attnx.decoding's)
+from ._core import batch_norm_backward, batch_norm_forward  # noqa: F401,E402  (layers.BatchNormalization)
