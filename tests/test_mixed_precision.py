@@ -183,6 +183,36 @@ def test_dense_matches_torch_on_rounded_operands():
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("make", [lambda dtype: layers.Conv2D(5, 3, strides=2, padding="same", dtype=dtype),
+                                  lambda dtype: layers.Conv2D(4, (2, 3), dtype=dtype),
+                                  lambda dtype: layers.Conv1D(6, 3, dilation_rate=2, padding="causal", dtype=dtype),
+                                  lambda dtype: layers.Conv1D(4, 3, groups=2, dtype=dtype)],
+                         ids=["Conv2D same stride 2", "Conv2D 2x3", "Conv1D dilated causal", "Conv1D groups"])
+def test_convolutions_multiply_rounded_operands(make):
+    """Conv1D / Conv2D under mixed_bfloat16: the output, dx and dkernel are float64's convolution of the
+    bf16-rounded input, kernel and dy (the bias added unrounded), within float32's sums."""
+    rng = np.random.default_rng(14)
+    mixed, exact = make("mixed_bfloat16"), make("float64")
+    assert mixed.compute_dtype == "bfloat16"
+    x = rng.standard_normal((3, 9, 8, 4) if isinstance(mixed, layers.Conv2D) else (3, 11, 4)).astype(np.float32)
+    y = mixed(x, training=True)
+    exact(x.astype(np.float64))  # builds
+    kernel, bias = mixed.get_weights()
+    bias += rng.standard_normal(bias.shape).astype(np.float32)
+    mixed.set_weights([kernel, bias])
+    exact.set_weights([_bf16(kernel), bias.astype(np.float64)])
+    y = mixed(x, training=True)
+    np.testing.assert_allclose(y, exact(_bf16(x), training=True), rtol=1e-5, atol=1e-5)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    np.testing.assert_allclose(mixed.backward(dy), exact.backward(_bf16(dy)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mixed.grads["kernel"], exact.grads["kernel"], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(mixed.grads["bias"], dy.reshape(-1, dy.shape[-1]).sum(axis=0), rtol=1e-5, atol=1e-5)
+    single = make("float32")  # float32 products would be told apart
+    single(x)
+    single.set_weights([kernel, bias])
+    assert np.abs(single(x) - y).max() > 1e-3
+
+
 @pytest.mark.parametrize("level", ["baseline", "avx2", "avx512"])
 def test_every_simd_level_gives_the_same_dense_training_step(level):
     """The float-lane levels agree bit for bit (the C++ test proves it on every shape); vdpbf16ps, where it
