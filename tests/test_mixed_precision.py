@@ -166,6 +166,13 @@ def test_bf16_kernels_refuse_bad_operands():
         kernels.bf16_matmul(a=a, b=np.ones((4, 2), np.float32), out=np.zeros((2, 3), np.float32))
     with pytest.raises(ValueError, match="bf16_matmul: b: expected rank 2"):
         kernels.bf16_matmul(a=a, b=np.ones(4, np.float32))
+    image, kernel = np.ones((1, 4, 4, 2)), np.ones((3, 3, 2, 5))
+    with pytest.raises(TypeError, match="conv2d_forward: bf16 needs float32 operands"):
+        kernels.conv2d_forward(x=image, kernel=kernel, bias=None, strides=(1, 1), bf16=True)
+    with pytest.raises(TypeError, match="conv2d_backward: bf16 needs float32 operands"):
+        kernels.conv2d_backward(dy=np.ones((1, 2, 2, 5)), x=image, kernel=kernel, y=np.ones((1, 2, 2, 5)),
+                                z=np.ones((1, 2, 2, 5)), strides=(1, 1), padding="valid", activation="linear",
+                                dkernel=np.zeros_like(kernel), dbias=None, bf16=True)
     x = np.ones((2, 3, 4))
     with pytest.raises(TypeError, match="rnn_forward: bf16 needs float32 operands"):
         kernels.rnn_forward(cell="lstm", x=x, kernel=np.ones((4, 8)), recurrent_kernel=np.ones((2, 8)), bias=None,
