@@ -1,13 +1,15 @@
 """English -> Marathi translation with the transformer of "Attention Is All You Need" in attnx.
 
     python examples/translate_mar_transformer.py [--minutes 15] [--model-dim 256] [--layers 3] [--data PATH]
+        [--policy mixed_bfloat16]
 
 The same pairs and split as examples/translate_mar.py (at most 10 words, 80/10/10, seed 0), but the
 sentences as written (`load_anki_pairs(raw=True)`: cased, punctuation attached): a shared SentencePiece
 BPE vocabulary learned on the training split, label smoothing 0.1, Adam on the Noam warm-up,
 length-bucketed batches, a fixed wall time, the weights of the epoch with the best validation loss
 kept. Prints the test BLEU-4 as papers report it (sacreBLEU, cased, on the detokenized translations
-against the raw references, with its signature), greedy and beam 4.
+against the raw references, with its signature), greedy and beam 4. ``--policy mixed_bfloat16`` trains
+with every product on bf16 operands (float32 weights, optimizer and loss; `attnx.mixed_precision`).
 """
 import argparse
 import os
@@ -34,6 +36,8 @@ def main():
     parser.add_argument("--lr-scale", type=float, default=1.0, help="scale of the Noam schedule")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policy", default="float32", choices=("float32", "mixed_bfloat16"),
+                        help="the model's dtype policy")
     parser.add_argument("--data", default=None, help="path of mar.txt (default: $ATTNX_DATA_DIR)")
     args = parser.parse_args()
     attnx.set_num_threads(args.threads)
@@ -43,10 +47,11 @@ def main():
     model = Transformer.from_texts(splits.train.source, splits.train.target, vocab_size=args.vocab_size,
                                    model_dim=args.model_dim, num_heads=args.heads,
                                    intermediate_dim=args.intermediate_dim, num_encoder_layers=args.layers,
-                                   num_decoder_layers=args.layers, dropout=args.dropout, max_length=40)
+                                   num_decoder_layers=args.layers, dropout=args.dropout, max_length=40,
+                                   dtype=args.policy)
     print(f"pairs: train {len(splits.train.source)}, val {len(splits.val.source)}, test {len(splits.test.source)}; "
           f"shared SentencePiece BPE vocabulary {model.target_vocab_size} (learned in {time.perf_counter() - start:.0f} s); "
-          f"{model.count_params():,} parameters", flush=True)
+          f"{model.count_params():,} parameters, policy {args.policy}", flush=True)
     model.compile(optimizers.Adam(optimizers.NoamDecay(args.model_dim, args.warmup_steps, args.lr_scale),
                                   beta_2=0.98, epsilon=1e-9))
     best = os.path.join(tempfile.mkdtemp(), "best.attnx")

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <string>
+#include <type_traits>
 
 #include "attnx/conv.hpp"
 #include "bindings.hpp"
@@ -115,10 +116,12 @@ void init_conv(py::module_& m) {
     m.def(
         "conv2d_forward",
         [](const py::array& x, const py::array& kernel, const py::object& bias, Pair strides,
-           const std::string& padding, const std::string& activation) {
+           const std::string& padding, const std::string& activation, bool bf16) {
             const Activation act = parse_activation(activation);
             return dispatch_float(x, "conv2d_forward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
+                if (bf16 && !std::is_same_v<T, float>)
+                    throw py::type_error("conv2d_forward: bf16 needs float32 operands, got float64");
                 const T* px = in_ptr<T>(x, "conv2d_forward: x");
                 const T* pk = in_ptr<T>(kernel, "conv2d_forward: kernel");
                 const Window2D w = conv_windows(x, kernel, strides, padding, "conv2d_forward");
@@ -131,24 +134,32 @@ void init_conv(py::module_& m) {
                 T* py_ = y.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    conv2d_forward<T>(py_, pz, px, pk, pb, w, (int)F, act);
+                    if constexpr (std::is_same_v<T, float>) {
+                        if (bf16) bf16_conv2d_forward(py_, pz, px, pk, pb, w, (int)F, act);
+                        else conv2d_forward<T>(py_, pz, px, pk, pb, w, (int)F, act);
+                    } else {
+                        conv2d_forward<T>(py_, pz, px, pk, pb, w, (int)F, act);
+                    }
                 }
                 return py::make_tuple(y, z);
             });
         },
         py::arg("x"), py::arg("kernel"), py::arg("bias"), py::arg("strides"), py::arg("padding") = "valid",
-        py::arg("activation") = "linear",
+        py::arg("activation") = "linear", py::arg("bf16") = false,
         "y = act(conv(x, kernel) + bias) for x (B, H, W, C) and kernel (KH, KW, C, F), TensorFlow's 'same' or "
-        "'valid' padding; returns (y, z) with z the pre-activation (the same array unless the activation is gelu).");
+        "'valid' padding; returns (y, z) with z the pre-activation (the same array unless the activation is gelu). "
+        "bf16: the products on bfloat16 operands with float32 sums (float32 only).");
 
     m.def(
         "conv2d_backward",
         [](const py::array& dy, const py::array& x, const py::array& kernel, const py::array& y, const py::array& z,
            Pair strides, const std::string& padding, const std::string& activation, py::array& dkernel,
-           const py::object& dbias, bool need_dx) -> py::object {
+           const py::object& dbias, bool need_dx, bool bf16) -> py::object {
             const Activation act = parse_activation(activation);
             return dispatch_float(x, "conv2d_backward: x", [&](auto tag) -> py::object {
                 using T = decltype(tag);
+                if (bf16 && !std::is_same_v<T, float>)
+                    throw py::type_error("conv2d_backward: bf16 needs float32 operands, got float64");
                 const T* px = in_ptr<T>(x, "conv2d_backward: x");
                 const T* pk = in_ptr<T>(kernel, "conv2d_backward: kernel");
                 const Window2D w = conv_windows(x, kernel, strides, padding, "conv2d_backward");
@@ -166,7 +177,12 @@ void init_conv(py::module_& m) {
                 T* pdx = need_dx ? dx.mutable_data() : nullptr;
                 {
                     py::gil_scoped_release release;
-                    conv2d_backward<T>(pdx, pdk, pdb, pdy, px, pk, py_, pz, w, (int)F, act);
+                    if constexpr (std::is_same_v<T, float>) {
+                        if (bf16) bf16_conv2d_backward(pdx, pdk, pdb, pdy, px, pk, py_, pz, w, (int)F, act);
+                        else conv2d_backward<T>(pdx, pdk, pdb, pdy, px, pk, py_, pz, w, (int)F, act);
+                    } else {
+                        conv2d_backward<T>(pdx, pdk, pdb, pdy, px, pk, py_, pz, w, (int)F, act);
+                    }
                 }
                 if (!need_dx) return py::none();
                 return std::move(dx);
@@ -174,7 +190,8 @@ void init_conv(py::module_& m) {
         },
         py::arg("dy"), py::arg("x"), py::arg("kernel"), py::arg("y"), py::arg("z"), py::arg("strides"),
         py::arg("padding"), py::arg("activation"), py::arg("dkernel"), py::arg("dbias"), py::arg("need_dx") = true,
-        "Backward of conv2d_forward: accumulates into dkernel/dbias, returns dx (or None).");
+        py::arg("bf16") = false,
+        "Backward of conv2d_forward: accumulates into dkernel/dbias, returns dx (or None). bf16: as conv2d_forward's.");
 
     def_pool_forward<MaxForward>(
         m, "max_pool2d_forward", "y[b, oh, ow, c] = the maximum of x (B, H, W, C) over each window inside the image.");

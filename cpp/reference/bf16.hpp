@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "reference/conv.hpp"
 #include "reference/dense.hpp"
 
 namespace attnx::reference {
@@ -66,6 +67,31 @@ inline void bf16_dense_backward(double* dx, double* dW, double* db, const double
     if (db)
         for (int n = 0; n < N; ++n)
             for (int o = 0; o < OC; ++o) db[o] += dz[(size_t)n * OC + o];
+}
+
+// z[b, oh, ow, f] = bias[f] + sum_{i, j, c} bf16(x[b, oh SH - pad_top + i, ow SW - pad_left + j, c]) bf16(K[i, j, c, f]);
+// y = act(z)
+inline void bf16_conv2d_forward(double* y, double* z, const double* x, const double* K, const double* bias,
+                                const Window2D& w, int F, Activation a) {
+    const auto xr = rounded_to_bf16(x, (size_t)w.B * w.H * w.W * w.C), Kr = rounded_to_bf16(K, (size_t)w.patch() * F);
+    conv2d_forward(y, z, xr.data(), Kr.data(), bias, w, F, a);
+}
+
+// y = act(z), z as above
+// => dz = dy act'(z);  dx = sum bf16(dz) bf16(K) (overwritten; null: skipped);  dK += sum bf16(x) bf16(dz);
+//    dbias += sum dz (not rounded: a reduction)
+inline void bf16_conv2d_backward(double* dx, double* dK, double* dbias, const double* dy, const double* x,
+                                 const double* K, const double* y, const double* z, const Window2D& w, int F,
+                                 Activation a) {
+    const size_t rows = (size_t)w.B * w.OH * w.OW;
+    std::vector<double> dz(rows * F);
+    activation_backward(dz.data(), dy, z, y, rows, F, a);
+    const auto xr = rounded_to_bf16(x, (size_t)w.B * w.H * w.W * w.C), Kr = rounded_to_bf16(K, (size_t)w.patch() * F);
+    const auto dzr = rounded_to_bf16(dz.data(), dz.size());
+    conv2d_backward(dx, dK, nullptr, dzr.data(), xr.data(), Kr.data(), dzr.data(), dzr.data(), w, F, Activation::linear);
+    if (dbias)
+        for (size_t r = 0; r < rows; ++r)
+            for (int f = 0; f < F; ++f) dbias[f] += dz[r * F + f];
 }
 
 }  // namespace attnx::reference

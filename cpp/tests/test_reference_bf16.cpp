@@ -1,7 +1,8 @@
 // bf16.hpp against cpp/reference/bf16.hpp: the rounding to bf16 (exactly, on ties, subnormals, the
 // overflow to inf and NaN), the packed bf16 product in its four transpose forms with and without
 // accumulation, on sizes that leave vector, tile, row-block and pair-block tails and odd K, and the
-// Dense forward and backward; on every SIMD level (AVX-512 both on vdpbf16ps where the CPU has it
+// Dense forward and backward, and the convolution (conv.hpp's bf16 path: patches, groups of images,
+// col2im) forward and backward; on every SIMD level (AVX-512 both on vdpbf16ps where the CPU has it
 // and on float lanes), on one thread and two. The float-lane levels must agree bit for bit.
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "attnx/bf16.hpp"
+#include "attnx/conv.hpp"
 #include "reference/bf16.hpp"
 #include "reference_check.hpp"
 
@@ -142,6 +144,33 @@ void test_dense(int N, int C, int OC, Activation act, bool bias, unsigned seed) 
     });
 }
 
+void test_conv(int B, int H, int W, int C, int KH, int KW, int S, bool same, int F, Activation act, unsigned seed,
+               double x_scale = 1.0) {
+    const Window2D w = window_2d(B, H, W, C, KH, KW, S, S, same);
+    std::mt19937 rng(seed);
+    const auto x = random_values(rng, (size_t)B * H * W * C, x_scale), kernel = random_values(rng, (size_t)w.patch() * F, 0.3);
+    const auto bias = random_values(rng, F), dy = random_values(rng, (size_t)B * w.out_pixels() * F);
+    const auto dK0 = random_values(rng, kernel.size()), db0 = random_values(rng, F);
+    std::vector<double> y(dy.size()), z(dy.size()), dx(x.size()), dK = dK0, db = db0;
+    reference::bf16_conv2d_forward(y.data(), z.data(), x.data(), kernel.data(), bias.data(), w, F, act);
+    reference::bf16_conv2d_backward(dx.data(), dK.data(), db.data(), dy.data(), x.data(), kernel.data(), y.data(),
+                                    z.data(), w, F, act);
+    const Named want{{"y", y}, {"z", z}, {"dx", dx}, {"dK", dK}, {"db", db}};
+    char where[128];
+    std::snprintf(where, sizeof where, "bf16_conv2d B=%d %dx%dx%d K=%dx%d S=%d %s F=%d act=%d", B, H, W, C, KH, KW, S,
+                  same ? "same" : "valid", F, (int)act);
+    on_every_bf16_path([&](const std::string& level) {
+        const auto x_ = cast<float>(x), k_ = cast<float>(kernel), b_ = cast<float>(bias), dy_ = cast<float>(dy);
+        std::vector<float> y_(y.size()), z_(z.size()), dx_(dx.size()), dK_ = cast<float>(dK0), db_ = cast<float>(db0);
+        bf16_conv2d_forward(y_.data(), z_.data(), x_.data(), k_.data(), b_.data(), w, F, act);
+        bf16_conv2d_backward(dx_.data(), dK_.data(), db_.data(), dy_.data(), x_.data(), k_.data(), y_.data(),
+                             z_.data(), w, F, act);
+        compare_all({{"y", to_double(y_)}, {"z", to_double(z_)}, {"dx", to_double(dx_)}, {"dK", to_double(dK_)},
+                     {"db", to_double(db_)}},
+                    want, kBf16SumTolerance, std::string(where) + " " + level);
+    });
+}
+
 }  // namespace
 
 int main() {
@@ -161,5 +190,11 @@ int main() {
         test_dense(37, 29, 45, act, true, seed++);
         test_dense(301, 67, 53, act, false, seed++);
     }
+    test_conv(2, 7, 6, 3, 3, 3, 1, true, 5, Activation::linear, seed++);     // padding on every side
+    test_conv(3, 9, 8, 2, 3, 3, 2, false, 4, Activation::relu, seed++);      // strides, windows that skip pixels
+    test_conv(2, 12, 12, 16, 3, 3, 1, true, 17, Activation::gelu, seed++);   // Winograd's shape in float32
+    test_conv(3, 1, 40, 8, 1, 5, 1, false, 6, Activation::tanh, seed++);     // Conv1D's image (one row)
+    // three groups of images (16 MiB of patches each); x small, as the kernel gradient sums 3680 rows in float32
+    test_conv(230, 6, 6, 256, 3, 3, 1, false, 4, Activation::linear, seed++, 0.1);
     return attnx::test::report("test_reference_bf16");
 }

@@ -163,11 +163,11 @@ def decoder_backward(
 # ---------------------------------------------------------------------------- convolution, pooling: (B, H, W, C)
 def conv2d_forward(
     x: Array, kernel: Array, bias: Array | None, strides: tuple[int, int], padding: str = "valid",
-    activation: str = "linear",
+    activation: str = "linear", bf16: bool = False,
 ) -> tuple[Array, Array]: ...
 def conv2d_backward(
     dy: Array, x: Array, kernel: Array, y: Array, z: Array, strides: tuple[int, int], padding: str, activation: str,
-    dkernel: Array, dbias: Array | None, need_dx: bool = True,
+    dkernel: Array, dbias: Array | None, need_dx: bool = True, bf16: bool = False,
 ) -> Array | None: ...
 def max_pool2d_forward(
     x: Array, pool_size: tuple[int, int], strides: tuple[int, int], padding: str = "valid"

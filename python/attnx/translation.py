@@ -283,6 +283,9 @@ class Transformer(Model):
             training accepts and decoding produces.
         source_tokenizer, target_tokenizer: `attnx.text.SubwordTokenizer`s (or one shared) for the
             methods that take sentences.
+        dtype: the policy of every sublayer (`attnx.mixed_precision`), default the global policy;
+            "mixed_bfloat16" runs every product (attention projections, feed-forward, output
+            projection, tied or not) on bf16 operands, and the saved config records it.
 
     Bounds (a saved file sets these, and time and memory grow with them): vocabulary sizes <= 2**22,
     model_dim <= 16384, intermediate_dim <= 65536, up to 256 layers per stack, max_positions <= 8192,
@@ -302,7 +305,7 @@ class Transformer(Model):
                  num_encoder_layers=3, num_decoder_layers=3, dropout=0.1, activation="relu", norm_first=False,
                  layer_norm_epsilon=1e-5, positions="sinusoidal", max_positions=256, shared_embeddings=False,
                  tie_output=False, start_token="<start>", end_token="<end>", max_length=50, source_tokenizer=None,
-                 target_tokenizer=None, dtype="float32", name=None):
+                 target_tokenizer=None, dtype=None, name=None):
         super().__init__(name=name or unique_name("transformer"), dtype=dtype)
         owner = "Transformer"
         self.source_vocab_size = _positive_int(owner, "source_vocab_size", source_vocab_size, 2 ** 22)
@@ -336,7 +339,7 @@ class Transformer(Model):
         self.stack_config = {"num_heads": self.num_heads, "intermediate_dim": intermediate_dim, "dropout": dropout,
                              "activation": activation, "layer_norm_epsilon": layer_norm_epsilon,
                              "norm_first": norm_first}
-        dtype = self.dtype.name
+        dtype = self.dtype_policy  # every sublayer takes the model's policy (mixed_bfloat16: bf16 products)
         D = self.model_dim
         # Vaswani et al. scale the embeddings by sqrt(D): drawn with std D^-1/2, they enter at std 1
         init = initializers.RandomNormal(stddev=D ** -0.5)
@@ -409,7 +412,7 @@ class Transformer(Model):
                 **self.stack_config, "positions": self.positions, "max_positions": self.max_positions,
                 "shared_embeddings": self.shared_embeddings, "tie_output": self.tie_output,
                 "start_token": self.start_id, "end_token": self.end_id, "max_length": self.max_length,
-                "dtype": self.dtype.name,
+                "dtype": self.dtype_policy.name,
                 **{k: None if t is None else t.to_json() for k, t in tokenizers.items()}}
 
     @classmethod

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "attnx/activations.hpp"
+#include "attnx/bf16.hpp"
 #include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 
@@ -587,6 +588,75 @@ void conv2d_backward(T* dx, T* dkernel, T* dbias, const T* dy, const T* x, const
         if (dbias)
             for (int f = 0; f < F; ++f) dbias[f] += db[f];
     });
+}
+
+// ------------------------------------------------------------------------- Conv2D on bf16 products
+// Under mixed_bfloat16 a convolution is a Dense product of its patches: im2col rows (OH OW, P) of a
+// group of images times K (P, F) on bf16.hpp's tiles, forward and backward (col2im for dx). The groups
+// keep the patches to about 16 MiB and give bf16_gemm rows of several images to split across threads.
+inline int bf16_conv_images_per_group(const Window2D& w) {
+    const size_t image_patches = std::max<size_t>(w.out_pixels() * w.patch(), 1);
+    return (int)std::max<size_t>(1, std::min<size_t>(w.B, (size_t(4) << 20) / image_patches));
+}
+
+// the patches of images [b0, b1) of x, one row per output pixel, image after image
+inline void bf16_conv_patches(std::vector<float>& cols, std::vector<float>& xp, const float* x, const Window2D& w,
+                              int b0, int b1) {
+    const size_t in_image = w.in_pixels() * w.C, image_rows = w.out_pixels();
+    cols.resize((b1 - b0) * image_rows * w.patch());
+    for (int b = b0; b < b1; ++b) {
+        pad_image(xp, x + b * in_image, w, w.padded_rows(), w.padded_cols());
+        im2col(cols.data() + (b - b0) * image_rows * w.patch(), xp.data(), w, 0, w.OH);
+    }
+}
+
+// reference: cpp/reference/bf16.hpp, bf16_conv2d_forward
+// z[b, oh, ow, f] = bias[f] + sum_{i, j, c} bf16(x[b, oh SH - pad_top + i, ow SW - pad_left + j, c]) bf16(K[i, j, c, f]),
+// y = act(z) (y may alias z, except for gelu)
+inline void bf16_conv2d_forward(float* y, float* z, const float* x, const float* kernel, const float* bias,
+                                const Window2D& w, int F, Activation act) {
+    if (F == 0 || w.out_pixels() == 0) return;
+    const int group = bf16_conv_images_per_group(w);
+    const size_t out_image = w.out_pixels() * F;
+    std::vector<float> cols, xp;
+    for (int b0 = 0; b0 < w.B; b0 += group) {
+        const int b1 = std::min(w.B, b0 + group);
+        bf16_conv_patches(cols, xp, x, w, b0, b1);
+        bf16_dense_forward(y + b0 * out_image, z + b0 * out_image, cols.data(), kernel, bias,
+                           (int)((b1 - b0) * w.out_pixels()), w.patch(), F, act);
+    }
+}
+
+// reference: cpp/reference/bf16.hpp, bf16_conv2d_backward
+// dz = dy act'(z) (float32);  dK[i, j, c, f] += sum bf16(patch) bf16(dz[.., f]),  dbias[f] += sum dz[.., f],
+// dx = col2im(bf16(dz) . bf16(K)^T) (overwritten; null: not computed); dbias may be null
+inline void bf16_conv2d_backward(float* dx, float* dkernel, float* dbias, const float* dy, const float* x,
+                                 const float* kernel, const float* y, const float* z, const Window2D& w, int F,
+                                 Activation act) {
+    const size_t in_image = w.in_pixels() * w.C, out_image = w.out_pixels() * F, image_rows = w.out_pixels();
+    if (F == 0 || w.out_pixels() == 0) {
+        if (dx) std::fill(dx, dx + w.B * in_image, 0.0f);
+        return;
+    }
+    const int group = bf16_conv_images_per_group(w), P = w.patch();
+    std::vector<float> cols, xp, dz, dcols, dxp;
+    for (int b0 = 0; b0 < w.B; b0 += group) {
+        const int b1 = std::min(w.B, b0 + group);
+        const size_t rows = (b1 - b0) * image_rows;
+        dz.resize(rows * F);
+        activation_backward<float>(dz.data(), dy + b0 * out_image, z + b0 * out_image, y + b0 * out_image, rows,
+                                   (size_t)F, act);
+        bf16_conv_patches(cols, xp, x, w, b0, b1);
+        if (dx) dcols.resize(rows * P);
+        bf16_dense_backward(dx ? dcols.data() : nullptr, dkernel, dbias, dz.data(), cols.data(), kernel, (int)rows, P,
+                            F);
+        if (!dx) continue;
+        for (int b = b0; b < b1; ++b) {
+            dxp.assign((size_t)w.padded_rows() * w.padded_cols() * w.C, 0.0f);
+            col2im_add(dxp.data(), dcols.data() + (b - b0) * image_rows * P, w, 0, w.OH);
+            crop_image(dx + b * in_image, dxp.data(), w);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------- pooling

@@ -8,7 +8,7 @@
 //   backward: the reverse-time steps as rnn.hpp with d h_rec = bf16(dhu_t) . bf16(U)^T, giving dgates
 //             (and GRU's dhu), dh0, dc0, the biases' gradients; then
 //             dx = bf16(dgates) . bf16(W)^T, dW += bf16(x)^T . bf16(dgates), dU += bf16(h_rec)^T . bf16(dhu)
-//             (GRU classic: dU_rz from h_rec, dU_n from r * h_rec)
+//             (LSTM, SimpleRNN: [dW; dU] in one product; GRU classic: dU_rz from h_rec, dU_n from r * h_rec)
 //
 // The per-step products are 45% of an LSTM(256)'s training FLOPs at B 64, T 128: in float32 they held
 // the bf16 step to 1.03x the float32 one. Paired, U is half the bytes (512 KiB at H 256 for the LSTM's
@@ -100,10 +100,25 @@ inline void rnn_backward_bf16(const RNNConfig& cfg, float* dx, float* dW, float*
             if (rec_bias) db_rec[g] += sums[(size_t)G + g];
         }
     });
-    // dx = dgates . W^T;  dW += x^T . dgates
+    // dx = dgates . W^T
     if (dx) bf16_gemm(dx, (size_t)C, dgates, (size_t)G, false, W, (size_t)G, true, rows, C, G, false);
-    bf16_gemm(dW, (size_t)G, x, (size_t)C, true, dgates, (size_t)G, false, C, G, rows, true);
     const float* h_rec = cache.recurrent_input();
+    if (cfg.cell != RNNCell::gru) {
+        // LSTM, SimpleRNN (dhu is dgates): [dW; dU] += [x | h_rec]^T . dgates, one product, as rnn.hpp's
+        // float32 backward: two would pair dgates (B T x G, the largest operand) twice
+        const int CH = C + H;
+        std::vector<float> inputs((size_t)rows * CH), sums((size_t)CH * G);
+        for (int r = 0; r < rows; ++r) {
+            std::copy_n(x + (size_t)r * C, C, inputs.data() + (size_t)r * CH);
+            std::copy_n(h_rec + (size_t)r * H, H, inputs.data() + (size_t)r * CH + C);
+        }
+        bf16_gemm(sums.data(), (size_t)G, inputs.data(), (size_t)CH, true, dgates, (size_t)G, false, CH, G, rows, false);
+        for (size_t i = 0; i < (size_t)C * G; ++i) dW[i] += sums[i];
+        for (size_t i = 0; i < (size_t)H * G; ++i) dU[i] += sums[(size_t)C * G + i];
+        return;
+    }
+    // dW += x^T . dgates
+    bf16_gemm(dW, (size_t)G, x, (size_t)C, true, dgates, (size_t)G, false, C, G, rows, true);
     if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
         // dU_rz += h_rec^T . d[r, z];  dU_n += (r h_rec)^T . dn
         bf16_gemm(dU, (size_t)G, h_rec, (size_t)H, true, dhu, (size_t)G, false, H, 2 * H, rows, true);

@@ -153,11 +153,13 @@ class Layer:
         constraints.attach(value, constraints.get(constraint))
         return value
 
-    # Keras' kernel-layer arguments (Dense, Conv1D, Conv2D): one home for reading, creating and configuring them
+    # Keras' kernel-layer arguments (Dense, Conv1D, Conv2D; MultiHeadAttention's without an activation,
+    # has_activation False): one home for reading, creating and configuring them
     def _set_kernel_arguments(self, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
                               bias_initializer="zeros", kernel_regularizer=None, bias_regularizer=None,
-                              kernel_constraint=None, bias_constraint=None):
-        self.activation = activations.get(activation)
+                              kernel_constraint=None, bias_constraint=None, has_activation=True):
+        if has_activation:
+            self.activation = activations.get(activation)
         self.use_bias = bool(use_bias)
         self.kernel_initializer = initializers.get(kernel_initializer)
         self.bias_initializer = initializers.get(bias_initializer)
@@ -173,8 +175,8 @@ class Layer:
         if self.use_bias:
             self.add_weight("bias", (units,), self.bias_initializer, self.bias_regularizer, self.bias_constraint)
 
-    def _kernel_arguments_config(self):
-        return {"activation": self.activation, "use_bias": self.use_bias,
+    def _kernel_arguments_config(self, has_activation=True):
+        return {**({"activation": self.activation} if has_activation else {}), "use_bias": self.use_bias,
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
                 "bias_initializer": initializers.serialize(self.bias_initializer),
                 "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),

@@ -108,6 +108,8 @@ class Conv2D(_Windows2D):
     The kernel is stored as Keras does, ``(kernel_rows, kernel_cols, channels, filters)``.
     """
 
+    _bf16_products = True  # attnx.mixed_precision: the convolution's products (conv.hpp's bf16 path)
+
     def __init__(self, filters, kernel_size, strides=(1, 1), padding="valid", activation=None, use_bias=True,
                  kernel_initializer="glorot_uniform", bias_initializer="zeros", kernel_regularizer=None,
                  bias_regularizer=None, kernel_constraint=None, bias_constraint=None, **kwargs):
@@ -134,7 +136,8 @@ class Conv2D(_Windows2D):
         kernel = self.params["kernel"]
         x = self._image(inputs, channels=kernel.shape[2])
         y, z = kernels.conv2d_forward(x=x, kernel=kernel, bias=self.params.get("bias"), strides=self.strides,
-                                    padding=self.padding, activation=self.activation)
+                                    padding=self.padding, activation=self.activation,
+                                    bf16=self.compute_dtype == "bfloat16")
         return y, ((x, y, z) if training else None)
 
     def backprop(self, cache, dy, need_dx=True):
@@ -142,7 +145,7 @@ class Conv2D(_Windows2D):
         return kernels.conv2d_backward(dy=self._grad_input(dy, y.shape), x=x, kernel=self.params["kernel"], y=y, z=z,
                                      strides=self.strides, padding=self.padding, activation=self.activation,
                                      dkernel=self.grads["kernel"], dbias=self.grads.get("bias"),
-                                     need_dx=need_dx)
+                                     need_dx=need_dx, bf16=self.compute_dtype == "bfloat16")
 
     def compute_output_shape(self, input_shape):
         return self._output_shape(input_shape, self.filters)

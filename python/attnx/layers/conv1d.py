@@ -42,6 +42,8 @@ class Conv1D(Layer):
     mask (its steps are windows).
     """
 
+    _bf16_products = True  # attnx.mixed_precision: the convolution's products (conv.hpp's bf16 path)
+
     def __init__(self, filters, kernel_size, strides=1, padding="valid", dilation_rate=1, activation=None,
                  use_bias=True, kernel_initializer="glorot_uniform", bias_initializer="zeros",
                  kernel_regularizer=None, bias_regularizer=None, kernel_constraint=None, bias_constraint=None,
@@ -114,7 +116,7 @@ class Conv1D(Layer):
         for images, group_kernel, group_bias in self._groups(image, image_kernel, bias):
             parts.append(kernels.conv2d_forward(x=images, kernel=group_kernel, bias=group_bias,
                                                 strides=(1, self.strides), padding=padding,
-                                                activation=self.activation))
+                                                activation=self.activation, bf16=self.compute_dtype == "bfloat16"))
         cache = (image, image_kernel, parts, padding, keep, steps) if training else None
         y = parts[0][0] if self.groups == 1 else np.concatenate([part[0] for part in parts], axis=-1)
         return y[:, 0], cache
@@ -147,7 +149,7 @@ class Conv1D(Layer):
             dxs.append(kernels.conv2d_backward(dy=dy if self.groups == 1 else np.ascontiguousarray(dy[..., one]),
                                                x=images, kernel=group_kernel, y=y, z=z, strides=(1, self.strides),
                                                padding=padding, activation=self.activation, dkernel=dkernel_g,
-                                               dbias=dbias_g, need_dx=need_dx))
+                                               dbias=dbias_g, need_dx=need_dx, bf16=self.compute_dtype == "bfloat16"))
             if self.groups > 1:
                 dwide[..., one] += dkernel_g
                 if dbias is not None:

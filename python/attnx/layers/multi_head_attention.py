@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from .. import constraints, initializers, kernels, random, regularizers
+from .. import kernels, random
 from ..masking import as_mask
 from ..symbolic import any_symbolic
 from .attention import _default_scale, _dense, _dense_backward, scaled_dot_product_attention_backward
@@ -174,18 +174,13 @@ class MultiHeadAttention(Layer):
         self.dropout = float(dropout)
         self.seed_generator = random.SeedGenerator(seed, "MultiHeadAttention")
         self.seed = self.seed_generator.seed
-        self.use_bias = bool(use_bias)
         dims = _output_dims(output_shape)
         # an int (or a tuple of one, Keras' config of it) stays an int; several sizes stay a tuple
         self.output_shape = None if dims is None else (dims[0] if len(dims) == 1 else dims)
         self.attention_axes = _attention_axes_arg(attention_axes)
         self.use_gate = bool(use_gate)
-        self.kernel_initializer = initializers.get(kernel_initializer)
-        self.bias_initializer = initializers.get(bias_initializer)
-        self.kernel_regularizer = regularizers.get(kernel_regularizer)
-        self.bias_regularizer = regularizers.get(bias_regularizer)
-        self.kernel_constraint = constraints.get(kernel_constraint)
-        self.bias_constraint = constraints.get(bias_constraint)
+        self._set_kernel_arguments(None, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+                                   bias_regularizer, kernel_constraint, bias_constraint, has_activation=False)
 
     # Keras-style calls layer(query, value, key): Layer.__call__ and Layer.apply would build from
     # the query's shape alone, so both build here from all three, on arrays and on a model's
@@ -500,13 +495,7 @@ class MultiHeadAttention(Layer):
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "key_dim": self.key_dim,
-                "value_dim": self.value_dim, "dropout": self.dropout, "use_bias": self.use_bias,
-                "output_shape": self.output_shape, "seed": self.seed, "attention_axes": self.attention_axes,
-                "use_gate": self.use_gate,
-                "kernel_initializer": initializers.serialize(self.kernel_initializer),
-                "bias_initializer": initializers.serialize(self.bias_initializer),
-                "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
-                "bias_regularizer": regularizers.serialize(self.bias_regularizer),
-                "kernel_constraint": constraints.serialize(self.kernel_constraint),
-                "bias_constraint": constraints.serialize(self.bias_constraint)}
+                "value_dim": self.value_dim, "dropout": self.dropout, "output_shape": self.output_shape,
+                "seed": self.seed, "attention_axes": self.attention_axes, "use_gate": self.use_gate,
+                **self._kernel_arguments_config(has_activation=False)}
 

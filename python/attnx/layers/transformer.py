@@ -77,7 +77,7 @@ class _TransformerLayerBase(_Composite):
 
     def _attention(self, prefix, input_shapes):
         return self._add_sublayer(prefix, MultiHeadAttention(
-            self.num_heads, self.head_dim, dropout=self.dropout, dtype=self.dtype,
+            self.num_heads, self.head_dim, dropout=self.dropout, dtype=self.dtype_policy,
             seed=random.sub_seed(self.seed, 1 if prefix == "self_attention" else 2), name=f"{self.name}/{prefix}"),
             input_shapes)
 
@@ -87,7 +87,7 @@ class _TransformerLayerBase(_Composite):
 
     def _feed_forward(self, input_shape):
         return self._add_sublayer("feed_forward", FeedForward(
-            self.intermediate_dim, self.activation, self.dropout, dtype=self.dtype, seed=random.sub_seed(self.seed, 3),
+            self.intermediate_dim, self.activation, self.dropout, dtype=self.dtype_policy, seed=random.sub_seed(self.seed, 3),
             name=f"{self.name}/feed_forward"), input_shape)
 
     def _residual(self, x, norm, sublayer, training):
@@ -389,7 +389,7 @@ class _TransformerStack(_Composite):
                              "activation": activation, "layer_norm_epsilon": layer_norm_epsilon,
                              "norm_first": norm_first}
         self.seed = None if seed is None else random.as_seed(seed, type(self).__name__)
-        self.blocks = [self.layer_class(**self.layer_config, seed=random.sub_seed(self.seed, i), dtype=self.dtype,
+        self.blocks = [self.layer_class(**self.layer_config, seed=random.sub_seed(self.seed, i), dtype=self.dtype_policy,
                                         name=f"{self.name}/layer_{i}") for i in range(self.num_layers)]
 
     def build(self, input_shape):
