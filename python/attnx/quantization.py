@@ -75,14 +75,21 @@ def inference_only(layer, training):
                          "train the float model, then call model.quantize")
 
 
+# the kernel axes that are its input, per spec of `Layer.quantizable_weights` ("rows": an Embedding's table)
+INPUT_AXES = {"columns": 1, "head_columns": 2}
+
+
 def quantize_matrix(w, axis):
-    """(q int8 in [-127, 127], scale float32) of a float matrix (K, N): one scale per column
-    (axis "columns", a kernel's output units) or per row ("rows", an Embedding's tokens)."""
+    """(q int8 in [-127, 127], scale float32) of a float weight: one scale per row ("rows", an
+    Embedding's tokens), or per output unit of a kernel whose first axis ("columns": (K, N), or
+    MultiHeadAttention's (K, heads, head_dim)) or first two axes ("head_columns": its output kernel
+    (heads, value_dim, N)) are the input. q has w's shape, the scale the output axes'."""
     w = np.asarray(w, np.float32)
     if axis == "rows":
         return kernels.quantize_rows(x=np.ascontiguousarray(w))
-    q, scale = kernels.quantize_rows(x=np.ascontiguousarray(w.T))
-    return np.ascontiguousarray(q.T), scale
+    inputs = INPUT_AXES[axis]
+    q, scale = kernels.quantize_rows(x=np.ascontiguousarray(w.reshape(int(np.prod(w.shape[:inputs])), -1).T))
+    return np.ascontiguousarray(q.T).reshape(w.shape), scale.reshape(w.shape[inputs:])
 
 
 # The packed form of each int8 kernel in use: id(kernel) -> {split: kernels.Int8Kernel}, emptied by
@@ -91,10 +98,10 @@ _PACKED = {}
 
 
 def packed(layer, name, split=0):
-    """`layer`'s int8 weight `name` (K, N) with its per-column scale ``name + "_scale"`` packed for the
-    int8 products (`kernels.pack_int8`, which checks the range; `split` as there), made at the first
-    call after the weight was quantized or set, then reused. Both arrays stay read-only while packed
-    (`check_weights` opens them again)."""
+    """`layer`'s int8 weight `name` with its per-unit scale ``name + "_scale"`` packed for the int8
+    products as the matrix (input axes, output axes: the scale's) (`kernels.pack_int8`, which checks
+    the range; `split` as there), made at the first call after the weight was quantized or set, then
+    reused. Both arrays stay read-only while packed (`check_weights` opens them again)."""
     kernel, scale = layer.params[name], layer.params[name + "_scale"]
     entry = _PACKED.get(id(kernel))
     if entry is None:
@@ -102,7 +109,8 @@ def packed(layer, name, split=0):
         weakref.finalize(kernel, _PACKED.pop, id(kernel), None)
     if split not in entry:
         try:
-            entry[split] = kernels.pack_int8(kernel=kernel, kernel_scale=scale, split=split)
+            entry[split] = kernels.pack_int8(kernel=kernel.reshape(-1, scale.size), kernel_scale=scale.reshape(-1),
+                                             split=split)
         except ValueError as exc:
             raise ValueError(f"Layer '{layer.name}': weight '{name}': {exc}") from None
         kernel.flags.writeable = scale.flags.writeable = False

@@ -26,6 +26,11 @@ class FeedForward(_Composite):
     """
 
     supports_masking = True
+    quantizes_sublayers = True  # int8: its two Dense layers, each product with its bias and activation fused
+
+    @property
+    def quantization_mode(self):
+        return self.intermediate_dense.quantization_mode if self.built else None
 
     def __init__(self, intermediate_dim, activation="relu", dropout=0.0, output_dim=None, seed=None, **kwargs):
         super().__init__(**kwargs)
@@ -55,6 +60,9 @@ class FeedForward(_Composite):
     def forward(self, inputs, training=False):
         # inference in one float32 kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never
         # stored; under mixed_bfloat16 (the sublayers take the policy) the two Dense layers' bf16 products
+        if self.quantization_mode:
+            hidden, _ = self.intermediate_dense.forward(inputs, training)
+            return self.output_dense.forward(hidden, training)[0], None
         if not training and self.intermediate_dense.compute_dtype != "bfloat16":
             inner, outer = self.intermediate_dense.params, self.output_dense.params
             x = self._float_input(inputs, min_ndim=2, last_dim=inner["kernel"].shape[0])

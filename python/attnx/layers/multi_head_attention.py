@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from .. import constraints, initializers, kernels, random, regularizers
+from .. import constraints, initializers, kernels, quantization, random, regularizers
 from ..masking import as_mask
 from ..symbolic import any_symbolic
 from .attention import _default_scale, _dense, _dense_backward, scaled_dot_product_attention_backward
@@ -164,8 +164,9 @@ class MultiHeadAttention(Layer):
     def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True, output_shape=None,
                  attention_axes=None, kernel_initializer="glorot_uniform", bias_initializer="zeros",
                  kernel_regularizer=None, bias_regularizer=None, kernel_constraint=None, bias_constraint=None,
-                 use_gate=False, seed=None, **kwargs):
+                 use_gate=False, seed=None, quantization_mode=None, **kwargs):
         super().__init__(**kwargs)
+        self.quantization_mode = quantization.check_mode("MultiHeadAttention", quantization_mode)
         self.num_heads, _ = head_sizes("MultiHeadAttention", num_heads)
         self.key_dim = _positive_int(key_dim, "key_dim")
         self.value_dim = _positive_int(value_dim, "value_dim") if value_dim is not None else self.key_dim
@@ -260,9 +261,15 @@ class MultiHeadAttention(Layer):
         # Keras' order: its sublayers query, key, gate, value, attention_output, as its build makes them
         projections = [("query", query_dim, dk), ("key", key_dim, dk)] + \
             [("gate", query_dim, dv)] * self.use_gate + [("value", value_dim, dv)]
-        for name, in_dim, head_dim in projections:
-            self._add_projection(name, (in_dim, H, head_dim), (H, head_dim))
-        self._add_projection("output", (H, dv, *out), out)
+        with quantization.building(self):
+            for name, in_dim, head_dim in projections:
+                self._add_projection(name, (in_dim, H, head_dim), (H, head_dim))
+            self._add_projection("output", (H, dv, *out), out)
+
+    def quantizable_weights(self):
+        # int8: each projection's kernel per output unit; the output kernel's input is (heads, value_dim)
+        return {name: "head_columns" if name == "output_kernel" else "columns"
+                for name in self.params if name.endswith("_kernel")}
 
     def _add_projection(self, name, kernel_shape, bias_shape):
         self.add_weight(f"{name}_kernel", kernel_shape, self.kernel_initializer, self.kernel_regularizer,
@@ -289,7 +296,11 @@ class MultiHeadAttention(Layer):
 
     def _project(self, name, rows, activation="linear"):
         bias = self.params.get(f"{name}_bias")
-        kernel, bias = self._matrix(name, self.params[f"{name}_kernel"]), None if bias is None else bias.reshape(-1)
+        bias = None if bias is None else bias.reshape(-1)
+        if self.quantization_mode:  # int8 products, the scales, bias and activation in their epilogue
+            return kernels.dense_forward_int8(x=np.require(rows, np.float32, "CA"), bias=bias, activation=activation,
+                                              kernel=quantization.packed(self, f"{name}_kernel"))
+        kernel = self._matrix(name, self.params[f"{name}_kernel"])
         if self.compute_dtype == "bfloat16":
             return kernels.dense_forward_bf16(x=rows, kernel=kernel, bias=bias, activation=activation)[0]
         return _dense(rows, kernel, bias, activation)
@@ -411,6 +422,7 @@ class MultiHeadAttention(Layer):
         """`forward` on inputs and one mask it has checked: query (B, T, in), value (B, S, in), key or
         None (the value), mask (B, S), (B, T, S), (1, T, S) or None as the kernel takes it (the
         layers of this module call it with the masks they checked once)."""
+        quantization.inference_only(self, training and self.quantization_mode)
         q_in, v_in = query, value
         has_key = key is not None
         k_in = key if has_key else v_in
@@ -502,7 +514,7 @@ class MultiHeadAttention(Layer):
         return {**super().get_config(), "num_heads": self.num_heads, "key_dim": self.key_dim,
                 "value_dim": self.value_dim, "dropout": self.dropout, "use_bias": self.use_bias,
                 "output_shape": self.output_shape, "seed": self.seed, "attention_axes": self.attention_axes,
-                "use_gate": self.use_gate,
+                "use_gate": self.use_gate, **quantization.config(self),
                 "kernel_initializer": initializers.serialize(self.kernel_initializer),
                 "bias_initializer": initializers.serialize(self.bias_initializer),
                 "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),

@@ -207,6 +207,12 @@ class TransformerEncoderLayer(_TransformerLayerBase):
 
     supports_masking = True
 
+    quantizes_sublayers = True  # int8: its attention's projections and feed-forward network (forward, not step)
+
+    @property
+    def quantization_mode(self):
+        return self.self_attention.quantization_mode if self.built else None
+
     def build(self, input_shape):
         self._model_dim(input_shape)
         self.self_attention = self._attention("self_attention", [input_shape, input_shape])
@@ -410,6 +416,12 @@ class TransformerEncoder(_TransformerStack):
     Input shape ``(batch, T, D)``; output shape the same. Weights: ``layer_<i>/...``.
     """
 
+    quantizes_sublayers = True
+
+    @property
+    def quantization_mode(self):
+        return self.blocks[0].quantization_mode
+
     layer_class = TransformerEncoderLayer
     supports_masking = True
 
@@ -591,6 +603,9 @@ def _start_cache(owner, blocks, memory, encoder_padding_mask, capacity, batch_si
     for value, arg in ((capacity, "capacity"), (batch_size, "batch_size")):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{_where(owner, arg)} must be a positive integer, got {value!r}")
+    if owner.quantization_mode:
+        raise ValueError(f"Layer '{owner.name}': is quantized ({owner.quantization_mode}); the cached step runs the "
+                         "float32 weights only: step the float model")
     D, dtype = blocks[0].model_dim, owner.dtype
     if memory is None:
         N, source_mask = int(batch_size), None
