@@ -238,3 +238,36 @@ def dense_error_bound(x, kernel):
     K = x.shape[1]
     return x_step * (w.sum(axis=0, keepdims=True) + K * w_step) + \
         np.abs(x.astype(np.float64)).sum(axis=1, keepdims=True) * w_step
+
+
+def cached_step(blocks, x, cache, scale, return_attention):
+    """The cached step (`TransformerDecoder.step`) of quantized transformer layers `blocks` for the
+    embedded position x (N, D), over `cache` (a `DecoderCache` with room for the position, written in
+    place): each residual block (`residual_blocks()`) composed of its layers' int8 forward pieces (the
+    attention's projections with `MultiHeadAttention.project`, scores and softmax float32 with
+    `scale`, the feed-forward network, the norms), in place of the float kernels' one C++ call.
+    Returns (y (N, D), the last block's cross-attention weights (N, heads, S) when asked, else None)."""
+    position, weights = cache.length, None
+    for i, block in enumerate(blocks):
+        for kind, norm, sublayer in block.residual_blocks():
+            h = norm.apply(x[:, None])[0] if block.norm_first else x[:, None]
+            if kind == "feed_forward":
+                inner = sublayer.apply(h)[0]
+            else:
+                if kind == "self_attention":  # the position's key and value join the earlier ones
+                    cache.keys[i, :, position] = sublayer.project("key", h)[:, 0]
+                    cache.values[i, :, position] = sublayer.project("value", h)[:, 0]
+                    keys, values, mask = cache.keys[i, :, :position + 1], cache.values[i, :, :position + 1], None
+                else:
+                    keys, values, mask = cache.cross_keys[i], cache.cross_values[i], cache.source_mask
+                keep = return_attention and kind == "cross_attention" and i == len(blocks) - 1
+                context, attention = kernels.sdpa_forward(
+                    query=sublayer.project("query", h), key=np.ascontiguousarray(keys),
+                    value=np.ascontiguousarray(values), mask=mask, scale=scale, heads=sublayer.num_heads,
+                    return_weights=keep)
+                inner = sublayer.project("output", context)
+                if keep:
+                    weights = attention[:, :, 0]
+            y = x[:, None] + inner
+            x = (y if block.norm_first else norm.apply(y)[0])[:, 0]
+    return np.ascontiguousarray(x), weights

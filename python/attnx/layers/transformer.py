@@ -15,13 +15,14 @@ weights (and so only the output bias), never NaN.
 
 import numpy as np
 
-from .. import activations, kernels, random
+from .. import activations, kernels, quantization, random
 from ..masking import as_mask
 from .attention import is_shape
 from .composite import _Composite, _dropout_keep, _where
 from .feed_forward import FeedForward
 from .multi_head_attention import _attention_mask, _combine_masks, head_sizes, MultiHeadAttention
 from .normalization import LayerNormalization
+from .scores import dot_product_scale
 
 
 def _decoder_masks(layer, target_shape, S, decoder_padding_mask, decoder_attention_mask, encoder_padding_mask,
@@ -48,6 +49,12 @@ class _TransformerLayerBase(_Composite):
     ``sublayer_backprop(cache, doutput) -> (dh, dsource)`` (dsource: the gradient of the memory a
     cross-attention attends to, else None).
     """
+
+    quantizes_sublayers = True  # int8: the attentions' projections and the feed-forward network
+
+    @property
+    def quantization_mode(self):
+        return self.self_attention.quantization_mode if self.built else None
 
     def __init__(self, num_heads, intermediate_dim, dropout=0.0, activation="relu", layer_norm_epsilon=1e-5,
                  norm_first=False, seed=None, **kwargs):
@@ -206,12 +213,6 @@ class TransformerEncoderLayer(_TransformerLayerBase):
     """
 
     supports_masking = True
-
-    quantizes_sublayers = True  # int8: its attention's projections and feed-forward network (forward, not step)
-
-    @property
-    def quantization_mode(self):
-        return self.self_attention.quantization_mode if self.built else None
 
     def build(self, input_shape):
         self._model_dim(input_shape)
@@ -382,6 +383,11 @@ class _TransformerStack(_Composite):
     MAX_LAYERS = 256  # a file sets num_layers: a bound keeps building it linear in what the file holds
 
     layer_class = None
+    quantizes_sublayers = True
+
+    @property
+    def quantization_mode(self):
+        return self.blocks[0].quantization_mode
 
     def __init__(self, num_layers, num_heads, intermediate_dim, dropout=0.0, activation="relu",
                  layer_norm_epsilon=1e-5, norm_first=False, seed=None, **kwargs):
@@ -415,12 +421,6 @@ class TransformerEncoder(_TransformerStack):
     list, one ``(batch, heads, T, T)`` array per layer.
     Input shape ``(batch, T, D)``; output shape the same. Weights: ``layer_<i>/...``.
     """
-
-    quantizes_sublayers = True
-
-    @property
-    def quantization_mode(self):
-        return self.blocks[0].quantization_mode
 
     layer_class = TransformerEncoderLayer
     supports_masking = True
@@ -603,9 +603,6 @@ def _start_cache(owner, blocks, memory, encoder_padding_mask, capacity, batch_si
     for value, arg in ((capacity, "capacity"), (batch_size, "batch_size")):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{_where(owner, arg)} must be a positive integer, got {value!r}")
-    if owner.quantization_mode:
-        raise ValueError(f"Layer '{owner.name}': is quantized ({owner.quantization_mode}); the cached step runs the "
-                         "float32 weights only: step the float model")
     D, dtype = blocks[0].model_dim, owner.dtype
     if memory is None:
         N, source_mask = int(batch_size), None
@@ -618,7 +615,7 @@ def _start_cache(owner, blocks, memory, encoder_padding_mask, capacity, batch_si
         cross_values = np.stack([b.cross_attention.project("value", memory) for b in blocks])
     keys = np.empty((len(blocks), N, int(capacity), D), dtype)
     return DecoderCache(keys, np.empty_like(keys), cross_keys, cross_values, source_mask, 0,
-                        [block.step_weights() for block in blocks])
+                        None if owner.quantization_mode else [block.step_weights() for block in blocks])
 
 
 def _cached_step(owner, blocks, x, cache, return_attention_scores):
@@ -630,6 +627,11 @@ def _cached_step(owner, blocks, x, cache, return_attention_scores):
         raise ValueError(f"{_where(owner, 'cache')} expected the DecoderCache of {len(blocks)} layer(s) and "
                          f"{len(x)} rows that start_cache or the last step returned")
     cache._grow(cache.length + 1)
+    if owner.quantization_mode:  # int8 layers: the step composed of their int8 projections
+        y, weights = quantization.cached_step(blocks, x, cache, dot_product_scale(first.head_dim),
+                                               bool(return_attention_scores))
+        cache.length += 1
+        return y, cache, weights
     y, weights = kernels.decoder_stack_step(
         x=x, self_keys=cache.keys, self_values=cache.values, cross_keys=cache.cross_keys,
         cross_values=cache.cross_values, source_mask=cache.source_mask, position=cache.length,
