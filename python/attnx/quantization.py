@@ -10,15 +10,18 @@ the output, above 1/16 of its weighted magnitude: an outlier feature the output 
 quantized twice, its residual in a second int8 pass (`kernels.quantize_activations`).
 
 What a layer quantizes is its own public statement, `Layer.quantizable_weights()` ({weight name:
-"columns" or "rows"}): Dense, Embedding, SimpleRNN / GRU / LSTM (every level, and their cells) name
-their kernels. A layer that cannot run in int8 says why in `Layer.quantize_refusal()` (LSTMN; a
-Transformer with tie_output), and `quantize` then raises naming it before changing anything; a layer
-whose own kernels read its sublayers' weights sets ``quantizes_sublayers = False`` and stays float32
-as a whole (the transformer layers and FeedForward), as does every layer without int8 weights
-(LayerNormalization, MultiHeadAttention, the attention layers, Conv2D). A quantized weight ``w``
+"columns", "head_columns" or "rows"}): Dense, Embedding, SimpleRNN / GRU / LSTM (every level, and
+their cells) and MultiHeadAttention (its query, key, value, gate and output kernels) name their
+kernels; FeedForward and the transformer layers and stacks quantize through their sublayers (each
+product then runs `kernels.dense_forward_int8`, the scales, bias and activation in its epilogue), and
+a quantized decoder's cached step is composed of those int8 pieces (`cached_step`). A layer that
+cannot run in int8 says why in `Layer.quantize_refusal()` (LSTMN; a Transformer with tie_output), and
+`quantize` then raises naming it before changing anything; a layer without int8 weights stays
+float32 (LayerNormalization, the attention layers, Conv2D). A quantized weight ``w``
 becomes ``w`` (int8) followed by ``w_scale`` (float32) in the layer and in every layer that holds it
 (`Layer.replace_weights`: a Bidirectional, a model, a ``call`` layer); the layer's config gains
-``"quantization_mode": "int8"`` and a saved model's header says so, so that ``attnx.load_model``
+``"quantization_mode": "int8"`` (not FeedForward's and the transformer layers': their build makes their
+sublayers) and a saved model's header says so, so that ``attnx.load_model``
 builds the model, quantizes it and reads the int8 weights. A quantized layer runs inference only.
 Weights that reach an int8 parameter (``set_weights``, loading) must be int8 in [-127, 127]
 (`check_weights`): the AVX2 tiles cannot take -128 (the bindings refuse it too), and another integer
@@ -152,8 +155,8 @@ def check_weights(names, params, values, what):
 
 
 def _layer_tree(root):
-    """Every layer under `root` that Model.quantize looks at: itself, then depth first the sublayers of
-    each layer that `quantizes_sublayers`, each once."""
+    """Every layer under `root` that Model.quantize looks at: itself, then depth first its sublayers,
+    each once."""
     seen, order = set(), []
 
     def visit(layer):
@@ -161,9 +164,8 @@ def _layer_tree(root):
             return
         seen.add(id(layer))
         order.append(layer)
-        if layer.quantizes_sublayers:
-            for sub in layer.sublayers:
-                visit(sub)
+        for sub in layer.sublayers:
+            visit(sub)
 
     visit(root)
     return order

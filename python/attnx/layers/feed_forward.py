@@ -26,8 +26,6 @@ class FeedForward(_Composite):
     """
 
     supports_masking = True
-    quantizes_sublayers = True  # int8: its two Dense layers, each product with its bias and activation fused
-
     @property
     def quantization_mode(self):
         return self.intermediate_dense.quantization_mode if self.built else None
@@ -60,7 +58,7 @@ class FeedForward(_Composite):
     def forward(self, inputs, training=False):
         # inference in one float32 kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never
         # stored; under mixed_bfloat16 (the sublayers take the policy) the two Dense layers' bf16 products
-        if self.quantization_mode:
+        if self.quantization_mode:  # int8: each Dense's product with its scales, bias and activation fused
             hidden, _ = self.intermediate_dense.forward(inputs, training)
             return self.output_dense.forward(hidden, training)[0], None
         if not training and self.intermediate_dense.compute_dtype != "bfloat16":

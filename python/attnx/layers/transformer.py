@@ -50,8 +50,6 @@ class _TransformerLayerBase(_Composite):
     cross-attention attends to, else None).
     """
 
-    quantizes_sublayers = True  # int8: the attentions' projections and the feed-forward network
-
     @property
     def quantization_mode(self):
         return self.self_attention.quantization_mode if self.built else None
@@ -383,7 +381,6 @@ class _TransformerStack(_Composite):
     MAX_LAYERS = 256  # a file sets num_layers: a bound keeps building it linear in what the file holds
 
     layer_class = None
-    quantizes_sublayers = True
 
     @property
     def quantization_mode(self):
