@@ -242,34 +242,72 @@ def dense_error_bound(x, kernel):
         np.abs(x.astype(np.float64)).sum(axis=1, keepdims=True) * w_step
 
 
+def _projections(attention, names):
+    """The int8 kernels of MultiHeadAttention `attention`'s projections `names` side by side, packed as
+    one product (their scales and biases too): a query, key and value read the same rows once."""
+    kernel = np.concatenate([attention.matrix(name) for name in names], axis=1)
+    scale = np.concatenate([attention.params[f"{name}_kernel_scale"].reshape(-1) for name in names])
+    biases = [attention.params.get(f"{name}_bias") for name in names]
+    bias = None if biases[0] is None else np.concatenate([b.reshape(-1) for b in biases])
+    return kernels.pack_int8(kernel=np.ascontiguousarray(kernel), kernel_scale=scale), bias
+
+
+def step_weights(blocks):
+    """What `cached_step` reads of quantized transformer layers `blocks`, made once per decoding
+    (`start_cache`): per layer, per residual block (`residual_blocks()`), its kind, its norm's gamma,
+    beta and epsilon, then the self-attention's query, key and value packed as one product, the
+    cross-attention's query, and the output projection; or the feed-forward network's two products."""
+    weights = []
+    for block in blocks:
+        layer = []
+        for kind, norm, sublayer in block.residual_blocks():
+            entry = [kind, norm.params.get("gamma"), norm.params.get("beta"), norm.epsilon]
+            if kind == "feed_forward":
+                inner, outer = sublayer.intermediate_dense, sublayer.output_dense
+                entry += [packed(inner, "kernel"), inner.params.get("bias"), inner.activation,
+                          packed(outer, "kernel"), outer.params.get("bias")]
+            else:
+                names = ("query", "key", "value") if kind == "self_attention" else ("query",)
+                entry += [*_projections(sublayer, names), *_projections(sublayer, ("output",)), sublayer.num_heads]
+            layer.append(entry)
+        weights.append(layer)
+    return weights
+
+
 def cached_step(blocks, x, cache, scale, return_attention):
     """The cached step (`TransformerDecoder.step`) of quantized transformer layers `blocks` for the
     embedded position x (N, D), over `cache` (a `DecoderCache` with room for the position, written in
-    place): each residual block (`residual_blocks()`) composed of its layers' int8 forward pieces (the
-    attention's projections with `MultiHeadAttention.project`, scores and softmax float32 with
-    `scale`, the feed-forward network, the norms), in place of the float kernels' one C++ call.
-    Returns (y (N, D), the last block's cross-attention weights (N, heads, S) when asked, else None)."""
-    position, weights = cache.length, None
-    for i, block in enumerate(blocks):
-        for kind, norm, sublayer in block.residual_blocks():
-            h = norm.apply(x[:, None])[0] if block.norm_first else x[:, None]
+    place, its ``layer_weights`` those of `step_weights`): each residual block's int8 products
+    (`kernels.dense_forward_int8`, the scales, bias and activation in their epilogue), its attention's
+    scores and softmax in float32 with `scale`, its norm, in place of the float kernels' one C++ call.
+    Returns (y (N, D), the last layer's cross-attention weights (N, heads, S) when asked, else None)."""
+    position, weights, N = cache.length, None, len(x)
+    norm_first = blocks[0].norm_first
+    for i, layer in enumerate(cache.layer_weights):
+        for kind, gamma, beta, eps, *products in layer:
+            h = kernels.layernorm_forward(x=x, gamma=gamma, beta=beta, eps=eps)[0] if norm_first else x
             if kind == "feed_forward":
-                inner = sublayer.apply(h)[0]
+                inner, inner_bias, activation, outer, outer_bias = products
+                hidden = kernels.dense_forward_int8(x=h, kernel=inner, bias=inner_bias, activation=activation)
+                out = kernels.dense_forward_int8(x=hidden, kernel=outer, bias=outer_bias)
             else:
+                projection, projection_bias, output, output_bias, heads = products
+                projected = kernels.dense_forward_int8(x=h, kernel=projection, bias=projection_bias)
                 if kind == "self_attention":  # the position's key and value join the earlier ones
-                    cache.keys[i, :, position] = sublayer.project("key", h)[:, 0]
-                    cache.values[i, :, position] = sublayer.project("value", h)[:, 0]
+                    query, key, value = np.split(projected, 3, axis=1)
+                    cache.keys[i, :, position], cache.values[i, :, position] = key, value
                     keys, values, mask = cache.keys[i, :, :position + 1], cache.values[i, :, :position + 1], None
                 else:
+                    query = projected
                     keys, values, mask = cache.cross_keys[i], cache.cross_values[i], cache.source_mask
                 keep = return_attention and kind == "cross_attention" and i == len(blocks) - 1
                 context, attention = kernels.sdpa_forward(
-                    query=sublayer.project("query", h), key=np.ascontiguousarray(keys),
-                    value=np.ascontiguousarray(values), mask=mask, scale=scale, heads=sublayer.num_heads,
-                    return_weights=keep)
-                inner = sublayer.project("output", context)
+                    query=np.ascontiguousarray(query).reshape(N, 1, -1), key=np.ascontiguousarray(keys),
+                    value=np.ascontiguousarray(values), mask=mask, scale=scale, heads=heads, return_weights=keep)
+                out = kernels.dense_forward_int8(x=context.reshape(N, -1), kernel=output, bias=output_bias)
                 if keep:
                     weights = attention[:, :, 0]
-            y = x[:, None] + inner
-            x = (y if block.norm_first else norm.apply(y)[0])[:, 0]
-    return np.ascontiguousarray(x), weights
+            x = x + out
+            if not norm_first:
+                x = kernels.layernorm_forward(x=x, gamma=gamma, beta=beta, eps=eps)[0]
+    return x, weights

@@ -612,7 +612,8 @@ def _start_cache(owner, blocks, memory, encoder_padding_mask, capacity, batch_si
         cross_values = np.stack([b.cross_attention.project("value", memory) for b in blocks])
     keys = np.empty((len(blocks), N, int(capacity), D), dtype)
     return DecoderCache(keys, np.empty_like(keys), cross_keys, cross_values, source_mask, 0,
-                        None if owner.quantization_mode else [block.step_weights() for block in blocks])
+                        quantization.step_weights(blocks) if owner.quantization_mode else
+                        [block.step_weights() for block in blocks])
 
 
 def _cached_step(owner, blocks, x, cache, return_attention_scores):
