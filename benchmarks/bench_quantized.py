@@ -187,18 +187,23 @@ def encoder_case(name, B, T, D, heads, ff):
                 _relative_error(int8(x), want))
 
 
-def main():
+CASES = {
+    "a": lambda: recurrent_case("(a) LSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100),
+    "b": lambda: recurrent_case("(b) LSTM(256) B=64 T=128 E=128", "lstm", 64, 128, 128, 256),
+    "c": lambda: recurrent_case("(c) BiLSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100, bidirectional=True),
+    "d": lambda: mlp_case("(d) MLP 512-1024-1024-10 B=256", 256, 512, 1024, 10),
+    "e": lambda: encoder_case("(e) encoder layer B=32 T=128 D=128 h=4 ff=512", 32, 128, 128, 4, 512),
+}
+
+
+def main(rows="abcde"):
     print(f"attnx int8 tiles at this CPU's level: {_int8_level()}")
-    results = []
-    results += recurrent_case("(a) LSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100)
-    results += recurrent_case("(b) LSTM(256) B=64 T=128 E=128", "lstm", 64, 128, 128, 256)
-    results += recurrent_case("(c) BiLSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100, bidirectional=True)
-    results += mlp_case("(d) MLP 512-1024-1024-10 B=256", 256, 512, 1024, 10)
-    results += encoder_case("(e) encoder layer B=32 T=128 D=128 h=4 ff=512", 32, 128, 128, 4, 512)
-    return results
+    return [result for row in rows for result in CASES[row]()]
 
 
 if __name__ == "__main__":
+    import sys
+
     import harness
     harness.setup_threads()
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "abcde")  # e.g. "e": the encoder layer's row alone
