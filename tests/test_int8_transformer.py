@@ -173,3 +173,16 @@ def test_int8_translator_matches_float32_saves_and_loads(trained_translator, tmp
     np.testing.assert_array_equal(loaded.greedy_decode(source, return_attention=False)[0], got)
     beams = [[list(h.tokens) for h in sentence] for sentence in quantized.beam_search(source[:8], width=3)]
     assert [[list(h.tokens) for h in sentence] for sentence in loaded.beam_search(source[:8], width=3)] == beams
+
+
+def test_a_quantized_transformer_does_not_convert_to_ctranslate2(tmp_path):
+    pytest.importorskip("ctranslate2")
+    from attnx.export.ctranslate2 import to_ctranslate2
+    sources, targets = ["a b c d", "b c d e", "c d e f"] * 20, ["x y z", "y z w", "z w v"] * 20
+    model = Transformer.from_texts(sources, targets, vocab_size=30, model_dim=8, num_heads=2, intermediate_dim=16,
+                                   num_encoder_layers=1, num_decoder_layers=1, norm_first=True)
+    model.build()
+    to_ctranslate2(model, tmp_path / "float")
+    model.quantize("int8")
+    with pytest.raises(ValueError, match="is quantized \\(int8\\); convert the float32 model"):
+        to_ctranslate2(model, tmp_path / "int8")
