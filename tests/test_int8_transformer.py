@@ -127,6 +127,13 @@ def test_int8_cached_step_equals_the_int8_forward(rng, norm_first):
     steps = [decoder.step(target[:, t], cache, return_attention_scores=True) for t in range(5)]
     np.testing.assert_allclose(np.stack([y for y, _, _ in steps], 1), want, atol=2e-6)
     np.testing.assert_allclose(steps[-1][2], cross[-1][:, :, -1], atol=1e-6)  # the last layer's cross-attention
+    # new int8 values (set_weights) reach the step's kernels packed side by side
+    decoder.set_weights([-w if w.dtype == np.int8 else w for w in decoder.get_weights()])
+    want = decoder.forward([target, memory], encoder_padding_mask=source_mask)[0]
+    cache = decoder.start_cache(memory, source_mask)
+    got = np.stack([decoder.step(target[:, t], cache)[0] for t in range(5)], 1)
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    assert np.abs(got - np.stack([y for y, _, _ in steps], 1)).max() > 0.1
     encoder = layers.TransformerEncoder(2, 4, 32, norm_first=norm_first)
     encoder(target)
     encoder.quantize("int8")

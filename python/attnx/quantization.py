@@ -95,9 +95,19 @@ def quantize_matrix(w, axis):
     return np.ascontiguousarray(q.T).reshape(w.shape), scale.reshape(w.shape[inputs:])
 
 
-# The packed form of each int8 kernel in use: id(kernel) -> {split: kernels.Int8Kernel}, emptied by
-# check_weights when new values are let in, the entry dropped with its kernel
+# The packed form of each int8 kernel in use: id(kernel) -> {split: kernels.Int8Kernel, and the
+# attention projections packed side by side (`_projections`)}, emptied by check_weights when new
+# values are let in, the entry dropped with its kernel
 _PACKED = {}
+
+
+def _entry(kernel):
+    """The packed forms of int8 `kernel` (a dict in `_PACKED`, dropped with the kernel)."""
+    entry = _PACKED.get(id(kernel))
+    if entry is None:
+        entry = _PACKED[id(kernel)] = {}
+        weakref.finalize(kernel, _PACKED.pop, id(kernel), None)
+    return entry
 
 
 def packed(layer, name, split=0):
@@ -106,10 +116,7 @@ def packed(layer, name, split=0):
     the range; `split` as there), made at the first call after the weight was quantized or set, then
     reused. Both arrays stay read-only while packed (`check_weights` opens them again)."""
     kernel, scale = layer.params[name], layer.params[name + "_scale"]
-    entry = _PACKED.get(id(kernel))
-    if entry is None:
-        entry = _PACKED[id(kernel)] = {}
-        weakref.finalize(kernel, _PACKED.pop, id(kernel), None)
+    entry = _entry(kernel)
     if split not in entry:
         try:
             entry[split] = kernels.pack_int8(kernel=kernel.reshape(-1, scale.size), kernel_scale=scale.reshape(-1),
@@ -244,12 +251,19 @@ def dense_error_bound(x, kernel):
 
 def _projections(attention, names):
     """The int8 kernels of MultiHeadAttention `attention`'s projections `names` side by side, packed as
-    one product (their scales and biases too): a query, key and value read the same rows once."""
-    kernel = np.concatenate([attention.matrix(name) for name in names], axis=1)
-    scale = np.concatenate([attention.params[f"{name}_kernel_scale"].reshape(-1) for name in names])
+    one product, and their biases: a query, key and value read the same rows once. Kept with the
+    first kernel's packed forms (`packed`; the layer's set_weights lets all its weights in at once),
+    the kernels and scales read-only meanwhile."""
+    weights = [(attention.params[f"{name}_kernel"], attention.params[f"{name}_kernel_scale"]) for name in names]
+    entry = _entry(weights[0][0])
+    if names not in entry:
+        entry[names] = kernels.pack_int8(kernel=np.concatenate([attention.matrix(name) for name in names], axis=1),
+                                         kernel_scale=np.concatenate([scale.reshape(-1) for _, scale in weights]))
+        for kernel, scale in weights:
+            kernel.flags.writeable = scale.flags.writeable = False
     biases = [attention.params.get(f"{name}_bias") for name in names]
     bias = None if biases[0] is None else np.concatenate([b.reshape(-1) for b in biases])
-    return kernels.pack_int8(kernel=np.ascontiguousarray(kernel), kernel_scale=scale), bias
+    return entry[names], bias
 
 
 def step_weights(blocks):
