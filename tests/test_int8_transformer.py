@@ -193,3 +193,15 @@ def test_a_quantized_transformer_does_not_convert_to_ctranslate2(tmp_path):
     model.quantize("int8")
     with pytest.raises(ValueError, match="is quantized \\(int8\\); convert the float32 model"):
         to_ctranslate2(model, tmp_path / "int8")
+
+
+def test_int8_self_attention_projects_query_key_and_value_in_one_product(rng):
+    x = rng.normal(size=(2, 7, 16)).astype(np.float32)
+    attention = layers.MultiHeadAttention(4, 4, value_dim=6)
+    attention(x, x)
+    attention.quantize("int8")
+    together = attention(x, x)  # one array: the fused product
+    apart = attention(x, x.copy())  # another array of the same values: three products
+    np.testing.assert_allclose(together, apart, atol=1e-6)
+    attention.set_weights([-w if w.dtype == np.int8 else w for w in attention.get_weights()])
+    np.testing.assert_allclose(attention(x, x), attention(x, x.copy()), atol=1e-6)  # set_weights reaches both

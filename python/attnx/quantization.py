@@ -96,7 +96,7 @@ def quantize_matrix(w, axis):
 
 
 # The packed form of each int8 kernel in use: id(kernel) -> {split: kernels.Int8Kernel, and the
-# attention projections packed side by side (`_projections`)}, emptied by check_weights when new
+# attention projections packed side by side (`packed_projections`)}, emptied by check_weights when new
 # values are let in, the entry dropped with its kernel
 _PACKED = {}
 
@@ -249,7 +249,7 @@ def dense_error_bound(x, kernel):
         np.abs(x.astype(np.float64)).sum(axis=1, keepdims=True) * w_step
 
 
-def _projections(attention, names):
+def packed_projections(attention, names):
     """The int8 kernels of MultiHeadAttention `attention`'s projections `names` side by side, packed as
     one product, and their biases: a query, key and value read the same rows once. Kept with the
     first kernel's packed forms (`packed`; the layer's set_weights lets all its weights in at once),
@@ -282,7 +282,8 @@ def step_weights(blocks):
                           packed(outer, "kernel"), outer.params.get("bias")]
             else:
                 names = ("query", "key", "value") if kind == "self_attention" else ("query",)
-                entry += [*_projections(sublayer, names), *_projections(sublayer, ("output",)), sublayer.num_heads]
+                entry += [*packed_projections(sublayer, names), *packed_projections(sublayer, ("output",)),
+                          sublayer.num_heads]
             layer.append(entry)
         weights.append(layer)
     return weights

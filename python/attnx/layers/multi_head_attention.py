@@ -431,9 +431,15 @@ class MultiHeadAttention(Layer):
         # sizes spelled out, not -1: a zero-length query or value (B * T == 0) has no size to infer from
         q_rows, k_rows, v_rows = (q_in.reshape(B * T, q_in.shape[2]), k_in.reshape(B * S, k_in.shape[2]),
                                   v_in.reshape(B * S, v_in.shape[2]))
-        q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
-        k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
-        v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
+        if self.quantization_mode and q_in is k_in is v_in:  # int8 self-attention: q, k, v in one product
+            kernel, bias = quantization.packed_projections(self, ("query", "key", "value"))
+            qkv = kernels.dense_forward_int8(x=np.require(q_rows, np.float32, "CA"), kernel=kernel, bias=bias)
+            q, k, v = (np.ascontiguousarray(p).reshape(B, T, -1)
+                       for p in np.split(qkv, [H * self.key_dim, 2 * H * self.key_dim], axis=1))
+        else:
+            q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
+            k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
+            v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
         keep = _dropout_keep(self.seed_generator, (B, H, T, S), self.dropout, self.dtype) if training else None
         # the kernel itself: the mask is checked (scaled_dot_product_attention would check it again)
         context, weights = kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(use_causal_mask),
