@@ -205,3 +205,22 @@ def test_int8_self_attention_projects_query_key_and_value_in_one_product(rng):
     np.testing.assert_allclose(together, apart, atol=1e-6)
     attention.set_weights([-w if w.dtype == np.int8 else w for w in attention.get_weights()])
     np.testing.assert_allclose(attention(x, x), attention(x, x.copy()), atol=1e-6)  # set_weights reaches both
+
+
+def test_int8_transformer_layers_agree_at_every_simd_level(rng):
+    from attnx import _core
+    from conftest import CPU_SIMD_LEVELS
+    x = rng.normal(size=(3, 6, 16)).astype(np.float32)
+    memory = rng.normal(size=(3, 5, 16)).astype(np.float32)
+    decoder = layers.TransformerDecoderLayer(4, 32)
+    decoder([x, memory])
+    decoder.quantize("int8")
+    outs = []
+    try:
+        for level in CPU_SIMD_LEVELS:
+            _core._force_simd_level(level)
+            outs.append(decoder([x, memory]))
+    finally:
+        _core._force_simd_level("avx512")
+    for out in outs[1:]:  # the same integers; the float epilogue may round differently (fused multiply-adds)
+        np.testing.assert_allclose(out, outs[0], rtol=1e-4, atol=1e-5)
