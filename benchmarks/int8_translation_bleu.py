@@ -3,7 +3,7 @@
     python benchmarks/int8_translation_bleu.py [--model PATH.attnx | --minutes 15] [--save PATH.attnx]
 
 Without --model, trains a short English -> Marathi `Transformer` (pre-norm, D --dim, 2 + 2 layers,
-shared SentencePiece BPE, attnx's default recipe) for --minutes of wall time on
+shared SentencePiece BPE, attnx's recipe with a warm-up of --warmup-steps) for --minutes of wall time on
 `load_anki_pairs(max_words=10, split=(0.8, 0.1, 0.1), seed=0, raw=True)` (--save keeps it, e.g. for
 bench_ctranslate2_int8.py). Then quantizes a copy (``model.quantize("int8")``: embeddings, every
 attention projection, feed-forward network and the output projection) and scores both on the test
@@ -32,12 +32,12 @@ class StopAfter(attnx.callbacks.Callback):
             self.model.stop_training = True
 
 
-def train(splits, minutes, dim, seed):
+def train(splits, minutes, dim, warmup_steps, seed):
     attnx.set_random_seed(seed)
     model = Transformer.from_texts(splits.train.source, splits.train.target, vocab_size=4000, model_dim=dim,
                                    num_heads=4, intermediate_dim=4 * dim, num_encoder_layers=2,
                                    num_decoder_layers=2, norm_first=True, dropout=0.1)
-    model.compile()
+    model.compile(warmup_steps=warmup_steps)  # not "auto": the run's length is a time, not a number of epochs
     model.fit_texts(splits.train.source, splits.train.target, batch_size=64, epochs=1000, verbose=0,
                     callbacks=[StopAfter(60 * minutes)])
     return model
@@ -47,14 +47,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a saved attnx Transformer (else one is trained)")
     parser.add_argument("--minutes", type=float, default=15.0, help="training wall time without --model")
-    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--warmup-steps", type=int, default=400)
     parser.add_argument("--save", default=None, help="where to save the trained float32 model")
     parser.add_argument("--test-pairs", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     splits = attnx.datasets.load_anki_pairs(max_words=10, split=(0.8, 0.1, 0.1), seed=0, raw=True)
     start = time.perf_counter()
-    model = attnx.load_model(args.model) if args.model else train(splits, args.minutes, args.dim, args.seed)
+    model = attnx.load_model(args.model) if args.model else train(splits, args.minutes, args.dim, args.warmup_steps, args.seed)
     if args.save:
         model.save(args.save)
     print(f"model: {model.count_params():,} parameters ({'loaded' if args.model else 'trained'} in "
