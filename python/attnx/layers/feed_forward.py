@@ -26,6 +26,7 @@ class FeedForward(_Composite):
     """
 
     supports_masking = True
+
     @property
     def quantization_mode(self):
         return self.intermediate_dense.quantization_mode if self.built else None
@@ -56,11 +57,11 @@ class FeedForward(_Composite):
             tuple(input_shape[:-1]) + (self.intermediate_dim,))
 
     def forward(self, inputs, training=False):
-        # inference in one float32 kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never
-        # stored; under mixed_bfloat16 (the sublayers take the policy) the two Dense layers' bf16 products
         if self.quantization_mode:  # int8: each Dense's product with its scales, bias and activation fused
             hidden, _ = self.intermediate_dense.forward(inputs, training)
             return self.output_dense.forward(hidden, training)[0], None
+        # inference in one float32 kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never
+        # stored; under mixed_bfloat16 (the sublayers take the policy) the two Dense layers' bf16 products
         if not training and self.intermediate_dense.compute_dtype != "bfloat16":
             inner, outer = self.intermediate_dense.params, self.output_dense.params
             x = self._float_input(inputs, min_ndim=2, last_dim=inner["kernel"].shape[0])
