@@ -5,8 +5,9 @@ torch.ao.quantization.quantize_dynamic, same threads, one interleaved run. The r
 (b) LSTM(256), B=64, T=128, E=128; (c) BiLSTM(100), B=32, T=32, E=32 (bench_rnn.py);
 (d) a Dense-heavy MLP 512 -> 1024 (relu) -> 1024 (relu) -> 10, B=256 (bench_mlp.py's large size);
 (e) a transformer encoder layer's inference, B=32 T=128 D=128 h=4 ff=512 (bench_transformer.py).
-    attnx's transformer layers stay float32 under quantize (their fused kernels read the sublayers'
-    weights: quantizes_sublayers = False), so this row's "int8" runs float32.
+    quantized, its four attention projections and the feed-forward network's two products run int8
+    (dense_forward_int8: the scales, bias and activation in the product's epilogue); scores, softmax,
+    the norms and the residuals stay float32.
 
 Each row prints, in harness.compare's columns ("attnx" is always attnx int8; "torch" the other):
 - vs attnx fp32 at this CPU's level (AVX-512 VNNI where it has it),
@@ -169,7 +170,7 @@ def encoder_case(name, B, T, D, heads, ff):
     fp32, int8 = from_torch(module), from_torch(module)
     x = np.random.default_rng(0).standard_normal((B, T, D)).astype(np.float32)
     want = int8(x)
-    int8.quantize("int8")  # stays float32 (see the module docstring)
+    int8.quantize("int8")  # the projections and the feed-forward network (see the module docstring)
     # its quantized Linear layers fail the eval fast path's checks (their weight is a method): it runs the
     # plain path, which training mode selects
     qmodule = torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8).train()
@@ -181,23 +182,28 @@ def encoder_case(name, B, T, D, heads, ff):
                 m(tx)
         return run
     print(f"{name}: quantized weights: {sum(p.dtype == np.int8 for p in int8.params.values())} "
-          f"of {len(int8.params)} (the layer runs float32)")
+          f"of {len(int8.params)}")
     return rows(name, lambda: int8(x), lambda: fp32(x), torch_run(qmodule), torch_run(module),
                 _relative_error(int8(x), want))
 
 
-def main():
+CASES = {
+    "a": lambda: recurrent_case("(a) LSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100),
+    "b": lambda: recurrent_case("(b) LSTM(256) B=64 T=128 E=128", "lstm", 64, 128, 128, 256),
+    "c": lambda: recurrent_case("(c) BiLSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100, bidirectional=True),
+    "d": lambda: mlp_case("(d) MLP 512-1024-1024-10 B=256", 256, 512, 1024, 10),
+    "e": lambda: encoder_case("(e) encoder layer B=32 T=128 D=128 h=4 ff=512", 32, 128, 128, 4, 512),
+}
+
+
+def main(rows="abcde"):
     print(f"attnx int8 tiles at this CPU's level: {_int8_level()}")
-    results = []
-    results += recurrent_case("(a) LSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100)
-    results += recurrent_case("(b) LSTM(256) B=64 T=128 E=128", "lstm", 64, 128, 128, 256)
-    results += recurrent_case("(c) BiLSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100, bidirectional=True)
-    results += mlp_case("(d) MLP 512-1024-1024-10 B=256", 256, 512, 1024, 10)
-    results += encoder_case("(e) encoder layer B=32 T=128 D=128 h=4 ff=512", 32, 128, 128, 4, 512)
-    return results
+    return [result for row in rows for result in CASES[row]()]
 
 
 if __name__ == "__main__":
+    import sys
+
     import harness
     harness.setup_threads()
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "abcde")  # e.g. "e": the encoder layer's row alone

@@ -10,15 +10,18 @@ the output, above 1/16 of its weighted magnitude: an outlier feature the output 
 quantized twice, its residual in a second int8 pass (`kernels.quantize_activations`).
 
 What a layer quantizes is its own public statement, `Layer.quantizable_weights()` ({weight name:
-"columns" or "rows"}): Dense, Embedding, SimpleRNN / GRU / LSTM (every level, and their cells) name
-their kernels. A layer that cannot run in int8 says why in `Layer.quantize_refusal()` (LSTMN; a
-Transformer with tie_output), and `quantize` then raises naming it before changing anything; a layer
-whose own kernels read its sublayers' weights sets ``quantizes_sublayers = False`` and stays float32
-as a whole (the transformer layers and FeedForward), as does every layer without int8 weights
-(LayerNormalization, MultiHeadAttention, the attention layers, Conv2D). A quantized weight ``w``
+"columns", "head_columns" or "rows"}): Dense, Embedding, SimpleRNN / GRU / LSTM (every level, and
+their cells) and MultiHeadAttention (its query, key, value, gate and output kernels) name their
+kernels; FeedForward and the transformer layers and stacks quantize through their sublayers (each
+product then runs `kernels.dense_forward_int8`, the scales, bias and activation in its epilogue), and
+a quantized decoder's cached step is composed of those int8 pieces (`cached_step`). A layer that
+cannot run in int8 says why in `Layer.quantize_refusal()` (LSTMN; a Transformer with tie_output), and
+`quantize` then raises naming it before changing anything; a layer without int8 weights stays
+float32 (LayerNormalization, the attention layers, Conv2D). A quantized weight ``w``
 becomes ``w`` (int8) followed by ``w_scale`` (float32) in the layer and in every layer that holds it
 (`Layer.replace_weights`: a Bidirectional, a model, a ``call`` layer); the layer's config gains
-``"quantization_mode": "int8"`` and a saved model's header says so, so that ``attnx.load_model``
+``"quantization_mode": "int8"`` (not FeedForward's and the transformer layers': their build makes their
+sublayers) and a saved model's header says so, so that ``attnx.load_model``
 builds the model, quantizes it and reads the int8 weights. A quantized layer runs inference only.
 Weights that reach an int8 parameter (``set_weights``, loading) must be int8 in [-127, 127]
 (`check_weights`): the AVX2 tiles cannot take -128 (the bindings refuse it too), and another integer
@@ -75,34 +78,49 @@ def inference_only(layer, training):
                          "train the float model, then call model.quantize")
 
 
+# the kernel axes that are its input, per spec of `Layer.quantizable_weights` ("rows": an Embedding's table)
+INPUT_AXES = {"columns": 1, "head_columns": 2}
+
+
 def quantize_matrix(w, axis):
-    """(q int8 in [-127, 127], scale float32) of a float matrix (K, N): one scale per column
-    (axis "columns", a kernel's output units) or per row ("rows", an Embedding's tokens)."""
+    """(q int8 in [-127, 127], scale float32) of a float weight: one scale per row ("rows", an
+    Embedding's tokens), or per output unit of a kernel whose first axis ("columns": (K, N), or
+    MultiHeadAttention's (K, heads, head_dim)) or first two axes ("head_columns": its output kernel
+    (heads, value_dim, N)) are the input. q has w's shape, the scale the output axes'."""
     w = np.asarray(w, np.float32)
     if axis == "rows":
         return kernels.quantize_rows(x=np.ascontiguousarray(w))
-    q, scale = kernels.quantize_rows(x=np.ascontiguousarray(w.T))
-    return np.ascontiguousarray(q.T), scale
+    inputs = INPUT_AXES[axis]
+    q, scale = kernels.quantize_rows(x=np.ascontiguousarray(w.reshape(int(np.prod(w.shape[:inputs])), -1).T))
+    return np.ascontiguousarray(q.T).reshape(w.shape), scale.reshape(w.shape[inputs:])
 
 
-# The packed form of each int8 kernel in use: id(kernel) -> {split: kernels.Int8Kernel}, emptied by
-# check_weights when new values are let in, the entry dropped with its kernel
+# The packed form of each int8 kernel in use: id(kernel) -> {split: kernels.Int8Kernel, and the
+# attention projections packed side by side (`packed_projections`)}, emptied by check_weights when new
+# values are let in, the entry dropped with its kernel
 _PACKED = {}
 
 
-def packed(layer, name, split=0):
-    """`layer`'s int8 weight `name` (K, N) with its per-column scale ``name + "_scale"`` packed for the
-    int8 products (`kernels.pack_int8`, which checks the range; `split` as there), made at the first
-    call after the weight was quantized or set, then reused. Both arrays stay read-only while packed
-    (`check_weights` opens them again)."""
-    kernel, scale = layer.params[name], layer.params[name + "_scale"]
+def _entry(kernel):
+    """The packed forms of int8 `kernel` (a dict in `_PACKED`, dropped with the kernel)."""
     entry = _PACKED.get(id(kernel))
     if entry is None:
         entry = _PACKED[id(kernel)] = {}
         weakref.finalize(kernel, _PACKED.pop, id(kernel), None)
+    return entry
+
+
+def packed(layer, name, split=0):
+    """`layer`'s int8 weight `name` with its per-unit scale ``name + "_scale"`` packed for the int8
+    products as the matrix (input axes, output axes: the scale's) (`kernels.pack_int8`, which checks
+    the range; `split` as there), made at the first call after the weight was quantized or set, then
+    reused. Both arrays stay read-only while packed (`check_weights` opens them again)."""
+    kernel, scale = layer.params[name], layer.params[name + "_scale"]
+    entry = _entry(kernel)
     if split not in entry:
         try:
-            entry[split] = kernels.pack_int8(kernel=kernel, kernel_scale=scale, split=split)
+            entry[split] = kernels.pack_int8(kernel=kernel.reshape(-1, scale.size), kernel_scale=scale.reshape(-1),
+                                             split=split)
         except ValueError as exc:
             raise ValueError(f"Layer '{layer.name}': weight '{name}': {exc}") from None
         kernel.flags.writeable = scale.flags.writeable = False
@@ -144,8 +162,8 @@ def check_weights(names, params, values, what):
 
 
 def _layer_tree(root):
-    """Every layer under `root` that Model.quantize looks at: itself, then depth first the sublayers of
-    each layer that `quantizes_sublayers`, each once."""
+    """Every layer under `root` that Model.quantize looks at: itself, then depth first its sublayers,
+    each once."""
     seen, order = set(), []
 
     def visit(layer):
@@ -153,9 +171,8 @@ def _layer_tree(root):
             return
         seen.add(id(layer))
         order.append(layer)
-        if layer.quantizes_sublayers:
-            for sub in layer.sublayers:
-                visit(sub)
+        for sub in layer.sublayers:
+            visit(sub)
 
     visit(root)
     return order
@@ -230,3 +247,82 @@ def dense_error_bound(x, kernel):
     K = x.shape[1]
     return x_step * (w.sum(axis=0, keepdims=True) + K * w_step) + \
         np.abs(x.astype(np.float64)).sum(axis=1, keepdims=True) * w_step
+
+
+def packed_projections(attention, names):
+    """The int8 kernels of MultiHeadAttention `attention`'s projections `names` side by side, packed as
+    one product, and their biases: a query, key and value read the same rows once. Kept with the
+    first kernel's packed forms (`packed`; the layer's set_weights lets all its weights in at once),
+    the kernels and scales read-only meanwhile."""
+    weights = [(attention.params[f"{name}_kernel"], attention.params[f"{name}_kernel_scale"]) for name in names]
+    entry = _entry(weights[0][0])
+    if names not in entry:
+        entry[names] = kernels.pack_int8(kernel=np.concatenate([attention.matrix(name) for name in names], axis=1),
+                                         kernel_scale=np.concatenate([scale.reshape(-1) for _, scale in weights]))
+        for kernel, scale in weights:
+            kernel.flags.writeable = scale.flags.writeable = False
+    biases = [attention.params.get(f"{name}_bias") for name in names]
+    bias = None if biases[0] is None else np.concatenate([b.reshape(-1) for b in biases])
+    return entry[names], bias
+
+
+def step_weights(blocks):
+    """What `cached_step` reads of quantized transformer layers `blocks`, made once per decoding
+    (`start_cache`): per layer, per residual block (`residual_blocks()`), its kind, its norm's gamma,
+    beta and epsilon, then the self-attention's query, key and value packed as one product, the
+    cross-attention's query, and the output projection; or the feed-forward network's two products."""
+    weights = []
+    for block in blocks:
+        layer = []
+        for kind, norm, sublayer in block.residual_blocks():
+            entry = [kind, norm.params.get("gamma"), norm.params.get("beta"), norm.epsilon]
+            if kind == "feed_forward":
+                inner, outer = sublayer.intermediate_dense, sublayer.output_dense
+                entry += [packed(inner, "kernel"), inner.params.get("bias"), inner.activation,
+                          packed(outer, "kernel"), outer.params.get("bias")]
+            else:
+                names = ("query", "key", "value") if kind == "self_attention" else ("query",)
+                entry += [*packed_projections(sublayer, names), *packed_projections(sublayer, ("output",)),
+                          sublayer.num_heads]
+            layer.append(entry)
+        weights.append(layer)
+    return weights
+
+
+def cached_step(blocks, x, cache, scale, return_attention):
+    """The cached step (`TransformerDecoder.step`) of quantized transformer layers `blocks` for the
+    embedded position x (N, D), over `cache` (a `DecoderCache` with room for the position, written in
+    place, its ``layer_weights`` those of `step_weights`): each residual block's int8 products
+    (`kernels.dense_forward_int8`, the scales, bias and activation in their epilogue), its attention's
+    scores and softmax in float32 with `scale`, its norm, in place of the float kernels' one C++ call.
+    Returns (y (N, D), the last layer's cross-attention weights (N, heads, S) when asked, else None)."""
+    position, weights, N = cache.length, None, len(x)
+    norm_first = blocks[0].norm_first
+    for i, layer in enumerate(cache.layer_weights):
+        for kind, gamma, beta, eps, *products in layer:
+            h = kernels.layernorm_forward(x=x, gamma=gamma, beta=beta, eps=eps)[0] if norm_first else x
+            if kind == "feed_forward":
+                inner, inner_bias, activation, outer, outer_bias = products
+                hidden = kernels.dense_forward_int8(x=h, kernel=inner, bias=inner_bias, activation=activation)
+                out = kernels.dense_forward_int8(x=hidden, kernel=outer, bias=outer_bias)
+            else:
+                projection, projection_bias, output, output_bias, heads = products
+                projected = kernels.dense_forward_int8(x=h, kernel=projection, bias=projection_bias)
+                if kind == "self_attention":  # the position's key and value join the earlier ones
+                    query, key, value = np.split(projected, 3, axis=1)
+                    cache.keys[i, :, position], cache.values[i, :, position] = key, value
+                    keys, values, mask = cache.keys[i, :, :position + 1], cache.values[i, :, :position + 1], None
+                else:
+                    query = projected
+                    keys, values, mask = cache.cross_keys[i], cache.cross_values[i], cache.source_mask
+                keep = return_attention and kind == "cross_attention" and i == len(blocks) - 1
+                context, attention = kernels.sdpa_forward(
+                    query=np.ascontiguousarray(query).reshape(N, 1, -1), key=np.ascontiguousarray(keys),
+                    value=np.ascontiguousarray(values), mask=mask, scale=scale, heads=heads, return_weights=keep)
+                out = kernels.dense_forward_int8(x=context.reshape(N, -1), kernel=output, bias=output_bias)
+                if keep:
+                    weights = attention[:, :, 0]
+            x = x + out
+            if not norm_first:
+                x = kernels.layernorm_forward(x=x, gamma=gamma, beta=beta, eps=eps)[0]
+    return x, weights

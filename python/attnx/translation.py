@@ -699,9 +699,9 @@ class Transformer(Model):
         state `state` for up to `max_length` positions: `kernels.search_decoder_stack` and its
         arguments (the memory's cross keys and values, the decoder stack's weights, the embedding,
         positions, final norm and output projection), or None when a part
-        of the step is not the float kernels' (an int8 embedding or projection, bfloat16 products):
+        of the step is not the float kernels' (an int8 embedding, decoder or projection, bfloat16 products):
         the search then calls `step` back."""
-        quantized = [layer for layer in (self.target_embedding, self.output_projection)
+        quantized = [layer for layer in (self.target_embedding, self.decoder, self.output_projection)
                      if layer is not None and getattr(layer, "quantization_mode", None)]
         if quantized or state.length or (self.output_projection is not None and (
                 self.output_projection.compute_dtype == "bfloat16" or self.output_projection.activation != "linear")):

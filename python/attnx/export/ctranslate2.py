@@ -58,6 +58,9 @@ def ctranslate2_spec(model):
         from ctranslate2.specs import common_spec, transformer_spec
     except ImportError:
         raise ImportError("to_ctranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
+    if any(p.dtype == np.int8 for p in model.params.values()):  # int8 values read as floats would be garbage
+        raise ValueError(f"to_ctranslate2: model '{model.name}' is quantized (int8); convert the float32 model "
+                         "(before model.quantize), with quantization='int8' for CTranslate2's int8 weights")
     if not model.stack_config["norm_first"]:
         raise ValueError("to_ctranslate2: CTranslate2's post-norm Transformer has no final norm after its stacks, "
                          "attnx's (as PyTorch's) has one; convert a norm_first=True model")

@@ -272,9 +272,6 @@ class Layer:
 
     # ------------------------------------------------ int8 (attnx.quantization: the layer's public spec)
     quantization_mode = None  # "int8" once quantized (Dense, Embedding, the recurrent layers set it)
-    # Whether Model.quantize looks into this layer's sublayers: False for a layer whose own kernels
-    # read its sublayers' weights (they would meet int8 arrays); it then stays float32 as a whole
-    quantizes_sublayers = True
 
     def quantizable_weights(self):
         """{weight name: "columns" or "rows"}: the weights `quantize` stores as int8 with one float32

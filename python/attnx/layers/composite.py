@@ -28,8 +28,6 @@ class _Composite(Layer):
     this layer's own input gradient, so that they skip it when a model does not read it.
     """
 
-    quantizes_sublayers = False  # its fused float32 kernels read the sublayers' weights (FeedForward's Dense)
-
     def _add_sublayer(self, prefix, layer, input_shape):
         layer.build(input_shape)
         layer.built = True

@@ -27,6 +27,10 @@ class FeedForward(_Composite):
 
     supports_masking = True
 
+    @property
+    def quantization_mode(self):
+        return self.intermediate_dense.quantization_mode if self.built else None
+
     def __init__(self, intermediate_dim, activation="relu", dropout=0.0, output_dim=None, seed=None, **kwargs):
         super().__init__(**kwargs)
         if int(intermediate_dim) <= 0:
@@ -53,6 +57,9 @@ class FeedForward(_Composite):
             tuple(input_shape[:-1]) + (self.intermediate_dim,))
 
     def forward(self, inputs, training=False):
+        if self.quantization_mode:  # int8: each Dense's product with its scales, bias and activation fused
+            hidden, _ = self.intermediate_dense.forward(inputs, training)
+            return self.output_dense.forward(hidden, training)[0], None
         # inference in one float32 kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never
         # stored; under mixed_bfloat16 (the sublayers take the policy) the two Dense layers' bf16 products
         if not training and self.intermediate_dense.compute_dtype != "bfloat16":

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from .. import kernels, random
+from .. import kernels, quantization, random
 from ..masking import as_mask
 from ..symbolic import any_symbolic
 from .attention import _default_scale, _dense, _dense_backward, scaled_dot_product_attention_backward
@@ -164,8 +164,9 @@ class MultiHeadAttention(Layer):
     def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True, output_shape=None,
                  attention_axes=None, kernel_initializer="glorot_uniform", bias_initializer="zeros",
                  kernel_regularizer=None, bias_regularizer=None, kernel_constraint=None, bias_constraint=None,
-                 use_gate=False, seed=None, **kwargs):
+                 use_gate=False, seed=None, quantization_mode=None, **kwargs):
         super().__init__(**kwargs)
+        self.quantization_mode = quantization.check_mode("MultiHeadAttention", quantization_mode)
         self.num_heads, _ = head_sizes("MultiHeadAttention", num_heads)
         self.key_dim = _positive_int(key_dim, "key_dim")
         self.value_dim = _positive_int(value_dim, "value_dim") if value_dim is not None else self.key_dim
@@ -255,9 +256,15 @@ class MultiHeadAttention(Layer):
         # Keras' order: its sublayers query, key, gate, value, attention_output, as its build makes them
         projections = [("query", query_dim, dk), ("key", key_dim, dk)] + \
             [("gate", query_dim, dv)] * self.use_gate + [("value", value_dim, dv)]
-        for name, in_dim, head_dim in projections:
-            self._add_projection(name, (in_dim, H, head_dim), (H, head_dim))
-        self._add_projection("output", (H, dv, *out), out)
+        with quantization.building(self):
+            for name, in_dim, head_dim in projections:
+                self._add_projection(name, (in_dim, H, head_dim), (H, head_dim))
+            self._add_projection("output", (H, dv, *out), out)
+
+    def quantizable_weights(self):
+        # int8: each projection's kernel per output unit; the output kernel's input is (heads, value_dim)
+        return {name: "head_columns" if name == "output_kernel" else "columns"
+                for name in self.params if name.endswith("_kernel")}
 
     def _add_projection(self, name, kernel_shape, bias_shape):
         self.add_weight(f"{name}_kernel", kernel_shape, self.kernel_initializer, self.kernel_regularizer,
@@ -284,7 +291,11 @@ class MultiHeadAttention(Layer):
 
     def _project(self, name, rows, activation="linear"):
         bias = self.params.get(f"{name}_bias")
-        kernel, bias = self._matrix(name, self.params[f"{name}_kernel"]), None if bias is None else bias.reshape(-1)
+        bias = None if bias is None else bias.reshape(-1)
+        if self.quantization_mode:  # int8 products, the scales, bias and activation in their epilogue
+            return kernels.dense_forward_int8(x=np.require(rows, np.float32, "CA"), bias=bias, activation=activation,
+                                              kernel=quantization.packed(self, f"{name}_kernel"))
+        kernel = self._matrix(name, self.params[f"{name}_kernel"])
         if self.compute_dtype == "bfloat16":
             return kernels.dense_forward_bf16(x=rows, kernel=kernel, bias=bias, activation=activation)[0]
         return _dense(rows, kernel, bias, activation)
@@ -406,6 +417,7 @@ class MultiHeadAttention(Layer):
         """`forward` on inputs and one mask it has checked: query (B, T, in), value (B, S, in), key or
         None (the value), mask (B, S), (B, T, S), (1, T, S) or None as the kernel takes it (the
         layers of this module call it with the masks they checked once)."""
+        quantization.inference_only(self, training and self.quantization_mode)
         q_in, v_in = query, value
         has_key = key is not None
         k_in = key if has_key else v_in
@@ -414,9 +426,15 @@ class MultiHeadAttention(Layer):
         # sizes spelled out, not -1: a zero-length query or value (B * T == 0) has no size to infer from
         q_rows, k_rows, v_rows = (q_in.reshape(B * T, q_in.shape[2]), k_in.reshape(B * S, k_in.shape[2]),
                                   v_in.reshape(B * S, v_in.shape[2]))
-        q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
-        k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
-        v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
+        if self.quantization_mode and q_in is k_in is v_in:  # int8 self-attention: q, k, v in one product
+            kernel, bias = quantization.packed_projections(self, ("query", "key", "value"))
+            qkv = kernels.dense_forward_int8(x=np.require(q_rows, np.float32, "CA"), kernel=kernel, bias=bias)
+            q, k, v = (np.ascontiguousarray(p).reshape(B, T, -1)
+                       for p in np.split(qkv, [H * self.key_dim, 2 * H * self.key_dim], axis=1))
+        else:
+            q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
+            k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
+            v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
         keep = _dropout_keep(self.seed_generator, (B, H, T, S), self.dropout, self.dtype) if training else None
         # the kernel itself: the mask is checked (scaled_dot_product_attention would check it again)
         context, weights = kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(use_causal_mask),
@@ -497,5 +515,5 @@ class MultiHeadAttention(Layer):
         return {**super().get_config(), "num_heads": self.num_heads, "key_dim": self.key_dim,
                 "value_dim": self.value_dim, "dropout": self.dropout, "output_shape": self.output_shape,
                 "seed": self.seed, "attention_axes": self.attention_axes, "use_gate": self.use_gate,
-                **self._kernel_arguments_config(has_activation=False)}
+                **quantization.config(self), **self._kernel_arguments_config(has_activation=False)}
 

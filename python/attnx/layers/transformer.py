@@ -15,13 +15,14 @@ weights (and so only the output bias), never NaN.
 
 import numpy as np
 
-from .. import activations, kernels, random
+from .. import activations, kernels, quantization, random
 from ..masking import as_mask
 from .attention import is_shape
 from .composite import _Composite, _dropout_keep, _where
 from .feed_forward import FeedForward
 from .multi_head_attention import _attention_mask, _combine_masks, head_sizes, MultiHeadAttention
 from .normalization import LayerNormalization
+from .scores import dot_product_scale
 
 
 def _decoder_masks(layer, target_shape, S, decoder_padding_mask, decoder_attention_mask, encoder_padding_mask,
@@ -48,6 +49,10 @@ class _TransformerLayerBase(_Composite):
     ``sublayer_backprop(cache, doutput) -> (dh, dsource)`` (dsource: the gradient of the memory a
     cross-attention attends to, else None).
     """
+
+    @property
+    def quantization_mode(self):
+        return self.self_attention.quantization_mode if self.built else None
 
     def __init__(self, num_heads, intermediate_dim, dropout=0.0, activation="relu", layer_norm_epsilon=1e-5,
                  norm_first=False, seed=None, **kwargs):
@@ -377,6 +382,10 @@ class _TransformerStack(_Composite):
 
     layer_class = None
 
+    @property
+    def quantization_mode(self):
+        return self.blocks[0].quantization_mode
+
     def __init__(self, num_layers, num_heads, intermediate_dim, dropout=0.0, activation="relu",
                  layer_norm_epsilon=1e-5, norm_first=False, seed=None, **kwargs):
         super().__init__(**kwargs)
@@ -603,6 +612,7 @@ def _start_cache(owner, blocks, memory, encoder_padding_mask, capacity, batch_si
         cross_values = np.stack([b.cross_attention.project("value", memory) for b in blocks])
     keys = np.empty((len(blocks), N, int(capacity), D), dtype)
     return DecoderCache(keys, np.empty_like(keys), cross_keys, cross_values, source_mask, 0,
+                        quantization.step_weights(blocks) if owner.quantization_mode else
                         [block.step_weights() for block in blocks])
 
 
@@ -615,6 +625,11 @@ def _cached_step(owner, blocks, x, cache, return_attention_scores):
         raise ValueError(f"{_where(owner, 'cache')} expected the DecoderCache of {len(blocks)} layer(s) and "
                          f"{len(x)} rows that start_cache or the last step returned")
     cache._grow(cache.length + 1)
+    if owner.quantization_mode:  # int8 layers: the step composed of their int8 projections
+        y, weights = quantization.cached_step(blocks, x, cache, dot_product_scale(first.head_dim),
+                                               bool(return_attention_scores))
+        cache.length += 1
+        return y, cache, weights
     y, weights = kernels.decoder_stack_step(
         x=x, self_keys=cache.keys, self_values=cache.values, cross_keys=cache.cross_keys,
         cross_values=cache.cross_values, source_mask=cache.source_mask, position=cache.length,
