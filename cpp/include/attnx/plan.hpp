@@ -196,12 +196,16 @@ class InferencePlan {
                                nullptr, hu);
             return;
         }
-        // gates = x . W + b_in for every step, then the steps (the decoders' rnn_forward_rows)
+        // gates = x . W + b_in for every step, then the steps (the decoders' rnn_forward_rows); one row
+        // multiplies U in place (no packed copy to make)
         dense_forward_rows<float>(gates, gates, in(op.in), op.w[0], op.w[2], (int)BT, cfg.C, (int)G,
                                   Activation::linear);
-        pack_recurrent_kernel_rows<float>(op.packed, cfg, op.w[1]);
-        rnn_forward_rows<float>(cfg, 0, cfg.B, y, h, cell, cache, op.packed.data(), op.w[3], mask(op.mask), nullptr,
-                                hu);
+        RecurrentKernel<float> kernel{nullptr, nullptr, false, op.w[1]};
+        if (cfg.B > 1) {
+            pack_recurrent_kernel_rows<float>(op.packed, cfg, op.w[1]);
+            kernel.packed = op.packed.data();
+        }
+        rnn_forward_rows<float>(cfg, 0, cfg.B, y, h, cell, cache, kernel, op.w[3], mask(op.mask), nullptr, hu);
     }
 
     // out = in ++ in2 on the last axis (rows of `cols` each), or in (+, *, mean) in2 elementwise

@@ -438,7 +438,8 @@ void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h,
     // gates[t] += feed_t W_f; then the recurrence of one step (h, c updated in place)
     packed_rows<T>(cache.gates + tb * G, LeftRows<T>{cache.feed + tb * F, (size_t)F, F, nullptr, 0, 0}, nb,
                    *panels.feed, nullptr, false, true);
-    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t), panels.recurrent.data(),
+    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t),
+                        RecurrentKernel<T>{panels.recurrent.data(), nullptr, false, w.recurrent_kernel},
                         w.bias_rec, cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr, (const T*)nullptr,
                         hu);
     if (cfg.kind == DecoderKind::luong) {
