@@ -155,9 +155,9 @@ ATTNX_ALWAYS_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& le
 // their rows paired along k as bf16 (rnn_bf16.hpp), whose steps pair their left rows (h_{t-1}, or
 // the step's gate gradients) too and sum in float32 (bf16.hpp's step products). `rows`: U itself
 // (H, G) row-major, which a step of one row with the input projection apart reads in place
-// (one_row_step): that product is a matrix-vector one, which streams U whole (dense_row_columns)
-// where the tiles of one row chain four accumulators (at H = 100 they waited on the multiply-add's
-// latency), and it needs no packed copy.
+// (one_row_step), streamed whole (dense_row_columns): Seq2Seq's decoder at batch 1, which packs none
+// of its weights (seq2seq.hpp's DecoderPanels::in_place). Where U is packed anyway the packed one-row
+// tiles were faster (the plan's LSTM(100) at batch 1: 51 us packed, 67 us in place).
 template <class T> struct RecurrentKernel {
     const T* packed = nullptr;
     const uint32_t* pairs = nullptr;  // float only
