@@ -1,12 +1,15 @@
 // Recurrent kernels: central-difference gradients in double for every cell kind with a mask,
 // reversed time and recurrent dropout; the two-thread batch split against one thread; the float
-// activations against libm.
+// activations against libm; the one-row steps on U in place (the plan's and the decoders' batch of
+// one) against the reference on every SIMD level.
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "attnx/rnn.hpp"
 #include "check.hpp"
+#include "reference/rnn.hpp"
+#include "reference_check.hpp"
 
 using namespace attnx;
 
@@ -163,6 +166,68 @@ void test_float_activations() {
     CHECK(tail[1] == 0.f && tail[2] == 1.f);
 }
 
+// rnn_forward_rows on one row with U in place (RecurrentKernel::rows, no packed copy), the input
+// projection computed first as the plan does, against reference::rnn_forward: every cell, both time
+// orders, units that leave vector tails (H = 10: LSTM's tail units on 8 lanes), a padded step.
+void test_one_row_steps_against_reference() {
+    unsigned seed = 7;
+    for (RNNCell cell : {RNNCell::simple, RNNCell::lstm, RNNCell::gru})
+        for (bool reset_after : {true, false}) {
+            if (cell != RNNCell::gru && !reset_after) continue;
+            for (bool reverse : {false, true})
+                for (int H : {10, 13, 37}) {
+                    RNNConfig cfg;
+                    cfg.cell = cell, cfg.reset_after = reset_after, cfg.reverse = reverse;
+                    cfg.B = 1, cfg.T = 5, cfg.C = 6, cfg.H = H;
+                    const int G = cfg.G(), T = cfg.T, C = cfg.C;
+                    const bool gru_after = cell == RNNCell::gru && reset_after, lstm = cell == RNNCell::lstm;
+                    std::mt19937 rng(seed++);
+                    const auto x = test::random_values(rng, (size_t)T * C), W = test::random_values(rng, (size_t)C * G, 0.4);
+                    const auto U = test::random_values(rng, (size_t)H * G, 0.4), b_in = test::random_values(rng, G, 0.3);
+                    const auto b_rec = test::random_values(rng, G, 0.3), h0 = test::random_values(rng, H, 0.5);
+                    const auto c0 = test::random_values(rng, H, 0.5);
+                    std::vector<uint8_t> mask((size_t)T, 1);
+                    mask[2] = 0;
+                    std::vector<double> want_y((size_t)T * H, 0), want_h = h0, want_c = c0;
+                    reference::RNNCache ref_cache;
+                    reference::rnn_forward(cfg, want_y.data(), want_h.data(), lstm ? want_c.data() : nullptr, ref_cache,
+                                           x.data(), W.data(), U.data(), b_in.data(), gru_after ? b_rec.data() : nullptr,
+                                           mask.data(), nullptr);
+                    const std::vector<double> want = [&] {
+                        std::vector<double> all = want_y;
+                        all.insert(all.end(), want_h.begin(), want_h.end());
+                        if (lstm) all.insert(all.end(), want_c.begin(), want_c.end());
+                        return all;
+                    }();
+                    auto run = [&](auto zero) {
+                        using F = decltype(zero);
+                        const auto xf = test::cast<F>(x), Wf = test::cast<F>(W), Uf = test::cast<F>(U);
+                        const auto b_inf = test::cast<F>(b_in), b_recf = test::cast<F>(b_rec);
+                        std::vector<F> y((size_t)T * H), h = test::cast<F>(h0), c = test::cast<F>(c0);
+                        std::vector<F> gates((size_t)T * G), aux((size_t)T * H), hu((size_t)G);
+                        dense_forward<F>(gates.data(), xf.data(), Wf.data(), b_inf.data(), T, C, G);
+                        RNNCache<F> cache;  // inference: workspace only
+                        cache.gates = gates.data(), cache.aux = cell == RNNCell::simple ? nullptr : aux.data();
+                        rnn_forward_rows<F>(cfg, 0, 1, y.data(), h.data(), lstm ? c.data() : nullptr, cache,
+                                            RecurrentKernel<F>{nullptr, nullptr, false, Uf.data()},
+                                            gru_after ? b_recf.data() : nullptr, mask.data(), nullptr, hu.data());
+                        std::vector<double> all(y.begin(), y.end());
+                        all.insert(all.end(), h.begin(), h.end());
+                        if (lstm) all.insert(all.end(), c.begin(), c.end());
+                        return all;
+                    };
+                    char where[96];
+                    std::snprintf(where, sizeof where, "one-row cell=%d reset_after=%d reverse=%d H=%d", (int)cell,
+                                  (int)reset_after, (int)reverse, H);
+                    test::on_every_level_and_split([&](const std::string& level) {
+                        test::expect_near(run(float{}), want, test::tolerance<float>(), std::string(where) + " float " + level);
+                        test::expect_near(run(double{}), want, test::tolerance<double>(),
+                                          std::string(where) + " double " + level);
+                    });
+                }
+        }
+}
+
 }  // namespace
 
 int main() {
@@ -170,5 +235,6 @@ int main() {
     test_padded_steps_carry_state();
     test_batch_split_matches_one_thread();
     test_float_activations();
+    test_one_row_steps_against_reference();
     return attnx::test::report("test_rnn");
 }

@@ -74,31 +74,44 @@ ATTNX_ALWAYS_INLINE void step_panel(int N, const LeftRows<T>& left, const T* pan
 }
 
 // reference: cpp/reference/dense.hpp, dense_forward
-// z[o] = b[o] + sum_c x[c] W[c, o] for one row (a greedy decoding step at batch 1): W streamed row
-// after row, four rows at a time, into z's columns in blocks of 512 (2 KiB, in L1), blocks split
-// across threads. One row reads each weight once, so the product is the read of W: this reads W's
-// rows whole (100-125 GB/s on Zen 5) where the tiles read 3 vectors of each row, OC apart (1.2-2.5x
-// slower at one row; from two rows on the tiles' shared loads win).
+// z[o] = b[o] + sum_c x[c] W[c, o] for one row and the columns [o_begin, o_end) of W (C rows, ldw
+// apart), z and b indexed from o_begin: W streamed row after row, four rows at a time, into z's columns
+// in blocks of 512 (2 KiB, in L1). Inline: its loops vectorize at the width of the on_widest_lanes copy
+// that calls it (a recurrent step's one-row product, rnn.hpp, runs it per step on its own thread).
+template <class T>
+ATTNX_ALWAYS_INLINE void dense_row_columns(T* z, const T* x, const T* W, size_t ldw, const T* b, int C, int o_begin,
+                                           int o_end) {
+    constexpr int block = 512;
+    for (int o0 = o_begin; o0 < o_end; o0 += block) {
+        const int width = std::min(block, o_end - o0);
+        T* __restrict zb = z + (o0 - o_begin);
+        const T* bb = b ? b + (o0 - o_begin) : nullptr;
+        for (int o = 0; o < width; ++o) zb[o] = bb ? bb[o] : T(0);
+        int c = 0;
+        for (; c + 4 <= C; c += 4) {
+            const T *w0 = W + (size_t)c * ldw + o0, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+            const T a0 = x[c], a1 = x[c + 1], a2 = x[c + 2], a3 = x[c + 3];
+            for (int o = 0; o < width; ++o) zb[o] += a0 * w0[o] + a1 * w1[o] + a2 * w2[o] + a3 * w3[o];
+        }
+        for (; c < C; ++c) {
+            const T* w0 = W + (size_t)c * ldw + o0;
+            for (int o = 0; o < width; ++o) zb[o] += x[c] * w0[o];
+        }
+    }
+}
+
+// reference: cpp/reference/dense.hpp, dense_forward
+// z[o] = b[o] + sum_c x[c] W[c, o] for one row (a greedy decoding step at batch 1): dense_row_columns
+// over blocks of 512 columns split across threads. One row reads each weight once, so the product is
+// the read of W: this reads W's rows whole (100-125 GB/s on Zen 5) where the tiles read 3 vectors of
+// each row, OC apart (1.2-2.5x slower at one row; from two rows on the tiles' shared loads win).
 template <class T> void dense_row_streamed(T* z, const T* x, const T* W, const T* b, int C, int OC) {
     constexpr int block = 512;
     const size_t blocks = (size_t)(OC + block - 1) / block;
     parallel_for(blocks, double(C) * OC, [&](size_t lo, size_t hi) {
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize at this width
-            for (size_t blk = lo; blk < hi; ++blk) {
-                const int o0 = (int)blk * block, width = std::min(block, OC - o0);
-                T* __restrict zb = z + o0;
-                for (int o = 0; o < width; ++o) zb[o] = b ? b[o0 + o] : T(0);
-                int c = 0;
-                for (; c + 4 <= C; c += 4) {
-                    const T *w0 = W + (size_t)c * OC + o0, *w1 = w0 + OC, *w2 = w1 + OC, *w3 = w2 + OC;
-                    const T a0 = x[c], a1 = x[c + 1], a2 = x[c + 2], a3 = x[c + 3];
-                    for (int o = 0; o < width; ++o) zb[o] += a0 * w0[o] + a1 * w1[o] + a2 * w2[o] + a3 * w3[o];
-                }
-                for (; c < C; ++c) {
-                    const T* w0 = W + (size_t)c * OC + o0;
-                    for (int o = 0; o < width; ++o) zb[o] += x[c] * w0[o];
-                }
-            }
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+            const int o0 = (int)lo * block, o1 = std::min(OC, (int)hi * block);
+            dense_row_columns<T>(z + o0, x, W, (size_t)OC, b ? b + o0 : nullptr, C, o0, o1);
         });
     });
 }

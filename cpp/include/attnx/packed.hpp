@@ -151,9 +151,42 @@ template <class T> struct LeftRows {
 };
 
 // pre[r].q[q] = sum_k [A | X][r, k] panel[k * k_stride + q * W .. + W) for R rows and Q vectors
+// One row (R = 1; a decoding step at batch 1) would chain its Q accumulators through every k and wait
+// on the multiply-add's latency (4 cycles for 2 per cycle): its k run in S interleaved chains, which
+// sum at the end, S Q >= 8 where the registers allow.
 template <class V, int Q, int R, class T>
 ATTNX_ALWAYS_INLINE void row_tile(TileRow<V, Q> (&pre)[R], const LeftRows<T>& left, const T* panel, size_t k_stride) {
     constexpr int W = Lanes<V>::W;
+    if constexpr (R == 1 && W > 1) {
+        constexpr int S = Q >= 4 ? 2 : Q == 3 ? 3 : 4;
+        V acc[S][Q] = {};
+        for (int part = 0; part <= left.segments; ++part) {
+            const bool of_x = part == left.segments;
+            const T* M = of_x ? left.x : left.a + (size_t)part * left.segment_stride;
+            const int count = of_x ? left.C : left.K;
+            const T* rows = panel + (size_t)part * left.K * k_stride;
+            int k = 0;
+            for (; k + S <= count; k += S)
+#pragma GCC unroll 4
+                for (int s = 0; s < S; ++s) {
+                    const V a = vbroadcast<V>(M[k + s]);
+#pragma GCC unroll 4
+                    for (int q = 0; q < Q; ++q)
+                        acc[s][q] += a * vload<V>(rows + (size_t)(k + s) * k_stride + (size_t)q * W, W);
+                }
+            for (; k < count; ++k) {
+                const V a = vbroadcast<V>(M[k]);
+#pragma GCC unroll 4
+                for (int q = 0; q < Q; ++q) acc[0][q] += a * vload<V>(rows + (size_t)k * k_stride + (size_t)q * W, W);
+            }
+        }
+        for (int q = 0; q < Q; ++q) {
+            V sum = acc[0][q];
+            for (int s = 1; s < S; ++s) sum += acc[s][q];
+            pre[0].q[q] = sum;
+        }
+        return;
+    }
     V acc[R][Q] = {};  // local until the end: GCC then keeps it in registers
     // the runs of a, then x
     for (int part = 0; part <= left.segments; ++part) {

@@ -153,18 +153,44 @@ ATTNX_ALWAYS_INLINE void recurrent_product(int b0, int b1, const LeftRows<T>& le
 // The recurrent kernel as the time loops multiply it: float32 panels (forward: pack_recurrent_kernel's
 // layout; backward: pack_recurrent_kernel_rows_t's), or under mixed_bfloat16 the same panels with
 // their rows paired along k as bf16 (rnn_bf16.hpp), whose steps pair their left rows (h_{t-1}, or
-// the step's gate gradients) too and sum in float32 (bf16.hpp's step products)
+// the step's gate gradients) too and sum in float32 (bf16.hpp's step products). `rows`: U itself
+// (H, G) row-major, which a step of one row with the input projection apart reads in place
+// (one_row_step), streamed whole (dense_row_columns): Seq2Seq's decoder at batch 1, which packs none
+// of its weights (seq2seq.hpp's DecoderPanels::in_place). Where U is packed anyway the packed one-row
+// tiles were faster (the plan's LSTM(100) at batch 1: 51 us packed, 67 us in place).
 template <class T> struct RecurrentKernel {
     const T* packed = nullptr;
     const uint32_t* pairs = nullptr;  // float only
     bool native = false;              // pairs on vdpbf16ps (bf16_tiles)
+    const T* rows = nullptr;          // U (H, G) row-major, or null
 };
+
+// Whether the steps of rows [b0, b1) multiply U in place, one row at a time (RecurrentKernel::rows):
+// one row, the input projection apart (C = 0)
+template <class T> inline bool one_row_step(const RecurrentKernel<T>& kernel, int b0, int b1, int C) {
+    return kernel.rows && b1 - b0 == 1 && C == 0;
+}
 
 // recurrent_product on the kernel's float32 or bf16 panels; under bf16 the left is the state alone (the
 // input projection is not fused)
 template <class V, int Q, class T, class Cell>
 ATTNX_ALWAYS_INLINE void step_product(const RecurrentKernel<T>& kernel, int b0, int b1, const LeftRows<T>& left, int H,
                                       int units, int Qt, int q0, Cell&& cell) {
+    if (one_row_step(kernel, b0, b1, left.C)) {
+        // pre[(q0 + q) H + u] = h . U[:, (q0 + q) H + u] for the Q gates, then the cell per W units
+        constexpr int W = Lanes<V>::W;
+        const int G = Qt * H;
+        thread_local std::vector<T> pre_row;
+        if (pre_row.size() < (size_t)G) pre_row.resize((size_t)G);
+        dense_row_columns<T>(pre_row.data(), left.a, kernel.rows, (size_t)G, nullptr, H, q0 * H, (q0 + Q) * H);
+        for (int u0 = 0; u0 < units; u0 += W) {
+            const int n = std::min(W, units - u0);
+            TileRow<V, Q> pre;
+            for (int q = 0; q < Q; ++q) pre.q[q] = vload<V>(pre_row.data() + (size_t)q * H + u0, n);
+            cell(b0, pre, u0, n);
+        }
+        return;
+    }
     if constexpr (std::is_same_v<T, float>)
         if (kernel.pairs) {
             constexpr int W = Lanes<V>::W;
@@ -235,7 +261,8 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
     const bool keep = cache.h_prev != nullptr;
     // LSTM's tail units (lstm_tail_units): src[q*H + j] (a row of gates or b_in from the tail's first
     // unit) at lane q r + j, as pack_recurrent_kernel lays out their weights
-    const int tail_units = cfg.cell == RNNCell::lstm ? lstm_tail_units(Q, H, W) : 0;
+    const int tail_units =
+        cfg.cell == RNNCell::lstm && !one_row_step(packed_u, b0, b1, x ? cfg.C : 0) ? lstm_tail_units(Q, H, W) : 0;
     auto interleave_tail = [&](const T* src) __attribute__((always_inline)) {
         T lanes[W] = {};
         for (int q = 0; q < 4; ++q)
@@ -412,11 +439,12 @@ template <class T> void pack_recurrent_kernel_rows(Panels<T>& packed, const RNNC
 }
 
 // Steps of rows [b0, b1) with cache.gates holding the input projection (the decoder's per-step
-// calls); packed_u from pack_recurrent_kernel_rows. hu (B, G*H) is workspace.
+// calls, the plan's); kernel: U packed by pack_recurrent_kernel_rows, or U itself when the rows are
+// one (RecurrentKernel::rows). hu (B, G*H) is workspace.
 template <class T>
 void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache,
-                      const T* packed_u, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
-    rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, nullptr, nullptr, RecurrentKernel<T>{packed_u}, b_rec, mask, rec_mask, hu,
+                      const RecurrentKernel<T>& kernel, const T* b_rec, const uint8_t* mask, const T* rec_mask, T* hu) {
+    rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, nullptr, nullptr, kernel, b_rec, mask, rec_mask, hu,
                        (size_t)cfg.G());
 }
 

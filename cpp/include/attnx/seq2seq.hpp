@@ -206,11 +206,18 @@ template <class T> struct OwnedDecoderCache {
 // (BLAS repacks its right operand on every call: at B = 64, V = 8000 that packing took 19% of greedy
 // decoding): the recurrent kernel for the step's tiles, the feed half of the input kernel and the
 // additive score's query kernel; the output layer too for a decoding loop, whose every step has a
-// few rows (teacher forcing multiplies all steps' rows at once, where BLAS is faster).
+// few rows (teacher forcing multiplies all steps' rows at once, where BLAS is faster). A batch of one
+// row packs nothing (`in_place`): its products read each weight once per step, streamed in place
+// (dense_row_streamed, rnn.hpp's one-row step), and a copy would cost as much as a step's reads.
 template <class T> struct DecoderPanels {
     Panels<T> recurrent;
     std::optional<PackedRight<T>> feed, query, output;
+    bool in_place = false;
     DecoderPanels(const DecoderConfig& cfg, const DecoderParams<const T*>& w, bool with_output) {
+        if (cfg.B == 1) {
+            in_place = true;
+            return;
+        }
         pack_recurrent_kernel_rows(recurrent, cfg.rnn_step(), w.recurrent_kernel);
         feed.emplace(w.kernel + (size_t)cfg.E * cfg.G(), cfg.F(), cfg.G(), false);
         if (cfg.score == ScoreKind::additive) query.emplace(w.query_kernel, cfg.H, cfg.U, false);
@@ -253,7 +260,8 @@ void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>
     if (cfg.score == ScoreKind::additive) {
         T* pq = cache.query_proj + tb * U;
         // pq = q W_q + b_q;  scores[b, s] = v . tanh(pq[b] + keys[b, s])
-        packed_rows<T>(pq, LeftRows<T>{q, (size_t)H, H, nullptr, 0, 0}, nb, *panels.query, w.query_bias);
+        if (panels.in_place) dense_row_streamed<T>(pq, q, w.query_kernel, w.query_bias, H, U);
+        else packed_rows<T>(pq, LeftRows<T>{q, (size_t)H, H, nullptr, 0, 0}, nb, *panels.query, w.query_bias);
         additive_scores_forward<T>(scores, cache.score_hidden + bs * U, pq, cache.keys + (size_t)b0 * S * U,
                                    w.score_vector, nb, 1, S, U);
     } else {
@@ -436,9 +444,17 @@ void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h,
         std::copy(feed + (size_t)b0 * H, feed + (size_t)b1 * H, feed_t + (size_t)b0 * H);  // h~_{t-1}
     }
     // gates[t] += feed_t W_f; then the recurrence of one step (h, c updated in place)
-    packed_rows<T>(cache.gates + tb * G, LeftRows<T>{cache.feed + tb * F, (size_t)F, F, nullptr, 0, 0}, nb,
-                   *panels.feed, nullptr, false, true);
-    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t), panels.recurrent.data(),
+    T* gates_t = cache.gates + tb * G;
+    if (panels.in_place) {  // (one row; hu is the recurrence's workspace, free until it runs)
+        dense_row_streamed<T>(hu, cache.feed + tb * F, w.kernel + (size_t)E * G, gates_t, F, G);
+        std::copy(hu, hu + G, gates_t);
+    } else {
+        packed_rows<T>(gates_t, LeftRows<T>{cache.feed + tb * F, (size_t)F, F, nullptr, 0, 0}, nb, *panels.feed,
+                       nullptr, false, true);
+    }
+    rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t),
+                        RecurrentKernel<T>{panels.in_place ? nullptr : panels.recurrent.data(), nullptr, false,
+                                           w.recurrent_kernel},
                         w.bias_rec, cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr, (const T*)nullptr,
                         hu);
     if (cfg.kind == DecoderKind::luong) {
@@ -494,8 +510,10 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
             if (cache.step_mask) cache.step_mask[(size_t)t * B + b] = target_mask ? target_mask[(size_t)b * Tn + t] : 1;
         }
     embedding_forward<T>(cache.emb, cache.ids, w.embeddings, (size_t)Tn * B, (size_t)E);
-    // gates[t] = emb_t W_e + b_in for all steps in one GEMM; the feed half joins per step
-    dense_forward<T>(cache.gates, cache.emb, w.kernel, w.bias_in, Tn * B, E, G);
+    // gates[t] = emb_t W_e + b_in for all steps in one GEMM (a decoding step of one row: streamed); the
+    // feed half joins per step
+    if (Tn * B == 1) dense_row_streamed<T>(cache.gates, cache.emb, w.kernel, w.bias_in, E, G);
+    else dense_forward<T>(cache.gates, cache.emb, w.kernel, w.bias_in, Tn * B, E, G);
     std::optional<DecoderPanels<T>> own_panels;  // read by every step of every thread
     if (!panels) panels = &own_panels.emplace(cfg, w, false);
     parallel_for((size_t)B, decoder_loop_work(cfg), [&](size_t b0, size_t b1) {
@@ -506,6 +524,8 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
     // logits = out W_out + b_out: one GEMM over all B * T rows, or on the packed output layer
     if (panels->output)
         packed_dense_rows<T>(logits, logits, cache.out, *panels->output, w.output_bias, B * Tn, Activation::linear);
+    else if (panels->in_place && B * Tn == 1)
+        dense_row_streamed<T>(logits, cache.out, w.output_kernel, w.output_bias, H, cfg.V);
     else
         dense_forward<T>(logits, cache.out, w.output_kernel, w.output_bias, B * Tn, H, cfg.V);
 }
