@@ -22,14 +22,9 @@ from attnx.export.ctranslate2 import to_ctranslate2
 from attnx.seq2seq import Transformer
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="a saved pre-norm attnx Transformer")
-    parser.add_argument("--sentences", type=int, default=512)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--max-length", type=int, default=20)
-    args = parser.parse_args()
-    import ctranslate2
+def model_and_sentences(args):
+    """The benchmarked Transformer (`args.model`, else one of the example's size trained 0 steps on the
+    Marathi pairs' tokenizer) and `args.sentences` test sentences without the loader's markers."""
     splits = attnx.datasets.load_anki_pairs(max_words=10, split=(0.8, 0.1, 0.1), seed=0)
     if args.model:
         model = attnx.load_model(args.model)
@@ -38,7 +33,18 @@ def main():
         model = Transformer.from_texts(splits.train.source, splits.train.target, vocab_size=6000, model_dim=256,
                                        num_heads=4, intermediate_dim=512, num_encoder_layers=2, num_decoder_layers=2,
                                        norm_first=True, dropout=0.0)
-    sentences = [" ".join(s.split()[1:-1]) for s in splits.test.source[:args.sentences]]
+    return model, [" ".join(s.split()[1:-1]) for s in splits.test.source[:args.sentences]]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="a saved pre-norm attnx Transformer")
+    parser.add_argument("--sentences", type=int, default=512)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--max-length", type=int, default=20)
+    args = parser.parse_args()
+    import ctranslate2
+    model, sentences = model_and_sentences(args)
     pieces = [model.source_tokenizer.tokenize(s) for s in sentences]
     path = to_ctranslate2(model, os.path.join(tempfile.mkdtemp(), "ct2"))
     L = args.max_length

@@ -22,7 +22,7 @@ import numpy as np
 
 import attnx
 from attnx.export.ctranslate2 import to_ctranslate2
-from attnx.seq2seq import Transformer
+from bench_ctranslate2 import model_and_sentences
 
 
 def main():
@@ -33,19 +33,11 @@ def main():
     parser.add_argument("--max-length", type=int, default=20)
     args = parser.parse_args()
     import ctranslate2
-    splits = attnx.datasets.load_anki_pairs(max_words=10, split=(0.8, 0.1, 0.1), seed=0)
-    if args.model:
-        model = attnx.load_model(args.model)
-    else:
-        attnx.set_random_seed(0)
-        model = Transformer.from_texts(splits.train.source, splits.train.target, vocab_size=6000, model_dim=256,
-                                       num_heads=4, intermediate_dim=512, num_encoder_layers=2, num_decoder_layers=2,
-                                       norm_first=True, dropout=0.0)
+    model, sentences = model_and_sentences(args)
     folder = tempfile.mkdtemp()
     path = to_ctranslate2(model, os.path.join(folder, "ct2"), quantization="int8")
     model.save(os.path.join(folder, "float.attnx"))
     quantized = attnx.load_model(os.path.join(folder, "float.attnx")).quantize("int8")
-    sentences = [" ".join(s.split()[1:-1]) for s in splits.test.source[:args.sentences]]
     pieces = [model.source_tokenizer.tokenize(s) for s in sentences]
     L = args.max_length
     print(f"{len(sentences)} sentences, max_length {L}; model {model.count_params():,} parameters; "
