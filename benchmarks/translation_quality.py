@@ -1,6 +1,7 @@
 """Translation quality at equal training time on the English -> Marathi pairs (issue 42).
 
     python benchmarks/translation_quality.py [--minutes 20] [--models transformer,seq2seq,torch] [--data PATH]
+    python benchmarks/translation_quality.py --models transformer,transformer_bf16   # issue 40's comparison
 
 Three models, trained one after the other for the same wall time each (validation included), each in a
 fresh process, on the same data, batches and subword vocabulary:
@@ -9,6 +10,8 @@ fresh process, on the same data, batches and subword vocabulary:
   shared embeddings, label smoothing 0.1, Adam (0.9, 0.98, 1e-9) on NoamDecay peaking at the
   paper's rate (D * 4000) ** -0.5 after `--warmup-steps`;
 - attnx Bahdanau `Seq2Seq` (GRU, embedding 256, 256 units) with its own recipe (Adam 1e-3);
+- ``transformer_bf16`` (not in the default list): the same attnx `Transformer` and recipe under the
+  ``mixed_bfloat16`` policy (float32 master weights, bf16 operands in every product);
 - a PyTorch ``nn.Transformer`` of the attnx Transformer's size with its recipe (the same
   embedding scale, sinusoids, final norms, loss, optimizer and schedule), trained on the same batches.
 
@@ -258,16 +261,19 @@ def train_and_score(name, args):
           f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     results = {}
     models = [name]
-    if "transformer" in models:
+    for transformer, policy in (("transformer", "float32"), ("transformer_bf16", "mixed_bfloat16")):
+        if transformer not in models:
+            continue
         attnx.set_random_seed(args.seed)
         model = Transformer(V, V, model_dim=D, num_heads=HEADS, intermediate_dim=FF, num_encoder_layers=LAYERS,
                             num_decoder_layers=LAYERS, dropout=DROPOUT, norm_first=True, shared_embeddings=True,
-                            max_length=MAX_LENGTH, source_tokenizer=tokenizer, target_tokenizer=tokenizer)
+                            max_length=MAX_LENGTH, source_tokenizer=tokenizer, target_tokenizer=tokenizer,
+                            dtype=policy)
         optimizer = optimizers.Adam(schedule(args.warmup_steps), beta_2=0.98, epsilon=1e-9)
-        results["attnx Transformer"] = {"parameters": model.count_params(),
-                                        **train_attnx(model, splits, args, optimizer)}
-        results["attnx Transformer"].update(score_attnx(model, splits, args, (1, 4)))
-        print(json.dumps({"attnx Transformer": results["attnx Transformer"]}, ensure_ascii=False), flush=True)
+        label = "attnx Transformer" + ("" if policy == "float32" else f" ({policy})")
+        results[label] = {"parameters": model.count_params(), **train_attnx(model, splits, args, optimizer)}
+        results[label].update(score_attnx(model, splits, args, (1, 4)))
+        print(json.dumps({label: results[label]}, ensure_ascii=False), flush=True)
     if "seq2seq" in models:
         attnx.set_random_seed(args.seed)
         model = Seq2Seq(V, V, embedding_dim=256, units=256, attention="bahdanau", max_length=MAX_LENGTH,
