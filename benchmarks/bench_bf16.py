@@ -9,15 +9,23 @@ attnx float32, attnx under mixed_bfloat16, PyTorch float32 and PyTorch under
 - transformer: the translation example's model, D 256, 4 heads, 3 + 3 layers, FF 1024, pre-norm, dropout
   0.1, a shared 8000-id vocabulary (shared embeddings, untied output), B=64 pairs of 24 source and 24
   target tokens: one step of the recipe (label-smoothed cross-entropy, Adam 0.9/0.98/1e-9) against
-  translation_quality.py's ``nn.Transformer`` of the same size and recipe; also in target tokens/s.
+  translation_quality.py's ``nn.Transformer`` of the same size and recipe; also in target tokens/s;
+- seq2seq: bench_seq2seq's Bahdanau model (GRU encoder and attention decoder, B=64, T=16, embedding 256,
+  512 units, 8000-id vocabularies), one `train_on_batch` against examples/translate_mar_torch.py's
+  module started from the same weights (Adam);
+- fit: the main job, examples/sentiment.py's `Model.fit` for 10 epochs (LSTM(100) + AttentionPooling,
+  batch 32, validation each epoch) against examples/sentiment_torch.py's loop, one seed; fewer timed
+  runs per round (ATTNX_BENCH_ROUNDS rounds of one run each).
 
 Each round times the four in a rotated order (each round's block after ATTNX_BENCH_SETTLE seconds of
 untimed runs, as harness.compare does); prints each one's median time over the rounds and the ratios of
 the rounds' times, median (min-max). Benchmarks are never tests: nothing here asserts a timing.
 
-    python benchmarks/bench_bf16.py [lstm] [encoder] [transformer]   (default: all three;
+    python benchmarks/bench_bf16.py [lstm] [encoder] [transformer] [seq2seq] [fit]   (default: all;
         ATTNX_BENCH_THREADS, default 2; ATTNX_BENCH_ROUNDS, default 5)
 """
+import os
+import pathlib
 import statistics
 import sys
 
@@ -27,6 +35,7 @@ import bench_rnn
 from harness import ROUND_TIME, ROUNDS, SETTLE, median_time, setup_threads
 
 POLICIES = ("float32", "mixed_bfloat16")
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _made_under(policy, make):
@@ -143,19 +152,67 @@ def transformer_steps():
     return tag, steps | _torch_steps(torch_step), B_TR * T_TR
 
 
+# ----------------------------------------------------------------------------- seq2seq Bahdanau
+def seq2seq_steps():
+    import torch
+    import attnx
+    import bench_seq2seq as s2s
+    from attnx.seq2seq import Seq2Seq
+    sys.path.insert(0, str(REPO / "examples"))
+    from translate_mar_torch import TorchBahdanauSeq2Seq, train_step
+    rng = np.random.default_rng(0)
+    source = rng.integers(3, s2s.V, (s2s.B, s2s.T))
+    target = np.concatenate([np.ones((s2s.B, 1), np.int64), rng.integers(3, s2s.V, (s2s.B, s2s.T))], axis=1)
+    steps = {}
+    for policy in POLICIES:
+        attnx.set_random_seed(0)
+        model = Seq2Seq(s2s.V, s2s.V, embedding_dim=s2s.E, units=s2s.H, attention="bahdanau", start_token=1,
+                        end_token=2, max_length=s2s.T, dtype=policy)
+        model.build(s2s.T)
+        model.compile(attnx.optimizers.Adam(1e-3))
+        steps[f"attnx {policy}"] = lambda model=model: model.train_on_batch(source, target)
+    net = TorchBahdanauSeq2Seq(s2s.V, s2s.V, s2s.E, s2s.H).copy_from(model)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3, eps=1e-7)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0)
+    t_source, t_target = torch.from_numpy(source), torch.from_numpy(target)
+    tag = f"seq2seq Bahdanau B={s2s.B} T={s2s.T} E={s2s.E} H={s2s.H} V={s2s.V} training step (train_on_batch, Adam)"
+    return tag, steps | _torch_steps(lambda: train_step(net, optimizer, loss_fn, t_source, t_target)), None
+
+
+# ----------------------------------------------------------------------------- the main job's fit
+def fit_steps():
+    os.environ.setdefault("ATTNX_DATA_DIR", str(REPO.parent / "shared" / "data"))
+    sys.path.insert(0, str(REPO / "examples"))
+    import attnx
+    import sentiment
+    import sentiment_torch
+
+    def attnx_fit(policy):
+        attnx.mixed_precision.set_global_policy(policy)
+        try:
+            sentiment.run(0, epochs=10, verbose=0)
+        finally:
+            attnx.mixed_precision.set_global_policy(None)
+    steps = {f"attnx {policy}": (lambda policy=policy: attnx_fit(policy)) for policy in POLICIES}
+    return ("main job fit, 10 epochs (examples/sentiment.py vs sentiment_torch.py)",
+            steps | _torch_steps(lambda: sentiment_torch.run(0, epochs=10)), None, 1)
+
+
 # ----------------------------------------------------------------------------- the interleaved run
-ROWS = {"lstm": lstm_steps, "encoder": encoder_steps, "transformer": transformer_steps}
+ROWS = {"lstm": lstm_steps, "encoder": encoder_steps, "transformer": transformer_steps, "seq2seq": seq2seq_steps,
+        "fit": fit_steps}
 
 
-def run_row(tag, steps, tokens):
+def run_row(tag, steps, tokens, runs=3):
+    """Times `steps` in ROUNDS rotated rounds, each the median of `runs` runs (after as many untimed)."""
     names = list(steps)
     for fn in steps.values():  # warm-up
-        for _ in range(3):
+        for _ in range(runs):
             fn()
     times = {n: [] for n in names}
     for r in range(ROUNDS):
         for n in names[r % 4:] + names[:r % 4]:
-            times[n].append(median_time(steps[n], 0, 3, ROUND_TIME, SETTLE))
+            times[n].append(median_time(steps[n], 0, runs, ROUND_TIME if runs > 1 else 0.0, SETTLE))
     print(f"{tag}, median of {ROUNDS} rounds:")
     for n in names:
         seconds = statistics.median(times[n])
