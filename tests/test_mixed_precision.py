@@ -468,3 +468,64 @@ def test_training_under_the_global_policy_learns_as_float32_does():
     acc16, dt16 = train("mixed_bfloat16")
     assert (dt32, dt16) == ("float32", "bfloat16")
     assert acc32 > 0.9 and abs(acc16 - acc32) < 0.05
+
+
+# ----------------------------------------------------------------------------- the attention decoders
+def _decoder_results(dec, inputs, dy):
+    """Logits, attention weights, input gradients and weight gradients of one teacher-forced call."""
+    ids, enc, states, source_mask, target_mask = inputs
+    (logits, weights), cache = dec.apply([ids, enc] + states, training=True, mask=target_mask,
+                                         source_mask=source_mask, return_attention_scores=True)
+    dec.zero_grad()
+    _, denc, *dstates = dec.backprop(cache, [dy, None])
+    return [logits, weights, denc, *dstates] + [dec.grads[k].copy() for k in sorted(dec.grads)]
+
+
+@pytest.mark.parametrize("variant", range(8))
+def test_attention_decoders_under_mixed_bfloat16(variant):
+    """The decoders' products over all steps take bf16 operands: every output and gradient is float32's within
+    the contract's tolerance (float32 on the bf16-rounded weights and inputs calibrates it), and the rounding shows."""
+    from test_seq2seq import DECODERS, make_decoder, make_inputs
+    kind, score, cell, local_window = DECODERS[variant]
+    mixed = make_decoder(kind, score, cell, local_window, dtype="mixed_bfloat16")
+    single, rounded = (make_decoder(kind, score, cell, local_window) for _ in "12")
+    assert mixed.compute_dtype == "bfloat16" and single.compute_dtype == "float32"
+    single.set_weights(mixed.get_weights())
+    rounded.set_weights([_bf16(w).astype(np.float32) for w in mixed.get_weights()])
+    ids, enc, states, source_mask, target_mask = make_inputs(score, cell)
+    dy = np.random.default_rng(3).standard_normal((enc.shape[0], ids.shape[1], mixed.vocab_size)).astype(np.float32)
+    inputs = (ids, enc, states, source_mask, target_mask)
+    got = _decoder_results(mixed, inputs, dy)
+    want = _decoder_results(single, inputs, dy)
+    perturbed = _decoder_results(rounded, (ids, _bf16(enc).astype(np.float32),
+                                           [_bf16(s).astype(np.float32) for s in states], source_mask, target_mask),
+                                 _bf16(dy).astype(np.float32))
+    for g, w, p in zip(got, want, perturbed):
+        assert g.dtype == np.float32
+        tolerance = max(BF16_TOLERANCE, SENSITIVITY_FACTOR * _relative_error(p, w))
+        assert _relative_error(g, w) < tolerance
+    assert max(_relative_error(g, w) for g, w in zip(got, want)) > 1e-5  # bf16 did run
+
+
+def test_seq2seq_takes_the_global_policy_and_decodes_in_float32(tmp_path):
+    """Seq2Seq made under mixed_bfloat16 hands the policy to its encoder and decoder and keeps it on save;
+    greedy decoding runs float32 products, so it equals the float32 twin's decoding."""
+    from attnx.seq2seq import Seq2Seq
+    mixed_precision.set_global_policy("mixed_bfloat16")
+    attnx.set_random_seed(0)
+    model = Seq2Seq(20, 20, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=6)
+    model.build(5)
+    mixed_precision.set_global_policy(None)
+    assert model.decoder.compute_dtype == "bfloat16" and model.encoder.rnn.compute_dtype == "bfloat16"
+    twin = Seq2Seq(20, 20, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=6)
+    twin.build(5)
+    twin.set_weights(model.get_weights())
+    rng = np.random.default_rng(0)
+    enc, h0 = rng.standard_normal((4, 5, 16)).astype(np.float32), rng.standard_normal((4, 16)).astype(np.float32)
+    ids = rng.integers(3, 20, 4)
+    steps = [dec.step(ids, 0, dec.start_state(enc, [h0]))[0] for dec in (model.decoder, twin.decoder)]
+    np.testing.assert_array_equal(steps[0], steps[1])
+    assert len(model.greedy_decode(rng.integers(3, 20, (4, 5)))[0]) == 4
+    model.save(tmp_path / "m.attnx")
+    loaded = attnx.load_model(tmp_path / "m.attnx")
+    assert loaded.decoder.dtype_policy.name == "mixed_bfloat16"

@@ -156,9 +156,13 @@ void init_seq2seq(py::module_& m) {
            const py::array& enc, const py::object& source_mask, const py::object& target_mask, const py::array& h0,
            const py::object& c0, const py::object& feed0, const py::dict& params, const py::object& keys,
            int local_window, const std::string& local_mode, int first_step, bool gated, bool hard,
-           const py::object& uniforms) {
+           const py::object& uniforms, bool bf16) {
             DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode, gated, hard);
             cfg.first_step = first_step;
+            if (bf16 && !py::isinstance<py::array_t<float>>(enc))
+                throw py::type_error("decoder_forward: bf16=True multiplies float32 operands in bf16; enc is " +
+                                     std::string(py::str(enc.dtype())));
+            cfg.bf16 = bf16;
             if (!hard && !uniforms.is_none())
                 throw py::value_error("decoder_forward: uniforms draw hard attention's regions; give hard=True");
             cfg.sample = !uniforms.is_none();
@@ -224,7 +228,7 @@ void init_seq2seq(py::module_& m) {
                     time_to_batch_major(pw, c.weights, (int)Tn, (int)B, (int)S);  // (B, T, S) for users
                 }
                 cache["config"] =
-                    py::make_tuple(kind, score, cell, local_window, local_mode, first_step, gated, hard, cfg.sample);
+                    py::make_tuple(kind, score, cell, local_window, local_mode, first_step, gated, hard, cfg.sample, bf16);
                 py::object keys_out = c.keys ? py::object(cache["keys"]) : py::object(py::none());
                 py::object c_out = lstm ? py::object(cs) : py::none();
                 py::object feed_out = luong ? py::object(feed) : py::none();
@@ -235,7 +239,7 @@ void init_seq2seq(py::module_& m) {
         py::arg("source_mask") = py::none(), py::arg("target_mask") = py::none(), py::arg("h0"),
         py::arg("c0") = py::none(), py::arg("feed0") = py::none(), py::arg("params"), py::arg("keys") = py::none(),
         py::arg("local_window") = -1, py::arg("local_mode") = "m", py::arg("first_step") = 0,
-        py::arg("gated") = false, py::arg("hard") = false, py::arg("uniforms") = py::none(),
+        py::arg("gated") = false, py::arg("hard") = false, py::arg("uniforms") = py::none(), py::arg("bf16") = false,
         "Attention decoder over all target steps (teacher forcing) or one step (T = 1). kind bahdanau|luong, score "
         "additive|general|dot (the ScoreKind), cell gru|lstm. ids (B, T) int64 previous words, enc (B, S, K), masks bool "
         "(True = real), h0 (B, H), c0 (B, H) for LSTM, feed0 (B, H) Luong's previous attentional state, params the "
@@ -243,6 +247,8 @@ void init_seq2seq(py::module_& m) {
         "ids[:, 0], local_mode m (p_t = t) or p (predicted from h_t by position_kernel, position_vector). Bahdanau "
         "only: gated multiplies the context by sigmoid(s_{t-1} . gate_kernel + gate_bias); hard attends to one "
         "region per step, drawn with uniforms (B, T) in [0, 1) or the argmax without (cache[\"positions\"] (T, B)). "
+        "bf16 (float32 only, mixed_bfloat16): the products over all B * T rows (keys, input gates, logits, and their "
+        "gradients in decoder_backward) on bf16 operands with float32 sums. "
         "Returns (logits (B, T, V), h, c, feed, weights (B, T, S), keys, cache).");
 
     m.def(
@@ -250,8 +256,8 @@ void init_seq2seq(py::module_& m) {
         [](const py::dict& cache, const py::array& dlogits, const py::object& dweights, const py::object& dh,
            const py::object& dc, const py::array& enc, const py::dict& params, const py::dict& grads) {
             const py::object conf = cache.contains("config") ? py::object(cache["config"]) : py::none();
-            if (!py::isinstance<py::tuple>(conf) || py::len(conf) != 9)
-                throw py::value_error("decoder_backward: cache[\"config\"]: missing or not the 9-tuple of a "
+            if (!py::isinstance<py::tuple>(conf) || py::len(conf) != 10)
+                throw py::value_error("decoder_backward: cache[\"config\"]: missing or not the 10-tuple of a "
                                       "decoder_forward cache");
             DecoderConfig cfg;
             try {
@@ -261,9 +267,10 @@ void init_seq2seq(py::module_& m) {
                                      conf[py::int_(7)].cast<bool>());
                 cfg.first_step = conf[py::int_(5)].cast<int>();
                 cfg.sample = conf[py::int_(8)].cast<bool>();
+                cfg.bf16 = conf[py::int_(9)].cast<bool>();
             } catch (const py::cast_error&) {
                 throw py::value_error("decoder_backward: cache[\"config\"]: expected (kind, score, cell, "
-                                      "local_window, local_mode, first_step, gated, hard, sample) as decoder_forward "
+                                      "local_window, local_mode, first_step, gated, hard, sample, bf16) as decoder_forward "
                                       "writes it");
             }
             return dispatch_float(enc, "decoder_backward: enc", [&](auto tag) -> py::tuple {

@@ -153,7 +153,7 @@ def decoder_forward(
     kind: str, score: str, cell: str, ids: Array, enc: Array, source_mask: Mask = None, target_mask: Mask = None,
     *, h0: Array, c0: Array | None = None, feed0: Array | None = None, params: dict[str, Array],
     keys: Array | None = None, local_window: int = -1, local_mode: str = "m", first_step: int = 0,
-    gated: bool = False, hard: bool = False, uniforms: Array | None = None,
+    gated: bool = False, hard: bool = False, uniforms: Array | None = None, bf16: bool = False,
 ) -> tuple[Array, Array, Array | None, Array | None, Array, Array | None, dict[str, Any]]: ...
 def decoder_backward(
     cache: dict[str, Any], dlogits: Array, dweights: Array | None = None, dh: Array | None = None,

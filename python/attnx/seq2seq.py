@@ -94,7 +94,7 @@ class Encoder(Layer):
         self.cell = _check_choice("Encoder", "cell", cell, tuple(_CELLS))
         self.bidirectional = bool(bidirectional)
         self.output_dim = self.units * (2 if self.bidirectional else 1)
-        dtype = self.dtype.name
+        dtype = self.dtype_policy.name  # the policy (mixed_bfloat16 too), not only the weights' dtype
         self.embedding = Embedding(self.vocab_size, self.embedding_dim, mask_zero=True, dtype=dtype,
                                    name=f"{self.name}_embedding")
         rnn = _CELLS[self.cell](self.units, return_sequences=True, return_state=True, dtype=dtype,
@@ -189,6 +189,9 @@ class _AttentionDecoder(Layer):
 
     _kind = None
     offered_scores = None  # the scores of `attnx.layers.scores` the class offers
+    # attnx.mixed_precision: the teacher-forced products over all steps (seq2seq.hpp's sequence_dense_*); the
+    # per-step products and the decoding steps stay float32
+    _bf16_products = True
 
     def __init__(self, vocab_size, embedding_dim, units, cell="gru", score="additive", attention_units=None,
                  local_window=None, local_mode="m", gated=False, hard=False, baseline_decay=0.9, soft_fraction=0.5,
@@ -331,7 +334,8 @@ class _AttentionDecoder(Layer):
             h0=states[0], c0=states[1] if self.n_states == 2 else None,
             feed0=None if feed is None else self._state(feed, "feed", (B, self.units)),
             params=self.params, keys=keys, first_step=first_step,
-            uniforms=self.seed_generator.uniform(ids.shape, enc.dtype) if sample else None)
+            uniforms=self.seed_generator.uniform(ids.shape, enc.dtype) if sample else None,
+            bf16=self.compute_dtype == "bfloat16")
         return outputs, enc
 
     # ------------------------------------------------------------------------ training
@@ -606,6 +610,9 @@ class Seq2Seq(Model):
             training accepts and decoding produces, <= 1024 (`decoding.MAX_DECODING_LENGTH`).
         source_tokenizer, target_tokenizer: `attnx.text.Tokenizer`s (preprocessed text) or
             `attnx.text.SubwordTokenizer`s (raw text) for `translate` / `fit_texts`.
+        dtype: the policy of the encoder and decoder (`attnx.mixed_precision`), default the global
+            policy; under ``mixed_bfloat16`` the decoder's products over all target steps and the
+            encoder's recurrent layer multiply bf16 operands, and decoding runs float32 products.
 
     Data: ``fit(source, target)``, ``evaluate(source, target)`` take source ids (B, S) and target ids
     (B, T) that begin with the start token, 0 = padding; `train_data` turns them into teacher
@@ -627,7 +634,7 @@ class Seq2Seq(Model):
     def __init__(self, source_vocab_size, target_vocab_size, embedding_dim=256, units=512, attention="bahdanau",
                  score=None, cell="gru", bidirectional=False, attention_units=None, local_window=None, local_mode="m",
                  start_token="<start>", end_token="<end>", max_length=50, source_tokenizer=None,
-                 target_tokenizer=None, dtype="float32", name=None):
+                 target_tokenizer=None, dtype=None, name=None):
         super().__init__(name=name or unique_name("seq2seq"), dtype=dtype)
         self.attention = _check_choice("Seq2Seq", "attention", attention, ("bahdanau", "luong"))
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
@@ -704,7 +711,7 @@ class Seq2Seq(Model):
                 "score": None if self.attention == "bahdanau" else dec.score, "cell": dec.cell,
                 "bidirectional": self.encoder.bidirectional, "attention_units": dec.attention_units,
                 "local_window": dec.local_window, "local_mode": dec.local_mode, "start_token": self.start_id,
-                "end_token": self.end_id, "max_length": self.max_length, "dtype": dec.dtype.name,
+                "end_token": self.end_id, "max_length": self.max_length, "dtype": dec.dtype_policy.name,
                 "source_tokenizer": None if self.source_tokenizer is None else self.source_tokenizer.to_json(),
                 "target_tokenizer": None if self.target_tokenizer is None else self.target_tokenizer.to_json()}
 

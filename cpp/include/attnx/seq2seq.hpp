@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "attnx/attention.hpp"
+#include "attnx/bf16.hpp"
 #include "attnx/dense.hpp"
 #include "attnx/embedding.hpp"
 #include "attnx/gemm.hpp"
@@ -72,6 +73,7 @@ struct DecoderConfig {
     bool gated = false;           // Bahdanau: feed = beta_t c_t (Show, Attend and Tell's gating scalar)
     bool hard = false;            // Bahdanau: c_t = enc[s_t], one region per step
     bool sample = false;          // hard: s_t drawn with cache.uniforms (else the argmax of a_t)
+    bool bf16 = false;            // mixed_bfloat16: the products over all steps on bf16 operands (sequence_dense_*)
 
     int F() const { return kind == DecoderKind::bahdanau ? K : H; }  // feed: c_t or h~_{t-1}
     int G() const { return (cell == RNNCell::lstm ? 4 : 3) * H; }
@@ -491,6 +493,38 @@ inline double decoder_loop_work(const DecoderConfig& cfg) {
 // Batch rows never interact inside the time loop, so each thread runs every step of its own rows
 // (single-threaded BLAS, no synchronization per step); the products over all steps run before
 // and after it on the whole BLAS thread budget.
+// The products over all B * T rows (keys, input gates, logits and their gradients): on bf16 operands with
+// float32 sums under mixed_bfloat16 (cfg.bf16, float only: bf16.hpp), else the float kernels of dense.hpp.
+// The per-step products (h U, the attention) stay float32: a step's few rows would pay bf16's packing of
+// the right operand at every step.
+//   z = x W + b
+template <class T>
+void sequence_dense_forward(const DecoderConfig& cfg, T* z, const T* x, const T* W, const T* b, int N, int C, int OC) {
+    if constexpr (std::is_same_v<T, float>)
+        if (cfg.bf16) return bf16_dense_forward(z, z, x, W, b, N, C, OC, Activation::linear);
+    dense_forward<T>(z, x, W, b, N, C, OC);
+}
+
+//   dx = dz W^T (overwritten; dx may be null), dW += x^T dz, db += sum_n dz[n] (db may be null)
+template <class T>
+void sequence_dense_backward(const DecoderConfig& cfg, T* dx, T* dW, T* db, const T* dz, const T* x, const T* W,
+                             int N, int C, int OC) {
+    if constexpr (std::is_same_v<T, float>)
+        if (cfg.bf16) return bf16_dense_backward(dx, dW, db, dz, x, W, N, C, OC);
+    dense_backward<T>(dx, dW, db, dz, x, W, N, C, OC);
+}
+
+//   C (M, N) += op(A) op(B), op(A) (M, K): A^T of A (K, M) when trans_a; op(B) (K, N): B^T of B (N, K) when trans_b
+template <class T>
+void sequence_matmul_add(const DecoderConfig& cfg, T* C, const T* A, const T* B, int M, int N, int K, bool trans_a,
+                         bool trans_b) {
+    if constexpr (std::is_same_v<T, float>)
+        if (cfg.bf16)
+            return bf16_gemm(C, (size_t)N, A, trans_a ? (size_t)M : (size_t)K, trans_a, B,
+                             trans_b ? (size_t)K : (size_t)N, trans_b, M, N, K, true);
+    matmul<T>(C, A, B, M, N, K, trans_a, trans_b, T(1));
+}
+
 template <class T>
 void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, const DecoderCache<T>& cache,
                      const DecoderParams<const T*>& w, const int64_t* ids, const T* enc, const uint8_t* source_mask,
@@ -498,7 +532,7 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, S = cfg.S, H = cfg.H, K = cfg.K, G = cfg.G();
     // keys = enc W_k, once for all steps
     if (cache.keys && !keys_ready)
-        dense_forward<T>(cache.keys, enc, w.key_kernel, (const T*)nullptr, B * S, K, cfg.Dk());
+        sequence_dense_forward<T>(cfg, cache.keys, enc, w.key_kernel, (const T*)nullptr, B * S, K, cfg.Dk());
     if (cfg.predictive())  // L_b, the scale of local-p's position
         for (int b = 0; b < B; ++b)
             cache.source_length[b] =
@@ -512,8 +546,8 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
     embedding_forward<T>(cache.emb, cache.ids, w.embeddings, (size_t)Tn * B, (size_t)E);
     // gates[t] = emb_t W_e + b_in for all steps in one GEMM (a decoding step of one row: streamed); the
     // feed half joins per step
-    if (Tn * B == 1) dense_row_streamed<T>(cache.gates, cache.emb, w.kernel, w.bias_in, E, G);
-    else dense_forward<T>(cache.gates, cache.emb, w.kernel, w.bias_in, Tn * B, E, G);
+    if (Tn * B == 1 && !cfg.bf16) dense_row_streamed<T>(cache.gates, cache.emb, w.kernel, w.bias_in, E, G);
+    else sequence_dense_forward<T>(cfg, cache.gates, cache.emb, w.kernel, w.bias_in, Tn * B, E, G);
     std::optional<DecoderPanels<T>> own_panels;  // read by every step of every thread
     if (!panels) panels = &own_panels.emplace(cfg, w, false);
     parallel_for((size_t)B, decoder_loop_work(cfg), [&](size_t b0, size_t b1) {
@@ -522,7 +556,9 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
     });
     if (cfg.kind == DecoderKind::bahdanau) time_to_batch_major(cache.out, cache.states, Tn, B, H);
     // logits = out W_out + b_out: one GEMM over all B * T rows, or on the packed output layer
-    if (panels->output)
+    if (cfg.bf16)
+        sequence_dense_forward<T>(cfg, logits, cache.out, w.output_kernel, w.output_bias, B * Tn, H, cfg.V);
+    else if (panels->output)
         packed_dense_rows<T>(logits, logits, cache.out, *panels->output, w.output_bias, B * Tn, Activation::linear);
     else if (panels->in_place && B * Tn == 1)
         dense_row_streamed<T>(logits, cache.out, w.output_kernel, w.output_bias, H, cfg.V);
@@ -644,8 +680,8 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
 
     // d out = dlogits W_out^T; dW_out += out^T dlogits; db_out += sum dlogits (one GEMM each)
     std::vector<T> dout_bm((size_t)TB * H);
-    dense_backward<T>(dout_bm.data(), dw.output_kernel, dw.output_bias, dlogits, cache.out, w.output_kernel, TB, H,
-                      cfg.V);
+    sequence_dense_backward<T>(cfg, dout_bm.data(), dw.output_kernel, dw.output_bias, dlogits, cache.out,
+                               w.output_kernel, TB, H, cfg.V);
     batch_to_time_major(work.dout.data(), dout_bm.data(), Tn, B, H);
     if (dweights) {
         work.dweights.resize((size_t)TB * S);
@@ -665,22 +701,23 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
     // after the loop, one GEMM each over all T * B rows:
     // dW_e += emb^T dgates, db_in += sum dgates, d emb = dgates W_e^T -> dembeddings by id
     std::vector<T> demb((size_t)TB * E);
-    dense_backward<T>(demb.data(), dw.kernel, dw.bias_in, work.dgates.data(), cache.emb, w.kernel, TB, E, G);
+    sequence_dense_backward<T>(cfg, demb.data(), dw.kernel, dw.bias_in, work.dgates.data(), cache.emb, w.kernel, TB, E,
+                               G);
     embedding_backward<T>(dw.embeddings, demb.data(), cache.ids, TB, (size_t)E);
     // dW_f += feed^T dgates
-    matmul<T>(dw.kernel + (size_t)E * G, cache.feed, work.dgates.data(), F, G, TB, true, false, T(1));
+    sequence_matmul_add<T>(cfg, dw.kernel + (size_t)E * G, cache.feed, work.dgates.data(), F, G, TB, true, false);
     // dU += h_prev^T dhu, db_rec += sum dhu
-    dense_backward<T>((T*)nullptr, dw.recurrent_kernel, dw.bias_rec, work.dhu(), cache.h_prev, w.recurrent_kernel,
-                      TB, H, G);
+    sequence_dense_backward<T>(cfg, (T*)nullptr, dw.recurrent_kernel, dw.bias_rec, work.dhu(), cache.h_prev,
+                               w.recurrent_kernel, TB, H, G);
     if (luong) {
         // dW_c += [c; h]^T d pre
-        matmul<T>(dw.attentional_kernel, cache.concat, work.dpre.data(), K + H, H, TB, true, false, T(1));
+        sequence_matmul_add<T>(cfg, dw.attentional_kernel, cache.concat, work.dpre.data(), K + H, H, TB, true, false);
     }
     if (additive) {
         // dW_q += q^T d pq, db_q += sum d pq (q: s_{t-1} or h_t of every step)
         const T* queries = luong ? cache.states : cache.h_prev;
-        dense_backward<T>((T*)nullptr, dw.query_kernel, dw.query_bias, work.dquery_proj.data(), queries,
-                          w.query_kernel, TB, H, U);
+        sequence_dense_backward<T>(cfg, (T*)nullptr, dw.query_kernel, dw.query_bias, work.dquery_proj.data(), queries,
+                                   w.query_kernel, TB, H, U);
     }
     if (cfg.gated) {
         // dw_beta += s_{t-1}^T dz;  db_beta += sum dz
@@ -695,8 +732,9 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
     }
     if (cfg.score != ScoreKind::dot) {
         // keys = enc W_k: dW_k += enc^T dkeys, denc += dkeys W_k^T
-        dense_backward<T>((T*)nullptr, dw.key_kernel, (T*)nullptr, work.dkeys.data(), enc, w.key_kernel, B * S, K, Dk);
-        matmul<T>(denc, work.dkeys.data(), w.key_kernel, B * S, K, Dk, false, true, T(1));
+        sequence_dense_backward<T>(cfg, (T*)nullptr, dw.key_kernel, (T*)nullptr, work.dkeys.data(), enc, w.key_kernel,
+                                   B * S, K, Dk);
+        sequence_matmul_add<T>(cfg, denc, work.dkeys.data(), w.key_kernel, B * S, K, Dk, false, true);
     }
 }
 
