@@ -7,7 +7,8 @@ ONNX Runtime (CPU), in one process with the same thread count; prints a Markdown
 The classifiers' predict runs their compiled inference plan (attnx.models.plan); the "eager" column is
 the same predict with the plan switched off (layer by layer from Python), timed interleaved with the
 others round by round. Weights are untrained (time does not depend on them); the Seq2Seq decodes
-max_length steps either way.
+max_length steps either way. A second table splits attnx's time per call: the C++ call (kernels and the
+crossing into C++: the plan's run, the Seq2Seq's encoder recurrence and search) and the Python around it.
 """
 import argparse
 import statistics
@@ -82,7 +83,7 @@ def main():
     options.intra_op_num_threads, options.inter_op_num_threads = args.threads, 1
     rng = np.random.default_rng(0)
     folder = Path(tempfile.mkdtemp())
-    rows = []
+    rows, splits = [], []
     for name, model, batches in (
             ("sentiment LSTM(100) + AttentionPooling, T=32", sentiment_model(),
              [ids(rng, 1, 32, 5000), ids(rng, 32, 32, 5000)]),
@@ -98,19 +99,61 @@ def main():
             planned, eager, theirs = interleaved_ms([ours, without_plan(ours), lambda: sess.run(None, {feed: x})],
                                                     args.rounds)
             rows.append((f"{name}, batch {len(x)}", planned, theirs, eager))
+            entry = model._inference_plans[(x.shape, x.dtype.char)]
+            cpp, whole = interleaved_ms([lambda: entry.plan.run(x=x, result=entry.slot, shape=entry.shape), ours],
+                                        args.rounds)
+            splits.append((f"{name}, batch {len(x)}", whole, cpp))
     model = Seq2Seq(5000, 5000, embedding_dim=128, units=256, start_token=1, end_token=2, max_length=16)
     translator = export.OnnxSeq2Seq(export.to_onnx(model, folder / "seq2seq"), sess_options=options)
     for batch in (1, 32):
         source = ids(rng, batch, 16, 5000)
-        ours = median_ms(lambda: model.greedy_decode(source), max(5, args.rounds // 3))
-        theirs = median_ms(lambda: translator.greedy_decode(source), max(5, args.rounds // 3))
-        rows.append((f"Seq2Seq GRU(256) + Bahdanau greedy decoding, 16 steps, batch {batch}", ours, theirs, None))
-    print(f"| model, {args.threads} thread(s) | attnx predict | ONNX Runtime | ONNX Runtime / attnx "
+        label = f"Seq2Seq GRU(256) + Bahdanau greedy decoding, 16 steps, batch {batch}"
+        ours, theirs = interleaved_ms([lambda: model.greedy_decode(source), lambda: translator.greedy_decode(source)],
+                                      max(5, args.rounds // 3))
+        rows.append((label, ours, theirs, None))
+        splits.append((label, *seq2seq_split_ms(model, source, max(5, args.rounds // 3))))
+    print_tables(args.threads, rows, splits)
+
+
+def seq2seq_split_ms(model, source, rounds):
+    """Median milliseconds of greedy_decode and of its C++ calls (the encoder's recurrence and the search),
+    timed in the same calls."""
+    cpp = {"rnn_forward", "search_attention_decoder"}
+    spent = []
+
+    def timed(fn):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[-1][1] += time.perf_counter() - start
+        return call
+    originals = {name: getattr(attnx.kernels, name) for name in cpp}
+    try:
+        for name, fn in originals.items():
+            setattr(attnx.kernels, name, timed(fn))
+        for _ in range(rounds + 1):
+            spent.append([time.perf_counter(), 0.0])
+            model.greedy_decode(source)
+            spent[-1][0] = time.perf_counter() - spent[-1][0]
+    finally:
+        for name, fn in originals.items():
+            setattr(attnx.kernels, name, fn)
+    return tuple(1000 * statistics.median(kept[i] for kept in spent[1:]) for i in (0, 1))
+
+
+def print_tables(threads, rows, splits):
+    print(f"| model, {threads} thread(s) | attnx predict | ONNX Runtime | ONNX Runtime / attnx "
           "| attnx eager (no plan) | eager / plan |")
     print("|---|---|---|---|---|---|")
     for label, ours, theirs, eager in rows:
         tail = "| - | - |" if eager is None else f"| {eager:.3f} ms | {eager / ours:.2f}x |"
         print(f"| {label} | {ours:.3f} ms | {theirs:.3f} ms | {theirs / ours:.2f}x {tail}")
+    print(f"\n| attnx per call, {threads} thread(s) | whole call | C++ call (kernels + crossing) | Python |")
+    print("|---|---|---|---|")
+    for label, whole, cpp in splits:
+        print(f"| {label} | {whole:.3f} ms | {cpp:.3f} ms | {whole - cpp:.3f} ms ({(whole - cpp) / whole:.0%}) |")
 
 
 if __name__ == "__main__":

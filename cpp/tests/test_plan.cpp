@@ -1,5 +1,7 @@
 // The inference plan (plan.hpp) against plain double-precision loops: a plan of embedding, padding mask,
-// dense, merge and the masked mean over time, and the embedding's refusal of ids outside its table.
+// dense, merge and the masked mean over time, and the embedding's refusal of ids outside its table; an
+// LSTM op against cpp/reference/rnn.hpp on every SIMD level, its packed recurrent kernel remade after
+// each change of the kernel's bytes and each change of level.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -7,6 +9,8 @@
 
 #include "attnx/plan.hpp"
 #include "check.hpp"
+#include "reference/rnn.hpp"
+#include "reference_check.hpp"
 
 using namespace attnx;
 
@@ -106,8 +110,49 @@ static void test_float_plan() {
     }
 }
 
+// x (B, T, C) -> LSTM (final h); one plan built once, run on every SIMD level and thread budget (a level
+// after another reads panels of other widths), U changed in place between runs
+static void test_rnn_plan_sees_its_kernel_change() {
+    std::mt19937 gen(7);
+    RNNConfig cfg;
+    cfg.cell = RNNCell::lstm, cfg.B = 1, cfg.T = 6, cfg.C = 5, cfg.H = 19;  // 19 units: LSTM's tail block too
+    const int G = cfg.G();
+    const auto x = test::random_values(gen, (size_t)cfg.B * cfg.T * cfg.C), W = test::random_values(gen, (size_t)cfg.C * G);
+    const auto b = test::random_values(gen, G);
+    auto U = test::random_values(gen, (size_t)cfg.H * G, 0.3);
+    const auto xf = test::cast<float>(x), Wf = test::cast<float>(W), bf = test::cast<float>(b);
+    auto Uf = test::cast<float>(U);  // the plan points into it, as into a layer's array
+
+    InferencePlan plan;
+    const int out = plan.add_slot((size_t)cfg.B * cfg.H);
+    PlanOp op;
+    op.kind = PlanOpKind::rnn, op.in = 0, op.out = out, op.rnn = cfg, op.units = 0;  // final h
+    op.w[0] = Wf.data(), op.w[1] = Uf.data(), op.w[2] = bf.data();
+    plan.add_op(op);
+    auto check = [&](const std::string& what) {
+        std::vector<double> h((size_t)cfg.B * cfg.H, 0.0), c(h);
+        reference::RNNCache cache;
+        reference::rnn_forward(cfg, nullptr, h.data(), c.data(), cache, x.data(), W.data(), U.data(), b.data(),
+                               nullptr, nullptr, nullptr);
+        std::vector<float> got((size_t)cfg.B * cfg.H);
+        CHECK(plan.run(xf.data(), out, got.data()));
+        test::expect_near(got, h, 1e-5, "plan LSTM " + what);
+    };
+    test::on_every_level_and_split([&](const std::string& level) {
+        check(level);
+        U[3 * G + 7] += 0.5, Uf[3 * G + 7] = (float)U[3 * G + 7];  // a user's write into the array
+        check(level + ", one value changed");
+    });
+    // a zero's sign flipped: other bytes, the same value (a check comparing floats would not repack)
+    U[0] = 0.0, Uf[0] = 0.f;
+    check("U[0] = 0");
+    Uf[0] = -0.f;
+    check("U[0] = -0");
+}
+
 int main() {
     test_token_plan();
     test_float_plan();
+    test_rnn_plan_sees_its_kernel_change();
     return attnx::test::report("test_plan");
 }

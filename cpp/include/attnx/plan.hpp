@@ -8,10 +8,14 @@
 // Buffers are float32 "slots" numbered by the builder; slot 0 is the caller's input (float32, or the
 // int64 token ids an embedding reads), never written. Masks are uint8 (B, T) slots of their own.
 // Weights are the caller's arrays (pointers, not copies): the caller keeps them alive and rebuilds the
-// plan when a layer replaces an array.
+// plan when a layer replaces an array. A copy the plan makes of a weight (the recurrent kernel packed
+// for the steps) is remade whenever the array's bytes differ from those it was made from: weights
+// change in place in many ways (optimizers' kernels, set_weights, loaders, a user's numpy write), and
+// comparing the bytes costs less than packing them (the sentiment LSTM(100) at batch 1: see run_rnn).
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -43,6 +47,23 @@ enum class PlanOpKind {
 
 enum class PlanMerge { concat, sum, mul, ave };
 
+// A weight packed for a kernel's vectors, with the bytes it was packed from: `current` says whether the
+// weight still holds them (bitwise: -0 and NaN payloads count) and the panels are for this many lanes
+// (the SIMD level can be capped between calls); `remember` records both after a repack.
+struct PackedCopy {
+    Panels<float> panels;
+    std::vector<float> source;
+    int lanes = 0;
+
+    bool current(const float* w, size_t n, int tile_lanes) const {
+        return lanes == tile_lanes && source.size() == n && std::memcmp(source.data(), w, n * sizeof(float)) == 0;
+    }
+    void remember(const float* w, size_t n, int tile_lanes) {
+        source.assign(w, w + n);
+        lanes = tile_lanes;
+    }
+};
+
 struct PlanOp {
     PlanOpKind kind = PlanOpKind::dense;
     int out = -1, in = -1, in2 = -1, in3 = -1, mask = -1;  // float slots (0 = the input), mask slot
@@ -56,7 +77,7 @@ struct PlanOp {
     PoolingConfig pool;
     AttendShape attend;
     std::vector<float> work;  // the op's own workspace (the RNN's gates, the norm's statistics)
-    Panels<float> packed;     // the recurrent kernel packed for the steps (each run: the weights may change)
+    PackedCopy packed;        // the recurrent kernel packed for the steps
 };
 
 // An RNN whose (B, T, G) input projection fits in this many bytes projects every step's input with one
@@ -201,9 +222,17 @@ class InferencePlan {
         // (RecurrentKernel::rows): sentiment LSTM(100) plan 53 us packed, 67 us in place (Zen 5, shared host)
         dense_forward_rows<float>(gates, gates, in(op.in), op.w[0], op.w[2], (int)BT, cfg.C, (int)G,
                                   Activation::linear);
-        pack_recurrent_kernel_rows<float>(op.packed, cfg, op.w[1]);
-        rnn_forward_rows<float>(cfg, 0, cfg.B, y, h, cell, cache, RecurrentKernel<float>{op.packed.data()}, op.w[3],
-                                mask(op.mask), nullptr, hu);
+        // U packed again only when its bytes changed: comparing them costs 1.4 us of CPU, packing 8.6
+        // (LSTM(100), U 156 KB; the sentiment plan at batch 1 went from 46.3 to 38.8 us of CPU; Zen 5,
+        // shared host)
+        const size_t UG = (size_t)H * G;
+        const int lanes = tile_lanes<float>();
+        if (!op.packed.current(op.w[1], UG, lanes)) {
+            pack_recurrent_kernel_rows<float>(op.packed.panels, cfg, op.w[1]);
+            op.packed.remember(op.w[1], UG, lanes);
+        }
+        rnn_forward_rows<float>(cfg, 0, cfg.B, y, h, cell, cache, RecurrentKernel<float>{op.packed.panels.data()},
+                                op.w[3], mask(op.mask), nullptr, hu);
     }
 
     // out = in ++ in2 on the last axis (rows of `cols` each), or in (+, *, mean) in2 elementwise

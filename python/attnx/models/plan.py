@@ -4,8 +4,10 @@ call as one C++ call (`cpp/include/attnx/plan.hpp`, GIL released) over buffers a
 `run(model, x)` looks up the plan of x's signature (shape and dtype; a few kept per model), building it
 on first use from each layer's public spec and weights through `LOWERINGS`, a registry keyed by layer
 class: one function per class that adds the kernel calls that layer's forward makes. The plan points
-into the weight arrays (optimizer steps and `set_weights` write them in place); a plan whose layer
-replaced an array (`quantize`) is rebuilt. Anything the plan does not hold, a layer class without a
+into the weight arrays, which optimizer steps, `set_weights`, loaders and users' numpy writes change in
+place (the copy of a recurrent kernel it packs and keeps between runs is remade whenever the kernel's
+bytes differ from those it was packed from); a plan whose layer replaced an array (`quantize`) is
+rebuilt. Anything the plan does not hold, a layer class without a
 lowering, a configuration its lowering declines, a mask given to the call, a non-float32 policy, an
 input the eager path would reject, makes `run` return None, and the caller takes the eager path, which
 computes the same outputs (or raises its own error).
@@ -42,7 +44,9 @@ class _Value(NamedTuple):
 
 
 class _Builder:
-    """Adds a model's ops to one `kernels.inference_plan`, recording the weight arrays it points into."""
+    """Adds a model's ops to one `kernels.inference_plan`, recording the weight arrays it points into
+    (the plan reads their values at every run: it repacks its copy of a recurrent kernel whose bytes
+    changed, so any write in place is seen; a replaced array rebuilds the plan)."""
 
     def __init__(self, shape, token_ids):
         self.plan = kernels.inference_plan(input_shape=list(shape), token_ids=token_ids)
@@ -70,7 +74,10 @@ class _Plan:
         self.slot, self.shape, self.token_ids = result.slot, list(result.shape), token_ids
 
     def current(self):
-        return all(params.get(name) is array for params, name, array in self.weights)
+        for params, name, array in self.weights:  # (a loop: half the time of all() over a generator)
+            if params.get(name) is not array:
+                return False
+        return True
 
 
 class _Plans(dict):

@@ -1,0 +1,155 @@
+"""The inference plan keeps a packed copy of each recurrent kernel between calls (plan.hpp's PackedCopy,
+remade when the kernel's bytes change): after every way a weight changes in place, the plan's outputs are
+the eager path's for the new weights, never the old ones."""
+import numpy as np
+import pytest
+
+import attnx
+from attnx import _core, layers
+from attnx.models import plan
+
+from conftest import CPU_SIMD_LEVELS
+
+
+def eager(model, x):
+    return model._run_graph(x, False, None)[0]
+
+
+def ids(rng, batch, steps, vocab=200):
+    return rng.integers(1, vocab, (batch, steps))
+
+
+def lstm_pooling(rng, batch):
+    """The benchmark's recurrent part, LSTM(100) + AttentionPooling over 32 steps (its steps on the kept
+    packed kernel), on inputs large enough that a change of the kernel shows in the outputs."""
+    model = attnx.Sequential([layers.LSTM(100, return_sequences=True, input_shape=(32, 16)),
+                              layers.AttentionPooling()])
+    return model, rng.normal(size=(batch, 32, 16)).astype(np.float32)
+
+
+def bidirectional_gru(rng, batch):
+    model = attnx.Sequential([layers.Embedding(200, 16, input_shape=(12,), mask_zero=True),
+                              layers.Bidirectional(layers.GRU(24, return_sequences=True, num_layers=2)),
+                              layers.GlobalAveragePooling1D(), layers.Dense(3)])
+    x = ids(rng, batch, 12)
+    x[:, -3:] = 0  # padded steps
+    model(x)
+    model.layers[0].params["embeddings"][...] *= 30  # (the initial ones are too small to show a change)
+    return model, x
+
+
+MODELS = {"LSTM": lstm_pooling, "BiGRU": bidirectional_gru}
+
+
+def _recurrent(model):
+    return next(layer for layer in model.layers if isinstance(layer, (layers.LSTM, layers.Bidirectional)))
+
+
+def _recurrent_kernel(model):
+    layer = _recurrent(model)
+    return layer.params["recurrent_kernel" if "recurrent_kernel" in layer.params else
+                        next(name for name in layer.params if name.endswith("recurrent_kernel"))]
+
+
+def _fit(model, x, tmp_path):
+    model.compile(attnx.optimizers.Adam(0.05), "mse")
+    model.fit(x, np.ones(model(x).shape, np.float32), epochs=1, batch_size=len(x), verbose=0)
+
+
+def _optimizer_apply(model, x, tmp_path):
+    params = [p for p in model.weights if "recurrent_kernel" in _name_of(model, p)]
+    attnx.optimizers.SGD(0.5).apply([(p, np.ones_like(p)) for p in params])
+
+
+def _name_of(model, array):
+    return next(name for name, p in model.params.items() if p is array)
+
+
+def _set_weights(model, x, tmp_path):
+    model.set_weights([w * 0.5 for w in model.get_weights()])
+
+
+def _layer_set_weights(model, x, tmp_path):
+    layer = _recurrent(model)
+    layer.set_weights([w + 0.05 for w in layer.get_weights()])
+
+
+def _load_weights(model, x, tmp_path):
+    other, _ = MODELS["LSTM" if isinstance(model.layers[0], layers.LSTM) else "BiGRU"](np.random.default_rng(5), 1)
+    other(x)
+    other.save_weights(tmp_path / "other.attnx")
+    model.load_weights(tmp_path / "other.attnx")
+
+
+def _checkpoint_restore(model, x, tmp_path):
+    saved = [w.copy() for w in model.weights]
+    checkpoint = attnx.train.Checkpoint(model=model)
+    path = checkpoint.write(str(tmp_path / "ckpt"))
+    for w in model.weights:
+        w[...] = 0.1  # the plan runs once on these, then the restore writes the saved values back
+    planned = model(x)
+    checkpoint.restore(path)
+    for w, s in zip(model.weights, saved):
+        np.testing.assert_array_equal(w, s)
+    return planned
+
+
+def _params_in_place(model, x, tmp_path):
+    _recurrent_kernel(model)[...] *= -1.0
+
+
+def _one_element_in_place(model, x, tmp_path):
+    _recurrent_kernel(model)[3, 7] += 50.0  # (one value; large enough to show through the model)
+
+
+def _weights_item_in_place(model, x, tmp_path):
+    layer = _recurrent(model)
+    i = [name for name in layer.params].index(_name_of(layer, _recurrent_kernel(model)))
+    layer.weights[i][...] = np.random.default_rng(9).normal(scale=0.2, size=layer.weights[i].shape)
+
+
+CHANGES = {"fit": _fit, "optimizer.apply": _optimizer_apply, "model.set_weights": _set_weights,
+           "layer.set_weights": _layer_set_weights, "load_weights": _load_weights,
+           "Checkpoint.restore": _checkpoint_restore, "params[...] in place": _params_in_place,
+           "one element in place": _one_element_in_place, "weights[i][...] in place": _weights_item_in_place}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_plan_sees_every_kind_of_weight_change(change, kind, batch, tmp_path):
+    attnx.set_random_seed(0)
+    model, x = MODELS[kind](np.random.default_rng(0), batch)
+    before = model(x)
+    assert plan.run(model, x) is not None  # the plan ran (and packed its recurrent kernels)
+    np.testing.assert_allclose(model(x), eager(model, x), rtol=2e-5, atol=2e-6)
+    planned = CHANGES[change](model, x, tmp_path)  # the plan's last outputs before the change, if it ran since
+    before = before if planned is None else planned
+    expected = eager(model, x)
+    # a stale plan (the old outputs) must fail the comparison below by far
+    assert not np.allclose(expected, before, rtol=2e-3, atol=2e-4), "the change must show in the outputs"
+    for call in (model, model.predict_on_batch, model.predict):
+        np.testing.assert_allclose(call(x), expected, rtol=2e-5, atol=2e-6)
+
+
+def test_a_kernel_packed_at_one_simd_level_is_repacked_at_another():
+    model, x = lstm_pooling(np.random.default_rng(1), 1)
+    expected = eager(model, x)
+    try:
+        for level in CPU_SIMD_LEVELS[::-1] + CPU_SIMD_LEVELS:  # each level's panels after another's
+            _core._force_simd_level(level)
+            np.testing.assert_allclose(model(x), expected, rtol=2e-5, atol=2e-6, err_msg=level)
+    finally:
+        _core._force_simd_level(CPU_SIMD_LEVELS[-1])
+
+
+def test_plans_of_two_models_sharing_a_layer_see_its_changes():
+    rng = np.random.default_rng(2)
+    shared = layers.LSTM(16)
+    inputs = attnx.Input((10, 4))
+    first, second = attnx.Model(inputs, layers.Dense(2)(shared(inputs))), attnx.Model(inputs, shared(inputs))
+    x = rng.normal(size=(1, 10, 4)).astype(np.float32)
+    first(x), second(x)
+    shared.params["recurrent_kernel"][...] += 0.3
+    for model in (first, second):
+        np.testing.assert_allclose(model(x), eager(model, x), rtol=2e-5, atol=2e-6)
