@@ -440,7 +440,7 @@ void init_transformer(py::module_& m) {
                 std::vector<DecoderLayerWeights<T>> layers;
                 DecoderStepConfig config = stack_config<T>(layers, weights, L, D, num_heads, norm_first, epsilon, act,
                                                            fn);
-                if (!layers.back().cross_query)
+                if (!layers.back().cross_query.present())
                     throw py::value_error("search_decoder_stack: the last layer has no cross-attention");
                 config.N = (int)(B * width), config.S = (int)S, config.capacity = max_length;
                 config.memory_batch = (int)B;
@@ -459,8 +459,8 @@ void init_transformer(py::module_& m) {
                                               "projection; pass output_kernel");
                 } else {
                     if (!embedding_row_scale.is_none())
-                        throw py::value_error("search_decoder_stack: embedding_row_scale belongs to an int8 embedding, "
-                                              "got a " + dtype_str(embedding) + " one");
+                        throw py::value_error("search_decoder_stack: embedding_row_scale belongs to an int8 embedding; "
+                                              "the embedding has dtype " + dtype_str(embedding));
                     ends.embedding = in_ptr<T>(embedding, "search_decoder_stack: embedding");
                 }
                 ends.embedding_scale = T(embedding_scale);

@@ -84,7 +84,7 @@ struct StepScratch {
 };
 
 // y (rows, N) = act(x (rows, K) W + b) for a StepLinear. int8: x quantized once, then the columns in
-// blocks of 64 (the widest int8 tile) split across threads when the caller is not already split.
+// blocks of 128 (the widest one-row int8 tile) split across threads when the caller is not already split.
 template <class T>
 void step_product(T* y, const T* x, const StepLinear<T>& w, int rows, int K, int N, StepScratch& scratch,
                   Activation act = Activation::linear) {
@@ -97,7 +97,7 @@ void step_product(T* y, const T* x, const StepLinear<T>& w, int rows, int K, int
             on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
                 q.quantize_on<decltype(lanes)>(x, (size_t)K, rows, B.feature_weight.data());
             });
-            constexpr int block = 64;
+            constexpr int block = 128;
             parallel_for((size_t)(N + block - 1) / block, double(rows) * K * N / 4, [&](size_t lo, size_t hi) {
                 const int n0 = (int)lo * block, n1 = std::min(N, (int)hi * block);
                 q.product(scratch.acc.data(), (size_t)B.Np, rows, B, n0, n1);

@@ -300,19 +300,38 @@ template <class Ops>
 ATTNX_ALWAYS_INLINE void int8_product_on(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, int rows,
                                          const Int8Packed& B, int n0, int n1) {
     constexpr int W = Ops::W, R = Ops::R, Qmax = 4;
+    const int whole = rows - rows % R;
     auto run = [&](auto q_count, int n) __attribute__((always_inline)) {
         constexpr int Q = decltype(q_count)::value;
-        int r = 0;
-        for (; r + R <= rows; r += R)
+        for (int r = 0; r < whole; r += R)
             int8_tile<Ops, R, Q>(acc + (size_t)r * ldc, ldc, qx + (size_t)r * lda, lda, B, n);
-        for (; r < rows; ++r) int8_tile<Ops, 1, Q>(acc + (size_t)r * ldc, ldc, qx + (size_t)r * lda, lda, B, n);
     };
-    for (int n = n0; n < n1; n += Qmax * W) {
+    for (int n = n0; n < n1 && whole; n += Qmax * W) {
         switch (std::min(Qmax, (n1 - n + W - 1) / W)) {
             case 1: run(std::integral_constant<int, 1>{}, n); break;
             case 2: run(std::integral_constant<int, 2>{}, n); break;
             case 3: run(std::integral_constant<int, 3>{}, n); break;
             default: run(std::integral_constant<int, 4>{}, n); break;
+        }
+    }
+    // the rows left (a decoding step's single row) in tiles of twice the vectors where the registers
+    // allow (VNNI): eight chains of vpdpbusd hide its latency, and each weight row is read in longer runs
+    constexpr int Q1 = W == 16 ? 2 * Qmax : Qmax;
+    auto run_one = [&](auto q_count, int n) __attribute__((always_inline)) {
+        constexpr int Q = decltype(q_count)::value;
+        for (int r = whole; r < rows; ++r)
+            int8_tile<Ops, 1, Q>(acc + (size_t)r * ldc, ldc, qx + (size_t)r * lda, lda, B, n);
+    };
+    for (int n = n0; n < n1 && whole < rows; n += Q1 * W) {
+        switch (std::min(Q1, (n1 - n + W - 1) / W)) {
+            case 1: run_one(std::integral_constant<int, 1>{}, n); break;
+            case 2: run_one(std::integral_constant<int, 2>{}, n); break;
+            case 3: run_one(std::integral_constant<int, 3>{}, n); break;
+            case 4: run_one(std::integral_constant<int, 4>{}, n); break;
+            case 5: if constexpr (Q1 >= 5) run_one(std::integral_constant<int, 5>{}, n); break;
+            case 6: if constexpr (Q1 >= 6) run_one(std::integral_constant<int, 6>{}, n); break;
+            case 7: if constexpr (Q1 >= 7) run_one(std::integral_constant<int, 7>{}, n); break;
+            default: run_one(std::integral_constant<int, Q1>{}, n); break;
         }
     }
 }
