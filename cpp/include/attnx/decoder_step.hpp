@@ -137,7 +137,9 @@ void attend_one_query(T* context, T* weights, const T* q, size_t ldq, const T* K
     const T scale = T(1) / std::sqrt(T(Dh));
     parallel_for((size_t)N * H, double(N) * keys * D * 4, [&](size_t lo, size_t hi) {
         std::vector<T> row((size_t)keys);
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
+        on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {  // the loops vectorize to each level's width
+            using Vec = decltype(lane);
+            constexpr int L = Lanes<Vec>::W;
             for (size_t p = lo; p < hi; ++p) {
                 const size_t n = p / H, h = p % H, m = key_rows ? (size_t)key_rows[n] : n;
                 const T* qh = q + n * ldq + h * Dh;
@@ -150,12 +152,14 @@ void attend_one_query(T* context, T* weights, const T* q, size_t ldq, const T* K
                     });
                 }
                 masked_softmax_row(row.data(), row.data(), allowed ? allowed + m * keys : nullptr, (size_t)keys);
+                // each vector of the context summed over s in a register (s in order, as a plain loop)
                 T* ch = context + n * D + h * Dh;
-                for (int d = 0; d < Dh; ++d) ch[d] = T(0);
-                for (int s = 0; s < keys; ++s) {
-                    const T w = row[s];
-                    const T* vs = Vn + (size_t)s * D;
-                    for (int d = 0; d < Dh; ++d) ch[d] += w * vs[d];
+                for (int d = 0; d < Dh; d += L) {
+                    const int width = std::min(L, Dh - d);
+                    Vec acc{};
+                    for (int s = 0; s < keys; ++s)
+                        acc += vbroadcast<Vec>(row[s]) * vload<Vec>(Vn + (size_t)s * D + d, width);
+                    vstore(ch + d, acc, width);
                 }
                 if (weights) std::copy(row.begin(), row.end(), weights + p * keys);
             }
@@ -177,9 +181,16 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
     const size_t memory_batch = c.memory_rows ? (size_t)c.memory_batch : (size_t)c.N;
     const size_t first_memory_row = c.memory_rows ? 0 : lo;
     const uint8_t* source_mask = source_mask_all ? source_mask_all + first_memory_row * S : nullptr;
-    std::vector<T> h(rows), qkv(3 * rows), context(rows), out(rows), mean(N), rstd(N);
-    std::vector<T> hidden((size_t)N * c.F);
-    StepScratch scratch;
+    // this thread's buffers, kept from step to step (every value is written before it is read)
+    thread_local struct {
+        std::vector<T> h, qkv, context, out, mean, rstd, hidden;
+        StepScratch scratch;
+    } buffers;
+    std::vector<T>&h = buffers.h, &qkv = buffers.qkv, &context = buffers.context, &out = buffers.out;
+    std::vector<T>&mean = buffers.mean, &rstd = buffers.rstd, &hidden = buffers.hidden;
+    StepScratch& scratch = buffers.scratch;
+    h.resize(rows), qkv.resize(3 * rows), context.resize(rows), out.resize(rows), mean.resize(N), rstd.resize(N);
+    hidden.resize((size_t)N * c.F);
     const T eps = T(c.epsilon);
     // one residual block: x = norm(x + sublayer(x)) or x = x + sublayer(norm(x)); sublayer(in, out)
     auto residual = [&](const T* gamma, const T* beta, auto&& sublayer) {
@@ -192,7 +203,7 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
         for (size_t i = 0; i < rows; ++i) x[i] += out[i];
         if (!c.norm_first) {
             layernorm_forward<T>(h.data(), mean.data(), rstd.data(), x, gamma, beta, N, D, eps);
-            std::copy(h.begin(), h.end(), x);
+            std::copy(h.begin(), h.begin() + rows, x);
         }
     };
     for (int l = 0; l < c.layers; ++l) {
