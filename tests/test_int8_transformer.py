@@ -224,3 +224,110 @@ def test_int8_transformer_layers_agree_at_every_simd_level(rng):
         _core._force_simd_level("avx512")
     for out in outs[1:]:  # the same integers; the float epilogue may round differently (fused multiply-adds)
         np.testing.assert_allclose(out, outs[0], rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- the C++ step and search in int8
+def _python_search(model, method, *args, **kwargs):
+    """`model.method(...)` with the search calling the Python step back (compiled_step hidden)."""
+    model.compiled_step = lambda state, max_length: None
+    try:
+        return getattr(model, method)(*args, **kwargs)
+    finally:
+        del model.compiled_step
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_quantized_translator_decodes_in_the_cpp_step(rng, norm_first):
+    attnx.set_random_seed(3)
+    model = Transformer(40, 40, model_dim=32, num_heads=4, intermediate_dim=48, num_encoder_layers=1,
+                        num_decoder_layers=2, start_token=1, end_token=2, max_length=7, dropout=0.0,
+                        norm_first=norm_first, shared_embeddings=True)
+    source = rng.integers(3, 40, (5, 6))
+    source[1, 4:] = 0
+    model.quantize("int8")
+    # the compiled step takes the packed int8 kernels, the int8 embedding rows and the packed output kernel
+    kernel, arguments = model.compiled_step(model._start(source), model.max_length)
+    assert arguments["embedding"].dtype == np.int8 and arguments["embedding_row_scale"] is not None
+    assert isinstance(arguments["output_kernel"], attnx.kernels.Int8Kernel)
+    layer = arguments["weights"][0]
+    assert isinstance(layer[2], attnx.kernels.Int8Kernel) and layer[2].shape == (32, 96)  # q, k, v in one
+    assert layer[4] is None and layer[6] is None
+    # the step's logits at each position equal the int8 teacher-forced forward's
+    tokens = np.concatenate([np.ones((5, 1), np.int64), rng.integers(3, 40, (5, 4))], axis=1)
+    want = model([source, tokens])
+    state = model._start(source)
+    for t in range(tokens.shape[1]):
+        logits, state, _ = model.step(tokens[:, t], t, state)
+        np.testing.assert_allclose(logits, want[:, t], atol=1e-5, rtol=1e-5)
+    # greedy and beam search in C++ give the Python step's tokens and scores
+    got, got_scores, got_attention = model.greedy_decode(source)
+    ref, ref_scores, ref_attention = _python_search(model, "greedy_decode", source)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_allclose(got_scores, ref_scores, atol=1e-4)
+    np.testing.assert_allclose(got_attention, ref_attention, atol=1e-5)
+    beams = model.beam_search(source, width=3, length_penalty=0.6)
+    ref_beams = _python_search(model, "beam_search", source, width=3, length_penalty=0.6)
+    assert [[list(h.tokens) for h in b] for b in beams] == [[list(h.tokens) for h in b] for b in ref_beams]
+    np.testing.assert_allclose([h.score for b in beams for h in b], [h.score for b in ref_beams for h in b],
+                               atol=1e-4)
+
+
+def test_a_partly_quantized_translator_decodes_the_same_in_cpp_and_python(rng):
+    """Each product of the step is float or int8 on its own: the decoder stack alone quantized (the
+    embedding and output projection float), or the output projection alone."""
+    source = rng.integers(3, 30, (4, 5))
+    for part in ("decoder", "output_projection"):
+        attnx.set_random_seed(4)
+        model = Transformer(30, 30, model_dim=16, num_heads=2, intermediate_dim=32, num_encoder_layers=1,
+                            num_decoder_layers=2, start_token=1, end_token=2, max_length=6, dropout=0.0)
+        float_scores = model.greedy_decode(source)[1]
+        getattr(model, part).quantize("int8")
+        assert not np.allclose(model.greedy_decode(source)[1], float_scores, rtol=0, atol=1e-7)  # int8 ran
+        got = model.beam_search(source, width=2)
+        want = _python_search(model, "beam_search", source, width=2)
+        assert [[list(h.tokens) for h in b] for b in got] == [[list(h.tokens) for h in b] for b in want], part
+        np.testing.assert_allclose([h.score for b in got for h in b], [h.score for b in want for h in b],
+                                   atol=1e-4)
+
+
+def test_the_search_binding_refuses_what_an_int8_step_cannot_take(rng):
+    attnx.set_random_seed(5)
+    model = Transformer(20, 20, model_dim=16, num_heads=2, intermediate_dim=32, num_encoder_layers=1,
+                        num_decoder_layers=1, start_token=1, end_token=2, max_length=5, dropout=0.0)
+    model.quantize("int8")
+    source = rng.integers(3, 20, (2, 4))
+    kernel, arguments = model.compiled_step(model._start(source), 5)
+    search = dict(start_id=1, end_id=2, width=1, length_penalty=0.0, max_length=5, return_attention=False)
+    kernel(**arguments, **search)
+    layer = list(arguments["weights"][0])
+    ff = model.decoder.blocks[0].feed_forward.intermediate_dense
+
+    def weights_with(slot, value):
+        changed = list(layer)
+        changed[slot] = value
+        return [changed]
+
+    cases = [
+        ({"weights": weights_with(18, ff.params["kernel"])}, TypeError, "an int8 array; pass it packed"),
+        ({"weights": weights_with(8, layer[18])}, ValueError, r"self output kernel: expected an int8 kernel packed "
+                                                              r"as \(16, 16\)"),
+        ({"weights": weights_with(4, np.zeros((16, 16), np.float32))}, ValueError,
+         "self key kernel: expected shape|self query kernel: expected an int8 kernel packed as \\(16, 16\\)"),
+        ({"weights": weights_with(6, np.zeros((16, 16), np.float32))}, ValueError,
+         "self value kernel given without the self key kernel"),
+        ({"embedding_row_scale": None}, ValueError, "int8 embedding needs its embedding_row_scale"),
+        ({"embedding": arguments["embedding"].astype(np.int16)}, ValueError,
+         "embedding_row_scale belongs to an int8 embedding"),
+        ({"embedding": arguments["embedding"].astype(np.float32)}, ValueError,
+         "embedding_row_scale belongs to an int8 embedding"),
+        ({"embedding": arguments["embedding"].astype(np.int16), "embedding_row_scale": None}, TypeError,
+         "embedding: expected dtype float32"),
+        ({"output_kernel": None}, ValueError, "output_bias given without output_kernel|tied output projection"),
+        ({"output_kernel": model.output_projection.params["kernel"]}, TypeError, "output_kernel: an int8 array"),
+        ({"cross_keys": arguments["cross_keys"].astype(np.float64),
+          "cross_values": arguments["cross_values"].astype(np.float64)}, TypeError,
+         "an int8 kernel runs in a float32 step|expected dtype float64"),
+    ]
+    for change, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            kernel(**{**arguments, **change}, **search)

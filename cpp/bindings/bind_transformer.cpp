@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "attnx/decoder_step.hpp"
 #include "attnx/search.hpp"
@@ -17,9 +18,35 @@ namespace attnx::bind {
 
 static std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
 
-// The per-layer weights of a decoder stack (`weights`: per layer 22 arrays or None, in
-// DecoderLayerWeights' order, as TransformerDecoderLayer.step_weights gives them) checked against
-// the model size D, into `layers`; returns the stack's config (layers, D, H, F and the options).
+// One product's kernel of the step (slot `what`): a float array of dtype T and shape (K, N), or (T float
+// only) a packed int8 kernel (kernels.Int8Kernel) of that shape, unsplit. Returns the StepLinear with
+// the kernel (the bias is the caller's).
+template <class T>
+StepLinear<T> step_kernel(const py::object& kernel, py::ssize_t K, py::ssize_t N, const std::string& what) {
+    StepLinear<T> w;
+    if (py::isinstance<Int8Kernel>(kernel)) {
+        if constexpr (!std::is_same_v<T, float>)
+            throw py::type_error(what + ": an int8 kernel runs in a float32 step; got float64 activations");
+        const Int8Kernel& q = kernel.cast<const Int8Kernel&>();
+        if (q.K != K || q.N != N || q.split != q.N)
+            throw py::value_error(what + ": expected an int8 kernel packed as (" + std::to_string(K) + ", " +
+                                  std::to_string(N) + ") unsplit, got (" + std::to_string(q.K) + ", " +
+                                  std::to_string(q.N) + ") split at " + std::to_string(q.split));
+        w.int8 = &q;
+        return w;
+    }
+    if (py::isinstance<py::array>(kernel) && has_dtype<int8_t>(kernel.cast<py::array>()))
+        throw py::type_error(what + ": an int8 array; pass it packed with its scale (kernels.pack_int8, as "
+                             "attnx.quantization.packed caches it)");
+    w.kernel = in_ptr<T>(shaped_array_arg(kernel, {K, N}, what.c_str()), what.c_str());
+    return w;
+}
+
+// The per-layer weights of a decoder stack (`weights`: per layer 22 entries or None, in
+// DecoderLayerWeights' order, decoder_layer_weights' slots, as TransformerDecoderLayer.step_weights
+// gives them) checked against the model size D, into `layers`; returns the stack's config (layers, D,
+// H, F and the options). A kernel is a float array or a packed int8 kernel (step_kernel); without a
+// self key kernel the self query kernel projects q, k and v side by side (D, 3D).
 template <class T>
 DecoderStepConfig stack_config(std::vector<DecoderLayerWeights<T>>& layers,
                                const std::vector<std::vector<py::object>>& weights, py::ssize_t L, py::ssize_t D,
@@ -40,37 +67,49 @@ DecoderStepConfig stack_config(std::vector<DecoderLayerWeights<T>>& layers,
     layers.resize((size_t)L);
     py::ssize_t F = -1;
     for (py::ssize_t l = 0; l < L; ++l) {
-        if (weights[l].size() != 22)
-            throw py::value_error(fn + ": weights[" + std::to_string(l) +
-                                  "] must hold 22 arrays (or None), got " +
-                                  std::to_string(weights[l].size()));
-        if (weights[l][18].is_none())
-            throw py::value_error(fn + ": the feed-forward kernel1 is required");
-        const py::ssize_t width =
-            shaped_array_arg(weights[l][18], {D, -1}, (fn + ": feed-forward kernel1").c_str()).shape(1);
-        if (F >= 0 && width != F)
-            throw py::value_error(fn + ": every layer's feed-forward width must be equal");
+        const std::vector<py::object>& given = weights[l];
+        if (given.size() != 22)
+            throw py::value_error(fn + ": weights[" + std::to_string(l) + "] must hold 22 arrays (packed int8 kernels or None), got " +
+                                  std::to_string(given.size()));
+        if (given[18].is_none()) throw py::value_error(fn + ": the feed-forward kernel1 is required");
+        const py::ssize_t width = py::isinstance<Int8Kernel>(given[18])
+                                      ? given[18].cast<const Int8Kernel&>().N
+                                      : shaped_array_arg(given[18], {D, -1}, (fn + ": feed-forward kernel1").c_str()).shape(1);
+        if (F >= 0 && width != F) throw py::value_error(fn + ": every layer's feed-forward width must be equal");
         F = width;
-        // (D, D) kernels, (D,) biases and norms; the feed-forward network (D, F), (F,), (F, D), (D,)
-        const T* p[22];
+        const bool fused = given[4].is_none();  // q, k, v in one (D, 3D) kernel
+        const bool has_cross = !given[12].is_none();
+        const T* p[22] = {};
+        const Int8Kernel* int8[22] = {};
         for (int i = 0; i < 22; ++i) {
-            const bool kernel = i == 2 || i == 4 || i == 6 || i == 8 || i == 12 || i == 14;
-            std::vector<py::ssize_t> shape = kernel ? std::vector<py::ssize_t>{D, D}
-                                             : std::vector<py::ssize_t>{D};
-            if (i == 18) shape = {D, F};
-            if (i == 19) shape = {F};
-            if (i == 20) shape = {F, D};
             const std::string what = fn + ": layer " + std::to_string(l) + " " + kNames[i];
             // without a cross-attention query the whole cross-attention block is absent
-            const bool cross = i >= 10 && i < 16, has_cross = !weights[l][12].is_none();
-            if (cross && !has_cross && !weights[l][i].is_none())
+            const bool cross = i >= 10 && i < 16;
+            if (cross && !has_cross && !given[i].is_none())
                 throw py::value_error(what + " given without the cross-attention query kernel");
-            const bool required = (kernel && (!cross || has_cross)) || i == 18 || i == 20;
-            if (required && weights[l][i].is_none()) throw py::value_error(what + " is required");
-            p[i] = optional_in_ptr<T>(weights[l][i], shape, what.c_str());
+            const bool kernel = i == 2 || i == 4 || i == 6 || i == 8 || i == 12 || i == 14 || i == 18 || i == 20;
+            const bool fused_away = fused && i >= 4 && i < 8;  // the key's and value's slots of a fused projection
+            if (fused_away) {
+                if (!given[i].is_none())
+                    throw py::value_error(what + " given without the self key kernel (a fused q, k, v kernel "
+                                          "holds it)");
+                continue;
+            }
+            // (D, D) kernels, (D,) biases and norms; fused q, k, v (D, 3D), (3D,); feed-forward (D, F), (F,), (F, D)
+            const py::ssize_t rows = i == 20 ? F : D;
+            const py::ssize_t columns = i == 18 || i == 19 ? F : (fused && (i == 2 || i == 3)) ? 3 * D : D;
+            if (kernel) {
+                if (given[i].is_none()) {
+                    if (!cross || has_cross) throw py::value_error(what + " is required");
+                    continue;
+                }
+                const StepLinear<T> w = step_kernel<T>(given[i], rows, columns, what);
+                p[i] = w.kernel, int8[i] = w.int8;
+            } else {
+                p[i] = optional_in_ptr<T>(given[i], {columns}, what.c_str());
+            }
         }
-        layers[l] = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
-                     p[12], p[13], p[14], p[15], p[16], p[17], p[18], p[19], p[20], p[21]};
+        layers[l] = decoder_layer_weights<T>(p, int8);
     }
     DecoderStepConfig config;
     config.layers = (int)L, config.D = (int)D, config.H = num_heads, config.F = (int)F;
@@ -367,19 +406,21 @@ void init_transformer(py::module_& m) {
         py::arg("norm_first"), py::arg("epsilon"), py::arg("activation"), py::arg("return_attention") = false,
         "One cached position through every decoder layer of a stack for x (N, D): writes row `position` of the "
         "self-attention caches (layers, N, capacity, D) in place and returns (y (N, D), the last layer's "
-        "cross-attention weights (N, heads, S) or None). weights: per layer 22 arrays in DecoderLayerWeights' "
-        "order (cpp/include/attnx/decoder_step.hpp).");
+        "cross-attention weights (N, heads, S) or None). weights: per layer 22 entries in DecoderLayerWeights' "
+        "order (cpp/include/attnx/decoder_step.hpp): float arrays, or packed int8 kernels (kernels.Int8Kernel) "
+        "for a float32 step's kernels; a None self key kernel: the self query kernel projects q, k, v (D, 3D).");
     m.def(
         "search_decoder_stack",
         [](const py::array& cross_keys, const py::array& cross_values, const py::object& source_mask,
            const std::vector<std::vector<py::object>>& weights, int num_heads, bool norm_first, double epsilon,
-           const std::string& activation, const py::array& embedding, double embedding_scale,
-           const py::array& positions, const py::object& norm_gamma, const py::object& norm_beta, double norm_epsilon,
-           const py::object& output_kernel, const py::object& output_bias, int64_t start_id, int64_t end_id,
-           int width, double length_penalty, int max_length, bool return_attention) {
+           const std::string& activation, const py::array& embedding, const py::object& embedding_row_scale,
+           double embedding_scale, const py::array& positions, const py::object& norm_gamma,
+           const py::object& norm_beta, double norm_epsilon, const py::object& output_kernel,
+           const py::object& output_bias, int64_t start_id, int64_t end_id, int width, double length_penalty,
+           int max_length, bool return_attention) {
             const char* fn = "search_decoder_stack";
             const Activation act = parse_activation(activation);
-            return dispatch_float(embedding, "search_decoder_stack: embedding", [&](auto tag) -> py::tuple {
+            return dispatch_float(cross_keys, "search_decoder_stack: cross_keys", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 check_rank(cross_keys, 4, "search_decoder_stack: cross_keys");
                 check_rank(embedding, 2, "search_decoder_stack: embedding");
@@ -399,19 +440,40 @@ void init_transformer(py::module_& m) {
                 std::vector<DecoderLayerWeights<T>> layers;
                 DecoderStepConfig config = stack_config<T>(layers, weights, L, D, num_heads, norm_first, epsilon, act,
                                                            fn);
-                if (!layers.back().cross_query)
+                if (!layers.back().cross_query.present())
                     throw py::value_error("search_decoder_stack: the last layer has no cross-attention");
                 config.N = (int)(B * width), config.S = (int)S, config.capacity = max_length;
                 config.memory_batch = (int)B;
                 DecoderEnds<T> ends;
-                ends.embedding = in_ptr<T>(embedding, "search_decoder_stack: embedding");
+                // a quantized Embedding's table: int8 rows and their scales (float32 steps only)
+                if (has_dtype<int8_t>(embedding)) {
+                    if (!std::is_same_v<T, float>)
+                        throw py::type_error("search_decoder_stack: an int8 embedding runs in a float32 step");
+                    if (embedding_row_scale.is_none())
+                        throw py::value_error("search_decoder_stack: an int8 embedding needs its embedding_row_scale");
+                    ends.embedding_int8 = in_ptr<int8_t>(embedding, "search_decoder_stack: embedding");
+                    ends.embedding_row_scale = optional_in_ptr<float>(embedding_row_scale, {V},
+                                                                      "search_decoder_stack: embedding_row_scale");
+                    if (output_kernel.is_none())
+                        throw py::value_error("search_decoder_stack: an int8 embedding cannot be the tied output "
+                                              "projection; pass output_kernel");
+                } else {
+                    if (!embedding_row_scale.is_none())
+                        throw py::value_error("search_decoder_stack: embedding_row_scale belongs to an int8 embedding; "
+                                              "the embedding has dtype " + dtype_str(embedding));
+                    ends.embedding = in_ptr<T>(embedding, "search_decoder_stack: embedding");
+                }
                 ends.embedding_scale = T(embedding_scale);
                 ends.positions = in_ptr<T>(positions, "search_decoder_stack: positions");
                 ends.norm_gamma = optional_in_ptr<T>(norm_gamma, {D}, "search_decoder_stack: norm_gamma");
                 ends.norm_beta = optional_in_ptr<T>(norm_beta, {D}, "search_decoder_stack: norm_beta");
                 ends.norm_epsilon = norm_epsilon;
-                ends.output_kernel = optional_in_ptr<T>(output_kernel, {D, V}, "search_decoder_stack: output_kernel");
-                ends.output_bias = optional_in_ptr<T>(output_bias, {V}, "search_decoder_stack: output_bias");
+                if (!output_kernel.is_none())
+                    ends.output = step_kernel<T>(output_kernel, D, V, "search_decoder_stack: output_kernel");
+                else if (!output_bias.is_none())
+                    throw py::value_error("search_decoder_stack: output_bias given without output_kernel (a tied "
+                                          "output has no bias)");
+                ends.output.bias = optional_in_ptr<T>(output_bias, {V}, "search_decoder_stack: output_bias");
                 ends.vocab = (int)V;
                 const T* pcross_keys = in_ptr<T>(cross_keys, "search_decoder_stack: cross_keys");
                 const T* pcross_values = in_ptr<T>(cross_values, "search_decoder_stack: cross_values");
@@ -427,14 +489,15 @@ void init_transformer(py::module_& m) {
         },
         py::arg("cross_keys"), py::arg("cross_values"), py::arg("source_mask"), py::arg("weights"),
         py::arg("num_heads"), py::arg("norm_first"), py::arg("epsilon"), py::arg("activation"), py::arg("embedding"),
-        py::arg("embedding_scale"), py::arg("positions"), py::arg("norm_gamma"), py::arg("norm_beta"),
+        py::arg("embedding_row_scale"), py::arg("embedding_scale"), py::arg("positions"), py::arg("norm_gamma"), py::arg("norm_beta"),
         py::arg("norm_epsilon"), py::arg("output_kernel"), py::arg("output_bias"), py::arg("start_id"),
         py::arg("end_id"), py::arg("width"), py::arg("length_penalty"), py::arg("max_length"),
         py::arg("return_attention"),
         "Greedy decoding (width 1) or beam search (search.hpp) of a whole batch in one call over a decoder stack: "
-        "x = embedding[id] * embedding_scale + positions[t], the stack's cached step on the memory's cross keys / "
-        "values (layers, B, S, D), logits = norm(x) output_kernel + output_bias (output_kernel None: norm(x) "
-        "embedding^T). Returns (tokens (B, W, steps), lengths (B, W), scores (B, W), scores / length penalty "
+        "x = embedding[id] * embedding_scale + positions[t] (an int8 embedding: its rows times "
+        "embedding_row_scale[id]), the stack's cached step on the memory's cross keys / values (layers, B, S, D), "
+        "logits = norm(x) output_kernel + output_bias (output_kernel None: norm(x) embedding^T); every kernel a "
+        "float array or a packed int8 kernel (kernels.Int8Kernel). Returns (tokens (B, W, steps), lengths (B, W), scores (B, W), scores / length penalty "
         "(B, W), the last layer's cross-attention (B, W, heads, steps, S) or None), each input's beams best first.");
     m.def(
         "search_python_step",

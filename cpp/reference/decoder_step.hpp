@@ -1,5 +1,6 @@
 // Reference cached decoder step: what decoder_step.hpp computes, one layer, block and value at a
-// time in double, composed from the reference norms, dense layers and feed-forward network.
+// time in double, composed from the reference norms and dense layers; a product on an int8 kernel is
+// reference/quantized.hpp's (its input rounded to float, as the kernel holds it).
 // Layouts as decoder_step.hpp: x (N, D), caches (layers, N, capacity, D), cross keys / values
 // (layers, N, S, D), source_mask (N, S), cross_weights (N, H, S); with c.memory_rows, row n reads
 // memory row memory_rows[n] of cross keys / values (layers, memory_batch, S, D) and source_mask.
@@ -11,6 +12,7 @@
 
 #include "attnx/decoder_step.hpp"  // DecoderLayerWeights, DecoderStepConfig
 #include "reference/dense.hpp"
+#include "reference/quantized.hpp"
 #include "reference/transformer.hpp"
 
 namespace attnx::reference {
@@ -46,6 +48,26 @@ inline void attend_one_query(double* context, double* weights, const double* q, 
         }
 }
 
+// y (N, OC) = act(x (N, K) W + b) for a StepLinear: reference dense_forward on a float kernel, or per row
+// the int8 product of x as float (int8_row_product) on an int8 kernel
+inline void step_product(double* y, const double* x, const StepLinear<double>& w, int N, int K, int OC,
+                         Activation a = Activation::linear) {
+    if (!w.int8) {
+        std::vector<double> z((size_t)N * OC);
+        dense_forward(y, z.data(), x, w.kernel, w.bias, N, K, OC, a);
+        return;
+    }
+    const std::vector<int8_t> qW = unpack_int8(*w.int8);
+    std::vector<float> row(K);
+    for (int n = 0; n < N; ++n) {
+        for (int k = 0; k < K; ++k) row[k] = (float)x[(size_t)n * K + k];
+        double* yn = y + (size_t)n * OC;
+        int8_row_product(yn, row.data(), qW.data(), w.int8->scale.data(), K, OC);
+        for (int o = 0; o < OC; ++o) yn[o] += w.bias ? w.bias[o] : 0.0;
+    }
+    activation_forward(y, y, N, OC, a);
+}
+
 // Per layer: x = norm1(x + self_attend(x)), x = norm2(x + cross_attend(x)), x = norm3(x + ff(x))
 // (pre-norm: x = x + sublayer(norm(x))); the self-attention appends position's k, v to the cache
 // and attends over positions 0..position; the last layer's cross-attention weights are kept.
@@ -54,7 +76,8 @@ inline void decoder_stack_step(double* x, double* self_keys, double* self_values
                                const DecoderLayerWeights<double>* layers, const DecoderStepConfig& c) {
     const int N = c.N, D = c.D;
     const size_t rows = (size_t)N * D;
-    std::vector<double> h(rows), z(rows), q(rows), k(rows), v(rows), context(rows), out(rows), mean(N), rstd(N);
+    std::vector<double> h(rows), qkv(3 * rows), q(rows), context(rows), out(rows), hidden((size_t)N * c.F), mean(N),
+        rstd(N);
     auto residual = [&](const double* gamma, const double* beta, auto&& sublayer) {
         if (c.norm_first) layernorm_forward(h.data(), mean.data(), rstd.data(), x, gamma, beta, N, D, c.epsilon);
         else h.assign(x, x + rows);
@@ -70,22 +93,31 @@ inline void decoder_stack_step(double* x, double* self_keys, double* self_values
         double* keys = self_keys + (size_t)l * N * c.capacity * D;
         double* values = self_values + (size_t)l * N * c.capacity * D;
         residual(w.norm1_gamma, w.norm1_beta, [&](const double* in, double* result) {
-            dense_forward(q.data(), z.data(), in, w.self_query, w.self_query_bias, N, D, D, Activation::linear);
-            dense_forward(k.data(), z.data(), in, w.self_key, w.self_key_bias, N, D, D, Activation::linear);
-            dense_forward(v.data(), z.data(), in, w.self_value, w.self_value_bias, N, D, D, Activation::linear);
+            // qkv (N, 3D): q, k, v of each row side by side, from one product (D, 3D) or three
+            if (w.self_key.present()) {
+                std::vector<double> part(rows);
+                const StepLinear<double>* projections[3] = {&w.self_query, &w.self_key, &w.self_value};
+                for (int i = 0; i < 3; ++i) {
+                    step_product(part.data(), in, *projections[i], N, D, D);
+                    for (int n = 0; n < N; ++n)
+                        for (int d = 0; d < D; ++d) qkv[((size_t)n * 3 + i) * D + d] = part[(size_t)n * D + d];
+                }
+            } else {
+                step_product(qkv.data(), in, w.self_query, N, D, 3 * D);
+            }
             for (int n = 0; n < N; ++n)
                 for (int d = 0; d < D; ++d) {
-                    keys[((size_t)n * c.capacity + c.position) * D + d] = k[(size_t)n * D + d];
-                    values[((size_t)n * c.capacity + c.position) * D + d] = v[(size_t)n * D + d];
+                    q[(size_t)n * D + d] = qkv[(size_t)n * 3 * D + d];
+                    keys[((size_t)n * c.capacity + c.position) * D + d] = qkv[(size_t)n * 3 * D + D + d];
+                    values[((size_t)n * c.capacity + c.position) * D + d] = qkv[(size_t)n * 3 * D + 2 * D + d];
                 }
             attend_one_query(context.data(), nullptr, q.data(), keys, values, nullptr, N, c.H, D, c.position + 1,
                              c.capacity);
-            dense_forward(result, z.data(), context.data(), w.self_output, w.self_output_bias, N, D, D,
-                          Activation::linear);
+            step_product(result, context.data(), w.self_output, N, D, D);
         });
-        if (w.cross_query) {  // no cross-attention block: an encoder layer run causally
+        if (w.cross_query.present()) {  // no cross-attention block: an encoder layer run causally
             residual(w.norm2_gamma, w.norm2_beta, [&](const double* in, double* result) {
-                dense_forward(q.data(), z.data(), in, w.cross_query, w.cross_query_bias, N, D, D, Activation::linear);
+                step_product(q.data(), in, w.cross_query, N, D, D);
                 // one row at a time, on its own memory row
                 const size_t memory_batch = c.memory_rows ? (size_t)c.memory_batch : (size_t)N;
                 for (int n = 0; n < N; ++n) {
@@ -97,13 +129,12 @@ inline void decoder_stack_step(double* x, double* self_keys, double* self_values
                                      q.data() + (size_t)n * D, cross_keys + offset, cross_values + offset,
                                      source_mask ? source_mask + m * c.S : nullptr, 1, c.H, D, c.S, c.S);
                 }
-                dense_forward(result, z.data(), context.data(), w.cross_output, w.cross_output_bias, N, D, D,
-                              Activation::linear);
+                step_product(result, context.data(), w.cross_output, N, D, D);
             });
         }
         residual(w.norm3_gamma, w.norm3_beta, [&](const double* in, double* result) {
-            feed_forward_forward(result, in, w.ff_kernel1, w.ff_bias1, w.ff_kernel2, w.ff_bias2, N, D, c.F, D,
-                                 c.activation);
+            step_product(hidden.data(), in, w.ff1, N, D, c.F, c.activation);
+            step_product(result, hidden.data(), w.ff2, N, c.F, D);
         });
     }
 }

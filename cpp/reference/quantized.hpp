@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attnx/quantized.hpp"  // Int8Kernel
 #include "attnx/rnn.hpp"  // RNNConfig, RNNCell
 #include "reference/activations.hpp"
 
@@ -22,6 +23,18 @@ inline float quantize_row_int8(int8_t* q, const float* x, int K) {
     const float inv = m > 0.f ? 127.f / m : 0.f;
     for (int k = 0; k < K; ++k) q[k] = (int8_t)std::clamp(std::nearbyint(x[k] * inv), -127.f, 127.f);
     return m / 127.f;
+}
+
+// qW (K, N) of a packed Int8Kernel, read back from its layout (quantized.hpp's header)
+inline std::vector<int8_t> unpack_int8(const Int8Kernel& w) {
+    std::vector<int8_t> q((size_t)w.K * w.N);
+    for (int k = 0; k < w.K; ++k)
+        for (int n = 0; n < w.N; ++n) {
+            const Int8Packed& p = n < w.split ? w.head : w.tail;
+            const int j = n < w.split ? n : n - w.split;
+            q[(size_t)k * w.N + n] = p.data[((size_t)(k / 4) * p.Np + j) * 4 + k % 4];
+        }
+    return q;
 }
 
 // out[n] = (x qW sW)[n] for one row x (K) as the int8 layers multiply it:

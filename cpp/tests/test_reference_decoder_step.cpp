@@ -1,14 +1,17 @@
 // decoder_step.hpp against cpp/reference/decoder_step.hpp: the cached step of a stack of decoder
 // layers (post- and pre-norm, relu and gelu, a padded and a fully masked source row, without biases
 // and norms' beta, without cross-attention as encoder layers), its output, both caches and the last
-// layer's cross-attention weights, on odd sizes and on sizes that split across two threads.
+// layer's cross-attention weights, on odd sizes and on sizes that split across two threads; and
+// with int8 kernels (quantized.hpp) in place of float ones, against the reference's int8 products.
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "attnx/decoder_step.hpp"
 #include "reference/decoder_step.hpp"
+#include "reference/quantized.hpp"
 #include "reference_check.hpp"
 
 using namespace attnx;
@@ -45,21 +48,107 @@ struct StackWeights {
         }
     }
 
+    // int8 (optional): per layer 22 int8 kernels or null, in place of the float kernels of those slots
     template <class T>
-    std::vector<DecoderLayerWeights<T>> pointers(const std::vector<std::vector<T>>& cast_arrays) const {
+    std::vector<DecoderLayerWeights<T>> pointers(const std::vector<std::vector<T>>& cast_arrays,
+                                                 const std::vector<const Int8Kernel*>* int8 = nullptr) const {
         std::vector<DecoderLayerWeights<T>> out(cast_arrays.size() / 22);
         for (size_t l = 0; l < out.size(); ++l) {
             const T* p[22];
             for (int i = 0; i < 22; ++i) {
                 const auto& a = cast_arrays[l * 22 + i];
-                p[i] = a.empty() ? nullptr : a.data();
+                p[i] = a.empty() || (int8 && (*int8)[l * 22 + i]) ? nullptr : a.data();
             }
-            out[l] = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
-                      p[12], p[13], p[14], p[15], p[16], p[17], p[18], p[19], p[20], p[21]};
+            out[l] = decoder_layer_weights<T>(p, int8 ? int8->data() + l * 22 : nullptr);
         }
         return out;
     }
 };
+
+// The kernel slots of a layer's 22 (decoder_layer_weights): (slot, input size K is D or F)
+constexpr int kKernelSlots[8] = {2, 4, 6, 8, 12, 14, 18, 20};
+
+// W (K, N) quantized per column (symmetric, max|W| / 127) and packed
+std::unique_ptr<Int8Kernel> quantize_kernel(const std::vector<double>& W, int K, int N) {
+    std::vector<int8_t> q((size_t)K * N), column(K);
+    std::vector<float> scale(N), values(K);
+    for (int n = 0; n < N; ++n) {
+        for (int k = 0; k < K; ++k) values[k] = (float)W[(size_t)k * N + n];
+        scale[n] = reference::quantize_row_int8(column.data(), values.data(), K);
+        for (int k = 0; k < K; ++k) q[(size_t)k * N + n] = column[k];
+    }
+    auto w = std::make_unique<Int8Kernel>();
+    pack_int8_kernel(*w, q.data(), scale.data(), K, N, N);
+    return w;
+}
+
+// The cached step with int8 kernels (every product, or the attention's only: a float feed-forward
+// beside them), self q, k, v fused in one (D, 3D) kernel or apart, against the reference's int8
+// products: x, both caches and the cross-attention weights, every level, 1 and 2 threads
+void test_decoder_step_int8(int layers, int N, int D, int H, int F, int S, int capacity, int position,
+                            bool norm_first, bool fused, bool float_feed_forward, unsigned seed, int memory_batch = 0) {
+    std::mt19937 rng(seed);
+    StackWeights weights(rng, layers, D, F, true, S > 0);
+    std::vector<std::unique_ptr<Int8Kernel>> owned;
+    std::vector<const Int8Kernel*> int8((size_t)layers * 22, nullptr);
+    for (int l = 0; l < layers; ++l) {
+        auto& a = weights.arrays;
+        const size_t base = (size_t)l * 22;
+        if (fused) {  // [Wq | Wk | Wv] (D, 3D) in the query slot, biases likewise; the key and value slots empty
+            std::vector<double> W((size_t)D * 3 * D), b;
+            for (int i = 0; i < 3; ++i) {
+                for (int k = 0; k < D; ++k)
+                    for (int n = 0; n < D; ++n) W[(size_t)k * 3 * D + i * D + n] = a[base + 2 + 2 * i][(size_t)k * D + n];
+                b.insert(b.end(), a[base + 3 + 2 * i].begin(), a[base + 3 + 2 * i].end());
+            }
+            a[base + 2] = W, a[base + 3] = b;
+            for (int i : {4, 5, 6, 7}) a[base + i].clear();
+        }
+        for (int slot : kKernelSlots) {
+            if (a[base + slot].empty() || (float_feed_forward && slot >= 18)) continue;
+            const int K = slot == 20 ? F : D, Nw = slot == 18 ? F : slot == 2 && fused ? 3 * D : D;
+            owned.push_back(quantize_kernel(a[base + slot], K, Nw));
+            int8[base + slot] = owned.back().get();
+        }
+    }
+    const auto x0 = random_values(rng, (size_t)N * D);
+    const int M = memory_batch ? memory_batch : N;
+    std::vector<int32_t> memory_rows((size_t)N);
+    for (int n = 0; n < N; ++n) memory_rows[n] = (n * 3 + 1) % M;
+    const size_t cache = (size_t)layers * N * capacity * D, cross = (size_t)layers * M * S * D;
+    const auto keys0 = random_values(rng, cache), values0 = random_values(rng, cache);
+    const auto cross_keys = random_values(rng, cross), cross_values = random_values(rng, cross);
+    std::vector<uint8_t> mask((size_t)M * S, 1);
+    for (int s = S / 2; s < S; ++s) mask[s] = 0;
+    DecoderStepConfig c;
+    c.layers = layers, c.N = N, c.D = D, c.H = H, c.F = F, c.S = S, c.capacity = capacity, c.position = position;
+    c.norm_first = norm_first, c.activation = Activation::relu, c.epsilon = 1e-5;
+    if (memory_batch) c.memory_rows = memory_rows.data(), c.memory_batch = memory_batch;
+
+    std::vector<double> x = x0, keys = keys0, values = values0, cross_weights((size_t)N * H * S);
+    const auto ref_layers = weights.pointers<double>(weights.arrays, &int8);
+    reference::decoder_stack_step(x.data(), keys.data(), values.data(), cross_weights.data(), cross_keys.data(),
+                                  cross_values.data(), mask.data(), ref_layers.data(), c);
+    char where[160];
+    std::snprintf(where, sizeof where, "decoder_stack_step int8 layers=%d N=%d D=%d F=%d t=%d%s%s%s memory=%d", layers,
+                  N, D, F, position, norm_first ? " pre-norm" : "", fused ? " fused qkv" : "",
+                  float_feed_forward ? " float feed-forward" : "", memory_batch);
+    const Named want{{"x", x}, {"keys", keys}, {"values", values}, {"cross_weights", cross_weights}};
+    std::vector<std::vector<float>> arrays;
+    for (const auto& a : weights.arrays) arrays.push_back(cast<float>(a));
+    const auto fast_layers = weights.pointers<float>(arrays, &int8);
+    on_every_level_and_split([&](const std::string& level) {
+        auto x_ = cast<float>(x0), keys_ = cast<float>(keys0), values_ = cast<float>(values0);
+        const auto cross_keys_ = cast<float>(cross_keys), cross_values_ = cast<float>(cross_values);
+        std::vector<float> cross_weights_((size_t)N * H * S);
+        decoder_stack_step<float>(x_.data(), keys_.data(), values_.data(), cross_weights_.data(), cross_keys_.data(),
+                                  cross_values_.data(), mask.data(), fast_layers.data(), c);
+        // the activations' int8 rounding of float and double inputs may differ by one step in a rare value
+        compare_all({{"x", to_double(x_)}, {"keys", to_double(keys_)}, {"values", to_double(values_)},
+                     {"cross_weights", to_double(cross_weights_)}},
+                    want, 1e-3, std::string(where) + " " + level);
+    });
+}
 
 // memory_batch > 0: the rows read memory rows (n * 3 + 1) % memory_batch (a beam search's shared memory)
 void test_decoder_step(int layers, int N, int D, int H, int F, int S, int capacity, int position, bool norm_first,
@@ -120,5 +209,12 @@ int main() {
     test_decoder_step(2, 40, 64, 4, 96, 9, 6, 2, true, Activation::gelu, true, seed++, 5);     // ... split, whole vectors
     for (bool norm_first : {false, true})  // S = 0: encoder layers run causally, no cross-attention
         test_decoder_step(2, 3, 12, 3, 17, 0, 6, 4, norm_first, Activation::relu, true, seed++);
+    // int8 kernels (the quantized Transformer's step): fused q, k, v or apart, a float feed-forward beside
+    // int8 attention, shared memory rows, rows split across threads
+    test_decoder_step_int8(2, 3, 32, 4, 48, 5, 6, 4, false, true, false, seed++);
+    test_decoder_step_int8(2, 3, 32, 4, 48, 5, 6, 0, true, false, false, seed++);
+    test_decoder_step_int8(1, 2, 20, 2, 36, 3, 9, 8, true, true, true, seed++);
+    test_decoder_step_int8(2, 40, 64, 4, 96, 9, 6, 2, true, true, false, seed++, 5);
+    test_decoder_step_int8(2, 3, 32, 4, 48, 0, 6, 3, false, true, false, seed++);  // encoder layers, causal
     return attnx::test::report("test_reference_decoder_step");
 }

@@ -2,11 +2,13 @@
 // of logits per sentence, position and previous token, with ties), in float and double on every
 // SIMD level and thread split; the hypotheses' tokens, lengths, scores, attention, and rows leaving
 // the batch. Then the search over DecoderSearchStep (decoder_step.hpp) against the same brute
-// force run on the reference decoder stack (cpp/reference/decoder_step.hpp) in double.
+// force run on the reference decoder stack (cpp/reference/decoder_step.hpp) in double, with float
+// and with int8 kernels (a quantized model).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "attnx/decoder_step.hpp"
 #include "attnx/search.hpp"
 #include "reference/decoder_step.hpp"
+#include "reference/quantized.hpp"
 #include "reference_check.hpp"
 
 using namespace attnx;
@@ -208,6 +211,13 @@ struct StackModel {
     std::vector<std::vector<double>> arrays;  // per layer 22 (empty: null)
     std::vector<double> cross_keys, cross_values, embedding, positions, gamma, beta, kernel, bias;
     std::vector<uint8_t> mask;
+    // a quantized model (make_int8): the kernels int8 (per layer 22 slots, null for the others), the
+    // output kernel too, the embedding int8 per row (`embedding` then holds q s as the kernel reads it)
+    std::vector<std::shared_ptr<Int8Kernel>> owned;
+    std::vector<const Int8Kernel*> int8;
+    const Int8Kernel* output_int8 = nullptr;
+    std::vector<int8_t> embedding_q;
+    std::vector<float> embedding_scale;
 };
 
 StackModel make_stack(std::mt19937& rng, int layers, int D, int H, int F, int S, int V, int B, int capacity) {
@@ -238,13 +248,49 @@ StackModel make_stack(std::mt19937& rng, int layers, int D, int H, int F, int S,
     return m;
 }
 
-template <class T> std::vector<DecoderLayerWeights<T>> layer_pointers(const std::vector<std::vector<T>>& arrays) {
+// W (K, N) quantized per column (symmetric, max|W| / 127) and packed
+std::shared_ptr<Int8Kernel> quantize_kernel(const std::vector<double>& W, int K, int N) {
+    std::vector<int8_t> q((size_t)K * N), column(K);
+    std::vector<float> scale(N), values(K);
+    for (int n = 0; n < N; ++n) {
+        for (int k = 0; k < K; ++k) values[k] = (float)W[(size_t)k * N + n];
+        scale[n] = reference::quantize_row_int8(column.data(), values.data(), K);
+        for (int k = 0; k < K; ++k) q[(size_t)k * N + n] = column[k];
+    }
+    auto w = std::make_shared<Int8Kernel>();
+    pack_int8_kernel(*w, q.data(), scale.data(), K, N, N);
+    return w;
+}
+
+// m quantized as Model.quantize("int8") does: every kernel and the output per column, the embedding per row
+void make_int8(StackModel& m) {
+    m.int8.assign(m.arrays.size(), nullptr);
+    for (int l = 0; l < m.layers; ++l)
+        for (int slot : {2, 4, 6, 8, 12, 14, 18, 20}) {
+            const int K = slot == 20 ? m.F : m.D, N = slot == 18 ? m.F : m.D;
+            m.owned.push_back(quantize_kernel(m.arrays[(size_t)l * 22 + slot], K, N));
+            m.int8[(size_t)l * 22 + slot] = m.owned.back().get();
+        }
+    m.owned.push_back(quantize_kernel(m.kernel, m.D, m.V));
+    m.output_int8 = m.owned.back().get();
+    m.embedding_q.resize(m.embedding.size()), m.embedding_scale.resize(m.V);
+    std::vector<float> row(m.D);
+    for (int v = 0; v < m.V; ++v) {
+        for (int d = 0; d < m.D; ++d) row[d] = (float)m.embedding[(size_t)v * m.D + d];
+        m.embedding_scale[v] = reference::quantize_row_int8(m.embedding_q.data() + (size_t)v * m.D, row.data(), m.D);
+        for (int d = 0; d < m.D; ++d)
+            m.embedding[(size_t)v * m.D + d] = (float)m.embedding_q[(size_t)v * m.D + d] * m.embedding_scale[v];
+    }
+}
+
+template <class T>
+std::vector<DecoderLayerWeights<T>> layer_pointers(const std::vector<std::vector<T>>& arrays,
+                                                   const std::vector<const Int8Kernel*>& int8) {
     std::vector<DecoderLayerWeights<T>> out(arrays.size() / 22);
     for (size_t l = 0; l < out.size(); ++l) {
         const T* p[22];
         for (int i = 0; i < 22; ++i) p[i] = arrays[l * 22 + i].empty() ? nullptr : arrays[l * 22 + i].data();
-        out[l] = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11],
-                  p[12], p[13], p[14], p[15], p[16], p[17], p[18], p[19], p[20], p[21]};
+        out[l] = decoder_layer_weights<T>(p, int8.empty() ? nullptr : int8.data() + l * 22);
     }
     return out;
 }
@@ -253,7 +299,7 @@ template <class T> std::vector<DecoderLayerWeights<T>> layer_pointers(const std:
 // stack in double: every position of the history run again from an empty cache
 std::vector<double> reference_logp(const StackModel& m, const DecoderStepConfig& base, bool tied, int b,
                                    const std::vector<int64_t>& history) {
-    const auto layers = layer_pointers<double>(m.arrays);
+    const auto layers = layer_pointers<double>(m.arrays, m.int8);
     const int D = m.D, t_end = (int)history.size();
     std::vector<double> keys((size_t)m.layers * m.capacity * D), values(keys.size()), x(D), h(D), logits(m.V);
     int32_t row = b;
@@ -267,6 +313,11 @@ std::vector<double> reference_logp(const StackModel& m, const DecoderStepConfig&
     }
     double mean, rstd;
     reference::layernorm_forward(h.data(), &mean, &rstd, x.data(), m.gamma.data(), m.beta.data(), 1, D, 1e-5);
+    if (m.output_int8) {
+        reference::step_product(logits.data(), h.data(), StepLinear<double>{nullptr, m.output_int8, m.bias.data()}, 1,
+                                D, m.V);
+        return log_softmax(logits);
+    }
     for (int v = 0; v < m.V; ++v) {
         double z = tied ? 0.0 : m.bias[v];
         for (int d = 0; d < D; ++d) z += h[d] * (tied ? m.embedding[(size_t)v * D + d] : m.kernel[(size_t)d * m.V + v]);
@@ -275,38 +326,46 @@ std::vector<double> reference_logp(const StackModel& m, const DecoderStepConfig&
     return log_softmax(logits);
 }
 
+// int8: the model quantized (make_int8; not tied: a quantized Transformer refuses tie_output), in float only
 void test_decoder_stack_search(int layers, int D, int H, int F, int S, int V, int B, int width, int max_length,
-                               bool norm_first, bool tied, unsigned seed) {
+                               bool norm_first, bool tied, unsigned seed, bool int8 = false) {
     std::mt19937 rng(seed);
-    const StackModel m = make_stack(rng, layers, D, H, F, S, V, B, max_length);
+    StackModel m = make_stack(rng, layers, D, H, F, S, V, B, max_length);
+    if (int8) make_int8(m);
     DecoderStepConfig c;
     c.layers = layers, c.D = D, c.H = H, c.F = F, c.S = S, c.capacity = max_length, c.norm_first = norm_first;
     c.N = B * width, c.memory_batch = B;
     SearchConfig sc;
     sc.batch = B, sc.width = width, sc.max_length = max_length, sc.start_id = 1, sc.end_id = 2, sc.alpha = 0.6;
     char where[160];
-    std::snprintf(where, sizeof where, "search decoder stack layers=%d D=%d V=%d B=%d width=%d%s%s", layers, D, V, B,
-                  width, norm_first ? " pre-norm" : "", tied ? " tied" : "");
+    std::snprintf(where, sizeof where, "search decoder stack layers=%d D=%d V=%d B=%d width=%d%s%s%s", layers, D, V, B,
+                  width, norm_first ? " pre-norm" : "", tied ? " tied" : "", int8 ? " int8" : "");
     auto logp_of = [&](int b, int, const std::vector<int64_t>& history) { return reference_logp(m, c, tied, b, history); };
     on_every_level_and_split([&](const std::string& level) {
         auto run = [&](auto tag) {
             using T = decltype(tag);
             std::vector<std::vector<T>> arrays;
-            for (const auto& a : m.arrays) arrays.push_back(cast<T>(a));
-            const auto fast_layers = layer_pointers<T>(arrays);
+            for (size_t i = 0; i < m.arrays.size(); ++i)
+                arrays.push_back(int8 && m.int8[i] ? std::vector<T>{} : cast<T>(m.arrays[i]));
+            const auto fast_layers = layer_pointers<T>(arrays, m.int8);
             const auto ck = cast<T>(m.cross_keys), cv = cast<T>(m.cross_values), e = cast<T>(m.embedding);
             const auto p = cast<T>(m.positions), g = cast<T>(m.gamma), be = cast<T>(m.beta);
             const auto k = cast<T>(m.kernel), bi = cast<T>(m.bias);
             DecoderEnds<T> ends;
             ends.embedding = e.data(), ends.embedding_scale = T(std::sqrt((double)D)), ends.positions = p.data();
             ends.norm_gamma = g.data(), ends.norm_beta = be.data(), ends.vocab = V;
-            ends.output_kernel = tied ? nullptr : k.data(), ends.output_bias = tied ? nullptr : bi.data();
+            if (!tied) ends.output = {k.data(), nullptr, bi.data()};
+            if (int8) {
+                ends.embedding = nullptr, ends.embedding_int8 = m.embedding_q.data();
+                ends.embedding_row_scale = m.embedding_scale.data();
+                ends.output = {nullptr, m.output_int8, bi.data()};
+            }
             DecoderSearchStep<T> step(fast_layers.data(), c, ck.data(), cv.data(), m.mask.data(), ends, false);
             check_against_brute_force(search(step, sc), logp_of, sc, sizeof(T) == 4 ? 1e-3 : 1e-9, false,
                                       std::string(where) + (sizeof(T) == 4 ? " float " : " double ") + level);
         };
         run(float{});
-        run(double{});
+        if (!int8) run(double{});
     });
 }
 
@@ -325,5 +384,8 @@ int main() {
     test_decoder_stack_search(2, 12, 3, 17, 5, 11, 3, 3, 5, true, true, seed++);
     test_decoder_stack_search(1, 32, 4, 48, 6, 64, 2, 4, 4, true, false, seed++);
     test_decoder_stack_search(2, 16, 2, 32, 4, 48, 5, 2, 4, false, false, seed++);
+    // quantized: int8 kernels, output projection and embedding rows (the int8 Transformer's search)
+    test_decoder_stack_search(2, 32, 4, 48, 6, 64, 2, 1, 5, true, false, seed++, true);
+    test_decoder_stack_search(2, 32, 4, 48, 5, 48, 3, 3, 4, false, false, seed++, true);
     return attnx::test::report("test_search");
 }

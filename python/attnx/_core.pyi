@@ -205,7 +205,7 @@ def rnn_forward_int8(
 # ---------------------------------------------------------------------------- cached decoding (decoder_step.hpp)
 def decoder_stack_step(
     x: Array, self_keys: Array, self_values: Array, cross_keys: Array, cross_values: Array, source_mask: Mask,
-    position: int, weights: list[list[Array | None]], num_heads: int, norm_first: bool, epsilon: float,
+    position: int, weights: list[list[Array | Int8Kernel | None]], num_heads: int, norm_first: bool, epsilon: float,
     activation: str, return_attention: bool = False,
 ) -> tuple[Array, Array | None]: ...
 # ---------------------------------------------------------------------------- bfloat16 (mixed_bfloat16)
@@ -263,9 +263,10 @@ class InferencePlan:  # _core.plan.InferencePlan
 # ---------------------------------------------------------------------------- the search (attnx.decoding)
 SearchResult = tuple[Array, Array, Array, Array, Array | None]
 def search_decoder_stack(
-    cross_keys: Array, cross_values: Array, source_mask: Mask, weights: list[list[Array | None]], num_heads: int,
-    norm_first: bool, epsilon: float, activation: str, embedding: Array, embedding_scale: float, positions: Array,
-    norm_gamma: Array | None, norm_beta: Array | None, norm_epsilon: float, output_kernel: Array | None,
+    cross_keys: Array, cross_values: Array, source_mask: Mask, weights: list[list[Array | Int8Kernel | None]],
+    num_heads: int, norm_first: bool, epsilon: float, activation: str, embedding: Array,
+    embedding_row_scale: Array | None, embedding_scale: float, positions: Array,
+    norm_gamma: Array | None, norm_beta: Array | None, norm_epsilon: float, output_kernel: Array | Int8Kernel | None,
     output_bias: Array | None, start_id: int, end_id: int, width: int, length_penalty: float, max_length: int,
     return_attention: bool,
 ) -> SearchResult: ...

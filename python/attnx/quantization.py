@@ -14,7 +14,7 @@ What a layer quantizes is its own public statement, `Layer.quantizable_weights()
 their cells) and MultiHeadAttention (its query, key, value, gate and output kernels) name their
 kernels; FeedForward and the transformer layers and stacks quantize through their sublayers (each
 product then runs `kernels.dense_forward_int8`, the scales, bias and activation in its epilogue), and
-a quantized decoder's cached step is composed of those int8 pieces (`cached_step`). A layer that
+a quantized decoder's cached step and search run the one C++ step on the packed kernels (`step_product`). A layer that
 cannot run in int8 says why in `Layer.quantize_refusal()` (LSTMN; a Transformer with tie_output), and
 `quantize` then raises naming it before changing anything; a layer without int8 weights stays
 float32 (LayerNormalization, the attention layers, Conv2D). A quantized weight ``w``
@@ -266,63 +266,18 @@ def packed_projections(attention, names):
     return entry[names], bias
 
 
-def step_weights(blocks):
-    """What `cached_step` reads of quantized transformer layers `blocks`, made once per decoding
-    (`start_cache`): per layer, per residual block (`residual_blocks()`), its kind, its norm's gamma,
-    beta and epsilon, then the self-attention's query, key and value packed as one product, the
-    cross-attention's query, and the output projection; or the feed-forward network's two products."""
-    weights = []
-    for block in blocks:
-        layer = []
-        for kind, norm, sublayer in block.residual_blocks():
-            entry = [kind, norm.params.get("gamma"), norm.params.get("beta"), norm.epsilon]
-            if kind == "feed_forward":
-                inner, outer = sublayer.intermediate_dense, sublayer.output_dense
-                entry += [packed(inner, "kernel"), inner.params.get("bias"), inner.activation,
-                          packed(outer, "kernel"), outer.params.get("bias")]
-            else:
-                names = ("query", "key", "value") if kind == "self_attention" else ("query",)
-                entry += [*packed_projections(sublayer, names), *packed_projections(sublayer, ("output",)),
-                          sublayer.num_heads]
-            layer.append(entry)
-        weights.append(layer)
-    return weights
-
-
-def cached_step(blocks, x, cache, scale, return_attention):
-    """The cached step (`TransformerDecoder.step`) of quantized transformer layers `blocks` for the
-    embedded position x (N, D), over `cache` (a `DecoderCache` with room for the position, written in
-    place, its ``layer_weights`` those of `step_weights`): each residual block's int8 products
-    (`kernels.dense_forward_int8`, the scales, bias and activation in their epilogue), its attention's
-    scores and softmax in float32 with `scale`, its norm, in place of the float kernels' one C++ call.
-    Returns (y (N, D), the last layer's cross-attention weights (N, heads, S) when asked, else None)."""
-    position, weights, N = cache.length, None, len(x)
-    norm_first = blocks[0].norm_first
-    for i, layer in enumerate(cache.layer_weights):
-        for kind, gamma, beta, eps, *products in layer:
-            h = kernels.layernorm_forward(x=x, gamma=gamma, beta=beta, eps=eps)[0] if norm_first else x
-            if kind == "feed_forward":
-                inner, inner_bias, activation, outer, outer_bias = products
-                hidden = kernels.dense_forward_int8(x=h, kernel=inner, bias=inner_bias, activation=activation)
-                out = kernels.dense_forward_int8(x=hidden, kernel=outer, bias=outer_bias)
-            else:
-                projection, projection_bias, output, output_bias, heads = products
-                projected = kernels.dense_forward_int8(x=h, kernel=projection, bias=projection_bias)
-                if kind == "self_attention":  # the position's key and value join the earlier ones
-                    query, key, value = np.split(projected, 3, axis=1)
-                    cache.keys[i, :, position], cache.values[i, :, position] = key, value
-                    keys, values, mask = cache.keys[i, :, :position + 1], cache.values[i, :, :position + 1], None
-                else:
-                    query = projected
-                    keys, values, mask = cache.cross_keys[i], cache.cross_values[i], cache.source_mask
-                keep = return_attention and kind == "cross_attention" and i == len(blocks) - 1
-                context, attention = kernels.sdpa_forward(
-                    query=np.ascontiguousarray(query).reshape(N, 1, -1), key=np.ascontiguousarray(keys),
-                    value=np.ascontiguousarray(values), mask=mask, scale=scale, heads=heads, return_weights=keep)
-                out = kernels.dense_forward_int8(x=context.reshape(N, -1), kernel=output, bias=output_bias)
-                if keep:
-                    weights = attention[:, :, 0]
-            x = x + out
-            if not norm_first:
-                x = kernels.layernorm_forward(x=x, gamma=gamma, beta=beta, eps=eps)[0]
-    return x, weights
+def step_product(layer, name="kernel", fused=False):
+    """(kernel, bias) of one product of the cached decoder step (`decoder_step.hpp`'s StepLinear, in the
+    slots of `TransformerDecoderLayer.step_weights`): Dense `layer`'s kernel (name "kernel") or
+    MultiHeadAttention `layer`'s projection `name`, the kernel as the (in, out) matrix (float: a view of
+    the weight) or, for a quantized layer, its packed int8 kernel (`packed`), the bias flat or None.
+    `fused`: a quantized self-attention projects query, key and value in one product, as its forward
+    does (`packed_projections`): the query's place holds it, the key's and value's are None."""
+    if name == "kernel":
+        kernel = packed(layer, "kernel") if layer.quantization_mode else layer.params["kernel"]
+        return kernel, layer.params.get("bias")
+    if layer.quantization_mode and fused and name != "output":
+        return packed_projections(layer, ("query", "key", "value")) if name == "query" else (None, None)
+    bias = layer.params.get(f"{name}_bias")
+    bias = None if bias is None else bias.reshape(-1)
+    return (packed(layer, f"{name}_kernel") if layer.quantization_mode else layer.matrix(name)), bias

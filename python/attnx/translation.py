@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import datasets, initializers, kernels, losses, metrics, optimizers, random, text
+from . import datasets, initializers, kernels, losses, metrics, optimizers, quantization, random, text
 from .backend import unique_name
 from . import decoding
 from .decoding import Hypothesis, check_target_ids, positive_int as _positive_int
@@ -698,25 +698,25 @@ class Transformer(Model):
         """What `attnx.decoding`'s search needs to run this model's `step` in C++ from the start
         state `state` for up to `max_length` positions: `kernels.search_decoder_stack` and its
         arguments (the memory's cross keys and values, the decoder stack's weights, the embedding,
-        positions, final norm and output projection), or None when a part
-        of the step is not the float kernels' (an int8 embedding, decoder or projection, bfloat16 products):
-        the search then calls `step` back."""
-        quantized = [layer for layer in (self.target_embedding, self.decoder, self.output_projection)
-                     if layer is not None and getattr(layer, "quantization_mode", None)]
-        if quantized or state.length or (self.output_projection is not None and (
-                self.output_projection.compute_dtype == "bfloat16" or self.output_projection.activation != "linear")):
-            return None
-        first = self.decoder.blocks[0]
+        positions, final norm and output projection; a quantized model's int8 embedding rows and
+        scales, and its kernels packed: `quantization.step_product`), or None when a part of the step
+        is not the step's kernels' (bfloat16 products, an output activation): the search then calls
+        `step` back."""
         projection = self.output_projection
-        return kernels.search_decoder_stack, {"cross_keys": state.cross_keys, "cross_values": state.cross_values, "source_mask": state.source_mask,
-                "weights": state.layer_weights, "num_heads": first.num_heads, "norm_first": first.norm_first,
-                "epsilon": first.layer_norm_epsilon, "activation": first.activation,
-                "embedding": self.target_embedding.params["embeddings"], "embedding_scale": math.sqrt(self.model_dim),
-                "positions": np.ascontiguousarray(self._position_rows(max_length)),
-                "norm_gamma": self.decoder_norm.params.get("gamma"), "norm_beta": self.decoder_norm.params.get("beta"),
-                "norm_epsilon": self.decoder_norm.epsilon,
-                "output_kernel": None if projection is None else projection.params["kernel"],
-                "output_bias": None if projection is None else projection.params.get("bias")}
+        if state.length or (projection is not None and (projection.compute_dtype == "bfloat16"
+                                                        or projection.activation != "linear")):
+            return None
+        first, embedding = self.decoder.blocks[0], self.target_embedding
+        output_kernel, output_bias = (None, None) if projection is None else quantization.step_product(projection)
+        return kernels.search_decoder_stack, {
+            "cross_keys": state.cross_keys, "cross_values": state.cross_values, "source_mask": state.source_mask,
+            "weights": state.layer_weights, "num_heads": first.num_heads, "norm_first": first.norm_first,
+            "epsilon": first.layer_norm_epsilon, "activation": first.activation,
+            "embedding": embedding.params["embeddings"], "embedding_row_scale": embedding.params.get("embeddings_scale"),
+            "embedding_scale": math.sqrt(self.model_dim),
+            "positions": np.ascontiguousarray(self._position_rows(max_length)),
+            "norm_gamma": self.decoder_norm.params.get("gamma"), "norm_beta": self.decoder_norm.params.get("beta"),
+            "norm_epsilon": self.decoder_norm.epsilon, "output_kernel": output_kernel, "output_bias": output_bias}
 
     def _start(self, source):
         """The start state of checked source ids: the memory's cross keys and values, room for one

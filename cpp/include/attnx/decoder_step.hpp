@@ -5,8 +5,9 @@
 //   pre-norm:  x = x + self_attend(norm1(x)),  x = x + cross_attend(norm2(x)),  x = x + ff(norm3(x))
 // The self-attention of position t reads the keys / values of positions 0..t from a cache the step
 // extends by row t; the cross-attention reads the encoder output's keys / values, projected once
-// per sentence. Products reuse dense_forward (dense.hpp), the feed-forward network
-// feed_forward_forward and the norms layernorm_forward (transformer.hpp); the one-query attention
+// per sentence. Every product goes through step_product (a float kernel read in place by dense.hpp's
+// tiles, or an int8 kernel on quantized.hpp's: a quantized model decodes in the same step), the norms
+// through layernorm_forward (transformer.hpp); the one-query attention
 // is its own loop here: attention.hpp's tiled core packs K^T per problem, which one query row
 // does not repay, and it reads keys S rows per batch row where this cache holds `capacity`.
 //
@@ -20,29 +21,97 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
 #include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
+#include "attnx/quantized.hpp"
 #include "attnx/transformer.hpp"
 
 namespace attnx {
 
-// One decoder layer's weights, MultiHeadAttention's kernels as (in, out) matrices (D, D); a bias or a
-// norm's beta may be null (use_bias=False, center=False), gamma too (scale=False). A layer without
-// cross-attention (an encoder layer run causally, as a decoder-only model's) leaves cross_query and
-// the rest of that block null: its blocks are then self-attention and feed-forward (norm3).
+// One product of the step, y = act(x W + b), x (rows, K), W (K, N): W is the float kernel (row-major,
+// read in place by dense.hpp's tiles) or an int8 kernel packed once by the caller (quantized.hpp:
+// per-column scales; the rows of x quantized per call), b float (may be null). step_product is the one
+// place the step picks between them.
+template <class T> struct StepLinear {
+    const T* kernel = nullptr;          // (K, N) float, or null
+    const Int8Kernel* int8 = nullptr;   // (K, N) int8, or null (float steps only)
+    const T* bias = nullptr;            // (N,) or null
+    bool present() const { return kernel || int8; }
+};
+
+// One decoder layer's weights, MultiHeadAttention's projections as (in, out) matrices (D, D); a bias or
+// a norm's beta may be null (use_bias=False, center=False), gamma too (scale=False). The self-attention
+// may project q, k and v in one product: self_query then holds the three side by side (D, 3D; biases
+// likewise) and self_key, self_value are empty. A layer without cross-attention (an encoder layer run
+// causally, as a decoder-only model's) leaves that block empty: its blocks are then self-attention and
+// feed-forward (norm3).
 template <class T> struct DecoderLayerWeights {
     const T *norm1_gamma = nullptr, *norm1_beta = nullptr;
-    const T *self_query = nullptr, *self_query_bias = nullptr, *self_key = nullptr, *self_key_bias = nullptr;
-    const T *self_value = nullptr, *self_value_bias = nullptr, *self_output = nullptr, *self_output_bias = nullptr;
+    StepLinear<T> self_query, self_key, self_value, self_output;
     const T *norm2_gamma = nullptr, *norm2_beta = nullptr;
-    const T *cross_query = nullptr, *cross_query_bias = nullptr, *cross_output = nullptr, *cross_output_bias = nullptr;
+    StepLinear<T> cross_query, cross_output;
     const T *norm3_gamma = nullptr, *norm3_beta = nullptr;
-    const T *ff_kernel1 = nullptr, *ff_bias1 = nullptr, *ff_kernel2 = nullptr, *ff_bias2 = nullptr;
+    StepLinear<T> ff1, ff2;
 };
+
+// A layer's weights from the 22 slots the bindings take (TransformerDecoderLayer.step_weights' order):
+//   0 norm1 gamma, 1 beta, 2 self query kernel, 3 bias, 4 self key, 5, 6 self value, 7, 8 self output, 9,
+//   10 norm2 gamma, 11 beta, 12 cross query, 13, 14 cross output, 15, 16 norm3 gamma, 17 beta,
+//   18 feed-forward kernel1, 19 bias1, 20 kernel2, 21 bias2
+// p[i] a float array or null; int8[i] (null, or a null array) the int8 kernel of a kernel slot i
+template <class T>
+DecoderLayerWeights<T> decoder_layer_weights(const T* const* p, const Int8Kernel* const* int8 = nullptr) {
+    auto product = [&](int i) { return StepLinear<T>{p[i], int8 ? int8[i] : nullptr, p[i + 1]}; };
+    DecoderLayerWeights<T> w;
+    w.norm1_gamma = p[0], w.norm1_beta = p[1];
+    w.self_query = product(2), w.self_key = product(4), w.self_value = product(6), w.self_output = product(8);
+    w.norm2_gamma = p[10], w.norm2_beta = p[11];
+    w.cross_query = product(12), w.cross_output = product(14);
+    w.norm3_gamma = p[16], w.norm3_beta = p[17];
+    w.ff1 = product(18), w.ff2 = product(20);
+    return w;
+}
+
+// What a thread's int8 products reuse within one step: the quantized rows and the int32 sums
+struct StepScratch {
+    Int8Activations rows;
+    std::vector<int32_t> acc;
+};
+
+// y (rows, N) = act(x (rows, K) W + b) for a StepLinear. int8: x quantized once, then the columns in
+// blocks of 128 (the widest one-row int8 tile) split across threads when the caller is not already split.
+template <class T>
+void step_product(T* y, const T* x, const StepLinear<T>& w, int rows, int K, int N, StepScratch& scratch,
+                  Activation act = Activation::linear) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (w.int8) {
+            const Int8Packed& B = w.int8->head;
+            Int8Activations& q = scratch.rows;
+            q.resize(rows, K, B.Kp, B.Np);
+            scratch.acc.resize((size_t)rows * B.Np);
+            on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                q.quantize_on<decltype(lanes)>(x, (size_t)K, rows, B.feature_weight.data());
+            });
+            constexpr int block = 128;
+            parallel_for((size_t)(N + block - 1) / block, double(rows) * K * N / 4, [&](size_t lo, size_t hi) {
+                const int n0 = (int)lo * block, n1 = std::min(N, (int)hi * block);
+                q.product(scratch.acc.data(), (size_t)B.Np, rows, B, n0, n1);
+                on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
+                    q.dequantize(y, (size_t)N, scratch.acc.data(), (size_t)B.Np, rows, w.int8->scale.data(), w.bias,
+                                 n0, n1, (size_t)B.Np);
+                });
+            });
+            if (act != Activation::linear) activation_forward<float>(y, y, (size_t)rows, (size_t)N, act);
+            return;
+        }
+    }
+    dense_rows_in_place<T>(y, x, w.kernel, w.bias, rows, K, N, act);
+}
 
 // Sizes and options of one step: N rows, model size D in H heads, feed-forward width F, S source
 // positions, cache rows `capacity` > position (the target position being decoded).
@@ -59,19 +128,21 @@ struct DecoderStepConfig {
 // One query row per (row n, head h), problems split across threads:
 //   w[n, h, s] = masked_softmax_s(scale * q[n, h, :] . K[n, s, h, :])   s < keys, allowed[n, s]
 //   context[n, h, :] = sum_s w[n, h, s] V[n, s, h, :]
-// K, V rows D apart, batch rows `row_stride` rows apart; row n reads batch row key_rows[n] of K, V and
-// `allowed` (null: row n); weights (N, H, keys) written when not null.
+// q rows ldq apart; K, V rows D apart, batch rows `row_stride` rows apart; row n reads batch row
+// key_rows[n] of K, V and `allowed` (null: row n); weights (N, H, keys) written when not null.
 template <class T>
-void attend_one_query(T* context, T* weights, const T* q, const T* K, const T* V, const uint8_t* allowed,
+void attend_one_query(T* context, T* weights, const T* q, size_t ldq, const T* K, const T* V, const uint8_t* allowed,
                       const int32_t* key_rows, int N, int H, int D, int keys, size_t row_stride) {
     const int Dh = D / H;
     const T scale = T(1) / std::sqrt(T(Dh));
     parallel_for((size_t)N * H, double(N) * keys * D * 4, [&](size_t lo, size_t hi) {
         std::vector<T> row((size_t)keys);
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
+        on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {  // the loops vectorize to each level's width
+            using Vec = decltype(lane);
+            constexpr int L = Lanes<Vec>::W;
             for (size_t p = lo; p < hi; ++p) {
                 const size_t n = p / H, h = p % H, m = key_rows ? (size_t)key_rows[n] : n;
-                const T* qh = q + n * D + h * Dh;
+                const T* qh = q + n * ldq + h * Dh;
                 const T* Kn = K + m * row_stride * D + h * Dh;
                 const T* Vn = V + m * row_stride * D + h * Dh;
                 for (int s = 0; s < keys; ++s) {
@@ -81,12 +152,14 @@ void attend_one_query(T* context, T* weights, const T* q, const T* K, const T* V
                     });
                 }
                 masked_softmax_row(row.data(), row.data(), allowed ? allowed + m * keys : nullptr, (size_t)keys);
+                // each vector of the context summed over s in a register (s in order, as a plain loop)
                 T* ch = context + n * D + h * Dh;
-                for (int d = 0; d < Dh; ++d) ch[d] = T(0);
-                for (int s = 0; s < keys; ++s) {
-                    const T w = row[s];
-                    const T* vs = Vn + (size_t)s * D;
-                    for (int d = 0; d < Dh; ++d) ch[d] += w * vs[d];
+                for (int d = 0; d < Dh; d += L) {
+                    const int width = std::min(L, Dh - d);
+                    Vec acc{};
+                    for (int s = 0; s < keys; ++s)
+                        acc += vbroadcast<Vec>(row[s]) * vload<Vec>(Vn + (size_t)s * D + d, width);
+                    vstore(ch + d, acc, width);
                 }
                 if (weights) std::copy(row.begin(), row.end(), weights + p * keys);
             }
@@ -108,8 +181,16 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
     const size_t memory_batch = c.memory_rows ? (size_t)c.memory_batch : (size_t)c.N;
     const size_t first_memory_row = c.memory_rows ? 0 : lo;
     const uint8_t* source_mask = source_mask_all ? source_mask_all + first_memory_row * S : nullptr;
-    std::vector<T> h(rows), q(rows), k(rows), v(rows), context(rows), out(rows), mean(N), rstd(N);
-    std::vector<T> hidden((size_t)N * c.F);
+    // this thread's buffers, kept from step to step (every value is written before it is read)
+    thread_local struct {
+        std::vector<T> h, qkv, context, out, mean, rstd, hidden;
+        StepScratch scratch;
+    } buffers;
+    std::vector<T>&h = buffers.h, &qkv = buffers.qkv, &context = buffers.context, &out = buffers.out;
+    std::vector<T>&mean = buffers.mean, &rstd = buffers.rstd, &hidden = buffers.hidden;
+    StepScratch& scratch = buffers.scratch;
+    h.resize(rows), qkv.resize(3 * rows), context.resize(rows), out.resize(rows), mean.resize(N), rstd.resize(N);
+    hidden.resize((size_t)N * c.F);
     const T eps = T(c.epsilon);
     // one residual block: x = norm(x + sublayer(x)) or x = x + sublayer(norm(x)); sublayer(in, out)
     auto residual = [&](const T* gamma, const T* beta, auto&& sublayer) {
@@ -122,7 +203,7 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
         for (size_t i = 0; i < rows; ++i) x[i] += out[i];
         if (!c.norm_first) {
             layernorm_forward<T>(h.data(), mean.data(), rstd.data(), x, gamma, beta, N, D, eps);
-            std::copy(h.begin(), h.end(), x);
+            std::copy(h.begin(), h.begin() + rows, x);
         }
     };
     for (int l = 0; l < c.layers; ++l) {
@@ -132,32 +213,43 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
         T* keys = self_keys + layer_rows * c.capacity * D;
         T* values = self_values + layer_rows * c.capacity * D;
         residual(w.norm1_gamma, w.norm1_beta, [&](const T* in, T* result) {
-            dense_rows_in_place<T>(q.data(), in, w.self_query, w.self_query_bias, N, D, D);
-            dense_rows_in_place<T>(k.data(), in, w.self_key, w.self_key_bias, N, D, D);
-            dense_rows_in_place<T>(v.data(), in, w.self_value, w.self_value_bias, N, D, D);
-            for (int n = 0; n < N; ++n) {
-                std::copy(k.data() + (size_t)n * D, k.data() + (size_t)(n + 1) * D,
-                          keys + ((size_t)n * c.capacity + t) * D);
-                std::copy(v.data() + (size_t)n * D, v.data() + (size_t)(n + 1) * D,
-                          values + ((size_t)n * c.capacity + t) * D);
+            // q, k, v side by side in qkv (N, 3D): one product, or three
+            if (w.self_key.present()) {
+                T *q = qkv.data(), *k = q + rows, *v = k + rows;
+                step_product<T>(q, in, w.self_query, N, D, D, scratch);
+                step_product<T>(k, in, w.self_key, N, D, D, scratch);
+                step_product<T>(v, in, w.self_value, N, D, D, scratch);
+                for (int n = 0; n < N; ++n) {
+                    std::copy(k + (size_t)n * D, k + (size_t)(n + 1) * D, keys + ((size_t)n * c.capacity + t) * D);
+                    std::copy(v + (size_t)n * D, v + (size_t)(n + 1) * D, values + ((size_t)n * c.capacity + t) * D);
+                }
+                attend_one_query<T>(context.data(), nullptr, q, (size_t)D, keys, values, nullptr, nullptr, N, c.H, D,
+                                    t + 1, (size_t)c.capacity);
+            } else {
+                step_product<T>(qkv.data(), in, w.self_query, N, D, 3 * D, scratch);
+                for (int n = 0; n < N; ++n) {
+                    const T* row = qkv.data() + (size_t)n * 3 * D;
+                    std::copy(row + D, row + 2 * D, keys + ((size_t)n * c.capacity + t) * D);
+                    std::copy(row + 2 * D, row + 3 * D, values + ((size_t)n * c.capacity + t) * D);
+                }
+                attend_one_query<T>(context.data(), nullptr, qkv.data(), (size_t)3 * D, keys, values, nullptr,
+                                    nullptr, N, c.H, D, t + 1, (size_t)c.capacity);
             }
-            attend_one_query<T>(context.data(), nullptr, q.data(), keys, values, nullptr, nullptr, N, c.H, D, t + 1,
-                                (size_t)c.capacity);
-            dense_rows_in_place<T>(result, context.data(), w.self_output, w.self_output_bias, N, D, D);
+            step_product<T>(result, context.data(), w.self_output, N, D, D, scratch);
         });
-        if (w.cross_query) {  // an encoder layer decoding causally has no cross-attention block
+        if (w.cross_query.present()) {  // an encoder layer decoding causally has no cross-attention block
             residual(w.norm2_gamma, w.norm2_beta, [&](const T* in, T* result) {
-                dense_rows_in_place<T>(q.data(), in, w.cross_query, w.cross_query_bias, N, D, D);
+                step_product<T>(qkv.data(), in, w.cross_query, N, D, D, scratch);
                 const size_t offset = ((size_t)l * memory_batch + first_memory_row) * S * D;
-                attend_one_query<T>(context.data(), l == c.layers - 1 ? cross_weights : nullptr, q.data(),
-                                    cross_keys + offset, cross_values + offset, source_mask, memory_rows, N, c.H,
-                                    D, S, (size_t)S);
-                dense_rows_in_place<T>(result, context.data(), w.cross_output, w.cross_output_bias, N, D, D);
+                attend_one_query<T>(context.data(), l == c.layers - 1 ? cross_weights : nullptr, qkv.data(),
+                                    (size_t)D, cross_keys + offset, cross_values + offset, source_mask, memory_rows,
+                                    N, c.H, D, S, (size_t)S);
+                step_product<T>(result, context.data(), w.cross_output, N, D, D, scratch);
             });
         }
         residual(w.norm3_gamma, w.norm3_beta, [&](const T* in, T* result) {
-            dense_rows_in_place<T>(hidden.data(), in, w.ff_kernel1, w.ff_bias1, N, D, c.F, c.activation);
-            dense_rows_in_place<T>(result, hidden.data(), w.ff_kernel2, w.ff_bias2, N, c.F, D);
+            step_product<T>(hidden.data(), in, w.ff1, N, D, c.F, scratch, c.activation);
+            step_product<T>(result, hidden.data(), w.ff2, N, c.F, D, scratch);
         });
     }
 }
@@ -190,15 +282,19 @@ void decoder_stack_step(T* x, T* self_keys, T* self_values, T* cross_weights, co
 }
 
 // What turns token ids into the decoder stack's input and its output into logits (the Transformer
-// translator's step, python/attnx/translation.py): x = E[id] * scale + positions[position];
-// logits = norm(x) W + b, or norm(x) E^T when the output is tied to the embedding (kernel null).
+// translator's step, python/attnx/translation.py): x = E[id] * scale + positions[position], E's rows
+// float or int8 times a scale per row (a quantized Embedding: E[id] = q[id] * row_scale[id]);
+// logits = norm(x) W + b (a StepLinear: float or int8), or norm(x) E^T when the output is tied to the
+// (float) embedding (output empty).
 template <class T> struct DecoderEnds {
-    const T* embedding = nullptr;   // (vocab, D)
+    const T* embedding = nullptr;             // (vocab, D), or null with embedding_int8
+    const int8_t* embedding_int8 = nullptr;   // (vocab, D)
+    const float* embedding_row_scale = nullptr;  // (vocab,) with embedding_int8
     T embedding_scale = T(1);       // sqrt(D)
     const T* positions = nullptr;   // (max_length, D), a row per target position
     const T *norm_gamma = nullptr, *norm_beta = nullptr;
     double norm_epsilon = 1e-5;
-    const T *output_kernel = nullptr, *output_bias = nullptr;  // (D, vocab), (vocab,)
+    StepLinear<T> output;           // (D, vocab), (vocab,)
     int vocab = 0;
 };
 
@@ -231,9 +327,15 @@ public:
         // x = E[id] * sqrt(D) + P[position]
         const T* p = ends_.positions + (size_t)position * D;
         for (int n = 0; n < rows; ++n) {
-            const T* e = ends_.embedding + (size_t)ids[n] * D;
             T* xn = x_.data() + (size_t)n * D;
-            for (int d = 0; d < D; ++d) xn[d] = e[d] * ends_.embedding_scale + p[d];
+            if (ends_.embedding_int8) {  // the quantized Embedding's row (q s, in float), then as a float row
+                const int8_t* e = ends_.embedding_int8 + (size_t)ids[n] * D;
+                const float s = ends_.embedding_row_scale[ids[n]];
+                for (int d = 0; d < D; ++d) xn[d] = T((float)e[d] * s) * ends_.embedding_scale + p[d];
+            } else {
+                const T* e = ends_.embedding + (size_t)ids[n] * D;
+                for (int d = 0; d < D; ++d) xn[d] = e[d] * ends_.embedding_scale + p[d];
+            }
         }
         DecoderStepConfig c = c_;
         c.N = rows, c.position = position, c.memory_rows = memory_rows_.data();
@@ -241,8 +343,7 @@ public:
                               cross_keys_, cross_values_, source_mask_, layers_, c);
         layernorm_forward<T>(h_.data(), mean_.data(), rstd_.data(), x_.data(), ends_.norm_gamma, ends_.norm_beta,
                              rows, D, T(ends_.norm_epsilon));
-        if (ends_.output_kernel) dense_rows_in_place<T>(logits_.data(), h_.data(), ends_.output_kernel, ends_.output_bias,
-                                               rows, D, ends_.vocab);
+        if (ends_.output.present()) step_product<T>(logits_.data(), h_.data(), ends_.output, rows, D, ends_.vocab, scratch_);
         else matmul<T>(logits_.data(), h_.data(), ends_.embedding, rows, ends_.vocab, D, false, true);
         return logits_.data();
     }
@@ -280,6 +381,7 @@ private:
     int rows_ = 0, length_ = 0;
     std::vector<T> keys_, values_, spare_keys_, spare_values_, x_, h_, mean_, rstd_, logits_, weights_;
     std::vector<int32_t> memory_rows_;
+    StepScratch scratch_;
 };
 
 }  // namespace attnx

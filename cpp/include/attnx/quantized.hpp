@@ -300,19 +300,38 @@ template <class Ops>
 ATTNX_ALWAYS_INLINE void int8_product_on(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, int rows,
                                          const Int8Packed& B, int n0, int n1) {
     constexpr int W = Ops::W, R = Ops::R, Qmax = 4;
+    const int whole = rows - rows % R;
     auto run = [&](auto q_count, int n) __attribute__((always_inline)) {
         constexpr int Q = decltype(q_count)::value;
-        int r = 0;
-        for (; r + R <= rows; r += R)
+        for (int r = 0; r < whole; r += R)
             int8_tile<Ops, R, Q>(acc + (size_t)r * ldc, ldc, qx + (size_t)r * lda, lda, B, n);
-        for (; r < rows; ++r) int8_tile<Ops, 1, Q>(acc + (size_t)r * ldc, ldc, qx + (size_t)r * lda, lda, B, n);
     };
-    for (int n = n0; n < n1; n += Qmax * W) {
+    for (int n = n0; n < n1 && whole; n += Qmax * W) {
         switch (std::min(Qmax, (n1 - n + W - 1) / W)) {
             case 1: run(std::integral_constant<int, 1>{}, n); break;
             case 2: run(std::integral_constant<int, 2>{}, n); break;
             case 3: run(std::integral_constant<int, 3>{}, n); break;
             default: run(std::integral_constant<int, 4>{}, n); break;
+        }
+    }
+    // the rows left (a decoding step's single row) in tiles of twice the vectors where the registers
+    // allow (VNNI): eight chains of vpdpbusd hide its latency, and each weight row is read in longer runs
+    constexpr int Q1 = W == 16 ? 2 * Qmax : Qmax;
+    auto run_one = [&](auto q_count, int n) __attribute__((always_inline)) {
+        constexpr int Q = decltype(q_count)::value;
+        for (int r = whole; r < rows; ++r)
+            int8_tile<Ops, 1, Q>(acc + (size_t)r * ldc, ldc, qx + (size_t)r * lda, lda, B, n);
+    };
+    for (int n = n0; n < n1 && whole < rows; n += Q1 * W) {
+        switch (std::min(Q1, (n1 - n + W - 1) / W)) {
+            case 1: run_one(std::integral_constant<int, 1>{}, n); break;
+            case 2: run_one(std::integral_constant<int, 2>{}, n); break;
+            case 3: run_one(std::integral_constant<int, 3>{}, n); break;
+            case 4: run_one(std::integral_constant<int, 4>{}, n); break;
+            case 5: if constexpr (Q1 >= 5) run_one(std::integral_constant<int, 5>{}, n); break;
+            case 6: if constexpr (Q1 >= 6) run_one(std::integral_constant<int, 6>{}, n); break;
+            case 7: if constexpr (Q1 >= 7) run_one(std::integral_constant<int, 7>{}, n); break;
+            default: run_one(std::integral_constant<int, Q1>{}, n); break;
         }
     }
 }
@@ -383,38 +402,40 @@ struct Int8Activations {
         coarse = 0;
         for (int r = 0; r < n; ++r) {
             if (!coarse_residual(e.data(), x + (size_t)r * ldx, q.data() + (size_t)r * Kp, s[r], kw, K)) continue;
-            if (qe.empty()) qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
+            if (qe.size() < (size_t)rows * Kp || acc2.size() < (size_t)rows * Np)  // sized for the largest use
+                qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
             quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K,
                                 1, K, Kp);
             which[coarse++] = r;
         }
     }
 
-    // acc (n rows, ldc apart) = q . B over the columns [0, n_cols); the coarse rows' residual products into acc2
-    void product(int32_t* acc, size_t ldc, int n, const Int8Packed& B, int n_cols) {
-        int8_product(acc, ldc, q.data(), (size_t)Kp, n, B, 0, n_cols);
-        if (coarse) int8_product(acc2.data(), (size_t)B.Np, qe.data(), (size_t)Kp, coarse, B, 0, n_cols);
+    // acc (n rows, ldc apart) = q . B over the columns [n0, n1) (n0 a multiple of 16); the coarse rows'
+    // residual products into acc2 (rows B.Np apart). Disjoint column ranges may run on several threads.
+    void product(int32_t* acc, size_t ldc, int n, const Int8Packed& B, int n0, int n1) {
+        int8_product(acc, ldc, q.data(), (size_t)Kp, n, B, n0, n1);
+        if (coarse) int8_product(acc2.data(), (size_t)B.Np, qe.data(), (size_t)Kp, coarse, B, n0, n1);
     }
 
-    // out[r, j] (n rows, ldo apart; j < n_cols) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be null),
+    // out[r, j] (n rows, ldo apart; n0 <= j < n1) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be null),
     // then += acc2[i, j] (se[i] sw[j]) for the coarse row r = which[i]
     // (plain loops, inlined so that they vectorize at the caller's level)
     ATTNX_ALWAYS_INLINE void dequantize(float* out, size_t ldo, const int32_t* acc, size_t ldc, int n, const float* sw,
-                                        const float* bias, int n_cols, size_t ld_acc2) const {
+                                        const float* bias, int n0, int n1, size_t ld_acc2) const {
         for (int r = 0; r < n; ++r) {
             float* o = out + (size_t)r * ldo;
             const int32_t* a = acc + (size_t)r * ldc;
             const float sr = s[r];
             if (bias)
-                for (int j = 0; j < n_cols; ++j) o[j] = (float)a[j] * (sr * sw[j]) + bias[j];
+                for (int j = n0; j < n1; ++j) o[j] = (float)a[j] * (sr * sw[j]) + bias[j];
             else
-                for (int j = 0; j < n_cols; ++j) o[j] = (float)a[j] * (sr * sw[j]);
+                for (int j = n0; j < n1; ++j) o[j] = (float)a[j] * (sr * sw[j]);
         }
         for (int i = 0; i < coarse; ++i) {
             float* o = out + (size_t)which[i] * ldo;
             const int32_t* a = acc2.data() + (size_t)i * ld_acc2;
             const float si = se[i];
-            for (int j = 0; j < n_cols; ++j) o[j] += (float)a[j] * (si * sw[j]);
+            for (int j = n0; j < n1; ++j) o[j] += (float)a[j] * (si * sw[j]);
         }
     }
 };
@@ -437,9 +458,9 @@ inline void dense_forward_int8(float* out, const float* x, int rows, const Int8K
             on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
                 xq.quantize_on<decltype(lanes)>(x + c0 * K, (size_t)K, n_rows, B.feature_weight.data());
             });
-            xq.product(acc.data(), (size_t)B.Np, n_rows, B, N);
+            xq.product(acc.data(), (size_t)B.Np, n_rows, B, 0, N);
             on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
-                xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, w.scale.data(), bias, N,
+                xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, w.scale.data(), bias, 0, N,
                               (size_t)B.Np);
             });
             activation_forward<float>(out + c0 * N, out + c0 * N, (size_t)n_rows, (size_t)N, activation);
@@ -487,8 +508,8 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
         const float* xg = xw + ((size_t)b0 * Tn + t) * G;  // x_t W + b_in of row b0, rows ldx apart
         // h_{t-1} U (+ b_rec)
         hq.quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows, PU.feature_weight.data());
-        hq.product(ah.data(), (size_t)PU.Np, rows, PU, nU);
-        hq.dequantize(hg.data(), (size_t)G, ah.data(), (size_t)PU.Np, rows, sU, b_rec, nU, (size_t)PU.Np);
+        hq.product(ah.data(), (size_t)PU.Np, rows, PU, 0, nU);
+        hq.dequantize(hg.data(), (size_t)G, ah.data(), (size_t)PU.Np, rows, sU, b_rec, 0, nU, (size_t)PU.Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
             float* hb = h + (size_t)b * H;
@@ -536,8 +557,8 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
         if (!classic) continue;
         // classic GRU: n = act(x_n + b_n + (r * h_{t-1}) U_n); h_t = z h_{t-1} + (1 - z) n
         rq.quantize_on<V>(rh.data(), (size_t)H, rows, PUn.feature_weight.data());
-        rq.product(an.data(), (size_t)PUn.Np, rows, PUn, H);
-        rq.dequantize(hg.data() + 2 * H, (size_t)G, an.data(), (size_t)PUn.Np, rows, sU + 2 * H, nullptr, H,
+        rq.product(an.data(), (size_t)PUn.Np, rows, PUn, 0, H);
+        rq.dequantize(hg.data() + 2 * H, (size_t)G, an.data(), (size_t)PUn.Np, rows, sU + 2 * H, nullptr, 0, H,
                       (size_t)PUn.Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;

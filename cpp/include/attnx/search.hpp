@@ -77,6 +77,11 @@ template <class L> double row_top_words(int32_t* best, const L* l, int V, int wi
     } else if (width <= 16) {  // a sorted list of the best so far: one compare per word
         int kept = 0;
         for (int v = 0; v < V; ++v) {
+            if (kept == width && v % 16 == 0 && v + 16 <= V) {  // 16 words none of which enters: one test
+                bool enters = false;
+                for (int u = v; u < v + 16; ++u) enters |= l[u] > l[best[kept - 1]];
+                if (!enters) { v += 15; continue; }
+            }
             if (kept == width && !(l[v] > l[best[kept - 1]])) continue;
             int j = kept < width ? kept++ : width - 1;
             for (; j > 0 && l[v] > l[best[j - 1]]; --j) best[j] = best[j - 1];

@@ -22,7 +22,6 @@ from .composite import _Composite, _dropout_keep, _where
 from .feed_forward import FeedForward
 from .multi_head_attention import _attention_mask, _combine_masks, head_sizes, MultiHeadAttention
 from .normalization import LayerNormalization
-from .scores import dot_product_scale
 
 
 def _decoder_masks(layer, target_shape, S, decoder_padding_mask, decoder_attention_mask, encoder_padding_mask,
@@ -160,19 +159,19 @@ class _TransformerLayerBase(_Composite):
         DecoderLayerWeights), from `residual_blocks()`: per block its norm's gamma and beta, then
         the attention's projections as (in, out) matrices with their biases (the cross-attention's
         query and output only: its keys and values are the cache's), or the feed-forward network's
-        two kernels and biases. An encoder layer leaves the cross-attention block's entries None."""
+        two kernels and biases; a quantized layer's kernels packed (`quantization.step_product`). An
+        encoder layer leaves the cross-attention block's entries None."""
         weights = [None] * 22
         for kind, norm, sublayer in self.residual_blocks():
             start, projections = self._STEP_SLOTS[kind]
             weights[start:start + 2] = [norm.params.get("gamma"), norm.params.get("beta")]
             if projections is None:
                 denses = (sublayer.intermediate_dense, sublayer.output_dense)
-                weights[start + 2:start + 6] = [w for d in denses for w in (d.params["kernel"], d.params.get("bias"))]
+                weights[start + 2:start + 6] = [w for d in denses for w in quantization.step_product(d)]
                 continue
-            for i, name in enumerate(projections):
-                bias = sublayer.params.get(f"{name}_bias")
-                weights[start + 2 + 2 * i:start + 4 + 2 * i] = [sublayer.matrix(name),
-                                                                None if bias is None else bias.reshape(-1)]
+            for i, name in enumerate(projections):  # int8: packed, self q, k, v in one product
+                weights[start + 2 + 2 * i:start + 4 + 2 * i] = quantization.step_product(
+                    sublayer, name, fused=kind == "self_attention")
         return weights
 
     def get_config(self):
@@ -612,7 +611,6 @@ def _start_cache(owner, blocks, memory, encoder_padding_mask, capacity, batch_si
         cross_values = np.stack([b.cross_attention.project("value", memory) for b in blocks])
     keys = np.empty((len(blocks), N, int(capacity), D), dtype)
     return DecoderCache(keys, np.empty_like(keys), cross_keys, cross_values, source_mask, 0,
-                        quantization.step_weights(blocks) if owner.quantization_mode else
                         [block.step_weights() for block in blocks])
 
 
@@ -625,11 +623,6 @@ def _cached_step(owner, blocks, x, cache, return_attention_scores):
         raise ValueError(f"{_where(owner, 'cache')} expected the DecoderCache of {len(blocks)} layer(s) and "
                          f"{len(x)} rows that start_cache or the last step returned")
     cache._grow(cache.length + 1)
-    if owner.quantization_mode:  # int8 layers: the step composed of their int8 projections
-        y, weights = quantization.cached_step(blocks, x, cache, dot_product_scale(first.head_dim),
-                                               bool(return_attention_scores))
-        cache.length += 1
-        return y, cache, weights
     y, weights = kernels.decoder_stack_step(
         x=x, self_keys=cache.keys, self_values=cache.values, cross_keys=cache.cross_keys,
         cross_values=cache.cross_values, source_mask=cache.source_mask, position=cache.length,
