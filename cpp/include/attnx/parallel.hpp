@@ -27,7 +27,8 @@ constexpr double kParallelMinWork = 1 << 17;
 constexpr double kPackedMinWork = 1 << 18, kParallelProductMinWork = 1 << 20;
 // One-row products (dense.hpp's dense_row_streamed: a decoding step at batch 1) split their columns
 // across threads from this many multiply-adds: the workers spin between a step's products, so a split
-// costs a hand-off, not a wake-up, and each thread streams its share of W (MEASURED_BELOW).
+// costs a hand-off, not a wake-up, and each thread streams its share of W. benchmarks/row_split.cpp
+// times the crossover (2^15 still awaits a run of it on a quiet host).
 constexpr double kParallelRowMinWork = 1 << 15;
 
 inline unsigned kernel_threads() { return (unsigned)std::max(1, get_blas_threads()); }
