@@ -1,6 +1,6 @@
 // One-row products (dense.hpp's dense_row_streamed, a decoding step at batch 1) on 1 and 2 threads, in
 // microseconds per product of wall time: where splitting a row's columns across the spinning workers
-// pays (parallel.hpp's kParallelRowMinWork). Each size cycles through enough distinct weight matrices
+// would pay. Each size cycles through enough distinct weight matrices
 // (>= 12 MiB, as a step's 11.4 MB) that W comes from L3 as in decoding, not from L2.
 //   g++ -std=c++17 -O2 -Wno-psabi -Icpp/include -o /tmp/row_split benchmarks/row_split.cpp -lopenblas -lpthread
 //   /tmp/row_split            (run under `env -u OPENBLAS_CORETYPE`, one interleaved run)
@@ -33,7 +33,6 @@ int main() {
     std::uniform_real_distribution<float> u(-1, 1);
     const int sizes[][2] = {{64, 64},   {128, 128}, {128, 256}, {256, 128}, {256, 256}, {256, 512},
                             {512, 256}, {512, 512}, {256, 1024}, {1024, 256}, {256, 6000}};
-    std::printf("kParallelRowMinWork = %.0f multiply-adds\n", kParallelRowMinWork);
     std::printf("%6s %6s %10s %10s %10s %7s\n", "C", "OC", "MACs", "1 thr us", "2 thr us", "ratio");
     for (auto& s : sizes) {
         const int C = s[0], OC = s[1];

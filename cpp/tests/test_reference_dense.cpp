@@ -1,8 +1,8 @@
 // dense.hpp against cpp/reference/dense.hpp: both forward paths (OpenBLAS below kPackedMinWork, the
 // register tiles with W packed above, split across threads from kParallelProductMinWork on), every
 // activation (relu fused into the tiles when y aliases z), with and without bias; the backward with
-// and without dx, on odd sizes that leave vector and tile tails. One row: W streamed, its columns split
-// across threads from kParallelRowMinWork on, the same bits on every thread count.
+// and without dx, on odd sizes that leave vector and tile tails. One row: W streamed, the same bits on
+// every thread count.
 #include <random>
 #include <string>
 #include <vector>
@@ -119,7 +119,7 @@ int main() {
         test_dense(301, 67, 53, act, false, false, seed++);  // packed tiles split across threads (1.07e6)
         test_dense(37, 83, 96, act, true, false, seed++);    // few rows: W read in place, one thread (2.9e5)
         test_dense(200, 71, 48, act, false, false, seed++);  // few rows of a small W, in place, split (6.8e5)
-        test_dense(1, 301, 1000, act, true, false, seed++);  // one row: W streamed, columns split (3.0e5)
+        test_dense(1, 301, 1000, act, true, false, seed++);  // one row: W streamed, blocks split (3.0e5)
     }
     test_dense(97, 61, 45, Activation::relu, true, true, seed++);  // relu fused into the tiles
     test_dense(301, 67, 53, Activation::relu, true, true, seed++);
@@ -127,8 +127,8 @@ int main() {
     test_dense(37, 83, 96, Activation::gelu, true, true, seed++);
     test_dense(1, 301, 1000, Activation::relu, false, true, seed++);
     test_dense(13, 11, 9, Activation::tanh, true, true, seed++);
-    // one row as the decoder step runs it (dense_rows_in_place): a step's 256 x 256 product, shares of 7
-    // and 5.5 lines, a last share of half a line, and products under kParallelRowMinWork (one thread)
+    // one row as the decoder step runs it (dense_rows_in_place): a step's 256 x 256 product, column
+    // blocks with tails, a product split across threads (67 x 1001) and small ones
     const std::pair<int, int> rows[] = {{256, 256}, {301, 200}, {1024, 40}, {67, 1001}, {37, 80}, {5, 3}};
     for (auto [C, OC] : rows) {
         test_row_streamed(C, OC, Activation::linear, true, seed++);

@@ -101,24 +101,19 @@ ATTNX_ALWAYS_INLINE void dense_row_columns(T* z, const T* x, const T* W, size_t 
 }
 
 // reference: cpp/reference/dense.hpp, dense_forward
-// z[o] = b[o] + sum_c x[c] W[c, o] for one row (a decoding step at batch 1): dense_row_columns over one
-// contiguous share of the columns per thread (each a whole number of 64-byte lines), split from
-// kParallelRowMinWork on. One row reads each weight once, so the product is the read of W: this reads
-// W's rows whole (100-125 GB/s on Zen 5) where the tiles read 3 vectors of each row, OC apart (1.2-2.5x
-// slower at one row; from two rows on the tiles' shared loads win). Each column sums its c in the same
-// order however the columns are split, so every thread count gives the same z bit for bit.
+// z[o] = b[o] + sum_c x[c] W[c, o] for one row (a greedy decoding step at batch 1): dense_row_columns
+// over blocks of 512 columns split across threads. One row reads each weight once, so the product is
+// the read of W: this reads W's rows whole (100-125 GB/s on Zen 5) where the tiles read 3 vectors of
+// each row, OC apart (1.2-2.5x slower at one row; from two rows on the tiles' shared loads win).
 template <class T> void dense_row_streamed(T* z, const T* x, const T* W, const T* b, int C, int OC) {
-    constexpr int line = 64 / sizeof(T);
-    const int lines = (OC + line - 1) / line;
-    const int threads = std::max(1, std::min((int)kernel_threads(), lines));
-    const int share = std::max(1, (lines + threads - 1) / threads) * line;  // columns per thread
-    const size_t shares = (size_t)((OC + share - 1) / share);
-    parallel_for(shares, double(C) * OC, [&](size_t lo, size_t hi) {
+    constexpr int block = 512;
+    const size_t blocks = (size_t)(OC + block - 1) / block;
+    parallel_for(blocks, double(C) * OC, [&](size_t lo, size_t hi) {
         on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
-            const int o0 = (int)lo * share, o1 = std::min(OC, (int)hi * share);
+            const int o0 = (int)lo * block, o1 = std::min(OC, (int)hi * block);
             dense_row_columns<T>(z + o0, x, W, (size_t)OC, b ? b + o0 : nullptr, C, o0, o1);
         });
-    }, kParallelRowMinWork);
+    });
 }
 
 // reference: cpp/reference/dense.hpp, dense_forward

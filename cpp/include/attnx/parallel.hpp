@@ -25,11 +25,6 @@ constexpr double kParallelMinWork = 1 << 17;
 // register tiles (OpenBLAS runs smaller ones on one thread, unpacked); from the second figure on
 // (4 us on one core) for a second thread, whose wake-up a smaller one does not repay.
 constexpr double kPackedMinWork = 1 << 18, kParallelProductMinWork = 1 << 20;
-// One-row products (dense.hpp's dense_row_streamed: a decoding step at batch 1) split their columns
-// across threads from this many multiply-adds: the workers spin between a step's products, so a split
-// costs a hand-off, not a wake-up, and each thread streams its share of W. benchmarks/row_split.cpp
-// times the crossover (2^15 still awaits a run of it on a quiet host).
-constexpr double kParallelRowMinWork = 1 << 15;
 
 inline unsigned kernel_threads() { return (unsigned)std::max(1, get_blas_threads()); }
 
@@ -164,10 +159,10 @@ class WorkerPool {
 };
 
 // Runs fn(begin, end) over contiguous chunks of [0, count), on several threads when `work`
-// (total multiply-adds) reaches `min_work`, where a split pays. fn must write disjoint outputs per index.
-template <class F> void parallel_for(size_t count, double work, F&& fn, double min_work = kParallelMinWork) {
+// (total multiply-adds) makes it pay. fn must write disjoint outputs per index.
+template <class F> void parallel_for(size_t count, double work, F&& fn) {
     const bool nested = serial_kernels();
-    const size_t threads = work < min_work || nested ? 1 : std::min<size_t>(count, kernel_threads());
+    const size_t threads = work < kParallelMinWork || nested ? 1 : std::min<size_t>(count, kernel_threads());
     if (threads <= 1) {
         fn(size_t(0), count);
         return;
