@@ -2,16 +2,20 @@
 
     pip install ctranslate2
     python benchmarks/bench_ctranslate2.py [--model PATH.attnx] [--sentences 512] [--threads 1 2]
+    python benchmarks/bench_ctranslate2.py --trees before=/tmp/old/python after=python   # interleaved
 
 Converts a pre-norm attnx `Transformer` (``norm_first=True``) with `attnx.export.to_ctranslate2`, checks that both give the same greedy translations, then
 times `translate_batch` on the Marathi test sentences for beam 1 and 4, batch 1 and 32, each
 thread count, interleaved (attnx, then CTranslate2, per setting); neither keeps the attention
 (CTranslate2's default, attnx's ``return_attention=False``). Without --model, a model of the
 size of examples/translate_mar_transformer.py with random weights (pre-norm) is used, the
-translations cut at --max-length tokens.
+translations cut at --max-length tokens. With --trees, each checkout of attnx runs the whole
+benchmark in its own process, one after the other (before / after a change, in one run).
 """
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -42,7 +46,15 @@ def main():
     parser.add_argument("--sentences", type=int, default=512)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--max-length", type=int, default=20)
+    parser.add_argument("--trees", nargs="+", default=None, help="name=PYTHONPATH of each attnx to time")
     args = parser.parse_args()
+    if args.trees:
+        options = [a for a in sys.argv[1:] if a != "--trees" and a not in args.trees]
+        for name, path in (t.split("=", 1) for t in args.trees):
+            print(f"--- {name} ({path})", flush=True)
+            subprocess.run([sys.executable, __file__, *options], env={**os.environ, "PYTHONPATH": os.path.abspath(path)},
+                           check=True)
+        return
     import ctranslate2
     model, sentences = model_and_sentences(args)
     pieces = [model.source_tokenizer.tokenize(s) for s in sentences]

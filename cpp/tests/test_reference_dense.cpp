@@ -1,7 +1,8 @@
 // dense.hpp against cpp/reference/dense.hpp: both forward paths (OpenBLAS below kPackedMinWork, the
 // register tiles with W packed above, split across threads from kParallelProductMinWork on), every
 // activation (relu fused into the tiles when y aliases z), with and without bias; the backward with
-// and without dx, on odd sizes that leave vector and tile tails.
+// and without dx, on odd sizes that leave vector and tile tails. One row: W streamed, the same bits on
+// every thread count.
 #include <random>
 #include <string>
 #include <vector>
@@ -64,6 +65,48 @@ void test_dense(int N, int C, int OC, Activation act, bool bias, bool alias, uns
     });
 }
 
+// one row through dense_rows_in_place (the decoder step's call), which streams W (dense_row_streamed)
+void test_row_streamed(int C, int OC, Activation act, bool bias, unsigned seed) {
+    std::mt19937 rng(seed);
+    const auto x = random_values(rng, C), W = random_values(rng, (size_t)C * OC, 0.3), b = random_values(rng, OC);
+    std::vector<double> y(OC), z(OC);
+    reference::dense_forward(y.data(), z.data(), x.data(), W.data(), bias ? b.data() : nullptr, 1, C, OC, act);
+    char where[96];
+    std::snprintf(where, sizeof where, "one row C=%d OC=%d %s%s", C, OC, name(act), bias ? " bias" : "");
+    check_every_level(where, {{"y", y}}, [&](auto tag) {
+        using T = decltype(tag);
+        const auto x_ = cast<T>(x), W_ = cast<T>(W), b_ = cast<T>(b);
+        std::vector<T> y_(y.size());
+        dense_rows_in_place<T>(y_.data(), x_.data(), W_.data(), bias ? b_.data() : nullptr, 1, C, OC, act);
+        return Named{{"y", to_double(y_)}};
+    });
+}
+
+// dense_row_streamed gives the same bits on 1 and 2 threads at every level: each column sums its c in
+// one order whichever thread takes it (the split only moves columns)
+void test_row_split_exact(int C, int OC, unsigned seed) {
+    std::mt19937 rng(seed);
+    const auto x = cast<float>(random_values(rng, C)), W = cast<float>(random_values(rng, (size_t)C * OC, 0.3));
+    const auto b = cast<float>(random_values(rng, OC));
+    const int threads = get_blas_threads();
+    for (int level = 0; level <= (int)cpu_simd_level(); ++level) {
+        simd_level_cap() = level;
+        std::vector<float> z[2];
+        for (int n : {1, 2}) {
+            set_blas_threads(n);
+            z[n - 1].assign(OC, -1.0f);
+            dense_row_streamed<float>(z[n - 1].data(), x.data(), W.data(), b.data(), C, OC);
+        }
+        if (z[0] != z[1]) {
+            std::printf("FAIL dense_row_streamed C=%d OC=%d %s: 2 threads differ from 1\n", C, OC,
+                        simd_level_name((SimdLevel)level));
+            ++failures();
+        }
+    }
+    simd_level_cap() = (int)SimdLevel::avx512;
+    set_blas_threads(threads);
+}
+
 }  // namespace
 
 int main() {
@@ -84,5 +127,13 @@ int main() {
     test_dense(37, 83, 96, Activation::gelu, true, true, seed++);
     test_dense(1, 301, 1000, Activation::relu, false, true, seed++);
     test_dense(13, 11, 9, Activation::tanh, true, true, seed++);
+    // one row as the decoder step runs it (dense_rows_in_place): a step's 256 x 256 product, column
+    // blocks with tails, a product split across threads (67 x 1001) and small ones
+    const std::pair<int, int> rows[] = {{256, 256}, {301, 200}, {1024, 40}, {67, 1001}, {37, 80}, {5, 3}};
+    for (auto [C, OC] : rows) {
+        test_row_streamed(C, OC, Activation::linear, true, seed++);
+        test_row_streamed(C, OC, Activation::relu, false, seed++);
+        test_row_split_exact(C, OC, seed++);
+    }
     return attnx::test::report("test_reference_dense");
 }

@@ -299,6 +299,9 @@ class Transformer(Model):
     """
 
     MAX_SOURCE_LENGTH = decoding.MAX_SOURCE_LENGTH
+    # translate_batch encodes at least this many sentences per encoder call, whatever the decoding
+    # batch: at batch 1 the encoder read all its weights (and ran its Python layers) once per sentence
+    ENCODE_BATCH = 32
     _warmup_from_fit = False  # compile(warmup_steps="auto") until the first fit sets the warm-up
 
     def __init__(self, source_vocab_size, target_vocab_size, model_dim=256, num_heads=4, intermediate_dim=1024,
@@ -764,25 +767,36 @@ class Transformer(Model):
                         return_attention=True):
         """Translates sentences (``<start>`` / ``<end>`` markers optional), `batch_size` at a time
         in order of length (CTranslate2's `translate_batch`: rows of one batch then have similar
-        lengths), greedily (width 1) or by beam search, each batch in one C++ call.
+        lengths), greedily (width 1) or by beam search, each batch in one C++ call. Sentences are
+        encoded `ENCODE_BATCH` (or `batch_size`) at a time whatever the batch.
 
         Returns one `Hypothesis` per sentence, in the input order, the best of its beam; its
         ``tokens`` are target ids (`target_text` detokenizes them), its attention None without
         `return_attention`."""
+        owner = "Transformer.translate_batch"
         self._require_tokenizers("translate_batch")
-        batch_size = _positive_int("Transformer.translate_batch", "batch_size", batch_size)
+        batch_size = _positive_int(owner, "batch_size", batch_size)
+        width = decoding.beam_width(owner, width, self.target_vocab_size)
+        alpha = decoding.length_penalty_alpha(owner, length_penalty)
+        L = self._decode_length(max_length)
         sentences = list(sentences)
         if not sentences:
             return []
-        source = self.encode_sources(sentences)
+        source = self._source(self.encode_sources(sentences))  # checked once for every batch
         lengths = (source != 0).sum(axis=1)
         order = np.argsort(lengths, kind="stable")
+        group = max(batch_size, self.ENCODE_BATCH)
         results = [None] * len(sentences)
-        for lo in range(0, len(order), batch_size):
-            rows = order[lo:lo + batch_size]
-            batch = source[rows][:, :lengths[rows].max()]
-            for row, hyps in zip(rows, self.beam_search(batch, width, length_penalty, max_length, return_attention)):
-                results[row] = hyps[0]
+        for lo in range(0, len(order), group):
+            rows = order[lo:lo + group]
+            state = self._start(source[rows][:, :lengths[rows].max()])
+            for first in range(0, len(rows), batch_size):
+                batch = rows[first:first + batch_size]
+                batch_state = state if len(batch) == len(rows) else \
+                    state.select(np.arange(first, first + len(batch)), sources=int(lengths[batch].max()))
+                for row, hyps in zip(batch, decoding.beam_search(self, batch_state, len(batch), self.start_id,
+                                                                  self.end_id, width, alpha, L, return_attention)):
+                    results[row] = hyps[0]
         return results
 
     def translate(self, sentence, width=1, length_penalty=0.0, max_length=None):

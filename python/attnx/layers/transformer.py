@@ -566,18 +566,20 @@ class DecoderCache:
         self.source_mask, self.length = source_mask, length
         self.layer_weights = layer_weights  # each layer's step_weights(): views of its weights, read once
 
-    def select(self, rows):
+    def select(self, rows, sources=None):
         """The cache of the given rows (an index or bool array), in that order; only the decoded
-        positions are copied."""
+        positions are copied. With `sources`, only the first `sources` memory positions are kept (the
+        rows' real ones, when the memory was padded for longer rows)."""
         keys = np.empty((self.keys.shape[0], len(np.arange(self.keys.shape[1])[rows])) + self.keys.shape[2:],
                         self.keys.dtype)
         values = np.empty_like(keys)
         keys[:, :, :self.length] = self.keys[:, rows, :self.length]
         values[:, :, :self.length] = self.values[:, rows, :self.length]
-        return DecoderCache(keys, values, np.ascontiguousarray(self.cross_keys[:, rows]),
-                            np.ascontiguousarray(self.cross_values[:, rows]),
-                            None if self.source_mask is None else self.source_mask[rows], self.length,
-                            self.layer_weights)
+        S = slice(sources)
+        return DecoderCache(keys, values, np.ascontiguousarray(self.cross_keys[:, rows, S]),
+                            np.ascontiguousarray(self.cross_values[:, rows, S]),
+                            None if self.source_mask is None else np.ascontiguousarray(self.source_mask[rows, S]),
+                            self.length, self.layer_weights)
 
     def _grow(self, positions):
         """Room for at least `positions` positions (capacity doubled, decoded rows kept)."""
