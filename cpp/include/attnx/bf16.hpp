@@ -180,12 +180,13 @@ inline Bf16Tiles bf16_tiles() {
     return {false, level == SimdLevel::avx2 ? 8 : 4, 2, 4};
 }
 
-// C[r, 0..cols) (+)= sum_kp pair products of left rows r < R (pairs a[r * ars + kp * aks]) with the
-// panel's pair rows (kp * k_stride + q * 16 + lane), kp < K2, on vdpbf16ps
+// C[r, 0..cols) = start[r * start_ld + 0..cols) + sum_kp pair products of left rows r < R (pairs
+// a[r * ars + kp * aks]) with the panel's pair rows (kp * k_stride + q * 16 + lane), kp < K2, on
+// vdpbf16ps. start: C itself (start_ld = ldc) to accumulate, a bias (start_ld = 0), or null for zeros.
 template <int Q, int R>
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"))) void bf16_tile_dot(
     float* C, size_t ldc, int cols, const uint32_t* a, size_t ars, size_t aks, const uint32_t* panel, size_t k_stride,
-    int K2, bool accumulate) {
+    int K2, const float* start, size_t start_ld) {
     __mmask16 mask[Q];
     for (int q = 0; q < Q; ++q) {
         const int m = std::clamp(cols - q * 16, 0, 16);
@@ -196,7 +197,7 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"))
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
         for (int q = 0; q < Q; ++q)
-            acc[r][q] = accumulate ? _mm512_maskz_loadu_ps(mask[q], C + (size_t)r * ldc + q * 16) : _mm512_setzero_ps();
+            acc[r][q] = start ? _mm512_maskz_loadu_ps(mask[q], start + (size_t)r * start_ld + q * 16) : _mm512_setzero_ps();
     for (int kp = 0; kp < K2; ++kp) {
         __m512bh b[Q];
 #pragma GCC unroll 4
@@ -217,7 +218,8 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma"))
 // The same tile on float lanes V: acc += odd * odd, then acc += even * even, per pair
 template <class V, int Q, int R>
 ATTNX_ALWAYS_INLINE void bf16_tile_lanes(float* C, size_t ldc, int cols, const uint32_t* a, size_t ars, size_t aks,
-                                         const uint32_t* panel, size_t k_stride, int K2, bool accumulate) {
+                                         const uint32_t* panel, size_t k_stride, int K2, const float* start,
+                                         size_t start_ld) {
     using U = typename Lanes<V>::U;
     constexpr int W = Lanes<V>::W;
     V acc[R][Q];
@@ -225,7 +227,7 @@ ATTNX_ALWAYS_INLINE void bf16_tile_lanes(float* C, size_t ldc, int cols, const u
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
         for (int q = 0; q < Q; ++q)
-            acc[r][q] = accumulate ? vload<V>(C + (size_t)r * ldc + q * W, std::clamp(cols - q * W, 0, W)) : V{};
+            acc[r][q] = start ? vload<V>(start + (size_t)r * start_ld + q * W, std::clamp(cols - q * W, 0, W)) : V{};
     for (int kp = 0; kp < K2; ++kp) {
         V even[Q], odd[Q];
 #pragma GCC unroll 4
@@ -259,13 +261,22 @@ ATTNX_ALWAYS_INLINE void bf16_tile_lanes(float* C, size_t ldc, int cols, const u
 // kBf16RowBlock x 1 KiB, both in L2 while the tiles pass over them)
 constexpr int kBf16PairBlock = 256, kBf16RowBlock = 120;
 
-// The tiled loop of bf16_gemm over rows [m0, m1): per block of K pairs, per block of rows, per panel,
-// tiles of R rows then of one; tile<rows>(C, cols, a, panel, K2, accumulate) multiplies one tile
+// A product's operands as bf16 pairs (layout above): the left's pair kp of row m at a[m * ars + kp * aks],
+// the right in panels of bf16_tiles().width() columns, K2 pair rows each
+struct Bf16Operands {
+    const uint32_t* a;
+    size_t ars, aks;
+    const uint32_t* panels;
+    int K2;
+};
+
+// The tiled loop of bf16_gemm_pairs over rows [m0, m1): per block of K pairs, per block of rows, per
+// panel, tiles of R rows then of one; tile<rows>(C, cols, a, panel, kc, start, start_ld) multiplies one
+// tile from its start (C to accumulate, else the bias or zeros: bf16_tile_dot)
 template <int R, class Tile>
-ATTNX_ALWAYS_INLINE void bf16_tiled_rows(float* C, size_t ldc, int m0, int m1, int N, int width, const uint32_t* a_pairs,
-                                         size_t ars, size_t aks, const uint32_t* panels, int K2, bool accumulate,
-                                         Tile&& tile) {
-    const int panel_count = (N + width - 1) / width;
+ATTNX_ALWAYS_INLINE void bf16_tiled_rows(float* C, size_t ldc, int m0, int m1, int N, int width,
+                                         const Bf16Operands& ops, bool accumulate, const float* bias, Tile&& tile) {
+    const int panel_count = (N + width - 1) / width, K2 = ops.K2;
     for (int kb = 0; kb < K2; kb += kBf16PairBlock) {
         const int kc = std::min(kBf16PairBlock, K2 - kb);
         const bool acc = accumulate || kb > 0;
@@ -273,72 +284,108 @@ ATTNX_ALWAYS_INLINE void bf16_tiled_rows(float* C, size_t ldc, int m0, int m1, i
             const int mb1 = std::min(m1, mb + kBf16RowBlock);
             for (int p = 0; p < panel_count; ++p) {
                 const int n0 = p * width, cols = std::min(width, N - n0);
-                const uint32_t* panel = panels + ((size_t)p * K2 + kb) * width;
+                const uint32_t* panel = ops.panels + ((size_t)p * K2 + kb) * width;
+                auto at = [&](auto rows, int m) __attribute__((always_inline)) {
+                    float* c = C + (size_t)m * ldc + n0;
+                    tile(rows, c, cols, ops.a + (size_t)m * ops.ars + (size_t)kb * ops.aks, panel, kc,
+                         acc ? c : bias ? bias + n0 : nullptr, acc ? ldc : 0);
+                };
                 int m = mb;
-                for (; m + R <= mb1; m += R)
-                    tile(std::integral_constant<int, R>{}, C + (size_t)m * ldc + n0, cols,
-                         a_pairs + (size_t)m * ars + (size_t)kb * aks, panel, kc, acc);
-                for (; m < mb1; ++m)
-                    tile(std::integral_constant<int, 1>{}, C + (size_t)m * ldc + n0, cols,
-                         a_pairs + (size_t)m * ars + (size_t)kb * aks, panel, kc, acc);
+                for (; m + R <= mb1; m += R) at(std::integral_constant<int, R>{}, m);
+                for (; m < mb1; ++m) at(std::integral_constant<int, 1>{}, m);
             }
         }
     }
 }
 
-// reference: cpp/reference/bf16.hpp, bf16_gemm
-// C[m, n] = sum_k bf16(op(A)[m, k]) bf16(op(B)[k, n])   (+ C[m, n] when accumulate), sums in float32
-// op(A) (M, K): A (M, K) with rows lda apart, or A^T of A (K, M) when trans_a; op(B) (K, N): B (K, N)
-// with rows ldb apart, or B^T of B (N, K) when trans_b; C's rows ldc apart. Both operands are packed
-// as bf16 pairs once per call (layout above); the rows of C are split across the thread budget.
-inline void bf16_gemm(float* C, size_t ldc, const float* A, size_t lda, bool trans_a, const float* B, size_t ldb,
-                      bool trans_b, int M, int N, int K, bool accumulate) {
+// C[m, n] = bias[n] + sum_kp pair products of the left's row m with the right's column n (+ C[m, n]
+// instead of the bias when accumulate; bias may be null), sums in float32, on operands paired by
+// pack_bf16_left / pack_bf16_right; the rows of C split across the thread budget
+inline void bf16_gemm_pairs(float* C, size_t ldc, const Bf16Operands& ops, int M, int N, bool accumulate,
+                            const float* bias = nullptr) {
     if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        if (!accumulate)
-            for (int m = 0; m < M; ++m) std::fill(C + (size_t)m * ldc, C + (size_t)m * ldc + N, 0.0f);
-        return;
-    }
     const Bf16Tiles tiles = bf16_tiles();
-    const int K2 = (K + 1) / 2, width = tiles.width(), panel_count = (N + width - 1) / width;
-    const double work = double(M) * N * K;
-    std::vector<uint32_t> a_pairs((size_t)M * K2);
-    const size_t ars = trans_a ? 1 : (size_t)K2, aks = trans_a ? (size_t)M : 1;
-    Panels<uint32_t> b_pairs((size_t)panel_count * K2 * width);  // zeros past N stay (trans_b packs rows only)
-    // packing: the left operand's rows (or columns) and the panels, split across the threads
-    const size_t parts = kernel_threads();
-    parallel_for(parts, work / 8, [&](size_t lo, size_t hi) {
-        const int r0 = (int)(M * lo / parts), r1 = (int)(M * hi / parts);
-        if (trans_a) pack_bf16_columns(a_pairs.data() + r0, (size_t)M, A + r0, lda, K, r1 - r0, r1 - r0);
-        else pack_bf16_rows(a_pairs.data() + (size_t)r0 * K2, (size_t)K2, A + (size_t)r0 * lda, lda, r1 - r0, K);
-        for (int p = (int)(panel_count * lo / parts); p < (int)(panel_count * hi / parts); ++p) {
-            const int n0 = p * width, cols = std::min(width, N - n0);
-            uint32_t* panel = b_pairs.data() + (size_t)p * K2 * width;
-            if (trans_b) pack_bf16_panel_t(panel, width, B + (size_t)n0 * ldb, ldb, cols, K);
-            else pack_bf16_columns(panel, (size_t)width, B + n0, ldb, K, cols, width);
-        }
-    });
-    // the product: rows in blocks of R, split across the threads
-    const int R = tiles.R, row_tiles = (M + R - 1) / R;
+    const int width = tiles.width(), R = tiles.R, row_tiles = (M + R - 1) / R;
+    const double work = 2.0 * M * N * ops.K2;
     parallel_for((size_t)row_tiles, work, [&](size_t lo, size_t hi) {
         const int m0 = (int)lo * R, m1 = std::min(M, (int)hi * R);
         if (tiles.native) {
-            bf16_tiled_rows<6>(C, ldc, m0, m1, N, width, a_pairs.data(), ars, aks, b_pairs.data(), K2, accumulate,
+            bf16_tiled_rows<6>(C, ldc, m0, m1, N, width, ops, accumulate, bias,
                                [&](auto rows, float* c, int cols, const uint32_t* a, const uint32_t* panel, int kc,
-                                   bool acc) { bf16_tile_dot<4, decltype(rows)::value>(c, ldc, cols, a, ars, aks, panel, (size_t)width, kc, acc); });
+                                   const float* start, size_t start_ld) {
+                                   bf16_tile_dot<4, decltype(rows)::value>(c, ldc, cols, a, ops.ars, ops.aks, panel,
+                                                                           (size_t)width, kc, start, start_ld);
+                               });
             return;
         }
         on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
             using V = decltype(lanes);
             constexpr int TR = Lanes<V>::W == 16 ? 6 : 4;
-            bf16_tiled_rows<TR>(C, ldc, m0, m1, N, width, a_pairs.data(), ars, aks, b_pairs.data(), K2, accumulate,
+            bf16_tiled_rows<TR>(C, ldc, m0, m1, N, width, ops, accumulate, bias,
                                 [&](auto rows, float* c, int cols, const uint32_t* a, const uint32_t* panel, int kc,
-                                    bool acc) __attribute__((always_inline)) {
-                                    bf16_tile_lanes<V, 2, decltype(rows)::value>(c, ldc, cols, a, ars, aks, panel, (size_t)width, kc,
-                                                                                   acc);
+                                    const float* start, size_t start_ld) __attribute__((always_inline)) {
+                                    bf16_tile_lanes<V, 2, decltype(rows)::value>(c, ldc, cols, a, ops.ars, ops.aks,
+                                                                                 panel, (size_t)width, kc, start,
+                                                                                 start_ld);
                                 });
         });
     });
+}
+
+// Rows [r0, r1) of op(A) (M, K) paired in bf16_gemm's left layout: row m's pairs at m * (K + 1) / 2,
+// or with trans_a (A (K, M) read along its rows) pair kp of every row at kp * M
+inline void pack_bf16_left(uint32_t* a_pairs, const float* A, size_t lda, bool trans_a, int M, int K, int r0, int r1) {
+    if (trans_a) pack_bf16_columns(a_pairs + r0, (size_t)M, A + r0, lda, K, r1 - r0, r1 - r0);
+    else pack_bf16_rows(a_pairs + (size_t)r0 * ((K + 1) / 2), (size_t)(K + 1) / 2, A + (size_t)r0 * lda, lda, r1 - r0, K);
+}
+
+// Panels [p0, p1) of op(B) (K, N) (B, or B^T of B (N, K) when trans_b) in panels of `width` columns,
+// zeros past N
+inline void pack_bf16_right(uint32_t* panels, int width, const float* B, size_t ldb, bool trans_b, int K, int N, int p0,
+                            int p1) {
+    const int K2 = (K + 1) / 2;
+    for (int p = p0; p < p1; ++p) {
+        const int n0 = p * width, cols = std::min(width, N - n0);
+        uint32_t* panel = panels + (size_t)p * K2 * width;
+        if (!trans_b) {
+            pack_bf16_columns(panel, (size_t)width, B + n0, ldb, K, cols, width);
+            continue;
+        }
+        pack_bf16_panel_t(panel, width, B + (size_t)n0 * ldb, ldb, cols, K);
+        if (cols < width)
+            for (int kp = 0; kp < K2; ++kp) std::fill(panel + (size_t)kp * width + cols, panel + (size_t)(kp + 1) * width, 0u);
+    }
+}
+
+// reference: cpp/reference/bf16.hpp, bf16_gemm
+// C[m, n] = sum_k bf16(op(A)[m, k]) bf16(op(B)[k, n])   (+ C[m, n] when accumulate, else + bias[n] when
+// given), sums in float32. op(A) (M, K): A (M, K) with rows lda apart, or A^T of A (K, M) when trans_a;
+// op(B) (K, N): B (K, N) with rows ldb apart, or B^T of B (N, K) when trans_b; C's rows ldc apart. Both
+// operands are paired once per call (layout above) in this thread's buffers, then bf16_gemm_pairs.
+inline void bf16_gemm(float* C, size_t ldc, const float* A, size_t lda, bool trans_a, const float* B, size_t ldb,
+                      bool trans_b, int M, int N, int K, bool accumulate, const float* bias = nullptr) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        for (int m = 0; !accumulate && m < M; ++m)
+            for (int n = 0; n < N; ++n) C[(size_t)m * ldc + n] = bias ? bias[n] : 0.0f;
+        return;
+    }
+    const int K2 = (K + 1) / 2, width = bf16_tiles().width(), panel_count = (N + width - 1) / width;
+    // kept between calls: a fresh buffer of megabytes is as many page faults (the packers write every pair)
+    // (the workers reach this thread's buffers through these pointers: a thread_local named in the
+    // lambda would be the worker's own)
+    thread_local Panels<uint32_t> a_buffer, b_buffer;
+    a_buffer.resize((size_t)M * K2);
+    b_buffer.resize((size_t)panel_count * K2 * width);
+    uint32_t *a_pairs = a_buffer.data(), *b_pairs = b_buffer.data();
+    const size_t parts = kernel_threads();
+    parallel_for(parts, double(M) * N * K / 8, [&](size_t lo, size_t hi) {
+        pack_bf16_left(a_pairs, A, lda, trans_a, M, K, (int)(M * lo / parts), (int)(M * hi / parts));
+        pack_bf16_right(b_pairs, width, B, ldb, trans_b, K, N, (int)(panel_count * lo / parts),
+                        (int)(panel_count * hi / parts));
+    });
+    const size_t ars = trans_a ? 1 : (size_t)K2, aks = trans_a ? (size_t)M : 1;
+    bf16_gemm_pairs(C, ldc, {a_pairs, ars, aks, b_pairs, K2}, M, N, accumulate, bias);
 }
 
 // ----------------------------------------------------------------------------- step products
@@ -360,38 +407,52 @@ inline void pair_panels(Panels<uint32_t>& pairs, const float* packed, int K, int
     }
 }
 
+// f(integral_constant<int, rows>) for rows in [1, R]
+template <int R, class F> ATTNX_ALWAYS_INLINE void with_tile_rows(int rows, F&& f) {
+    if constexpr (R > 1)
+        if (rows < R) return with_tile_rows<R - 1>(rows, f);
+    f(std::integral_constant<int, R>{});
+}
+
 // For every block c < blocks (pair rows at panel0 + c * block_stride, k_stride apart, Q vectors of V
 // each) and every row b of [b0, b1) (K2 pairs at a + (b - b0) * lda):
 //   pre.q[q] = sum_kp pair products of row b with the block's vector q;  then cell(b, pre, c)
-// vdpbf16ps tiles of 6 rows where `native` (bf16_tiles; V is then 16 floats), else bf16_tile_lanes
-// (4 rows on AVX-512, 2 on narrower lanes, where the even and odd halves take twice the registers)
+// vdpbf16ps tiles of up to 6 rows where `native` (bf16_tiles; V is then 16 floats), else bf16_tile_lanes
+// (up to 4 rows on AVX-512, 2 on narrower lanes, where the even and odd halves take twice the
+// registers). The rows go in the fewest tiles of near-equal size: 32 rows as 6 6 5 5 5 5, not five of
+// 6 and two of one, whose Q chains each wait on the instruction's latency (a 6-row tile's Q R do not).
 template <class V, int Q, class Cell>
 ATTNX_ALWAYS_INLINE void bf16_step_product(bool native, int b0, int b1, const uint32_t* a, size_t lda, int K2,
                                            const uint32_t* panel0, size_t k_stride, size_t block_stride, int blocks,
                                            Cell&& cell) {
-    constexpr int W = Lanes<V>::W, width = Q * W;
+    constexpr int W = Lanes<V>::W, width = Q * W, lane_rows = W == 16 ? 4 : 2;
     alignas(64) float sums[6 * width];
     auto tile = [&](auto rows, int b, const uint32_t* panel, int c) __attribute__((always_inline)) {
         constexpr int R = decltype(rows)::value;
         const uint32_t* left = a + (size_t)(b - b0) * lda;
         bool done = false;
         if constexpr (W == 16)
-            if (native) bf16_tile_dot<Q, R>(sums, width, width, left, lda, 1, panel, k_stride, K2, false), done = true;
-        if (!done) bf16_tile_lanes<V, Q, R>(sums, width, width, left, lda, 1, panel, k_stride, K2, false);
+            if (native) bf16_tile_dot<Q, R>(sums, width, width, left, lda, 1, panel, k_stride, K2, nullptr, 0), done = true;
+        if constexpr (R <= lane_rows)
+            if (!done) bf16_tile_lanes<V, Q, R>(sums, width, width, left, lda, 1, panel, k_stride, K2, nullptr, 0);
         for (int r = 0; r < R; ++r) {
             TileRow<V, Q> pre;
             for (int q = 0; q < Q; ++q) pre.q[q] = vload<V>(sums + r * width + q * W, W);
             cell(b + r, pre, c);
         }
     };
-    constexpr int lane_rows = W == 16 ? 4 : 2;
+    const int n = b1 - b0, most = W == 16 && native ? 6 : lane_rows, tiles = (n + most - 1) / most;
     for (int c = 0; c < blocks; ++c) {
         const uint32_t* panel = panel0 + (size_t)c * block_stride;
-        int b = b0;
-        if (native)
-            for (; b + 6 <= b1; b += 6) tile(std::integral_constant<int, 6>{}, b, panel, c);
-        for (; b + lane_rows <= b1; b += lane_rows) tile(std::integral_constant<int, lane_rows>{}, b, panel, c);
-        for (; b < b1; ++b) tile(std::integral_constant<int, 1>{}, b, panel, c);
+        for (int i = 0, b = b0; i < tiles; ++i) {
+            const int rows = n / tiles + (i < n % tiles);
+            auto run = [&](auto r) __attribute__((always_inline)) { tile(r, b, panel, c); };
+            bool done = false;
+            if constexpr (W == 16)
+                if (native) with_tile_rows<6>(rows, run), done = true;
+            if (!done) with_tile_rows<lane_rows>(rows, run);
+            b += rows;
+        }
     }
 }
 
@@ -419,14 +480,26 @@ ATTNX_ALWAYS_INLINE void bf16_panels_product(bool native, int b0, int b1, const 
     }
 }
 
-// The left rows of a step product: rows (b1 - b0 of them, lda apart) of K values as bf16 pairs in this
-// thread's buffer, (K + 1) / 2 per row
-inline const uint32_t* bf16_step_left(const float* rows, size_t lda, int count, int K) {
+// The left rows of a step product: count rows of left.K values (lda apart) followed by left.C of
+// left.x (the fused input, ldx apart; C = 0 without) as bf16 pairs of the K + C values in this
+// thread's buffer, (K + C + 1) / 2 per row (an odd K pairs its last value with x's first)
+inline const uint32_t* bf16_step_left(const LeftRows<float>& left, int count) {
     thread_local std::vector<uint32_t> pairs;
-    const int K2 = (K + 1) / 2;
+    const int K = left.K, C = left.C, K2 = (K + C + 1) / 2;
     pairs.resize((size_t)count * K2);
-    pack_bf16_rows(pairs.data(), (size_t)K2, rows, lda, count, K);
+    pack_bf16_rows(pairs.data(), (size_t)K2, left.a, left.lda, count, K - K % 2);
+    if (C == 0) {
+        if (K % 2) pack_bf16_rows(pairs.data() + K / 2, (size_t)K2, left.a + K - 1, left.lda, count, 1);
+        return pairs.data();
+    }
+    for (int r = 0; K % 2 && r < count; ++r)
+        pairs[(size_t)r * K2 + K / 2] = bf16_bits(left.a[(size_t)r * left.lda + K - 1]) | bf16_bits(left.x[(size_t)r * left.ldx]) << 16;
+    const int skip = K % 2;  // x's values already paired
+    pack_bf16_rows(pairs.data() + (K + 1) / 2, (size_t)K2, left.x + skip, left.ldx, count, C - skip);
     return pairs.data();
+}
+inline const uint32_t* bf16_step_left(const float* rows, size_t lda, int count, int K) {
+    return bf16_step_left(LeftRows<float>{rows, lda, K, nullptr, 0, 0}, count);
 }
 
 // ----------------------------------------------------------------------------- Dense
@@ -435,12 +508,7 @@ inline const uint32_t* bf16_step_left(const float* rows, size_t lda, int count, 
 // (except for gelu, whose backward needs z)
 inline void bf16_dense_forward(float* y, float* z, const float* x, const float* W, const float* b, int N, int C, int OC,
                                Activation act) {
-    bf16_gemm(z, (size_t)OC, x, (size_t)C, false, W, (size_t)OC, false, N, OC, C, false);
-    if (b)
-        on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
-            for (int n = 0; n < N; ++n)
-                for (int o = 0; o < OC; ++o) z[(size_t)n * OC + o] += b[o];
-        });
+    bf16_gemm(z, (size_t)OC, x, (size_t)C, false, W, (size_t)OC, false, N, OC, C, false, b);
     activation_forward<float>(y, z, (size_t)N, (size_t)OC, act);
 }
 

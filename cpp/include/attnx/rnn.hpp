@@ -171,8 +171,7 @@ template <class T> inline bool one_row_step(const RecurrentKernel<T>& kernel, in
     return kernel.rows && b1 - b0 == 1 && C == 0;
 }
 
-// recurrent_product on the kernel's float32 or bf16 panels; under bf16 the left is the state alone (the
-// input projection is not fused)
+// recurrent_product on the kernel's float32 or bf16 panels (the left [h_rec, x_t] paired per step)
 template <class V, int Q, class T, class Cell>
 ATTNX_ALWAYS_INLINE void step_product(const RecurrentKernel<T>& kernel, int b0, int b1, const LeftRows<T>& left, int H,
                                       int units, int Qt, int q0, Cell&& cell) {
@@ -194,8 +193,8 @@ ATTNX_ALWAYS_INLINE void step_product(const RecurrentKernel<T>& kernel, int b0, 
     if constexpr (std::is_same_v<T, float>)
         if (kernel.pairs) {
             constexpr int W = Lanes<V>::W;
-            const int K2 = (H + 1) / 2;
-            bf16_step_product<V, Q>(kernel.native, b0, b1, bf16_step_left(left.a, left.lda, b1 - b0, H), (size_t)K2,
+            const int K2 = (H + left.C + 1) / 2;  // [h_rec, x_t] when the input projection is fused
+            bf16_step_product<V, Q>(kernel.native, b0, b1, bf16_step_left(left, b1 - b0), (size_t)K2,
                                     K2, kernel.pairs + (size_t)q0 * W, (size_t)Qt * W, (size_t)K2 * Qt * W,
                                     (units + W - 1) / W,
                                     [&](int b, TileRow<V, Q> pre, int c) __attribute__((always_inline)) {
@@ -213,8 +212,8 @@ ATTNX_ALWAYS_INLINE void tail_step_product(const RecurrentKernel<T>& kernel, int
     constexpr int W = Lanes<V>::W;
     if constexpr (std::is_same_v<T, float>)
         if (kernel.pairs) {
-            const int K2 = (H + 1) / 2;
-            bf16_step_product<V, 1>(kernel.native, b0, b1, bf16_step_left(left.a, left.lda, b1 - b0, H), (size_t)K2,
+            const int K2 = (H + left.C + 1) / 2;
+            bf16_step_product<V, 1>(kernel.native, b0, b1, bf16_step_left(left, b1 - b0), (size_t)K2,
                                     K2, kernel.pairs + (size_t)blocks * K2 * 4 * W, W, 0, 1, cell);
             return;
         }
@@ -562,8 +561,7 @@ ATTNX_ALWAYS_INLINE void recurrent_product_t(int b0, int b1, const T* dA, size_t
                          });
 }
 
-// recurrent_product_t on the kernel's float32 or bf16 panels (the bf16 ones hold U^T alone: dx is not
-// in the steps there)
+// recurrent_product_t on the kernel's float32 or bf16 panels
 template <class V, class T, class Out>
 ATTNX_ALWAYS_INLINE void step_product_t(const RecurrentKernel<T>& kernel, int b0, int b1, const T* dA, size_t lda,
                                         int n0, int K, int N, int G, Out&& out) {
@@ -680,7 +678,7 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
             // [d h_rec, dx_t] = d(h_rec U + x_t W) . [U; W]^T (du0 is dgates here), W^T from column
             // Hp of packed_t
             const int Hp = padded_units(H, W);
-            recurrent_product_t<V>(b0, b1, du0, TG, 0, G, packed_t.packed, Hp + C, G,
+            step_product_t<V>(packed_t, b0, b1, du0, TG, 0, G, Hp + C, G,
                                    [&](int b, int k0, V v, int n) __attribute__((always_inline)) {
                                        if (k0 < Hp) add_to_dh(b, k0, v, std::min(n, H - k0));
                                        else vstore(grads.dx + ((size_t)b * Tn + t) * C + (k0 - Hp), v, n);

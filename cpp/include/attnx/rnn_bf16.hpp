@@ -1,18 +1,20 @@
 // Recurrent layers under `mixed_bfloat16` (SimpleRNN, GRU, LSTM; every option of rnn.hpp): every
 // product in bfloat16 with float32 sums (bf16.hpp); the gates, their nonlinearities, the cell state and
-// the bias gradients in float32.
+// the bias gradients in float32. The time loops are rnn.hpp's on [U; W] panels paired along k:
 //
-//   forward:  gates_in = bf16(x) . bf16(W) + b_in         one bf16 product over the B*T rows
-//             steps: pre_t = gates_in_t + bf16(h_rec) . bf16(U), gate math as rnn.hpp (the decoders'
-//             mode, the input projection read from cache.gates), U paired once per call
-//   backward: the reverse-time steps as rnn.hpp with d h_rec = bf16(dhu_t) . bf16(U)^T, giving dgates
-//             (and GRU's dhu), dh0, dc0, the biases' gradients; then
-//             dx = bf16(dgates) . bf16(W)^T, dW += bf16(x)^T . bf16(dgates), dU += bf16(h_rec)^T . bf16(dhu)
+//   forward:  steps: pre_t = b_in + [bf16(h_rec), bf16(x_t)] . [bf16(U); bf16(W)], the input projection
+//             in each step's product as in float32 (GRU reset_after, whose candidate keeps x_n W_n
+//             apart: gates_in = bf16(x) . bf16(W) + b_in first, one product over the B*T rows)
+//   backward: the reverse-time steps as rnn.hpp with [d h_rec, dx_t] = bf16(dgates_t) . [bf16(U); bf16(W)]^T
+//             (LSTM, SimpleRNN; GRU: d h_rec = bf16(dhu_t) . bf16(U)^T, dx = bf16(dgates) . bf16(W)^T
+//             after), giving dgates (and GRU's dhu), dh0, dc0, the biases' gradients; then
+//             dW += bf16(x)^T . bf16(dgates), dU += bf16(h_rec)^T . bf16(dhu)
 //             (LSTM, SimpleRNN: [dW; dU] in one product; GRU classic: dU_rz from h_rec, dU_n from r * h_rec)
 //
 // The per-step products are 45% of an LSTM(256)'s training FLOPs at B 64, T 128: in float32 they held
 // the bf16 step to 1.03x the float32 one. Paired, U is half the bytes (512 KiB at H 256 for the LSTM's
-// four gates, inside a Zen 5 core's 1 MiB L2).
+// four gates, inside a Zen 5 core's 1 MiB L2). With the projections in the steps, the (B, T, 4H) input
+// projection makes no round trip through memory, and dgates is paired once (for [dW; dU]), not twice.
 #pragma once
 #include <mutex>
 #include <type_traits>
@@ -23,29 +25,35 @@
 
 namespace attnx {
 
-// U (H, G) packed by pack_recurrent_kernel_rows (float32, `packed`) and paired along H (bf16 pairs): the
-// blocks of Q vectors and LSTM's tail block (lstm_tail_units) each with their rows paired
+// Whether the steps multiply x_t W too (rnn.hpp's rnn_forward fuses the same cells)
+inline bool bf16_fused_projection(const RNNConfig& cfg) { return !(cfg.cell == RNNCell::gru && cfg.reset_after); }
+
+// [U; W] (H + C, G; W null: U alone) packed by pack_recurrent_kernel (float32, `packed`) and paired along
+// H + C (bf16 pairs): the blocks of Q vectors and LSTM's tail block (lstm_tail_units) each with their
+// rows paired
 inline RecurrentKernel<float> pair_recurrent_kernel(Panels<uint32_t>& pairs, Panels<float>& packed,
-                                                    const RNNConfig& cfg, const float* U) {
-    pack_recurrent_kernel_rows<float>(packed, cfg, U);
-    const int W = tile_lanes<float>(), H = cfg.H, Q = cfg.gates(), K2 = (H + 1) / 2;
-    const int tail = cfg.cell == RNNCell::lstm ? lstm_tail_units(Q, H, W) : 0, blocks = (H - tail + W - 1) / W;
-    pairs.resize(((size_t)blocks * Q + (tail ? 1 : 0)) * K2 * W);
+                                                    const RNNConfig& cfg, const float* U, const float* W) {
+    const int lanes = tile_lanes<float>(), H = cfg.H, C = W ? cfg.C : 0, K = H + C, Q = cfg.gates(), K2 = (K + 1) / 2;
+    pack_recurrent_kernel(packed, U, W, H, C, Q, lanes);
+    const int tail = cfg.cell == RNNCell::lstm ? lstm_tail_units(Q, H, lanes) : 0, blocks = (H - tail + lanes - 1) / lanes;
+    const int width = Q * lanes;
+    pairs.resize(((size_t)blocks * Q + (tail ? 1 : 0)) * K2 * lanes);
     for (int c = 0; c < blocks; ++c)
-        pack_bf16_columns(pairs.data() + (size_t)c * K2 * Q * W, (size_t)Q * W, packed.data() + (size_t)c * H * Q * W,
-                          (size_t)Q * W, H, Q * W, Q * W);
+        pack_bf16_columns(pairs.data() + (size_t)c * K2 * width, (size_t)width, packed.data() + (size_t)c * K * width,
+                          (size_t)width, K, width, width);
     if (tail)
-        pack_bf16_columns(pairs.data() + (size_t)blocks * K2 * Q * W, (size_t)W, packed.data() + (size_t)blocks * H * Q * W,
-                          (size_t)W, H, W, W);
+        pack_bf16_columns(pairs.data() + (size_t)blocks * K2 * width, (size_t)lanes,
+                          packed.data() + (size_t)blocks * K * width, (size_t)lanes, K, lanes, lanes);
     return {packed.data(), pairs.data(), bf16_tiles().native};
 }
 
-// U^T (G, H) packed by pack_recurrent_kernel_rows_t and paired along G (pair_panels)
+// U^T (G, H), or with W [U^T | 0 | W^T] (G, Hp + C), packed by pack_recurrent_kernel_rows_t and paired
+// along G (pair_panels)
 inline RecurrentKernel<float> pair_recurrent_kernel_t(Panels<uint32_t>& pairs, Panels<float>& packed,
-                                                      const RNNConfig& cfg, const float* U) {
-    pack_recurrent_kernel_rows_t<float>(packed, cfg, U);
-    const int W = tile_lanes<float>();
-    pair_panels(pairs, packed.data(), cfg.G(), cfg.H, 3 * W, W);
+                                                      const RNNConfig& cfg, const float* U, const float* W) {
+    pack_recurrent_kernel_rows_t<float>(packed, cfg, U, W);
+    const int lanes = tile_lanes<float>();
+    pair_panels(pairs, packed.data(), cfg.G(), W ? padded_units(cfg.H, lanes) + cfg.C : cfg.H, 3 * lanes, lanes);
     return {packed.data(), pairs.data(), bf16_tiles().native};
 }
 
@@ -55,19 +63,15 @@ inline void rnn_forward_bf16(const RNNConfig& cfg, float* y, float* h, float* c,
                              const float* x, const float* W, const float* U, const float* b_in, const float* b_rec,
                              const uint8_t* mask, const float* rec_mask, float* hu) {
     const int G = cfg.G(), rows = cfg.B * cfg.T;
-    bf16_gemm(cache.gates, (size_t)G, x, (size_t)cfg.C, false, W, (size_t)G, false, rows, G, cfg.C, false);
-    if (b_in)
-        on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
-            for (int r = 0; r < rows; ++r)
-                for (int g = 0; g < G; ++g) cache.gates[(size_t)r * G + g] += b_in[g];
-        });
+    const bool fuse = bf16_fused_projection(cfg);
+    if (!fuse) bf16_gemm(cache.gates, (size_t)G, x, (size_t)cfg.C, false, W, (size_t)G, false, rows, G, cfg.C, false, b_in);
     thread_local Panels<float> packed;
     thread_local Panels<uint32_t> pairs;
     // this thread's buffers, read by every thread of the batch split
-    const RecurrentKernel<float> kernel = pair_recurrent_kernel(pairs, packed, cfg, U);
+    const RecurrentKernel<float> kernel = pair_recurrent_kernel(pairs, packed, cfg, U, fuse ? W : nullptr);
     for_batch_rows(cfg, [&](int b0, int b1) {
-        rnn_packed_rows<float>(cfg, b0, b1, y, h, c, cache, nullptr, nullptr, kernel, b_rec, mask, rec_mask, hu,
-                               (size_t)G);
+        rnn_packed_rows<float>(cfg, b0, b1, y, h, c, cache, fuse ? x : nullptr, fuse ? b_in : nullptr, kernel, b_rec,
+                               mask, rec_mask, hu, (size_t)G);
     });
 }
 
@@ -82,12 +86,15 @@ inline void rnn_backward_bf16(const RNNConfig& cfg, float* dx, float* dW, float*
     const int H = cfg.H, G = cfg.G(), C = cfg.C, rows = cfg.B * cfg.T;
     thread_local Panels<float> packed;
     thread_local Panels<uint32_t> pairs;
-    const RecurrentKernel<float> packed_t = pair_recurrent_kernel_t(pairs, packed, cfg, U);
+    // LSTM and SimpleRNN take dx from the reverse-time tiles (StepGradients), GRU from one product after
+    const bool dx_in_steps = dx && cfg.cell != RNNCell::gru;
+    const RecurrentKernel<float> packed_t = pair_recurrent_kernel_t(pairs, packed, cfg, U, dx_in_steps ? W : nullptr);
     const bool rec_bias = db_rec && !(cfg.cell == RNNCell::gru && !cfg.reset_after);  // GRU classic has none
     std::mutex sum_lock;
     for_batch_rows(cfg, [&](int b0, int b1) {
         std::vector<float> sums(2 * (size_t)G, 0.0f);  // this thread's rows' db_in, db_rec
-        const StepGradients<float> grads{nullptr, db_in ? sums.data() : nullptr, rec_bias ? sums.data() + G : nullptr};
+        const StepGradients<float> grads{dx_in_steps ? dx : nullptr, db_in ? sums.data() : nullptr,
+                                         rec_bias ? sums.data() + G : nullptr};
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
             rnn_backward_packed_rows<float>(cfg, TanhSigmoidSlopes<float>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy,
                                             cache, packed_t, mask, rec_mask, grads);
@@ -100,24 +107,35 @@ inline void rnn_backward_bf16(const RNNConfig& cfg, float* dx, float* dW, float*
             if (rec_bias) db_rec[g] += sums[(size_t)G + g];
         }
     });
-    // dx = dgates . W^T
-    if (dx) bf16_gemm(dx, (size_t)C, dgates, (size_t)G, false, W, (size_t)G, true, rows, C, G, false);
     const float* h_rec = cache.recurrent_input();
     if (cfg.cell != RNNCell::gru) {
         // LSTM, SimpleRNN (dhu is dgates): [dW; dU] += [x | h_rec]^T . dgates, one product, as rnn.hpp's
-        // float32 backward: two would pair dgates (B T x G, the largest operand) twice
-        const int CH = C + H;
-        std::vector<float> inputs((size_t)rows * CH), sums((size_t)CH * G);
-        for (int r = 0; r < rows; ++r) {
-            std::copy_n(x + (size_t)r * C, C, inputs.data() + (size_t)r * CH);
-            std::copy_n(h_rec + (size_t)r * H, H, inputs.data() + (size_t)r * CH + C);
-        }
-        bf16_gemm(sums.data(), (size_t)G, inputs.data(), (size_t)CH, true, dgates, (size_t)G, false, CH, G, rows, false);
+        // float32 backward: two would pair dgates (B T x G, the largest operand) twice. The left is
+        // paired from x and h_rec where they are (k-major: C + H pairs per pair of rows), not copied
+        // side by side first.
+        const int CH = C + H, K2 = (rows + 1) / 2, width = bf16_tiles().width(), panel_count = (G + width - 1) / width;
+        thread_local Panels<uint32_t> left_buffer, right_buffer;
+        thread_local std::vector<float> sums_buffer;
+        left_buffer.resize((size_t)K2 * CH), right_buffer.resize((size_t)panel_count * K2 * width);
+        sums_buffer.resize((size_t)CH * G);
+        // (pointers for the workers: a thread_local named in the lambda would be the worker's own)
+        uint32_t *left = left_buffer.data(), *right = right_buffer.data();
+        float* sums = sums_buffer.data();
+        const size_t parts = kernel_threads();
+        parallel_for(parts, (double)rows * CH * G / 8, [&](size_t lo, size_t hi) {
+            const int kp0 = (int)(K2 * lo / parts), k0 = 2 * kp0, k1 = std::min(rows, 2 * (int)(K2 * hi / parts));
+            pack_bf16_columns(left + (size_t)kp0 * CH, (size_t)CH, x + (size_t)k0 * C, (size_t)C, k1 - k0, C, C);
+            pack_bf16_columns(left + (size_t)kp0 * CH + C, (size_t)CH, h_rec + (size_t)k0 * H, (size_t)H, k1 - k0, H, H);
+            pack_bf16_right(right, width, dgates, (size_t)G, false, rows, G, (int)(panel_count * lo / parts),
+                            (int)(panel_count * hi / parts));
+        });
+        bf16_gemm_pairs(sums, (size_t)G, {left, 1, (size_t)CH, right, K2}, CH, G, false);
         for (size_t i = 0; i < (size_t)C * G; ++i) dW[i] += sums[i];
         for (size_t i = 0; i < (size_t)H * G; ++i) dU[i] += sums[(size_t)C * G + i];
         return;
     }
-    // dW += x^T . dgates
+    // dx = dgates . W^T;  dW += x^T . dgates
+    if (dx) bf16_gemm(dx, (size_t)C, dgates, (size_t)G, false, W, (size_t)G, true, rows, C, G, false);
     bf16_gemm(dW, (size_t)G, x, (size_t)C, true, dgates, (size_t)G, false, C, G, rows, true);
     if (cfg.cell == RNNCell::gru && !cfg.reset_after) {
         // dU_rz += h_rec^T . d[r, z];  dU_n += (r h_rec)^T . dn
