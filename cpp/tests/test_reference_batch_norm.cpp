@@ -1,6 +1,7 @@
 // batch_norm.hpp against cpp/reference/batch_norm.hpp: batch and moving statistics, channels last and
-// a feature axis with axes after it, with and without a mask (one flag per row, per run, per element),
-// gamma / beta or neither, dx or the parameter gradients only, an empty batch; sizes that split across two
+// a feature axis with axes after it (runs shorter and longer than the lanes and the float blocks), with
+// and without a mask (one flag per row, per run, per element), gamma / beta or neither, dx or the
+// parameter gradients only, an empty batch; sizes past the threshold that splits each pass across two
 // threads.
 // The reference's own dx is checked against central differences of sum(y dy).
 #include <cstdint>
@@ -128,10 +129,17 @@ int main() {
             test_batch_norm({4, 5, 1, 1, batch, affine, true}, seed++);    // (B, T, 1) on axis 1: a flag per element
         }
     test_batch_norm({9, 4, 3, 12, true, true, false}, seed++);             // parameter gradients only
-    test_batch_norm({2000, 67, 1, 0, true, true, true}, seed++);           // splits across two threads
-    test_batch_norm({700, 67, 1, 67, true, true, true}, seed++);
-    test_batch_norm({40, 3, 1500, 4500, true, true, true}, seed++);
-    test_batch_norm({5, 3, 9000, 0, true, false, true}, seed++);           // runs longer than one block
+    test_batch_norm({9, 4, 3, 12, false, true, true}, seed++);             // masked, moving statistics
+    test_batch_norm({70, 5, 1, 5, true, true, true}, seed++);              // rows past one float block
+    test_batch_norm({3, 4, 37, 0, true, true, true}, seed++);              // runs of full lanes and a tail
+    test_batch_norm({2, 3, 9000, 0, true, false, true}, seed++);           // runs longer than one block
+    // x large enough that each pass splits across two threads: rows and runs, with and without a mask
+    const size_t split = size_t(batch_norm_detail::kParallelMinElements) + 1;
+    test_batch_norm({split / 67 + 1, 67, 1, 0, true, true, true}, seed++);
+    test_batch_norm({split / 67 + 1, 67, 1, 67, true, true, true}, seed++);
+    test_batch_norm({split / 134 + 2, 67, 1, 134, false, true, true}, seed++);
+    test_batch_norm({split / 150 + 1, 3, 50, 150, true, true, true}, seed++);
+    test_batch_norm({split / 27000 + 1, 3, 9000, 0, true, true, true}, seed++);
     test_batch_norm({0, 3, 5, 0, true, true, true}, seed++);               // an empty batch: nothing moves
     test_reference_gradient(5, 3, 1, 0, seed++);
     test_reference_gradient(4, 3, 2, 6, seed++);
