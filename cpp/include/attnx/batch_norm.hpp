@@ -142,20 +142,120 @@ template <class T, bool masked, class Fn> void for_each_element(const BatchNormC
     });
 }
 
-// n[c] = the number of unmasked elements of channel c (mask null: outer inner), from the mask alone
-inline void channel_counts(const BatchNormConfig& cfg, const uint8_t* mask, double* n) {
-    const size_t C = cfg.C;
-    if (!mask) {
-        std::fill(n, n + C, double(cfg.outer * cfg.inner));
-    } else if (rows_layout(cfg, mask)) {
-        size_t rows = 0;
-        for (size_t r = 0; r < cfg.outer; ++r) rows += mask[r * C / cfg.mask_span] != 0;
-        std::fill(n, n + C, double(rows));
-    } else {
-        std::fill(n, n + C, 0.0);
-        for (size_t run = 0; run < cfg.outer * C; ++run)
-            n[run % C] += mask[run * cfg.inner / cfg.mask_span] ? double(cfg.inner) : 0.0;
+// Adds block b's moments (weight n_b, mean_b, m2_b = sum of w (x - mean_b)^2) into the moments (n, mean,
+// m2) of the blocks before it (Chan, Golub and LeVeque's update). A block of weight 0 (masked out) adds
+// nothing but m2_b, which is 0 unless the masked elements carried a NaN or an infinity, as w x would.
+inline void merge_moments(double& n, double& mean, double& m2, double n_b, double mean_b, double m2_b) {
+    if (n_b == 0) {
+        m2 += m2_b;
+        return;
     }
+    const double total = n + n_b, delta = mean_b - mean;
+    mean += delta * (n_b / total);
+    m2 += m2_b + delta * delta * (n * n_b / total);
+    n = total;
+}
+
+// One thread's share of channel_moments: per channel, the blocks' weights n, and their sums about a shift
+// k[c] (the first block's mean): sum_b n_b (mean_b - k) and sum_b m2_b + n_b (mean_b - k)^2, in double.
+// Adding a block is a few multiply-adds, no division; the shift keeps the squares' cancellation in
+// moments() small, as the blocks' means lie among the data.
+struct ShiftedMoments {
+    size_t first = 0;  // the share's first row or run: shares merge in this order
+    std::vector<double> k, n, shifted, squares;
+    std::vector<uint8_t> started;
+    explicit ShiftedMoments(size_t C) : k(C), n(C), shifted(C), squares(C), started(C) {}
+    void add(size_t c, double n_b, double mean_b, double m2_b) {
+        if (n_b == 0) {
+            squares[c] += m2_b;
+            return;
+        }
+        if (!started[c]) k[c] = mean_b, started[c] = 1;
+        const double d = mean_b - k[c];
+        n[c] += n_b, shifted[c] += n_b * d, squares[c] += m2_b + n_b * d * d;
+    }
+    // channel c's (n, mean, m2): mean = k + shifted / n, m2 = squares - shifted^2 / n
+    void moments(size_t c, double& n_c, double& mean_c, double& m2_c) const {
+        n_c = n[c];
+        mean_c = n[c] > 0 ? k[c] + shifted[c] / n[c] : 0.0;
+        m2_c = n[c] > 0 ? squares[c] - shifted[c] * shifted[c] / n[c] : squares[c];
+    }
+};
+
+// Per channel c, over its elements e with mask flags w_e (1 without a mask): n[c] = sum_e w_e,
+// mean[c] = sum_e w_e x_e / n[c] (0 where n[c] = 0), m2[c] = sum_e w_e (x_e - mean[c])^2; in one pass
+// over x: each block (kBlockRows rows, or kBlockRun elements of a run) is summed twice while in cache,
+// the second time about its own mean (no cancellation), and its moments added in double. Overwritten.
+// The threads' shares merge in the order of their rows, so that the result does not depend on which
+// thread finishes first.
+template <class T, bool masked>
+void channel_moments(const BatchNormConfig& cfg, const T* x, const uint8_t* mask, double* n, double* mean,
+                     double* m2) {
+    const size_t C = cfg.C, inner = cfg.inner, span = cfg.mask_span;
+    std::vector<ShiftedMoments> shares;
+    std::mutex shares_lock;
+    split_x(cfg, mask, [&](size_t lo, size_t hi) {
+        ShiftedMoments share(C);
+        share.first = lo;
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
+            if (rows_layout(cfg, mask)) {
+                std::vector<T> sums(2 * C);
+                T *centre = sums.data(), *square = sums.data() + C;
+                for (size_t r0 = lo; r0 < hi; r0 += kBlockRows) {
+                    const size_t r1 = std::min(hi, r0 + kBlockRows);
+                    std::fill(centre, centre + 2 * C, T(0));
+                    size_t rows = 0;  // the block's weight, one per unmasked row
+                    for (size_t r = r0; r < r1; ++r) {
+                        const T w = masked ? T(mask[r * C / span]) : T(1);
+                        rows += w != T(0);
+                        const T* xr = x + r * C;
+                        for (size_t c = 0; c < C; ++c) centre[c] += w * xr[c];
+                    }
+                    const T inverse = rows ? T(1) / T(rows) : T(0);
+                    for (size_t c = 0; c < C; ++c) centre[c] *= inverse;  // the block's means
+                    for (size_t r = r0; r < r1; ++r) {
+                        const T w = masked ? T(mask[r * C / span]) : T(1);
+                        const T* xr = x + r * C;
+                        for (size_t c = 0; c < C; ++c) {
+                            const T d = xr[c] - centre[c];
+                            square[c] += w * d * d;
+                        }
+                    }
+                    for (size_t c = 0; c < C; ++c) share.add(c, double(rows), centre[c], square[c]);
+                }
+                return;
+            }
+            // runs: the flag is constant along a run, so each block's sums are of x alone, weighted once
+            constexpr size_t L = kRunLanes<T>;
+            const T inverse_run = T(1) / T(std::min(kBlockRun, inner));  // of every block but a long run's last
+            for (size_t run = lo; run < hi; ++run) {
+                const size_t c = run % C, e0 = run * inner;
+                const double w = masked ? double(mask[e0 / span]) : 1.0;
+                for (size_t i0 = 0; i0 < inner; i0 += kBlockRun) {
+                    const T* xb = x + e0 + i0;
+                    const size_t len = std::min(kBlockRun, inner - i0);
+                    const T sum = sum_lanes<T, L>(len, [&](size_t i) __attribute__((always_inline)) { return xb[i]; });
+                    const T centre = len == kBlockRun || len == inner ? sum * inverse_run : sum / T(len);
+                    const T square = sum_lanes<T, L>(len, [&](size_t i) __attribute__((always_inline)) {
+                        const T d = xb[i] - centre;
+                        return d * d;
+                    });
+                    share.add(c, w * double(len), centre, w * double(square));
+                }
+            }
+        });
+        std::lock_guard<std::mutex> guard(shares_lock);
+        shares.push_back(std::move(share));
+    });
+    std::sort(shares.begin(), shares.end(),
+              [](const ShiftedMoments& a, const ShiftedMoments& b) { return a.first < b.first; });
+    std::fill(n, n + C, 0.0), std::fill(mean, mean + C, 0.0), std::fill(m2, m2 + C, 0.0);
+    for (const ShiftedMoments& share : shares)
+        for (size_t c = 0; c < C; ++c) {
+            double n_s, mean_s, m2_s;
+            share.moments(c, n_s, mean_s, m2_s);
+            merge_moments(n[c], mean[c], m2[c], n_s, mean_s, m2_s);
+        }
 }
 
 }  // namespace batch_norm_detail
@@ -180,28 +280,18 @@ void batch_norm_forward(const BatchNormConfig& cfg, T* y, T* mean, T* rstd, T* c
     std::vector<T> centre(C), scale(C), shift(C);
     if (cfg.batch_statistics && cfg.outer * cfg.inner == 0) std::fill(count, count + C, T(0));
     if (cfg.batch_statistics && cfg.outer * cfg.inner > 0) {
-        std::vector<double> sums(C), n(C);
-        channel_counts(cfg, mask, n.data());
-        auto weighted_x = [&](size_t e, size_t, T w) __attribute__((always_inline)) {
-            return std::array<T, 1>{w * x[e]};
-        };
-        if (mask) channel_sums<T, 1, true>(cfg, mask, sums.data(), weighted_x);
-        else channel_sums<T, 1, false>(cfg, mask, sums.data(), weighted_x);
-        for (size_t c = 0; c < C; ++c) {
-            if (mask) n[c] += kMaskedCountEpsilon;
-            count[c] = T(n[c]);
-            centre[c] = mean[c] = T(sums[c] / n[c]);
-        }
-        // a second pass for the variance: E[x^2] - mean^2 cancels for large means
-        auto weighted_square = [&](size_t e, size_t c, T w) __attribute__((always_inline)) {
-            const T d = x[e] - centre[c];
-            return std::array<T, 1>{w * d * d};
-        };
-        if (mask) channel_sums<T, 1, true>(cfg, mask, sums.data(), weighted_square);
-        else channel_sums<T, 1, false>(cfg, mask, sums.data(), weighted_square);
+        // the moments of the unmasked elements; the masked count's epsilon then scales the mean and
+        // adds its shift to the squares: sum_e w_e (x_e - m)^2 = m2 + n (batch_mean - m)^2
+        std::vector<double> n(C), batch_mean(C), m2(C);
+        if (mask) channel_moments<T, true>(cfg, x, mask, n.data(), batch_mean.data(), m2.data());
+        else channel_moments<T, false>(cfg, x, mask, n.data(), batch_mean.data(), m2.data());
         const T momentum = T(cfg.momentum);
         for (size_t c = 0; c < C; ++c) {
-            const double var = sums[c] / n[c];
+            const double total = mask ? n[c] + kMaskedCountEpsilon : n[c];
+            const double m = batch_mean[c] * (n[c] / total), shift = batch_mean[c] - m;
+            const double var = (m2[c] + n[c] * shift * shift) / total;
+            count[c] = T(total);
+            centre[c] = mean[c] = T(m);
             moving_mean[c] = moving_mean[c] * momentum + mean[c] * (T(1) - momentum);
             moving_variance[c] = moving_variance[c] * momentum + T(var) * (T(1) - momentum);
             rstd[c] = T(1 / std::sqrt(var + cfg.epsilon));
