@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attnx/activations.hpp"
@@ -60,14 +61,16 @@ template <class Fn> void split_x(const BatchNormConfig& cfg, const uint8_t* mask
 
 // sums[k * C + c] = sum over the elements e of channel c of terms(e, c, w_e)[k], w_e the element's
 // mask flag (masked: a template constant 1 without a mask, so that w * ... folds away); overwritten.
-// terms is an always-inline lambda of float arithmetic that vectorizes along a row or a run.
+// terms is an always-inline lambda of float arithmetic that vectorizes along a row or a run. The
+// threads' shares are added in the order of their rows, so that the sums do not depend on which thread
+// finishes first.
 template <class T, size_t K, bool masked, class Terms>
 void channel_sums(const BatchNormConfig& cfg, const uint8_t* mask, double* sums, Terms&& terms) {
     const size_t C = cfg.C, inner = cfg.inner, span = cfg.mask_span;
-    std::fill(sums, sums + K * C, 0.0);
-    std::mutex sums_lock;
+    std::vector<std::pair<size_t, std::vector<double>>> shares;  // (first row or run, its sums)
+    std::mutex shares_lock;
     split_x(cfg, mask, [&](size_t lo, size_t hi) {
-        std::vector<double> part(K * C, 0.0);  // this thread's share, added in once at the end
+        std::vector<double> part(K * C, 0.0);  // this thread's share
         on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
             if (rows_layout(cfg, mask)) {
                 // acc[k C + c] += terms(row r, c)[k]: each row added into a row of accumulators
@@ -115,9 +118,13 @@ void channel_sums(const BatchNormConfig& cfg, const uint8_t* mask, double* sums,
                 }
             }
         });
-        std::lock_guard<std::mutex> guard(sums_lock);
-        for (size_t i = 0; i < K * C; ++i) sums[i] += part[i];
+        std::lock_guard<std::mutex> guard(shares_lock);
+        shares.emplace_back(lo, std::move(part));
     });
+    std::sort(shares.begin(), shares.end());
+    std::fill(sums, sums + K * C, 0.0);
+    for (const auto& share : shares)
+        for (size_t i = 0; i < K * C; ++i) sums[i] += share.second[i];
 }
 
 // fn(e, c, w_e) for every element e of x (channel c, mask flag w_e: a constant 1 unless masked), split
