@@ -38,12 +38,19 @@ namespace batch_norm_detail {
 // T partial sums over blocks of rows or of a run's elements, added into double: one float sum over
 // millions of elements would lose digits
 constexpr size_t kBlockRows = 64, kBlockRun = 4096;
-// A run's sums keep this many partial sums each (two AVX-512 vectors of floats; four SSE2 vectors of
-// doubles), so that the adds do not wait on each other
-template <class T> constexpr size_t kRunLanes = std::is_same_v<T, float> ? 32 : 8;
+// A run's sums keep this many partial sums each (two AVX-512 vectors of either type), so that the adds
+// do not wait on each other
+template <class T> constexpr size_t kRunLanes = 128 / sizeof(T);
 // A pass over x splits across threads from this many elements on: below it a thread's wake-up
 // costs more than the half pass it saves
 constexpr double kParallelMinElements = 1 << 17;
+
+// body() compiled for the widest level this CPU runs, for floats and doubles alike: the loops here name
+// no vector type, so doubles vectorize too (on_widest_lanes<double> keeps to baseline x86-64 for the
+// kernels whose lanes are float vectors)
+template <class Body> auto on_widest_level(Body&& body) {
+    return on_widest_lanes<float>(body);
+}
 
 // The mask's flags are constant along a run (mask_span is a multiple of inner). The rows layout needs
 // one flag per row: a (B, T, 1) mask on axis 1 has one per element, and takes the runs layout.
@@ -71,7 +78,7 @@ void channel_sums(const BatchNormConfig& cfg, const uint8_t* mask, double* sums,
     std::mutex shares_lock;
     split_x(cfg, mask, [&](size_t lo, size_t hi) {
         std::vector<double> part(K * C, 0.0);  // this thread's share
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
+        on_widest_level([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
             if (rows_layout(cfg, mask)) {
                 // acc[k C + c] += terms(row r, c)[k]: each row added into a row of accumulators
                 std::vector<T> block(K * C);
@@ -132,7 +139,7 @@ void channel_sums(const BatchNormConfig& cfg, const uint8_t* mask, double* sums,
 template <class T, bool masked, class Fn> void for_each_element(const BatchNormConfig& cfg, const uint8_t* mask, Fn&& fn) {
     const size_t C = cfg.C, inner = cfg.inner, span = cfg.mask_span;
     split_x(cfg, mask, [&](size_t lo, size_t hi) {
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+        on_widest_level([&](auto) __attribute__((always_inline)) {
             if (rows_layout(cfg, mask)) {
                 for (size_t r = lo; r < hi; ++r) {
                     const T w = masked ? T(mask[r * C / span]) : T(1);
@@ -204,7 +211,7 @@ void channel_moments(const BatchNormConfig& cfg, const T* x, const uint8_t* mask
     split_x(cfg, mask, [&](size_t lo, size_t hi) {
         ShiftedMoments share(C);
         share.first = lo;
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
+        on_widest_level([&](auto) __attribute__((always_inline)) {  // the loops vectorize to each level's width
             if (rows_layout(cfg, mask)) {
                 std::vector<T> sums(2 * C);
                 T *centre = sums.data(), *square = sums.data() + C;
