@@ -86,17 +86,10 @@ void channel_sums(const BatchNormConfig& cfg, const uint8_t* mask, double* sums,
                 for (size_t r0 = lo; r0 < hi; r0 += kBlockRows) {
                     std::fill(acc, acc + K * C, T(0));
                     for (size_t r = r0; r < std::min(hi, r0 + kBlockRows); ++r) {
-                        if constexpr (masked) {
-                            const T w = T(mask[r * C / span]);
-                            for (size_t c = 0; c < C; ++c) {
-                                const std::array<T, K> t = terms(r * C + c, c, w);
-                                for (size_t k = 0; k < K; ++k) acc[k * C + c] += t[k];
-                            }
-                        } else {
-                            for (size_t c = 0; c < C; ++c) {
-                                const std::array<T, K> t = terms(r * C + c, c, T(1));
-                                for (size_t k = 0; k < K; ++k) acc[k * C + c] += t[k];
-                            }
+                        const T w = masked ? T(mask[r * C / span]) : T(1);
+                        for (size_t c = 0; c < C; ++c) {
+                            const std::array<T, K> t = terms(r * C + c, c, w);
+                            for (size_t k = 0; k < K; ++k) acc[k * C + c] += t[k];
                         }
                     }
                     for (size_t i = 0; i < K * C; ++i) part[i] += acc[i];
