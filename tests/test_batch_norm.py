@@ -84,15 +84,16 @@ def test_kernel_float32_matches_float64_on_the_threaded_channel_last_path():
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("shape,axis,masked", [((32, 64, 16, 16), 1, False), ((32, 64, 16, 16), 1, True),
-                                               ((256, 1024), -1, False), ((8, 3, 100, 100), 1, False),
-                                               ((64, 50, 96), -1, True)])
+@pytest.mark.parametrize("shape,axis,masked", [((64, 64, 16, 16), 1, False), ((64, 64, 16, 16), 1, True),
+                                               ((1024, 1024), -1, False), ((8, 3, 224, 224), 1, False),
+                                               ((256, 50, 96), -1, True)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernel_matches_numpy_at_benchmark_sizes_in_both_layouts(shape, axis, masked, threads):
     """Channels first (each channel's runs reduced on their own) and wide channels last (rows added into
-    per-channel accumulators), at sizes whose passes split across threads: the one-pass statistics and the
-    gradients against NumPy's double-precision formulas (a mean far from zero against the spread, and a
-    drift along the batch so that the first blocks' means are not the channel's), float32 against float64."""
+    per-channel accumulators), at sizes whose passes split across threads (2^20 elements and more): the
+    one-pass statistics and the gradients against NumPy's double-precision formulas (a mean far from zero
+    against the spread, and a drift along the batch so that the first blocks' means are not the
+    channel's), float32 against float64."""
     rng = np.random.default_rng(5)
     drift = np.linspace(-40, 40, shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
     x, dy = rng.standard_normal(shape) * 3 + 100 + drift, rng.standard_normal(shape)

@@ -41,9 +41,11 @@ constexpr size_t kBlockRows = 64, kBlockRun = 4096;
 // A run's sums keep this many partial sums each (two AVX-512 vectors of either type), so that the adds
 // do not wait on each other
 template <class T> constexpr size_t kRunLanes = 128 / sizeof(T);
-// A pass over x splits across threads from this many elements on: below it a thread's wake-up
-// costs more than the half pass it saves
-constexpr double kParallelMinElements = 1 << 17;
+// A pass over x splits across threads from this many elements on (4 MiB of floats, ~0.1-0.2 ms a pass on
+// one core). Below it the half pass saved is worth less than a second thread's wake-up can cost: on a
+// host shared with other work (or a VM whose idle vCPU halted) that wait reached milliseconds, where
+// NumPy, on one thread, paid none (issue 41's 0.3x on (256, 1024)).
+constexpr double kParallelMinElements = 1 << 20;
 
 // body() compiled for the widest level this CPU runs, for floats and doubles alike: the loops here name
 // no vector type, so doubles vectorize too (on_widest_lanes<double> keeps to baseline x86-64 for the
