@@ -84,6 +84,63 @@ def test_kernel_float32_matches_float64_on_the_threaded_channel_last_path():
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("shape,axis,masked", [((64, 64, 16, 16), 1, False), ((64, 64, 16, 16), 1, True),
+                                               ((1024, 1024), -1, False), ((8, 3, 224, 224), 1, False),
+                                               ((256, 50, 96), -1, True)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_matches_numpy_at_benchmark_sizes_in_both_layouts(shape, axis, masked, threads):
+    """Channels first (each channel's runs reduced on their own) and wide channels last (rows added into
+    per-channel accumulators), at sizes whose passes split across threads (2^20 elements and more): the
+    one-pass statistics and the gradients against NumPy's double-precision formulas (a mean far from zero
+    against the spread, and a drift along the batch so that the first blocks' means are not the
+    channel's), float32 against float64."""
+    rng = np.random.default_rng(5)
+    drift = np.linspace(-40, 40, shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
+    x, dy = rng.standard_normal(shape) * 3 + 100 + drift, rng.standard_normal(shape)
+    C = shape[axis]
+    gamma, beta = rng.standard_normal(C), rng.standard_normal(C)
+    mask = rng.random(shape[:2]) < 0.7 if masked else None
+    reduce = tuple(a for a in range(x.ndim) if a != axis % x.ndim)
+    w = np.ones_like(x) if mask is None else np.broadcast_to(mask.reshape(mask.shape + (1,) * (x.ndim - 2)), x.shape)
+    n = w.sum(axis=reduce, keepdims=True) + (1e-7 if masked else 0)
+    mean = (w * x).sum(axis=reduce, keepdims=True) / n
+    var = (w * (x - mean) ** 2).sum(axis=reduce, keepdims=True) / n
+    shaped = [1] * x.ndim
+    shaped[axis] = C
+    rstd = 1 / np.sqrt(var + 1e-3)
+    want_y = (x - mean) * rstd * gamma.reshape(shaped) + beta.reshape(shaped)
+    dxhat = dy * gamma.reshape(shaped)
+    dvar = -0.5 * rstd ** 3 * (dxhat * (x - mean)).sum(axis=reduce, keepdims=True)
+    dmean = -rstd * dxhat.sum(axis=reduce, keepdims=True) + dvar * -2 * (w * (x - mean)).sum(axis=reduce, keepdims=True) / n
+    want_dx = rstd * dxhat + w * (dmean + 2 * (x - mean) * dvar) / n
+    results = {}
+    before = backend.get_num_threads()
+    backend.set_num_threads(threads)
+    try:
+        for dtype in (np.float64, np.float32):
+            mm, mv = np.zeros(C, dtype), np.ones(C, dtype)
+            y, got_mean, got_rstd, count = kernels.batch_norm_forward(
+                x=x.astype(dtype), axis=axis, gamma=gamma.astype(dtype), beta=beta.astype(dtype), moving_mean=mm,
+                moving_variance=mv, mask=mask, training=True, momentum=0.5, epsilon=1e-3)
+            dgamma, dbeta = np.zeros(C, dtype), np.zeros(C, dtype)
+            dx = kernels.batch_norm_backward(dy=dy.astype(dtype), x=x.astype(dtype), axis=axis, mean=got_mean,
+                                             rstd=got_rstd, count=count, gamma=gamma.astype(dtype), mask=mask,
+                                             dgamma=dgamma, dbeta=dbeta)
+            results[dtype] = (y, got_mean, got_rstd, mv, dx, dgamma, dbeta)
+    finally:
+        backend.set_num_threads(before)
+    y, got_mean, got_rstd, mv, dx, dgamma, dbeta = results[np.float64]
+    np.testing.assert_allclose(got_mean, mean.reshape(-1), rtol=1e-12)
+    np.testing.assert_allclose(got_rstd, rstd.reshape(-1), rtol=1e-9)
+    np.testing.assert_allclose(mv, 0.5 + 0.5 * var.reshape(-1), rtol=1e-9)
+    np.testing.assert_allclose(y, want_y, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(dgamma, (dy * (x - mean) * rstd).sum(axis=reduce), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(dbeta, dy.sum(axis=reduce), rtol=1e-9, atol=1e-9)
+    for got, want in zip(results[np.float32], results[np.float64]):
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+
+
 # ------------------------------------------------------------------------------ PyTorch parity
 @pytest.mark.parametrize("shape,module", [((6, 5), "BatchNorm1d"), ((4, 5, 7), "BatchNorm1d"),
                                           ((3, 5, 4, 6), "BatchNorm2d")])

@@ -1,6 +1,7 @@
 // batch_norm.hpp against cpp/reference/batch_norm.hpp: batch and moving statistics, channels last and
-// a feature axis with axes after it, with and without a mask (one flag per row, per run, per element),
-// gamma / beta or neither, dx or the parameter gradients only, an empty batch; sizes that split across two
+// a feature axis with axes after it (runs shorter and longer than the lanes and the float blocks), with
+// and without a mask (one flag per row, per run, per element), gamma / beta or neither, dx or the
+// parameter gradients only, an empty batch; sizes past the threshold that splits each pass across two
 // threads.
 // The reference's own dx is checked against central differences of sum(y dy).
 #include <cstdint>
@@ -20,6 +21,9 @@ namespace {
 struct Case {
     size_t outer, C, inner, mask_span;  // mask_span 0: no mask
     bool batch_statistics, affine, with_dx;
+    // x's mean, and a rise along x's rows that moves each block's mean away from the channel's (the
+    // one-pass statistics sum each block about its own mean, and the blocks about the first one's)
+    double offset = 3, drift = 0;
 };
 
 std::vector<uint8_t> random_mask(std::mt19937& rng, size_t n) {
@@ -35,7 +39,7 @@ void test_batch_norm(const Case& k, unsigned seed) {
     cfg.batch_statistics = k.batch_statistics, cfg.momentum = 0.9, cfg.epsilon = 1e-3;
     const size_t n = k.outer * k.C * k.inner, C = k.C;
     auto x = random_values(rng, n, 2.0);
-    for (auto& v : x) v = (double)(float)(v + 3);  // a mean away from zero
+    for (size_t e = 0; e < n; ++e) x[e] = (double)(float)(x[e] + k.offset + k.drift * double(e) / double(n));
     const auto gamma = random_values(rng, C), beta = random_values(rng, C), dy = random_values(rng, n);
     const auto moving_mean0 = random_values(rng, C), dgamma0 = random_values(rng, C), dbeta0 = random_values(rng, C);
     std::vector<double> moving_variance0(C);
@@ -56,8 +60,8 @@ void test_batch_norm(const Case& k, unsigned seed) {
     if (k.batch_statistics) want.push_back({"count", count});
     if (k.with_dx) want.push_back({"dx", dx});
     char where[160];
-    std::snprintf(where, sizeof where, "batch norm outer=%zu C=%zu inner=%zu mask_span=%zu%s%s%s", k.outer, C,
-                  k.inner, k.mask_span, k.batch_statistics ? " batch" : " moving", k.affine ? "" : " no gamma/beta",
+    std::snprintf(where, sizeof where, "batch norm outer=%zu C=%zu inner=%zu mask_span=%zu offset=%g drift=%g%s%s%s",
+                  k.outer, C, k.inner, k.mask_span, k.offset, k.drift, k.batch_statistics ? " batch" : " moving", k.affine ? "" : " no gamma/beta",
                   k.with_dx ? "" : " no dx");
     check_every_level(where, want, [&](auto tag) {
         using Tp = decltype(tag);
@@ -128,10 +132,20 @@ int main() {
             test_batch_norm({4, 5, 1, 1, batch, affine, true}, seed++);    // (B, T, 1) on axis 1: a flag per element
         }
     test_batch_norm({9, 4, 3, 12, true, true, false}, seed++);             // parameter gradients only
-    test_batch_norm({2000, 67, 1, 0, true, true, true}, seed++);           // splits across two threads
-    test_batch_norm({700, 67, 1, 67, true, true, true}, seed++);
-    test_batch_norm({40, 3, 1500, 4500, true, true, true}, seed++);
-    test_batch_norm({5, 3, 9000, 0, true, false, true}, seed++);           // runs longer than one block
+    test_batch_norm({9, 4, 3, 12, false, true, true}, seed++);             // masked, moving statistics
+    test_batch_norm({70, 5, 1, 5, true, true, true}, seed++);              // rows past one float block
+    test_batch_norm({3, 4, 37, 0, true, true, true}, seed++);              // runs of full lanes and a tail
+    test_batch_norm({2, 3, 9000, 0, true, false, true}, seed++);           // runs longer than one block
+    // x large enough that each pass splits across two threads: rows and runs, with and without a mask
+    const size_t split = size_t(batch_norm_detail::kParallelMinElements) + 1;
+    test_batch_norm({split / 67 + 1, 67, 1, 0, true, true, true}, seed++);
+    test_batch_norm({split / 67 + 1, 67, 1, 67, true, true, true}, seed++);
+    test_batch_norm({split / 134 + 2, 67, 1, 134, false, true, true}, seed++);
+    test_batch_norm({split / 150 + 1, 3, 50, 150, true, true, true}, seed++);
+    test_batch_norm({split / 27000 + 1, 3, 9000, 0, true, true, true}, seed++);
+    test_batch_norm({3000, 5, 1, 0, true, true, true, 300, 0}, seed++);     // a mean far from zero against its spread
+    test_batch_norm({3000, 5, 1, 0, true, true, true, -50, 200}, seed++);   // the first blocks' means far from the mean
+    test_batch_norm({40, 3, 100, 0, true, true, true, 20, -80}, seed++);
     test_batch_norm({0, 3, 5, 0, true, true, true}, seed++);               // an empty batch: nothing moves
     test_reference_gradient(5, 3, 1, 0, seed++);
     test_reference_gradient(4, 3, 2, 6, seed++);
