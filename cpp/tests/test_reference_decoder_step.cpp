@@ -12,6 +12,7 @@
 #include "attnx/decoder_step.hpp"
 #include "reference/decoder_step.hpp"
 #include "reference/quantized.hpp"
+#include "int8_check.hpp"
 #include "reference_check.hpp"
 
 using namespace attnx;
@@ -68,20 +69,6 @@ struct StackWeights {
 // The kernel slots of a layer's 22 (decoder_layer_weights): (slot, input size K is D or F)
 constexpr int kKernelSlots[8] = {2, 4, 6, 8, 12, 14, 18, 20};
 
-// W (K, N) quantized per column (symmetric, max|W| / 127) and packed
-std::unique_ptr<Int8Kernel> quantize_kernel(const std::vector<double>& W, int K, int N) {
-    std::vector<int8_t> q((size_t)K * N), column(K);
-    std::vector<float> scale(N), values(K);
-    for (int n = 0; n < N; ++n) {
-        for (int k = 0; k < K; ++k) values[k] = (float)W[(size_t)k * N + n];
-        scale[n] = reference::quantize_row_int8(column.data(), values.data(), K);
-        for (int k = 0; k < K; ++k) q[(size_t)k * N + n] = column[k];
-    }
-    auto w = std::make_unique<Int8Kernel>();
-    pack_int8_kernel(*w, q.data(), scale.data(), K, N, N);
-    return w;
-}
-
 // The cached step with int8 kernels (every product, or the attention's only: a float feed-forward
 // beside them), self q, k, v fused in one (D, 3D) kernel or apart, against the reference's int8
 // products: x, both caches and the cross-attention weights, every level, 1 and 2 threads
@@ -89,7 +76,7 @@ void test_decoder_step_int8(int layers, int N, int D, int H, int F, int S, int c
                             bool norm_first, bool fused, bool float_feed_forward, unsigned seed, int memory_batch = 0) {
     std::mt19937 rng(seed);
     StackWeights weights(rng, layers, D, F, true, S > 0);
-    std::vector<std::unique_ptr<Int8Kernel>> owned;
+    std::vector<std::shared_ptr<Int8Kernel>> owned;
     std::vector<const Int8Kernel*> int8((size_t)layers * 22, nullptr);
     for (int l = 0; l < layers; ++l) {
         auto& a = weights.arrays;

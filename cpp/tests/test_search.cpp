@@ -17,6 +17,7 @@
 #include "attnx/search.hpp"
 #include "reference/decoder_step.hpp"
 #include "reference/quantized.hpp"
+#include "int8_check.hpp"
 #include "reference_check.hpp"
 
 using namespace attnx;
@@ -246,20 +247,6 @@ StackModel make_stack(std::mt19937& rng, int layers, int D, int H, int F, int S,
     m.mask.assign((size_t)B * S, 1);
     for (int s = S / 2; s < S; ++s) m.mask[s] = 0;  // input 0: padded
     return m;
-}
-
-// W (K, N) quantized per column (symmetric, max|W| / 127) and packed
-std::shared_ptr<Int8Kernel> quantize_kernel(const std::vector<double>& W, int K, int N) {
-    std::vector<int8_t> q((size_t)K * N), column(K);
-    std::vector<float> scale(N), values(K);
-    for (int n = 0; n < N; ++n) {
-        for (int k = 0; k < K; ++k) values[k] = (float)W[(size_t)k * N + n];
-        scale[n] = reference::quantize_row_int8(column.data(), values.data(), K);
-        for (int k = 0; k < K; ++k) q[(size_t)k * N + n] = column[k];
-    }
-    auto w = std::make_shared<Int8Kernel>();
-    pack_int8_kernel(*w, q.data(), scale.data(), K, N, N);
-    return w;
 }
 
 // m quantized as Model.quantize("int8") does: every kernel and the output per column, the embedding per row
