@@ -66,10 +66,11 @@ def main():
     n = args.test_pairs or len(splits.test.source)
     sources, references = splits.test.source[:n], splits.test.target[:n]
     for width, alpha in ((1, 0.0), (4, 0.6)):
-        scores = [m.evaluate_bleu(sources, references, width=width, length_penalty=alpha)
+        scores = [m.evaluate_bleu(sources, references, width=width, length_penalty=alpha, scorer="sacrebleu")
                   for m in (model, quantized)]
-        print(f"beam {width}: cased sacreBLEU float32 {float(scores[0]):.2f}, int8 {float(scores[1]):.2f} "
-              f"(int8 - float32 = {float(scores[1]) - float(scores[0]):+.2f}) on {n} test pairs")
+        ours, theirs = (100 * float(score) for score in scores)  # BleuScore is in [0, 1], sacreBLEU's scale 0-100
+        print(f"beam {width}: cased sacreBLEU float32 {ours:.2f}, int8 {theirs:.2f} "
+              f"(int8 - float32 = {theirs - ours:+.2f}) on {n} test pairs")
     ours, theirs = (m.translate_batch(sources, return_attention=False) for m in (model, quantized))
     same = sum(list(a.tokens) == list(b.tokens) for a, b in zip(ours, theirs)) / n
     print(f"greedy: int8 translation equal to float32's for {same:.1%} of {n} test sentences")
