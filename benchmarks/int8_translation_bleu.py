@@ -1,4 +1,4 @@
-"""Marathi BLEU under int8 (issue 39): a Transformer translator against its own int8 copy.
+"""Marathi BLEU under int8 (issue 39): a translator (Transformer or Seq2Seq) against its own int8 copy.
 
     python benchmarks/int8_translation_bleu.py [--model PATH.attnx | --minutes 15] [--save PATH.attnx]
 
@@ -17,6 +17,7 @@ import tempfile
 import time
 
 import attnx
+from attnx import decoding
 from attnx.seq2seq import Transformer
 
 
@@ -43,9 +44,21 @@ def train(splits, minutes, dim, warmup_steps, seed):
     return model
 
 
+def greedy_tokens(model, sources, batch_size=64):
+    """Each sentence's greedy translation as a list of target ids (a Transformer's or a Seq2Seq's)."""
+    if isinstance(model, Transformer):
+        return [list(h.tokens) for h in model.translate_batch(sources, return_attention=False)]
+    tokens = []
+    for lo in range(0, len(sources), batch_size):
+        ids, _ = model.greedy_decode(model.encode_sources(sources[lo:lo + batch_size]))
+        tokens += [decoding.until_end(row, model.end_id)[0] for row in ids.tolist()]
+    return tokens
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="a saved attnx Transformer (else one is trained)")
+    parser.add_argument("--model", default=None, help="a saved attnx Transformer or Seq2Seq, e.g. from "
+                        "translation_quality.py --save-dir (else a Transformer is trained)")
     parser.add_argument("--minutes", type=float, default=15.0, help="training wall time without --model")
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--warmup-steps", type=int, default=400)
@@ -71,8 +84,8 @@ def main():
         ours, theirs = (100 * float(score) for score in scores)  # BleuScore is in [0, 1], sacreBLEU's scale 0-100
         print(f"beam {width}: cased sacreBLEU float32 {ours:.2f}, int8 {theirs:.2f} "
               f"(int8 - float32 = {theirs - ours:+.2f}) on {n} test pairs")
-    ours, theirs = (m.translate_batch(sources, return_attention=False) for m in (model, quantized))
-    same = sum(list(a.tokens) == list(b.tokens) for a, b in zip(ours, theirs)) / n
+    ours, theirs = (greedy_tokens(m, sources) for m in (model, quantized))
+    same = sum(a == b for a, b in zip(ours, theirs)) / n
     print(f"greedy: int8 translation equal to float32's for {same:.1%} of {n} test sentences")
     print(f"signature: {scores[0].signature}")
 

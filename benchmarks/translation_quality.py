@@ -87,6 +87,9 @@ def train_attnx(model, splits, args, optimizer):
     seconds = time.perf_counter() - start
     if keeper.best is not None:
         model.set_weights(keeper.best)
+    if args.save_dir:
+        os.makedirs(args.save_dir, exist_ok=True)
+        model.save(os.path.join(args.save_dir, f"{args.models}.attnx"))  # a child trains one model
     return {"train_seconds": seconds, "steps": keeper.steps, "best_val_loss": keeper.best_loss}
 
 
@@ -320,6 +323,9 @@ def main():
                              "threads wait on each other, and 1 thread can be several times faster)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", default=None, help="path of mar.txt (default: $ATTNX_DATA_DIR/anki/mar.txt)")
+    parser.add_argument("--save-dir", default=None,
+                        help="save each attnx model's best checkpoint there as NAME.attnx (NAME of --models), e.g. "
+                             "for int8_translation_bleu.py --model")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one model, no table
     args = parser.parse_args()
     models = args.models.split(",")
