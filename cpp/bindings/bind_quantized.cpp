@@ -161,6 +161,28 @@ void init_quantized(py::module_& m) {
         "x quantized per row; float32 (R, N).");
 
     m.def(
+        "feed_forward_forward_int8",
+        [](const py::array& x, const Int8Kernel& kernel1, const py::object& bias1, const Int8Kernel& kernel2,
+           const py::object& bias2, const std::string& activation) {
+            check_rank(x, 2, "feed_forward_forward_int8: x");
+            const py::ssize_t R = x.shape(0), K = x.shape(1), F = kernel1.N, N = kernel2.N;
+            const Int8Kernel& w1 = packed_kernel(kernel1, K, F, F, "feed_forward_forward_int8: kernel1");
+            const Int8Kernel& w2 = packed_kernel(kernel2, F, N, N, "feed_forward_forward_int8: kernel2");
+            const float* px = in_ptr<float>(x, "feed_forward_forward_int8: x");
+            const float* pb1 = optional_in_ptr<float>(bias1, {F}, "feed_forward_forward_int8: bias1");
+            const float* pb2 = optional_in_ptr<float>(bias2, {N}, "feed_forward_forward_int8: bias2");
+            const Activation act = parse_activation(activation);
+            return released_result<float>({R, N}, [&](float* out) {
+                feed_forward_forward_int8(out, px, (int)R, w1, pb1, act, w2, pb2);
+            });
+        },
+        py::arg("x"), py::arg("kernel1"), py::arg("bias1"), py::arg("kernel2"), py::arg("bias2"),
+        py::arg("activation") = "relu",
+        "activation(x (R, K) . kernel1 + bias1) . kernel2 + bias2 on int8 kernels (K, F) and (F, N) packed by "
+        "pack_int8, in blocks of rows whose hidden activations stay in the thread's cache; float32 (R, N), the "
+        "same floats as two dense_forward_int8 calls.");
+
+    m.def(
         "embedding_forward_int8",
         [](const py::array& ids, const py::array& table, const py::array& scale) {
             check_rank(table, 2, "embedding_forward_int8: table");
