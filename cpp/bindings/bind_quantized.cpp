@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
 
 #include "attnx/quantized.hpp"
 #include "bindings.hpp"
@@ -159,6 +162,42 @@ void init_quantized(py::module_& m) {
         py::arg("x"), py::arg("kernel"), py::arg("bias"), py::arg("activation") = "linear",
         "activation(x (R, K) . kernel + bias) with kernel int8 (K, N) quantized per column and packed (pack_int8), "
         "x quantized per row; float32 (R, N).");
+
+    m.def(
+        "dense_forward_int8_blocks",
+        [](const py::array& x, const Int8Kernel& kernel, const py::object& bias, const std::vector<py::ssize_t>& widths,
+           const std::string& activation) {
+            check_rank(x, 2, "dense_forward_int8_blocks: x");
+            const py::ssize_t R = x.shape(0), K = x.shape(1), N = kernel.N;
+            const Int8Kernel& w = packed_kernel(kernel, K, N, N, "dense_forward_int8_blocks: kernel");
+            py::ssize_t total = 0;
+            for (py::ssize_t width : widths) total += width > 0 ? width : N + 1;  // a width <= 0 fails the sum
+            if (widths.empty() || (int)widths.size() > Int8ColumnBlocks::kMax || total != N)
+                throw py::value_error("dense_forward_int8_blocks: widths must be 1 to " +
+                                      std::to_string(Int8ColumnBlocks::kMax) + " positive column counts summing to the "
+                                      "kernel's " + std::to_string(N) + " columns, got " + std::to_string(widths.size()) +
+                                      " summing to " + std::to_string(total));
+            const float* px = in_ptr<float>(x, "dense_forward_int8_blocks: x");
+            const float* pb = optional_in_ptr<float>(bias, {N}, "dense_forward_int8_blocks: bias");
+            const Activation act = parse_activation(activation);
+            py::list outs;
+            Int8ColumnBlocks blocks;
+            for (py::ssize_t width : widths) {
+                auto out = new_array<float>({R, width});
+                blocks.out[blocks.count] = out.mutable_data();
+                blocks.ends[blocks.count] = (blocks.count ? blocks.ends[blocks.count - 1] : 0) + (int)width;
+                ++blocks.count;
+                outs.append(out);
+            }
+            {
+                py::gil_scoped_release release;
+                dense_forward_int8(blocks, px, (int)R, w, pb, act);
+            }
+            return outs;
+        },
+        py::arg("x"), py::arg("kernel"), py::arg("bias"), py::arg("widths"), py::arg("activation") = "linear",
+        "dense_forward_int8's output as a list of arrays (R, width) of consecutive column blocks (widths summing to "
+        "the kernel's N, at most 4): a self-attention's query, key and value from one product, each contiguous.");
 
     m.def(
         "feed_forward_forward_int8",

@@ -75,6 +75,20 @@ static void dense_matches_reference(std::mt19937& rng) {
             std::vector<float> got((size_t)R * N);
             dense_forward_int8(got.data(), x.data(), R, packed, bias.data(), a);
             attnx::test::expect_near(got, want, 1e-5, "dense_forward_int8 " + where);
+            // in column blocks of 20, 33 and 17: the same floats, each block contiguous
+            std::vector<float> b0((size_t)R * 20), b1((size_t)R * 33), b2((size_t)R * 17);
+            Int8ColumnBlocks blocks;
+            blocks.out[0] = b0.data(), blocks.out[1] = b1.data(), blocks.out[2] = b2.data();
+            blocks.ends[0] = 20, blocks.ends[1] = 53, blocks.ends[2] = 70, blocks.count = 3;
+            dense_forward_int8(blocks, x.data(), R, packed, bias.data(), a);
+            int differ = 0;
+            for (int r = 0; r < R; ++r)
+                for (int n = 0; n < N; ++n) {
+                    const float block = n < 20 ? b0[(size_t)r * 20 + n] : n < 53 ? b1[(size_t)r * 33 + n - 20]
+                                                                              : b2[(size_t)r * 17 + n - 53];
+                    differ += block != got[(size_t)r * N + n];
+                }
+            CHECK(differ == 0);
         });
     }
 }

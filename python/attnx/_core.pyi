@@ -294,3 +294,6 @@ def feed_forward_forward_int8(
     x: Array, kernel1: Int8Kernel, bias1: Array | None, kernel2: Int8Kernel, bias2: Array | None,
     activation: str = "relu",
 ) -> Array: ...
+def dense_forward_int8_blocks(
+    x: Array, kernel: Int8Kernel, bias: Array | None, widths: list[int], activation: str = "linear",
+) -> list[Array]: ...

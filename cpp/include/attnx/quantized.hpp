@@ -440,25 +440,26 @@ struct Int8Activations {
         if (coarse) int8_product(acc2.data(), (size_t)B.Np, qe.data(), (size_t)Kp, coarse, B, n0, n1);
     }
 
-    // out[r, j] (n rows, ldo apart; n0 <= j < n1) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be null),
-    // then += acc2[i, j] (se[i] sw[j]) for the coarse row r = which[i]
+    // out[r, j - first] (n rows, ldo apart; n0 <= j < n1) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be
+    // null), then += acc2[i, j] (se[i] sw[j]) for the coarse row r = which[i]; `first`: the column that
+    // out's first holds (0: out holds every column from 0; n0: a block of columns apart)
     // (plain loops, inlined so that they vectorize at the caller's level)
     ATTNX_ALWAYS_INLINE void dequantize(float* out, size_t ldo, const int32_t* acc, size_t ldc, int n, const float* sw,
-                                        const float* bias, int n0, int n1, size_t ld_acc2) const {
+                                        const float* bias, int n0, int n1, size_t ld_acc2, int first = 0) const {
         for (int r = 0; r < n; ++r) {
             float* o = out + (size_t)r * ldo;
             const int32_t* a = acc + (size_t)r * ldc;
             const float sr = s[r];
             if (bias)
-                for (int j = n0; j < n1; ++j) o[j] = (float)a[j] * (sr * sw[j]) + bias[j];
+                for (int j = n0; j < n1; ++j) o[j - first] = (float)a[j] * (sr * sw[j]) + bias[j];
             else
-                for (int j = n0; j < n1; ++j) o[j] = (float)a[j] * (sr * sw[j]);
+                for (int j = n0; j < n1; ++j) o[j - first] = (float)a[j] * (sr * sw[j]);
         }
         for (int i = 0; i < coarse; ++i) {
             float* o = out + (size_t)which[i] * ldo;
             const int32_t* a = acc2.data() + (size_t)i * ld_acc2;
             const float si = se[i];
-            for (int j = n0; j < n1; ++j) o[j] += (float)a[j] * (si * sw[j]);
+            for (int j = n0; j < n1; ++j) o[j - first] += (float)a[j] * (si * sw[j]);
         }
     }
 };
@@ -479,10 +480,27 @@ inline Int8Scratch& int8_scratch() {
 
 constexpr int kInt8Chunk = 64;  // rows quantized, multiplied and dequantized together (in L2 between the steps)
 
-// out (n, N) = act(x (n, K) W + bias) for n <= kInt8Chunk rows on this thread, W's columns [0, N) in
-// w.head; bias may be null
-inline void dense_rows_int8(float* out, const float* x, int n, const Int8Kernel& w, const float* bias,
-                            Activation activation, Int8Scratch& scratch) {
+// The int8 Dense's output split by columns: block i, the kernel's columns [ends[i - 1], ends[i])
+// (ends[-1] = 0, the last end N), into its own array out[i] (rows of its width): a self-attention's
+// query, key and value from one product, each contiguous
+struct Int8ColumnBlocks {
+    static constexpr int kMax = 4;
+    float* out[kMax] = {};
+    int ends[kMax] = {};
+    int count = 0;
+};
+
+// The output of a kernel of N columns as one block into out
+inline Int8ColumnBlocks one_block(float* out, int N) {
+    Int8ColumnBlocks blocks;
+    blocks.out[0] = out, blocks.ends[0] = N, blocks.count = 1;
+    return blocks;
+}
+
+// Rows [r0, r0 + n) (n <= kInt8Chunk) of act(x W + bias), x's rows from x (K values each), on this
+// thread: quantized, multiplied by W (w.head) and written to the blocks' rows r0..; bias may be null
+inline void dense_rows_int8(const Int8ColumnBlocks& blocks, size_t r0, const float* x, int n, const Int8Kernel& w,
+                            const float* bias, Activation activation, Int8Scratch& scratch) {
     const Int8Packed& B = w.head;
     const int K = B.K, N = B.N;
     Int8Activations& xq = scratch.rows;
@@ -492,23 +510,34 @@ inline void dense_rows_int8(float* out, const float* x, int n, const Int8Kernel&
         xq.quantize_on<decltype(lanes)>(x, (size_t)K, n, B.feature_weight.data());
     });
     xq.product(scratch.acc.data(), (size_t)B.Np, n, B, 0, N);
-    on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
-        xq.dequantize(out, (size_t)N, scratch.acc.data(), (size_t)B.Np, n, w.scale.data(), bias, 0, N, (size_t)B.Np);
-    });
-    activation_forward<float>(out, out, (size_t)n, (size_t)N, activation);
+    for (int i = 0, n0 = 0; i < blocks.count; n0 = blocks.ends[i++]) {
+        const int width = blocks.ends[i] - n0;
+        float* out = blocks.out[i] + r0 * width;
+        on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
+            xq.dequantize(out, (size_t)width, scratch.acc.data(), (size_t)B.Np, n, w.scale.data(), bias, n0,
+                          blocks.ends[i], (size_t)B.Np, n0);
+        });
+        activation_forward<float>(out, out, (size_t)n, (size_t)width, activation);
+    }
 }
 
-// out (rows, N) = act(x (rows, K) W + bias) with W quantized and packed (w: columns [0, N) in w.head);
-// bias may be null. Rows split across the thread budget.
-inline void dense_forward_int8(float* out, const float* x, int rows, const Int8Kernel& w, const float* bias,
-                               Activation activation) {
+// act(x (rows, K) W + bias) with W quantized and packed (w: columns [0, N) in w.head) into the column
+// blocks (their ends ascending to N); bias may be null. Rows split across the thread budget.
+inline void dense_forward_int8(const Int8ColumnBlocks& blocks, const float* x, int rows, const Int8Kernel& w,
+                               const float* bias, Activation activation) {
     const int K = w.head.K, N = w.head.N;
     parallel_for((size_t)rows, (double)rows * K * N / 4, [&](size_t r0, size_t r1) {
         Int8Scratch& scratch = int8_scratch();
         for (size_t c0 = r0; c0 < r1; c0 += kInt8Chunk)
-            dense_rows_int8(out + c0 * N, x + c0 * K, (int)std::min<size_t>(kInt8Chunk, r1 - c0), w, bias,
-                            activation, scratch);
+            dense_rows_int8(blocks, c0, x + c0 * K, (int)std::min<size_t>(kInt8Chunk, r1 - c0), w, bias, activation,
+                            scratch);
     });
+}
+
+// out (rows, N) = act(x (rows, K) W + bias), as one block
+inline void dense_forward_int8(float* out, const float* x, int rows, const Int8Kernel& w, const float* bias,
+                               Activation activation) {
+    dense_forward_int8(one_block(out, w.head.N), x, rows, w, bias, activation);
 }
 
 // The feed-forward network on int8 kernels, chunk by chunk of rows (the hidden rows never leave the
@@ -520,10 +549,11 @@ inline void feed_forward_forward_int8(float* y, const float* x, int rows, const 
     parallel_for((size_t)rows, (double)rows * F * (K + N) / 4, [&](size_t r0, size_t r1) {
         Int8Scratch& scratch = int8_scratch();
         scratch.hidden.resize((size_t)kInt8Chunk * F);
+        const Int8ColumnBlocks hidden = one_block(scratch.hidden.data(), F), out = one_block(y, N);
         for (size_t c0 = r0; c0 < r1; c0 += kInt8Chunk) {
             const int n = (int)std::min<size_t>(kInt8Chunk, r1 - c0);
-            dense_rows_int8(scratch.hidden.data(), x + c0 * K, n, w1, b1, activation, scratch);
-            dense_rows_int8(y + c0 * N, scratch.hidden.data(), n, w2, b2, Activation::linear, scratch);
+            dense_rows_int8(hidden, 0, x + c0 * K, n, w1, b1, activation, scratch);
+            dense_rows_int8(out, c0, scratch.hidden.data(), n, w2, b2, Activation::linear, scratch);
         }
     });
 }
