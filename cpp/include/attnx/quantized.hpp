@@ -322,24 +322,30 @@ ATTNX_ALWAYS_INLINE void int8_tile(int32_t* acc, size_t ldc, const int8_t* qx, s
 template <class Ops>
 ATTNX_ALWAYS_INLINE void int8_product_on(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, int rows,
                                          const Int8Packed& B, int n0, int n1) {
-    constexpr int W = Ops::W, R = Ops::R, Qmax = 4;
+    // up to Qmax vectors of columns per tile (VNNI: 4 x 5 accumulators, 5 weight vectors and the broadcast
+    // in 32 registers), the column groups as even as the vectors allow: an LSTM(100)'s 25 vectors run
+    // as 5 tiles of 5, not 6 of 4 and one of a single vector (a quarter of the multiply-adds per row read)
+    constexpr int W = Ops::W, R = Ops::R, Qmax = W == 16 ? 5 : 4;
     const int whole = rows - rows % R;
     auto run = [&](auto q_count, int n) __attribute__((always_inline)) {
         constexpr int Q = decltype(q_count)::value;
         for (int r = 0; r < whole; r += R)
             int8_tile<Ops, R, Q>(acc + (size_t)r * ldc, ldc, qx + (size_t)r * lda, lda, B, n);
     };
-    for (int n = n0; n < n1 && whole; n += Qmax * W) {
-        switch (std::min(Qmax, (n1 - n + W - 1) / W)) {
+    const int vectors = (n1 - n0 + W - 1) / W, groups = (vectors + Qmax - 1) / Qmax;
+    const int per_group = groups ? (vectors + groups - 1) / groups : 0;
+    for (int n = n0; n < n1 && whole; n += per_group * W) {
+        switch (std::min(per_group, (n1 - n + W - 1) / W)) {
             case 1: run(std::integral_constant<int, 1>{}, n); break;
             case 2: run(std::integral_constant<int, 2>{}, n); break;
             case 3: run(std::integral_constant<int, 3>{}, n); break;
-            default: run(std::integral_constant<int, 4>{}, n); break;
+            case 4: run(std::integral_constant<int, 4>{}, n); break;
+            default: if constexpr (Qmax >= 5) run(std::integral_constant<int, Qmax>{}, n); break;
         }
     }
     // the rows left (a decoding step's single row) in tiles of twice the vectors where the registers
     // allow (VNNI): eight chains of vpdpbusd hide its latency, and each weight row is read in longer runs
-    constexpr int Q1 = W == 16 ? 2 * Qmax : Qmax;
+    constexpr int Q1 = W == 16 ? 8 : 4;
     auto run_one = [&](auto q_count, int n) __attribute__((always_inline)) {
         constexpr int Q = decltype(q_count)::value;
         for (int r = whole; r < rows; ++r)
