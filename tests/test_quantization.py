@@ -203,3 +203,38 @@ def test_binding_checks(rng):
                                bias=None, recurrent_bias=None, h0=None, c0=None, mask=None, reset_after=False)
     with pytest.raises(IndexError):
         _core.embedding_forward_int8(ids=np.array([5]), table=np.zeros((3, 2), np.int8), scale=np.ones(3, np.float32))
+
+
+def _packed_kernel(rng, K, N):
+    q, scale = attnx.quantization.quantize_matrix(rng.normal(size=(K, N)).astype(np.float32), "columns")
+    return _core.pack_int8(kernel=q, kernel_scale=scale)
+
+
+def test_fused_int8_kernels_equal_their_dense_products(level, rng):
+    """feed_forward_forward_int8 is two dense_forward_int8 calls, and dense_forward_int8_blocks their
+    columns in blocks, to the bit (rows past a 64-row chunk, an outlier row taking the second pass)."""
+    x = rng.normal(size=(150, 24)).astype(np.float32)
+    x[::9, 3] = 500.0
+    w1, w2 = _packed_kernel(rng, 24, 40), _packed_kernel(rng, 40, 7)
+    b1, b2 = rng.normal(size=40).astype(np.float32), rng.normal(size=7).astype(np.float32)
+    hidden = _core.dense_forward_int8(x=x, kernel=w1, bias=b1, activation="gelu")
+    want = _core.dense_forward_int8(x=hidden, kernel=w2, bias=b2)
+    got = _core.feed_forward_forward_int8(x=x, kernel1=w1, bias1=b1, kernel2=w2, bias2=b2, activation="gelu")
+    np.testing.assert_array_equal(got, want)
+    blocks = _core.dense_forward_int8_blocks(x=x, kernel=w1, bias=b1, widths=[16, 9, 15], activation="relu")
+    assert [b.shape for b in blocks] == [(150, 16), (150, 9), (150, 15)] and all(b.flags.c_contiguous for b in blocks)
+    np.testing.assert_array_equal(np.concatenate(blocks, axis=1),
+                                  _core.dense_forward_int8(x=x, kernel=w1, bias=b1, activation="relu"))
+
+
+def test_fused_int8_binding_checks(rng):
+    w1, w2 = _packed_kernel(rng, 4, 6), _packed_kernel(rng, 5, 3)
+    x = np.zeros((2, 4), np.float32)
+    with pytest.raises(ValueError, match="kernel2: expected a kernel packed as \\(6, 3\\)"):
+        _core.feed_forward_forward_int8(x=x, kernel1=w1, bias1=None, kernel2=w2, bias2=None)
+    with pytest.raises(ValueError, match="bias1"):
+        _core.feed_forward_forward_int8(x=x, kernel1=w1, bias1=np.zeros(5, np.float32),
+                                        kernel2=_packed_kernel(rng, 6, 3), bias2=None)
+    for widths in ([2, 3], [6, 0], [], [1, 1, 1, 1, 2]):
+        with pytest.raises(ValueError, match="widths must be 1 to 4 positive column counts summing to the kernel's 6"):
+            _core.dense_forward_int8_blocks(x=x, kernel=w1, bias=None, widths=widths)

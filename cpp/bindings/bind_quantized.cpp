@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
 
 #include "attnx/quantized.hpp"
 #include "bindings.hpp"
@@ -159,6 +162,64 @@ void init_quantized(py::module_& m) {
         py::arg("x"), py::arg("kernel"), py::arg("bias"), py::arg("activation") = "linear",
         "activation(x (R, K) . kernel + bias) with kernel int8 (K, N) quantized per column and packed (pack_int8), "
         "x quantized per row; float32 (R, N).");
+
+    m.def(
+        "dense_forward_int8_blocks",
+        [](const py::array& x, const Int8Kernel& kernel, const py::object& bias, const std::vector<py::ssize_t>& widths,
+           const std::string& activation) {
+            check_rank(x, 2, "dense_forward_int8_blocks: x");
+            const py::ssize_t R = x.shape(0), K = x.shape(1), N = kernel.N;
+            const Int8Kernel& w = packed_kernel(kernel, K, N, N, "dense_forward_int8_blocks: kernel");
+            py::ssize_t total = 0;
+            for (py::ssize_t width : widths) total += width > 0 ? width : N + 1;  // a width <= 0 fails the sum
+            if (widths.empty() || (int)widths.size() > Int8ColumnBlocks::kMax || total != N)
+                throw py::value_error("dense_forward_int8_blocks: widths must be 1 to " +
+                                      std::to_string(Int8ColumnBlocks::kMax) + " positive column counts summing to the "
+                                      "kernel's " + std::to_string(N) + " columns, got " + std::to_string(widths.size()) +
+                                      " summing to " + std::to_string(total));
+            const float* px = in_ptr<float>(x, "dense_forward_int8_blocks: x");
+            const float* pb = optional_in_ptr<float>(bias, {N}, "dense_forward_int8_blocks: bias");
+            const Activation act = parse_activation(activation);
+            py::list outs;
+            Int8ColumnBlocks blocks;
+            for (py::ssize_t width : widths) {
+                auto out = new_array<float>({R, width});
+                blocks.out[blocks.count] = out.mutable_data();
+                blocks.ends[blocks.count] = (blocks.count ? blocks.ends[blocks.count - 1] : 0) + (int)width;
+                ++blocks.count;
+                outs.append(out);
+            }
+            {
+                py::gil_scoped_release release;
+                dense_forward_int8(blocks, px, (int)R, w, pb, act);
+            }
+            return outs;
+        },
+        py::arg("x"), py::arg("kernel"), py::arg("bias"), py::arg("widths"), py::arg("activation") = "linear",
+        "dense_forward_int8's output as a list of arrays (R, width) of consecutive column blocks (widths summing to "
+        "the kernel's N, at most 4): a self-attention's query, key and value from one product, each contiguous.");
+
+    m.def(
+        "feed_forward_forward_int8",
+        [](const py::array& x, const Int8Kernel& kernel1, const py::object& bias1, const Int8Kernel& kernel2,
+           const py::object& bias2, const std::string& activation) {
+            check_rank(x, 2, "feed_forward_forward_int8: x");
+            const py::ssize_t R = x.shape(0), K = x.shape(1), F = kernel1.N, N = kernel2.N;
+            const Int8Kernel& w1 = packed_kernel(kernel1, K, F, F, "feed_forward_forward_int8: kernel1");
+            const Int8Kernel& w2 = packed_kernel(kernel2, F, N, N, "feed_forward_forward_int8: kernel2");
+            const float* px = in_ptr<float>(x, "feed_forward_forward_int8: x");
+            const float* pb1 = optional_in_ptr<float>(bias1, {F}, "feed_forward_forward_int8: bias1");
+            const float* pb2 = optional_in_ptr<float>(bias2, {N}, "feed_forward_forward_int8: bias2");
+            const Activation act = parse_activation(activation);
+            return released_result<float>({R, N}, [&](float* out) {
+                feed_forward_forward_int8(out, px, (int)R, w1, pb1, act, w2, pb2);
+            });
+        },
+        py::arg("x"), py::arg("kernel1"), py::arg("bias1"), py::arg("kernel2"), py::arg("bias2"),
+        py::arg("activation") = "relu",
+        "activation(x (R, K) . kernel1 + bias1) . kernel2 + bias2 on int8 kernels (K, F) and (F, N) packed by "
+        "pack_int8, in blocks of rows whose hidden activations stay in the thread's cache; float32 (R, N), the "
+        "same floats as two dense_forward_int8 calls.");
 
     m.def(
         "embedding_forward_int8",

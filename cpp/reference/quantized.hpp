@@ -74,6 +74,17 @@ inline void dense_forward_int8(double* y, const float* x, const int8_t* qW, cons
     activation_forward(y, y, R, N, a);
 }
 
+// y (R, N) = act(x (R, K) qW1 sW1 + b1) qW2 sW2 + b2: two int8 Dense layers, the hidden rows (R, F)
+// rounded to float between them as the kernel holds them
+inline void feed_forward_forward_int8(double* y, const float* x, const int8_t* qW1, const float* sW1, const float* b1,
+                                      Activation a, const int8_t* qW2, const float* sW2, const float* b2, int R, int K,
+                                      int F, int N) {
+    std::vector<double> hidden((size_t)R * F);
+    dense_forward_int8(hidden.data(), x, qW1, sW1, b1, R, K, F, a);
+    const std::vector<float> hidden_float(hidden.begin(), hidden.end());
+    dense_forward_int8(y, hidden_float.data(), qW2, sW2, b2, R, F, N, Activation::linear);
+}
+
 // One level of SimpleRNN / GRU / LSTM on int8 kernels W (C, G), U (H, G), the equations of
 // reference/rnn.hpp with every product an int8_row_product (h_{t-1} quantized from its float
 // value, as the kernel holds it); y (B, T, H) may be null, h, c (B, H) in and out, mask as there

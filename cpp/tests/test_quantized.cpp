@@ -75,6 +75,52 @@ static void dense_matches_reference(std::mt19937& rng) {
             std::vector<float> got((size_t)R * N);
             dense_forward_int8(got.data(), x.data(), R, packed, bias.data(), a);
             attnx::test::expect_near(got, want, 1e-5, "dense_forward_int8 " + where);
+            // in column blocks of 20, 33 and 17: the same floats, each block contiguous
+            std::vector<float> b0((size_t)R * 20), b1((size_t)R * 33), b2((size_t)R * 17);
+            Int8ColumnBlocks blocks;
+            blocks.out[0] = b0.data(), blocks.out[1] = b1.data(), blocks.out[2] = b2.data();
+            blocks.ends[0] = 20, blocks.ends[1] = 53, blocks.ends[2] = 70, blocks.count = 3;
+            dense_forward_int8(blocks, x.data(), R, packed, bias.data(), a);
+            int differ = 0;
+            for (int r = 0; r < R; ++r)
+                for (int n = 0; n < N; ++n) {
+                    const float block = n < 20 ? b0[(size_t)r * 20 + n] : n < 53 ? b1[(size_t)r * 33 + n - 20]
+                                                                              : b2[(size_t)r * 17 + n - 53];
+                    differ += block != got[(size_t)r * N + n];
+                }
+            CHECK(differ == 0);
+        });
+    }
+}
+
+// feed_forward_forward_int8 (both products chunk by chunk, the hidden rows in the thread's scratch) at
+// every level and split = the reference's two int8 Dense layers, with an outlier row (two passes)
+static void feed_forward_matches_reference(std::mt19937& rng) {
+    const int R = 150, K = 37, F = 70, N = 23;  // partial tiles, chunks of 64 rows, a split across threads
+    std::vector<int8_t> qw1, qw2;
+    std::vector<float> sw1, sw2;
+    random_int8_kernel(qw1, sw1, K, F, rng);
+    random_int8_kernel(qw2, sw2, F, N, rng);
+    for (int n = 0; n < F; ++n) qw1[(size_t)5 * F + n] = 0;  // feature 5 unused
+    auto x = attnx::test::cast<float>(attnx::test::random_values(rng, (size_t)R * K));
+    auto b1 = attnx::test::cast<float>(attnx::test::random_values(rng, F));
+    auto b2 = attnx::test::cast<float>(attnx::test::random_values(rng, N));
+    for (int r = 0; r < R; r += 7) x[(size_t)r * K + 5] = 1000.f;
+    Int8Kernel packed1, packed2;
+    pack_int8_kernel(packed1, qw1.data(), sw1.data(), K, F, F);
+    pack_int8_kernel(packed2, qw2.data(), sw2.data(), F, N, N);
+    for (Activation a : {Activation::relu, Activation::gelu}) {
+        std::vector<double> want((size_t)R * N);
+        reference::feed_forward_forward_int8(want.data(), x.data(), qw1.data(), sw1.data(), b1.data(), a, qw2.data(),
+                                             sw2.data(), b2.data(), R, K, F, N);
+        attnx::test::on_every_level_and_split([&](const std::string& where) {
+            std::vector<float> got((size_t)R * N), twice((size_t)R * N), hidden((size_t)R * F);
+            feed_forward_forward_int8(got.data(), x.data(), R, packed1, b1.data(), a, packed2, b2.data());
+            attnx::test::expect_near(got, want, 1e-5, "feed_forward_forward_int8 " + where);
+            // the same floats as two dense_forward_int8 calls
+            dense_forward_int8(hidden.data(), x.data(), R, packed1, b1.data(), a);
+            dense_forward_int8(twice.data(), hidden.data(), R, packed2, b2.data(), Activation::linear);
+            CHECK(got == twice);
         });
     }
 }
@@ -225,6 +271,7 @@ int main() {
         }
     }
     dense_matches_reference(rng);
+    feed_forward_matches_reference(rng);
     for (RNNCell cell : {RNNCell::simple, RNNCell::gru, RNNCell::lstm})
         for (bool reset_after : {true, false})
             for (bool reverse : {false, true}) {

@@ -290,3 +290,10 @@ def batch_norm_backward(
     dy: Array, x: Array, axis: int, mean: Array, rstd: Array, count: Array | None, gamma: Array | None,
     mask: Array | None, dgamma: Array | None, dbeta: Array | None, need_dx: bool = True,
 ) -> Array | None: ...
+def feed_forward_forward_int8(
+    x: Array, kernel1: Int8Kernel, bias1: Array | None, kernel2: Int8Kernel, bias2: Array | None,
+    activation: str = "relu",
+) -> Array: ...
+def dense_forward_int8_blocks(
+    x: Array, kernel: Int8Kernel, bias: Array | None, widths: list[int], activation: str = "linear",
+) -> list[Array]: ...

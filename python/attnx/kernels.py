@@ -28,3 +28,5 @@ from ._core import inference_plan  # noqa: F401,E402  (attnx.models.plan: a mode
 from ._core import search_attention_decoder, search_decoder_stack, search_python_step  # noqa: F401,E402
 from ._core import MAX_DECODING_LENGTH  # noqa: F401,E402  (search.hpp's bound, attnx.decoding's)
 from ._core import batch_norm_backward, batch_norm_forward  # noqa: F401,E402  (layers.BatchNormalization)
+from ._core import feed_forward_forward_int8  # noqa: F401,E402  (a quantized FeedForward in one call)
+from ._core import dense_forward_int8_blocks  # noqa: F401,E402  (int8 self-attention's q, k, v apart)

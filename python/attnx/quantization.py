@@ -13,7 +13,8 @@ What a layer quantizes is its own public statement, `Layer.quantizable_weights()
 "columns", "head_columns" or "rows"}): Dense, Embedding, SimpleRNN / GRU / LSTM (every level, and
 their cells) and MultiHeadAttention (its query, key, value, gate and output kernels) name their
 kernels; FeedForward and the transformer layers and stacks quantize through their sublayers (each
-product then runs `kernels.dense_forward_int8`, the scales, bias and activation in its epilogue), and
+product then runs `kernels.dense_forward_int8`, the scales, bias and activation in its epilogue;
+FeedForward's two in one `kernels.feed_forward_forward_int8` call), and
 a quantized decoder's cached step and search run the one C++ step on the packed kernels (`step_product`). A layer that
 cannot run in int8 says why in `Layer.quantize_refusal()` (LSTMN; a Transformer with tie_output), and
 `quantize` then raises naming it before changing anything; a layer without int8 weights stays

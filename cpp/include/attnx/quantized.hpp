@@ -66,44 +66,57 @@ ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float16 v) {
     std::memcpy(q, &b, sizeof b);
 }
 
+// max_k |x[k]| of one row (K values)
+template <class V> ATTNX_ALWAYS_INLINE float row_abs_max(const float* x, int K) {
+    using I = typename Lanes<V>::I;
+    constexpr int W = Lanes<V>::W;
+    V m = V{};
+    for (int k = 0; k < K; k += W) {
+        const V a = (V)((I)vload<V>(x + k, std::min(W, K - k)) & (I{} + 0x7fffffff));  // |x|: the sign bit off
+        m = a > m ? a : m;
+    }
+    float mx = 0.f;
+    for (int j = 0; j < W; ++j) mx = std::max(mx, lane(m, j));
+    return mx;
+}
+
+// v (already x * 127 / max|x|) rounded half to even, within [-127, 127]. The rounding adds and takes
+// off 1.5 * 2^23 (exact for |v| <= 127), after an opaque copy so that no level fuses it with the
+// multiply: every level quantizes to the same bytes.
+template <class V> ATTNX_ALWAYS_INLINE V round_int8(V v) {
+    constexpr int W = Lanes<V>::W;
+    if constexpr (W == 16) asm("" : "+v"(v));
+    else if constexpr (W > 1) asm("" : "+x"(v));
+    const V magic = vbroadcast<V>(12582912.f);
+    V rounded = (v + magic) - magic;
+    rounded = rounded > vbroadcast<V>(127.f) ? vbroadcast<V>(127.f) : rounded;
+    return rounded < vbroadcast<V>(-127.f) ? vbroadcast<V>(-127.f) : rounded;
+}
+
+// q[0, n) = the first n lanes of rounded (whole numbers in [-127, 127]) as bytes
+template <class V> ATTNX_ALWAYS_INLINE void store_int8_lanes(int8_t* q, V rounded, int n) {
+    if constexpr (Lanes<V>::W > 1) {
+        if (n == Lanes<V>::W) return store_int8(q, rounded);  // a whole vector's bytes at once (vpmovdb / packs)
+    }
+    for (int j = 0; j < n; ++j) q[j] = (int8_t)(int)lane(rounded, j);
+}
+
 // qx (rows, Kp; zero past K) and sx (rows) of x (rows, K, rows ldx apart), per row:
 //   sx[r] = max_k |x[r, k]| / 127,  qx[r, k] = round_half_even(x[r, k] * (127 / max_k |x[r, k]|))
-// A zero row has sx = 0 and qx = 0. The rounding adds and takes off 1.5 * 2^23 (exact for
-// |v| <= 127), after an opaque copy so that no level fuses it with the multiply: every level
-// quantizes to the same bytes.
+// A zero row has sx = 0 and qx = 0.
 template <class V>
 ATTNX_ALWAYS_INLINE void quantize_rows_on(int8_t* qx, size_t ldq, float* sx, const float* x, size_t ldx, int rows,
                                           int K, int Kp) {
     constexpr int W = Lanes<V>::W;
     for (int r = 0; r < rows; ++r) {
         const float* xr = x + (size_t)r * ldx;
-        V m = V{};
-        for (int k = 0; k < K; k += W) {
-            const V v = vload<V>(xr + k, std::min(W, K - k));
-            const V a = v < V{} ? -v : v;
-            m = a > m ? a : m;
-        }
-        float mx = 0.f;
-        for (int j = 0; j < W; ++j) mx = std::max(mx, lane(m, j));
+        const float mx = row_abs_max<V>(xr, K);
         sx[r] = mx / float(kInt8Max);
-        const float inv = mx > 0.f ? float(kInt8Max) / mx : 0.f;
+        const V inv = vbroadcast<V>(mx > 0.f ? float(kInt8Max) / mx : 0.f);
         int8_t* q = qx + (size_t)r * ldq;
         for (int k = 0; k < K; k += W) {
             const int n = std::min(W, K - k);
-            V v = vload<V>(xr + k, n) * vbroadcast<V>(inv);
-            if constexpr (W == 16) asm("" : "+v"(v));
-            else if constexpr (W > 1) asm("" : "+x"(v));
-            const V magic = vbroadcast<V>(12582912.f);
-            V rounded = (v + magic) - magic;
-            rounded = rounded > vbroadcast<V>(127.f) ? vbroadcast<V>(127.f) : rounded;
-            rounded = rounded < vbroadcast<V>(-127.f) ? vbroadcast<V>(-127.f) : rounded;
-            if constexpr (W > 1) {
-                if (n == W) {  // a whole vector's bytes at once (vpmovdb / packs), not lane by lane
-                    store_int8(q + k, rounded);
-                    continue;
-                }
-            }
-            for (int j = 0; j < n; ++j) q[k + j] = (int8_t)(int)lane(rounded, j);
+            store_int8_lanes(q + k, round_int8(vload<V>(xr + k, n) * inv), n);
         }
         std::fill(q + K, q + Kp, int8_t(0));
     }
@@ -136,27 +149,37 @@ inline void int8_feature_weights(float* kw, const int8_t* qw, size_t ldw, int K,
     }
 }
 
-// e = x - s q of row x (K values) quantized to q, s; whether the row is coarse for features weighing kw.
-// The sums run in 16 fixed lanes (feature k in lane k % 16, each lane in order, the lanes added in
-// order at the end): the same decision at every SIMD level, in vectors at each
+// One row x (K values) quantized to q (zero from K to Kp), its scale returned in s, its residual
+// e = x - s q, and whether it is coarse for features weighing kw, in one pass after the max. The
+// coarse sums run in 16 fixed lanes (feature k in lane k % 16, each lane in order, the lanes added in
+// order at the end): the same decision at every SIMD level, whose vectors (16, 2 x 8 or 4 x 4 lanes)
+// hold those lanes.
 constexpr int kCoarseLanes = 16;
-ATTNX_ALWAYS_INLINE bool coarse_residual(float* __restrict e, const float* __restrict x, const int8_t* __restrict q,
-                                         float s, const float* __restrict kw, int K) {
-    float error[kCoarseLanes] = {}, magnitude[kCoarseLanes] = {};
-    int k = 0;
-    for (; k + kCoarseLanes <= K; k += kCoarseLanes)
-        for (int j = 0; j < kCoarseLanes; ++j) {
-            e[k + j] = x[k + j] - s * (float)q[k + j];
-            error[j] += std::abs(e[k + j]) * kw[k + j];
-            magnitude[j] += std::abs(x[k + j]) * kw[k + j];
-        }
-    for (int j = 0; k + j < K; ++j) {
-        e[k + j] = x[k + j] - s * (float)q[k + j];
-        error[j] += std::abs(e[k + j]) * kw[k + j];
-        magnitude[j] += std::abs(x[k + j]) * kw[k + j];
+template <class V>
+ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, float* __restrict e,
+                                             const float* __restrict x, const float* __restrict kw, int K, int Kp) {
+    using I = typename Lanes<V>::I;
+    constexpr int W = Lanes<V>::W, L = kCoarseLanes / W;
+    static_assert(kCoarseLanes % W == 0, "the coarse lanes are whole vectors");
+    const float mx = row_abs_max<V>(x, K);
+    s = mx / float(kInt8Max);
+    const V inv = vbroadcast<V>(mx > 0.f ? float(kInt8Max) / mx : 0.f), sv = vbroadcast<V>(s);
+    const I abs_mask = I{} + 0x7fffffff;
+    V error[L] = {}, magnitude[L] = {};
+    for (int k = 0, l = 0; k < K; k += W, l = (l + 1) % L) {
+        const int n = std::min(W, K - k);
+        const V xv = vload<V>(x + k, n), w = vload<V>(kw + k, n);  // zero past K: adds nothing to the sums
+        const V rounded = round_int8(xv * inv);
+        store_int8_lanes(q + k, rounded, n);
+        const V ev = xv - sv * rounded;
+        vstore(e + k, ev, n);
+        error[l] += (V)((I)ev & abs_mask) * w;
+        magnitude[l] += (V)((I)xv & abs_mask) * w;
     }
+    std::fill(q + K, q + Kp, int8_t(0));
     float total_error = 0.f, total_magnitude = 0.f;
-    for (int j = 0; j < kCoarseLanes; ++j) total_error += error[j], total_magnitude += magnitude[j];
+    for (int j = 0; j < kCoarseLanes; ++j)
+        total_error += lane(error[j / W], j % W), total_magnitude += lane(magnitude[j / W], j % W);
     return total_error * kCoarseRatio > total_magnitude;
 }
 
@@ -299,24 +322,30 @@ ATTNX_ALWAYS_INLINE void int8_tile(int32_t* acc, size_t ldc, const int8_t* qx, s
 template <class Ops>
 ATTNX_ALWAYS_INLINE void int8_product_on(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, int rows,
                                          const Int8Packed& B, int n0, int n1) {
-    constexpr int W = Ops::W, R = Ops::R, Qmax = 4;
+    // up to Qmax vectors of columns per tile (VNNI: 4 x 5 accumulators, 5 weight vectors and the broadcast
+    // in 32 registers), the column groups as even as the vectors allow: an LSTM(100)'s 25 vectors run
+    // as 5 tiles of 5, not 6 of 4 and one of a single vector (a quarter of the multiply-adds per row read)
+    constexpr int W = Ops::W, R = Ops::R, Qmax = W == 16 ? 5 : 4;
     const int whole = rows - rows % R;
     auto run = [&](auto q_count, int n) __attribute__((always_inline)) {
         constexpr int Q = decltype(q_count)::value;
         for (int r = 0; r < whole; r += R)
             int8_tile<Ops, R, Q>(acc + (size_t)r * ldc, ldc, qx + (size_t)r * lda, lda, B, n);
     };
-    for (int n = n0; n < n1 && whole; n += Qmax * W) {
-        switch (std::min(Qmax, (n1 - n + W - 1) / W)) {
+    const int vectors = (n1 - n0 + W - 1) / W, groups = (vectors + Qmax - 1) / Qmax;
+    const int per_group = groups ? (vectors + groups - 1) / groups : 0;
+    for (int n = n0; n < n1 && whole; n += per_group * W) {
+        switch (std::min(per_group, (n1 - n + W - 1) / W)) {
             case 1: run(std::integral_constant<int, 1>{}, n); break;
             case 2: run(std::integral_constant<int, 2>{}, n); break;
             case 3: run(std::integral_constant<int, 3>{}, n); break;
-            default: run(std::integral_constant<int, 4>{}, n); break;
+            case 4: run(std::integral_constant<int, 4>{}, n); break;
+            default: if constexpr (Qmax >= 5) run(std::integral_constant<int, Qmax>{}, n); break;
         }
     }
     // the rows left (a decoding step's single row) in tiles of twice the vectors where the registers
     // allow (VNNI): eight chains of vpdpbusd hide its latency, and each weight row is read in longer runs
-    constexpr int Q1 = W == 16 ? 2 * Qmax : Qmax;
+    constexpr int Q1 = W == 16 ? 8 : 4;
     auto run_one = [&](auto q_count, int n) __attribute__((always_inline)) {
         constexpr int Q = decltype(q_count)::value;
         for (int r = whole; r < rows; ++r)
@@ -398,10 +427,10 @@ struct Int8Activations {
     // quantized in qe row i, se[i])
     template <class V>
     ATTNX_ALWAYS_INLINE void quantize_on(const float* x, size_t ldx, int n, const float* kw) {
-        quantize_rows_on<V>(q.data(), (size_t)Kp, s.data(), x, ldx, n, K, Kp);
         coarse = 0;
         for (int r = 0; r < n; ++r) {
-            if (!coarse_residual(e.data(), x + (size_t)r * ldx, q.data() + (size_t)r * Kp, s[r], kw, K)) continue;
+            if (!quantize_row_coarse<V>(q.data() + (size_t)r * Kp, s[r], e.data(), x + (size_t)r * ldx, kw, K, Kp))
+                continue;
             if (qe.size() < (size_t)rows * Kp || acc2.size() < (size_t)rows * Np)  // sized for the largest use
                 qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
             quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K,
@@ -417,53 +446,120 @@ struct Int8Activations {
         if (coarse) int8_product(acc2.data(), (size_t)B.Np, qe.data(), (size_t)Kp, coarse, B, n0, n1);
     }
 
-    // out[r, j] (n rows, ldo apart; n0 <= j < n1) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be null),
-    // then += acc2[i, j] (se[i] sw[j]) for the coarse row r = which[i]
+    // out[r, j - first] (n rows, ldo apart; n0 <= j < n1) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be
+    // null), then += acc2[i, j] (se[i] sw[j]) for the coarse row r = which[i]; `first`: the column that
+    // out's first holds (0: out holds every column from 0; n0: a block of columns apart)
     // (plain loops, inlined so that they vectorize at the caller's level)
     ATTNX_ALWAYS_INLINE void dequantize(float* out, size_t ldo, const int32_t* acc, size_t ldc, int n, const float* sw,
-                                        const float* bias, int n0, int n1, size_t ld_acc2) const {
+                                        const float* bias, int n0, int n1, size_t ld_acc2, int first = 0) const {
         for (int r = 0; r < n; ++r) {
             float* o = out + (size_t)r * ldo;
             const int32_t* a = acc + (size_t)r * ldc;
             const float sr = s[r];
             if (bias)
-                for (int j = n0; j < n1; ++j) o[j] = (float)a[j] * (sr * sw[j]) + bias[j];
+                for (int j = n0; j < n1; ++j) o[j - first] = (float)a[j] * (sr * sw[j]) + bias[j];
             else
-                for (int j = n0; j < n1; ++j) o[j] = (float)a[j] * (sr * sw[j]);
+                for (int j = n0; j < n1; ++j) o[j - first] = (float)a[j] * (sr * sw[j]);
         }
         for (int i = 0; i < coarse; ++i) {
             float* o = out + (size_t)which[i] * ldo;
             const int32_t* a = acc2.data() + (size_t)i * ld_acc2;
             const float si = se[i];
-            for (int j = n0; j < n1; ++j) o[j] += (float)a[j] * (si * sw[j]);
+            for (int j = n0; j < n1; ++j) o[j - first] += (float)a[j] * (si * sw[j]);
         }
     }
 };
 
 // ----------------------------------------------------------------------------- Dense
-// out (rows, N) = act(x (rows, K) W + bias) with W quantized and packed (w: columns [0, N) in w.head);
-// bias may be null. Rows split across the thread budget.
-inline void dense_forward_int8(float* out, const float* x, int rows, const Int8Kernel& w, const float* bias,
-                               Activation activation) {
+// What one thread's int8 Dense rows reuse from call to call (thread_local: an int32 block of 64 rows
+// by 512 columns is past malloc's mmap threshold, and a fresh one faulted its pages in on every call):
+// the quantized rows, their int32 sums, and the feed-forward's hidden rows
+struct Int8Scratch {
+    Int8Activations rows;
+    std::vector<int32_t> acc;
+    std::vector<float> hidden;
+};
+inline Int8Scratch& int8_scratch() {
+    thread_local Int8Scratch scratch;
+    return scratch;
+}
+
+constexpr int kInt8Chunk = 64;  // rows quantized, multiplied and dequantized together (in L2 between the steps)
+
+// The int8 Dense's output split by columns: block i, the kernel's columns [ends[i - 1], ends[i])
+// (ends[-1] = 0, the last end N), into its own array out[i] (rows of its width): a self-attention's
+// query, key and value from one product, each contiguous
+struct Int8ColumnBlocks {
+    static constexpr int kMax = 4;
+    float* out[kMax] = {};
+    int ends[kMax] = {};
+    int count = 0;
+};
+
+// The output of a kernel of N columns as one block into out
+inline Int8ColumnBlocks one_block(float* out, int N) {
+    Int8ColumnBlocks blocks;
+    blocks.out[0] = out, blocks.ends[0] = N, blocks.count = 1;
+    return blocks;
+}
+
+// Rows [r0, r0 + n) (n <= kInt8Chunk) of act(x W + bias), x's rows from x (K values each), on this
+// thread: quantized, multiplied by W (w.head) and written to the blocks' rows r0..; bias may be null
+inline void dense_rows_int8(const Int8ColumnBlocks& blocks, size_t r0, const float* x, int n, const Int8Kernel& w,
+                            const float* bias, Activation activation, Int8Scratch& scratch) {
     const Int8Packed& B = w.head;
     const int K = B.K, N = B.N;
-    const double work = (double)rows * K * N / 4;
-    parallel_for((size_t)rows, work, [&](size_t r0, size_t r1) {
-        constexpr int chunk = 64;
-        Int8Activations xq;
-        xq.resize(chunk, K, B.Kp, B.Np);
-        std::vector<int32_t> acc((size_t)chunk * B.Np);
-        for (size_t c0 = r0; c0 < r1; c0 += chunk) {
-            const int n_rows = (int)std::min<size_t>(chunk, r1 - c0);
-            on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-                xq.quantize_on<decltype(lanes)>(x + c0 * K, (size_t)K, n_rows, B.feature_weight.data());
-            });
-            xq.product(acc.data(), (size_t)B.Np, n_rows, B, 0, N);
-            on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
-                xq.dequantize(out + c0 * N, (size_t)N, acc.data(), (size_t)B.Np, n_rows, w.scale.data(), bias, 0, N,
-                              (size_t)B.Np);
-            });
-            activation_forward<float>(out + c0 * N, out + c0 * N, (size_t)n_rows, (size_t)N, activation);
+    Int8Activations& xq = scratch.rows;
+    xq.resize(kInt8Chunk, K, B.Kp, B.Np);
+    scratch.acc.resize((size_t)kInt8Chunk * B.Np);
+    on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+        xq.quantize_on<decltype(lanes)>(x, (size_t)K, n, B.feature_weight.data());
+    });
+    xq.product(scratch.acc.data(), (size_t)B.Np, n, B, 0, N);
+    for (int i = 0, n0 = 0; i < blocks.count; n0 = blocks.ends[i++]) {
+        const int width = blocks.ends[i] - n0;
+        float* out = blocks.out[i] + r0 * width;
+        on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
+            xq.dequantize(out, (size_t)width, scratch.acc.data(), (size_t)B.Np, n, w.scale.data(), bias, n0,
+                          blocks.ends[i], (size_t)B.Np, n0);
+        });
+        activation_forward<float>(out, out, (size_t)n, (size_t)width, activation);
+    }
+}
+
+// act(x (rows, K) W + bias) with W quantized and packed (w: columns [0, N) in w.head) into the column
+// blocks (their ends ascending to N); bias may be null. Rows split across the thread budget.
+inline void dense_forward_int8(const Int8ColumnBlocks& blocks, const float* x, int rows, const Int8Kernel& w,
+                               const float* bias, Activation activation) {
+    const int K = w.head.K, N = w.head.N;
+    parallel_for((size_t)rows, (double)rows * K * N / 4, [&](size_t r0, size_t r1) {
+        Int8Scratch& scratch = int8_scratch();
+        for (size_t c0 = r0; c0 < r1; c0 += kInt8Chunk)
+            dense_rows_int8(blocks, c0, x + c0 * K, (int)std::min<size_t>(kInt8Chunk, r1 - c0), w, bias, activation,
+                            scratch);
+    });
+}
+
+// out (rows, N) = act(x (rows, K) W + bias), as one block
+inline void dense_forward_int8(float* out, const float* x, int rows, const Int8Kernel& w, const float* bias,
+                               Activation activation) {
+    dense_forward_int8(one_block(out, w.head.N), x, rows, w, bias, activation);
+}
+
+// The feed-forward network on int8 kernels, chunk by chunk of rows (the hidden rows never leave the
+// thread's cache): y (rows, N2) = act(x (rows, K) W1 + b1) W2 + b2; each product is dense_rows_int8's,
+// so y equals two dense_forward_int8 calls. Biases may be null.
+inline void feed_forward_forward_int8(float* y, const float* x, int rows, const Int8Kernel& w1, const float* b1,
+                                      Activation activation, const Int8Kernel& w2, const float* b2) {
+    const int K = w1.head.K, F = w1.head.N, N = w2.head.N;
+    parallel_for((size_t)rows, (double)rows * F * (K + N) / 4, [&](size_t r0, size_t r1) {
+        Int8Scratch& scratch = int8_scratch();
+        scratch.hidden.resize((size_t)kInt8Chunk * F);
+        const Int8ColumnBlocks hidden = one_block(scratch.hidden.data(), F), out = one_block(y, N);
+        for (size_t c0 = r0; c0 < r1; c0 += kInt8Chunk) {
+            const int n = (int)std::min<size_t>(kInt8Chunk, r1 - c0);
+            dense_rows_int8(hidden, 0, x + c0 * K, n, w1, b1, activation, scratch);
+            dense_rows_int8(out, c0, scratch.hidden.data(), n, w2, b2, Activation::linear, scratch);
         }
     });
 }

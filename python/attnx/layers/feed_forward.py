@@ -1,9 +1,9 @@
 """The transformer's position-wise feed-forward network (Dense, activation, dropout, Dense) in one
 fused call."""
 
+import numpy as np
 
-
-from .. import activations, kernels, random
+from .. import activations, kernels, quantization, random
 from .attention import is_shape
 from .composite import _Composite, _dropout_keep
 from .core import Dense
@@ -57,9 +57,15 @@ class FeedForward(_Composite):
             tuple(input_shape[:-1]) + (self.intermediate_dim,))
 
     def forward(self, inputs, training=False):
-        if self.quantization_mode:  # int8: each Dense's product with its scales, bias and activation fused
-            hidden, _ = self.intermediate_dense.forward(inputs, training)
-            return self.output_dense.forward(hidden, training)[0], None
+        if self.quantization_mode:  # int8: both products in one kernel, the hidden rows kept in cache
+            quantization.inference_only(self, training)
+            inner, outer = self.intermediate_dense, self.output_dense
+            x = self._float_input(inputs, min_ndim=2, last_dim=inner.params["kernel"].shape[0])
+            y = kernels.feed_forward_forward_int8(
+                x=np.require(x.reshape(-1, x.shape[-1]), np.float32, "CA"), activation=self.activation,
+                kernel1=quantization.packed(inner, "kernel"), bias1=inner.params.get("bias"),
+                kernel2=quantization.packed(outer, "kernel"), bias2=outer.params.get("bias"))
+            return y.reshape(x.shape[:-1] + (y.shape[-1],)), None
         # inference in one float32 kernel, blocks of rows: the (batch, ..., intermediate_dim) hidden is never
         # stored; under mixed_bfloat16 (the sublayers take the policy) the two Dense layers' bf16 products
         if not training and self.intermediate_dense.compute_dtype != "bfloat16":

@@ -428,9 +428,9 @@ class MultiHeadAttention(Layer):
                                   v_in.reshape(B * S, v_in.shape[2]))
         if self.quantization_mode and q_in is k_in is v_in:  # int8 self-attention: q, k, v in one product
             kernel, bias = quantization.packed_projections(self, ("query", "key", "value"))
-            qkv = kernels.dense_forward_int8(x=np.require(q_rows, np.float32, "CA"), kernel=kernel, bias=bias)
-            q, k, v = (np.ascontiguousarray(p).reshape(B, T, -1)
-                       for p in np.split(qkv, [H * self.key_dim, 2 * H * self.key_dim], axis=1))
+            q, k, v = (p.reshape(B, T, -1) for p in kernels.dense_forward_int8_blocks(
+                x=np.require(q_rows, np.float32, "CA"), kernel=kernel, bias=bias,
+                widths=[H * self.key_dim, H * self.key_dim, H * self.value_dim]))
         else:
             q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
             k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
