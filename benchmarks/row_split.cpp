@@ -4,7 +4,7 @@
 // parallel_for) against one. Each size cycles through enough distinct weight matrices (>= 12 MiB, as
 // a step's 11.4 MB) that W comes from L3 as in decoding, not from L2. Wall time per product, best of
 // 20 passes, sizes interleaved five times.
-//   g++ -std=c++17 -O2 -Wno-psabi -Icpp/include -o /tmp/row_split benchmarks/row_split.cpp -lopenblas -lpthread
+//   g++ -std=c++17 -O3 -ffp-contract=off -Wno-psabi -Icpp/include -o /tmp/row_split benchmarks/row_split.cpp -lopenblas -lpthread
 //   /tmp/row_split            (run under `env -u OPENBLAS_CORETYPE`, one interleaved run)
 #include <algorithm>
 #include <chrono>
