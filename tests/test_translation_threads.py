@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import attnx
+from attnx import backend
 from attnx.seq2seq import Transformer
 
 SOURCE = np.array([[3, 4, 5, 6, 7, 8, 9], [10, 11, 0, 0, 0, 0, 0], [12, 13, 14, 15, 0, 0, 0],
@@ -23,7 +24,7 @@ def _transformer(norm_first, quantized):
 
 
 def _decode(model, threads):
-    previous = attnx.get_num_threads()
+    previous = backend.get_num_threads()
     attnx.set_num_threads(threads)
     try:
         greedy_one = [model.greedy_decode(row[None]) for row in SOURCE[:4]]
