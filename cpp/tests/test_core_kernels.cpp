@@ -12,6 +12,7 @@
 #include "attnx/embedding.hpp"
 #include "attnx/loss.hpp"
 #include "attnx/optim.hpp"
+#include "attnx/parallel.hpp"
 #include "check.hpp"
 
 using namespace attnx;
@@ -132,6 +133,40 @@ static void test_adam_first_step() {
     CHECK_CLOSE(p[1], 1.1, 1e-9);
 }
 
+// run_team: every member runs once with its own index, and a sync orders the members' writes before
+// every member's reads after it (each round, each member reads what all wrote in it); one thread, or a
+// call inside another parallel region, runs a team of one
+static void test_run_team() {
+    const int threads = attnx::get_blas_threads();
+    for (int budget : {1, 2}) {
+        attnx::set_blas_threads(budget);
+        std::vector<int> slots(2, 0), sums(2 * 100, -1);
+        unsigned seen_members = 0;
+        attnx::run_team(2, [&](const attnx::TeamMember& team) {
+            if (team.index == 0) seen_members = team.members;
+            for (int round = 0; round < 100; ++round) {
+                slots[team.index] = round * 10 + (int)team.index;
+                team.sync();  // every member's slot of this round written
+                int sum = 0;
+                for (unsigned m = 0; m < team.members; ++m) sum += slots[m];
+                sums[round * 2 + team.index] = sum;
+                team.sync();  // read before the next round writes
+            }
+        });
+        CHECK(seen_members == (unsigned)budget);
+        for (int round = 0; round < 100; ++round)
+            for (unsigned m = 0; m < seen_members; ++m)
+                CHECK(sums[round * 2 + m] == (budget == 2 ? round * 20 + 1 : round * 10));
+    }
+    attnx::set_blas_threads(2);
+    unsigned nested_members = 0;
+    attnx::parallel_for(2, 1e9, [&](size_t lo, size_t) {
+        if (lo == 0) attnx::run_team(2, [&](const attnx::TeamMember& team) { nested_members = team.members; });
+    });
+    CHECK(nested_members == 1);
+    attnx::set_blas_threads(threads);
+}
+
 int main() {
     test_dense();
     test_empty_gemm();
@@ -141,5 +176,6 @@ int main() {
     test_embedding();
     test_losses();
     test_adam_first_step();
+    test_run_team();
     return attnx::test::report("test_core_kernels");
 }

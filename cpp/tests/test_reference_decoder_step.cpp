@@ -2,7 +2,8 @@
 // layers (post- and pre-norm, relu and gelu, a padded and a fully masked source row, without biases
 // and norms' beta, without cross-attention as encoder layers), its output, both caches and the last
 // layer's cross-attention weights, on odd sizes and on sizes that split across two threads; and
-// with int8 kernels (quantized.hpp) in place of float ones, against the reference's int8 products.
+// with int8 kernels (quantized.hpp) in place of float ones, against the reference's int8 products; and
+// a step that a team of two threads splits by columns (a few rows) giving one thread's bits.
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -69,19 +70,63 @@ struct StackWeights {
 // The kernel slots of a layer's 22 (decoder_layer_weights): (slot, input size K is D or F)
 constexpr int kKernelSlots[8] = {2, 4, 6, 8, 12, 14, 18, 20};
 
-// The cached step with int8 kernels (every product, or the attention's only: a float feed-forward
-// beside them), self q, k, v fused in one (D, 3D) kernel or apart, against the reference's int8
-// products: x, both caches and the cross-attention weights, every level, 1 and 2 threads
-void test_decoder_step_int8(int layers, int N, int D, int H, int F, int S, int capacity, int position,
-                            bool norm_first, bool fused, bool float_feed_forward, unsigned seed, int memory_batch = 0) {
-    std::mt19937 rng(seed);
-    StackWeights weights(rng, layers, D, F, true, S > 0);
-    std::vector<std::shared_ptr<Int8Kernel>> owned;
+// The inputs of one step besides the weights: x, both caches, the cross keys and values (M memory
+// rows: memory_batch, or N), the source mask (row 0 padded, row 1 with nothing to attend to) and the
+// config; with memory_batch > 0 the rows read memory rows (n * 3 + 1) % memory_batch (a beam
+// search's shared memory)
+struct StepInputs {
+    std::vector<double> x, keys, values, cross_keys, cross_values;
+    std::vector<uint8_t> mask;
+    std::vector<int32_t> memory_rows;
+    DecoderStepConfig c;
+
+    StepInputs(std::mt19937& rng, int layers, int N, int D, int H, int F, int S, int capacity, int position,
+               bool norm_first, Activation act, int memory_batch) {
+        const int M = memory_batch ? memory_batch : N;
+        x = random_values(rng, (size_t)N * D);
+        memory_rows.resize((size_t)N);
+        for (int n = 0; n < N; ++n) memory_rows[n] = (n * 3 + 1) % M;
+        const size_t cache = (size_t)layers * N * capacity * D, cross = (size_t)layers * M * S * D;
+        keys = random_values(rng, cache), values = random_values(rng, cache);
+        cross_keys = random_values(rng, cross), cross_values = random_values(rng, cross);
+        mask.assign((size_t)M * S, 1);
+        for (int s = S / 2; s < S; ++s) mask[s] = 0;
+        if (M > 1 && S > 0) std::fill(mask.begin() + S, mask.begin() + 2 * S, 0);
+        c.layers = layers, c.N = N, c.D = D, c.H = H, c.F = F, c.S = S, c.capacity = capacity, c.position = position;
+        c.norm_first = norm_first, c.activation = act, c.epsilon = 1e-5;
+        if (memory_batch) c.memory_rows = memory_rows.data(), c.memory_batch = memory_batch;
+    }
+
+    // the reference step on these inputs
+    Named reference(const std::vector<DecoderLayerWeights<double>>& layers) const {
+        std::vector<double> x_ = x, keys_ = keys, values_ = values, cross_weights((size_t)c.N * c.H * c.S);
+        reference::decoder_stack_step(x_.data(), keys_.data(), values_.data(), cross_weights.data(), cross_keys.data(),
+                                      cross_values.data(), mask.data(), layers.data(), c);
+        return {{"x", x_}, {"keys", keys_}, {"values", values_}, {"cross_weights", cross_weights}};
+    }
+
+    // the fast step in T on these inputs, at the current level and thread budget
+    template <class T> Named run(const std::vector<DecoderLayerWeights<T>>& layers) const {
+        auto x_ = cast<T>(x), keys_ = cast<T>(keys), values_ = cast<T>(values);
+        const auto cross_keys_ = cast<T>(cross_keys), cross_values_ = cast<T>(cross_values);
+        std::vector<T> cross_weights((size_t)c.N * c.H * c.S);
+        decoder_stack_step<T>(x_.data(), keys_.data(), values_.data(), cross_weights.data(), cross_keys_.data(),
+                              cross_values_.data(), mask.data(), layers.data(), c);
+        return {{"x", to_double(x_)}, {"keys", to_double(keys_)}, {"values", to_double(values_)},
+                {"cross_weights", to_double(cross_weights)}};
+    }
+};
+
+// The int8 kernels of `weights`' kernel slots (each layer's 22; null where none), all of them or the
+// attention's only (float_feed_forward); fused: q, k, v first joined in one (D, 3D) kernel in the
+// query slot, biases likewise, the key and value slots emptied
+std::vector<const Int8Kernel*> int8_kernels(StackWeights& weights, std::vector<std::shared_ptr<Int8Kernel>>& owned,
+                                            int layers, int D, int F, bool fused, bool float_feed_forward) {
     std::vector<const Int8Kernel*> int8((size_t)layers * 22, nullptr);
     for (int l = 0; l < layers; ++l) {
         auto& a = weights.arrays;
         const size_t base = (size_t)l * 22;
-        if (fused) {  // [Wq | Wk | Wv] (D, 3D) in the query slot, biases likewise; the key and value slots empty
+        if (fused) {
             std::vector<double> W((size_t)D * 3 * D), b;
             for (int i = 0; i < 3; ++i) {
                 for (int k = 0; k < D; ++k)
@@ -98,88 +143,79 @@ void test_decoder_step_int8(int layers, int N, int D, int H, int F, int S, int c
             int8[base + slot] = owned.back().get();
         }
     }
-    const auto x0 = random_values(rng, (size_t)N * D);
-    const int M = memory_batch ? memory_batch : N;
-    std::vector<int32_t> memory_rows((size_t)N);
-    for (int n = 0; n < N; ++n) memory_rows[n] = (n * 3 + 1) % M;
-    const size_t cache = (size_t)layers * N * capacity * D, cross = (size_t)layers * M * S * D;
-    const auto keys0 = random_values(rng, cache), values0 = random_values(rng, cache);
-    const auto cross_keys = random_values(rng, cross), cross_values = random_values(rng, cross);
-    std::vector<uint8_t> mask((size_t)M * S, 1);
-    for (int s = S / 2; s < S; ++s) mask[s] = 0;
-    DecoderStepConfig c;
-    c.layers = layers, c.N = N, c.D = D, c.H = H, c.F = F, c.S = S, c.capacity = capacity, c.position = position;
-    c.norm_first = norm_first, c.activation = Activation::relu, c.epsilon = 1e-5;
-    if (memory_batch) c.memory_rows = memory_rows.data(), c.memory_batch = memory_batch;
+    return int8;
+}
 
-    std::vector<double> x = x0, keys = keys0, values = values0, cross_weights((size_t)N * H * S);
-    const auto ref_layers = weights.pointers<double>(weights.arrays, &int8);
-    reference::decoder_stack_step(x.data(), keys.data(), values.data(), cross_weights.data(), cross_keys.data(),
-                                  cross_values.data(), mask.data(), ref_layers.data(), c);
+// The cached step with int8 kernels (every product, or the attention's only: a float feed-forward
+// beside them), self q, k, v fused in one (D, 3D) kernel or apart, against the reference's int8
+// products: x, both caches and the cross-attention weights, every level, 1 and 2 threads
+void test_decoder_step_int8(int layers, int N, int D, int H, int F, int S, int capacity, int position,
+                            bool norm_first, bool fused, bool float_feed_forward, unsigned seed, int memory_batch = 0) {
+    std::mt19937 rng(seed);
+    StackWeights weights(rng, layers, D, F, true, S > 0);
+    std::vector<std::shared_ptr<Int8Kernel>> owned;
+    const auto int8 = int8_kernels(weights, owned, layers, D, F, fused, float_feed_forward);
+    const StepInputs inputs(rng, layers, N, D, H, F, S, capacity, position, norm_first, Activation::relu, memory_batch);
+    const Named want = inputs.reference(weights.pointers<double>(weights.arrays, &int8));
     char where[160];
     std::snprintf(where, sizeof where, "decoder_stack_step int8 layers=%d N=%d D=%d F=%d t=%d%s%s%s memory=%d", layers,
                   N, D, F, position, norm_first ? " pre-norm" : "", fused ? " fused qkv" : "",
                   float_feed_forward ? " float feed-forward" : "", memory_batch);
-    const Named want{{"x", x}, {"keys", keys}, {"values", values}, {"cross_weights", cross_weights}};
     std::vector<std::vector<float>> arrays;
     for (const auto& a : weights.arrays) arrays.push_back(cast<float>(a));
     const auto fast_layers = weights.pointers<float>(arrays, &int8);
     on_every_level_and_split([&](const std::string& level) {
-        auto x_ = cast<float>(x0), keys_ = cast<float>(keys0), values_ = cast<float>(values0);
-        const auto cross_keys_ = cast<float>(cross_keys), cross_values_ = cast<float>(cross_values);
-        std::vector<float> cross_weights_((size_t)N * H * S);
-        decoder_stack_step<float>(x_.data(), keys_.data(), values_.data(), cross_weights_.data(), cross_keys_.data(),
-                                  cross_values_.data(), mask.data(), fast_layers.data(), c);
         // the activations' int8 rounding of float and double inputs may differ by one step in a rare value
-        compare_all({{"x", to_double(x_)}, {"keys", to_double(keys_)}, {"values", to_double(values_)},
-                     {"cross_weights", to_double(cross_weights_)}},
-                    want, 1e-3, std::string(where) + " " + level);
+        compare_all(inputs.run<float>(fast_layers), want, 1e-3, std::string(where) + " " + level);
     });
 }
 
-// memory_batch > 0: the rows read memory rows (n * 3 + 1) % memory_batch (a beam search's shared memory)
 void test_decoder_step(int layers, int N, int D, int H, int F, int S, int capacity, int position, bool norm_first,
                        Activation act, bool with_biases, unsigned seed, int memory_batch = 0) {
     std::mt19937 rng(seed);
     const StackWeights weights(rng, layers, D, F, with_biases, S > 0);
-    const auto x0 = random_values(rng, (size_t)N * D);
-    const int M = memory_batch ? memory_batch : N;  // memory rows
-    std::vector<int32_t> memory_rows((size_t)N);
-    for (int n = 0; n < N; ++n) memory_rows[n] = (n * 3 + 1) % M;
-    const size_t cache = (size_t)layers * N * capacity * D, cross = (size_t)layers * M * S * D;
-    const auto keys0 = random_values(rng, cache), values0 = random_values(rng, cache);
-    const auto cross_keys = random_values(rng, cross), cross_values = random_values(rng, cross);
-    std::vector<uint8_t> mask((size_t)M * S, 1);
-    for (int s = S / 2; s < S; ++s) mask[s] = 0;                       // row 0: padded
-    if (M > 1 && S > 0) for (int s = 0; s < S; ++s) mask[S + s] = 0;   // row 1: nothing to attend to
-    DecoderStepConfig c;
-    c.layers = layers, c.N = N, c.D = D, c.H = H, c.F = F, c.S = S, c.capacity = capacity, c.position = position;
-    c.norm_first = norm_first, c.activation = act, c.epsilon = 1e-5;
-    if (memory_batch) c.memory_rows = memory_rows.data(), c.memory_batch = memory_batch;
-
-    std::vector<double> x = x0, keys = keys0, values = values0, cross_weights((size_t)N * H * S);
-    const auto ref_layers = weights.pointers<double>(weights.arrays);
-    reference::decoder_stack_step(x.data(), keys.data(), values.data(), cross_weights.data(), cross_keys.data(),
-                                  cross_values.data(), mask.data(), ref_layers.data(), c);
+    const StepInputs inputs(rng, layers, N, D, H, F, S, capacity, position, norm_first, act, memory_batch);
     char where[160];
     std::snprintf(where, sizeof where, "decoder_stack_step layers=%d N=%d D=%d H=%d F=%d S=%d t=%d%s%s%s memory=%d",
                   layers, N, D, H, F, S, position, norm_first ? " pre-norm" : "", act == Activation::gelu ? " gelu" : "",
                   with_biases ? "" : " no biases", memory_batch);
-    check_every_level(where, {{"x", x}, {"keys", keys}, {"values", values}, {"cross_weights", cross_weights}},
-                      [&](auto tag) {
-                          using T = decltype(tag);
-                          std::vector<std::vector<T>> arrays;
-                          for (const auto& a : weights.arrays) arrays.push_back(cast<T>(a));
-                          const auto fast_layers = weights.pointers<T>(arrays);
-                          auto x_ = cast<T>(x0), keys_ = cast<T>(keys0), values_ = cast<T>(values0);
-                          const auto cross_keys_ = cast<T>(cross_keys), cross_values_ = cast<T>(cross_values);
-                          std::vector<T> cross_weights_((size_t)N * H * S);
-                          decoder_stack_step<T>(x_.data(), keys_.data(), values_.data(), cross_weights_.data(),
-                                                cross_keys_.data(), cross_values_.data(), mask.data(),
-                                                fast_layers.data(), c);
-                          return Named{{"x", to_double(x_)}, {"keys", to_double(keys_)},
-                                       {"values", to_double(values_)}, {"cross_weights", to_double(cross_weights_)}};
-                      });
+    check_every_level(where, inputs.reference(weights.pointers<double>(weights.arrays)), [&](auto tag) {
+        using T = decltype(tag);
+        std::vector<std::vector<T>> arrays;
+        for (const auto& a : weights.arrays) arrays.push_back(cast<T>(a));
+        return inputs.run<T>(weights.pointers<T>(arrays));
+    });
+}
+
+// A few rows at 2 threads, where a team of two splits every product's columns and the attention's
+// heads (decoder_stack_run), give exactly one thread's values at every level, float and int8
+// kernels (fused q, k, v or apart), and the feed-forward's shares whole vectors (F = 208: 96 + 112)
+void test_team_equals_one_thread(int layers, int N, int D, int H, int F, int S, int capacity, int position,
+                                 bool norm_first, bool int8, bool fused, unsigned seed) {
+    std::mt19937 rng(seed);
+    StackWeights weights(rng, layers, D, F, true, S > 0);
+    std::vector<std::shared_ptr<Int8Kernel>> owned;
+    std::vector<const Int8Kernel*> kernels;
+    if (int8 || fused) kernels = int8_kernels(weights, owned, layers, D, F, fused, !int8);
+    if (!int8) std::fill(kernels.begin(), kernels.end(), nullptr);  // fused q, k, v as a float kernel
+    const StepInputs inputs(rng, layers, N, D, H, F, S, capacity, position, norm_first, Activation::relu, 0);
+    std::vector<std::vector<float>> arrays;
+    for (const auto& a : weights.arrays) arrays.push_back(cast<float>(a));
+    const auto layers_ = weights.pointers<float>(arrays, kernels.empty() ? nullptr : &kernels);
+    const int threads = get_blas_threads();
+    for (int level = 0; level <= (int)cpu_simd_level(); ++level) {
+        simd_level_cap() = level;
+        set_blas_threads(1);
+        const Named one = inputs.run<float>(layers_);
+        set_blas_threads(2);
+        char where[160];
+        std::snprintf(where, sizeof where, "decoder_stack_step team N=%d D=%d F=%d%s%s%s %s: 2 threads", N, D, F,
+                      norm_first ? " pre-norm" : "", int8 ? " int8" : "", fused ? " fused qkv" : "",
+                      simd_level_name((SimdLevel)level));
+        compare_all(inputs.run<float>(layers_), one, 0.0, where);
+    }
+    simd_level_cap() = (int)SimdLevel::avx512;
+    set_blas_threads(threads);
 }
 
 }  // namespace
@@ -203,5 +239,15 @@ int main() {
     test_decoder_step_int8(1, 2, 20, 2, 36, 3, 9, 8, true, true, true, seed++);
     test_decoder_step_int8(2, 40, 64, 4, 96, 9, 6, 2, true, true, false, seed++, 5);
     test_decoder_step_int8(2, 3, 32, 4, 48, 0, 6, 3, false, true, false, seed++);  // encoder layers, causal
+    // a few rows on a team of two threads (each a share of every product's columns, its own heads):
+    // against the reference, then one thread's bits
+    test_decoder_step(2, 1, 128, 4, 200, 9, 12, 5, true, Activation::relu, true, seed++);
+    test_decoder_step(2, 4, 128, 4, 200, 9, 12, 5, false, Activation::gelu, true, seed++, 3);
+    test_decoder_step_int8(2, 1, 128, 4, 200, 9, 12, 5, true, true, false, seed++);
+    test_decoder_step_int8(2, 5, 128, 4, 208, 9, 12, 0, false, false, false, seed++);
+    for (int N : {1, 4, 11})
+        for (bool int8 : {false, true})
+            for (bool fused : {false, true})
+                test_team_equals_one_thread(2, N, 128, 4, 208, 9, 12, 5, N != 4, int8, fused, seed++);
     return attnx::test::report("test_reference_decoder_step");
 }

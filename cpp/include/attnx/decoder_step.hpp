@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attnx/activations.hpp"
@@ -83,11 +84,16 @@ struct StepScratch {
     std::vector<int32_t> acc;
 };
 
-// y (rows, N) = act(x (rows, K) W + b) for a StepLinear. int8: x quantized once, then the columns in
-// blocks of 128 (the widest one-row int8 tile) split across threads when the caller is not already split.
+// y (rows, N) = act(x (rows, K) W + b) for a StepLinear: all N columns, split across threads when the
+// caller is not already split, or with n1 >= 0 the columns [n0, n1) alone on the calling thread (a
+// team member's share; n0 a multiple of 16 for an int8 kernel). int8: x quantized once per call, then
+// the columns in blocks of 128 (the widest one-row int8 tile).
 template <class T>
 void step_product(T* y, const T* x, const StepLinear<T>& w, int rows, int K, int N, StepScratch& scratch,
-                  Activation act = Activation::linear) {
+                  Activation act = Activation::linear, int n0 = 0, int n1 = -1) {
+    const bool all_columns = n1 < 0;
+    if (all_columns) n0 = 0, n1 = N;
+    if (n0 >= n1) return;
     if constexpr (std::is_same_v<T, float>) {
         if (w.int8) {
             const Int8Packed& B = w.int8->head;
@@ -97,20 +103,28 @@ void step_product(T* y, const T* x, const StepLinear<T>& w, int rows, int K, int
             on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
                 q.quantize_on<decltype(lanes)>(x, (size_t)K, rows, B.feature_weight.data());
             });
-            constexpr int block = 128;
-            parallel_for((size_t)(N + block - 1) / block, double(rows) * K * N / 4, [&](size_t lo, size_t hi) {
-                const int n0 = (int)lo * block, n1 = std::min(N, (int)hi * block);
-                q.product(scratch.acc.data(), (size_t)B.Np, rows, B, n0, n1);
+            auto columns = [&](int c0, int c1) {
+                q.product(scratch.acc.data(), (size_t)B.Np, rows, B, c0, c1);
                 on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
                     q.dequantize(y, (size_t)N, scratch.acc.data(), (size_t)B.Np, rows, w.int8->scale.data(), w.bias,
-                                 n0, n1, (size_t)B.Np);
+                                 c0, c1, (size_t)B.Np);
                 });
-            });
-            if (act != Activation::linear) activation_forward<float>(y, y, (size_t)rows, (size_t)N, act);
+            };
+            constexpr int block = 128;
+            if (all_columns)
+                parallel_for((size_t)(N + block - 1) / block, double(rows) * K * N / 4, [&](size_t lo, size_t hi) {
+                    columns((int)lo * block, std::min(N, (int)hi * block));
+                });
+            else
+                columns(n0, n1);
+            if (act != Activation::linear)
+                for (int r = 0; r < rows; ++r)
+                    activation_forward<float>(y + (size_t)r * N + n0, y + (size_t)r * N + n0, 1, (size_t)(n1 - n0), act);
             return;
         }
     }
-    dense_rows_in_place<T>(y, x, w.kernel, w.bias, rows, K, N, act);
+    if (all_columns) dense_rows_in_place<T>(y, x, w.kernel, w.bias, rows, K, N, act);
+    else dense_rows_in_place_columns<T>(y, x, w.kernel, w.bias, rows, K, N, n0, n1, act);
 }
 
 // Sizes and options of one step: N rows, model size D in H heads, feed-forward width F, S source
@@ -129,19 +143,21 @@ struct DecoderStepConfig {
 //   w[n, h, s] = masked_softmax_s(scale * q[n, h, :] . K[n, s, h, :])   s < keys, allowed[n, s]
 //   context[n, h, :] = sum_s w[n, h, s] V[n, s, h, :]
 // q rows ldq apart; K, V rows D apart, batch rows `row_stride` rows apart; row n reads batch row
-// key_rows[n] of K, V and `allowed` (null: row n); weights (N, H, keys) written when not null.
+// key_rows[n] of K, V and `allowed` (null: row n); weights (N, H, keys) written when not null. Only the
+// heads [h0, h1) when h1 >= 0 (a team member's: their columns of q, K, V, context and weights alone).
 template <class T>
 void attend_one_query(T* context, T* weights, const T* q, size_t ldq, const T* K, const T* V, const uint8_t* allowed,
-                      const int32_t* key_rows, int N, int H, int D, int keys, size_t row_stride) {
-    const int Dh = D / H;
+                      const int32_t* key_rows, int N, int H, int D, int keys, size_t row_stride, int h0 = 0,
+                      int h1 = -1) {
+    const int Dh = D / H, heads = (h1 < 0 ? H : h1) - h0;
     const T scale = T(1) / std::sqrt(T(Dh));
-    parallel_for((size_t)N * H, double(N) * keys * D * 4, [&](size_t lo, size_t hi) {
+    parallel_for((size_t)N * heads, double(N) * keys * Dh * heads * 4, [&](size_t lo, size_t hi) {
         std::vector<T> row((size_t)keys);
         on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {  // the loops vectorize to each level's width
             using Vec = decltype(lane);
             constexpr int L = Lanes<Vec>::W;
             for (size_t p = lo; p < hi; ++p) {
-                const size_t n = p / H, h = p % H, m = key_rows ? (size_t)key_rows[n] : n;
+                const size_t n = p / heads, h = h0 + p % heads, m = key_rows ? (size_t)key_rows[n] : n;
                 const T* qh = q + n * ldq + h * Dh;
                 const T* Kn = K + m * row_stride * D + h * Dh;
                 const T* Vn = V + m * row_stride * D + h * Dh;
@@ -161,49 +177,91 @@ void attend_one_query(T* context, T* weights, const T* q, size_t ldq, const T* K
                         acc += vbroadcast<Vec>(row[s]) * vload<Vec>(Vn + (size_t)s * D + d, width);
                     vstore(ch + d, acc, width);
                 }
-                if (weights) std::copy(row.begin(), row.end(), weights + p * keys);
+                if (weights) std::copy(row.begin(), row.end(), weights + (n * H + h) * keys);
             }
         });
     });
 }
 
-// The step of decoder_stack_step for its rows [lo, hi): every layer on those rows alone.
-template <class T>
+// What one thread's part of a step works in, kept from step to step (every value is written before it
+// is read). A team's members write their columns of one set of the products' outputs (qkv, context,
+// out, hidden: the first member's) and keep the rest (the normed rows, the int8 scratch; x for all but
+// the first) each in its own.
+template <class T> struct StepBuffers {
+    std::vector<T> x, h, qkv, context, out, mean, rstd, hidden;
+    StepScratch scratch;
+
+    void resize(int N, const DecoderStepConfig& c) {
+        const size_t rows = (size_t)N * c.D;
+        x.resize(rows), h.resize(rows), qkv.resize(3 * rows), context.resize(rows), out.resize(rows);
+        mean.resize(N), rstd.resize(N), hidden.resize((size_t)N * c.F);
+    }
+};
+
+// A team member's share [begin, end) of `width` columns: equal parts cut at multiples of 48, three
+// vectors at every level, so that the tiles' panels of a share begin where one thread's do (a one-row
+// tile's chains depend on its panel's vectors) and the shares give one thread's bits
+inline std::pair<int, int> member_columns(int width, const TeamMember& team) {
+    auto cut = [&](unsigned i) { return i >= team.members ? width : (int)((int64_t)width * i / team.members) / 48 * 48; };
+    return {cut(team.index), cut(team.index + 1)};
+}
+
+// The step of decoder_stack_step for its rows [lo, hi), every layer, by one member of `team`: alone
+// (a team of one: all of every product), or in lock step with its partners on the same rows, each on
+// its share of every product's columns (member_columns) and on its heads of both attentions (their
+// cache columns are its own), syncing where a part reads every member's results.
+// Each member keeps its own x and norms (the same values: cheaper than a sync). Then
+// finish(x, lo, hi, own, team): the last layer's output, by every member.
+template <class T, class Finish>
 void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights_all, const T* cross_keys,
                         const T* cross_values, const uint8_t* source_mask_all, const DecoderLayerWeights<T>* layers,
-                        const DecoderStepConfig& c, size_t lo, size_t hi) {
+                        const DecoderStepConfig& c, size_t lo, size_t hi, StepBuffers<T>& shared, StepBuffers<T>& own,
+                        const TeamMember& team, Finish&& finish) {
     const int N = (int)(hi - lo), D = c.D, S = c.S, t = c.position;
     const size_t rows = (size_t)N * D;
+    // the first member updates the rows in place, the others a copy, taken before their first sync (the
+    // first member writes x only after it)
     T* x = x_all + lo * D;
+    if (team.index > 0) {
+        std::copy(x, x + rows, own.x.data());
+        x = own.x.data();
+    }
     T* cross_weights = cross_weights_all ? cross_weights_all + lo * c.H * S : nullptr;
     // the memory rows of rows lo..: through memory_rows, or rows lo.. themselves
     const int32_t* memory_rows = c.memory_rows ? c.memory_rows + lo : nullptr;
     const size_t memory_batch = c.memory_rows ? (size_t)c.memory_batch : (size_t)c.N;
     const size_t first_memory_row = c.memory_rows ? 0 : lo;
     const uint8_t* source_mask = source_mask_all ? source_mask_all + first_memory_row * S : nullptr;
-    // this thread's buffers, kept from step to step (every value is written before it is read)
-    thread_local struct {
-        std::vector<T> h, qkv, context, out, mean, rstd, hidden;
-        StepScratch scratch;
-    } buffers;
-    std::vector<T>&h = buffers.h, &qkv = buffers.qkv, &context = buffers.context, &out = buffers.out;
-    std::vector<T>&mean = buffers.mean, &rstd = buffers.rstd, &hidden = buffers.hidden;
-    StepScratch& scratch = buffers.scratch;
-    h.resize(rows), qkv.resize(3 * rows), context.resize(rows), out.resize(rows), mean.resize(N), rstd.resize(N);
-    hidden.resize((size_t)N * c.F);
+    T *h = own.h.data(), *mean = own.mean.data(), *rstd = own.rstd.data();
+    T *qkv = shared.qkv.data(), *context = shared.context.data(), *out = shared.out.data();
+    T* hidden = shared.hidden.data();
+    // this member's heads [h0, h1) and their columns [d0, d1)
+    const int h0 = c.H * team.index / team.members, h1 = c.H * (team.index + 1) / team.members;
+    const int d0 = h0 * (D / c.H), d1 = h1 * (D / c.H);
+    // y = act(in W + b): all of it alone (split as the product likes), else this member's share of the columns
+    auto product = [&](T* y, const T* in, const StepLinear<T>& w, int K, int width,
+                       Activation act = Activation::linear) {
+        if (team.members == 1) {
+            step_product<T>(y, in, w, N, K, width, own.scratch, act);
+        } else {
+            const auto [n0, n1] = member_columns(width, team);
+            step_product<T>(y, in, w, N, K, width, own.scratch, act, n0, n1);
+        }
+    };
     const T eps = T(c.epsilon);
     // one residual block: x = norm(x + sublayer(x)) or x = x + sublayer(norm(x)); sublayer(in, out)
+    // leaves out whole (its last sync)
     auto residual = [&](const T* gamma, const T* beta, auto&& sublayer) {
         const T* in = x;
         if (c.norm_first) {
-            layernorm_forward<T>(h.data(), mean.data(), rstd.data(), x, gamma, beta, N, D, eps);
-            in = h.data();
+            layernorm_forward<T>(h, mean, rstd, x, gamma, beta, N, D, eps);
+            in = h;
         }
-        sublayer(in, out.data());
+        sublayer(in, out);
         for (size_t i = 0; i < rows; ++i) x[i] += out[i];
         if (!c.norm_first) {
-            layernorm_forward<T>(h.data(), mean.data(), rstd.data(), x, gamma, beta, N, D, eps);
-            std::copy(h.begin(), h.begin() + rows, x);
+            layernorm_forward<T>(h, mean, rstd, x, gamma, beta, N, D, eps);
+            std::copy(h, h + rows, x);
         }
     };
     for (int l = 0; l < c.layers; ++l) {
@@ -213,48 +271,86 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
         T* keys = self_keys + layer_rows * c.capacity * D;
         T* values = self_values + layer_rows * c.capacity * D;
         residual(w.norm1_gamma, w.norm1_beta, [&](const T* in, T* result) {
-            // q, k, v side by side in qkv (N, 3D): one product, or three
-            if (w.self_key.present()) {
-                T *q = qkv.data(), *k = q + rows, *v = k + rows;
-                step_product<T>(q, in, w.self_query, N, D, D, scratch);
-                step_product<T>(k, in, w.self_key, N, D, D, scratch);
-                step_product<T>(v, in, w.self_value, N, D, D, scratch);
-                for (int n = 0; n < N; ++n) {
-                    std::copy(k + (size_t)n * D, k + (size_t)(n + 1) * D, keys + ((size_t)n * c.capacity + t) * D);
-                    std::copy(v + (size_t)n * D, v + (size_t)(n + 1) * D, values + ((size_t)n * c.capacity + t) * D);
-                }
-                attend_one_query<T>(context.data(), nullptr, q, (size_t)D, keys, values, nullptr, nullptr, N, c.H, D,
-                                    t + 1, (size_t)c.capacity);
+            // q, k, v side by side in qkv: (N, 3D) from one product, or three (N, D) apart
+            const bool fused = !w.self_key.present();
+            const size_t ldq = fused ? 3 * D : D;
+            T *q = qkv, *k = fused ? q + D : q + rows, *v = fused ? q + 2 * D : k + rows;
+            if (fused) {
+                product(qkv, in, w.self_query, D, 3 * D);
             } else {
-                step_product<T>(qkv.data(), in, w.self_query, N, D, 3 * D, scratch);
-                for (int n = 0; n < N; ++n) {
-                    const T* row = qkv.data() + (size_t)n * 3 * D;
-                    std::copy(row + D, row + 2 * D, keys + ((size_t)n * c.capacity + t) * D);
-                    std::copy(row + 2 * D, row + 3 * D, values + ((size_t)n * c.capacity + t) * D);
-                }
-                attend_one_query<T>(context.data(), nullptr, qkv.data(), (size_t)3 * D, keys, values, nullptr,
-                                    nullptr, N, c.H, D, t + 1, (size_t)c.capacity);
+                product(q, in, w.self_query, D, D);
+                product(k, in, w.self_key, D, D);
+                product(v, in, w.self_value, D, D);
             }
-            step_product<T>(result, context.data(), w.self_output, N, D, D, scratch);
+            team.sync();  // every column of q, k, v
+            for (int n = 0; n < N; ++n) {  // this member's heads' columns of the caches
+                const size_t row = (size_t)n * ldq, cached = ((size_t)n * c.capacity + t) * D;
+                std::copy(k + row + d0, k + row + d1, keys + cached + d0);
+                std::copy(v + row + d0, v + row + d1, values + cached + d0);
+            }
+            attend_one_query<T>(context, nullptr, q, ldq, keys, values, nullptr, nullptr, N, c.H, D, t + 1,
+                                (size_t)c.capacity, h0, h1);
+            team.sync();  // every head's context
+            product(result, context, w.self_output, D, D);
+            team.sync();
         });
         if (w.cross_query.present()) {  // an encoder layer decoding causally has no cross-attention block
             residual(w.norm2_gamma, w.norm2_beta, [&](const T* in, T* result) {
-                step_product<T>(qkv.data(), in, w.cross_query, N, D, D, scratch);
+                product(qkv, in, w.cross_query, D, D);
+                team.sync();
                 const size_t offset = ((size_t)l * memory_batch + first_memory_row) * S * D;
-                attend_one_query<T>(context.data(), l == c.layers - 1 ? cross_weights : nullptr, qkv.data(),
-                                    (size_t)D, cross_keys + offset, cross_values + offset, source_mask, memory_rows,
-                                    N, c.H, D, S, (size_t)S);
-                step_product<T>(result, context.data(), w.cross_output, N, D, D, scratch);
+                attend_one_query<T>(context, l == c.layers - 1 ? cross_weights : nullptr, qkv, (size_t)D,
+                                    cross_keys + offset, cross_values + offset, source_mask, memory_rows, N, c.H, D,
+                                    S, (size_t)S, h0, h1);
+                team.sync();
+                product(result, context, w.cross_output, D, D);
+                team.sync();
             });
         }
         residual(w.norm3_gamma, w.norm3_beta, [&](const T* in, T* result) {
-            step_product<T>(hidden.data(), in, w.ff1, N, D, c.F, scratch, c.activation);
-            step_product<T>(result, hidden.data(), w.ff2, N, c.F, D, scratch);
+            product(hidden, in, w.ff1, D, c.F, c.activation);
+            team.sync();  // the whole hidden layer
+            product(result, hidden, w.ff2, c.F, D);
+            team.sync();
         });
     }
+    finish(x, lo, hi, own, team);
 }
 
 constexpr int kStepRowsPerThread = 6;
+
+// decoder_stack_step's work, then finish(x, lo, hi, own buffers, team) by each thread on its rows (see
+// decoder_stack_rows). Many rows split across threads by rows, each thread's products on its own rows;
+// fewer (a few rows share each load of the weights in one tile: split, each thread would read all the
+// weights for them; kStepRowsPerThread measured) by columns, by a team of every thread that runs the
+// whole step in lock step (each member's share of the weights stays in its own core's cache): one
+// parallel region per step either way, where a region per product cost a wake-up and a join each.
+template <class T, class Finish>
+void decoder_stack_run(T* x, T* self_keys, T* self_values, T* cross_weights, const T* cross_keys,
+                       const T* cross_values, const uint8_t* source_mask, const DecoderLayerWeights<T>* layers,
+                       const DecoderStepConfig& c, Finish&& finish) {
+    const double D = c.D, per_row = D * (6 * D + 2 * c.F + 2 * (c.position + 1 + c.S));
+    const double work = per_row * c.N * c.layers;
+    if (c.N >= 2 * kStepRowsPerThread) {
+        parallel_for((size_t)c.N, work, [&](size_t lo, size_t hi) {
+            thread_local StepBuffers<T> own;
+            own.resize((int)(hi - lo), c);
+            decoder_stack_rows<T>(x, self_keys, self_values, cross_weights, cross_keys, cross_values, source_mask,
+                                  layers, c, lo, hi, own, own, TeamMember{}, finish);
+        });
+        return;
+    }
+    const unsigned members = work >= kParallelMinWork ? kernel_threads() : 1;
+    // the calling thread's, named here: inside the members a thread_local name is the member's own
+    thread_local std::vector<StepBuffers<T>> team_buffers;
+    std::vector<StepBuffers<T>>& buffers = team_buffers;
+    if (buffers.size() < members) buffers.resize(members);
+    for (unsigned m = 0; m < members; ++m) buffers[m].resize(c.N, c);  // here: a member must not throw
+    run_team(members, [&](const TeamMember& team) {
+        decoder_stack_rows<T>(x, self_keys, self_values, cross_weights, cross_keys, cross_values, source_mask, layers,
+                              c, 0, (size_t)c.N, buffers[0], buffers[team.index], team, finish);
+    });
+}
 
 // reference: cpp/reference/decoder_step.hpp, decoder_stack_step
 // x (N, D): the embedded tokens of `position` in, the last layer's output out. Per layer l:
@@ -264,21 +360,13 @@ constexpr int kStepRowsPerThread = 6;
 //   cross-attention: q = h W^Q + b^Q, out = attend(q, cross_keys[l], cross_values[l], source_mask) W^O + b^O
 //   feed-forward: out = act(h W1 + b1) W2 + b2
 // each in its residual block as the header says. cross_weights (N, H, S): the last layer's
-// cross-attention weights, when not null. The rows are split across threads once for the whole
-// stack (one parallel region per step, each thread's products on its own rows), not per product:
-// a step's products are small, and ten regions per layer cost more in wake-ups than they share.
+// cross-attention weights, when not null. Threads: decoder_stack_run.
 template <class T>
 void decoder_stack_step(T* x, T* self_keys, T* self_values, T* cross_weights, const T* cross_keys,
                         const T* cross_values, const uint8_t* source_mask, const DecoderLayerWeights<T>* layers,
                         const DecoderStepConfig& c) {
-    const double D = c.D, per_row = D * (6 * D + 2 * c.F + 2 * (c.position + 1 + c.S));
-    // a few rows share each load of the weights in one tile: split, each thread would read all the
-    // weights for them; unsplit, the products split their columns (kStepRowsPerThread measured)
-    const bool split_rows = c.N >= 2 * kStepRowsPerThread;
-    parallel_for((size_t)c.N, split_rows ? per_row * c.N * c.layers : 0.0, [&](size_t lo, size_t hi) {
-        decoder_stack_rows<T>(x, self_keys, self_values, cross_weights, cross_keys, cross_values, source_mask,
-                              layers, c, lo, hi);
-    });
+    decoder_stack_run<T>(x, self_keys, self_values, cross_weights, cross_keys, cross_values, source_mask, layers, c,
+                         [](T*, size_t, size_t, StepBuffers<T>&, const TeamMember&) {});
 }
 
 // What turns token ids into the decoder stack's input and its output into logits (the Transformer
@@ -339,12 +427,27 @@ public:
         }
         DecoderStepConfig c = c_;
         c.N = rows, c.position = position, c.memory_rows = memory_rows_.data();
-        decoder_stack_step<T>(x_.data(), keys_.data(), values_.data(), keep_attention_ ? weights_.data() : nullptr,
-                              cross_keys_, cross_values_, source_mask_, layers_, c);
-        layernorm_forward<T>(h_.data(), mean_.data(), rstd_.data(), x_.data(), ends_.norm_gamma, ends_.norm_beta,
-                             rows, D, T(ends_.norm_epsilon));
-        if (ends_.output.present()) step_product<T>(logits_.data(), h_.data(), ends_.output, rows, D, ends_.vocab, scratch_);
-        else matmul<T>(logits_.data(), h_.data(), ends_.embedding, rows, ends_.vocab, D, false, true);
+        // logits = norm(x) W + b by the threads that ran the stack, on their rows or columns
+        auto logits = [&](const T* x, size_t lo, size_t hi, StepBuffers<T>& own, const TeamMember& team) {
+            if (!ends_.output.present()) return;
+            const int n = (int)(hi - lo);
+            layernorm_forward<T>(own.h.data(), own.mean.data(), own.rstd.data(), x, ends_.norm_gamma, ends_.norm_beta,
+                                 n, D, T(ends_.norm_epsilon));
+            T* y = logits_.data() + lo * ends_.vocab;
+            if (team.members == 1) {
+                step_product<T>(y, own.h.data(), ends_.output, n, D, ends_.vocab, own.scratch);
+            } else {
+                const auto [v0, v1] = member_columns(ends_.vocab, team);
+                step_product<T>(y, own.h.data(), ends_.output, n, D, ends_.vocab, own.scratch, Activation::linear, v0, v1);
+            }
+        };
+        decoder_stack_run<T>(x_.data(), keys_.data(), values_.data(), keep_attention_ ? weights_.data() : nullptr,
+                             cross_keys_, cross_values_, source_mask_, layers_, c, logits);
+        if (!ends_.output.present()) {  // tied to the embedding
+            layernorm_forward<T>(h_.data(), mean_.data(), rstd_.data(), x_.data(), ends_.norm_gamma, ends_.norm_beta,
+                                 rows, D, T(ends_.norm_epsilon));
+            matmul<T>(logits_.data(), h_.data(), ends_.embedding, rows, ends_.vocab, D, false, true);
+        }
         return logits_.data();
     }
 
@@ -381,7 +484,6 @@ private:
     int rows_ = 0, length_ = 0;
     std::vector<T> keys_, values_, spare_keys_, spare_values_, x_, h_, mean_, rstd_, logits_, weights_;
     std::vector<int32_t> memory_rows_;
-    StepScratch scratch_;
 };
 
 }  // namespace attnx

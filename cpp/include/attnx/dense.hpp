@@ -78,10 +78,9 @@ ATTNX_ALWAYS_INLINE void step_panel(int N, const LeftRows<T>& left, const T* pan
 // apart), z and b indexed from o_begin: W streamed row after row, four rows at a time, into z's columns
 // in blocks of 512 (2 KiB, in L1). Inline: its loops vectorize at the width of the on_widest_lanes copy
 // that calls it (a recurrent step's one-row product, rnn.hpp, runs it per step on its own thread).
-template <class T>
+template <class T, int block = 512>
 ATTNX_ALWAYS_INLINE void dense_row_columns(T* z, const T* x, const T* W, size_t ldw, const T* b, int C, int o_begin,
                                            int o_end) {
-    constexpr int block = 512;
     for (int o0 = o_begin; o0 < o_end; o0 += block) {
         const int width = std::min(block, o_end - o0);
         T* __restrict zb = z + (o0 - o_begin);
@@ -116,6 +115,32 @@ template <class T> void dense_row_streamed(T* z, const T* x, const T* W, const T
     });
 }
 
+// z[:, o0:o1) = x W[:, o0:o1) + b[o0:o1) for N rows on the register tiles of packed.hpp, reading W's
+// own rows in place (z and W OC apart), in panels of 3 vectors from o0 (o1 - o0 a whole number of
+// vectors); relu fused as the tiles are stored
+template <class T>
+void rows_in_place_panels(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, int o0, int o1, bool relu) {
+    const LeftRows<T> left{x, (size_t)C, C, nullptr, 0, 0};
+    on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {
+        using V = decltype(lane);
+        constexpr int L = Lanes<V>::W, width = 3 * L;
+        for (int n0 = o0; n0 < o1; n0 += width) {
+            const int vectors = std::min(width, o1 - n0) / L;
+            auto store = [&](int r, auto& pre) __attribute__((always_inline)) {
+                for (int q = 0; q < pre.count; ++q) {
+                    const int n = n0 + q * L;
+                    if (b) pre.q[q] += vload<V>(b + n, L);
+                    if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
+                    vstore(z + (size_t)r * OC + n, pre.q[q], L);
+                }
+            };
+            if (vectors == 3) step_panel<V, 3>(N, left, W + n0, (size_t)OC, store);
+            else if (vectors == 2) step_panel<V, 2>(N, left, W + n0, (size_t)OC, store);
+            else step_panel<V, 1>(N, left, W + n0, (size_t)OC, store);
+        }
+    });
+}
+
 // reference: cpp/reference/dense.hpp, dense_forward
 // z = act(x W + b) for a few rows (a decoding step's, a batch of one sentence), x (N, C), W (C, OC)
 // row-major: the register tiles of packed.hpp read W's own rows in place (OC apart) instead of a
@@ -126,38 +151,50 @@ template <class T> void dense_row_streamed(T* z, const T* x, const T* W, const T
 // applied after.
 template <class T>
 void dense_rows_in_place(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act = Activation::linear) {
-    const int lanes = tile_lanes<T>(), width = 3 * lanes;  // the tiles' vectors, as on_widest_lanes picks them
+    const int width = 3 * tile_lanes<T>();  // a panel of the tiles' vectors, as on_widest_lanes picks them
     const bool relu = act == Activation::relu;
     if (N == 1) {
         dense_row_streamed<T>(z, x, W, b, C, OC);
-    } else if (OC % lanes) {
+    } else if (OC % tile_lanes<T>()) {
         dense_forward<T>(z, x, W, b, N, C, OC);
     } else {
-        const LeftRows<T> left{x, (size_t)C, C, nullptr, 0, 0};
         const int panels = (OC + width - 1) / width;
         parallel_for((size_t)panels, double(N) * C * OC, [&](size_t lo, size_t hi) {
-            on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {
-                using V = decltype(lane);
-                constexpr int L = Lanes<V>::W;
-                for (size_t p = lo; p < hi; ++p) {
-                    const int n0 = (int)p * width, vectors = std::min(width, OC - n0) / L;
-                    auto store = [&](int r, auto& pre) __attribute__((always_inline)) {
-                        for (int q = 0; q < pre.count; ++q) {
-                            const int n = n0 + q * L;
-                            if (b) pre.q[q] += vload<V>(b + n, L);
-                            if (relu) pre.q[q] = pre.q[q] < T(0) ? V{} : pre.q[q];
-                            vstore(z + (size_t)r * OC + n, pre.q[q], L);
-                        }
-                    };
-                    if (vectors == 3) step_panel<V, 3>(N, left, W + n0, (size_t)OC, store);
-                    else if (vectors == 2) step_panel<V, 2>(N, left, W + n0, (size_t)OC, store);
-                    else step_panel<V, 1>(N, left, W + n0, (size_t)OC, store);
-                }
-            });
+            rows_in_place_panels<T>(z, x, W, b, N, C, OC, (int)lo * width, std::min(OC, (int)hi * width), relu);
         });
         if (relu) return;
     }
     if (act != Activation::linear) activation_forward<T>(z, z, (size_t)N, (size_t)OC, act);
+}
+
+// reference: cpp/reference/dense.hpp, dense_forward
+// The columns [o0, o1) of dense_rows_in_place's z = act(x W + b) (z and W OC apart), on the calling
+// thread alone: one member's share of a product whose columns a team splits (decoder_step.hpp). One
+// row streams W's rows (dense_row_columns), more rows run the tiles, or BLAS when o1 - o0 is not a
+// whole number of vectors.
+template <class T>
+void dense_rows_in_place_columns(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, int o0, int o1,
+                                 Activation act = Activation::linear) {
+    if (o0 >= o1) return;
+    const bool relu = act == Activation::relu;
+    bool fused = false;
+    if (N == 1) {
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+            dense_row_columns<T>(z + o0, x, W, (size_t)OC, b ? b + o0 : nullptr, C, o0, o1);
+        });
+    } else if ((o1 - o0) % tile_lanes<T>() == 0) {
+        rows_in_place_panels<T>(z, x, W, b, N, C, OC, o0, o1, relu);
+        fused = relu;
+    } else {
+        for (int n = 0; n < N; ++n) {
+            T* zr = z + (size_t)n * OC;
+            if (b) std::copy(b + o0, b + o1, zr + o0);
+            else std::fill(zr + o0, zr + o1, T(0));
+        }
+        gemm<T>(false, false, N, o1 - o0, C, T(1), x, C, W + o0, OC, T(1), z + o0, OC);
+    }
+    if (act != Activation::linear && !fused)
+        for (int n = 0; n < N; ++n) activation_forward<T>(z + (size_t)n * OC + o0, z + (size_t)n * OC + o0, 1, (size_t)(o1 - o0), act);
 }
 
 // reference: cpp/reference/dense.hpp, dense_forward

@@ -26,6 +26,9 @@ constexpr double kParallelMinWork = 1 << 17;
 // (4 us on one core) for a second thread, whose wake-up a smaller one does not repay.
 constexpr double kPackedMinWork = 1 << 18, kParallelProductMinWork = 1 << 20;
 
+// How long a thread that waits for another spins before it sleeps (WorkerPool) or yields (SpinBarrier)
+constexpr int kSpinMicroseconds = 100;
+
 inline unsigned kernel_threads() { return (unsigned)std::max(1, get_blas_threads()); }
 
 // While our threads split the work, each runs single-threaded BLAS: OpenBLAS' own workers would
@@ -102,8 +105,6 @@ class WorkerPool {
         return pool;
     }
 
-    static constexpr int kSpinMicroseconds = 100;
-
     // Returns when done() is true or after kSpinMicroseconds, whichever comes first
     template <class Done> static void spin_until(Done&& done) {
         const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
@@ -176,6 +177,66 @@ template <class F> void parallel_for(size_t count, double work, F&& fn) {
     };
     if (!WorkerPool::get().run(chunks, run_chunk))
         for (size_t i = 0; i < chunks; ++i) run_chunk(i);
+}
+
+// The meeting point of a team's members (run_team) between the parts of their task that depend on
+// each other's results: each arrival spins on the phase its last member bumps. A member that waits
+// longer than kSpinMicroseconds (its partner was descheduled: the cores are shared) yields its core
+// between looks instead of taking it from the one it waits for.
+class SpinBarrier {
+  public:
+    explicit SpinBarrier(unsigned members) : members_(members) {}
+
+    void wait() {
+        if (members_ <= 1) return;
+        const unsigned phase = phase_.load(std::memory_order_acquire);
+        if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == members_) {
+            arrived_.store(0, std::memory_order_relaxed);  // before the phase: the next wait counts from 0
+            phase_.store(phase + 1, std::memory_order_release);
+            return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        for (unsigned i = 1; phase_.load(std::memory_order_acquire) == phase; ++i) {
+            _mm_pause();
+            if (i % 256 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicroseconds))
+                std::this_thread::yield();
+        }
+    }
+
+  private:
+    const unsigned members_;
+    alignas(64) std::atomic<unsigned> arrived_{0};
+    alignas(64) std::atomic<unsigned> phase_{0};
+};
+
+// One member of a team: its index among `members`, and the barrier all of them meet at (sync)
+struct TeamMember {
+    unsigned index = 0, members = 1;
+    SpinBarrier* barrier = nullptr;
+    void sync() const {
+        if (members > 1) barrier->wait();
+    }
+};
+
+// Runs task(TeamMember) on a team of up to `members` threads at once (the caller and the pool's
+// workers), each member on its share of the work, meeting at member.sync() where a part needs the
+// others' results: one pool call for a whole chain of dependent parts (a decoding step's products)
+// where a parallel_for per part costs a wake-up and a join each. A team of one (one thread, inside
+// another parallel region, or the pool busy) runs the task alone, whose syncs do nothing. The task
+// must not throw between syncs (its partners would wait for it forever): allocate before the call.
+template <class Task> void run_team(unsigned members, Task&& task) {
+    members = serial_kernels() ? 1 : std::min(members, kernel_threads());
+    if (members > 1) {
+        SingleThreadedBlas blas_guard;
+        SpinBarrier barrier(members);
+        auto run_member = [&](size_t i) {
+            serial_kernels() = true;
+            task(TeamMember{(unsigned)i, members, &barrier});
+            serial_kernels() = false;
+        };
+        if (WorkerPool::get().run(members, run_member)) return;
+    }
+    task(TeamMember{});
 }
 
 }  // namespace attnx
