@@ -391,6 +391,17 @@ def test_a_table_past_the_memory_cap_gathers_the_rows(monkeypatch):
     assert _table_reads(_ops(monkeypatch, model, x)) == (0, 2, 0)
 
 
+def test_more_rows_than_a_call_gathers_from_the_table_take_the_fused_product(monkeypatch):
+    rng = np.random.default_rng(14)
+    model = token_model(rng, layers.LSTM(8), steps=6)
+    x = ids(rng, 3, 6)
+    monkeypatch.setattr(plan, "EMBEDDED_GATHER_BYTES", 3 * 6 * 32 * 4 - 1)  # (B, T, 4 * 8) floats
+    assert _table_reads(_ops(monkeypatch, model, x)) == (1, 0, 1)
+    monkeypatch.setattr(plan, "EMBEDDED_GATHER_BYTES", 3 * 6 * 32 * 4)
+    model._inference_plans.clear()
+    assert _table_reads(_ops(monkeypatch, model, x)) == (0, 1, 0)
+
+
 def test_an_id_outside_the_table_raises_the_eager_error():
     rng = np.random.default_rng(13)
     model = attnx.Sequential([layers.Embedding(50, 8, input_shape=(5,)), layers.LSTM(4)])

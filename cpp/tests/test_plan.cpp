@@ -199,7 +199,9 @@ static void check_embedded_rnn(RNNCell cell, bool reset_after, bool reverse, int
         CHECK(plan.run(ids.data(), out, got.data()));
         test::expect_near(got, y, 1e-5, "plan " + name + " over an embedding, " + what);
     };
-    auto set = [](std::vector<double>& v, std::vector<float>& f, size_t i, double value) { v[i] = value, f[i] = (float)value; };
+    auto set = [](std::vector<double>& v, std::vector<float>& f, size_t i, double value) {
+        v[i] = value, f[i] = (float)value;  // the reference's operand and the plan's
+    };
     test::on_every_level_and_split([&](const std::string& level) {
         check(level);
         set(E, Ef, (size_t)ids[1] * cfg.C + 2, E[(size_t)ids[1] * cfg.C + 2] + 1.0);  // a row this call reads
@@ -232,7 +234,7 @@ static void test_embedded_rnn_plan() {
     check_embedded_rnn(RNNCell::gru, true, true, 2, 4, 8);         // reset_after: the recurrent bias apart
     check_embedded_rnn(RNNCell::gru, false, false, 1, 6, 16);      // batch 1: the one-row tiles
     check_embedded_rnn(RNNCell::simple, true, false, 4, 3, 5);
-    check_embedded_rnn(RNNCell::lstm, true, false, 25, 20, 64);    // past kEmbeddedBlockBytes: blocks of rows
+    check_embedded_rnn(RNNCell::lstm, true, false, 25, 20, 64);    // past kProjectFirstBytes
 }
 
 int main() {

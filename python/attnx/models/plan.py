@@ -31,6 +31,10 @@ MAX_PLANS = 4  # signatures kept per model (the oldest goes first)
 # the most memory the input projection tables of one recurrent layer over an embedding take (V x G
 # floats per direction; made per row as ids are read); a larger one projects the gathered rows per call
 EMBEDDED_PROJECTION_BYTES = 64 << 20
+# the most bytes of gathered table rows (B x T x G floats) a call takes the table for: the steps read a row's
+# gates per step, B*T*G apart, and past L2 each is a miss; the fused product reads x_t instead (sentiment
+# LSTM(100), T=32, 1 thread, Zen 5, shared host: table / fused 0.86 at batch 6, 0.97 at 14, 1.12 at 32)
+EMBEDDED_GATHER_BYTES = 768 << 10
 
 
 class Unsupported(Exception):
@@ -274,13 +278,14 @@ def _recurrent_stack(b, directions, value, return_sequences, merge_mode):
     direction over the level's input, the next level reads their outputs side by side; the top level's
     outputs merged by `merge_mode`. Over an embedding's rows of (B, T) ids, the first level's directions
     take the ids and the table (a table of V x G floats each) unless those tables outgrow
-    EMBEDDED_PROJECTION_BYTES."""
+    EMBEDDED_PROJECTION_BYTES or the rows a call gathers EMBEDDED_GATHER_BYTES."""
     first = directions[0][0]
     B, T, _ = _features(first, value, ndim=3, last=first.input_dim)
     H, levels = first.units, first.num_layers
     table = value.rows_of.table if value.rows_of is not None else None
-    if table is not None and \
-            len(directions) * table.shape[0] * first.params["kernel"].shape[1] * 4 > EMBEDDED_PROJECTION_BYTES:
+    G = first.params["kernel"].shape[1]
+    if table is not None and (len(directions) * table.shape[0] * G * 4 > EMBEDDED_PROJECTION_BYTES or
+                              B * T * G * 4 > EMBEDDED_GATHER_BYTES):
         table, value = None, b.rows(value)
     seq = value.slot
     for level in range(levels):
@@ -293,7 +298,8 @@ def _recurrent_stack(b, directions, value, return_sequences, merge_mode):
             b.weight(layer, "bias" + sfx, False)  # recorded: a replaced bias rebuilds the plan
             out = b.slot((B, T if sequences else 1, H))
             embedding = table if level == 0 else None
-            b.plan.rnn(out=out, in_=0 if embedding is not None else seq, embedding=embedding, cell=layer.cell_kind, kernel=b.weight(layer, "kernel" + sfx),
+            b.plan.rnn(out=out, in_=0 if embedding is not None else seq, embedding=embedding, cell=layer.cell_kind,
+                       kernel=b.weight(layer, "kernel" + sfx),
                        recurrent_kernel=b.weight(layer, "recurrent_kernel" + sfx),
                        bias=None if bias is None else np.ascontiguousarray(bias),
                        recurrent_bias=None if recurrent_bias is None else np.ascontiguousarray(recurrent_bias),
