@@ -112,9 +112,10 @@ def test_plan_output_equals_eager_output(cls, seed):
                                   lambda: layers.Bidirectional(layers.GRU(40))], ids=["LSTM", "GRU", "SimpleRNN",
                                                                                       "Bidirectional"])
 def test_recurrent_layers_past_the_size_that_projects_inputs_first(make):
-    # (B, T, gates * units) beyond plan.hpp's kProjectFirstBytes: the steps fuse x_t W (rnn_forward)
+    # (B, T, gates * units) beyond plan.hpp's kProjectFirstBytes: the steps fuse x_t W (rnn_forward); the
+    # Dense keeps the layer off the embedding's table
     rng = np.random.default_rng(7)
-    model = token_model(rng, make(), steps=30)
+    model = token_model(rng, layers.Dense(16), make(), steps=30)
     x = ids(rng, 40, 30)
     planned = plan.run(model, x)
     assert planned is not None
@@ -301,3 +302,131 @@ def test_a_copied_model_plans_with_its_own_weights():
         np.testing.assert_allclose(twin(x), eager(twin, x), rtol=2e-5, atol=2e-6)
         assert not np.allclose(twin(x), model(x))
     np.testing.assert_allclose(model(x), eager(model, x), rtol=2e-5, atol=2e-6)
+
+
+class _Recorded:
+    """A plan that records the ops its builder adds (name, keyword arguments) and adds them."""
+
+    def __init__(self, plan_, calls):
+        self._plan, self._calls = plan_, calls
+
+    def __getattr__(self, name):
+        method = getattr(self._plan, name)
+
+        def record(**kwargs):
+            self._calls.append((name, kwargs))
+            return method(**kwargs)
+        return record
+
+
+def _ops(monkeypatch, model, x):
+    """The ops the plan of model for x adds, run once against the eager outputs."""
+    calls = []
+    make = plan.kernels.inference_plan
+    monkeypatch.setattr(plan.kernels, "inference_plan", lambda **kw: _Recorded(make(**kw), calls))
+    planned = plan.run(model, x)
+    assert planned is not None
+    np.testing.assert_allclose(planned, eager(model, x), rtol=2e-5, atol=2e-6)
+    monkeypatch.undo()
+    return calls
+
+
+def _table_reads(calls):
+    """(ops gathering embedding rows, rnn ops over an embedding's table, rnn ops over a slot)"""
+    rnns = [kw for name, kw in calls if name == "rnn"]
+    return (sum(name == "embedding" for name, _ in calls), sum(kw["embedding"] is not None for kw in rnns),
+            sum(kw["embedding"] is None for kw in rnns))
+
+
+# Every recurrent layer right after an Embedding (Dropout between: the identity at inference) projects its
+# first level's inputs through a table of the embedding's rows: no embedding op, each direction its table
+TABLE_CASES = {
+    "LSTM": (lambda: [layers.LSTM(12)], 1),
+    "LSTM sequences, masked": (lambda: [layers.LSTM(9, return_sequences=True, zero_output_for_mask=True),
+                                        layers.GlobalAveragePooling1D()], 1),
+    "GRU reset_after": (lambda: [layers.GRU(10, go_backwards=True)], 1),
+    "GRU classic": (lambda: [layers.GRU(7, reset_after=False, return_sequences=True, zero_output_for_mask=True)], 1),
+    "SimpleRNN relu": (lambda: [layers.SimpleRNN(11, activation="relu")], 1),
+    "stacked LSTM": (lambda: [layers.LSTM(8, num_layers=3)], 1),
+    "Bidirectional GRU, stacked": (lambda: [layers.Bidirectional(layers.GRU(6, num_layers=2))], 2),
+    "Bidirectional LSTM sum": (lambda: [layers.Bidirectional(layers.LSTM(5, return_sequences=True),
+                                                             merge_mode="sum"), layers.LSTM(4)], 2),
+    "Dropout between": (lambda: [layers.Dropout(0.5), layers.SpatialDropout1D(0.2), layers.LSTM(6)], 1),
+}
+
+
+@pytest.mark.parametrize("case", list(TABLE_CASES))
+@pytest.mark.parametrize("mask_zero", [False, True])
+@pytest.mark.parametrize("batch", [1, 3, 24])
+def test_recurrent_layers_over_an_embedding_take_its_table(case, mask_zero, batch, monkeypatch):
+    rng = np.random.default_rng(batch)
+    make, directions = TABLE_CASES[case]
+    model = token_model(rng, *make(), steps=30, mask_zero=mask_zero)
+    x = ids(rng, batch, 30, padded=mask_zero)
+    gathers, over_table, over_slot = _table_reads(_ops(monkeypatch, model, x))
+    assert (gathers, over_table) == (0, directions)
+    for call in (model, model.predict_on_batch, model.predict):
+        np.testing.assert_allclose(call(x), eager(model, x), rtol=2e-5, atol=2e-6)
+
+
+def test_layers_that_read_the_embedding_rows_gather_them(monkeypatch):
+    rng = np.random.default_rng(11)
+    x = ids(rng, 4, 7, padded=False)
+    between = token_model(rng, layers.Dense(8), layers.LSTM(5), steps=7, mask_zero=False)  # a layer between
+    dense = token_model(rng, layers.Dense(3), steps=7, mask_zero=False)
+    for model, want in ((between, (1, 0, 1)), (dense, (1, 0, 0))):
+        assert _table_reads(_ops(monkeypatch, model, x)) == want
+    alone = token_model(rng, steps=7, mask_zero=False)  # the embedding is the model's output
+    assert _table_reads(_ops(monkeypatch, alone, x)) == (1, 0, 0)
+
+
+def test_a_table_past_the_memory_cap_gathers_the_rows(monkeypatch):
+    rng = np.random.default_rng(12)
+    model = token_model(rng, layers.Bidirectional(layers.LSTM(8)), steps=6)
+    x = ids(rng, 3, 6)
+    monkeypatch.setattr(plan, "EMBEDDED_PROJECTION_BYTES", 2 * 50 * 32 * 4 - 1)  # two tables of 50 x 4 * 8
+    assert _table_reads(_ops(monkeypatch, model, x)) == (1, 0, 2)
+    monkeypatch.setattr(plan, "EMBEDDED_PROJECTION_BYTES", 2 * 50 * 32 * 4)
+    model._inference_plans.clear()
+    assert _table_reads(_ops(monkeypatch, model, x)) == (0, 2, 0)
+
+
+def test_more_rows_than_a_call_gathers_from_the_table_take_the_fused_product(monkeypatch):
+    rng = np.random.default_rng(14)
+    model = token_model(rng, layers.LSTM(8), steps=6)
+    x = ids(rng, 3, 6)
+    monkeypatch.setattr(plan, "EMBEDDED_GATHER_BYTES", 3 * 6 * 32 * 4 - 1)  # (B, T, 4 * 8) floats
+    assert _table_reads(_ops(monkeypatch, model, x)) == (1, 0, 1)
+    monkeypatch.setattr(plan, "EMBEDDED_GATHER_BYTES", 3 * 6 * 32 * 4)
+    model._inference_plans.clear()
+    assert _table_reads(_ops(monkeypatch, model, x)) == (0, 1, 0)
+
+
+def test_an_id_outside_the_table_raises_the_eager_error():
+    rng = np.random.default_rng(13)
+    model = attnx.Sequential([layers.Embedding(50, 8, input_shape=(5,)), layers.LSTM(4)])
+    good = ids(rng, 2, 5, padded=False)
+    np.testing.assert_allclose(model(good), eager(model, good), rtol=2e-5, atol=2e-6)
+    for bad in (np.array([[1, 2, 50, 3, 4]]), np.array([[1, -1, 2, 3, 4]])):
+        expected = _error(lambda: eager(model, bad))
+        assert expected is not None
+        assert _error(lambda: model(bad)) == expected
+    np.testing.assert_allclose(model(good), eager(model, good), rtol=2e-5, atol=2e-6)
+
+
+def test_the_plan_checks_an_rnn_over_an_embedding():
+    rnn = dict(cell="lstm", kernel=np.zeros((4, 12), np.float32), recurrent_kernel=np.zeros((3, 12), np.float32),
+               bias=None, recurrent_bias=None, mask=-1, reverse=False, reset_after=True, activation="tanh",
+               recurrent_activation="sigmoid", batch=2, steps=5, return_sequences=False)
+    floats = attnx.kernels.inference_plan(input_shape=[2, 5, 4], token_ids=False)
+    with pytest.raises(ValueError, match="token ids"):
+        floats.rnn(out=floats.add_slot(size=6), in_=0, embedding=np.zeros((9, 4), np.float32), **rnn)
+    tokens = attnx.kernels.inference_plan(input_shape=[2, 5], token_ids=True)
+    out = tokens.add_slot(size=6)
+    with pytest.raises(ValueError, match="embedding"):
+        tokens.rnn(out=out, in_=0, embedding=np.zeros((9, 5), np.float32), **rnn)  # 5 features, the kernel's 4
+    with pytest.raises(TypeError, match="float32"):
+        tokens.rnn(out=out, in_=0, embedding=np.zeros((9, 4)), **rnn)
+    tokens.rnn(out=out, in_=0, embedding=np.zeros((9, 4), np.float32), **rnn)
+    assert tokens.run(x=np.full((2, 5), 9), result=out, shape=[2, 3]) is None  # id 9 outside the table
+    np.testing.assert_array_equal(tokens.run(x=np.full((2, 5), 8), result=out, shape=[2, 3]), np.zeros((2, 3)))

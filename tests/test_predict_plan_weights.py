@@ -1,6 +1,10 @@
 """The inference plan keeps a packed copy of each recurrent kernel between calls (plan.hpp's PackedCopy,
-remade when the kernel's bytes change): after every way a weight changes in place, the plan's outputs are
-the eager path's for the new weights, never the old ones."""
+remade when the kernel's bytes change), and a recurrent layer over an embedding a table of the embedding's
+rows times its kernel (EmbeddedProjection, rows remade when their embedding row, the kernel or the bias
+change): after every way a weight changes in place, the plan's outputs are the eager path's for the new
+weights, never the old ones."""
+import copy
+
 import numpy as np
 import pytest
 
@@ -38,7 +42,18 @@ def bidirectional_gru(rng, batch):
     return model, x
 
 
-MODELS = {"LSTM": lstm_pooling, "BiGRU": bidirectional_gru}
+def sentiment(rng, batch):
+    """The benchmark's sentiment model, smaller: its LSTM takes its inputs from a table of the embedding's
+    rows projected by its kernel (plan.hpp's EmbeddedProjection)."""
+    model = attnx.Sequential([layers.Embedding(200, 16, input_shape=(32,)), layers.LSTM(24, return_sequences=True),
+                              layers.AttentionPooling(), layers.Dense(1)])
+    x = ids(rng, batch, 32)
+    model(x)
+    model.layers[0].params["embeddings"][...] *= 30
+    return model, x
+
+
+MODELS = {"LSTM": lstm_pooling, "BiGRU": bidirectional_gru, "Embedding-LSTM": sentiment}
 
 
 def _recurrent(model):
@@ -75,8 +90,8 @@ def _layer_set_weights(model, x, tmp_path):
 
 
 def _load_weights(model, x, tmp_path):
-    other, _ = MODELS["LSTM" if isinstance(model.layers[0], layers.LSTM) else "BiGRU"](np.random.default_rng(5), 1)
-    other(x)
+    other = copy.deepcopy(model)
+    other.set_weights([w + np.random.default_rng(5).normal(scale=0.3, size=w.shape) for w in other.get_weights()])
     other.save_weights(tmp_path / "other.attnx")
     model.load_weights(tmp_path / "other.attnx")
 
@@ -153,3 +168,82 @@ def test_plans_of_two_models_sharing_a_layer_see_its_changes():
     shared.params["recurrent_kernel"][...] += 0.3
     for model in (first, second):
         np.testing.assert_allclose(model(x), eager(model, x), rtol=2e-5, atol=2e-6)
+
+
+def _input_weights(model):
+    """The embedding and the first recurrent level's input kernel and bias (each direction's) of a model
+    whose recurrent layer takes the embedding's table."""
+    recurrent = _recurrent(model)
+    directions = [recurrent] if isinstance(recurrent, layers.LSTM) else [recurrent.forward_layer,
+                                                                         recurrent.backward_layer]
+    return (model.layers[0].params["embeddings"], [d.params["kernel"] for d in directions],
+            [d.params["bias"] for d in directions])
+
+
+def _embedding_row_read(model, x, tmp_path):
+    _input_weights(model)[0][x[0, 3]] *= -1.0  # a row this call reads (x[0, 3] is no padding)
+
+
+def _embedding_row_unread(model, x, tmp_path):
+    row = x[0, 3]  # made by the call before; a call that does not read it, then the change
+    model(np.where(x == row, 1 if row != 1 else 2, x))
+    _input_weights(model)[0][row] *= -1.0
+
+
+def _embedding_whole(model, x, tmp_path):
+    _input_weights(model)[0][...] = np.random.default_rng(3).normal(scale=1.0, size=_input_weights(model)[0].shape)
+
+
+def _kernel_in_place(model, x, tmp_path):
+    for kernel in _input_weights(model)[1]:
+        kernel[...] *= -1.0
+
+
+def _kernel_one_element(model, x, tmp_path):
+    for kernel in _input_weights(model)[1]:
+        kernel[2, 5] += 50.0
+
+
+def _bias_in_place(model, x, tmp_path):
+    for bias in _input_weights(model)[2]:
+        bias[...] += 2.0
+
+
+def _sgd_on_the_input_weights(model, x, tmp_path):
+    embedding, kernels, biases = _input_weights(model)
+    attnx.optimizers.SGD(0.5).apply([(p, np.ones_like(p)) for p in [embedding] + kernels + biases])
+
+
+TABLE_CHANGES = {"embedding row read, in place": _embedding_row_read,
+                 "embedding row changed while unread": _embedding_row_unread,
+                 "embedding whole, in place": _embedding_whole, "kernel in place": _kernel_in_place,
+                 "kernel one element": _kernel_one_element, "bias in place": _bias_in_place,
+                 "optimizer.apply": _sgd_on_the_input_weights, "fit": _fit, "model.set_weights": _set_weights,
+                 "load_weights": _load_weights}
+
+
+@pytest.mark.parametrize("change", list(TABLE_CHANGES))
+@pytest.mark.parametrize("kind", ["Embedding-LSTM", "BiGRU"])
+@pytest.mark.parametrize("batch", [1, 20])
+def test_the_embedding_table_sees_every_change_of_what_it_was_made_from(change, kind, batch, tmp_path):
+    attnx.set_random_seed(0)
+    model, x = MODELS[kind](np.random.default_rng(0), batch)
+    before = model(x)
+    assert plan.run(model, x) is not None
+    TABLE_CHANGES[change](model, x, tmp_path)
+    expected = eager(model, x)
+    # a stale table (the old outputs) must fail the comparison below by far
+    assert not np.allclose(expected, before, rtol=2e-3, atol=2e-4), "the change must show in the outputs"
+    for call in (model, model.predict_on_batch, model.predict):
+        np.testing.assert_allclose(call(x), expected, rtol=2e-5, atol=2e-6)
+
+
+def test_an_embedding_table_made_at_one_simd_level_is_made_again_at_another():
+    model, x = sentiment(np.random.default_rng(1), 3)
+    expected = eager(model, x)
+    try:
+        for level in CPU_SIMD_LEVELS[::-1] + CPU_SIMD_LEVELS:
+            _core._force_simd_level(level)
+            np.testing.assert_allclose(model(x), expected, rtol=2e-5, atol=2e-6, err_msg=level)
+    finally:
+        _core._force_simd_level(CPU_SIMD_LEVELS[-1])

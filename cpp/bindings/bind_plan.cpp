@@ -142,7 +142,8 @@ void init_plan(py::module_& m) {
         .def("rnn", [](PlanHandle& h, int out, int in, const std::string& cell, const py::array& kernel,
                        const py::array& recurrent_kernel, const py::object& bias, const py::object& recurrent_bias,
                        int mask, bool reverse, bool reset_after, const std::string& activation,
-                       const std::string& recurrent_activation, int batch, int steps, bool return_sequences) {
+                       const std::string& recurrent_activation, int batch, int steps, bool return_sequences,
+                       const py::object& embedding) {
                  PlanOp op;
                  op.kind = PlanOpKind::rnn;
                  RNNConfig& cfg = op.rnn;
@@ -167,7 +168,18 @@ void init_plan(py::module_& m) {
                      throw py::value_error("InferencePlan.rnn: recurrent_bias is only GRU's with reset_after=True");
                  op.w[3] = h.weight(recurrent_bias, {G}, "rnn: recurrent_bias");
                  h.check_mask(mask, (size_t)batch * steps, "rnn");
-                 h.check_slot(in, (size_t)batch * steps * cfg.C, "rnn", false);
+                 if (embedding.is_none()) {
+                     h.check_slot(in, (size_t)batch * steps * cfg.C, "rnn", false);
+                 } else {  // the input projection from a table of embedding . kernel + bias (plan.hpp)
+                     if (!h.token_ids || in != 0 || h.input_size() != (size_t)batch * steps)
+                         throw py::value_error("InferencePlan.rnn: an embedding reads the input's (batch, steps) "
+                                               "token ids (in_=0)");
+                     op.w[4] = h.weight(embedding, {-1, cfg.C}, "rnn: embedding");
+                     const py::ssize_t V = py::cast<py::array>(embedding).shape(0);
+                     if (V <= 0) throw py::value_error("InferencePlan.rnn: an empty embedding");
+                     op.vocab = V;
+                     op.embedded = std::make_unique<EmbeddedProjection>((size_t)V, (size_t)cfg.C, (size_t)G);
+                 }
                  h.check_slot(out, (size_t)batch * (return_sequences ? steps : 1) * cfg.H, "rnn");
                  op.units = return_sequences;
                  op.in = in, op.out = out, op.mask = mask;
@@ -175,7 +187,9 @@ void init_plan(py::module_& m) {
              }, py::arg("out"), py::arg("in_"), py::arg("cell"), py::arg("kernel"), py::arg("recurrent_kernel"),
              py::arg("bias"), py::arg("recurrent_bias"), py::arg("mask"), py::arg("reverse"), py::arg("reset_after"),
              py::arg("activation"), py::arg("recurrent_activation"), py::arg("batch"), py::arg("steps"),
-             py::arg("return_sequences"))
+             py::arg("return_sequences"), py::arg("embedding") = py::none(),
+             "A recurrent op; with `embedding` (V, C) it reads the input's token ids (in_=0) and takes its input "
+             "projection from a table of embedding . kernel + bias (plan.hpp's EmbeddedProjection).")
         .def("merge", [](PlanHandle& h, int out, int a, int b, const std::string& mode, int rows, int width) {
                  PlanOp op;
                  op.kind = PlanOpKind::merge;

@@ -241,7 +241,7 @@ class InferencePlan:  # _core.plan.InferencePlan
     def rnn(
         self, out: int, in_: int, cell: str, kernel: Array, recurrent_kernel: Array, bias: Array | None,
         recurrent_bias: Array | None, mask: int, reverse: bool, reset_after: bool, activation: str,
-        recurrent_activation: str, batch: int, steps: int, return_sequences: bool,
+        recurrent_activation: str, batch: int, steps: int, return_sequences: bool, embedding: Array | None = None,
     ) -> None: ...
     def merge(self, out: int, a: int, b: int, mode: str, rows: int, width: int) -> None: ...
     def attention_pooling(
