@@ -135,8 +135,7 @@ void test_step_rows_bf16(unsigned seed) {
                         const auto left = random_values(rng, (size_t)rows * K), W = random_values(rng, (size_t)K * N);
                         const auto bias = random_values(rng, N), start = random_values(rng, (size_t)rows * N);
                         std::vector<double> want = start;
-                        reference::bf16_gemm(want.data(), left.data(), false, W.data(), transposed, rows, N, K,
-                                             accumulate);
+                        reference::bf16_gemm(want.data(), left.data(), false, W.data(), false, rows, N, K, accumulate);
                         for (int r = 0; !accumulate && r < rows; ++r)
                             for (int n = 0; n < N; ++n) want[(size_t)r * N + n] += bias[n];
                         char where[120];
