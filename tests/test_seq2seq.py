@@ -868,3 +868,31 @@ def test_greedy_equals_step_loop(kind, score, cell, local_window):
         assert_close(attention[:, t], np.where(done[:, None], 0, weights), atol=1e-6, what=f"step {t} weights")
         done |= prev == end_id
     assert tokens.shape[1] == 7 or done.all()
+
+
+@pytest.mark.parametrize("variant", range(len(DECODERS)))
+def test_mixed_bfloat16_rows_do_not_depend_on_their_batch(variant):
+    """Under mixed_bfloat16 every product, the steps' too, rounds each row's operands alone and sums them
+    in the same order: a row's logits and state are the same alone (one row: no streamed float32 path) as
+    in the batch, and its weights' gradients add up to the batch's."""
+    kind, score, cell, local_window = DECODERS[variant]
+    dec = make_decoder(kind, score, cell, local_window, dtype="mixed_bfloat16")
+    ids, enc, states, source_mask, target_mask = make_inputs(score, cell)
+    dy = np.random.default_rng(4).standard_normal((B, T, V)).astype(np.float32)
+
+    def run(rows):
+        logits, cache = dec.apply([ids[rows], enc[rows]] + [s[rows] for s in states], training=True,
+                                  mask=target_mask[rows], source_mask=source_mask[rows])
+        dec.zero_grad()
+        dec.backprop(cache, dy[rows])
+        return logits, {k: g.copy() for k, g in dec.grads.items()}
+
+    logits, grads = run(slice(None))
+    summed = {k: np.zeros_like(g) for k, g in grads.items()}
+    for b in range(B):
+        row_logits, row_grads = run(slice(b, b + 1))
+        np.testing.assert_array_equal(row_logits[0], logits[b])
+        for k in summed:
+            summed[k] += row_grads[k]
+    for k, g in grads.items():
+        np.testing.assert_allclose(summed[k], g, rtol=1e-4, atol=1e-5, err_msg=k)

@@ -2,7 +2,10 @@
 // the additive score on GRU, gated on LSTM; Luong with general, dot and concat scores, global,
 // local-m and local-p) forward and backward, with source and target padding and a gradient into
 // the attention weights, on odd sizes, in float on every SIMD level and in double, on one thread
-// and split across two.
+// and split across two. Under mixed_bfloat16 (float only): the step products (step_rows, the query and
+// feed products and their transposes) against cpp/reference/bf16.hpp's product at every level, AVX-512
+// also on float lanes, and the bf16 decoder's query projections from its own states within float
+// tolerance, its results within bf16's of the double reference.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -10,6 +13,7 @@
 #include <vector>
 
 #include "attnx/seq2seq.hpp"
+#include "reference/bf16.hpp"
 #include "reference/seq2seq.hpp"
 #include "reference_check.hpp"
 
@@ -107,6 +111,115 @@ void test_decoder(DecoderConfig cfg, const char* what, unsigned seed) {
     });
 }
 
+// every SIMD level and both thread budgets, AVX-512 with AVX512_BF16 also on float lanes
+template <class F> void on_every_bf16_level(F&& fn) {
+    on_every_level_and_split([&](const std::string& level) {
+        fn(level);
+        if (simd_level() == SimdLevel::avx512 && cpu_has_avx512_bf16()) {
+            bf16_dot_instruction_allowed() = false;
+            fn(level + " (float lanes)");
+            bf16_dot_instruction_allowed() = true;
+        }
+    });
+}
+
+// step_rows on bf16 pairs: out = bias + bf16(left) . bf16(op(W)) (+ out), rows from one to past a tile,
+// K odd and even, N past whole panels and vectors, W plain and transposed
+void test_step_rows_bf16(unsigned seed) {
+    std::mt19937 rng(seed);
+    for (int rows : {1, 5, 13})
+        for (int K : {9, 34})
+            for (int N : {11, 53, 130})
+                for (bool transposed : {false, true})
+                    for (bool accumulate : {false, true}) {
+                        const auto left = random_values(rng, (size_t)rows * K), W = random_values(rng, (size_t)K * N);
+                        const auto bias = random_values(rng, N), start = random_values(rng, (size_t)rows * N);
+                        std::vector<double> want = start;
+                        reference::bf16_gemm(want.data(), left.data(), false, W.data(), false, rows, N, K, accumulate);
+                        for (int r = 0; !accumulate && r < rows; ++r)
+                            for (int n = 0; n < N; ++n) want[(size_t)r * N + n] += bias[n];
+                        char where[120];
+                        std::snprintf(where, sizeof where, "step_rows bf16 rows=%d K=%d N=%d%s%s", rows, K, N,
+                                      transposed ? " transposed" : "", accumulate ? " accumulate" : " bias");
+                        on_every_bf16_level([&](const std::string& level) {
+                            const auto left_ = cast<float>(left), W_ = cast<float>(W), bias_ = cast<float>(bias);
+                            std::vector<float> out = cast<float>(start);
+                            // W^T's layout: (N, K) rows
+                            std::vector<float> Wt(W_.size());
+                            for (int k = 0; k < K; ++k)
+                                for (int n = 0; n < N; ++n) Wt[(size_t)n * K + k] = W_[(size_t)k * N + n];
+                            const StepRight<float> right(transposed ? Wt.data() : W_.data(), K, N, transposed, true);
+                            step_rows<float>(out.data(), left_.data(), (size_t)K, rows, right,
+                                             accumulate ? nullptr : bias_.data(), accumulate);
+                            expect_near(out, want, tolerance<float>(), std::string(where) + " " + level);
+                        });
+                    }
+}
+
+// The decoder under mixed_bfloat16 (cfg.bf16): every step's additive query projection is
+// bf16(s_{t-1}) . bf16(W_q) + b_q of the kernel's own states (float tolerance: the rounding points are
+// the reference's); logits, states and gradients within bf16's tolerance of the double reference
+// (where float32 and double states straddle a rounding boundary their trajectories round apart, as
+// test_reference_rnn_bf16 explains)
+void test_decoder_bf16(DecoderConfig cfg, const char* what, unsigned seed) {
+    constexpr double kBf16Tolerance = 3e-2;
+    std::mt19937 rng(seed);
+    const int B = cfg.B, Tn = cfg.T, S = cfg.S, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), U = cfg.U;
+    const int vocab = 7;
+    std::vector<double> w[n_params];
+    auto fill = [&](int i, size_t rows, size_t cols) { w[i] = random_values(rng, rows * cols, 1 / std::sqrt((double)rows)); };
+    fill(embeddings, vocab, E), fill(kernel, E + F, G), fill(recurrent_kernel, H, G), fill(bias_in, 1, G);
+    fill(bias_rec, 1, G), fill(query_kernel, H, U), fill(query_bias, 1, U), fill(score_vector, U, 1);
+    fill(key_kernel, K, U), fill(output_kernel, H, cfg.V), fill(output_bias, 1, cfg.V);
+    const auto enc = random_values(rng, (size_t)B * S * K), h0 = random_values(rng, (size_t)B * H, 0.5);
+    const auto dlogits = random_values(rng, (size_t)B * Tn * cfg.V);
+    std::vector<int64_t> ids((size_t)B * Tn);
+    for (auto& id : ids) id = (int64_t)(rng() % vocab);
+    std::vector<uint8_t> source_mask((size_t)B * S, 1);
+    for (int b = 1; b < B; ++b) source_mask[(size_t)b * S + S - 1 - b % 2] = 0;
+
+    std::vector<double> logits((size_t)B * Tn * cfg.V), h = h0, c((size_t)B * H), feed((size_t)B * H);
+    reference::DecoderTrace trace;
+    reference::decoder_forward(cfg, logits.data(), h.data(), c.data(), feed.data(), trace, params_of<const double*>(w),
+                               ids.data(), enc.data(), source_mask.data(), nullptr);
+    std::vector<double> dgrads[n_params], denc(enc.size()), dh((size_t)B * H, 0.0), dc((size_t)B * H, 0.0);
+    for (int i = 0; i < n_params; ++i) dgrads[i].assign(w[i].size(), 0.0);
+    reference::decoder_backward(cfg, denc.data(), dh.data(), dc.data(), params_of<double*>(dgrads), dlogits.data(),
+                                nullptr, trace, params_of<const double*>(w), ids.data(), enc.data());
+    Named want{{"logits", logits}, {"h", h}, {"denc", denc}, {"dh0", dh}};
+    for (int i = 0; i < n_params; ++i)
+        if (!w[i].empty()) want.push_back({std::string("d") + param_names[i], dgrads[i]});
+
+    cfg.bf16 = true;
+    char where[160];
+    std::snprintf(where, sizeof where, "%s bf16 B=%d T=%d S=%d E=%d K=%d H=%d U=%d V=%d", what, B, Tn, S, E, K, H, U,
+                  cfg.V);
+    on_every_bf16_level([&](const std::string& level) {
+        std::vector<float> w_[n_params], dw_[n_params];
+        for (int i = 0; i < n_params; ++i) w_[i] = cast<float>(w[i]), dw_[i].assign(w[i].size(), 0.0f);
+        const auto enc_ = cast<float>(enc), dlogits_ = cast<float>(dlogits);
+        std::vector<float> logits_(logits.size()), h_ = cast<float>(h0), hu((size_t)B * G), denc_(enc.size());
+        std::vector<float> dh_((size_t)B * H, 0.0f), dc_((size_t)B * H, 0.0f);
+        OwnedDecoderCache<float> cache(cfg, true);
+        decoder_forward<float>(cfg, logits_.data(), h_.data(), nullptr, nullptr, cache.cache, params_of<const float*>(w_),
+                               ids.data(), enc_.data(), source_mask.data(), nullptr, false, hu.data());
+        // pq_t = bf16(s_{t-1}) . bf16(W_q) + b_q from the kernel's own s_{t-1}
+        const std::vector<double> h_prev(cache.cache.h_prev, cache.cache.h_prev + (size_t)Tn * B * H);
+        std::vector<double> pq((size_t)Tn * B * U);
+        reference::bf16_gemm(pq.data(), h_prev.data(), false, w[query_kernel].data(), false, Tn * B, U, H, false);
+        for (size_t i = 0; i < pq.size(); ++i) pq[i] += w[query_bias][i % U];
+        expect_near(std::vector<float>(cache.cache.query_proj, cache.cache.query_proj + pq.size()), pq,
+                    tolerance<float>(), std::string(where) + " query_proj " + level);
+        decoder_backward<float>(cfg, denc_.data(), dh_.data(), dc_.data(), params_of<float*>(dw_), dlogits_.data(),
+                                nullptr, cache.cache, params_of<const float*>(w_), enc_.data());
+        Named got{{"logits", to_double(logits_)}, {"h", to_double(h_)}, {"denc", to_double(denc_)},
+                  {"dh0", to_double(dh_)}};
+        for (int i = 0; i < n_params; ++i)
+            if (!w[i].empty()) got.push_back({std::string("d") + param_names[i], to_double(dw_[i])});
+        compare_all(got, want, kBf16Tolerance, std::string(where) + " " + level);
+    });
+}
+
 }  // namespace
 
 int main() {
@@ -139,5 +252,8 @@ int main() {
     DecoderConfig big_luong = general;
     big_luong.B = 16, big_luong.T = 6, big_luong.S = 13, big_luong.E = 17, big_luong.K = 33, big_luong.H = 40, big_luong.V = 29;
     test_decoder(big_luong, "Luong general LSTM (split)", seed++);
+    test_step_rows_bf16(seed++);
+    test_decoder_bf16(bahdanau, "Bahdanau GRU", seed++);
+    test_decoder_bf16(big, "Bahdanau GRU (split)", seed++);
     return attnx::test::report("test_reference_seq2seq");
 }

@@ -16,7 +16,7 @@
 // q . (enc W_k), dot q . enc. The decoder's input x_t = [emb_t; feed_t] is split in two: the
 // embedding half of x . W + b is one GEMM over all steps before the loop, the feed half (c_t or
 // h~_{t-1}) one small product per step on W_f packed once per call. The recurrence is rnn.hpp's
-// (the T = 1 case of rnn_forward_rows / rnn_backward_rows), scores and softmax + context are
+// (the T = 1 case of rnn_forward_rows / rnn_backward_packed_rows), scores and softmax + context are
 // attention.hpp's.
 // Luong's local attention keeps |s - p_t| <= D with the Gaussian exp(-(s - p_t)^2 / (2 (D/2)^2))
 // (attention.hpp's local window): local-m p_t = t, local-p p_t = L sigmoid(v_p . tanh(h_t W_p)),
@@ -52,6 +52,7 @@
 #include "attnx/loss.hpp"
 #include "attnx/packed.hpp"
 #include "attnx/rnn.hpp"
+#include "attnx/rnn_bf16.hpp"
 
 namespace attnx {
 
@@ -204,26 +205,87 @@ template <class T> struct OwnedDecoderCache {
     }
 };
 
+// A weight the decoder's steps multiply a few rows by (the feed half of the input kernel, the additive
+// score's query kernel, their transposes in the backward steps), packed once per call for the register
+// tiles (BLAS would repack it at every step), and under mixed_bfloat16 (bf16: float only) those panels'
+// rows paired as bf16 (bf16.hpp's pair_panels) for the vdpbf16ps step tiles: a step pairs its left rows.
+template <class T> struct StepRight {
+    PackedRight<T> packed;
+    Panels<uint32_t> pairs;  // empty: float32 products
+    // W (K, N), or with `transposed` W^T of W (N, K)
+    StepRight(const T* W, int K, int N, bool transposed, bool bf16) : packed(W, K, N, transposed) {
+        if constexpr (std::is_same_v<T, float>)
+            if (bf16) pair_panels(pairs, packed.panels.data(), K, N, packed.Q * tile_lanes<T>(), tile_lanes<T>());
+    }
+};
+
+// out[r, n] = bias[n] + sum_k left[r, k] W[k, n] (+ out[r, n] when accumulate) for `rows` rows of left,
+// lda apart; bias may be null. bf16 pairs: bf16(left) . bf16(W), sums in float32.
+template <class T>
+void step_rows(T* out, const T* left, size_t lda, int rows, const StepRight<T>& W, const T* bias, bool accumulate) {
+    if constexpr (std::is_same_v<T, float>)
+        if (!W.pairs.empty()) {
+            const int K2 = (W.packed.K + 1) / 2, N = W.packed.N;
+            const uint32_t* a = bf16_step_left(left, lda, rows, W.packed.K);
+            const bool native = bf16_tiles().native;
+            on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                using V = decltype(lanes);
+                constexpr int L = Lanes<V>::W;
+                auto run = [&](auto vectors) __attribute__((always_inline)) {
+                    constexpr int Q = decltype(vectors)::value;
+                    bf16_panels_product<V, Q>(
+                        native, 0, rows, a, (size_t)K2, K2, packed_panels(W.pairs.data(), K2, N, Q * L, L), 0, N,
+                        [&](int r, auto pre, int p) __attribute__((always_inline)) {
+                            for (int q = 0; q < pre.count && (p * Q + q) * L < N; ++q) {
+                                const int n0 = (p * Q + q) * L, m = std::min(L, N - n0);
+                                if (bias) pre.q[q] += vload<V>(bias + n0, m);
+                                if (accumulate) pre.q[q] += vload<V>(out + (size_t)r * N + n0, m);
+                                vstore(out + (size_t)r * N + n0, pre.q[q], m);
+                            }
+                        });
+                };
+                if (W.packed.Q == 1) run(std::integral_constant<int, 1>{});
+                else if (W.packed.Q == 2) run(std::integral_constant<int, 2>{});
+                else run(std::integral_constant<int, 3>{});
+            });
+            return;
+        }
+    packed_rows<T>(out, LeftRows<T>{left, lda, W.packed.K, nullptr, 0, 0}, rows, W.packed, bias, false, accumulate);
+}
+
 // The weights a decoder call multiplies a few rows by at every step, packed once for all its steps
 // (BLAS repacks its right operand on every call: at B = 64, V = 8000 that packing took 19% of greedy
 // decoding): the recurrent kernel for the step's tiles, the feed half of the input kernel and the
-// additive score's query kernel; the output layer too for a decoding loop, whose every step has a
-// few rows (teacher forcing multiplies all steps' rows at once, where BLAS is faster). A batch of one
-// row packs nothing (`in_place`): its products read each weight once per step, streamed in place
-// (dense_row_streamed, rnn.hpp's one-row step), and a copy would cost as much as a step's reads.
+// additive score's query kernel, paired as bf16 under mixed_bfloat16; the output layer too for a
+// decoding loop, whose every step has a few rows (teacher forcing multiplies all steps' rows at once,
+// where BLAS is faster). A float32 batch of one row packs nothing (`in_place`): its products read each
+// weight once per step, streamed in place (dense_row_streamed, rnn.hpp's one-row step), and a copy
+// would cost as much as a step's reads.
 template <class T> struct DecoderPanels {
     Panels<T> recurrent;
-    std::optional<PackedRight<T>> feed, query, output;
+    Panels<uint32_t> recurrent_pairs;  // bf16
+    std::optional<StepRight<T>> feed, query;
+    std::optional<PackedRight<T>> output;
     bool in_place = false;
     DecoderPanels(const DecoderConfig& cfg, const DecoderParams<const T*>& w, bool with_output) {
-        if (cfg.B == 1) {
+        if (cfg.B == 1 && !cfg.bf16) {
             in_place = true;
             return;
         }
-        pack_recurrent_kernel_rows(recurrent, cfg.rnn_step(), w.recurrent_kernel);
-        feed.emplace(w.kernel + (size_t)cfg.E * cfg.G(), cfg.F(), cfg.G(), false);
-        if (cfg.score == ScoreKind::additive) query.emplace(w.query_kernel, cfg.H, cfg.U, false);
+        bool paired = false;
+        if constexpr (std::is_same_v<T, float>)
+            if (cfg.bf16) pair_recurrent_kernel(recurrent_pairs, recurrent, cfg.rnn_step(), w.recurrent_kernel, nullptr), paired = true;
+        if (!paired) pack_recurrent_kernel_rows(recurrent, cfg.rnn_step(), w.recurrent_kernel);
+        feed.emplace(w.kernel + (size_t)cfg.E * cfg.G(), cfg.F(), cfg.G(), false, cfg.bf16);
+        if (cfg.score == ScoreKind::additive) query.emplace(w.query_kernel, cfg.H, cfg.U, false, cfg.bf16);
         if (with_output) output.emplace(w.output_kernel, cfg.H, cfg.V, false);
+    }
+    // U for the recurrence's steps: streamed at one row, packed (bf16: paired) otherwise; a bf16 step
+    // never streams U (its thread's rows may be one), so its rounding does not depend on the split
+    RecurrentKernel<T> recurrent_kernel(const T* U) const {
+        if (in_place) return {nullptr, nullptr, false, U};
+        if (!recurrent_pairs.empty()) return {recurrent.data(), recurrent_pairs.data(), bf16_tiles().native, nullptr};
+        return {recurrent.data(), nullptr, false, U};
     }
 };
 
@@ -263,7 +325,7 @@ void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>
         T* pq = cache.query_proj + tb * U;
         // pq = q W_q + b_q;  scores[b, s] = v . tanh(pq[b] + keys[b, s])
         if (panels.in_place) dense_row_streamed<T>(pq, q, w.query_kernel, w.query_bias, H, U);
-        else packed_rows<T>(pq, LeftRows<T>{q, (size_t)H, H, nullptr, 0, 0}, nb, *panels.query, w.query_bias);
+        else step_rows<T>(pq, q, (size_t)H, nb, *panels.query, w.query_bias, false);
         additive_scores_forward<T>(scores, cache.score_hidden + bs * U, pq, cache.keys + (size_t)b0 * S * U,
                                    w.score_vector, nb, 1, S, U);
     } else {
@@ -314,12 +376,12 @@ void attend_step_forward(const DecoderConfig& cfg, const DecoderParams<const T*>
 // and W_q^T packed once for the steps' dq += d(pq) W_q^T.
 template <class T> struct AttendGradWork {
     std::vector<T> dscores, denc_step, dquery_step, dkeys_step, dgauss, dposition;
-    std::optional<PackedRight<T>> query_t;
+    std::optional<StepRight<T>> query_t;
     AttendGradWork(const DecoderConfig& cfg, const DecoderParams<const T*>& w)
         : dscores((size_t)cfg.B * cfg.S), denc_step((size_t)cfg.B * cfg.S * cfg.K),
           dquery_step((size_t)cfg.B * std::max(cfg.Dk(), cfg.U)), dkeys_step((size_t)cfg.B * cfg.S * cfg.Dk()),
           dgauss(cfg.predictive() ? (size_t)cfg.B * cfg.S : 0), dposition(cfg.predictive() ? cfg.B : 0) {
-        if (cfg.score == ScoreKind::additive) query_t.emplace(w.query_kernel, cfg.U, cfg.H, true);
+        if (cfg.score == ScoreKind::additive) query_t.emplace(w.query_kernel, cfg.U, cfg.H, true, cfg.bf16);
     }
 };
 
@@ -368,7 +430,7 @@ void attend_step_backward(const DecoderConfig& cfg, const DecoderParams<const T*
         additive_scores_backward<T>(dpq, dkeys_step, dscore_vector, dscores, cache.score_hidden + bs * U,
                                     w.score_vector, nb, 1, S, U);
         // dq += d(pq) . W_q^T
-        packed_rows<T>(dq, LeftRows<T>{dpq, (size_t)U, U, nullptr, 0, 0}, nb, *work.query_t, nullptr, false, true);
+        step_rows<T>(dq, dpq, (size_t)U, nb, *work.query_t, nullptr, true);
     } else {
         T* dq_step = work.dquery_step.data() + (size_t)b0 * Dk;
         dot_scores_backward<T>(AttendShape{nb, 1, 1, S, Dk, 0}, dq_step, dkeys_step, (T*)nullptr, dscores,
@@ -451,12 +513,10 @@ void decoder_step_forward(const DecoderConfig& cfg, int t, int b0, int b1, T* h,
         dense_row_streamed<T>(hu, cache.feed + tb * F, w.kernel + (size_t)E * G, gates_t, F, G);
         std::copy(hu, hu + G, gates_t);
     } else {
-        packed_rows<T>(gates_t, LeftRows<T>{cache.feed + tb * F, (size_t)F, F, nullptr, 0, 0}, nb, *panels.feed,
-                       nullptr, false, true);
+        step_rows<T>(gates_t, cache.feed + tb * F, (size_t)F, nb, *panels.feed, nullptr, true);
     }
     rnn_forward_rows<T>(cfg.rnn_step(), b0, b1, states_t, h, c, cache.rnn_at(cfg, t),
-                        RecurrentKernel<T>{panels.in_place ? nullptr : panels.recurrent.data(), nullptr, false,
-                                           w.recurrent_kernel},
+                        panels.recurrent_kernel(w.recurrent_kernel),
                         w.bias_rec, cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr, (const T*)nullptr,
                         hu);
     if (cfg.kind == DecoderKind::luong) {
@@ -495,8 +555,8 @@ inline double decoder_loop_work(const DecoderConfig& cfg) {
 // and after it on the whole BLAS thread budget.
 // The products over all B * T rows (keys, input gates, logits and their gradients): on bf16 operands with
 // float32 sums under mixed_bfloat16 (cfg.bf16, float only: bf16.hpp), else the float kernels of dense.hpp.
-// The per-step products (h U, the attention) stay float32: a step's few rows would pay bf16's packing of
-// the right operand at every step.
+// The per-step products h U, feed W_f and q W_q (and their transposes backward) run on weights paired
+// once per call (DecoderPanels, StepRight); the scores and contexts stay float32.
 //   z = x W + b
 template <class T>
 void sequence_dense_forward(const DecoderConfig& cfg, T* z, const T* x, const T* W, const T* b, int N, int C, int OC) {
@@ -505,13 +565,31 @@ void sequence_dense_forward(const DecoderConfig& cfg, T* z, const T* x, const T*
     dense_forward<T>(z, x, W, b, N, C, OC);
 }
 
+// db[o] += sum_n dz[n, o] for dz (N, OC): blocks of 256 columns split across threads, each block's rows
+// summed on the widest vectors (dense_backward's and bf16_dense_backward's sums run on one thread: the
+// output bias's, 1024 x 8000, reads 33 MB)
+template <class T> void bias_gradient(T* db, const T* dz, int N, int OC) {
+    constexpr int block = 256;
+    parallel_for((size_t)(OC + block - 1) / block, double(N) * OC, [&](size_t lo, size_t hi) {
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+            const int o0 = (int)lo * block, o1 = std::min(OC, (int)hi * block);
+            for (int n = 0; n < N; ++n) {
+                const T* row = dz + (size_t)n * OC;
+                for (int o = o0; o < o1; ++o) db[o] += row[o];
+            }
+        });
+    });
+}
+
 //   dx = dz W^T (overwritten; dx may be null), dW += x^T dz, db += sum_n dz[n] (db may be null)
 template <class T>
 void sequence_dense_backward(const DecoderConfig& cfg, T* dx, T* dW, T* db, const T* dz, const T* x, const T* W,
                              int N, int C, int OC) {
+    bool done = false;
     if constexpr (std::is_same_v<T, float>)
-        if (cfg.bf16) return bf16_dense_backward(dx, dW, db, dz, x, W, N, C, OC);
-    dense_backward<T>(dx, dW, db, dz, x, W, N, C, OC);
+        if (cfg.bf16) bf16_dense_backward(dx, dW, nullptr, dz, x, W, N, C, OC), done = true;
+    if (!done) dense_backward<T>(dx, dW, nullptr, dz, x, W, N, C, OC);
+    if (db) bias_gradient<T>(db, dz, N, OC);
 }
 
 //   C (M, N) += op(A) op(B), op(A) (M, K): A^T of A (K, M) when trans_a; op(B) (K, N): B^T of B (N, K) when trans_b
@@ -574,8 +652,10 @@ template <class T> struct DecoderGradWork {
     std::vector<T> dout, dgates, dhu_gru, dhrec, dfeed, dkeys, dquery_proj, dstate, dpre, dcat, dcontext, dfeed_next;
     std::vector<T> dposition_logit, dposition_hidden, dgate_logit, dweights;
     AttendGradWork<T> attend;
-    Panels<T> recurrent_t;
-    PackedRight<T> feed_t;
+    Panels<T> recurrent_packed_t;
+    Panels<uint32_t> recurrent_pairs_t;  // bf16
+    RecurrentKernel<T> recurrent_t;      // U^T for the steps' dhu U^T
+    StepRight<T> feed_t;
     DecoderGradWork(const DecoderConfig& cfg, const DecoderParams<const T*>& w)
         : dout((size_t)cfg.T * cfg.B * cfg.H), dgates((size_t)cfg.T * cfg.B * cfg.G()),
           dhu_gru(cfg.cell == RNNCell::gru ? dgates.size() : 0), dhrec((size_t)cfg.B * cfg.H),
@@ -587,8 +667,15 @@ template <class T> struct DecoderGradWork {
           dposition_logit(cfg.predictive() ? (size_t)cfg.T * cfg.B : 0),
           dposition_hidden(cfg.predictive() ? (size_t)cfg.T * cfg.B * cfg.P : 0),
           dgate_logit(cfg.gated ? (size_t)cfg.T * cfg.B : 0), attend(cfg, w),
-          feed_t(w.kernel + (size_t)cfg.E * cfg.G(), cfg.G(), cfg.F(), true) {
-        pack_recurrent_kernel_rows_t(recurrent_t, cfg.rnn_step(), w.recurrent_kernel);
+          feed_t(w.kernel + (size_t)cfg.E * cfg.G(), cfg.G(), cfg.F(), true, cfg.bf16) {
+        if constexpr (std::is_same_v<T, float>)
+            if (cfg.bf16) {
+                recurrent_t = pair_recurrent_kernel_t(recurrent_pairs_t, recurrent_packed_t, cfg.rnn_step(),
+                                                      w.recurrent_kernel, nullptr);
+                return;
+            }
+        pack_recurrent_kernel_rows_t(recurrent_packed_t, cfg.rnn_step(), w.recurrent_kernel);
+        recurrent_t = RecurrentKernel<T>{recurrent_packed_t.data()};
     }
     static bool luong(const DecoderConfig& cfg) { return cfg.kind == DecoderKind::luong; }
     // d(h U + b_rec): its own buffer for GRU (the candidate's r * (.) splits it from dgates), else dgates
@@ -604,14 +691,13 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
                            const T* enc) {
     const int B = cfg.B, Tn = cfg.T, E = cfg.E, F = cfg.F(), H = cfg.H, K = cfg.K, G = cfg.G(), nb = b1 - b0;
     T* dg_t = work.dgates.data() + (size_t)t * B * G;
-    const LeftRows<T> dgates_rows{dg_t + (size_t)b0 * G, (size_t)G, G, nullptr, 0, 0};  // (dfeed = these . W_f^T)
     const T* dy_t = work.dout.data() + (size_t)t * B * H;
     // one step of rnn.hpp's BPTT (the decoder's cells are tanh / sigmoid): dh, dc from h_t to h_{t-1}
     auto rnn_step_backward = [&](const T* d_out) {
-        rnn_backward_rows<T>(cfg.rnn_step(), TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dg_t,
-                             work.dhu() + (size_t)t * B * G, work.dhrec.data(), d_out, cache.rnn_at(cfg, t),
-                             work.recurrent_t.data(), cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr,
-                             (const T*)nullptr);
+        rnn_backward_packed_rows<T>(cfg.rnn_step(), TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dg_t,
+                                    work.dhu() + (size_t)t * B * G, work.dhrec.data(), d_out, cache.rnn_at(cfg, t),
+                                    work.recurrent_t, cache.step_mask ? cache.step_mask + (size_t)t * B : nullptr,
+                                    (const T*)nullptr);
     };
     auto attend_backward = [&](const T* dcontext, T* dquery) {
         attend_step_backward<T>(cfg, w, cache, t, b0, b1, cache.query_at(cfg, t), enc, dcontext,
@@ -622,7 +708,8 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
     if (cfg.kind == DecoderKind::bahdanau) {
         // s_t's gradient enters the recurrence; then d c_t = dgates_t W_f^T reaches s_{t-1} via attention
         rnn_step_backward(dy_t);
-        packed_rows<T>(work.dfeed.data() + (size_t)b0 * F, dgates_rows, nb, work.feed_t, nullptr);
+        step_rows<T>(work.dfeed.data() + (size_t)b0 * F, dg_t + (size_t)b0 * G, (size_t)G, nb, work.feed_t, nullptr,
+                     false);
         if (cfg.gated) {
             // feed = beta c:  dz = (dfeed . c) beta (1 - beta);  ds_{t-1} += dz w_beta;  dc = beta dfeed
             const T* ctx_t = cache.context + (size_t)t * B * K;
@@ -661,7 +748,8 @@ void decoder_step_backward(const DecoderConfig& cfg, int t, int b0, int b1, T* d
     attend_backward(work.dcontext.data(), work.dstate.data());
     rnn_step_backward(work.dstate.data());
     // d h~_{t-1} = dgates_t W_f^T (h~_{-1} is the given initial feed)
-    packed_rows<T>(work.dfeed_next.data() + (size_t)b0 * F, dgates_rows, nb, work.feed_t, nullptr);
+    step_rows<T>(work.dfeed_next.data() + (size_t)b0 * F, dg_t + (size_t)b0 * G, (size_t)G, nb, work.feed_t, nullptr,
+                 false);
 }
 
 // reference: cpp/reference/seq2seq.hpp, decoder_backward
