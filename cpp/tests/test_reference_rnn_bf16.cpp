@@ -194,7 +194,9 @@ void test_cell(const RNNConfig& cfg, bool dropout, unsigned seed) {
 }  // namespace
 
 int main() {
-    const int shapes[][4] = {{3, 4, 5, 10}, {8, 6, 9, 64}};
+    // (B, T, C, H); the last: odd T (the weight gradients' last pair of steps has one row) and odd H
+    // (LSTM's tail units)
+    const int shapes[][4] = {{3, 4, 5, 10}, {8, 6, 9, 64}, {5, 5, 7, 33}};
     unsigned seed = 1;
     for (RNNCell cell : {RNNCell::simple, RNNCell::lstm, RNNCell::gru})
         for (bool reset_after : {true, false}) {

@@ -45,6 +45,13 @@ class CallbackList:
             cb.set_model(model)
             cb.params = params
 
+    def calls(self, *hooks):
+        """Whether some callback does something at one of `hooks` (its own method, not Callback's empty
+        one): the training loop skips the batch hooks, and the logs it would make for them, when none
+        does, as Keras' CallbackList does."""
+        return any(getattr(getattr(cb, hook, None), "__func__", None) is not getattr(Callback, hook)
+                   for cb in self.callbacks for hook in hooks)
+
     def __getattr__(self, hook):
         if not hook.startswith("on_"):
             raise AttributeError(hook)

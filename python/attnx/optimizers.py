@@ -112,20 +112,11 @@ class Optimizer:
         self.apply([(v, g) for g, v in grads_and_vars if g is not None])
 
     def apply(self, params_and_grads):
-        params_and_grads = list(params_and_grads)
-        for p, g in params_and_grads:
-            if not isinstance(p, np.ndarray) or not isinstance(g, np.ndarray):
-                raise TypeError(f"{self.name}: parameters and gradients must be NumPy arrays (updated in place), "
-                                f"got {type(p).__name__} and {type(g).__name__}")
-        pairs = [(p, g) for p, g in params_and_grads if p.size]
+        pairs = self._checked_pairs(list(params_and_grads))
         if not pairs:
             return
         params = [p for p, _ in pairs]
         grads = [g for _, g in pairs]
-        for p, g in pairs:
-            if p.shape != g.shape or p.dtype != g.dtype:
-                raise ValueError(f"{self.name}: gradient {g.shape} {g.dtype} does not match parameter "
-                                 f"{p.shape} {p.dtype}")
         if self.clipvalue is not None or self.clipnorm is not None or self.global_clipnorm is not None:
             grads = [np.array(g, order="C") for g in grads]  # clip copies: the caller's gradients stay as they are
         else:
@@ -149,6 +140,28 @@ class Optimizer:
             ps = [p for p, _ in group]
             self._update(ps, [g for _, g in group], [self._state(p) for p in ps], lr)
         constraints.apply_constraints(params)  # Keras: each variable's constraint after its update
+
+    _last_pairs = ((), [])  # the last (param, grad) pairs given to apply and their checked, non-empty ones
+
+    def _checked_pairs(self, params_and_grads):
+        """The (param, grad) pairs with parameters (empty ones dropped), after checking types, shapes and
+        dtypes; the same arrays as the last step's (a training loop's) are not checked again: an array's
+        type and dtype stay, and a reshaped one keeps its size, which the kernels check."""
+        given, checked = self._last_pairs
+        if len(given) == len(params_and_grads) and all(
+                p is q and g is h for (p, g), (q, h) in zip(params_and_grads, given)):
+            return checked
+        for p, g in params_and_grads:
+            if not isinstance(p, np.ndarray) or not isinstance(g, np.ndarray):
+                raise TypeError(f"{self.name}: parameters and gradients must be NumPy arrays (updated in place), "
+                                f"got {type(p).__name__} and {type(g).__name__}")
+        pairs = [(p, g) for p, g in params_and_grads if p.size]
+        for p, g in pairs:
+            if p.shape != g.shape or p.dtype != g.dtype:
+                raise ValueError(f"{self.name}: gradient {g.shape} {g.dtype} does not match parameter "
+                                 f"{p.shape} {p.dtype}")
+        self._last_pairs = (params_and_grads, pairs)
+        return pairs
 
     def _state(self, param):
         slot = self._slots.get(id(param))

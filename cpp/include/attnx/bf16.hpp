@@ -108,28 +108,34 @@ inline void pack_bf16_rows(uint32_t* pairs, size_t row_stride, const float* A, s
 }
 
 // pairs[kp * k_stride + c] = (At[2kp, c], At[2kp + 1, c]) for the columns c < cols of At (K, cols),
-// rows ldat apart (the pairs of At^T's rows, read along At's rows); zeros from cols to pad_cols
+// rows ldat apart (the pairs of At^T's rows, read along At's rows); zeros from cols to pad_cols. On
+// float lanes V, inside a caller compiled for them (pack_bf16_columns dispatches).
+template <class V>
+ATTNX_ALWAYS_INLINE void pack_bf16_columns_on(uint32_t* pairs, size_t k_stride, const float* At, size_t ldat, int K,
+                                              int cols, int pad_cols) {
+    using U = typename Lanes<V>::U;
+    constexpr int W = Lanes<V>::W;
+    const int K2 = (K + 1) / 2;
+    for (int kp = 0; kp < K2; ++kp) {
+        const float* even = At + (size_t)(2 * kp) * ldat;
+        const float* odd = 2 * kp + 1 < K ? even + ldat : nullptr;
+        uint32_t* out = pairs + (size_t)kp * k_stride;
+        int c = 0;
+        for (; c + W <= cols; c += W) {
+            U e, o = {};
+            std::memcpy(&e, even + c, sizeof e);
+            if (odd) std::memcpy(&o, odd + c, sizeof o);
+            const U pair = bf16_bits_lanes(e) | bf16_bits_lanes(o) << 16;
+            std::memcpy(out + c, &pair, sizeof pair);
+        }
+        for (; c < cols; ++c) out[c] = bf16_bits(even[c]) | (odd ? bf16_bits(odd[c]) << 16 : 0u);
+        std::fill(out + cols, out + pad_cols, 0u);
+    }
+}
 inline void pack_bf16_columns(uint32_t* pairs, size_t k_stride, const float* At, size_t ldat, int K, int cols,
                               int pad_cols) {
-    const int K2 = (K + 1) / 2;
     on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-        using U = typename Lanes<decltype(lanes)>::U;
-        constexpr int W = Lanes<decltype(lanes)>::W;
-        for (int kp = 0; kp < K2; ++kp) {
-            const float* even = At + (size_t)(2 * kp) * ldat;
-            const float* odd = 2 * kp + 1 < K ? even + ldat : nullptr;
-            uint32_t* out = pairs + (size_t)kp * k_stride;
-            int c = 0;
-            for (; c + W <= cols; c += W) {
-                U e, o = {};
-                std::memcpy(&e, even + c, sizeof e);
-                if (odd) std::memcpy(&o, odd + c, sizeof o);
-                const U pair = bf16_bits_lanes(e) | bf16_bits_lanes(o) << 16;
-                std::memcpy(out + c, &pair, sizeof pair);
-            }
-            for (; c < cols; ++c) out[c] = bf16_bits(even[c]) | (odd ? bf16_bits(odd[c]) << 16 : 0u);
-            std::fill(out + cols, out + pad_cols, 0u);
-        }
+        pack_bf16_columns_on<decltype(lanes)>(pairs, k_stride, At, ldat, K, cols, pad_cols);
     });
 }
 

@@ -590,11 +590,49 @@ inline int padded_units(int H, int lanes) { return (H + lanes - 1) / lanes * lan
 // cache (each may be null): dx (B, T, C) = dgates . W^T in the same tiles as d h_rec, for LSTM and
 // SimpleRNN only (their dhu is dgates, so one product has one left operand; packed_t then has W^T
 // beside U^T), and the bias gradients db_in += sum dgates, db_rec += sum dhu, summed over the steps.
+// Under mixed_bfloat16 (rnn_bf16.hpp, LSTM and SimpleRNN) also the operands of
+// [dW; dU] += [x | h_rec]^T . dgates, paired along the sequence rows as the steps finish them, while a
+// step's rows are in cache: each batch row's steps (t, t + 1) as one pair row (an odd T's last step
+// with zeros), pair row k = b (T + 1) / 2 + t / 2, so that a thread's rows make whole pairs
+//   left   (B (T + 1) / 2, C + H): left[k * (C + H) + c] = ([x | h_rec][2 rows of k], column c), k-major
+//   right  per thread of rows [b0, b1) from pair row k0 = b0 (T + 1) / 2 on, its n = (b1 - b0) (T + 1) / 2
+//          pair rows of dgates in panels of `width` columns (bf16.hpp's right layout):
+//          right[k0 * panels * width + (p * n + k - k0) * width + j] = (dgates[2 rows of k], p * width + j)
+struct StepPairs {
+    uint32_t* left = nullptr;
+    uint32_t* right = nullptr;
+    int width = 0;
+    const float* x = nullptr;
+    const float* h_rec = nullptr;
+};
+
 template <class T> struct StepGradients {
     T* dx = nullptr;
     T* db_in = nullptr;
     T* db_rec = nullptr;
+    const StepPairs* pairs = nullptr;  // float only
 };
+
+// StepPairs' pair rows of rows [b0, b1) after step t, once both of the pair's steps are done (an odd T's
+// last step alone), on lanes V
+template <class V>
+ATTNX_ALWAYS_INLINE void pair_step_rows(const StepPairs& pairs, const RNNConfig& cfg, int b0, int b1, int t,
+                                        const float* dgates) {
+    const int T = cfg.T, t0 = t & ~1, count = std::min(2, T - t0);
+    if (count == 2 && t == (cfg.reverse ? t0 : t0 + 1)) return;  // the pair's other step comes next in the walk
+    const int C = cfg.C, H = cfg.H, G = cfg.G(), T2 = (T + 1) / 2, width = pairs.width;
+    const int panels = (G + width - 1) / width;
+    const size_t k0 = (size_t)b0 * T2, n = (size_t)(b1 - b0) * T2, CH = (size_t)C + H;
+    uint32_t* right = pairs.right + k0 * panels * width;
+    for (int b = b0; b < b1; ++b) {
+        const size_t row = (size_t)b * T + t0, k = (size_t)b * T2 + t0 / 2;
+        pack_bf16_columns_on<V>(pairs.left + k * CH, CH, pairs.x + row * C, (size_t)C, count, C, C);
+        pack_bf16_columns_on<V>(pairs.left + k * CH + C, CH, pairs.h_rec + row * H, (size_t)H, count, H, H);
+        for (int p = 0; p < panels; ++p)
+            pack_bf16_columns_on<V>(right + ((size_t)p * n + k - k0) * width, (size_t)width, dgates + row * G + p * width,
+                                    (size_t)G, count, std::min(width, G - p * width), width);
+    }
+}
 
 // Reverse-time steps of rows [b0, b1) on vectors V, U^T (and W^T for grads.dx) packed by
 // pack_recurrent_kernel_rows_t for W = Lanes<V>::W. dh, dc (B, H) come in as the gradient of the
@@ -690,6 +728,8 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
         // (padded steps' rows are 0)
         if (grads.db_in) add_rows(grads.db_in, dgates, t);
         if (grads.db_rec) add_rows(grads.db_rec, dhu, t);
+        if constexpr (std::is_same_v<T, float>)
+            if (grads.pairs) pair_step_rows<V>(*grads.pairs, cfg, b0, b1, t, dgates);
     }
 }
 

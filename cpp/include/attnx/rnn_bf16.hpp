@@ -90,50 +90,50 @@ inline void rnn_backward_bf16(const RNNConfig& cfg, float* dx, float* dW, float*
     const bool dx_in_steps = dx && cfg.cell != RNNCell::gru;
     const RecurrentKernel<float> packed_t = pair_recurrent_kernel_t(pairs, packed, cfg, U, dx_in_steps ? W : nullptr);
     const bool rec_bias = db_rec && !(cfg.cell == RNNCell::gru && !cfg.reset_after);  // GRU classic has none
+    const float* h_rec = cache.recurrent_input();
+    // LSTM, SimpleRNN (dhu is dgates): [dW; dU] += [x | h_rec]^T . dgates, one product (two would pair
+    // dgates, the largest operand, twice) over each thread's rows in its part of the region, on operands
+    // the steps pair while the rows are in cache (StepPairs): no pass over dgates (B T x G) after the
+    // steps, and no region to pack them and another to multiply
+    const bool weights_in_steps = cfg.cell != RNNCell::gru;
+    const int CH = C + H, T2 = (cfg.T + 1) / 2, width = bf16_tiles().width(), panel_count = (G + width - 1) / width;
+    // (this thread's buffers, written by every thread of the batch split: a thread_local named in the
+    // lambda would be the worker's own)
+    thread_local Panels<uint32_t> left_buffer, right_buffer;
+    if (weights_in_steps)
+        left_buffer.resize((size_t)cfg.B * T2 * CH), right_buffer.resize((size_t)cfg.B * T2 * panel_count * width);
+    const StepPairs step_pairs{left_buffer.data(), right_buffer.data(), width, x, h_rec};
     std::mutex sum_lock;
     for_batch_rows(cfg, [&](int b0, int b1) {
         std::vector<float> sums(2 * (size_t)G, 0.0f);  // this thread's rows' db_in, db_rec
         const StepGradients<float> grads{dx_in_steps ? dx : nullptr, db_in ? sums.data() : nullptr,
-                                         rec_bias ? sums.data() + G : nullptr};
+                                         rec_bias ? sums.data() + G : nullptr, weights_in_steps ? &step_pairs : nullptr};
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
             rnn_backward_packed_rows<float>(cfg, TanhSigmoidSlopes<float>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy,
                                             cache, packed_t, mask, rec_mask, grads);
         else
             rnn_backward_packed_rows<float>(cfg, AnySlopes<float>{cfg.activation, cfg.recurrent_activation}, b0, b1,
                                             dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask, grads);
+        // this thread's rows' [dW; dU] (its own buffer, kept: a fresh one of megabytes is as many page faults)
+        thread_local std::vector<float> weight_sums;
+        const size_t k0 = (size_t)b0 * T2;
+        if (weights_in_steps) {
+            weight_sums.resize((size_t)CH * G);
+            bf16_gemm_pairs(weight_sums.data(), (size_t)G,
+                            {step_pairs.left + k0 * CH, 1, (size_t)CH, step_pairs.right + k0 * panel_count * width,
+                             (b1 - b0) * T2},
+                            CH, G, false);
+        }
         std::lock_guard<std::mutex> hold(sum_lock);
         for (int g = 0; g < G; ++g) {
             if (db_in) db_in[g] += sums[g];
             if (rec_bias) db_rec[g] += sums[(size_t)G + g];
         }
+        if (!weights_in_steps) return;
+        for (size_t i = 0; i < (size_t)C * G; ++i) dW[i] += weight_sums[i];
+        for (size_t i = 0; i < (size_t)H * G; ++i) dU[i] += weight_sums[(size_t)C * G + i];
     });
-    const float* h_rec = cache.recurrent_input();
-    if (cfg.cell != RNNCell::gru) {
-        // LSTM, SimpleRNN (dhu is dgates): [dW; dU] += [x | h_rec]^T . dgates, one product, as rnn.hpp's
-        // float32 backward: two would pair dgates (B T x G, the largest operand) twice. The left is
-        // paired from x and h_rec where they are (k-major: C + H pairs per pair of rows), not copied
-        // side by side first.
-        const int CH = C + H, K2 = (rows + 1) / 2, width = bf16_tiles().width(), panel_count = (G + width - 1) / width;
-        thread_local Panels<uint32_t> left_buffer, right_buffer;
-        thread_local std::vector<float> sums_buffer;
-        left_buffer.resize((size_t)K2 * CH), right_buffer.resize((size_t)panel_count * K2 * width);
-        sums_buffer.resize((size_t)CH * G);
-        // (pointers for the workers: a thread_local named in the lambda would be the worker's own)
-        uint32_t *left = left_buffer.data(), *right = right_buffer.data();
-        float* sums = sums_buffer.data();
-        const size_t parts = kernel_threads();
-        parallel_for(parts, (double)rows * CH * G / 8, [&](size_t lo, size_t hi) {
-            const int kp0 = (int)(K2 * lo / parts), k0 = 2 * kp0, k1 = std::min(rows, 2 * (int)(K2 * hi / parts));
-            pack_bf16_columns(left + (size_t)kp0 * CH, (size_t)CH, x + (size_t)k0 * C, (size_t)C, k1 - k0, C, C);
-            pack_bf16_columns(left + (size_t)kp0 * CH + C, (size_t)CH, h_rec + (size_t)k0 * H, (size_t)H, k1 - k0, H, H);
-            pack_bf16_right(right, width, dgates, (size_t)G, false, rows, G, (int)(panel_count * lo / parts),
-                            (int)(panel_count * hi / parts));
-        });
-        bf16_gemm_pairs(sums, (size_t)G, {left, 1, (size_t)CH, right, K2}, CH, G, false);
-        for (size_t i = 0; i < (size_t)C * G; ++i) dW[i] += sums[i];
-        for (size_t i = 0; i < (size_t)H * G; ++i) dU[i] += sums[(size_t)C * G + i];
-        return;
-    }
+    if (weights_in_steps) return;
     // dx = dgates . W^T;  dW += x^T . dgates
     if (dx) bf16_gemm(dx, (size_t)C, dgates, (size_t)G, false, W, (size_t)G, true, rows, C, G, false);
     bf16_gemm(dW, (size_t)G, x, (size_t)C, true, dgates, (size_t)G, false, C, G, rows, true);

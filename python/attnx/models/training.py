@@ -335,6 +335,7 @@ class TrainingMixin:
         self.stop_training = False
         # where training is, for training_state(): the next batch to train is `step` of `epoch`
         self._fit_data, self._fit_position = data, {"epoch": int(initial_epoch), "step": 0}
+        batch_hooks = cbs.calls("on_train_batch_begin", "on_train_batch_end")
         try:
             cbs.on_train_begin()
             trained_any, logs = False, {}
@@ -346,13 +347,16 @@ class TrainingMixin:
                 bar = _progress(data.steps_per_epoch, f"Epoch {epoch + 1}/{epochs}", verbose == 1, initial=first_step)
                 start = time.perf_counter()
                 for step, batch in enumerate(data.epoch(first_step), first_step):
-                    cbs.on_train_batch_begin(step)
+                    if batch_hooks:
+                        cbs.on_train_batch_begin(step)
                     loss = self.train_on_batch(batch.x, batch.y, batch.sample_weight, check_numerics=check_numerics)
                     self._fit_position["step"] = step + 1
                     trained_any = True
                     loss_mean.update_state(loss, batch.size)
-                    logs = {"loss": loss_mean.result(), **self._metric_results()}
-                    cbs.on_train_batch_end(step, {**logs, "loss": loss})
+                    if batch_hooks or bar is not None:  # (the epoch's logs are made at its end)
+                        logs = {"loss": loss_mean.result(), **self._metric_results()}
+                    if batch_hooks:
+                        cbs.on_train_batch_end(step, {**logs, "loss": loss})
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix({k: f"{v:.4f}" for k, v in logs.items()}, refresh=False)
@@ -442,13 +446,16 @@ class TrainingMixin:
         loss_mean = metrics_module.Mean("loss")
         bar = _progress(data.steps_per_epoch, "Evaluate", verbose == 1)
         callbacks = callbacks or callbacks_module.CallbackList([], self, {})
+        batch_hooks = callbacks.calls("on_test_batch_begin", "on_test_batch_end")
         callbacks.on_test_begin()
         for step, batch in enumerate(data.epoch()):
             self._build_for(batch.x)
-            callbacks.on_test_batch_begin(step)
+            if batch_hooks:
+                callbacks.on_test_batch_begin(step)
             loss = self.test_step(batch.x, batch.y, batch.sample_weight)
             loss_mean.update_state(loss, batch.size)
-            callbacks.on_test_batch_end(step, {"loss": loss_mean.result(), **self._metric_results()})
+            if batch_hooks:
+                callbacks.on_test_batch_end(step, {"loss": loss_mean.result(), **self._metric_results()})
             if bar is not None:
                 bar.update(1)
         if bar is not None:
