@@ -758,16 +758,6 @@ void pack_recurrent_kernel_rows_t(Panels<T>& packed_t, const RNNConfig& cfg, con
     pack_panels_t(packed_t, stacked.data(), G, G, Hp + cfg.C, 3 * lanes, lanes);
 }
 
-// Reverse-time steps of rows [b0, b1) (the decoder's per-step calls); packed_t from
-// pack_recurrent_kernel_rows_t without W. Arguments as rnn_backward_steps.
-template <class T, class Slopes>
-void rnn_backward_rows(const RNNConfig& cfg, const Slopes& slope, int b0, int b1, T* dh, T* dc, T* dgates, T* dhu,
-                       T* dhrec, const T* dy, const RNNCache<T>& cache, const T* packed_t, const uint8_t* mask,
-                       const T* rec_mask) {
-    rnn_backward_packed_rows<T>(cfg, slope, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache, RecurrentKernel<T>{packed_t},
-                                mask, rec_mask);
-}
-
 // reference: cpp/reference/rnn.hpp, rnn_backward
 // Whole-sequence backward. dy (B, T, H) may be null (only the final state used); dh, dc (B, H): in
 // the gradient of the final state (zeros if none), out that of the initial state. dx (B, T, C) is
