@@ -54,6 +54,14 @@ template <int block> static void row_blocks(float* z, const float* x, const floa
 int main() {
     std::mt19937 rng(0);
     std::uniform_real_distribution<float> u(-1, 1);
+    // enough distinct (C, OC) matrices (>= 12 MiB) that each product reads W from L3
+    auto weights = [&](int C, int OC) {
+        const size_t count = std::max<size_t>(2, (size_t(12) << 20) / (sizeof(float) * C * OC));
+        std::vector<std::vector<float>> Ws(count, std::vector<float>((size_t)C * OC));
+        for (auto& W : Ws)
+            for (auto& w : W) w = u(rng);
+        return Ws;
+    };
     const int sizes[][2] = {{256, 256}, {256, 512}, {512, 256}, {256, 768}, {256, 6000}, {256, 8000}};
     std::printf("one thread, GB/s of W (wall time per product in us)\n");
     std::printf("%6s %6s %14s %14s %14s %14s %14s %14s\n", "C", "OC", "plain read", "block 256", "block 512",
@@ -61,10 +69,7 @@ int main() {
     float sink = 0;
     for (auto& s : sizes) {
         const int C = s[0], OC = s[1];
-        const size_t count = std::max<size_t>(2, (size_t(12) << 20) / (sizeof(float) * C * OC));
-        std::vector<std::vector<float>> Ws(count, std::vector<float>((size_t)C * OC));
-        for (auto& W : Ws)
-            for (auto& w : W) w = u(rng);
+        auto Ws = weights(C, OC);
         std::vector<float> x(C), z(OC), b(OC);
         for (auto& v : x) v = u(rng);
         double t[6];
@@ -87,10 +92,7 @@ int main() {
     std::printf("%6s %6s %10s %10s %7s\n", "C", "OC", "1 thr us", "2 thr us", "ratio");
     for (auto& s : sizes) {
         const int C = s[0], OC = s[1];
-        const size_t count = std::max<size_t>(2, (size_t(12) << 20) / (sizeof(float) * C * OC));
-        std::vector<std::vector<float>> Ws(count, std::vector<float>((size_t)C * OC));
-        for (auto& W : Ws)
-            for (auto& w : W) w = u(rng);
+        auto Ws = weights(C, OC);
         std::vector<float> x(C), z(OC), b(OC);
         for (auto& v : x) v = u(rng);
         double t[2] = {1e30, 1e30};

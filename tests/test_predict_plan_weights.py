@@ -139,16 +139,22 @@ def test_the_plan_sees_every_kind_of_weight_change(change, kind, batch, tmp_path
     assert plan.run(model, x) is not None  # the plan ran (and packed its recurrent kernels)
     np.testing.assert_allclose(model(x), eager(model, x), rtol=2e-5, atol=2e-6)
     planned = CHANGES[change](model, x, tmp_path)  # the plan's last outputs before the change, if it ran since
-    before = before if planned is None else planned
+    assert_predictions_follow(model, x, before if planned is None else planned)
+
+
+def assert_predictions_follow(model, x, before):
+    """After a weight change: the eager outputs moved far from `before` (so that a stale plan, which
+    still gives `before`, fails by far), and every predict path gives the eager outputs."""
     expected = eager(model, x)
-    # a stale plan (the old outputs) must fail the comparison below by far
     assert not np.allclose(expected, before, rtol=2e-3, atol=2e-4), "the change must show in the outputs"
     for call in (model, model.predict_on_batch, model.predict):
         np.testing.assert_allclose(call(x), expected, rtol=2e-5, atol=2e-6)
 
 
-def test_a_kernel_packed_at_one_simd_level_is_repacked_at_another():
-    model, x = lstm_pooling(np.random.default_rng(1), 1)
+@pytest.mark.parametrize("make, batch", [(lstm_pooling, 1), (sentiment, 3)], ids=["lstm_pooling", "sentiment"])
+def test_what_a_plan_made_at_one_simd_level_is_made_again_at_another(make, batch):
+    """The packed recurrent kernel (LSTM + pooling) and the embedding table (sentiment)."""
+    model, x = make(np.random.default_rng(1), batch)
     expected = eager(model, x)
     try:
         for level in CPU_SIMD_LEVELS[::-1] + CPU_SIMD_LEVELS:  # each level's panels after another's
@@ -231,19 +237,4 @@ def test_the_embedding_table_sees_every_change_of_what_it_was_made_from(change, 
     before = model(x)
     assert plan.run(model, x) is not None
     TABLE_CHANGES[change](model, x, tmp_path)
-    expected = eager(model, x)
-    # a stale table (the old outputs) must fail the comparison below by far
-    assert not np.allclose(expected, before, rtol=2e-3, atol=2e-4), "the change must show in the outputs"
-    for call in (model, model.predict_on_batch, model.predict):
-        np.testing.assert_allclose(call(x), expected, rtol=2e-5, atol=2e-6)
-
-
-def test_an_embedding_table_made_at_one_simd_level_is_made_again_at_another():
-    model, x = sentiment(np.random.default_rng(1), 3)
-    expected = eager(model, x)
-    try:
-        for level in CPU_SIMD_LEVELS[::-1] + CPU_SIMD_LEVELS:
-            _core._force_simd_level(level)
-            np.testing.assert_allclose(model(x), expected, rtol=2e-5, atol=2e-6, err_msg=level)
-    finally:
-        _core._force_simd_level(CPU_SIMD_LEVELS[-1])
+    assert_predictions_follow(model, x, before)
