@@ -171,6 +171,10 @@ def _workload():
                               layers.GRU(4), layers.Dense(16), layers.Dense(2)])
     model.quantize("int8")
     model.predict(ids, verbose=0)
+    encoder = layers.TransformerEncoder(1, 2, 16)  # int8 self-attention's q, k, v blocks and FeedForward in one call
+    encoder(rng.standard_normal((2, 5, 8)).astype(np.float32))
+    encoder.quantize("int8")
+    encoder(rng.standard_normal((2, 5, 8)).astype(np.float32))
     attnx.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         model = attnx.Sequential([layers.Embedding(12, 8, input_shape=(5,)), layers.LSTM(6), layers.Dense(40)])
