@@ -15,6 +15,7 @@
 #include "attnx/bf16.hpp"
 #include "attnx/conv.hpp"
 #include "reference/bf16.hpp"
+#include "bf16_check.hpp"
 #include "reference_check.hpp"
 
 using namespace attnx;
@@ -30,18 +31,6 @@ float from_bits(uint32_t bits) {
     float x;
     std::memcpy(&x, &bits, sizeof x);
     return x;
-}
-
-// fn(where) on every level, the AVX-512 one also on float lanes, on 1 and 2 threads
-template <class F> void on_every_bf16_path(F&& fn) {
-    on_every_level_and_split([&](const std::string& level) {
-        fn(level);
-        if (simd_level() == SimdLevel::avx512 && cpu_has_avx512_bf16()) {
-            bf16_dot_instruction_allowed() = false;
-            fn(level + " float lanes");
-            bf16_dot_instruction_allowed() = true;
-        }
-    });
 }
 
 void test_rounding() {

@@ -15,6 +15,7 @@
 #include "attnx/seq2seq.hpp"
 #include "reference/bf16.hpp"
 #include "reference/seq2seq.hpp"
+#include "bf16_check.hpp"
 #include "reference_check.hpp"
 
 using namespace attnx;
@@ -111,18 +112,6 @@ void test_decoder(DecoderConfig cfg, const char* what, unsigned seed) {
     });
 }
 
-// every SIMD level and both thread budgets, AVX-512 with AVX512_BF16 also on float lanes
-template <class F> void on_every_bf16_level(F&& fn) {
-    on_every_level_and_split([&](const std::string& level) {
-        fn(level);
-        if (simd_level() == SimdLevel::avx512 && cpu_has_avx512_bf16()) {
-            bf16_dot_instruction_allowed() = false;
-            fn(level + " (float lanes)");
-            bf16_dot_instruction_allowed() = true;
-        }
-    });
-}
-
 // step_rows on bf16 pairs: out = bias + bf16(left) . bf16(op(W)) (+ out), rows from one to past a tile,
 // K odd and even, N past whole panels and vectors, W plain and transposed
 void test_step_rows_bf16(unsigned seed) {
@@ -141,7 +130,7 @@ void test_step_rows_bf16(unsigned seed) {
                         char where[120];
                         std::snprintf(where, sizeof where, "step_rows bf16 rows=%d K=%d N=%d%s%s", rows, K, N,
                                       transposed ? " transposed" : "", accumulate ? " accumulate" : " bias");
-                        on_every_bf16_level([&](const std::string& level) {
+                        on_every_bf16_path([&](const std::string& level) {
                             const auto left_ = cast<float>(left), W_ = cast<float>(W), bias_ = cast<float>(bias);
                             std::vector<float> out = cast<float>(start);
                             // W^T's layout: (N, K) rows
@@ -194,7 +183,7 @@ void test_decoder_bf16(DecoderConfig cfg, const char* what, unsigned seed) {
     char where[160];
     std::snprintf(where, sizeof where, "%s bf16 B=%d T=%d S=%d E=%d K=%d H=%d U=%d V=%d", what, B, Tn, S, E, K, H, U,
                   cfg.V);
-    on_every_bf16_level([&](const std::string& level) {
+    on_every_bf16_path([&](const std::string& level) {
         std::vector<float> w_[n_params], dw_[n_params];
         for (int i = 0; i < n_params; ++i) w_[i] = cast<float>(w[i]), dw_[i].assign(w[i].size(), 0.0f);
         const auto enc_ = cast<float>(enc), dlogits_ = cast<float>(dlogits);

@@ -1,0 +1,22 @@
+// The bf16 paths the C++ tests run a check on
+#pragma once
+#include <string>
+
+#include "attnx/bf16.hpp"
+#include "reference_check.hpp"
+
+namespace attnx::test {
+
+// fn(where) on every level, the AVX-512 one also on float lanes (vdpbf16ps not allowed), on 1 and 2 threads
+template <class F> void on_every_bf16_path(F&& fn) {
+    on_every_level_and_split([&](const std::string& level) {
+        fn(level);
+        if (simd_level() == SimdLevel::avx512 && cpu_has_avx512_bf16()) {
+            bf16_dot_instruction_allowed() = false;
+            fn(level + " float lanes");
+            bf16_dot_instruction_allowed() = true;
+        }
+    });
+}
+
+}  // namespace attnx::test
