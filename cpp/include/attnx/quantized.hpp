@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "attnx/activations.hpp"
+#include "attnx/attention.hpp"
 #include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 #include "attnx/rnn.hpp"
@@ -561,6 +562,100 @@ inline void feed_forward_forward_int8(float* y, const float* x, int rows, const 
             dense_rows_int8(hidden, 0, x + c0 * K, n, w1, b1, activation, scratch);
             dense_rows_int8(out, c0, scratch.hidden.data(), n, w2, b2, Activation::linear, scratch);
         }
+    });
+}
+
+// ----------------------------------------------------------------------------- attention
+// qw (K, N; rows N apart) and sw (N) of a float matrix w (K, N) as int8 weights, per column:
+//   sw[n] = max_k |w[k, n]| / 127,  qw[k, n] = round_half_even(w[k, n] * (127 / max_k |w[k, n]|))
+// w[k, n] read at w[k * ld_k + n * ld_n] (a key block read transposed). Scalar: the same bytes at
+// every level.
+inline void quantize_columns(int8_t* qw, float* sw, const float* w, size_t ld_k, size_t ld_n, int K, int N) {
+    for (int n = 0; n < N; ++n) {
+        float m = 0.f;
+        for (int k = 0; k < K; ++k) m = std::max(m, std::abs(w[(size_t)k * ld_k + (size_t)n * ld_n]));
+        sw[n] = m / float(kInt8Max);
+        const float inv = m > 0.f ? float(kInt8Max) / m : 0.f;
+        for (int k = 0; k < K; ++k)
+            qw[(size_t)k * N + n] = (int8_t)std::clamp(std::nearbyint(w[(size_t)k * ld_k + (size_t)n * ld_n] * inv),
+                                                       -float(kInt8Max), float(kInt8Max));
+    }
+}
+
+// What one thread's int8 attention reuses from problem to problem
+struct Int8AttendScratch {
+    Int8Packed keys, values;  // qk^T (Dk, S) and qv (S, Dv), packed as weights
+    std::vector<int8_t> quantized;  // either before packing
+    std::vector<float> key_scale, value_scale;  // sk[s] * scale, sv[d]
+    Int8Activations queries, weights;  // a block's q rows, and its p rows
+    std::vector<int32_t> acc;
+    std::vector<float> scores, row_norm;
+    std::vector<uint8_t> row_mask;
+};
+
+// reference: cpp/reference/quantized.hpp, sdpa_forward_int8
+// Inference scaled dot-product attention (sdpa_forward's shapes and masks, no weights returned, no
+// dropout) with its two products in int8, per problem n (a batch row and head) and block of query
+// rows (sdpa_block_rows):
+//   keys    k (S, Dk) the score product's weights, a scale per key row:  sk[s] = max_d |k[s, d]| / 127
+//   values  v (S, Dv) the context product's weights, a scale per column: sv[d] = max_s |v[s, d]| / 127
+//   scores  = scale * Q(q) . qk^T sk        q quantized per row as any int8 input (Int8Activations)
+//   p       = exp(scores - rowmax) where allowed, 0 elsewhere            (in [0, 1]: one scale fits)
+//   context = (Q(p) . qv) sv / rowsum(p)    p quantized per row likewise
+// A fully masked row gives a zero context, as sdpa_forward's.
+inline void sdpa_forward_int8(const AttendShape& shape, float* context, const float* q, const float* k,
+                              const float* v, const AttendMask& mask, float scale) {
+    const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
+    const size_t N = (size_t)B * H;
+    const int rows = sdpa_block_rows(Tq, S);
+    parallel_for(N, double(N) * Tq * S * (Dk + Dv) / 4, [&](size_t lo, size_t hi) {
+        thread_local Int8AttendScratch scratch;
+        on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+            using V = decltype(lanes);
+            Int8AttendScratch& a = scratch;
+            a.key_scale.resize(S), a.value_scale.resize(Dv), a.row_norm.resize(rows);
+            a.row_mask.resize(mask.causal ? S : 0);
+            a.quantized.resize((size_t)S * std::max(Dk, Dv));
+            for (size_t n = lo; n < hi; ++n) {
+                // the keys' columns are their rows (w[d, s] = k[s, d]); the score's scale joins their scales
+                quantize_columns(a.quantized.data(), a.key_scale.data(), head_block(k, n, H, S, Dk), 1,
+                                 (size_t)H * Dk, Dk, S);
+                pack_int8(a.keys, a.quantized.data(), (size_t)S, Dk, S);
+                for (int s = 0; s < S; ++s) a.key_scale[s] *= scale;
+                quantize_columns(a.quantized.data(), a.value_scale.data(), head_block(v, n, H, S, Dv),
+                                 (size_t)H * Dv, 1, S, Dv);
+                pack_int8(a.values, a.quantized.data(), (size_t)Dv, S, Dv);
+                a.queries.resize(rows, Dk, a.keys.Kp, a.keys.Np);
+                a.weights.resize(rows, S, a.values.Kp, a.values.Np);
+                const int ld_scores = a.keys.Np;
+                a.scores.resize((size_t)rows * ld_scores);
+                a.acc.resize((size_t)rows * std::max(a.keys.Np, a.values.Np));
+                for (int t0 = 0; t0 < Tq; t0 += rows) {
+                    const int r = std::min(rows, Tq - t0);
+                    // scores = scale * Q(q) . qk^T sk
+                    a.queries.quantize_on<V>(head_block(q, n, H, Tq, Dk) + (size_t)t0 * H * Dk, (size_t)H * Dk, r,
+                                             a.keys.feature_weight.data());
+                    a.queries.product(a.acc.data(), (size_t)a.keys.Np, r, a.keys, 0, S);
+                    a.queries.dequantize(a.scores.data(), (size_t)ld_scores, a.acc.data(), (size_t)a.keys.Np, r,
+                                         a.key_scale.data(), nullptr, 0, S, (size_t)a.keys.Np);
+                    // p = exp(scores - rowmax) where allowed
+                    for (int t = 0; t < r; ++t) {
+                        float* p = a.scores.data() + (size_t)t * ld_scores;
+                        a.row_norm[t] = masked_exp_row_lanes<V>(p, p, mask.row(a.row_mask.data(), n / H, t0 + t, S),
+                                                                (size_t)S);
+                    }
+                    // context = (Q(p) . qv) sv / rowsum(p)
+                    a.weights.quantize_on<V>(a.scores.data(), (size_t)ld_scores, r, a.values.feature_weight.data());
+                    a.weights.product(a.acc.data(), (size_t)a.values.Np, r, a.values, 0, Dv);
+                    float* c = head_block(context, n, H, Tq, Dv) + (size_t)t0 * H * Dv;
+                    const size_t ldc = (size_t)H * Dv;
+                    a.weights.dequantize(c, ldc, a.acc.data(), (size_t)a.values.Np, r, a.value_scale.data(), nullptr,
+                                         0, Dv, (size_t)a.values.Np);
+                    for (int t = 0; t < r; ++t)
+                        for (int d = 0; d < Dv; ++d) c[(size_t)t * ldc + d] *= a.row_norm[t];
+                }
+            }
+        });
     });
 }
 
