@@ -590,19 +590,62 @@ inline void feed_forward_forward_int8(float* y, const float* x, int rows, const 
 }
 
 // ----------------------------------------------------------------------------- attention
-// qw (K, N; rows N apart) and sw (N) of a float matrix w (K, N) as int8 weights, per column:
-//   sw[n] = max_k |w[k, n]| / 127,  qw[k, n] = round_half_even(w[k, n] * (127 / max_k |w[k, n]|))
-// w[k, n] read at w[k * ld_k + n * ld_n] (a key block read transposed). Scalar: the same bytes at
-// every level.
-inline void quantize_columns(int8_t* qw, float* sw, const float* w, size_t ld_k, size_t ld_n, int K, int N) {
-    for (int n = 0; n < N; ++n) {
-        float m = 0.f;
-        for (int k = 0; k < K; ++k) m = std::max(m, std::abs(w[(size_t)k * ld_k + (size_t)n * ld_n]));
-        sw[n] = m / float(kInt8Max);
-        const float inv = m > 0.f ? float(kInt8Max) / m : 0.f;
-        for (int k = 0; k < K; ++k)
-            qw[(size_t)k * N + n] = (int8_t)std::clamp(std::nearbyint(w[(size_t)k * ld_k + (size_t)n * ld_n] * inv),
-                                                       -float(kInt8Max), float(kInt8Max));
+// The operands of an attention problem as the weights of its two int8 products, packed for every
+// problem (quantized.hpp's layout, colsum and feature weights as pack_int8's), on vectors V:
+//   keys    k (S, Dk; rows ldk apart) as qk^T (K = Dk, N = S), a scale per key row:
+//           sk[s] = max_d |k[s, d]| / 127,  qk[s, d] = round_half_even(k[s, d] * (127 / max_d |k[s, d]|))
+//   values  v (S, Dv; rows ldv apart) as qv (K = S, N = Dv), a scale per column:
+//           sv[d] = max_s |v[s, d]| / 127,  qv[s, d] = round_half_even(v[s, d] * (127 / max_s |v[s, d]|))
+// `rows` holds the quantized rows (S, Kp or Dv) before they are interleaved four by four.
+template <class V>
+ATTNX_ALWAYS_INLINE void pack_int8_keys(Int8Packed& p, float* sk, std::vector<int8_t>& rows, const float* k,
+                                        size_t ldk, int S, int Dk) {
+    p.K = Dk, p.N = S, p.Kp = round_up(Dk, 4), p.Np = round_up(S, 16);
+    rows.resize((size_t)S * p.Kp);
+    quantize_rows_on<V>(rows.data(), (size_t)p.Kp, sk, k, ldk, S, Dk, p.Kp);
+    p.data.resize((size_t)p.Kp * p.Np), p.colsum.assign(p.Np, 0), p.feature_weight.assign(Dk, 0.f);
+    int32_t* packed = (int32_t*)p.data.data();  // four k of one column per 32-bit lane
+    for (int s = 0; s < S; ++s) {
+        const int8_t* q = rows.data() + (size_t)s * p.Kp;
+        for (int kb = 0; kb < p.Kp / 4; ++kb) std::memcpy(packed + (size_t)kb * p.Np + s, q + 4 * kb, 4);
+        for (int d = 0; d < Dk; ++d)
+            p.colsum[s] += q[d], p.feature_weight[d] = std::max(p.feature_weight[d], (float)std::abs((int)q[d]));
+    }
+    for (int kb = 0; kb < p.Kp / 4; ++kb) std::fill(packed + (size_t)kb * p.Np + S, packed + (size_t)(kb + 1) * p.Np, 0);
+}
+
+template <class V>
+ATTNX_ALWAYS_INLINE void pack_int8_values(Int8Packed& p, float* sv, std::vector<int8_t>& rows, std::vector<float>& inv,
+                                          const float* v, size_t ldv, int S, int Dv) {
+    using I = typename Lanes<V>::I;
+    constexpr int W = Lanes<V>::W;
+    p.K = S, p.N = Dv, p.Kp = round_up(S, 4), p.Np = round_up(Dv, 16);
+    inv.resize(Dv), rows.resize((size_t)S * Dv);
+    for (int d = 0; d < Dv; d += W) {  // the columns' max |v|, W columns at a time
+        const int n = std::min(W, Dv - d);
+        V m = V{};
+        for (int s = 0; s < S; ++s) {
+            const V a = (V)((I)vload<V>(v + (size_t)s * ldv + d, n) & (I{} + 0x7fffffff));
+            m = a > m ? a : m;
+        }
+        for (int j = 0; j < n; ++j) {
+            const float mx = lane(m, j);
+            sv[d + j] = mx / float(kInt8Max), inv[d + j] = mx > 0.f ? float(kInt8Max) / mx : 0.f;
+        }
+    }
+    for (int s = 0; s < S; ++s)
+        for (int d = 0; d < Dv; d += W) {
+            const int n = std::min(W, Dv - d);
+            store_int8_lanes(rows.data() + (size_t)s * Dv + d,
+                             round_int8(vload<V>(v + (size_t)s * ldv + d, n) * vload<V>(inv.data() + d, n)), n);
+        }
+    p.data.assign((size_t)p.Kp * p.Np, int8_t(0)), p.colsum.assign(p.Np, 0), p.feature_weight.assign(S, 0.f);
+    for (int s = 0; s < S; ++s) {
+        const int8_t* q = rows.data() + (size_t)s * Dv;
+        int8_t* packed = p.data.data() + (size_t)(s / 4) * p.Np * 4 + s % 4;
+        int top = 0;
+        for (int d = 0; d < Dv; ++d) packed[(size_t)d * 4] = q[d], p.colsum[d] += q[d], top = std::max(top, std::abs((int)q[d]));
+        p.feature_weight[s] = (float)top;
     }
 }
 
@@ -610,7 +653,7 @@ inline void quantize_columns(int8_t* qw, float* sw, const float* w, size_t ld_k,
 struct Int8AttendScratch {
     Int8Packed keys, values;  // qk^T (Dk, S) and qv (S, Dv), packed as weights
     std::vector<int8_t> quantized;  // either before packing
-    std::vector<float> key_scale, value_scale;  // sk[s] * scale, sv[d]
+    std::vector<float> key_scale, value_scale, inverse;  // sk[s] * scale, sv[d], 127 / max_s |v[s, d]|
     Int8Activations queries, weights;  // a block's q rows, and its p rows
     std::vector<int32_t> acc;
     std::vector<float> scores, row_norm;
@@ -639,16 +682,12 @@ inline void sdpa_forward_int8(const AttendShape& shape, float* context, const fl
             Int8AttendScratch& a = scratch;
             a.key_scale.resize(S), a.value_scale.resize(Dv), a.row_norm.resize(rows);
             a.row_mask.resize(mask.causal ? S : 0);
-            a.quantized.resize((size_t)S * std::max(Dk, Dv));
             for (size_t n = lo; n < hi; ++n) {
-                // the keys' columns are their rows (w[d, s] = k[s, d]); the score's scale joins their scales
-                quantize_columns(a.quantized.data(), a.key_scale.data(), head_block(k, n, H, S, Dk), 1,
-                                 (size_t)H * Dk, Dk, S);
-                pack_int8(a.keys, a.quantized.data(), (size_t)S, Dk, S);
-                for (int s = 0; s < S; ++s) a.key_scale[s] *= scale;
-                quantize_columns(a.quantized.data(), a.value_scale.data(), head_block(v, n, H, S, Dv),
-                                 (size_t)H * Dv, 1, S, Dv);
-                pack_int8(a.values, a.quantized.data(), (size_t)Dv, S, Dv);
+                pack_int8_keys<V>(a.keys, a.key_scale.data(), a.quantized, head_block(k, n, H, S, Dk), (size_t)H * Dk,
+                                  S, Dk);
+                for (int s = 0; s < S; ++s) a.key_scale[s] *= scale;  // the score's scale joins the keys'
+                pack_int8_values<V>(a.values, a.value_scale.data(), a.quantized, a.inverse, head_block(v, n, H, S, Dv),
+                                    (size_t)H * Dv, S, Dv);
                 a.queries.resize(rows, Dk, a.keys.Kp, a.keys.Np);
                 a.weights.resize(rows, S, a.values.Kp, a.values.Np);
                 const int ld_scores = a.keys.Np;
