@@ -7,9 +7,8 @@ torch.ao.quantization.quantize_dynamic, same threads, one interleaved run. The r
 (e) a transformer encoder layer's inference, B=32 T=128 D=128 h=4 ff=512 (bench_transformer.py).
     quantized, its four attention projections and the feed-forward network's two products run int8
     (the scales, bias and activation in each product's epilogue; q, k, v as one product,
-    dense_forward_int8_blocks; the feed-forward network in one call, feed_forward_forward_int8), and
-    the self-attention's scores and context products (sdpa_forward_int8); the softmax, the norms and
-    the residuals stay float32.
+    dense_forward_int8_blocks; the feed-forward network in one call, feed_forward_forward_int8);
+    scores, softmax, the norms and the residuals stay float32.
 
 Each row prints, in harness.compare's columns ("attnx" is always attnx int8; "torch" the other):
 - vs attnx fp32 at this CPU's level (AVX-512 VNNI where it has it),

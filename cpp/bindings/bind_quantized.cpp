@@ -1,4 +1,4 @@
-// int8 inference: quantized Dense, Embedding, attention core and recurrent forward passes, and the raw int8
+// int8 inference: quantized Dense, Embedding and recurrent forward passes, and the raw int8
 // product the tests hold to the plain loop at each SIMD level (quantized.hpp).
 #include <algorithm>
 #include <cstdint>
@@ -11,7 +11,6 @@
 #include "attnx/quantized.hpp"
 #include "bindings.hpp"
 #include "checks.hpp"
-#include "sdpa_args.hpp"
 
 namespace attnx::bind {
 
@@ -301,26 +300,6 @@ void init_quantized(py::module_& m) {
         "rnn_forward's inference on int8 kernels packed by pack_int8 (kernel (C, G), recurrent_kernel (H, G), split "
         "at 2 H for a classic GRU, else G): "
         "returns (y (B, T, H) or None, h (B, H), c (B, H) or None).");
-
-    m.def(
-        "sdpa_forward_int8",
-        [](const py::array& q, const py::array& k, const py::array& v, const py::object& mask, bool causal,
-           double scale, int heads) {
-            const SdpaDims d = sdpa_dims(q, k, v, heads, "sdpa_forward_int8");
-            const MaskRows mask_rows = parse_mask(mask, d.B, d.Tq, d.S, "sdpa_forward_int8", "mask");
-            const AttendMask am = attend_mask(mask_rows, causal);
-            const float* pq = in_ptr<float>(q, "sdpa_forward_int8: query");
-            const float* pk = in_ptr<float>(k, "sdpa_forward_int8: key");
-            const float* pv = in_ptr<float>(v, "sdpa_forward_int8: value");
-            return released_result<float>({d.B, d.Tq, d.H * d.Dv}, [&](float* context) {
-                sdpa_forward_int8(d.shape(), context, pq, pk, pv, am, (float)scale);
-            });
-        },
-        py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask") = py::none(), py::arg("causal") = false,
-        py::arg("scale") = 1.0, py::arg("heads") = 1,
-        "sdpa_forward's inference context (B, Tq, H*Dv) from float32 query, key, value (its shapes and masks) with "
-        "both products in int8: keys quantized per key row, values per column, queries and the softmax's "
-        "unnormalized weights per row (quantized.hpp, sdpa_forward_int8).");
 
     m.def("int8_level", []() { return std::string(int8_level_name()); },
           "The int8 instruction set the products run on now: 'vnni', 'avx2' or 'baseline'.");

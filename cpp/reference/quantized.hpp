@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "attnx/quantized.hpp"  // Int8Kernel, AttendShape, AttendMask
+#include "attnx/quantized.hpp"  // Int8Kernel
 #include "attnx/rnn.hpp"  // RNNConfig, RNNCell
 #include "reference/activations.hpp"
 
@@ -83,51 +83,6 @@ inline void feed_forward_forward_int8(double* y, const float* x, const int8_t* q
     dense_forward_int8(hidden.data(), x, qW1, sW1, b1, R, K, F, a);
     const std::vector<float> hidden_float(hidden.begin(), hidden.end());
     dense_forward_int8(y, hidden_float.data(), qW2, sW2, b2, R, F, N, Activation::linear);
-}
-
-// context (B, Tq, H * Dv) of quantized.hpp's sdpa_forward_int8, per batch row b and head h: keys
-// quantized per key row and values per column (quantize_row_int8 on each), then for each query t
-//   score[s] = scale * int8_row_product(q_t, qk^T, sk)[s]
-//   p[s]     = exp(score[s] - max) where allowed, 0 elsewhere (rounded to float, as the kernel holds it)
-//   context  = int8_row_product(p, qv, sv) / sum_s p[s]          (a fully masked row: 0)
-inline void sdpa_forward_int8(double* context, const AttendShape& shape, const float* q, const float* k,
-                              const float* v, const AttendMask& mask, float scale) {
-    const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
-    std::vector<int8_t> qk((size_t)Dk * S), qv((size_t)S * Dv), row(std::max(Dk, S));
-    std::vector<float> sk(S), sv(Dv), column(S), p(S);
-    std::vector<double> score(S), out(Dv);
-    std::vector<uint8_t> row_mask(S);
-    for (int b = 0; b < B; ++b)
-        for (int h = 0; h < H; ++h) {
-            for (int s = 0; s < S; ++s) {  // qk^T (Dk, S): key row s is column s
-                sk[s] = quantize_row_int8(row.data(), k + ((size_t)b * S + s) * H * Dk + (size_t)h * Dk, Dk) * scale;
-                for (int d = 0; d < Dk; ++d) qk[(size_t)d * S + s] = row[d];
-            }
-            for (int d = 0; d < Dv; ++d) {  // qv (S, Dv) per column
-                for (int s = 0; s < S; ++s) column[s] = v[((size_t)b * S + s) * H * Dv + (size_t)h * Dv + d];
-                sv[d] = quantize_row_int8(row.data(), column.data(), S);
-                for (int s = 0; s < S; ++s) qv[(size_t)s * Dv + d] = row[s];
-            }
-            for (int t = 0; t < Tq; ++t) {
-                const uint8_t* allowed = mask.row(row_mask.data(), b, t, S);
-                int8_row_product(score.data(), q + ((size_t)b * Tq + t) * H * Dk + (size_t)h * Dk, qk.data(),
-                                 sk.data(), Dk, S);
-                double top = -INFINITY, sum = 0;
-                for (int s = 0; s < S; ++s)
-                    if (!allowed || allowed[s]) top = std::max(top, score[s]);
-                for (int s = 0; s < S; ++s) {
-                    p[s] = (!allowed || allowed[s]) ? (float)std::exp(score[s] - top) : 0.f;
-                    sum += p[s];
-                }
-                double* c = context + ((size_t)b * Tq + t) * H * Dv + (size_t)h * Dv;
-                if (sum == 0) {
-                    std::fill(c, c + Dv, 0.0);
-                    continue;
-                }
-                int8_row_product(out.data(), p.data(), qv.data(), sv.data(), S, Dv);
-                for (int d = 0; d < Dv; ++d) c[d] = out[d] / sum;
-            }
-        }
 }
 
 // One level of SimpleRNN / GRU / LSTM on int8 kernels W (C, G), U (H, G), the equations of

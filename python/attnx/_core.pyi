@@ -297,7 +297,3 @@ def feed_forward_forward_int8(
 def dense_forward_int8_blocks(
     x: Array, kernel: Int8Kernel, bias: Array | None, widths: list[int], activation: str = "linear",
 ) -> list[Array]: ...
-def sdpa_forward_int8(
-    query: Array, key: Array, value: Array, mask: Mask = None, causal: bool = False, scale: float = 1.0,
-    heads: int = 1,
-) -> Array: ...

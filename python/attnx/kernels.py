@@ -30,4 +30,3 @@ from ._core import MAX_DECODING_LENGTH  # noqa: F401,E402  (search.hpp's bound, 
 from ._core import batch_norm_backward, batch_norm_forward  # noqa: F401,E402  (layers.BatchNormalization)
 from ._core import feed_forward_forward_int8  # noqa: F401,E402  (a quantized FeedForward in one call)
 from ._core import dense_forward_int8_blocks  # noqa: F401,E402  (int8 self-attention's q, k, v apart)
-from ._core import sdpa_forward_int8  # noqa: F401,E402  (a quantized self-attention's scores and context in int8)

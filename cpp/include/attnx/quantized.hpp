@@ -33,7 +33,6 @@
 #include <vector>
 
 #include "attnx/activations.hpp"
-#include "attnx/attention.hpp"
 #include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 #include "attnx/rnn.hpp"
@@ -589,139 +588,6 @@ inline void feed_forward_forward_int8(float* y, const float* x, int rows, const 
     });
 }
 
-// ----------------------------------------------------------------------------- attention
-// The operands of an attention problem as the weights of its two int8 products, packed for every
-// problem (quantized.hpp's layout, colsum and feature weights as pack_int8's), on vectors V:
-//   keys    k (S, Dk; rows ldk apart) as qk^T (K = Dk, N = S), a scale per key row:
-//           sk[s] = max_d |k[s, d]| / 127,  qk[s, d] = round_half_even(k[s, d] * (127 / max_d |k[s, d]|))
-//   values  v (S, Dv; rows ldv apart) as qv (K = S, N = Dv), a scale per column:
-//           sv[d] = max_s |v[s, d]| / 127,  qv[s, d] = round_half_even(v[s, d] * (127 / max_s |v[s, d]|))
-// `rows` holds the quantized rows (S, Kp or Dv) before they are interleaved four by four.
-template <class V>
-ATTNX_ALWAYS_INLINE void pack_int8_keys(Int8Packed& p, float* sk, std::vector<int8_t>& rows, const float* k,
-                                        size_t ldk, int S, int Dk) {
-    p.K = Dk, p.N = S, p.Kp = round_up(Dk, 4), p.Np = round_up(S, 16);
-    rows.resize((size_t)S * p.Kp);
-    quantize_rows_on<V>(rows.data(), (size_t)p.Kp, sk, k, ldk, S, Dk, p.Kp);
-    p.data.resize((size_t)p.Kp * p.Np), p.colsum.assign(p.Np, 0), p.feature_weight.assign(Dk, 0.f);
-    int32_t* packed = (int32_t*)p.data.data();  // four k of one column per 32-bit lane
-    for (int s = 0; s < S; ++s) {
-        const int8_t* q = rows.data() + (size_t)s * p.Kp;
-        for (int kb = 0; kb < p.Kp / 4; ++kb) std::memcpy(packed + (size_t)kb * p.Np + s, q + 4 * kb, 4);
-        for (int d = 0; d < Dk; ++d)
-            p.colsum[s] += q[d], p.feature_weight[d] = std::max(p.feature_weight[d], (float)std::abs((int)q[d]));
-    }
-    for (int kb = 0; kb < p.Kp / 4; ++kb) std::fill(packed + (size_t)kb * p.Np + S, packed + (size_t)(kb + 1) * p.Np, 0);
-}
-
-template <class V>
-ATTNX_ALWAYS_INLINE void pack_int8_values(Int8Packed& p, float* sv, std::vector<int8_t>& rows, std::vector<float>& inv,
-                                          const float* v, size_t ldv, int S, int Dv) {
-    using I = typename Lanes<V>::I;
-    constexpr int W = Lanes<V>::W;
-    p.K = S, p.N = Dv, p.Kp = round_up(S, 4), p.Np = round_up(Dv, 16);
-    inv.resize(Dv), rows.resize((size_t)S * Dv);
-    for (int d = 0; d < Dv; d += W) {  // the columns' max |v|, W columns at a time
-        const int n = std::min(W, Dv - d);
-        V m = V{};
-        for (int s = 0; s < S; ++s) {
-            const V a = (V)((I)vload<V>(v + (size_t)s * ldv + d, n) & (I{} + 0x7fffffff));
-            m = a > m ? a : m;
-        }
-        for (int j = 0; j < n; ++j) {
-            const float mx = lane(m, j);
-            sv[d + j] = mx / float(kInt8Max), inv[d + j] = mx > 0.f ? float(kInt8Max) / mx : 0.f;
-        }
-    }
-    for (int s = 0; s < S; ++s)
-        for (int d = 0; d < Dv; d += W) {
-            const int n = std::min(W, Dv - d);
-            store_int8_lanes(rows.data() + (size_t)s * Dv + d,
-                             round_int8(vload<V>(v + (size_t)s * ldv + d, n) * vload<V>(inv.data() + d, n)), n);
-        }
-    p.data.assign((size_t)p.Kp * p.Np, int8_t(0)), p.colsum.assign(p.Np, 0), p.feature_weight.assign(S, 0.f);
-    for (int s = 0; s < S; ++s) {
-        const int8_t* q = rows.data() + (size_t)s * Dv;
-        int8_t* packed = p.data.data() + (size_t)(s / 4) * p.Np * 4 + s % 4;
-        int top = 0;
-        for (int d = 0; d < Dv; ++d) packed[(size_t)d * 4] = q[d], p.colsum[d] += q[d], top = std::max(top, std::abs((int)q[d]));
-        p.feature_weight[s] = (float)top;
-    }
-}
-
-// What one thread's int8 attention reuses from problem to problem
-struct Int8AttendScratch {
-    Int8Packed keys, values;  // qk^T (Dk, S) and qv (S, Dv), packed as weights
-    std::vector<int8_t> quantized;  // either before packing
-    std::vector<float> key_scale, value_scale, inverse;  // sk[s] * scale, sv[d], 127 / max_s |v[s, d]|
-    Int8Activations queries, weights;  // a block's q rows, and its p rows
-    std::vector<int32_t> acc;
-    std::vector<float> scores, row_norm;
-    std::vector<uint8_t> row_mask;
-};
-
-// reference: cpp/reference/quantized.hpp, sdpa_forward_int8
-// Inference scaled dot-product attention (sdpa_forward's shapes and masks, no weights returned, no
-// dropout) with its two products in int8, per problem n (a batch row and head) and block of query
-// rows (sdpa_block_rows):
-//   keys    k (S, Dk) the score product's weights, a scale per key row:  sk[s] = max_d |k[s, d]| / 127
-//   values  v (S, Dv) the context product's weights, a scale per column: sv[d] = max_s |v[s, d]| / 127
-//   scores  = scale * Q(q) . qk^T sk        q quantized per row as any int8 input (Int8Activations)
-//   p       = exp(scores - rowmax) where allowed, 0 elsewhere            (in [0, 1]: one scale fits)
-//   context = (Q(p) . qv) sv / rowsum(p)    p quantized per row likewise
-// A fully masked row gives a zero context, as sdpa_forward's.
-inline void sdpa_forward_int8(const AttendShape& shape, float* context, const float* q, const float* k,
-                              const float* v, const AttendMask& mask, float scale) {
-    const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
-    const size_t N = (size_t)B * H;
-    const int rows = sdpa_block_rows(Tq, S);
-    parallel_for(N, double(N) * Tq * S * (Dk + Dv) / 4, [&](size_t lo, size_t hi) {
-        thread_local Int8AttendScratch scratch;
-        on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-            using V = decltype(lanes);
-            Int8AttendScratch& a = scratch;
-            a.key_scale.resize(S), a.value_scale.resize(Dv), a.row_norm.resize(rows);
-            a.row_mask.resize(mask.causal ? S : 0);
-            for (size_t n = lo; n < hi; ++n) {
-                pack_int8_keys<V>(a.keys, a.key_scale.data(), a.quantized, head_block(k, n, H, S, Dk), (size_t)H * Dk,
-                                  S, Dk);
-                for (int s = 0; s < S; ++s) a.key_scale[s] *= scale;  // the score's scale joins the keys'
-                pack_int8_values<V>(a.values, a.value_scale.data(), a.quantized, a.inverse, head_block(v, n, H, S, Dv),
-                                    (size_t)H * Dv, S, Dv);
-                a.queries.resize(rows, Dk, a.keys.Kp, a.keys.Np);
-                a.weights.resize(rows, S, a.values.Kp, a.values.Np);
-                const int ld_scores = a.keys.Np;
-                a.scores.resize((size_t)rows * ld_scores);
-                a.acc.resize((size_t)rows * std::max(a.keys.Np, a.values.Np));
-                for (int t0 = 0; t0 < Tq; t0 += rows) {
-                    const int r = std::min(rows, Tq - t0);
-                    // scores = scale * Q(q) . qk^T sk
-                    a.queries.quantize_on<V>(head_block(q, n, H, Tq, Dk) + (size_t)t0 * H * Dk, (size_t)H * Dk, r,
-                                             a.keys.feature_weight.data());
-                    a.queries.product(a.acc.data(), (size_t)a.keys.Np, r, a.keys, 0, S);
-                    a.queries.dequantize(a.scores.data(), (size_t)ld_scores, a.acc.data(), (size_t)a.keys.Np, r,
-                                         a.key_scale.data(), nullptr, 0, S, (size_t)a.keys.Np);
-                    // p = exp(scores - rowmax) where allowed
-                    for (int t = 0; t < r; ++t) {
-                        float* p = a.scores.data() + (size_t)t * ld_scores;
-                        a.row_norm[t] = masked_exp_row_lanes<V>(p, p, mask.row(a.row_mask.data(), n / H, t0 + t, S),
-                                                                (size_t)S);
-                    }
-                    // context = (Q(p) . qv) sv / rowsum(p)
-                    a.weights.quantize_on<V>(a.scores.data(), (size_t)ld_scores, r, a.values.feature_weight.data());
-                    a.weights.product(a.acc.data(), (size_t)a.values.Np, r, a.values, 0, Dv);
-                    float* c = head_block(context, n, H, Tq, Dv) + (size_t)t0 * H * Dv;
-                    const size_t ldc = (size_t)H * Dv;
-                    a.weights.dequantize(c, ldc, a.acc.data(), (size_t)a.values.Np, r, a.value_scale.data(), nullptr,
-                                         0, Dv, (size_t)a.values.Np);
-                    for (int t = 0; t < r; ++t)
-                        for (int d = 0; d < Dv; ++d) c[(size_t)t * ldc + d] *= a.row_norm[t];
-                }
-            }
-        });
-    });
-}
-
 // ----------------------------------------------------------------------------- Embedding
 // out[i, :] = q[ids[i], :] * scale[ids[i]] (table quantized per row)
 inline void embedding_forward_int8(float* out, const int64_t* ids, size_t count, const int8_t* q, const float* scale,
@@ -738,10 +604,11 @@ inline void embedding_forward_int8(float* out, const int64_t* ids, size_t count,
 //   xw[b, t] = (Q(x[b, t]) qW) * sx sW + b_in       every step at once: one int8 product of B T rows
 //   pre_t    = xw[:, t] + (Q(h_{t-1}) qU) * sh sU [+ b_rec]            per step (Q: Int8Activations)
 // then the float gate math of rnn.hpp's cells (equations below), which reads each pre-activation
-// from the int32 sums, dequantized in the same pass (Int8Activations::dequantized). y (B, T, H) may be null; h, c (B, H)
-// hold the initial state and leave with the final one (c: LSTM only). mask (B, T) nonzero = real
-// step (null: all real); a padded step carries the state and writes y = 0. A classic GRU (reset
-// before the product) has U packed with split = 2H: r and z from U.head, the candidate from U.tail.
+// from the int32 sums, dequantized in the same pass (Int8Activations::dequantized: no float copy of
+// h_{t-1} U per step). y (B, T, H) may be null; h, c (B, H) hold the initial state and leave with the
+// final one (c: LSTM only). mask (B, T) nonzero = real step (null: all real); a padded step carries
+// the state and writes y = 0. A classic GRU (reset before the product) has U packed with split = 2H:
+// r and z from U.head, the candidate from U.tail.
 template <class V, class Acts>
 ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, int b0, int b1, float* y, float* h,
                                         float* c, const float* xw, const Int8Kernel& U, const float* b_rec,

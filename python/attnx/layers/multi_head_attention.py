@@ -436,15 +436,10 @@ class MultiHeadAttention(Layer):
             k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
             v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
         keep = _dropout_keep(self.seed_generator, (B, H, T, S), self.dropout, self.dtype) if training else None
-        if self.quantization_mode and q_in is k_in is v_in and not (use_causal_mask or return_attention_scores):
-            # int8 self-attention: its scores and context products in int8 too. A causal one (a decoder's,
-            # or an encoder layer's step) keeps float32, so that its forward equals the cached step's.
-            context, weights = kernels.sdpa_forward_int8(query=q, key=k, value=v, mask=mask,
-                                                         scale=_default_scale(q, H), heads=H), None
-        else:  # the kernel itself: the mask is checked (scaled_dot_product_attention would check it again)
-            context, weights = kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(use_causal_mask),
-                                                    scale=_default_scale(q, H), heads=H, dropout_keep=keep,
-                                                    return_weights=bool(training or return_attention_scores))
+        # the kernel itself: the mask is checked (scaled_dot_product_attention would check it again)
+        context, weights = kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(use_causal_mask),
+                                                scale=_default_scale(q, H), heads=H, dropout_keep=keep,
+                                                return_weights=bool(training or return_attention_scores))
         context_rows = context.reshape(B * T, H * self.value_dim)
         # use_gate: each head's context times sigmoid(query W^G + b^G), before the output projection (Keras 3.15)
         gate = self._project("gate", q_rows, "sigmoid") if self.use_gate else None
