@@ -40,7 +40,6 @@
 namespace attnx {
 
 constexpr int kInt8Max = 127;
-constexpr int kCoarseLanes = 16;  // the lanes of a row's reductions (reduce_16_lanes), at every SIMD level
 
 // Rounded up to a multiple of m
 inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
@@ -67,19 +66,6 @@ ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float16 v) {
     std::memcpy(q, &b, sizeof b);
 }
 
-// The 16 lanes of `parts` (L = 16 / W vectors: lane j of the row in vector j / W) reduced by `op` in one
-// fixed tree, lane j with j + 8, then j + 4, j + 2, j + 1: the same float at every SIMD level, in four
-// vector steps rather than sixteen lane extractions
-template <class V, class Op> ATTNX_ALWAYS_INLINE float reduce_16_lanes(const V* parts, Op op) {
-    constexpr int W = Lanes<V>::W;
-    static_assert(kCoarseLanes % W == 0, "16 lanes are whole vectors");
-    alignas(64) float a[kCoarseLanes];
-    for (int l = 0; l < kCoarseLanes / W; ++l) vstore(a + l * W, parts[l], W);
-    for (int half = kCoarseLanes / 2; half >= 1; half /= 2)
-        for (int j = 0; j < half; ++j) a[j] = op(a[j], a[j + half]);
-    return a[0];
-}
-
 // max_k |x[k]| of one row (K values)
 template <class V> ATTNX_ALWAYS_INLINE float row_abs_max(const float* x, int K) {
     using I = typename Lanes<V>::I;
@@ -89,9 +75,9 @@ template <class V> ATTNX_ALWAYS_INLINE float row_abs_max(const float* x, int K) 
         const V a = (V)((I)vload<V>(x + k, std::min(W, K - k)) & (I{} + 0x7fffffff));  // |x|: the sign bit off
         m = a > m ? a : m;
     }
-    V parts[kCoarseLanes / W];  // m, and zeros (|x| >= 0) in the other lanes
-    for (int l = 0; l < kCoarseLanes / W; ++l) parts[l] = l ? V{} : m;
-    return reduce_16_lanes<V>(parts, [](float a, float b) { return a > b ? a : b; });
+    float mx = 0.f;
+    for (int j = 0; j < W; ++j) mx = std::max(mx, lane(m, j));
+    return mx;
 }
 
 // v (already x * 127 / max|x|) rounded half to even, within [-127, 127]. The rounding adds and takes
@@ -166,8 +152,9 @@ inline void int8_feature_weights(float* kw, const int8_t* qw, size_t ldw, int K,
 // One row x (K values) quantized to q (zero from K to Kp), its scale returned in s, its residual
 // e = x - s q, and whether it is coarse for features weighing kw, in one pass after the max. The
 // coarse sums run in 16 fixed lanes (feature k in lane k % 16, each lane in order, the lanes added in
-// reduce_16_lanes' tree): the same decision at every SIMD level, whose vectors (16, 2 x 8 or 4 x 4
-// lanes) hold those lanes.
+// order at the end): the same decision at every SIMD level, whose vectors (16, 2 x 8 or 4 x 4 lanes)
+// hold those lanes.
+constexpr int kCoarseLanes = 16;
 template <class V>
 ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, float* __restrict e,
                                              const float* __restrict x, const float* __restrict kw, int K, int Kp) {
@@ -190,8 +177,10 @@ ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, flo
         magnitude[l] += (V)((I)xv & abs_mask) * w;
     }
     std::fill(q + K, q + Kp, int8_t(0));
-    const auto add = [](float a, float b) { return a + b; };
-    return reduce_16_lanes<V>(error, add) * kCoarseRatio > reduce_16_lanes<V>(magnitude, add);
+    float total_error = 0.f, total_magnitude = 0.f;
+    for (int j = 0; j < kCoarseLanes; ++j)
+        total_error += lane(error[j / W], j % W), total_magnitude += lane(magnitude[j / W], j % W);
+    return total_error * kCoarseRatio > total_magnitude;
 }
 
 // ----------------------------------------------------------------------------- packed weights
@@ -419,19 +408,18 @@ inline void int8_product_reference(int32_t* acc, size_t ldc, const int8_t* qx, s
 
 // ----------------------------------------------------------------------------- activations, both passes
 // Up to `rows` activation rows of K values in int8: q, s (every row), and the coarse rows' second pass
-// (which, qe, se, acc2 for its products; e a row's residual; coarse_of: row r's index i in them, or
-// -1). Buffers reused by every call.
+// (which, qe, se, acc2 for its products; e a row's residual). Buffers reused by every call.
 struct Int8Activations {
     std::vector<int8_t> q, qe;
     std::vector<float> s, se, e;
-    std::vector<int> which, coarse_of;
+    std::vector<int> which;
     std::vector<int32_t> acc2;
     int rows = 0, K = 0, Kp = 0, Np = 0, coarse = 0;
 
     // the second pass's buffers are sized when a coarse row first comes
     void resize(int rows_, int K_, int Kp_, int Np_) {
         rows = rows_, K = K_, Kp = Kp_, Np = Np_;
-        q.resize((size_t)rows * Kp), s.resize(rows), which.resize(rows), coarse_of.resize(rows), e.resize(K);
+        q.resize((size_t)rows * Kp), s.resize(rows), which.resize(rows), e.resize(K);
     }
 
     // n rows (<= rows) of x, ldx apart, for a product with weights whose features weigh kw (K): one
@@ -441,14 +429,13 @@ struct Int8Activations {
     ATTNX_ALWAYS_INLINE void quantize_on(const float* x, size_t ldx, int n, const float* kw) {
         coarse = 0;
         for (int r = 0; r < n; ++r) {
-            coarse_of[r] = -1;
             if (!quantize_row_coarse<V>(q.data() + (size_t)r * Kp, s[r], e.data(), x + (size_t)r * ldx, kw, K, Kp))
                 continue;
             if (qe.size() < (size_t)rows * Kp || acc2.size() < (size_t)rows * Np)  // sized for the largest use
                 qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
             quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K,
                                 1, K, Kp);
-            coarse_of[r] = coarse, which[coarse++] = r;
+            which[coarse++] = r;
         }
     }
 
@@ -480,28 +467,6 @@ struct Int8Activations {
             const float si = se[i];
             for (int j = n0; j < n1; ++j) o[j - first] += (float)a[j] * (si * sw[j]);
         }
-    }
-
-    // The columns [j, j + m) (m <= W) of row r of dequantize's out, as one vector V, from the same
-    // operations in the same order (the same floats): a gate loop reads the product without a copy
-    template <class V>
-    ATTNX_ALWAYS_INLINE V dequantized(const int32_t* acc, size_t ldc, int r, const float* sw, const float* bias, int j,
-                                      int m, size_t ld_acc2) const {
-        auto as_float = [&](const int32_t* a) __attribute__((always_inline)) {
-            if constexpr (Lanes<V>::W == 1) return (float)*a;
-            else {
-                typename Lanes<V>::I i;
-                const V bits = vload<V>((const float*)a, m);  // the int32 lanes' bytes
-                std::memcpy(&i, &bits, sizeof i);
-                return __builtin_convertvector(i, V);
-            }
-        };
-        const V scale = vload<V>(sw + j, m);
-        V o = as_float(acc + (size_t)r * ldc + j) * (vbroadcast<V>(s[r]) * scale);
-        if (bias) o = o + vload<V>(bias + j, m);
-        if (const int i = coarse_of[r]; i >= 0)
-            o = o + as_float(acc2.data() + (size_t)i * ld_acc2 + j) * (vbroadcast<V>(se[i]) * scale);
-        return o;
     }
 };
 
@@ -614,12 +579,10 @@ inline void embedding_forward_int8(float* out, const int64_t* ids, size_t count,
 // One level of SimpleRNN / GRU / LSTM (cfg as rnn_forward's) on quantized kernels:
 //   xw[b, t] = (Q(x[b, t]) qW) * sx sW + b_in       every step at once: one int8 product of B T rows
 //   pre_t    = xw[:, t] + (Q(h_{t-1}) qU) * sh sU [+ b_rec]            per step (Q: Int8Activations)
-// then the float gate math of rnn.hpp's cells (equations below), which reads each pre-activation
-// from the int32 sums, dequantized in the same pass (Int8Activations::dequantized: no float copy of
-// h_{t-1} U per step). y (B, T, H) may be null; h, c (B, H) hold the initial state and leave with the
-// final one (c: LSTM only). mask (B, T) nonzero = real step (null: all real); a padded step carries
-// the state and writes y = 0. A classic GRU (reset before the product) has U packed with split = 2H:
-// r and z from U.head, the candidate from U.tail.
+// then the float gate math of rnn.hpp's cells (equations below). y (B, T, H) may be null; h, c (B, H)
+// hold the initial state and leave with the final one (c: LSTM only). mask (B, T) nonzero = real
+// step (null: all real); a padded step carries the state and writes y = 0. A classic GRU (reset
+// before the product) has U packed with split = 2H: r and z from U.head, the candidate from U.tail.
 template <class V, class Acts>
 ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, int b0, int b1, float* y, float* h,
                                         float* c, const float* xw, const Int8Kernel& U, const float* b_rec,
@@ -633,21 +596,16 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
     const size_t ldx = (size_t)Tn * G;  // xw's rows of one time step
     Int8Activations hq, rq;  // h_{t-1}, and the classic GRU's r * h_{t-1}
     hq.resize(rows, H, PU.Kp, PU.Np);
-    std::vector<float> hn, rh;  // the classic GRU's candidate product and its r * h_{t-1}
+    std::vector<float> hg((size_t)rows * G), rh;
     std::vector<int32_t> ah((size_t)rows * PU.Np), an;
-    if (classic)
-        hn.resize((size_t)rows * H), rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn.Np),
-            rq.resize(rows, H, PUn.Kp, PUn.Np);
+    if (classic) rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn.Np), rq.resize(rows, H, PUn.Kp, PUn.Np);
     for (int step = 0; step < Tn; ++step) {
         const int t = cfg.time_at(step);
         const float* xg = xw + ((size_t)b0 * Tn + t) * G;  // x_t W + b_in of row b0, rows ldx apart
-        // h_{t-1} U (+ b_rec) in int32, dequantized where the gate loop reads it
+        // h_{t-1} U (+ b_rec)
         hq.quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows, PU.feature_weight.data());
         hq.product(ah.data(), (size_t)PU.Np, rows, PU, 0, nU);
-        // (h_{t-1} U (+ b_rec))[r, column .. column + n)
-        auto hu = [&](int r, int column, int n) __attribute__((always_inline)) {
-            return hq.dequantized<V>(ah.data(), (size_t)PU.Np, r, sU, b_rec, column, n, (size_t)PU.Np);
-        };
+        hq.dequantize(hg.data(), (size_t)G, ah.data(), (size_t)PU.Np, rows, sU, b_rec, 0, nU, (size_t)PU.Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
             float* hb = h + (size_t)b * H;
@@ -658,10 +616,11 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
                 continue;
             }
             const float* xr = xg + (size_t)r * ldx;
+            const float* hr = hg.data() + (size_t)r * G;
             for (int j = 0; j < H; j += W) {
                 const int n = std::min(W, H - j);
-                auto pre = [&](int q) __attribute__((always_inline)) {  // gate q: x_t W + b_in + h_{t-1} U (+ b_rec)
-                    return vload<V>(xr + (size_t)q * H + j, n) + hu(r, q * H + j, n);
+                auto pre = [&](int q) __attribute__((always_inline)) {
+                    return vload<V>(xr + (size_t)q * H + j, n) + vload<V>(hr + (size_t)q * H + j, n);
                 };
                 V h_t;
                 switch (cfg.cell) {
@@ -683,7 +642,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
                             continue;
                         }
                         // n = act(x_n + r * (h U_n + b_hn)); h_t = z h_{t-1} + (1 - z) n
-                        const V nn = acts.act(vload<V>(xr + 2 * H + j, n) + r_ * hu(r, 2 * H + j, n));
+                        const V nn = acts.act(vload<V>(xr + 2 * H + j, n) + r_ * vload<V>(hr + 2 * H + j, n));
                         h_t = z * vload<V>(hb + j, n) + (vbroadcast<V>(1.f) - z) * nn;
                     }
                 }
@@ -695,7 +654,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
         // classic GRU: n = act(x_n + b_n + (r * h_{t-1}) U_n); h_t = z h_{t-1} + (1 - z) n
         rq.quantize_on<V>(rh.data(), (size_t)H, rows, PUn.feature_weight.data());
         rq.product(an.data(), (size_t)PUn.Np, rows, PUn, 0, H);
-        rq.dequantize(hn.data(), (size_t)H, an.data(), (size_t)PUn.Np, rows, sU + 2 * H, nullptr, 0, H,
+        rq.dequantize(hg.data() + 2 * H, (size_t)G, an.data(), (size_t)PUn.Np, rows, sU + 2 * H, nullptr, 0, H,
                       (size_t)PUn.Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
@@ -703,10 +662,11 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
             float* hb = h + (size_t)b * H;
             float* yb = y ? y + ((size_t)b * Tn + t) * H : nullptr;
             const float* xr = xg + (size_t)r * ldx;
+            const float* hr = hg.data() + (size_t)r * G;
             for (int j = 0; j < H; j += W) {
                 const int n = std::min(W, H - j);
-                const V z = acts.ract(vload<V>(xr + H + j, n) + hu(r, H + j, n));
-                const V nn = acts.act(vload<V>(xr + 2 * H + j, n) + vload<V>(hn.data() + (size_t)r * H + j, n));
+                const V z = acts.ract(vload<V>(xr + H + j, n) + vload<V>(hr + H + j, n));
+                const V nn = acts.act(vload<V>(xr + 2 * H + j, n) + vload<V>(hr + 2 * H + j, n));
                 const V h_t = z * vload<V>(hb + j, n) + (vbroadcast<V>(1.f) - z) * nn;
                 vstore(hb + j, h_t, n);
                 if (yb) vstore(yb + j, h_t, n);
