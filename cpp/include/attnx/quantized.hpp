@@ -412,14 +412,14 @@ inline void int8_product_reference(int32_t* acc, size_t ldc, const int8_t* qx, s
 struct Int8Activations {
     std::vector<int8_t> q, qe;
     std::vector<float> s, se, e;
-    std::vector<int> which;
+    std::vector<int> which, coarse_of;  // coarse_of[r]: row r's index i in the second pass, or -1
     std::vector<int32_t> acc2;
     int rows = 0, K = 0, Kp = 0, Np = 0, coarse = 0;
 
     // the second pass's buffers are sized when a coarse row first comes
     void resize(int rows_, int K_, int Kp_, int Np_) {
         rows = rows_, K = K_, Kp = Kp_, Np = Np_;
-        q.resize((size_t)rows * Kp), s.resize(rows), which.resize(rows), e.resize(K);
+        q.resize((size_t)rows * Kp), s.resize(rows), which.resize(rows), coarse_of.resize(rows), e.resize(K);
     }
 
     // n rows (<= rows) of x, ldx apart, for a product with weights whose features weigh kw (K): one
@@ -429,13 +429,14 @@ struct Int8Activations {
     ATTNX_ALWAYS_INLINE void quantize_on(const float* x, size_t ldx, int n, const float* kw) {
         coarse = 0;
         for (int r = 0; r < n; ++r) {
+            coarse_of[r] = -1;
             if (!quantize_row_coarse<V>(q.data() + (size_t)r * Kp, s[r], e.data(), x + (size_t)r * ldx, kw, K, Kp))
                 continue;
             if (qe.size() < (size_t)rows * Kp || acc2.size() < (size_t)rows * Np)  // sized for the largest use
                 qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
             quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K,
                                 1, K, Kp);
-            which[coarse++] = r;
+            coarse_of[r] = coarse, which[coarse++] = r;
         }
     }
 
@@ -448,10 +449,15 @@ struct Int8Activations {
 
     // out[r, j - first] (n rows, ldo apart; n0 <= j < n1) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be
     // null), then += acc2[i, j] (se[i] sw[j]) for the coarse row r = which[i]; `first`: the column that
-    // out's first holds (0: out holds every column from 0; n0: a block of columns apart)
+    // out's first holds (0: out holds every column from 0; n0: a block of columns apart). `relu`: then
+    // out = relu(out) (activation_forward's), on each row while it is in L1
     // (plain loops, inlined so that they vectorize at the caller's level)
     ATTNX_ALWAYS_INLINE void dequantize(float* out, size_t ldo, const int32_t* acc, size_t ldc, int n, const float* sw,
-                                        const float* bias, int n0, int n1, size_t ld_acc2, int first = 0) const {
+                                        const float* bias, int n0, int n1, size_t ld_acc2, int first = 0,
+                                        bool relu = false) const {
+        auto rectify = [&](float* o) __attribute__((always_inline)) {
+            for (int j = n0; j < n1; ++j) o[j - first] = o[j - first] < 0.f ? 0.f : o[j - first];  // NaN stays NaN
+        };
         for (int r = 0; r < n; ++r) {
             float* o = out + (size_t)r * ldo;
             const int32_t* a = acc + (size_t)r * ldc;
@@ -460,12 +466,14 @@ struct Int8Activations {
                 for (int j = n0; j < n1; ++j) o[j - first] = (float)a[j] * (sr * sw[j]) + bias[j];
             else
                 for (int j = n0; j < n1; ++j) o[j - first] = (float)a[j] * (sr * sw[j]);
+            if (relu && coarse_of[r] < 0) rectify(o);  // a coarse row's after its second pass
         }
         for (int i = 0; i < coarse; ++i) {
             float* o = out + (size_t)which[i] * ldo;
             const int32_t* a = acc2.data() + (size_t)i * ld_acc2;
             const float si = se[i];
             for (int j = n0; j < n1; ++j) o[j - first] += (float)a[j] * (si * sw[j]);
+            if (relu) rectify(o);
         }
     }
 };
@@ -519,11 +527,12 @@ inline void dense_rows_int8(const Int8ColumnBlocks& blocks, size_t r0, const flo
     for (int i = 0, n0 = 0; i < blocks.count; n0 = blocks.ends[i++]) {
         const int width = blocks.ends[i] - n0;
         float* out = blocks.out[i] + r0 * width;
+        const bool relu = activation == Activation::relu;  // in the epilogue, each row still in L1
         on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
             xq.dequantize(out, (size_t)width, scratch.acc.data(), (size_t)B.Np, n, w.scale.data(), bias, n0,
-                          blocks.ends[i], (size_t)B.Np, n0);
+                          blocks.ends[i], (size_t)B.Np, n0, relu);
         });
-        activation_forward<float>(out, out, (size_t)n, (size_t)width, activation);
+        if (!relu) activation_forward<float>(out, out, (size_t)n, (size_t)width, activation);
     }
 }
 
