@@ -40,6 +40,7 @@
 namespace attnx {
 
 constexpr int kInt8Max = 127;
+constexpr int kCoarseLanes = 16;  // the lanes of a row's reductions (reduce_16_lanes), at every SIMD level
 
 // Rounded up to a multiple of m
 inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
@@ -66,6 +67,37 @@ ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float16 v) {
     std::memcpy(q, &b, sizeof b);
 }
 
+// reduce_16_lanes' last steps: four lanes (j + 8 and j + 4 joined), j with j + 2, then j + 1
+template <class V, class Op> ATTNX_ALWAYS_INLINE float reduce_16_lanes(const V*, Op op, float4 four) {
+    return op(op(four[0], four[2]), op(four[1], four[3]));
+}
+
+// The 16 lanes held by L = 16 / W vectors (lane j in parts[j / W]) reduced by op in one fixed tree,
+// lane j with j + 8, then j + 4, j + 2 and j + 1, in vector halves: the same float at every SIMD level
+template <class V, class Op> ATTNX_ALWAYS_INLINE float reduce_16_lanes(const V* parts, Op op) {
+    constexpr int W = Lanes<V>::W;
+    static_assert(kCoarseLanes % W == 0, "16 lanes are whole vectors");
+    if constexpr (W == 16) {
+        const float8 lo = __builtin_shufflevector(parts[0], parts[0], 0, 1, 2, 3, 4, 5, 6, 7);
+        const float8 hi = __builtin_shufflevector(parts[0], parts[0], 8, 9, 10, 11, 12, 13, 14, 15);
+        const float8 eight = op(lo, hi);
+        return reduce_16_lanes<float4>(nullptr, op, op(__builtin_shufflevector(eight, eight, 0, 1, 2, 3),
+                                                       __builtin_shufflevector(eight, eight, 4, 5, 6, 7)));
+    } else if constexpr (W == 8) {
+        const float8 eight = op(parts[0], parts[1]);
+        return reduce_16_lanes<float4>(nullptr, op, op(__builtin_shufflevector(eight, eight, 0, 1, 2, 3),
+                                                       __builtin_shufflevector(eight, eight, 4, 5, 6, 7)));
+    } else if constexpr (W == 4) {
+        return reduce_16_lanes<float4>(nullptr, op, op(op(parts[0], parts[2]), op(parts[1], parts[3])));
+    } else {
+        float a[kCoarseLanes];
+        for (int j = 0; j < kCoarseLanes; ++j) a[j] = parts[j];
+        for (int half = kCoarseLanes / 2; half >= 1; half /= 2)
+            for (int j = 0; j < half; ++j) a[j] = op(a[j], a[j + half]);
+        return a[0];
+    }
+}
+
 // max_k |x[k]| of one row (K values)
 template <class V> ATTNX_ALWAYS_INLINE float row_abs_max(const float* x, int K) {
     using I = typename Lanes<V>::I;
@@ -75,9 +107,12 @@ template <class V> ATTNX_ALWAYS_INLINE float row_abs_max(const float* x, int K) 
         const V a = (V)((I)vload<V>(x + k, std::min(W, K - k)) & (I{} + 0x7fffffff));  // |x|: the sign bit off
         m = a > m ? a : m;
     }
-    float mx = 0.f;
-    for (int j = 0; j < W; ++j) mx = std::max(mx, lane(m, j));
-    return mx;
+    if constexpr (W == 1) return m;
+    else {
+        V parts[kCoarseLanes / W];  // m, and zeros (|x| >= 0) in the other lanes
+        for (int l = 0; l < kCoarseLanes / W; ++l) parts[l] = l ? V{} : m;
+        return reduce_16_lanes<V>(parts, [](auto a, auto b) { return a > b ? a : b; });
+    }
 }
 
 // v (already x * 127 / max|x|) rounded half to even, within [-127, 127]. The rounding adds and takes
@@ -152,9 +187,8 @@ inline void int8_feature_weights(float* kw, const int8_t* qw, size_t ldw, int K,
 // One row x (K values) quantized to q (zero from K to Kp), its scale returned in s, its residual
 // e = x - s q, and whether it is coarse for features weighing kw, in one pass after the max. The
 // coarse sums run in 16 fixed lanes (feature k in lane k % 16, each lane in order, the lanes added in
-// order at the end): the same decision at every SIMD level, whose vectors (16, 2 x 8 or 4 x 4 lanes)
-// hold those lanes.
-constexpr int kCoarseLanes = 16;
+// reduce_16_lanes' tree): the same decision at every SIMD level, whose vectors (16, 2 x 8 or 4 x 4
+// lanes) hold those lanes.
 template <class V>
 ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, float* __restrict e,
                                              const float* __restrict x, const float* __restrict kw, int K, int Kp) {
@@ -177,10 +211,8 @@ ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, flo
         magnitude[l] += (V)((I)xv & abs_mask) * w;
     }
     std::fill(q + K, q + Kp, int8_t(0));
-    float total_error = 0.f, total_magnitude = 0.f;
-    for (int j = 0; j < kCoarseLanes; ++j)
-        total_error += lane(error[j / W], j % W), total_magnitude += lane(magnitude[j / W], j % W);
-    return total_error * kCoarseRatio > total_magnitude;
+    const auto add = [](auto a, auto b) { return a + b; };
+    return reduce_16_lanes<V>(error, add) * kCoarseRatio > reduce_16_lanes<V>(magnitude, add);
 }
 
 // ----------------------------------------------------------------------------- packed weights
