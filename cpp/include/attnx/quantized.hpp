@@ -184,14 +184,15 @@ inline void int8_feature_weights(float* kw, const int8_t* qw, size_t ldw, int K,
     }
 }
 
-// One row x (K values) quantized to q (zero from K to Kp), its scale returned in s, its residual
-// e = x - s q, and whether it is coarse for features weighing kw, in one pass after the max. The
+// One row x (K values) quantized to q (zero from K to Kp), its scale returned in s, and whether it is
+// coarse for features weighing kw (by its residual e = x - s q, not stored: a coarse row's second
+// pass, Int8Activations::quantize_on, recomputes it), in one pass after the max. The
 // coarse sums run in 16 fixed lanes (feature k in lane k % 16, each lane in order, the lanes added in
 // reduce_16_lanes' tree): the same decision at every SIMD level, whose vectors (16, 2 x 8 or 4 x 4
 // lanes) hold those lanes.
 template <class V>
-ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, float* __restrict e,
-                                             const float* __restrict x, const float* __restrict kw, int K, int Kp) {
+ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, const float* __restrict x,
+                                             const float* __restrict kw, int K, int Kp) {
     using I = typename Lanes<V>::I;
     constexpr int W = Lanes<V>::W, L = kCoarseLanes / W;
     static_assert(kCoarseLanes % W == 0, "the coarse lanes are whole vectors");
@@ -206,7 +207,6 @@ ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, flo
         const V rounded = round_int8(xv * inv);
         store_int8_lanes(q + k, rounded, n);
         const V ev = xv - sv * rounded;
-        vstore(e + k, ev, n);
         error[l] += (V)((I)ev & abs_mask) * w;
         magnitude[l] += (V)((I)xv & abs_mask) * w;
     }
@@ -462,8 +462,11 @@ struct Int8Activations {
         coarse = 0;
         for (int r = 0; r < n; ++r) {
             coarse_of[r] = -1;
-            if (!quantize_row_coarse<V>(q.data() + (size_t)r * Kp, s[r], e.data(), x + (size_t)r * ldx, kw, K, Kp))
-                continue;
+            const float* xr = x + (size_t)r * ldx;
+            int8_t* qr = q.data() + (size_t)r * Kp;
+            if (!quantize_row_coarse<V>(qr, s[r], xr, kw, K, Kp)) continue;
+            for (int k = 0; k < K; ++k) e[k] = xr[k] - s[r] * (float)qr[k];  // the same floats as the coarse sums'
+
             if (qe.size() < (size_t)rows * Kp || acc2.size() < (size_t)rows * Np)  // sized for the largest use
                 qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
             quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K,
