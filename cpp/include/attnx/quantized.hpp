@@ -466,7 +466,6 @@ struct Int8Activations {
             int8_t* qr = q.data() + (size_t)r * Kp;
             if (!quantize_row_coarse<V>(qr, s[r], xr, kw, K, Kp)) continue;
             for (int k = 0; k < K; ++k) e[k] = xr[k] - s[r] * (float)qr[k];  // the same floats as the coarse sums'
-
             if (qe.size() < (size_t)rows * Kp || acc2.size() < (size_t)rows * Np)  // sized for the largest use
                 qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
             quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K,
