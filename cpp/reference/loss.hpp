@@ -64,7 +64,7 @@ inline double sparse_cce(double* dz, const double* z, const int64_t* labels, con
             const double e = label_smoothing;
             for (size_t k = 0; k < K; ++k) {
                 const double target = (1 - e) * (k == (size_t)y) + e / double(K);
-                total -= wr * target * std::log(soft[k]);
+                if (target != 0) total -= wr * target * std::log(soft[k]);  // not 0 log 0
                 dzr[k] = wr * (soft[k] - target) / denom;
             }
         } else {
