@@ -93,14 +93,15 @@ void init_bf16(py::module_& m) {
             const float* py_ = in_ptr<float>(y, "dense_backward_bf16: y");
             const float* pz = in_ptr<float>(z, "dense_backward_bf16: z");
             float* pdw = inout_ptr<float>(dkernel, "dense_backward_bf16: dkernel");
-            auto dz = new_array<float>({N, OC});
+            const bool linear = act == Activation::linear;  // then dz is dy itself
+            py::array_t<float> dz = linear ? py::array_t<float>() : new_array<float>({N, OC});
             py::array_t<float> dx = need_dx ? new_array<float>({N, C}) : py::array_t<float>();
-            float* pdz = dz.mutable_data();
+            float* pdz = linear ? nullptr : dz.mutable_data();
             float* pdx = need_dx ? dx.mutable_data() : nullptr;
             {
                 py::gil_scoped_release release;
-                activation_backward<float>(pdz, pdy, pz, py_, N, OC, act);
-                bf16_dense_backward(pdx, pdw, pdb, pdz, px, pw, (int)N, (int)C, (int)OC);
+                if (!linear) bf16_activation_backward(pdz, pdy, pz, py_, (int)N, (int)OC, act);
+                bf16_dense_backward(pdx, pdw, pdb, linear ? pdy : pdz, px, pw, (int)N, (int)C, (int)OC);
             }
             if (!need_dx) return py::none();
             return std::move(dx);

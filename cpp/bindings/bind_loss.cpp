@@ -65,8 +65,13 @@ void init_loss(py::module_& m) {
     m.def(
         "sparse_categorical_crossentropy",
         [](const py::array& pred, const py::array& labels, const py::object& weights, bool from_logits,
-           int64_t ignore_index, double denom) {
+           int64_t ignore_index, double denom, double label_smoothing) {
             check_denom(denom, "sparse_categorical_crossentropy");
+            if (!(label_smoothing >= 0 && label_smoothing < 1))
+                throw py::value_error("sparse_categorical_crossentropy: label_smoothing must be in [0, 1), got " +
+                                      std::to_string(label_smoothing));
+            if (label_smoothing && !from_logits)
+                throw py::value_error("sparse_categorical_crossentropy: label_smoothing needs from_logits=True");
             return dispatch_float(pred, "sparse_categorical_crossentropy: pred", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
                 if (pred.ndim() < 1) throw py::value_error("sparse_categorical_crossentropy: pred must have a class axis");
@@ -92,13 +97,14 @@ void init_loss(py::module_& m) {
                 T loss;
                 {
                     py::gil_scoped_release release;
-                    loss = sparse_cce<T>(pg, pp, pl, pw, (size_t)rows, (size_t)K, from_logits, ignore_index, T(denom));
+                    loss = sparse_cce<T>(pg, pp, pl, pw, (size_t)rows, (size_t)K, from_logits, ignore_index, T(denom),
+                                        label_smoothing);
                 }
                 return py::make_tuple(double(loss), grad);
             });
         },
         py::arg("pred"), py::arg("labels"), py::arg("weights"), py::arg("from_logits"), py::arg("ignore_index"),
-        py::arg("denom"));
+        py::arg("denom"), py::arg("label_smoothing") = 0.0);
 
     m.def(
         "categorical_crossentropy",

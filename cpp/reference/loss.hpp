@@ -44,9 +44,12 @@ inline double bce_probs(double* dp, const double* p, const double* y, const doub
 // Sparse categorical cross-entropy over rows of K; a row whose label is ignore_index (or whose
 // weight is 0) contributes nothing.
 // logits: l = log sum_k exp(z_k) - z_y          => dz = w (softmax(z) - onehot(y)) / denom
+//   with label smoothing e (PyTorch's), against the target t = (1 - e) onehot(y) + e / K:
+//         l = -sum_k t_k log softmax(z)_k        => dz = w (softmax(z) - t) / denom
 // probs:  q = p / sum(p);  l = -log clip(q_y)   => dp_k = w (1 / sum(p) - [k == y] / p_y) / denom inside the clip, else 0
 inline double sparse_cce(double* dz, const double* z, const int64_t* labels, const double* w, size_t rows, size_t K,
-                         bool from_logits, int64_t ignore_index, double denom, double eps = kProbEpsilon) {
+                         bool from_logits, int64_t ignore_index, double denom, double label_smoothing = 0,
+                         double eps = kProbEpsilon) {
     double total = 0;
     std::vector<double> soft(K);
     for (size_t r = 0; r < rows; ++r) {
@@ -58,8 +61,12 @@ inline double sparse_cce(double* dz, const double* z, const int64_t* labels, con
         if (y == ignore_index || wr == 0) continue;
         if (from_logits) {
             softmax_forward(soft.data(), zr, nullptr, 1, K);
-            total -= wr * std::log(soft[y]);
-            for (size_t k = 0; k < K; ++k) dzr[k] = wr * (soft[k] - (k == (size_t)y)) / denom;
+            const double e = label_smoothing;
+            for (size_t k = 0; k < K; ++k) {
+                const double target = (1 - e) * (k == (size_t)y) + e / double(K);
+                if (target != 0) total -= wr * target * std::log(soft[k]);  // not 0 log 0
+                dzr[k] = wr * (soft[k] - target) / denom;
+            }
         } else {
             double sum = 0;
             for (size_t k = 0; k < K; ++k) sum += zr[k];

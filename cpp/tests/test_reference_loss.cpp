@@ -88,6 +88,10 @@ void test_cross_entropy(size_t rows, size_t K, bool weighted, unsigned seed) {
         want.insert(want.end(), {{"sparse" + from, {ls}}, {"dsparse" + from, ds}, {"categorical" + from, {lc}},
                                  {"dcategorical" + from, dc}});
     }
+    std::vector<double> dsmooth(rows * K);  // label smoothing (logits only)
+    const double lsmooth = reference::sparse_cce(dsmooth.data(), z.data(), labels.data(), w_, rows, K, true, -100,
+                                                 denom, 0.1);
+    want.insert(want.end(), {{"sparse smoothed", {lsmooth}}, {"dsparse smoothed", dsmooth}});
     char where[64];
     std::snprintf(where, sizeof where, "cross-entropy rows=%zu K=%zu%s", rows, K, weighted ? " weighted" : "");
     check_every_level(where, want, [&](auto tag) {
@@ -104,6 +108,10 @@ void test_cross_entropy(size_t rows, size_t K, bool weighted, unsigned seed) {
             got.insert(got.end(), {{"sparse" + from, {ls}}, {"dsparse" + from, to_double(ds)},
                                    {"categorical" + from, {lc}}, {"dcategorical" + from, to_double(dc)}});
         }
+        std::vector<T> dsmooth(rows * K);
+        const double lsmooth = sparse_cce<T>(dsmooth.data(), z_.data(), labels.data(), w2, rows, K, true, -100,
+                                             (T)denom, 0.1);
+        got.insert(got.end(), {{"sparse smoothed", {lsmooth}}, {"dsparse smoothed", to_double(dsmooth)}});
         return got;
     });
 }

@@ -36,7 +36,8 @@ def binary_crossentropy(
 ) -> tuple[float, Array]: ...
 def mean_squared_error(pred: Array, target: Array, weights: Array | None, denom: float) -> tuple[float, Array]: ...
 def sparse_categorical_crossentropy(
-    pred: Array, labels: Array, weights: Array | None, from_logits: bool, ignore_index: int, denom: float
+    pred: Array, labels: Array, weights: Array | None, from_logits: bool, ignore_index: int, denom: float,
+    label_smoothing: float = 0.0,
 ) -> tuple[float, Array]: ...
 def categorical_crossentropy(
     pred: Array, target: Array, weights: Array | None, from_logits: bool, denom: float

@@ -266,7 +266,7 @@ class SparseCategoricalCrossentropy(Loss):
         if self.from_logits:  # logsumexp(z) - z_y
             top = pred.max(axis=-1)
             values = top + np.log(np.exp(pred - top[..., None]).sum(axis=-1)) - picked
-            values += self.label_smoothing * (picked - pred.mean(axis=-1))  # see _add_smoothing
+            values += self.label_smoothing * (picked - pred.mean(axis=-1))  # smoothing's terms: loss.hpp
         else:  # the kernel's normalized, clipped probabilities (loss.hpp)
             eps = pred.dtype.type(_PROB_EPSILON)
             values = -np.log(np.clip(picked / pred.sum(axis=-1), eps, 1 - eps))
@@ -288,27 +288,11 @@ class SparseCategoricalCrossentropy(Loss):
                 raise ValueError(f"{self.name}: sample_weight shape {sw.shape} must match the leading axes of {rows}")
             w = w * sw.reshape(sw.shape + (1,) * (len(rows) - sw.ndim))
         denom = max(self._scored(labels, keep, mask), 1.0)
+        # label smoothing in the kernel's pass over each row (loss.hpp), both cores on it
         value, dpred = _core.sparse_categorical_crossentropy(pred=pred, labels=labels, weights=np.ascontiguousarray(w),
                                                              from_logits=self.from_logits, ignore_index=ignore,
-                                                             denom=denom)
-        if self.label_smoothing:
-            value = self._add_smoothing(pred, labels, keep, w / pred.dtype.type(denom), value, dpred)
+                                                             denom=denom, label_smoothing=self.label_smoothing)
         return value, dpred
-
-    def _add_smoothing(self, logits, labels, keep, weights, value, dlogits):
-        """Adds label smoothing to the kernel's (value, dlogits) of the plain cross-entropy, in place.
-        With e = label_smoothing, the log-softmax's log-sum-exp cancels:
-            loss_i = (1 - e) (-log p_{i,y}) + e mean_k (-log p_{i,k}) = CE_i + e (z_{i,y} - mean_k z_{i,k})
-            d loss_i / d z_{i,k} = dCE_i / d z_{i,k} + e ([k = y_i] - 1 / K)
-        each row weighted by w_i / n as the kernel weighs it. Returns the new value."""
-        e, K = self.label_smoothing, logits.shape[-1]
-        z, dz = logits.reshape(-1, K), dlogits.reshape(-1, K)
-        rows, y = np.arange(z.shape[0]), np.where(keep, labels, 0).reshape(-1)  # ignored rows weigh 0
-        w = weights.reshape(-1)
-        value += e * float(np.dot(w, z[rows, y] - z.mean(axis=1)))
-        dz -= (e / K) * w[:, None]
-        dz[rows, y] += e * w
-        return value
 
     def _scored(self, labels, keep, mask):
         """The mean's denominator: the labels scored (all of them unless masked or ignored)."""

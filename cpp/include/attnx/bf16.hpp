@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "attnx/activations.hpp"
+#include "attnx/dense.hpp"
 #include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 
@@ -515,21 +516,29 @@ inline const uint32_t* bf16_step_left(const float* rows, size_t lda, int count, 
 inline void bf16_dense_forward(float* y, float* z, const float* x, const float* W, const float* b, int N, int C, int OC,
                                Activation act) {
     bf16_gemm(z, (size_t)OC, x, (size_t)C, false, W, (size_t)OC, false, N, OC, C, false, b);
-    activation_forward<float>(y, z, (size_t)N, (size_t)OC, act);
+    if (act == Activation::linear && y == z) return;
+    parallel_for((size_t)N, double(N) * OC, [&](size_t lo, size_t hi) {
+        activation_forward<float>(y + lo * OC, z + lo * OC, hi - lo, (size_t)OC, act);
+    });
+}
+
+// dz = dy * act'(z) (activation_backward, y the forward's output), rows split across threads (a linear
+// layer's dz is dy itself: the copy of the output projection's 1536 x 8000 gradient ran on one core)
+inline void bf16_activation_backward(float* dz, const float* dy, const float* z, const float* y, int N, int OC,
+                                     Activation act) {
+    parallel_for((size_t)N, double(N) * OC, [&](size_t lo, size_t hi) {
+        activation_backward<float>(dz + lo * OC, dy + lo * OC, z + lo * OC, y + lo * OC, hi - lo, (size_t)OC, act);
+    });
 }
 
 // reference: cpp/reference/bf16.hpp, bf16_dense_backward
 // dx = bf16(dz) . bf16(W)^T (overwritten; dx may be null), dW += bf16(x)^T . bf16(dz), db += sum_n dz[n, :]
-// (float32: a reduction)
+// (float32: a reduction, columns split across threads)
 inline void bf16_dense_backward(float* dx, float* dW, float* db, const float* dz, const float* x, const float* W, int N,
                                 int C, int OC) {
     if (dx) bf16_gemm(dx, (size_t)C, dz, (size_t)OC, false, W, (size_t)OC, true, N, C, OC, false);
     bf16_gemm(dW, (size_t)OC, x, (size_t)C, true, dz, (size_t)OC, false, C, OC, N, true);
-    if (db)
-        on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
-            for (int n = 0; n < N; ++n)
-                for (int o = 0; o < OC; ++o) db[o] += dz[(size_t)n * OC + o];
-        });
+    if (db) bias_gradient<float>(db, dz, N, OC);
 }
 
 }  // namespace attnx

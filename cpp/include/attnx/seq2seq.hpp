@@ -565,22 +565,6 @@ void sequence_dense_forward(const DecoderConfig& cfg, T* z, const T* x, const T*
     dense_forward<T>(z, x, W, b, N, C, OC);
 }
 
-// db[o] += sum_n dz[n, o] for dz (N, OC): blocks of 256 columns split across threads, each block's rows
-// summed on the widest vectors (dense_backward's and bf16_dense_backward's sums run on one thread: the
-// output bias's, 1024 x 8000, reads 33 MB)
-template <class T> void bias_gradient(T* db, const T* dz, int N, int OC) {
-    constexpr int block = 256;
-    parallel_for((size_t)(OC + block - 1) / block, double(N) * OC, [&](size_t lo, size_t hi) {
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
-            const int o0 = (int)lo * block, o1 = std::min(OC, (int)hi * block);
-            for (int n = 0; n < N; ++n) {
-                const T* row = dz + (size_t)n * OC;
-                for (int o = o0; o < o1; ++o) db[o] += row[o];
-            }
-        });
-    });
-}
-
 //   dx = dz W^T (overwritten; dx may be null), dW += x^T dz, db += sum_n dz[n] (db may be null)
 template <class T>
 void sequence_dense_backward(const DecoderConfig& cfg, T* dx, T* dW, T* db, const T* dz, const T* x, const T* W,

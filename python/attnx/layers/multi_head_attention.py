@@ -484,8 +484,8 @@ class MultiHeadAttention(Layer):
                                 dkey.reshape(B, S, key_rows.shape[1]))
         if k_rows is not None:
             return [dquery, dvalue, dkey]
-        dvalue += dkey  # the value was the key too
-        return [dquery, dvalue]
+        # the value was the key too (the sum split across the threads: numpy's add runs on one core)
+        return [dquery, kernels.residual_add(x=dvalue, sub=dkey, keep=None)]
 
     def compute_mask(self, inputs, mask=None):
         return mask[0] if isinstance(mask, (list, tuple)) else mask  # the query's (Keras)

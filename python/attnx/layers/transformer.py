@@ -38,6 +38,11 @@ def _decoder_masks(layer, target_shape, S, decoder_padding_mask, decoder_attenti
     return self_mask, cross_mask
 
 
+def _add(a, b):
+    """a + b of two gradients of one shape, split across the threads (numpy's add runs on one core)"""
+    return kernels.residual_add(x=a, sub=b, keep=None)
+
+
 # ---------------------------------------------------------------------------- encoder / decoder
 class _TransformerLayerBase(_Composite):
     """What encoder and decoder layers share: the config, the sublayer wiring, and the residual
@@ -122,7 +127,7 @@ class _TransformerLayerBase(_Composite):
             return None, dsource
         if self.norm_first:
             dh = norm.backprop(norm_cache, dh)
-        return dy + dh, dsource
+        return _add(dy, dh), dsource
 
     @staticmethod
     def _attention_sublayer(attention, source, mask, use_causal_mask, return_attention_scores, training):
@@ -146,8 +151,7 @@ class _TransformerLayerBase(_Composite):
         if grads is None:  # skipped: need_dx is False
             return None, None
         dquery, dvalue = grads
-        dquery += dvalue  # query, key and value are one stream
-        return dquery, None
+        return _add(dquery, dvalue), None  # query, key and value are one stream
 
     # where each residual block's weights start in the cached step's list (decoder_step.hpp's
     # DecoderLayerWeights): a norm's gamma and beta, then the sublayer's
@@ -516,7 +520,7 @@ class TransformerDecoder(_TransformerStack):
         dmemory = None
         for block, block_cache in zip(reversed(self.blocks), reversed(block_caches)):
             dy, dblock_memory = block.backprop(block_cache, dy, need_dx or block is not self.blocks[0])
-            dmemory = dblock_memory if dmemory is None else dmemory + dblock_memory  # every block reads the memory
+            dmemory = dblock_memory if dmemory is None else _add(dmemory, dblock_memory)  # every block reads it
         return [dy, dmemory]
 
     def start_cache(self, memory, encoder_padding_mask=None, capacity=16):
