@@ -120,7 +120,8 @@ class Optimizer:
         if self.clipvalue is not None or self.clipnorm is not None or self.global_clipnorm is not None:
             grads = [np.array(g, order="C") for g in grads]  # clip copies: the caller's gradients stay as they are
         else:
-            grads = [np.require(g, requirements="CAW") for g in grads]  # any layout, read-only too
+            grads = [g if _writable_contiguous(g) else np.require(g, requirements="CAW")  # any layout, read-only too
+                     for g in grads]
         if self.clipvalue is not None:
             _core.clip_(grads, lo=-float(self.clipvalue), hi=float(self.clipvalue))
         if self.clipnorm is not None:
@@ -278,3 +279,9 @@ def get(identifier):
 
 def serialize(opt):
     return {"class_name": type(opt).__name__, "config": opt.get_config()}
+
+
+def _writable_contiguous(array):
+    """Whether the kernels take `array` as it is (np.require costs a microsecond to say so)."""
+    flags = array.flags
+    return flags.c_contiguous and flags.aligned and flags.writeable

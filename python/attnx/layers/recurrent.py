@@ -205,13 +205,13 @@ class _Recurrent(Layer):
     def _level_backward(self, level, cache, dy, dh, dc, need_dx=True):
         """Backward of `_level_forward` from the gradients of its y, final h and final c (each may be
         None); adds into self.grads and returns (dx, or None unless `need_dx`; dh0; dc0 or None)."""
-        sfx = level_suffix(level)
-        dbias, drecurrent_bias = self._biases(self.grads, level)
+        sfx, grads = level_suffix(level), self.grads  # (a property: read once)
+        dbias, drecurrent_bias = self._biases(grads, level)
         dx, dh0, dc0 = kernels.rnn_backward(
             cell=self._cell, x=cache.x, kernel=self.params["kernel" + sfx],
             recurrent_kernel=self.params["recurrent_kernel" + sfx], cache=cache.kernel_cache, mask=cache.mask,
-            recurrent_mask=cache.recurrent_keep, dy=dy, dh=dh, dc=dc, dkernel=self.grads["kernel" + sfx],
-            drecurrent_kernel=self.grads["recurrent_kernel" + sfx], dbias=dbias, drecurrent_bias=drecurrent_bias,
+            recurrent_mask=cache.recurrent_keep, dy=dy, dh=dh, dc=dc, dkernel=grads["kernel" + sfx],
+            drecurrent_kernel=grads["recurrent_kernel" + sfx], dbias=dbias, drecurrent_bias=drecurrent_bias,
             reverse=cache.reverse, reset_after=self.reset_after, activation=self.activation,
             recurrent_activation=self.recurrent_activation, need_dx=need_dx, bf16=self.compute_dtype == "bfloat16")
         if dx is not None and cache.input_keep is not None:
