@@ -173,6 +173,8 @@ class _Recurrent(Layer):
             return self._int8_level_forward(level, x, mask, h0, c0, reverse, training, need_y)
         sfx = level_suffix(level)
         if input_keep is not None:
+            if input_keep.shape[1] != x.shape[1]:  # one mask per sequence: repeated over the steps, for
+                input_keep = np.repeat(input_keep, x.shape[1], axis=1)  # products 3x faster than broadcast ones
             x = x * input_keep  # a new C-contiguous array
         bias, recurrent_bias = self._biases(self.params, level)
         y, h, c, kernel_cache = kernels.rnn_forward(
