@@ -58,6 +58,14 @@ def _step_mask(layer, mask, lengths, batch, steps):
     return None if step_mask is None or step_mask.all() else step_mask
 
 
+# Input dropout's per-sequence keep mask (B, 1, C) is repeated over the steps for inputs of at most this
+# many features: NumPy's product broadcast along T runs C-long inner loops, and for short ones the repeat
+# and two same-shape products (forward, backward) cost less than two broadcast ones (B 32, T 32, C 32:
+# 6.0 against 2.1 + 1.9 us per product; C 128 (B 64, T 128): 207 against 44 + 122; C 256: 414 against
+# 96 + 395, no gain for one more (B, T, C) array held)
+_REPEATED_KEEP_MAX_FEATURES = 128
+
+
 def level_suffix(level):
     """The suffix of level `level`'s weight names: "" for the first, "_1", "_2", ... above it."""
     return "" if level == 0 else f"_{level}"
@@ -173,8 +181,8 @@ class _Recurrent(Layer):
             return self._int8_level_forward(level, x, mask, h0, c0, reverse, training, need_y)
         sfx = level_suffix(level)
         if input_keep is not None:
-            if input_keep.shape[1] != x.shape[1]:  # one mask per sequence: repeated over the steps, for
-                input_keep = np.repeat(input_keep, x.shape[1], axis=1)  # products 3x faster than broadcast ones
+            if input_keep.shape[1] != x.shape[1] and x.shape[2] <= _REPEATED_KEEP_MAX_FEATURES:
+                input_keep = np.repeat(input_keep, x.shape[1], axis=1)  # once, for this product and backward's
             x = x * input_keep  # a new C-contiguous array
         bias, recurrent_bias = self._biases(self.params, level)
         y, h, c, kernel_cache = kernels.rnn_forward(
