@@ -21,6 +21,10 @@ class Metric:
 
     def update_state(self, y_true, y_pred, sample_weight=None, mask=None):
         values = self._values(np.asarray(y_true), np.asarray(y_pred))
+        if sample_weight is None and mask is None:  # every value weighs 1 (a training step's usual case)
+            self.total += float(np.sum(values.astype(np.float64, copy=False)))  # as the weighted sum: float64
+            self.count += float(values.size)
+            return
         weights = np.ones(values.shape, dtype=np.float64)
         for extra in (sample_weight, mask):
             if extra is not None:

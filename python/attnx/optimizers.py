@@ -4,7 +4,9 @@ Update rules are PyTorch's (equal to Keras' for a constant learning rate); defau
 Gradient clipping as in Keras: `clipvalue` (elementwise), `clipnorm` (per parameter) and
 `global_clipnorm` (over all parameters together).
 """
+import itertools
 import math
+import operator
 
 import numpy as np
 
@@ -119,8 +121,9 @@ class Optimizer:
         grads = [g for _, g in pairs]
         if self.clipvalue is not None or self.clipnorm is not None or self.global_clipnorm is not None:
             grads = [np.array(g, order="C") for g in grads]  # clip copies: the caller's gradients stay as they are
-        else:
-            grads = [np.require(g, requirements="CAW") for g in grads]  # any layout, read-only too
+        else:  # any layout, read-only too (np.require costs a microsecond to pass an array that needs nothing)
+            grads = [g if g.flags.c_contiguous and g.flags.aligned and g.flags.writeable
+                     else np.require(g, requirements="CAW") for g in grads]
         if self.clipvalue is not None:
             _core.clip_(grads, lo=-float(self.clipvalue), hi=float(self.clipvalue))
         if self.clipnorm is not None:
@@ -148,8 +151,8 @@ class Optimizer:
         dtypes; the same arrays as the last step's (a training loop's) are not checked again: an array's
         type and dtype stay, and a reshaped one keeps its size, which the kernels check."""
         given, checked = self._last_pairs
-        if len(given) == len(params_and_grads) and all(
-                p is q and g is h for (p, g), (q, h) in zip(params_and_grads, given)):
+        if len(given) == len(params_and_grads) and all(  # (map: no Python call per array)
+                map(operator.is_, itertools.chain.from_iterable(params_and_grads), itertools.chain.from_iterable(given))):
             return checked
         for p, g in params_and_grads:
             if not isinstance(p, np.ndarray) or not isinstance(g, np.ndarray):
@@ -278,3 +281,4 @@ def get(identifier):
 
 def serialize(opt):
     return {"class_name": type(opt).__name__, "config": opt.get_config()}
+

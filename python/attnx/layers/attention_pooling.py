@@ -77,9 +77,10 @@ class AttentionPooling(Layer):
         if dweights is not None:
             dweights = self._grad_input(dweights, (B, T), "dweights")
         # the kernel computes dx in the same pass as the parameter gradients (no flag to skip it)
+        grads = self.grads  # (a property: read once)
         return kernels.attention_pooling_backward(dout=dout, dweights=dweights, weights=cache["weights"],
                                                 energy=cache["energy"], x=x, kernel=self.params["kernel"],
-                                                dkernel=self.grads["kernel"], dbias=self.grads["bias"],
+                                                dkernel=grads["kernel"], dbias=grads["bias"],
                                                 return_sequences=self.return_sequences)
 
     def compute_mask(self, inputs, mask=None):

@@ -306,10 +306,11 @@ class Layer:
         """(name, param, grad) for every parameter an optimizer should update."""
         if not self.trainable:
             return []
+        grads = self.grads  # (a property: read once)
         if not self._runs_call():
-            return [(n, p, self.grads[n]) for n, p in self.params.items()]
+            return [(n, p, grads[n]) for n, p in self.params.items()]
         frozen = self._frozen_params()
-        return [(n, p, self.grads[n]) for n, p in self.params.items() if id(p) not in frozen]
+        return [(n, p, grads[n]) for n, p in self.params.items() if id(p) not in frozen]
 
     @property
     def trainable_variables(self):
@@ -332,7 +333,10 @@ class Layer:
 
     # ------------------------------------------------------------ regularizers
     def regularization_loss(self):
-        return float(sum(reg(self.params[n]) for n, reg in self._regularizers.items()))
+        if not self._regularizers:
+            return 0.0
+        params = self.params
+        return float(sum(reg(params[n]) for n, reg in self._regularizers.items()))
 
     @property
     def losses(self):
@@ -341,8 +345,10 @@ class Layer:
 
     def add_regularization_grads(self):
         """Adds each regularizer's gradient into the matching ``grads`` buffer."""
-        for n, reg in self._regularizers.items():
-            reg.add_gradient(self.params[n], self.grads[n])
+        if self._regularizers:
+            params, grads = self.params, self.grads  # (a property: read once)
+            for n, reg in self._regularizers.items():
+                reg.add_gradient(params[n], grads[n])
 
     # --------------------------------------------------------------- calling
     def __call__(self, inputs, *args, training=None, mask=None, **kwargs):
@@ -632,10 +638,7 @@ class Layer:
         if arr.dtype.kind not in "fiu":
             raise TypeError(f"Layer '{self.name}': `{arg}` must be a numeric array, got dtype {arr.dtype}")
         self._check_shape(arr, arg, ndim, min_ndim, last_dim)
-        flags = arr.flags
-        if arr.dtype == self.dtype and flags.c_contiguous and flags.aligned:
-            return arr  # as the kernels read it already (np.require costs a microsecond to say so)
-        return np.require(arr, self.dtype, "CA")  # C-contiguous and aligned, as the kernels read it
+        return _as_kernel_array(arr, self.dtype)
 
     def _check_shape(self, arr, arg, ndim=None, min_ndim=None, last_dim=None):
         if ndim is not None and arr.ndim != ndim:
@@ -653,7 +656,7 @@ class Layer:
         arr = np.asarray(dy)
         if arr.shape != tuple(shape):
             raise ValueError(f"Layer '{self.name}': `{arg}` expected shape {tuple(shape)}, got {arr.shape}")
-        return np.require(arr, self.dtype, "CA")
+        return _as_kernel_array(arr, self.dtype)
 
     def __repr__(self):
         return f"<{type(self).__name__} name={self.name!r}>"
@@ -664,6 +667,14 @@ class Layer:
 # that array inside a `call` or a GradientTape block receives it as the graph would pass it. Each thread
 # has its own table (`.masks`), keyed by the array's id and checked by a weak reference.
 _attached = threading.local()
+
+
+def _as_kernel_array(arr, dtype):
+    """`arr` as the kernels read it: C-contiguous, aligned, of `dtype` (a copy only when it is not)."""
+    flags = arr.flags
+    if arr.dtype == dtype and flags.c_contiguous and flags.aligned:
+        return arr  # np.require costs a microsecond to say so
+    return np.require(arr, dtype, "CA")
 
 
 def _mask_of(x):

@@ -71,8 +71,9 @@ class Dense(Layer):
         x2, y, z, lead = cache
         dy = self._grad_input(dy, lead + (self.units,)).reshape(-1, self.units)
         dense_backward = kernels.dense_backward_bf16 if self.compute_dtype == "bfloat16" else kernels.dense_backward
+        grads = self.grads  # (a property: read once)
         dx = dense_backward(dy=dy, x=x2, kernel=self.params["kernel"], y=y, z=z, activation=self.activation,
-                            dkernel=self.grads["kernel"], dbias=self.grads.get("bias"), need_dx=need_dx)
+                            dkernel=grads["kernel"], dbias=grads.get("bias"), need_dx=need_dx)
         return None if dx is None else dx.reshape(lead + (x2.shape[1],))
 
     def compute_output_shape(self, input_shape):

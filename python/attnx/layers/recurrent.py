@@ -58,6 +58,14 @@ def _step_mask(layer, mask, lengths, batch, steps):
     return None if step_mask is None or step_mask.all() else step_mask
 
 
+# Input dropout's per-sequence keep mask (B, 1, C) is repeated over the steps for inputs of at most this
+# many features: NumPy's product broadcast along T runs C-long inner loops, and for short ones the repeat
+# and two same-shape products (forward, backward) cost less than two broadcast ones (B 32, T 32, C 32:
+# 6.0 against 2.1 + 1.9 us per product; C 128 (B 64, T 128): 207 against 44 + 122; C 256: 414 against
+# 96 + 395, no gain for one more (B, T, C) array held)
+_REPEATED_KEEP_MAX_FEATURES = 128
+
+
 def level_suffix(level):
     """The suffix of level `level`'s weight names: "" for the first, "_1", "_2", ... above it."""
     return "" if level == 0 else f"_{level}"
@@ -173,6 +181,8 @@ class _Recurrent(Layer):
             return self._int8_level_forward(level, x, mask, h0, c0, reverse, training, need_y)
         sfx = level_suffix(level)
         if input_keep is not None:
+            if input_keep.shape[1] != x.shape[1] and x.shape[2] <= _REPEATED_KEEP_MAX_FEATURES:
+                input_keep = np.repeat(input_keep, x.shape[1], axis=1)  # once, for this product and backward's
             x = x * input_keep  # a new C-contiguous array
         bias, recurrent_bias = self._biases(self.params, level)
         y, h, c, kernel_cache = kernels.rnn_forward(
@@ -205,13 +215,13 @@ class _Recurrent(Layer):
     def _level_backward(self, level, cache, dy, dh, dc, need_dx=True):
         """Backward of `_level_forward` from the gradients of its y, final h and final c (each may be
         None); adds into self.grads and returns (dx, or None unless `need_dx`; dh0; dc0 or None)."""
-        sfx = level_suffix(level)
-        dbias, drecurrent_bias = self._biases(self.grads, level)
+        sfx, grads = level_suffix(level), self.grads  # (a property: read once)
+        dbias, drecurrent_bias = self._biases(grads, level)
         dx, dh0, dc0 = kernels.rnn_backward(
             cell=self._cell, x=cache.x, kernel=self.params["kernel" + sfx],
             recurrent_kernel=self.params["recurrent_kernel" + sfx], cache=cache.kernel_cache, mask=cache.mask,
-            recurrent_mask=cache.recurrent_keep, dy=dy, dh=dh, dc=dc, dkernel=self.grads["kernel" + sfx],
-            drecurrent_kernel=self.grads["recurrent_kernel" + sfx], dbias=dbias, drecurrent_bias=drecurrent_bias,
+            recurrent_mask=cache.recurrent_keep, dy=dy, dh=dh, dc=dc, dkernel=grads["kernel" + sfx],
+            drecurrent_kernel=grads["recurrent_kernel" + sfx], dbias=dbias, drecurrent_bias=drecurrent_bias,
             reverse=cache.reverse, reset_after=self.reset_after, activation=self.activation,
             recurrent_activation=self.recurrent_activation, need_dx=need_dx, bf16=self.compute_dtype == "bfloat16")
         if dx is not None and cache.input_keep is not None:

@@ -183,7 +183,7 @@ class GraphMixin:
                 continue
             layer = node.layer
             d_out = out_grads if node.multi_output else out_grads[0]
-            needed = input_gradients or not all(id(t) in input_ids for t in node.input_tensors)
+            needed = input_gradients or not input_ids.issuperset(map(id, node.input_tensors))
             if isinstance(layer, GraphMixin) and layer._functional:
                 d_in = layer._backprop_graph(cache, d_out, needed, check)
             else:
