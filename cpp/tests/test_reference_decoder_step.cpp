@@ -249,5 +249,8 @@ int main() {
         for (bool int8 : {false, true})
             for (bool fused : {false, true})
                 test_team_equals_one_thread(2, N, 128, 4, 208, 9, 12, 5, N != 4, int8, fused, seed++);
+    // one row whose second member's heads begin off a vector (D 72, 3 heads of 24): the members' shares of
+    // q, k, v and a sync, not their heads' columns alone
+    test_team_equals_one_thread(2, 1, 72, 3, 100, 9, 12, 5, true, false, false, seed++);
     return attnx::test::report("test_reference_decoder_step");
 }

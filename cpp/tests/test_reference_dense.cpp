@@ -3,6 +3,7 @@
 // activation (relu fused into the tiles when y aliases z), with and without bias; the backward with
 // and without dx, on odd sizes that leave vector and tile tails. One row: W streamed, the same bits on
 // every thread count.
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -82,8 +83,9 @@ void test_row_streamed(int C, int OC, Activation act, bool bias, unsigned seed) 
     });
 }
 
-// dense_row_streamed gives the same bits on 1 and 2 threads at every level: each column sums its c in
-// one order whichever thread takes it (the split only moves columns)
+// dense_row_streamed gives the same bits on 1 and 2 threads at every level, and wherever W begins in a
+// cache line: each column sums its c in one order whichever thread takes it and wherever its block
+// begins (the split and the blocks fitted to the lines only move columns)
 void test_row_split_exact(int C, int OC, unsigned seed) {
     std::mt19937 rng(seed);
     const auto x = cast<float>(random_values(rng, C)), W = cast<float>(random_values(rng, (size_t)C * OC, 0.3));
@@ -101,6 +103,24 @@ void test_row_split_exact(int C, int OC, unsigned seed) {
             std::printf("FAIL dense_row_streamed C=%d OC=%d %s: 2 threads differ from 1\n", C, OC,
                         simd_level_name((SimdLevel)level));
             ++failures();
+        }
+        // W copied to begin 0..16 floats into a 64-byte line (a row of 16 floats keeps that offset in
+        // every row; other widths move it from row to row)
+        std::vector<float> lines(W.size() + 32 + 16);
+        const size_t to_line = (16 - (reinterpret_cast<uintptr_t>(lines.data()) / sizeof(float)) % 16) % 16;
+        for (size_t offset = 0; offset <= 16; ++offset) {
+            float* moved = lines.data() + to_line + offset;
+            std::copy(W.begin(), W.end(), moved);
+            for (int n : {1, 2}) {
+                set_blas_threads(n);
+                std::vector<float> z_moved(OC, -1.0f);
+                dense_row_streamed<float>(z_moved.data(), x.data(), moved, b.data(), C, OC);
+                if (z_moved != z[0]) {
+                    std::printf("FAIL dense_row_streamed C=%d OC=%d %s: W %zu floats into a line, %d threads, differs\n",
+                                C, OC, simd_level_name((SimdLevel)level), offset, n);
+                    ++failures();
+                }
+            }
         }
     }
     simd_level_cap() = (int)SimdLevel::avx512;
@@ -129,7 +149,8 @@ int main() {
     test_dense(13, 11, 9, Activation::tanh, true, true, seed++);
     // one row as the decoder step runs it (dense_rows_in_place): a step's 256 x 256 product, column
     // blocks with tails, a product split across threads (67 x 1001) and small ones
-    const std::pair<int, int> rows[] = {{256, 256}, {301, 200}, {1024, 40}, {67, 1001}, {37, 80}, {5, 3}};
+    const std::pair<int, int> rows[] = {{256, 256}, {301, 200}, {1024, 40}, {67, 1001}, {37, 80}, {5, 3},
+                                        {64, 1536}, {256, 1024}};
     for (auto [C, OC] : rows) {
         test_row_streamed(C, OC, Activation::linear, true, seed++);
         test_row_streamed(C, OC, Activation::relu, false, seed++);

@@ -347,9 +347,20 @@ void test_decoder_stack_search(int layers, int D, int H, int F, int S, int V, in
                 ends.embedding_row_scale = m.embedding_scale.data();
                 ends.output = {nullptr, m.output_int8, bi.data()};
             }
-            DecoderSearchStep<T> step(fast_layers.data(), c, ck.data(), cv.data(), m.mask.data(), ends, false);
-            check_against_brute_force(search(step, sc), logp_of, sc, sizeof(T) == 4 ? 1e-3 : 1e-9, false,
-                                      std::string(where) + (sizeof(T) == 4 ? " float " : " double ") + level);
+            const std::string at = std::string(where) + (sizeof(T) == 4 ? " float " : " double ") + level;
+            auto make_step = [&] {
+                return std::make_unique<DecoderSearchStep<T>>(fast_layers.data(), c, ck.data(), cv.data(),
+                                                              m.mask.data(), ends, false);
+            };
+            const SearchResult<T> alone = search(*make_step(), sc);
+            check_against_brute_force(alone, logp_of, sc, sizeof(T) == 4 ? 1e-3 : 1e-9, false, at);
+            // two searches alive at once on the thread (a nested one, as a Python step's, runs on caches of
+            // its own; the first on the thread's kept ones, last written by another search): the same bits
+            auto outer = make_step(), inner = make_step();
+            for (const SearchResult<T>& again : {search(*inner, sc), search(*outer, sc)}) {
+                CHECK_MSG(again.tokens == alone.tokens, at + " tokens of two searches at once");
+                CHECK_MSG(again.scores == alone.scores, at + " scores of two searches at once");
+            }
         };
         run(float{});
         if (!int8) run(double{});

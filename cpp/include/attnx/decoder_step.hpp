@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -198,13 +199,22 @@ template <class T> struct StepBuffers {
     }
 };
 
-// A team member's share [begin, end) of `width` columns: equal parts cut at multiples of 48, three
-// vectors at every level, so that the tiles' panels of a share begin where one thread's do (a one-row
-// tile's chains depend on its panel's vectors) and the shares give one thread's bits
-inline std::pair<int, int> member_columns(int width, const TeamMember& team) {
-    auto cut = [&](unsigned i) { return i >= team.members ? width : (int)((int64_t)width * i / team.members) / 48 * 48; };
+// A team member's share [begin, end) of `width` columns: equal parts cut at multiples of `grain`. A
+// product of several rows on the float tiles is cut at 48, three vectors at every level, so that the
+// tiles' panels of a share begin where one thread's do (a one-row tile's chains depend on its panel's
+// vectors) and the shares give one thread's bits; one that gives the same bits however its columns are
+// cut (step_cut_anywhere) at 16, one vector: a 256-wide product then splits 128 + 128, not 96 + 160
+inline std::pair<int, int> member_columns(int width, const TeamMember& team, int grain = 48) {
+    auto cut = [&](unsigned i) {
+        return i >= team.members ? width : (int)((int64_t)width * i / team.members) / grain * grain;
+    };
     return {cut(team.index), cut(team.index + 1)};
 }
+
+// True when step_product over `rows` rows gives the same bits for any cut of w's columns at a multiple
+// of 16: one float row sums every column in the same order wherever it is cut (dense_row_columns), an
+// int8 kernel sums integers (exact)
+template <class T> bool step_cut_anywhere(const StepLinear<T>& w, int rows) { return w.int8 || rows == 1; }
 
 // The step of decoder_stack_step for its rows [lo, hi), every layer, by one member of `team`: alone
 // (a team of one: all of every product), or in lock step with its partners on the same rows, each on
@@ -244,9 +254,22 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
         if (team.members == 1) {
             step_product<T>(y, in, w, N, K, width, own.scratch, act);
         } else {
-            const auto [n0, n1] = member_columns(width, team);
+            const auto [n0, n1] = member_columns(width, team, step_cut_anywhere(w, N) ? 16 : 48);
             step_product<T>(y, in, w, N, K, width, own.scratch, act, n0, n1);
         }
+    };
+    // Whether the members compute a query (key, value) product on their heads' columns alone, [d0, d1)
+    // of each D: each one's attention then reads only what it wrote, and the team need not sync before
+    // it. The whole team's answer (their syncs must match): every member's columns begin at a vector.
+    bool heads_at_vectors = D % 16 == 0;
+    for (unsigned i = 1; i < team.members; ++i) heads_at_vectors &= c.H * i / team.members * (D / c.H) % 16 == 0;
+    auto own_heads = [&](const StepLinear<T>& w) {
+        return team.members > 1 && heads_at_vectors && step_cut_anywhere(w, N);
+    };
+    // y's columns [d0, d1) of each of the `parts` D-wide blocks side by side in w (q; or q, k, v fused)
+    auto heads_product = [&](T* y, const T* in, const StepLinear<T>& w, int parts) {
+        for (int part = 0; part < parts; ++part)
+            step_product<T>(y, in, w, N, D, parts * D, own.scratch, Activation::linear, part * D + d0, part * D + d1);
     };
     const T eps = T(c.epsilon);
     // one residual block: x = norm(x + sublayer(x)) or x = x + sublayer(norm(x)); sublayer(in, out)
@@ -275,14 +298,22 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
             const bool fused = !w.self_key.present();
             const size_t ldq = fused ? 3 * D : D;
             T *q = qkv, *k = fused ? q + D : q + rows, *v = fused ? q + 2 * D : k + rows;
-            if (fused) {
-                product(qkv, in, w.self_query, D, 3 * D);
+            if (fused && own_heads(w.self_query)) {
+                heads_product(qkv, in, w.self_query, 3);
+            } else if (!fused && own_heads(w.self_query) && own_heads(w.self_key) && own_heads(w.self_value)) {
+                heads_product(q, in, w.self_query, 1);
+                heads_product(k, in, w.self_key, 1);
+                heads_product(v, in, w.self_value, 1);
             } else {
-                product(q, in, w.self_query, D, D);
-                product(k, in, w.self_key, D, D);
-                product(v, in, w.self_value, D, D);
+                if (fused) {
+                    product(qkv, in, w.self_query, D, 3 * D);
+                } else {
+                    product(q, in, w.self_query, D, D);
+                    product(k, in, w.self_key, D, D);
+                    product(v, in, w.self_value, D, D);
+                }
+                team.sync();  // every column of q, k, v
             }
-            team.sync();  // every column of q, k, v
             for (int n = 0; n < N; ++n) {  // this member's heads' columns of the caches
                 const size_t row = (size_t)n * ldq, cached = ((size_t)n * c.capacity + t) * D;
                 std::copy(k + row + d0, k + row + d1, keys + cached + d0);
@@ -296,8 +327,12 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
         });
         if (w.cross_query.present()) {  // an encoder layer decoding causally has no cross-attention block
             residual(w.norm2_gamma, w.norm2_beta, [&](const T* in, T* result) {
-                product(qkv, in, w.cross_query, D, D);
-                team.sync();
+                if (own_heads(w.cross_query)) {
+                    heads_product(qkv, in, w.cross_query, 1);
+                } else {
+                    product(qkv, in, w.cross_query, D, D);
+                    team.sync();
+                }
                 const size_t offset = ((size_t)l * memory_batch + first_memory_row) * S * D;
                 attend_one_query<T>(context, l == c.layers - 1 ? cross_weights : nullptr, qkv, (size_t)D,
                                     cross_keys + offset, cross_values + offset, source_mask, memory_rows, N, c.H, D,
@@ -386,6 +421,44 @@ template <class T> struct DecoderEnds {
     int vocab = 0;
 };
 
+// DecoderSearchStep's self-attention caches (and their spares for select) of `size` values each, kept on
+// the thread from one search to the next (up to kKeptBytes): allocating them per call paid a page fault
+// per 4 KiB and a zeroing pass (21 MB for 32 sentences x 4 beams x 20 positions), though every value is
+// written before it is read. A search nested on the thread (a Python step's) holds caches of its own.
+template <class T> class SearchCaches {
+  public:
+    static constexpr size_t kKeptBytes = size_t(64) << 20;
+    std::vector<T> keys, values, spare_keys, spare_values;
+
+    // The thread's kept caches (or, while another search on the thread holds them, new ones) for one
+    // search, given back when it ends
+    class Lease {
+      public:
+        explicit Lease(size_t size) {
+            thread_local SearchCaches kept;
+            if (kept.taken_) own_ = std::make_unique<SearchCaches>();
+            caches_ = own_ ? own_.get() : &kept;
+            for (auto* v : {&caches_->keys, &caches_->values, &caches_->spare_keys, &caches_->spare_values})
+                v->resize(size);
+            caches_->taken_ = true;
+        }
+        ~Lease() {
+            caches_->taken_ = false;
+            if (4 * caches_->keys.size() * sizeof(T) > kKeptBytes) *caches_ = SearchCaches();
+        }
+        Lease(const Lease&) = delete;
+        Lease& operator=(const Lease&) = delete;
+        SearchCaches& operator*() const { return *caches_; }
+
+      private:
+        std::unique_ptr<SearchCaches> own_;
+        SearchCaches* caches_;
+    };
+
+  private:
+    bool taken_ = false;
+};
+
 // The step functor of search.hpp (its header names the interface) over a decoder stack: the caches of
 // `rows` rows (layers, rows, capacity, D), reordered by row index in select (the decoded positions
 // only; the memory is shared through memory_rows, never copied). config: the stack's sizes, with N
@@ -399,9 +472,8 @@ public:
                       const T* cross_values, const uint8_t* source_mask, const DecoderEnds<T>& ends,
                       bool keep_attention)
         : layers_(layers), c_(config), cross_keys_(cross_keys), cross_values_(cross_values),
-          source_mask_(source_mask), ends_(ends), keep_attention_(keep_attention) {
-        const size_t cache = (size_t)c_.layers * c_.N * c_.capacity * c_.D;
-        keys_.resize(cache), values_.resize(cache), spare_keys_.resize(cache), spare_values_.resize(cache);
+          source_mask_(source_mask), ends_(ends), keep_attention_(keep_attention),
+          caches_((size_t)c_.layers * c_.N * c_.capacity * c_.D) {
         memory_rows_.resize((size_t)c_.memory_batch);  // the first step: row n is sentence n
         for (int n = 0; n < c_.memory_batch; ++n) memory_rows_[n] = n;
         x_.resize((size_t)c_.N * c_.D), h_.resize(x_.size()), mean_.resize(c_.N), rstd_.resize(c_.N);
@@ -437,11 +509,12 @@ public:
             if (team.members == 1) {
                 step_product<T>(y, own.h.data(), ends_.output, n, D, ends_.vocab, own.scratch);
             } else {
-                const auto [v0, v1] = member_columns(ends_.vocab, team);
+                const auto [v0, v1] =
+                    member_columns(ends_.vocab, team, step_cut_anywhere(ends_.output, n) ? 16 : 48);
                 step_product<T>(y, own.h.data(), ends_.output, n, D, ends_.vocab, own.scratch, Activation::linear, v0, v1);
             }
         };
-        decoder_stack_run<T>(x_.data(), keys_.data(), values_.data(), keep_attention_ ? weights_.data() : nullptr,
+        decoder_stack_run<T>(x_.data(), (*caches_).keys.data(), (*caches_).values.data(), keep_attention_ ? weights_.data() : nullptr,
                              cross_keys_, cross_values_, source_mask_, layers_, c, logits);
         if (!ends_.output.present()) {  // tied to the embedding
             layernorm_forward<T>(h_.data(), mean_.data(), rstd_.data(), x_.data(), ends_.norm_gamma, ends_.norm_beta,
@@ -460,14 +533,15 @@ public:
     // into the spare caches, which become the caches
     void select(const int32_t* rows, int count) {
         const size_t D = c_.D, capacity = c_.capacity, decoded = (size_t)length_ * D;
+        SearchCaches<T>& k = *caches_;
         for (int l = 0; l < c_.layers; ++l)
             for (int j = 0; j < count; ++j) {
                 const size_t from = (((size_t)l * rows_ + rows[j]) * capacity) * D;
                 const size_t to = (((size_t)l * count + j) * capacity) * D;
-                std::copy(keys_.data() + from, keys_.data() + from + decoded, spare_keys_.data() + to);
-                std::copy(values_.data() + from, values_.data() + from + decoded, spare_values_.data() + to);
+                std::copy(k.keys.data() + from, k.keys.data() + from + decoded, k.spare_keys.data() + to);
+                std::copy(k.values.data() + from, k.values.data() + from + decoded, k.spare_values.data() + to);
             }
-        keys_.swap(spare_keys_), values_.swap(spare_values_);
+        k.keys.swap(k.spare_keys), k.values.swap(k.spare_values);
         std::vector<int32_t> memory((size_t)count);
         for (int j = 0; j < count; ++j) memory[j] = memory_rows_[rows[j]];
         memory_rows_.swap(memory);
@@ -481,8 +555,9 @@ private:
     const uint8_t* source_mask_;
     DecoderEnds<T> ends_;
     bool keep_attention_;
+    typename SearchCaches<T>::Lease caches_;
     int rows_ = 0, length_ = 0;
-    std::vector<T> keys_, values_, spare_keys_, spare_values_, x_, h_, mean_, rstd_, logits_, weights_;
+    std::vector<T> x_, h_, mean_, rstd_, logits_, weights_;
     std::vector<int32_t> memory_rows_;
 };
 

@@ -72,8 +72,9 @@ template <class L> double row_top_words(int32_t* best, const L* l, int V, int wi
     double sum = 0.0;
     if constexpr (sizeof(L) == sizeof(float)) sum = exp_shifted(scratch, l, (size_t)V, top);
     else for (int v = 0; v < V; ++v) sum += std::exp((double)l[v] - (double)top);
-    if (width == 1) {
-        best[0] = (int32_t)row_argmax(l, (size_t)V);
+    if (width == 1) {  // row_argmax's word without its second pass for the maximum: the first at it, 0 for NaN
+        const int at = (int)(std::find(l, l + V, top) - l);
+        best[0] = at < V ? at : 0;
     } else if (width <= 16) {  // a sorted list of the best so far: one compare per word
         int kept = 0;
         for (int v = 0; v < V; ++v) {
