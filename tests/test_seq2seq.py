@@ -963,7 +963,7 @@ def test_greedy_at_one_row_follows_every_weight_change(tmp_path):
     whole array), set_weights and load_weights (the arrays written in place) and load_model, the
     words are the eager step's."""
     attnx.set_random_seed(1)
-    model = Seq2Seq(13, 40, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=6)
+    model = Seq2Seq(13, 40, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=8)
     src, tgt = reversal_data(32, seed=3)
     source = src[:1]
 
@@ -990,7 +990,7 @@ def test_greedy_at_one_row_follows_every_weight_change(tmp_path):
     W[...] = np.random.default_rng(0).uniform(-1, 1, W.shape)
     assert check()[0] != 37
     weights = model.get_weights()
-    other = Seq2Seq(13, 40, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=6)
+    other = Seq2Seq(13, 40, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=8)
     model.set_weights(other.get_weights())
     assert check() == check(other)
     model.set_weights(weights)
