@@ -485,9 +485,13 @@ class _AttentionDecoder(Layer):
         """
         state = self.start_state(encoder_outputs, states, source_mask)
         max_length = _positive_int(type(self).__name__, "max_length", max_length)
+        compiled = self.compiled_step(state, max_length)
+        if compiled is None:  # searched over the Python step (the step protocol's fallback)
+            tokens, _, attention = decoding.greedy_search(self, state, len(state.h), start_id, end_id, max_length)
+            return tokens, attention
         # the scores are not returned: the search needs of each step's logits only the argmax exact
         # (exact_scores=False: one row's output layer screened in bf16, seq2seq.hpp's OutputScreen)
-        kernel, arguments = self.compiled_step(state, max_length)
+        kernel, arguments = compiled
         tokens, _, _, _, attention = kernel(**arguments, start_id=int(start_id), end_id=int(end_id), width=1,
                                             length_penalty=0.0, max_length=max_length, return_attention=True,
                                             exact_scores=False)
