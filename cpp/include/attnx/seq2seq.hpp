@@ -261,36 +261,31 @@ void step_rows(T* out, const T* left, size_t lda, int rows, const StepRight<T>& 
 // Greedy decoding reads of each step's logits l = b + x W_out (V of them) only their argmax and their
 // log-sum-exp (the score), and at one row a step's time is the read of its weights, W_out the most of
 // them (H = 256, V = 5000: 5.1 of 7.4 MB). OutputScreen keeps W_out as bf16 pairs (half the bytes) across
-// calls; its product l~ is within e_v of the float32 logit l_v, and the words whose l~_v + e_v reaches
-// max_u (l~_u - e_u) (a lower bound of the best float32 logit) are computed again from W_out itself in
-// float32, in their 16-column chunk as dense_row_streamed computes them. Every other word's l_v lies
-// below that bound, so the argmax (ties to the lowest id) is the float32 logits' and the log-sum-exp
-// is within max_v e_v of theirs. With m_v = (1 + 2^-8) max_k |bf16(W)[k, v]| >= max_k |W[k, v]|:
-//   |l~_v - l_v| <= e_v = c |x|_1 m_v + d |b_v| + 2^-20 |l~_v| + 2^-120 |x|_1 + 2^-100
-//   c = 1.01 (2^-8 + 2^-16 + 4 gamma), d = 4.04 gamma, gamma = (H + 2) 2^-24
-// (x and W each rounded to bf16 within 2^-9 relative: 2^-8 |x|_1 m_v; the float32 sums of H + 1 terms
-// within gamma in both products; 2^-20 |l~_v| and 1.01 the rounding of the bound's own arithmetic;
-// 2^-120 |x|_1 the subnormal weights', 2^-100 vdpbf16ps' flushed subnormal products). A non-finite
-// x, product or bound makes the whole row float32.
+// calls; its product l~ is within e of the float32 logits l, and the words whose l~_v reaches
+// max_u l~_u - 2e are computed again from W_out itself in float32, in their 16-column chunk as
+// dense_row_streamed computes them. Every other word's l_v lies below the best word's, so the argmax
+// (ties to the lowest id) is the float32 logits' and the log-sum-exp is within e of theirs. With
+// M = (1 + 2^-8) max |bf16(W)| >= max |W| and gamma = (H + 2) 2^-24:
+//   |l~_v - l_v| <= e = 1.01 ((2^-8 + 2^-16 + 4 gamma) |x|_1 M + 4 gamma max |b| + 2^-120 |x|_1 + 2^-100)
+// (x and W each rounded to bf16 within 2^-9 relative: 2^-8 |x|_1 M; the float32 sums of H + 1 terms
+// within gamma in both products; 2^-120 |x|_1 the subnormal weights', 2^-100 vdpbf16ps' flushed
+// subnormal products; 1.01 and the cut rounded down the rounding of the bound's own arithmetic). A
+// non-finite x, weight, bias or product makes the whole row float32.
 struct OutputScreen {
     const float* source;  // the W_out this was made from (the cache's key; its bytes are checked per call)
     int H, V, width;      // W_out (H, V) in pack_bf16_right's panels of `width` columns
     Panels<uint32_t> pairs;
-    std::vector<float> column_max;  // m_v
+    float largest = 0.0f;  // M
+    bool finite = true;    // no inf or NaN among the pairs
 
     OutputScreen(const float* W, int H_, int V_) : source(W), H(H_), V(V_), width(bf16_tiles().width()) {
         const int K2 = (H + 1) / 2, panels = (V + width - 1) / width;
         pairs.resize((size_t)panels * K2 * width);
         pack_bf16_right(pairs.data(), width, W, (size_t)V, false, H, V, 0, panels);
-        column_max.assign((size_t)V, 0.0f);
-        for (int p = 0; p < panels; ++p)
-            for (int kp = 0; kp < K2; ++kp)
-                for (int j = 0; j < width && p * width + j < V; ++j) {
-                    const uint32_t pair = pairs[((size_t)p * K2 + kp) * width + j];
-                    float& m = column_max[(size_t)p * width + j];
-                    m = std::max({m, bf16_value(pair & 0x7FFFu), bf16_value(pair >> 16 & 0x7FFFu)});
-                }
-        for (float& m : column_max) m *= 1.0f + 0x1p-8f;
+        uint32_t magnitude = 0;  // the largest |bf16| as its bits (ordered as the values, inf and NaN last)
+        for (uint32_t pair : pairs) magnitude = std::max({magnitude, pair & 0x7FFFu, pair >> 16 & 0x7FFFu});
+        finite = magnitude < 0x7F80u;
+        largest = bf16_value(magnitude) * (1.0f + 0x1p-8f);
     }
     // W still rounds to these pairs, bit for bit, at this SIMD level's panel width (a panel at a time,
     // paired again into this thread's buffer and compared)
@@ -343,11 +338,22 @@ inline void output_columns_as_streamed(float* logits, const float* x, const floa
 
 // reference: cpp/reference/seq2seq.hpp, output_word
 // logits (V,) of one row x (H,) for greedy decoding (see OutputScreen): exact (dense_row_streamed's float32
-// values) at every word that can be the argmax, within e_v elsewhere; W = screen's W_out, b (V,) or null
+// values) at every word that can be the argmax, within e elsewhere; W = screen's W_out, b (V,) or null
 inline void screened_output_row(float* logits, const float* x, const float* W, const float* b, const OutputScreen& s) {
     const int H = s.H, V = s.V, K2 = (H + 1) / 2, width = s.width;
     double norm = 0.0;  // |x|_1
     for (int k = 0; k < H; ++k) norm += std::abs((double)x[k]);
+    // the largest |b|, and of the products below |l~|, as bits (integer reductions vectorize)
+    auto largest_bits = [](const float* v, int n) {
+        uint32_t m = 0;
+        for (int i = 0; i < n; ++i) {
+            uint32_t u;
+            std::memcpy(&u, v + i, sizeof u);
+            m = std::max(m, u & 0x7FFFFFFFu);
+        }
+        return m;
+    };
+    const uint32_t bias_bits = b ? largest_bits(b, V) : 0u;
     // l~ = b + bf16(x) bf16(W), the columns split across threads by panels
     const uint32_t* a = bf16_step_left(x, (size_t)H, 1, H);
     parallel_for((size_t)(V + width - 1) / width, double(H) * V / 2, [&](size_t lo, size_t hi) {
@@ -355,28 +361,22 @@ inline void screened_output_row(float* logits, const float* x, const float* W, c
         bf16_gemm_pairs(logits + n0, (size_t)V, {a, (size_t)K2, 1, s.pairs.data() + lo * K2 * width, K2}, 1, n1 - n0,
                         false, b ? b + n0 : nullptr);
     });
-    const double gamma = (H + 2) * 0x1p-24;
-    const float c = (float)(1.01 * (0x1p-8 + 0x1p-16 + 4 * gamma) * norm), d = (float)(4.04 * gamma);
-    const float tiny = (float)(0x1p-120 * norm + 0x1p-100);
-    const float* m = s.column_max.data();
-    auto bound = [&](int v) __attribute__((always_inline)) {
-        return c * m[v] + d * (b ? std::abs(b[v]) : 0.0f) + 0x1p-20f * std::abs(logits[v]) + tiny;
-    };
-    float threshold = -std::numeric_limits<float>::infinity();
-    float finite = 0.0f;  // stays 0 unless a value is inf or NaN
-    for (int v = 0; v < V; ++v) {
-        const float lower = logits[v] - bound(v);
-        finite += lower - lower;
-        threshold = std::max(threshold, lower);
-    }
-    if (!(finite == 0.0f) || !std::isfinite(threshold) || !std::isfinite(c)) {
+    constexpr uint32_t infinity_bits = 0x7F800000u;
+    if (!s.finite || !std::isfinite(norm) || bias_bits >= infinity_bits || largest_bits(logits, V) >= infinity_bits) {
         dense_row_streamed<float>(logits, x, W, b, H, V);
         return;
     }
+    float bias_largest;
+    std::memcpy(&bias_largest, &bias_bits, sizeof bias_largest);
+    const double gamma = (H + 2) * 0x1p-24;
+    const double e = 1.01 * ((0x1p-8 + 0x1p-16 + 4 * gamma) * norm * s.largest + 4 * gamma * bias_largest +
+                             0x1p-120 * norm + 0x1p-100);
+    const float top = row_max(logits, (size_t)V);
+    const float cut = std::nextafter((float)((double)top - 2 * e), -std::numeric_limits<float>::infinity());
     for (int v0 = 0; v0 < V; v0 += 16) {
         const int v1 = std::min(V, v0 + 16);
         bool reaches = false;
-        for (int v = v0; v < v1; ++v) reaches |= logits[v] + bound(v) >= threshold;
+        for (int v = v0; v < v1; ++v) reaches |= logits[v] >= cut;
         if (reaches) output_columns_as_streamed(logits, x, W, b, H, V, v0, v1);
     }
 }
