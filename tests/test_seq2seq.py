@@ -896,3 +896,109 @@ def test_mixed_bfloat16_rows_do_not_depend_on_their_batch(variant):
             summed[k] += row_grads[k]
     for k, g in grads.items():
         np.testing.assert_allclose(summed[k], g, rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+# ------------------------------------------------------------------ greedy decoding at one row
+def eager_greedy(dec, enc, states, smask, start_id, end_id, max_length):
+    """Greedy decoding of one row over the decoder's Python step (float32 logits from the eager kernel):
+    its words and their summed log probabilities (float64 log-softmax of the step's logits)."""
+    state, prev, words, score = dec.start_state(enc, states, smask), np.array([start_id]), [], 0.0
+    for t in range(max_length):
+        logits, state, _ = dec.step(prev, t, state)
+        row = logits[0].astype(np.float64)
+        word = int(np.argmax(logits[0]))
+        score += row[word] - row.max() - np.log(np.exp(row - row.max()).sum())
+        words.append(word)
+        prev = np.array([word])
+        if word == end_id:
+            break
+    return words, score
+
+
+def assert_greedy_is_eager(dec, enc, states, smask, start_id=1, end_id=2, max_length=12):
+    """The decoder's greedy decoding of one row (its output layer screened in bf16: seq2seq.hpp's
+    OutputScreen) picks the eager step's words; `decoding.greedy_search`, which returns the scores,
+    keeps them float32's (its logits unscreened)."""
+    from attnx import decoding
+    tokens, _ = dec.greedy(enc, states, start_id, end_id, max_length, smask)
+    words, score = eager_greedy(dec, enc, states, smask, start_id, end_id, max_length)
+    assert tokens[0, :len(words)].tolist() == words
+    assert not tokens[0, len(words):].any()
+    found, scores, _ = decoding.greedy_search(dec, dec.start_state(enc, states, smask), 1, start_id, end_id,
+                                              max_length)
+    np.testing.assert_array_equal(found, tokens)
+    np.testing.assert_allclose(scores[0], score, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,score,cell,local_window", DECODERS)
+@pytest.mark.parametrize("ties", [False, True])
+def test_greedy_at_one_row_picks_the_eager_words(kind, score, cell, local_window, ties):
+    """At one row the compiled greedy search screens the output layer with a bf16 copy of it and computes
+    again in float32 the words that can win: its words are the eager step's, for every decoder, with a
+    vocabulary of 600 words and with ties (equal and nearly equal output columns) at the top."""
+    vocab, h = 600, 24
+    attnx.set_random_seed(0)
+    options = {"attention_units": U} if kind == "bahdanau" else {"score": score, "attention_units": U,
+                                                                  **local_options(local_window)}
+    dec = (BahdanauDecoder if kind == "bahdanau" else LuongDecoder)(vocab, E, h, cell=cell, **options)
+    n = 2 if cell == "lstm" else 1
+    dec.build([(1, T), (1, S, h if score == "dot" else K)] + [(1, h)] * n)
+    dec.built = True
+    rng = np.random.default_rng(3)
+    for p in dec.params.values():
+        p[...] = rng.uniform(-0.6, 0.6, p.shape)
+    if ties:  # every word's column equal to one of four, biases equal: ties everywhere, near ties by 2^-12
+        W, b = dec.params["output_kernel"], dec.params["output_bias"]
+        W[:] = W[:, rng.integers(0, 4, vocab)] * (1 + np.float32(2 ** -12) * rng.integers(0, 2, vocab))
+        b[:] = 0.25
+    _, enc, states, smask, _ = make_inputs(score, cell, H=h)
+    for row in range(B):
+        assert_greedy_is_eager(dec, enc[row:row + 1], [s[row:row + 1] for s in states], smask[row:row + 1])
+
+
+def test_greedy_at_one_row_follows_every_weight_change(tmp_path):
+    """The bf16 screen of the output layer is kept between calls and checked against the weights at
+    every call: after optimizer steps, writes into the weight's own array (a word's column turned
+    towards the first step's state, so that the word wins only if the screen sees the write; then the
+    whole array), set_weights and load_weights (the arrays written in place) and load_model, the
+    words are the eager step's."""
+    attnx.set_random_seed(1)
+    model = Seq2Seq(13, 40, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=8)
+    src, tgt = reversal_data(32, seed=3)
+    source = src[:1]
+
+    def check(model=model):
+        enc, smask, states = model._encode(source)
+        tokens, _ = model.greedy_decode(source)
+        words, _ = eager_greedy(model.decoder, enc, states, smask, 1, 2, model.max_length)
+        assert tokens[0, :len(words)].tolist() == words
+        assert_greedy_is_eager(model.decoder, enc, states, smask, max_length=model.max_length)
+        return words
+
+    check()
+    model.compile(attnx.optimizers.Adam(0.05))
+    for _ in range(3):
+        model.train_on_batch(src, tgt)
+        check()
+    enc, smask, states = model._encode(source)
+    dec = model.decoder
+    _, state, _ = dec.step(np.array([1]), 0, dec.start_state(enc, states, smask))
+    W = dec.params["output_kernel"]
+    assert check()[0] != 37
+    W[:, 37] = 10 * state.h[0] / np.linalg.norm(state.h[0])
+    assert check()[0] == 37
+    W[...] = np.random.default_rng(0).uniform(-1, 1, W.shape)
+    assert check()[0] != 37
+    weights = model.get_weights()
+    other = Seq2Seq(13, 40, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=8)
+    model.set_weights(other.get_weights())
+    assert check() == check(other)
+    model.set_weights(weights)
+    check()
+    other.save_weights(tmp_path / "other.attnx")
+    model.load_weights(tmp_path / "other.attnx")
+    assert check() == check(other)
+    model.set_weights(weights)
+    model.save(tmp_path / "model.attnx")
+    loaded = attnx.load_model(tmp_path / "model.attnx")
+    assert check(loaded) == check()

@@ -318,7 +318,7 @@ void init_seq2seq(py::module_& m) {
         [](const std::string& kind, const std::string& score, const std::string& cell, const py::array& enc,
            const py::object& source_mask, const py::array& h0, const py::object& c0, const py::dict& params,
            int local_window, const std::string& local_mode, bool gated, bool hard, int64_t start_id, int64_t end_id,
-           int width, double length_penalty, int max_length, bool return_attention) {
+           int width, double length_penalty, int max_length, bool return_attention, bool exact_scores) {
             DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode, gated, hard);
             return dispatch_float(enc, "search_attention_decoder: enc", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -350,7 +350,8 @@ void init_seq2seq(py::module_& m) {
                 SearchResult<T> result;
                 {
                     py::gil_scoped_release release;
-                    AttentionDecoderSearchStep<T> step(cfg, (int)B * width, w, ph, pc, penc, source_rows.data);
+                    AttentionDecoderSearchStep<T> step(cfg, (int)B * width, w, ph, pc, penc, source_rows.data,
+                                                      width == 1 && !exact_scores);
                     result = attnx::search(step, search);
                 }
                 return search_result_tuple(result, return_attention, false);
@@ -360,11 +361,13 @@ void init_seq2seq(py::module_& m) {
         py::arg("h0"), py::arg("c0") = py::none(), py::arg("params"), py::arg("local_window") = -1,
         py::arg("local_mode") = "m", py::arg("gated") = false, py::arg("hard") = false, py::arg("start_id"),
         py::arg("end_id"), py::arg("width"), py::arg("length_penalty"), py::arg("max_length"),
-        py::arg("return_attention"),
+        py::arg("return_attention"), py::arg("exact_scores") = true,
         "Greedy decoding (width 1) or beam search (search.hpp) of a whole batch in one call over an attention "
         "decoder's steps (decoder_forward, T = 1; hard attention attends to each step's most likely region). Returns "
         "(tokens (B, W, steps), lengths (B, W), scores (B, W), scores / length penalty (B, W), attention "
-        "(B, W, steps, S) or None), each input's beams best first.");
+        "(B, W, steps, S) or None), each input's beams best first. exact_scores=False (greedy decoding that "
+        "discards the scores): a float32 row's output layer is screened in bf16 (seq2seq.hpp's OutputScreen), "
+        "the words unchanged, the scores within its bound.");
 }
 
 }  // namespace attnx::bind

@@ -292,4 +292,17 @@ inline void decoder_backward(const DecoderConfig& cfg, double* denc, double* dh,
     }
 }
 
+// The word greedy decoding picks from one row x (H,): argmax_v (b_v + sum_k x_k W[k, v]) for W (H, V),
+// b (V,), ties to the lowest id (seq2seq.hpp's screened_output_row keeps its float32 argmax)
+inline int64_t output_word(const double* x, const double* W, const double* b, int H, int V) {
+    int64_t best = 0;
+    double top = 0.0;
+    for (int v = 0; v < V; ++v) {
+        double l = b[v];
+        for (int k = 0; k < H; ++k) l += x[k] * W[(size_t)k * V + v];
+        if (v == 0 || l > top) top = l, best = v;
+    }
+    return best;
+}
+
 }  // namespace attnx::reference

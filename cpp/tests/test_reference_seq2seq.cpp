@@ -8,6 +8,8 @@
 // tolerance, its results within bf16's of the double reference.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -145,6 +147,84 @@ void test_step_rows_bf16(unsigned seed) {
                     }
 }
 
+void expect_true(bool ok, const std::string& what) {
+    if (!ok) std::printf("FAIL %s\n", what.c_str()), ++failures();
+}
+
+// Greedy decoding's output layer at one row (screened_output_row): on random, tied and near-tied
+// columns and a non-finite row, the argmax is dense_row_streamed's float32 one and the reference's
+// (where the double logits do not tie within float rounding), the word's logit is float32's bit for bit,
+// every logit within 2^-7 (sum |x W| + |b|) of float32's; every 16-column chunk recomputed equals
+// dense_row_streamed's; the cached screen is kept while W rounds to it and made again when it does not.
+void test_screened_output_row(unsigned seed) {
+    std::mt19937 rng(seed);
+    for (int H : {9, 34, 256})
+        for (int V : {37, 530, 1203})
+            for (int variant = 0; variant < 4; ++variant) {
+                auto W = random_values(rng, (size_t)H * V, 1 / std::sqrt((double)H));
+                auto x = random_values(rng, H, 0.5), b = random_values(rng, V, 0.1);
+                if (variant == 1)  // an exact tie of the best at 3 and 7, a near tie at 11
+                    for (int k = 0; k < H; ++k) {
+                        W[(size_t)k * V + 7] = W[(size_t)k * V + 3];
+                        W[(size_t)k * V + 11] = (double)(float)(W[(size_t)k * V + 3] * (1 + 0x1p-12));
+                        b[3] = b[7] = b[11] = 8.0;
+                    }
+                if (variant == 2)  // every column alike: every chunk is recomputed
+                    for (int k = 0; k < H; ++k)
+                        for (int v = 0; v < V; ++v) W[(size_t)k * V + v] = W[(size_t)k * V], b[v] = b[0];
+                if (variant == 3) x[H / 2] = std::nan("");
+                const int64_t want = reference::output_word(x.data(), W.data(), b.data(), H, V);
+                char where[120];
+                std::snprintf(where, sizeof where, "screened_output_row H=%d V=%d variant %d", H, V, variant);
+                on_every_bf16_path([&](const std::string& level) {
+                    const std::string at = std::string(where) + " " + level;
+                    const auto W_ = cast<float>(W), x_ = cast<float>(x), b_ = cast<float>(b);
+                    std::vector<float> exact((size_t)V), got((size_t)V), chunk((size_t)V);
+                    dense_row_streamed<float>(exact.data(), x_.data(), W_.data(), b_.data(), H, V);
+                    for (int v0 = 0; v0 < V; v0 += 16)
+                        output_columns_as_streamed(chunk.data(), x_.data(), W_.data(), b_.data(), H, V, v0,
+                                                   std::min(V, v0 + 16));
+                    expect_true(std::memcmp(chunk.data(), exact.data(), exact.size() * sizeof(float)) == 0,
+                                at + ": the recomputed chunks are dense_row_streamed's bit for bit");
+                    const auto screen = output_screen(W_.data(), H, V);
+                    screened_output_row(got.data(), x_.data(), W_.data(), b_.data(), *screen);
+                    const size_t best = row_argmax(exact.data(), (size_t)V);
+                    expect_true(row_argmax(got.data(), (size_t)V) == best, at + ": float32's argmax");
+                    expect_true(std::memcmp(&got[best], &exact[best], sizeof(float)) == 0, at + ": the word's logit");
+                    if (variant == 3) {
+                        expect_true(std::memcmp(got.data(), exact.data(), exact.size() * sizeof(float)) == 0,
+                                    at + ": a NaN row is float32 throughout");
+                        return;
+                    }
+                    if (variant == 1) expect_true(best == 3 || best == 11, at + ": the tie to the lowest id");
+                    if (variant == 2) expect_true(best == 0, at + ": all tied: the first word");
+                    std::vector<double> second(exact.begin(), exact.end());
+                    std::sort(second.begin(), second.end(), std::greater<double>());
+                    if (V > 1 && second[0] - second[1] > 1e-5 * (1 + std::abs(second[0])))
+                        expect_true((int64_t)best == want, at + ": the reference's word");
+                    for (int v = 0; v < V; ++v) {
+                        double size = std::abs(b[v]);
+                        for (int k = 0; k < H; ++k) size += std::abs(x[k] * W[(size_t)k * V + v]);
+                        if (!(std::abs((double)got[v] - exact[v]) <= 0x1p-7 * size)) {
+                            expect_true(false, at + ": logit " + std::to_string(v) + " within the bound");
+                            break;
+                        }
+                    }
+                    // the cache: kept while W rounds to the screen, made again once it does not
+                    expect_true(output_screen(W_.data(), H, V) == screen, at + ": the screen kept");
+                    auto changed = W_;
+                    changed[(size_t)(H - 1) * V + V - 1] += 1.0f;
+                    expect_true(output_screen(changed.data(), H, V) != screen, at + ": another array's screen");
+                    auto in_place = W_;
+                    const auto first = output_screen(in_place.data(), H, V);
+                    in_place[(size_t)(H / 2) * V + V / 2] *= 3.0f;
+                    const auto again = output_screen(in_place.data(), H, V);
+                    expect_true(again != first && again->current(in_place.data()) && !first->current(in_place.data()),
+                                at + ": a write into the array makes the screen again");
+                });
+            }
+}
+
 // The decoder under mixed_bfloat16 (cfg.bf16): every step's additive query projection is
 // bf16(s_{t-1}) . bf16(W_q) + b_q of the kernel's own states (float tolerance: the rounding points are
 // the reference's); logits, states and gradients within bf16's tolerance of the double reference
@@ -244,5 +324,6 @@ int main() {
     test_step_rows_bf16(seed++);
     test_decoder_bf16(bahdanau, "Bahdanau GRU", seed++);
     test_decoder_bf16(big, "Bahdanau GRU (split)", seed++);
+    test_screened_output_row(seed++);
     return attnx::test::report("test_reference_seq2seq");
 }

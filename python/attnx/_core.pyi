@@ -279,6 +279,7 @@ def search_attention_decoder(
     kind: str, score: str, cell: str, enc: Array, source_mask: Mask = None, *, h0: Array, c0: Array | None = None,
     params: dict[str, Array], local_window: int = -1, local_mode: str = "m", gated: bool = False, hard: bool = False,
     start_id: int, end_id: int, width: int, length_penalty: float, max_length: int, return_attention: bool,
+    exact_scores: bool = True,
 ) -> SearchResult: ...
 
 MAX_DECODING_LENGTH: int  # search.hpp's kMaxDecodingLength: the longest max_length a search takes

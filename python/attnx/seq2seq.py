@@ -474,7 +474,8 @@ class _AttentionDecoder(Layer):
             "c0": state.c, "params": self.params}
 
     def greedy(self, encoder_outputs, states, start_id, end_id, max_length, source_mask=None):
-        """Greedy decoding in one C++ call (`attnx.decoding.greedy_search` over the compiled step).
+        """Greedy decoding in one C++ call (search.hpp's search over the compiled step, as
+        `attnx.decoding.greedy_search`, whose words it gives; without its scores).
 
         Args:
             encoder_outputs: (B, S, K); states: ``[h0]`` or ``[h0, c0]``; source_mask (B, S) or lengths.
@@ -483,9 +484,18 @@ class _AttentionDecoder(Layer):
             (tokens (B, L) ints, 0 after a row's end token; attention (B, L, S)), L <= max_length.
         """
         state = self.start_state(encoder_outputs, states, source_mask)
-        tokens, _, attention = decoding.greedy_search(self, state, len(state.h), start_id, end_id,
-                                                      _positive_int(type(self).__name__, "max_length", max_length))
-        return tokens, attention
+        max_length = _positive_int(type(self).__name__, "max_length", max_length)
+        compiled = self.compiled_step(state, max_length)
+        if compiled is None:  # searched over the Python step (the step protocol's fallback)
+            tokens, _, attention = decoding.greedy_search(self, state, len(state.h), start_id, end_id, max_length)
+            return tokens, attention
+        # the scores are not returned: the search needs of each step's logits only the argmax exact
+        # (exact_scores=False: one row's output layer screened in bf16, seq2seq.hpp's OutputScreen)
+        kernel, arguments = compiled
+        tokens, _, _, _, attention = kernel(**arguments, start_id=int(start_id), end_id=int(end_id), width=1,
+                                            length_penalty=0.0, max_length=max_length, return_attention=True,
+                                            exact_scores=False)
+        return tokens[:, 0], attention[:, 0]
 
     def compute_output_shape(self, input_shape, return_attention_scores=False):
         (B, T), S = input_shape[0], input_shape[1][1]

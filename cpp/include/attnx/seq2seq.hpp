@@ -37,9 +37,13 @@
 // block the T = 1 kernels expect; dU, dW and dW_out are single GEMMs over all steps after the loop.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -253,6 +257,130 @@ void step_rows(T* out, const T* left, size_t lda, int rows, const StepRight<T>& 
     packed_rows<T>(out, LeftRows<T>{left, lda, W.packed.K, nullptr, 0, 0}, rows, W.packed, bias, false, accumulate);
 }
 
+// ------------------------------------------------------------------ greedy decoding's output layer, one row
+// Greedy decoding reads of each step's logits l = b + x W_out (V of them) only their argmax and their
+// log-sum-exp (the score), and at one row a step's time is the read of its weights, W_out the most of
+// them (H = 256, V = 5000: 5.1 of 7.4 MB). OutputScreen keeps W_out as bf16 pairs (half the bytes) across
+// calls; its product l~ is within e of the float32 logits l, and the words whose l~_v reaches
+// max_u l~_u - 2e are computed again from W_out itself in float32, in their 16-column chunk as
+// dense_row_streamed computes them. Every other word's l_v lies below the best word's, so the argmax
+// (ties to the lowest id) is the float32 logits' and the log-sum-exp is within e of theirs. With
+// M = (1 + 2^-8) max |bf16(W)| >= max |W| and gamma = (H + 2) 2^-24:
+//   |l~_v - l_v| <= e = 1.01 ((2^-8 + 2^-16 + 4 gamma) |x|_1 M + 4 gamma max |b| + 2^-120 |x|_1 + 2^-100)
+// (x and W each rounded to bf16 within 2^-9 relative: 2^-8 |x|_1 M; the float32 sums of H + 1 terms
+// within gamma in both products; 2^-120 |x|_1 the subnormal weights', 2^-100 vdpbf16ps' flushed
+// subnormal products; 1.01 and the cut rounded down the rounding of the bound's own arithmetic). A
+// non-finite x, weight, bias or product makes the whole row float32.
+struct OutputScreen {
+    const float* source;  // the W_out this was made from (the cache's key; its bytes are checked per call)
+    int H, V, width;      // W_out (H, V) in pack_bf16_right's panels of `width` columns
+    Panels<uint32_t> pairs;
+    float largest = 0.0f;  // M
+    bool finite = true;    // no inf or NaN among the pairs
+
+    OutputScreen(const float* W, int H_, int V_) : source(W), H(H_), V(V_), width(bf16_tiles().width()) {
+        const int K2 = (H + 1) / 2, panels = (V + width - 1) / width;
+        pairs.resize((size_t)panels * K2 * width);
+        pack_bf16_right(pairs.data(), width, W, (size_t)V, false, H, V, 0, panels);
+        uint32_t magnitude = 0;  // the largest |bf16| as its bits (ordered as the values, inf and NaN last)
+        for (uint32_t pair : pairs) magnitude = std::max({magnitude, pair & 0x7FFFu, pair >> 16 & 0x7FFFu});
+        finite = magnitude < 0x7F80u;
+        largest = bf16_value(magnitude) * (1.0f + 0x1p-8f);
+    }
+    // W still rounds to these pairs, bit for bit, at this SIMD level's panel width (a panel at a time,
+    // paired again into this thread's buffer and compared)
+    bool current(const float* W) const {
+        if (width != bf16_tiles().width()) return false;
+        const int K2 = (H + 1) / 2, panels = (V + width - 1) / width;
+        std::atomic<bool> same{true};
+        parallel_for((size_t)panels, double(H) * V, [&](size_t lo, size_t hi) {
+            thread_local std::vector<uint32_t> panel;
+            panel.resize((size_t)K2 * width);
+            for (size_t p = lo; p < hi && same.load(std::memory_order_relaxed); ++p) {
+                const int n0 = (int)p * width;
+                pack_bf16_columns(panel.data(), (size_t)width, W + n0, (size_t)V, H, std::min(width, V - n0), width);
+                if (std::memcmp(panel.data(), pairs.data() + p * K2 * width, panel.size() * sizeof(uint32_t)) != 0)
+                    same = false;
+            }
+        });
+        return same;
+    }
+};
+
+// The screen of W_out (H, V), made again when W's bytes no longer round to it (an optimizer step,
+// set_weights, a load, a write into the array: all checked, per call) or the SIMD level changed. The
+// four most recently used are kept, keyed by the weight's address; a screen in use stays alive while a
+// new one replaces it.
+inline std::shared_ptr<const OutputScreen> output_screen(const float* W, int H, int V) {
+    static std::mutex lock;
+    static std::vector<std::shared_ptr<const OutputScreen>> kept;  // most recently used first
+    std::lock_guard<std::mutex> guard(lock);
+    std::shared_ptr<const OutputScreen> screen;
+    for (size_t i = 0; i < kept.size() && !screen; ++i)
+        if (kept[i]->source == W && kept[i]->H == H && kept[i]->V == V) {
+            screen = kept[i];
+            kept.erase(kept.begin() + (std::ptrdiff_t)i);
+        }
+    if (!screen || !screen->current(W)) screen = std::make_shared<const OutputScreen>(W, H, V);
+    kept.insert(kept.begin(), screen);
+    if (kept.size() > 4) kept.pop_back();
+    return screen;
+}
+
+// logits[v0, v1) of one row x (H,), W (H, V): the values dense_row_streamed gives them, bit for bit (the
+// same loop, columns in the same lanes: v0 a multiple of 16, the blocks' of 512 too)
+inline void output_columns_as_streamed(float* logits, const float* x, const float* W, const float* b, int H, int V,
+                                       int v0, int v1) {
+    on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
+        dense_row_columns<float>(logits + v0, x, W, (size_t)V, b ? b + v0 : nullptr, H, v0, v1);
+    });
+}
+
+// reference: cpp/reference/seq2seq.hpp, output_word
+// logits (V,) of one row x (H,) for greedy decoding (see OutputScreen): exact (dense_row_streamed's float32
+// values) at every word that can be the argmax, within e elsewhere; W = screen's W_out, b (V,) or null
+inline void screened_output_row(float* logits, const float* x, const float* W, const float* b, const OutputScreen& s) {
+    const int H = s.H, V = s.V, K2 = (H + 1) / 2, width = s.width;
+    double norm = 0.0;  // |x|_1
+    for (int k = 0; k < H; ++k) norm += std::abs((double)x[k]);
+    // the largest |b|, and of the products below |l~|, as bits (integer reductions vectorize)
+    auto largest_bits = [](const float* v, int n) {
+        uint32_t m = 0;
+        for (int i = 0; i < n; ++i) {
+            uint32_t u;
+            std::memcpy(&u, v + i, sizeof u);
+            m = std::max(m, u & 0x7FFFFFFFu);
+        }
+        return m;
+    };
+    const uint32_t bias_bits = b ? largest_bits(b, V) : 0u;
+    // l~ = b + bf16(x) bf16(W), the columns split across threads by panels
+    const uint32_t* a = bf16_step_left(x, (size_t)H, 1, H);
+    parallel_for((size_t)(V + width - 1) / width, double(H) * V / 2, [&](size_t lo, size_t hi) {
+        const int n0 = (int)lo * width, n1 = std::min(V, (int)hi * width);
+        bf16_gemm_pairs(logits + n0, (size_t)V, {a, (size_t)K2, 1, s.pairs.data() + lo * K2 * width, K2}, 1, n1 - n0,
+                        false, b ? b + n0 : nullptr);
+    });
+    constexpr uint32_t infinity_bits = 0x7F800000u;
+    if (!s.finite || !std::isfinite(norm) || bias_bits >= infinity_bits || largest_bits(logits, V) >= infinity_bits) {
+        dense_row_streamed<float>(logits, x, W, b, H, V);
+        return;
+    }
+    float bias_largest;
+    std::memcpy(&bias_largest, &bias_bits, sizeof bias_largest);
+    const double gamma = (H + 2) * 0x1p-24;
+    const double e = 1.01 * ((0x1p-8 + 0x1p-16 + 4 * gamma) * norm * s.largest + 4 * gamma * bias_largest +
+                             0x1p-120 * norm + 0x1p-100);
+    const float top = row_max(logits, (size_t)V);
+    const float cut = std::nextafter((float)((double)top - 2 * e), -std::numeric_limits<float>::infinity());
+    for (int v0 = 0; v0 < V; v0 += 16) {
+        const int v1 = std::min(V, v0 + 16);
+        bool reaches = false;
+        for (int v = v0; v < v1; ++v) reaches |= logits[v] >= cut;
+        if (reaches) output_columns_as_streamed(logits, x, W, b, H, V, v0, v1);
+    }
+}
+
 // The weights a decoder call multiplies a few rows by at every step, packed once for all its steps
 // (BLAS repacks its right operand on every call: at B = 64, V = 8000 that packing took 19% of greedy
 // decoding): the recurrent kernel for the step's tiles, the feed half of the input kernel and the
@@ -267,6 +395,7 @@ template <class T> struct DecoderPanels {
     std::optional<StepRight<T>> feed, query;
     std::optional<PackedRight<T>> output;
     bool in_place = false;
+    const OutputScreen* screen = nullptr;  // a greedy search at one row: its output layer (float32 only)
     DecoderPanels(const DecoderConfig& cfg, const DecoderParams<const T*>& w, bool with_output) {
         if (cfg.B == 1 && !cfg.bf16) {
             in_place = true;
@@ -622,7 +751,10 @@ void decoder_forward(const DecoderConfig& cfg, T* logits, T* h, T* c, T* feed, c
         sequence_dense_forward<T>(cfg, logits, cache.out, w.output_kernel, w.output_bias, B * Tn, H, cfg.V);
     else if (panels->output)
         packed_dense_rows<T>(logits, logits, cache.out, *panels->output, w.output_bias, B * Tn, Activation::linear);
-    else if (panels->in_place && B * Tn == 1)
+    else if (panels->in_place && B * Tn == 1 && panels->screen) {
+        if constexpr (std::is_same_v<T, float>)
+            screened_output_row(logits, cache.out, w.output_kernel, w.output_bias, *panels->screen);
+    } else if (panels->in_place && B * Tn == 1)
         dense_row_streamed<T>(logits, cache.out, w.output_kernel, w.output_bias, H, cfg.V);
     else
         dense_forward<T>(logits, cache.out, w.output_kernel, w.output_bias, B * Tn, H, cfg.V);
@@ -815,16 +947,23 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
 // of decoder_forward (T = 1) on the rows still decoding, its state (h, c for LSTM, feed for Luong,
 // the encoder outputs, source mask and projected keys of each row) reordered by row index in select.
 //   cfg: the sizes of the start (B rows); rows: the most rows a step takes (B * width). h0, c0 (B, H):
-//   the initial state; enc (B, S, K), source_mask (B, S) or null.
+//   the initial state; enc (B, S, K), source_mask (B, S) or null. argmax_only: the search reads of each
+//   step's logits only the argmax and the log-sum-exp (greedy): a float32 row screens its output layer
+//   (OutputScreen: the argmax exact, the log-sum-exp within its bound).
 template <class T> class AttentionDecoderSearchStep {
 public:
     using logits_type = T;
     using attention_type = T;
 
     AttentionDecoderSearchStep(const DecoderConfig& cfg, int rows, const DecoderParams<const T*>& w, const T* h0,
-                               const T* c0, const T* enc, const uint8_t* source_mask)
+                               const T* c0, const T* enc, const uint8_t* source_mask, bool argmax_only = false)
         : cfg_(sized(cfg, rows)), w_(w), cache_(cfg_, false), panels_(cfg_, w, true), rows_(cfg.B) {
         const size_t B = cfg.B, S = cfg.S, H = cfg.H;
+        if constexpr (std::is_same_v<T, float>)
+            if (argmax_only && panels_.in_place) {
+                screen_ = output_screen(w.output_kernel, cfg.H, cfg.V);
+                panels_.screen = screen_.get();
+            }
         h_.assign(h0, h0 + B * H), h_.resize((size_t)rows * H);
         if (cfg.cell == RNNCell::lstm) c_.assign(c0, c0 + B * H), c_.resize((size_t)rows * H);
         if (cfg.kind == DecoderKind::luong) feed_.assign((size_t)rows * cfg.F(), T(0));  // h~_{-1} = 0
@@ -876,6 +1015,7 @@ private:
     DecoderParams<const T*> w_;
     OwnedDecoderCache<T> cache_;  // one step's buffers, for the most rows
     DecoderPanels<T> panels_;     // the weights packed once for every step
+    std::shared_ptr<const OutputScreen> screen_;  // argmax_only at one float32 row
     int rows_;
     std::vector<T> h_, c_, feed_, enc_, logits_, hu_;
     std::vector<uint8_t> mask_;
