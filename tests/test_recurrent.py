@@ -425,50 +425,6 @@ def test_split_batch_threads_match_single_thread(make):
         assert_close(g1[k], g2[k], 1e-5 * max(1.0, np.abs(g1[k]).max()), what=f"d {k}")
 
 
-@pytest.mark.parametrize("bf16", [False, True])
-@pytest.mark.parametrize("cell,reset_after", [("simple", True), ("gru", False), ("gru", True), ("lstm", True)])
-def test_split_batch_threads_are_the_halves_to_the_bit(cell, reset_after, bf16):
-    """Two threads run each half of the batch rows in chunks of register tiles that either thread
-    claims (for_batch_row_chunks): the outputs, dx, dh0, dc0 are one thread's run on each half, and the
-    weight and bias gradients the sum of the halves' (the same sums in the same order), bit for bit,
-    whichever thread ran which chunk (repeated, with padded steps)."""
-    from attnx import kernels
-    B, T, C, H = 32, 13, 5, 24  # a half: 16 rows, three chunks of at most 6; an odd T (a lone last pair step)
-    G = H * {"simple": 1, "gru": 3, "lstm": 4}[cell]
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((B, T, C)).astype(np.float32)
-    W, U = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((C, G), (H, G)))
-    b, b_rec = (rng.standard_normal(G).astype(np.float32) * 0.1 for _ in range(2))
-    dy = rng.standard_normal((B, T, H)).astype(np.float32)
-    mask = rng.random((B, T)) > 0.2
-    gru_after = cell == "gru" and reset_after
-    kw = dict(cell=cell, kernel=W, recurrent_kernel=U, reset_after=reset_after, bf16=bf16)
-
-    def run(rows):
-        out = kernels.rnn_forward(x=x[rows], bias=b, recurrent_bias=b_rec if gru_after else None, h0=None, c0=None,
-                                  mask=mask[rows], recurrent_mask=None, training=True, **kw)
-        grads = [np.zeros_like(W), np.zeros_like(U), np.zeros_like(b), np.zeros_like(b)]
-        back = kernels.rnn_backward(x=x[rows], cache=out[3], mask=mask[rows], recurrent_mask=None, dy=dy[rows],
-                                    dh=None, dc=None, dkernel=grads[0], drecurrent_kernel=grads[1], dbias=grads[2],
-                                    drecurrent_bias=grads[3] if gru_after else None, **kw)
-        return [o for o in out[:3] + back if o is not None], grads
-
-    budget = attnx.backend.get_num_threads()
-    try:
-        attnx.set_num_threads(1)
-        halves = [run(slice(0, B // 2)), run(slice(B // 2, B))]
-        attnx.set_num_threads(2)
-        runs = [run(slice(0, B)) for _ in range(3)]
-    finally:
-        attnx.set_num_threads(budget)
-    (rows0, grads0), (rows1, grads1) = halves
-    for rows, grads in runs:
-        for got, top, bottom in zip(rows, rows0, rows1):
-            assert np.array_equal(got, np.concatenate([top, bottom])), "a row's outputs or input gradients"
-        for got, g0, g1 in zip(grads, grads0, grads1):
-            assert np.array_equal(got, g0 + g1), "the weight or bias gradients"
-
-
 # ------------------------------------------------------------------------ per-call state
 SB, ST, SC = 3, 4, 2  # batch, steps, features of the inputs below
 SHARED_LENGTHS = {"lengths": np.array([4, 1, 3])}

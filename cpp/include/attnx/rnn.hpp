@@ -12,12 +12,11 @@
 // input with one GEMM first (its candidate keeps x_n W_n apart). Batch rows never interact, so
 // the rows are split across the thread budget (parallel_for) for the whole call. Backward walks
 // the steps in reverse with the same tiles for dgates . U^T (LSTM and SimpleRNN: dgates . [U; W]^T,
-// dx with dh), then sums each range of rows' bias gradients and computes its dW and dU (and GRU's
-// dx) with one GEMM each over its steps (single-threaded BLAS; for_batch_row_chunks). The time loops are
+// dx with dh) and sums the bias gradients per step, then computes each thread's dW and dU (and
+// GRU's dx) with one GEMM each over its steps (single-threaded BLAS). The time loops are
 // compiled for baseline x86-64, AVX2 + FMA and AVX-512, and the CPU picks at run time.
 #pragma once
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -99,42 +98,6 @@ template <class F> void for_batch_rows(const RNNConfig& cfg, F&& fn) {
     }
     const double work = (double)cfg.B * cfg.T * cfg.G() * cfg.H;  // multiply-adds of h . U
     parallel_for((size_t)cfg.B, work, [&](size_t b0, size_t b1) { fn((int)b0, (int)b1); });
-}
-
-// for_batch_rows' ranges (one per thread; the sums a range's rows share, its bias and weight
-// gradients, stay as they were) with each range's rows in chunks of whole register tiles
-// (kRowChunkTile rows, about four per range) that the threads claim in turn, range by range: a thread
-// that starts late (a worker waking from sleep after a train step's Python, or preempted on shared
-// cores) takes fewer chunks instead of holding the call back by its range. rows(b0, b1, r0, r1) runs
-// the time loop on rows [b0, b1) of range [r0, r1); range_done(r0, r1) what needs the whole range,
-// on the thread that ran its last chunk.
-constexpr int kRowChunkTile = 6;  // the AVX-512 time loops' tile rows (bf16 and float32 LSTM)
-template <class Rows, class RangeDone>
-void for_batch_row_chunks(const RNNConfig& cfg, Rows&& rows, RangeDone&& range_done) {
-    const int B = cfg.B;
-    const double work = (double)B * cfg.T * cfg.G() * cfg.H;  // multiply-adds of h . U
-    // parallel_for's own choice of threads (below: one chunk of [0, threads) each)
-    const int threads = !cfg.split_batch || work < kParallelMinWork || serial_kernels()
-                            ? 1
-                            : (int)std::min<unsigned>(kernel_threads(), (unsigned)B);
-    if (threads <= 1) {
-        rows(0, B, 0, B);
-        range_done(0, B);
-        return;
-    }
-    const int span = (B + threads - 1) / threads, ranges = (B + span - 1) / span;
-    const int step = std::max(1, (span + 4 * kRowChunkTile - 1) / (4 * kRowChunkTile)) * kRowChunkTile;
-    const int per_range = (span + step - 1) / step, chunks = ranges * per_range;
-    std::vector<std::atomic<int>> unfinished(ranges);
-    for (auto& count : unfinished) count.store(per_range, std::memory_order_relaxed);
-    std::atomic<int> next{0};
-    parallel_for((size_t)threads, work, [&](size_t, size_t) {
-        for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-            const int r = i / per_range, r0 = r * span, r1 = std::min(B, r0 + span), b0 = r0 + i % per_range * step;
-            if (b0 < r1) rows(b0, std::min(r1, b0 + step), r0, r1);
-            if (unfinished[r].fetch_sub(1, std::memory_order_acq_rel) == 1) range_done(r0, r1);
-        }
-    });
 }
 
 // ------------------------------------------------------------------------------------- forward
@@ -502,14 +465,11 @@ void rnn_forward(const RNNConfig& cfg, T* y, T* h, T* c, const RNNCache<T>& cach
     pack_recurrent_kernel(packed, U, fuse ? W : nullptr, cfg.H, fuse ? cfg.C : 0, cfg.gates(), tile_lanes<T>());
     const T* packed_u = packed.data();  // this thread's buffer, read by every thread of the batch split
     const size_t TG = (size_t)cfg.T * cfg.G(), TC = (size_t)cfg.T * cfg.C;
-    for_batch_row_chunks(
-        cfg,
-        [&](int b0, int b1, int, int) {
-            if (!fuse) dense_forward<T>(cache.gates + b0 * TG, x + b0 * TC, W, b_in, (b1 - b0) * cfg.T, cfg.C, cfg.G());
-            rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, fuse ? x : nullptr, b_in, RecurrentKernel<T>{packed_u},
-                               b_rec, mask, rec_mask, hu, (size_t)cfg.G());
-        },
-        [](int, int) {});
+    for_batch_rows(cfg, [&](int b0, int b1) {
+        if (!fuse) dense_forward<T>(cache.gates + b0 * TG, x + b0 * TC, W, b_in, (b1 - b0) * cfg.T, cfg.C, cfg.G());
+        rnn_packed_rows<T>(cfg, b0, b1, y, h, c, cache, fuse ? x : nullptr, b_in, RecurrentKernel<T>{packed_u}, b_rec, mask, rec_mask, hu,
+                           (size_t)cfg.G());
+    });
 }
 
 // ------------------------------------------------------------------------------------ backward
@@ -629,13 +589,13 @@ inline int padded_units(int H, int lanes) { return (H + lanes - 1) / lanes * lan
 // What the reverse-time steps can produce besides dh, dc and dgates while a step's gradients are in
 // cache (each may be null): dx (B, T, C) = dgates . W^T in the same tiles as d h_rec, for LSTM and
 // SimpleRNN only (their dhu is dgates, so one product has one left operand; packed_t then has W^T
-// beside U^T). (The bias gradients are summed per range of rows after its steps: add_step_rows.)
+// beside U^T), and the bias gradients db_in += sum dgates, db_rec += sum dhu, summed over the steps.
 // Under mixed_bfloat16 (rnn_bf16.hpp, LSTM and SimpleRNN) also the operands of
 // [dW; dU] += [x | h_rec]^T . dgates, paired along the sequence rows as the steps finish them, while a
 // step's rows are in cache: each batch row's steps (t, t + 1) as one pair row (an odd T's last step
-// with zeros), pair row k = b (T + 1) / 2 + t / 2, so that a range's rows make whole pairs
+// with zeros), pair row k = b (T + 1) / 2 + t / 2, so that a thread's rows make whole pairs
 //   left   (B (T + 1) / 2, C + H): left[k * (C + H) + c] = ([x | h_rec][2 rows of k], column c), k-major
-//   right  per range of rows [b0, b1) (for_batch_row_chunks) from pair row k0 = b0 (T + 1) / 2 on, its n = (b1 - b0) (T + 1) / 2
+//   right  per thread of rows [b0, b1) from pair row k0 = b0 (T + 1) / 2 on, its n = (b1 - b0) (T + 1) / 2
 //          pair rows of dgates in panels of `width` columns (bf16.hpp's right layout):
 //          right[k0 * panels * width + (p * n + k - k0) * width + j] = (dgates[2 rows of k], p * width + j)
 struct StepPairs {
@@ -648,20 +608,21 @@ struct StepPairs {
 
 template <class T> struct StepGradients {
     T* dx = nullptr;
+    T* db_in = nullptr;
+    T* db_rec = nullptr;
     const StepPairs* pairs = nullptr;  // float only
-    int range0 = 0, range1 = 0;        // the range of rows whose layout of StepPairs::right the rows join
 };
 
-// StepPairs' pair rows of rows [b0, b1) (in the right layout of range [r0, r1)) after step t, once both
-// of the pair's steps are done (an odd T's last step alone), on lanes V
+// StepPairs' pair rows of rows [b0, b1) after step t, once both of the pair's steps are done (an odd T's
+// last step alone), on lanes V
 template <class V>
-ATTNX_ALWAYS_INLINE void pair_step_rows(const StepPairs& pairs, const RNNConfig& cfg, int b0, int b1, int r0, int r1,
-                                        int t, const float* dgates) {
+ATTNX_ALWAYS_INLINE void pair_step_rows(const StepPairs& pairs, const RNNConfig& cfg, int b0, int b1, int t,
+                                        const float* dgates) {
     const int T = cfg.T, t0 = t & ~1, count = std::min(2, T - t0);
     if (count == 2 && t == (cfg.reverse ? t0 : t0 + 1)) return;  // the pair's other step comes next in the walk
     const int C = cfg.C, H = cfg.H, G = cfg.G(), T2 = (T + 1) / 2, width = pairs.width;
     const int panels = (G + width - 1) / width;
-    const size_t k0 = (size_t)r0 * T2, n = (size_t)(r1 - r0) * T2, CH = (size_t)C + H;
+    const size_t k0 = (size_t)b0 * T2, n = (size_t)(b1 - b0) * T2, CH = (size_t)C + H;
     uint32_t* right = pairs.right + k0 * panels * width;
     for (int b = b0; b < b1; ++b) {
         const size_t row = (size_t)b * T + t0, k = (size_t)b * T2 + t0 / 2;
@@ -692,6 +653,16 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
         T* d = dh + (size_t)b * H + k0;
         if (rec_mask) d_hrec *= vload<V>(rec_mask + (size_t)b * H + k0, n);
         vstore(d, vload<V>(d, n) + d_hrec, n);
+    };
+    // sum += the rows [b0, b1) of step t (bias gradients, while the step's rows are in cache)
+    auto add_rows = [&](T* sum, const T* rows, int t) __attribute__((always_inline)) {
+        for (int b = b0; b < b1; ++b) {
+            const T* row = rows + (size_t)b * TG + (size_t)t * G;
+            for (int j = 0; j < G; j += W) {
+                const int n = std::min(W, G - j);
+                vstore(sum + j, vload<V>(sum + j, n) + vload<V>(row + j, n), n);
+            }
+        }
     };
     for (int s = Tn - 1; s >= 0; --s) {
         const int t = cfg.time_at(s);
@@ -754,21 +725,12 @@ ATTNX_ALWAYS_INLINE void rnn_backward_steps(const RNNConfig& cfg, const Slopes& 
             // d h_rec = d(h_rec U) . U^T
             step_product_t<V>(packed_t, b0, b1, du0, TG, 0, G, H, G, add_to_dh);
         }
+        // (padded steps' rows are 0)
+        if (grads.db_in) add_rows(grads.db_in, dgates, t);
+        if (grads.db_rec) add_rows(grads.db_rec, dhu, t);
         if constexpr (std::is_same_v<T, float>)
-            if (grads.pairs) pair_step_rows<V>(*grads.pairs, cfg, b0, b1, grads.range0, grads.range1, t, dgates);
+            if (grads.pairs) pair_step_rows<V>(*grads.pairs, cfg, b0, b1, t, dgates);
     }
-}
-
-// sum += the rows [b0, b1) of every step of `rows` (B, T, G*H) in the reverse-time walk's order, row
-// after row per step: a range's bias gradients, the same sums whichever threads ran its chunks
-// (padded steps' rows are 0)
-template <class T> void add_step_rows(T* sum, const T* rows, const RNNConfig& cfg, int b0, int b1) {
-    const int G = cfg.G();
-    for (int s = cfg.T - 1; s >= 0; --s)
-        for (int b = b0; b < b1; ++b) {
-            const T* row = rows + ((size_t)b * cfg.T + cfg.time_at(s)) * G;
-            for (int j = 0; j < G; ++j) sum[j] += row[j];
-        }
 }
 
 template <class T, class Slopes>
@@ -842,39 +804,33 @@ void rnn_backward(const RNNConfig& cfg, T* dx, T* dW, T* dU, T* db_in, T* db_rec
             dense_backward<T>(nullptr, dU_, nullptr, dhu + r0 * G, hr, U, n, H, G);
         }
     };
-    // (GRU classic has no recurrent bias)
-    const bool rec_bias = db_rec && !(cfg.cell == RNNCell::gru && !cfg.reset_after);
     std::mutex sum_lock;
-    for_batch_row_chunks(
-        cfg,
-        [&](int b0, int b1, int, int) {
-            const StepGradients<T> grads{dx_in_steps ? dx : nullptr};
-            if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
-                rnn_backward_packed_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache,
-                                            packed_t, mask, rec_mask, grads);
-            else
-                rnn_backward_packed_rows<T>(cfg, AnySlopes<T>{cfg.activation, cfg.recurrent_activation}, b0, b1, dh,
-                                            dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask, grads);
-        },
-        [&](int b0, int b1) {
-            // each range sums its rows' [dW; dU; db_in; db_rec] in its own buffer (stacked [dW; dU] is
-            // one GEMM's output), added under the lock
-            std::vector<T> sums((size_t)(C + H + 2) * G, T(0));
-            T* sW = sums.data();
-            T* sU = sums.data() + (size_t)C * G;
-            T* sb_in = sums.data() + (size_t)(C + H) * G;
-            T* sb_rec = sums.data() + (size_t)(C + H + 1) * G;
-            if (db_in) add_step_rows(sb_in, dgates, cfg, b0, b1);
-            if (rec_bias) add_step_rows(sb_rec, dhu, cfg, b0, b1);
-            weight_grads(sums.data(), (size_t)b0 * cfg.T, (b1 - b0) * cfg.T);
-            std::lock_guard<std::mutex> hold(sum_lock);
-            auto add = [](T* to, const T* from, size_t count) {
-                if (to)
-                    for (size_t i = 0; i < count; ++i) to[i] += from[i];
-            };
-            add(dW, sW, (size_t)C * G), add(dU, sU, (size_t)H * G), add(db_in, sb_in, G);
-            if (rec_bias) add(db_rec, sb_rec, G);
-        });
+    for_batch_rows(cfg, [&](int b0, int b1) {
+        // each thread sums its rows' [dW; dU; db_in; db_rec] in its own buffer (stacked [dW; dU] is
+        // one GEMM's output), added under the lock
+        std::vector<T> sums((size_t)(C + H + 2) * G, T(0));
+        T* sW = sums.data();
+        T* sU = sums.data() + (size_t)C * G;
+        T* sb_in = sums.data() + (size_t)(C + H) * G;
+        T* sb_rec = sums.data() + (size_t)(C + H + 1) * G;
+        // (GRU classic has no recurrent bias)
+        const bool rec_bias = db_rec && !(cfg.cell == RNNCell::gru && !cfg.reset_after);
+        const StepGradients<T> grads{dx_in_steps ? dx : nullptr, db_in ? sb_in : nullptr, rec_bias ? sb_rec : nullptr};
+        if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
+            rnn_backward_packed_rows<T>(cfg, TanhSigmoidSlopes<T>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy, cache,
+                                        packed_t, mask, rec_mask, grads);
+        else
+            rnn_backward_packed_rows<T>(cfg, AnySlopes<T>{cfg.activation, cfg.recurrent_activation}, b0, b1, dh, dc,
+                                        dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask, grads);
+        // the rows' weight gradients in the same parallel region
+        weight_grads(sums.data(), (size_t)b0 * cfg.T, (b1 - b0) * cfg.T);
+        std::lock_guard<std::mutex> hold(sum_lock);
+        auto add = [](T* to, const T* from, size_t count) {
+            if (to)
+                for (size_t i = 0; i < count; ++i) to[i] += from[i];
+        };
+        add(dW, sW, (size_t)C * G), add(dU, sU, (size_t)H * G), add(db_in, sb_in, G), add(db_rec, sb_rec, G);
+    });
 }
 
 }  // namespace attnx

@@ -69,13 +69,10 @@ inline void rnn_forward_bf16(const RNNConfig& cfg, float* y, float* h, float* c,
     thread_local Panels<uint32_t> pairs;
     // this thread's buffers, read by every thread of the batch split
     const RecurrentKernel<float> kernel = pair_recurrent_kernel(pairs, packed, cfg, U, fuse ? W : nullptr);
-    for_batch_row_chunks(
-        cfg,
-        [&](int b0, int b1, int, int) {
-            rnn_packed_rows<float>(cfg, b0, b1, y, h, c, cache, fuse ? x : nullptr, fuse ? b_in : nullptr, kernel,
-                                   b_rec, mask, rec_mask, hu, (size_t)G);
-        },
-        [](int, int) {});
+    for_batch_rows(cfg, [&](int b0, int b1) {
+        rnn_packed_rows<float>(cfg, b0, b1, y, h, c, cache, fuse ? x : nullptr, fuse ? b_in : nullptr, kernel, b_rec,
+                               mask, rec_mask, hu, (size_t)G);
+    });
 }
 
 // reference: cpp/reference/rnn.hpp, rnn_backward (the steps, bf16_operand); cpp/reference/bf16.hpp, bf16_gemm (the
@@ -107,42 +104,35 @@ inline void rnn_backward_bf16(const RNNConfig& cfg, float* dx, float* dW, float*
         left_buffer.resize((size_t)cfg.B * T2 * CH), right_buffer.resize((size_t)cfg.B * T2 * panel_count * width);
     const StepPairs step_pairs{left_buffer.data(), right_buffer.data(), width, x, h_rec};
     std::mutex sum_lock;
-    for_batch_row_chunks(
-        cfg,
-        [&](int b0, int b1, int r0, int r1) {
-            const StepGradients<float> grads{dx_in_steps ? dx : nullptr, weights_in_steps ? &step_pairs : nullptr, r0, r1};
-            if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
-                rnn_backward_packed_rows<float>(cfg, TanhSigmoidSlopes<float>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy,
-                                                cache, packed_t, mask, rec_mask, grads);
-            else
-                rnn_backward_packed_rows<float>(cfg, AnySlopes<float>{cfg.activation, cfg.recurrent_activation}, b0,
-                                                b1, dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask,
-                                                grads);
-        },
-        [&](int b0, int b1) {
-            std::vector<float> sums(2 * (size_t)G, 0.0f);  // the range's rows' db_in, db_rec
-            if (db_in) add_step_rows(sums.data(), dgates, cfg, b0, b1);
-            if (rec_bias) add_step_rows(sums.data() + G, dhu, cfg, b0, b1);
-            // the range's rows' [dW; dU] (a buffer per thread, kept: a fresh one of megabytes is as many
-            // page faults)
-            thread_local std::vector<float> weight_sums;
-            const size_t k0 = (size_t)b0 * T2;
-            if (weights_in_steps) {
-                weight_sums.resize((size_t)CH * G);
-                bf16_gemm_pairs(weight_sums.data(), (size_t)G,
-                                {step_pairs.left + k0 * CH, 1, (size_t)CH, step_pairs.right + k0 * panel_count * width,
-                                 (b1 - b0) * T2},
-                                CH, G, false);
-            }
-            std::lock_guard<std::mutex> hold(sum_lock);
-            for (int g = 0; g < G; ++g) {
-                if (db_in) db_in[g] += sums[g];
-                if (rec_bias) db_rec[g] += sums[(size_t)G + g];
-            }
-            if (!weights_in_steps) return;
-            for (size_t i = 0; i < (size_t)C * G; ++i) dW[i] += weight_sums[i];
-            for (size_t i = 0; i < (size_t)H * G; ++i) dU[i] += weight_sums[(size_t)C * G + i];
-        });
+    for_batch_rows(cfg, [&](int b0, int b1) {
+        std::vector<float> sums(2 * (size_t)G, 0.0f);  // this thread's rows' db_in, db_rec
+        const StepGradients<float> grads{dx_in_steps ? dx : nullptr, db_in ? sums.data() : nullptr,
+                                         rec_bias ? sums.data() + G : nullptr, weights_in_steps ? &step_pairs : nullptr};
+        if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid)
+            rnn_backward_packed_rows<float>(cfg, TanhSigmoidSlopes<float>{}, b0, b1, dh, dc, dgates, dhu, dhrec, dy,
+                                            cache, packed_t, mask, rec_mask, grads);
+        else
+            rnn_backward_packed_rows<float>(cfg, AnySlopes<float>{cfg.activation, cfg.recurrent_activation}, b0, b1,
+                                            dh, dc, dgates, dhu, dhrec, dy, cache, packed_t, mask, rec_mask, grads);
+        // this thread's rows' [dW; dU] (its own buffer, kept: a fresh one of megabytes is as many page faults)
+        thread_local std::vector<float> weight_sums;
+        const size_t k0 = (size_t)b0 * T2;
+        if (weights_in_steps) {
+            weight_sums.resize((size_t)CH * G);
+            bf16_gemm_pairs(weight_sums.data(), (size_t)G,
+                            {step_pairs.left + k0 * CH, 1, (size_t)CH, step_pairs.right + k0 * panel_count * width,
+                             (b1 - b0) * T2},
+                            CH, G, false);
+        }
+        std::lock_guard<std::mutex> hold(sum_lock);
+        for (int g = 0; g < G; ++g) {
+            if (db_in) db_in[g] += sums[g];
+            if (rec_bias) db_rec[g] += sums[(size_t)G + g];
+        }
+        if (!weights_in_steps) return;
+        for (size_t i = 0; i < (size_t)C * G; ++i) dW[i] += weight_sums[i];
+        for (size_t i = 0; i < (size_t)H * G; ++i) dU[i] += weight_sums[(size_t)C * G + i];
+    });
     if (weights_in_steps) return;
     // dx = dgates . W^T;  dW += x^T . dgates
     if (dx) bf16_gemm(dx, (size_t)C, dgates, (size_t)G, false, W, (size_t)G, true, rows, C, G, false);
