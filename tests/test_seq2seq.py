@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attnx
-from attnx import metrics
+from attnx import kernels, metrics
 from attnx.masking import as_mask
 from attnx.seq2seq import BahdanauDecoder, Encoder, LuongDecoder, Seq2Seq
 from attnx.testing import assert_close, gradcheck
@@ -916,7 +916,7 @@ def eager_greedy(dec, enc, states, smask, start_id, end_id, max_length):
 
 
 def assert_greedy_is_eager(dec, enc, states, smask, start_id=1, end_id=2, max_length=12):
-    """The decoder's greedy decoding of one row (its output layer screened in bf16: seq2seq.hpp's
+    """The decoder's greedy decoding of one row (its output layer screened in int8: seq2seq.hpp's
     OutputScreen) picks the eager step's words; `decoding.greedy_search`, which returns the scores,
     keeps them float32's (its logits unscreened)."""
     from attnx import decoding
@@ -933,7 +933,7 @@ def assert_greedy_is_eager(dec, enc, states, smask, start_id=1, end_id=2, max_le
 @pytest.mark.parametrize("kind,score,cell,local_window", DECODERS)
 @pytest.mark.parametrize("ties", [False, True])
 def test_greedy_at_one_row_picks_the_eager_words(kind, score, cell, local_window, ties):
-    """At one row the compiled greedy search screens the output layer with a bf16 copy of it and computes
+    """At one row the compiled greedy search screens the output layer with an int8 copy of it and computes
     again in float32 the words that can win: its words are the eager step's, for every decoder, with a
     vocabulary of 600 words and with ties (equal and nearly equal output columns) at the top."""
     vocab, h = 600, 24
@@ -957,7 +957,7 @@ def test_greedy_at_one_row_picks_the_eager_words(kind, score, cell, local_window
 
 
 def test_greedy_at_one_row_follows_every_weight_change(tmp_path):
-    """The bf16 screen of the output layer is kept between calls and checked against the weights at
+    """The int8 screen of the output layer is kept between calls and checked against the weights at
     every call: after optimizer steps, writes into the weight's own array (a word's column turned
     towards the first step's state, so that the word wins only if the screen sees the write; then the
     whole array), set_weights and load_weights (the arrays written in place) and load_model, the
@@ -1002,3 +1002,71 @@ def test_greedy_at_one_row_follows_every_weight_change(tmp_path):
     model.save(tmp_path / "model.attnx")
     loaded = attnx.load_model(tmp_path / "model.attnx")
     assert check(loaded) == check()
+
+
+# ------------------------------------------------------------------ greedy_decode in one C++ call
+def _random_weights(model, seed):
+    rng = np.random.default_rng(seed)
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(w.dtype) for w in model.get_weights()])
+
+
+@pytest.mark.parametrize("attention,cell", [("bahdanau", "gru"), ("bahdanau", "lstm"), ("luong", "gru"),
+                                            ("luong", "lstm")])
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16", "float64"])
+def test_greedy_decode_in_one_call_is_the_eager_encoder_and_search(attention, cell, dtype):
+    """greedy_decode runs the encoder and the search in one C++ call (kernels.seq2seq_greedy): its tokens and
+    attention are, bit for bit, those of the layers' eager encoder followed by the decoder's search, at one
+    row and over a batch of sources padded after their words, in the middle, or to a single word."""
+    attnx.set_random_seed(2)
+    model = Seq2Seq(50, 60, embedding_dim=8, units=16, attention=attention, cell=cell, start_token=1, end_token=2,
+                    max_length=10, dtype=dtype)
+    _random_weights(model, 4)
+    assert model._one_call_encoder() is not None
+    source = np.random.default_rng(0).integers(1, 50, (5, 9))
+    source[1, 6:] = 0
+    source[2, 3] = 0
+    source[3, 1:] = 0
+    calls = []
+    one_call = kernels.seq2seq_greedy
+    try:
+        kernels.seq2seq_greedy = lambda **kw: calls.append(1) or one_call(**kw)
+        for rows in (source[:1], source[1:2], source[3:4], source):
+            tokens, weights = model.greedy_decode(rows)
+            enc, smask, states = model._encode(rows)
+            want_tokens, want_weights = model.decoder.greedy(enc, states, 1, 2, 10, smask)
+            np.testing.assert_array_equal(tokens, want_tokens)
+            np.testing.assert_array_equal(weights, want_weights)
+    finally:
+        kernels.seq2seq_greedy = one_call
+    assert len(calls) == 4
+
+
+def test_greedy_decode_in_one_call_follows_encoder_writes_and_refuses_bad_ids():
+    """The one-call path reads the encoder's arrays as they are at each call (a write in place into the
+    embedding or the recurrent kernel changes the translation exactly as it changes the eager encoder's);
+    a source id past the vocabulary is an IndexError naming the call and the id; an encoder it does not
+    compute (bidirectional, quantized) decodes through the layers, as before."""
+    attnx.set_random_seed(3)
+    model = Seq2Seq(30, 40, embedding_dim=8, units=16, start_token=1, end_token=2, max_length=8)
+    _random_weights(model, 5)
+    source = np.array([[4, 9, 17, 3, 0]])
+
+    def eager():
+        enc, smask, states = model._encode(source)
+        return model.decoder.greedy(enc, states, 1, 2, 8, smask)[0]
+    np.testing.assert_array_equal(model.greedy_decode(source)[0], eager())
+    before = model.greedy_decode(source)[0]
+    model.encoder.embedding.params["embeddings"][[4, 9, 17]] *= -3.0
+    model.encoder.rnn.params["recurrent_kernel"][:] = np.random.default_rng(1).uniform(-1, 1, (16, 48))
+    after = model.greedy_decode(source)[0]
+    np.testing.assert_array_equal(after, eager())
+    assert not np.array_equal(after, before)
+    with pytest.raises(IndexError, match=r"seq2seq_greedy: source: token id 30 out of range \[0, 30\)"):
+        model.greedy_decode(np.array([[4, 30]]))
+    bidirectional = Seq2Seq(30, 40, embedding_dim=8, units=16, bidirectional=True, start_token=1, end_token=2,
+                            max_length=8)
+    assert bidirectional._one_call_encoder() is None
+    assert bidirectional.greedy_decode(source)[0].shape[0] == 1
+    model.quantize("int8")
+    assert model._one_call_encoder() is None
+    assert model.greedy_decode(source)[0].shape[0] == 1

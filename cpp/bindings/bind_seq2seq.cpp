@@ -366,8 +366,79 @@ void init_seq2seq(py::module_& m) {
         "decoder's steps (decoder_forward, T = 1; hard attention attends to each step's most likely region). Returns "
         "(tokens (B, W, steps), lengths (B, W), scores (B, W), scores / length penalty (B, W), attention "
         "(B, W, steps, S) or None), each input's beams best first. exact_scores=False (greedy decoding that "
-        "discards the scores): a float32 row's output layer is screened in bf16 (seq2seq.hpp's OutputScreen), "
+        "discards the scores): a float32 row's output layer is screened in int8 (seq2seq.hpp's OutputScreen), "
         "the words unchanged, the scores within its bound.");
+    m.def(
+        "seq2seq_greedy",
+        [](const py::array& source, const py::array& encoder_embeddings, const py::array& encoder_kernel,
+           const py::array& encoder_recurrent_kernel, const py::array& encoder_bias, bool encoder_bf16,
+           const std::string& kind, const std::string& score, const std::string& cell, const py::dict& params,
+           int local_window, const std::string& local_mode, bool gated, bool hard, int64_t start_id, int64_t end_id,
+           int max_length) {
+            const char* fn = "seq2seq_greedy";
+            DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode, gated, hard);
+            RNNConfig encoder;  // Seq2Seq's Encoder: tanh / sigmoid, GRU reset_after, the decoder's cell
+            encoder.cell = cfg.cell;
+            return dispatch_float(encoder_embeddings, "seq2seq_greedy: encoder_embeddings", [&](auto tag) -> py::tuple {
+                using T = decltype(tag);
+                check_rank(source, 2, "seq2seq_greedy: source");
+                check_rank(encoder_embeddings, 2, "seq2seq_greedy: encoder_embeddings");
+                check_rank(encoder_recurrent_kernel, 2, "seq2seq_greedy: encoder_recurrent_kernel");
+                const py::ssize_t B = source.shape(0), S = source.shape(1), E = encoder_embeddings.shape(1);
+                const py::ssize_t H = encoder_recurrent_kernel.shape(0), G = (py::ssize_t)encoder.gates() * H;
+                if (B == 0 || S == 0)
+                    throw py::value_error("seq2seq_greedy: empty batch or source, source " + shape_str(source));
+                encoder.B = (int)B, encoder.T = (int)S, encoder.C = (int)E, encoder.H = (int)H;
+                check_shape(encoder_kernel, {E, G}, "seq2seq_greedy: encoder_kernel");
+                check_shape(encoder_recurrent_kernel, {H, G}, "seq2seq_greedy: encoder_recurrent_kernel");
+                const bool gru = cfg.cell == RNNCell::gru, lstm = !gru;
+                check_shape(encoder_bias, gru ? std::vector<py::ssize_t>{2, G} : std::vector<py::ssize_t>{G},
+                            "seq2seq_greedy: encoder_bias");
+                const int64_t* pids = ids_ptr(source, encoder_embeddings.shape(0), fn, "source");
+                const T* pe = in_ptr<T>(encoder_embeddings, "seq2seq_greedy: encoder_embeddings");
+                const T* pw = in_ptr<T>(encoder_kernel, "seq2seq_greedy: encoder_kernel");
+                const T* pu = in_ptr<T>(encoder_recurrent_kernel, "seq2seq_greedy: encoder_recurrent_kernel");
+                const T* pb = in_ptr<T>(encoder_bias, "seq2seq_greedy: encoder_bias");
+                if (encoder_bf16 && !std::is_same_v<T, float>)
+                    throw py::type_error("seq2seq_greedy: encoder_bf16 needs float32 weights");
+                py::array_t<T> enc = new_array<T>({B, S, H});  // the decoder's sizes read its shape
+                size_config(cfg, params, enc, fn);
+                cfg.T = 1;
+                if (cfg.H != H)
+                    throw py::value_error("seq2seq_greedy: the encoder's state (" + std::to_string(H) +
+                                          " units) must have the decoder's size " + std::to_string(cfg.H));
+                const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
+                const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
+                if (cfg.V > vocab)
+                    throw py::value_error("seq2seq_greedy: the output vocabulary (output_kernel's " +
+                                          std::to_string(cfg.V) + " columns) exceeds the embedding table's " +
+                                          std::to_string(vocab) + " rows");
+                const SearchConfig search = search_config(fn, B, cfg.V, start_id, end_id, 1, 0.0, max_length, true);
+                std::vector<T> h((size_t)B * H), c(lstm ? (size_t)B * H : 0);
+                std::vector<uint8_t> mask((size_t)B * S);
+                T* penc = enc.mutable_data();
+                SearchResult<T> result;
+                {
+                    py::gil_scoped_release release;
+                    encode_source<T>(encoder, encoder_bf16, penc, h.data(), lstm ? c.data() : nullptr, mask.data(),
+                                     pids, pe, pw, pu, pb, gru ? pb + G : nullptr);
+                    AttentionDecoderSearchStep<T> step(cfg, (int)B, w, h.data(), lstm ? c.data() : nullptr, penc,
+                                                      mask.data(), true);
+                    result = attnx::search(step, search);
+                }
+                return search_result_tuple(result, true, false);
+            });
+        },
+        py::arg("source"), py::arg("encoder_embeddings"), py::arg("encoder_kernel"),
+        py::arg("encoder_recurrent_kernel"), py::arg("encoder_bias"), py::arg("encoder_bf16") = false,
+        py::arg("kind"), py::arg("score"), py::arg("cell"), py::arg("params"), py::arg("local_window") = -1,
+        py::arg("local_mode") = "m", py::arg("gated") = false, py::arg("hard") = false, py::arg("start_id"),
+        py::arg("end_id"), py::arg("max_length"),
+        "Seq2Seq's greedy translation of source ids (B, S) int64 (0 = padding) in one call: its encoder (the "
+        "embedding, then a GRU (reset_after) or LSTM, the decoder's cell, with tanh / sigmoid, over the real "
+        "steps; encoder_bias (2, G) for GRU, (G,) for LSTM; encoder_bf16: its products in bf16 as under "
+        "mixed_bfloat16) and the decoder's greedy search (search_attention_decoder with width 1 and "
+        "exact_scores=False). Returns search_attention_decoder's tuple.");
 }
 
 }  // namespace attnx::bind

@@ -151,16 +151,19 @@ void expect_true(bool ok, const std::string& what) {
     if (!ok) std::printf("FAIL %s\n", what.c_str()), ++failures();
 }
 
-// Greedy decoding's output layer at one row (screened_output_row): on random, tied and near-tied
-// columns and a non-finite row, the argmax is dense_row_streamed's float32 one and the reference's
-// (where the double logits do not tie within float rounding), the word's logit is float32's bit for bit,
-// every logit within 2^-7 (sum |x W| + |b|) of float32's; every 16-column chunk recomputed equals
-// dense_row_streamed's; the cached screen is kept while W rounds to it and made again when it does not.
+// Greedy decoding's output layer at one row (screened_output_row, the int8 screen) at every SIMD level (the
+// int8 tiles' three) and 1 and 2 threads: on random, tied and near-tied columns (words within far less than
+// the bound of each other), every column alike, a non-finite row, a zero row and a column of tiny weights,
+// the argmax is dense_row_streamed's float32 one and the reference's (where the double logits do not tie
+// within float rounding), the word's logit is float32's bit for bit, every logit within the stated bound e_v
+// of float32's (recomputed here in double from the row's quantization); every 16-column chunk recomputed
+// equals dense_row_streamed's; the cached screen is kept while W quantizes to it (also after a write that
+// keeps every byte of q), made again when it does not.
 void test_screened_output_row(unsigned seed) {
     std::mt19937 rng(seed);
     for (int H : {9, 34, 256})
         for (int V : {37, 530, 1203})
-            for (int variant = 0; variant < 4; ++variant) {
+            for (int variant = 0; variant < 6; ++variant) {
                 auto W = random_values(rng, (size_t)H * V, 1 / std::sqrt((double)H));
                 auto x = random_values(rng, H, 0.5), b = random_values(rng, V, 0.1);
                 if (variant == 1)  // an exact tie of the best at 3 and 7, a near tie at 11
@@ -173,10 +176,17 @@ void test_screened_output_row(unsigned seed) {
                     for (int k = 0; k < H; ++k)
                         for (int v = 0; v < V; ++v) W[(size_t)k * V + v] = W[(size_t)k * V], b[v] = b[0];
                 if (variant == 3) x[H / 2] = std::nan("");
+                if (variant == 4) std::fill(x.begin(), x.end(), 0.0);  // sx = 0: l~ = b exactly
+                if (variant == 5)  // a column of tiny weights with the best bias, two columns a bound apart
+                    for (int k = 0; k < H; ++k) {
+                        W[(size_t)k * V + 5] = 0x1p-70 * (k + 1);
+                        W[(size_t)k * V + 9] = W[(size_t)k * V + 4] + (k % 2 ? 1e-4 : -1e-4);
+                        b[5] = 0.2, b[4] = b[9] = 0.5;
+                    }
                 const int64_t want = reference::output_word(x.data(), W.data(), b.data(), H, V);
                 char where[120];
                 std::snprintf(where, sizeof where, "screened_output_row H=%d V=%d variant %d", H, V, variant);
-                on_every_bf16_path([&](const std::string& level) {
+                on_every_level_and_split([&](const std::string& level) {
                     const std::string at = std::string(where) + " " + level;
                     const auto W_ = cast<float>(W), x_ = cast<float>(x), b_ = cast<float>(b);
                     std::vector<float> exact((size_t)V), got((size_t)V), chunk((size_t)V);
@@ -202,25 +212,60 @@ void test_screened_output_row(unsigned seed) {
                     std::sort(second.begin(), second.end(), std::greater<double>());
                     if (V > 1 && second[0] - second[1] > 1e-5 * (1 + std::abs(second[0])))
                         expect_true((int64_t)best == want, at + ": the reference's word");
+                    // e_v from the row's quantization, as OutputScreen states it
+                    std::vector<int8_t> qx((size_t)round_up(H, 4));
+                    float sx;
+                    quantize_rows(qx.data(), qx.size(), &sx, x_.data(), (size_t)H, 1, H, (int)qx.size());
+                    double q1 = 0, q2 = 0, r2 = 0, x2 = 0;
+                    for (int k = 0; k < H; ++k) {
+                        const double r = (double)x_[k] - (double)sx * qx[k];
+                        q1 += std::abs(qx[k]), q2 += (double)qx[k] * qx[k], r2 += r * r, x2 += (double)x_[k] * x_[k];
+                    }
+                    const double u = 0x1p-24, gamma = (H + 2) * u;
                     for (int v = 0; v < V; ++v) {
-                        double size = std::abs(b[v]);
-                        for (int k = 0; k < H; ++k) size += std::abs(x[k] * W[(size_t)k * V + v]);
-                        if (!(std::abs((double)got[v] - exact[v]) <= 0x1p-7 * size)) {
+                        double squares = 0;
+                        for (int k = 0; k < H; ++k) squares += std::pow((double)screen->q[(size_t)k * V + v], 2);
+                        const double s_v = screen->scale[v];
+                        const double N_v = s_v * (std::sqrt(squares) + 0.50004 * std::sqrt((double)H));
+                        const double e = 1.01 * (0.50004 * sx * q1 * s_v +
+                                                 (std::sqrt(r2) + gamma * std::sqrt(x2) + 4 * u * sx * std::sqrt(q2)) * N_v +
+                                                 (gamma + u) * std::abs((double)b_[v]) + 0x1p-22 * std::abs((double)got[v])) +
+                                         0x1p-100;
+                        if (!(std::abs((double)got[v] - exact[v]) <= e)) {
                             expect_true(false, at + ": logit " + std::to_string(v) + " within the bound");
                             break;
                         }
                     }
-                    // the cache: kept while W rounds to the screen, made again once it does not
+                    if (variant == 5 && H == 256) {  // the tiny column is recomputed (its bound makes it a candidate)
+                        expect_true(std::memcmp(&got[5], &exact[5], sizeof(float)) == 0, at + ": the tiny column");
+                        expect_true(screen->scale[5] == 1.0f, at + ": a tiny column's scale");
+                    }
+                    // the cache: kept while W quantizes to the screen, made again once it does not
                     expect_true(output_screen(W_.data(), H, V) == screen, at + ": the screen kept");
                     auto changed = W_;
                     changed[(size_t)(H - 1) * V + V - 1] += 1.0f;
                     expect_true(output_screen(changed.data(), H, V) != screen, at + ": another array's screen");
                     auto in_place = W_;
                     const auto first = output_screen(in_place.data(), H, V);
+                    // a write that keeps every q (the smallest step towards zero of a value far from a rounding
+                    // boundary): the screen stays right, and is kept
+                    size_t quiet = 0;
+                    for (size_t i = 0; i < in_place.size(); ++i) {
+                        const double y = (double)in_place[i] * first->inverse[i % V];
+                        if (std::abs(y - std::nearbyint(y)) < 0.25 && std::abs(y) > 1) {
+                            quiet = i;
+                            break;
+                        }
+                    }
+                    in_place[quiet] = std::nextafter(in_place[quiet], 0.0f);
+                    expect_true(output_screen(in_place.data(), H, V) == first, at + ": a write keeping q keeps it");
                     in_place[(size_t)(H / 2) * V + V / 2] *= 3.0f;
                     const auto again = output_screen(in_place.data(), H, V);
                     expect_true(again != first && again->current(in_place.data()) && !first->current(in_place.data()),
                                 at + ": a write into the array makes the screen again");
+                    in_place[(size_t)(H / 3) * V + V / 3] = std::nanf("");
+                    const auto with_nan = output_screen(in_place.data(), H, V);
+                    expect_true(with_nan != again && !with_nan->finite, at + ": a NaN weight makes it again");
                 });
             }
 }

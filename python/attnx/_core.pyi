@@ -299,3 +299,10 @@ def feed_forward_forward_int8(
 def dense_forward_int8_blocks(
     x: Array, kernel: Int8Kernel, bias: Array | None, widths: list[int], activation: str = "linear",
 ) -> list[Array]: ...
+# ---------------------------------------------------------------------------- Seq2Seq's one-call greedy decoding
+def seq2seq_greedy(
+    source: Array, encoder_embeddings: Array, encoder_kernel: Array, encoder_recurrent_kernel: Array,
+    encoder_bias: Array, encoder_bf16: bool = False, *, kind: str, score: str, cell: str, params: dict[str, Array],
+    local_window: int = -1, local_mode: str = "m", gated: bool = False, hard: bool = False, start_id: int,
+    end_id: int, max_length: int,
+) -> SearchResult: ...

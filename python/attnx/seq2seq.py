@@ -490,7 +490,7 @@ class _AttentionDecoder(Layer):
             tokens, _, attention = decoding.greedy_search(self, state, len(state.h), start_id, end_id, max_length)
             return tokens, attention
         # the scores are not returned: the search needs of each step's logits only the argmax exact
-        # (exact_scores=False: one row's output layer screened in bf16, seq2seq.hpp's OutputScreen)
+        # (exact_scores=False: one row's output layer screened in int8, seq2seq.hpp's OutputScreen)
         kernel, arguments = compiled
         tokens, _, _, _, attention = kernel(**arguments, start_id=int(start_id), end_id=int(end_id), width=1,
                                             length_penalty=0.0, max_length=max_length, return_attention=True,
@@ -866,8 +866,27 @@ class Seq2Seq(Model):
         max_length (default the model's; at most 1024)."""
         source = self._source(source)
         L = self._decode_length(max_length)
+        encoder = self._one_call_encoder()
+        if encoder is not None:  # the encoder and the decoder's search in one C++ call
+            tokens, _, _, _, attention = kernels.seq2seq_greedy(
+                source=np.require(source, np.int64, "CA"), **encoder, **self.decoder._variant,
+                params=self.decoder.params, start_id=int(self.start_id), end_id=int(self.end_id), max_length=L)
+            return tokens[:, 0], attention[:, 0]
         enc, smask, states = self._encode(source)
         return self.decoder.greedy(enc, states, self.start_id, self.end_id, L, smask)
+
+    def _one_call_encoder(self):
+        """`kernels.seq2seq_greedy`'s encoder arguments when it computes what `_encode` does (one direction,
+        float weights, the recurrent layer as the Encoder makes it), else None (the layers run eagerly)."""
+        rnn, embedding = self.encoder.rnn, self.encoder.embedding
+        if not isinstance(rnn, (GRU, LSTM)) or rnn.quantization_mode or embedding.quantization_mode or \
+                rnn.num_layers != 1 or rnn.go_backwards or rnn.stateful or not rnn.use_bias or \
+                rnn.activation != "tanh" or rnn.recurrent_activation != "sigmoid" or rnn.zero_output_for_mask or \
+                (isinstance(rnn, GRU) and not rnn.reset_after) or _CELLS[self.decoder.cell] is not type(rnn):
+            return None
+        return {"encoder_embeddings": embedding.params["embeddings"], "encoder_kernel": rnn.params["kernel"],
+                "encoder_recurrent_kernel": rnn.params["recurrent_kernel"], "encoder_bias": rnn.params["bias"],
+                "encoder_bf16": rnn.compute_dtype == "bfloat16"}
 
     def beam_search(self, source, width=4, length_penalty=0.0, max_length=None, end_token=None):
         """Batched beam search (`attnx.decoding.beam_search`): the B sentences' `width` hypotheses run

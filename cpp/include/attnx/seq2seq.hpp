@@ -55,6 +55,7 @@
 #include "attnx/gemm.hpp"
 #include "attnx/loss.hpp"
 #include "attnx/packed.hpp"
+#include "attnx/quantized.hpp"
 #include "attnx/rnn.hpp"
 #include "attnx/rnn_bf16.hpp"
 
@@ -258,59 +259,130 @@ void step_rows(T* out, const T* left, size_t lda, int rows, const StepRight<T>& 
 }
 
 // ------------------------------------------------------------------ greedy decoding's output layer, one row
-// Greedy decoding reads of each step's logits l = b + x W_out (V of them) only their argmax and their
-// log-sum-exp (the score), and at one row a step's time is the read of its weights, W_out the most of
-// them (H = 256, V = 5000: 5.1 of 7.4 MB). OutputScreen keeps W_out as bf16 pairs (half the bytes) across
-// calls; its product l~ is within e of the float32 logits l, and the words whose l~_v reaches
-// max_u l~_u - 2e are computed again from W_out itself in float32, in their 16-column chunk as
-// dense_row_streamed computes them. Every other word's l_v lies below the best word's, so the argmax
-// (ties to the lowest id) is the float32 logits' and the log-sum-exp is within e of theirs. With
-// M = (1 + 2^-8) max |bf16(W)| >= max |W| and gamma = (H + 2) 2^-24:
-//   |l~_v - l_v| <= e = 1.01 ((2^-8 + 2^-16 + 4 gamma) |x|_1 M + 4 gamma max |b| + 2^-120 |x|_1 + 2^-100)
-// (x and W each rounded to bf16 within 2^-9 relative: 2^-8 |x|_1 M; the float32 sums of H + 1 terms
-// within gamma in both products; 2^-120 |x|_1 the subnormal weights', 2^-100 vdpbf16ps' flushed
-// subnormal products; 1.01 and the cut rounded down the rounding of the bound's own arithmetic). A
-// non-finite x, weight, bias or product makes the whole row float32.
+// Greedy decoding reads of each step's logits l = b + x W_out (V of them) only their argmax, and at one
+// row a step's time is the read of its weights, W_out the most of them (H = 256, V = 5000: 5.1 of 7.4 MB).
+// OutputScreen keeps W_out quantized per word across calls (column v: s_v = max_k |W[k, v]| / 127,
+// q[k, v] = round(W[k, v] / s_v), packed for quantized.hpp's int8 tiles: a quarter of the bytes); a step
+// quantizes x (quantize_rows: sx, qx, residual r = x - sx qx) and screens with l~_v = b_v + sx s_v (qx . q_v),
+// the product exact in int32. With d_v = W_v - s_v q_v (|d| <= 0.50004 s_v: the rounding of q) and
+// N_v = s_v (|q_v|_2 + 0.50004 sqrt(H)) >= |W_v|_2:
+//   x . W_v = sx s_v (qx . q_v) + sx (qx . d_v) + r . W_v, so
+//   |l~_v - l_v| < e_v = 1.01 (0.50004 sx |qx|_1 s_v + (|r|_2 + gamma |x|_2 + 4u sx |qx|_2) N_v
+//                              + (gamma + u) |b_v| + 2^-22 |l~_v|) + 2^-100
+// (l_v float32's, within gamma = (H + 2) u of the exact sum, u = 2^-24; 4u sx |qx|_2 N_v the float
+// products making l~; 2^-22 |l~| the rounding of l~ -+ e; 2^-100 underflows; 1.01 the bound's own float
+// arithmetic). The words whose l~_v + e_v reaches T = max_u (l~_u - e_u) are computed again from W_out
+// itself in float32, in their 16-column chunk as dense_row_streamed computes them; every other word has
+// l~_v < l_v + e_v < T <= max_u l_u, so the argmax (ties to the lowest id) is float32's. A column of
+// max |W| < 2^-60 keeps s_v = 1, q_v = 0 (its bound holds, and makes it a candidate); a non-finite x,
+// weight, bias or screened logit, or an x of max |x| in (0, 2^-60), makes the whole row float32.
+constexpr float kScreenTinyColumn = 0x1p-60f;
+
+// d rounded up to a float
+inline float float_at_least(double d) {
+    const float f = (float)d;
+    return f < d ? std::nextafter(f, std::numeric_limits<float>::infinity()) : f;
+}
+
+
+// v rounded half to even (|v| < 2^22), after an opaque copy so that no level fuses the rounding with
+// the product before it: every level gives the same values (quantized.hpp's round_int8, unclamped)
+template <class Vec> ATTNX_ALWAYS_INLINE Vec round_half_even(Vec v) {
+    if constexpr (Lanes<Vec>::W == 16) asm("" : "+v"(v));
+    else asm("" : "+x"(v));
+    const Vec magic = vbroadcast<Vec>(12582912.f);
+    return (v + magic) - magic;
+}
+
+// Whether W (H, V) quantizes to q (H, V) with the columns' inverse scales, every value: q[k, v] =
+// round_half_even(W[k, v] * inverse[v]) (a value past +-127, inf or NaN never does), columns [n0, n1)
+template <class Vec>
+ATTNX_ALWAYS_INLINE bool screen_matches_on(const int8_t* q, const float* inverse, const float* W, int H, int V, int n0,
+                                           int n1) {
+    using I = typename Lanes<Vec>::I;
+    constexpr int L = Lanes<Vec>::W;
+    I largest = I{};       // max |value| as bits: NaN and inf order past 127
+    uint64_t differ = 0;   // bits of bytes that differ
+    for (int k = 0; k < H; ++k) {
+        const float* row = W + (size_t)k * V;
+        const int8_t* qrow = q + (size_t)k * V;
+        int v = n0;
+        for (; v + L <= n1; v += L) {
+            const Vec r = round_half_even(vload<Vec>(row + v, L) * vload<Vec>(inverse + v, L));
+            const I bits = (I)r & (I{} + 0x7fffffff);
+            largest = bits > largest ? bits : largest;  // (an int select on an int compare: stays a vector)
+            uint64_t made[2] = {}, stored[2] = {};  // L bytes (at most 16)
+            store_int8((int8_t*)made, r);  // (in range: exact)
+            std::memcpy(stored, qrow + v, (size_t)L);
+            differ |= (made[0] ^ stored[0]) | (made[1] ^ stored[1]);
+        }
+        for (; v < n1; ++v) {
+            const float r = std::nearbyint(row[v] * inverse[v]);
+            if (!(std::abs(r) <= 127.0f) || (int8_t)r != qrow[v]) return false;
+        }
+        if (k % 16 == 15 || k == H - 1)  // (a changed weight stops the check within 16 rows)
+            for (int j = 0; j < L; ++j)
+                if (largest[j] > 0x42FE0000 || differ) return false;  // 127.0f
+    }
+    return true;
+}
+
 struct OutputScreen {
     const float* source;  // the W_out this was made from (the cache's key; its bytes are checked per call)
-    int H, V, width;      // W_out (H, V) in pack_bf16_right's panels of `width` columns
-    Panels<uint32_t> pairs;
-    float largest = 0.0f;  // M
-    bool finite = true;    // no inf or NaN among the pairs
+    int H, V;
+    std::vector<int8_t> q;       // (H, V) row-major
+    std::vector<float> scale;    // (V,) s_v
+    std::vector<float> inverse;  // (V,) 127 / max_k |W[k, v]| (1 for a tiny column)
+    std::vector<float> norm;     // (V,) N_v, rounded up
+    Int8Packed packed;           // q for the tiles
+    bool finite = true;          // no inf or NaN in W
 
-    OutputScreen(const float* W, int H_, int V_) : source(W), H(H_), V(V_), width(bf16_tiles().width()) {
-        const int K2 = (H + 1) / 2, panels = (V + width - 1) / width;
-        pairs.resize((size_t)panels * K2 * width);
-        pack_bf16_right(pairs.data(), width, W, (size_t)V, false, H, V, 0, panels);
-        uint32_t magnitude = 0;  // the largest |bf16| as its bits (ordered as the values, inf and NaN last)
-        for (uint32_t pair : pairs) magnitude = std::max({magnitude, pair & 0x7FFFu, pair >> 16 & 0x7FFFu});
-        finite = magnitude < 0x7F80u;
-        largest = bf16_value(magnitude) * (1.0f + 0x1p-8f);
-    }
-    // W still rounds to these pairs, bit for bit, at this SIMD level's panel width (a panel at a time,
-    // paired again into this thread's buffer and compared)
-    bool current(const float* W) const {
-        if (width != bf16_tiles().width()) return false;
-        const int K2 = (H + 1) / 2, panels = (V + width - 1) / width;
-        std::atomic<bool> same{true};
-        parallel_for((size_t)panels, double(H) * V, [&](size_t lo, size_t hi) {
-            thread_local std::vector<uint32_t> panel;
-            panel.resize((size_t)K2 * width);
-            for (size_t p = lo; p < hi && same.load(std::memory_order_relaxed); ++p) {
-                const int n0 = (int)p * width;
-                pack_bf16_columns(panel.data(), (size_t)width, W + n0, (size_t)V, H, std::min(width, V - n0), width);
-                if (std::memcmp(panel.data(), pairs.data() + p * K2 * width, panel.size() * sizeof(uint32_t)) != 0)
-                    same = false;
+    OutputScreen(const float* W, int H_, int V_)
+        : source(W), H(H_), V(V_), q((size_t)H_ * V_), scale(V_), inverse(V_), norm(V_) {
+        std::vector<float> largest((size_t)V, 0.0f);
+        for (int k = 0; k < H; ++k)
+            for (int v = 0; v < V; ++v) {
+                const float a = std::abs(W[(size_t)k * V + v]);
+                finite &= std::isfinite(a);
+                largest[v] = std::max(largest[v], a);
             }
+        for (int v = 0; v < V; ++v) {
+            const bool tiny = !(largest[v] >= kScreenTinyColumn);
+            scale[v] = tiny ? 1.0f : largest[v] / 127.0f;
+            inverse[v] = tiny ? 1.0f : 127.0f / largest[v];
+        }
+        std::vector<int64_t> squares((size_t)V, 0);
+        for (int k = 0; k < H; ++k)
+            for (int v = 0; v < V; ++v) {
+                const float r = std::nearbyint(W[(size_t)k * V + v] * inverse[v]);  // half to even, as the check's
+                const int8_t b = (int8_t)(std::isfinite(r) ? std::max(-127.0f, std::min(127.0f, r)) : 0.0f);
+                q[(size_t)k * V + v] = b;
+                squares[v] += (int64_t)b * b;
+            }
+        for (int v = 0; v < V; ++v)
+            norm[v] = float_at_least((double)scale[v] * (std::sqrt((double)squares[v]) + 0.50004 * std::sqrt((double)H)) *
+                                     (1 + 0x1p-40));
+        pack_int8(packed, q.data(), (size_t)V, H, V);
+    }
+    // W still quantizes to q, value for value (so |W - s q| <= 0.50004 s holds: see screened_output_row),
+    // at any SIMD level; columns split across the thread budget
+    bool current(const float* W) const {
+        std::atomic<bool> same{true};
+        constexpr int block = 256;  // columns per share (a multiple of every level's lanes)
+        parallel_for((size_t)(V + block - 1) / block, double(H) * V, [&](size_t lo, size_t hi) {
+            const int n0 = (int)lo * block, n1 = std::min(V, (int)hi * block);
+            const bool ok = on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                return screen_matches_on<decltype(lanes)>(q.data(), inverse.data(), W, H, V, n0, n1);
+            });
+            if (!ok) same = false;
         });
         return same;
     }
 };
 
-// The screen of W_out (H, V), made again when W's bytes no longer round to it (an optimizer step,
-// set_weights, a load, a write into the array: all checked, per call) or the SIMD level changed. The
-// four most recently used are kept, keyed by the weight's address; a screen in use stays alive while a
-// new one replaces it.
+// The screen of W_out (H, V), made again when W's bytes no longer quantize to it (an optimizer step,
+// set_weights, a load, a write into the array: all checked, per call). The four most recently used are
+// kept, keyed by the weight's address; a screen in use stays alive while a new one replaces it.
 inline std::shared_ptr<const OutputScreen> output_screen(const float* W, int H, int V) {
     static std::mutex lock;
     static std::vector<std::shared_ptr<const OutputScreen>> kept;  // most recently used first
@@ -338,45 +410,85 @@ inline void output_columns_as_streamed(float* logits, const float* x, const floa
 
 // reference: cpp/reference/seq2seq.hpp, output_word
 // logits (V,) of one row x (H,) for greedy decoding (see OutputScreen): exact (dense_row_streamed's float32
-// values) at every word that can be the argmax, within e elsewhere; W = screen's W_out, b (V,) or null
+// values) at every word that can be the argmax, within e_v elsewhere; W = screen's W_out, b (V,) or null
 inline void screened_output_row(float* logits, const float* x, const float* W, const float* b, const OutputScreen& s) {
-    const int H = s.H, V = s.V, K2 = (H + 1) / 2, width = s.width;
-    double norm = 0.0;  // |x|_1
-    for (int k = 0; k < H; ++k) norm += std::abs((double)x[k]);
-    // the largest |b|, and of the products below |l~|, as bits (integer reductions vectorize)
-    auto largest_bits = [](const float* v, int n) {
-        uint32_t m = 0;
-        for (int i = 0; i < n; ++i) {
-            uint32_t u;
-            std::memcpy(&u, v + i, sizeof u);
-            m = std::max(m, u & 0x7FFFFFFFu);
-        }
-        return m;
-    };
-    const uint32_t bias_bits = b ? largest_bits(b, V) : 0u;
-    // l~ = b + bf16(x) bf16(W), the columns split across threads by panels
-    const uint32_t* a = bf16_step_left(x, (size_t)H, 1, H);
-    parallel_for((size_t)(V + width - 1) / width, double(H) * V / 2, [&](size_t lo, size_t hi) {
-        const int n0 = (int)lo * width, n1 = std::min(V, (int)hi * width);
-        bf16_gemm_pairs(logits + n0, (size_t)V, {a, (size_t)K2, 1, s.pairs.data() + lo * K2 * width, K2}, 1, n1 - n0,
-                        false, b ? b + n0 : nullptr);
-    });
-    constexpr uint32_t infinity_bits = 0x7F800000u;
-    if (!s.finite || !std::isfinite(norm) || bias_bits >= infinity_bits || largest_bits(logits, V) >= infinity_bits) {
+    const int H = s.H, V = s.V, Kp = s.packed.Kp, Np = s.packed.Np;
+    double x1 = 0.0, x2 = 0.0, xmax = 0.0;  // |x|_1, |x|_2^2, max |x|
+    for (int k = 0; k < H; ++k) {
+        const double a = std::abs((double)x[k]);
+        x1 += a, x2 += a * a, xmax = std::max(xmax, a);
+    }
+    bool bias_finite = true;
+    for (int v = 0; b && v < V; ++v) bias_finite &= std::isfinite(b[v]);
+    if (!s.finite || !std::isfinite(x1) || !bias_finite || (xmax > 0 && xmax < kScreenTinyColumn)) {
         dense_row_streamed<float>(logits, x, W, b, H, V);
         return;
     }
-    float bias_largest;
-    std::memcpy(&bias_largest, &bias_bits, sizeof bias_largest);
-    const double gamma = (H + 2) * 0x1p-24;
-    const double e = 1.01 * ((0x1p-8 + 0x1p-16 + 4 * gamma) * norm * s.largest + 4 * gamma * bias_largest +
-                             0x1p-120 * norm + 0x1p-100);
-    const float top = row_max(logits, (size_t)V);
-    const float cut = std::nextafter((float)((double)top - 2 * e), -std::numeric_limits<float>::infinity());
+    thread_local std::vector<int8_t> qx;
+    thread_local std::vector<int32_t> acc;
+    thread_local std::vector<float> high;  // l~_v + e_v
+    qx.resize((size_t)Kp), acc.resize((size_t)Np), high.resize((size_t)V);
+    int8_t* qx_row = qx.data();  // (the lambdas below run on other threads, which have thread_locals of their own)
+    int32_t* sums = acc.data();
+    float* upper = high.data();
+    float sx;
+    quantize_rows(qx_row, (size_t)Kp, &sx, x, (size_t)H, 1, H, Kp);
+    double r2 = 0.0, q1 = 0.0, q2 = 0.0;  // |r|_2^2, |qx|_1, |qx|_2^2 (r = x - sx qx: exact in double)
+    for (int k = 0; k < H; ++k) {
+        const double r = (double)x[k] - (double)sx * qx_row[k];
+        r2 += r * r, q1 += std::abs((double)qx_row[k]), q2 += (double)qx_row[k] * qx_row[k];
+    }
+    // acc = qx . q, the columns split across threads in 16s
+    parallel_for((size_t)(V + 15) / 16, double(H) * V / 4, [&](size_t lo, size_t hi) {
+        int8_product(sums, (size_t)Np, qx_row, (size_t)Kp, 1, s.packed, (int)lo * 16,
+                     std::min(V, (int)hi * 16));
+    });
+    constexpr double u = 0x1p-24;
+    const double gamma = (H + 2) * u;
+    const float a_scale = float_at_least(1.01 * 0.50004 * sx * q1);
+    const float a_norm = float_at_least(1.01 * (std::sqrt(r2) * (1 + 0x1p-30) + gamma * std::sqrt(x2) * (1 + 0x1p-30) +
+                                                4.001 * u * sx * std::sqrt(q2) * (1 + 0x1p-30)));
+    const float a_bias = float_at_least(1.01 * (gamma + u)), a_logit = float_at_least(1.01 * 0x1p-22);
+    const float a_floor = 0x1p-100f;
+    // l~ and l~ + e per word; T = max (l~ - e); all finite
+    const auto [top, finite] = on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+        using Vec = decltype(lanes);
+        using I = typename Lanes<Vec>::I;
+        constexpr int L = Lanes<Vec>::W;
+        Vec low = vbroadcast<Vec>(-std::numeric_limits<float>::infinity());
+        I ok = I{} - 1;
+        const Vec fmax = vbroadcast<Vec>(std::numeric_limits<float>::max());
+        for (int v = 0; v < V; v += L) {
+            const int n = std::min(L, V - v);
+            I a;
+            std::memcpy(&a, sums + v, sizeof a);  // acc holds Np >= v + L columns
+            const Vec sv = vload<Vec>(s.scale.data() + v, n), nv = vload<Vec>(s.norm.data() + v, n);
+            const Vec bv = b ? vload<Vec>(b + v, n) : Vec{};
+            const Vec l = __builtin_convertvector(a, Vec) * (sx * sv) + bv;
+            const Vec absb = (Vec)((I)bv & (I{} + 0x7fffffff)), absl = (Vec)((I)l & (I{} + 0x7fffffff));
+            const Vec e = a_scale * sv + a_norm * nv + a_bias * absb + a_logit * absl + a_floor;
+            const Vec hi = l + e;
+            Vec lo = l - e;
+            ok &= (I)(hi <= fmax) & (I)(lo >= -fmax);
+            vstore(logits + v, l, n);
+            vstore(upper + v, hi, n);
+            for (int j = n; j < L; ++j) lo[j] = -std::numeric_limits<float>::infinity();
+            low = lo > low ? lo : low;
+        }
+        float t = -std::numeric_limits<float>::infinity();
+        bool all = true;
+        for (int j = 0; j < L; ++j) t = std::max(t, lane(low, j)), all &= ok[j] != 0;
+        return std::pair<float, bool>(t, all);
+    });
+    if (!finite) {
+        dense_row_streamed<float>(logits, x, W, b, H, V);
+        return;
+    }
+    const float cut = std::nextafter(top, -std::numeric_limits<float>::infinity());
     for (int v0 = 0; v0 < V; v0 += 16) {
         const int v1 = std::min(V, v0 + 16);
         bool reaches = false;
-        for (int v = v0; v < v1; ++v) reaches |= logits[v] >= cut;
+        for (int v = v0; v < v1; ++v) reaches |= upper[v] >= cut;
         if (reaches) output_columns_as_streamed(logits, x, W, b, H, V, v0, v1);
     }
 }
@@ -939,6 +1051,38 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
         sequence_dense_backward<T>(cfg, (T*)nullptr, dw.key_kernel, (T*)nullptr, work.dkeys.data(), enc, w.key_kernel,
                                    B * S, K, Dk);
         sequence_matmul_add<T>(cfg, denc, work.dkeys.data(), w.key_kernel, B * S, K, Dk, false, true);
+    }
+}
+
+// ------------------------------------------------------------------------------ the encoder, for decoding
+// Seq2Seq's encoder (attnx.seq2seq.Encoder, one direction) over source ids (B, S), 0 = padding: the
+// embedding's rows, the recurrence over the real steps (rnn_forward_products: the kernel the layer's
+// forward calls, on the same operands, so its outputs and states are the eager ones bit for bit), then
+// Keras' zero_output_for_mask=False: a padded step outputs the last real step's output (zeros before
+// the first). cfg: the recurrence (B, T = S, C = E, H). outputs (B, S, H), h, c (B, H; c LSTM only) and
+// mask (B, S) (1 = real) written.
+template <class T>
+void encode_source(const RNNConfig& cfg, bool bf16, T* outputs, T* h, T* c, uint8_t* mask, const int64_t* ids,
+                   const T* embeddings, const T* W, const T* U, const T* b_in, const T* b_rec) {
+    const size_t B = cfg.B, S = cfg.T, E = cfg.C, H = cfg.H, G = cfg.G();
+    for (size_t i = 0; i < B * S; ++i) mask[i] = ids[i] != 0;
+    std::vector<T> x(B * S * E), gates(B * S * G), aux(B * S * H), hu(B * G);
+    embedding_forward<T>(x.data(), ids, embeddings, B * S, E);
+    RNNCache<T> cache;  // inference: gates and aux are workspace
+    cache.gates = gates.data();
+    cache.aux = cfg.cell != RNNCell::simple ? aux.data() : nullptr;
+    std::fill(h, h + B * H, T(0));
+    if (c) std::fill(c, c + B * H, T(0));
+    rnn_forward_products<T>(bf16, cfg, outputs, h, c, cache, x.data(), W, U, b_in, b_rec, mask, (const T*)nullptr,
+                            hu.data());
+    for (size_t b = 0; b < B; ++b) {
+        const T* last = nullptr;  // the last real step's output
+        for (size_t t = 0; t < S; ++t) {
+            T* out = outputs + (b * S + t) * H;
+            if (mask[b * S + t]) last = out;
+            else if (last) std::copy(last, last + H, out);
+            else std::fill(out, out + H, T(0));
+        }
     }
 }
 
