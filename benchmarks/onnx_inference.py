@@ -6,8 +6,10 @@ ONNX Runtime (CPU), in one process with the same thread count; prints a Markdown
 
 The classifiers' predict runs their compiled inference plan (attnx.models.plan); the "eager" column is
 the same predict with the plan switched off (layer by layer from Python), timed interleaved with the
-others round by round. Weights are untrained (time does not depend on them); the Seq2Seq decodes
-max_length steps either way. A second table splits attnx's time per call: the C++ call (kernels and the
+others round by round. Weights are untrained: the classifiers' time does not depend on them; the Seq2Seq's
+one-row greedy step does (its int8 screen of the output layer recomputes in float32 every word that can
+win, and untrained logits lie close together, so more words are recomputed than a trained model needs);
+it decodes max_length steps either way. A second table splits attnx's time per call: the C++ call (kernels and the
 crossing into C++: the plan's run, the Seq2Seq's one call of encoder and search) and the Python around it.
 """
 import argparse
