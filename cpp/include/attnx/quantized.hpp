@@ -67,6 +67,16 @@ ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float16 v) {
     std::memcpy(q, &b, sizeof b);
 }
 
+// reduce_16_lanes' operations, on floats or vectors. Always inlined: a lambda's call left out of line
+// (at -O0, the sanitizer build) would take a vector in the baseline's ABI from an AVX-512 caller and
+// read garbage
+struct LaneMax {
+    template <class T> ATTNX_ALWAYS_INLINE T operator()(T a, T b) const { return a > b ? a : b; }
+};
+struct LaneSum {
+    template <class T> ATTNX_ALWAYS_INLINE T operator()(T a, T b) const { return a + b; }
+};
+
 // reduce_16_lanes' last steps: four lanes (j + 8 and j + 4 joined), j with j + 2, then j + 1
 template <class V, class Op> ATTNX_ALWAYS_INLINE float reduce_16_lanes(const V*, Op op, float4 four) {
     return op(op(four[0], four[2]), op(four[1], four[3]));
@@ -111,7 +121,7 @@ template <class V> ATTNX_ALWAYS_INLINE float row_abs_max(const float* x, int K) 
     else {
         V parts[kCoarseLanes / W];  // m, and zeros (|x| >= 0) in the other lanes
         for (int l = 0; l < kCoarseLanes / W; ++l) parts[l] = l ? V{} : m;
-        return reduce_16_lanes<V>(parts, [](auto a, auto b) { return a > b ? a : b; });
+        return reduce_16_lanes<V>(parts, LaneMax{});
     }
 }
 
@@ -211,8 +221,7 @@ ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, con
         magnitude[l] += (V)((I)xv & abs_mask) * w;
     }
     std::fill(q + K, q + Kp, int8_t(0));
-    const auto add = [](auto a, auto b) { return a + b; };
-    return reduce_16_lanes<V>(error, add) * kCoarseRatio > reduce_16_lanes<V>(magnitude, add);
+    return reduce_16_lanes<V>(error, LaneSum{}) * kCoarseRatio > reduce_16_lanes<V>(magnitude, LaneSum{});
 }
 
 // ----------------------------------------------------------------------------- packed weights
