@@ -49,6 +49,38 @@ def test_quantize_rows_same_bytes_at_each_level(level, rng):
     np.testing.assert_array_equal(q, np.clip(np.rint(x / scale[:, None]), -127, 127).astype(np.int8))
 
 
+def _quantize_rows_numpy(x):
+    """The scheme of quantized.hpp's header in NumPy float32: scale = max|x| / 127, q = round half to
+    even of x * (127 / max|x|)."""
+    top = np.abs(x).max(axis=1)
+    inv = np.where(top > 0, np.float32(127) / np.where(top > 0, top, 1), np.float32(0)).astype(np.float32)
+    return np.clip(np.rint(x * inv[:, None]), -127, 127).astype(np.int8), top / np.float32(127)
+
+
+@pytest.mark.parametrize("K", [1, 15, 17, 40, 100])
+def test_quantize_activations_at_widths_off_16_lanes(level, rng, K):
+    """Rows whose width leaves a partial vector and a partial group of the 16 reduction lanes, the
+    largest magnitude in that tail: the kernel's bytes, scales and coarse rows are NumPy's."""
+    x = rng.normal(size=(5, K)).astype(np.float32)
+    x[1, -1] = -7.0  # the largest magnitude last
+    x[2] = 0.0
+    x[3, -1] = 1000.0  # an outlier the kernel does not use (its row zero): a coarse row when K > 1
+    kernel = _int8(rng, (K, 9))
+    if K > 1:
+        kernel[-1] = 0
+    q, scale, residual_q, residual_scale = _core.quantize_activations(x=x, kernel=kernel)
+    want_q, want_scale = _quantize_rows_numpy(x)
+    np.testing.assert_array_equal(q, want_q)
+    np.testing.assert_array_equal(scale, want_scale)
+    feature_weight = np.abs(kernel.astype(np.float64)).max(axis=1)
+    residual = x - scale[:, None] * q.astype(np.float32)
+    coarse = (np.abs(residual) @ feature_weight) * 16 > np.abs(x.astype(np.float64)) @ feature_weight
+    assert coarse[3] == (K > 1) and not coarse[[0, 1, 2]].any()
+    want_rq, want_rs = _quantize_rows_numpy(residual)
+    np.testing.assert_array_equal(residual_q, np.where(coarse[:, None], want_rq, 0))
+    np.testing.assert_array_equal(residual_scale, np.where(coarse, want_rs, 0))
+
+
 # (name, layer factory, input factory): every quantizable layer kind and option
 def _tokens(rng):
     return rng.integers(1, 50, size=(4, 9))

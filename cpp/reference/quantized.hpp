@@ -37,22 +37,40 @@ inline std::vector<int8_t> unpack_int8(const Int8Kernel& w) {
     return q;
 }
 
-// out[n] = (x qW sW)[n] for one row x (K) as the int8 layers multiply it:
-//   x ~ s q (+ se qe when the row is coarse: sum |e| kw > sum |x| kw / 16, kw[k] = max_n |qW[k, n]|)
-//   out[n] = sum_k (s q[k] + se qe[k]) qW[k, n] sW[n]
-inline void int8_row_product(double* out, const float* x, const int8_t* qW, const float* sW, int K, int N) {
-    std::vector<int8_t> q(K), qe(K, 0);
+// kw[k] = max_n |qW[k, n]| of qW (K, N): how much feature k can reach the output
+inline std::vector<float> feature_weights_int8(const int8_t* qW, int K, int N) {
+    std::vector<float> kw(K, 0.f);
+    for (int k = 0; k < K; ++k)
+        for (int n = 0; n < N; ++n) kw[k] = std::max(kw[k], (float)std::abs((int)qW[(size_t)k * N + n]));
+    return kw;
+}
+
+// One row x (K) as the int8 layers quantize it for features weighing kw: x ~ s q, and when the row is
+// coarse (sum |e| kw > sum |x| kw / 16, e = x - s q) its residual e ~ se qe (else se = 0, qe = 0).
+// Returns whether it is coarse.
+inline bool quantize_row_two_pass_int8(int8_t* q, float& s, int8_t* qe, float& se, const float* x, const float* kw,
+                                       int K) {
     std::vector<float> e(K);
-    const float s = quantize_row_int8(q.data(), x, K);
+    s = quantize_row_int8(q, x, K);
     double error = 0, magnitude = 0;
     for (int k = 0; k < K; ++k) {
-        int kw = 0;
-        for (int n = 0; n < N; ++n) kw = std::max(kw, std::abs((int)qW[(size_t)k * N + n]));
         e[k] = x[k] - s * (float)q[k];
-        error += std::abs((double)e[k]) * kw;
-        magnitude += std::abs((double)x[k]) * kw;
+        error += std::abs((double)e[k]) * kw[k];
+        magnitude += std::abs((double)x[k]) * kw[k];
     }
-    const float se = error * 16 > magnitude ? quantize_row_int8(qe.data(), e.data(), K) : 0.f;
+    const bool coarse = error * 16 > magnitude;
+    std::fill(qe, qe + K, int8_t(0));
+    se = coarse ? quantize_row_int8(qe, e.data(), K) : 0.f;
+    return coarse;
+}
+
+// out[n] = (x qW sW)[n] for one row x (K) as the int8 layers multiply it:
+//   x ~ s q (+ se qe when the row is coarse, quantize_row_two_pass_int8)
+//   out[n] = sum_k (s q[k] + se qe[k]) qW[k, n] sW[n]
+inline void int8_row_product(double* out, const float* x, const int8_t* qW, const float* sW, int K, int N) {
+    std::vector<int8_t> q(K), qe(K);
+    float s, se;
+    quantize_row_two_pass_int8(q.data(), s, qe.data(), se, x, feature_weights_int8(qW, K, N).data(), K);
     for (int n = 0; n < N; ++n) {
         double a = 0, ae = 0;
         for (int k = 0; k < K; ++k) {

@@ -3,10 +3,12 @@
 // quantization's round trip; the second pass of coarse rows (an outlier feature); and the int8
 // Dense and recurrent forward passes (packed kernels, the input projection of every step in one
 // product) against the double reference (cpp/reference/quantized.hpp) at every level and split.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attnx/quantized.hpp"
@@ -121,6 +123,79 @@ static void feed_forward_matches_reference(std::mt19937& rng) {
             dense_forward_int8(hidden.data(), x.data(), R, packed1, b1.data(), a);
             dense_forward_int8(twice.data(), hidden.data(), R, packed2, b2.data(), Activation::linear);
             CHECK(got == twice);
+        });
+    }
+}
+
+// Rows of K = 1, 15, 17, 40, 100 features (partial vectors and 16-lane groups: the tails of row_abs_max
+// and of the coarse sums) at every level: quantize_rows and Int8Activations give the reference's bytes,
+// scales and coarse rows, the largest magnitude in the last (partial) vector; dense_forward_int8 at
+// every level and split = the reference
+static void rows_at_odd_widths(std::mt19937& rng) {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (int K : {1, 15, 17, 40, 100}) {
+        const int R = 5, N = 33, Kp = round_up(K, 4);
+        std::vector<int8_t> qw;
+        std::vector<float> sw;
+        random_int8_kernel(qw, sw, K, N, rng);
+        if (K > 1)
+            for (int n = 0; n < N; ++n) qw[(size_t)(K - 1) * N + n] = 0;  // the last feature unused
+        Int8Kernel packed;
+        pack_int8_kernel(packed, qw.data(), sw.data(), K, N, N);
+        const float* kw = packed.head.feature_weight.data();
+        std::vector<float> x((size_t)R * K);
+        for (auto& v : x) v = normal(rng);
+        x[(size_t)1 * K + K - 1] = -7.f;    // row 1: its largest magnitude last, negative
+        std::fill(x.begin() + 2 * K, x.begin() + 3 * K, 0.f);  // row 2: zero
+        x[(size_t)3 * K + K - 1] = 1000.f;  // row 3: an unused outlier last (coarse when K > 1)
+        x[(size_t)4 * K + K / 2] = 50.f;    // row 4: a used one in the middle
+        std::vector<int8_t> want_q((size_t)R * K), want_qe((size_t)R * K);
+        std::vector<float> want_s(R), want_se(R);
+        std::vector<int> want_which;
+        for (int r = 0; r < R; ++r)
+            if (reference::quantize_row_two_pass_int8(want_q.data() + (size_t)r * K, want_s[r],
+                                                      want_qe.data() + (size_t)r * K, want_se[r], x.data() + (size_t)r * K,
+                                                      kw, K))
+                want_which.push_back(r);
+        CHECK(K == 1 || std::count(want_which.begin(), want_which.end(), 3) == 1);  // the test holds a coarse row
+        for (SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
+            if ((int)level > (int)cpu_simd_level()) continue;
+            simd_level_cap() = (int)level;
+            std::vector<int8_t> q((size_t)R * Kp, 1);
+            std::vector<float> s(R);
+            quantize_rows(q.data(), (size_t)Kp, s.data(), x.data(), (size_t)K, R, K, Kp);
+            Int8Activations a;
+            a.resize(R, K, Kp, packed.head.Np);
+            on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                a.quantize_on<decltype(lanes)>(x.data(), (size_t)K, R, kw);
+            });
+            int bad = 0;
+            for (int r = 0; r < R; ++r) {
+                bad += s[r] != want_s[r] || a.s[r] != want_s[r];
+                for (int k = 0; k < Kp; ++k) {
+                    const int8_t want = k < K ? want_q[(size_t)r * K + k] : 0;
+                    bad += q[(size_t)r * Kp + k] != want || a.q[(size_t)r * Kp + k] != want;
+                }
+            }
+            bad += a.coarse != (int)want_which.size();
+            for (int i = 0; i < std::min(a.coarse, (int)want_which.size()); ++i) {
+                const int r = want_which[i];
+                bad += a.which[i] != r || a.se[i] != want_se[r];
+                for (int k = 0; k < K; ++k) bad += a.qe[(size_t)i * Kp + k] != want_qe[(size_t)r * K + k];
+            }
+            if (bad) std::printf("K=%d level %s: %d quantized values differ from the reference\n", K,
+                                 simd_level_name(level), bad);
+            CHECK(bad == 0);
+        }
+        simd_level_cap() = (int)SimdLevel::avx512;
+        auto bias = attnx::test::cast<float>(attnx::test::random_values(rng, N));
+        std::vector<double> want((size_t)R * N);
+        reference::dense_forward_int8(want.data(), x.data(), qw.data(), sw.data(), bias.data(), R, K, N,
+                                      Activation::relu);
+        attnx::test::on_every_level_and_split([&](const std::string& where) {
+            std::vector<float> got((size_t)R * N);
+            dense_forward_int8(got.data(), x.data(), R, packed, bias.data(), Activation::relu);
+            attnx::test::expect_near(got, want, 1e-5, "dense_forward_int8 K=" + std::to_string(K) + " " + where);
         });
     }
 }
@@ -270,6 +345,7 @@ int main() {
             CHECK(std::abs(out[N + n] - y) <= dx * (wsum + K * dw) + xsum * dw + 1e-3);
         }
     }
+    rows_at_odd_widths(rng);
     dense_matches_reference(rng);
     feed_forward_matches_reference(rng);
     for (RNNCell cell : {RNNCell::simple, RNNCell::gru, RNNCell::lstm})

@@ -40,6 +40,7 @@
 namespace attnx {
 
 constexpr int kInt8Max = 127;
+constexpr int kCoarseLanes = 16;  // the lanes of a row's reductions (reduce_16_lanes), at every SIMD level
 
 // Rounded up to a multiple of m
 inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
@@ -66,6 +67,47 @@ ATTNX_ALWAYS_INLINE void store_int8(int8_t* q, float16 v) {
     std::memcpy(q, &b, sizeof b);
 }
 
+// reduce_16_lanes' operations, on floats or vectors. Always inlined: a lambda's call left out of line
+// (at -O0, the sanitizer build) would take a vector in the baseline's ABI from an AVX-512 caller and
+// read garbage
+struct LaneMax {
+    template <class T> ATTNX_ALWAYS_INLINE T operator()(T a, T b) const { return a > b ? a : b; }
+};
+struct LaneSum {
+    template <class T> ATTNX_ALWAYS_INLINE T operator()(T a, T b) const { return a + b; }
+};
+
+// reduce_16_lanes' last steps: four lanes (j + 8 and j + 4 joined), j with j + 2, then j + 1
+template <class V, class Op> ATTNX_ALWAYS_INLINE float reduce_16_lanes(const V*, Op op, float4 four) {
+    return op(op(four[0], four[2]), op(four[1], four[3]));
+}
+
+// The 16 lanes held by L = 16 / W vectors (lane j in parts[j / W]) reduced by op in one fixed tree,
+// lane j with j + 8, then j + 4, j + 2 and j + 1, in vector halves: the same float at every SIMD level
+template <class V, class Op> ATTNX_ALWAYS_INLINE float reduce_16_lanes(const V* parts, Op op) {
+    constexpr int W = Lanes<V>::W;
+    static_assert(kCoarseLanes % W == 0, "16 lanes are whole vectors");
+    if constexpr (W == 16) {
+        const float8 lo = __builtin_shufflevector(parts[0], parts[0], 0, 1, 2, 3, 4, 5, 6, 7);
+        const float8 hi = __builtin_shufflevector(parts[0], parts[0], 8, 9, 10, 11, 12, 13, 14, 15);
+        const float8 eight = op(lo, hi);
+        return reduce_16_lanes<float4>(nullptr, op, op(__builtin_shufflevector(eight, eight, 0, 1, 2, 3),
+                                                       __builtin_shufflevector(eight, eight, 4, 5, 6, 7)));
+    } else if constexpr (W == 8) {
+        const float8 eight = op(parts[0], parts[1]);
+        return reduce_16_lanes<float4>(nullptr, op, op(__builtin_shufflevector(eight, eight, 0, 1, 2, 3),
+                                                       __builtin_shufflevector(eight, eight, 4, 5, 6, 7)));
+    } else if constexpr (W == 4) {
+        return reduce_16_lanes<float4>(nullptr, op, op(op(parts[0], parts[2]), op(parts[1], parts[3])));
+    } else {
+        float a[kCoarseLanes];
+        for (int j = 0; j < kCoarseLanes; ++j) a[j] = parts[j];
+        for (int half = kCoarseLanes / 2; half >= 1; half /= 2)
+            for (int j = 0; j < half; ++j) a[j] = op(a[j], a[j + half]);
+        return a[0];
+    }
+}
+
 // max_k |x[k]| of one row (K values)
 template <class V> ATTNX_ALWAYS_INLINE float row_abs_max(const float* x, int K) {
     using I = typename Lanes<V>::I;
@@ -75,9 +117,12 @@ template <class V> ATTNX_ALWAYS_INLINE float row_abs_max(const float* x, int K) 
         const V a = (V)((I)vload<V>(x + k, std::min(W, K - k)) & (I{} + 0x7fffffff));  // |x|: the sign bit off
         m = a > m ? a : m;
     }
-    float mx = 0.f;
-    for (int j = 0; j < W; ++j) mx = std::max(mx, lane(m, j));
-    return mx;
+    if constexpr (W == 1) return m;
+    else {
+        V parts[kCoarseLanes / W];  // m, and zeros (|x| >= 0) in the other lanes
+        for (int l = 0; l < kCoarseLanes / W; ++l) parts[l] = l ? V{} : m;
+        return reduce_16_lanes<V>(parts, LaneMax{});
+    }
 }
 
 // v (already x * 127 / max|x|) rounded half to even, within [-127, 127]. The rounding adds and takes
@@ -149,15 +194,15 @@ inline void int8_feature_weights(float* kw, const int8_t* qw, size_t ldw, int K,
     }
 }
 
-// One row x (K values) quantized to q (zero from K to Kp), its scale returned in s, its residual
-// e = x - s q, and whether it is coarse for features weighing kw, in one pass after the max. The
+// One row x (K values) quantized to q (zero from K to Kp), its scale returned in s, and whether it is
+// coarse for features weighing kw (by its residual e = x - s q, not stored: a coarse row's second
+// pass, Int8Activations::quantize_on, recomputes it), in one pass after the max. The
 // coarse sums run in 16 fixed lanes (feature k in lane k % 16, each lane in order, the lanes added in
-// order at the end): the same decision at every SIMD level, whose vectors (16, 2 x 8 or 4 x 4 lanes)
-// hold those lanes.
-constexpr int kCoarseLanes = 16;
+// reduce_16_lanes' tree): the same decision at every SIMD level, whose vectors (16, 2 x 8 or 4 x 4
+// lanes) hold those lanes.
 template <class V>
-ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, float* __restrict e,
-                                             const float* __restrict x, const float* __restrict kw, int K, int Kp) {
+ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, const float* __restrict x,
+                                             const float* __restrict kw, int K, int Kp) {
     using I = typename Lanes<V>::I;
     constexpr int W = Lanes<V>::W, L = kCoarseLanes / W;
     static_assert(kCoarseLanes % W == 0, "the coarse lanes are whole vectors");
@@ -172,15 +217,11 @@ ATTNX_ALWAYS_INLINE bool quantize_row_coarse(int8_t* __restrict q, float& s, flo
         const V rounded = round_int8(xv * inv);
         store_int8_lanes(q + k, rounded, n);
         const V ev = xv - sv * rounded;
-        vstore(e + k, ev, n);
         error[l] += (V)((I)ev & abs_mask) * w;
         magnitude[l] += (V)((I)xv & abs_mask) * w;
     }
     std::fill(q + K, q + Kp, int8_t(0));
-    float total_error = 0.f, total_magnitude = 0.f;
-    for (int j = 0; j < kCoarseLanes; ++j)
-        total_error += lane(error[j / W], j % W), total_magnitude += lane(magnitude[j / W], j % W);
-    return total_error * kCoarseRatio > total_magnitude;
+    return reduce_16_lanes<V>(error, LaneSum{}) * kCoarseRatio > reduce_16_lanes<V>(magnitude, LaneSum{});
 }
 
 // ----------------------------------------------------------------------------- packed weights
@@ -412,14 +453,14 @@ inline void int8_product_reference(int32_t* acc, size_t ldc, const int8_t* qx, s
 struct Int8Activations {
     std::vector<int8_t> q, qe;
     std::vector<float> s, se, e;
-    std::vector<int> which;
+    std::vector<int> which, coarse_of;  // coarse_of[r]: row r's index i in the second pass, or -1
     std::vector<int32_t> acc2;
     int rows = 0, K = 0, Kp = 0, Np = 0, coarse = 0;
 
     // the second pass's buffers are sized when a coarse row first comes
     void resize(int rows_, int K_, int Kp_, int Np_) {
         rows = rows_, K = K_, Kp = Kp_, Np = Np_;
-        q.resize((size_t)rows * Kp), s.resize(rows), which.resize(rows), e.resize(K);
+        q.resize((size_t)rows * Kp), s.resize(rows), which.resize(rows), coarse_of.resize(rows), e.resize(K);
     }
 
     // n rows (<= rows) of x, ldx apart, for a product with weights whose features weigh kw (K): one
@@ -429,13 +470,16 @@ struct Int8Activations {
     ATTNX_ALWAYS_INLINE void quantize_on(const float* x, size_t ldx, int n, const float* kw) {
         coarse = 0;
         for (int r = 0; r < n; ++r) {
-            if (!quantize_row_coarse<V>(q.data() + (size_t)r * Kp, s[r], e.data(), x + (size_t)r * ldx, kw, K, Kp))
-                continue;
+            coarse_of[r] = -1;
+            const float* xr = x + (size_t)r * ldx;
+            int8_t* qr = q.data() + (size_t)r * Kp;
+            if (!quantize_row_coarse<V>(qr, s[r], xr, kw, K, Kp)) continue;
+            for (int k = 0; k < K; ++k) e[k] = xr[k] - s[r] * (float)qr[k];  // the same floats as the coarse sums'
             if (qe.size() < (size_t)rows * Kp || acc2.size() < (size_t)rows * Np)  // sized for the largest use
                 qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
             quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K,
                                 1, K, Kp);
-            which[coarse++] = r;
+            coarse_of[r] = coarse, which[coarse++] = r;
         }
     }
 
@@ -448,10 +492,15 @@ struct Int8Activations {
 
     // out[r, j - first] (n rows, ldo apart; n0 <= j < n1) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be
     // null), then += acc2[i, j] (se[i] sw[j]) for the coarse row r = which[i]; `first`: the column that
-    // out's first holds (0: out holds every column from 0; n0: a block of columns apart)
+    // out's first holds (0: out holds every column from 0; n0: a block of columns apart). `relu`: then
+    // out = relu(out) (activation_forward's), on each row while it is in L1
     // (plain loops, inlined so that they vectorize at the caller's level)
     ATTNX_ALWAYS_INLINE void dequantize(float* out, size_t ldo, const int32_t* acc, size_t ldc, int n, const float* sw,
-                                        const float* bias, int n0, int n1, size_t ld_acc2, int first = 0) const {
+                                        const float* bias, int n0, int n1, size_t ld_acc2, int first = 0,
+                                        bool relu = false) const {
+        auto rectify = [&](float* o) __attribute__((always_inline)) {
+            for (int j = n0; j < n1; ++j) o[j - first] = o[j - first] < 0.f ? 0.f : o[j - first];  // NaN stays NaN
+        };
         for (int r = 0; r < n; ++r) {
             float* o = out + (size_t)r * ldo;
             const int32_t* a = acc + (size_t)r * ldc;
@@ -460,12 +509,14 @@ struct Int8Activations {
                 for (int j = n0; j < n1; ++j) o[j - first] = (float)a[j] * (sr * sw[j]) + bias[j];
             else
                 for (int j = n0; j < n1; ++j) o[j - first] = (float)a[j] * (sr * sw[j]);
+            if (relu && coarse_of[r] < 0) rectify(o);  // a coarse row's after its second pass
         }
         for (int i = 0; i < coarse; ++i) {
             float* o = out + (size_t)which[i] * ldo;
             const int32_t* a = acc2.data() + (size_t)i * ld_acc2;
             const float si = se[i];
             for (int j = n0; j < n1; ++j) o[j - first] += (float)a[j] * (si * sw[j]);
+            if (relu) rectify(o);
         }
     }
 };
@@ -519,11 +570,12 @@ inline void dense_rows_int8(const Int8ColumnBlocks& blocks, size_t r0, const flo
     for (int i = 0, n0 = 0; i < blocks.count; n0 = blocks.ends[i++]) {
         const int width = blocks.ends[i] - n0;
         float* out = blocks.out[i] + r0 * width;
+        const bool relu = activation == Activation::relu;  // in the epilogue, each row still in L1
         on_widest_lanes<float>([&](auto) __attribute__((always_inline)) {
             xq.dequantize(out, (size_t)width, scratch.acc.data(), (size_t)B.Np, n, w.scale.data(), bias, n0,
-                          blocks.ends[i], (size_t)B.Np, n0);
+                          blocks.ends[i], (size_t)B.Np, n0, relu);
         });
-        activation_forward<float>(out, out, (size_t)n, (size_t)width, activation);
+        if (!relu) activation_forward<float>(out, out, (size_t)n, (size_t)width, activation);
     }
 }
 
