@@ -3,8 +3,11 @@
 // reference/quantized.hpp's (its input rounded to float, as the kernel holds it).
 // Layouts as decoder_step.hpp: x (N, D), caches (layers, N, capacity, D), cross keys / values
 // (layers, N, S, D), source_mask (N, S), cross_weights (N, H, S); with c.memory_rows, row n reads
-// memory row memory_rows[n] of cross keys / values (layers, memory_batch, S, D) and source_mask.
+// memory row memory_rows[n] of cross keys / values (layers, memory_batch, S, D) and source_mask; with
+// c.cache_rows, row n's keys / values of position s are cache row cache_rows[n * capacity + s] of the
+// caches (layers, cache_batch, capacity, D).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -90,8 +93,13 @@ inline void decoder_stack_step(double* x, double* self_keys, double* self_values
     };
     for (int l = 0; l < c.layers; ++l) {
         const DecoderLayerWeights<double>& w = layers[l];
-        double* keys = self_keys + (size_t)l * N * c.capacity * D;
-        double* values = self_values + (size_t)l * N * c.capacity * D;
+        const size_t cache_batch = c.cache_rows ? (size_t)c.cache_batch : (size_t)N;
+        double* keys = self_keys + (size_t)l * cache_batch * c.capacity * D;
+        double* values = self_values + (size_t)l * cache_batch * c.capacity * D;
+        // the cache row of row n's position s
+        auto cache_row = [&](int n, int s) {
+            return c.cache_rows ? (size_t)c.cache_rows[(size_t)n * c.capacity + s] : (size_t)n;
+        };
         residual(w.norm1_gamma, w.norm1_beta, [&](const double* in, double* result) {
             // qkv (N, 3D): q, k, v of each row side by side, from one product (D, 3D) or three
             if (w.self_key.present()) {
@@ -107,12 +115,23 @@ inline void decoder_stack_step(double* x, double* self_keys, double* self_values
             }
             for (int n = 0; n < N; ++n)
                 for (int d = 0; d < D; ++d) {
+                    const size_t at = (cache_row(n, c.position) * c.capacity + c.position) * D + d;
                     q[(size_t)n * D + d] = qkv[(size_t)n * 3 * D + d];
-                    keys[((size_t)n * c.capacity + c.position) * D + d] = qkv[(size_t)n * 3 * D + D + d];
-                    values[((size_t)n * c.capacity + c.position) * D + d] = qkv[(size_t)n * 3 * D + 2 * D + d];
+                    keys[at] = qkv[(size_t)n * 3 * D + D + d];
+                    values[at] = qkv[(size_t)n * 3 * D + 2 * D + d];
                 }
-            attend_one_query(context.data(), nullptr, q.data(), keys, values, nullptr, N, c.H, D, c.position + 1,
-                             c.capacity);
+            // one row at a time, on its keys and values of positions 0..position gathered from their rows
+            const int seen = c.position + 1;
+            std::vector<double> row_keys((size_t)seen * D), row_values(row_keys.size());
+            for (int n = 0; n < N; ++n) {
+                for (int s = 0; s < seen; ++s) {
+                    const size_t at = (cache_row(n, s) * c.capacity + s) * D;
+                    std::copy(keys + at, keys + at + D, row_keys.begin() + (size_t)s * D);
+                    std::copy(values + at, values + at + D, row_values.begin() + (size_t)s * D);
+                }
+                attend_one_query(context.data() + (size_t)n * D, nullptr, q.data() + (size_t)n * D, row_keys.data(),
+                                 row_values.data(), nullptr, 1, c.H, D, seen, (size_t)seen);
+            }
             step_product(result, context.data(), w.self_output, N, D, D);
         });
         if (w.cross_query.present()) {  // no cross-attention block: an encoder layer run causally

@@ -4,8 +4,10 @@
 // layer's cross-attention weights, on odd sizes and on sizes that split across two threads; and
 // with int8 kernels (quantized.hpp) in place of float ones, against the reference's int8 products; and
 // a step that a team of two threads splits by columns (a few rows) giving one thread's bits.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -73,20 +75,28 @@ constexpr int kKernelSlots[8] = {2, 4, 6, 8, 12, 14, 18, 20};
 // The inputs of one step besides the weights: x, both caches, the cross keys and values (M memory
 // rows: memory_batch, or N), the source mask (row 0 padded, row 1 with nothing to attend to) and the
 // config; with memory_batch > 0 the rows read memory rows (n * 3 + 1) % memory_batch (a beam
-// search's shared memory)
+// search's shared memory); with cache_batch > 0 (>= N) the rows read their history from random cache
+// rows per position and write the position to distinct random ones (a beam search's reordered rows)
 struct StepInputs {
     std::vector<double> x, keys, values, cross_keys, cross_values;
     std::vector<uint8_t> mask;
-    std::vector<int32_t> memory_rows;
+    std::vector<int32_t> memory_rows, cache_rows;
     DecoderStepConfig c;
 
     StepInputs(std::mt19937& rng, int layers, int N, int D, int H, int F, int S, int capacity, int position,
-               bool norm_first, Activation act, int memory_batch) {
-        const int M = memory_batch ? memory_batch : N;
+               bool norm_first, Activation act, int memory_batch, int cache_batch = 0) {
+        const int M = memory_batch ? memory_batch : N, C = cache_batch ? cache_batch : N;
         x = random_values(rng, (size_t)N * D);
         memory_rows.resize((size_t)N);
         for (int n = 0; n < N; ++n) memory_rows[n] = (n * 3 + 1) % M;
-        const size_t cache = (size_t)layers * N * capacity * D, cross = (size_t)layers * M * S * D;
+        cache_rows.resize((size_t)N * capacity);
+        std::vector<int32_t> written(C);
+        std::iota(written.begin(), written.end(), 0);
+        std::shuffle(written.begin(), written.end(), rng);
+        for (int n = 0; n < N; ++n)
+            for (int s = 0; s < capacity; ++s)
+                cache_rows[(size_t)n * capacity + s] = s == position ? written[n] : (int32_t)(rng() % C);
+        const size_t cache = (size_t)layers * C * capacity * D, cross = (size_t)layers * M * S * D;
         keys = random_values(rng, cache), values = random_values(rng, cache);
         cross_keys = random_values(rng, cross), cross_values = random_values(rng, cross);
         mask.assign((size_t)M * S, 1);
@@ -95,6 +105,7 @@ struct StepInputs {
         c.layers = layers, c.N = N, c.D = D, c.H = H, c.F = F, c.S = S, c.capacity = capacity, c.position = position;
         c.norm_first = norm_first, c.activation = act, c.epsilon = 1e-5;
         if (memory_batch) c.memory_rows = memory_rows.data(), c.memory_batch = memory_batch;
+        if (cache_batch) c.cache_rows = cache_rows.data(), c.cache_batch = cache_batch;
     }
 
     // the reference step on these inputs
@@ -171,14 +182,16 @@ void test_decoder_step_int8(int layers, int N, int D, int H, int F, int S, int c
 }
 
 void test_decoder_step(int layers, int N, int D, int H, int F, int S, int capacity, int position, bool norm_first,
-                       Activation act, bool with_biases, unsigned seed, int memory_batch = 0) {
+                       Activation act, bool with_biases, unsigned seed, int memory_batch = 0, int cache_batch = 0) {
     std::mt19937 rng(seed);
     const StackWeights weights(rng, layers, D, F, with_biases, S > 0);
-    const StepInputs inputs(rng, layers, N, D, H, F, S, capacity, position, norm_first, act, memory_batch);
-    char where[160];
-    std::snprintf(where, sizeof where, "decoder_stack_step layers=%d N=%d D=%d H=%d F=%d S=%d t=%d%s%s%s memory=%d",
-                  layers, N, D, H, F, S, position, norm_first ? " pre-norm" : "", act == Activation::gelu ? " gelu" : "",
-                  with_biases ? "" : " no biases", memory_batch);
+    const StepInputs inputs(rng, layers, N, D, H, F, S, capacity, position, norm_first, act, memory_batch,
+                            cache_batch);
+    char where[180];
+    std::snprintf(where, sizeof where,
+                  "decoder_stack_step layers=%d N=%d D=%d H=%d F=%d S=%d t=%d%s%s%s memory=%d cache rows=%d", layers, N,
+                  D, H, F, S, position, norm_first ? " pre-norm" : "", act == Activation::gelu ? " gelu" : "",
+                  with_biases ? "" : " no biases", memory_batch, cache_batch);
     check_every_level(where, inputs.reference(weights.pointers<double>(weights.arrays)), [&](auto tag) {
         using T = decltype(tag);
         std::vector<std::vector<T>> arrays;
@@ -191,14 +204,15 @@ void test_decoder_step(int layers, int N, int D, int H, int F, int S, int capaci
 // heads (decoder_stack_run), give exactly one thread's values at every level, float and int8
 // kernels (fused q, k, v or apart), and the feed-forward's shares whole vectors (F = 208: 96 + 112)
 void test_team_equals_one_thread(int layers, int N, int D, int H, int F, int S, int capacity, int position,
-                                 bool norm_first, bool int8, bool fused, unsigned seed) {
+                                 bool norm_first, bool int8, bool fused, unsigned seed, int cache_batch = 0) {
     std::mt19937 rng(seed);
     StackWeights weights(rng, layers, D, F, true, S > 0);
     std::vector<std::shared_ptr<Int8Kernel>> owned;
     std::vector<const Int8Kernel*> kernels;
     if (int8 || fused) kernels = int8_kernels(weights, owned, layers, D, F, fused, !int8);
     if (!int8) std::fill(kernels.begin(), kernels.end(), nullptr);  // fused q, k, v as a float kernel
-    const StepInputs inputs(rng, layers, N, D, H, F, S, capacity, position, norm_first, Activation::relu, 0);
+    const StepInputs inputs(rng, layers, N, D, H, F, S, capacity, position, norm_first, Activation::relu, 0,
+                            cache_batch);
     std::vector<std::vector<float>> arrays;
     for (const auto& a : weights.arrays) arrays.push_back(cast<float>(a));
     const auto layers_ = weights.pointers<float>(arrays, kernels.empty() ? nullptr : &kernels);
@@ -209,8 +223,8 @@ void test_team_equals_one_thread(int layers, int N, int D, int H, int F, int S, 
         const Named one = inputs.run<float>(layers_);
         set_blas_threads(2);
         char where[160];
-        std::snprintf(where, sizeof where, "decoder_stack_step team N=%d D=%d F=%d%s%s%s %s: 2 threads", N, D, F,
-                      norm_first ? " pre-norm" : "", int8 ? " int8" : "", fused ? " fused qkv" : "",
+        std::snprintf(where, sizeof where, "decoder_stack_step team N=%d D=%d F=%d%s%s%s cache rows=%d %s: 2 threads", N,
+                      D, F, norm_first ? " pre-norm" : "", int8 ? " int8" : "", fused ? " fused qkv" : "", cache_batch,
                       simd_level_name((SimdLevel)level));
         compare_all(inputs.run<float>(layers_), one, 0.0, where);
     }
@@ -252,5 +266,12 @@ int main() {
     // one row whose second member's heads begin off a vector (D 72, 3 heads of 24): the members' shares of
     // q, k, v and a sync, not their heads' columns alone
     test_team_equals_one_thread(2, 1, 72, 3, 100, 9, 12, 5, true, false, false, seed++);
+    // each row's history read through its cache row per position, the position written to another row
+    // (a beam search's reorder by cache_rows): alone, rows split across threads, and on a team
+    test_decoder_step(2, 3, 12, 3, 17, 5, 6, 4, false, Activation::relu, true, seed++, 0, 5);
+    test_decoder_step(2, 3, 12, 3, 17, 5, 6, 0, true, Activation::relu, true, seed++, 2, 3);  // the first position
+    test_decoder_step(2, 37, 64, 4, 96, 29, 12, 7, true, Activation::relu, true, seed++, 0, 45);
+    test_decoder_step(2, 4, 128, 4, 200, 9, 12, 5, false, Activation::gelu, true, seed++, 3, 9);
+    for (int N : {1, 4, 11}) test_team_equals_one_thread(2, N, 128, 4, 208, 9, 12, 5, true, false, false, seed++, 16);
     return attnx::test::report("test_reference_decoder_step");
 }

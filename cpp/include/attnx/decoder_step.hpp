@@ -16,7 +16,10 @@
 // source_mask (N, S) (nonzero = real token, null = all real); cross_weights (N, H, S). With
 // memory_rows, row n attends to memory row memory_rows[n] of the cross keys / values (layers,
 // memory_batch, S, D) and of the source mask (memory_batch, S): a beam search's rows share their
-// sentence's memory instead of copying it per beam and per reorder.
+// sentence's memory instead of copying it per beam and per reorder. With cache_rows, row n's keys /
+// values of position s sit in cache row cache_rows[n * capacity + s] of the caches (layers, cache_batch,
+// capacity, D), and the step writes its position there: a beam search reorders its rows by rewriting
+// that table (the rows' histories shared, as the beams' are), never the caches.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -137,6 +140,9 @@ struct DecoderStepConfig {
     Activation activation = Activation::relu;
     const int32_t* memory_rows = nullptr;  // (N,) each row's memory row; null: row n reads memory row n
     int memory_batch = 0;                  // memory rows per layer of the cross keys / values (with memory_rows)
+    // (N, capacity) each row's cache row per position, distinct rows at `position`; null: row n's own
+    const int32_t* cache_rows = nullptr;
+    int cache_batch = 0;  // cache rows per layer of the self-attention caches (with cache_rows)
 };
 
 // reference: cpp/reference/decoder_step.hpp, attend_one_query
@@ -144,12 +150,13 @@ struct DecoderStepConfig {
 //   w[n, h, s] = masked_softmax_s(scale * q[n, h, :] . K[n, s, h, :])   s < keys, allowed[n, s]
 //   context[n, h, :] = sum_s w[n, h, s] V[n, s, h, :]
 // q rows ldq apart; K, V rows D apart, batch rows `row_stride` rows apart; row n reads batch row
-// key_rows[n] of K, V and `allowed` (null: row n); weights (N, H, keys) written when not null. Only the
-// heads [h0, h1) when h1 >= 0 (a team member's: their columns of q, K, V, context and weights alone).
+// key_rows[n] of K, V and `allowed` (null: row n), or with position_rows its key s from batch row
+// position_rows[n * row_stride + s]; weights (N, H, keys) written when not null. Only the heads
+// [h0, h1) when h1 >= 0 (a team member's: their columns of q, K, V, context and weights alone).
 template <class T>
 void attend_one_query(T* context, T* weights, const T* q, size_t ldq, const T* K, const T* V, const uint8_t* allowed,
                       const int32_t* key_rows, int N, int H, int D, int keys, size_t row_stride, int h0 = 0,
-                      int h1 = -1) {
+                      int h1 = -1, const int32_t* position_rows = nullptr) {
     const int Dh = D / H, heads = (h1 < 0 ? H : h1) - h0;
     const T scale = T(1) / std::sqrt(T(Dh));
     parallel_for((size_t)N * heads, double(N) * keys * Dh * heads * 4, [&](size_t lo, size_t hi) {
@@ -160,10 +167,13 @@ void attend_one_query(T* context, T* weights, const T* q, size_t ldq, const T* K
             for (size_t p = lo; p < hi; ++p) {
                 const size_t n = p / heads, h = h0 + p % heads, m = key_rows ? (size_t)key_rows[n] : n;
                 const T* qh = q + n * ldq + h * Dh;
-                const T* Kn = K + m * row_stride * D + h * Dh;
-                const T* Vn = V + m * row_stride * D + h * Dh;
+                const int32_t* from = position_rows ? position_rows + n * row_stride : nullptr;
+                // key s's offset from K + h Dh (and V's): in row m, or in its own row
+                auto at = [&](int s) __attribute__((always_inline)) {
+                    return ((from ? (size_t)from[s] : m) * row_stride + s) * D + h * Dh;
+                };
                 for (int s = 0; s < keys; ++s) {
-                    const T* ks = Kn + (size_t)s * D;
+                    const T* ks = K + at(s);
                     row[s] = scale * sum_lanes<T>(Dh, [&](size_t d) __attribute__((always_inline)) {
                         return qh[d] * ks[d];
                     });
@@ -175,7 +185,7 @@ void attend_one_query(T* context, T* weights, const T* q, size_t ldq, const T* K
                     const int width = std::min(L, Dh - d);
                     Vec acc{};
                     for (int s = 0; s < keys; ++s)
-                        acc += vbroadcast<Vec>(row[s]) * vload<Vec>(Vn + (size_t)s * D + d, width);
+                        acc += vbroadcast<Vec>(row[s]) * vload<Vec>(V + at(s) + d, width);
                     vstore(ch + d, acc, width);
                 }
                 if (weights) std::copy(row.begin(), row.end(), weights + (n * H + h) * keys);
@@ -287,12 +297,14 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
             std::copy(h, h + rows, x);
         }
     };
+    // rows lo..'s cache rows per position (through cache_rows, from the layer's first row), or their own
+    const int32_t* cache_rows = c.cache_rows ? c.cache_rows + lo * c.capacity : nullptr;
+    const size_t cache_batch = c.cache_rows ? (size_t)c.cache_batch : (size_t)c.N;
     for (int l = 0; l < c.layers; ++l) {
         const DecoderLayerWeights<T>& w = layers[l];
-        // this layer's cache rows of rows lo.. (layers are N_all rows apart)
-        const size_t layer_rows = (size_t)l * c.N + lo;
-        T* keys = self_keys + layer_rows * c.capacity * D;
-        T* values = self_values + layer_rows * c.capacity * D;
+        const size_t first_row = (size_t)l * cache_batch + (cache_rows ? 0 : lo);
+        T* keys = self_keys + first_row * c.capacity * D;
+        T* values = self_values + first_row * c.capacity * D;
         residual(w.norm1_gamma, w.norm1_beta, [&](const T* in, T* result) {
             // q, k, v side by side in qkv: (N, 3D) from one product, or three (N, D) apart
             const bool fused = !w.self_key.present();
@@ -315,12 +327,13 @@ void decoder_stack_rows(T* x_all, T* self_keys, T* self_values, T* cross_weights
                 team.sync();  // every column of q, k, v
             }
             for (int n = 0; n < N; ++n) {  // this member's heads' columns of the caches
-                const size_t row = (size_t)n * ldq, cached = ((size_t)n * c.capacity + t) * D;
+                const size_t to = cache_rows ? (size_t)cache_rows[(size_t)n * c.capacity + t] : (size_t)n;
+                const size_t row = (size_t)n * ldq, cached = (to * c.capacity + t) * D;
                 std::copy(k + row + d0, k + row + d1, keys + cached + d0);
                 std::copy(v + row + d0, v + row + d1, values + cached + d0);
             }
             attend_one_query<T>(context, nullptr, q, ldq, keys, values, nullptr, nullptr, N, c.H, D, t + 1,
-                                (size_t)c.capacity, h0, h1);
+                                (size_t)c.capacity, h0, h1, cache_rows);
             team.sync();  // every head's context
             product(result, context, w.self_output, D, D);
             team.sync();
@@ -421,14 +434,14 @@ template <class T> struct DecoderEnds {
     int vocab = 0;
 };
 
-// DecoderSearchStep's self-attention caches (and their spares for select) of `size` values each, kept on
-// the thread from one search to the next (up to kKeptBytes): allocating them per call paid a page fault
-// per 4 KiB and a zeroing pass (21 MB for 32 sentences x 4 beams x 20 positions), though every value is
-// written before it is read. A search nested on the thread (a Python step's) holds caches of its own.
+// DecoderSearchStep's self-attention caches of `size` values each, kept on the thread from one search to
+// the next (up to kKeptBytes): allocating them per call paid a page fault per 4 KiB and a zeroing pass
+// (21 MB for 32 sentences x 4 beams x 20 positions, with the spares select copied into then), though every
+// value is written before it is read. A search nested on the thread (a Python step's) holds caches of its own.
 template <class T> class SearchCaches {
   public:
     static constexpr size_t kKeptBytes = size_t(64) << 20;
-    std::vector<T> keys, values, spare_keys, spare_values;
+    std::vector<T> keys, values;
 
     // The thread's kept caches (or, while another search on the thread holds them, new ones) for one
     // search, given back when it ends
@@ -438,13 +451,12 @@ template <class T> class SearchCaches {
             thread_local SearchCaches kept;
             if (kept.taken_) own_ = std::make_unique<SearchCaches>();
             caches_ = own_ ? own_.get() : &kept;
-            for (auto* v : {&caches_->keys, &caches_->values, &caches_->spare_keys, &caches_->spare_values})
-                v->resize(size);
+            caches_->keys.resize(size), caches_->values.resize(size);
             caches_->taken_ = true;
         }
         ~Lease() {
             caches_->taken_ = false;
-            if (4 * caches_->keys.size() * sizeof(T) > kKeptBytes) *caches_ = SearchCaches();
+            if (2 * caches_->keys.size() * sizeof(T) > kKeptBytes) *caches_ = SearchCaches();
         }
         Lease(const Lease&) = delete;
         Lease& operator=(const Lease&) = delete;
@@ -460,9 +472,11 @@ template <class T> class SearchCaches {
 };
 
 // The step functor of search.hpp (its header names the interface) over a decoder stack: the caches of
-// `rows` rows (layers, rows, capacity, D), reordered by row index in select (the decoded positions
-// only; the memory is shared through memory_rows, never copied). config: the stack's sizes, with N
-// the most rows a step takes, capacity the most positions and memory_batch the memory's rows.
+// N rows (layers, N, capacity, D), each step's row n writing cache row n at its position, and each row
+// reading its history through its cache row per position (cache_rows), which select reorders: a kept
+// row's history stays where it was written, shared by the rows descending from it (the memory likewise
+// through memory_rows); nothing is copied. config: the stack's sizes, with N the most rows a step takes,
+// capacity the most positions and memory_batch the memory's rows.
 template <class T> class DecoderSearchStep {
 public:
     using logits_type = T;
@@ -476,6 +490,7 @@ public:
           caches_((size_t)c_.layers * c_.N * c_.capacity * c_.D) {
         memory_rows_.resize((size_t)c_.memory_batch);  // the first step: row n is sentence n
         for (int n = 0; n < c_.memory_batch; ++n) memory_rows_[n] = n;
+        cache_rows_.resize((size_t)c_.N * c_.capacity), spare_cache_rows_.resize(cache_rows_.size());
         x_.resize((size_t)c_.N * c_.D), h_.resize(x_.size()), mean_.resize(c_.N), rstd_.resize(c_.N);
         logits_.resize((size_t)c_.N * ends_.vocab);
         if (keep_attention_) weights_.resize((size_t)c_.N * c_.H * c_.S);
@@ -483,7 +498,7 @@ public:
 
     const T* step(const int64_t* ids, int rows, int position) {
         const int D = c_.D;
-        rows_ = rows, length_ = position + 1;
+        length_ = position + 1;
         // x = E[id] * sqrt(D) + P[position]
         const T* p = ends_.positions + (size_t)position * D;
         for (int n = 0; n < rows; ++n) {
@@ -497,8 +512,10 @@ public:
                 for (int d = 0; d < D; ++d) xn[d] = e[d] * ends_.embedding_scale + p[d];
             }
         }
+        for (int n = 0; n < rows; ++n) cache_rows_[(size_t)n * c_.capacity + position] = n;
         DecoderStepConfig c = c_;
         c.N = rows, c.position = position, c.memory_rows = memory_rows_.data();
+        c.cache_rows = cache_rows_.data(), c.cache_batch = c_.N;
         // logits = norm(x) W + b by the threads that ran the stack, on their rows or columns
         auto logits = [&](const T* x, size_t lo, size_t hi, StepBuffers<T>& own, const TeamMember& team) {
             if (!ends_.output.present()) return;
@@ -529,23 +546,16 @@ public:
     int attention_keys() const { return c_.S; }
     int vocab() const { return ends_.vocab; }
 
-    // the caches of rows `rows` (of the last step's), in that order: the decoded positions copied
-    // into the spare caches, which become the caches
+    // the state of rows `rows` (of the last step's), in that order: their cache rows of the decoded
+    // positions (the caches stay as they are)
     void select(const int32_t* rows, int count) {
-        const size_t D = c_.D, capacity = c_.capacity, decoded = (size_t)length_ * D;
-        SearchCaches<T>& k = *caches_;
-        for (int l = 0; l < c_.layers; ++l)
-            for (int j = 0; j < count; ++j) {
-                const size_t from = (((size_t)l * rows_ + rows[j]) * capacity) * D;
-                const size_t to = (((size_t)l * count + j) * capacity) * D;
-                std::copy(k.keys.data() + from, k.keys.data() + from + decoded, k.spare_keys.data() + to);
-                std::copy(k.values.data() + from, k.values.data() + from + decoded, k.spare_values.data() + to);
-            }
-        k.keys.swap(k.spare_keys), k.values.swap(k.spare_values);
+        const size_t capacity = c_.capacity;
+        for (int j = 0; j < count; ++j)
+            std::copy_n(cache_rows_.data() + rows[j] * capacity, length_, spare_cache_rows_.data() + j * capacity);
+        cache_rows_.swap(spare_cache_rows_);
         std::vector<int32_t> memory((size_t)count);
         for (int j = 0; j < count; ++j) memory[j] = memory_rows_[rows[j]];
         memory_rows_.swap(memory);
-        rows_ = count;
     }
 
 private:
@@ -556,9 +566,10 @@ private:
     DecoderEnds<T> ends_;
     bool keep_attention_;
     typename SearchCaches<T>::Lease caches_;
-    int rows_ = 0, length_ = 0;
+    int length_ = 0;
     std::vector<T> x_, h_, mean_, rstd_, logits_, weights_;
     std::vector<int32_t> memory_rows_;
+    std::vector<int32_t> cache_rows_, spare_cache_rows_;  // (N, capacity): each row's cache row per position
 };
 
 }  // namespace attnx
