@@ -303,6 +303,147 @@ template <class T> inline void softmax_rows_backward(T* dx, const T* dy, const T
     }
 }
 
+// ------------------------------------------------------------------------ vector activations
+// What the recurrent time loops, the additive score and activation_forward / _backward compute on.
+
+// n / d on the lanes without a division where the lanes have fused multiply-adds: a vdivps issues
+// far slower than the ~10 multiply-adds around it (a zmm one on Zen 5 most of all). The hardware's
+// reciprocal estimate r (rcp14ps: relative error < 2^-14 on AVX-512; rcpps: < 1.5 * 2^-12 on AVX2,
+// which takes one Newton step on r first, r += r (1 - d r), to about 2^-23), then one Newton step
+// on the quotient (Markstein):
+//   q0 = n r,  q = q0 + (n - d q0) r  =  n / d (1 - e^2) up to rounding (e = d r - 1),
+// within about an ulp of the quotient; exact where r is (d a power of two, as sigmoid(0)'s 1 / 2).
+// Baseline x86-64 (no fused multiply-add: d q0 would round before the subtraction) and scalars
+// divide. d finite and nonzero (the callers' denominators are in [4.9e-3, 5e4] and (1, 2]).
+template <class V> ATTNX_ALWAYS_INLINE V divide_lanes(V n, V d) {
+    if constexpr (Lanes<V>::W == 16 || Lanes<V>::W == 8) {
+        V r;
+        if constexpr (Lanes<V>::W == 16) {
+            r = __builtin_ia32_rcp14ps512_mask(d, V{}, (uint16_t)0xFFFF);
+        } else {
+            r = __builtin_ia32_rcpps256(d);
+            r = r + r * (1.0f - d * r);
+        }
+        const V q0 = n * r;
+        return q0 + (n - d * q0) * r;
+    } else {
+        return n / d;
+    }
+}
+
+// tanh without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float precision
+// beyond), its quotient by divide_lanes. |error| < 4e-7 against the double tanh at every level,
+// exactly +-1 at the clamp, tanh(0) = 0, odd, |tanh| <= 1, NaN for NaN
+// (test_reference_activations' dense sweep).
+template <class V> ATTNX_ALWAYS_INLINE V tanh_rational(V x) {
+    const V limit = V{} + 7.90531110763549805f;
+    x = x > limit ? limit : x;
+    x = x < -limit ? -limit : x;
+    const V x2 = x * x;
+    V p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+    p = p * x2 + -8.60467152213735e-11f;
+    p = p * x2 + 5.12229709037114e-08f;
+    p = p * x2 + 1.48572235717979e-05f;
+    p = p * x2 + 6.37261928875436e-04f;
+    p = p * x2 + 4.89352455891786e-03f;
+    V q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+    q = q * x2 + 2.26843463243900e-03f;
+    q = q * x2 + 4.89352518554385e-03f;
+    const V y = divide_lanes(x * p, q);
+    // exactly +-1 at the clamp, whether or not the multiply-adds fuse (fused, the rational gives 1 - 2^-24)
+    return x == limit ? V{} + 1.0f : x == -limit ? V{} - 1.0f : y;
+}
+
+// sigmoid without libm or a division, to float's relative precision on both tails (so that
+// log(sigmoid(x)) stays finite where float holds the value):
+//   e = exp(-|x|) in (0, 1],  s = 1 / (1 + e) for x >= 0,  e / (1 + e) for x < 0
+// (the denominator in (1, 2], where divide_lanes is exact to its bound). 0 below x = -87.3, where
+// exp_lanes flushes; NaN for NaN. Relative error < 5e-7 at every level (the tests' sweep).
+template <class V> ATTNX_ALWAYS_INLINE V sigmoid_lanes(V x) {
+    const V minus_abs = x > V{} ? -x : x;
+    const V e = exp_lanes<V, true>(minus_abs);
+    return divide_lanes(x < V{} ? e : V{} + 1.0f, e + 1.0f);
+}
+
+// gelu's Phi(x) = (1 + erf(x / sqrt2)) / 2, without libm, for float lanes, with what its slope
+// needs. From the negative side, where Phi is small and its relative precision matters:
+//   Phi(-|x|) = erfc(z) / 2 = exp(-z^2) erfcx(z) / 2,  z = |x| / sqrt2 (clamped to 10: erfc(10) = 2e-45),
+//   erfcx(z) ~ t P(t),  t = 1 / (1 + z / 2) in (1/6, 1],  P of degree 9 fitted (relative least squares on
+//   Chebyshev nodes, double) to erfcx(z) / t: relative error < 4e-8 with its float coefficients;
+// Phi(x) = 1 - Phi(-|x|) for x > 0. Phi's error < 2e-7; gelu's relative error < 1e-6 on [-5, 0)
+// and < 3e-6 on [-10, -5) (|gelu| < 1.5e-6 there: float's rounding of x^2 / 2 in exp's argument;
+// the tests' sweep). The exp(-z^2) is also phi's, phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+template <class V> struct NormalLanes { V cdf, pdf; };
+template <class V> ATTNX_ALWAYS_INLINE NormalLanes<V> normal_lanes(V x) {
+    const V abs_x = x < V{} ? -x : x;
+    V z = abs_x * 0.70710678118654752f;
+    z = z > V{} + 10.0f ? V{} + 10.0f : z;
+    const V t = divide_lanes(V{} + 1.0f, z * 0.5f + 1.0f);
+    V p = t * 1.353464928e-02f + -1.296140552e-01f;
+    p = p * t + 4.428111315e-01f;
+    p = p * t + -6.870458126e-01f;
+    p = p * t + 4.341518879e-01f;
+    p = p * t + -1.045284793e-01f;
+    p = p * t + 2.274455130e-01f;
+    p = p * t + 2.382882237e-01f;
+    p = p * t + 2.828940153e-01f;
+    p = p * t + 2.820628881e-01f;
+    // exp(-z^2) from x, not the rounded z (whose rounding would be up to 4e-6 of the result at x = -10)
+    const V gauss = exp_lanes<V, true>(-0.5f * (x * x));
+    const V tail = 0.5f * gauss * (t * p);  // Phi(-|x|)
+    return {x > V{} ? 1.0f - tail : tail, gauss * 0.39894228040143267794f};
+}
+
+// reference: cpp/reference/activations.hpp, act
+// act(v) lane by lane: floats without libm (tanh_rational, sigmoid_lanes, normal_lanes); double,
+// for the gradient checks, the libm functions.
+template <class V> ATTNX_ALWAYS_INLINE V activate(Activation a, V v) {
+    switch (a) {
+        case Activation::tanh:
+            if constexpr (std::is_same_v<V, double>) return std::tanh(v);
+            else return tanh_rational(v);
+        case Activation::sigmoid:
+            if constexpr (std::is_same_v<V, double>) return sigmoid(v);
+            else return sigmoid_lanes(v);
+        case Activation::gelu:
+            if constexpr (std::is_same_v<V, double>) return v * gelu_cdf(v);
+            else return v * normal_lanes(v).cdf;
+        case Activation::relu: return v > typename Lanes<V>::T(0) ? v : V{};
+        default: return v;
+    }
+}
+
+// reference: cpp/reference/activations.hpp, act_slope
+// act'(x) lane by lane, given x and y = act(x) (gelu's needs x, the others y)
+template <class V> ATTNX_ALWAYS_INLINE V activate_slope(Activation a, V x, V y) {
+    using T = typename Lanes<V>::T;
+    switch (a) {
+        case Activation::tanh: return T(1) - y * y;
+        case Activation::sigmoid: return y * (T(1) - y);
+        // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+        case Activation::gelu:
+            if constexpr (std::is_same_v<V, double>) return gelu_cdf(x) + x * gelu_pdf(x);
+            else {
+                const NormalLanes<V> normal = normal_lanes(x);
+                return normal.cdf + x * normal.pdf;
+            }
+        default: return V{} + T(1);  // linear; relu and softmax have their own loops
+    }
+}
+
+// reference: cpp/reference/activations.hpp, act
+// v = act(v) over n contiguous values, on the widest vectors this CPU runs
+template <class T> void activate_block(Activation a, T* v, int n) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        using V = decltype(lanes);
+        constexpr int W = Lanes<V>::W;
+        for (int k = 0; k < n; k += W) {
+            const int m = std::min(W, n - k);
+            vstore(v + k, activate(a, vload<V>(v + k, m)), m);
+        }
+    });
+}
+
 // reference: cpp/reference/activations.hpp, activation_forward
 // y = act(x) over a (rows, cols) block; softmax acts on each row. y may alias x.
 template <class T> void activation_forward(T* y, const T* x, size_t rows, size_t cols, Activation act) {
@@ -310,10 +451,16 @@ template <class T> void activation_forward(T* y, const T* x, size_t rows, size_t
     switch (act) {
         case Activation::linear: if (y != x) std::copy(x, x + n, y); break;
         case Activation::relu: for (size_t i = 0; i < n; ++i) y[i] = x[i] < T(0) ? T(0) : x[i]; break;  // NaN stays NaN
-        case Activation::tanh: for (size_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]); break;
-        case Activation::sigmoid: for (size_t i = 0; i < n; ++i) y[i] = sigmoid(x[i]); break;
-        case Activation::gelu: for (size_t i = 0; i < n; ++i) y[i] = x[i] * gelu_cdf(x[i]); break;
         case Activation::softmax: softmax_rows(y, x, rows, cols); break;
+        default:
+            on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+                using V = decltype(lanes);
+                constexpr size_t W = Lanes<V>::W;
+                for (size_t i = 0; i < n; i += W) {
+                    const int m = (int)std::min(W, n - i);
+                    vstore(y + i, activate(act, vload<V>(x + i, m)), m);
+                }
+            });
     }
 }
 
@@ -333,66 +480,18 @@ void activation_backward(T* dx, const T* dy, const T* x, const T* y, size_t rows
                 dx[i] = y[i] > T(0) ? g : T(0);
             }
             break;
-        case Activation::tanh: for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * (T(1) - y[i] * y[i]); break;
-        case Activation::sigmoid: for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (T(1) - y[i]); break;
-        // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-        case Activation::gelu:
-            for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * (gelu_cdf(x[i]) + x[i] * gelu_pdf(x[i]));
-            break;
         case Activation::softmax: softmax_rows_backward(dx, dy, y, rows, cols); break;
+        default:
+            on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+                using V = decltype(lanes);
+                constexpr size_t W = Lanes<V>::W;
+                for (size_t i = 0; i < n; i += W) {
+                    const int m = (int)std::min(W, n - i);
+                    const V slope = activate_slope(act, vload<V>(x + i, m), vload<V>(y + i, m));
+                    vstore(dx + i, vload<V>(dy + i, m) * slope, m);
+                }
+            });
     }
-}
-
-// ------------------------------------------------------------------------ vector activations
-// What the recurrent time loops and the additive score compute on.
-// tanh without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float precision
-// beyond); |error| < 4e-7.
-template <class V> ATTNX_ALWAYS_INLINE V tanh_rational(V x) {
-    const V limit = V{} + 7.90531110763549805f;
-    x = x > limit ? limit : x;
-    x = x < -limit ? -limit : x;
-    const V x2 = x * x;
-    V p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
-    p = p * x2 + -8.60467152213735e-11f;
-    p = p * x2 + 5.12229709037114e-08f;
-    p = p * x2 + 1.48572235717979e-05f;
-    p = p * x2 + 6.37261928875436e-04f;
-    p = p * x2 + 4.89352455891786e-03f;
-    V q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
-    q = q * x2 + 2.26843463243900e-03f;
-    q = q * x2 + 4.89352518554385e-03f;
-    const V y = x * p / q;
-    // exactly +-1 at the clamp, whether or not the multiply-adds fuse (fused, the rational gives 1 - 2^-24)
-    return x == limit ? V{} + 1.0f : x == -limit ? V{} - 1.0f : y;
-}
-
-// reference: cpp/reference/activations.hpp, act
-// act(v) lane by lane. Floats use tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2); double, for
-// the gradient checks, the exact libm functions.
-template <class V> ATTNX_ALWAYS_INLINE V activate(Activation a, V v) {
-    switch (a) {
-        case Activation::tanh:
-            if constexpr (std::is_same_v<V, double>) return std::tanh(v);
-            else return tanh_rational(v);
-        case Activation::sigmoid:
-            if constexpr (std::is_same_v<V, double>) return sigmoid(v);
-            else return 0.5f + 0.5f * tanh_rational(0.5f * v);
-        case Activation::relu: return v > typename Lanes<V>::T(0) ? v : V{};
-        default: return v;
-    }
-}
-
-// reference: cpp/reference/activations.hpp, act
-// v = act(v) over n contiguous values, on the widest vectors this CPU runs
-template <class T> void activate_block(Activation a, T* v, int n) {
-    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
-        using V = decltype(lanes);
-        constexpr int W = Lanes<V>::W;
-        for (int k = 0; k < n; k += W) {
-            const int m = std::min(W, n - k);
-            vstore(v + k, activate(a, vload<V>(v + k, m)), m);
-        }
-    });
 }
 
 // The sum of v's lanes (v itself for a single lane)
