@@ -306,35 +306,14 @@ template <class T> inline void softmax_rows_backward(T* dx, const T* dy, const T
 // ------------------------------------------------------------------------ vector activations
 // What the recurrent time loops, the additive score and activation_forward / _backward compute on.
 
-// n / d on the lanes without a division where the lanes have fused multiply-adds: a vdivps issues
-// far slower than the ~10 multiply-adds around it (a zmm one on Zen 5 most of all). The hardware's
-// reciprocal estimate r (rcp14ps: relative error < 2^-14 on AVX-512; rcpps: < 1.5 * 2^-12 on AVX2,
-// which takes one Newton step on r first, r += r (1 - d r), to about 2^-23), then one Newton step
-// on the quotient (Markstein):
-//   q0 = n r,  q = q0 + (n - d q0) r  =  n / d (1 - e^2) up to rounding (e = d r - 1),
-// within about an ulp of the quotient; exact where r is (d a power of two, as sigmoid(0)'s 1 / 2).
-// Baseline x86-64 (no fused multiply-add: d q0 would round before the subtraction) and scalars
-// divide. d finite and nonzero (the callers' denominators are in [4.9e-3, 5e4] and (1, 2]).
-template <class V> ATTNX_ALWAYS_INLINE V divide_lanes(V n, V d) {
-    if constexpr (Lanes<V>::W == 16 || Lanes<V>::W == 8) {
-        V r;
-        if constexpr (Lanes<V>::W == 16) {
-            r = __builtin_ia32_rcp14ps512_mask(d, V{}, (uint16_t)0xFFFF);
-        } else {
-            r = __builtin_ia32_rcpps256(d);
-            r = r + r * (1.0f - d * r);
-        }
-        const V q0 = n * r;
-        return q0 + (n - d * q0) * r;
-    } else {
-        return n / d;
-    }
-}
 
 // tanh without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float precision
-// beyond), its quotient by divide_lanes. |error| < 4e-7 against the double tanh at every level,
-// exactly +-1 at the clamp, tanh(0) = 0, odd, |tanh| <= 1, NaN for NaN
-// (test_reference_activations' dense sweep).
+// beyond). |error| < 4e-7 against the double tanh at every level (2.72e-7 with fused multiply-adds,
+// 3.63e-7 without), exactly +-1 at the clamp, tanh(0) = 0, odd, |tanh| <= 1, NaN for NaN
+// (test_reference_activations' dense sweep). The quotient stays a division: a reciprocal estimate
+// and Newton steps instead (rcp14ps + one, or rcpps + two on AVX2) were as accurate but slower on
+// Zen 5 (activate_block tanh 0.188 -> 0.206 ns per float at AVX-512, 0.364 -> 0.412 at AVX2):
+// the divider runs beside the multiply-adds, which are what these loops wait for.
 template <class V> ATTNX_ALWAYS_INLINE V tanh_rational(V x) {
     const V limit = V{} + 7.90531110763549805f;
     x = x > limit ? limit : x;
@@ -349,20 +328,21 @@ template <class V> ATTNX_ALWAYS_INLINE V tanh_rational(V x) {
     V q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
     q = q * x2 + 2.26843463243900e-03f;
     q = q * x2 + 4.89352518554385e-03f;
-    const V y = divide_lanes(x * p, q);
+    const V y = x * p / q;
     // exactly +-1 at the clamp, whether or not the multiply-adds fuse (fused, the rational gives 1 - 2^-24)
     return x == limit ? V{} + 1.0f : x == -limit ? V{} - 1.0f : y;
 }
 
-// sigmoid without libm or a division, to float's relative precision on both tails (so that
-// log(sigmoid(x)) stays finite where float holds the value):
-//   e = exp(-|x|) in (0, 1],  s = 1 / (1 + e) for x >= 0,  e / (1 + e) for x < 0
-// (the denominator in (1, 2], where divide_lanes is exact to its bound). 0 below x = -87.3, where
-// exp_lanes flushes; NaN for NaN. Relative error < 5e-7 at every level (the tests' sweep).
+// sigmoid without libm, to float's relative precision on both tails (a sigmoid output is a
+// probability whose log a loss may take: tanh's absolute error would be 0.3% of sigmoid(-10)):
+//   e = exp(-|x|) in (0, 1],  s = 1 / (1 + e) for x >= 0,  e / (1 + e) for x < 0.
+// 0 below x = -87.3, where exp_lanes flushes; NaN for NaN. Relative error < 3e-7 at every level
+// (the tests' sweep). The Activation layer's and Dense epilogues' sigmoid; the gates take
+// activate()'s cheaper one.
 template <class V> ATTNX_ALWAYS_INLINE V sigmoid_lanes(V x) {
     const V minus_abs = x > V{} ? -x : x;
     const V e = exp_lanes<V, true>(minus_abs);
-    return divide_lanes(x < V{} ? e : V{} + 1.0f, e + 1.0f);
+    return (x < V{} ? e : V{} + 1.0f) / (e + 1.0f);
 }
 
 // gelu's Phi(x) = (1 + erf(x / sqrt2)) / 2, without libm, for float lanes, with what its slope
@@ -378,7 +358,7 @@ template <class V> ATTNX_ALWAYS_INLINE NormalLanes<V> normal_lanes(V x) {
     const V abs_x = x < V{} ? -x : x;
     V z = abs_x * 0.70710678118654752f;
     z = z > V{} + 10.0f ? V{} + 10.0f : z;
-    const V t = divide_lanes(V{} + 1.0f, z * 0.5f + 1.0f);
+    const V t = 1.0f / (z * 0.5f + 1.0f);
     V p = t * 1.353464928e-02f + -1.296140552e-01f;
     p = p * t + 4.428111315e-01f;
     p = p * t + -6.870458126e-01f;
@@ -395,8 +375,10 @@ template <class V> ATTNX_ALWAYS_INLINE NormalLanes<V> normal_lanes(V x) {
 }
 
 // reference: cpp/reference/activations.hpp, act
-// act(v) lane by lane: floats without libm (tanh_rational, sigmoid_lanes, normal_lanes); double,
-// for the gradient checks, the libm functions.
+// act(v) lane by lane as the recurrent gates and the additive score take it: floats without libm,
+// sigmoid(x) = (1 + tanh(x / 2)) / 2 (absolute error < 2e-7: a gate scales a bounded state, and
+// this is one rational, cheaper than sigmoid_lanes' exp and quotient); double, for the gradient
+// checks, the libm functions.
 template <class V> ATTNX_ALWAYS_INLINE V activate(Activation a, V v) {
     switch (a) {
         case Activation::tanh:
@@ -404,13 +386,23 @@ template <class V> ATTNX_ALWAYS_INLINE V activate(Activation a, V v) {
             else return tanh_rational(v);
         case Activation::sigmoid:
             if constexpr (std::is_same_v<V, double>) return sigmoid(v);
-            else return sigmoid_lanes(v);
-        case Activation::gelu:
-            if constexpr (std::is_same_v<V, double>) return v * gelu_cdf(v);
-            else return v * normal_lanes(v).cdf;
+            else return 0.5f + 0.5f * tanh_rational(0.5f * v);
         case Activation::relu: return v > typename Lanes<V>::T(0) ? v : V{};
         default: return v;
     }
+}
+
+// reference: cpp/reference/activations.hpp, act
+// act(v) lane by lane as a layer's output takes it (activation_forward): activate()'s, but sigmoid to
+// float's relative precision (sigmoid_lanes) and gelu (normal_lanes); double: libm.
+template <class V> ATTNX_ALWAYS_INLINE V activate_output(Activation a, V v) {
+    if constexpr (!std::is_same_v<V, double>) {
+        if (a == Activation::sigmoid) return sigmoid_lanes(v);
+        if (a == Activation::gelu) return v * normal_lanes(v).cdf;
+    } else if (a == Activation::gelu) {
+        return v * gelu_cdf(v);
+    }
+    return activate(a, v);
 }
 
 // reference: cpp/reference/activations.hpp, act_slope
@@ -458,7 +450,7 @@ template <class T> void activation_forward(T* y, const T* x, size_t rows, size_t
                 constexpr size_t W = Lanes<V>::W;
                 for (size_t i = 0; i < n; i += W) {
                     const int m = (int)std::min(W, n - i);
-                    vstore(y + i, activate(act, vload<V>(x + i, m)), m);
+                    vstore(y + i, activate_output(act, vload<V>(x + i, m)), m);
                 }
             });
     }
