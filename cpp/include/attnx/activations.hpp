@@ -303,50 +303,16 @@ template <class T> inline void softmax_rows_backward(T* dx, const T* dy, const T
     }
 }
 
-// reference: cpp/reference/activations.hpp, activation_forward
-// y = act(x) over a (rows, cols) block; softmax acts on each row. y may alias x.
-template <class T> void activation_forward(T* y, const T* x, size_t rows, size_t cols, Activation act) {
-    const size_t n = rows * cols;
-    switch (act) {
-        case Activation::linear: if (y != x) std::copy(x, x + n, y); break;
-        case Activation::relu: for (size_t i = 0; i < n; ++i) y[i] = x[i] < T(0) ? T(0) : x[i]; break;  // NaN stays NaN
-        case Activation::tanh: for (size_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]); break;
-        case Activation::sigmoid: for (size_t i = 0; i < n; ++i) y[i] = sigmoid(x[i]); break;
-        case Activation::gelu: for (size_t i = 0; i < n; ++i) y[i] = x[i] * gelu_cdf(x[i]); break;
-        case Activation::softmax: softmax_rows(y, x, rows, cols); break;
-    }
-}
-
-// reference: cpp/reference/activations.hpp, activation_backward
-// dx = dy * act'(x), using the cached output y where that is cheaper (gelu needs x).
-// dx may alias dy.
-template <class T>
-void activation_backward(T* dx, const T* dy, const T* x, const T* y, size_t rows, size_t cols, Activation act) {
-    const size_t n = rows * cols;
-    switch (act) {
-        case Activation::linear: if (dx != dy) std::copy(dy, dy + n, dx); break;
-        // dy read on every path: then the select is a vector blend, not a branch per element (mispredicted
-        // half the time on random signs: 5 ms per 1M elements)
-        case Activation::relu:
-            for (size_t i = 0; i < n; ++i) {
-                const T g = dy[i];
-                dx[i] = y[i] > T(0) ? g : T(0);
-            }
-            break;
-        case Activation::tanh: for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * (T(1) - y[i] * y[i]); break;
-        case Activation::sigmoid: for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (T(1) - y[i]); break;
-        // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-        case Activation::gelu:
-            for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * (gelu_cdf(x[i]) + x[i] * gelu_pdf(x[i]));
-            break;
-        case Activation::softmax: softmax_rows_backward(dx, dy, y, rows, cols); break;
-    }
-}
-
 // ------------------------------------------------------------------------ vector activations
-// What the recurrent time loops and the additive score compute on.
+// What the recurrent time loops, the additive score and activation_forward / _backward compute on.
+
 // tanh without libm: Eigen's rational approximation on [-7.9, 7.9] (tanh is 1 to float precision
-// beyond); |error| < 4e-7.
+// beyond). |error| < 4e-7 against the double tanh at every level (2.72e-7 with fused multiply-adds,
+// 3.63e-7 without), exactly +-1 at the clamp, tanh(0) = 0, odd, |tanh| <= 1, NaN for NaN
+// (test_reference_activations' dense sweep). The quotient stays a division: a reciprocal estimate
+// and Newton steps instead (rcp14ps + one, or rcpps + two on AVX2) were as accurate but slower on
+// Zen 5 (activate_block tanh 0.188 -> 0.206 ns per float at AVX-512, 0.364 -> 0.412 at AVX2):
+// the divider runs beside the multiply-adds, which are what these loops wait for.
 template <class V> ATTNX_ALWAYS_INLINE V tanh_rational(V x) {
     const V limit = V{} + 7.90531110763549805f;
     x = x > limit ? limit : x;
@@ -366,9 +332,52 @@ template <class V> ATTNX_ALWAYS_INLINE V tanh_rational(V x) {
     return x == limit ? V{} + 1.0f : x == -limit ? V{} - 1.0f : y;
 }
 
+// sigmoid without libm, to float's relative precision on both tails (a sigmoid output is a
+// probability whose log a loss may take: tanh's absolute error would be 0.3% of sigmoid(-10)):
+//   e = exp(-|x|) in (0, 1],  s = 1 / (1 + e) for x >= 0,  e / (1 + e) for x < 0.
+// 0 below x = -87.3, where exp_lanes flushes; NaN for NaN. Relative error < 3e-7 at every level
+// (the tests' sweep). The Activation layer's and Dense epilogues' sigmoid; the gates take
+// activate()'s cheaper one.
+template <class V> ATTNX_ALWAYS_INLINE V sigmoid_lanes(V x) {
+    const V minus_abs = x > V{} ? -x : x;
+    const V e = exp_lanes<V, true>(minus_abs);
+    return (x < V{} ? e : V{} + 1.0f) / (e + 1.0f);
+}
+
+// gelu's Phi(x) = (1 + erf(x / sqrt2)) / 2, without libm, for float lanes, with what its slope
+// needs. From the negative side, where Phi is small and its relative precision matters:
+//   Phi(-|x|) = erfc(z) / 2 = exp(-z^2) erfcx(z) / 2,  z = |x| / sqrt2 (clamped to 10: erfc(10) = 2e-45),
+//   erfcx(z) ~ t P(t),  t = 1 / (1 + z / 2) in (1/6, 1],  P of degree 9 fitted (relative least squares on
+//   Chebyshev nodes, double) to erfcx(z) / t: relative error < 4e-8 with its float coefficients;
+// Phi(x) = 1 - Phi(-|x|) for x > 0. Phi's error < 2e-7; gelu's relative error < 1e-6 on [-5, 0)
+// and < 3e-6 on [-10, -5) (|gelu| < 1.5e-6 there: float's rounding of x^2 / 2 in exp's argument;
+// the tests' sweep). The exp(-z^2) is also phi's, phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
+template <class V> struct NormalLanes { V cdf, pdf; };
+template <class V> ATTNX_ALWAYS_INLINE NormalLanes<V> normal_lanes(V x) {
+    const V abs_x = x < V{} ? -x : x;
+    V z = abs_x * 0.70710678118654752f;
+    z = z > V{} + 10.0f ? V{} + 10.0f : z;
+    const V t = 1.0f / (z * 0.5f + 1.0f);
+    V p = t * 1.353464928e-02f + -1.296140552e-01f;
+    p = p * t + 4.428111315e-01f;
+    p = p * t + -6.870458126e-01f;
+    p = p * t + 4.341518879e-01f;
+    p = p * t + -1.045284793e-01f;
+    p = p * t + 2.274455130e-01f;
+    p = p * t + 2.382882237e-01f;
+    p = p * t + 2.828940153e-01f;
+    p = p * t + 2.820628881e-01f;
+    // exp(-z^2) from x, not the rounded z (whose rounding was 7e-6 of the result at x = -10)
+    const V gauss = exp_lanes<V, true>(-0.5f * (x * x));
+    const V tail = 0.5f * gauss * (t * p);  // Phi(-|x|)
+    return {x > V{} ? 1.0f - tail : tail, gauss * 0.39894228040143267794f};
+}
+
 // reference: cpp/reference/activations.hpp, act
-// act(v) lane by lane. Floats use tanh_rational (sigmoid(x) = (1 + tanh(x / 2)) / 2); double, for
-// the gradient checks, the exact libm functions.
+// act(v) lane by lane as the recurrent gates and the additive score take it: floats without libm,
+// sigmoid(x) = (1 + tanh(x / 2)) / 2 (absolute error < 2e-7: a gate scales a bounded state, and
+// this is one rational, cheaper than sigmoid_lanes' exp and quotient); double, for the gradient
+// checks, the libm functions.
 template <class V> ATTNX_ALWAYS_INLINE V activate(Activation a, V v) {
     switch (a) {
         case Activation::tanh:
@@ -383,6 +392,37 @@ template <class V> ATTNX_ALWAYS_INLINE V activate(Activation a, V v) {
 }
 
 // reference: cpp/reference/activations.hpp, act
+// act(v) lane by lane as a layer's output takes it (activation_forward): activate()'s, but sigmoid to
+// float's relative precision (sigmoid_lanes) and gelu (normal_lanes); double: libm.
+template <class V> ATTNX_ALWAYS_INLINE V activate_output(Activation a, V v) {
+    if constexpr (!std::is_same_v<V, double>) {
+        if (a == Activation::sigmoid) return sigmoid_lanes(v);
+        if (a == Activation::gelu) return v * normal_lanes(v).cdf;
+    } else if (a == Activation::gelu) {
+        return v * gelu_cdf(v);
+    }
+    return activate(a, v);
+}
+
+// reference: cpp/reference/activations.hpp, act_slope
+// act'(x) lane by lane, given x and y = act(x) (gelu's needs x, the others y)
+template <class V> ATTNX_ALWAYS_INLINE V activate_slope(Activation a, V x, V y) {
+    using T = typename Lanes<V>::T;
+    switch (a) {
+        case Activation::tanh: return T(1) - y * y;
+        case Activation::sigmoid: return y * (T(1) - y);
+        // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+        case Activation::gelu:
+            if constexpr (std::is_same_v<V, double>) return gelu_cdf(x) + x * gelu_pdf(x);
+            else {
+                const NormalLanes<V> normal = normal_lanes(x);
+                return normal.cdf + x * normal.pdf;
+            }
+        default: return V{} + T(1);  // linear; relu and softmax have their own loops
+    }
+}
+
+// reference: cpp/reference/activations.hpp, act
 // v = act(v) over n contiguous values, on the widest vectors this CPU runs
 template <class T> void activate_block(Activation a, T* v, int n) {
     on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
@@ -393,6 +433,56 @@ template <class T> void activate_block(Activation a, T* v, int n) {
             vstore(v + k, activate(a, vload<V>(v + k, m)), m);
         }
     });
+}
+
+// reference: cpp/reference/activations.hpp, activation_forward
+// y = act(x) over a (rows, cols) block; softmax acts on each row. y may alias x.
+template <class T> void activation_forward(T* y, const T* x, size_t rows, size_t cols, Activation act) {
+    const size_t n = rows * cols;
+    switch (act) {
+        case Activation::linear: if (y != x) std::copy(x, x + n, y); break;
+        case Activation::relu: for (size_t i = 0; i < n; ++i) y[i] = x[i] < T(0) ? T(0) : x[i]; break;  // NaN stays NaN
+        case Activation::softmax: softmax_rows(y, x, rows, cols); break;
+        default:
+            on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+                using V = decltype(lanes);
+                constexpr size_t W = Lanes<V>::W;
+                for (size_t i = 0; i < n; i += W) {
+                    const int m = (int)std::min(W, n - i);
+                    vstore(y + i, activate_output(act, vload<V>(x + i, m)), m);
+                }
+            });
+    }
+}
+
+// reference: cpp/reference/activations.hpp, activation_backward
+// dx = dy * act'(x), using the cached output y where that is cheaper (gelu needs x).
+// dx may alias dy.
+template <class T>
+void activation_backward(T* dx, const T* dy, const T* x, const T* y, size_t rows, size_t cols, Activation act) {
+    const size_t n = rows * cols;
+    switch (act) {
+        case Activation::linear: if (dx != dy) std::copy(dy, dy + n, dx); break;
+        // dy read on every path: then the select is a vector blend, not a branch per element (mispredicted
+        // half the time on random signs: 5 ms per 1M elements)
+        case Activation::relu:
+            for (size_t i = 0; i < n; ++i) {
+                const T g = dy[i];
+                dx[i] = y[i] > T(0) ? g : T(0);
+            }
+            break;
+        case Activation::softmax: softmax_rows_backward(dx, dy, y, rows, cols); break;
+        default:
+            on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+                using V = decltype(lanes);
+                constexpr size_t W = Lanes<V>::W;
+                for (size_t i = 0; i < n; i += W) {
+                    const int m = (int)std::min(W, n - i);
+                    const V slope = activate_slope(act, vload<V>(x + i, m), vload<V>(y + i, m));
+                    vstore(dx + i, vload<V>(dy + i, m) * slope, m);
+                }
+            });
+    }
 }
 
 // The sum of v's lanes (v itself for a single lane)

@@ -32,7 +32,8 @@ void attention_pooling_forward(const PoolingConfig& cfg, T* out, T* weights, T* 
     parallel_for((size_t)B, double(B) * Tn * C * 2, [&](size_t lo, size_t hi) {
         for (size_t b = lo; b < hi; ++b) {
             T* e = energy + b * Tn;
-            for (int t = 0; t < Tn; ++t) e[t] = std::tanh(e[t] + bias[bias_per_step ? t : 0]);
+            for (int t = 0; t < Tn; ++t) e[t] += bias[bias_per_step ? t : 0];
+            activate_block(Activation::tanh, e, Tn);  // the vector tanh_rational (libm for double)
             T* a = weights + b * Tn;
             masked_softmax_row(a, e, mask ? mask + b * Tn : nullptr, (size_t)Tn);
             const T* xb = x + b * (size_t)Tn * C;
