@@ -139,6 +139,12 @@ void test_dense(int N, int C, int OC, Activation act, bool bias, unsigned seed) 
     });
 }
 
+double max_abs(const std::vector<double>& v) {
+    double m = 0;
+    for (double e : v) m = std::max(m, std::abs(e));
+    return m;
+}
+
 void test_conv(int B, int H, int W, int C, int KH, int KW, int S, bool same, int F, Activation act, unsigned seed,
                double x_scale = 1.0) {
     const Window2D w = window_2d(B, H, W, C, KH, KW, S, S, same);
@@ -160,9 +166,18 @@ void test_conv(int B, int H, int W, int C, int KH, int KW, int S, bool same, int
         bf16_conv2d_forward(y_.data(), z_.data(), x_.data(), k_.data(), b_.data(), w, F, act);
         bf16_conv2d_backward(dx_.data(), dK_.data(), db_.data(), dy_.data(), x_.data(), k_.data(), y_.data(),
                              z_.data(), w, F, act);
-        compare_all({{"y", to_double(y_)}, {"z", to_double(z_)}, {"dx", to_double(dx_)}, {"dK", to_double(dK_)},
-                     {"db", to_double(db_)}},
-                    want, kBf16SumTolerance, std::string(where) + " " + level);
+        // dz = dy act'(z) is rounded to bf16 before the dx and dK sums. Where a dz lies within the float
+        // activation's error (< 4e-7) of a bf16 rounding tie, the kernel and the double reference may round it
+        // to neighbouring bf16 values, one step (<= 2^-7 |dz|, |act'| < 1.2): in a sum that moves dx by up to
+        // that step times max|K|, dK by it times max|x|. A smooth activation's sums are allowed one such step;
+        // linear and relu (dz exact) are held as before.
+        const std::string at = std::string(where) + " " + level;
+        const bool smooth = act != Activation::linear && act != Activation::relu;
+        const double dz_step = smooth ? 1.2 * max_abs(dy) / 128 : 0.0;
+        compare_all({{"y", to_double(y_)}, {"z", to_double(z_)}, {"db", to_double(db_)}}, {want[0], want[1], want[4]},
+                    kBf16SumTolerance, at);
+        expect_near(dx_, want[2].second, kBf16SumTolerance + dz_step * max_abs(kernel), at + " dx");
+        expect_near(dK_, want[3].second, kBf16SumTolerance + dz_step * max_abs(x), at + " dK");
     });
 }
 

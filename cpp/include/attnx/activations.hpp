@@ -422,16 +422,21 @@ template <class V> ATTNX_ALWAYS_INLINE V activate_slope(Activation a, V x, V y) 
     }
 }
 
+// body(lanes, i, m) for i = 0, W, 2W, ... < n on the widest vectors V this CPU runs (lanes: a V tag), with
+// m = min(W, n - i) values at i: the one loop of the element-wise passes below
+template <class T, class Body> ATTNX_ALWAYS_INLINE void for_widest_lanes(size_t n, Body&& body) {
+    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+        constexpr size_t W = Lanes<decltype(lanes)>::W;
+        for (size_t i = 0; i < n; i += W) body(lanes, i, (int)std::min(W, n - i));
+    });
+}
+
 // reference: cpp/reference/activations.hpp, act
 // v = act(v) over n contiguous values, on the widest vectors this CPU runs
 template <class T> void activate_block(Activation a, T* v, int n) {
-    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+    for_widest_lanes<T>((size_t)n, [&](auto lanes, size_t k, int m) __attribute__((always_inline)) {
         using V = decltype(lanes);
-        constexpr int W = Lanes<V>::W;
-        for (int k = 0; k < n; k += W) {
-            const int m = std::min(W, n - k);
-            vstore(v + k, activate(a, vload<V>(v + k, m)), m);
-        }
+        vstore(v + k, activate(a, vload<V>(v + k, m)), m);
     });
 }
 
@@ -444,13 +449,9 @@ template <class T> void activation_forward(T* y, const T* x, size_t rows, size_t
         case Activation::relu: for (size_t i = 0; i < n; ++i) y[i] = x[i] < T(0) ? T(0) : x[i]; break;  // NaN stays NaN
         case Activation::softmax: softmax_rows(y, x, rows, cols); break;
         default:
-            on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+            for_widest_lanes<T>(n, [&](auto lanes, size_t i, int m) __attribute__((always_inline)) {
                 using V = decltype(lanes);
-                constexpr size_t W = Lanes<V>::W;
-                for (size_t i = 0; i < n; i += W) {
-                    const int m = (int)std::min(W, n - i);
-                    vstore(y + i, activate_output(act, vload<V>(x + i, m)), m);
-                }
+                vstore(y + i, activate_output(act, vload<V>(x + i, m)), m);
             });
     }
 }
@@ -473,14 +474,10 @@ void activation_backward(T* dx, const T* dy, const T* x, const T* y, size_t rows
             break;
         case Activation::softmax: softmax_rows_backward(dx, dy, y, rows, cols); break;
         default:
-            on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+            for_widest_lanes<T>(n, [&](auto lanes, size_t i, int m) __attribute__((always_inline)) {
                 using V = decltype(lanes);
-                constexpr size_t W = Lanes<V>::W;
-                for (size_t i = 0; i < n; i += W) {
-                    const int m = (int)std::min(W, n - i);
-                    const V slope = activate_slope(act, vload<V>(x + i, m), vload<V>(y + i, m));
-                    vstore(dx + i, vload<V>(dy + i, m) * slope, m);
-                }
+                const V slope = activate_slope(act, vload<V>(x + i, m), vload<V>(y + i, m));
+                vstore(dx + i, vload<V>(dy + i, m) * slope, m);
             });
     }
 }
