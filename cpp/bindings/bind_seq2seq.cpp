@@ -149,6 +149,14 @@ static py::array_t<T> state_copy(const py::object& given, py::ssize_t B, py::ssi
     return out;
 }
 
+// A search feeds each step's words to the next step: the output vocabulary must fit the embedding table
+static void check_words_are_inputs(const DecoderConfig& cfg, const py::dict& params, const char* fn) {
+    const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
+    if (cfg.V > vocab)
+        throw py::value_error(std::string(fn) + ": the output vocabulary (output_kernel's " + std::to_string(cfg.V) +
+                              " columns) exceeds the embedding table's " + std::to_string(vocab) + " rows");
+}
+
 void init_seq2seq(py::module_& m) {
     m.def(
         "decoder_forward",
@@ -330,12 +338,7 @@ void init_seq2seq(py::module_& m) {
                 if (B == 0 || S == 0)
                     throw py::value_error("search_attention_decoder: empty batch or source, enc " + shape_str(enc));
                 const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
-                const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
-                // each step's words are the next step's inputs
-                if (cfg.V > vocab)
-                    throw py::value_error("search_attention_decoder: the output vocabulary (output_kernel's " +
-                                          std::to_string(cfg.V) + " columns) exceeds the embedding table's " +
-                                          std::to_string(vocab) + " rows");
+                check_words_are_inputs(cfg, params, fn);
                 const SearchConfig search = search_config(fn, B, cfg.V, start_id, end_id, width, length_penalty,
                                                           max_length, return_attention);
                 const T* penc = in_ptr<T>(enc, "search_attention_decoder: enc");
@@ -408,11 +411,7 @@ void init_seq2seq(py::module_& m) {
                     throw py::value_error("seq2seq_greedy: the encoder's state (" + std::to_string(H) +
                                           " units) must have the decoder's size " + std::to_string(cfg.H));
                 const DecoderParams<const T*> w = decoder_params<T, const T*>(cfg, params, fn);
-                const py::ssize_t vocab = params["embeddings"].cast<py::array>().shape(0);
-                if (cfg.V > vocab)
-                    throw py::value_error("seq2seq_greedy: the output vocabulary (output_kernel's " +
-                                          std::to_string(cfg.V) + " columns) exceeds the embedding table's " +
-                                          std::to_string(vocab) + " rows");
+                check_words_are_inputs(cfg, params, fn);
                 const SearchConfig search = search_config(fn, B, cfg.V, start_id, end_id, 1, 0.0, max_length, true);
                 std::vector<T> h((size_t)B * H), c(lstm ? (size_t)B * H : 0);
                 std::vector<uint8_t> mask((size_t)B * S);
