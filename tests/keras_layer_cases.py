@@ -2,20 +2,9 @@
 BatchNormalization, Conv1D, GlobalMaxPooling1D, GlobalAveragePooling2D, Dot, Permute), in the format
 of `test_layer_contract.CASES` / `MASKED`, which add them."""
 from attnx import layers, ops
+from layer_inputs import mask as _mask, sequence as _seq
 
 F64 = "float64"
-
-
-def _seq(rng, B, T, C=4):
-    return rng.standard_normal((B, T, C))
-
-
-def _mask(rng, B, T):
-    m = rng.random((B, T)) < 0.7
-    m[:, 0] = True
-    if B > 1:
-        m[-1] = False  # a fully masked row
-    return m
 
 
 CASES = {

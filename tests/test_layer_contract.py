@@ -15,6 +15,7 @@ import pytest
 
 import attnx
 import keras_layer_cases
+from layer_inputs import mask as _mask, sequence as _seq
 from attnx import layers
 
 F64 = "float64"
@@ -26,18 +27,6 @@ F64 = "float64"
 # order), and a function (rng, B, T) -> one call's inputs as a list of (array, how it is passed):
 # "x" (the call's inputs; several "x" make a list input), "arg" (a positional argument) or a
 # keyword name.
-def _seq(rng, B, T, C=4):
-    return rng.standard_normal((B, T, C))
-
-
-def _mask(rng, B, T):
-    m = rng.random((B, T)) < 0.7
-    m[:, 0] = True
-    if B > 1:
-        m[-1] = False  # a fully masked row: allowed everywhere, gives zeros
-    return m
-
-
 def _image(rng, B, T, C=2):
     return rng.standard_normal((B, T, T + 1, C))
 

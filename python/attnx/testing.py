@@ -2,6 +2,8 @@
 helpers for PyTorch parity tests."""
 import numpy as np
 
+from .backend import set_random_seed
+
 
 def _structure(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
@@ -12,14 +14,17 @@ def _restructure(like, items):
 
 
 def gradcheck(layer, inputs, call_kwargs=None, eps=1e-6, atol=1e-7, rtol=1e-5, seed=0, check_inputs=True,
-              check_params=True, max_elements=None):
+              check_params=True, max_elements=None, random_seed=None):
     """Checks `layer.backward` against central differences, in float64.
 
     Runs ``out = layer(inputs, training=True, **call_kwargs)``, takes a random upstream gradient
     ``R`` of every (float) output, and compares the gradients of ``L = sum(out * R)`` with respect
     to every float input element and every parameter element with ``(L(x + eps) - L(x - eps)) / 2eps``.
     Integer inputs (token ids) are not perturbed. `max_elements` samples at most that many
-    elements per array (all by default). Raises AssertionError naming the worst entry.
+    elements per array (all by default). A layer that draws noise in training (dropout, DRAW's latent
+    samples) needs `random_seed`: the global generator (`attnx.set_random_seed`) is reseeded with it
+    before every forward pass, so that each draws the same noise. Raises AssertionError naming the
+    worst entry.
 
     Returns a dict {"inputs[i]" or param name: max abs error} for reporting.
     """
@@ -31,6 +36,8 @@ def gradcheck(layer, inputs, call_kwargs=None, eps=1e-6, atol=1e-7, rtol=1e-5, s
           for x in _structure(inputs)]
 
     def run(training):
+        if random_seed is not None:
+            set_random_seed(random_seed)
         return _structure(layer(_restructure(inputs, xs), training=training, **call_kwargs))
 
     outs = run(True)
