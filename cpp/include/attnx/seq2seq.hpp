@@ -1057,10 +1057,12 @@ void decoder_backward(const DecoderConfig& cfg, T* denc, T* dh, T* dc, const Dec
 // ------------------------------------------------------------------------------ the encoder, for decoding
 // Seq2Seq's encoder (attnx.seq2seq.Encoder, one direction) over source ids (B, S), 0 = padding: the
 // embedding's rows, the recurrence over the real steps (rnn_forward_products: the kernel the layer's
-// forward calls, on the same operands, so its outputs and states are the eager ones bit for bit), then
-// Keras' zero_output_for_mask=False: a padded step outputs the last real step's output (zeros before
-// the first). cfg: the recurrence (B, T = S, C = E, H). outputs (B, S, H), h, c (B, H; c LSTM only) and
-// mask (B, S) (1 = real) written.
+// forward calls, on the same operands, so its states and real steps' outputs are the eager ones bit for
+// bit). A padded step's output is rnn_forward's 0, not Keras' carried last real output (the eager
+// layer's zero_output_for_mask=False, layers/recurrent.py): the decoder's attention reads the outputs
+// under the source mask, which gives padded steps weight 0, so what they hold never reaches a result.
+// cfg: the recurrence (B, T = S, C = E, H). outputs (B, S, H), h, c (B, H; c LSTM only) and mask
+// (B, S) (1 = real) written.
 template <class T>
 void encode_source(const RNNConfig& cfg, bool bf16, T* outputs, T* h, T* c, uint8_t* mask, const int64_t* ids,
                    const T* embeddings, const T* W, const T* U, const T* b_in, const T* b_rec) {
@@ -1075,15 +1077,6 @@ void encode_source(const RNNConfig& cfg, bool bf16, T* outputs, T* h, T* c, uint
     if (c) std::fill(c, c + B * H, T(0));
     rnn_forward_products<T>(bf16, cfg, outputs, h, c, cache, x.data(), W, U, b_in, b_rec, mask, (const T*)nullptr,
                             hu.data());
-    for (size_t b = 0; b < B; ++b) {
-        const T* last = nullptr;  // the last real step's output
-        for (size_t t = 0; t < S; ++t) {
-            T* out = outputs + (b * S + t) * H;
-            if (mask[b * S + t]) last = out;
-            else if (last) std::copy(last, last + H, out);
-            else std::fill(out, out + H, T(0));
-        }
-    }
 }
 
 // ------------------------------------------------------------------------------ decoding
