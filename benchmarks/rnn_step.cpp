@@ -2,6 +2,7 @@
 // Per step, median wall time over the call's 32 steps:
 //   - the plan's float32 inference steps (rnn_forward_rows, the input projection precomputed), against the
 //     recurrent product alone in the same tiles (the cell a sink), at B 32 and B 16 (one thread's half);
+//     over token ids, the input rows from a table copied into gates against read in place (per call);
 //   - the training kernels (rnn_forward_products / rnn_backward_products, float32 and bf16, input C = 32
 //     fused, return_sequences' dy, dx for the embedding), on 1 and 2 threads;
 //   - the worker's wake: a 2-thread bf16 forward after `gap` microseconds of the caller busy elsewhere (as
@@ -110,15 +111,35 @@ static void inference_steps(int B) {
             for (int j = 0; j < Wl; ++j) sink += acc[j];
         });
     };
+    // the plan over token ids: the input rows from a table of 5000 (the embedded projection's), copied
+    // into gates first (as the plan did) or read in place (RNNCache::input_rows)
+    const int V = 5000, G = cfg.G();
+    std::vector<float> table((size_t)V * G);
+    std::mt19937 rng(5);
+    for (auto& v : table) v = 0.5f * std::normal_distribution<float>()(rng);
+    std::vector<const float*> rows((size_t)B * T);
+    for (auto& row : rows) row = table.data() + (size_t)(rng() % V) * G;
+    auto copied = [&] {
+        for (size_t i = 0; i < rows.size(); ++i) std::copy(rows[i], rows[i] + G, m.gates.data() + i * G);
+        steps();
+    };
+    auto in_place = [&] {
+        cache.input_rows = rows.data();
+        steps();
+        cache.input_rows = nullptr;
+    };
     const double flops = 2.0 * B * H * 4 * H;  // per step
-    double a = 0, p = 0;
+    double a = 0, p = 0, cp = 0, ip = 0;
     for (int round = 0; round < 3; ++round) {  // interleaved
-        const double sa = median_wall(steps), sp = median_wall(products);
+        const double sa = median_wall(steps), sp = median_wall(products), sc = median_wall(copied), si = median_wall(in_place);
         a = round ? std::min(a, sa) : sa, p = round ? std::min(p, sp) : sp;
+        cp = round ? std::min(cp, sc) : sc, ip = round ? std::min(ip, si) : si;
     }
     std::printf("  B=%2d float32 plan step %6.2f us (%4.0f GFLOP/s)   product alone %6.2f us (%4.0f GFLOP/s)   rest %5.2f us%s\n",
                 B, a / T * 1e6, flops * T / a * 1e-9, p / T * 1e6, flops * T / p * 1e-9, (a - p) / T * 1e6,
                 sink == 12345 ? " " : "");
+    std::printf("       over token ids (5000-row table), per call: rows copied into gates %6.1f us, read in place %6.1f us\n",
+                cp * 1e6, ip * 1e6);
 }
 
 static void training_kernels(int B, int threads) {
