@@ -297,13 +297,14 @@ class InferencePlan {
             rnn_forward_rows<float>(cfg, 0, cfg.B, y, h, cell, cache, kernel, op.w[3], mask(op.mask), nullptr, hu);
             return true;
         }
-        // the rows gathered, then the steps of all rows in one call: each step's panels of U are then
-        // read from L1 by every row's tiles (steps in blocks of 7 rows, gathered while in cache, took 0.98 ms
-        // at batch 32 against 0.66 fused, one block 15% less than fused; sentiment LSTM(100), Zen 5, shared host)
-        for (size_t i = 0; i < BT; ++i) {
-            const float* row = op.embedded->row(ids[i], G);
-            std::copy(row, row + G, gates + i * G);
-        }
+        // the rows looked up (read in place: RNNCache::input_rows), then the steps of all rows in one call:
+        // each step's panels of U are then read from L1 by every row's tiles (steps in blocks of 7 rows,
+        // gathered while in cache, took 0.98 ms at batch 32 against 0.66 fused, one block 15% less than
+        // fused; sentiment LSTM(100), Zen 5, shared host)
+        thread_local std::vector<const float*> rows;
+        rows.resize(BT);
+        for (size_t i = 0; i < BT; ++i) rows[i] = op.embedded->row(ids[i], G);
+        cache.input_rows = rows.data();
         rnn_forward_rows<float>(cfg, 0, cfg.B, y, h, cell, cache, kernel, op.w[3], mask(op.mask), nullptr, hu);
         return true;
     }

@@ -58,6 +58,11 @@ template <class T> struct RNNCache {
     T* h_rec = nullptr;   // (B, T, H): h_prev * recurrent dropout mask; null without recurrent dropout
     T* c_prev = nullptr;  // (B, T, H): LSTM cell state entering step t
     T* aux = nullptr;     // (B, T, H): LSTM act(c_t); GRU reset_after h U_n + b_hn; GRU classic r * h_rec
+    // Steps without the input projection fused (rnn_forward_rows): the row of x_t W + b_in for (b, t) at
+    // input_rows[b * T + t], read in place instead of from gates (which then only receives what the
+    // steps write); null: gates holds them. The plan's embedded table rows: their copy into gates cost
+    // 32 us a call (1024 rows of 1.6 KB at the sentiment LSTM's batch 32; its steps take 450).
+    const T* const* input_rows = nullptr;
     // the state multiplied into U at step t: h_rec with recurrent dropout, else h_prev
     const T* recurrent_input() const { return h_rec ? h_rec : h_prev; }
 };
@@ -277,6 +282,12 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
     for (int s = 0; s < Tn; ++s) {
         const int t = cfg.time_at(s);
         auto real = [&](int b) __attribute__((always_inline)) { return !mask || mask[(size_t)b * Tn + t]; };
+        // input rows read in place come from a table larger than L2: the next step's, fetched into L2
+        // while this one multiplies
+        for (int b = b0; cache.input_rows && s + 1 < Tn && b < b1; ++b) {
+            const char* next = reinterpret_cast<const char*>(cache.input_rows[(size_t)b * Tn + cfg.time_at(s + 1)]);
+            for (size_t at = 0; at < (size_t)G * sizeof(T); at += 64) __builtin_prefetch(next + at, 0, 2);
+        }
         // cache the state entering step t (and its dropped-out copy that meets U)
         for (int b = b0; b < b1; ++b) {
             const size_t row = (size_t)b * TH + (size_t)t * H;
@@ -293,14 +304,16 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
         const bool fused = x != nullptr;
         // where one block of row b's step lives: gates (x W + b pre-activations in, activated gates
         // out), aux, y, the state, and h_t's staging row
+        // (in: where the input terms are read, gates or the step's input row)
         struct Block {
             T *g, *aux, *y, *h, *h_next;
+            const T* in;
         };
         auto block = [&](int b, int u0) __attribute__((always_inline)) -> Block {
             const size_t row = (size_t)b * TH + (size_t)t * H + u0;
-            return {cache.gates + (size_t)b * TG + (size_t)t * G + u0, cache.aux ? cache.aux + row : nullptr,
-                    y ? y + row : nullptr,
-                    h + (size_t)b * H + u0, hu + (size_t)b * ld_hu + u0};
+            T* g = cache.gates + (size_t)b * TG + (size_t)t * G + u0;
+            return {g, cache.aux ? cache.aux + row : nullptr, y ? y + row : nullptr, h + (size_t)b * H + u0,
+                    hu + (size_t)b * ld_hu + u0, cache.input_rows ? cache.input_rows[(size_t)b * Tn + t] + u0 : g};
         };
         // padded step: the state carries through, the output is 0 (and aux, which meets dU's GEMM)
         auto carry = [&](const Block& k, int n) __attribute__((always_inline)) {
@@ -319,17 +332,17 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                                         [&](int b, TileRow<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                                             const Block k = block(b, u0);
                                             if (!real(b)) return carry(k, n);
-                                            add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
+                                            add_input_terms(hu_, 0, fused, k.in, b_in, H, u0, n);
                                             const V h_t = acts.act(hu_.q[0]);
                                             if (keep) vstore(k.g, h_t, n);
                                             emit(k, h_t, n);
                                         });
                 break;
             case RNNCell::lstm: {
-                // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t)
-                auto lstm_cell = [&](const Block& k, int b, int u0, int n, V pre_i, V pre_f, V pre_g, V pre_o)
+                // i, f, o = ract(.), g = act(.); c_t = f c_{t-1} + i g; h_t = o act(c_t) (from the
+                // activated gates)
+                auto lstm_cell = [&](const Block& k, int b, int u0, int n, V i, V f, V g, V o)
                     __attribute__((always_inline)) {
-                        const V i = acts.ract(pre_i), f = acts.ract(pre_f), g = acts.act(pre_g), o = acts.ract(pre_o);
                         T* cb = c + (size_t)b * H + u0;
                         const V c_t = f * vload<V>(cb, n) + i * g;
                         const V act_c = acts.act(c_t);
@@ -345,19 +358,22 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                                         [&](int b, TileRow<V, 4> hu_, int u0, int n) __attribute__((always_inline)) {
                                             const Block k = block(b, u0);
                                             if (!real(b)) return carry(k, n);
-                                            add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
-                                            lstm_cell(k, b, u0, n, hu_.q[0], hu_.q[1], hu_.q[2], hu_.q[3]);
+                                            add_input_terms(hu_, 0, fused, k.in, b_in, H, u0, n);
+                                            lstm_cell(k, b, u0, n, acts.ract(hu_.q[0]), acts.ract(hu_.q[1]),
+                                                      acts.act(hu_.q[2]), acts.ract(hu_.q[3]));
                                         });
                 if (!r) break;
-                // the tail units' four gates in one vector (pack_recurrent_kernel), each gate's r
-                // lanes moved to the front
+                // the tail units' four gates in one vector (pack_recurrent_kernel): both activations
+                // of the whole vector (two, not four of it), then each gate's r lanes moved to the front
                 tail_step_product<V>(
                     packed_u, b0, b1, left, H, u_tail / W,
                     [&](int b, TileRow<V, 1> pre, int) __attribute__((always_inline)) {
                         const Block k = block(b, u_tail);
                         if (!real(b)) return carry(k, r);
-                        const V z = pre.q[0] + (fused ? tail_bias : interleave_tail(k.g));
-                        lstm_cell(k, b, u_tail, r, z, lanes_from(z, r), lanes_from(z, 2 * r), lanes_from(z, 3 * r));
+                        const V z = pre.q[0] + (fused ? tail_bias : interleave_tail(k.in));
+                        const V sig = acts.ract(z), act_z = acts.act(z);
+                        lstm_cell(k, b, u_tail, r, sig, lanes_from(sig, r), lanes_from(act_z, 2 * r),
+                                  lanes_from(sig, 3 * r));
                     });
                 break;
             }
@@ -371,14 +387,14 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                             const Block k = block(b, u0);
                             if (!real(b)) return carry(k, n);
                             // (never fused: x W + b_in is in gates)
-                            V pre_r = vload<V>(k.g, n) + hu_.q[0], pre_z = vload<V>(k.g + H, n) + hu_.q[1];
+                            V pre_r = vload<V>(k.in, n) + hu_.q[0], pre_z = vload<V>(k.in + H, n) + hu_.q[1];
                             V hn = hu_.q[2];
                             if (b_rec) {
                                 pre_r += vload<V>(b_rec + u0, n), pre_z += vload<V>(b_rec + H + u0, n);
                                 hn += vload<V>(b_rec + 2 * H + u0, n);
                             }
                             const V r = acts.ract(pre_r), z = acts.ract(pre_z);
-                            const V nn = acts.act(vload<V>(k.g + 2 * H, n) + r * hn);
+                            const V nn = acts.act(vload<V>(k.in + 2 * H, n) + r * hn);
                             if (keep) {
                                 vstore(k.g, r, n), vstore(k.g + H, z, n), vstore(k.g + 2 * H, nn, n);
                                 vstore(k.aux, hn, n);
@@ -392,7 +408,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                         [&](int b, TileRow<V, 2> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return carry(k, n);
-                            add_input_terms(hu_, 0, fused, k.g, b_in, H, u0, n);
+                            add_input_terms(hu_, 0, fused, k.in, b_in, H, u0, n);
                             const V r = acts.ract(hu_.q[0]);
                             vstore(k.g, r, n), vstore(k.g + H, acts.ract(hu_.q[1]), n);
                             vstore(k.aux, r * vload<V>(hr + (size_t)(b - b0) * ld_hr + u0, n), n);
@@ -404,7 +420,7 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
                         [&](int b, TileRow<V, 1> hu_, int u0, int n) __attribute__((always_inline)) {
                             const Block k = block(b, u0);
                             if (!real(b)) return;  // carried in the first pass
-                            add_input_terms(hu_, 2, fused, k.g, b_in, H, u0, n);
+                            add_input_terms(hu_, 2, fused, k.in, b_in, H, u0, n);
                             const V nn = acts.act(hu_.q[0]), z = vload<V>(k.g + H, n);
                             if (keep) vstore(k.g + 2 * H, nn, n);
                             emit(k, z * vload<V>(k.h, n) + (T(1) - z) * nn, n);
@@ -437,8 +453,8 @@ template <class T> void pack_recurrent_kernel_rows(Panels<T>& packed, const RNNC
     pack_recurrent_kernel(packed, U, (const T*)nullptr, cfg.H, 0, cfg.gates(), tile_lanes<T>());
 }
 
-// Steps of rows [b0, b1) with cache.gates holding the input projection (the decoder's per-step
-// calls, the plan's); kernel: U packed by pack_recurrent_kernel_rows, or U itself when the rows are
+// Steps of rows [b0, b1) with cache.gates (or cache.input_rows) holding the input projection (the
+// decoder's per-step calls, the plan's); kernel: U packed by pack_recurrent_kernel_rows, or U itself when the rows are
 // one (RecurrentKernel::rows). hu (B, G*H) is workspace.
 template <class T>
 void rnn_forward_rows(const RNNConfig& cfg, int b0, int b1, T* y, T* h, T* c, const RNNCache<T>& cache,

@@ -31,10 +31,11 @@ MAX_PLANS = 4  # signatures kept per model (the oldest goes first)
 # the most memory the input projection tables of one recurrent layer over an embedding take (V x G
 # floats per direction; made per row as ids are read); a larger one projects the gathered rows per call
 EMBEDDED_PROJECTION_BYTES = 64 << 20
-# the most bytes of gathered table rows (B x T x G floats) a call takes the table for: the steps read a row's
-# gates per step, B*T*G apart, and past L2 each is a miss; the fused product reads x_t instead (sentiment
-# LSTM(100), T=32, 1 thread, Zen 5, shared host: table / fused 0.86 at batch 6, 0.97 at 14, 1.12 at 32)
-EMBEDDED_GATHER_BYTES = 768 << 10
+# the most bytes of table rows (B x T x G floats) a call takes the table for: the steps read each row in place
+# (the next step's prefetched), the fused product reads x_t instead and multiplies C more rows of W (sentiment
+# LSTM(100), T=32, 1 thread, Zen 5, shared host: table / fused 0.90 at batch 16, 0.93 at 32, 0.94 at 64,
+# 0.98 at 128, 6.5 MB)
+EMBEDDED_GATHER_BYTES = 8 << 20
 
 
 class Unsupported(Exception):
