@@ -97,6 +97,13 @@ void test_updates(size_t n, unsigned seed) {
         std::vector<T> g1 = g_[0], g2 = g_[1], scaled = p0_, clipped = p0_;
         add_l1l2_gradient<T>(g1.data(), p0_.data(), n, 0.01, 0.02);
         add_l1l2_gradient<T>(g2.data(), p0_.data(), n, 0.0, 0.03);
+        for (double l1 : {0.01, 0.0}) {  // the fused pass gives the two kernels' numbers bit for bit
+            std::vector<T> apart = g_[2], fused = g_[2];
+            add_l1l2_gradient<T>(apart.data(), p0_.data(), n, l1, 0.02);
+            const double penalty = l1l2_penalty_add_gradient<T>(fused.data(), p0_.data(), n, l1, 0.02);
+            CHECK(penalty == l1l2_penalty<T>(p0_.data(), n, l1, 0.02));
+            CHECK(fused == apart);
+        }
         scale_inplace<T>(scaled.data(), n, T(0.7));
         clip_inplace<T>(clipped.data(), n, T(-0.5), T(0.8));
         got.insert(got.end(), {{"sum_squares", {sum_squares<T>(p0_.data(), n)}},
