@@ -81,9 +81,8 @@ void init_optim(py::module_& m) {
                 auto m2 = mutable_list<T>(vs, params, "adam_update: second moments");
                 auto n = sizes_of<T>(params);
                 py::gil_scoped_release release;
-                for (size_t i = 0; i < p.size(); ++i)
-                    adam_update<T>(p[i], g[i], m1[i], m2[i], n[i], T(lr), T(beta1), T(beta2), T(eps), step,
-                                   T(weight_decay), decoupled);
+                adam_update_arrays<T>(p.data(), g.data(), m1.data(), m2.data(), n.data(), p.size(), T(lr), T(beta1),
+                                      T(beta2), T(eps), step, T(weight_decay), decoupled);
             });
         },
         py::arg("params"), py::arg("grads"), py::arg("ms"), py::arg("vs"), py::arg("lr"), py::arg("beta1"),
