@@ -81,9 +81,8 @@ void init_optim(py::module_& m) {
                 auto m2 = mutable_list<T>(vs, params, "adam_update: second moments");
                 auto n = sizes_of<T>(params);
                 py::gil_scoped_release release;
-                for (size_t i = 0; i < p.size(); ++i)
-                    adam_update<T>(p[i], g[i], m1[i], m2[i], n[i], T(lr), T(beta1), T(beta2), T(eps), step,
-                                   T(weight_decay), decoupled);
+                adam_update_arrays<T>(p.data(), g.data(), m1.data(), m2.data(), n.data(), p.size(), T(lr), T(beta1),
+                                      T(beta2), T(eps), step, T(weight_decay), decoupled);
             });
         },
         py::arg("params"), py::arg("grads"), py::arg("ms"), py::arg("vs"), py::arg("lr"), py::arg("beta1"),
@@ -181,6 +180,22 @@ void init_optim(py::module_& m) {
         },
         py::arg("grad"), py::arg("weights"), py::arg("l1"), py::arg("l2"),
         "grad += l1 sign(w) + 2 l2 w, in place (grad: the weights' shape and dtype).");
+
+    m.def(
+        "l1l2_penalty_add_gradient",
+        [](py::array& grad, const py::array& weights, double l1, double l2) {
+            return dispatch_float(weights, "l1l2_penalty_add_gradient: weights", [&](auto tag) {
+                using T = decltype(tag);
+                const T* w = in_ptr<T>(weights, "l1l2_penalty_add_gradient: weights");
+                check_shape(grad, std::vector<py::ssize_t>(weights.shape(), weights.shape() + weights.ndim()),
+                            "l1l2_penalty_add_gradient: grad");
+                T* g = inout_ptr<T>(grad, "l1l2_penalty_add_gradient: grad");
+                py::gil_scoped_release release;
+                return l1l2_penalty_add_gradient<T>(g, w, (size_t)weights.size(), l1, l2);
+            });
+        },
+        py::arg("grad"), py::arg("weights"), py::arg("l1"), py::arg("l2"),
+        "l1l2_penalty and l1l2_add_gradient in one pass over the weights (the same numbers): returns the penalty.");
 }
 
 }  // namespace attnx::bind

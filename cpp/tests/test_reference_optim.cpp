@@ -85,6 +85,22 @@ void test_updates(size_t n, unsigned seed) {
             const std::string name = decoupled ? "adamw" : "adam";
             got.insert(got.end(), {{name + " p", to_double(p)}, {name + " m", to_double(m)}, {name + " v", to_double(v)}});
         }
+        {  // several arrays in one region (cut anywhere) give each array's own update bit for bit
+            const size_t cuts[] = {0, n / 3, n / 3 + (n > 2), n};  // three arrays, one of them of 0 or 1 element
+            std::vector<T> p = p0_, m = s0_, v = v0_, q = p0_, qm = s0_, qv = v0_;
+            std::vector<T*> ps, ms, vs;
+            std::vector<const T*> gs;
+            std::vector<size_t> sizes;
+            for (int a = 0; a < 3; ++a) {
+                ps.push_back(p.data() + cuts[a]), ms.push_back(m.data() + cuts[a]), vs.push_back(v.data() + cuts[a]);
+                gs.push_back(g_[0].data() + cuts[a]), sizes.push_back(cuts[a + 1] - cuts[a]);
+                adam_update<T>(q.data() + cuts[a], g_[0].data() + cuts[a], qm.data() + cuts[a], qv.data() + cuts[a],
+                               sizes.back(), T(0.01), T(0.9), T(0.999), T(1e-7), 3, T(0.05), false);
+            }
+            adam_update_arrays<T>(ps.data(), gs.data(), ms.data(), vs.data(), sizes.data(), 3, T(0.01), T(0.9),
+                                  T(0.999), T(1e-7), 3, T(0.05), false);
+            CHECK(p == q && m == qm && v == qv);
+        }
         for (int kind = 0; kind < 3; ++kind) {
             std::vector<T> p = p0_, v = v0_, mg(n, T(0)), buf = s0_;
             for (const auto& g : g_)
@@ -97,6 +113,13 @@ void test_updates(size_t n, unsigned seed) {
         std::vector<T> g1 = g_[0], g2 = g_[1], scaled = p0_, clipped = p0_;
         add_l1l2_gradient<T>(g1.data(), p0_.data(), n, 0.01, 0.02);
         add_l1l2_gradient<T>(g2.data(), p0_.data(), n, 0.0, 0.03);
+        for (double l1 : {0.01, 0.0}) {  // the fused pass gives the two kernels' numbers bit for bit
+            std::vector<T> apart = g_[2], fused = g_[2];
+            add_l1l2_gradient<T>(apart.data(), p0_.data(), n, l1, 0.02);
+            const double penalty = l1l2_penalty_add_gradient<T>(fused.data(), p0_.data(), n, l1, 0.02);
+            CHECK(penalty == l1l2_penalty<T>(p0_.data(), n, l1, 0.02));
+            CHECK(fused == apart);
+        }
         scale_inplace<T>(scaled.data(), n, T(0.7));
         clip_inplace<T>(clipped.data(), n, T(-0.5), T(0.8));
         got.insert(got.end(), {{"sum_squares", {sum_squares<T>(p0_.data(), n)}},

@@ -306,3 +306,6 @@ def seq2seq_greedy(
     local_window: int = -1, local_mode: str = "m", gated: bool = False, hard: bool = False, start_id: int,
     end_id: int, max_length: int,
 ) -> SearchResult: ...
+
+# a training step's regularization: l1l2_penalty and l1l2_add_gradient in one pass (the same numbers)
+def l1l2_penalty_add_gradient(grad: Array, weights: Array, l1: float, l2: float) -> float: ...

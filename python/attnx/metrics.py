@@ -22,7 +22,9 @@ class Metric:
     def update_state(self, y_true, y_pred, sample_weight=None, mask=None):
         values = self._values(np.asarray(y_true), np.asarray(y_pred))
         if sample_weight is None and mask is None:  # every value weighs 1 (a training step's usual case)
-            self.total += float(np.sum(values.astype(np.float64, copy=False)))  # as the weighted sum: float64
+            # an accuracy's hits are bools: their count is the float64 sum of ones, exactly, in one pass
+            hits = np.count_nonzero(values) if values.dtype == bool else np.sum(values.astype(np.float64, copy=False))
+            self.total += float(hits)
             self.count += float(values.size)
             return
         weights = np.ones(values.shape, dtype=np.float64)
@@ -34,6 +36,7 @@ class Metric:
         self.count += float(np.sum(np.broadcast_to(weights, values.shape)))
 
     def _values(self, y_true, y_pred):
+        """Each prediction's value (bools for a hit or miss: weighed as 0 / 1)."""
         raise NotImplementedError
 
     def result(self):
@@ -63,7 +66,7 @@ class BinaryAccuracy(Metric):
 
     def _values(self, y_true, y_pred):
         y_true, y_pred = _match_binary(y_true, y_pred)
-        return ((y_pred > self.threshold) == (y_true > 0.5)).astype(np.float64)
+        return (y_pred > self.threshold) == (y_true > 0.5)
 
 
 class SparseCategoricalAccuracy(Metric):
@@ -75,7 +78,7 @@ class SparseCategoricalAccuracy(Metric):
             y_true = y_true.reshape(y_pred.shape[:-1])
         if y_true.shape != y_pred.shape[:-1]:
             raise ValueError(f"{self.name}: labels shape {y_true.shape} does not match predictions {y_pred.shape}")
-        return (np.argmax(y_pred, axis=-1) == y_true).astype(np.float64)
+        return np.argmax(y_pred, axis=-1) == y_true
 
 
 class CategoricalAccuracy(Metric):
@@ -85,7 +88,7 @@ class CategoricalAccuracy(Metric):
     def _values(self, y_true, y_pred):
         if y_true.shape != y_pred.shape:
             raise ValueError(f"{self.name}: y_true shape {y_true.shape} does not match y_pred shape {y_pred.shape}")
-        return (np.argmax(y_pred, axis=-1) == np.argmax(y_true, axis=-1)).astype(np.float64)
+        return np.argmax(y_pred, axis=-1) == np.argmax(y_true, axis=-1)
 
 
 class Accuracy(Metric):
@@ -96,7 +99,7 @@ class Accuracy(Metric):
 
     def _values(self, y_true, y_pred):
         y_true, y_pred = _match_binary(y_true, y_pred)
-        return (y_true == y_pred).astype(np.float64)
+        return y_true == y_pred
 
 
 class _Confusion(Metric):

@@ -17,6 +17,12 @@ class Regularizer:
         """grad += d penalty / d w, in place."""
         grad += self.gradient(w)
 
+    def penalty_and_add_gradient(self, w, grad):
+        """The penalty for w, after ``add_gradient(w, grad)``: what a training step takes of a regularizer."""
+        penalty = self(w)
+        self.add_gradient(w, grad)
+        return penalty
+
     def get_config(self):
         return {}
 
@@ -41,14 +47,26 @@ class L1L2(Regularizer):
     def add_gradient(self, w, grad):
         # in one pass where grad is a layer's buffer of w's shape and float dtype; else as any regularizer
         w = _float_array(w)
-        if (isinstance(grad, np.ndarray) and grad.dtype == w.dtype and grad.shape == w.shape
-                and grad.flags.c_contiguous and grad.flags.writeable):
+        if _kernel_buffer(grad, w):
             kernels.l1l2_add_gradient(grad=grad, weights=w, l1=self.l1, l2=self.l2)
         else:
             super().add_gradient(w, grad)
 
+    def penalty_and_add_gradient(self, w, grad):
+        # penalty and gradient in one pass over w where add_gradient takes one
+        w = _float_array(w)
+        if _kernel_buffer(grad, w):
+            return kernels.l1l2_penalty_add_gradient(grad=grad, weights=w, l1=self.l1, l2=self.l2)
+        return super().penalty_and_add_gradient(w, grad)
+
     def get_config(self):
         return {"l1": self.l1, "l2": self.l2}
+
+
+def _kernel_buffer(grad, w):
+    """Whether the kernels can add into `grad` in place: a writeable C-contiguous array of w's shape and dtype."""
+    return (isinstance(grad, np.ndarray) and grad.dtype == w.dtype and grad.shape == w.shape
+            and grad.flags.c_contiguous and grad.flags.writeable)
 
 
 def _float_array(w):

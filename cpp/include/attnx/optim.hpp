@@ -2,6 +2,7 @@
 // (which equal Keras' for a constant learning rate). g is the raw gradient; weight_decay is
 // PyTorch's coupled L2 (added to g) except for adamw, which decays the weights directly.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 
@@ -42,12 +43,15 @@ ATTNX_ALWAYS_INLINE void adam_range(T* __restrict__ p, const T* __restrict__ gra
     }
 }
 
-// reference: cpp/reference/optim.hpp, adam_update
+// reference: cpp/reference/optim.hpp, adam_update (per array)
 // m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 // p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)      (AdamW first: p *= 1 - lr wd)
+// over `count` arrays (sizes n[i]) in one parallel region: their elements as one range cut evenly across
+// the threads, so that a step wakes the pool once and its small arrays split too. Each element's update
+// depends on nothing else: any cut gives the same numbers.
 template <class T>
-void adam_update(T* p, const T* grad, T* m, T* v, size_t n, T lr, T beta1, T beta2, T eps, long step,
-                 T weight_decay, bool decoupled) {
+void adam_update_arrays(T* const* p, const T* const* grad, T* const* m, T* const* v, const size_t* n, size_t count,
+                        T lr, T beta1, T beta2, T eps, long step, T weight_decay, bool decoupled) {
     const T bias1 = T(1) - std::pow(beta1, T(step));
     const T sqrt_bias2 = std::sqrt(T(1) - std::pow(beta2, T(step)));
     const T step_size = lr / bias1;
@@ -56,11 +60,26 @@ void adam_update(T* p, const T* grad, T* m, T* v, size_t n, T lr, T beta1, T bet
     const T shrink = decoupled ? T(1) - lr * weight_decay : T(1);
     const T l2 = decoupled ? T(0) : weight_decay;
     const T inv_sqrt_bias2 = T(1) / sqrt_bias2;
-    parallel_for(n, 8.0 * n, [=](size_t lo, size_t hi) {
+    size_t total = 0;
+    for (size_t i = 0; i < count; ++i) total += n[i];
+    parallel_for(total, 8.0 * total, [=](size_t lo, size_t hi) {
         on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {  // the loop vectorizes to each level's width
-            adam_range(p, grad, m, v, lo, hi, beta1, beta2, eps, step_size, inv_sqrt_bias2, shrink, l2);
+            size_t start = 0;  // of array i in the range
+            for (size_t i = 0; i < count && start < hi; start += n[i], ++i) {
+                const size_t from = std::max(lo, start), to = std::min(hi, start + n[i]);
+                if (from < to)
+                    adam_range(p[i], grad[i], m[i], v[i], from - start, to - start, beta1, beta2, eps, step_size,
+                               inv_sqrt_bias2, shrink, l2);
+            }
         });
     });
+}
+
+// adam_update_arrays on one array
+template <class T>
+void adam_update(T* p, const T* grad, T* m, T* v, size_t n, T lr, T beta1, T beta2, T eps, long step,
+                 T weight_decay, bool decoupled) {
+    adam_update_arrays<T>(&p, &grad, &m, &v, &n, 1, lr, beta1, beta2, eps, step, weight_decay, decoupled);
 }
 
 // reference: cpp/reference/optim.hpp, rmsprop_update
@@ -118,6 +137,27 @@ template <class T> void add_l1l2_gradient(T* grad, const T* w, size_t n, double 
             for (size_t i = 0; i < n; ++i) grad[i] += two_l2 * w[i];
         else
             for (size_t i = 0; i < n; ++i) grad[i] += l1t * (T(w[i] > T(0)) - T(w[i] < T(0))) + two_l2 * w[i];
+    });
+}
+
+// reference: cpp/reference/optim.hpp, l1l2_penalty and add_l1l2_gradient
+// Both in one pass over w, for a training step, which takes both: l1l2_penalty's sums and
+// add_l1l2_gradient's terms, bit for bit (the main job's 5000 x 32 table read once a step, not twice).
+template <class T> double l1l2_penalty_add_gradient(T* grad, const T* w, size_t n, double l1, double l2) {
+    return on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+        T* __restrict__ g = grad;
+        const T* __restrict__ x = w;
+        const T l1t = T(l1), two_l2 = T(2 * l2);
+        if (l1 == 0)
+            return l2 * sum_lanes<double, 32>(n, [&](size_t i) {
+                g[i] += two_l2 * x[i];
+                return double(x[i]) * double(x[i]);
+            });
+        return sum_lanes<double, 32>(n, [&](size_t i) {
+            const double v = x[i];
+            g[i] += l1t * (T(x[i] > T(0)) - T(x[i] < T(0))) + two_l2 * x[i];
+            return l1 * std::fabs(v) + l2 * v * v;
+        });
     });
 }
 

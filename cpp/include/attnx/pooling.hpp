@@ -8,6 +8,7 @@
 #include "attnx/activations.hpp"
 #include "attnx/attention.hpp"
 #include "attnx/gemm.hpp"
+#include "attnx/parallel.hpp"
 
 namespace attnx {
 
@@ -28,7 +29,12 @@ void attention_pooling_forward(const PoolingConfig& cfg, T* out, T* weights, T* 
                                const T* bias, const uint8_t* mask) {
     const int B = cfg.B, Tn = cfg.T, C = cfg.C;
     const bool bias_per_step = cfg.bias_per_step, return_sequences = cfg.return_sequences;
-    matmul<T>(energy, x, W, B * Tn, 1, C);
+    {
+        // a matrix-vector product of ~10 us: OpenBLAS' own threads would wake for it, and wait out
+        // our pool's spin for the second core (issue 40: 0.5 ms a call at 2 threads)
+        SingleThreadedBlas blas_guard;
+        matmul<T>(energy, x, W, B * Tn, 1, C);
+    }
     parallel_for((size_t)B, double(B) * Tn * C * 2, [&](size_t lo, size_t hi) {
         for (size_t b = lo; b < hi; ++b) {
             T* e = energy + b * Tn;
@@ -92,7 +98,8 @@ void attention_pooling_backward(const PoolingConfig& cfg, T* dx, T* dW, T* dbias
             }
         });
     });
-    // dx += dZ W^T, dW += x^T dZ (one GEMM each over all B * T rows)
+    // dx += dZ W^T, dW += x^T dZ (one GEMM each over all B * T rows; small: on this thread, as the forward's)
+    SingleThreadedBlas blas_guard;
     if (dx) matmul<T>(dx, dz.data(), W, B * Tn, C, 1, false, true, T(1));
     matmul<T>(dW, x, dz.data(), C, 1, B * Tn, true, false, T(1));
     for (int b = 0; b < B; ++b)

@@ -350,6 +350,14 @@ class Layer:
             for n, reg in self._regularizers.items():
                 reg.add_gradient(params[n], grads[n])
 
+    def regularize(self):
+        """``regularization_loss()`` after ``add_regularization_grads()``, reading each regularized weight
+        once (a training step's pair)."""
+        if not self._regularizers:
+            return 0.0
+        params, grads = self.params, self.grads
+        return float(sum(reg.penalty_and_add_gradient(params[n], grads[n]) for n, reg in self._regularizers.items()))
+
     # --------------------------------------------------------------- calling
     def __call__(self, inputs, *args, training=None, mask=None, **kwargs):
         if type(inputs) is not np.ndarray and any_symbolic(inputs):

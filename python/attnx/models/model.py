@@ -106,6 +106,11 @@ class Model(TrainingMixin, GraphMixin, Layer):
         for layer in self.layers:
             layer.add_regularization_grads()
 
+    def regularize(self):
+        params, grads = self._own_weights()
+        own = sum(reg.penalty_and_add_gradient(params[n], grads[n]) for n, reg in self._regularizers.items())
+        return float(own + sum(layer.regularize() for layer in self.layers))
+
     def count_params(self):
         return int(sum(p.size for p in self.params.values()))
 

@@ -161,8 +161,7 @@ class TrainingMixin:
             dist.sum([0.0] * self._num_outputs())  # the loss counts: this rank scores nothing
         if dist is not None:
             loss = dist.allreduce_gradients([g for _, _, g in self.trainable_params], loss)
-        loss += self.regularization_loss()
-        self.add_regularization_grads()
+        loss += self.regularize()
         self.optimizer.apply([(p, g) for _, p, g in self.trainable_params])
         if check_numerics:
             names = [n for n, _, _ in self.trainable_params]
@@ -176,6 +175,10 @@ class TrainingMixin:
         """The batch loss (regularization included, as Keras reports it) in inference mode; updates
         the metrics (with a data-parallel strategy: this rank's shard; `fit` and `evaluate` sum the
         metrics over the ranks where they report them)."""
+        return self._test_loss(x, y, sample_weight) + self.regularization_loss()
+
+    def _test_loss(self, x, y, sample_weight):
+        """test_step's loss without the regularization (which `_evaluate` computes once per pass)."""
         dist = self._distribute
         if dist is not None:
             x, y, sample_weight = dist.shard_batch(x, y, sample_weight)
@@ -190,7 +193,7 @@ class TrainingMixin:
             dist.sum([0.0] * self._num_outputs())
         if dist is not None:
             loss = dist.sum([loss])[0]
-        return loss + self.regularization_loss()
+        return loss
 
     def predict_step(self, x):
         """The outputs for one batch in inference mode (with a data-parallel strategy every rank
@@ -448,11 +451,20 @@ class TrainingMixin:
         callbacks = callbacks or callbacks_module.CallbackList([], self, {})
         batch_hooks = callbacks.calls("on_test_batch_begin", "on_test_batch_end")
         callbacks.on_test_begin()
+        # the weights' penalty once per pass when nothing between the batches can change the weights
+        # (a batch hook might) and test_step is ours: a pass over every regularized weight per batch saved
+        regularization = None
         for step, batch in enumerate(data.epoch()):
             self._build_for(batch.x)
             if batch_hooks:
                 callbacks.on_test_batch_begin(step)
-            loss = self.test_step(batch.x, batch.y, batch.sample_weight)
+            if batch_hooks or type(self).test_step is not TrainingMixin.test_step:
+                loss = self.test_step(batch.x, batch.y, batch.sample_weight)
+            else:
+                loss = self._test_loss(batch.x, batch.y, batch.sample_weight)
+                if regularization is None:
+                    regularization = self.regularization_loss()
+                loss = loss + regularization
             loss_mean.update_state(loss, batch.size)
             if batch_hooks:
                 callbacks.on_test_batch_end(step, {"loss": loss_mean.result(), **self._metric_results()})
