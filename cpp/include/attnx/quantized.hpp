@@ -447,12 +447,6 @@ inline void int8_product_reference(int32_t* acc, size_t ldc, const int8_t* qx, s
         }
 }
 
-// a[0, n) (int32 sums, n <= V's lanes) as floats
-template <class V> ATTNX_ALWAYS_INLINE V int32_lanes(const int32_t* a, int n) {
-    if constexpr (Lanes<V>::W == 1) return (float)*a;
-    else return __builtin_convertvector((typename Lanes<V>::I)vload<V>(reinterpret_cast<const float*>(a), n), V);
-}
-
 // ----------------------------------------------------------------------------- activations, both passes
 // Up to `rows` activation rows of K values in int8: q, s (every row), and the coarse rows' second pass
 // (which, qe, se, acc2 for its products; e a row's residual). Buffers reused by every call.
@@ -475,21 +469,18 @@ struct Int8Activations {
     template <class V>
     ATTNX_ALWAYS_INLINE void quantize_on(const float* x, size_t ldx, int n, const float* kw) {
         coarse = 0;
-        for (int r = 0; r < n; ++r) quantize_row_on<V>(r, x + (size_t)r * ldx, kw);
-    }
-
-    // quantize_on's work for its row r, xr: rows in order from 0 after `coarse = 0` (a recurrent step
-    // quantizes each h_t row as the gate loop finishes it)
-    template <class V> ATTNX_ALWAYS_INLINE void quantize_row_on(int r, const float* xr, const float* kw) {
-        coarse_of[r] = -1;
-        int8_t* qr = q.data() + (size_t)r * Kp;
-        if (!quantize_row_coarse<V>(qr, s[r], xr, kw, K, Kp)) return;
-        for (int k = 0; k < K; ++k) e[k] = xr[k] - s[r] * (float)qr[k];  // the same floats as the coarse sums'
-        if (qe.size() < (size_t)rows * Kp || acc2.size() < (size_t)rows * Np)  // sized for the largest use
-            qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
-        quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K, 1,
-                            K, Kp);
-        coarse_of[r] = coarse, which[coarse++] = r;
+        for (int r = 0; r < n; ++r) {
+            coarse_of[r] = -1;
+            const float* xr = x + (size_t)r * ldx;
+            int8_t* qr = q.data() + (size_t)r * Kp;
+            if (!quantize_row_coarse<V>(qr, s[r], xr, kw, K, Kp)) continue;
+            for (int k = 0; k < K; ++k) e[k] = xr[k] - s[r] * (float)qr[k];  // the same floats as the coarse sums'
+            if (qe.size() < (size_t)rows * Kp || acc2.size() < (size_t)rows * Np)  // sized for the largest use
+                qe.resize((size_t)rows * Kp), se.resize(rows), acc2.resize((size_t)rows * Np);
+            quantize_rows_on<V>(qe.data() + (size_t)coarse * Kp, (size_t)Kp, se.data() + coarse, e.data(), (size_t)K,
+                                1, K, Kp);
+            coarse_of[r] = coarse, which[coarse++] = r;
+        }
     }
 
     // acc (n rows, ldc apart) = q . B over the columns [n0, n1) (n0 a multiple of 16); the coarse rows'
@@ -527,19 +518,6 @@ struct Int8Activations {
             for (int j = n0; j < n1; ++j) o[j - first] += (float)a[j] * (si * sw[j]);
             if (relu) rectify(o);
         }
-    }
-
-    // dequantize's values (no relu) of row r, columns [j, j + n) (n <= V's lanes), as one vector: the
-    // same floats, read by the recurrent gate math straight from the int32 sums
-    template <class V>
-    ATTNX_ALWAYS_INLINE V dequantized(const int32_t* acc, size_t ldc, int r, const float* sw, const float* bias, int j,
-                                      int n, size_t ld_acc2) const {
-        const V w = vload<V>(sw + j, n);
-        V v = int32_lanes<V>(acc + (size_t)r * ldc + j, n) * (vbroadcast<V>(s[r]) * w);
-        if (bias) v = v + vload<V>(bias + j, n);
-        const int i = coarse_of[r];
-        if (i >= 0) v = v + int32_lanes<V>(acc2.data() + (size_t)i * ld_acc2 + j, n) * (vbroadcast<V>(se[i]) * w);
-        return v;
     }
 };
 
@@ -651,49 +629,35 @@ inline void embedding_forward_int8(float* out, const int64_t* ids, size_t count,
 
 // ----------------------------------------------------------------------------- recurrent layers
 // One level of SimpleRNN / GRU / LSTM (cfg as rnn_forward's) on quantized kernels:
-//   ax[b, t] = Q(x[b, t]) qW                  every step at once: one int8 product of B T rows
-//   ah       = Q(h_{t-1}) qU                  per step (Q: Int8Activations)
-//   pre_t    = (ax sx sW + b_in) + (ah sh sU [+ b_rec])
-// the scales applied as the gate math reads the int32 sums (Int8Activations::dequantized: no float
-// copy of either product is written), then the float gate math of rnn.hpp's cells (equations below);
-// each h_t row is quantized for the next step's product as soon as the gate loop has made it (two
-// Int8Activations, this step's and the next's). y (B, T, H) may be null; h, c (B, H) hold the initial
-// state and leave with the final one (c: LSTM only). mask (B, T) nonzero = real step (null: all real);
-// a padded step carries the state and writes y = 0. A classic GRU (reset before the product) has U
-// packed with split = 2H: r and z from U.head, the candidate from U.tail, after r * h_{t-1}; its h
-// rows are quantized at the step's start, and its h_{t-1} U dequantized into hg (both products' columns).
-// x's rows (B T, C) are quantized in xq and multiplied into ax (B T rows of W's Np columns) by the caller.
+//   xw[b, t] = (Q(x[b, t]) qW) * sx sW + b_in       every step at once: one int8 product of B T rows
+//   pre_t    = xw[:, t] + (Q(h_{t-1}) qU) * sh sU [+ b_rec]            per step (Q: Int8Activations)
+// then the float gate math of rnn.hpp's cells (equations below). y (B, T, H) may be null; h, c (B, H)
+// hold the initial state and leave with the final one (c: LSTM only). mask (B, T) nonzero = real
+// step (null: all real); a padded step carries the state and writes y = 0. A classic GRU (reset
+// before the product) has U packed with split = 2H: r and z from U.head, the candidate from U.tail.
 template <class V, class Acts>
 ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, int b0, int b1, float* y, float* h,
-                                        float* c, const Int8Activations& xq, const int32_t* ax, const Int8Kernel& W,
-                                        const Int8Kernel& U, const float* b_in, const float* b_rec,
+                                        float* c, const float* xw, const Int8Kernel& U, const float* b_rec,
                                         const uint8_t* mask) {
-    constexpr int W_ = Lanes<V>::W;
+    constexpr int W = Lanes<V>::W;
     const int Tn = cfg.T, H = cfg.H, G = cfg.G(), rows = b1 - b0;
     const bool classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
     const Int8Packed &PU = U.head, &PUn = U.tail;  // h_{t-1}'s columns (classic GRU: r and z), the candidate's
     const int nU = PU.N;
-    const size_t ldx = (size_t)W.head.Np;  // ax's rows (row b T + t: batch row b0 + b, step t)
-    const float *sW = W.scale.data(), *sU = U.scale.data();
-    Int8Activations hqs[2], rq;  // h_{t-1} (this step's and the next's), and the classic GRU's r * h_{t-1}
-    for (Int8Activations& hq : hqs) hq.resize(rows, H, PU.Kp, PU.Np);
-    std::vector<float> hg, rh;
+    const float* sU = U.scale.data();
+    const size_t ldx = (size_t)Tn * G;  // xw's rows of one time step
+    Int8Activations hq, rq;  // h_{t-1}, and the classic GRU's r * h_{t-1}
+    hq.resize(rows, H, PU.Kp, PU.Np);
+    std::vector<float> hg((size_t)rows * G), rh;
     std::vector<int32_t> ah((size_t)rows * PU.Np), an;
-    if (classic)
-        hg.resize((size_t)rows * G), rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn.Np),
-            rq.resize(rows, H, PUn.Kp, PUn.Np);
-    const float* kwU = PU.feature_weight.data();
-    if (!classic) hqs[0].quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows, kwU);
+    if (classic) rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn.Np), rq.resize(rows, H, PUn.Kp, PUn.Np);
     for (int step = 0; step < Tn; ++step) {
         const int t = cfg.time_at(step);
-        Int8Activations &hq = hqs[step % 2], &next = hqs[(step + 1) % 2];
-        const bool quantize_next = !classic && step + 1 < Tn;
-        if (quantize_next) next.coarse = 0;
-        // h_{t-1} U (+ b_rec) as int32 sums (a classic GRU's dequantized into hg)
-        if (classic) hq.quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows, kwU);
+        const float* xg = xw + ((size_t)b0 * Tn + t) * G;  // x_t W + b_in of row b0, rows ldx apart
+        // h_{t-1} U (+ b_rec)
+        hq.quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows, PU.feature_weight.data());
         hq.product(ah.data(), (size_t)PU.Np, rows, PU, 0, nU);
-        if (classic)
-            hq.dequantize(hg.data(), (size_t)G, ah.data(), (size_t)PU.Np, rows, sU, b_rec, 0, nU, (size_t)PU.Np);
+        hq.dequantize(hg.data(), (size_t)G, ah.data(), (size_t)PU.Np, rows, sU, b_rec, 0, nU, (size_t)PU.Np);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
             float* hb = h + (size_t)b * H;
@@ -701,22 +665,15 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
             const bool real = !mask || mask[(size_t)b * Tn + t];
             if (!real) {
                 if (yb) std::fill(yb, yb + H, 0.f);
-                if (quantize_next) next.quantize_row_on<V>(r, hb, kwU);
                 continue;
             }
-            const int xrow = r * Tn + t;
-            const float* hr = classic ? hg.data() + (size_t)r * G : nullptr;
-            for (int j = 0; j < H; j += W_) {
-                const int n = std::min(W_, H - j);
-                auto xpart = [&](int q) __attribute__((always_inline)) {  // x_t W + b_in, gate q
-                    return xq.dequantized<V>(ax, ldx, xrow, sW, b_in, q * H + j, n, ldx);
+            const float* xr = xg + (size_t)r * ldx;
+            const float* hr = hg.data() + (size_t)r * G;
+            for (int j = 0; j < H; j += W) {
+                const int n = std::min(W, H - j);
+                auto pre = [&](int q) __attribute__((always_inline)) {
+                    return vload<V>(xr + (size_t)q * H + j, n) + vload<V>(hr + (size_t)q * H + j, n);
                 };
-                auto hpart = [&](int q) __attribute__((always_inline)) {  // h_{t-1} U (+ b_rec), gate q
-                    return classic ? vload<V>(hr + (size_t)q * H + j, n)
-                                   : hq.dequantized<V>(ah.data(), (size_t)PU.Np, r, sU, b_rec, q * H + j, n,
-                                                       (size_t)PU.Np);
-                };
-                auto pre = [&](int q) __attribute__((always_inline)) { return xpart(q) + hpart(q); };
                 V h_t;
                 switch (cfg.cell) {
                     case RNNCell::simple:  // h_t = act(x_t W + b + h_{t-1} U)
@@ -737,14 +694,13 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
                             continue;
                         }
                         // n = act(x_n + r * (h U_n + b_hn)); h_t = z h_{t-1} + (1 - z) n
-                        const V nn = acts.act(xpart(2) + r_ * hpart(2));
+                        const V nn = acts.act(vload<V>(xr + 2 * H + j, n) + r_ * vload<V>(hr + 2 * H + j, n));
                         h_t = z * vload<V>(hb + j, n) + (vbroadcast<V>(1.f) - z) * nn;
                     }
                 }
                 vstore(hb + j, h_t, n);
                 if (yb) vstore(yb + j, h_t, n);
             }
-            if (quantize_next) next.quantize_row_on<V>(r, hb, kwU);  // while the row is in L1
         }
         if (!classic) continue;
         // classic GRU: n = act(x_n + b_n + (r * h_{t-1}) U_n); h_t = z h_{t-1} + (1 - z) n
@@ -757,14 +713,12 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
             if (mask && !mask[(size_t)b * Tn + t]) continue;
             float* hb = h + (size_t)b * H;
             float* yb = y ? y + ((size_t)b * Tn + t) * H : nullptr;
-            const int xrow = r * Tn + t;
+            const float* xr = xg + (size_t)r * ldx;
             const float* hr = hg.data() + (size_t)r * G;
-            for (int j = 0; j < H; j += W_) {
-                const int n = std::min(W_, H - j);
-                const V z = acts.ract(xq.dequantized<V>(ax, ldx, xrow, sW, b_in, H + j, n, ldx) +
-                                      vload<V>(hr + H + j, n));
-                const V nn = acts.act(xq.dequantized<V>(ax, ldx, xrow, sW, b_in, 2 * H + j, n, ldx) +
-                                      vload<V>(hr + 2 * H + j, n));
+            for (int j = 0; j < H; j += W) {
+                const int n = std::min(W, H - j);
+                const V z = acts.ract(vload<V>(xr + H + j, n) + vload<V>(hr + H + j, n));
+                const V nn = acts.act(vload<V>(xr + 2 * H + j, n) + vload<V>(hr + 2 * H + j, n));
                 const V h_t = z * vload<V>(hb + j, n) + (vbroadcast<V>(1.f) - z) * nn;
                 vstore(hb + j, h_t, n);
                 if (yb) vstore(yb + j, h_t, n);
@@ -773,25 +727,20 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
     }
 }
 
-// W (C, G) and U (H, G) packed (U with split = 2H for a classic GRU, G otherwise). Each thread's rows
-// of x quantized and multiplied by W in one product over all their steps (the int32 sums, and the
-// quantized rows with their scales, in buffers of the thread's, reused by its next call), then the steps
+// W (C, G) and U (H, G) packed (U with split = 2H for a classic GRU, G otherwise); xw's buffer is
+// this thread's, reused by the next call
 inline void rnn_forward_int8(const RNNConfig& cfg, float* y, float* h, float* c, const float* x, const Int8Kernel& W,
                              const Int8Kernel& U, const float* b_in, const float* b_rec, const uint8_t* mask) {
+    const size_t TG = (size_t)cfg.T * cfg.G();
+    thread_local std::vector<float> xw_buffer;
+    xw_buffer.resize((size_t)cfg.B * TG);
+    float* xw = xw_buffer.data();
     for_batch_rows(cfg, [&](int b0, int b1) {
-        thread_local Int8Activations xq;
-        thread_local std::vector<int32_t> ax;
-        const Int8Packed& PW = W.head;
-        const int n = (b1 - b0) * cfg.T;
-        xq.resize(n, cfg.C, PW.Kp, PW.Np);
-        ax.resize((size_t)n * PW.Np);
-        on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-            xq.quantize_on<decltype(lanes)>(x + (size_t)b0 * cfg.T * cfg.C, (size_t)cfg.C, n, PW.feature_weight.data());
-        });
-        xq.product(ax.data(), (size_t)PW.Np, n, PW, 0, PW.N);
+        dense_forward_int8(xw + b0 * TG, x + (size_t)b0 * cfg.T * cfg.C, (b1 - b0) * cfg.T, W, b_in,
+                           Activation::linear);
         auto run = [&](const auto& acts) {
             on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-                rnn_steps_int8<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, xq, ax.data(), W, U, b_in, b_rec, mask);
+                rnn_steps_int8<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, xw, U, b_rec, mask);
             });
         };
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid) run(TanhSigmoid{});
