@@ -9,9 +9,9 @@ place (the copy of a recurrent kernel it packs and keeps between runs is remade 
 bytes differ from those it was packed from); a plan whose layer replaced an array (`quantize`) is
 rebuilt. A quantized (int8) layer's lowering adds the int8 kernels its eager forward calls on the same
 packed kernels (`attnx.quantization.packed`), so the plan gives its outputs bit for bit; the plan is
-rebuilt when a kernel is packed anew (`set_weights` and loaders unpack it). Anything the plan does not hold, a layer class without a
-lowering, a configuration its lowering declines, a mask given to the call, a non-float32 policy, an
-input the eager path would reject, makes `run` return None, and the caller takes the eager path, which
+rebuilt when a kernel is packed anew (`set_weights` and loaders unpack it). Anything the plan does
+not hold, a layer class without a lowering, a configuration its lowering declines, a mask given to the
+call, a non-float32 policy, an input the eager path would reject, makes `run` return None, and the caller takes the eager path, which
 computes the same outputs (or raises its own error).
 """
 import math
