@@ -10,7 +10,12 @@ torch.ao.quantization.quantize_dynamic, same threads, one interleaved run. The r
     dense_forward_int8_blocks; the feed-forward network in one call, feed_forward_forward_int8);
     scores, softmax, the norms and the residuals stay float32.
 
-Each row prints, in harness.compare's columns ("attnx" is always attnx int8; "torch" the other):
+(f) the sentiment model of onnx_inference.py (Embedding(5000, 32) -> LSTM(100) -> AttentionPooling -> Dense(1)),
+    T=32, batch 1 and 32, one thread: `predict` of the quantized model (its compiled inference plan) against the
+    float32 model's `predict` (its plan) and against the same int8 predict with the plan off (layer by layer),
+    wall-clock medians interleaved round by round (onnx_inference.interleaved_ms).
+
+Rows (a)-(e) print, in harness.compare's columns ("attnx" is always attnx int8; "torch" the other):
 - vs attnx fp32 at this CPU's level (AVX-512 VNNI where it has it),
 - vs attnx fp32 with attnx's kernels forced to the AVX2 level (_core._force_simd_level; OpenBLAS,
   which attnx's float32 calls for some products, keeps its own level),
@@ -188,16 +193,46 @@ def encoder_case(name, B, T, D, heads, ff):
                 _relative_error(int8(x), want))
 
 
+def plan_case(name, rounds=40):
+    import attnx
+    from onnx_inference import ids, interleaved_ms, sentiment_model, without_plan
+    rng = np.random.default_rng(0)
+    attnx.set_random_seed(0)
+    fp32 = sentiment_model()
+    int8 = sentiment_model()
+    int8.set_weights(fp32.get_weights())
+    batches = [ids(rng, 1, 32, 5000), ids(rng, 32, 32, 5000)]
+    for x in batches:
+        int8.predict(x, batch_size=len(x))
+    int8.quantize("int8")
+    results = []
+    with one_thread():
+        for x in batches:
+            def planned(model=int8, x=x):
+                return model.predict(x, batch_size=len(x))
+
+            def float32(x=x):
+                return fp32.predict(x, batch_size=len(x))
+            err = _relative_error(planned(), float32())
+            t_int8, t_fp32, t_eager = interleaved_ms([planned, float32, without_plan(planned)], rounds)
+            print(f"{name} batch {len(x)}, 1 thread, wall medians: int8 plan {t_int8 * 1e3:8.1f} us  fp32 plan "
+                  f"{t_fp32 * 1e3:8.1f} us  int8 eager {t_eager * 1e3:8.1f} us  fp32/int8 {t_fp32 / t_int8:5.2f}x  "
+                  f"eager/plan {t_eager / t_int8:5.2f}x  (int8 vs fp32 max |diff| / max |out| {err:.4f})", flush=True)
+            results.append({"name": f"{name} batch {len(x)} int8 vs fp32 predict", "ratio": t_fp32 / t_int8})
+    return results
+
+
 CASES = {
     "a": lambda: recurrent_case("(a) LSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100),
     "b": lambda: recurrent_case("(b) LSTM(256) B=64 T=128 E=128", "lstm", 64, 128, 128, 256),
     "c": lambda: recurrent_case("(c) BiLSTM(100) B=32 T=32 E=32", "lstm", 32, 32, 32, 100, bidirectional=True),
     "d": lambda: mlp_case("(d) MLP 512-1024-1024-10 B=256", 256, 512, 1024, 10),
     "e": lambda: encoder_case("(e) encoder layer B=32 T=128 D=128 h=4 ff=512", 32, 128, 128, 4, 512),
+    "f": lambda: plan_case("(f) sentiment predict, T=32"),
 }
 
 
-def main(rows="abcde"):
+def main(rows="abcdef"):
     print(f"attnx int8 tiles at this CPU's level: {_int8_level()}")
     return [result for row in rows for result in CASES[row]()]
 
@@ -207,4 +242,4 @@ if __name__ == "__main__":
 
     import harness
     harness.setup_threads()
-    main(sys.argv[1] if len(sys.argv) > 1 else "abcde")  # e.g. "e": the encoder layer's row alone
+    main(sys.argv[1] if len(sys.argv) > 1 else "abcdef")  # e.g. "e": the encoder layer's row alone

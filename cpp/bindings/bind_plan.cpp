@@ -20,10 +20,11 @@ struct PlanHandle {
     std::vector<py::ssize_t> input_shape;
     bool token_ids = false;  // the input is int64 token ids (an embedding reads slot 0)
 
-    const float* weight(const py::object& a, const std::vector<py::ssize_t>& shape, const std::string& what) {
+    template <class T = float>
+    const T* weight(const py::object& a, const std::vector<py::ssize_t>& shape, const std::string& what) {
         if (a.is_none()) return nullptr;
         py::array arr = shaped_array_arg(a, shape, what.c_str());
-        const float* p = in_ptr<float>(arr, what.c_str());
+        const T* p = in_ptr<T>(arr, what.c_str());
         weights.push_back(arr);
         return p;
     }
@@ -52,6 +53,38 @@ struct PlanHandle {
 void positive(std::initializer_list<int> sizes, const char* what) {
     for (int s : sizes)
         if (s <= 0) throw py::value_error(std::string("InferencePlan.") + what + ": sizes must be positive");
+}
+
+// A packed int8 kernel (attnx.quantization.packed) of K inputs (-1: any) split as the op's kernel needs
+// (split 0: unsplit, its N)
+std::shared_ptr<const Int8Kernel> int8_kernel(const std::shared_ptr<Int8Kernel>& w, int K, int split,
+                                              const std::string& what) {
+    if (!w) throw py::type_error("InferencePlan." + what + ": expected a packed Int8Kernel (kernels.pack_int8), got None");
+    if ((K >= 0 && w->K != K) || w->split != (split ? split : w->N))
+        throw py::value_error("InferencePlan." + what + ": a kernel packed as (" + std::to_string(w->K) + ", " +
+                              std::to_string(w->N) + ") split at " + std::to_string(w->split) + ", the op needs " +
+                              (K >= 0 ? std::to_string(K) : std::string("any")) + " inputs split at " +
+                              (split ? std::to_string(split) : std::string("its columns")));
+    return w;
+}
+
+// The recurrent cell, activations and sizes of an rnn op (float or int8)
+RNNConfig rnn_config(const std::string& cell, bool reverse, bool reset_after, const std::string& activation,
+                     const std::string& recurrent_activation, int batch, int steps, int C, int H, const char* what) {
+    RNNConfig cfg;
+    if (cell == "simple") cfg.cell = RNNCell::simple;
+    else if (cell == "gru") cfg.cell = RNNCell::gru;
+    else if (cell == "lstm") cfg.cell = RNNCell::lstm;
+    else throw py::value_error(std::string("InferencePlan.") + what + ": unknown cell '" + cell + "'");
+    cfg.reverse = reverse, cfg.reset_after = reset_after;
+    cfg.activation = parse_activation(activation);
+    cfg.recurrent_activation = parse_activation(recurrent_activation);
+    if (!rnn_activation_ok(cfg.activation) || !rnn_activation_ok(cfg.recurrent_activation))
+        throw py::value_error(std::string("InferencePlan.") + what +
+                              ": activations must be tanh, sigmoid, relu or linear");
+    cfg.B = batch, cfg.T = steps, cfg.C = C, cfg.H = H;
+    positive({cfg.B, cfg.T, cfg.C, cfg.H}, what);
+    return cfg;
 }
 
 }  // namespace
@@ -146,20 +179,11 @@ void init_plan(py::module_& m) {
                        const py::object& embedding) {
                  PlanOp op;
                  op.kind = PlanOpKind::rnn;
-                 RNNConfig& cfg = op.rnn;
-                 if (cell == "simple") cfg.cell = RNNCell::simple;
-                 else if (cell == "gru") cfg.cell = RNNCell::gru;
-                 else if (cell == "lstm") cfg.cell = RNNCell::lstm;
-                 else throw py::value_error("InferencePlan.rnn: unknown cell '" + cell + "'");
-                 cfg.reverse = reverse, cfg.reset_after = reset_after;
-                 cfg.activation = parse_activation(activation);
-                 cfg.recurrent_activation = parse_activation(recurrent_activation);
-                 if (!rnn_activation_ok(cfg.activation) || !rnn_activation_ok(cfg.recurrent_activation))
-                     throw py::value_error("InferencePlan.rnn: activations must be tanh, sigmoid, relu or linear");
                  check_rank(kernel, 2, "InferencePlan.rnn: kernel");
                  check_rank(recurrent_kernel, 2, "InferencePlan.rnn: recurrent_kernel");
-                 cfg.B = batch, cfg.T = steps, cfg.C = (int)kernel.shape(0), cfg.H = (int)recurrent_kernel.shape(0);
-                 positive({cfg.B, cfg.T, cfg.C, cfg.H}, "rnn");
+                 op.rnn = rnn_config(cell, reverse, reset_after, activation, recurrent_activation, batch, steps,
+                                     (int)kernel.shape(0), (int)recurrent_kernel.shape(0), "rnn");
+                 RNNConfig& cfg = op.rnn;
                  const py::ssize_t G = cfg.G();
                  op.w[0] = h.weight(kernel, {cfg.C, G}, "rnn: kernel");
                  op.w[1] = h.weight(recurrent_kernel, {cfg.H, G}, "rnn: recurrent_kernel");
@@ -301,6 +325,108 @@ void init_plan(py::module_& m) {
                  op.rows = rows, op.cols = cols, op.in = in, op.out = out;
                  h.plan.add_op(std::move(op));
              }, py::arg("out"), py::arg("in_"), py::arg("activation"), py::arg("rows"), py::arg("cols"))
+        .def("embedding_int8", [](PlanHandle& h, int out, const py::array& table, const py::array& scale) {
+                 check_rank(table, 2, "InferencePlan.embedding_int8: table");
+                 if (!h.token_ids)
+                     throw py::value_error("InferencePlan.embedding_int8: the plan's input is not token ids");
+                 PlanOp op;
+                 op.kind = PlanOpKind::embedding_int8;
+                 op.rows = (int)h.input_size(), op.cols = (int)table.shape(1), op.vocab = table.shape(0);
+                 op.table = h.weight<int8_t>(table, {-1, -1}, "embedding_int8: table");
+                 op.w[0] = h.weight(scale, {op.vocab}, "embedding_int8: scale");
+                 h.check_slot(out, (size_t)op.rows * op.cols, "embedding_int8");
+                 op.out = out;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("table"), py::arg("scale"),
+             "An int8 Embedding's rows of the input's ids: table (V, D) int8 times its per-row scale (V).")
+        .def("dense_int8", [](PlanHandle& h, const std::vector<int>& outs, const std::vector<int>& widths, int in,
+                              const std::shared_ptr<Int8Kernel>& kernel, const std::vector<py::object>& biases,
+                              const std::string& activation, int rows) {
+                 PlanOp op;
+                 op.kind = PlanOpKind::dense_int8;
+                 op.int8[0] = int8_kernel(kernel, -1, 0, "dense_int8: kernel");
+                 op.rows = rows, op.cols = kernel->K, op.units = kernel->N;
+                 positive({op.rows, op.cols, op.units}, "dense_int8");
+                 if (outs.empty() || outs.size() != widths.size() || outs.size() != biases.size() ||
+                     (int)outs.size() > Int8ColumnBlocks::kMax)
+                     throw py::value_error("InferencePlan.dense_int8: 1 to " + std::to_string(Int8ColumnBlocks::kMax) +
+                                           " output slots, one width and one bias (or None) each");
+                 int end = 0;
+                 for (size_t i = 0; i < outs.size(); ++i) {
+                     positive({widths[i]}, "dense_int8");
+                     h.check_slot(outs[i], (size_t)rows * widths[i], "dense_int8");
+                     op.block_bias[i] = h.weight(biases[i], {widths[i]}, "dense_int8: bias");
+                     if (!op.block_bias[i] != !op.block_bias[0])
+                         throw py::value_error("InferencePlan.dense_int8: a bias for every block or none");
+                     end += widths[i];
+                     op.block_out[i] = outs[i], op.block_end[i] = end;
+                 }
+                 if (end != op.units)
+                     throw py::value_error("InferencePlan.dense_int8: widths sum to " + std::to_string(end) +
+                                           ", the kernel has " + std::to_string(op.units) + " columns");
+                 op.blocks = (int)outs.size();
+                 op.act = parse_activation(activation);
+                 h.check_slot(in, (size_t)rows * op.cols, "dense_int8", false);
+                 op.in = in;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("outs"), py::arg("widths"), py::arg("in_"), py::arg("kernel"), py::arg("biases"),
+             py::arg("activation"), py::arg("rows"),
+             "act(in . kernel + bias) on a packed int8 kernel (dense_forward_int8), its columns written to the slots "
+             "`outs` in blocks of `widths`, block i's bias biases[i] (all None or none): a self-attention's query, "
+             "key and value from one product.")
+        .def("feed_forward_int8", [](PlanHandle& h, int out, int in, const std::shared_ptr<Int8Kernel>& kernel1,
+                                     const py::object& bias1, const std::shared_ptr<Int8Kernel>& kernel2,
+                                     const py::object& bias2, const std::string& activation, int rows) {
+                 PlanOp op;
+                 op.kind = PlanOpKind::feed_forward_int8;
+                 op.int8[0] = int8_kernel(kernel1, -1, 0, "feed_forward_int8: kernel1");
+                 op.int8[1] = int8_kernel(kernel2, kernel1->N, 0, "feed_forward_int8: kernel2");
+                 op.rows = rows, op.cols = kernel1->K, op.inner = kernel1->N, op.units = kernel2->N;
+                 positive({op.rows, op.cols, op.inner, op.units}, "feed_forward_int8");
+                 op.act = parse_activation(activation);
+                 op.w[0] = h.weight(bias1, {op.inner}, "feed_forward_int8: bias1");
+                 op.w[1] = h.weight(bias2, {op.units}, "feed_forward_int8: bias2");
+                 h.check_slot(in, (size_t)rows * op.cols, "feed_forward_int8", false);
+                 h.check_slot(out, (size_t)rows * op.units, "feed_forward_int8");
+                 op.in = in, op.out = out;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("in_"), py::arg("kernel1"), py::arg("bias1"), py::arg("kernel2"),
+             py::arg("bias2"), py::arg("activation"), py::arg("rows"),
+             "FeedForward on packed int8 kernels (feed_forward_forward_int8).")
+        .def("rnn_int8", [](PlanHandle& h, int out, int in, const std::string& cell,
+                            const std::shared_ptr<Int8Kernel>& kernel, const std::shared_ptr<Int8Kernel>& recurrent_kernel,
+                            const py::object& bias, const py::object& recurrent_bias, int mask, bool reverse,
+                            bool reset_after, const std::string& activation, const std::string& recurrent_activation,
+                            int batch, int steps, bool return_sequences) {
+                 PlanOp op;
+                 op.kind = PlanOpKind::rnn_int8;
+                 if (!kernel || !recurrent_kernel)
+                     throw py::type_error("InferencePlan.rnn_int8: expected packed Int8Kernels, got None");
+                 op.rnn = rnn_config(cell, reverse, reset_after, activation, recurrent_activation, batch, steps,
+                                     kernel->K, recurrent_kernel->K, "rnn_int8");
+                 const RNNConfig& cfg = op.rnn;
+                 const int G = cfg.G();
+                 const bool classic = cfg.cell == RNNCell::gru && !reset_after;
+                 op.int8[0] = int8_kernel(kernel, cfg.C, 0, "rnn_int8: kernel");
+                 op.int8[1] = int8_kernel(recurrent_kernel, cfg.H, classic ? 2 * cfg.H : 0, "rnn_int8: recurrent_kernel");
+                 if (kernel->N != G || recurrent_kernel->N != G)
+                     throw py::value_error("InferencePlan.rnn_int8: kernels of " + std::to_string(G) + " columns needed");
+                 op.w[0] = h.weight(bias, {G}, "rnn_int8: bias");
+                 if (!recurrent_bias.is_none() && !(cfg.cell == RNNCell::gru && reset_after))
+                     throw py::value_error("InferencePlan.rnn_int8: recurrent_bias is only GRU's with reset_after=True");
+                 op.w[1] = h.weight(recurrent_bias, {G}, "rnn_int8: recurrent_bias");
+                 h.check_mask(mask, (size_t)batch * steps, "rnn_int8");
+                 h.check_slot(in, (size_t)batch * steps * cfg.C, "rnn_int8", false);
+                 h.check_slot(out, (size_t)batch * (return_sequences ? steps : 1) * cfg.H, "rnn_int8");
+                 op.units = return_sequences;
+                 op.in = in, op.out = out, op.mask = mask;
+                 h.plan.add_op(std::move(op));
+             }, py::arg("out"), py::arg("in_"), py::arg("cell"), py::arg("kernel"), py::arg("recurrent_kernel"),
+             py::arg("bias"), py::arg("recurrent_bias"), py::arg("mask"), py::arg("reverse"), py::arg("reset_after"),
+             py::arg("activation"), py::arg("recurrent_activation"), py::arg("batch"), py::arg("steps"),
+             py::arg("return_sequences"),
+             "A quantized recurrent level (rnn_forward_int8) on packed int8 kernels (recurrent_kernel split at 2 H "
+             "for a classic GRU) from zero states.")
         .def("run", [](PlanHandle& h, const py::array& x, int result, const std::vector<py::ssize_t>& shape) -> py::object {
                  // the one check per call: the input is the signature the plan was built for
                  bool ok = x.ndim() == (py::ssize_t)h.input_shape.size();

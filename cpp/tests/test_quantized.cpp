@@ -202,8 +202,11 @@ static void rows_at_odd_widths(std::mt19937& rng) {
 
 // rnn_forward_int8 (one cell, direction, GRU form) at every level and split = the reference, with a
 // padded step. h's quantization could round the other way where the float and double states differ
-// in their last bits (an error of an int8 step of one product then); these operands do not meet one
-static void recurrent_matches_reference(RNNCell cell, bool reset_after, bool reverse, std::mt19937& rng) {
+// in their last bits (an error of an int8 step of one product then); these operands do not meet one.
+// `outliers`: a feature of x and of h_0 that the kernels do not use, large in some rows: those rows
+// take the second pass (coarse rows), in the input projection and in the first step's h_{t-1} U
+static void recurrent_matches_reference(RNNCell cell, bool reset_after, bool reverse, bool outliers,
+                                        std::mt19937& rng) {
     RNNConfig cfg;
     cfg.cell = cell, cfg.reset_after = reset_after, cfg.reverse = reverse;
     cfg.B = 5, cfg.T = 6, cfg.C = 13, cfg.H = 21;
@@ -214,12 +217,18 @@ static void recurrent_matches_reference(RNNCell cell, bool reset_after, bool rev
     random_int8_kernel(qw, sw, cfg.C, G, rng);
     random_int8_kernel(qu, su, H, G, rng);
     auto x = attnx::test::cast<float>(attnx::test::random_values(rng, (size_t)B * T * cfg.C));
+    if (outliers) {
+        std::fill(qw.begin(), qw.begin() + G, int8_t(0));  // feature 0 of x and of h unused
+        std::fill(qu.begin(), qu.begin() + G, int8_t(0));
+        for (int bt = 0; bt < B * T; bt += 3) x[(size_t)bt * cfg.C] = bt % 2 ? 500.f : -700.f;
+    }
     auto b_in = attnx::test::cast<float>(attnx::test::random_values(rng, G, 0.1));
     auto b_rec = attnx::test::cast<float>(attnx::test::random_values(rng, G, 0.1));
     const float* pb_rec = cell == RNNCell::gru && reset_after ? b_rec.data() : nullptr;
     std::vector<uint8_t> mask((size_t)B * T, 1);
     mask[(size_t)1 * T + 2] = 0;
     auto h0 = attnx::test::random_values(rng, (size_t)B * H, 0.5), c0 = attnx::test::random_values(rng, (size_t)B * H);
+    if (outliers) h0[(size_t)2 * H] = 300.0, h0[(size_t)4 * H] = -250.0;
     std::vector<double> want_y((size_t)B * T * H), want_h = h0, want_c = c0;
     reference::rnn_forward_int8(cfg, want_y.data(), want_h.data(), want_c.data(), x.data(), qw.data(), sw.data(),
                                 qu.data(), su.data(), b_in.data(), pb_rec, mask.data());
@@ -228,7 +237,8 @@ static void recurrent_matches_reference(RNNCell cell, bool reset_after, bool rev
     pack_int8_kernel(U, qu.data(), su.data(), H, G, classic ? 2 * H : G);
     const std::string what = std::string("rnn_forward_int8 ") +
                              (cell == RNNCell::lstm ? "lstm" : cell == RNNCell::gru ? "gru" : "simple") +
-                             (classic ? " classic" : "") + (reverse ? " reverse " : " ");
+                             (classic ? " classic" : "") + (reverse ? " reverse " : " ") +
+                             (outliers ? "outliers " : "");
     attnx::test::on_every_level_and_split([&](const std::string& where) {
         std::vector<float> y((size_t)B * T * H), h = attnx::test::cast<float>(h0), c = attnx::test::cast<float>(c0);
         rnn_forward_int8(cfg, y.data(), h.data(), cell == RNNCell::lstm ? c.data() : nullptr, x.data(), W, U,
@@ -352,7 +362,7 @@ int main() {
         for (bool reset_after : {true, false})
             for (bool reverse : {false, true}) {
                 if (cell != RNNCell::gru && !reset_after) continue;
-                recurrent_matches_reference(cell, reset_after, reverse, rng);
+                for (bool outliers : {false, true}) recurrent_matches_reference(cell, reset_after, reverse, outliers, rng);
             }
     return attnx::test::report("test_quantized");
 }

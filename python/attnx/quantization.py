@@ -128,6 +128,12 @@ def packed(layer, name, split=0):
     return entry[split]
 
 
+def is_packed(kernel, key, form):
+    """Whether `form` is still int8 `kernel`'s packed form under `key` (a split, or the projections'
+    names): `check_weights` drops the packed forms before new values are written in."""
+    return _PACKED.get(id(kernel), {}).get(key) is form
+
+
 def _unpack(param):
     """Forgets the packed forms of `param` (an int8 kernel or its scale) and lets it be written."""
     _PACKED.get(id(param), {}).clear()

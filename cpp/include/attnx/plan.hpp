@@ -27,6 +27,7 @@
 #include "attnx/dense.hpp"
 #include "attnx/embedding.hpp"
 #include "attnx/pooling.hpp"
+#include "attnx/quantized.hpp"
 #include "attnx/rnn.hpp"
 #include "attnx/transformer.hpp"
 
@@ -46,6 +47,11 @@ enum class PlanOpKind {
     residual_add,       // out = in + in2
     mean_pool,          // out (B, C) = mean over the real steps of in (B, T, C)
     activation,         // out = act(in), softmax per row of `cols`
+    // int8 (a quantized layer's own kernels, quantized.hpp: the same calls as its eager forward)
+    embedding_int8,     // out (N, D) = q[ids] * scale[ids] (w[0]: the scales; int8 table in `table`)
+    dense_int8,         // column blocks into slots block_out (ends block_end) = act(in . W + b): dense_forward_int8
+    feed_forward_int8,  // out (N, OC) = act(in . W1 + b1) . W2 + b2: feed_forward_forward_int8
+    rnn_int8,           // out = rnn_forward_int8's y (B, T, H) or final h (B, H)
 };
 
 enum class PlanMerge { concat, sum, mul, ave };
@@ -131,6 +137,14 @@ struct PlanOp {
     std::vector<float> work;  // the op's own workspace (the RNN's gates, the norm's statistics)
     PackedCopy packed;        // the recurrent kernel packed for the steps
     std::unique_ptr<EmbeddedProjection> embedded;  // rnn over token ids: the table of E W + b_in (E: w[4])
+    // int8 ops: the packed kernels (attnx.quantization.packed's, shared: the Python side rebuilds the plan
+    // when it packs them again), an embedding's int8 table, and dense_int8's column blocks with each
+    // block's bias (all or none; gathered into `work` per run, as the eager path concatenates them)
+    std::shared_ptr<const Int8Kernel> int8[2];
+    const int8_t* table = nullptr;
+    int block_out[Int8ColumnBlocks::kMax] = {-1, -1, -1, -1}, block_end[Int8ColumnBlocks::kMax] = {};
+    const float* block_bias[Int8ColumnBlocks::kMax] = {};
+    int blocks = 0;
 };
 
 // An RNN whose (B, T, G) input projection fits in this many bytes projects every step's input with one
@@ -162,6 +176,12 @@ class InferencePlan {
                 op.work.assign(BT * G + BT * H + (size_t)op.rnn.B * (G + 2 * H), 0.f);
                 break;
             }
+            case PlanOpKind::dense_int8:  // the blocks' biases side by side
+                if (op.block_bias[0]) op.work.assign((size_t)op.units, 0.f);
+                break;
+            case PlanOpKind::rnn_int8:  // h, c (B, H)
+                op.work.assign(2 * (size_t)op.rnn.B * op.rnn.H, 0.f);
+                break;
             case PlanOpKind::layernorm: op.work.assign(2 * (size_t)op.rows, 0.f); break;
             case PlanOpKind::attention_pooling: op.work.assign(2 * (size_t)op.pool.B * op.pool.T, 0.f); break;
             default: break;
@@ -243,6 +263,40 @@ class InferencePlan {
             case PlanOpKind::activation:
                 activation_forward<float>(out(op.out), in(op.in), (size_t)op.rows, (size_t)op.cols, op.act);
                 return true;
+            case PlanOpKind::embedding_int8: {
+                const int64_t* ids = static_cast<const int64_t*>(input_);
+                const auto [lo, hi] = std::minmax_element(ids, ids + op.rows);
+                if (op.rows && (*lo < 0 || *hi >= op.vocab)) return false;
+                embedding_forward_int8(out(op.out), ids, (size_t)op.rows, op.table, op.w[0], op.cols);
+                return true;
+            }
+            case PlanOpKind::dense_int8: {
+                Int8ColumnBlocks blocks;
+                for (int i = 0, start = 0; i < op.blocks; start = op.block_end[i++]) {
+                    blocks.out[i] = out(op.block_out[i]), blocks.ends[i] = op.block_end[i];
+                    if (op.block_bias[i]) std::copy(op.block_bias[i], op.block_bias[i] + (op.block_end[i] - start),
+                                                    op.work.data() + start);
+                }
+                blocks.count = op.blocks;
+                dense_forward_int8(blocks, in(op.in), op.rows, *op.int8[0], op.block_bias[0] ? op.work.data() : nullptr,
+                                   op.act);
+                return true;
+            }
+            case PlanOpKind::feed_forward_int8:
+                feed_forward_forward_int8(out(op.out), in(op.in), op.rows, *op.int8[0], op.w[0], op.act, *op.int8[1],
+                                          op.w[1]);
+                return true;
+            case PlanOpKind::rnn_int8: {  // from zero states, as the eager layer's
+                const size_t BH = (size_t)op.rnn.B * op.rnn.H;
+                const bool sequences = op.units != 0;
+                float* h = sequences ? op.work.data() : out(op.out);
+                float* c = op.rnn.cell == RNNCell::lstm ? op.work.data() + BH : nullptr;
+                std::fill(h, h + BH, 0.f);
+                if (c) std::fill(c, c + BH, 0.f);
+                rnn_forward_int8(op.rnn, sequences ? out(op.out) : nullptr, h, c, in(op.in), *op.int8[0], *op.int8[1],
+                                 op.w[0], op.w[1], mask(op.mask));
+                return true;
+            }
         }
         return true;
     }

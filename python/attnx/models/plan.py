@@ -7,9 +7,11 @@ class: one function per class that adds the kernel calls that layer's forward ma
 into the weight arrays, which optimizer steps, `set_weights`, loaders and users' numpy writes change in
 place (the copy of a recurrent kernel it packs and keeps between runs is remade whenever the kernel's
 bytes differ from those it was packed from); a plan whose layer replaced an array (`quantize`) is
-rebuilt. Anything the plan does not hold, a layer class without a
-lowering, a configuration its lowering declines, a mask given to the call, a non-float32 policy, an
-input the eager path would reject, makes `run` return None, and the caller takes the eager path, which
+rebuilt. A quantized (int8) layer's lowering adds the int8 kernels its eager forward calls on the same
+packed kernels (`attnx.quantization.packed`), so the plan gives its outputs bit for bit; the plan is
+rebuilt when a kernel is packed anew (`set_weights` and loaders unpack it). Anything the plan does
+not hold, a layer class without a lowering, a configuration its lowering declines, a mask given to the
+call, a non-float32 policy, an input the eager path would reject, makes `run` return None, and the caller takes the eager path, which
 computes the same outputs (or raises its own error).
 """
 import math
@@ -17,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import kernels
+from .. import kernels, quantization
 from ..layers.attention_pooling import AttentionPooling
 from ..layers.core import Activation, Dense, Dropout, Embedding, GlobalAveragePooling1D, SpatialDropout1D
 from ..layers.feed_forward import FeedForward
@@ -55,11 +57,12 @@ class _Value(NamedTuple):
 
 class _EmbeddedRows:
     """An embedding's rows of the input's ids, gathered into a slot only when a layer reads them: a
-    recurrent layer takes the ids and the table instead (its input projection becomes a table over the
-    vocabulary, `InferencePlan.rnn(embedding=...)`), and Dropout passes them on."""
+    float recurrent layer takes the ids and a float table instead (its input projection becomes a table
+    over the vocabulary, `InferencePlan.rnn(embedding=...)`), and Dropout passes them on. An int8 table
+    has its per-row `scale`."""
 
-    def __init__(self, table):
-        self.table, self.slot = table, -1
+    def __init__(self, table, scale=None):
+        self.table, self.scale, self.slot = table, scale, -1
 
 
 class _Builder:
@@ -70,6 +73,7 @@ class _Builder:
     def __init__(self, shape, token_ids):
         self.plan = kernels.inference_plan(input_shape=list(shape), token_ids=token_ids)
         self.weights = []  # (params dict, name, array): the plan is current while each entry is its dict's
+        self.packed = []  # (kernel, key, packed kernel): current while quantization still holds it packed
 
     def slot(self, shape):
         return self.plan.add_slot(size=math.prod(shape))
@@ -81,30 +85,55 @@ class _Builder:
             return value
         if rows.slot < 0:
             rows.slot = self.slot(value.shape)
-            self.plan.embedding(out=rows.slot, table=rows.table)
+            if rows.scale is None:
+                self.plan.embedding(out=rows.slot, table=rows.table)
+            else:
+                self.plan.embedding_int8(out=rows.slot, table=rows.table, scale=rows.scale)
         return value._replace(slot=rows.slot, rows_of=None)
 
-    def weight(self, layer, name, required=True):
+    def weight(self, layer, name, required=True, dtype=np.float32):
         """Layer `layer`'s weight `name` (None when absent and not `required`)."""
         array = layer.params.get(name)
         if array is None:
             if required:
                 raise Unsupported(f"'{layer.name}' has no weight {name}")
             return None
-        if array.dtype != np.float32 or not array.flags.c_contiguous:
+        if array.dtype != dtype or not array.flags.c_contiguous:
             raise Unsupported(f"'{layer.name}': {name} is {array.dtype}")
         self.weights.append((layer.params, name, array))
         return array
 
+    def int8(self, layer, name, split=0):
+        """Quantized `layer`'s int8 weight `name` packed as its eager forward takes it
+        (`quantization.packed`), the kernel and its scale recorded."""
+        kernel = self.weight(layer, name, dtype=np.int8)
+        self.weight(layer, name + "_scale")
+        packed = quantization.packed(layer, name, split)
+        self.packed.append((kernel, split, packed))
+        return packed
+
+    def int8_projections(self, attention, names):
+        """MultiHeadAttention `attention`'s projections `names` packed side by side, as its eager
+        self-attention multiplies them (`quantization.packed_projections`)."""
+        for name in names:
+            self.weight(attention, f"{name}_kernel", dtype=np.int8)
+            self.weight(attention, f"{name}_kernel_scale")
+        packed, _ = quantization.packed_projections(attention, names)
+        self.packed.append((attention.params[f"{names[0]}_kernel"], names, packed))
+        return packed
+
 
 class _Plan:
     def __init__(self, builder, result, token_ids):
-        self.plan, self.weights = builder.plan, builder.weights
+        self.plan, self.weights, self.packed = builder.plan, builder.weights, builder.packed
         self.slot, self.shape, self.token_ids = result.slot, list(result.shape), token_ids
 
     def current(self):
         for params, name, array in self.weights:  # (a loop: half the time of all() over a generator)
             if params.get(name) is not array:
+                return False
+        for kernel, key, packed in self.packed:
+            if not quantization.is_packed(kernel, key, packed):
                 return False
         return True
 
@@ -123,12 +152,12 @@ class _Plans(dict):
 LOWERINGS = {}
 
 
-def lowers(*classes, takes_token_rows=False):
+def lowers(*classes, takes_token_rows=False, int8=False):
     """Registers a function (builder, layer, value) -> value as the lowering of `classes`; one that
     `takes_token_rows` is given an embedding's rows unmade (`_Value.rows_of`) and makes them if it must
-    (`_Builder.rows`)."""
+    (`_Builder.rows`); one that takes `int8` lowers quantized layers too (the others' are refused)."""
     def register(fn):
-        fn.takes_token_rows = takes_token_rows
+        fn.takes_token_rows, fn.int8 = takes_token_rows, int8
         for cls in classes:
             LOWERINGS[cls] = fn
         return fn
@@ -184,7 +213,7 @@ def _compile(model, x):
                 return None
             layer = node.layer
             if layer.dtype != np.float32 or layer.dtype_policy.name != "float32" or \
-                    getattr(layer, "quantization_mode", None):
+                    (getattr(layer, "quantization_mode", None) and not lowering.int8):
                 return None
             value = values[id(inputs_spec)]
             if value.ids and not isinstance(layer, Embedding):
@@ -218,11 +247,14 @@ def _features(layer, value, ndim=None, last=None):
 
 
 # ----------------------------------------------------------------------------------- the lowerings
-@lowers(Embedding)
+@lowers(Embedding, int8=True)
 def _embedding(b, layer, value):
     if not value.ids:
         raise Unsupported("token ids as floats")  # the eager path checks they are whole numbers
-    table = b.weight(layer, "embeddings")
+    if layer.quantization_mode:
+        table, scale = b.weight(layer, "embeddings", dtype=np.int8), b.weight(layer, "embeddings_scale")
+    else:
+        table, scale = b.weight(layer, "embeddings"), None
     shape = value.shape + (layer.output_dim,)
     mask = -1
     if layer.mask_zero:
@@ -230,17 +262,21 @@ def _embedding(b, layer, value):
             raise Unsupported("a padding mask of ids that are not (batch, steps)")
         mask = b.plan.add_mask_slot(size=math.prod(value.shape))
         b.plan.padding_mask(mask=mask)
-    return _Value(-1, shape, mask, rows_of=_EmbeddedRows(table))
+    return _Value(-1, shape, mask, rows_of=_EmbeddedRows(table, scale))
 
 
-@lowers(Dense)
+@lowers(Dense, int8=True)
 def _dense(b, layer, value):
-    kernel = b.weight(layer, "kernel")
+    int8 = layer.quantization_mode
+    kernel = b.weight(layer, "kernel", dtype=np.int8 if int8 else np.float32)
     shape = _features(layer, value, last=kernel.shape[0])
     out_shape = shape[:-1] + (layer.units,)
-    out = b.slot(out_shape)
-    b.plan.dense(out=out, in_=value.slot, kernel=kernel, bias=b.weight(layer, "bias", False),
-                 activation=layer.activation, rows=math.prod(shape[:-1]))
+    out, rows, bias = b.slot(out_shape), math.prod(shape[:-1]), b.weight(layer, "bias", False)
+    if int8:
+        b.plan.dense_int8(outs=[out], widths=[layer.units], in_=value.slot, kernel=b.int8(layer, "kernel"),
+                          biases=[bias], activation=layer.activation, rows=rows)
+    else:
+        b.plan.dense(out=out, in_=value.slot, kernel=kernel, bias=bias, activation=layer.activation, rows=rows)
     return _Value(out, out_shape, value.mask)
 
 
@@ -257,7 +293,7 @@ def _identity(b, layer, value):
     return value  # inference: dropout passes its input on
 
 
-@lowers(SimpleRNN, GRU, LSTM, takes_token_rows=True)
+@lowers(SimpleRNN, GRU, LSTM, takes_token_rows=True, int8=True)
 def _recurrent(b, layer, value):
     if layer.stateful or layer.return_state or (layer.go_backwards and layer.return_sequences):
         raise Unsupported("stateful, return_state or go_backwards with sequences")
@@ -266,7 +302,7 @@ def _recurrent(b, layer, value):
     return _recurrent_stack(b, [(layer, layer.go_backwards)], value, layer.return_sequences, None)
 
 
-@lowers(Bidirectional, takes_token_rows=True)
+@lowers(Bidirectional, takes_token_rows=True, int8=True)
 def _bidirectional(b, layer, value):
     if layer.merge_mode is None or layer.return_state or layer.forward_layer.stateful or \
             layer.backward_layer.stateful:
@@ -279,14 +315,16 @@ def _recurrent_stack(b, directions, value, return_sequences, merge_mode):
     direction over the level's input, the next level reads their outputs side by side; the top level's
     outputs merged by `merge_mode`. Over an embedding's rows of (B, T) ids, the first level's directions
     take the ids and the table (a table of V x G floats each) unless those tables outgrow
-    EMBEDDED_PROJECTION_BYTES or the rows a call gathers EMBEDDED_GATHER_BYTES."""
+    EMBEDDED_PROJECTION_BYTES or the rows a call gathers EMBEDDED_GATHER_BYTES (or either is int8: a
+    quantized layer runs `rnn_int8`, its eager forward's kernel, over the rows)."""
     first = directions[0][0]
     B, T, _ = _features(first, value, ndim=3, last=first.input_dim)
     H, levels = first.units, first.num_layers
-    table = value.rows_of.table if value.rows_of is not None else None
+    rows_of = value.rows_of
+    table = rows_of.table if rows_of is not None and rows_of.scale is None and not first.quantization_mode else None
     G = first.params["kernel"].shape[1]
-    if table is not None and (len(directions) * table.shape[0] * G * 4 > EMBEDDED_PROJECTION_BYTES or
-                              B * T * G * 4 > EMBEDDED_GATHER_BYTES):
+    if table is None or len(directions) * table.shape[0] * G * 4 > EMBEDDED_PROJECTION_BYTES or \
+            B * T * G * 4 > EMBEDDED_GATHER_BYTES:
         table, value = None, b.rows(value)
     seq = value.slot
     for level in range(levels):
@@ -298,6 +336,17 @@ def _recurrent_stack(b, directions, value, return_sequences, merge_mode):
             bias, recurrent_bias = layer.level_biases(level)
             b.weight(layer, "bias" + sfx, False)  # recorded: a replaced bias rebuilds the plan
             out = b.slot((B, T if sequences else 1, H))
+            if layer.quantization_mode:  # a classic GRU's candidate columns packed apart, as its forward's
+                split = 2 * H if layer.cell_kind == "gru" and not layer.reset_after else 0
+                b.plan.rnn_int8(out=out, in_=seq, cell=layer.cell_kind, kernel=b.int8(layer, "kernel" + sfx),
+                                recurrent_kernel=b.int8(layer, "recurrent_kernel" + sfx, split),
+                                bias=None if bias is None else np.ascontiguousarray(bias),
+                                recurrent_bias=None if recurrent_bias is None else np.ascontiguousarray(recurrent_bias),
+                                mask=value.mask, reverse=reverse, reset_after=layer.reset_after,
+                                activation=layer.activation, recurrent_activation=layer.recurrent_activation,
+                                batch=B, steps=T, return_sequences=sequences)
+                outs.append(out)
+                continue
             embedding = table if level == 0 else None
             b.plan.rnn(out=out, in_=0 if embedding is not None else seq, embedding=embedding, cell=layer.cell_kind,
                        kernel=b.weight(layer, "kernel" + sfx),
@@ -362,7 +411,7 @@ def _norm(b, layer, slot, shape, out=None):
     return out
 
 
-@lowers(FeedForward)
+@lowers(FeedForward, int8=True)
 def _feed_forward(b, layer, value):
     shape = _features(layer, value)
     out_shape = shape[:-1] + (layer.output_dense.units,)
@@ -373,15 +422,20 @@ def _feed_forward(b, layer, value):
 
 def _feed_forward_op(b, layer, slot, out, rows, features):
     inner, outer = layer.intermediate_dense, layer.output_dense
-    kernel1 = b.weight(inner, "kernel")
+    kernel1 = b.weight(inner, "kernel", dtype=np.int8 if layer.quantization_mode else np.float32)
     if kernel1.shape[0] != features:
         raise Unsupported("another feature size")
+    if layer.quantization_mode:  # both products in one call, as its forward's
+        b.plan.feed_forward_int8(out=out, in_=slot, kernel1=b.int8(inner, "kernel"),
+                                 bias1=b.weight(inner, "bias", False), kernel2=b.int8(outer, "kernel"),
+                                 bias2=b.weight(outer, "bias", False), activation=layer.activation, rows=rows)
+        return
     b.plan.feed_forward(out=out, in_=slot, kernel1=kernel1, bias1=b.weight(inner, "bias", False),
                         kernel2=b.weight(outer, "kernel"), bias2=b.weight(outer, "bias", False),
                         activation=layer.activation, rows=rows)
 
 
-@lowers(TransformerEncoder, TransformerEncoderLayer)
+@lowers(TransformerEncoder, TransformerEncoderLayer, int8=True)
 def _transformer_encoder(b, layer, value):
     """Each encoder layer's two residual blocks (`TransformerEncoderLayer.residual_blocks`), the padding
     mask as the self-attention's key mask; the blocks' slots are shared by the layers of a stack."""
@@ -418,21 +472,32 @@ def _self_attention(b, attention, source, out, mask, B, T, D, slots):
     if tuple(attention.params["output_kernel"].shape[2:]) != (D,) or getattr(attention, "use_gate", False) or \
             getattr(attention, "attention_axes", None) is not None:  # (main's gated / per-axis attention: eager)
         raise Unsupported("an output shape other than the model size, a gate or other attention axes")
-    rows = B * T
+    rows, names = B * T, ("query", "key", "value")
     if not slots:
         slots.update(query=b.slot((rows, H * key_dim)), key=b.slot((rows, H * key_dim)),
                      value=b.slot((rows, H * value_dim)), context=b.slot((rows, H * value_dim)))
-    for name in ("query", "key", "value"):
-        b.weight(attention, f"{name}_kernel")
-        bias = b.weight(attention, f"{name}_bias", False)
-        b.plan.dense(out=slots[name], in_=source, kernel=attention.matrix(name),
-                     bias=None if bias is None else bias.reshape(-1), activation="linear", rows=rows)
+
+    def bias(name):
+        array = b.weight(attention, f"{name}_bias", False)
+        return None if array is None else array.reshape(-1)
+    if attention.quantization_mode:  # q, k, v from one int8 product, as its forward's
+        b.plan.dense_int8(outs=[slots[name] for name in names], widths=[H * key_dim, H * key_dim, H * value_dim],
+                          in_=source, kernel=b.int8_projections(attention, names),
+                          biases=[bias(name) for name in names], activation="linear", rows=rows)
+    else:
+        for name in names:
+            b.weight(attention, f"{name}_kernel")
+            b.plan.dense(out=slots[name], in_=source, kernel=attention.matrix(name), bias=bias(name),
+                         activation="linear", rows=rows)
     b.plan.sdpa(out=slots["context"], query=slots["query"], key=slots["key"], value=slots["value"], mask=mask,
                 heads=H, batch=B, steps=T, key_dim=key_dim, value_dim=value_dim, scale=dot_product_scale(key_dim))
-    b.weight(attention, "output_kernel")
-    bias = b.weight(attention, "output_bias", False)
-    b.plan.dense(out=out, in_=slots["context"], kernel=attention.matrix("output"),
-                 bias=None if bias is None else bias.reshape(-1), activation="linear", rows=rows)
+    if attention.quantization_mode:
+        b.plan.dense_int8(outs=[out], widths=[D], in_=slots["context"], kernel=b.int8(attention, "output_kernel"),
+                          biases=[bias("output")], activation="linear", rows=rows)
+    else:
+        b.weight(attention, "output_kernel")
+        b.plan.dense(out=out, in_=slots["context"], kernel=attention.matrix("output"), bias=bias("output"),
+                     activation="linear", rows=rows)
 
 
 @lowers(GlobalAveragePooling1D)
