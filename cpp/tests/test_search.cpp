@@ -8,8 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -208,66 +206,6 @@ void test_table(int sentences, int V, int width, double alpha, int max_length, b
     });
 }
 
-// ------------------------------------------------------------------------ a row's chunk summaries
-// row_top_words' offset and best word from summarize_word_chunks / merge_word_chunks: the log-softmax
-// offset within float's rounding of the double one, the first word at the maximum, and the same bits
-// however the chunks are shared out (the decoder step's members summarize their own columns)
-template <class L> void check_word_chunks(const std::vector<L>& l, const std::string& where) {
-    const int V = (int)l.size(), count = word_chunk_count(V);
-    std::vector<L> scratch((size_t)V);
-    std::vector<WordChunk<L>> whole((size_t)count), shared((size_t)count);
-    summarize_word_chunks(whole.data(), l.data(), 0, V, scratch.data());
-    int32_t best = -1, best_shared = -1;
-    const double offset = merge_word_chunks(&best, whole.data(), count, l[0]);
-    // three members: cuts at whole chunks, the last one short
-    const int cut1 = count / 3 * kWordChunk, cut2 = 2 * count / 3 * kWordChunk;
-    for (auto [v0, v1] : {std::pair<int, int>{cut2, V}, {0, cut1}, {cut1, cut2}})
-        summarize_word_chunks(shared.data(), l.data(), v0, v1, scratch.data());
-    const double offset_shared = merge_word_chunks(&best_shared, shared.data(), count, l[0]);
-    int32_t listed[1];
-    const double offset_row = row_top_words(listed, l.data(), V, 1, scratch.data());
-    CHECK_MSG(best == best_shared && listed[0] == best, where + ": best word, shared out and whole");
-    CHECK_MSG(std::memcmp(&offset, &offset_shared, sizeof offset) == 0 &&
-                  std::memcmp(&offset, &offset_row, sizeof offset) == 0, where + ": offset, shared out and whole");
-    if (l[0] != l[0]) {
-        CHECK_MSG(best == 0 && offset != offset, where + ": NaN first logit");
-        return;
-    }
-    double top = -INFINITY;
-    int want = 0;
-    for (int v = 0; v < V; ++v)
-        if (l[v] > top) top = l[v], want = v;
-    double sum = 0.0;
-    for (int v = 0; v < V; ++v) sum += std::exp((double)l[v] - top);
-    CHECK_MSG(best == want, where + ": the first word at the maximum");
-    const double tol = sizeof(L) == 4 ? 1e-6 : 1e-13;
-    CHECK_MSG(std::abs(offset - (-top - std::log(sum))) <= tol * (1 + std::abs(top)), where + ": offset");
-}
-
-void test_word_chunks(unsigned seed) {
-    std::mt19937 rng(seed);
-    on_every_level_and_split([&](const std::string& level) {
-        for (int V : {1, 5, 64, 65, 200, 1000, 6001}) {
-            const auto values = random_values(rng, (size_t)V, 4.0);
-            std::vector<float> f(values.begin(), values.end());
-            const std::string at = "word chunks V=" + std::to_string(V) + " " + level;
-            check_word_chunks(f, at + " float");
-            check_word_chunks(values, at + " double");
-            if (V < 200) continue;
-            auto tied = f;  // the maximum twice, in different chunks: the first
-            tied[V - 1] = tied[70] = *std::max_element(f.begin(), f.end()) + 1;
-            check_word_chunks(tied, at + " tie");
-            auto masked = f;  // a chunk of -inf (a word masked by its bias) and one -inf elsewhere
-            std::fill(masked.begin() + 64, masked.begin() + 128, -INFINITY);
-            masked[3] = -INFINITY;
-            check_word_chunks(masked, at + " -inf chunk");
-            auto nan = f;
-            nan[0] = NAN;
-            check_word_chunks(nan, at + " NaN first");
-        }
-    });
-}
-
 // ------------------------------------------------------------------------ the decoder stack's search
 struct StackModel {
     int layers, D, H, F, S, V, B, capacity;
@@ -417,16 +355,6 @@ void test_decoder_stack_search(int layers, int D, int H, int F, int S, int V, in
             };
             const SearchResult<T> alone = search(*make_step(), sc);
             check_against_brute_force(alone, logp_of, sc, sizeof(T) == 4 ? 1e-3 : 1e-9, false, at);
-            // two threads (a team of two below 12 rows, rows split past it) give one thread's bits
-            static std::map<std::string, std::pair<std::vector<int64_t>, std::vector<double>>> one_thread;
-            const std::string key = std::string(where) + (sizeof(T) == 4 ? " float " : " double ") +
-                                    level.substr(0, level.find(' '));
-            if (level.find(" 1 thread") != std::string::npos) {
-                one_thread[key] = {alone.tokens, alone.scores};
-            } else {
-                CHECK_MSG(one_thread.count(key) && one_thread[key].first == alone.tokens &&
-                              one_thread[key].second == alone.scores, at + ": one thread's tokens and scores");
-            }
             // two searches alive at once on the thread (a nested one, as a Python step's, runs on caches of
             // its own; the first on the thread's kept ones, last written by another search): the same bits
             auto outer = make_step(), inner = make_step();
@@ -501,7 +429,6 @@ int main() {
     test_table(3, 3, 3, 0.0, 2, false, 8, seed++);  // no end token in the vocabulary: cut at max_length
     test_table(7, 40, 4, 1.0, 5, false, 2, seed++); // a wider vocabulary (the vectorized rows)
     test_table(2, 20, 18, 0.2, 3, false, 2, seed++); // width > 16: the partial sort
-    test_word_chunks(seed++);
     // the decoder stack: odd sizes (BLAS products) and whole vectors (the in-place tiles)
     test_decoder_stack_search(2, 12, 3, 17, 5, 11, 3, 1, 5, false, false, seed++);
     test_decoder_stack_search(2, 12, 3, 17, 5, 11, 3, 3, 5, true, true, seed++);

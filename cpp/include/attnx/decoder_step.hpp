@@ -201,13 +201,12 @@ void attend_one_query(T* context, T* weights, const T* q, size_t ldq, const T* K
 // the first) each in its own.
 template <class T> struct StepBuffers {
     std::vector<T> x, h, qkv, context, out, mean, rstd, hidden;
-    std::vector<T> words;  // a chunk of the logits' exponentials (summarize_word_chunks)
     StepScratch scratch;
 
     void resize(int N, const DecoderStepConfig& c) {
         const size_t rows = (size_t)N * c.D;
         x.resize(rows), h.resize(rows), qkv.resize(3 * rows), context.resize(rows), out.resize(rows);
-        mean.resize(N), rstd.resize(N), hidden.resize((size_t)N * c.F), words.resize(kWordChunk);
+        mean.resize(N), rstd.resize(N), hidden.resize((size_t)N * c.F);
     }
 };
 
@@ -494,7 +493,7 @@ public:
         for (int n = 0; n < c_.memory_batch; ++n) memory_rows_[n] = n;
         cache_rows_.resize((size_t)c_.N * c_.capacity), spare_cache_rows_.resize(cache_rows_.size());
         x_.resize((size_t)c_.N * c_.D), h_.resize(x_.size()), mean_.resize(c_.N), rstd_.resize(c_.N);
-        logits_.resize((size_t)c_.N * ends_.vocab), chunks_.resize((size_t)c_.N * word_chunk_count(ends_.vocab));
+        logits_.resize((size_t)c_.N * ends_.vocab);
         if (keep_attention_) weights_.resize((size_t)c_.N * c_.H * c_.S);
     }
 
@@ -518,22 +517,20 @@ public:
         DecoderStepConfig c = c_;
         c.N = rows, c.position = position, c.memory_rows = memory_rows_.data();
         c.cache_rows = cache_rows_.data(), c.cache_batch = c_.N;
-        // logits = norm(x) W + b by the threads that ran the stack, on their rows or columns, each summarizing
-        // its chunks of them for the search while they are in its cache (a member's columns cut at whole
-        // chunks: at 64, or at 192 = 4 x 48 where the columns' bits need cuts at 48)
-        const int V = ends_.vocab, chunk_count = word_chunk_count(V);
+        // logits = norm(x) W + b by the threads that ran the stack, on their rows or columns
         auto logits = [&](const T* x, size_t lo, size_t hi, StepBuffers<T>& own, const TeamMember& team) {
             if (!ends_.output.present()) return;
             const int n = (int)(hi - lo);
             layernorm_forward<T>(own.h.data(), own.mean.data(), own.rstd.data(), x, ends_.norm_gamma, ends_.norm_beta,
                                  n, D, T(ends_.norm_epsilon));
-            T* y = logits_.data() + lo * V;
-            const auto [v0, v1] = member_columns(V, team, step_cut_anywhere(ends_.output, n) ? kWordChunk : 3 * kWordChunk);
-            step_product<T>(y, own.h.data(), ends_.output, n, D, V, own.scratch, Activation::linear, v0,
-                            team.members == 1 ? -1 : v1);
-            for (int r = 0; r < n; ++r)
-                summarize_word_chunks(chunks_.data() + (lo + r) * chunk_count, y + (size_t)r * V, v0, v1,
-                                      own.words.data());
+            T* y = logits_.data() + lo * ends_.vocab;
+            if (team.members == 1) {
+                step_product<T>(y, own.h.data(), ends_.output, n, D, ends_.vocab, own.scratch);
+            } else {
+                const auto [v0, v1] =
+                    member_columns(ends_.vocab, team, step_cut_anywhere(ends_.output, n) ? 16 : 48);
+                step_product<T>(y, own.h.data(), ends_.output, n, D, ends_.vocab, own.scratch, Activation::linear, v0, v1);
+            }
         };
         decoder_stack_run<T>(x_.data(), (*caches_).keys.data(), (*caches_).values.data(), keep_attention_ ? weights_.data() : nullptr,
                              cross_keys_, cross_values_, source_mask_, layers_, c, logits);
@@ -546,8 +543,6 @@ public:
     }
 
     const T* attention() const { return weights_.data(); }
-    // the last step's logits summarized per chunk (search.hpp), or null (an output tied to the embedding)
-    const WordChunk<T>* word_chunks() const { return ends_.output.present() ? chunks_.data() : nullptr; }
     int attention_heads() const { return c_.H; }
     int attention_keys() const { return c_.S; }
     int vocab() const { return ends_.vocab; }
@@ -574,7 +569,6 @@ private:
     typename SearchCaches<T>::Lease caches_;
     int length_ = 0;
     std::vector<T> x_, h_, mean_, rstd_, logits_, weights_;
-    std::vector<WordChunk<T>> chunks_;  // (N, word_chunk_count(vocab))
     std::vector<int32_t> memory_rows_;
     std::vector<int32_t> cache_rows_, spare_cache_rows_;  // (N, capacity): each row's cache row per position
 };

@@ -20,15 +20,12 @@
 //   const attention_type* attention() const;  // the last step's (rows, heads, keys), when asked for
 //   int attention_heads() const, attention_keys() const;  // valid after the first step
 //   void select(const int32_t* rows, int count);  // the state keeps those rows in that order
-// and may offer the summaries of its logits' chunks, made as it wrote them (see WordChunk):
-//   const WordChunk<logits_type>* word_chunks() const;  // (rows, word_chunk_count(vocab)) of the last step, or null
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -66,72 +63,18 @@ template <class A> struct SearchResult {
 // GNMT's ((5 + length) / 6) ** alpha
 inline double length_penalty(int length, double alpha) { return std::pow((5.0 + length) / 6.0, alpha); }
 
-// A row's log-softmax offset and best word are made of summaries of its chunks of kWordChunk columns,
-// merged in column order: whoever summarizes a chunk (the search, or the step's threads as they write
-// their columns of the logits, while they are in cache) gives the same bits.
-constexpr int kWordChunk = 64;
-
-template <class L> struct WordChunk {
-    L top;       // the chunk's largest logit, NaNs aside (-inf when there is none)
-    double sum;  // sum_v exp(l[v] - top) in double (float logits through the vectorized exp); 0 at top -inf
-    int32_t at;  // the first column at top (the chunk's first column when none is)
-};
-
-inline int word_chunk_count(int V) { return (V + kWordChunk - 1) / kWordChunk; }
-
-// The chunks of columns [v0, v1) of row l (v0 a multiple of kWordChunk, v1 one or the row's end) into
-// chunks[v0 / kWordChunk, ...); scratch holds kWordChunk values
-template <class L> void summarize_word_chunks(WordChunk<L>* chunks, const L* l, int v0, int v1, L* scratch) {
-    for (int c0 = v0; c0 < v1; c0 += kWordChunk) {
-        const int n = std::min(kWordChunk, v1 - c0);
-        const L* x = l + c0;
-        constexpr L none = -std::numeric_limits<L>::infinity();
-        L m[4] = {none, none, none, none};  // four running maxima: the loop vectorizes
-        int k = 0;
-        for (; k + 4 <= n; k += 4)
-            for (int j = 0; j < 4; ++j) m[j] = x[k + j] > m[j] ? x[k + j] : m[j];
-        for (; k < n; ++k) m[0] = x[k] > m[0] ? x[k] : m[0];
-        WordChunk<L>& c = chunks[c0 / kWordChunk];
-        c.top = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
-        c.at = c0 + (int)(std::find(x, x + n, c.top) - x) % n;
-        c.sum = 0.0;
-        if (c.top == -std::numeric_limits<L>::infinity()) continue;
-        if constexpr (sizeof(L) == sizeof(float)) c.sum = exp_shifted(scratch, x, (size_t)n, c.top);
-        else for (int v = 0; v < n; ++v) c.sum += std::exp((double)x[v] - (double)c.top);
-    }
-}
-
-// A row's log-softmax offset, -max - log sum_u exp(l[u] - max), from its `count` chunks, and its best
-// word (the first at the maximum; 0 when l[0] is NaN, whose offset is NaN, as an all -inf row's)
-template <class L> double merge_word_chunks(int32_t* best, const WordChunk<L>* chunks, int count, L first) {
-    L top = -std::numeric_limits<L>::infinity();
-    int32_t at = 0;
-    for (int c = 0; c < count; ++c)
-        if (chunks[c].top > top) top = chunks[c].top, at = chunks[c].at;
-    *best = first != first ? 0 : at;
-    if (first != first || top == -std::numeric_limits<L>::infinity()) return std::numeric_limits<double>::quiet_NaN();
+// One row of logits l (V,): log p[v] = l[v] + offset with offset = -max - log sum_u exp(l[u] - max)
+// (the sum in double; float logits through the vectorized exp, double ones through std::exp, as
+// NumPy's), and its `width` best words by logit, ties to the lowest id, into best[0..width).
+// `scratch` holds V values.
+template <class L> double row_top_words(int32_t* best, const L* l, int V, int width, L* scratch) {
+    const L top = row_max(l, (size_t)V);
     double sum = 0.0;
-    for (int c = 0; c < count; ++c)
-        if (chunks[c].top != -std::numeric_limits<L>::infinity())
-            sum += chunks[c].sum * std::exp((double)chunks[c].top - (double)top);
-    return -(double)top - std::log(sum);
-}
-
-// One row of logits l (V,): its log-softmax offset (log p[v] = l[v] + offset) and its `width` best words
-// by logit, ties to the lowest id, into best[0..width); `chunks` its summaries (word_chunk_count(V) of them),
-// or null: made here. `scratch` holds V values.
-template <class L>
-double row_top_words(int32_t* best, const L* l, int V, int width, L* scratch, const WordChunk<L>* chunks = nullptr) {
-    thread_local std::vector<WordChunk<L>> made;
-    if (!chunks) {
-        made.resize((size_t)word_chunk_count(V));
-        summarize_word_chunks(made.data(), l, 0, V, scratch);
-        chunks = made.data();
-    }
-    int32_t top_word;
-    const double offset = merge_word_chunks(&top_word, chunks, word_chunk_count(V), l[0]);
-    if (width == 1) {
-        best[0] = top_word;
+    if constexpr (sizeof(L) == sizeof(float)) sum = exp_shifted(scratch, l, (size_t)V, top);
+    else for (int v = 0; v < V; ++v) sum += std::exp((double)l[v] - (double)top);
+    if (width == 1) {  // row_argmax's word without its second pass for the maximum: the first at it, 0 for NaN
+        const int at = (int)(std::find(l, l + V, top) - l);
+        best[0] = at < V ? at : 0;
     } else if (width <= 16) {  // a sorted list of the best so far: one compare per word
         int kept = 0;
         for (int v = 0; v < V; ++v) {
@@ -152,18 +95,8 @@ double row_top_words(int32_t* best, const L* l, int V, int width, L* scratch, co
                           [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
         std::copy(order.begin(), order.begin() + width, best);
     }
-    return offset;
+    return -(double)top - std::log(sum);
 }
-
-// The step's chunk summaries of its last logits (rows, word_chunk_count(V)) when it offers them
-// (`const WordChunk<logits_type>* word_chunks() const`, null when this step made none), else null
-template <class Step, class = void> struct StepWordChunks {
-    static const WordChunk<typename Step::logits_type>* of(const Step&) { return nullptr; }
-};
-template <class Step>
-struct StepWordChunks<Step, std::void_t<decltype(std::declval<const Step&>().word_chunks())>> {
-    static const WordChunk<typename Step::logits_type>* of(const Step& step) { return step.word_chunks(); }
-};
 
 template <class Step>
 SearchResult<typename Step::attention_type> search(Step& step, const SearchConfig& c) {
@@ -221,15 +154,13 @@ SearchResult<typename Step::attention_type> search(Step& step, const SearchConfi
         // every live row's log-softmax offset and best words, rows split across threads
         const int kept = W;  // words per row (a row's best W are the only ones of it among its input's W)
         offsets.resize((size_t)rows), best.resize((size_t)rows * kept);
-        const WordChunk<L>* chunks = StepWordChunks<Step>::of(step);  // (rows, word_chunk_count(V)), or null
-        const size_t chunk_count = (size_t)word_chunk_count(V);
-        parallel_for((size_t)rows, (double)rows * V * (chunks && W == 1 ? 0 : 8), [&](size_t lo, size_t hi) {
-            std::vector<L> scratch(chunks ? 0 : (size_t)V);
+        parallel_for((size_t)rows, (double)rows * V * 8, [&](size_t lo, size_t hi) {
+            std::vector<L> scratch((size_t)V);
             for (size_t r = lo; r < hi; ++r) {
                 const int b = active[r / beams], k = (int)(r % beams);
                 if (!done[(size_t)b * W + k])
-                    offsets[r] = row_top_words(best.data() + r * kept, logits + r * (size_t)V, V, kept, scratch.data(),
-                                               chunks ? chunks + r * chunk_count : nullptr);
+                    offsets[r] = row_top_words(best.data() + r * kept, logits + r * (size_t)V, V, kept,
+                                               scratch.data());
             }
         });
         for (size_t i = 0; i < active.size(); ++i) {
