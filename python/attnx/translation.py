@@ -792,7 +792,8 @@ class Transformer(Model):
             state = self._start(source[rows][:, :lengths[rows].max()])
 
             def batch_state(first, count, rows=rows, state=state):  # the batch's rows, its real positions
-                return state.select(np.arange(first, first + count), sources=int(lengths[rows[first:first + count]].max()))
+                return state.select(np.arange(first, first + count),
+                                    sources=int(lengths[rows[first:first + count]].max()))
 
             found = decoding.beam_search(self, state, len(rows), self.start_id, self.end_id, width, alpha, L,
                                          return_attention, batch_size=batch_size, select=batch_state)
@@ -800,7 +801,8 @@ class Transformer(Model):
                 keys = int(lengths[rows[first:first + batch_size]].max())  # the batch's attention: its positions
                 for row, hyps in zip(rows[first:first + batch_size], found[first:first + batch_size]):
                     best = hyps[0]
-                    results[row] = best if best.attention is None else best._replace(attention=best.attention[..., :keys])
+                    results[row] = best if best.attention is None else \
+                        best._replace(attention=best.attention[..., :keys])
         return results
 
     def translate(self, sentence, width=1, length_penalty=0.0, max_length=None):
