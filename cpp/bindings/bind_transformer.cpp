@@ -417,8 +417,9 @@ void init_transformer(py::module_& m) {
            double embedding_scale, const py::array& positions, const py::object& norm_gamma,
            const py::object& norm_beta, double norm_epsilon, const py::object& output_kernel,
            const py::object& output_bias, int64_t start_id, int64_t end_id, int width, double length_penalty,
-           int max_length, bool return_attention) {
+           int max_length, bool return_attention, int batch_size) {
             const char* fn = "search_decoder_stack";
+            if (batch_size < 0) throw py::value_error("search_decoder_stack: batch_size must be >= 0 (0: all at once)");
             const Activation act = parse_activation(activation);
             return dispatch_float(cross_keys, "search_decoder_stack: cross_keys", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
@@ -480,9 +481,8 @@ void init_transformer(py::module_& m) {
                 SearchResult<T> result;
                 {
                     py::gil_scoped_release release;
-                    DecoderSearchStep<T> step(layers.data(), config, pcross_keys, pcross_values, mask.data, ends,
-                                              return_attention);
-                    result = attnx::search(step, search);
+                    result = search_decoder_batches<T>(layers.data(), config, pcross_keys, pcross_values, mask.data,
+                                                       ends, search, batch_size > 0 ? batch_size : (int)B);
                 }
                 return search_result_tuple(result, return_attention);
             });
@@ -492,13 +492,16 @@ void init_transformer(py::module_& m) {
         py::arg("embedding_row_scale"), py::arg("embedding_scale"), py::arg("positions"), py::arg("norm_gamma"), py::arg("norm_beta"),
         py::arg("norm_epsilon"), py::arg("output_kernel"), py::arg("output_bias"), py::arg("start_id"),
         py::arg("end_id"), py::arg("width"), py::arg("length_penalty"), py::arg("max_length"),
-        py::arg("return_attention"),
-        "Greedy decoding (width 1) or beam search (search.hpp) of a whole batch in one call over a decoder stack: "
+        py::arg("return_attention"), py::arg("batch_size") = 0,
+        "Greedy decoding (width 1) or beam search (search.hpp) of a whole batch in one call over a decoder stack, "
+        "batch_size inputs at a time (0: all; each batch a search of its own on its memory rows cut after their last "
+        "real position, search_decoder_batches): "
         "x = embedding[id] * embedding_scale + positions[t] (an int8 embedding: its rows times "
         "embedding_row_scale[id]), the stack's cached step on the memory's cross keys / values (layers, B, S, D), "
         "logits = norm(x) output_kernel + output_bias (output_kernel None: norm(x) embedding^T); every kernel a "
         "float array or a packed int8 kernel (kernels.Int8Kernel). Returns (tokens (B, W, steps), lengths (B, W), scores (B, W), scores / length penalty "
-        "(B, W), the last layer's cross-attention (B, W, heads, steps, S) or None), each input's beams best first.");
+        "(B, W), the last layer's cross-attention (B, W, heads, steps, S) or None, 0 past a batch's steps and keys), "
+        "each input's beams best first.");
     m.def(
         "search_python_step",
         [](const py::object& decoder, const py::object& state, py::ssize_t batch, int64_t start_id, int64_t end_id, int width, double length_penalty, int max_length,

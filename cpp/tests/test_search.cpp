@@ -246,6 +246,7 @@ StackModel make_stack(std::mt19937& rng, int layers, int D, int H, int F, int S,
     m.kernel = random_values(rng, (size_t)D * V, 3 * scale), m.bias = random_values(rng, V, 0.5);
     m.mask.assign((size_t)B * S, 1);
     for (int s = S / 2; s < S; ++s) m.mask[s] = 0;  // input 0: padded
+    if (B > 2) m.mask[(size_t)S + S - 1] = 0;        // input 1: its last position (another batch's cut)
     return m;
 }
 
@@ -360,6 +361,57 @@ void test_decoder_stack_search(int layers, int D, int H, int F, int S, int V, in
             for (const SearchResult<T>& again : {search(*inner, sc), search(*outer, sc)}) {
                 CHECK_MSG(again.tokens == alone.tokens, at + " tokens of two searches at once");
                 CHECK_MSG(again.scores == alone.scores, at + " scores of two searches at once");
+            }
+            // the inputs `batch` at a time in one call (search_decoder_batches): each batch's results those of
+            // a search of its own on its memory rows cut after their last real position, bit for bit
+            for (int batch : {1, 2}) {
+                SearchConfig with = sc;
+                with.attention = true;
+                const SearchResult<T> all =
+                    search_decoder_batches<T>(fast_layers.data(), c, ck.data(), cv.data(), m.mask.data(), ends, with, batch);
+                const std::string in = at + " batches of " + std::to_string(batch);
+                CHECK_MSG(all.batch == B && all.keys == S && (int)all.scores.size() == B * width, in + " sizes");
+                for (int b0 = 0; b0 < B; b0 += batch) {
+                    const int n = std::min(batch, B - b0);
+                    int cut = 1;
+                    for (int b = b0; b < b0 + n; ++b)
+                        for (int s = 0; s < S; ++s)
+                            if (m.mask[(size_t)b * S + s]) cut = std::max(cut, s + 1);
+                    std::vector<T> keys, values;
+                    std::vector<uint8_t> mask;
+                    for (int l = 0; l < layers; ++l)
+                        for (int b = b0; b < b0 + n; ++b)
+                            for (int s = 0; s < cut; ++s)
+                                for (int d = 0; d < D; ++d) {
+                                    keys.push_back(ck[(((size_t)l * B + b) * S + s) * D + d]);
+                                    values.push_back(cv[(((size_t)l * B + b) * S + s) * D + d]);
+                                }
+                    for (int b = b0; b < b0 + n; ++b)
+                        for (int s = 0; s < cut; ++s) mask.push_back(m.mask[(size_t)b * S + s]);
+                    DecoderStepConfig cc = c;
+                    cc.N = n * width, cc.memory_batch = n, cc.S = cut;
+                    SearchConfig one = with;
+                    one.batch = n;
+                    DecoderSearchStep<T> step(fast_layers.data(), cc, keys.data(), values.data(), mask.data(), ends,
+                                              true);
+                    const SearchResult<T> part = search(step, one);
+                    for (int r = 0; r < n * width; ++r) {
+                        const size_t row = (size_t)b0 * width + r;
+                        CHECK_MSG(all.scores[row] == part.scores[r] && all.normalized[row] == part.normalized[r] &&
+                                      all.lengths[row] == part.lengths[r], in + " scores");
+                        for (int t = 0; t < all.steps; ++t) {
+                            CHECK_MSG(all.tokens[row * all.steps + t] == (t < part.steps ? part.tokens[r * part.steps + t] : 0),
+                                      in + " tokens");
+                            for (int h = 0; h < H; ++h)
+                                for (int s = 0; s < S; ++s) {
+                                    const T want = t < part.steps && s < cut
+                                        ? part.attention[(((size_t)r * H + h) * part.steps + t) * cut + s] : T(0);
+                                    CHECK_MSG(all.attention[(((row * H) + h) * all.steps + t) * S + s] == want,
+                                              in + " attention");
+                                }
+                        }
+                    }
+                }
             }
         };
         run(float{});

@@ -283,7 +283,7 @@ def search_decoder_stack(
     embedding_row_scale: Array | None, embedding_scale: float, positions: Array,
     norm_gamma: Array | None, norm_beta: Array | None, norm_epsilon: float, output_kernel: Array | Int8Kernel | None,
     output_bias: Array | None, start_id: int, end_id: int, width: int, length_penalty: float, max_length: int,
-    return_attention: bool,
+    return_attention: bool, batch_size: int = 0,
 ) -> SearchResult: ...
 def search_python_step(
     decoder: Any, state: Any, batch: int, start_id: int, end_id: int, width: int, length_penalty: float,

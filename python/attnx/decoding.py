@@ -118,20 +118,44 @@ def until_end(row, end_id):
     return row, len(row)
 
 
-def _search(decoder, state, batch, start_id, end_id, width, alpha, max_length, return_attention):
-    """The one search (`cpp/include/attnx/search.hpp`), one C++ call per batch: over the decoder's
-    step compiled in C++ when it offers one (``decoder.compiled_step(state, max_length)``: a search
-    kernel of `attnx.kernels` and its arguments, or None), else over its Python step, which the C++
-    search calls back. Returns (tokens (B, W, steps), lengths (B, W), scores (B, W), normalized scores (B, W),
-    attention (B, W, ..., steps, S) or None), each input's beams best first."""
+def _search(decoder, state, batch, start_id, end_id, width, alpha, max_length, return_attention, batch_size=None,
+            select=None):
+    """The one search (`cpp/include/attnx/search.hpp`) of `batch` inputs, `batch_size` at a time (each
+    batch a search of its own; default all at once): over the decoder's step compiled in C++ when it
+    offers one (``decoder.compiled_step(state, max_length)``: a search kernel of `attnx.kernels` and its
+    arguments, or None), every batch in one C++ call; else over its Python step, which the C++ search
+    calls back, a call per batch on ``select(first, count)`` (default ``state.select(rows)``).
+    Returns (tokens (B, W, steps), lengths (B, W), scores (B, W), normalized scores (B, W),
+    attention (B, W, ..., steps, S) or None; 0 past a batch's steps), each input's beams best first."""
     search = {"start_id": int(start_id), "end_id": int(end_id), "width": int(width), "length_penalty": float(alpha),
               "max_length": int(max_length), "return_attention": bool(return_attention)}
+    size = batch if batch_size is None else min(int(batch_size), batch)
     compiled = getattr(decoder, "compiled_step", None)
     plan = None if compiled is None else compiled(state, max_length)
     if plan is not None:
-        kernel, arguments = plan
-        return kernel(**arguments, **search)
-    return kernels.search_python_step(decoder=decoder, state=state, batch=int(batch), **search)
+        kernel, arguments = plan  # (a kernel that runs batches takes batch_size: search_decoder_stack)
+        return kernel(**arguments, **search, **({"batch_size": size} if size < batch else {}))
+    parts = []
+    for first in range(0, batch, size):
+        count = min(size, batch - first)
+        part = state if count == batch else \
+            select(first, count) if select else state.select(np.arange(first, first + count))
+        parts.append(kernels.search_python_step(decoder=decoder, state=part, batch=count, **search))
+    return parts[0] if len(parts) == 1 else _concatenated(parts)
+
+
+def _concatenated(parts):
+    """The results of searches of consecutive batches as one, their steps (and the attention's keys) padded
+    with 0 to the longest."""
+    steps = max(p[0].shape[2] for p in parts)
+    tokens = np.concatenate([np.pad(p[0], [(0, 0), (0, 0), (0, steps - p[0].shape[2])]) for p in parts])
+    attention = None
+    if parts[0][4] is not None:
+        keys = max(p[4].shape[-1] for p in parts)
+        attention = np.concatenate([np.pad(p[4], [(0, 0)] * (p[4].ndim - 2) + [(0, steps - p[4].shape[-2]),
+                                                                                (0, keys - p[4].shape[-1])])
+                                    for p in parts])
+    return (tokens,) + tuple(np.concatenate([p[i] for p in parts]) for i in (1, 2, 3)) + (attention,)
 
 
 def greedy_search(decoder, state, batch, start_id, end_id, max_length, return_attention=True):
@@ -150,7 +174,8 @@ def greedy_search(decoder, state, batch, start_id, end_id, max_length, return_at
     return tokens[:, 0], scores[:, 0], None if attention is None else attention[:, 0]
 
 
-def beam_search(decoder, state, batch, start_id, end_id, width, alpha, max_length, return_attention=True):
+def beam_search(decoder, state, batch, start_id, end_id, width, alpha, max_length, return_attention=True,
+                batch_size=None, select=None):
     """Batched beam search: the `batch` inputs' `width` hypotheses run as rows of one step; an input
     leaves the batch once all its beams have ended, so the remaining steps run on fewer rows.
 
@@ -167,11 +192,16 @@ def beam_search(decoder, state, batch, start_id, end_id, width, alpha, max_lengt
             1 gives greedy decoding); alpha: the length penalty's, >= 0.
         max_length: most tokens per hypothesis.
         return_attention: keep each hypothesis' attention (else its ``attention`` is None).
+        batch_size: search the inputs this many at a time, each batch on its own (`translate_batch`'s
+            batches), as separate calls would; a compiled step runs them all in one C++ call, cutting
+            each batch's memory after its last real position; a Python step's batch runs on
+            ``select(first, count)``, the state of inputs first..first + count - 1 (default
+            ``state.select``). Default: all at once.
     Returns:
         For each input, its `width` `Hypothesis`es, best first.
     """
     tokens, lengths, _, normalized, attention = _search(decoder, state, batch, start_id, end_id, width, alpha,
-                                                        max_length, return_attention)
+                                                        max_length, return_attention, batch_size, select)
     results = []
     for b, (rows, row_lengths, row_scores) in enumerate(zip(tokens.tolist(), lengths.tolist(), normalized.tolist())):
         hyps = []

@@ -790,13 +790,19 @@ class Transformer(Model):
         for lo in range(0, len(order), group):
             rows = order[lo:lo + group]
             state = self._start(source[rows][:, :lengths[rows].max()])
+
+            def batch_state(first, count, rows=rows, state=state):  # the batch's rows, its real positions
+                return state.select(np.arange(first, first + count),
+                                    sources=int(lengths[rows[first:first + count]].max()))
+
+            found = decoding.beam_search(self, state, len(rows), self.start_id, self.end_id, width, alpha, L,
+                                         return_attention, batch_size=batch_size, select=batch_state)
             for first in range(0, len(rows), batch_size):
-                batch = rows[first:first + batch_size]
-                batch_state = state if len(batch) == len(rows) else \
-                    state.select(np.arange(first, first + len(batch)), sources=int(lengths[batch].max()))
-                for row, hyps in zip(batch, decoding.beam_search(self, batch_state, len(batch), self.start_id,
-                                                                  self.end_id, width, alpha, L, return_attention)):
-                    results[row] = hyps[0]
+                keys = int(lengths[rows[first:first + batch_size]].max())  # the batch's attention: its positions
+                for row, hyps in zip(rows[first:first + batch_size], found[first:first + batch_size]):
+                    best = hyps[0]
+                    results[row] = best if best.attention is None else \
+                        best._replace(attention=best.attention[..., :keys])
         return results
 
     def translate(self, sentence, width=1, length_penalty=0.0, max_length=None):

@@ -34,6 +34,7 @@
 #include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 #include "attnx/quantized.hpp"
+#include "attnx/search.hpp"
 #include "attnx/transformer.hpp"
 
 namespace attnx {
@@ -571,5 +572,78 @@ private:
     std::vector<int32_t> memory_rows_;
     std::vector<int32_t> cache_rows_, spare_cache_rows_;  // (N, capacity): each row's cache row per position
 };
+
+// search.hpp's search over a decoder stack for the `search.batch` inputs of the memory (layers, B, S, D),
+// `batch` at a time: each batch a search of its own, over its inputs' memory rows cut after their last
+// real position (a batch of short sources attends over fewer keys), as separate calls on the cut memory
+// would run, bit for bit; one call for all of them saves a crossing from Python per batch (translate_batch
+// at batch 1: a call per sentence). config: the stack's sizes (N, memory_batch and S are set here).
+// Returns the batches' results as one: steps the longest batch's, tokens 0 past a batch's steps, the
+// attention (B, W, heads, steps, S) 0 past a batch's steps and keys.
+template <class T>
+SearchResult<T> search_decoder_batches(const DecoderLayerWeights<T>* layers, DecoderStepConfig config,
+                                       const T* cross_keys, const T* cross_values, const uint8_t* source_mask,
+                                       const DecoderEnds<T>& ends, const SearchConfig& search_config, int batch) {
+    const int B = search_config.batch, W = search_config.width, S = config.S, D = config.D, layers_count = config.layers;
+    batch = std::max(1, std::min(batch, B));
+    std::vector<SearchResult<T>> parts;
+    std::vector<int> part_keys;
+    std::vector<T> keys, values;  // a batch's cut memory, (layers, n, S', D)
+    std::vector<uint8_t> mask;    // (n, S')
+    for (int b0 = 0; b0 < B; b0 += batch) {
+        const int n = std::min(batch, B - b0);
+        int cut = source_mask ? 1 : S;  // the batch's last real position + 1 (at least one key)
+        for (int b = b0; source_mask && b < b0 + n; ++b)
+            for (int s = S; s > cut; --s)
+                if (source_mask[(size_t)b * S + s - 1]) { cut = s; break; }
+        const T *pk = cross_keys, *pv = cross_values;
+        const uint8_t* pm = source_mask;
+        if (n < B || cut < S) {
+            keys.resize((size_t)layers_count * n * cut * D), values.resize(keys.size());
+            for (int l = 0; l < layers_count; ++l)
+                for (int b = 0; b < n; ++b) {
+                    const size_t from = (((size_t)l * B + b0 + b) * S) * D, to = (((size_t)l * n + b) * cut) * D;
+                    std::copy_n(cross_keys + from, (size_t)cut * D, keys.data() + to);
+                    std::copy_n(cross_values + from, (size_t)cut * D, values.data() + to);
+                }
+            pk = keys.data(), pv = values.data();
+            if (source_mask) {
+                mask.resize((size_t)n * cut);
+                for (int b = 0; b < n; ++b) std::copy_n(source_mask + (size_t)(b0 + b) * S, cut, mask.data() + (size_t)b * cut);
+                pm = mask.data();
+            }
+        }
+        DecoderStepConfig c = config;
+        c.N = n * W, c.memory_batch = n, c.S = cut;
+        SearchConfig sc = search_config;
+        sc.batch = n;
+        DecoderSearchStep<T> step(layers, c, pk, pv, pm, ends, sc.attention);
+        parts.push_back(search(step, sc));
+        part_keys.push_back(cut);
+    }
+    if (parts.size() == 1 && part_keys[0] == S) return std::move(parts[0]);
+    SearchResult<T> out;
+    out.batch = B, out.width = W, out.keys = S;
+    for (const auto& p : parts) out.steps = std::max(out.steps, p.steps), out.heads = std::max(out.heads, p.heads);
+    const size_t steps = out.steps, heads = out.heads;
+    out.tokens.assign((size_t)B * W * steps, 0);
+    if (search_config.attention) out.attention.assign((size_t)B * W * heads * steps * S, T(0));
+    int b0 = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        const SearchResult<T>& p = parts[i];
+        const size_t rows = (size_t)p.batch * W, first = (size_t)b0 * W;
+        out.lengths.insert(out.lengths.end(), p.lengths.begin(), p.lengths.end());
+        out.scores.insert(out.scores.end(), p.scores.begin(), p.scores.end());
+        out.normalized.insert(out.normalized.end(), p.normalized.begin(), p.normalized.end());
+        for (size_t r = 0; r < rows; ++r) {
+            std::copy_n(p.tokens.begin() + r * p.steps, p.steps, out.tokens.begin() + (first + r) * steps);
+            for (size_t j = 0; search_config.attention && j < heads * p.steps; ++j)  // (heads, steps, keys) rows
+                std::copy_n(p.attention.begin() + (r * heads * p.steps + j) * part_keys[i], part_keys[i],
+                            out.attention.begin() + ((first + r) * heads * steps + j / p.steps * steps + j % p.steps) * S);
+        }
+        b0 += p.batch;
+    }
+    return out;
+}
 
 }  // namespace attnx
