@@ -14,6 +14,18 @@
 
 namespace attnx::test {
 
+// The activation's name, for the failure messages
+inline const char* activation_name(Activation a) {
+    switch (a) {
+        case Activation::relu: return "relu";
+        case Activation::tanh: return "tanh";
+        case Activation::sigmoid: return "sigmoid";
+        case Activation::softmax: return "softmax";
+        case Activation::gelu: return "gelu";
+        default: return "linear";
+    }
+}
+
 // Random normal values that floats hold exactly, so that the float kernels and the double
 // reference read the same operands
 inline std::vector<double> random_values(std::mt19937& rng, size_t n, double scale = 1.0) {

@@ -19,17 +19,6 @@ using namespace attnx::test;
 
 namespace {
 
-const char* name(Activation a) {
-    switch (a) {
-        case Activation::relu: return "relu";
-        case Activation::tanh: return "tanh";
-        case Activation::sigmoid: return "sigmoid";
-        case Activation::softmax: return "softmax";
-        case Activation::gelu: return "gelu";
-        default: return "linear";
-    }
-}
-
 void test_activation(Activation act, size_t rows, size_t cols, unsigned seed) {
     std::mt19937 rng(seed);
     const auto x = random_values(rng, rows * cols, 3.0), dy = random_values(rng, rows * cols);
@@ -37,7 +26,7 @@ void test_activation(Activation act, size_t rows, size_t cols, unsigned seed) {
     reference::activation_forward(y.data(), x.data(), rows, cols, act);
     reference::activation_backward(dx.data(), dy.data(), x.data(), y.data(), rows, cols, act);
     char where[64];
-    std::snprintf(where, sizeof where, "%s rows=%zu cols=%zu", name(act), rows, cols);
+    std::snprintf(where, sizeof where, "%s rows=%zu cols=%zu", activation_name(act), rows, cols);
     check_every_level(where, {{"y", y}, {"dx", dx}}, [&](auto tag) {
         using T = decltype(tag);
         const auto x_ = cast<T>(x), dy_ = cast<T>(dy);

@@ -17,17 +17,6 @@ using namespace attnx::test;
 
 namespace {
 
-const char* name(Activation a) {
-    switch (a) {
-        case Activation::relu: return "relu";
-        case Activation::tanh: return "tanh";
-        case Activation::sigmoid: return "sigmoid";
-        case Activation::softmax: return "softmax";
-        case Activation::gelu: return "gelu";
-        default: return "linear";
-    }
-}
-
 void test_dense(int N, int C, int OC, Activation act, bool bias, bool alias, unsigned seed) {
     std::mt19937 rng(seed);
     const auto x = random_values(rng, (size_t)N * C), W = random_values(rng, (size_t)C * OC, 0.3);
@@ -40,7 +29,7 @@ void test_dense(int N, int C, int OC, Activation act, bool bias, bool alias, uns
     if (!alias) want.push_back({"z", z});
     want.insert(want.end(), {{"dx", dx}, {"dW", dW}, {"db", db}});
     char where[96];
-    std::snprintf(where, sizeof where, "dense N=%d C=%d OC=%d %s%s%s", N, C, OC, name(act), bias ? " bias" : "",
+    std::snprintf(where, sizeof where, "dense N=%d C=%d OC=%d %s%s%s", N, C, OC, activation_name(act), bias ? " bias" : "",
                   alias ? " y=z" : "");
     check_every_level(where, want, [&](auto tag) {
         using T = decltype(tag);
@@ -73,7 +62,7 @@ void test_row_streamed(int C, int OC, Activation act, bool bias, unsigned seed) 
     std::vector<double> y(OC), z(OC);
     reference::dense_forward(y.data(), z.data(), x.data(), W.data(), bias ? b.data() : nullptr, 1, C, OC, act);
     char where[96];
-    std::snprintf(where, sizeof where, "one row C=%d OC=%d %s%s", C, OC, name(act), bias ? " bias" : "");
+    std::snprintf(where, sizeof where, "one row C=%d OC=%d %s%s", C, OC, activation_name(act), bias ? " bias" : "");
     check_every_level(where, {{"y", y}}, [&](auto tag) {
         using T = decltype(tag);
         const auto x_ = cast<T>(x), W_ = cast<T>(W), b_ = cast<T>(b);
