@@ -166,6 +166,9 @@ def _workload():
                 1e-3, 1e-3)), layers.Dense(units, activation="softmax" if units > 1 else "sigmoid")])
             model.compile(optimizer, loss)
             model.fit(x, y, epochs=1, batch_size=4, verbose=0)
+    # fit takes a regularizer's penalty and gradient in one pass; each alone, as a user's code calls them
+    regularizer, w = attnx.regularizers.L1L2(1e-3, 1e-3), rng.standard_normal((5, 4)).astype(np.float32)
+    regularizer(w), regularizer.gradient(w)
     ids = rng.integers(1, 12, (4, 5))
     model = attnx.Sequential([layers.Embedding(12, 8, input_shape=(5,)), layers.LSTM(6, return_sequences=True),
                               layers.GRU(4), layers.Dense(16), layers.Dense(2)])
