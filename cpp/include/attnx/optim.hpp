@@ -119,13 +119,19 @@ template <class T> double sum_squares(const T* x, size_t n) {
 // The L1L2 regularization of weights w: penalty sum_i l1 |w_i| + l2 w_i^2 (in double) and gradient
 // grad += l1 sign(w) + 2 l2 w, each one pass on the widest vectors (NumPy took 105 us a step, and
 // temporaries, for the main job's 5000 x 32 embedding table).
+// One weight's penalty term and gradient term (l1 != 0), for the three kernels below
+template <class T> ATTNX_ALWAYS_INLINE double l1l2_term(T w, double l1, double l2) {
+    const double v = w;
+    return l1 * std::fabs(v) + l2 * v * v;
+}
+template <class T> ATTNX_ALWAYS_INLINE T l1l2_slope(T w, T l1, T two_l2) {
+    return l1 * (T(w > T(0)) - T(w < T(0))) + two_l2 * w;
+}
+
 template <class T> double l1l2_penalty(const T* w, size_t n, double l1, double l2) {
     if (l1 == 0) return l2 * sum_squares(w, n);
     return on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
-        return sum_lanes<double, 32>(n, [&](size_t i) {
-            const double v = w[i];
-            return l1 * std::fabs(v) + l2 * v * v;
-        });
+        return sum_lanes<double, 32>(n, [&](size_t i) { return l1l2_term(w[i], l1, l2); });
     });
 }
 
@@ -136,7 +142,7 @@ template <class T> void add_l1l2_gradient(T* grad, const T* w, size_t n, double 
         if (l1 == 0)
             for (size_t i = 0; i < n; ++i) grad[i] += two_l2 * w[i];
         else
-            for (size_t i = 0; i < n; ++i) grad[i] += l1t * (T(w[i] > T(0)) - T(w[i] < T(0))) + two_l2 * w[i];
+            for (size_t i = 0; i < n; ++i) grad[i] += l1l2_slope(w[i], l1t, two_l2);
     });
 }
 
@@ -154,9 +160,8 @@ template <class T> double l1l2_penalty_add_gradient(T* grad, const T* w, size_t 
                 return double(x[i]) * double(x[i]);
             });
         return sum_lanes<double, 32>(n, [&](size_t i) {
-            const double v = x[i];
-            g[i] += l1t * (T(x[i] > T(0)) - T(x[i] < T(0))) + two_l2 * x[i];
-            return l1 * std::fabs(v) + l2 * v * v;
+            g[i] += l1l2_slope(x[i], l1t, two_l2);
+            return l1l2_term(x[i], l1, l2);
         });
     });
 }
