@@ -4,6 +4,7 @@
 
 #include "bindings.hpp"
 #include "attnx/activations.hpp"
+#include "attnx/amx.hpp"
 #include "attnx/gemm.hpp"
 #include "attnx/parallel.hpp"
 #include "attnx/search.hpp"
@@ -40,10 +41,17 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("level"),
         "Tests only: run the kernels' copies for at most `level` ('avx512' restores the CPU's widest).");
+    m.def(
+        "_amx_allow", [](bool allowed) { attnx::amx_allowed() = allowed; }, py::arg("allowed"),
+        "Tests only: False runs the AVX-512 level's bfloat16 and int8 products where AMX tiles would.");
     m.def("_config", [] {
         py::dict d;
         d["simd_level"] = attnx::simd_level_name(attnx::simd_level());
         d["cpu_simd_level"] = attnx::simd_level_name(attnx::cpu_simd_level());
+        d["cpu_amx_bf16"] = attnx::cpu_amx_support().bf16;
+        d["cpu_amx_int8"] = attnx::cpu_amx_support().int8;
+        d["amx_bf16"] = attnx::amx_bf16_active();
+        d["amx_int8"] = attnx::amx_int8_active();
         d["openblas_config"] = std::string(openblas_get_config());
         d["openblas_core"] = std::string(openblas_get_corename());
         d["threads"] = attnx::get_blas_threads();

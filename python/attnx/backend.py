@@ -107,7 +107,11 @@ def show_config(file=None):
     OPENBLAS_CORETYPE pins them, and attnx never sets it), and the thread budget."""
     config = _core._config()
     pinned = os.environ.get("OPENBLAS_CORETYPE")
+    amx = [kind for kind in ("bf16", "int8") if config[f"amx_{kind}"]]
+    cpu_amx = [kind for kind in ("bf16", "int8") if config[f"cpu_amx_{kind}"]]
     print(f"attnx SIMD level:  {config['simd_level']} (this CPU: {config['cpu_simd_level']})\n"
+          f"AMX tiles:         {' and '.join(amx) + ' products' if amx else 'not used'}"
+          f" (this CPU and OS: {' and '.join(cpu_amx) or 'none'})\n"
           f"OpenBLAS:          {config['openblas_config'].strip()}\n"
           f"OpenBLAS core:     {config['openblas_core']}"
           f" ({'pinned by OPENBLAS_CORETYPE=' + pinned if pinned else 'picked for this CPU'})\n"
