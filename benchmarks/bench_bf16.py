@@ -203,15 +203,33 @@ ROWS = {"lstm": lstm_steps, "encoder": encoder_steps, "transformer": transformer
         "fit": fit_steps}
 
 
+def _without_amx(step):
+    """step with the bf16 products on the AVX-512 tiles instead of AMX (a CPU that has AMX)."""
+    from attnx import _core
+
+    def run():
+        _core._amx_allow(False)
+        try:
+            return step()
+        finally:
+            _core._amx_allow(True)
+    return run
+
+
 def run_row(tag, steps, tokens, runs=3):
-    """Times `steps` in ROUNDS rotated rounds, each the median of `runs` runs (after as many untimed)."""
+    """Times `steps` in ROUNDS rotated rounds, each the median of `runs` runs (after as many untimed);
+    on a CPU with AMX also attnx mixed_bfloat16 without it."""
+    from attnx import _core
+    amx = _core._config()["amx_bf16"]
+    if amx:
+        steps = steps | {"attnx bf16 without AMX": _without_amx(steps["attnx mixed_bfloat16"])}
     names = list(steps)
     for fn in steps.values():  # warm-up
         for _ in range(runs):
             fn()
     times = {n: [] for n in names}
     for r in range(ROUNDS):
-        for n in names[r % 4:] + names[:r % 4]:
+        for n in names[r % len(names):] + names[:r % len(names)]:
             times[n].append(median_time(steps[n], 0, runs, ROUND_TIME if runs > 1 else 0.0, SETTLE))
     print(f"{tag}, median of {ROUNDS} rounds:")
     for n in names:
@@ -226,8 +244,10 @@ def run_row(tag, steps, tokens, runs=3):
     print(f"  torch autocast bf16 / attnx mixed_bfloat16  {ratio('torch autocast bf16', 'attnx mixed_bfloat16')}")
     print(f"  attnx float32 / attnx mixed_bfloat16        {ratio('attnx float32', 'attnx mixed_bfloat16')}")
     print(f"  torch float32 / attnx float32               {ratio('torch float32', 'attnx float32')}")
-    print(f"  torch float32 / torch autocast bf16         {ratio('torch float32', 'torch autocast bf16')}",
-          flush=True)
+    print(f"  torch float32 / torch autocast bf16         {ratio('torch float32', 'torch autocast bf16')}")
+    if amx:
+        print(f"  attnx bf16 without AMX / with AMX           {ratio('attnx bf16 without AMX', 'attnx mixed_bfloat16')}")
+    sys.stdout.flush()
 
 
 def main(rows):
@@ -236,7 +256,8 @@ def main(rows):
     if unknown:
         raise SystemExit(f"bench_bf16: unknown rows {unknown}; expected some of {', '.join(ROWS)}")
     threads = setup_threads()
-    print(f"threads {threads}; bf16 products: {attnx._core._bf16_config()}")
+    config = attnx._core._config()
+    print(f"threads {threads}; bf16 products: {attnx._core._bf16_config()}; AMX bf16 tiles: {config['amx_bf16']}")
     for row in rows:
         run_row(*ROWS[row]())
 

@@ -309,82 +309,16 @@ ATTNX_ALWAYS_INLINE void bf16_tiled_rows(float* C, size_t ldc, int m0, int m1, i
     }
 }
 
-// C[m, n] = bias[n] + sum_kp pair products of the left's row m with the right's column n (+ C[m, n]
-// instead of the bias when accumulate; bias may be null), sums in float32, on operands paired by
-// pack_bf16_left / pack_bf16_right; the rows of C split across the thread budget
-inline void bf16_gemm_pairs(float* C, size_t ldc, const Bf16Operands& ops, int M, int N, bool accumulate,
-                            const float* bias = nullptr) {
-    if (M <= 0 || N <= 0) return;
-    const Bf16Tiles tiles = bf16_tiles();
-    const int width = tiles.width(), R = tiles.R, row_tiles = (M + R - 1) / R;
-    const double work = 2.0 * M * N * ops.K2;
-    parallel_for((size_t)row_tiles, work, [&](size_t lo, size_t hi) {
-        const int m0 = (int)lo * R, m1 = std::min(M, (int)hi * R);
-        if (tiles.native) {
-            bf16_tiled_rows<6>(C, ldc, m0, m1, N, width, ops, accumulate, bias,
-                               [&](auto rows, float* c, int cols, const uint32_t* a, const uint32_t* panel, int kc,
-                                   const float* start, size_t start_ld) {
-                                   bf16_tile_dot<4, decltype(rows)::value>(c, ldc, cols, a, ops.ars, ops.aks, panel,
-                                                                           (size_t)width, kc, start, start_ld);
-                               });
-            return;
-        }
-        on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-            using V = decltype(lanes);
-            constexpr int TR = Lanes<V>::W == 16 ? 6 : 4;
-            bf16_tiled_rows<TR>(C, ldc, m0, m1, N, width, ops, accumulate, bias,
-                                [&](auto rows, float* c, int cols, const uint32_t* a, const uint32_t* panel, int kc,
-                                    const float* start, size_t start_ld) __attribute__((always_inline)) {
-                                    bf16_tile_lanes<V, 2, decltype(rows)::value>(c, ldc, cols, a, ops.ars, ops.aks,
-                                                                                 panel, (size_t)width, kc, start,
-                                                                                 start_ld);
-                                });
-        });
-    });
-}
-
-// Rows [r0, r1) of op(A) (M, K) paired in bf16_gemm's left layout: row m's pairs at m * (K + 1) / 2,
-// or with trans_a (A (K, M) read along its rows) pair kp of every row at kp * M
-inline void pack_bf16_left(uint32_t* a_pairs, const float* A, size_t lda, bool trans_a, int M, int K, int r0, int r1) {
-    if (trans_a) pack_bf16_columns(a_pairs + r0, (size_t)M, A + r0, lda, K, r1 - r0, r1 - r0);
-    else pack_bf16_rows(a_pairs + (size_t)r0 * ((K + 1) / 2), (size_t)(K + 1) / 2, A + (size_t)r0 * lda, lda, r1 - r0, K);
-}
-
-// Panels [p0, p1) of op(B) (K, N) (B, or B^T of B (N, K) when trans_b) in panels of `width` columns,
-// zeros past N; pair_rows (>= (K + 1) / 2, default that) pair rows per panel, zeros past K's
-inline void pack_bf16_right(uint32_t* panels, int width, const float* B, size_t ldb, bool trans_b, int K, int N, int p0,
-                            int p1, int pair_rows = 0) {
-    const int K2 = (K + 1) / 2, rows = std::max(pair_rows, K2);
-    for (int p = p0; p < p1; ++p) {
-        const int n0 = p * width, cols = std::min(width, N - n0);
-        uint32_t* panel = panels + (size_t)p * rows * width;
-        std::fill(panel + (size_t)K2 * width, panel + (size_t)rows * width, 0u);
-        if (!trans_b) continue;  // below, along B's rows
-        pack_bf16_panel_t(panel, width, B + (size_t)n0 * ldb, ldb, cols, K);
-        if (cols < width)
-            for (int kp = 0; kp < K2; ++kp) std::fill(panel + (size_t)kp * width + cols, panel + (size_t)(kp + 1) * width, 0u);
-    }
-    if (trans_b) return;
-    // 32 rows of B at a time into every panel, while they are in cache: a panel at a time would read
-    // each of B's K rows once per panel, a page apart
-    for (int k0 = 0; k0 < K; k0 += 32)
-        for (int p = p0; p < p1; ++p) {
-            const int n0 = p * width, cols = std::min(width, N - n0);
-            pack_bf16_columns(panels + (size_t)p * rows * width + (size_t)(k0 / 2) * width, (size_t)width,
-                              B + (size_t)k0 * ldb + n0, ldb, std::min(32, K - k0), cols, width);
-        }
-}
-
 // ----------------------------------------------------------------------------- AMX
-// bf16_gemm on AMX tiles (amx.hpp): blocks of C of 32 x 32 (tiles 0-3: four 16 x 16 float32 sums) +=
-// A (tiles 4-5: 16 rows x 16 pairs each) . B (tiles 6-7: 16 pair rows x 16 columns each), K in steps of
-// 16 pairs. Its own packing, padded with zeros to whole tiles: the left rows to a multiple of 16, each
-// row's pairs to a multiple of 16 (kAmxPairs), the right in panels of 32 columns whose pair rows are
-// the same multiple, so that no tile reads past an operand and one configuration (every tile full)
-// serves the whole product. C's tail rows and columns go through a 16 x 16 scratch tile.
-// tdpbf16ps sums in float32 (subnormals as zero, as vdpbf16ps) but not in vdpbf16ps' order: the sums
-// agree with the other levels to float32 accumulation's error, not bit for bit.
-constexpr int kAmxPanelWidth = 32, kAmxPairs = 16, kAmxRows = 16;
+// bf16_gemm_pairs on AMX tiles (amx.hpp): blocks of C of 32 x 32 (tiles 0-3: four 16 x 16 float32
+// sums) += A (tiles 4-5: 16 rows x 16 pairs each) . B (tiles 6-7: 16 pair rows x 16 columns each), K in
+// steps of 16 pairs. B tiles are read from the panels in place (a panel's pair rows are B's tile rows,
+// `width` apart); a panel's last K2 % 16 pair rows from a zero-padded copy (what follows a panel need
+// not be finite). A tiles from a copy of the left operand as rows of a whole number of tiles of pairs,
+// zeros past K2 and M (AmxLeftRows). tdpbf16ps sums in float32 (subnormals as zero, as vdpbf16ps) but
+// not in vdpbf16ps' order: the sums agree with the other levels to float32 accumulation's error, not
+// bit for bit.
+constexpr int kAmxPairs = 16, kAmxRows = 16;
 #define ATTNX_AMX_BF16 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
 
 // Where a tile of sums starts from (its rows `stride` bytes apart): rows x cols of start (rows start_ld
@@ -426,12 +360,14 @@ inline void amx_copy_sums(float* C, size_t ldc, int rows, int cols, const float*
         }                                                          \
     } while (0)
 
-// C[0, rows) x [0, cols) (rows <= 16 RT, cols <= 32) = start + a . panel:
-//   C[r, n] = start[r, n] + sum_{kp < K2p} pair products of a[r * a_stride + kp] and panel[kp * 32 + n]
-// (start: C itself, start_ld = ldc, to accumulate; a bias, start_ld = 0; or null for zeros)
+// C[0, rows) x [0, cols) (rows <= 16 RT, cols <= 32) = start + a . b:
+//   C[r, n] = start[r, n] + sum_{kp < K2p} pair products of a[r * a_stride + kp] and b[kp * k_stride + n]
+// where b is the panel for kp < whole, and tail (K2p - whole pair rows, k_stride apart) past it.
+// start: C itself (start_ld = ldc) to accumulate, a bias (start_ld = 0), or null for zeros.
 template <int RT>
 ATTNX_AMX_BF16 void amx_bf16_block(float* C, size_t ldc, int rows, int cols, const uint32_t* a, size_t a_stride,
-                                   const uint32_t* panel, int K2p, const float* start, size_t start_ld) {
+                                   int K2p, const uint32_t* panel, size_t k_stride, int whole, const uint32_t* tail,
+                                   const float* start, size_t start_ld) {
     alignas(64) float edge[kAmxRows * 16];
     const int rows0 = std::min(rows, kAmxRows), rows1 = rows - rows0, cols0 = std::min(cols, 16),
               cols1 = std::max(cols - 16, 0);
@@ -442,12 +378,13 @@ ATTNX_AMX_BF16 void amx_bf16_block(float* C, size_t ldc, int rows, int cols, con
         ATTNX_AMX_LOAD_SUMS(2, start1, rows1, cols0);
         ATTNX_AMX_LOAD_SUMS(3, start1 ? start1 + 16 : nullptr, rows1, cols1);
     }
-    const size_t a_bytes = a_stride * sizeof(uint32_t), b_bytes = kAmxPanelWidth * sizeof(uint32_t);
+    const size_t a_bytes = a_stride * sizeof(uint32_t), b_bytes = k_stride * sizeof(uint32_t);
     ATTNX_AMX_MEMORY_BARRIER();  // the packed operands are written before the call
     for (int kp = 0; kp < K2p; kp += kAmxPairs) {
+        const uint32_t* b = kp < whole ? panel + (size_t)kp * k_stride : tail;
         _tile_loadd(4, a + kp, a_bytes);
-        _tile_loadd(6, panel + (size_t)kp * kAmxPanelWidth, b_bytes);
-        _tile_loadd(7, panel + (size_t)kp * kAmxPanelWidth + 16, b_bytes);
+        _tile_loadd(6, b, b_bytes);
+        _tile_loadd(7, b + 16, b_bytes);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
         if constexpr (RT == 2) {
@@ -468,68 +405,158 @@ ATTNX_AMX_BF16 void amx_bf16_block(float* C, size_t ldc, int rows, int cols, con
 #undef ATTNX_AMX_LOAD_SUMS
 #undef ATTNX_AMX_STORE_SUMS
 
-// The right panels one pass of a thread's row blocks runs over: ~1 MiB of them stay in L2 while each
-// block of 32 left rows (in L1) meets them in turn, and C's rows are written along, not across
-inline int amx_panel_group(int K2p) { return std::max(1, (1 << 20) / (K2p * kAmxPanelWidth * (int)sizeof(uint32_t))); }
+// The left operand as A tiles read it: Mp = M rounded up to 16 rows of K2p = K2 rounded up to 16 pairs,
+// zeros past K2 and M, rows `stride` apart (not a multiple of 4 KiB, which would put a tile's 16 rows
+// in one L1 set)
+struct AmxLeftRows {
+    uint32_t* data;
+    size_t stride;
+    int K2p;
+};
+inline int amx_pairs_padded(int K2) { return (K2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs; }
+inline size_t amx_row_stride(int K2p) { return (size_t)K2p + (K2p % 1024 == 0 ? kAmxPairs : 0); }
 
-// bf16_gemm (below) on AMX tiles: both operands paired into this thread's buffers in the padded layout
-// above (a transposed left through a k-major buffer, transposed in blocks of 16 x 16 pairs), then the
-// blocks, threads splitting the row blocks (or the panels, when there are fewer row blocks than threads)
-inline void bf16_gemm_amx(float* C, size_t ldc, const float* A, size_t lda, bool trans_a, const float* B, size_t ldb,
-                          bool trans_b, int M, int N, int K, bool accumulate, const float* bias) {
-    const int K2 = (K + 1) / 2, K2p = (K2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs,
-              Mp = (M + kAmxRows - 1) / kAmxRows * kAmxRows, panel_count = (N + kAmxPanelWidth - 1) / kAmxPanelWidth;
-    // left rows 4 KiB apart would put a tile's 16 rows in one L1 set
-    const size_t a_stride = (size_t)K2p + (K2p % 1024 == 0 ? kAmxPairs : 0);
-    thread_local Panels<uint32_t> a_buffer, b_buffer, k_major;
-    a_buffer.resize((size_t)Mp * a_stride);
-    b_buffer.resize((size_t)panel_count * K2p * kAmxPanelWidth);
-    if (trans_a) k_major.resize((size_t)K2 * M);
-    uint32_t *a_pairs = a_buffer.data(), *b_pairs = b_buffer.data(), *a_k_major = k_major.data();
+// Rows [r0, r1) (multiples of 16, r1 up to Mp) of left from ops' left operand of M rows: in place along
+// a row (aks 1), or in blocks of 16 x 16 pairs from a k-major one
+inline void amx_copy_left_rows(const AmxLeftRows& left, const Bf16Operands& ops, int M, int r0, int r1) {
+    const int K2 = ops.K2, m1 = std::min(r1, M);
+    for (int mb = r0; mb < m1; mb += kAmxRows)
+        for (int kb = 0; kb < K2; kb += kAmxPairs)
+            for (int m = mb; m < std::min(mb + kAmxRows, m1); ++m) {
+                uint32_t* row = left.data + (size_t)m * left.stride;
+                const uint32_t* a = ops.a + (size_t)m * ops.ars;
+                for (int kp = kb; kp < std::min(kb + kAmxPairs, K2); ++kp) row[kp] = a[(size_t)kp * ops.aks];
+            }
+    for (int m = r0; m < r1; ++m) {
+        uint32_t* row = left.data + (size_t)m * left.stride;
+        std::fill(row + (m < M ? K2 : 0), row + left.stride, 0u);
+    }
+}
+
+// C = start + left . panels on AMX tiles: panels of `width` columns (a multiple of 32), K2 pair rows each;
+// threads split the blocks of 32 rows (or the panels, when there are fewer blocks than threads); a
+// thread's row blocks each pass over a group of ~1 MiB of panels, which stays in L2, while the block's
+// rows stay in L1 and C's rows are written along, not across
+inline void amx_gemm_pairs(float* C, size_t ldc, const AmxLeftRows& left, const uint32_t* panels, int width, int K2,
+                           int M, int N, bool accumulate, const float* bias) {
+    const int K2p = left.K2p, whole = K2 / kAmxPairs * kAmxPairs, panel_count = (N + width - 1) / width;
+    const size_t panel_size = (size_t)K2 * width;
+    // each panel's pair rows past `whole`, zero-padded to 16 (this thread's buffer, read by the workers)
+    thread_local std::vector<uint32_t> tails;
+    if (whole < K2) {
+        tails.assign((size_t)panel_count * kAmxPairs * width, 0u);
+        for (int p = 0; p < panel_count; ++p)
+            std::memcpy(tails.data() + (size_t)p * kAmxPairs * width, panels + p * panel_size + (size_t)whole * width,
+                        (size_t)(K2 - whole) * width * sizeof(uint32_t));
+    }
+    const uint32_t* tail0 = tails.data();
+    const int row_blocks = (M + 2 * kAmxRows - 1) / (2 * kAmxRows);
+    const int group = std::max(1, (int)((1 << 20) / (panel_size * sizeof(uint32_t) + 1)));
     const size_t parts = kernel_threads();
-    parallel_for(parts, double(M) * N * K / 64, [&](size_t lo, size_t hi) {
-        const int r0 = (int)(Mp * lo / parts) / kAmxRows * kAmxRows, r1 = (int)(Mp * hi / parts) / kAmxRows * kAmxRows;
-        const int m1 = std::min(r1, M);
-        if (!trans_a) {
-            if (r0 < m1) pack_bf16_rows(a_pairs + (size_t)r0 * a_stride, a_stride, A + (size_t)r0 * lda, lda, m1 - r0, K);
-        } else if (r0 < m1) {
-            // pairs (At[2kp, m], At[2kp + 1, m]) k-major, read along At's rows, then each 16 x 16 block turned
-            pack_bf16_columns(a_k_major + r0, (size_t)M, A + r0, lda, K, m1 - r0, m1 - r0);
-            for (int mb = r0; mb < m1; mb += 16)
-                for (int kb = 0; kb < K2; kb += 16)
-                    for (int m = mb; m < std::min(mb + 16, m1); ++m)
-                        for (int kp = kb; kp < std::min(kb + 16, K2); ++kp)
-                            a_pairs[(size_t)m * a_stride + kp] = a_k_major[(size_t)kp * M + m];
-        }
-        for (int m = r0; m < r1; ++m) {  // the zero pairs past K, and zero rows past M
-            uint32_t* row = a_pairs + (size_t)m * a_stride;
-            std::fill(row + (m < M ? K2 : 0), row + a_stride, 0u);
-        }
-        const int p0 = (int)(panel_count * lo / parts), p1 = (int)(panel_count * hi / parts);
-        pack_bf16_right(b_pairs, kAmxPanelWidth, B, ldb, trans_b, K, N, p0, p1, K2p);
-    });
-    const int row_blocks = (Mp / kAmxRows + 1) / 2, group = amx_panel_group(K2p);
     const bool split_rows = row_blocks >= (int)parts;
-    const size_t units = split_rows ? (size_t)row_blocks : (size_t)panel_count;
-    parallel_for(units, 2.0 * M * N * K / 16, [&](size_t lo, size_t hi) {
+    parallel_for(split_rows ? (size_t)row_blocks : (size_t)panel_count, 2.0 * M * N * K2 * 2 / 16, [&](size_t lo, size_t hi) {
         const AmxTileScope tiles;
         const int p0 = split_rows ? 0 : (int)lo, p1 = split_rows ? panel_count : (int)hi;
-        const int m_begin = split_rows ? (int)lo * 2 * kAmxRows : 0, m_end = split_rows ? std::min(M, (int)hi * 2 * kAmxRows) : M;
+        const int m_begin = split_rows ? (int)lo * 2 * kAmxRows : 0,
+                  m_end = split_rows ? std::min(M, (int)hi * 2 * kAmxRows) : M;
         for (int g = p0; g < p1; g += group)
             for (int m = m_begin; m < m_end; m += 2 * kAmxRows) {
                 const int rows = std::min(2 * kAmxRows, m_end - m);
-                const uint32_t* a = a_pairs + (size_t)m * a_stride;
-                for (int p = g; p < std::min(p1, g + group); ++p) {
-                    const int n0 = p * kAmxPanelWidth, cols = std::min(kAmxPanelWidth, N - n0);
-                    const uint32_t* panel = b_pairs + (size_t)p * K2p * kAmxPanelWidth;
-                    float* c = C + (size_t)m * ldc + n0;
-                    const float* start = accumulate ? c : bias ? bias + n0 : nullptr;
-                    const size_t start_ld = accumulate ? ldc : 0;
-                    if (rows > kAmxRows) amx_bf16_block<2>(c, ldc, rows, cols, a, a_stride, panel, K2p, start, start_ld);
-                    else amx_bf16_block<1>(c, ldc, rows, cols, a, a_stride, panel, K2p, start, start_ld);
-                }
+                const uint32_t* a = left.data + (size_t)m * left.stride;
+                for (int p = g; p < std::min(p1, g + group); ++p)
+                    for (int half = 0; half < width && p * width + half < N; half += 32) {
+                        const int n0 = p * width + half, cols = std::min(32, N - n0);
+                        const uint32_t* panel = panels + p * panel_size + half;
+                        const uint32_t* tail = tail0 + (size_t)p * kAmxPairs * width + half;
+                        float* c = C + (size_t)m * ldc + n0;
+                        const float* start = accumulate ? c : bias ? bias + n0 : nullptr;
+                        const size_t start_ld = accumulate ? ldc : 0;
+                        if (rows > kAmxRows)
+                            amx_bf16_block<2>(c, ldc, rows, cols, a, left.stride, K2p, panel, (size_t)width, whole, tail,
+                                              start, start_ld);
+                        else
+                            amx_bf16_block<1>(c, ldc, rows, cols, a, left.stride, K2p, panel, (size_t)width, whole, tail,
+                                              start, start_ld);
+                    }
             }
     });
+}
+
+// C[m, n] = bias[n] + sum_kp pair products of the left's row m with the right's column n (+ C[m, n]
+// instead of the bias when accumulate; bias may be null), sums in float32, on operands paired by
+// pack_bf16_left / pack_bf16_right; the rows of C split across the thread budget
+inline void bf16_gemm_pairs(float* C, size_t ldc, const Bf16Operands& ops, int M, int N, bool accumulate,
+                            const float* bias = nullptr) {
+    if (M <= 0 || N <= 0) return;
+    const Bf16Tiles tiles = bf16_tiles();
+    if (amx_bf16_active()) {
+        // the left rows copied as A tiles read them (this thread's buffer, written by every thread)
+        const int K2p = amx_pairs_padded(ops.K2), Mp = (M + kAmxRows - 1) / kAmxRows * kAmxRows;
+        thread_local Panels<uint32_t> rows;
+        rows.resize((size_t)Mp * amx_row_stride(K2p));
+        const AmxLeftRows left{rows.data(), amx_row_stride(K2p), K2p};
+        const size_t parts = kernel_threads(), blocks = (size_t)Mp / kAmxRows;
+        parallel_for(parts, double(Mp) * K2p, [&](size_t lo, size_t hi) {
+            amx_copy_left_rows(left, ops, M, (int)(blocks * lo / parts) * kAmxRows, (int)(blocks * hi / parts) * kAmxRows);
+        });
+        return amx_gemm_pairs(C, ldc, left, ops.panels, tiles.width(), ops.K2, M, N, accumulate, bias);
+    }
+    const int width = tiles.width(), R = tiles.R, row_tiles = (M + R - 1) / R;
+    const double work = 2.0 * M * N * ops.K2;
+    parallel_for((size_t)row_tiles, work, [&](size_t lo, size_t hi) {
+        const int m0 = (int)lo * R, m1 = std::min(M, (int)hi * R);
+        if (tiles.native) {
+            bf16_tiled_rows<6>(C, ldc, m0, m1, N, width, ops, accumulate, bias,
+                               [&](auto rows, float* c, int cols, const uint32_t* a, const uint32_t* panel, int kc,
+                                   const float* start, size_t start_ld) {
+                                   bf16_tile_dot<4, decltype(rows)::value>(c, ldc, cols, a, ops.ars, ops.aks, panel,
+                                                                           (size_t)width, kc, start, start_ld);
+                               });
+            return;
+        }
+        on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+            using V = decltype(lanes);
+            constexpr int TR = Lanes<V>::W == 16 ? 6 : 4;
+            bf16_tiled_rows<TR>(C, ldc, m0, m1, N, width, ops, accumulate, bias,
+                                [&](auto rows, float* c, int cols, const uint32_t* a, const uint32_t* panel, int kc,
+                                    const float* start, size_t start_ld) __attribute__((always_inline)) {
+                                    bf16_tile_lanes<V, 2, decltype(rows)::value>(c, ldc, cols, a, ops.ars, ops.aks,
+                                                                                 panel, (size_t)width, kc, start,
+                                                                                 start_ld);
+                                });
+        });
+    });
+}
+
+// Rows [r0, r1) of op(A) (M, K) paired in bf16_gemm's left layout: row m's pairs at m * (K + 1) / 2,
+// or with trans_a (A (K, M) read along its rows) pair kp of every row at kp * M
+inline void pack_bf16_left(uint32_t* a_pairs, const float* A, size_t lda, bool trans_a, int M, int K, int r0, int r1) {
+    if (trans_a) pack_bf16_columns(a_pairs + r0, (size_t)M, A + r0, lda, K, r1 - r0, r1 - r0);
+    else pack_bf16_rows(a_pairs + (size_t)r0 * ((K + 1) / 2), (size_t)(K + 1) / 2, A + (size_t)r0 * lda, lda, r1 - r0, K);
+}
+
+// Panels [p0, p1) of op(B) (K, N) (B, or B^T of B (N, K) when trans_b) in panels of `width` columns,
+// zeros past N
+inline void pack_bf16_right(uint32_t* panels, int width, const float* B, size_t ldb, bool trans_b, int K, int N, int p0,
+                            int p1) {
+    const int K2 = (K + 1) / 2;
+    for (int p = p0; p < p1; ++p) {
+        const int n0 = p * width, cols = std::min(width, N - n0);
+        uint32_t* panel = panels + (size_t)p * K2 * width;
+        if (!trans_b) continue;  // below, along B's rows
+        pack_bf16_panel_t(panel, width, B + (size_t)n0 * ldb, ldb, cols, K);
+        if (cols < width)
+            for (int kp = 0; kp < K2; ++kp) std::fill(panel + (size_t)kp * width + cols, panel + (size_t)(kp + 1) * width, 0u);
+    }
+    if (trans_b) return;
+    // 32 rows of B at a time into every panel, while they are in cache: a panel at a time would read
+    // each of B's K rows once per panel, a page apart
+    for (int k0 = 0; k0 < K; k0 += 32)
+        for (int p = p0; p < p1; ++p) {
+            const int n0 = p * width, cols = std::min(width, N - n0);
+            pack_bf16_columns(panels + (size_t)p * K2 * width + (size_t)(k0 / 2) * width, (size_t)width,
+                              B + (size_t)k0 * ldb + n0, ldb, std::min(32, K - k0), cols, width);
+        }
 }
 
 // reference: cpp/reference/bf16.hpp, bf16_gemm
@@ -545,7 +572,6 @@ inline void bf16_gemm(float* C, size_t ldc, const float* A, size_t lda, bool tra
             for (int n = 0; n < N; ++n) C[(size_t)m * ldc + n] = bias ? bias[n] : 0.0f;
         return;
     }
-    if (amx_bf16_active()) return bf16_gemm_amx(C, ldc, A, lda, trans_a, B, ldb, trans_b, M, N, K, accumulate, bias);
     const int K2 = (K + 1) / 2, width = bf16_tiles().width(), panel_count = (N + width - 1) / width;
     // kept between calls: a fresh buffer of megabytes is as many page faults (the packers write every pair)
     // (the workers reach this thread's buffers through these pointers: a thread_local named in the
