@@ -40,11 +40,11 @@ def int8_path(request):
     _core._force_simd_level("avx512")
 
 
-# R >= 16: the AMX tiles' shapes (16-row tiles and 32-row panels whole and partial, k blocks of 64 whole
-# and partial, one or two 16-column tiles, K past one k block)
+# From R = 16 (8 where K > 64): the AMX tiles' shapes (16-row tiles and 32-row panels whole and partial, k
+# blocks of 64 whole and partial, one or two 16-column tiles, K past one k block)
 @pytest.mark.parametrize("R,K,N", [(1, 1, 1), (3, 7, 15), (5, 100, 400), (9, 257, 33), (2, 64, 1024),
-                                   (16, 64, 16), (17, 100, 400), (33, 257, 33), (64, 128, 70), (70, 1, 1),
-                                   (40, 1024, 48)])
+                                   (8, 64, 20), (8, 100, 400), (12, 130, 17), (16, 64, 16), (17, 100, 400),
+                                   (33, 257, 33), (64, 128, 70), (70, 1, 1), (40, 1024, 48)])
 def test_int8_product_is_exact_at_each_level(int8_path, rng, R, K, N):
     qx, qw = _int8(rng, (R, K)), _int8(rng, (K, N))
     qx[:, ::5] = 127  # the extremes, where int16 pair sums would saturate without care

@@ -236,7 +236,7 @@ static void rows_at_odd_widths(std::mt19937& rng) {
 // in their last bits (an error of an int8 step of one product then); these operands do not meet one.
 // `outliers`: a feature of x and of h_0 that the kernels do not use, large in some rows: those rows
 // take the second pass (coarse rows), in the input projection and in the first step's h_{t-1} U
-// B: 5 (every step's product below kAmxInt8MinRows rows), or 37 (the steps on AMX tiles too, on one
+// B: 5 (every step's product below int8_amx_pays's rows), or 37 (the steps on AMX tiles too, on one
 // thread and on two)
 static void recurrent_matches_reference(RNNCell cell, bool reset_after, bool reverse, bool outliers,
                                         std::mt19937& rng, int batch = 5) {
@@ -287,9 +287,10 @@ int main() {
     for (int R : {1, 2, 3, 5, 9})
         for (int K : {1, 4, 7, 100, 257})
             for (int N : {1, 15, 16, 33, 100, 400}) product_matches_reference(R, K, N, rng);
-    // the AMX tiles' shapes (from kAmxInt8MinRows rows): whole and partial 16-row tiles and 32-row
-    // panels, k blocks of 64 whole (qx read in place) and partial (copied and padded), 1 to 2 column tiles
-    for (int R : {16, 17, 31, 32, 33, 48, 64, 70})
+    // the AMX tiles' shapes (int8_amx_pays: from 16 rows, from 8 where K > 64): whole and partial 16-row
+    // tiles and 32-row panels, k blocks of 64 whole (qx read in place) and partial (copied and padded),
+    // 1 to 2 column tiles
+    for (int R : {8, 12, 16, 17, 31, 32, 33, 48, 64, 70})
         for (int K : {1, 37, 64, 128, 200})
             for (int N : {1, 16, 17, 32, 48, 100}) product_matches_reference(R, K, N, rng);
     // extreme values: every product +-127^2, K large

@@ -12,16 +12,19 @@
 //
 // Layout: qw packed once, when the layer's weights are set (Int8Kernel), four k per 32-bit lane,
 // whole rows of 16 columns:
-//   packed[((k / 4) * Np + n) * 4 + k % 4] = qw[k, n]   (zero past K and N; Np = N rounded up to 16)
-// so that one 32-bit broadcast of qx[r, k..k+4) meets 4 k of W (or 8, 16) columns in one vector. The
-// tiles (R rows x Q vectors of int32 accumulators) run on three instruction sets, picked like the
+//   packed[((k / 4) * Np + n) * 4 + k % 4] = qw[k, n]   (zero past K and N; Np = N rounded up to 16;
+//                                                        rows of zeros up to Kt = K rounded up to 64)
+// so that one 32-bit broadcast of qx[r, k..k+4) meets 4 k of W (or 8, 16) columns in one vector, and
+// 16 quad-rows of 16 columns are an AMX B tile. Products of 16 rows or more (8 where K > 64:
+// int8_amx_pays) run on AMX tiles where the CPU has AMX-INT8 (int8_product_amx: tdpbssd, s8 x s8); the others in register
+// tiles (R rows x Q vectors of int32 accumulators) on three instruction sets, picked like the
 // float kernels (simd_level()):
 //   AVX-512 + VNNI  vpdpbusd: acc += u8 . s8 over 4 bytes per lane; the activations enter as
 //                   u8 = qx + 128 and 128 * colsum[n] is taken off at the end
 //   AVX2            vpsignb / vpabsb / vpmaddubsw / vpmaddwd: |qx| . (sign(qx) qw) in int16 pairs
 //                   (|.| <= 2 * 127^2 < 2^15: never saturates), then pairs summed into int32
 //   baseline        the same sums in plain integer code
-// All three give the same int32 accumulators (the sums are exact); int8_product_reference is the
+// All four give the same int32 accumulators (the sums are exact); int8_product_reference is the
 // plain loop the C++ tests hold them to.
 #pragma once
 #include <algorithm>
@@ -420,10 +423,19 @@ ATTNX_ALWAYS_INLINE void int8_product_on(int32_t* acc, size_t ldc, const int8_t*
 #define ATTNX_INT8_AMX \
     __attribute__((target("amx-tile,amx-int8,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma")))
 
-// Rows from which int8_product takes the tiles: a tile is 16 rows whatever the rows used, and below
-// 16 rows VNNI's one-row tiles read the same weights without the tiles' fixed costs (the tile
-// configuration, copying qx into 64-byte rows, storing C): measured in benchmarks/bench_quantized.py
-constexpr int kAmxInt8MinRows = 16;
+// Whether int8_product takes the tiles for `rows` rows of B: a tile is 16 rows whatever the rows used,
+// and it has fixed costs VNNI's register tiles do not (the tile configuration, ~0.1 us a product;
+// copying qx into 64-byte rows; storing C). VNNI's time over AMX's for one product on one thread
+// (> 1: AMX faster; Sapphire Rapids class, benchmarks/int8_product_time.cpp):
+//   K=32  N=400:  8 rows 0.71x, 12 rows 0.83x, 16 rows 1.28x
+//   K=64  N=128:  8 rows 0.96x, 12 rows 1.31x, 16 rows 2.5x
+//   K=100 N=400:  4 rows 0.72x, 8 rows 1.29x, 16 rows 1.5x
+//   K=512 N=128:  4 rows 0.98x, 8 rows 1.85x, 16 rows 3.4x
+// so: from 16 rows, and from 8 where K is past one 64-deep k block
+constexpr int kAmxInt8MinRows = 16, kAmxInt8MinRowsDeep = 8;
+inline bool int8_amx_pays(int rows, const Int8Packed& B) {
+    return rows >= kAmxInt8MinRows || (rows >= kAmxInt8MinRowsDeep && B.Kt > 64);
+}
 
 // C tile (i, j) of a 2 x 2 block: tile 2 i + j; A tiles 4 and 5 (row blocks), B tiles 6 and 7 (column
 // blocks). The tile numbers are the instructions' immediates, hence the constexpr dispatch.
@@ -521,12 +533,12 @@ inline bool cpu_has_vnni() {
     return has;
 }
 
-// The int8 instruction set the products run on at the current level: "amx" (products of
-// kAmxInt8MinRows rows or more; fewer: VNNI's), "vnni", "avx2" or "baseline" (an AVX-512 CPU without
+// The int8 instruction set the products run on at the current level: "amx" (products of enough
+// rows, int8_amx_pays; fewer: VNNI's), "vnni", "avx2" or "baseline" (an AVX-512 CPU without
 // VNNI runs the AVX2 tiles)
 inline const char* int8_level_name() {
     const SimdLevel level = simd_level();
-    if (amx_int8_active()) return "amx";  // from kAmxInt8MinRows rows; fewer run the VNNI tiles
+    if (amx_int8_active()) return "amx";  // products of enough rows (int8_amx_pays); fewer run the VNNI tiles
     return level == SimdLevel::avx512 && cpu_has_vnni() ? "vnni" : level >= SimdLevel::avx2 ? "avx2" : "baseline";
 }
 
@@ -542,7 +554,7 @@ template <class Body> void on_int8_level(Body&& body) {
 
 inline void int8_product(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, int rows, const Int8Packed& B, int n0,
                          int n1) {
-    if (rows >= kAmxInt8MinRows && n0 < n1 && amx_int8_active())
+    if (n0 < n1 && int8_amx_pays(rows, B) && amx_int8_active())
         return int8_product_amx(acc, ldc, qx, lda, rows, B, n0, n1);
     on_int8_level([&](auto ops) __attribute__((always_inline)) {
         int8_product_on<decltype(ops)>(acc, ldc, qx, lda, rows, B, n0, n1);
