@@ -1,5 +1,5 @@
 // attnx's bf16 product (cpp/include/attnx/bf16.hpp: operands rounded and packed per call, float32 sums)
-// on one thread against OpenBLAS sgemm on the same shapes, in GFLOP/s of thread CPU time (other
+// on one thread, on AMX tiles where the CPU has them and on the AVX-512 / AVX2 tiles, against OpenBLAS sgemm on the same shapes, in GFLOP/s of thread CPU time (other
 // processes on the core do not count), to set against the bf16 peak of benchmarks/fma_peak.c. The
 // shapes are an LSTM(256) B=64 T=128 training step's: the input projection over all steps, one
 // step's recurrent product, the kernel gradient over all steps and the input gradient. Then that
@@ -106,24 +106,32 @@ int main(int argc, char** argv) {
         {"recurrent step h.U    (64x256 . 256x1024)", 64, 1024, 256, false, false},
         {"kernel grad x^T.dz    (256x8192 . 8192x1024)", 256, 1024, 8192, true, false},
         {"input grad dz.W^T     (8192x1024 . 1024x256)", 8192, 256, 1024, false, true},
+        {"transformer FFN x.W1  (1536x256 . 256x1024)", 1536, 1024, 256, false, false},
+        {"output projection     (1536x256 . 256x8000)", 1536, 8000, 256, false, false},
+        {"output kernel grad    (256x1536 . 1536x8000)", 256, 8000, 1536, true, false},
     };
+    const bool amx = attnx::cpu_amx_support().bf16;
     const auto t = attnx::bf16_tiles();
     std::printf("one thread; bf16 tiles: %s, %d lanes x %d vectors x %d rows\n",
                 t.native ? "vdpbf16ps" : "float lanes", t.W, t.Q, t.R);
-    std::printf("%-48s %12s %12s %8s\n", "product", "bf16 GFLOP/s", "sgemm GFLOP/s", "ratio");
+    std::printf("%-48s %12s %12s %12s %8s %8s\n", "product", "AMX GFLOP/s", "bf16 GFLOP/s", "sgemm GFLOP/s",
+                "AMX/sgemm", "bf16/sgemm");
     for (const auto& s : shapes) {
         std::vector<float> A((size_t)s.M * s.K), B((size_t)s.K * s.N), C((size_t)s.M * s.N);
         for (auto& v : A) v = normal(rng);
         for (auto& v : B) v = normal(rng);
         const size_t lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
         const double flops = 2.0 * s.M * s.N * s.K;
-        const double bf16 = best_seconds([&] {
-            attnx::bf16_gemm(C.data(), s.N, A.data(), lda, s.ta, B.data(), ldb, s.tb, s.M, s.N, s.K, false);
-        });
+        auto product = [&] { attnx::bf16_gemm(C.data(), s.N, A.data(), lda, s.ta, B.data(), ldb, s.tb, s.M, s.N, s.K, false); };
+        const double tiles = amx ? best_seconds(product) : 0;
+        attnx::amx_allowed() = false;
+        const double bf16 = best_seconds(product);
+        attnx::amx_allowed() = true;
         const double f32 = best_seconds([&] {
             attnx::gemm<float>(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A.data(), (int)lda, B.data(), (int)ldb, 0.0f, C.data(), s.N);
         });
-        std::printf("%-48s %12.1f %12.1f %8.2f\n", s.what, flops / bf16 * 1e-9, flops / f32 * 1e-9, f32 / bf16);
+        std::printf("%-48s %12.1f %12.1f %12.1f %8.2f %8.2f\n", s.what, amx ? flops / tiles * 1e-9 : 0.0,
+                    flops / bf16 * 1e-9, flops / f32 * 1e-9, amx ? f32 / tiles : 0.0, f32 / bf16);
     }
     lstm_kernels(argc > 1 ? std::atoi(argv[1]) : 2);
     return 0;

@@ -222,15 +222,16 @@ def test_convolutions_multiply_rounded_operands(make):
 
 @pytest.mark.parametrize("level", ["baseline", "avx2", "avx512"])
 def test_every_simd_level_gives_the_same_dense_training_step(level):
-    """The float-lane levels agree bit for bit (the C++ test proves it on every shape); vdpbf16ps, where it
-    runs, within float32 rounding of them."""
+    """The float-lane levels agree bit for bit (the C++ test proves it on every shape); vdpbf16ps and AMX
+    tiles, where they run, within float32 rounding of them."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((50, 70)).astype(np.float32)
     dy = rng.standard_normal((50, 30)).astype(np.float32)
 
-    def step(level, dot_instruction):
+    def step(level, dot_instruction, amx):
         _core._force_simd_level(level)
         _core._bf16_allow_dot_instruction(dot_instruction)
+        _core._amx_allow(amx)
         try:
             attnx.set_random_seed(0)
             layer = layers.Dense(30, dtype="mixed_bfloat16")
@@ -239,12 +240,14 @@ def test_every_simd_level_gives_the_same_dense_training_step(level):
         finally:
             _core._force_simd_level("avx512")
             _core._bf16_allow_dot_instruction(True)
+            _core._amx_allow(True)
 
-    reference = step("baseline", False)
-    for got, want in zip(step(level, False), reference):
+    reference = step("baseline", False, False)
+    for got, want in zip(step(level, False, False), reference):
         np.testing.assert_array_equal(got, want)
-    for got, want in zip(step(level, True), reference):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for amx in (False, True):
+        for got, want in zip(step(level, True, amx), reference):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- the layer contract

@@ -69,11 +69,18 @@ struct alignas(64) AmxTileConfig {
 };
 static_assert(sizeof(AmxTileConfig) == 64);
 
+// gcc 12's tile intrinsics are asm statements that do not tell the compiler they read or write memory
+// (ldtilecfg's operand is declared 8 bytes; tileloadd and tilestored take bare addresses): without this
+// barrier before each tile load and after each tile store, the stores that fill a configuration or an
+// edge tile are dropped as dead, and reads after a tile store see stale values
+#define ATTNX_AMX_MEMORY_BARRIER() __asm__ __volatile__("" ::: "memory")
+
 // Every tile full: 16 rows of 64 bytes (16 float32 / int32 sums, 16 bf16 pairs or int8 quads per row).
 // Loading a configuration zeroes the tiles.
 __attribute__((target("amx-tile"))) inline void amx_load_full_tiles() {
     AmxTileConfig config;
     for (int t = 0; t < 8; ++t) config.bytes_per_row[t] = 64, config.rows[t] = 16;
+    ATTNX_AMX_MEMORY_BARRIER();
     _tile_loadconfig(&config);
 }
 

@@ -5,6 +5,9 @@
 // multiplies the same bf16 values:
 //   - AVX-512 with AVX512_BF16 (Zen 4/5, Sapphire Rapids): vdpbf16ps, 32 products per instruction,
 //     twice the float32 FMA's 16;
+//   - AMX (Sapphire Rapids and later), for bf16_gemm's products: tdpbf16ps, 16 x 16 x 32 products per
+//     instruction (section AMX below); its sums are float32 too, but added in the hardware's own
+//     order, so they differ from the other levels' in the last bits;
 //   - AVX-512 without it, AVX2 + FMA and baseline x86-64: the same arithmetic on float lanes: the
 //     pair's odd product added first, then the even one, as vdpbf16ps' definition orders them. A
 //     product of two bf16 values (8 significant bits each) is exact in float32, so a fused or a plain
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "attnx/activations.hpp"
+#include "attnx/amx.hpp"
 #include "attnx/dense.hpp"
 #include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
@@ -347,21 +351,185 @@ inline void pack_bf16_left(uint32_t* a_pairs, const float* A, size_t lda, bool t
 }
 
 // Panels [p0, p1) of op(B) (K, N) (B, or B^T of B (N, K) when trans_b) in panels of `width` columns,
-// zeros past N
+// zeros past N; pair_rows (>= (K + 1) / 2, default that) pair rows per panel, zeros past K's
 inline void pack_bf16_right(uint32_t* panels, int width, const float* B, size_t ldb, bool trans_b, int K, int N, int p0,
-                            int p1) {
-    const int K2 = (K + 1) / 2;
+                            int p1, int pair_rows = 0) {
+    const int K2 = (K + 1) / 2, rows = std::max(pair_rows, K2);
     for (int p = p0; p < p1; ++p) {
         const int n0 = p * width, cols = std::min(width, N - n0);
-        uint32_t* panel = panels + (size_t)p * K2 * width;
-        if (!trans_b) {
-            pack_bf16_columns(panel, (size_t)width, B + n0, ldb, K, cols, width);
-            continue;
-        }
+        uint32_t* panel = panels + (size_t)p * rows * width;
+        std::fill(panel + (size_t)K2 * width, panel + (size_t)rows * width, 0u);
+        if (!trans_b) continue;  // below, along B's rows
         pack_bf16_panel_t(panel, width, B + (size_t)n0 * ldb, ldb, cols, K);
         if (cols < width)
             for (int kp = 0; kp < K2; ++kp) std::fill(panel + (size_t)kp * width + cols, panel + (size_t)(kp + 1) * width, 0u);
     }
+    if (trans_b) return;
+    // 32 rows of B at a time into every panel, while they are in cache: a panel at a time would read
+    // each of B's K rows once per panel, a page apart
+    for (int k0 = 0; k0 < K; k0 += 32)
+        for (int p = p0; p < p1; ++p) {
+            const int n0 = p * width, cols = std::min(width, N - n0);
+            pack_bf16_columns(panels + (size_t)p * rows * width + (size_t)(k0 / 2) * width, (size_t)width,
+                              B + (size_t)k0 * ldb + n0, ldb, std::min(32, K - k0), cols, width);
+        }
+}
+
+// ----------------------------------------------------------------------------- AMX
+// bf16_gemm on AMX tiles (amx.hpp): blocks of C of 32 x 32 (tiles 0-3: four 16 x 16 float32 sums) +=
+// A (tiles 4-5: 16 rows x 16 pairs each) . B (tiles 6-7: 16 pair rows x 16 columns each), K in steps of
+// 16 pairs. Its own packing, padded with zeros to whole tiles: the left rows to a multiple of 16, each
+// row's pairs to a multiple of 16 (kAmxPairs), the right in panels of 32 columns whose pair rows are
+// the same multiple, so that no tile reads past an operand and one configuration (every tile full)
+// serves the whole product. C's tail rows and columns go through a 16 x 16 scratch tile.
+// tdpbf16ps sums in float32 (subnormals as zero, as vdpbf16ps) but not in vdpbf16ps' order: the sums
+// agree with the other levels to float32 accumulation's error, not bit for bit.
+constexpr int kAmxPanelWidth = 32, kAmxPairs = 16, kAmxRows = 16;
+#define ATTNX_AMX_BF16 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+
+// Where a tile of sums starts from (its rows `stride` bytes apart): rows x cols of start (rows start_ld
+// apart; start_ld 0 repeats one row, a bias, read with stride 0) in place when they fill the tile,
+// else copied into edge with zeros past them; null for zeros (no start)
+struct AmxTileSource {
+    const void* data;
+    size_t stride;
+};
+inline AmxTileSource amx_sums_source(const float* start, size_t start_ld, int rows, int cols, float* edge) {
+    if (!start) return {nullptr, 0};
+    if (cols == 16 && (rows == kAmxRows || !start_ld)) return {start, start_ld * sizeof(float)};  // (a bias: any rows)
+    for (int r = 0; r < kAmxRows; ++r)
+        for (int c = 0; c < 16; ++c) edge[r * 16 + c] = r < rows && c < cols ? start[r * start_ld + c] : 0.0f;
+    return {edge, 16 * sizeof(float)};
+}
+
+// rows x cols of C = the sums a tile stored into edge (a tile that fills C stores in place instead)
+inline void amx_copy_sums(float* C, size_t ldc, int rows, int cols, const float* edge) {
+    for (int r = 0; r < rows; ++r) std::memcpy(C + (size_t)r * ldc, edge + r * 16, (size_t)cols * sizeof(float));
+}
+
+// (the tile intrinsics name their tile in the instruction's text: a literal, not a template argument)
+#define ATTNX_AMX_LOAD_SUMS(tile, start, rows, cols)                                   \
+    do {                                                                               \
+        const AmxTileSource source = amx_sums_source(start, start_ld, rows, cols, edge); \
+        ATTNX_AMX_MEMORY_BARRIER();                                                    \
+        if (source.data) _tile_loadd(tile, source.data, source.stride);                \
+        else _tile_zero(tile);                                                         \
+    } while (0)
+#define ATTNX_AMX_STORE_SUMS(tile, c, rows, cols)                  \
+    do {                                                           \
+        if ((rows) == kAmxRows && (cols) == 16) {                  \
+            _tile_stored(tile, c, ldc * sizeof(float));            \
+        } else {                                                   \
+            _tile_stored(tile, edge, 16 * sizeof(float));          \
+            ATTNX_AMX_MEMORY_BARRIER();                            \
+            amx_copy_sums(c, ldc, rows, cols, edge);               \
+        }                                                          \
+    } while (0)
+
+// C[0, rows) x [0, cols) (rows <= 16 RT, cols <= 32) = start + a . panel:
+//   C[r, n] = start[r, n] + sum_{kp < K2p} pair products of a[r * a_stride + kp] and panel[kp * 32 + n]
+// (start: C itself, start_ld = ldc, to accumulate; a bias, start_ld = 0; or null for zeros)
+template <int RT>
+ATTNX_AMX_BF16 void amx_bf16_block(float* C, size_t ldc, int rows, int cols, const uint32_t* a, size_t a_stride,
+                                   const uint32_t* panel, int K2p, const float* start, size_t start_ld) {
+    alignas(64) float edge[kAmxRows * 16];
+    const int rows0 = std::min(rows, kAmxRows), rows1 = rows - rows0, cols0 = std::min(cols, 16),
+              cols1 = std::max(cols - 16, 0);
+    const float* start1 = start ? start + (size_t)kAmxRows * start_ld : nullptr;  // the second row tile's
+    ATTNX_AMX_LOAD_SUMS(0, start, rows0, cols0);
+    ATTNX_AMX_LOAD_SUMS(1, start ? start + 16 : nullptr, rows0, cols1);
+    if constexpr (RT == 2) {
+        ATTNX_AMX_LOAD_SUMS(2, start1, rows1, cols0);
+        ATTNX_AMX_LOAD_SUMS(3, start1 ? start1 + 16 : nullptr, rows1, cols1);
+    }
+    const size_t a_bytes = a_stride * sizeof(uint32_t), b_bytes = kAmxPanelWidth * sizeof(uint32_t);
+    ATTNX_AMX_MEMORY_BARRIER();  // the packed operands are written before the call
+    for (int kp = 0; kp < K2p; kp += kAmxPairs) {
+        _tile_loadd(4, a + kp, a_bytes);
+        _tile_loadd(6, panel + (size_t)kp * kAmxPanelWidth, b_bytes);
+        _tile_loadd(7, panel + (size_t)kp * kAmxPanelWidth + 16, b_bytes);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if constexpr (RT == 2) {
+            _tile_loadd(5, a + kAmxRows * a_stride + kp, a_bytes);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    ATTNX_AMX_MEMORY_BARRIER();  // (C's whole tiles: the caller reads them after the call)
+    ATTNX_AMX_STORE_SUMS(0, C, rows0, cols0);
+    ATTNX_AMX_STORE_SUMS(1, C + 16, rows0, cols1);
+    if constexpr (RT == 2) {
+        ATTNX_AMX_STORE_SUMS(2, C + kAmxRows * ldc, rows1, cols0);
+        ATTNX_AMX_STORE_SUMS(3, C + kAmxRows * ldc + 16, rows1, cols1);
+    }
+    ATTNX_AMX_MEMORY_BARRIER();  // what the whole tiles stored into C
+}
+#undef ATTNX_AMX_LOAD_SUMS
+#undef ATTNX_AMX_STORE_SUMS
+
+// The right panels one pass of a thread's row blocks runs over: ~1 MiB of them stay in L2 while each
+// block of 32 left rows (in L1) meets them in turn, and C's rows are written along, not across
+inline int amx_panel_group(int K2p) { return std::max(1, (1 << 20) / (K2p * kAmxPanelWidth * (int)sizeof(uint32_t))); }
+
+// bf16_gemm (below) on AMX tiles: both operands paired into this thread's buffers in the padded layout
+// above (a transposed left through a k-major buffer, transposed in blocks of 16 x 16 pairs), then the
+// blocks, threads splitting the row blocks (or the panels, when there are fewer row blocks than threads)
+inline void bf16_gemm_amx(float* C, size_t ldc, const float* A, size_t lda, bool trans_a, const float* B, size_t ldb,
+                          bool trans_b, int M, int N, int K, bool accumulate, const float* bias) {
+    const int K2 = (K + 1) / 2, K2p = (K2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs,
+              Mp = (M + kAmxRows - 1) / kAmxRows * kAmxRows, panel_count = (N + kAmxPanelWidth - 1) / kAmxPanelWidth;
+    // left rows 4 KiB apart would put a tile's 16 rows in one L1 set
+    const size_t a_stride = (size_t)K2p + (K2p % 1024 == 0 ? kAmxPairs : 0);
+    thread_local Panels<uint32_t> a_buffer, b_buffer, k_major;
+    a_buffer.resize((size_t)Mp * a_stride);
+    b_buffer.resize((size_t)panel_count * K2p * kAmxPanelWidth);
+    if (trans_a) k_major.resize((size_t)K2 * M);
+    uint32_t *a_pairs = a_buffer.data(), *b_pairs = b_buffer.data(), *a_k_major = k_major.data();
+    const size_t parts = kernel_threads();
+    parallel_for(parts, double(M) * N * K / 64, [&](size_t lo, size_t hi) {
+        const int r0 = (int)(Mp * lo / parts) / kAmxRows * kAmxRows, r1 = (int)(Mp * hi / parts) / kAmxRows * kAmxRows;
+        const int m1 = std::min(r1, M);
+        if (!trans_a) {
+            if (r0 < m1) pack_bf16_rows(a_pairs + (size_t)r0 * a_stride, a_stride, A + (size_t)r0 * lda, lda, m1 - r0, K);
+        } else if (r0 < m1) {
+            // pairs (At[2kp, m], At[2kp + 1, m]) k-major, read along At's rows, then each 16 x 16 block turned
+            pack_bf16_columns(a_k_major + r0, (size_t)M, A + r0, lda, K, m1 - r0, m1 - r0);
+            for (int mb = r0; mb < m1; mb += 16)
+                for (int kb = 0; kb < K2; kb += 16)
+                    for (int m = mb; m < std::min(mb + 16, m1); ++m)
+                        for (int kp = kb; kp < std::min(kb + 16, K2); ++kp)
+                            a_pairs[(size_t)m * a_stride + kp] = a_k_major[(size_t)kp * M + m];
+        }
+        for (int m = r0; m < r1; ++m) {  // the zero pairs past K, and zero rows past M
+            uint32_t* row = a_pairs + (size_t)m * a_stride;
+            std::fill(row + (m < M ? K2 : 0), row + a_stride, 0u);
+        }
+        const int p0 = (int)(panel_count * lo / parts), p1 = (int)(panel_count * hi / parts);
+        pack_bf16_right(b_pairs, kAmxPanelWidth, B, ldb, trans_b, K, N, p0, p1, K2p);
+    });
+    const int row_blocks = (Mp / kAmxRows + 1) / 2, group = amx_panel_group(K2p);
+    const bool split_rows = row_blocks >= (int)parts;
+    const size_t units = split_rows ? (size_t)row_blocks : (size_t)panel_count;
+    parallel_for(units, 2.0 * M * N * K / 16, [&](size_t lo, size_t hi) {
+        const AmxTileScope tiles;
+        const int p0 = split_rows ? 0 : (int)lo, p1 = split_rows ? panel_count : (int)hi;
+        const int m_begin = split_rows ? (int)lo * 2 * kAmxRows : 0, m_end = split_rows ? std::min(M, (int)hi * 2 * kAmxRows) : M;
+        for (int g = p0; g < p1; g += group)
+            for (int m = m_begin; m < m_end; m += 2 * kAmxRows) {
+                const int rows = std::min(2 * kAmxRows, m_end - m);
+                const uint32_t* a = a_pairs + (size_t)m * a_stride;
+                for (int p = g; p < std::min(p1, g + group); ++p) {
+                    const int n0 = p * kAmxPanelWidth, cols = std::min(kAmxPanelWidth, N - n0);
+                    const uint32_t* panel = b_pairs + (size_t)p * K2p * kAmxPanelWidth;
+                    float* c = C + (size_t)m * ldc + n0;
+                    const float* start = accumulate ? c : bias ? bias + n0 : nullptr;
+                    const size_t start_ld = accumulate ? ldc : 0;
+                    if (rows > kAmxRows) amx_bf16_block<2>(c, ldc, rows, cols, a, a_stride, panel, K2p, start, start_ld);
+                    else amx_bf16_block<1>(c, ldc, rows, cols, a, a_stride, panel, K2p, start, start_ld);
+                }
+            }
+    });
 }
 
 // reference: cpp/reference/bf16.hpp, bf16_gemm
@@ -377,6 +545,7 @@ inline void bf16_gemm(float* C, size_t ldc, const float* A, size_t lda, bool tra
             for (int n = 0; n < N; ++n) C[(size_t)m * ldc + n] = bias ? bias[n] : 0.0f;
         return;
     }
+    if (amx_bf16_active()) return bf16_gemm_amx(C, ldc, A, lda, trans_a, B, ldb, trans_b, M, N, K, accumulate, bias);
     const int K2 = (K + 1) / 2, width = bf16_tiles().width(), panel_count = (N + width - 1) / width;
     // kept between calls: a fresh buffer of megabytes is as many page faults (the packers write every pair)
     // (the workers reach this thread's buffers through these pointers: a thread_local named in the
@@ -421,6 +590,81 @@ template <int R, class F> ATTNX_ALWAYS_INLINE void with_tile_rows(int rows, F&& 
     f(std::integral_constant<int, R>{});
 }
 
+// One AMX tile of a step product: sums (16 x 16 Q, rows 16 Q apart) = left (16 rows of K2p pairs, zeros
+// past the real ones) . the panel's pair rows (k_stride apart, Q tiles of 16 columns), K2p a multiple of
+// 16; the rows past `whole` (K2p's last 16 when the panel has fewer) come from tail, a zero-padded copy
+// with rows 16 Q apart (the panel may end there, and what follows it need not be finite)
+template <int Q>
+ATTNX_AMX_BF16 void amx_step_tile(float* sums, const uint32_t* left, int K2p, const uint32_t* panel, size_t k_stride,
+                                  int whole, const uint32_t* tail) {
+    static_assert(Q >= 1 && Q <= 4, "tiles 0-3 hold the sums, 4 the left rows, 5-7 the panel's");
+    const size_t a_bytes = (size_t)K2p * sizeof(uint32_t);
+    _tile_zero(0);
+    if constexpr (Q > 1) _tile_zero(1);
+    if constexpr (Q > 2) _tile_zero(2);
+    if constexpr (Q > 3) _tile_zero(3);
+    ATTNX_AMX_MEMORY_BARRIER();
+    for (int kp = 0; kp < K2p; kp += kAmxPairs) {
+        const uint32_t* b = kp < whole ? panel + (size_t)kp * k_stride : tail;
+        const size_t b_bytes = (kp < whole ? k_stride : (size_t)Q * 16) * sizeof(uint32_t);
+        _tile_loadd(4, left + kp, a_bytes);
+        _tile_loadd(5, b, b_bytes);
+        _tile_dpbf16ps(0, 4, 5);
+        if constexpr (Q > 1) {
+            _tile_loadd(6, b + 16, b_bytes);
+            _tile_dpbf16ps(1, 4, 6);
+        }
+        if constexpr (Q > 2) {
+            _tile_loadd(7, b + 32, b_bytes);
+            _tile_dpbf16ps(2, 4, 7);
+        }
+        if constexpr (Q > 3) {
+            _tile_loadd(5, b + 48, b_bytes);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+    }
+    const size_t c_bytes = (size_t)Q * 16 * sizeof(float);
+    _tile_stored(0, sums, c_bytes);
+    if constexpr (Q > 1) _tile_stored(1, sums + 16, c_bytes);
+    if constexpr (Q > 2) _tile_stored(2, sums + 32, c_bytes);
+    if constexpr (Q > 3) _tile_stored(3, sums + 48, c_bytes);
+    ATTNX_AMX_MEMORY_BARRIER();
+}
+
+// bf16_step_product (below) on AMX tiles (Q vectors of 16 lanes per block): the rows [b0, b1) copied
+// into tiles of 16 zero-padded rows of K2p pairs, then per block and tile of rows the sums, handed to
+// cell row by row
+template <class V, int Q, class Cell>
+ATTNX_ALWAYS_INLINE void amx_step_product(int b0, int b1, const uint32_t* a, size_t lda, int K2, const uint32_t* panel0,
+                                          size_t k_stride, size_t block_stride, int blocks, Cell&& cell) {
+    constexpr int width = Q * 16;
+    const int n = b1 - b0, row_tiles = (n + kAmxRows - 1) / kAmxRows, K2p = (K2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs,
+              whole = K2 / kAmxPairs * kAmxPairs;
+    thread_local std::vector<uint32_t> left;
+    left.assign((size_t)row_tiles * kAmxRows * K2p, 0u);
+    for (int r = 0; r < n; ++r) std::memcpy(left.data() + (size_t)r * K2p, a + (size_t)r * lda, (size_t)K2 * sizeof(uint32_t));
+    alignas(64) float sums[kAmxRows * width];
+    alignas(64) uint32_t tail[kAmxPairs * width];
+    const AmxTileScope tiles;
+    for (int c = 0; c < blocks; ++c) {
+        const uint32_t* panel = panel0 + (size_t)c * block_stride;
+        if (whole < K2) {
+            std::fill(tail, tail + kAmxPairs * width, 0u);
+            for (int kp = whole; kp < K2; ++kp)
+                std::memcpy(tail + (size_t)(kp - whole) * width, panel + (size_t)kp * k_stride, width * sizeof(uint32_t));
+        }
+        for (int t = 0; t < row_tiles; ++t) {
+            amx_step_tile<Q>(sums, left.data() + (size_t)t * kAmxRows * K2p, K2p, panel, k_stride, whole, tail);
+            const int rows = std::min(kAmxRows, n - t * kAmxRows);
+            for (int r = 0; r < rows; ++r) {
+                TileRow<V, Q> pre;
+                for (int q = 0; q < Q; ++q) pre.q[q] = vload<V>(sums + r * width + q * 16, 16);
+                cell(b0 + t * kAmxRows + r, pre, c);
+            }
+        }
+    }
+}
+
 // For every block c < blocks (pair rows at panel0 + c * block_stride, k_stride apart, Q vectors of V
 // each) and every row b of [b0, b1) (K2 pairs at a + (b - b0) * lda):
 //   pre.q[q] = sum_kp pair products of row b with the block's vector q;  then cell(b, pre, c)
@@ -448,6 +692,9 @@ ATTNX_ALWAYS_INLINE void bf16_step_product(bool native, int b0, int b1, const ui
             cell(b + r, pre, c);
         }
     };
+    if constexpr (W == 16)
+        if (native && amx_bf16_active())
+            return amx_step_product<V, Q>(b0, b1, a, lda, K2, panel0, k_stride, block_stride, blocks, cell);
     const int n = b1 - b0, most = W == 16 && native ? 6 : lane_rows, tiles = (n + most - 1) / most;
     for (int c = 0; c < blocks; ++c) {
         const uint32_t* panel = panel0 + (size_t)c * block_stride;
