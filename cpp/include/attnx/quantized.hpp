@@ -445,6 +445,7 @@ template <int MR, int NR>
 ATTNX_INT8_AMX ATTNX_ALWAYS_INLINE void int8_amx_block(int32_t* acc, size_t ldc, int valid, const int8_t* a,
                                                        size_t lda, const int8_t* b, size_t ldb, int kblocks,
                                                        int32_t* spill) {
+    ATTNX_AMX_MEMORY_BARRIER();  // the panel's bytes (just copied) and B are in memory before the tile loads
     _tile_zero(0);
     if constexpr (NR == 2) _tile_zero(1);
     if constexpr (MR == 2) _tile_zero(2);
@@ -466,7 +467,8 @@ ATTNX_INT8_AMX ATTNX_ALWAYS_INLINE void int8_amx_block(int32_t* acc, size_t ldc,
         }
     }
     // a whole row block straight into acc; a partial one (the rows past `valid` are padding) through
-    // spill. (A macro: the tile intrinsics paste their tile number into the instruction's text.)
+    // spill. (A macro: the tile intrinsics paste their tile number into the instruction's text. gcc 12's
+    // tile intrinsics are asm without a memory clobber: amx.hpp's barrier after each store.)
     const size_t ldc_bytes = ldc * sizeof(int32_t);
 #define ATTNX_AMX_STORE_C(t, i, j)                                                                 \
     do {                                                                                           \
@@ -474,8 +476,10 @@ ATTNX_INT8_AMX ATTNX_ALWAYS_INLINE void int8_amx_block(int32_t* acc, size_t ldc,
         const int rows = std::min(16, valid - 16 * (i));                                           \
         if (rows == 16) {                                                                          \
             _tile_stored(t, c, ldc_bytes);                                                         \
+            ATTNX_AMX_MEMORY_BARRIER(); /* the caller reads acc after the call */                  \
         } else {                                                                                   \
             _tile_stored(t, spill, 64);                                                            \
+            ATTNX_AMX_MEMORY_BARRIER(); /* spill holds the tile before it is read */               \
             for (int r = 0; r < rows; ++r) std::memcpy(c + (size_t)r * ldc, spill + 16 * r, 64);   \
         }                                                                                          \
     } while (0)
