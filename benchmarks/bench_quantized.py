@@ -16,7 +16,9 @@ torch.ao.quantization.quantize_dynamic, same threads, one interleaved run. The r
     wall-clock medians interleaved round by round (onnx_inference.interleaved_ms).
 
 Rows (a)-(e) print, in harness.compare's columns ("attnx" is always attnx int8; "torch" the other):
-- vs attnx fp32 at this CPU's level (AVX-512 VNNI where it has it),
+- vs attnx fp32 at this CPU's level (AMX tiles where it has AMX-INT8, from 16 rows; else AVX-512 VNNI),
+- where the CPU has AMX-INT8: int8 with the AMX tiles vs the same int8 model on the VNNI tiles
+  (_core._amx_allow(False)), and that VNNI int8 vs attnx fp32,
 - vs attnx fp32 with attnx's kernels forced to the AVX2 level (_core._force_simd_level; OpenBLAS,
   which attnx's float32 calls for some products, keeps its own level),
 - vs PyTorch quantize_dynamic (qint8 nn.LSTM / nn.Linear; PyTorch picks its own kernels),
@@ -48,6 +50,25 @@ def simd_level(level):
         yield _core.int8_level()
     finally:
         _core._force_simd_level(was)
+
+
+def _amx_int8_cpu():
+    from attnx import _core
+    return bool(_core._config().get("cpu_amx_int8"))
+
+
+def without_amx(fn):
+    """fn with attnx's AMX tiles off (_core._amx_allow): the int8 products of 16 rows and more on the
+    VNNI tiles instead, for the A/B rows "int8 amx vs int8 vnni"."""
+    from attnx import _core
+
+    def run():
+        _core._amx_allow(False)
+        try:
+            return fn()
+        finally:
+            _core._amx_allow(True)
+    return run
 
 
 CPU_ROUNDS = 7
@@ -98,13 +119,19 @@ def cpu_compare(name, int8_fn, other_fn):
 
 def rows(name, int8_fn, fp32_fn, torch_dynamic_fn, torch_fp32_fn, err):
     print(f"{name}: attnx int8 output vs its float32: max |diff| / max |out| = {err:.4f}", flush=True)
+    amx = _amx_int8_cpu()
     results = [compare(f"{name} int8 vs attnx fp32 ({_int8_level()})", int8_fn, fp32_fn)]
+    if amx:  # the same int8 model, AMX tiles against VNNI tiles ("torch" columns: the VNNI run)
+        results.append(compare(f"{name} int8 amx vs int8 vnni", int8_fn, without_amx(int8_fn)))
+        results.append(compare(f"{name} int8 vs attnx fp32 (vnni)", without_amx(int8_fn), fp32_fn))
     with simd_level("avx2") as level:
         results.append(compare(f"{name} int8 vs attnx fp32 ({level})", int8_fn, fp32_fn))
     results.append(compare(f"{name} int8 vs torch quantize_dynamic", int8_fn, torch_dynamic_fn))
     results.append(compare(f"{name} int8 vs torch fp32", int8_fn, torch_fp32_fn))
     with one_thread():
         results.append(cpu_compare(f"{name} int8 vs attnx fp32 ({_int8_level()})", int8_fn, fp32_fn))
+        if amx:
+            results.append(cpu_compare(f"{name} int8 amx vs int8 vnni", int8_fn, without_amx(int8_fn)))
         with simd_level("avx2") as level:
             results.append(cpu_compare(f"{name} int8 vs attnx fp32 ({level})", int8_fn, fp32_fn))
         results.append(cpu_compare(f"{name} int8 vs torch quantize_dynamic", int8_fn, torch_dynamic_fn))

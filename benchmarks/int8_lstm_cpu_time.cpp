@@ -1,7 +1,8 @@
 // attnx's int8 LSTM forward (cpp/include/attnx/quantized.hpp: packed int8 kernels, the input
 // projection of every step in one int8 product, h quantized per step) against its float32 LSTM
 // forward (rnn.hpp) on one thread, in process CPU time (other processes on a shared host do not
-// count), at the CPU's level and at the AVX2 level. Arguments: B T C H iterations.
+// count), at the CPU's level, at AVX-512 with the AMX tiles off (where the CPU has them) and at the
+// AVX2 level. Arguments: B T C H iterations.
 //   g++ -std=gnu++17 -O3 -ffp-contract=off -fno-math-errno -fno-trapping-math -Wno-psabi -Icpp/include \
 //     -o /tmp/int8_lstm benchmarks/int8_lstm_cpu_time.cpp -lopenblas && /tmp/int8_lstm 32 32 32 100 100
 #include <cstdio>
@@ -50,8 +51,13 @@ int main(int argc, char** argv) {
         rnn_forward<float>(cfg, y.data(), h.data(), c.data(), cache, x.data(), W.data(), U.data(), bias.data(), nullptr,
                            nullptr, nullptr, hu.data());
     };
-    for (int level : {(int)SimdLevel::avx512, (int)SimdLevel::avx2}) {
-        simd_level_cap() = level;
+    // the CPU's level (AMX tiles where it has AMX-INT8: products of 16 rows or more), AVX-512 with the
+    // tiles off (VNNI), and AVX2
+    struct Run { SimdLevel level; bool amx; };
+    for (Run run : {Run{SimdLevel::avx512, true}, Run{SimdLevel::avx512, false}, Run{SimdLevel::avx2, true}}) {
+        if (!run.amx && !amx_int8_active()) continue;
+        simd_level_cap() = (int)run.level;
+        amx_allowed() = run.amx;
         double t_int8 = 0, t_float32 = 0;
         for (int round = 0; round < 3; ++round) {  // interleaved
             double t0 = cpu_seconds();
@@ -65,4 +71,5 @@ int main(int argc, char** argv) {
         std::printf("%-8s LSTM B=%d T=%d C=%d H=%d, 1 thread, CPU time: int8 %.1f us, float32 %.1f us: %.2fx\n",
                     int8_level_name(), B, T, C, H, t_int8 / n * 1e6, t_float32 / n * 1e6, t_float32 / t_int8);
     }
+    amx_allowed() = true;
 }

@@ -7,6 +7,7 @@ import pytest
 
 import attnx
 from attnx import _core, layers
+from conftest import CPU_SIMD_LEVELS
 
 
 # The largest error relative to the output's largest magnitude seen on inputs without outliers (normal
@@ -18,8 +19,33 @@ def _int8(rng, shape):
     return rng.integers(-127, 128, size=shape).astype(np.int8)
 
 
-@pytest.mark.parametrize("R,K,N", [(1, 1, 1), (3, 7, 15), (5, 100, 400), (9, 257, 33), (2, 64, 1024)])
-def test_int8_product_is_exact_at_each_level(level, rng, R, K, N):
+def _amx_int8_cpu():
+    return bool(_core._config().get("cpu_amx_int8"))
+
+
+# Every int8 instruction set this CPU can run: each SIMD level, and at AVX-512 on a CPU with AMX-INT8
+# the VNNI tiles too (the AMX tiles off, _core._amx_allow)
+INT8_PATHS = [*CPU_SIMD_LEVELS, *(["avx512 amx off"] if "avx512" in CPU_SIMD_LEVELS and _amx_int8_cpu() else [])]
+
+
+@pytest.fixture(params=INT8_PATHS)
+def int8_path(request):
+    """The test runs at each SIMD level, and at AVX-512 with and without the AMX tiles where the CPU has
+    them; the widest level with the tiles allowed after."""
+    level = request.param.split()[0]
+    _core._force_simd_level(level)
+    _core._amx_allow(request.param == level)
+    yield request.param
+    _core._amx_allow(True)
+    _core._force_simd_level("avx512")
+
+
+# From R = 16 (8 where K > 64): the AMX tiles' shapes (16-row tiles and 32-row panels whole and partial, k
+# blocks of 64 whole and partial, one or two 16-column tiles, K past one k block)
+@pytest.mark.parametrize("R,K,N", [(1, 1, 1), (3, 7, 15), (5, 100, 400), (9, 257, 33), (2, 64, 1024),
+                                   (8, 64, 20), (8, 100, 400), (12, 130, 17), (16, 64, 16), (17, 100, 400),
+                                   (33, 257, 33), (64, 128, 70), (70, 1, 1), (40, 1024, 48)])
+def test_int8_product_is_exact_at_each_level(int8_path, rng, R, K, N):
     qx, qw = _int8(rng, (R, K)), _int8(rng, (K, N))
     qx[:, ::5] = 127  # the extremes, where int16 pair sums would saturate without care
     qw[::3] = -127
@@ -29,9 +55,42 @@ def test_int8_product_is_exact_at_each_level(level, rng, R, K, N):
     np.testing.assert_array_equal(got, want)  # exact: every level gives the same integers
 
 
-def test_int8_level_follows_the_simd_level(level):
-    expected = {"baseline": {"baseline"}, "avx2": {"avx2"}, "avx512": {"avx2", "vnni"}}[level]
+def test_int8_level_follows_the_simd_level(int8_path):
+    expected = {"baseline": {"baseline"}, "avx2": {"avx2"}, "avx512": {"amx"} if _amx_int8_cpu() else {"avx2", "vnni"},
+                "avx512 amx off": {"avx2", "vnni"}}[int8_path]
     assert _core.int8_level() in expected
+    assert _core._config()["amx_int8"] == (_core.int8_level() == "amx")
+
+
+def test_amx_tiles_give_the_vnni_tiles_bits(rng):
+    """Where the CPU has AMX-INT8: a quantized model's outputs with the tiles and without, to the bit (the
+    int32 sums are exact and the float epilogue is the same code), at batches whose products take the
+    tiles (Dense rows, a recurrent layer's input projection and its steps at batch >= 16, the encoder's
+    projections and feed-forward network) and at a batch whose steps do not."""
+    if not _amx_int8_cpu():
+        pytest.skip("no AMX-INT8 on this CPU")
+    model = attnx.Sequential([layers.Embedding(50, 16), layers.LSTM(24, return_sequences=True),
+                              layers.GRU(20, reset_after=False), layers.Dense(40, activation="relu"), layers.Dense(3)])
+    dense = attnx.Sequential([layers.Dense(70, activation="relu", input_shape=(37,)), layers.Dense(5)])
+    from attnx.interop import from_torch
+    import torch
+    torch.manual_seed(0)
+    encoder = from_torch(torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval())
+    runs = [(model, rng.integers(1, 50, size=(b, 9)).astype(np.int64)) for b in (3, 40)]
+    runs.append((dense, rng.normal(size=(150, 37)).astype(np.float32)))
+    runs.append((encoder, rng.normal(size=(4, 20, 32)).astype(np.float32)))
+    for m, x in runs:
+        m(x)
+        m.quantize("int8")
+    try:
+        for m, x in runs:
+            _core._amx_allow(True)
+            assert _core.int8_level() == "amx"
+            with_tiles = np.asarray(m(x))
+            _core._amx_allow(False)
+            np.testing.assert_array_equal(np.asarray(m(x)), with_tiles)
+    finally:
+        _core._amx_allow(True)
 
 
 def test_quantize_rows_round_trip(rng):
@@ -242,7 +301,7 @@ def _packed_kernel(rng, K, N):
     return _core.pack_int8(kernel=q, kernel_scale=scale)
 
 
-def test_fused_int8_kernels_equal_their_dense_products(level, rng):
+def test_fused_int8_kernels_equal_their_dense_products(int8_path, rng):
     """feed_forward_forward_int8 is two dense_forward_int8 calls, and dense_forward_int8_blocks their
     columns in blocks, to the bit (rows past a 64-row chunk, an outlier row taking the second pass)."""
     x = rng.normal(size=(150, 24)).astype(np.float32)

@@ -302,7 +302,8 @@ void init_quantized(py::module_& m) {
         "returns (y (B, T, H) or None, h (B, H), c (B, H) or None).");
 
     m.def("int8_level", []() { return std::string(int8_level_name()); },
-          "The int8 instruction set the products run on now: 'vnni', 'avx2' or 'baseline'.");
+          "The int8 instruction set the products run on now: 'amx' (AMX-INT8 tiles, for products of 16 rows or more, "
+          "8 where K > 64; fewer rows take the VNNI tiles), 'vnni', 'avx2' or 'baseline'.");
 }
 
 }  // namespace attnx::bind

@@ -18,6 +18,33 @@
 
 using namespace attnx;
 
+// fn(where) at every SIMD level this CPU runs and, where it has AMX-INT8, at AVX-512 with the tiles
+// allowed and not (_core._amx_allow): every int8 instruction set the products can take
+template <class F> static void on_every_int8_level(F&& fn) {
+    for (SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
+        if ((int)level > (int)cpu_simd_level()) continue;
+        simd_level_cap() = (int)level;
+        for (bool amx : {true, false}) {
+            if (!amx && !amx_int8_active()) continue;  // no tiles to turn off
+            amx_allowed() = amx;
+            fn(std::string("level ") + simd_level_name(level) + " (" + int8_level_name() + ")");
+        }
+        amx_allowed() = true;
+    }
+    simd_level_cap() = (int)SimdLevel::avx512;
+}
+
+// on_every_level_and_split's runs, and at AVX-512 the same with the AMX tiles off
+template <class F> static void on_every_level_split_and_amx(F&& fn) {
+    attnx::test::on_every_level_and_split(fn);
+    if (!amx_int8_active()) return;
+    amx_allowed() = false;
+    attnx::test::on_every_level_and_split([&](const std::string& where) {
+        if (simd_level() == SimdLevel::avx512) fn(where + " amx off");
+    });
+    amx_allowed() = true;
+}
+
 static void product_matches_reference(int R, int K, int N, std::mt19937& rng) {
     std::uniform_int_distribution<int> byte(-127, 127);
     std::vector<int8_t> qw((size_t)K * N);
@@ -29,19 +56,23 @@ static void product_matches_reference(int R, int K, int N, std::mt19937& rng) {
         for (int k = 0; k < K; ++k) qx[(size_t)r * B.Kp + k] = (int8_t)(k % 7 == 0 ? 127 * (r % 2 ? 1 : -1) : byte(rng));
     std::vector<int32_t> want((size_t)R * N);
     int8_product_reference(want.data(), (size_t)N, qx.data(), (size_t)B.Kp, R, qw.data(), K, N);
-    for (SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
-        if ((int)level > (int)cpu_simd_level()) continue;
-        simd_level_cap() = (int)level;
+    on_every_int8_level([&](const std::string& where) {
         std::vector<int32_t> got((size_t)R * B.Np, -1);
         int8_product(got.data(), (size_t)B.Np, qx.data(), (size_t)B.Kp, R, B, 0, N);
         int bad = 0;
         for (int r = 0; r < R; ++r)
             for (int n = 0; n < N; ++n) bad += got[(size_t)r * B.Np + n] != want[(size_t)r * N + n];
-        if (bad) std::printf("R=%d K=%d N=%d level %s (%s): %d of %d differ\n", R, K, N, simd_level_name(level),
-                             int8_level_name(), bad, R * N);
+        // the columns from 16 on alone (a decoder step's column blocks): those, and nothing else, written
+        if (N > 16) {
+            std::vector<int32_t> part((size_t)R * B.Np, -1);
+            int8_product(part.data(), (size_t)B.Np, qx.data(), (size_t)B.Kp, R, B, 16, N);
+            for (int r = 0; r < R; ++r)
+                for (int n = 0; n < N; ++n)
+                    bad += part[(size_t)r * B.Np + n] != (n < 16 ? -1 : want[(size_t)r * N + n]);
+        }
+        if (bad) std::printf("R=%d K=%d N=%d %s: %d of %d differ\n", R, K, N, where.c_str(), bad, R * N);
         CHECK(bad == 0);
-    }
-    simd_level_cap() = (int)SimdLevel::avx512;
+    });
 }
 
 // int8 weights (K, N) quantized per column from normal floats, as attnx.quantization does
@@ -73,7 +104,7 @@ static void dense_matches_reference(std::mt19937& rng) {
     for (Activation a : {Activation::linear, Activation::relu, Activation::tanh}) {
         std::vector<double> want((size_t)R * N);
         reference::dense_forward_int8(want.data(), x.data(), qw.data(), sw.data(), bias.data(), R, K, N, a);
-        attnx::test::on_every_level_and_split([&](const std::string& where) {
+        on_every_level_split_and_amx([&](const std::string& where) {
             std::vector<float> got((size_t)R * N);
             dense_forward_int8(got.data(), x.data(), R, packed, bias.data(), a);
             attnx::test::expect_near(got, want, 1e-5, "dense_forward_int8 " + where);
@@ -115,7 +146,7 @@ static void feed_forward_matches_reference(std::mt19937& rng) {
         std::vector<double> want((size_t)R * N);
         reference::feed_forward_forward_int8(want.data(), x.data(), qw1.data(), sw1.data(), b1.data(), a, qw2.data(),
                                              sw2.data(), b2.data(), R, K, F, N);
-        attnx::test::on_every_level_and_split([&](const std::string& where) {
+        on_every_level_split_and_amx([&](const std::string& where) {
             std::vector<float> got((size_t)R * N), twice((size_t)R * N), hidden((size_t)R * F);
             feed_forward_forward_int8(got.data(), x.data(), R, packed1, b1.data(), a, packed2, b2.data());
             attnx::test::expect_near(got, want, 1e-5, "feed_forward_forward_int8 " + where);
@@ -192,7 +223,7 @@ static void rows_at_odd_widths(std::mt19937& rng) {
         std::vector<double> want((size_t)R * N);
         reference::dense_forward_int8(want.data(), x.data(), qw.data(), sw.data(), bias.data(), R, K, N,
                                       Activation::relu);
-        attnx::test::on_every_level_and_split([&](const std::string& where) {
+        on_every_level_split_and_amx([&](const std::string& where) {
             std::vector<float> got((size_t)R * N);
             dense_forward_int8(got.data(), x.data(), R, packed, bias.data(), Activation::relu);
             attnx::test::expect_near(got, want, 1e-5, "dense_forward_int8 K=" + std::to_string(K) + " " + where);
@@ -205,11 +236,13 @@ static void rows_at_odd_widths(std::mt19937& rng) {
 // in their last bits (an error of an int8 step of one product then); these operands do not meet one.
 // `outliers`: a feature of x and of h_0 that the kernels do not use, large in some rows: those rows
 // take the second pass (coarse rows), in the input projection and in the first step's h_{t-1} U
+// B: 5 (every step's product below int8_amx_pays's rows), or 37 (the steps on AMX tiles too, on one
+// thread and on two)
 static void recurrent_matches_reference(RNNCell cell, bool reset_after, bool reverse, bool outliers,
-                                        std::mt19937& rng) {
+                                        std::mt19937& rng, int batch = 5) {
     RNNConfig cfg;
     cfg.cell = cell, cfg.reset_after = reset_after, cfg.reverse = reverse;
-    cfg.B = 5, cfg.T = 6, cfg.C = 13, cfg.H = 21;
+    cfg.B = batch, cfg.T = 6, cfg.C = 13, cfg.H = 21;
     const int G = cfg.G(), B = cfg.B, T = cfg.T, H = cfg.H;
     const bool classic = cell == RNNCell::gru && !reset_after;
     std::vector<int8_t> qw, qu;
@@ -239,7 +272,7 @@ static void recurrent_matches_reference(RNNCell cell, bool reset_after, bool rev
                              (cell == RNNCell::lstm ? "lstm" : cell == RNNCell::gru ? "gru" : "simple") +
                              (classic ? " classic" : "") + (reverse ? " reverse " : " ") +
                              (outliers ? "outliers " : "");
-    attnx::test::on_every_level_and_split([&](const std::string& where) {
+    on_every_level_split_and_amx([&](const std::string& where) {
         std::vector<float> y((size_t)B * T * H), h = attnx::test::cast<float>(h0), c = attnx::test::cast<float>(c0);
         rnn_forward_int8(cfg, y.data(), h.data(), cell == RNNCell::lstm ? c.data() : nullptr, x.data(), W, U,
                          b_in.data(), pb_rec, mask.data());
@@ -254,16 +287,22 @@ int main() {
     for (int R : {1, 2, 3, 5, 9})
         for (int K : {1, 4, 7, 100, 257})
             for (int N : {1, 15, 16, 33, 100, 400}) product_matches_reference(R, K, N, rng);
+    // the AMX tiles' shapes (int8_amx_pays: from 16 rows, from 8 where K > 64): whole and partial 16-row
+    // tiles and 32-row panels, k blocks of 64 whole (qx read in place) and partial (copied and padded),
+    // 1 to 2 column tiles
+    for (int R : {8, 12, 16, 17, 31, 32, 33, 48, 64, 70})
+        for (int K : {1, 37, 64, 128, 200})
+            for (int N : {1, 16, 17, 32, 48, 100}) product_matches_reference(R, K, N, rng);
     // extreme values: every product +-127^2, K large
-    {
-        const int R = 3, K = 1024, N = 20;
+    for (int R : {3, 20}) {  // the VNNI tiles, the AMX tiles
+        const int K = 1024, N = 20;
         std::vector<int8_t> qw((size_t)K * N, 127);
         Int8Packed B;
         pack_int8(B, qw.data(), (size_t)N, K, N);
         std::vector<int8_t> qx((size_t)R * B.Kp, -127);
         std::vector<int32_t> got((size_t)R * B.Np);
         int8_product(got.data(), (size_t)B.Np, qx.data(), (size_t)B.Kp, R, B, 0, N);
-        CHECK(got[0] == -127 * 127 * K && got[(size_t)2 * B.Np + 19] == -127 * 127 * K);
+        CHECK(got[0] == -127 * 127 * K && got[(size_t)(R - 1) * B.Np + 19] == -127 * 127 * K);
     }
     // quantize_rows: |x - q s| <= s / 2, the largest magnitude maps to +-127, a zero row to 0
     {
@@ -364,5 +403,10 @@ int main() {
                 if (cell != RNNCell::gru && !reset_after) continue;
                 for (bool outliers : {false, true}) recurrent_matches_reference(cell, reset_after, reverse, outliers, rng);
             }
+    for (RNNCell cell : {RNNCell::gru, RNNCell::lstm})
+        for (bool reset_after : {true, false}) {
+            if (cell != RNNCell::gru && !reset_after) continue;
+            recurrent_matches_reference(cell, reset_after, false, true, rng, 37);
+        }
     return attnx::test::report("test_quantized");
 }

@@ -12,16 +12,19 @@
 //
 // Layout: qw packed once, when the layer's weights are set (Int8Kernel), four k per 32-bit lane,
 // whole rows of 16 columns:
-//   packed[((k / 4) * Np + n) * 4 + k % 4] = qw[k, n]   (zero past K and N; Np = N rounded up to 16)
-// so that one 32-bit broadcast of qx[r, k..k+4) meets 4 k of W (or 8, 16) columns in one vector. The
-// tiles (R rows x Q vectors of int32 accumulators) run on three instruction sets, picked like the
+//   packed[((k / 4) * Np + n) * 4 + k % 4] = qw[k, n]   (zero past K and N; Np = N rounded up to 16;
+//                                                        rows of zeros up to Kt = K rounded up to 64)
+// so that one 32-bit broadcast of qx[r, k..k+4) meets 4 k of W (or 8, 16) columns in one vector, and
+// 16 quad-rows of 16 columns are an AMX B tile. Products of 16 rows or more (8 where K > 64:
+// int8_amx_pays) run on AMX tiles where the CPU has AMX-INT8 (int8_product_amx: tdpbssd, s8 x s8); the others in register
+// tiles (R rows x Q vectors of int32 accumulators) on three instruction sets, picked like the
 // float kernels (simd_level()):
 //   AVX-512 + VNNI  vpdpbusd: acc += u8 . s8 over 4 bytes per lane; the activations enter as
 //                   u8 = qx + 128 and 128 * colsum[n] is taken off at the end
 //   AVX2            vpsignb / vpabsb / vpmaddubsw / vpmaddwd: |qx| . (sign(qx) qw) in int16 pairs
 //                   (|.| <= 2 * 127^2 < 2^15: never saturates), then pairs summed into int32
 //   baseline        the same sums in plain integer code
-// All three give the same int32 accumulators (the sums are exact); int8_product_reference is the
+// All four give the same int32 accumulators (the sums are exact); int8_product_reference is the
 // plain loop the C++ tests hold them to.
 #pragma once
 #include <algorithm>
@@ -33,6 +36,7 @@
 #include <vector>
 
 #include "attnx/activations.hpp"
+#include "attnx/amx.hpp"
 #include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
 #include "attnx/rnn.hpp"
@@ -232,11 +236,12 @@ struct Int8Packed {
     std::vector<int32_t> colsum;
     std::vector<float> feature_weight;  // int8_feature_weights: what decides a coarse input row
     int K = 0, N = 0, Kp = 0, Np = 0;
+    int Kt = 0;  // K rounded up to 64 (an AMX tile's depth): data holds zeros from Kp to Kt, which the tiles read
 };
 
 inline void pack_int8(Int8Packed& p, const int8_t* qw, size_t ldw, int K, int N) {
-    p.K = K, p.N = N, p.Kp = round_up(K, 4), p.Np = round_up(N, 16);
-    p.data.assign((size_t)p.Kp * p.Np, int8_t(0));
+    p.K = K, p.N = N, p.Kp = round_up(K, 4), p.Np = round_up(N, 16), p.Kt = round_up(K, 64);
+    p.data.assign((size_t)p.Kt * p.Np, int8_t(0));
     p.colsum.assign((size_t)p.Np, 0);
     for (int k = 0; k < K; ++k)
         for (int n = 0; n < N; ++n) {
@@ -406,16 +411,138 @@ ATTNX_ALWAYS_INLINE void int8_product_on(int32_t* acc, size_t ldc, const int8_t*
     }
 }
 
+// ----------------------------------------------------------------------------- AMX tiles
+// Where the CPU has AMX-INT8 (amx_int8_active()), tdpbssd multiplies whole tiles, s8 x s8 into int32:
+//   C (16 rows x 16 columns, int32) += A (16 rows x 64 k of qx) . B (16 quad-rows of k x 16 columns)
+// B's bytes are packed's own: quad-row kb of columns [n, n + 16) is 64 contiguous bytes at
+// data + (kb Np + n) 4, so a B tile is 16 of those, Np 4 bytes apart (zero past Kp up to Kt, where
+// pack_int8 pads). Both operands signed: no +128 and no column-sum correction (VNNI's u8 . s8 needs
+// them). One tdpbssd is 16 x 16 x 64 multiply-adds, ~16 times vpdpbusd's 16 x 4 x 4 per cycle pair.
+// The C tiles run 2 x 2 (32 rows x 32 columns, A and B tiles each read twice): 4 C, 2 A and 2 B of
+// the 8 tiles. The sums are exact, so the accumulators equal every other level's bit for bit.
+#define ATTNX_INT8_AMX \
+    __attribute__((target("amx-tile,amx-int8,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma")))
+
+// Whether int8_product takes the tiles for `rows` rows of B: a tile is 16 rows whatever the rows used,
+// and it has fixed costs VNNI's register tiles do not (the tile configuration, ~0.1 us a product;
+// copying qx into 64-byte rows; storing C). VNNI's time over AMX's for one product on one thread
+// (> 1: AMX faster; Sapphire Rapids class, benchmarks/int8_product_time.cpp):
+//   K=32  N=400:  8 rows 0.71x, 12 rows 0.83x, 16 rows 1.28x
+//   K=64  N=128:  8 rows 0.96x, 12 rows 1.31x, 16 rows 2.5x
+//   K=100 N=400:  4 rows 0.72x, 8 rows 1.29x, 16 rows 1.5x
+//   K=512 N=128:  4 rows 0.98x, 8 rows 1.85x, 16 rows 3.4x
+// so: from 16 rows, and from 8 where K is past one 64-deep k block
+constexpr int kAmxInt8MinRows = 16, kAmxInt8MinRowsDeep = 8;
+inline bool int8_amx_pays(int rows, const Int8Packed& B) {
+    return rows >= kAmxInt8MinRows || (rows >= kAmxInt8MinRowsDeep && B.Kt > 64);
+}
+
+// C tile (i, j) of a 2 x 2 block: tile 2 i + j; A tiles 4 and 5 (row blocks), B tiles 6 and 7 (column
+// blocks). The tile numbers are the instructions' immediates, hence the constexpr dispatch.
+// acc rows [0, 16 MR) (valid of them real; ldc apart) and columns [0, 16 NR) of a . b: `a` 16 MR rows
+// of kblocks 64-byte k blocks (lda bytes apart), `b` the packed quad-rows (ldb bytes apart)
+template <int MR, int NR>
+ATTNX_INT8_AMX ATTNX_ALWAYS_INLINE void int8_amx_block(int32_t* acc, size_t ldc, int valid, const int8_t* a,
+                                                       size_t lda, const int8_t* b, size_t ldb, int kblocks,
+                                                       int32_t* spill) {
+    ATTNX_AMX_MEMORY_BARRIER();  // the panel's bytes (just copied) and B are in memory before the tile loads
+    _tile_zero(0);
+    if constexpr (NR == 2) _tile_zero(1);
+    if constexpr (MR == 2) _tile_zero(2);
+    if constexpr (MR == 2 && NR == 2) _tile_zero(3);
+    for (int kb = 0; kb < kblocks; ++kb) {
+        const int8_t* ak = a + (size_t)kb * 64;
+        const int8_t* bk = b + (size_t)kb * 16 * ldb;  // 16 quad-rows = 64 k
+        _tile_loadd(4, ak, lda);
+        _tile_loadd(6, bk, ldb);
+        _tile_dpbssd(0, 4, 6);
+        if constexpr (NR == 2) {
+            _tile_loadd(7, bk + 64, ldb);  // the next 16 columns: 16 x 4 bytes on
+            _tile_dpbssd(1, 4, 7);
+        }
+        if constexpr (MR == 2) {
+            _tile_loadd(5, ak + 16 * lda, lda);
+            _tile_dpbssd(2, 5, 6);
+            if constexpr (NR == 2) _tile_dpbssd(3, 5, 7);
+        }
+    }
+    // a whole row block straight into acc; a partial one (the rows past `valid` are padding) through
+    // spill. (A macro: the tile intrinsics paste their tile number into the instruction's text. gcc 12's
+    // tile intrinsics are asm without a memory clobber: amx.hpp's barrier after each store.)
+    const size_t ldc_bytes = ldc * sizeof(int32_t);
+#define ATTNX_AMX_STORE_C(t, i, j)                                                                 \
+    do {                                                                                           \
+        int32_t* c = acc + (size_t)16 * (i) * ldc + 16 * (j);                                      \
+        const int rows = std::min(16, valid - 16 * (i));                                           \
+        if (rows == 16) {                                                                          \
+            _tile_stored(t, c, ldc_bytes);                                                         \
+            ATTNX_AMX_MEMORY_BARRIER(); /* the caller reads acc after the call */                  \
+        } else {                                                                                   \
+            _tile_stored(t, spill, 64);                                                            \
+            ATTNX_AMX_MEMORY_BARRIER(); /* spill holds the tile before it is read */               \
+            for (int r = 0; r < rows; ++r) std::memcpy(c + (size_t)r * ldc, spill + 16 * r, 64);   \
+        }                                                                                          \
+    } while (0)
+    ATTNX_AMX_STORE_C(0, 0, 0);
+    if constexpr (NR == 2) ATTNX_AMX_STORE_C(1, 0, 1);
+    if constexpr (MR == 2) ATTNX_AMX_STORE_C(2, 1, 0);
+    if constexpr (MR == 2 && NR == 2) ATTNX_AMX_STORE_C(3, 1, 1);
+#undef ATTNX_AMX_STORE_C
+}
+
+// int8_product on the tiles (same contract): panels of 32 rows, each across the columns [n0, n1) in
+// blocks of 32. qx's rows are read in place when they are whole 64-byte k blocks (Kp = Kt) and the
+// panel whole 16-row tiles; otherwise the panel is copied into 64-byte rows, zero past Kp and past
+// the last row (a tile reads 16 rows of 64 bytes whatever the shape).
+ATTNX_INT8_AMX inline void int8_product_amx(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, int rows,
+                                            const Int8Packed& B, int n0, int n1) {
+    constexpr int kPanel = 32;
+    const int Kp = B.Kp, Kt = B.Kt, kblocks = Kt / 64;
+    const size_t ldb = (size_t)B.Np * 4;
+    thread_local std::vector<int8_t, CacheLineAllocator<int8_t>> panel;
+    alignas(64) int32_t spill[16 * 16];
+    AmxTileScope tiles;  // this thread's tiles, configured for this product and released after it
+    for (int r = 0; r < rows; r += kPanel) {
+        const int m = std::min(kPanel, rows - r);
+        const int8_t* a = qx + (size_t)r * lda;
+        size_t ld = lda;
+        if (Kp != Kt || m % 16) {
+            const int padded = round_up(m, 16);
+            if (panel.size() < (size_t)kPanel * Kt) panel.resize((size_t)kPanel * Kt);
+            for (int i = 0; i < padded; ++i) {
+                int8_t* p = panel.data() + (size_t)i * Kt;
+                if (i < m) std::memcpy(p, a + (size_t)i * lda, Kp);
+                std::memset(p + (i < m ? Kp : 0), 0, Kt - (i < m ? Kp : 0));
+            }
+            a = panel.data(), ld = (size_t)Kt;
+        }
+        int32_t* c = acc + (size_t)r * ldc;
+        for (int n = n0; n < n1; n += 32) {
+            const int8_t* b = B.data.data() + (size_t)n * 4;
+            const bool wide = n1 - n > 16;
+            if (m > 16) {
+                if (wide) int8_amx_block<2, 2>(c + n, ldc, m, a, ld, b, ldb, kblocks, spill);
+                else int8_amx_block<2, 1>(c + n, ldc, m, a, ld, b, ldb, kblocks, spill);
+            } else {
+                if (wide) int8_amx_block<1, 2>(c + n, ldc, m, a, ld, b, ldb, kblocks, spill);
+                else int8_amx_block<1, 1>(c + n, ldc, m, a, ld, b, ldb, kblocks, spill);
+            }
+        }
+    }
+}
+
 // Whether this CPU has vpdpbusd on 512 bits (read once; the AVX-512 level needs it too)
 inline bool cpu_has_vnni() {
     static const bool has = __builtin_cpu_supports("avx512vnni");
     return has;
 }
 
-// The int8 instruction set the products run on at the current level: "vnni", "avx2" or "baseline"
-// (an AVX-512 CPU without VNNI runs the AVX2 tiles)
+// The int8 instruction set the products run on at the current level: "amx" (products of enough
+// rows, int8_amx_pays; fewer: VNNI's), "vnni", "avx2" or "baseline" (an AVX-512 CPU without
+// VNNI runs the AVX2 tiles)
 inline const char* int8_level_name() {
     const SimdLevel level = simd_level();
+    if (amx_int8_active()) return "amx";  // products of enough rows (int8_amx_pays); fewer run the VNNI tiles
     return level == SimdLevel::avx512 && cpu_has_vnni() ? "vnni" : level >= SimdLevel::avx2 ? "avx2" : "baseline";
 }
 
@@ -431,6 +558,8 @@ template <class Body> void on_int8_level(Body&& body) {
 
 inline void int8_product(int32_t* acc, size_t ldc, const int8_t* qx, size_t lda, int rows, const Int8Packed& B, int n0,
                          int n1) {
+    if (n0 < n1 && int8_amx_pays(rows, B) && amx_int8_active())
+        return int8_product_amx(acc, ldc, qx, lda, rows, B, n0, n1);
     on_int8_level([&](auto ops) __attribute__((always_inline)) {
         int8_product_on<decltype(ops)>(acc, ldc, qx, lda, rows, B, n0, n1);
     });
