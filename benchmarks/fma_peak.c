@@ -5,8 +5,13 @@
 // latency. Instructions this CPU lacks are reported as such, not run.
 //   gcc -O3 -o /tmp/fma_peak benchmarks/fma_peak.c && /tmp/fma_peak      (run one per core to see both)
 #include <immintrin.h>
+#include <cpuid.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now(void) {
     struct timespec t;
@@ -65,6 +70,43 @@ DOT_PEAK(peak_bf16, "avx512f,avx512bf16", __m512, BF16_INIT, BF16_STEP, 2 * 32)
 DOT_PEAK(peak_vnni, "avx512f,avx512vnni", __m512i, I512, VNNI_STEP, 2 * 64)
 DOT_PEAK(peak_avx2_int8, "avx2", __m256i, I256, AVX2_INT8_STEP, 2 * 32)
 
+// AMX: Linux hands the tiles' state to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM), then each
+// thread configures them (palette 1: 16 rows x 64 bytes each)
+static int amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return 0;
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+struct tile_config { uint8_t palette, start_row, reserved[14]; uint16_t bytes_per_row[16]; uint8_t rows[16]; };
+#define AMX_PEAK(name, product, ops)                                                          \
+    __attribute__((target("amx-tile,amx-bf16,amx-int8"))) static double name(void) {         \
+        static struct tile_config config __attribute__((aligned(64)));                       \
+        static char operand[16 * 64] __attribute__((aligned(64)));                           \
+        memset(&config, 0, sizeof config);                                                   \
+        config.palette = 1;                                                                  \
+        for (int t = 0; t < 8; ++t) config.bytes_per_row[t] = 64, config.rows[t] = 16;      \
+        __asm__ __volatile__("" ::: "memory");                                               \
+        _tile_loadconfig(&config);                                                           \
+        _tile_loadd(4, operand, 64);                                                         \
+        _tile_loadd(5, operand, 64);                                                         \
+        _tile_loadd(6, operand, 64);                                                         \
+        _tile_loadd(7, operand, 64);                                                         \
+        const long steps = STEPS / 200;                                                      \
+        double t0 = now();                                                                   \
+        for (long s = 0; s < steps; ++s) {                                                   \
+            product(0, 4, 5);                                                                \
+            product(1, 4, 7);                                                                \
+            product(2, 6, 5);                                                                \
+            product(3, 6, 7);                                                                \
+        }                                                                                    \
+        double t = now() - t0;                                                               \
+        _tile_release();                                                                     \
+        return (double)ops * 4 * steps / t * 1e-9;                                           \
+    }
+// per instruction: 16 x 16 sums of 32 bf16 products (tdpbf16ps) or 64 int8 products (tdpbssd), 2 ops each
+AMX_PEAK(peak_amx_bf16, _tile_dpbf16ps, 2 * 16 * 16 * 32)
+AMX_PEAK(peak_amx_int8, _tile_dpbssd, 2 * 16 * 16 * 64)
+
 static void report(const char* what, const char* unit, int supported, double (*peak)(void)) {
     if (!supported) {
         printf("%-40s not on this CPU\n", what);
@@ -87,5 +129,8 @@ int main(void) {
     report("bf16 vdpbf16ps (512 bits)", "GFLOP/s", avx512 && __builtin_cpu_supports("avx512bf16"), peak_bf16);
     report("int8 vpdpbusd (512 bits)", "GOP/s", avx512 && __builtin_cpu_supports("avx512vnni"), peak_vnni);
     report("int8 AVX2 vpmaddubsw+vpmaddwd+vpaddd", "GOP/s", __builtin_cpu_supports("avx2"), peak_avx2_int8);
+    const int amx = amx_usable();
+    report("bf16 AMX tdpbf16ps (4 tiles of sums)", "GFLOP/s", amx, peak_amx_bf16);
+    report("int8 AMX tdpbssd (4 tiles of sums)", "GOP/s", amx, peak_amx_int8);
     return 0;
 }

@@ -5,9 +5,10 @@
 // multiplies the same bf16 values:
 //   - AVX-512 with AVX512_BF16 (Zen 4/5, Sapphire Rapids): vdpbf16ps, 32 products per instruction,
 //     twice the float32 FMA's 16;
-//   - AMX (Sapphire Rapids and later), for bf16_gemm's products: tdpbf16ps, 16 x 16 x 32 products per
-//     instruction (section AMX below); its sums are float32 too, but added in the hardware's own
-//     order, so they differ from the other levels' in the last bits;
+//   - AMX (Sapphire Rapids and later) for the products over whole matrices (bf16_gemm_pairs) and the
+//     time loops' step products: tdpbf16ps, 16 x 16 x 32 products per instruction (section AMX
+//     below); its sums are float32 too, but added in the hardware's own order, so they differ from
+//     the other levels' in the last bits;
 //   - AVX-512 without it, AVX2 + FMA and baseline x86-64: the same arithmetic on float lanes: the
 //     pair's odd product added first, then the even one, as vdpbf16ps' definition orders them. A
 //     product of two bf16 values (8 significant bits each) is exact in float32, so a fused or a plain
