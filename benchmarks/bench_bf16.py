@@ -19,7 +19,8 @@ attnx float32, attnx under mixed_bfloat16, PyTorch float32 and PyTorch under
 
 Each round times the four in a rotated order (each round's block after ATTNX_BENCH_SETTLE seconds of
 untimed runs, as harness.compare does); prints each one's median time over the rounds and the ratios of
-the rounds' times, median (min-max). Benchmarks are never tests: nothing here asserts a timing.
+the rounds' times, median (min-max), and how many cores each keeps busy (CPU time / wall over a few calls).
+Benchmarks are never tests: nothing here asserts a timing.
 
     python benchmarks/bench_bf16.py [lstm] [encoder] [transformer] [seq2seq] [fit]   (default: all;
         ATTNX_BENCH_THREADS, default 2; ATTNX_BENCH_ROUNDS, default 5)
@@ -28,6 +29,7 @@ import os
 import pathlib
 import statistics
 import sys
+import time
 
 import numpy as np
 
@@ -216,6 +218,14 @@ def _without_amx(step):
     return run
 
 
+def cores_busy(step, runs):
+    """The process's CPU time over the wall time of `runs` calls of step: how many cores a step keeps busy."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(runs):
+        step()
+    return (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
 def run_row(tag, steps, tokens, runs=3):
     """Times `steps` in ROUNDS rotated rounds, each the median of `runs` runs (after as many untimed);
     on a CPU with AMX also attnx mixed_bfloat16 without it."""
@@ -247,6 +257,8 @@ def run_row(tag, steps, tokens, runs=3):
     print(f"  torch float32 / torch autocast bf16         {ratio('torch float32', 'torch autocast bf16')}")
     if amx:
         print(f"  attnx bf16 without AMX / with AMX           {ratio('attnx bf16 without AMX', 'attnx mixed_bfloat16')}")
+    print("  cores busy during a step (CPU time / wall): "
+          + ", ".join(f"{n} {cores_busy(steps[n], runs):.2f}" for n in names))
     sys.stdout.flush()
 
 

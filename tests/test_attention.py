@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import attnx
-from attnx import layers
+from attnx import _core, layers
 from attnx.layers import attention as A
 from attnx.testing import assert_close, gradcheck
 
@@ -147,6 +147,31 @@ def test_sdpa_without_weights_dropout_and_nan_rows():
     ctx_fast, _ = A.scaled_dot_product_attention(q, k, v, heads=H, return_weights=False)
     assert np.all(np.isnan(w[0, :, 1])) and np.all(np.isnan(ctx_fast[0, 1]))
     assert_close(np.delete(ctx_fast, 1, axis=1), np.delete(ctx, 1, axis=1), atol=1e-12, what="other queries")
+
+
+@pytest.mark.parametrize("dtype,bf16", [(np.float32, False), (np.float32, True), (np.float64, False)])
+def test_sdpa_draws_random_keeps_mask_itself(dtype, bf16):
+    """dropout_stream (rate, key, first_row): the kernel draws the keep mask random_keep gives for the weights'
+    shape (B, H, Tq, S) as it uses it, so forward and backward equal theirs on that mask bit for bit."""
+    Bb, H, T, Sn, d = 3, 2, 5, 9, 4  # rows of 9 entries start mid-word of the stream
+    q, k, v = (rand(Bb, n, H * d, seed=s).astype(dtype) for s, n in ((1, T), (2, Sn), (3, Sn)))
+    dc = rand(Bb, T, H * d, seed=4).astype(dtype)
+    keep = _core.random_keep(shape=[Bb, H, T, Sn], rate=0.25, key=99, first_row=4, dtype=np.dtype(dtype))
+    given = _core.sdpa_forward(q, k, v, heads=H, dropout_keep=keep, bf16=bf16)
+    drawn = _core.sdpa_forward(q, k, v, heads=H, dropout_stream=(0.25, 99, 4), bf16=bf16)
+    assert np.array_equal(given[0], drawn[0]) and np.array_equal(given[1], drawn[1])
+    plain, _ = _core.sdpa_forward(q, k, v, heads=H, bf16=bf16)
+    assert not np.array_equal(plain, drawn[0])  # the mask drops something
+    grads = [_core.sdpa_backward(dc, given[1], q, k, v, heads=H, bf16=bf16, **how)
+             for how in ({"dropout_keep": keep}, {"dropout_stream": (0.25, 99, 4)})]
+    assert all(np.array_equal(a, b) for a, b in zip(*grads))
+    with pytest.raises(ValueError, match="sdpa_forward: give dropout_keep or dropout_stream, not both"):
+        _core.sdpa_forward(q, k, v, heads=H, dropout_keep=keep, dropout_stream=(0.25, 99, 4))
+    with pytest.raises(ValueError, match=r"sdpa_backward: dropout_stream: rate must be in \[0, 1\), got 1"):
+        _core.sdpa_backward(dc, given[1], q, k, v, heads=H, dropout_stream=(1.0, 99, 4))
+    for bad in ((0.25, -1, 4), (0.25, 99), "stream", (0.25, 99.5, 4)):
+        with pytest.raises(TypeError, match="sdpa_forward: dropout_stream must be a tuple"):
+            _core.sdpa_forward(q, k, v, heads=H, dropout_stream=bad)
 
 
 def test_float32_softmax_exp_is_accurate_over_the_whole_range():

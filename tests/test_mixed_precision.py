@@ -220,6 +220,48 @@ def test_convolutions_multiply_rounded_operands(make):
     assert np.abs(single(x) - y).max() > 1e-3
 
 
+def test_attention_scores_and_context_multiply_rounded_operands():
+    """scaled_dot_product_attention with bf16 (MultiHeadAttention's under the policy): the scores are float64's
+    products of the bf16-rounded query and key, the context of the rounded weights * keep and value, and the
+    backward's four products likewise (its softmax backward in float32), within float32's sums."""
+    from attnx.layers.attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
+    rng = np.random.default_rng(21)
+    B, T, S, H, dk, dv = 2, 5, 67, 2, 8, 6
+    q, k = rng.standard_normal((B, T, H * dk)).astype(np.float32), rng.standard_normal((B, S, H * dk)).astype(np.float32)
+    v = rng.standard_normal((B, S, H * dv)).astype(np.float32)
+    keep = (rng.random((B, H, T, S)) < 0.5).astype(np.float32) * 2  # rate 0.5: weights * keep exact in float32
+    dcontext = rng.standard_normal((B, T, H * dv)).astype(np.float32)
+    scale = 1 / np.sqrt(dk)
+    context, weights = scaled_dot_product_attention(q, k, v, heads=H, dropout_keep=keep, bf16=True)
+    heads = lambda a, d: _bf16(a).reshape(a.shape[0], a.shape[1], H, d).transpose(0, 2, 1, 3)  # (B, H, T, d)
+    scores = scale * heads(q, dk) @ heads(k, dk).transpose(0, 1, 3, 2)
+    want_weights = np.exp(scores - scores.max(-1, keepdims=True))
+    want_weights /= want_weights.sum(-1, keepdims=True)
+    np.testing.assert_allclose(weights, want_weights, rtol=1e-5, atol=1e-6)
+    used = _bf16(weights * keep)  # from the kernel's own float32 weights, rounded as it rounds them
+    want_context = (used @ heads(v, dv)).transpose(0, 2, 1, 3).reshape(B, T, H * dv)
+    np.testing.assert_allclose(context, want_context, rtol=1e-5, atol=1e-5)
+    float32_context, _ = scaled_dot_product_attention(q, k, v, heads=H, dropout_keep=keep)
+    assert np.abs(float32_context - context).max() > 1e-3  # the rounding is there
+    dq, dk_, dv_ = scaled_dot_product_attention_backward(dcontext, weights, q, k, v, heads=H, dropout_keep=keep,
+                                                          bf16=True)
+    dc = heads(dcontext, dv)
+    np.testing.assert_allclose(dv_, (used.transpose(0, 1, 3, 2) @ dc).transpose(0, 2, 1, 3).reshape(v.shape),
+                               rtol=1e-5, atol=1e-5)
+    dp = (dc @ heads(v, dv).transpose(0, 1, 3, 2)) * keep
+    dscores = weights * (dp - (dp * weights).sum(-1, keepdims=True))
+    # dscores rounds to bf16 in float32 here and in float64 there: one bf16 step apart where near a tie
+    step = np.abs(dscores).max() / 128 * scale
+    np.testing.assert_allclose(dq, (scale * _bf16(dscores) @ heads(k, dk)).transpose(0, 2, 1, 3).reshape(q.shape),
+                               rtol=1e-5, atol=1e-5 + step * np.abs(k).max())
+    np.testing.assert_allclose(dk_, (scale * _bf16(dscores).transpose(0, 1, 3, 2) @ heads(q, dk)).transpose(0, 2, 1, 3)
+                               .reshape(k.shape), rtol=1e-5, atol=1e-5 + step * np.abs(q).max())
+    with pytest.raises(TypeError, match="sdpa_forward: bf16 needs float32 operands, got float64"):
+        scaled_dot_product_attention(q.astype(np.float64), k, v, heads=H, bf16=True)
+    with pytest.raises(TypeError, match="sdpa_backward: bf16 needs float32 operands, got float64"):
+        scaled_dot_product_attention_backward(dcontext, weights, q.astype(np.float64), k, v, heads=H, bf16=True)
+
+
 @pytest.mark.parametrize("level", ["baseline", "avx2", "avx512"])
 def test_every_simd_level_gives_the_same_dense_training_step(level):
     """The float-lane levels agree bit for bit (the C++ test proves it on every shape); vdpbf16ps and AMX

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "attnx/attention.hpp"
 #include "attnx/pooling.hpp"
@@ -63,13 +64,33 @@ template <class T> static const T* optional_block(const py::object& a, const Sdp
     return in_ptr<T>(arr, what.c_str());
 }
 
+// dropout_stream: None, or (rate, key, first_row), the keep mask random_keep would draw for the weights'
+// shape (B, H, Tq, S), drawn by the kernel as it goes; refused beside a given dropout_keep
+static KeepStream keep_stream(const py::object& stream, const py::object& keep, const std::string& where) {
+    if (stream.is_none()) return {};
+    if (!keep.is_none()) throw py::value_error(where + ": give dropout_keep or dropout_stream, not both");
+    std::tuple<double, uint64_t, uint64_t> t;
+    try {
+        if (!py::isinstance<py::tuple>(stream) || py::len(stream) != 3) throw py::cast_error();
+        t = stream.cast<std::tuple<double, uint64_t, uint64_t>>();
+    } catch (const py::cast_error&) {
+        throw py::type_error(where + ": dropout_stream must be a tuple (rate, key, first_row) of a float and two "
+                             "integers in [0, 2**64), got " + std::string(py::repr(stream)));
+    }
+    KeepStream drawn{std::get<1>(t), std::get<2>(t), std::get<0>(t)};
+    check_dropout_rate(drawn.rate, where + ": dropout_stream");
+    return drawn;
+}
+
 void init_attention(py::module_& m) {
     m.def(
         "sdpa_forward",
         [](const py::array& q, const py::array& k, const py::array& v, const py::object& mask, bool causal,
-           double scale, int heads, const py::object& dropout_keep, bool return_weights) {
+           double scale, int heads, const py::object& dropout_keep, bool return_weights, bool bf16,
+           const py::object& dropout_stream) {
             return dispatch_float(q, "sdpa_forward: query", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
+                check_bf16_operands(bf16, q, "sdpa_forward");
                 const SdpaDims d = sdpa_dims(q, k, v, heads, "sdpa_forward");
                 const MaskRows mask_rows = parse_mask(mask, d.B, d.Tq, d.S, "sdpa_forward", "mask");
                 const AttendMask am = attend_mask(mask_rows, causal);
@@ -77,6 +98,7 @@ void init_attention(py::module_& m) {
                 const T* pk = in_ptr<T>(k, "sdpa_forward: key");
                 const T* pv = in_ptr<T>(v, "sdpa_forward: value");
                 const T* pkeep = optional_block<T>(dropout_keep, d, "sdpa_forward: dropout_keep");
+                const KeepStream drawn = keep_stream(dropout_stream, dropout_keep, "sdpa_forward");
                 auto context = new_array<T>({d.B, d.Tq, d.H * d.Dv});
                 py::object weights = py::none();
                 T* pw = nullptr;
@@ -88,27 +110,31 @@ void init_attention(py::module_& m) {
                 T* pc = context.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    sdpa_forward<T>(d.shape(), pc, pw, pq, pk, pv, am, pkeep, T(scale));
+                    sdpa_forward<T>(d.shape(), pc, pw, pq, pk, pv, am, pkeep, T(scale), bf16, drawn);
                 }
                 return py::make_tuple(context, weights);
             });
         },
         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask") = py::none(), py::arg("causal") = false,
         py::arg("scale") = 1.0, py::arg("heads") = 1, py::arg("dropout_keep") = py::none(),
-        py::arg("return_weights") = true,
+        py::arg("return_weights") = true, py::arg("bf16") = false, py::arg("dropout_stream") = py::none(),
         "Scaled dot-product attention over H heads. query (B, Tq, H*Dk), key (B, S, H*Dk), value (B, S, H*Dv); "
         "mask None, (B, S) key padding or (B, Tq, S) (leading axis 1: shared by the batch), True = may attend; "
         "causal limits query t to keys s <= t; dropout_keep (B, H, Tq, S) scaled keep mask or None. "
         "Returns (context (B, Tq, H*Dv), weights (B, H, Tq, S)); fully masked rows give zero weights and context. "
-        "return_weights=False returns (context, None) without ever writing the weights (inference).");
+        "return_weights=False returns (context, None) without ever writing the weights (inference). bf16=True "
+        "(mixed_bfloat16, float32 arrays): both products on operands rounded to bf16, sums in float32. "
+        "dropout_stream (rate, key, first_row): the keep mask random_keep(shape=(B, H, Tq, S), ...) would give, "
+        "drawn as the kernel uses it, in place of dropout_keep.");
 
     m.def(
         "sdpa_backward",
         [](const py::array& dcontext, const py::array& weights, const py::array& q, const py::array& k,
            const py::array& v, double scale, int heads, const py::object& dweights, const py::object& dropout_keep,
-           const py::object& dscale) {
+           const py::object& dscale, bool bf16, const py::object& dropout_stream) {
             return dispatch_float(q, "sdpa_backward: query", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
+                check_bf16_operands(bf16, q, "sdpa_backward");
                 const SdpaDims d = sdpa_dims(q, k, v, heads, "sdpa_backward");
                 check_shape(dcontext, {d.B, d.Tq, d.H * d.Dv}, "sdpa_backward: dcontext");
                 check_shape(weights, {d.B, d.H, d.Tq, d.S}, "sdpa_backward: weights");
@@ -119,6 +145,7 @@ void init_attention(py::module_& m) {
                 const T* pv = in_ptr<T>(v, "sdpa_backward: value");
                 const T* pdw = optional_block<T>(dweights, d, "sdpa_backward: dweights");
                 const T* pkeep = optional_block<T>(dropout_keep, d, "sdpa_backward: dropout_keep");
+                const KeepStream drawn = keep_stream(dropout_stream, dropout_keep, "sdpa_backward");
                 T* pds = optional_inout_ptr<T>(dscale, {1}, "sdpa_backward: dscale");
                 auto dq = new_array<T>({d.B, d.Tq, d.H * d.Dk});
                 auto dk = new_array<T>({d.B, d.S, d.H * d.Dk});
@@ -128,15 +155,16 @@ void init_attention(py::module_& m) {
                 T* pdv = dv.mutable_data();
                 {
                     py::gil_scoped_release release;
-                    sdpa_backward<T>(d.shape(), pdq, pdk, pdv, pds, pdc, pdw, pw, pq, pk, pv, pkeep, T(scale));
+                    sdpa_backward<T>(d.shape(), pdq, pdk, pdv, pds, pdc, pdw, pw, pq, pk, pv, pkeep, T(scale), bf16, drawn);
                 }
                 return py::make_tuple(dq, dk, dv);
             });
         },
         py::arg("dcontext"), py::arg("weights"), py::arg("query"), py::arg("key"), py::arg("value"),
         py::arg("scale") = 1.0, py::arg("heads") = 1, py::arg("dweights") = py::none(),
-        py::arg("dropout_keep") = py::none(), py::arg("dscale") = py::none(),
-        "Backward of sdpa_forward: returns (dquery, dkey, dvalue). dweights (B, H, Tq, S) is the gradient into the "
+        py::arg("dropout_keep") = py::none(), py::arg("dscale") = py::none(), py::arg("bf16") = false,
+        py::arg("dropout_stream") = py::none(),
+        "Backward of sdpa_forward (bf16 and dropout_stream as there): returns (dquery, dkey, dvalue). dweights (B, H, Tq, S) is the gradient into the "
         "returned weights (or None); dscale, a (1,) array, accumulates the gradient of a learned scale.");
     m.def(
         "softmax_context_forward",

@@ -120,8 +120,7 @@ void init_conv(py::module_& m) {
             const Activation act = parse_activation(activation);
             return dispatch_float(x, "conv2d_forward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
-                if (bf16 && !std::is_same_v<T, float>)
-                    throw py::type_error("conv2d_forward: bf16 needs float32 operands, got float64");
+                check_bf16_operands(bf16, x, "conv2d_forward");
                 const T* px = in_ptr<T>(x, "conv2d_forward: x");
                 const T* pk = in_ptr<T>(kernel, "conv2d_forward: kernel");
                 const Window2D w = conv_windows(x, kernel, strides, padding, "conv2d_forward");
@@ -158,8 +157,7 @@ void init_conv(py::module_& m) {
             const Activation act = parse_activation(activation);
             return dispatch_float(x, "conv2d_backward: x", [&](auto tag) -> py::object {
                 using T = decltype(tag);
-                if (bf16 && !std::is_same_v<T, float>)
-                    throw py::type_error("conv2d_backward: bf16 needs float32 operands, got float64");
+                check_bf16_operands(bf16, x, "conv2d_backward");
                 const T* px = in_ptr<T>(x, "conv2d_backward: x");
                 const T* pk = in_ptr<T>(kernel, "conv2d_backward: kernel");
                 const Window2D w = conv_windows(x, kernel, strides, padding, "conv2d_backward");

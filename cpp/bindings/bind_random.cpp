@@ -40,8 +40,7 @@ void init_random(py::module_& m) {
         "random_keep",
         [](const std::vector<py::ssize_t>& shape, double rate, uint64_t key, uint64_t first_row,
            const py::dtype& dtype) {
-            if (!(rate >= 0.0 && rate < 1.0))
-                throw py::value_error("random_keep: rate must be in [0, 1), got " + std::to_string(rate));
+            check_dropout_rate(rate, "random_keep");
             return drawn("random_keep", shape, dtype, [&](auto tag, auto* out, size_t rows, size_t cols) {
                 random_keep<decltype(tag)>(out, rows, cols, key, first_row, rate);
             });

@@ -57,7 +57,7 @@ void init_rnn(py::module_& m) {
             RNNConfig cfg = rnn_config(cell, reset_after, reverse, activation, recurrent_activation);
             return dispatch_float(x, "rnn_forward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
-                if (bf16 && !std::is_same_v<T, float>) throw py::type_error("rnn_forward: bf16 needs float32 operands");
+                check_bf16_operands(bf16, x, "rnn_forward");
                 check_rank(x, 3, "rnn_forward: x");
                 check_rank(recurrent_kernel, 2, "rnn_forward: recurrent_kernel");
                 const py::ssize_t B = x.shape(0), Tn = x.shape(1), C = x.shape(2), H = recurrent_kernel.shape(0);
@@ -138,7 +138,7 @@ void init_rnn(py::module_& m) {
             RNNConfig cfg = rnn_config(cell, reset_after, reverse, activation, recurrent_activation);
             return dispatch_float(x, "rnn_backward: x", [&](auto tag) -> py::tuple {
                 using T = decltype(tag);
-                if (bf16 && !std::is_same_v<T, float>) throw py::type_error("rnn_backward: bf16 needs float32 operands");
+                check_bf16_operands(bf16, x, "rnn_backward");
                 check_rank(x, 3, "rnn_backward: x");
                 check_rank(recurrent_kernel, 2, "rnn_backward: recurrent_kernel");
                 const py::ssize_t B = x.shape(0), Tn = x.shape(1), C = x.shape(2), H = recurrent_kernel.shape(0);

@@ -167,9 +167,7 @@ void init_seq2seq(py::module_& m) {
            const py::object& uniforms, bool bf16) {
             DecoderConfig cfg = decoder_config(kind, score, cell, local_window, local_mode, gated, hard);
             cfg.first_step = first_step;
-            if (bf16 && !py::isinstance<py::array_t<float>>(enc))
-                throw py::type_error("decoder_forward: bf16=True multiplies float32 operands in bf16; enc is " +
-                                     std::string(py::str(enc.dtype())));
+            check_bf16_operands(bf16, enc, "decoder_forward");
             cfg.bf16 = bf16;
             if (!hard && !uniforms.is_none())
                 throw py::value_error("decoder_forward: uniforms draw hard attention's regions; give hard=True");

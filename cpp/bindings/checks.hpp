@@ -38,6 +38,17 @@ inline std::string shape_str(const py::array& a) {
 
 inline std::string dtype_str(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
 
+// A dropout rate, in [0, 1)
+inline void check_dropout_rate(double rate, const std::string& where) {
+    if (!(rate >= 0.0 && rate < 1.0)) throw py::value_error(where + ": rate must be in [0, 1), got " + std::to_string(rate));
+}
+
+// bf16=True (mixed_bfloat16) rounds float32 operands to bf16: a kernel called on another dtype refuses it
+inline void check_bf16_operands(bool bf16, const py::array& a, const char* where) {
+    if (bf16 && !py::isinstance<py::array_t<float>>(a))
+        throw py::type_error(std::string(where) + ": bf16 needs float32 operands, got " + dtype_str(a));
+}
+
 // NumPy's ALIGNED flag (pybind11 names only c_style / f_style)
 inline bool is_aligned(const py::array& a) { return a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_; }
 

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "reference/attention.hpp"
 #include "reference/conv.hpp"
 #include "reference/dense.hpp"
 
@@ -92,6 +93,78 @@ inline void bf16_conv2d_backward(double* dx, double* dK, double* dbias, const do
     if (dbias)
         for (size_t r = 0; r < rows; ++r)
             for (int f = 0; f < F; ++f) dbias[f] += dz[r * F + f];
+}
+
+// The context of bf16_sdpa_forward (below) from given weights: context[b, t, h, :] = sum_s bf16(weights keep) bf16(v[b, s, h, :])
+inline void bf16_weighted_values(const AttendShape& sh, double* context, const double* weights, const double* v,
+                                 const double* keep) {
+    for (int b = 0; b < sh.B; ++b)
+        for (int h = 0; h < sh.H; ++h)
+            for (int t = 0; t < sh.Tq; ++t)
+                for (int d = 0; d < sh.Dv; ++d) {
+                    double acc = 0;
+                    for (int s = 0; s < sh.S; ++s) {
+                        const size_t i = at_score(sh, b, h, t, s);
+                        acc += round_to_bf16(weights[i] * (keep ? keep[i] : 1.0)) *
+                               round_to_bf16(v[at4(b, s, h, d, sh.S, sh.H, sh.Dv)]);
+                    }
+                    context[at4(b, t, h, d, sh.Tq, sh.H, sh.Dv)] = acc;
+                }
+}
+
+// Scaled dot-product attention on bf16 operands (attention.hpp's sdpa_forward with bf16):
+//   weights = masked_softmax(scale sum_d bf16(q) bf16(k));  context = sum_s bf16(weights keep) bf16(v)
+inline void bf16_sdpa_forward(const AttendShape& sh, double* context, double* weights, const double* q,
+                              const double* k, const double* v, const AttendMask& mask, const double* keep,
+                              double scale) {
+    const auto qr = rounded_to_bf16(q, (size_t)sh.B * sh.Tq * sh.H * sh.Dk);
+    const auto kr = rounded_to_bf16(k, (size_t)sh.B * sh.S * sh.H * sh.Dk);
+    std::vector<double> scores((size_t)sh.B * sh.H * sh.Tq * sh.S);
+    dot_scores_forward(sh, scores.data(), qr.data(), kr.data(), scale);
+    masked_softmax_scores(sh, weights, scores.data(), mask);
+    bf16_weighted_values(sh, context, weights, v, keep);
+}
+
+// context = sum_s bf16(weights keep) bf16(v);  weights = masked_softmax(scale sum_d bf16(q) bf16(k))
+// => dv[b, s, h, :] = sum_t bf16(weights keep) bf16(dcontext[b, t, h, :])
+//    dp = sum_d bf16(dcontext) bf16(v);  dscores = softmax backward of (dp keep + dweights)  (into dscores)
+//    dq = scale sum_s bf16(dscores) bf16(k),  dk = scale sum_t bf16(dscores) bf16(q),
+//    dscale += sum (sum_s bf16(dscores) bf16(k)) q        (q not rounded, as the kernel's sums meet it)
+inline void bf16_sdpa_backward(const AttendShape& sh, double* dq, double* dk, double* dv, double* dscale,
+                               double* dscores, const double* dcontext, const double* dweights, const double* weights,
+                               const double* q, const double* k, const double* v, const double* keep, double scale) {
+    for (size_t i = 0; i < (size_t)sh.B * sh.S * sh.H * sh.Dv; ++i) dv[i] = 0;
+    for (size_t i = 0; i < (size_t)sh.B * sh.Tq * sh.H * sh.Dk; ++i) dq[i] = 0;
+    for (size_t i = 0; i < (size_t)sh.B * sh.S * sh.H * sh.Dk; ++i) dk[i] = 0;
+    std::vector<double> dp(sh.S);
+    for (int b = 0; b < sh.B; ++b)
+        for (int h = 0; h < sh.H; ++h)
+            for (int t = 0; t < sh.Tq; ++t) {
+                const size_t row = at_score(sh, b, h, t, 0);
+                for (int s = 0; s < sh.S; ++s) {
+                    const double used = round_to_bf16(weights[row + s] * (keep ? keep[row + s] : 1.0));
+                    double acc = 0;
+                    for (int d = 0; d < sh.Dv; ++d) {
+                        const double dc = round_to_bf16(dcontext[at4(b, t, h, d, sh.Tq, sh.H, sh.Dv)]);
+                        acc += dc * round_to_bf16(v[at4(b, s, h, d, sh.S, sh.H, sh.Dv)]);
+                        dv[at4(b, s, h, d, sh.S, sh.H, sh.Dv)] += used * dc;
+                    }
+                    dp[s] = acc * (keep ? keep[row + s] : 1.0) + (dweights ? dweights[row + s] : 0.0);
+                }
+                softmax_backward(dscores + row, dp.data(), weights + row, 1, sh.S);
+                for (int d = 0; d < sh.Dk; ++d) {
+                    const size_t iq = at4(b, t, h, d, sh.Tq, sh.H, sh.Dk);
+                    double acc = 0;
+                    for (int s = 0; s < sh.S; ++s) {
+                        const double ds = round_to_bf16(dscores[row + s]);
+                        const size_t ik = at4(b, s, h, d, sh.S, sh.H, sh.Dk);
+                        acc += ds * round_to_bf16(k[ik]);
+                        dk[ik] += scale * ds * round_to_bf16(q[iq]);
+                    }
+                    dq[iq] = scale * acc;
+                    if (dscale) *dscale += acc * q[iq];
+                }
+            }
 }
 
 }  // namespace attnx::reference

@@ -175,6 +175,46 @@ void test_local_window(int B, int Tq, int S, int D, unsigned seed) {
 
 }  // namespace
 
+
+// sdpa with its keep mask drawn by the kernel (KeepStream) gives, bit for bit, what it gives on the mask
+// random_keep writes for the weights' shape (B, H, Tq, S): forward (the fused float path and bf16's
+// whole products, with and without the weights written) and backward, on every level and split
+template <class T> void test_drawn_keep(AttendShape sh, bool bf16, unsigned seed) {
+    std::mt19937 rng(seed);
+    const size_t nq = (size_t)sh.B * sh.Tq * sh.H * sh.Dk, nk = (size_t)sh.B * sh.S * sh.H * sh.Dk;
+    const size_t nv = (size_t)sh.B * sh.S * sh.H * sh.Dv, nc = (size_t)sh.B * sh.Tq * sh.H * sh.Dv;
+    const size_t nw = (size_t)sh.B * sh.H * sh.Tq * sh.S;
+    const auto q = cast<T>(random_values(rng, nq)), k = cast<T>(random_values(rng, nk)), v = cast<T>(random_values(rng, nv));
+    const auto dcontext = cast<T>(random_values(rng, nc));
+    const KeepStream drawn{0x5eed0000ull + seed, 7, 0.3};  // first_row 7: a shard's rows
+    std::vector<T> keep(nw);
+    random_keep<T>(keep.data(), sh.B, nw / sh.B, drawn.key, drawn.first_row, drawn.rate);
+    const AttendMask mask;
+    const T scale = T(0.4);
+    const std::string where = describe(sh, bf16 ? "sdpa drawn keep bf16" : "sdpa drawn keep");
+    on_every_level_and_split([&](const std::string& level) {
+        std::vector<T> c1(nc), w1(nw), c2(nc), w2(nw), c3(nc), c0(nc), w0(nw);
+        sdpa_forward<T>(sh, c1.data(), w1.data(), q.data(), k.data(), v.data(), mask, keep.data(), scale, bf16);
+        sdpa_forward<T>(sh, c2.data(), w2.data(), q.data(), k.data(), v.data(), mask, nullptr, scale, bf16, drawn);
+        sdpa_forward<T>(sh, c3.data(), nullptr, q.data(), k.data(), v.data(), mask, nullptr, scale, bf16, drawn);
+        sdpa_forward<T>(sh, c0.data(), w0.data(), q.data(), k.data(), v.data(), mask, nullptr, scale, bf16);
+        CHECK(c1 == c2 && w1 == w2);
+        std::vector<T> c1_no_weights(nc);  // the same contexts where the weights are not written
+        sdpa_forward<T>(sh, c1_no_weights.data(), nullptr, q.data(), k.data(), v.data(), mask, keep.data(), scale, bf16);
+        CHECK(c1_no_weights == c3);
+        CHECK(c0 != c1);  // the mask drops something
+        std::vector<T> dq1(nq), dk1(nk), dv1(nv), dq2(nq), dk2(nk), dv2(nv);
+        sdpa_backward<T>(sh, dq1.data(), dk1.data(), dv1.data(), nullptr, dcontext.data(), nullptr, w1.data(), q.data(),
+                         k.data(), v.data(), keep.data(), scale, bf16);
+        sdpa_backward<T>(sh, dq2.data(), dk2.data(), dv2.data(), nullptr, dcontext.data(), nullptr, w1.data(), q.data(),
+                         k.data(), v.data(), nullptr, scale, bf16, drawn);
+        if (!(dq1 == dq2 && dk1 == dk2 && dv1 == dv2)) {
+            std::printf("FAIL %s %s: the backward on the drawn mask differs\n", where.c_str(), level.c_str());
+            ++failures();
+        }
+    });
+}
+
 int main() {
     unsigned seed = 1;
     // (B, H, Tq, S, Dk, Dv): odd sizes; one large enough to split (B H Tq S (Dk + Dv) > 2^17); one
@@ -194,5 +234,11 @@ int main() {
     test_additive(4, 9, 23, 37, seed++);  // splits across two threads
     test_local_window(3, 5, 17, 4, seed++);
     test_local_window(2, 3, 9, 0, seed++);
+    // rows of S % 4 != 0 entries start mid-word of the stream; several blocks of query rows
+    for (const AttendShape& sh : {small, split, AttendShape{2, 3, 130, 601, 8, 8}}) {
+        test_drawn_keep<float>(sh, false, seed++);
+        test_drawn_keep<float>(sh, true, seed++);
+        test_drawn_keep<double>(sh, false, seed++);
+    }
     return attnx::test::report("test_reference_attention");
 }

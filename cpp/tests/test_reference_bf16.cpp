@@ -2,7 +2,8 @@
 // overflow to inf and NaN), the packed bf16 product in its four transpose forms with and without
 // accumulation, on sizes that leave vector, tile, row-block and pair-block tails and odd K, and the
 // Dense forward and backward, and the convolution (conv.hpp's bf16 path: patches, groups of images,
-// col2im) forward and backward; on every SIMD level (AVX-512 both on vdpbf16ps where the CPU has it
+// col2im) forward and backward, and scaled dot-product attention (attention.hpp's sdpa with bf16: scores,
+// context and their gradients); on every SIMD level (AVX-512 both on vdpbf16ps where the CPU has it
 // and on float lanes), on one thread and two. The float-lane levels must agree bit for bit.
 #include <cmath>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attnx/attention.hpp"
 #include "attnx/bf16.hpp"
 #include "attnx/conv.hpp"
 #include "reference/bf16.hpp"
@@ -181,6 +183,78 @@ void test_conv(int B, int H, int W, int C, int KH, int KW, int S, bool same, int
     });
 }
 
+
+// sdpa_forward / sdpa_backward with bf16 against reference::bf16_sdpa_*. The weights (a float32 softmax of
+// float32 sums) are held to the reference's; the context and the gradients are checked from the kernel's own
+// weights, as the reference rounds weights * keep to bf16 too (keep 0 or 2, rate 0.5: the product is exact in
+// float, so both round the same value). dscores (a float32 softmax backward) is rounded to bf16 before the dq
+// and dk sums: where one lies within float32's error of a bf16 tie, the kernel and the double reference round
+// it to neighbouring bf16 values, one step (<= 2^-7 |dscores|), which moves dq by that times |k| (dk: |q|).
+void test_sdpa(AttendShape sh, bool full_mask, bool causal, bool dropout, bool with_dweights, unsigned seed) {
+    std::mt19937 rng(seed);
+    const size_t nq = (size_t)sh.B * sh.Tq * sh.H * sh.Dk, nk = (size_t)sh.B * sh.S * sh.H * sh.Dk;
+    const size_t nv = (size_t)sh.B * sh.S * sh.H * sh.Dv, nc = (size_t)sh.B * sh.Tq * sh.H * sh.Dv;
+    const size_t nw = (size_t)sh.B * sh.H * sh.Tq * sh.S;
+    const auto q = random_values(rng, nq), k = random_values(rng, nk), v = random_values(rng, nv);
+    const auto dcontext = random_values(rng, nc), dweights = random_values(rng, nw, 0.1);
+    std::vector<double> keep(nw);
+    for (auto& e : keep) e = rng() % 2 ? 2.0 : 0.0;
+    std::vector<uint8_t> mask_data((full_mask ? (size_t)sh.B * sh.Tq : (size_t)sh.B) * sh.S);
+    for (size_t i = 0; i < mask_data.size(); ++i) mask_data[i] = i % sh.S == 0 || rng() % 4 != 0;
+    AttendMask mask;
+    mask.data = mask_data.data(), mask.causal = causal;
+    mask.stride_b = full_mask ? (size_t)sh.Tq * sh.S : (size_t)sh.S, mask.stride_t = full_mask ? sh.S : 0;
+    const double scale = 1 / std::sqrt((double)sh.Dk);
+    const double* keep_p = dropout ? keep.data() : nullptr;
+    const double* dweights_p = with_dweights ? dweights.data() : nullptr;
+    std::vector<double> context(nc), weights(nw);
+    reference::bf16_sdpa_forward(sh, context.data(), weights.data(), q.data(), k.data(), v.data(), mask, keep_p, scale);
+    char where[160];
+    std::snprintf(where, sizeof where, "bf16 sdpa B=%d H=%d Tq=%d S=%d Dk=%d Dv=%d%s%s%s%s", sh.B, sh.H, sh.Tq, sh.S,
+                  sh.Dk, sh.Dv, full_mask ? " full mask" : " key mask", causal ? " causal" : "", dropout ? " dropout" : "",
+                  with_dweights ? " dweights" : "");
+    // the tolerance tells bf16 operands from float32 ones: float32's context misses the reference
+    if (sh.S >= 64) {
+        std::vector<double> float32_context(nc), float32_weights(nw);
+        reference::sdpa_forward(sh, float32_context.data(), float32_weights.data(), q.data(), k.data(), v.data(), mask,
+                                keep_p, scale);
+        double worst = 0;
+        for (size_t i = 0; i < nc; ++i)
+            worst = std::max(worst, std::abs(float32_context[i] - context[i]) / (1 + std::abs(context[i])));
+        CHECK(worst > 10 * kBf16SumTolerance);
+    }
+    on_every_bf16_path([&](const std::string& level) {
+        const std::string at = std::string(where) + " " + level;
+        const auto q_ = cast<float>(q), k_ = cast<float>(k), v_ = cast<float>(v), keep_ = cast<float>(keep);
+        const auto dc_ = cast<float>(dcontext), dw_ = cast<float>(dweights);
+        std::vector<float> context_(nc), weights_(nw), bare_context(nc), dq_(nq), dk_(nk), dv_(nv);
+        const float* kp = dropout ? keep_.data() : nullptr;
+        sdpa_forward<float>(sh, context_.data(), weights_.data(), q_.data(), k_.data(), v_.data(), mask, kp, (float)scale,
+                            true);
+        expect_near(weights_, weights, kBf16SumTolerance, at + " weights");
+        const auto own_weights = to_double(weights_);
+        std::vector<double> want_context(nc);
+        reference::bf16_weighted_values(sh, want_context.data(), own_weights.data(), v.data(), keep_p);
+        expect_near(context_, want_context, kBf16SumTolerance, at + " context");
+        // without the weights (inference) the same context, bit for bit
+        sdpa_forward<float>(sh, bare_context.data(), nullptr, q_.data(), k_.data(), v_.data(), mask, kp, (float)scale, true);
+        CHECK(bare_context == context_);
+        float dscale_ = 0;
+        sdpa_backward<float>(sh, dq_.data(), dk_.data(), dv_.data(), &dscale_, dc_.data(),
+                             with_dweights ? dw_.data() : nullptr, weights_.data(), q_.data(), k_.data(), v_.data(), kp,
+                             (float)scale, true);
+        std::vector<double> dq(nq), dk(nk), dv(nv), dscores(nw);
+        double dscale = 0;
+        reference::bf16_sdpa_backward(sh, dq.data(), dk.data(), dv.data(), &dscale, dscores.data(), dcontext.data(),
+                                      dweights_p, own_weights.data(), q.data(), k.data(), v.data(), keep_p, scale);
+        const double ds_step = max_abs(dscores) / 128;
+        expect_near(dv_, dv, kBf16SumTolerance, at + " dv");
+        expect_near(dq_, dq, kBf16SumTolerance + ds_step * scale * max_abs(k), at + " dq");
+        expect_near(dk_, dk, kBf16SumTolerance + ds_step * scale * max_abs(q), at + " dk");
+        expect_near(std::vector<float>{dscale_}, {dscale}, kBf16SumTolerance + ds_step * sh.Dk * max_abs(k) * max_abs(q),
+                    at + " dscale");
+    });
+}
 }  // namespace
 
 int main() {
@@ -207,5 +281,9 @@ int main() {
     test_conv(3, 1, 40, 8, 1, 5, 1, false, 6, Activation::tanh, seed++);     // Conv1D's image (one row)
     // three groups of images (16 MiB of patches each); x small, as the kernel gradient sums 3680 rows in float32
     test_conv(230, 6, 6, 256, 3, 3, 1, false, 4, Activation::linear, seed++, 0.1);
+    test_sdpa({1, 1, 1, 1, 1, 1}, false, false, false, false, seed++);      // one query, one key
+    test_sdpa({2, 3, 17, 19, 16, 8}, false, false, true, true, seed++);    // smaller than one tile
+    test_sdpa({1, 2, 33, 70, 24, 40}, true, true, false, true, seed++);    // full and causal mask, odd tails
+    test_sdpa({2, 4, 64, 96, 32, 32}, false, false, true, false, seed++);  // problems split across threads
     return attnx::test::report("test_reference_bf16");
 }

@@ -102,11 +102,13 @@ def draw_attend_backward(
 # ---------------------------------------------------------------------------- attention
 def sdpa_forward(
     query: Array, key: Array, value: Array, mask: Mask = None, causal: bool = False, scale: float = 1.0,
-    heads: int = 1, dropout_keep: Array | None = None, return_weights: bool = True,
+    heads: int = 1, dropout_keep: Array | None = None, return_weights: bool = True, bf16: bool = False,
+    dropout_stream: tuple[float, int, int] | None = None,
 ) -> tuple[Array, Array | None]: ...
 def sdpa_backward(
     dcontext: Array, weights: Array, query: Array, key: Array, value: Array, scale: float = 1.0, heads: int = 1,
     dweights: Array | None = None, dropout_keep: Array | None = None, dscale: Array | None = None,
+    bf16: bool = False, dropout_stream: tuple[float, int, int] | None = None,
 ) -> tuple[Array, Array, Array]: ...
 def softmax_context_forward(
     scores: Array, value: Array, mask: Mask = None, causal: bool = False, dropout_keep: Array | None = None

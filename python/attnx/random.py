@@ -176,10 +176,15 @@ class SeedGenerator:
         """Inverted dropout's scaled keep mask of `shape` (entries 0 or 1 / (1 - rate)). `per_row`:
         the first axis is the batch's rows (or k rows per sample), drawn by global row; False for a
         mask shared by every row (a noise shape of batch size 1)."""
-        shape = [int(s) for s in shape]
-        first = _first_row(shape[0]) if per_row and shape else 0
-        return kernels.random_keep(shape=shape, rate=float(rate), key=self.next_key(), first_row=first,
+        rate, key, first = self.keep_stream(shape[0] if per_row and len(shape) else None, rate)
+        return kernels.random_keep(shape=[int(s) for s in shape], rate=rate, key=key, first_row=first,
                                    dtype=np.dtype(dtype))
+
+    def keep_stream(self, rows, rate):
+        """The next `keep` draw as ``(rate, key, first_row)``, for a kernel that draws the mask itself as
+        it uses it (`dropout_stream` of `kernels.sdpa_forward`): rows the batch's rows of its first axis,
+        or None for a mask shared by every row."""
+        return float(rate), self.next_key(), _first_row(int(rows)) if rows is not None else 0
 
     def uniform(self, shape, dtype, per_row=True):
         """Uniforms in [0, 1) of `shape` (rows as in `keep`)."""

@@ -13,12 +13,15 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "attnx/activations.hpp"
+#include "attnx/bf16.hpp"
 #include "attnx/gemm.hpp"
 #include "attnx/packed.hpp"
 #include "attnx/parallel.hpp"
+#include "attnx/random.hpp"
 
 namespace attnx {
 
@@ -49,6 +52,30 @@ struct AttendShape {
     int B = 0, H = 1, Tq = 0, S = 0, Dk = 0, Dv = 0;
 };
 
+// A dropout keep mask drawn in the kernel as it is used, never written out: the (B, H, Tq, S) mask
+// random_keep(keep, B, H * Tq * S, key, first_row, rate) would write (random.hpp). rate 0: none.
+struct KeepStream {
+    uint64_t key = 0, first_row = 0;
+    double rate = 0;
+};
+
+// Rows [t0, t0 + r) of problem n's keep mask (r x S, rows S apart): the given (B, H, Tq, S) mask's in
+// place, else drawn from `drawn` into scratch; null when there is no dropout
+template <class T>
+const T* keep_rows(const T* keep, const KeepStream& drawn, size_t n, int H, int Tq, int S, int t0, int r,
+                   std::vector<T>& scratch) {
+    if (keep) return keep + (n * Tq + t0) * (size_t)S;
+    if (drawn.rate == 0) return nullptr;
+    scratch.resize((size_t)r * S);
+    const KeepRule<T> rule(drawn.rate);
+    const uint64_t row_key = fold_in(drawn.key, drawn.first_row + n / H);  // the batch row's stream
+    on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+        for (int t = 0; t < r; ++t)
+            rule.span(scratch.data() + (size_t)t * S, row_key, ((n % H) * (size_t)Tq + t0 + t) * S, (size_t)S);
+    });
+    return scratch.data();
+}
+
 // ----------------------------------------------------------------------------- softmax + context
 // reference: cpp/reference/attention.hpp, masked_softmax_scores
 // weights[n, t, :] = masked_softmax(scores[n, t, :]) for the B * H * Tq rows of (B, H, Tq, S)
@@ -75,7 +102,7 @@ template <class T> inline T* head_block(T* base, size_t n, int H, int T_, int D)
 // Per-thread scratch of the tiled attention loops (sized by their first use, reused per problem)
 template <class T> struct AttendScratch {
     Panels<T> key_panels, value_panels;
-    std::vector<T> scores, dropped, row_norm;
+    std::vector<T> scores, dropped, row_norm, keep;
     std::vector<uint8_t> row_mask;
 };
 
@@ -136,7 +163,25 @@ ATTNX_ALWAYS_INLINE void softmax_context_rows(T* context, size_t ldc, T* w, size
 // Vectors per tile row of the attention products (Q * lanes columns per panel)
 constexpr int kAttendTileVectors = 4;
 
-// reference: cpp/reference/attention.hpp, softmax_context_backward
+// One problem's product C = alpha op(A) op(B) (C overwritten; op: the transpose when trans_*). `bf16`
+// (mixed_bfloat16, float only): on operands rounded to bf16 with float32 sums (bf16.hpp's bf16_gemm),
+// alpha applied to the sums; else gemm.hpp's.
+template <class T>
+void attend_product(bool bf16, bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
+                    const T* B, int ldb, T* C, int ldc) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (bf16) {
+            bf16_gemm(C, (size_t)ldc, A, (size_t)lda, trans_a, B, (size_t)ldb, trans_b, M, N, K, false);
+            if (alpha != 1.0f)
+                for (int m = 0; m < M; ++m)
+                    for (int n = 0; n < N; ++n) C[(size_t)m * ldc + n] *= alpha;
+            return;
+        }
+    }
+    gemm<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, T(0), C, ldc);
+}
+
+// reference: cpp/reference/attention.hpp, softmax_context_backward (bf16: cpp/reference/bf16.hpp)
 // Backward of softmax_context_rows for Tq rows (dvalue overwritten, rows ldv apart):
 //   dV       = (P * keep)^T . dC
 //   dkeep    = (dC . V^T) * P                                   (only when dkeep is not null)
@@ -145,15 +190,15 @@ constexpr int kAttendTileVectors = 4;
 template <class T>
 void softmax_context_backward_problem(T* dscores, T* dvalue, T* dkeep, const T* dcontext, const T* dweights,
                                       const T* weights, const T* value, const T* keep, int Tq, int S, int Dv, int ldv,
-                                      T* dropped) {
+                                      T* dropped, bool bf16 = false) {
     const size_t block = (size_t)Tq * S;
     const T* used = weights;
     if (keep) {
         for (size_t i = 0; i < block; ++i) dropped[i] = weights[i] * keep[i];
         used = dropped;
     }
-    gemm<T>(true, false, S, Dv, Tq, T(1), used, S, dcontext, ldv, T(0), dvalue, ldv);
-    gemm<T>(false, true, Tq, S, Dv, T(1), dcontext, ldv, value, ldv, T(0), dscores, S);
+    attend_product<T>(bf16, true, false, S, Dv, Tq, T(1), used, S, dcontext, ldv, dvalue, ldv);
+    attend_product<T>(bf16, false, true, Tq, S, Dv, T(1), dcontext, ldv, value, ldv, dscores, S);
     if (dkeep)
         for (size_t i = 0; i < block; ++i) dkeep[i] = dscores[i] * weights[i];
     if (keep)
@@ -217,8 +262,8 @@ void dot_scores_problem(T* scores, const T* q, const T* k, int Tq, int S, int Dk
 //   dQ = scale * dS . K,   dK = scale * dS^T . Q,   dscale = sum((dS . K) * Q)
 template <class T>
 T dot_scores_backward_problem(T* dq, T* dk, const T* dscores, const T* q, const T* k, int Tq, int S, int Dk,
-                              int ldk, T scale, bool want_dscale) {
-    gemm<T>(false, false, Tq, Dk, S, T(1), dscores, S, k, ldk, T(0), dq, ldk);
+                              int ldk, T scale, bool want_dscale, bool bf16 = false) {
+    attend_product<T>(bf16, false, false, Tq, Dk, S, T(1), dscores, S, k, ldk, dq, ldk);
     T dscale = 0;
     for (int t = 0; t < Tq; ++t)
         for (int d = 0; d < Dk; ++d) {
@@ -226,7 +271,7 @@ T dot_scores_backward_problem(T* dq, T* dk, const T* dscores, const T* q, const 
             if (want_dscale) dscale += dq[i] * q[i];
             dq[i] *= scale;
         }
-    gemm<T>(true, false, S, Dk, Tq, scale, dscores, S, q, ldk, T(0), dk, ldk);
+    attend_product<T>(bf16, true, false, S, Dk, Tq, scale, dscores, S, q, ldk, dk, ldk);
     return dscale;
 }
 
@@ -278,11 +323,40 @@ inline int sdpa_block_rows(int Tq, int S) { return std::max(1, std::min(Tq, 3276
 // K^T and V packed once per problem. `weights` null (inference without the weights): each block
 // lives in per-thread scratch, the (B, H, Tq, S) weights are never written, and the softmax is
 // normalized on the context (softmax_context_rows without normalize).
+// `drawn`: the keep mask drawn from its stream as each block uses it, in place of `keep` (null then).
+// `bf16` (mixed_bfloat16, float only; reference: cpp/reference/bf16.hpp, bf16_sdpa_forward): both products on
+// operands rounded to bf16 with float32 sums, per problem as whole products (attend_product): the scores
+// (scale after the sums), their masked softmax in float32, the context from the rounded weights * keep.
 template <class T>
 void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, const T* k, const T* v,
-                  const AttendMask& mask, const T* keep, T scale) {
+                  const AttendMask& mask, const T* keep, T scale, bool bf16 = false, const KeepStream& drawn = {}) {
     const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    if (bf16) {
+        parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
+            std::vector<T> scores(weights ? 0 : block), dropped, keep_scratch;
+            std::vector<uint8_t> row_mask(mask.causal ? S : 0);
+            for (size_t n = lo; n < hi; ++n) {
+                T* w = weights ? weights + n * block : scores.data();
+                // w = scale * Q . K^T
+                attend_product<T>(true, false, true, Tq, S, Dk, scale, head_block(q, n, H, Tq, Dk), H * Dk,
+                                  head_block(k, n, H, S, Dk), H * Dk, w, S);
+                for (int t = 0; t < Tq; ++t)
+                    masked_softmax_row(w + (size_t)t * S, w + (size_t)t * S, mask.row(row_mask.data(), n / H, t, S),
+                                       (size_t)S);
+                const T* used = w;
+                if (const T* kept = keep_rows(keep, drawn, n, H, Tq, S, 0, Tq, keep_scratch)) {
+                    dropped.resize(block);
+                    for (size_t i = 0; i < block; ++i) dropped[i] = w[i] * kept[i];
+                    used = dropped.data();
+                }
+                // context = (weights * keep) . V
+                attend_product<T>(true, false, false, Tq, Dv, S, T(1), used, S, head_block(v, n, H, S, Dv), H * Dv,
+                                  head_block(context, n, H, Tq, Dv), H * Dv);
+            }
+        });
+        return;
+    }
     const int rows = sdpa_block_rows(Tq, S);
     parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
         on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
@@ -316,7 +390,8 @@ void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, 
                                          });
                     softmax_context_rows<V, Q>(head_block(context, n, H, Tq, Dv) + (size_t)t0 * H * Dv,
                                                (size_t)H * Dv, w, ldw, value, mask, n / H, t0,
-                                               keep ? keep + first : nullptr, r, S, Dv, weights != nullptr, scratch);
+                                               keep_rows(keep, drawn, n, H, Tq, S, t0, r, scratch.keep), r, S, Dv,
+                                               weights != nullptr, scratch);
                 }
             }
         });
@@ -326,26 +401,29 @@ void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, 
 // reference: cpp/reference/attention.hpp, sdpa_backward
 // Backward of sdpa_forward. Overwrites dq, dk, dv (same layouts as q, k, v); dweights (the
 // gradient flowing into the returned weights, or null) joins before the softmax backward;
-// dscale (null to skip) accumulates d loss / d scale for a learned scale.
+// dscale (null to skip) accumulates d loss / d scale for a learned scale. `bf16`: the products as in the
+// forward (cpp/reference/bf16.hpp, bf16_sdpa_backward), the softmax backward in float32; `drawn` as there.
 template <class T>
 void sdpa_backward(const AttendShape& shape, T* dq, T* dk, T* dv, T* dscale, const T* dcontext, const T* dweights,
-                   const T* weights, const T* q, const T* k, const T* v, const T* keep, T scale) {
+                   const T* weights, const T* q, const T* k, const T* v, const T* keep, T scale, bool bf16 = false,
+                   const KeepStream& drawn = {}) {
     const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
     std::mutex dscale_lock;
     parallel_for(N, double(N) * block * (2 * Dk + 2 * Dv), [&](size_t lo, size_t hi) {
-        std::vector<T> dscores(block), dropped(keep ? block : 0);
+        std::vector<T> dscores(block), dropped(keep || drawn.rate != 0 ? block : 0), keep_scratch;
         T dscale_sum = 0;
         for (size_t n = lo; n < hi; ++n) {
             softmax_context_backward_problem(dscores.data(), head_block(dv, n, H, S, Dv), (T*)nullptr,
                                              head_block(dcontext, n, H, Tq, Dv),
                                              dweights ? dweights + n * block : nullptr, weights + n * block,
-                                             head_block(v, n, H, S, Dv), keep ? keep + n * block : nullptr, Tq, S,
-                                             Dv, H * Dv, dropped.data());
+                                             head_block(v, n, H, S, Dv),
+                                             keep_rows(keep, drawn, n, H, Tq, S, 0, Tq, keep_scratch), Tq, S, Dv,
+                                             H * Dv, dropped.data(), bf16);
             dscale_sum += dot_scores_backward_problem(head_block(dq, n, H, Tq, Dk), head_block(dk, n, H, S, Dk),
                                                       dscores.data(), head_block(q, n, H, Tq, Dk),
                                                       head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale,
-                                                      dscale != nullptr);
+                                                      dscale != nullptr, bf16);
         }
         if (dscale) {
             std::lock_guard<std::mutex> guard(dscale_lock);

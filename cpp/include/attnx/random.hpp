@@ -62,20 +62,44 @@ void for_each_word_block(size_t rows, size_t words_per_row, uint64_t key, uint64
 // global row `first_row`):
 //   keep[r, i] = 1 / (1 - rate) if u[r, i] >= round(rate 65536), else 0,
 //   u[r, i] = 16-bit word i % 4 (low first) of stream_word(fold_in(key, first_row + r), i / 4)
-// so the rate is honoured to 1/65536 and four entries share one hash.
+// so the rate is honoured to 1/65536 and four entries share one hash. KeepRule draws any span of a
+// row, so a kernel can draw the part of a mask it is about to use (attention.hpp's KeepStream) and
+// never write the whole mask out.
+template <class T> struct KeepRule {
+    uint32_t threshold;  // P(u16 < threshold) ~ rate
+    T scale;
+    explicit KeepRule(double rate)
+        : threshold((uint32_t)std::llround(rate * 65536.0)), scale(T(1.0 / (1.0 - rate))) {}
+
+    // keep[j] = entry first + j of the row whose key is row_key = fold_in(key, first_row + r), j < count
+    ATTNX_ALWAYS_INLINE void span(T* keep, uint64_t row_key, size_t first, size_t count) const {
+        uint64_t z[kRandomBlockWords];
+        uint16_t uniforms[4 * kRandomBlockWords];
+        for (size_t done = 0; done < count;) {
+            const size_t w0 = (first + done) / 4, skip = (first + done) % 4;
+            const size_t n = std::min(count - done, 4 * kRandomBlockWords - skip), words = (skip + n + 3) / 4;
+            for (size_t k = 0; k < words; ++k) z[k] = stream_word(row_key, w0 + k);
+            std::memcpy(uniforms, z, words * sizeof(uint64_t));  // little-endian: low word first
+            // a product, not a select: the select compiled to a branch per entry
+            for (size_t i = 0; i < n; ++i) keep[done + i] = scale * T(uniforms[skip + i] >= threshold);
+            done += n;
+        }
+    }
+};
+
 template <class T>
 void random_keep(T* keep, size_t rows, size_t cols, uint64_t key, uint64_t first_row, double rate) {
-    const uint32_t threshold = (uint32_t)std::llround(rate * 65536.0);  // P(u16 < threshold) ~ rate
-    const T scale = T(1.0 / (1.0 - rate));
-    for_each_word_block<T>(rows, (cols + 3) / 4, key, first_row, double(rows) * cols,
-                           [&](size_t row, size_t w0, size_t words, const uint64_t* z) __attribute__((always_inline)) {
-                               uint16_t uniforms[4 * kRandomBlockWords];
-                               std::memcpy(uniforms, z, words * sizeof(uint64_t));  // little-endian: low word first
-                               const size_t first = 4 * w0, count = std::min(4 * words, cols - first);
-                               T* out = keep + row * cols + first;
-                               // a product, not a select: the select compiled to a branch per entry
-                               for (size_t i = 0; i < count; ++i) out[i] = scale * T(uniforms[i] >= threshold);
-                           });
+    const KeepRule<T> rule(rate);
+    constexpr size_t block = 4 * kRandomBlockWords;  // entries per block of one row
+    const size_t blocks_per_row = (cols + block - 1) / block;
+    parallel_for(rows * blocks_per_row, double(rows) * cols, [&](size_t lo, size_t hi) {
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+            for (size_t b = lo; b < hi; ++b) {
+                const size_t row = b / blocks_per_row, c0 = (b % blocks_per_row) * block;
+                rule.span(keep + row * cols + c0, fold_in(key, first_row + row), c0, std::min(block, cols - c0));
+            }
+        });
+    });
 }
 
 // reference: cpp/reference/random.hpp, random_uniform

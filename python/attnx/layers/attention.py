@@ -49,7 +49,7 @@ def _scores_mask(mask, scores4, where):
 
 
 def scaled_dot_product_attention(query, key, value, mask=None, causal=False, scale=None, heads=1,
-                                 dropout_keep=None, return_weights=True):
+                                 dropout_keep=None, return_weights=True, bf16=False):
     """Scaled dot-product attention, ``softmax(scale * Q K^T) V``, over `heads` heads.
 
     Args:
@@ -63,6 +63,8 @@ def scaled_dot_product_attention(query, key, value, mask=None, causal=False, sca
             after the softmax, or None.
         return_weights: False for inference: the (B, H, Tq, S) weights are then never written
             (each block of them lives in cache only) and None comes back in their place.
+        bf16: both products on operands rounded to bfloat16 with float32 sums (the `mixed_bfloat16`
+            policy's arithmetic; float32 inputs only); the softmax stays float32.
 
     Returns:
         ``(context (B, Tq, H * Dv), weights (B, H, Tq, S))``; `weights` are the softmax output
@@ -75,21 +77,24 @@ def scaled_dot_product_attention(query, key, value, mask=None, causal=False, sca
                        shared=True)
     return kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(causal),
                               scale=_default_scale(q, heads) if scale is None else float(scale), heads=int(heads),
-                              dropout_keep=dropout_keep, return_weights=bool(return_weights))
+                              dropout_keep=dropout_keep, return_weights=bool(return_weights), bf16=bool(bf16))
 
 
 def scaled_dot_product_attention_backward(dcontext, weights, query, key, value, scale=None, heads=1, dweights=None,
-                                          dropout_keep=None, dscale=None):
+                                          dropout_keep=None, dscale=None, bf16=False, dropout_stream=None):
     """Backward of `scaled_dot_product_attention`: returns ``(dquery, dkey, dvalue)``.
 
     `dweights` is the gradient flowing into the returned weights (or None); `dscale`, a (1,) array
-    of the input dtype, accumulates the gradient with respect to `scale` (for a learned scale).
+    of the input dtype, accumulates the gradient with respect to `scale` (for a learned scale);
+    `bf16` as the forward's; `dropout_stream` the forward's (rate, key, first_row) when the kernel drew
+    its keep mask (`kernels.sdpa_forward`), in place of `dropout_keep`.
     """
     q = _as_float(query)
     return kernels.sdpa_backward(dcontext=_as_float(dcontext, q.dtype), weights=weights, query=q,
                                key=_as_float(key, q.dtype), value=_as_float(value, q.dtype),
                                scale=_default_scale(q, heads) if scale is None else float(scale), heads=int(heads),
-                               dweights=dweights, dropout_keep=dropout_keep, dscale=dscale)
+                               dweights=dweights, dropout_keep=dropout_keep, dscale=dscale, bf16=bool(bf16),
+                               dropout_stream=dropout_stream)
 
 
 def softmax_context(scores, value, mask=None, causal=False, dropout_keep=None):

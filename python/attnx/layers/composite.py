@@ -16,6 +16,14 @@ def _dropout_keep(generator, shape, rate, dtype):
     return generator.keep(shape, rate, dtype)
 
 
+def _dropout_stream(generator, rows, rate):
+    """_dropout_keep's draw as `generator.keep_stream`'s (rate, key, first_row), for a kernel that draws the
+    mask as it goes (rows: the batch's rows), or None as there."""
+    if rate == 0.0 or not backend.training_randomness(True):
+        return None
+    return generator.keep_stream(rows, rate)
+
+
 def _where(layer, arg):
     """The start of an error message about argument `arg` of `layer`."""
     return f"Layer '{layer.name}': `{arg}`"

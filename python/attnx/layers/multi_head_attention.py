@@ -10,7 +10,7 @@ from ..masking import as_mask
 from ..symbolic import any_symbolic
 from .attention import _default_scale, _dense, _dense_backward, scaled_dot_product_attention_backward
 from .base import Layer
-from .composite import _dropout_keep, _where
+from .composite import _dropout_stream, _where
 
 
 def _attention_mask(mask, batch, queries, keys, where):
@@ -435,11 +435,13 @@ class MultiHeadAttention(Layer):
             q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
             k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
             v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
-        keep = _dropout_keep(self.seed_generator, (B, H, T, S), self.dropout, self.dtype) if training else None
+        # the (B, H, T, S) keep mask is drawn by the kernel as it goes (never written out), forward and backward
+        stream = _dropout_stream(self.seed_generator, B, self.dropout) if training else None
         # the kernel itself: the mask is checked (scaled_dot_product_attention would check it again)
         context, weights = kernels.sdpa_forward(query=q, key=k, value=v, mask=mask, causal=bool(use_causal_mask),
-                                                scale=_default_scale(q, H), heads=H, dropout_keep=keep,
-                                                return_weights=bool(training or return_attention_scores))
+                                                scale=_default_scale(q, H), heads=H, dropout_stream=stream,
+                                                return_weights=bool(training or return_attention_scores),
+                                                bf16=self.compute_dtype == "bfloat16")
         context_rows = context.reshape(B * T, H * self.value_dim)
         # use_gate: each head's context times sigmoid(query W^G + b^G), before the output projection (Keras 3.15)
         gate = self._project("gate", q_rows, "sigmoid") if self.use_gate else None
@@ -449,13 +451,13 @@ class MultiHeadAttention(Layer):
         if not training:
             return outputs, None
         # with no key given, the key projection read the value: k_rows is None says so to backprop
-        return outputs, (q_rows, k_rows if has_key else None, v_rows, q, k, v, keep, weights, attended, gate,
+        return outputs, (q_rows, k_rows if has_key else None, v_rows, q, k, v, stream, weights, attended, gate,
                          context_rows)
 
     def backprop(self, cache, dy, need_dx=True):
         if isinstance(cache, _AxesCache):
             return self._backprop_over_axes(cache, dy, need_dx)
-        q_rows, k_rows, v_rows, q, k, v, keep, weights, attended, gate, context_rows = cache
+        q_rows, k_rows, v_rows, q, k, v, stream, weights, attended, gate, context_rows = cache
         dweights = None
         if isinstance(dy, (list, tuple)):
             dy, dweights = dy
@@ -469,7 +471,8 @@ class MultiHeadAttention(Layer):
         dcontext = dattended if gate is None else dattended * gate
         dq, dk, dv = scaled_dot_product_attention_backward(dcontext.reshape(B, T, context_rows.shape[1]), weights,
                                                            q, k, v, heads=self.num_heads, dweights=dweights,
-                                                           dropout_keep=keep)
+                                                           dropout_stream=stream,
+                                                           bf16=self.compute_dtype == "bfloat16")
         key_rows = v_rows if k_rows is None else k_rows
         dquery = self._project_backward("query", dq.reshape(B * T, q.shape[2]), q_rows, need_dx)
         if gate is not None:
