@@ -757,3 +757,27 @@ def test_reset_state_checks_its_states_before_keeping_them(kind):
         with pytest.raises((TypeError, ValueError), match="reset_state"):
             bi.reset_state(bad)
     bi.reset_state(good + good)
+
+
+def test_orthogonal_initializer_is_the_q_of_qr_with_a_positive_diagonal():
+    """Orthogonal: Q of QR of a normal matrix, columns signed so R's diagonal is positive (uniform over the
+    orthogonal matrices), as NumPy's QR gives it; LAPACK on one thread (kernels.orthogonal_factor)."""
+    from attnx import initializers, kernels
+    rng = np.random.default_rng(5)
+    for rows, cols in ((400, 100), (7, 7), (3, 1), (1, 1)):
+        a = rng.standard_normal((rows, cols))
+        q = kernels.orthogonal_factor(a=a)
+        want, r = np.linalg.qr(a)
+        want *= np.sign(np.diag(r))
+        assert_close(q, want, 1e-12)
+        assert_close(q.T @ q, np.eye(cols), 1e-12)
+    assert kernels.orthogonal_factor(a=np.zeros((3, 0))).shape == (3, 0)
+    u = initializers.Orthogonal(gain=2.0)((5, 20))  # wide: orthogonal rows
+    assert u.dtype == np.float32 and u.shape == (5, 20)
+    assert_close(u @ u.T, 4 * np.eye(5), 1e-5)
+    with pytest.raises(ValueError, match=r"orthogonal_factor: a needs at least as many rows as columns, got \(2, 3\)"):
+        kernels.orthogonal_factor(a=np.ones((2, 3)))
+    with pytest.raises(TypeError, match="orthogonal_factor: a"):
+        kernels.orthogonal_factor(a=np.ones((3, 2), np.float32))
+    with pytest.raises(ValueError, match="orthogonal_factor: a"):
+        kernels.orthogonal_factor(a=np.ones(3))

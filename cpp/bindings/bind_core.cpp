@@ -1,15 +1,41 @@
-// Dense, activations, embedding.
+// Dense, activations, embedding, the orthogonal initializer's factor.
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
 #include "attnx/embedding.hpp"
+#include "attnx/orthogonal.hpp"
 #include "bindings.hpp"
 #include "checks.hpp"
 
 namespace attnx::bind {
 
 void init_core(py::module_& m) {
+    m.def(
+        "orthogonal_factor",
+        [](const py::array& a) {
+            check_rank(a, 2, "orthogonal_factor: a");
+            const double* pa = in_ptr<double>(a, "orthogonal_factor: a");
+            const auto rows = a.shape(0), cols = a.shape(1);
+            if (rows < cols)
+                throw py::value_error("orthogonal_factor: a needs at least as many rows as columns, got " + shape_str(a));
+            if (rows > std::numeric_limits<int>::max() / std::max<py::ssize_t>(cols, 1))
+                throw py::value_error("orthogonal_factor: a is too large for LAPACK's 32-bit sizes, got " + shape_str(a));
+            auto q = new_array<double>({rows, cols});
+            double* pq = q.mutable_data();
+            {
+                py::gil_scoped_release release;
+                orthogonal_factor(pq, pa, (int)rows, (int)cols);
+            }
+            return q;
+        },
+        py::arg("a"),
+        "Q of a = QR for a float64 (m, n), m >= n, each column times the sign of R's diagonal entry (+1 for 0): "
+        "orthonormal columns, uniform over them when a is Gaussian (the orthogonal initializer). LAPACK on one "
+        "thread.");
+
     m.def(
         "dense_forward",
         [](const py::array& x, const py::array& kernel, const py::object& bias, const std::string& activation) {

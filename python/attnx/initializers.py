@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from . import backend
+from . import backend, kernels
 
 
 def _fans(shape):
@@ -128,8 +128,9 @@ class Orthogonal(Initializer):
         rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
         cols = shape[-1]
         flat = backend.rng().normal(size=(max(rows, cols), min(rows, cols)))
-        q, r = np.linalg.qr(flat)
-        q *= np.sign(np.diag(r))  # makes the distribution uniform over orthogonal matrices
+        # Q of QR with R's diagonal made positive: uniform over orthogonal matrices; on one thread (NumPy's
+        # threaded LAPACK took seconds for an LSTM's kernel on a busy 2-core host)
+        q = kernels.orthogonal_factor(a=flat)
         if rows < cols:
             q = q.T
         return (self.gain * q[:rows, :cols]).reshape(shape).astype(dtype)
