@@ -1,5 +1,5 @@
-// attnx's int8 LSTM forward (cpp/include/attnx/quantized.hpp: packed int8 kernels, the input
-// projection of every step in one int8 product, h quantized per step) against its float32 LSTM
+// attnx's int8 LSTM forward (cpp/include/attnx/quantized.hpp: packed int8 kernels, x_t and h_{t-1}
+// quantized and multiplied per step, the scales in the cell's loop) against its float32 LSTM
 // forward (rnn.hpp) on one thread, in process CPU time (other processes on a shared host do not
 // count), at the CPU's level, at AVX-512 with the AMX tiles off (where the CPU has them) and at the
 // AVX2 level. Arguments: B T C H iterations.
