@@ -1,8 +1,9 @@
-// attnx's int8 LSTM forward (cpp/include/attnx/quantized.hpp: packed int8 kernels, the input
-// projection of every step in one int8 product, h quantized per step) against its float32 LSTM
+// attnx's int8 LSTM forward (cpp/include/attnx/quantized.hpp: packed int8 kernels, x_t and h_{t-1}
+// quantized and multiplied per step, the scales in the cell's loop) against its float32 LSTM
 // forward (rnn.hpp) on one thread, in process CPU time (other processes on a shared host do not
 // count), at the CPU's level, at AVX-512 with the AMX tiles off (where the CPU has them) and at the
-// AVX2 level. Arguments: B T C H iterations.
+// AVX2 level, then the int8 forward's parts (quantizing x_t and h, their products) timed alone.
+// Arguments: B T C H iterations.
 //   g++ -std=gnu++17 -O3 -ffp-contract=off -fno-math-errno -fno-trapping-math -Wno-psabi -Icpp/include \
 //     -o /tmp/int8_lstm benchmarks/int8_lstm_cpu_time.cpp -lopenblas && /tmp/int8_lstm 32 32 32 100 100
 #include <cstdio>
@@ -70,6 +71,39 @@ int main(int argc, char** argv) {
         const double n = 3.0 * iterations;
         std::printf("%-8s LSTM B=%d T=%d C=%d H=%d, 1 thread, CPU time: int8 %.1f us, float32 %.1f us: %.2fx\n",
                     int8_level_name(), B, T, C, H, t_int8 / n * 1e6, t_float32 / n * 1e6, t_float32 / t_int8);
+        // the int8 forward's parts, each timed alone over T steps of B rows on the same operands; the
+        // cell's loop (scales, biases, gates, state) is what is left of the whole
+        auto per_call = [&](auto&& part) {
+            part();
+            const double t0 = cpu_seconds();
+            for (int i = 0; i < iterations; ++i) part();
+            return (cpu_seconds() - t0) / iterations * 1e6;
+        };
+        const Int8Packed &PW = qW.head, &PU = qU.head;
+        Int8Activations xq, hq;
+        xq.resize(B, C, PW.Kp, PW.Np), hq.resize(B, H, PU.Kp, PU.Np);
+        std::vector<int32_t> ax((size_t)B * PW.Np), ah((size_t)B * PU.Np);
+        const double quantize_x = per_call([&] {
+            for (int t = 0; t < T; ++t)
+                on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                    xq.quantize_on<decltype(lanes)>(x.data() + (size_t)t * C, (size_t)T * C, B, PW.feature_weight.data());
+                });
+        });
+        const double product_x = per_call([&] {
+            for (int t = 0; t < T; ++t) xq.product(ax.data(), (size_t)PW.Np, B, PW, 0, G);
+        });
+        const double quantize_h = per_call([&] {
+            for (int t = 0; t < T; ++t)
+                on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
+                    hq.quantize_on<decltype(lanes)>(h.data(), (size_t)H, B, PU.feature_weight.data());
+                });
+        });
+        const double product_h = per_call([&] {
+            for (int t = 0; t < T; ++t) hq.product(ah.data(), (size_t)PU.Np, B, PU, 0, G);
+        });
+        std::printf("         int8 parts: quantize x_t %.1f us, x_t W %.1f us, quantize h %.1f us, h U %.1f us, "
+                    "the cell's loop (the rest) %.1f us\n", quantize_x, product_x, quantize_h, product_h,
+                    t_int8 / n * 1e6 - quantize_x - product_x - quantize_h - product_h);
     }
     amx_allowed() = true;
 }

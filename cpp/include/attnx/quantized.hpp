@@ -576,6 +576,12 @@ inline void int8_product_reference(int32_t* acc, size_t ldc, const int8_t* qx, s
         }
 }
 
+// n <= W int32 values (lanes past n zero) as floats: the int32 bits loaded as one vector, then converted
+template <class V> ATTNX_ALWAYS_INLINE V int32_lanes(const int32_t* p, int n) {
+    if constexpr (Lanes<V>::W == 1) return (float)*p;
+    else return __builtin_convertvector((typename Lanes<V>::I)vload<V>(reinterpret_cast<const float*>(p), n), V);
+}
+
 // ----------------------------------------------------------------------------- activations, both passes
 // Up to `rows` activation rows of K values in int8: q, s (every row), and the coarse rows' second pass
 // (which, qe, se, acc2 for its products; e a row's residual). Buffers reused by every call.
@@ -617,6 +623,21 @@ struct Int8Activations {
     void product(int32_t* acc, size_t ldc, int n, const Int8Packed& B, int n0, int n1) {
         int8_product(acc, ldc, q.data(), (size_t)Kp, n, B, n0, n1);
         if (coarse) int8_product(acc2.data(), (size_t)B.Np, qe.data(), (size_t)Kp, coarse, B, n0, n1);
+    }
+
+    // dequantize's value of row r, columns [j, j + m) (m <= W), as one vector that no buffer holds:
+    //   acc[r, j] (s[r] sw[j]) + bias[j] (bias may be null), + acc2[i, j] (se[i] sw[j]) for a coarse row
+    // (i = coarse_of[r]; acc2's rows ld_acc2 apart). The recurrent steps' epilogue reads the sums here,
+    // in the cell's loop, instead of a dequantized buffer written and read back every step.
+    template <class V>
+    ATTNX_ALWAYS_INLINE V dequantized(const int32_t* acc, size_t ldc, int r, const float* sw, const float* bias, int j,
+                                      int m, size_t ld_acc2) const {
+        const V w = vload<V>(sw + j, m);
+        V v = int32_lanes<V>(acc + (size_t)r * ldc + j, m) * (vbroadcast<V>(s[r]) * w);
+        if (bias) v += vload<V>(bias + j, m);
+        if (const int i = coarse_of[r]; i >= 0)
+            v += int32_lanes<V>(acc2.data() + (size_t)i * ld_acc2 + j, m) * (vbroadcast<V>(se[i]) * w);
+        return v;
     }
 
     // out[r, j - first] (n rows, ldo apart; n0 <= j < n1) = acc[r, j] (sx[r] sw[j]) + bias[j] (bias may be
@@ -757,36 +778,63 @@ inline void embedding_forward_int8(float* out, const int64_t* ids, size_t count,
 }
 
 // ----------------------------------------------------------------------------- recurrent layers
-// One level of SimpleRNN / GRU / LSTM (cfg as rnn_forward's) on quantized kernels:
-//   xw[b, t] = (Q(x[b, t]) qW) * sx sW + b_in       every step at once: one int8 product of B T rows
-//   pre_t    = xw[:, t] + (Q(h_{t-1}) qU) * sh sU [+ b_rec]            per step (Q: Int8Activations)
-// then the float gate math of rnn.hpp's cells (equations below). y (B, T, H) may be null; h, c (B, H)
-// hold the initial state and leave with the final one (c: LSTM only). mask (B, T) nonzero = real
-// step (null: all real); a padded step carries the state and writes y = 0. A classic GRU (reset
-// before the product) has U packed with split = 2H: r and z from U.head, the candidate from U.tail.
+// One level of SimpleRNN / GRU / LSTM (cfg as rnn_forward's) on quantized kernels, per step t:
+//   ax = Q(x_t) qW,  ah = Q(h_{t-1}) qU                          two int32 products of the step's rows
+//   pre = (ax sx sW + b_in) + (ah sh sU [+ b_rec])               (Q: Int8Activations, its coarse rows' second
+//                                                                 pass included: dequantized)
+// then the float gate math of rnn.hpp's cells (equations below), the scales and biases applied in the
+// cell's loop, straight from the int32 sums. The input's product runs per step too (its rows do not
+// wait for h): one product of all B T rows up front wrote a (B, T, G) float buffer, 1.6 MB at
+// LSTM(100) B=32 T=32, that the steps read back from L3, and its dequantizing pass alone cost as much
+// as the steps' recurrent products (int8_lstm_cpu_time.cpp); a step's sums (rows x G int32) stay in L2.
+// y (B, T, H) may be null; h, c (B, H) hold the initial state and leave with the final one (c: LSTM
+// only). mask (B, T) nonzero = real step (null: all real); a padded step carries the state and writes
+// y = 0. A classic GRU (reset before the product) has U packed with split = 2H: r and z from U.head,
+// the candidate from U.tail.
+
+// What one thread's int8 recurrent steps reuse from call to call (thread_local): x_t's and h_{t-1}'s
+// rows quantized and their int32 sums, and the classic GRU's r * h_{t-1}, quantized and multiplied
+struct Int8StepScratch {
+    Int8Activations xq, hq, rq;
+    std::vector<int32_t> ax, ah, an;
+    std::vector<float> rh;
+};
+inline Int8StepScratch& int8_step_scratch() {
+    thread_local Int8StepScratch scratch;
+    return scratch;
+}
+
 template <class V, class Acts>
 ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, int b0, int b1, float* y, float* h,
-                                        float* c, const float* xw, const Int8Kernel& U, const float* b_rec,
-                                        const uint8_t* mask) {
+                                        float* c, const float* x, const Int8Kernel& Wk, const float* b_in,
+                                        const Int8Kernel& U, const float* b_rec, const uint8_t* mask,
+                                        Int8StepScratch& scratch) {
     constexpr int W = Lanes<V>::W;
-    const int Tn = cfg.T, H = cfg.H, G = cfg.G(), rows = b1 - b0;
+    const int Tn = cfg.T, H = cfg.H, C = cfg.C, G = cfg.G(), rows = b1 - b0;
     const bool classic = cfg.cell == RNNCell::gru && !cfg.reset_after;
+    const Int8Packed& PW = Wk.head;                // x_t's columns (all G)
     const Int8Packed &PU = U.head, &PUn = U.tail;  // h_{t-1}'s columns (classic GRU: r and z), the candidate's
     const int nU = PU.N;
-    const float* sU = U.scale.data();
-    const size_t ldx = (size_t)Tn * G;  // xw's rows of one time step
-    Int8Activations hq, rq;  // h_{t-1}, and the classic GRU's r * h_{t-1}
+    const float *sW = Wk.scale.data(), *sU = U.scale.data();
+    Int8Activations &xq = scratch.xq, &hq = scratch.hq, &rq = scratch.rq;  // x_t, h_{t-1}, classic GRU's r * h_{t-1}
+    xq.resize(rows, C, PW.Kp, PW.Np);
     hq.resize(rows, H, PU.Kp, PU.Np);
-    std::vector<float> hg((size_t)rows * G), rh;
-    std::vector<int32_t> ah((size_t)rows * PU.Np), an;
-    if (classic) rh.resize((size_t)rows * H), an.resize((size_t)rows * PUn.Np), rq.resize(rows, H, PUn.Kp, PUn.Np);
+    scratch.ax.resize((size_t)rows * PW.Np), scratch.ah.resize((size_t)rows * PU.Np);
+    const int32_t *ax = scratch.ax.data(), *ah = scratch.ah.data(), *an = nullptr;
+    if (classic) {
+        scratch.rh.resize((size_t)rows * H), scratch.an.resize((size_t)rows * PUn.Np);
+        rq.resize(rows, H, PUn.Kp, PUn.Np);
+        an = scratch.an.data();
+    }
+    float* rh = scratch.rh.data();
+    const size_t ldx = (size_t)Tn * C;  // x's rows of one time step
     for (int step = 0; step < Tn; ++step) {
         const int t = cfg.time_at(step);
-        const float* xg = xw + ((size_t)b0 * Tn + t) * G;  // x_t W + b_in of row b0, rows ldx apart
-        // h_{t-1} U (+ b_rec)
+        // x_t W and h_{t-1} U (classic GRU: its r and z columns) as int32 sums
+        xq.quantize_on<V>(x + ((size_t)b0 * Tn + t) * C, ldx, rows, PW.feature_weight.data());
+        xq.product(scratch.ax.data(), (size_t)PW.Np, rows, PW, 0, G);
         hq.quantize_on<V>(h + (size_t)b0 * H, (size_t)H, rows, PU.feature_weight.data());
-        hq.product(ah.data(), (size_t)PU.Np, rows, PU, 0, nU);
-        hq.dequantize(hg.data(), (size_t)G, ah.data(), (size_t)PU.Np, rows, sU, b_rec, 0, nU, (size_t)PU.Np);
+        hq.product(scratch.ah.data(), (size_t)PU.Np, rows, PU, 0, nU);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
             float* hb = h + (size_t)b * H;
@@ -796,13 +844,16 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
                 if (yb) std::fill(yb, yb + H, 0.f);
                 continue;
             }
-            const float* xr = xg + (size_t)r * ldx;
-            const float* hr = hg.data() + (size_t)r * G;
             for (int j = 0; j < H; j += W) {
                 const int n = std::min(W, H - j);
-                auto pre = [&](int q) __attribute__((always_inline)) {
-                    return vload<V>(xr + (size_t)q * H + j, n) + vload<V>(hr + (size_t)q * H + j, n);
+                // gate q's x_t W + b_in, and its h_{t-1} U (+ b_rec), at units [j, j + n)
+                auto in = [&](int q) __attribute__((always_inline)) {
+                    return xq.dequantized<V>(ax, (size_t)PW.Np, r, sW, b_in, q * H + j, n, (size_t)PW.Np);
                 };
+                auto rec = [&](int q) __attribute__((always_inline)) {
+                    return hq.dequantized<V>(ah, (size_t)PU.Np, r, sU, b_rec, q * H + j, n, (size_t)PU.Np);
+                };
+                auto pre = [&](int q) __attribute__((always_inline)) { return in(q) + rec(q); };
                 V h_t;
                 switch (cfg.cell) {
                     case RNNCell::simple:  // h_t = act(x_t W + b + h_{t-1} U)
@@ -819,11 +870,11 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
                     default: {  // GRU
                         const V r_ = acts.ract(pre(0)), z = acts.ract(pre(1));
                         if (classic) {  // the candidate's product needs r * h first
-                            vstore(rh.data() + (size_t)r * H + j, r_ * vload<V>(hb + j, n), n);
+                            vstore(rh + (size_t)r * H + j, r_ * vload<V>(hb + j, n), n);
                             continue;
                         }
                         // n = act(x_n + r * (h U_n + b_hn)); h_t = z h_{t-1} + (1 - z) n
-                        const V nn = acts.act(vload<V>(xr + 2 * H + j, n) + r_ * vload<V>(hr + 2 * H + j, n));
+                        const V nn = acts.act(in(2) + r_ * rec(2));
                         h_t = z * vload<V>(hb + j, n) + (vbroadcast<V>(1.f) - z) * nn;
                     }
                 }
@@ -833,21 +884,20 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
         }
         if (!classic) continue;
         // classic GRU: n = act(x_n + b_n + (r * h_{t-1}) U_n); h_t = z h_{t-1} + (1 - z) n
-        rq.quantize_on<V>(rh.data(), (size_t)H, rows, PUn.feature_weight.data());
-        rq.product(an.data(), (size_t)PUn.Np, rows, PUn, 0, H);
-        rq.dequantize(hg.data() + 2 * H, (size_t)G, an.data(), (size_t)PUn.Np, rows, sU + 2 * H, nullptr, 0, H,
-                      (size_t)PUn.Np);
+        rq.quantize_on<V>(rh, (size_t)H, rows, PUn.feature_weight.data());
+        rq.product(scratch.an.data(), (size_t)PUn.Np, rows, PUn, 0, H);
         for (int r = 0; r < rows; ++r) {
             const int b = b0 + r;
             if (mask && !mask[(size_t)b * Tn + t]) continue;
             float* hb = h + (size_t)b * H;
             float* yb = y ? y + ((size_t)b * Tn + t) * H : nullptr;
-            const float* xr = xg + (size_t)r * ldx;
-            const float* hr = hg.data() + (size_t)r * G;
             for (int j = 0; j < H; j += W) {
                 const int n = std::min(W, H - j);
-                const V z = acts.ract(vload<V>(xr + H + j, n) + vload<V>(hr + H + j, n));
-                const V nn = acts.act(vload<V>(xr + 2 * H + j, n) + vload<V>(hr + 2 * H + j, n));
+                const V z = acts.ract(xq.dequantized<V>(ax, (size_t)PW.Np, r, sW, b_in, H + j, n, (size_t)PW.Np) +
+                                      hq.dequantized<V>(ah, (size_t)PU.Np, r, sU, b_rec, H + j, n, (size_t)PU.Np));
+                const V nn = acts.act(xq.dequantized<V>(ax, (size_t)PW.Np, r, sW, b_in, 2 * H + j, n, (size_t)PW.Np) +
+                                      rq.dequantized<V>(an, (size_t)PUn.Np, r, sU + 2 * H, nullptr, j, n,
+                                                        (size_t)PUn.Np));
                 const V h_t = z * vload<V>(hb + j, n) + (vbroadcast<V>(1.f) - z) * nn;
                 vstore(hb + j, h_t, n);
                 if (yb) vstore(yb + j, h_t, n);
@@ -856,20 +906,15 @@ ATTNX_ALWAYS_INLINE void rnn_steps_int8(const RNNConfig& cfg, const Acts& acts, 
     }
 }
 
-// W (C, G) and U (H, G) packed (U with split = 2H for a classic GRU, G otherwise); xw's buffer is
-// this thread's, reused by the next call
+// W (C, G) and U (H, G) packed (U with split = 2H for a classic GRU, G otherwise); each thread's rows
+// step on its own scratch (int8_step_scratch)
 inline void rnn_forward_int8(const RNNConfig& cfg, float* y, float* h, float* c, const float* x, const Int8Kernel& W,
                              const Int8Kernel& U, const float* b_in, const float* b_rec, const uint8_t* mask) {
-    const size_t TG = (size_t)cfg.T * cfg.G();
-    thread_local std::vector<float> xw_buffer;
-    xw_buffer.resize((size_t)cfg.B * TG);
-    float* xw = xw_buffer.data();
     for_batch_rows(cfg, [&](int b0, int b1) {
-        dense_forward_int8(xw + b0 * TG, x + (size_t)b0 * cfg.T * cfg.C, (b1 - b0) * cfg.T, W, b_in,
-                           Activation::linear);
+        Int8StepScratch& scratch = int8_step_scratch();
         auto run = [&](const auto& acts) {
             on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-                rnn_steps_int8<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, xw, U, b_rec, mask);
+                rnn_steps_int8<decltype(lanes)>(cfg, acts, b0, b1, y, h, c, x, W, b_in, U, b_rec, mask, scratch);
             });
         };
         if (cfg.activation == Activation::tanh && cfg.recurrent_activation == Activation::sigmoid) run(TanhSigmoid{});
