@@ -33,11 +33,8 @@ finish() {
 trap 'finish $?' EXIT
 
 phase setup
-echo "== setup (system packages, pip install .[test])"
-# The test install keeps pybind11's LTO, as wheels for users do: from a fresh clone, setup (mostly the
-# build) cost 264 s of CPU with it and 412 s without (each binding file compiles the same inline
-# kernels and pybind11 code again; LTO generates code once, in parallel, after merging them)
-bash scripts/setup.sh test
+echo "== setup (system packages, pip install .[test]; the sanitizer build starts beside the install)"
+bash scripts/setup.sh --build-requirements
 source scripts/build_env.sh  # ccache (setup.sh installed it)
 shared_data="$(cd .. && pwd)/shared/data"
 # one folder holding uci-sentiment/ and anki/ serves every loader: the shared data beside the
@@ -46,15 +43,23 @@ if [ -d "$shared_data/uci-sentiment" ] && [ -d "$shared_data/anki" ]; then
   export ATTNX_DATA_DIR="$shared_data"
 fi
 export MPLBACKEND=Agg
-# The sanitizer job (scripts/sanitize.sh: the ASan+UBSan build, the longest compile, then the C++
-# tests and a pytest subset under it) runs beside the other phases, at low priority in its own
-# process group: on 2 cores it takes the core that the ctest build's link, docs and pytest leave
-# idle. Its output is printed when the sanitize phase has waited for it.
+# The sanitizer job (scripts/sanitize.sh: the ASan+UBSan build, then the C++ tests and a pytest
+# subset under it) runs beside the other phases, at low priority in its own process group. Its build
+# holds the longest single compile (the sanitized _core, one unit), so it starts first, as soon as
+# the build requirements are there; its pytest subset waits for the test extra (build/setup.done).
+# Its output is printed when the sanitize phase has waited for it.
 mkdir -p build
+rm -f build/setup.done
 sanitize_log=build/sanitize-job.log
-setsid nice -n 5 bash -c 'TIMEFORMAT="-- sanitizer job: %0R s wall %0U s user %0S s sys"; time bash scripts/sanitize.sh' \
-  > "$sanitize_log" 2>&1 &
+setsid nice -n 5 bash -c 'TIMEFORMAT="-- sanitizer job: %0R s wall %0U s user %0S s sys"; time {
+    bash scripts/sanitize.sh --build-only &&
+    { until [ -e build/setup.done ]; do sleep 1; done; bash scripts/sanitize.sh; }; }' > "$sanitize_log" 2>&1 &
 background=$!
+# The test install keeps pybind11's LTO, as wheels for users do: from a fresh clone, setup (mostly the
+# build) cost 264 s of CPU with it and 412 s without (each binding file compiles the same inline
+# kernels and pybind11 code again; LTO generates code once, in parallel, after merging them)
+bash scripts/setup.sh test
+touch build/setup.done
 phase ctest
 echo "== C++ unit tests"
 cmake -S . -B build/ctest -DATTNX_BUILD_TESTS=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_BUILD_TYPE=Release >/dev/null
