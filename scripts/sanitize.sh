@@ -4,6 +4,8 @@
 #   bash scripts/sanitize.sh            # C++ unit tests + the fast Python subset (what CI runs)
 #   bash scripts/sanitize.sh --all      # C++ unit tests + the whole pytest suite
 #   bash scripts/sanitize.sh tests/test_fuzz.py -k dense   # C++ tests + the given pytest args
+#   bash scripts/sanitize.sh --build-only   # only the build (scripts/test.sh starts it before the
+#                                           # test extra is installed, then runs the rest)
 #
 # The sanitized extension is built in build/sanitize/ (CMake option ATTNX_SANITIZE) and never
 # copied over python/attnx/_core*.so: pytest runs against a temporary copy of python/attnx/ that
@@ -26,7 +28,10 @@ SANITIZE_SUBSET=(tests/test_bad_input.py tests/test_fuzz.py tests/test_nan_guard
                  tests/test_fuzz_kernels.py)
 
 pytest_args=()
-if [ "${1:-}" = "--all" ]; then
+build_only=""
+if [ "${1:-}" = "--build-only" ]; then
+  build_only=1
+elif [ "${1:-}" = "--all" ]; then
   shift
   # these two measure the release artifact (import time, size of _core), not what an instrumented
   # build (~50 MB, several times slower to load) can meet
@@ -70,6 +75,7 @@ cmake -S . -B "$dir" -DATTNX_SANITIZE=ON -DATTNX_BUILD_PYTHON=ON -DATTNX_BUILD_T
   > "$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
 cmake --build "$dir" -j"$jobs" > "$dir.build.log" 2>&1 \
   || { grep -E -A3 "error" "$dir.build.log" | head -60; exit 1; }
+[ -z "$build_only" ] || exit 0
 
 # any report aborts the process (ASan always, UBSan by halt_on_error), which fails the step
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"

@@ -5,6 +5,9 @@
 # (default: none).
 #   bash scripts/setup.sh            # the package
 #   bash scripts/setup.sh test       # + pytest, hypothesis, torch==2.13.0 (parity), matplotlib
+#   bash scripts/setup.sh --build-requirements   # only what building attnx needs (system packages,
+#                                    # pyproject.toml's build requirements): scripts/test.sh starts the
+#                                    # sanitizer build then, beside the install
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""
@@ -18,13 +21,14 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
 fi
 source scripts/build_env.sh  # ccache
-extras="${1:-}"
-target="."
-[ -n "$extras" ] && target=".[$extras]"
-echo "pip install $target"
 # the build requirements of pyproject.toml (and the cmake and ninja scikit-build-core would fetch
 # into an isolated env), installed here rather than in a throwaway isolated env, so that later
 # builds (scripts/build_wheel.sh, a reinstall) reuse build/<wheel tag>
 python3 -m pip install -q --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" \
   "scipy-openblas32>=0.3.27" "cmake>=3.18" ninja
+[ "${1:-}" = "--build-requirements" ] && exit 0
+extras="${1:-}"
+target="."
+[ -n "$extras" ] && target=".[$extras]"
+echo "pip install $target"
 python3 -m pip install -q --disable-pip-version-check --no-build-isolation "$target"

@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # CPU seconds of this shell's finished children (cutime + cstime of /proc/<pid>/stat, in clock ticks)
-children_cpu() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.1f", ($16 + $17) / hz}' "/proc/$$/stat"; }
+# plus the sanitizer job's CPU once it has ended (it is not this shell's child: see below)
+job_cpu=0
+children_cpu() { awk -v hz="$(getconf CLK_TCK)" -v job="$job_cpu" '{printf "%.1f", ($16 + $17) / hz + job}' "/proc/$$/stat"; }
 phase_name=""; phase_table=""; start_wall="$(date +%s.%N)"
 phase() {  # phase NAME: ends the running phase (if any) and starts NAME; `phase ""` only ends
   local wall cpu line
@@ -33,11 +35,8 @@ finish() {
 trap 'finish $?' EXIT
 
 phase setup
-echo "== setup (system packages, pip install .[test])"
-# The test install keeps pybind11's LTO, as wheels for users do: from a fresh clone, setup (mostly the
-# build) cost 264 s of CPU with it and 412 s without (each binding file compiles the same inline
-# kernels and pybind11 code again; LTO generates code once, in parallel, after merging them)
-bash scripts/setup.sh test
+echo "== setup (system packages, pip install .[test]; the sanitizer build starts beside the install)"
+bash scripts/setup.sh --build-requirements
 source scripts/build_env.sh  # ccache (setup.sh installed it)
 shared_data="$(cd .. && pwd)/shared/data"
 # one folder holding uci-sentiment/ and anki/ serves every loader: the shared data beside the
@@ -46,15 +45,29 @@ if [ -d "$shared_data/uci-sentiment" ] && [ -d "$shared_data/anki" ]; then
   export ATTNX_DATA_DIR="$shared_data"
 fi
 export MPLBACKEND=Agg
-# The sanitizer job (scripts/sanitize.sh: the ASan+UBSan build, the longest compile, then the C++
-# tests and a pytest subset under it) runs beside the other phases, at low priority in its own
-# process group: on 2 cores it takes the core that the ctest build's link, docs and pytest leave
-# idle. Its output is printed when the sanitize phase has waited for it.
+# The sanitizer job (scripts/sanitize.sh: the ASan+UBSan build, then the C++ tests and a pytest
+# subset under it) runs beside the other phases, at low priority in its own process group. Its build
+# holds the longest single compile (the sanitized _core, one unit), so it starts first, as soon as
+# the build requirements are there; its pytest subset waits for the test extra (build/setup.done).
+# Its output is printed when the sanitize phase has waited for it.
+# `setsid --fork`: the job is not this shell's child, so its CPU never lands in the phase that runs
+# when it ends (bash reaps a finished background child at once, adding its CPU to this shell's
+# children's); the sanitize phase adds it, from the job's own `time` line, when it has ended.
 mkdir -p build
+rm -f build/setup.done build/sanitize-job.pgid build/sanitize-job.status
 sanitize_log=build/sanitize-job.log
-setsid nice -n 5 bash -c 'TIMEFORMAT="-- sanitizer job: %0R s wall %0U s user %0S s sys"; time bash scripts/sanitize.sh' \
-  > "$sanitize_log" 2>&1 &
-background=$!
+setsid --fork nice -n 5 bash -c 'echo $$ > build/sanitize-job.pgid; status=0
+  TIMEFORMAT="-- sanitizer job: %0R s wall %0U s user %0S s sys"
+  time { bash scripts/sanitize.sh --build-only &&
+         { until [ -e build/setup.done ]; do sleep 1; done; bash scripts/sanitize.sh; }; } || status=$?
+  echo "$status" > build/sanitize-job.status' > "$sanitize_log" 2>&1
+until [ -s build/sanitize-job.pgid ]; do sleep 0.1; done
+background="$(cat build/sanitize-job.pgid)"
+# The test install keeps pybind11's LTO, as wheels for users do: from a fresh clone, setup (mostly the
+# build) cost 264 s of CPU with it and 412 s without (each binding file compiles the same inline
+# kernels and pybind11 code again; LTO generates code once, in parallel, after merging them)
+bash scripts/setup.sh test
+touch build/setup.done
 phase ctest
 echo "== C++ unit tests"
 cmake -S . -B build/ctest -DATTNX_BUILD_TESTS=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -68,9 +81,10 @@ echo "== pytest"
 # run from tests/ so that the installed attnx is what gets imported, not the source tree
 (cd tests && python3 -m pytest -q -ra --durations=40 "$@")
 phase sanitize
-echo "== sanitizers (C++ unit tests + a fast Python subset under ASan+UBSan; started after setup)"
-status=0
-wait "$background" || status=$?
+echo "== sanitizers (C++ unit tests + a fast Python subset under ASan+UBSan; started during setup)"
+until [ -e build/sanitize-job.status ] || ! kill -0 -- "-$background" 2>/dev/null; do sleep 1; done
+status="$(cat build/sanitize-job.status 2>/dev/null || echo 1)"
 background=""
 cat "$sanitize_log"
+job_cpu="$(awk '/^-- sanitizer job:/ {print $7 + $10}' "$sanitize_log")"
 exit "$status"
