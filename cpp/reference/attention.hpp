@@ -71,11 +71,11 @@ inline void masked_softmax_scores(const AttendShape& sh, double* weights, const 
             }
 }
 
-// weights = masked_softmax(scores);  context[b, t, h, :] = sum_s weights[b, h, t, s] keep[b, h, t, s] value[b, s, h, :]
-// (keep: the dropout keep mask scaled by 1 / (1 - rate), or a local window's Gaussian; null = 1)
-inline void softmax_context_forward(const AttendShape& sh, double* context, double* weights, const double* scores,
-                                    const double* value, const AttendMask& mask, const double* keep) {
-    masked_softmax_scores(sh, weights, scores, mask);
+// context[b, t, h, :] = sum_s op(weights[b, h, t, s] keep[b, h, t, s]) op(value[b, s, h, :]), op the operands'
+// rounding (the identity; bf16's for the bf16 kernels, reference/bf16.hpp)
+template <class Op = double (*)(double)>
+inline void weighted_values(const AttendShape& sh, double* context, const double* weights, const double* value,
+                            const double* keep, Op op = [](double x) { return x; }) {
     for (int b = 0; b < sh.B; ++b)
         for (int h = 0; h < sh.H; ++h)
             for (int t = 0; t < sh.Tq; ++t)
@@ -83,10 +83,18 @@ inline void softmax_context_forward(const AttendShape& sh, double* context, doub
                     double acc = 0;
                     for (int s = 0; s < sh.S; ++s) {
                         const size_t i = at_score(sh, b, h, t, s);
-                        acc += weights[i] * (keep ? keep[i] : 1.0) * value[at4(b, s, h, d, sh.S, sh.H, sh.Dv)];
+                        acc += op(weights[i] * (keep ? keep[i] : 1.0)) * op(value[at4(b, s, h, d, sh.S, sh.H, sh.Dv)]);
                     }
                     context[at4(b, t, h, d, sh.Tq, sh.H, sh.Dv)] = acc;
                 }
+}
+
+// weights = masked_softmax(scores);  context[b, t, h, :] = sum_s weights[b, h, t, s] keep[b, h, t, s] value[b, s, h, :]
+// (keep: the dropout keep mask scaled by 1 / (1 - rate), or a local window's Gaussian; null = 1)
+inline void softmax_context_forward(const AttendShape& sh, double* context, double* weights, const double* scores,
+                                    const double* value, const AttendMask& mask, const double* keep) {
+    masked_softmax_scores(sh, weights, scores, mask);
+    weighted_values(sh, context, weights, value, keep);
 }
 
 // context = sum_s weights keep value;  weights = masked_softmax(scores)

@@ -98,18 +98,7 @@ inline void bf16_conv2d_backward(double* dx, double* dK, double* dbias, const do
 // The context of bf16_sdpa_forward (below) from given weights: context[b, t, h, :] = sum_s bf16(weights keep) bf16(v[b, s, h, :])
 inline void bf16_weighted_values(const AttendShape& sh, double* context, const double* weights, const double* v,
                                  const double* keep) {
-    for (int b = 0; b < sh.B; ++b)
-        for (int h = 0; h < sh.H; ++h)
-            for (int t = 0; t < sh.Tq; ++t)
-                for (int d = 0; d < sh.Dv; ++d) {
-                    double acc = 0;
-                    for (int s = 0; s < sh.S; ++s) {
-                        const size_t i = at_score(sh, b, h, t, s);
-                        acc += round_to_bf16(weights[i] * (keep ? keep[i] : 1.0)) *
-                               round_to_bf16(v[at4(b, s, h, d, sh.S, sh.H, sh.Dv)]);
-                    }
-                    context[at4(b, t, h, d, sh.Tq, sh.H, sh.Dv)] = acc;
-                }
+    weighted_values(sh, context, weights, v, keep, round_to_bf16);
 }
 
 // Scaled dot-product attention on bf16 operands (attention.hpp's sdpa_forward with bf16):

@@ -10,6 +10,7 @@
 
 #include "attnx/attention.hpp"
 #include "reference/attention.hpp"
+#include "attend_check.hpp"
 #include "reference_check.hpp"
 
 using namespace attnx;
@@ -40,9 +41,8 @@ std::vector<double> random_keep(std::mt19937& rng, size_t n) {
 
 void test_sdpa(AttendShape sh, bool full_mask, bool causal, bool dropout, bool with_weights, unsigned seed) {
     std::mt19937 rng(seed);
-    const size_t nq = (size_t)sh.B * sh.Tq * sh.H * sh.Dk, nk = (size_t)sh.B * sh.S * sh.H * sh.Dk;
-    const size_t nv = (size_t)sh.B * sh.S * sh.H * sh.Dv, nc = (size_t)sh.B * sh.Tq * sh.H * sh.Dv;
-    const size_t nw = (size_t)sh.B * sh.H * sh.Tq * sh.S;
+    const AttendSizes sizes(sh);
+    const size_t nq = sizes.query, nk = sizes.key, nv = sizes.value, nc = sizes.context, nw = sizes.weights;
     const auto q = random_values(rng, nq), k = random_values(rng, nk), v = random_values(rng, nv);
     const auto dcontext = random_values(rng, nc), dweights = random_values(rng, nw);
     const auto keep = random_keep(rng, nw);
@@ -88,9 +88,8 @@ void test_sdpa(AttendShape sh, bool full_mask, bool causal, bool dropout, bool w
 // The score and softmax-context kernels apart (as the additive and local attention layers use them)
 void test_scores_and_context(AttendShape sh, unsigned seed) {
     std::mt19937 rng(seed);
-    const size_t nq = (size_t)sh.B * sh.Tq * sh.H * sh.Dk, nk = (size_t)sh.B * sh.S * sh.H * sh.Dk;
-    const size_t nv = (size_t)sh.B * sh.S * sh.H * sh.Dv, nc = (size_t)sh.B * sh.Tq * sh.H * sh.Dv;
-    const size_t nw = (size_t)sh.B * sh.H * sh.Tq * sh.S;
+    const AttendSizes sizes(sh);
+    const size_t nq = sizes.query, nk = sizes.key, nv = sizes.value, nc = sizes.context, nw = sizes.weights;
     const auto q = random_values(rng, nq), k = random_values(rng, nk), v = random_values(rng, nv);
     const auto dcontext = random_values(rng, nc), dweights = random_values(rng, nw), keep = random_keep(rng, nw);
     const auto dscores_in = random_values(rng, nw);
@@ -181,9 +180,8 @@ void test_local_window(int B, int Tq, int S, int D, unsigned seed) {
 // whole products, with and without the weights written) and backward, on every level and split
 template <class T> void test_drawn_keep(AttendShape sh, bool bf16, unsigned seed) {
     std::mt19937 rng(seed);
-    const size_t nq = (size_t)sh.B * sh.Tq * sh.H * sh.Dk, nk = (size_t)sh.B * sh.S * sh.H * sh.Dk;
-    const size_t nv = (size_t)sh.B * sh.S * sh.H * sh.Dv, nc = (size_t)sh.B * sh.Tq * sh.H * sh.Dv;
-    const size_t nw = (size_t)sh.B * sh.H * sh.Tq * sh.S;
+    const AttendSizes sizes(sh);
+    const size_t nq = sizes.query, nk = sizes.key, nv = sizes.value, nc = sizes.context, nw = sizes.weights;
     const auto q = cast<T>(random_values(rng, nq)), k = cast<T>(random_values(rng, nk)), v = cast<T>(random_values(rng, nv));
     const auto dcontext = cast<T>(random_values(rng, nc));
     const KeepStream drawn{0x5eed0000ull + seed, 7, 0.3};  // first_row 7: a shard's rows

@@ -18,6 +18,7 @@
 #include "attnx/bf16.hpp"
 #include "attnx/conv.hpp"
 #include "reference/bf16.hpp"
+#include "attend_check.hpp"
 #include "bf16_check.hpp"
 #include "reference_check.hpp"
 
@@ -192,9 +193,8 @@ void test_conv(int B, int H, int W, int C, int KH, int KW, int S, bool same, int
 // it to neighbouring bf16 values, one step (<= 2^-7 |dscores|), which moves dq by that times |k| (dk: |q|).
 void test_sdpa(AttendShape sh, bool full_mask, bool causal, bool dropout, bool with_dweights, unsigned seed) {
     std::mt19937 rng(seed);
-    const size_t nq = (size_t)sh.B * sh.Tq * sh.H * sh.Dk, nk = (size_t)sh.B * sh.S * sh.H * sh.Dk;
-    const size_t nv = (size_t)sh.B * sh.S * sh.H * sh.Dv, nc = (size_t)sh.B * sh.Tq * sh.H * sh.Dv;
-    const size_t nw = (size_t)sh.B * sh.H * sh.Tq * sh.S;
+    const AttendSizes sizes(sh);
+    const size_t nq = sizes.query, nk = sizes.key, nv = sizes.value, nc = sizes.context, nw = sizes.weights;
     const auto q = random_values(rng, nq), k = random_values(rng, nk), v = random_values(rng, nv);
     const auto dcontext = random_values(rng, nc), dweights = random_values(rng, nw, 0.1);
     std::vector<double> keep(nw);
