@@ -19,6 +19,9 @@ inline bool allowed(const AttendMask& mask, int b, int t, int s) {
     return !mask.data || mask.data[b * mask.stride_b + t * mask.stride_t + s];
 }
 
+// The operands' rounding of the float kernels: none (bf16's for the bf16 kernels: reference/bf16.hpp)
+inline double unrounded(double x) { return x; }
+
 // element (b, t, h, d) of a (B, T, H, D) array
 inline size_t at4(int b, int t, int h, int d, int T, int H, int D) { return (((size_t)b * T + t) * H + h) * D + d; }
 // element (b, h, t, s) of a (B, H, Tq, S) array
@@ -40,20 +43,22 @@ inline void dot_scores_forward(const AttendShape& sh, double* scores, const doub
 
 // scores[b, h, t, s] = scale * sum_d q[b, t, h, d] k[b, s, h, d]
 // => dq = scale dscores . k,  dk = scale dscores^T . q,  dscale += sum dscores * (q . k^T)
+// (the products' operands op-rounded; dscale's q is not, as the kernels meet it after their sums)
+template <class Op = double (*)(double)>
 inline void dot_scores_backward(const AttendShape& sh, double* dq, double* dk, double* dscale, const double* dscores,
-                                const double* q, const double* k, double scale) {
+                                const double* q, const double* k, double scale, Op op = unrounded) {
     for (size_t i = 0; i < (size_t)sh.B * sh.Tq * sh.H * sh.Dk; ++i) dq[i] = 0;
     for (size_t i = 0; i < (size_t)sh.B * sh.S * sh.H * sh.Dk; ++i) dk[i] = 0;
     for (int b = 0; b < sh.B; ++b)
         for (int h = 0; h < sh.H; ++h)
             for (int t = 0; t < sh.Tq; ++t)
                 for (int s = 0; s < sh.S; ++s) {
-                    const double ds = dscores[at_score(sh, b, h, t, s)];
+                    const double ds = op(dscores[at_score(sh, b, h, t, s)]);
                     for (int d = 0; d < sh.Dk; ++d) {
                         const size_t iq = at4(b, t, h, d, sh.Tq, sh.H, sh.Dk), ik = at4(b, s, h, d, sh.S, sh.H, sh.Dk);
-                        dq[iq] += scale * ds * k[ik];
-                        dk[ik] += scale * ds * q[iq];
-                        if (dscale) *dscale += ds * q[iq] * k[ik];
+                        dq[iq] += scale * ds * op(k[ik]);
+                        dk[ik] += scale * ds * op(q[iq]);
+                        if (dscale) *dscale += ds * op(k[ik]) * q[iq];
                     }
                 }
 }
@@ -75,7 +80,7 @@ inline void masked_softmax_scores(const AttendShape& sh, double* weights, const 
 // rounding (the identity; bf16's for the bf16 kernels, reference/bf16.hpp)
 template <class Op = double (*)(double)>
 inline void weighted_values(const AttendShape& sh, double* context, const double* weights, const double* value,
-                            const double* keep, Op op = [](double x) { return x; }) {
+                            const double* keep, Op op = unrounded) {
     for (int b = 0; b < sh.B; ++b)
         for (int h = 0; h < sh.H; ++h)
             for (int t = 0; t < sh.Tq; ++t)
@@ -101,9 +106,11 @@ inline void softmax_context_forward(const AttendShape& sh, double* context, doub
 // => dvalue[b, s, h, :] = sum_t weights keep dcontext[b, t, h, :]
 //    dweights' = (dcontext . value^T) keep + dweights,  dkeep = (dcontext . value^T) weights
 //    dscores = softmax backward of dweights'
+// (the products' operands op-rounded: weights keep, dcontext, value)
+template <class Op = double (*)(double)>
 inline void softmax_context_backward(const AttendShape& sh, double* dscores, double* dvalue, double* dkeep,
                                      const double* dcontext, const double* dweights, const double* weights,
-                                     const double* value, const double* keep) {
+                                     const double* value, const double* keep, Op op = unrounded) {
     for (size_t i = 0; i < (size_t)sh.B * sh.S * sh.H * sh.Dv; ++i) dvalue[i] = 0;
     std::vector<double> dw(sh.S);
     for (int b = 0; b < sh.B; ++b)
@@ -112,10 +119,11 @@ inline void softmax_context_backward(const AttendShape& sh, double* dscores, dou
                 const size_t row = at_score(sh, b, h, t, 0);
                 for (int s = 0; s < sh.S; ++s) {
                     double dp = 0;  // d (weights keep)[s] = dcontext . value[s]
+                    const double used = op(weights[row + s] * (keep ? keep[row + s] : 1.0));
                     for (int d = 0; d < sh.Dv; ++d) {
-                        const double dc = dcontext[at4(b, t, h, d, sh.Tq, sh.H, sh.Dv)];
-                        dp += dc * value[at4(b, s, h, d, sh.S, sh.H, sh.Dv)];
-                        dvalue[at4(b, s, h, d, sh.S, sh.H, sh.Dv)] += weights[row + s] * (keep ? keep[row + s] : 1.0) * dc;
+                        const double dc = op(dcontext[at4(b, t, h, d, sh.Tq, sh.H, sh.Dv)]);
+                        dp += dc * op(value[at4(b, s, h, d, sh.S, sh.H, sh.Dv)]);
+                        dvalue[at4(b, s, h, d, sh.S, sh.H, sh.Dv)] += used * dc;
                     }
                     if (dkeep) dkeep[row + s] = dp * weights[row + s];
                     dw[s] = dp * (keep ? keep[row + s] : 1.0) + (dweights ? dweights[row + s] : 0.0);

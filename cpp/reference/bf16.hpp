@@ -122,38 +122,8 @@ inline void bf16_sdpa_forward(const AttendShape& sh, double* context, double* we
 inline void bf16_sdpa_backward(const AttendShape& sh, double* dq, double* dk, double* dv, double* dscale,
                                double* dscores, const double* dcontext, const double* dweights, const double* weights,
                                const double* q, const double* k, const double* v, const double* keep, double scale) {
-    for (size_t i = 0; i < (size_t)sh.B * sh.S * sh.H * sh.Dv; ++i) dv[i] = 0;
-    for (size_t i = 0; i < (size_t)sh.B * sh.Tq * sh.H * sh.Dk; ++i) dq[i] = 0;
-    for (size_t i = 0; i < (size_t)sh.B * sh.S * sh.H * sh.Dk; ++i) dk[i] = 0;
-    std::vector<double> dp(sh.S);
-    for (int b = 0; b < sh.B; ++b)
-        for (int h = 0; h < sh.H; ++h)
-            for (int t = 0; t < sh.Tq; ++t) {
-                const size_t row = at_score(sh, b, h, t, 0);
-                for (int s = 0; s < sh.S; ++s) {
-                    const double used = round_to_bf16(weights[row + s] * (keep ? keep[row + s] : 1.0));
-                    double acc = 0;
-                    for (int d = 0; d < sh.Dv; ++d) {
-                        const double dc = round_to_bf16(dcontext[at4(b, t, h, d, sh.Tq, sh.H, sh.Dv)]);
-                        acc += dc * round_to_bf16(v[at4(b, s, h, d, sh.S, sh.H, sh.Dv)]);
-                        dv[at4(b, s, h, d, sh.S, sh.H, sh.Dv)] += used * dc;
-                    }
-                    dp[s] = acc * (keep ? keep[row + s] : 1.0) + (dweights ? dweights[row + s] : 0.0);
-                }
-                softmax_backward(dscores + row, dp.data(), weights + row, 1, sh.S);
-                for (int d = 0; d < sh.Dk; ++d) {
-                    const size_t iq = at4(b, t, h, d, sh.Tq, sh.H, sh.Dk);
-                    double acc = 0;
-                    for (int s = 0; s < sh.S; ++s) {
-                        const double ds = round_to_bf16(dscores[row + s]);
-                        const size_t ik = at4(b, s, h, d, sh.S, sh.H, sh.Dk);
-                        acc += ds * round_to_bf16(k[ik]);
-                        dk[ik] += scale * ds * round_to_bf16(q[iq]);
-                    }
-                    dq[iq] = scale * acc;
-                    if (dscale) *dscale += acc * q[iq];
-                }
-            }
+    softmax_context_backward(sh, dscores, dv, nullptr, dcontext, dweights, weights, v, keep, round_to_bf16);
+    dot_scores_backward(sh, dq, dk, dscale, dscores, q, k, scale, round_to_bf16);
 }
 
 }  // namespace attnx::reference
