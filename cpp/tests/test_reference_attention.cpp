@@ -186,7 +186,7 @@ template <class T> void test_drawn_keep(AttendShape sh, bool bf16, unsigned seed
     const auto dcontext = cast<T>(random_values(rng, nc));
     const KeepStream drawn{0x5eed0000ull + seed, 7, 0.3};  // first_row 7: a shard's rows
     std::vector<T> keep(nw);
-    random_keep<T>(keep.data(), sh.B, nw / sh.B, drawn.key, drawn.first_row, drawn.rate);
+    attnx::random_keep<T>(keep.data(), sh.B, nw / sh.B, drawn.key, drawn.first_row, drawn.rate);
     const AttendMask mask;
     const T scale = T(0.4);
     const std::string where = describe(sh, bf16 ? "sdpa drawn keep bf16" : "sdpa drawn keep");
