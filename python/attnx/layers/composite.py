@@ -8,20 +8,21 @@ from .. import backend
 from .base import Layer
 
 
+def _draws_dropout(rate):
+    """Whether a dropout of `rate` draws: not at rate 0, nor in a recorded inference call (no randomness)."""
+    return rate != 0.0 and backend.training_randomness(True)
+
+
 def _dropout_keep(generator, shape, rate, dtype):
     """A scaled dropout mask (entries 0 or 1 / (1 - rate)) from `generator` (an `attnx.random.SeedGenerator`),
-    or None when rate is 0 or a recorded inference call takes no randomness."""
-    if rate == 0.0 or not backend.training_randomness(True):
-        return None
-    return generator.keep(shape, rate, dtype)
+    or None when it draws nothing (_draws_dropout)."""
+    return generator.keep(shape, rate, dtype) if _draws_dropout(rate) else None
 
 
 def _dropout_stream(generator, rows, rate):
     """_dropout_keep's draw as `generator.keep_stream`'s (rate, key, first_row), for a kernel that draws the
     mask as it goes (rows: the batch's rows), or None as there."""
-    if rate == 0.0 or not backend.training_randomness(True):
-        return None
-    return generator.keep_stream(rows, rate)
+    return generator.keep_stream(rows, rate) if _draws_dropout(rate) else None
 
 
 def _where(layer, arg):
