@@ -145,21 +145,26 @@ inline void pack_bf16_columns(uint32_t* pairs, size_t k_stride, const float* At,
     });
 }
 
+// dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols (<= 16 each): a block of pairs
+// turned over in L1, where the packers that read along one dimension and write along the other meet
+inline void transpose_pairs(uint32_t* dst, size_t dst_stride, const uint32_t* src, size_t src_stride, int rows,
+                            int cols) {
+    for (int c = 0; c < cols; ++c)
+        for (int r = 0; r < rows; ++r) dst[(size_t)c * dst_stride + r] = src[(size_t)r * src_stride + c];
+}
+
 // A panel of `width` columns from Bt (cols, K), rows ldbt apart: panel[kp * width + j] = (Bt[j, 2kp],
-// Bt[j, 2kp + 1]) for j < cols (zeros past them stay as they were). The writes run along the panel's
-// rows; the reads walk `cols` rows of Bt, whose lines stay in L1 across eight pairs.
+// Bt[j, 2kp + 1]) for j < cols (zeros past them stay as they were). Blocks of 16 rows of Bt x 16 pairs
+// are paired along Bt's rows (pack_bf16_rows, on vectors) and turned over into the panel's rows.
 inline void pack_bf16_panel_t(uint32_t* panel, int width, const float* Bt, size_t ldbt, int cols, int K) {
-    const int K2 = (K + 1) / 2, whole = K / 2;
-    for (int kp = 0; kp < K2; ++kp) {
-        uint32_t* out = panel + (size_t)kp * width;
-        if (kp < whole)
-            for (int j = 0; j < cols; ++j) {
-                const float* b = Bt + (size_t)j * ldbt + 2 * kp;
-                out[j] = bf16_bits(b[0]) | bf16_bits(b[1]) << 16;
-            }
-        else
-            for (int j = 0; j < cols; ++j) out[j] = bf16_bits(Bt[(size_t)j * ldbt + K - 1]);
-    }
+    const int K2 = (K + 1) / 2;
+    alignas(64) uint32_t block[16 * 16];
+    for (int j0 = 0; j0 < cols; j0 += 16)
+        for (int kp0 = 0; kp0 < K2; kp0 += 16) {
+            const int rows = std::min(16, cols - j0), pairs = std::min(16, K2 - kp0);
+            pack_bf16_rows(block, 16, Bt + (size_t)j0 * ldbt + 2 * kp0, ldbt, rows, std::min(32, K - 2 * kp0));
+            transpose_pairs(panel + (size_t)kp0 * width + j0, (size_t)width, block, 16, rows, pairs);
+        }
 }
 
 // ----------------------------------------------------------------------------- tiles
@@ -417,21 +422,56 @@ struct AmxLeftRows {
 inline int amx_pairs_padded(int K2) { return (K2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs; }
 inline size_t amx_row_stride(int K2p) { return (size_t)K2p + (K2p % 1024 == 0 ? kAmxPairs : 0); }
 
-// Rows [r0, r1) (multiples of 16, r1 up to Mp) of left from ops' left operand of M rows: in place along
-// a row (aks 1), or in blocks of 16 x 16 pairs from a k-major one
-inline void amx_copy_left_rows(const AmxLeftRows& left, const Bf16Operands& ops, int M, int r0, int r1) {
-    const int K2 = ops.K2, m1 = std::min(r1, M);
-    for (int mb = r0; mb < m1; mb += kAmxRows)
-        for (int kb = 0; kb < K2; kb += kAmxPairs)
-            for (int m = mb; m < std::min(mb + kAmxRows, m1); ++m) {
-                uint32_t* row = left.data + (size_t)m * left.stride;
-                const uint32_t* a = ops.a + (size_t)m * ops.ars;
-                for (int kp = kb; kp < std::min(kb + kAmxPairs, K2); ++kp) row[kp] = a[(size_t)kp * ops.aks];
-            }
+// Zeros past K2 pairs in rows [r0, r1) of left, and in the whole rows from M on
+inline void amx_zero_left_padding(const AmxLeftRows& left, int K2, int M, int r0, int r1) {
     for (int m = r0; m < r1; ++m) {
         uint32_t* row = left.data + (size_t)m * left.stride;
         std::fill(row + (m < M ? K2 : 0), row + left.stride, 0u);
     }
+}
+
+// Rows [r0, r1) (multiples of 16, r1 up to Mp) of left from ops' left operand of M rows: in place along
+// a row (aks 1), or turned over in blocks of 16 x 16 pairs from a k-major one
+inline void amx_copy_left_rows(const AmxLeftRows& left, const Bf16Operands& ops, int M, int r0, int r1) {
+    const int K2 = ops.K2, m1 = std::min(r1, M);
+    for (int mb = r0; mb < m1; mb += kAmxRows) {
+        const int rows = std::min(kAmxRows, m1 - mb);
+        for (int kb = 0; kb < K2; kb += kAmxPairs) {
+            const int pairs = std::min(kAmxPairs, K2 - kb);
+            uint32_t* to = left.data + (size_t)mb * left.stride + kb;
+            const uint32_t* from = ops.a + (size_t)mb * ops.ars + (size_t)kb * ops.aks;
+            if (ops.aks == 1)
+                for (int r = 0; r < rows; ++r)
+                    std::memcpy(to + (size_t)r * left.stride, from + (size_t)r * ops.ars, pairs * sizeof(uint32_t));
+            else
+                transpose_pairs(to, left.stride, from, ops.aks, pairs, rows);
+        }
+    }
+    amx_zero_left_padding(left, K2, M, r0, r1);
+}
+
+// Rows [r0, r1) (multiples of 16, r1 up to Mp) of left from op(A) (M, K) of floats, paired in place: A's
+// rows (lda apart) along them, or A^T's (A (K, M), trans_a) paired along A's rows in blocks of 16 x 16
+// pairs (pack_bf16_columns) turned over into left's rows
+inline void pack_amx_left_rows(const AmxLeftRows& left, const float* A, size_t lda, bool trans_a, int M, int K, int r0,
+                               int r1) {
+    const int K2 = (K + 1) / 2, m1 = std::min(r1, M);
+    if (!trans_a && r0 < m1) pack_bf16_rows(left.data + (size_t)r0 * left.stride, left.stride, A + (size_t)r0 * lda, lda, m1 - r0, K);
+    // (64 of A's columns at a time: a pack call per 16 was mostly call)
+    constexpr int kStrip = 4 * kAmxRows;
+    alignas(64) uint32_t block[kAmxPairs * kStrip];
+    for (int mb = r0; trans_a && mb < m1; mb += kStrip) {
+        const int strip = std::min(kStrip, m1 - mb);
+        for (int kb = 0; kb < K2; kb += kAmxPairs) {
+            const int pairs = std::min(kAmxPairs, K2 - kb);
+            pack_bf16_columns(block, kStrip, A + (size_t)(2 * kb) * lda + mb, lda, std::min(2 * kAmxPairs, K - 2 * kb),
+                              strip, strip);
+            for (int m = 0; m < strip; m += kAmxRows)
+                transpose_pairs(left.data + (size_t)(mb + m) * left.stride + kb, left.stride, block + m, kStrip, pairs,
+                                std::min(kAmxRows, strip - m));
+        }
+    }
+    amx_zero_left_padding(left, K2, M, r0, r1);
 }
 
 // C = start + left . panels on AMX tiles: panels of `width` columns (a multiple of 32), K2 pair rows each;
@@ -443,7 +483,7 @@ inline void amx_gemm_pairs(float* C, size_t ldc, const AmxLeftRows& left, const 
     const int K2p = left.K2p, whole = K2 / kAmxPairs * kAmxPairs, panel_count = (N + width - 1) / width;
     const size_t panel_size = (size_t)K2 * width;
     // each panel's pair rows past `whole`, zero-padded to 16 (this thread's buffer, read by the workers)
-    thread_local std::vector<uint32_t> tails;
+    thread_local Panels<uint32_t> tails;  // (on cache lines, as every tile load's rows)
     if (whole < K2) {
         tails.assign((size_t)panel_count * kAmxPairs * width, 0u);
         for (int p = 0; p < panel_count; ++p)
@@ -578,10 +618,24 @@ inline void bf16_gemm(float* C, size_t ldc, const float* A, size_t lda, bool tra
     // (the workers reach this thread's buffers through these pointers: a thread_local named in the
     // lambda would be the worker's own)
     thread_local Panels<uint32_t> a_buffer, b_buffer;
-    a_buffer.resize((size_t)M * K2);
     b_buffer.resize((size_t)panel_count * K2 * width);
-    uint32_t *a_pairs = a_buffer.data(), *b_pairs = b_buffer.data();
+    uint32_t* b_pairs = b_buffer.data();
     const size_t parts = kernel_threads();
+    if (amx_bf16_active()) {
+        // the left operand paired straight into the rows A tiles read (no pairs in bf16_gemm's layout first)
+        const int K2p = amx_pairs_padded(K2), blocks = (M + kAmxRows - 1) / kAmxRows;
+        a_buffer.resize((size_t)blocks * kAmxRows * amx_row_stride(K2p));
+        const AmxLeftRows left{a_buffer.data(), amx_row_stride(K2p), K2p};
+        parallel_for(parts, double(M) * N * K / 8, [&](size_t lo, size_t hi) {
+            pack_amx_left_rows(left, A, lda, trans_a, M, K, (int)(blocks * lo / parts) * kAmxRows,
+                               (int)(blocks * hi / parts) * kAmxRows);
+            pack_bf16_right(b_pairs, width, B, ldb, trans_b, K, N, (int)(panel_count * lo / parts),
+                            (int)(panel_count * hi / parts));
+        });
+        return amx_gemm_pairs(C, ldc, left, b_pairs, width, K2, M, N, accumulate, bias);
+    }
+    a_buffer.resize((size_t)M * K2);
+    uint32_t* a_pairs = a_buffer.data();
     parallel_for(parts, double(M) * N * K / 8, [&](size_t lo, size_t hi) {
         pack_bf16_left(a_pairs, A, lda, trans_a, M, K, (int)(M * lo / parts), (int)(M * hi / parts));
         pack_bf16_right(b_pairs, width, B, ldb, trans_b, K, N, (int)(panel_count * lo / parts),
@@ -658,30 +712,29 @@ ATTNX_AMX_BF16 void amx_step_tile(float* sums, const uint32_t* left, int K2p, co
     ATTNX_AMX_MEMORY_BARRIER();
 }
 
-// bf16_step_product (below) on AMX tiles (Q vectors of 16 lanes per block): the rows [b0, b1) copied
-// into tiles of 16 zero-padded rows of K2p pairs, then per block and tile of rows the sums, handed to
-// cell row by row
+// Whether the step products of a kernel paired for vdpbf16ps (`native`, bf16_tiles) run on AMX tiles
+inline bool bf16_steps_on_amx(bool native) { return native && amx_bf16_active(); }
+
+// bf16_step_product (below) on AMX tiles (Q vectors of 16 lanes per block): per block and tile of 16 rows
+// the sums, handed to cell row by row. The rows are bf16_step_left's under AMX: K2p pairs apart, zeros
+// past K2, and whole tiles of them readable (the rows past b1 give sums no cell reads).
 template <class V, int Q, class Cell>
-ATTNX_ALWAYS_INLINE void amx_step_product(int b0, int b1, const uint32_t* a, size_t lda, int K2, const uint32_t* panel0,
+ATTNX_ALWAYS_INLINE void amx_step_product(int b0, int b1, const uint32_t* a, int K2, const uint32_t* panel0,
                                           size_t k_stride, size_t block_stride, int blocks, Cell&& cell) {
     constexpr int width = Q * 16;
-    const int n = b1 - b0, row_tiles = (n + kAmxRows - 1) / kAmxRows, K2p = (K2 + kAmxPairs - 1) / kAmxPairs * kAmxPairs,
+    const int n = b1 - b0, row_tiles = (n + kAmxRows - 1) / kAmxRows, K2p = amx_pairs_padded(K2),
               whole = K2 / kAmxPairs * kAmxPairs;
-    thread_local std::vector<uint32_t> left;
-    left.assign((size_t)row_tiles * kAmxRows * K2p, 0u);
-    for (int r = 0; r < n; ++r) std::memcpy(left.data() + (size_t)r * K2p, a + (size_t)r * lda, (size_t)K2 * sizeof(uint32_t));
     alignas(64) float sums[kAmxRows * width];
+    // each block's pair rows past `whole`, over zeros that stay for every block
     alignas(64) uint32_t tail[kAmxPairs * width];
+    if (whole < K2) std::fill(tail, tail + kAmxPairs * width, 0u);
     const AmxTileScope tiles;
     for (int c = 0; c < blocks; ++c) {
         const uint32_t* panel = panel0 + (size_t)c * block_stride;
-        if (whole < K2) {
-            std::fill(tail, tail + kAmxPairs * width, 0u);
-            for (int kp = whole; kp < K2; ++kp)
-                std::memcpy(tail + (size_t)(kp - whole) * width, panel + (size_t)kp * k_stride, width * sizeof(uint32_t));
-        }
+        for (int kp = whole; kp < K2; ++kp)
+            std::memcpy(tail + (size_t)(kp - whole) * width, panel + (size_t)kp * k_stride, width * sizeof(uint32_t));
         for (int t = 0; t < row_tiles; ++t) {
-            amx_step_tile<Q>(sums, left.data() + (size_t)t * kAmxRows * K2p, K2p, panel, k_stride, whole, tail);
+            amx_step_tile<Q>(sums, a + (size_t)t * kAmxRows * K2p, K2p, panel, k_stride, whole, tail);
             const int rows = std::min(kAmxRows, n - t * kAmxRows);
             for (int r = 0; r < rows; ++r) {
                 TileRow<V, Q> pre;
@@ -720,8 +773,8 @@ ATTNX_ALWAYS_INLINE void bf16_step_product(bool native, int b0, int b1, const ui
         }
     };
     if constexpr (W == 16)
-        if (native && amx_bf16_active())
-            return amx_step_product<V, Q>(b0, b1, a, lda, K2, panel0, k_stride, block_stride, blocks, cell);
+        if (bf16_steps_on_amx(native))
+            return amx_step_product<V, Q>(b0, b1, a, K2, panel0, k_stride, block_stride, blocks, cell);
     const int n = b1 - b0, most = W == 16 && native ? 6 : lane_rows, tiles = (n + most - 1) / most;
     for (int c = 0; c < blocks; ++c) {
         const uint32_t* panel = panel0 + (size_t)c * block_stride;
@@ -761,22 +814,32 @@ ATTNX_ALWAYS_INLINE void bf16_panels_product(bool native, int b0, int b1, const 
     }
 }
 
+// How far apart bf16_step_left puts its rows of K2 pairs: as A tiles read them under AMX (K2 rounded up
+// to whole tiles, zeros past K2), else K2
+inline size_t bf16_step_stride(int K2) { return amx_bf16_active() ? (size_t)amx_pairs_padded(K2) : (size_t)K2; }
+
 // The left rows of a step product: count rows of left.K values (lda apart) followed by left.C of
 // left.x (the fused input, ldx apart; C = 0 without) as bf16 pairs of the K + C values in this
-// thread's buffer, (K + C + 1) / 2 per row (an odd K pairs its last value with x's first)
+// thread's buffer, K2 = (K + C + 1) / 2 per row (an odd K pairs its last value with x's first), rows
+// bf16_step_stride(K2) apart; under AMX zeros past K2 and up to a whole tile of rows
 inline const uint32_t* bf16_step_left(const LeftRows<float>& left, int count) {
-    thread_local std::vector<uint32_t> pairs;
+    // (on cache lines: an A tile's rows that straddle two lines load at a fraction of the rate)
+    thread_local Panels<uint32_t> pairs;
     const int K = left.K, C = left.C, K2 = (K + C + 1) / 2;
-    pairs.resize((size_t)count * K2);
-    pack_bf16_rows(pairs.data(), (size_t)K2, left.a, left.lda, count, K - K % 2);
+    const size_t stride = bf16_step_stride(K2);
+    const int rows = stride == (size_t)K2 ? count : (count + kAmxRows - 1) / kAmxRows * kAmxRows;
+    pairs.resize((size_t)rows * stride);
+    pack_bf16_rows(pairs.data(), stride, left.a, left.lda, count, K - K % 2);
+    for (int r = 0; r < rows; ++r)
+        std::fill(pairs.data() + (size_t)r * stride + (r < count ? K2 : 0), pairs.data() + (size_t)(r + 1) * stride, 0u);
     if (C == 0) {
-        if (K % 2) pack_bf16_rows(pairs.data() + K / 2, (size_t)K2, left.a + K - 1, left.lda, count, 1);
+        if (K % 2) pack_bf16_rows(pairs.data() + K / 2, stride, left.a + K - 1, left.lda, count, 1);
         return pairs.data();
     }
     for (int r = 0; K % 2 && r < count; ++r)
-        pairs[(size_t)r * K2 + K / 2] = bf16_bits(left.a[(size_t)r * left.lda + K - 1]) | bf16_bits(left.x[(size_t)r * left.ldx]) << 16;
+        pairs[(size_t)r * stride + K / 2] = bf16_bits(left.a[(size_t)r * left.lda + K - 1]) | bf16_bits(left.x[(size_t)r * left.ldx]) << 16;
     const int skip = K % 2;  // x's values already paired
-    pack_bf16_rows(pairs.data() + (K + 1) / 2, (size_t)K2, left.x + skip, left.ldx, count, C - skip);
+    pack_bf16_rows(pairs.data() + (K + 1) / 2, stride, left.x + skip, left.ldx, count, C - skip);
     return pairs.data();
 }
 inline const uint32_t* bf16_step_left(const float* rows, size_t lda, int count, int K) {

@@ -586,7 +586,7 @@ template <class V> ATTNX_ALWAYS_INLINE V int32_lanes(const int32_t* p, int n) {
 // Up to `rows` activation rows of K values in int8: q, s (every row), and the coarse rows' second pass
 // (which, qe, se, acc2 for its products; e a row's residual). Buffers reused by every call.
 struct Int8Activations {
-    std::vector<int8_t> q, qe;
+    Panels<int8_t> q, qe;  // on cache lines: AMX reads their rows in place, and a tile row across two lines loads slower
     std::vector<float> s, se, e;
     std::vector<int> which, coarse_of;  // coarse_of[r]: row r's index i in the second pass, or -1
     std::vector<int32_t> acc2;

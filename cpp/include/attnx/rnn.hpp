@@ -109,10 +109,13 @@ template <class F> void for_batch_rows(const RNNConfig& cfg, F&& fn) {
 // LSTM units past the last whole block of W that share one vector, the four gates' side by side
 // (gate q of unit H - r + j at lane q r + j): r = H mod W when 4 r <= W, else 0 (the last block
 // then runs padded to W units). At H = 100 on 16 lanes the padded block was 10.7% of a step's
-// multiply-adds; as one vector it is 4x fewer.
-inline int lstm_tail_units(int Q, int H, int W) {
+// multiply-adds; as one vector it is 4x fewer. None when the step products run on AMX tiles (`amx`):
+// there a tail block is a second pass of the step's rows through the tiles, whose loads, not their
+// products, set the pace, and it cost more than the padded block (LSTM(100) B=32 T=32 bf16 forward
+// 0.56 ms with it, 0.45 without; LSTM(112), 12 more units, 0.45).
+inline int lstm_tail_units(int Q, int H, int W, bool amx = false) {
     const int r = H % W;
-    return Q == 4 && r > 0 && 4 * r <= W ? r : 0;
+    return Q == 4 && r > 0 && 4 * r <= W && !amx ? r : 0;
 }
 
 // The recurrent kernel U (H, Q*H) stacked on the input kernel W (C, Q*H; C = 0 when the input
@@ -123,8 +126,8 @@ inline int lstm_tail_units(int Q, int H, int W) {
 // LSTM's tail units (lstm_tail_units) follow the whole blocks as one vector per row k:
 //   packed[(u0 / W) * (H + C) * Q + k][q r + j] = [U; W][k, q*H + u0 + j], u0 = H - r.
 template <class T>
-void pack_recurrent_kernel(Panels<T>& packed, const T* U, const T* Wx, int H, int C, int Q, int W) {
-    const int r = lstm_tail_units(Q, H, W), blocks = (H - r + W - 1) / W, K = H + C;
+void pack_recurrent_kernel(Panels<T>& packed, const T* U, const T* Wx, int H, int C, int Q, int W, bool amx = false) {
+    const int r = lstm_tail_units(Q, H, W, amx), blocks = (H - r + W - 1) / W, K = H + C;
     const size_t G = (size_t)Q * H;
     auto row_of = [&](int k) { return k < H ? U + (size_t)k * G : Wx + (size_t)(k - H) * G; };
     packed.assign(((size_t)blocks * Q + (r ? 1 : 0)) * K * W, T(0));
@@ -199,7 +202,7 @@ ATTNX_ALWAYS_INLINE void step_product(const RecurrentKernel<T>& kernel, int b0, 
         if (kernel.pairs) {
             constexpr int W = Lanes<V>::W;
             const int K2 = (H + left.C + 1) / 2;  // [h_rec, x_t] when the input projection is fused
-            bf16_step_product<V, Q>(kernel.native, b0, b1, bf16_step_left(left, b1 - b0), (size_t)K2,
+            bf16_step_product<V, Q>(kernel.native, b0, b1, bf16_step_left(left, b1 - b0), bf16_step_stride(K2),
                                     K2, kernel.pairs + (size_t)q0 * W, (size_t)Qt * W, (size_t)K2 * Qt * W,
                                     (units + W - 1) / W,
                                     [&](int b, TileRow<V, Q> pre, int c) __attribute__((always_inline)) {
@@ -218,7 +221,7 @@ ATTNX_ALWAYS_INLINE void tail_step_product(const RecurrentKernel<T>& kernel, int
     if constexpr (std::is_same_v<T, float>)
         if (kernel.pairs) {
             const int K2 = (H + left.C + 1) / 2;
-            bf16_step_product<V, 1>(kernel.native, b0, b1, bf16_step_left(left, b1 - b0), (size_t)K2,
+            bf16_step_product<V, 1>(kernel.native, b0, b1, bf16_step_left(left, b1 - b0), bf16_step_stride(K2),
                                     K2, kernel.pairs + (size_t)blocks * K2 * 4 * W, W, 0, 1, cell);
             return;
         }
@@ -266,7 +269,9 @@ ATTNX_ALWAYS_INLINE void rnn_steps(const RNNConfig& cfg, const Acts& acts, int b
     // LSTM's tail units (lstm_tail_units): src[q*H + j] (a row of gates or b_in from the tail's first
     // unit) at lane q r + j, as pack_recurrent_kernel lays out their weights
     const int tail_units =
-        cfg.cell == RNNCell::lstm && !one_row_step(packed_u, b0, b1, x ? cfg.C : 0) ? lstm_tail_units(Q, H, W) : 0;
+        cfg.cell == RNNCell::lstm && !one_row_step(packed_u, b0, b1, x ? cfg.C : 0)
+            ? lstm_tail_units(Q, H, W, packed_u.pairs && bf16_steps_on_amx(packed_u.native))
+            : 0;
     auto interleave_tail = [&](const T* src) __attribute__((always_inline)) {
         T lanes[W] = {};
         for (int q = 0; q < 4; ++q)
@@ -585,7 +590,7 @@ ATTNX_ALWAYS_INLINE void step_product_t(const RecurrentKernel<T>& kernel, int b0
         if (kernel.pairs) {
             constexpr int W = Lanes<V>::W, width = 3 * W;
             const int K2 = (K + 1) / 2;  // n0 is even (0 or 2H): row pairs of U^T and of dA line up
-            bf16_panels_product<V, 3>(kernel.native, b0, b1, bf16_step_left(dA + n0, lda, b1 - b0, K), (size_t)K2, K2,
+            bf16_panels_product<V, 3>(kernel.native, b0, b1, bf16_step_left(dA + n0, lda, b1 - b0, K), bf16_step_stride(K2), K2,
                                       packed_panels(kernel.pairs, (G + 1) / 2, N, width, W), n0 / 2, N,
                                       [&](int b, auto pre, int p) __attribute__((always_inline)) {
                                           for (int q = 0; q < pre.count; ++q) {

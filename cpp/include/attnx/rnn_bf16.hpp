@@ -34,8 +34,9 @@ inline bool bf16_fused_projection(const RNNConfig& cfg) { return !(cfg.cell == R
 inline RecurrentKernel<float> pair_recurrent_kernel(Panels<uint32_t>& pairs, Panels<float>& packed,
                                                     const RNNConfig& cfg, const float* U, const float* W) {
     const int lanes = tile_lanes<float>(), H = cfg.H, C = W ? cfg.C : 0, K = H + C, Q = cfg.gates(), K2 = (K + 1) / 2;
-    pack_recurrent_kernel(packed, U, W, H, C, Q, lanes);
-    const int tail = cfg.cell == RNNCell::lstm ? lstm_tail_units(Q, H, lanes) : 0, blocks = (H - tail + lanes - 1) / lanes;
+    const bool amx = bf16_steps_on_amx(bf16_tiles().native);
+    pack_recurrent_kernel(packed, U, W, H, C, Q, lanes, amx);
+    const int tail = cfg.cell == RNNCell::lstm ? lstm_tail_units(Q, H, lanes, amx) : 0, blocks = (H - tail + lanes - 1) / lanes;
     const int width = Q * lanes;
     pairs.resize(((size_t)blocks * Q + (tail ? 1 : 0)) * K2 * lanes);
     for (int c = 0; c < blocks; ++c)
@@ -70,6 +71,7 @@ inline void rnn_forward_bf16(const RNNConfig& cfg, float* y, float* h, float* c,
     // this thread's buffers, read by every thread of the batch split
     const RecurrentKernel<float> kernel = pair_recurrent_kernel(pairs, packed, cfg, U, fuse ? W : nullptr);
     for_batch_rows(cfg, [&](int b0, int b1) {
+        const AmxTileScope tiles(amx_bf16_active());  // for all the steps (AmxTileScope)
         rnn_packed_rows<float>(cfg, b0, b1, y, h, c, cache, fuse ? x : nullptr, fuse ? b_in : nullptr, kernel, b_rec,
                                mask, rec_mask, hu, (size_t)G);
     });
@@ -105,6 +107,7 @@ inline void rnn_backward_bf16(const RNNConfig& cfg, float* dx, float* dW, float*
     const StepPairs step_pairs{left_buffer.data(), right_buffer.data(), width, x, h_rec};
     std::mutex sum_lock;
     for_batch_rows(cfg, [&](int b0, int b1) {
+        const AmxTileScope tiles(amx_bf16_active());  // for all the steps (AmxTileScope)
         std::vector<float> sums(2 * (size_t)G, 0.0f);  // this thread's rows' db_in, db_rec
         const StepGradients<float> grads{dx_in_steps ? dx : nullptr, db_in ? sums.data() : nullptr,
                                          rec_bias ? sums.data() + G : nullptr, weights_in_steps ? &step_pairs : nullptr};

@@ -239,7 +239,7 @@ void step_rows(T* out, const T* left, size_t lda, int rows, const StepRight<T>& 
                 auto run = [&](auto vectors) __attribute__((always_inline)) {
                     constexpr int Q = decltype(vectors)::value;
                     bf16_panels_product<V, Q>(
-                        native, 0, rows, a, (size_t)K2, K2, packed_panels(W.pairs.data(), K2, N, Q * L, L), 0, N,
+                        native, 0, rows, a, bf16_step_stride(K2), K2, packed_panels(W.pairs.data(), K2, N, Q * L, L), 0, N,
                         [&](int r, auto pre, int p) __attribute__((always_inline)) {
                             for (int q = 0; q < pre.count && (p * Q + q) * L < N; ++q) {
                                 const int n0 = (p * Q + q) * L, m = std::min(L, N - n0);
