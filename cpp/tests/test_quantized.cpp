@@ -342,7 +342,7 @@ int main() {
         x[(size_t)4 * K + 5] = 1000.f;   // an outlier the weights use: one pass
         std::vector<float> kw(K, 127.f);
         kw[3] = kw[0] = 0.f;  // features 0 and 3 unused
-        std::vector<int8_t> want_q, want_qe;
+        Panels<int8_t> want_q, want_qe;  // (the buffers' own type: Int8Activations keeps them on cache lines)
         for (SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
             if ((int)level > (int)cpu_simd_level()) continue;
             simd_level_cap() = (int)level;

@@ -255,10 +255,58 @@ void test_sdpa(AttendShape sh, bool full_mask, bool causal, bool dropout, bool w
                     at + " dscale");
     });
 }
+// A step product's left rows as bf16_step_left lays them out for AMX tiles (K2p pairs apart, zeros past
+// K2 and up to a whole tile of rows: amx_step_product reads them in place), multiplied on a tile after a
+// product's own AmxTileScope closed inside an outer one: scopes nest, and the inner must leave the tiles
+// configured (a tile instruction on released tiles faults)
+void test_step_rows_and_nested_tile_scopes() {
+    if (!amx_bf16_active() || !bf16_tiles().native) return;  // the layout and the scopes are AMX's
+    std::mt19937 rng(7);
+    const int count = 19, K = 37, C = 6, K2 = (K + C + 1) / 2, K2p = amx_pairs_padded(K2);  // 22 pairs -> 32
+    const auto h = cast<float>(random_values(rng, (size_t)count * K)), x = cast<float>(random_values(rng, (size_t)count * C));
+    const uint32_t* rows = bf16_step_left(LeftRows<float>{h.data(), (size_t)K, K, x.data(), (size_t)C, C}, count);
+    CHECK(bf16_step_stride(K2) == (size_t)K2p);
+    auto value = [&](int r, int k) { return k < K ? h[(size_t)r * K + k] : k < K + C ? x[(size_t)r * C + k - K] : 0.0f; };
+    int wrong = 0;
+    for (int r = 0; r < 2 * kAmxRows; ++r)
+        for (int kp = 0; kp < K2p; ++kp) {
+            const uint32_t want = r < count && kp < K2 ? bf16_bits(value(r, 2 * kp)) | bf16_bits(value(r, 2 * kp + 1)) << 16 : 0u;
+            wrong += rows[(size_t)r * K2p + kp] != want;
+        }
+    CHECK(wrong == 0);
+    // 16 columns of pair rows (K2p of them, the last K2 - 16 past `whole` from a zero-padded tail)
+    std::vector<uint32_t> panel((size_t)K2 * 16);
+    for (auto& pair : panel) pair = bf16_bits((float)std::normal_distribution<double>()(rng)) | bf16_bits((float)std::normal_distribution<double>()(rng)) << 16;
+    const int whole = K2 / kAmxPairs * kAmxPairs;
+    alignas(64) uint32_t tail[kAmxPairs * 16] = {};
+    std::memcpy(tail, panel.data() + (size_t)whole * 16, (size_t)(K2 - whole) * 16 * sizeof(uint32_t));
+    alignas(64) float sums[kAmxRows * 16];
+    {
+        const AmxTileScope outer;
+        std::vector<float> A(64 * 64, 1.0f), B(64 * 64, 1.0f), Cm(64 * 64);
+        bf16_gemm(Cm.data(), 64, A.data(), 64, false, B.data(), 64, false, 64, 64, 64, false);  // its scope opens and closes
+        amx_step_tile<1>(sums, rows, K2p, panel.data(), 16, whole, tail);
+    }
+    auto low = [](uint32_t pair) { return bf16_value(pair & 0xFFFFu); };
+    auto high = [](uint32_t pair) { return bf16_value(pair >> 16); };
+    double worst = 0;
+    for (int r = 0; r < kAmxRows; ++r)
+        for (int n = 0; n < 16; ++n) {
+            double want = 0, size = 0;
+            for (int kp = 0; kp < K2; ++kp) {
+                const uint32_t a = rows[(size_t)r * K2p + kp], b = panel[(size_t)kp * 16 + n];
+                want += (double)low(a) * low(b) + (double)high(a) * high(b);
+                size += std::abs((double)low(a) * low(b)) + std::abs((double)high(a) * high(b));
+            }
+            worst = std::max(worst, std::abs(sums[r * 16 + n] - want) / (1 + size));
+        }
+    CHECK(worst < 1e-6);
+}
 }  // namespace
 
 int main() {
     test_rounding();
+    test_step_rows_and_nested_tile_scopes();
     unsigned seed = 1;
     for (bool ta : {false, true})
         for (bool tb : {false, true})
