@@ -37,7 +37,7 @@ float from_bits(uint32_t bits) {
     return x;
 }
 
-void test_rounding() {
+std::vector<float> rounding_cases() {
     std::vector<float> x;
     std::mt19937 rng(7);
     std::uniform_int_distribution<uint32_t> bits;
@@ -48,6 +48,11 @@ void test_rounding() {
                     std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min(),
                     std::numeric_limits<float>::max(), 1.00390625f, 1.01171875f})
         x.push_back(v);
+    return x;
+}
+
+void test_rounding() {
+    const std::vector<float> x = rounding_cases();
     for (float v : x) {
         const double want = reference::round_to_bf16((double)v);
         const float got = bf16_value(bf16_bits(v));
@@ -71,6 +76,50 @@ void test_rounding() {
                 }
             }
     });
+}
+
+// pack_bf16_rows and pack_bf16_columns (AVX512_BF16's conversion where the CPU has it, integer lanes
+// elsewhere) give bf16_bits' pairs bit for bit on the rounding's cases (subnormals in some vectors and
+// not others, NaNs, ties), on odd K and on row, vector and pad tails
+void test_packing_rounds_as_bf16_bits(const std::vector<float>& x) {
+    auto pair = [](float even, float odd) { return bf16_bits(even) | bf16_bits(odd) << 16; };
+    for (int K : {1, 2, 31, 32, 33, 67}) {
+        const int rows = 9, K2 = (K + 1) / 2, cols = 37, pad = 48;
+        std::vector<float> a((size_t)rows * (K + 3));
+        for (size_t i = 0; i < a.size(); ++i) a[i] = x[(i * 7919 + K) % x.size()];
+        on_every_bf16_path([&](const std::string& path) {
+            std::vector<uint32_t> got((size_t)rows * (K2 + 2), 0xDEADBEEFu);
+            pack_bf16_rows(got.data(), K2 + 2, a.data(), K + 3, rows, K);
+            for (int r = 0; r < rows; ++r)
+                for (int kp = 0; kp < K2 + 2; ++kp) {
+                    const float* row = a.data() + (size_t)r * (K + 3);
+                    const uint32_t want = kp >= K2 ? 0xDEADBEEFu : pair(row[2 * kp], 2 * kp + 1 < K ? row[2 * kp + 1] : 0.0f);
+                    if (got[(size_t)r * (K2 + 2) + kp] != want) {
+                        std::printf("FAIL pack_bf16_rows %s K=%d [%d, %d]: %08x, want %08x\n", path.c_str(), K, r, kp,
+                                    got[(size_t)r * (K2 + 2) + kp], want);
+                        ++failures();
+                        return;
+                    }
+                }
+            // At (K, cols) from the same values, rows cols + 3 apart
+            std::vector<float> at((size_t)K * (cols + 3));
+            for (size_t i = 0; i < at.size(); ++i) at[i] = x[(i * 104729 + K) % x.size()];
+            std::vector<uint32_t> panel((size_t)K2 * (pad + 1), 0xDEADBEEFu);
+            pack_bf16_columns(panel.data(), pad + 1, at.data(), cols + 3, K, cols, pad);
+            for (int kp = 0; kp < K2; ++kp)
+                for (int c = 0; c < pad + 1; ++c) {
+                    const float* even = at.data() + (size_t)(2 * kp) * (cols + 3) + c;
+                    const uint32_t want = c == pad ? 0xDEADBEEFu : c >= cols ? 0u
+                                                                             : pair(*even, 2 * kp + 1 < K ? even[cols + 3] : 0.0f);
+                    if (panel[(size_t)kp * (pad + 1) + c] != want) {
+                        std::printf("FAIL pack_bf16_columns %s K=%d [%d, %d]: %08x, want %08x\n", path.c_str(), K, kp, c,
+                                    panel[(size_t)kp * (pad + 1) + c], want);
+                        ++failures();
+                        return;
+                    }
+                }
+        });
+    }
 }
 
 void test_gemm(int M, int N, int K, bool trans_a, bool trans_b, bool accumulate, unsigned seed) {
@@ -306,6 +355,7 @@ void test_step_rows_and_nested_tile_scopes() {
 
 int main() {
     test_rounding();
+    test_packing_rounds_as_bf16_bits(rounding_cases());
     test_step_rows_and_nested_tile_scopes();
     unsigned seed = 1;
     for (bool ta : {false, true})

@@ -1,8 +1,9 @@
 // bfloat16 products with float32 accumulation: what the `mixed_bfloat16` policy multiplies with
 // (ARCHITECTURE.md, "Mixed precision"). Operands stay float32 in memory (the master weights, the
 // activations); each product rounds them to bf16 (round to nearest even) while packing them, and sums
-// the products in float32. The rounding is the one function bf16_bits at every level, so every level
-// multiplies the same bf16 values:
+// the products in float32. The rounding is the one function bf16_bits at every level (where AVX512_BF16
+// exists, its conversion instruction gives the same bits: bf16_convert_32), so every level multiplies
+// the same bf16 values:
 //   - AVX-512 with AVX512_BF16 (Zen 4/5, Sapphire Rapids): vdpbf16ps, 32 products per instruction,
 //     twice the float32 FMA's 16;
 //   - AMX (Sapphire Rapids and later) for the products over whole matrices (bf16_gemm_pairs) and the
@@ -72,6 +73,36 @@ inline void round_to_bf16(float* y, const float* x, size_t n) {
     });
 }
 
+// ----------------------------------------------------------------------------- tiles
+// The tile shapes per level: R rows x Q vectors of W lanes accumulate in registers. vdpbf16ps needs
+// no more registers than an FMA (24 accumulators + 4 panel vectors + 1 broadcast of AVX-512's 32); the
+// emulation splits each panel vector into its even and odd halves (two registers per vector).
+struct Bf16Tiles {
+    bool native;  // vdpbf16ps
+    int W, Q, R;
+    int width() const { return W * Q; }
+};
+
+inline bool cpu_has_avx512_bf16() {
+    static const bool has = __builtin_cpu_supports("avx512bf16");
+    return has;
+}
+
+// Tests only: false runs the AVX-512 level on float lanes even where vdpbf16ps exists, so that the
+// emulation of that level is tested on a CPU that has it (_core._bf16_allow_dot_instruction)
+inline std::atomic<bool>& bf16_dot_instruction_allowed() {
+    static std::atomic<bool> allowed{true};
+    return allowed;
+}
+
+inline Bf16Tiles bf16_tiles() {
+    const SimdLevel level = simd_level();
+    if (level == SimdLevel::avx512)
+        return cpu_has_avx512_bf16() && bf16_dot_instruction_allowed() ? Bf16Tiles{true, 16, 4, 6}
+                                                                       : Bf16Tiles{false, 16, 2, 6};
+    return {false, level == SimdLevel::avx2 ? 8 : 4, 2, 4};
+}
+
 // ----------------------------------------------------------------------------- packing
 // Half a vector of uint32 lanes, and the uint64 lanes of a whole one: what a row's pairs are made of
 template <class U> struct PairLanes;
@@ -83,10 +114,61 @@ template <> struct PairLanes<uint4> { using Half = uint2; using Wide = uint64x2;
 template <> struct PairLanes<uint8> { using Half = uint4; using Wide = uint64x4; };
 template <> struct PairLanes<uint16> { using Half = uint8; using Wide = uint64x8; };
 
+// bf16_bits on 32 floats (lo's 16, then hi's) as 32 bf16 in order, on AVX512_BF16's vcvtne2ps2bf16: it
+// rounds as bf16_bits (nearest even, a NaN quieted) but flushes subnormal inputs to zero, so vectors
+// holding one round on integer lanes instead. (Packing with the instruction: 16 pairs per conversion,
+// not the 8 of ~10 integer operations each that bf16_bits_lanes takes.)
+#define ATTNX_BF16_CONVERT __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")))
+ATTNX_BF16_CONVERT ATTNX_ALWAYS_INLINE __m512i bf16_convert_32(__m512 lo, __m512 hi) {
+    constexpr int kSubnormal = 0x20;  // vfpclassps' class
+    if (__builtin_expect((_mm512_fpclass_ps_mask(lo, kSubnormal) | _mm512_fpclass_ps_mask(hi, kSubnormal)) == 0, 1))
+        return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    const __m512i low = (__m512i)bf16_bits_lanes((uint16)lo), high = (__m512i)bf16_bits_lanes((uint16)hi);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(low)), _mm512_cvtepi32_epi16(high), 1);
+}
+inline __mmask16 first_lanes(int n) { return (__mmask16)((1u << std::clamp(n, 0, 16)) - 1); }
+
+// pack_bf16_rows (below) on bf16_convert_32: 16 pairs of a row per conversion, the tail under lane masks
+ATTNX_BF16_CONVERT inline void pack_bf16_rows_converting(uint32_t* pairs, size_t row_stride, const float* A,
+                                                        size_t lda, int rows, int K) {
+    for (int r = 0; r < rows; ++r) {
+        const float* a = A + (size_t)r * lda;
+        uint32_t* out = pairs + (size_t)r * row_stride;
+        for (int k = 0; k < K; k += 32) {
+            const int n = K - k;
+            const __m512 lo = _mm512_maskz_loadu_ps(first_lanes(n), a + k),
+                         hi = _mm512_maskz_loadu_ps(first_lanes(n - 16), a + k + 16);
+            _mm512_mask_storeu_epi32(out + k / 2, first_lanes((n + 1) / 2), bf16_convert_32(lo, hi));
+        }
+    }
+}
+
+// pack_bf16_columns (below) on bf16_convert_32: 16 columns of an even and an odd row per conversion,
+// whose two halves vpermw interleaves into pairs
+ATTNX_BF16_CONVERT inline void pack_bf16_columns_converting(uint32_t* pairs, size_t k_stride, const float* At,
+                                                           size_t ldat, int K, int cols, int pad_cols) {
+    alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                             8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_load_si512(kInterleave);
+    for (int kp = 0; kp < (K + 1) / 2; ++kp) {
+        const float* even = At + (size_t)(2 * kp) * ldat;
+        const float* odd = 2 * kp + 1 < K ? even + ldat : nullptr;
+        uint32_t* out = pairs + (size_t)kp * k_stride;
+        for (int c = 0; c < cols; c += 16) {
+            const __mmask16 lanes = first_lanes(cols - c);
+            const __m512 e = _mm512_maskz_loadu_ps(lanes, even + c),
+                         o = odd ? _mm512_maskz_loadu_ps(lanes, odd + c) : _mm512_setzero_ps();
+            _mm512_mask_storeu_epi32(out + c, lanes, _mm512_permutexvar_epi16(interleave, bf16_convert_32(e, o)));
+        }
+        std::fill(out + cols, out + pad_cols, 0u);
+    }
+}
+
 // pairs[r * row_stride + kp] = (A[r, 2kp], A[r, 2kp + 1]) for rows of A (rows, K), rows lda apart; a zero
 // high half past an odd K. Two vectors of floats make one of pairs: as uint64 lanes the rounded even
 // value sits in bits 0..15 and the odd one in bits 32..47, which lane | lane >> 16 brings to 16..31.
 inline void pack_bf16_rows(uint32_t* pairs, size_t row_stride, const float* A, size_t lda, int rows, int K) {
+    if (bf16_tiles().native) return pack_bf16_rows_converting(pairs, row_stride, A, lda, rows, K);
     const int K2 = (K + 1) / 2, whole = K / 2;
     on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
         using V = decltype(lanes);
@@ -140,6 +222,7 @@ ATTNX_ALWAYS_INLINE void pack_bf16_columns_on(uint32_t* pairs, size_t k_stride, 
 }
 inline void pack_bf16_columns(uint32_t* pairs, size_t k_stride, const float* At, size_t ldat, int K, int cols,
                               int pad_cols) {
+    if (bf16_tiles().native) return pack_bf16_columns_converting(pairs, k_stride, At, ldat, K, cols, pad_cols);
     on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
         pack_bf16_columns_on<decltype(lanes)>(pairs, k_stride, At, ldat, K, cols, pad_cols);
     });
@@ -165,36 +248,6 @@ inline void pack_bf16_panel_t(uint32_t* panel, int width, const float* Bt, size_
             pack_bf16_rows(block, 16, Bt + (size_t)j0 * ldbt + 2 * kp0, ldbt, rows, std::min(32, K - 2 * kp0));
             transpose_pairs(panel + (size_t)kp0 * width + j0, (size_t)width, block, 16, rows, pairs);
         }
-}
-
-// ----------------------------------------------------------------------------- tiles
-// The tile shapes per level: R rows x Q vectors of W lanes accumulate in registers. vdpbf16ps needs
-// no more registers than an FMA (24 accumulators + 4 panel vectors + 1 broadcast of AVX-512's 32); the
-// emulation splits each panel vector into its even and odd halves (two registers per vector).
-struct Bf16Tiles {
-    bool native;  // vdpbf16ps
-    int W, Q, R;
-    int width() const { return W * Q; }
-};
-
-inline bool cpu_has_avx512_bf16() {
-    static const bool has = __builtin_cpu_supports("avx512bf16");
-    return has;
-}
-
-// Tests only: false runs the AVX-512 level on float lanes even where vdpbf16ps exists, so that the
-// emulation of that level is tested on a CPU that has it (_core._bf16_allow_dot_instruction)
-inline std::atomic<bool>& bf16_dot_instruction_allowed() {
-    static std::atomic<bool> allowed{true};
-    return allowed;
-}
-
-inline Bf16Tiles bf16_tiles() {
-    const SimdLevel level = simd_level();
-    if (level == SimdLevel::avx512)
-        return cpu_has_avx512_bf16() && bf16_dot_instruction_allowed() ? Bf16Tiles{true, 16, 4, 6}
-                                                                       : Bf16Tiles{false, 16, 2, 6};
-    return {false, level == SimdLevel::avx2 ? 8 : 4, 2, 4};
 }
 
 // C[r, 0..cols) = start[r * start_ld + 0..cols) + sum_kp pair products of left rows r < R (pairs

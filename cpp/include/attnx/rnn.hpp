@@ -645,13 +645,19 @@ ATTNX_ALWAYS_INLINE void pair_step_rows(const StepPairs& pairs, const RNNConfig&
     const int panels = (G + width - 1) / width;
     const size_t k0 = (size_t)b0 * T2, n = (size_t)(b1 - b0) * T2, CH = (size_t)C + H;
     uint32_t* right = pairs.right + k0 * panels * width;
+    const bool converting = bf16_tiles().native;  // (pack_bf16_columns' choice, made once per step)
+    auto pack = [&](uint32_t* to, size_t k_stride, const float* from, size_t ld, int cols, int pad_cols)
+                    __attribute__((always_inline)) {
+        if (converting) pack_bf16_columns_converting(to, k_stride, from, ld, count, cols, pad_cols);
+        else pack_bf16_columns_on<V>(to, k_stride, from, ld, count, cols, pad_cols);
+    };
     for (int b = b0; b < b1; ++b) {
         const size_t row = (size_t)b * T + t0, k = (size_t)b * T2 + t0 / 2;
-        pack_bf16_columns_on<V>(pairs.left + k * CH, CH, pairs.x + row * C, (size_t)C, count, C, C);
-        pack_bf16_columns_on<V>(pairs.left + k * CH + C, CH, pairs.h_rec + row * H, (size_t)H, count, H, H);
+        pack(pairs.left + k * CH, CH, pairs.x + row * C, (size_t)C, C, C);
+        pack(pairs.left + k * CH + C, CH, pairs.h_rec + row * H, (size_t)H, H, H);
         for (int p = 0; p < panels; ++p)
-            pack_bf16_columns_on<V>(right + ((size_t)p * n + k - k0) * width, (size_t)width, dgates + row * G + p * width,
-                                    (size_t)G, count, std::min(width, G - p * width), width);
+            pack(right + ((size_t)p * n + k - k0) * width, (size_t)width, dgates + row * G + p * width, (size_t)G,
+                 std::min(width, G - p * width), width);
     }
 }
 
