@@ -205,3 +205,22 @@ def test_gradient_layouts_and_no_mutation_of_gradients():
             assert np.array_equal(np.asarray(v), before)  # clipping works on a copy
             results.append(p)
         assert all(np.array_equal(r, results[0]) for r in results), clip
+
+
+def test_zero_gradients_zeroes_every_buffer_and_nothing_else():
+    """ops.zero_gradients: each float dtype's buffers in one kernel call split across the threads (sizes
+    that cut arrays mid-way, an empty one, one past the parallel threshold), other layouts with fill."""
+    from attnx import ops
+    rng = np.random.default_rng(0)
+    buffers = [rng.standard_normal(n).astype(dtype) for n, dtype in
+               [(7, np.float32), (0, np.float32), (300_001, np.float32), (5, np.float64), (200_003, np.float64)]]
+    strided = rng.standard_normal((6, 4)).astype(np.float32)[:, ::2]  # not contiguous: fill
+    ints = np.arange(5)
+    neighbour = rng.standard_normal(10).astype(np.float32)
+    window = neighbour[2:7]  # a view: only its elements change
+    before = neighbour.copy()
+    ops.zero_gradients(buffers + [strided, ints, window])
+    for b in buffers + [strided, ints, window]:
+        assert not np.any(b), b.dtype
+    np.testing.assert_array_equal(neighbour[:2], before[:2])
+    np.testing.assert_array_equal(neighbour[7:], before[7:])

@@ -89,6 +89,19 @@ void init_optim(py::module_& m) {
         py::arg("beta2"), py::arg("eps"), py::arg("step"), py::arg("weight_decay"), py::arg("decoupled"));
 
     m.def(
+        "zero_",
+        [](ArrayList arrays) {
+            dispatch_list(arrays, "zero_", [&](auto tag) {
+                using T = decltype(tag);
+                auto a = mutable_list<T>(arrays, arrays, "zero_: arrays");
+                auto n = sizes_of<T>(arrays);
+                py::gil_scoped_release release;
+                zero_arrays<T>(a.data(), n.data(), a.size());
+            });
+        },
+        py::arg("arrays"), "Sets every element of the arrays (one float dtype) to zero, split across the threads.");
+
+    m.def(
         "rmsprop_update",
         [](ArrayList params, ArrayList grads, ArrayList vs, py::object mean_grads, py::object bufs, double lr,
            double rho, double eps, double momentum, double weight_decay) {

@@ -383,5 +383,7 @@ int main() {
     test_sdpa({2, 3, 17, 19, 16, 8}, false, false, true, true, seed++);    // smaller than one tile
     test_sdpa({1, 2, 33, 70, 24, 40}, true, true, false, true, seed++);    // full and causal mask, odd tails
     test_sdpa({2, 4, 64, 96, 32, 32}, false, false, true, false, seed++);  // problems split across threads
+    test_sdpa({1, 2, 40, 1100, 32, 24}, false, false, true, true, seed++);  // blocks of query rows (sdpa_block_rows)
+    test_sdpa({2, 1, 37, 900, 8, 16}, true, true, false, false, seed++);   // the same, masked, a short last block
     return attnx::test::report("test_reference_bf16");
 }

@@ -33,3 +33,4 @@ from ._core import dense_forward_int8_blocks  # noqa: F401,E402  (int8 self-atte
 from ._core import seq2seq_greedy  # noqa: F401,E402  (Seq2Seq.greedy_decode: encoder and search in one call)
 from ._core import l1l2_penalty_add_gradient  # noqa: F401,E402  (a training step's regularization in one pass)
 from ._core import orthogonal_factor  # noqa: F401,E402  (initializers.Orthogonal's QR, on one thread)
+from ._core import zero_  # noqa: F401,E402  (ops.zero_gradients: a step's gradient buffers on every thread)

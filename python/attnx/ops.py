@@ -137,6 +137,21 @@ class _GradientSink:
         return entry[1]
 
 
+def zero_gradients(buffers):
+    """Sets gradient buffers to zero: each float dtype's contiguous ones in one kernel call split across
+    the threads (ndarray.fill runs on one core: a seq2seq step's 64 MiB of buffers took 8 ms), any other
+    with ``fill``."""
+    by_dtype = {}
+    for g in buffers:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for dtype, group in by_dtype.items():
+        if dtype in (np.float32, np.float64) and all(g.flags.c_contiguous and g.flags.writeable for g in group):
+            kernels.zero_(group)
+        else:
+            for g in group:
+                g.fill(0)
+
+
 def gradient_buffers(params, grads):
     """The buffers a backward pass adds the gradients of `params` ({name: weight}) into: `grads` (a
     layer's own ``grads``), or inside `GradientTape.gradient` that tape's buffers of the same weights."""

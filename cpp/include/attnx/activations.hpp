@@ -294,13 +294,15 @@ template <class T> inline void softmax_rows(T* y, const T* x, size_t rows, size_
 // dx[r, c] = y[r, c] * (dy[r, c] - sum_k dy[r, k] y[r, k]); dx may alias dy. Also the backward of
 // masked_softmax_row: masked entries have y = 0 and so get dx = 0.
 template <class T> inline void softmax_rows_backward(T* dx, const T* dy, const T* y, size_t rows, size_t cols) {
-    for (size_t r = 0; r < rows; ++r) {
-        const T* yr = y + r * cols;
-        const T* dyr = dy + r * cols;
-        const T dot = sum_lanes<T>(cols, [&](size_t c) { return dyr[c] * yr[c]; });
-        T* dxr = dx + r * cols;
-        for (size_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
-    }
+    on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+        for (size_t r = 0; r < rows; ++r) {
+            const T* yr = y + r * cols;
+            const T* dyr = dy + r * cols;
+            const T dot = sum_lanes<T>(cols, [&](size_t c) { return dyr[c] * yr[c]; });
+            T* dxr = dx + r * cols;
+            for (size_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
+        }
+    });
 }
 
 // ------------------------------------------------------------------------ vector activations

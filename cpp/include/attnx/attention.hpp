@@ -163,49 +163,60 @@ ATTNX_ALWAYS_INLINE void softmax_context_rows(T* context, size_t ldc, T* w, size
 // Vectors per tile row of the attention products (Q * lanes columns per panel)
 constexpr int kAttendTileVectors = 4;
 
-// One problem's product C = alpha op(A) op(B) (C overwritten; op: the transpose when trans_*). `bf16`
-// (mixed_bfloat16, float only): on operands rounded to bf16 with float32 sums (bf16.hpp's bf16_gemm),
-// alpha applied to the sums; else gemm.hpp's.
+// C[m, n] *= alpha for m < M, n < N (rows ldc apart)
+template <class T> void scale_rows(T* C, int M, int N, size_t ldc, T alpha) {
+    on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+        for (int m = 0; m < M; ++m)
+            for (int n = 0; n < N; ++n) C[(size_t)m * ldc + n] *= alpha;
+    });
+}
+
+// One problem's product C = alpha op(A) op(B) (C overwritten; + C when accumulate, then alpha must be 1;
+// op: the transpose when trans_*). `bf16` (mixed_bfloat16, float only): on operands rounded to bf16 with
+// float32 sums (bf16.hpp's bf16_gemm), alpha applied to the sums; else gemm.hpp's.
 template <class T>
 void attend_product(bool bf16, bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda,
-                    const T* B, int ldb, T* C, int ldc) {
+                    const T* B, int ldb, T* C, int ldc, bool accumulate = false) {
     if constexpr (std::is_same_v<T, float>) {
         if (bf16) {
-            bf16_gemm(C, (size_t)ldc, A, (size_t)lda, trans_a, B, (size_t)ldb, trans_b, M, N, K, false);
-            if (alpha != 1.0f)
-                for (int m = 0; m < M; ++m)
-                    for (int n = 0; n < N; ++n) C[(size_t)m * ldc + n] *= alpha;
+            bf16_gemm(C, (size_t)ldc, A, (size_t)lda, trans_a, B, (size_t)ldb, trans_b, M, N, K, accumulate);
+            if (alpha != 1.0f) scale_rows(C, M, N, (size_t)ldc, alpha);
             return;
         }
     }
-    gemm<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, T(0), C, ldc);
+    gemm<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, accumulate ? T(1) : T(0), C, ldc);
 }
 
 // reference: cpp/reference/attention.hpp, softmax_context_backward (bf16: cpp/reference/bf16.hpp)
-// Backward of softmax_context_rows for Tq rows (dvalue overwritten, rows ldv apart):
+// Backward of softmax_context_rows for r query rows of one problem (dvalue overwritten, or added to
+// when accumulate: the rows' share of a problem taken in blocks; rows ldv apart):
 //   dV       = (P * keep)^T . dC
 //   dkeep    = (dC . V^T) * P                                   (only when dkeep is not null)
 //   dP       = (dC . V^T) * keep + dweights                     (dweights may be null)
 //   dscores  = P * (dP - rowsum(dP * P))                         (masked entries have P = 0)
 template <class T>
 void softmax_context_backward_problem(T* dscores, T* dvalue, T* dkeep, const T* dcontext, const T* dweights,
-                                      const T* weights, const T* value, const T* keep, int Tq, int S, int Dv, int ldv,
-                                      T* dropped, bool bf16 = false) {
-    const size_t block = (size_t)Tq * S;
+                                      const T* weights, const T* value, const T* keep, int r, int S, int Dv, int ldv,
+                                      T* dropped, bool bf16 = false, bool accumulate = false) {
+    const size_t block = (size_t)r * S;
     const T* used = weights;
     if (keep) {
-        for (size_t i = 0; i < block; ++i) dropped[i] = weights[i] * keep[i];
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+            for (size_t i = 0; i < block; ++i) dropped[i] = weights[i] * keep[i];
+        });
         used = dropped;
     }
-    attend_product<T>(bf16, true, false, S, Dv, Tq, T(1), used, S, dcontext, ldv, dvalue, ldv);
-    attend_product<T>(bf16, false, true, Tq, S, Dv, T(1), dcontext, ldv, value, ldv, dscores, S);
-    if (dkeep)
-        for (size_t i = 0; i < block; ++i) dkeep[i] = dscores[i] * weights[i];
-    if (keep)
-        for (size_t i = 0; i < block; ++i) dscores[i] *= keep[i];
-    if (dweights)
-        for (size_t i = 0; i < block; ++i) dscores[i] += dweights[i];
-    softmax_rows_backward(dscores, dscores, weights, (size_t)Tq, (size_t)S);
+    attend_product<T>(bf16, true, false, S, Dv, r, T(1), used, S, dcontext, ldv, dvalue, ldv, accumulate);
+    attend_product<T>(bf16, false, true, r, S, Dv, T(1), dcontext, ldv, value, ldv, dscores, S);
+    on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+        if (dkeep)
+            for (size_t i = 0; i < block; ++i) dkeep[i] = dscores[i] * weights[i];
+        if (keep)
+            for (size_t i = 0; i < block; ++i) dscores[i] *= keep[i];
+        if (dweights)
+            for (size_t i = 0; i < block; ++i) dscores[i] += dweights[i];
+    });
+    softmax_rows_backward(dscores, dscores, weights, (size_t)r, (size_t)S);
 }
 
 // reference: cpp/reference/attention.hpp, softmax_context_forward
@@ -257,21 +268,23 @@ void dot_scores_problem(T* scores, const T* q, const T* k, int Tq, int S, int Dk
     gemm<T>(false, true, Tq, S, Dk, scale, q, ldk, k, ldk, T(0), scores, S);
 }
 
-// Backward of dot_scores_problem (dq, dk overwritten); returns sum(dscores * Q . K^T), the
-// gradient of a learned scale, when want_dscale:
-//   dQ = scale * dS . K,   dK = scale * dS^T . Q,   dscale = sum((dS . K) * Q)
+// Backward of dot_scores_problem for r query rows (dq overwritten; dk overwritten, or added to when
+// accumulate: a problem's rows taken in blocks) before dk's scale, which the caller applies once the
+// problem's rows are all in (scale_rows); returns sum(dscores * Q . K^T), the gradient of a learned
+// scale, when want_dscale:
+//   dQ = scale * dS . K,   dK = dS^T . Q  (times scale after),   dscale = sum((dS . K) * Q)
 template <class T>
-T dot_scores_backward_problem(T* dq, T* dk, const T* dscores, const T* q, const T* k, int Tq, int S, int Dk,
-                              int ldk, T scale, bool want_dscale, bool bf16 = false) {
-    attend_product<T>(bf16, false, false, Tq, Dk, S, T(1), dscores, S, k, ldk, dq, ldk);
+T dot_scores_backward_problem(T* dq, T* dk, const T* dscores, const T* q, const T* k, int r, int S, int Dk, int ldk,
+                              T scale, bool want_dscale, bool bf16 = false, bool accumulate = false) {
+    attend_product<T>(bf16, false, false, r, Dk, S, T(1), dscores, S, k, ldk, dq, ldk);
     T dscale = 0;
-    for (int t = 0; t < Tq; ++t)
+    for (int t = 0; t < r; ++t)
         for (int d = 0; d < Dk; ++d) {
             const size_t i = (size_t)t * ldk + d;
             if (want_dscale) dscale += dq[i] * q[i];
             dq[i] *= scale;
         }
-    attend_product<T>(bf16, true, false, S, Dk, Tq, scale, dscores, S, q, ldk, dk, ldk);
+    attend_product<T>(bf16, true, false, S, Dk, r, T(1), dscores, S, q, ldk, dk, ldk, accumulate);
     return dscale;
 }
 
@@ -298,11 +311,13 @@ void dot_scores_backward(const AttendShape& shape, T* dq, T* dk, T* dscale, cons
     std::mutex dscale_lock;
     parallel_for(N, double(N) * block * Dk * 2, [&](size_t lo, size_t hi) {
         T dscale_sum = 0;
-        for (size_t n = lo; n < hi; ++n)
+        for (size_t n = lo; n < hi; ++n) {
             dscale_sum += dot_scores_backward_problem(head_block(dq, n, H, Tq, Dk), head_block(dk, n, H, S, Dk),
                                                       dscores + n * block, head_block(q, n, H, Tq, Dk),
                                                       head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale,
                                                       dscale != nullptr);
+            scale_rows(head_block(dk, n, H, S, Dk), S, Dk, (size_t)H * Dk, scale);
+        }
         if (dscale) {
             std::lock_guard<std::mutex> guard(dscale_lock);
             *dscale += dscale_sum;
@@ -332,32 +347,37 @@ void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, 
                   const AttendMask& mask, const T* keep, T scale, bool bf16 = false, const KeepStream& drawn = {}) {
     const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    const int rows = sdpa_block_rows(Tq, S);
     if (bf16) {
         parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
-            std::vector<T> scores(weights ? 0 : block), dropped, keep_scratch;
+            std::vector<T> scores(weights ? 0 : (size_t)rows * S), dropped, keep_scratch;
             std::vector<uint8_t> row_mask(mask.causal ? S : 0);
-            for (size_t n = lo; n < hi; ++n) {
-                T* w = weights ? weights + n * block : scores.data();
-                // w = scale * Q . K^T
-                attend_product<T>(true, false, true, Tq, S, Dk, scale, head_block(q, n, H, Tq, Dk), H * Dk,
-                                  head_block(k, n, H, S, Dk), H * Dk, w, S);
-                for (int t = 0; t < Tq; ++t)
-                    masked_softmax_row(w + (size_t)t * S, w + (size_t)t * S, mask.row(row_mask.data(), n / H, t, S),
-                                       (size_t)S);
-                const T* used = w;
-                if (const T* kept = keep_rows(keep, drawn, n, H, Tq, S, 0, Tq, keep_scratch)) {
-                    dropped.resize(block);
-                    for (size_t i = 0; i < block; ++i) dropped[i] = w[i] * kept[i];
-                    used = dropped.data();
+            for (size_t n = lo; n < hi; ++n)
+                for (int t0 = 0; t0 < Tq; t0 += rows) {
+                    const int r = std::min(rows, Tq - t0);
+                    T* w = weights ? weights + n * block + (size_t)t0 * S : scores.data();
+                    // w = scale * Q . K^T
+                    attend_product<T>(true, false, true, r, S, Dk, scale,
+                                      head_block(q, n, H, Tq, Dk) + (size_t)t0 * H * Dk, H * Dk,
+                                      head_block(k, n, H, S, Dk), H * Dk, w, S);
+                    for (int t = 0; t < r; ++t)
+                        masked_softmax_row(w + (size_t)t * S, w + (size_t)t * S,
+                                           mask.row(row_mask.data(), n / H, t0 + t, S), (size_t)S);
+                    const T* used = w;
+                    if (const T* kept = keep_rows(keep, drawn, n, H, Tq, S, t0, r, keep_scratch)) {
+                        dropped.resize((size_t)r * S);
+                        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+                            for (size_t i = 0; i < (size_t)r * S; ++i) dropped[i] = w[i] * kept[i];
+                        });
+                        used = dropped.data();
+                    }
+                    // context = (weights * keep) . V
+                    attend_product<T>(true, false, false, r, Dv, S, T(1), used, S, head_block(v, n, H, S, Dv), H * Dv,
+                                      head_block(context, n, H, Tq, Dv) + (size_t)t0 * H * Dv, H * Dv);
                 }
-                // context = (weights * keep) . V
-                attend_product<T>(true, false, false, Tq, Dv, S, T(1), used, S, head_block(v, n, H, S, Dv), H * Dv,
-                                  head_block(context, n, H, Tq, Dv), H * Dv);
-            }
         });
         return;
     }
-    const int rows = sdpa_block_rows(Tq, S);
     parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
         on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
             using V = decltype(lanes);
@@ -409,21 +429,27 @@ void sdpa_backward(const AttendShape& shape, T* dq, T* dk, T* dv, T* dscale, con
                    const KeepStream& drawn = {}) {
     const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
+    const int rows = sdpa_block_rows(Tq, S);
     std::mutex dscale_lock;
     parallel_for(N, double(N) * block * (2 * Dk + 2 * Dv), [&](size_t lo, size_t hi) {
-        std::vector<T> dscores(block), dropped(keep || drawn.rate != 0 ? block : 0), keep_scratch;
+        std::vector<T> dscores((size_t)rows * S), dropped(keep || drawn.rate != 0 ? (size_t)rows * S : 0), keep_scratch;
         T dscale_sum = 0;
         for (size_t n = lo; n < hi; ++n) {
-            softmax_context_backward_problem(dscores.data(), head_block(dv, n, H, S, Dv), (T*)nullptr,
-                                             head_block(dcontext, n, H, Tq, Dv),
-                                             dweights ? dweights + n * block : nullptr, weights + n * block,
-                                             head_block(v, n, H, S, Dv),
-                                             keep_rows(keep, drawn, n, H, Tq, S, 0, Tq, keep_scratch), Tq, S, Dv,
-                                             H * Dv, dropped.data(), bf16);
-            dscale_sum += dot_scores_backward_problem(head_block(dq, n, H, Tq, Dk), head_block(dk, n, H, S, Dk),
-                                                      dscores.data(), head_block(q, n, H, Tq, Dk),
-                                                      head_block(k, n, H, S, Dk), Tq, S, Dk, H * Dk, scale,
-                                                      dscale != nullptr, bf16);
+            for (int t0 = 0; t0 < Tq; t0 += rows) {
+                const int r = std::min(rows, Tq - t0);
+                const size_t first = n * block + (size_t)t0 * S;  // row t0 of problem n in (B, H, Tq, S)
+                softmax_context_backward_problem(dscores.data(), head_block(dv, n, H, S, Dv), (T*)nullptr,
+                                                 head_block(dcontext, n, H, Tq, Dv) + (size_t)t0 * H * Dv,
+                                                 dweights ? dweights + first : nullptr, weights + first,
+                                                 head_block(v, n, H, S, Dv),
+                                                 keep_rows(keep, drawn, n, H, Tq, S, t0, r, keep_scratch), r, S, Dv,
+                                                 H * Dv, dropped.data(), bf16, t0 > 0);
+                dscale_sum += dot_scores_backward_problem(
+                    head_block(dq, n, H, Tq, Dk) + (size_t)t0 * H * Dk, head_block(dk, n, H, S, Dk), dscores.data(),
+                    head_block(q, n, H, Tq, Dk) + (size_t)t0 * H * Dk, head_block(k, n, H, S, Dk), r, S, Dk, H * Dk,
+                    scale, dscale != nullptr, bf16, t0 > 0);
+            }
+            scale_rows(head_block(dk, n, H, S, Dk), S, Dk, (size_t)H * Dk, scale);
         }
         if (dscale) {
             std::lock_guard<std::mutex> guard(dscale_lock);

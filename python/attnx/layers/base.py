@@ -200,8 +200,7 @@ class Layer:
         self._grads = value
 
     def zero_grad(self):
-        for g in self.grads.values():
-            g.fill(0)
+        ops.zero_gradients(self.grads.values())
 
     # ------------------------------------------------------------ sublayers
     def _sublayers(self):

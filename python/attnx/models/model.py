@@ -4,7 +4,7 @@ import numpy as np
 from .. import quantization, saving
 from ..backend import snake_case, unique_name
 from ..layers.base import Layer
-from ..ops import TracedArray, gradient_buffers
+from ..ops import TracedArray, gradient_buffers, zero_gradients
 from . import plan
 from .graph import GraphMixin
 from .training import TrainingMixin
@@ -89,8 +89,7 @@ class Model(TrainingMixin, GraphMixin, Layer):
         return own + [(f"{path}/{n}", r) for path, l in self._named_layers() for n, r in l._all_regularizers()]
 
     def zero_grad(self):
-        for g in self._own_weights()[1].values():
-            g.fill(0)
+        zero_gradients(self._own_weights()[1].values())
         for layer in self.layers:
             layer.zero_grad()
 
