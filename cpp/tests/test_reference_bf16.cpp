@@ -262,8 +262,9 @@ void test_sdpa(AttendShape sh, bool full_mask, bool causal, bool dropout, bool w
     std::snprintf(where, sizeof where, "bf16 sdpa B=%d H=%d Tq=%d S=%d Dk=%d Dv=%d%s%s%s%s", sh.B, sh.H, sh.Tq, sh.S,
                   sh.Dk, sh.Dv, full_mask ? " full mask" : " key mask", causal ? " causal" : "", dropout ? " dropout" : "",
                   with_dweights ? " dweights" : "");
-    // the tolerance tells bf16 operands from float32 ones: float32's context misses the reference
-    if (sh.S >= 64) {
+    // the tolerance tells bf16 operands from float32 ones: float32's context misses the reference (over
+    // thousands of keys the context's average washes the rounding out below it)
+    if (sh.S >= 64 && sh.S <= 1024) {
         std::vector<double> float32_context(nc), float32_weights(nw);
         reference::sdpa_forward(sh, float32_context.data(), float32_weights.data(), q.data(), k.data(), v.data(), mask,
                                 keep_p, scale);
@@ -383,7 +384,7 @@ int main() {
     test_sdpa({2, 3, 17, 19, 16, 8}, false, false, true, true, seed++);    // smaller than one tile
     test_sdpa({1, 2, 33, 70, 24, 40}, true, true, false, true, seed++);    // full and causal mask, odd tails
     test_sdpa({2, 4, 64, 96, 32, 32}, false, false, true, false, seed++);  // problems split across threads
-    test_sdpa({1, 2, 40, 1100, 32, 24}, false, false, true, true, seed++);  // blocks of query rows (sdpa_block_rows)
-    test_sdpa({2, 1, 37, 900, 8, 16}, true, true, false, false, seed++);   // the same, masked, a short last block
+    test_sdpa({1, 2, 40, 2200, 32, 24}, false, false, true, true, seed++);  // blocks of query rows (sdpa_bf16_block_rows)
+    test_sdpa({2, 1, 37, 2000, 8, 16}, true, true, false, false, seed++);  // the same, masked, a short last block
     return attnx::test::report("test_reference_bf16");
 }

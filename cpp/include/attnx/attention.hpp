@@ -329,6 +329,9 @@ void dot_scores_backward(const AttendShape& shape, T* dq, T* dk, T* dscale, cons
 // Query rows per block of the fused core: a (rows, S) block of scores (<= 128 KiB of floats)
 // stays in the core's L2 cache between the score product, the softmax and the context product.
 inline int sdpa_block_rows(int Tq, int S) { return std::max(1, std::min(Tq, 32768 / std::max(S, 1))); }
+// The same under bf16 (whose products pack each block's operands): blocks of <= 256 KiB (an encoder's
+// B 8, 8 heads, T 512 on AMX, 2 threads, forward + backward: 64 rows 47.6 ms, 128 rows 44.1, 256 rows 45.6)
+inline int sdpa_bf16_block_rows(int Tq, int S) { return std::max(1, std::min(Tq, 65536 / std::max(S, 1))); }
 
 // reference: cpp/reference/attention.hpp, sdpa_forward
 // Scaled dot-product attention for one or more heads (the core multi-head attention uses):
@@ -347,8 +350,8 @@ void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, 
                   const AttendMask& mask, const T* keep, T scale, bool bf16 = false, const KeepStream& drawn = {}) {
     const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
-    const int rows = sdpa_block_rows(Tq, S);
     if (bf16) {
+        const int rows = sdpa_bf16_block_rows(Tq, S);
         parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
             std::vector<T> scores(weights ? 0 : (size_t)rows * S), dropped, keep_scratch;
             std::vector<uint8_t> row_mask(mask.causal ? S : 0);
@@ -378,6 +381,7 @@ void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, 
         });
         return;
     }
+    const int rows = sdpa_block_rows(Tq, S);
     parallel_for(N, double(N) * block * (Dk + Dv), [&](size_t lo, size_t hi) {
         on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
             using V = decltype(lanes);
@@ -429,7 +433,7 @@ void sdpa_backward(const AttendShape& shape, T* dq, T* dk, T* dv, T* dscale, con
                    const KeepStream& drawn = {}) {
     const int B = shape.B, H = shape.H, Tq = shape.Tq, S = shape.S, Dk = shape.Dk, Dv = shape.Dv;
     const size_t N = (size_t)B * H, block = (size_t)Tq * S;
-    const int rows = sdpa_block_rows(Tq, S);
+    const int rows = bf16 ? sdpa_bf16_block_rows(Tq, S) : sdpa_block_rows(Tq, S);
     std::mutex dscale_lock;
     parallel_for(N, double(N) * block * (2 * Dk + 2 * Dv), [&](size_t lo, size_t hi) {
         std::vector<T> dscores((size_t)rows * S), dropped(keep || drawn.rate != 0 ? (size_t)rows * S : 0), keep_scratch;
