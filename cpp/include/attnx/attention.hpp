@@ -208,15 +208,20 @@ void softmax_context_backward_problem(T* dscores, T* dvalue, T* dkeep, const T* 
     }
     attend_product<T>(bf16, true, false, S, Dv, r, T(1), used, S, dcontext, ldv, dvalue, ldv, accumulate);
     attend_product<T>(bf16, false, true, r, S, Dv, T(1), dcontext, ldv, value, ldv, dscores, S);
+    // row by row, while the row is in L1
     on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
-        if (dkeep)
-            for (size_t i = 0; i < block; ++i) dkeep[i] = dscores[i] * weights[i];
-        if (keep)
-            for (size_t i = 0; i < block; ++i) dscores[i] *= keep[i];
-        if (dweights)
-            for (size_t i = 0; i < block; ++i) dscores[i] += dweights[i];
+        for (int t = 0; t < r; ++t) {
+            T* ds = dscores + (size_t)t * S;
+            const size_t at = (size_t)t * S;
+            if (dkeep)
+                for (int j = 0; j < S; ++j) dkeep[at + j] = ds[j] * weights[at + j];
+            if (keep)
+                for (int j = 0; j < S; ++j) ds[j] *= keep[at + j];
+            if (dweights)
+                for (int j = 0; j < S; ++j) ds[j] += dweights[at + j];
+            softmax_rows_backward(ds, ds, weights + at, 1, (size_t)S);
+        }
     });
-    softmax_rows_backward(dscores, dscores, weights, (size_t)r, (size_t)S);
 }
 
 // reference: cpp/reference/attention.hpp, softmax_context_forward
@@ -359,21 +364,24 @@ void sdpa_forward(const AttendShape& shape, T* context, T* weights, const T* q, 
                 for (int t0 = 0; t0 < Tq; t0 += rows) {
                     const int r = std::min(rows, Tq - t0);
                     T* w = weights ? weights + n * block + (size_t)t0 * S : scores.data();
-                    // w = scale * Q . K^T
-                    attend_product<T>(true, false, true, r, S, Dk, scale,
+                    // w = Q . K^T, then row by row (in L1): w *= scale (after the sums), its masked
+                    // softmax, and the weights * keep the context multiplies
+                    attend_product<T>(true, false, true, r, S, Dk, T(1),
                                       head_block(q, n, H, Tq, Dk) + (size_t)t0 * H * Dk, H * Dk,
                                       head_block(k, n, H, S, Dk), H * Dk, w, S);
-                    for (int t = 0; t < r; ++t)
-                        masked_softmax_row(w + (size_t)t * S, w + (size_t)t * S,
-                                           mask.row(row_mask.data(), n / H, t0 + t, S), (size_t)S);
-                    const T* used = w;
-                    if (const T* kept = keep_rows(keep, drawn, n, H, Tq, S, t0, r, keep_scratch)) {
-                        dropped.resize((size_t)r * S);
-                        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
-                            for (size_t i = 0; i < (size_t)r * S; ++i) dropped[i] = w[i] * kept[i];
-                        });
-                        used = dropped.data();
-                    }
+                    const T* kept = keep_rows(keep, drawn, n, H, Tq, S, t0, r, keep_scratch);
+                    if (kept) dropped.resize((size_t)r * S);
+                    on_widest_lanes<T>([&](auto lanes) __attribute__((always_inline)) {
+                        for (int t = 0; t < r; ++t) {
+                            T* wt = w + (size_t)t * S;
+                            for (int j = 0; j < S; ++j) wt[j] *= scale;
+                            masked_softmax_row_lanes<decltype(lanes)>(
+                                wt, wt, mask.row(row_mask.data(), n / H, t0 + t, S), (size_t)S);
+                            if (kept)
+                                for (int j = 0; j < S; ++j) dropped[(size_t)t * S + j] = wt[j] * kept[(size_t)t * S + j];
+                        }
+                    });
+                    const T* used = kept ? dropped.data() : w;
                     // context = (weights * keep) . V
                     attend_product<T>(true, false, false, r, Dv, S, T(1), used, S, head_block(v, n, H, S, Dv), H * Dv,
                                       head_block(context, n, H, Tq, Dv) + (size_t)t0 * H * Dv, H * Dv);
