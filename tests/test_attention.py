@@ -165,7 +165,7 @@ def test_sdpa_draws_random_keeps_mask_itself(dtype, bf16):
     grads = [_core.sdpa_backward(dc, given[1], q, k, v, heads=H, bf16=bf16, **how)
              for how in ({"dropout_keep": keep}, {"dropout_stream": (0.25, 99, 4)})]
     assert all(np.array_equal(a, b) for a, b in zip(*grads))
-    with pytest.raises(ValueError, match="sdpa_forward: give dropout_keep or dropout_stream, not both"):
+    with pytest.raises(ValueError, match="sdpa_forward: give a keep mask or dropout_stream, not both"):
         _core.sdpa_forward(q, k, v, heads=H, dropout_keep=keep, dropout_stream=(0.25, 99, 4))
     with pytest.raises(ValueError, match=r"sdpa_backward: dropout_stream: rate must be in \[0, 1\), got 1"):
         _core.sdpa_backward(dc, given[1], q, k, v, heads=H, dropout_stream=(1.0, 99, 4))
@@ -816,3 +816,31 @@ def test_without_input_gradients_the_parameter_gradients_are_unchanged(case):
         grads[needed] = {name: g.copy() for name, g in layer.grads.items()}
     for name in grads[True]:
         assert_close(grads[False][name], grads[True][name], atol=0, what=f"d {name}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dropout_kernels_draw_random_keeps_mask_themselves(dtype):
+    """apply_keep and residual_add with dropout_stream (rate, key, first_row): the mask random_keep gives
+    for x's shape (first axis the batch's rows), drawn as it is used: the results on that mask, bit for
+    bit (rows of 1100 entries: several blocks of the stream per row, one that starts mid-word)."""
+    x, sub = rand(3, 2, 550, seed=1).astype(dtype), rand(3, 2, 550, seed=2).astype(dtype)
+    keep = _core.random_keep(shape=[3, 2, 550], rate=0.2, key=7, first_row=5, dtype=np.dtype(dtype))
+    stream = (0.2, 7, 5)
+    assert np.array_equal(_core.apply_keep(x, keep=keep), _core.apply_keep(x, dropout_stream=stream))
+    assert np.array_equal(_core.residual_add(x, sub, keep=keep), _core.residual_add(x, sub, dropout_stream=stream))
+    assert not np.array_equal(_core.apply_keep(x, keep=keep), x)  # the mask drops something
+    np.testing.assert_allclose(_core.apply_keep(x, dropout_stream=stream), x * keep, rtol=0, atol=0)
+    np.testing.assert_allclose(_core.residual_add(x, sub, dropout_stream=stream), x + keep * sub, rtol=1e-6)
+    with pytest.raises(ValueError, match="apply_keep: give a keep mask or dropout_stream, not both"):
+        _core.apply_keep(x, keep=keep, dropout_stream=stream)
+    with pytest.raises(ValueError, match="apply_keep: give keep or dropout_stream"):
+        _core.apply_keep(x)
+    with pytest.raises(ValueError, match="residual_add: a dropout_stream needs an array with a batch axis"):
+        _core.residual_add(np.array(1.0, dtype), np.array(2.0, dtype), dropout_stream=stream)
+    with pytest.raises(ValueError, match=r"residual_add: dropout_stream: rate must be in \[0, 1\), got 1"):
+        _core.residual_add(x, sub, dropout_stream=(1.0, 7, 5))
+    for bad in ((0.2, -1, 5), (0.2, 7), "stream"):
+        with pytest.raises(TypeError, match="apply_keep: dropout_stream must be a tuple"):
+            _core.apply_keep(x, dropout_stream=bad)
+    with pytest.raises(ValueError, match=r"apply_keep: keep: expected shape"):
+        _core.apply_keep(x, keep=keep[:, :, :10])

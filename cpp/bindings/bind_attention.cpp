@@ -64,24 +64,6 @@ template <class T> static const T* optional_block(const py::object& a, const Sdp
     return in_ptr<T>(arr, what.c_str());
 }
 
-// dropout_stream: None, or (rate, key, first_row), the keep mask random_keep would draw for the weights'
-// shape (B, H, Tq, S), drawn by the kernel as it goes; refused beside a given dropout_keep
-static KeepStream keep_stream(const py::object& stream, const py::object& keep, const std::string& where) {
-    if (stream.is_none()) return {};
-    if (!keep.is_none()) throw py::value_error(where + ": give dropout_keep or dropout_stream, not both");
-    std::tuple<double, uint64_t, uint64_t> t;
-    try {
-        if (!py::isinstance<py::tuple>(stream) || py::len(stream) != 3) throw py::cast_error();
-        t = stream.cast<std::tuple<double, uint64_t, uint64_t>>();
-    } catch (const py::cast_error&) {
-        throw py::type_error(where + ": dropout_stream must be a tuple (rate, key, first_row) of a float and two "
-                             "integers in [0, 2**64), got " + std::string(py::repr(stream)));
-    }
-    KeepStream drawn{std::get<1>(t), std::get<2>(t), std::get<0>(t)};
-    check_dropout_rate(drawn.rate, where + ": dropout_stream");
-    return drawn;
-}
-
 void init_attention(py::module_& m) {
     m.def(
         "sdpa_forward",

@@ -176,6 +176,13 @@ struct PythonStep {
     }
 };
 
+// The (rows, cols) a dropout_stream's mask has for x: its first axis the batch's rows (random_keep's)
+static std::pair<size_t, size_t> stream_rows(const py::array& x, const char* what) {
+    if (x.ndim() < 1) throw py::value_error(std::string(what) + ": a dropout_stream needs an array with a batch axis");
+    const size_t rows = (size_t)x.shape(0);
+    return {rows, rows ? (size_t)x.size() / rows : 0};
+}
+
 void init_transformer(py::module_& m) {
     m.def(
         "layernorm_forward",
@@ -296,18 +303,23 @@ void init_transformer(py::module_& m) {
 
     m.def(
         "apply_keep",
-        [](const py::array& x, const py::array& keep) {
+        [](const py::array& x, const py::object& keep, const py::object& dropout_stream) {
             return dispatch_float(x, "apply_keep: x", [&](auto tag) -> py::array {
                 using T = decltype(tag);
-                check_shape(keep, shape_of(x), "apply_keep: keep");
+                const KeepStream drawn = keep_stream(dropout_stream, keep, "apply_keep");
                 const T* px = in_ptr<T>(x, "apply_keep: x");
-                const T* pk = in_ptr<T>(keep, "apply_keep: keep");
-                return released_result<T>(shape_of(x), [&](T* py_) {
-                    apply_keep<T>(py_, px, pk, (size_t)x.size());
-                });
+                if (dropout_stream.is_none()) {
+                    if (keep.is_none()) throw py::value_error("apply_keep: give keep or dropout_stream");
+                    const T* pk = optional_in_ptr<T>(keep, shape_of(x), "apply_keep: keep");
+                    return released_result<T>(shape_of(x), [&](T* py_) { apply_keep<T>(py_, px, pk, (size_t)x.size()); });
+                }
+                const auto [rows, cols] = stream_rows(x, "apply_keep: x");
+                return released_result<T>(shape_of(x), [&](T* py_) { apply_keep<T>(py_, px, rows, cols, drawn); });
             });
         },
-        py::arg("x"), py::arg("keep"), "y = x * keep (dropout forward, and backward on dy).");
+        py::arg("x"), py::arg("keep") = py::none(), py::arg("dropout_stream") = py::none(),
+        "y = x * keep (dropout forward, and backward on dy); dropout_stream (rate, key, first_row): the mask\n"
+        "random_keep would draw for x's shape, drawn as it is used instead of given.");
 
     m.def(
         "feed_forward_forward",
@@ -339,19 +351,25 @@ void init_transformer(py::module_& m) {
 
     m.def(
         "residual_add",
-        [](const py::array& x, const py::array& sub, const py::object& keep) {
+        [](const py::array& x, const py::array& sub, const py::object& keep, const py::object& dropout_stream) {
             return dispatch_float(x, "residual_add: x", [&](auto tag) -> py::array {
                 using T = decltype(tag);
                 check_shape(sub, shape_of(x), "residual_add: sub");
+                const KeepStream drawn = keep_stream(dropout_stream, keep, "residual_add");
                 const T* px = in_ptr<T>(x, "residual_add: x");
                 const T* ps = in_ptr<T>(sub, "residual_add: sub");
-                const T* pk = optional_in_ptr<T>(keep, shape_of(x), "residual_add: keep");
-                return released_result<T>(shape_of(x), [&](T* py_) {
-                    residual_add<T>(py_, px, ps, pk, (size_t)x.size());
-                });
+                if (dropout_stream.is_none()) {
+                    const T* pk = optional_in_ptr<T>(keep, shape_of(x), "residual_add: keep");
+                    return released_result<T>(shape_of(x), [&](T* py_) {
+                        residual_add<T>(py_, px, ps, pk, (size_t)x.size());
+                    });
+                }
+                const auto [rows, cols] = stream_rows(x, "residual_add: x");
+                return released_result<T>(shape_of(x), [&](T* py_) { residual_add<T>(py_, px, ps, rows, cols, drawn); });
             });
         },
-        py::arg("x"), py::arg("sub"), py::arg("keep"), "y = x + keep * sub (keep None: y = x + sub).");
+        py::arg("x"), py::arg("sub"), py::arg("keep") = py::none(), py::arg("dropout_stream") = py::none(),
+        "y = x + keep * sub (keep None: y = x + sub); dropout_stream as apply_keep's.");
     m.def(
         "decoder_stack_step",
         [](const py::array& x, py::array& self_keys, py::array& self_values, const py::array& cross_keys,

@@ -11,9 +11,11 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attnx/activations.hpp"
+#include "attnx/random.hpp"
 #include "buffer_cache.hpp"
 
 namespace attnx::bind {
@@ -41,6 +43,24 @@ inline std::string dtype_str(const py::array& a) { return py::str(a.dtype()).cas
 // A dropout rate, in [0, 1)
 inline void check_dropout_rate(double rate, const std::string& where) {
     if (!(rate >= 0.0 && rate < 1.0)) throw py::value_error(where + ": rate must be in [0, 1), got " + std::to_string(rate));
+}
+
+// dropout_stream: None, or (rate, key, first_row), the keep mask random_keep would draw for the
+// array's shape, drawn by the kernel as it goes (random.hpp's KeepStream); refused beside a given mask
+inline KeepStream keep_stream(const py::object& stream, const py::object& keep, const std::string& where) {
+    if (stream.is_none()) return {};
+    if (!keep.is_none()) throw py::value_error(where + ": give a keep mask or dropout_stream, not both");
+    std::tuple<double, uint64_t, uint64_t> t;
+    try {
+        if (!py::isinstance<py::tuple>(stream) || py::len(stream) != 3) throw py::cast_error();
+        t = stream.cast<std::tuple<double, uint64_t, uint64_t>>();
+    } catch (const py::cast_error&) {
+        throw py::type_error(where + ": dropout_stream must be a tuple (rate, key, first_row) of a float and two "
+                             "integers in [0, 2**64), got " + std::string(py::repr(stream)));
+    }
+    KeepStream drawn{std::get<1>(t), std::get<2>(t), std::get<0>(t)};
+    check_dropout_rate(drawn.rate, where + ": dropout_stream");
+    return drawn;
 }
 
 // bf16=True (mixed_bfloat16) rounds float32 operands to bf16: a kernel called on another dtype refuses it

@@ -52,12 +52,8 @@ struct AttendShape {
     int B = 0, H = 1, Tq = 0, S = 0, Dk = 0, Dv = 0;
 };
 
-// A dropout keep mask drawn in the kernel as it is used, never written out: the (B, H, Tq, S) mask
-// random_keep(keep, B, H * Tq * S, key, first_row, rate) would write (random.hpp). rate 0: none.
-struct KeepStream {
-    uint64_t key = 0, first_row = 0;
-    double rate = 0;
-};
+// Attention's KeepStream (random.hpp) stands for the (B, H, Tq, S) mask random_keep(keep, B, H * Tq * S,
+// key, first_row, rate) would write.
 
 // Rows [t0, t0 + r) of problem n's keep mask (r x S, rows S apart): the given (B, H, Tq, S) mask's in
 // place, else drawn from `drawn` into scratch; null when there is no dropout

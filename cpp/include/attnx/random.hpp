@@ -63,8 +63,8 @@ void for_each_word_block(size_t rows, size_t words_per_row, uint64_t key, uint64
 //   keep[r, i] = 1 / (1 - rate) if u[r, i] >= round(rate 65536), else 0,
 //   u[r, i] = 16-bit word i % 4 (low first) of stream_word(fold_in(key, first_row + r), i / 4)
 // so the rate is honoured to 1/65536 and four entries share one hash. KeepRule draws any span of a
-// row, so a kernel can draw the part of a mask it is about to use (attention.hpp's KeepStream) and
-// never write the whole mask out.
+// row, so a kernel can draw the part of a mask it is about to use (KeepStream, below) and never
+// write the whole mask out.
 template <class T> struct KeepRule {
     uint32_t threshold;  // P(u16 < threshold) ~ rate
     T scale;
@@ -87,19 +87,38 @@ template <class T> struct KeepRule {
     }
 };
 
-template <class T>
-void random_keep(T* keep, size_t rows, size_t cols, uint64_t key, uint64_t first_row, double rate) {
-    const KeepRule<T> rule(rate);
+// A dropout keep mask drawn in the kernel as it is used, never written out: the (rows, cols) mask
+// random_keep(keep, rows, cols, key, first_row, rate) would write. rate 0: none.
+struct KeepStream {
+    uint64_t key = 0, first_row = 0;
+    double rate = 0;
+};
+
+// fn(row, c0, n, keep) for every block of up to 4 kRandomBlockWords entries of the (rows, cols) mask
+// that `drawn` stands for: keep[j] = its entry (row, c0 + j), j < n, in this thread's buffer; blocks
+// split across threads. fn is inlined into each level's copy (always_inline), where its loops vectorize.
+template <class T, class Fn> void for_keep_blocks(size_t rows, size_t cols, const KeepStream& drawn, Fn&& fn) {
+    const KeepRule<T> rule(drawn.rate);
     constexpr size_t block = 4 * kRandomBlockWords;  // entries per block of one row
     const size_t blocks_per_row = (cols + block - 1) / block;
     parallel_for(rows * blocks_per_row, double(rows) * cols, [&](size_t lo, size_t hi) {
         on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+            alignas(64) T keep[block];
             for (size_t b = lo; b < hi; ++b) {
-                const size_t row = b / blocks_per_row, c0 = (b % blocks_per_row) * block;
-                rule.span(keep + row * cols + c0, fold_in(key, first_row + row), c0, std::min(block, cols - c0));
+                const size_t row = b / blocks_per_row, c0 = (b % blocks_per_row) * block, n = std::min(block, cols - c0);
+                rule.span(keep, fold_in(drawn.key, drawn.first_row + row), c0, n);
+                fn(row, c0, n, (const T*)keep);
             }
         });
     });
+}
+
+template <class T>
+void random_keep(T* keep, size_t rows, size_t cols, uint64_t key, uint64_t first_row, double rate) {
+    for_keep_blocks<T>(rows, cols, KeepStream{key, first_row, rate},
+                       [&](size_t row, size_t c0, size_t n, const T* drawn) __attribute__((always_inline)) {
+                           std::memcpy(keep + row * cols + c0, drawn, n * sizeof(T));
+                       });
 }
 
 // reference: cpp/reference/random.hpp, random_uniform

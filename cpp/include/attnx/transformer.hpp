@@ -13,6 +13,7 @@
 #include "attnx/activations.hpp"
 #include "attnx/dense.hpp"
 #include "attnx/parallel.hpp"
+#include "attnx/random.hpp"
 
 namespace attnx {
 
@@ -114,7 +115,18 @@ template <class T> void add_positions_backward(T* dtable, const T* dy, size_t B,
 // y[i] = x[i] * keep[i]: dropout's forward and, applied to dy, its backward. y may alias x.
 template <class T> void apply_keep(T* y, const T* x, const T* keep, size_t n) {
     parallel_for(n, double(n), [&](size_t lo, size_t hi) {
-        for (size_t i = lo; i < hi; ++i) y[i] = x[i] * keep[i];
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+            for (size_t i = lo; i < hi; ++i) y[i] = x[i] * keep[i];
+        });
+    });
+}
+
+// apply_keep on x (rows, cols) with the mask `drawn` stands for (random.hpp's KeepStream), drawn block by
+// block as it is used: the same y, and no (rows, cols) mask written, kept and read back
+template <class T> void apply_keep(T* y, const T* x, size_t rows, size_t cols, const KeepStream& drawn) {
+    for_keep_blocks<T>(rows, cols, drawn, [&](size_t row, size_t c0, size_t n, const T* keep) __attribute__((always_inline)) {
+        const size_t at = row * cols + c0;
+        for (size_t j = 0; j < n; ++j) y[at + j] = x[at + j] * keep[j];
     });
 }
 
@@ -123,10 +135,21 @@ template <class T> void apply_keep(T* y, const T* x, const T* keep, size_t n) {
 // Its backward needs no kernel of its own: dx = dy, dsub = apply_keep(dy).
 template <class T> void residual_add(T* y, const T* x, const T* sub, const T* keep, size_t n) {
     parallel_for(n, double(n), [&](size_t lo, size_t hi) {
-        if (keep)
-            for (size_t i = lo; i < hi; ++i) y[i] = x[i] + keep[i] * sub[i];
-        else
-            for (size_t i = lo; i < hi; ++i) y[i] = x[i] + sub[i];
+        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
+            if (keep)
+                for (size_t i = lo; i < hi; ++i) y[i] = x[i] + keep[i] * sub[i];
+            else
+                for (size_t i = lo; i < hi; ++i) y[i] = x[i] + sub[i];
+        });
+    });
+}
+
+// residual_add on (rows, cols) with the mask `drawn` stands for, drawn as it is used (apply_keep's)
+template <class T>
+void residual_add(T* y, const T* x, const T* sub, size_t rows, size_t cols, const KeepStream& drawn) {
+    for_keep_blocks<T>(rows, cols, drawn, [&](size_t row, size_t c0, size_t n, const T* keep) __attribute__((always_inline)) {
+        const size_t at = row * cols + c0;
+        for (size_t j = 0; j < n; ++j) y[at + j] = x[at + j] + keep[j] * sub[at + j];
     });
 }
 

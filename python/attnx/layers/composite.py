@@ -13,15 +13,10 @@ def _draws_dropout(rate):
     return rate != 0.0 and backend.training_randomness(True)
 
 
-def _dropout_keep(generator, shape, rate, dtype):
-    """A scaled dropout mask (entries 0 or 1 / (1 - rate)) from `generator` (an `attnx.random.SeedGenerator`),
-    or None when it draws nothing (_draws_dropout)."""
-    return generator.keep(shape, rate, dtype) if _draws_dropout(rate) else None
-
-
 def _dropout_stream(generator, rows, rate):
-    """_dropout_keep's draw as `generator.keep_stream`'s (rate, key, first_row), for a kernel that draws the
-    mask as it goes (rows: the batch's rows), or None as there."""
+    """A dropout mask's draw from `generator` (an `attnx.random.SeedGenerator`) as its `keep_stream`'s
+    (rate, key, first_row), for a kernel that draws the mask as it uses it (rows: the batch's rows), or
+    None when it draws nothing (_draws_dropout)."""
     return generator.keep_stream(rows, rate) if _draws_dropout(rate) else None
 
 

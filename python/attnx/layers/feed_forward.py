@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import activations, kernels, quantization, random
 from .attention import is_shape
-from .composite import _Composite, _dropout_keep
+from .composite import _Composite, _dropout_stream
 from .core import Dense
 
 
@@ -76,17 +76,18 @@ class FeedForward(_Composite):
                                            activation=self.activation)
             return y.reshape(x.shape[:-1] + (y.shape[-1],)), None
         hidden, intermediate_cache = self.intermediate_dense.apply(inputs, training=True)
-        keep = _dropout_keep(self.seed_generator, hidden.shape, self.dropout, self.dtype)
-        if keep is not None:
-            hidden = kernels.apply_keep(x=hidden, keep=keep)
+        # the mask drawn as it is used, forward and backward: never written out (a (B, T, F) buffer)
+        stream = _dropout_stream(self.seed_generator, hidden.shape[0], self.dropout)
+        if stream is not None:
+            hidden = kernels.apply_keep(x=hidden, dropout_stream=stream)
         y, output_cache = self.output_dense.apply(hidden, training=True)
-        return y, (intermediate_cache, keep, output_cache)
+        return y, (intermediate_cache, stream, output_cache)
 
     def backprop(self, cache, dy, need_dx=True):
-        intermediate_cache, keep, output_cache = cache
+        intermediate_cache, stream, output_cache = cache
         dhidden = self.output_dense.backprop(output_cache, dy)
-        if keep is not None:
-            dhidden = kernels.apply_keep(x=dhidden, keep=keep)
+        if stream is not None:
+            dhidden = kernels.apply_keep(x=dhidden, dropout_stream=stream)
         return self.intermediate_dense.backprop(intermediate_cache, dhidden, need_dx)
 
     def compute_output_shape(self, input_shape):

@@ -18,7 +18,7 @@ import numpy as np
 from .. import activations, kernels, quantization, random
 from ..masking import as_mask
 from .attention import is_shape
-from .composite import _Composite, _dropout_keep, _where
+from .composite import _Composite, _dropout_stream, _where
 from .feed_forward import FeedForward
 from .multi_head_attention import _attention_mask, _combine_masks, head_sizes, MultiHeadAttention
 from .normalization import LayerNormalization
@@ -107,19 +107,20 @@ class _TransformerLayerBase(_Composite):
         if self.norm_first:
             h, norm_cache = norm.apply(x, training=training)
         inner, sublayer_cache, weights = sublayer(h)
-        keep = _dropout_keep(self.seed_generator, x.shape, self.dropout, self.dtype) if training else None
-        y = kernels.residual_add(x=x, sub=inner, keep=keep)
+        # the mask drawn as it is used, forward and backward (never written out)
+        stream = _dropout_stream(self.seed_generator, x.shape[0], self.dropout) if training else None
+        y = kernels.residual_add(x=x, sub=inner, dropout_stream=stream)
         if not self.norm_first:
             y, norm_cache = norm.apply(y, training=training)
-        return y, weights, (norm_cache, sublayer_cache, keep)
+        return y, weights, (norm_cache, sublayer_cache, stream)
 
     def _residual_backprop(self, cache, dy, norm, sublayer_backprop, need_dx=True):
         """Backward of `_residual`: returns (dx, dsource); dx is None when the sublayer skipped the
         input gradient nobody reads (`need_dx` False)."""
-        norm_cache, sublayer_cache, keep = cache
+        norm_cache, sublayer_cache, stream = cache
         if not self.norm_first:
             dy = norm.backprop(norm_cache, dy)
-        dinner = dy if keep is None else kernels.apply_keep(x=dy, keep=keep)
+        dinner = dy if stream is None else kernels.apply_keep(x=dy, dropout_stream=stream)
         # post-norm: the sublayer reads the block's input itself, and its input gradient only joins the
         # residual's; pre-norm: it reads the norm's output, whose gradient the norm's weights need
         dh, dsource = sublayer_backprop(sublayer_cache, dinner, need_dx or self.norm_first)
