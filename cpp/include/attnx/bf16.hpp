@@ -128,6 +128,10 @@ ATTNX_BF16_CONVERT ATTNX_ALWAYS_INLINE __m512i bf16_convert_32(__m512 lo, __m512
 }
 inline __mmask16 first_lanes(int n) { return (__mmask16)((1u << std::clamp(n, 0, 16)) - 1); }
 
+// Whether the packers convert on bf16_convert_32: where the products run on vdpbf16ps (bf16_tiles), as
+// AVX512_BF16 brings both (tests that switch the instruction off test the integer packing too)
+inline bool bf16_packs_converting() { return bf16_tiles().native; }
+
 // pack_bf16_rows (below) on bf16_convert_32: 16 pairs of a row per conversion, the tail under lane masks
 ATTNX_BF16_CONVERT inline void pack_bf16_rows_converting(uint32_t* pairs, size_t row_stride, const float* A,
                                                         size_t lda, int rows, int K) {
@@ -168,7 +172,7 @@ ATTNX_BF16_CONVERT inline void pack_bf16_columns_converting(uint32_t* pairs, siz
 // high half past an odd K. Two vectors of floats make one of pairs: as uint64 lanes the rounded even
 // value sits in bits 0..15 and the odd one in bits 32..47, which lane | lane >> 16 brings to 16..31.
 inline void pack_bf16_rows(uint32_t* pairs, size_t row_stride, const float* A, size_t lda, int rows, int K) {
-    if (bf16_tiles().native) return pack_bf16_rows_converting(pairs, row_stride, A, lda, rows, K);
+    if (bf16_packs_converting()) return pack_bf16_rows_converting(pairs, row_stride, A, lda, rows, K);
     const int K2 = (K + 1) / 2, whole = K / 2;
     on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
         using V = decltype(lanes);
@@ -222,7 +226,7 @@ ATTNX_ALWAYS_INLINE void pack_bf16_columns_on(uint32_t* pairs, size_t k_stride, 
 }
 inline void pack_bf16_columns(uint32_t* pairs, size_t k_stride, const float* At, size_t ldat, int K, int cols,
                               int pad_cols) {
-    if (bf16_tiles().native) return pack_bf16_columns_converting(pairs, k_stride, At, ldat, K, cols, pad_cols);
+    if (bf16_packs_converting()) return pack_bf16_columns_converting(pairs, k_stride, At, ldat, K, cols, pad_cols);
     on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
         pack_bf16_columns_on<decltype(lanes)>(pairs, k_stride, At, ldat, K, cols, pad_cols);
     });

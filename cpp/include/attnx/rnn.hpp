@@ -645,7 +645,7 @@ ATTNX_ALWAYS_INLINE void pair_step_rows(const StepPairs& pairs, const RNNConfig&
     const int panels = (G + width - 1) / width;
     const size_t k0 = (size_t)b0 * T2, n = (size_t)(b1 - b0) * T2, CH = (size_t)C + H;
     uint32_t* right = pairs.right + k0 * panels * width;
-    const bool converting = bf16_tiles().native;  // (pack_bf16_columns' choice, made once per step)
+    const bool converting = bf16_packs_converting();  // (pack_bf16_columns' choice, made once per step)
     auto pack = [&](uint32_t* to, size_t k_stride, const float* from, size_t ld, int cols, int pad_cols)
                     __attribute__((always_inline)) {
         if (converting) pack_bf16_columns_converting(to, k_stride, from, ld, count, cols, pad_cols);
