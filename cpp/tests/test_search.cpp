@@ -364,7 +364,7 @@ void test_decoder_stack_search(int layers, int D, int H, int F, int S, int V, in
             }
             // the inputs `batch` at a time in one call (search_decoder_batches): each batch's results those of
             // a search of its own on its memory rows cut after their last real position, bit for bit
-            for (int batch : {1, 2}) {
+            for (int batch : {1, 2, B}) {  // B: every row in one search (16 rows and more read packed kernels)
                 SearchConfig with = sc;
                 with.attention = true;
                 const SearchResult<T> all =
@@ -434,6 +434,9 @@ int main() {
     test_decoder_stack_search(2, 12, 3, 17, 5, 11, 3, 3, 5, true, true, seed++);
     test_decoder_stack_search(1, 32, 4, 48, 6, 64, 2, 4, 4, true, false, seed++);
     test_decoder_stack_search(2, 16, 2, 32, 4, 48, 5, 2, 4, false, false, seed++);
+    // 18 rows a step: search_decoder_batches packs the float kernels once (kPackedStepRows), bit for bit
+    // the in-place steps (D 64: a narrowed last panel)
+    test_decoder_stack_search(1, 64, 4, 96, 5, 96, 6, 3, 4, true, false, seed++);
     // quantized: int8 kernels, output projection and embedding rows (the int8 Transformer's search)
     test_decoder_stack_search(2, 32, 4, 48, 6, 64, 2, 1, 5, true, false, seed++, true);
     test_decoder_stack_search(2, 32, 4, 48, 5, 48, 3, 3, 4, false, false, seed++, true);

@@ -123,17 +123,26 @@ template <class T> void dense_row_streamed(T* z, const T* x, const T* W, const T
     });
 }
 
-// z[:, o0:o1) = x W[:, o0:o1) + b[o0:o1) for N rows on the register tiles of packed.hpp, reading W's
-// own rows in place (z and W OC apart), in panels of 3 vectors from o0 (o1 - o0 a whole number of
-// vectors); relu fused as the tiles are stored
+// z[:, o0:o1) = x W[:, o0:o1) + b[o0:o1) for N rows on the register tiles of packed.hpp, in panels of
+// 3 vectors from o0 (o1 - o0 a whole number of vectors; z's rows OC apart): W's own rows in place (OC
+// apart), or with `packed` (W packed once: packed.hpp's panels, o0 at one's start) a panel's rows one
+// after another. The same tiles and sums either way, so the same bits. relu fused as the tiles are stored.
 template <class T>
-void rows_in_place_panels(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, int o0, int o1, bool relu) {
+void rows_on_panels(T* z, const T* x, const T* W, const PackedRight<T>* packed, const T* b, int N, int C, int OC,
+                    int o0, int o1, bool relu) {
     const LeftRows<T> left{x, (size_t)C, C, nullptr, 0, 0};
     on_widest_lanes<T>([&](auto lane) __attribute__((always_inline)) {
         using V = decltype(lane);
         constexpr int L = Lanes<V>::W, width = 3 * L;
         for (int n0 = o0; n0 < o1; n0 += width) {
             const int vectors = std::min(width, o1 - n0) / L;
+            const T* panel = W + n0;
+            size_t k_stride = (size_t)OC;
+            if (packed) {  // panel n0 / width (a packed operand of fewer than 3 vectors is one panel, n0 = 0)
+                const RightPanels<T> right = packed_panels(packed->panels.data(), C, OC, packed->Q * L, L);
+                panel = right.data + (size_t)(n0 / width) * right.panel_stride;
+                k_stride = n0 + width < OC ? right.k_stride : right.last_k_stride;
+            }
             auto store = [&](int r, auto& pre) __attribute__((always_inline)) {
                 for (int q = 0; q < pre.count; ++q) {
                     const int n = n0 + q * L;
@@ -142,11 +151,19 @@ void rows_in_place_panels(T* z, const T* x, const T* W, const T* b, int N, int C
                     vstore(z + (size_t)r * OC + n, pre.q[q], L);
                 }
             };
-            if (vectors == 3) step_panel<V, 3>(N, left, W + n0, (size_t)OC, store);
-            else if (vectors == 2) step_panel<V, 2>(N, left, W + n0, (size_t)OC, store);
-            else step_panel<V, 1>(N, left, W + n0, (size_t)OC, store);
+            if (vectors == 3) step_panel<V, 3>(N, left, panel, k_stride, store);
+            else if (vectors == 2) step_panel<V, 2>(N, left, panel, k_stride, store);
+            else step_panel<V, 1>(N, left, panel, k_stride, store);
         }
     });
+}
+
+// Whether rows_on_panels can read W's columns [o0, o1) from `packed`: its panels those of the tiles
+// (OC a whole number of vectors, else the tiles are not run), o0 at a panel's start and o1 at one's end
+// or OC (a panel cut inside would be read with the narrowed last panel's stride)
+template <class T> bool packed_panels_fit(const PackedRight<T>* packed, int OC, int o0, int o1) {
+    const int lanes = tile_lanes<T>(), width = 3 * lanes;
+    return packed && OC % lanes == 0 && o0 % width == 0 && (o1 == OC || (o1 - o0) % width == 0);
 }
 
 // reference: cpp/reference/dense.hpp, dense_forward
@@ -154,11 +171,13 @@ void rows_in_place_panels(T* z, const T* x, const T* W, const T* b, int N, int C
 // row-major: the register tiles of packed.hpp read W's own rows in place (OC apart) instead of a
 // packed copy, every row of a tile sharing each load. A few rows multiply each weight only a few
 // times, so packing W per call (what BLAS does: 56% of a greedy step at batch 1 went to sgemm's copy
-// of W) costs more than the product. Column panels split across threads when the caller is not already split. OC not a whole
-// number of vectors (a tile would read past W's last row) goes to BLAS. act: relu fused, others
-// applied after.
+// of W) costs more than the product; a caller that multiplies by W many times may pass W packed once
+// (`packed`: read by the tiles of more than one row, the same bits). Column panels split across threads
+// when the caller is not already split. OC not a whole number of vectors (a tile would read past W's
+// last row) goes to BLAS. act: relu fused, others applied after.
 template <class T>
-void dense_rows_in_place(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act = Activation::linear) {
+void dense_rows_in_place(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, Activation act = Activation::linear,
+                         const PackedRight<T>* packed = nullptr) {
     const int width = 3 * tile_lanes<T>();  // a panel of the tiles' vectors, as on_widest_lanes picks them
     const bool relu = act == Activation::relu;
     if (N == 1) {
@@ -166,9 +185,10 @@ void dense_rows_in_place(T* z, const T* x, const T* W, const T* b, int N, int C,
     } else if (OC % tile_lanes<T>()) {
         dense_forward<T>(z, x, W, b, N, C, OC);
     } else {
+        if (!packed_panels_fit(packed, OC, 0, OC)) packed = nullptr;
         const int panels = (OC + width - 1) / width;
         parallel_for((size_t)panels, double(N) * C * OC, [&](size_t lo, size_t hi) {
-            rows_in_place_panels<T>(z, x, W, b, N, C, OC, (int)lo * width, std::min(OC, (int)hi * width), relu);
+            rows_on_panels<T>(z, x, W, packed, b, N, C, OC, (int)lo * width, std::min(OC, (int)hi * width), relu);
         });
         if (relu) return;
     }
@@ -178,11 +198,11 @@ void dense_rows_in_place(T* z, const T* x, const T* W, const T* b, int N, int C,
 // reference: cpp/reference/dense.hpp, dense_forward
 // The columns [o0, o1) of dense_rows_in_place's z = act(x W + b) (z and W OC apart), on the calling
 // thread alone: one member's share of a product whose columns a team splits (decoder_step.hpp). One
-// row streams W's rows (dense_row_columns), more rows run the tiles, or BLAS when o1 - o0 is not a
-// whole number of vectors.
+// row streams W's rows (dense_row_columns), more rows run the tiles (on `packed` when it fits), or BLAS
+// when o1 - o0 is not a whole number of vectors.
 template <class T>
 void dense_rows_in_place_columns(T* z, const T* x, const T* W, const T* b, int N, int C, int OC, int o0, int o1,
-                                 Activation act = Activation::linear) {
+                                 Activation act = Activation::linear, const PackedRight<T>* packed = nullptr) {
     if (o0 >= o1) return;
     const bool relu = act == Activation::relu;
     bool fused = false;
@@ -191,7 +211,7 @@ void dense_rows_in_place_columns(T* z, const T* x, const T* W, const T* b, int N
             dense_row_columns<T>(z + o0, x, W, (size_t)OC, b ? b + o0 : nullptr, C, o0, o1);
         });
     } else if ((o1 - o0) % tile_lanes<T>() == 0) {
-        rows_in_place_panels<T>(z, x, W, b, N, C, OC, o0, o1, relu);
+        rows_on_panels<T>(z, x, W, packed_panels_fit(packed, OC, o0, o1) ? packed : nullptr, b, N, C, OC, o0, o1, relu);
         fused = relu;
     } else {
         for (int n = 0; n < N; ++n) {
