@@ -576,21 +576,29 @@ private:
 
 // Steps of this many rows and more (a batch times the beam width) read the float kernels from panels
 // packed once per search_decoder_batches call (step_product), fewer read them in place. Measured on a
-// Sapphire Rapids core, a step's products of the translation example's decoder (2 layers, D 256, FF 512,
-// 6000 words): 32 rows 1.3-1.5x, 128 rows 1.4x as fast packed, 4 rows no faster; packing all of them
-// costs about two steps of 32 rows. A search's steps pick by its own rows alone: the same bits as a
-// call with that search's sentences alone.
+// Sapphire Rapids core, one step's products of the translation example's decoder (2 layers, D 256, FF
+// 512, 6000 words; 11 MB, from L3): 16 rows 1.11x, 32 rows 1.19x, 128 rows 1.21x as fast packed, 4 rows
+// 0.9x; packing them all into kept panels costs about one step of 32 rows. The panels give the same bits
+// as W in place (rows_on_panels), so a search's results do not depend on this choice.
 constexpr int kPackedStepRows = 16;
 
 // A decoder stack's weights with every float kernel (and the output layer's) also in packed panels
-// (StepLinear::packed): the copies, and the layers and ends pointing to them
-template <class T> struct PackedStepWeights {
+// (StepLinear::packed): the layers and ends pointing to them. The panels are the thread's, kept from one
+// call to the next (up to kKeptBytes) and packed again by every call: fresh ones cost a page fault per
+// 4 KiB, 2800 for the translation example's 11 MB, which took as long as seven steps of 32 rows under KVM.
+// A call nested on the thread (none runs today: the search runs no Python) packs into panels of its own.
+template <class T> class PackedStepWeights {
+  public:
+    static constexpr size_t kKeptBytes = size_t(64) << 20;
     std::vector<DecoderLayerWeights<T>> layers;
     DecoderEnds<T> ends;
-    std::vector<std::unique_ptr<PackedRight<T>>> panels;
 
     PackedStepWeights(const DecoderLayerWeights<T>* from, const DecoderStepConfig& c, const DecoderEnds<T>& ends_)
         : layers(from, from + c.layers), ends(ends_) {
+        thread_local Kept kept;
+        if (kept.taken) own_ = std::make_unique<Kept>();
+        kept_ = own_ ? own_.get() : &kept;
+        kept_->taken = true;
         const int D = c.D, F = c.F;
         struct Product { StepLinear<T>* w; int K, N; };
         std::vector<Product> products;  // the float products (K, N), each packed once
@@ -604,15 +612,31 @@ template <class T> struct PackedStepWeights {
             add(l.ff1, D, F), add(l.ff2, F, D);
         }
         add(ends.output, D, ends.vocab);
-        panels.resize(products.size());
+        std::vector<PackedRight<T>>& panels = kept_->panels;
+        if (panels.size() < products.size()) panels.resize(products.size());
         parallel_for(products.size(), double(products.size()) * D * D, [&](size_t lo, size_t hi) {
             for (size_t i = lo; i < hi; ++i) {
-                const Product& p = products[i];
-                panels[i] = std::make_unique<PackedRight<T>>(p.w->kernel, p.K, p.N, false);
-                p.w->packed = panels[i].get();
+                panels[i].pack(products[i].w->kernel, products[i].K, products[i].N, false);
+                products[i].w->packed = &panels[i];
             }
         });
     }
+    ~PackedStepWeights() {
+        kept_->taken = false;
+        size_t bytes = 0;
+        for (const auto& p : kept_->panels) bytes += p.panels.capacity() * sizeof(T);
+        if (bytes > kKeptBytes) kept_->panels = {};
+    }
+    PackedStepWeights(const PackedStepWeights&) = delete;
+    PackedStepWeights& operator=(const PackedStepWeights&) = delete;
+
+  private:
+    struct Kept {
+        std::vector<PackedRight<T>> panels;
+        bool taken = false;
+    };
+    std::unique_ptr<Kept> own_;
+    Kept* kept_;
 };
 
 // search.hpp's search over a decoder stack for the `search.batch` inputs of the memory (layers, B, S, D),

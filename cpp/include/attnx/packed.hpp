@@ -283,9 +283,14 @@ inline int tile_vectors(int N, int lanes) { return std::clamp((N + lanes - 1) / 
 // call to call (a convolution's images, a decoder's steps): `transposed` packs it from B^T (N, K)
 template <class T> struct PackedRight {
     Panels<T> panels;
-    int K, N, Q;
-    PackedRight(const T* B, int K_, int N_, bool transposed, int lanes = tile_lanes<T>())
-        : K(K_), N(N_), Q(tile_vectors(N_, lanes)) {
+    int K = 0, N = 0, Q = 1;
+    PackedRight() = default;
+    PackedRight(const T* B, int K_, int N_, bool transposed, int lanes = tile_lanes<T>()) {
+        pack(B, K_, N_, transposed, lanes);
+    }
+    // B packed into these panels (their storage reused: no page faults when it has the room)
+    void pack(const T* B, int K_, int N_, bool transposed, int lanes = tile_lanes<T>()) {
+        K = K_, N = N_, Q = tile_vectors(N_, lanes);
         if (transposed) pack_panels_t(panels, B, (size_t)K, K, N, Q * lanes, lanes);
         else pack_panels(panels, B, (size_t)N, K, N, Q * lanes, lanes);
     }
