@@ -184,6 +184,9 @@ def _workload():
         model = attnx.Sequential([layers.Embedding(12, 8, input_shape=(5,)), layers.LSTM(6), layers.Dense(40)])
         model.compile("adam", "mse")
         model.fit(ids, rng.standard_normal((4, 40)).astype(np.float32), epochs=1, batch_size=4, verbose=0)
+        encoder = layers.TransformerEncoder(1, 2, 16)  # self-attention's q, k, v of one input from one product
+        x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+        encoder.backward(np.ones_like(encoder(x, training=True)))
     finally:
         attnx.mixed_precision.set_global_policy(None)
     a = rng.standard_normal((3, 4, 5)).astype(np.float32)

@@ -292,6 +292,76 @@ def test_every_simd_level_gives_the_same_dense_training_step(level):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_dense_blocks_are_the_dense_products_of_one_input(level):
+    """dense_forward_bf16_blocks (a self-attention's query, key and value from x paired once) is
+    dense_forward_bf16 per kernel to the bit; its backward each kernel's and bias's gradient to the bit and
+    dx the sum of the kernels' dx within float32 rounding, on float lanes, vdpbf16ps and AMX tiles."""
+    rng = np.random.default_rng(31)
+    widths = [16, 9, 70]  # an odd width, one past a 64-column panel
+    x = rng.standard_normal((70, 33)).astype(np.float32)
+    ks = [rng.standard_normal((33, w)).astype(np.float32) for w in widths]
+    bs = [rng.standard_normal(widths[0]).astype(np.float32), None, rng.standard_normal(widths[2]).astype(np.float32)]
+    dys = [rng.standard_normal((70, w)).astype(np.float32) for w in widths]
+    for dot_instruction, amx in ((False, False), (True, False), (True, True)):
+        _core._bf16_allow_dot_instruction(dot_instruction)
+        _core._amx_allow(amx)
+        try:
+            outs = kernels.dense_forward_bf16_blocks(x=x, kernels=ks, biases=bs)
+            dks, dbs = [np.ones_like(k) for k in ks], [None if b is None else np.ones_like(b) for b in bs]
+            dx = kernels.dense_backward_bf16_blocks(dys=dys, x=x, kernels=ks, dkernels=dks, dbiases=dbs)
+            want_dx, singles = np.zeros_like(x), []
+            for j, (k, b, dy) in enumerate(zip(ks, bs, dys)):
+                np.testing.assert_array_equal(outs[j], kernels.dense_forward_bf16(x=x, kernel=k, bias=b)[0])
+                dk, db = np.ones_like(k), None if b is None else np.ones_like(b)
+                dx_j = kernels.dense_backward_bf16(dy=dy, x=x, kernel=k, y=dy, z=dy, activation="linear", dkernel=dk,
+                                                   dbias=db)
+                want_dx += dx_j
+                np.testing.assert_array_equal(dks[j], dk)
+                if b is not None:
+                    np.testing.assert_array_equal(dbs[j], db)
+                singles.append((dk, db, dx_j))
+            np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=1e-5)
+            assert np.abs(dx - singles[0][2]).max() > 1  # the sum, not one block's
+            assert kernels.dense_backward_bf16_blocks(dys=dys, x=x, kernels=ks, dkernels=dks, dbiases=dbs,
+                                                      need_dx=False) is None
+            for j, (dk, db, _) in enumerate(singles):  # accumulated again, as dense_backward_bf16 accumulates
+                kernels.dense_backward_bf16(dy=dys[j], x=x, kernel=ks[j], y=dys[j], z=dys[j], activation="linear",
+                                            dkernel=dk, dbias=db, need_dx=False)
+                np.testing.assert_array_equal(dks[j], dk)
+                if db is not None:
+                    np.testing.assert_array_equal(dbs[j], db)
+        finally:
+            _core._bf16_allow_dot_instruction(True)
+            _core._amx_allow(True)
+
+
+def test_dense_blocks_refuse_bad_lists():
+    x, k = np.ones((4, 3), np.float32), np.ones((3, 2), np.float32)
+    with pytest.raises(ValueError, match="dense_forward_bf16_blocks: kernels must hold 1 to 4 kernels, got 0"):
+        kernels.dense_forward_bf16_blocks(x=x, kernels=[], biases=[])
+    with pytest.raises(ValueError, match="kernels must hold 1 to 4 kernels, got 5"):
+        kernels.dense_forward_bf16_blocks(x=x, kernels=[k] * 5, biases=[None] * 5)
+    with pytest.raises(ValueError, match="biases must hold one entry per kernel \\(2\\), got 1"):
+        kernels.dense_forward_bf16_blocks(x=x, kernels=[k, k], biases=[None])
+    with pytest.raises(ValueError, match="kernels\\[1\\]: expected shape \\(3, \\*\\), got \\(4, 2\\)"):
+        kernels.dense_forward_bf16_blocks(x=x, kernels=[k, np.ones((4, 2), np.float32)], biases=[None, None])
+    with pytest.raises(TypeError, match="kernels\\[0\\]: expected dtype float32"):
+        kernels.dense_forward_bf16_blocks(x=x, kernels=[k.astype(np.float64)], biases=[None])
+    with pytest.raises(ValueError, match="biases\\[0\\]: expected shape \\(2,\\)"):
+        kernels.dense_forward_bf16_blocks(x=x, kernels=[k], biases=[np.ones(3, np.float32)])
+    dy, dk = np.ones((4, 2), np.float32), np.zeros((3, 2), np.float32)
+    with pytest.raises(ValueError, match="dense_backward_bf16_blocks: dys\\[0\\]: expected shape \\(4, 2\\)"):
+        kernels.dense_backward_bf16_blocks(dys=[dy[:3]], x=x, kernels=[k], dkernels=[dk], dbiases=[None])
+    with pytest.raises(ValueError, match="dkernels must hold one entry per kernel \\(1\\), got 2"):
+        kernels.dense_backward_bf16_blocks(dys=[dy], x=x, kernels=[k], dkernels=[dk, dk], dbiases=[None])
+    with pytest.raises(ValueError, match="dkernels\\[0\\]: .*(writeable|read-only)"):
+        readonly = dk.copy()
+        readonly.flags.writeable = False
+        kernels.dense_backward_bf16_blocks(dys=[dy], x=x, kernels=[k], dkernels=[readonly], dbiases=[None])
+    with pytest.raises(ValueError, match="dbiases\\[0\\]: expected shape \\(2,\\)"):
+        kernels.dense_backward_bf16_blocks(dys=[dy], x=x, kernels=[k], dkernels=[dk], dbiases=[np.zeros(5, np.float32)])
+
+
 # ----------------------------------------------------------------------------- the layer contract
 def _with_dtype(config, dtype):
     """The config with every float64 dtype in it (the layer's, its sublayers') replaced by `dtype`."""

@@ -1,12 +1,39 @@
 // bfloat16 products (bf16.hpp): the `mixed_bfloat16` policy's kernels. Operands are float32 arrays
 // (the master weights, the activations); the kernels round them to bf16 as they pack them.
+#include <pybind11/stl.h>
+
 #include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "attnx/bf16.hpp"
 #include "bindings.hpp"
 #include "checks.hpp"
 
 namespace attnx::bind {
+
+// The block lists of dense_*_bf16_blocks: 1 to kMaxDenseBlocks kernels, and as many of each other list
+static void check_dense_block_count(const char* fn, size_t count,
+                                    std::initializer_list<std::pair<const char*, size_t>> others) {
+    if (count < 1 || count > (size_t)kMaxDenseBlocks)
+        throw py::value_error(std::string(fn) + ": kernels must hold 1 to " + std::to_string(kMaxDenseBlocks) +
+                              " kernels, got " + std::to_string(count));
+    for (const auto& [name, n] : others)
+        if (n != count)
+            throw py::value_error(std::string(fn) + ": " + name + " must hold one entry per kernel (" +
+                                  std::to_string(count) + "), got " + std::to_string(n));
+}
+
+// Block j's kernel (C, OC) of a dense_*_bf16_blocks call: its data and OC
+static std::pair<const float*, py::ssize_t> block_kernel(const char* fn, size_t j, const py::array& kernel,
+                                                         py::ssize_t C) {
+    const std::string what = std::string(fn) + ": kernels[" + std::to_string(j) + "]";
+    check_rank(kernel, 2, what.c_str());
+    check_shape(kernel, {C, -1}, what.c_str());
+    return {in_ptr<float>(kernel, what.c_str()), kernel.shape(1)};
+}
 
 void init_bf16(py::module_& m) {
     m.def(
@@ -110,6 +137,71 @@ void init_bf16(py::module_& m) {
         py::arg("dkernel"), py::arg("dbias"), py::arg("need_dx") = true,
         "Backward of dense_forward_bf16 (products in bfloat16, the bias gradient in float32): accumulates into "
         "dkernel/dbias, returns dx (or None).");
+
+    m.def(
+        "dense_forward_bf16_blocks",
+        [](const py::array& x, const std::vector<py::array>& kernels, const std::vector<py::object>& biases) {
+            const char* fn = "dense_forward_bf16_blocks";
+            check_rank(x, 2, "dense_forward_bf16_blocks: x");
+            const auto N = x.shape(0), C = x.shape(1);
+            check_dense_block_count(fn, kernels.size(), {{"biases", biases.size()}});
+            const float* px = in_ptr<float>(x, "dense_forward_bf16_blocks: x");
+            Bf16DenseBlock blocks[kMaxDenseBlocks];
+            py::list outs;
+            for (size_t j = 0; j < kernels.size(); ++j) {
+                const auto [kernel, OC] = block_kernel(fn, j, kernels[j], C);
+                const std::string bias = std::string(fn) + ": biases[" + std::to_string(j) + "]";
+                auto y = new_array<float>({N, OC});
+                blocks[j] = {kernel, optional_in_ptr<float>(biases[j], {OC}, bias.c_str()), (int)OC, y.mutable_data(), nullptr,
+                             nullptr, nullptr};
+                outs.append(y);
+            }
+            {
+                py::gil_scoped_release release;
+                bf16_dense_blocks_forward(px, (int)N, (int)C, blocks, (int)kernels.size());
+            }
+            return outs;
+        },
+        py::arg("x"), py::arg("kernels"), py::arg("biases"),
+        "[x . kernel_j + bias_j for each block j] with the products in bfloat16 (float32 sums), x (N, C) paired "
+        "once for all of them: a self-attention's query, key and value projections (1 to 4 kernels (C, OC_j), "
+        "biases None or (OC_j,)), each output its own array (N, OC_j).");
+
+    m.def(
+        "dense_backward_bf16_blocks",
+        [](const std::vector<py::array>& dys, const py::array& x, const std::vector<py::array>& kernels,
+           std::vector<py::array> dkernels, const std::vector<py::object>& dbiases, bool need_dx) -> py::object {
+            const char* fn = "dense_backward_bf16_blocks";
+            check_rank(x, 2, "dense_backward_bf16_blocks: x");
+            const auto N = x.shape(0), C = x.shape(1);
+            check_dense_block_count(fn, kernels.size(),
+                                    {{"dys", dys.size()}, {"dkernels", dkernels.size()}, {"dbiases", dbiases.size()}});
+            const float* px = in_ptr<float>(x, "dense_backward_bf16_blocks: x");
+            Bf16DenseBlock blocks[kMaxDenseBlocks];
+            for (size_t j = 0; j < kernels.size(); ++j) {
+                const auto [kernel, OC] = block_kernel(fn, j, kernels[j], C);
+                const std::string at = "[" + std::to_string(j) + "]";
+                const std::string dy = std::string(fn) + ": dys" + at, dkernel = std::string(fn) + ": dkernels" + at,
+                                  dbias = std::string(fn) + ": dbiases" + at;
+                check_shape(dys[j], {N, OC}, dy.c_str());
+                check_shape(dkernels[j], {C, OC}, dkernel.c_str());
+                blocks[j] = {kernel, nullptr, (int)OC, nullptr,
+                             in_ptr<float>(dys[j], dy.c_str()), inout_ptr<float>(dkernels[j], dkernel.c_str()),
+                             optional_inout_ptr<float>(dbiases[j], {OC}, dbias.c_str())};
+            }
+            py::array_t<float> dx = need_dx ? new_array<float>({N, C}) : py::array_t<float>();
+            float* pdx = need_dx ? dx.mutable_data() : nullptr;
+            {
+                py::gil_scoped_release release;
+                bf16_dense_blocks_backward(pdx, px, (int)N, (int)C, blocks, (int)kernels.size());
+            }
+            if (!need_dx) return py::none();
+            return std::move(dx);
+        },
+        py::arg("dys"), py::arg("x"), py::arg("kernels"), py::arg("dkernels"), py::arg("dbiases"),
+        py::arg("need_dx") = true,
+        "Backward of dense_forward_bf16_blocks: accumulates each block's kernel and bias gradient into "
+        "dkernels[j] / dbiases[j] (None: no bias), returns dx = sum_j dys[j] . kernels[j]^T (or None).");
 
     m.def("_bf16_config", [] {
         const Bf16Tiles t = bf16_tiles();

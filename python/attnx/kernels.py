@@ -21,6 +21,7 @@ from ._core import decoder_stack_step  # noqa: F401
 from ._core import quantize_activations  # noqa: F401  (how the int8 layers quantize inputs)
 # bfloat16 products (attnx.mixed_precision)
 from ._core import bf16_matmul, dense_backward_bf16, dense_forward_bf16, round_to_bfloat16  # noqa: F401,E402
+from ._core import dense_backward_bf16_blocks, dense_forward_bf16_blocks  # noqa: F401,E402  (q, k, v of one input)
 from ._core import random_fold_in, random_keep, random_uniform  # noqa: F401  (attnx.random's stream)
 from ._core import Int8Kernel, pack_int8  # noqa: F401  (int8 kernels packed once: attnx.quantization.packed)
 from ._core import inference_plan  # noqa: F401,E402  (attnx.models.plan: a model's inference in one call)

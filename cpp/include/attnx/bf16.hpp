@@ -657,49 +657,119 @@ inline void pack_bf16_right(uint32_t* panels, int width, const float* B, size_t 
         }
 }
 
+// op(A) (M, K) paired for bf16 products with one or more right operands (bf16_left_product), in this
+// thread's buffer (kept between calls: a fresh buffer of megabytes is as many page faults, the packers
+// writing every pair): under AMX straight into the rows A tiles read, else in bf16_gemm_pairs' layout. A
+// thread's left lives until its next bf16_left.
+struct Bf16Left {
+    const float* A;
+    size_t lda;
+    bool trans_a;
+    int M, K;
+    uint32_t* pairs;
+    AmxLeftRows amx;  // data null off AMX
+};
+inline Bf16Left bf16_left(const float* A, size_t lda, bool trans_a, int M, int K) {
+    // (the workers reach this thread's buffer through the returned pointers: a thread_local named in a
+    // parallel_for lambda would be the worker's own)
+    thread_local Panels<uint32_t> buffer;
+    const int K2 = (K + 1) / 2;
+    if (!amx_bf16_active()) {
+        buffer.resize((size_t)M * K2);
+        return {A, lda, trans_a, M, K, buffer.data(), {nullptr, 0, 0}};
+    }
+    const int K2p = amx_pairs_padded(K2), blocks = (M + kAmxRows - 1) / kAmxRows;
+    buffer.resize((size_t)blocks * kAmxRows * amx_row_stride(K2p));
+    return {A, lda, trans_a, M, K, buffer.data(), {buffer.data(), amx_row_stride(K2p), K2p}};
+}
+
+// Part [lo, hi) of `parts` of the left's rows paired: a thread's share, inside parallel_for(parts)
+inline void pack_bf16_left_part(const Bf16Left& left, size_t lo, size_t hi, size_t parts) {
+    if (!left.amx.data)
+        return pack_bf16_left(left.pairs, left.A, left.lda, left.trans_a, left.M, left.K, (int)(left.M * lo / parts),
+                              (int)(left.M * hi / parts));
+    const size_t blocks = (size_t)(left.M + kAmxRows - 1) / kAmxRows;
+    pack_amx_left_rows(left.amx, left.A, left.lda, left.trans_a, left.M, left.K, (int)(blocks * lo / parts) * kAmxRows,
+                       (int)(blocks * hi / parts) * kAmxRows);
+}
+
+// C = left . the panels of op(B) (K, N) that pack_bf16_right wrote (+ C when accumulate, else + bias when given)
+inline void bf16_left_product(float* C, size_t ldc, const Bf16Left& left, const uint32_t* panels, int N, bool accumulate,
+                              const float* bias) {
+    const int K2 = (left.K + 1) / 2;
+    if (left.amx.data)
+        return amx_gemm_pairs(C, ldc, left.amx, panels, bf16_tiles().width(), K2, left.M, N, accumulate, bias);
+    const size_t ars = left.trans_a ? 1 : (size_t)K2, aks = left.trans_a ? (size_t)left.M : 1;
+    bf16_gemm_pairs(C, ldc, {left.pairs, ars, aks, panels, K2}, left.M, N, accumulate, bias);
+}
+
+// The most right operands one bf16_gemm_rights call of the dense blocks takes (a query, key and value, a gate)
+constexpr int kMaxDenseBlocks = 4;
+
+// One right operand of bf16_gemm_rights and where its product goes: C = op(A) . op(B) (+ C when accumulate,
+// else + bias when given); op(B) (K, N) is B (K, N), rows ldb apart, or B^T of B (N, K) when trans_b
+struct Bf16Right {
+    const float* B;
+    size_t ldb;
+    bool trans_b;
+    int N;
+    float* C;
+    size_t ldc;
+    bool accumulate;
+    const float* bias;
+};
+
+// reference: cpp/reference/bf16.hpp, bf16_gemm (for each right operand)
+// The products of one left operand op(A) (M, K) (A (M, K) with rows lda apart, or A^T of A (K, M) when
+// trans_a) with `count` right operands (a layer's projections of one input): every operand paired once per
+// call, the left for all of them, in one parallel pass (this thread's buffers), then a product per right.
+inline void bf16_gemm_rights(const float* A, size_t lda, bool trans_a, int M, int K, const Bf16Right* rights,
+                             int count) {
+    if (M <= 0) return;
+    if (K <= 0) {
+        for (int r = 0; r < count; ++r) {
+            const Bf16Right& right = rights[r];
+            for (int m = 0; !right.accumulate && m < M; ++m)
+                for (int n = 0; n < right.N; ++n) right.C[(size_t)m * right.ldc + n] = right.bias ? right.bias[n] : 0.0f;
+        }
+        return;
+    }
+    const int K2 = (K + 1) / 2, width = bf16_tiles().width();
+    thread_local Panels<uint32_t> right_buffer;  // every right's panels, one after the other
+    thread_local std::vector<size_t> first_panel;
+    first_panel.assign(count + 1, 0);
+    for (int r = 0; r < count; ++r) first_panel[r + 1] = first_panel[r] + (std::max(rights[r].N, 0) + width - 1) / width;
+    right_buffer.resize(first_panel[count] * K2 * width);
+    uint32_t* panels = right_buffer.data();
+    const size_t* first = first_panel.data();
+    const Bf16Left left = bf16_left(A, lda, trans_a, M, K);
+    const size_t parts = kernel_threads();
+    double work = 0;
+    for (int r = 0; r < count; ++r) work += double(M) * std::max(rights[r].N, 0) * K / 8;
+    parallel_for(parts, work, [&](size_t lo, size_t hi) {
+        pack_bf16_left_part(left, lo, hi, parts);
+        for (int r = 0; r < count; ++r) {
+            const Bf16Right& right = rights[r];
+            const size_t panel_count = first[r + 1] - first[r];
+            pack_bf16_right(panels + first[r] * K2 * width, width, right.B, right.ldb, right.trans_b, K, right.N,
+                            (int)(panel_count * lo / parts), (int)(panel_count * hi / parts));
+        }
+    });
+    for (int r = 0; r < count; ++r)
+        if (rights[r].N > 0)
+            bf16_left_product(rights[r].C, rights[r].ldc, left, panels + first[r] * K2 * width, rights[r].N,
+                              rights[r].accumulate, rights[r].bias);
+}
+
 // reference: cpp/reference/bf16.hpp, bf16_gemm
 // C[m, n] = sum_k bf16(op(A)[m, k]) bf16(op(B)[k, n])   (+ C[m, n] when accumulate, else + bias[n] when
 // given), sums in float32. op(A) (M, K): A (M, K) with rows lda apart, or A^T of A (K, M) when trans_a;
-// op(B) (K, N): B (K, N) with rows ldb apart, or B^T of B (N, K) when trans_b; C's rows ldc apart. Both
-// operands are paired once per call (layout above) in this thread's buffers, then bf16_gemm_pairs.
+// op(B) (K, N): B (K, N) with rows ldb apart, or B^T of B (N, K) when trans_b; C's rows ldc apart.
 inline void bf16_gemm(float* C, size_t ldc, const float* A, size_t lda, bool trans_a, const float* B, size_t ldb,
                       bool trans_b, int M, int N, int K, bool accumulate, const float* bias = nullptr) {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        for (int m = 0; !accumulate && m < M; ++m)
-            for (int n = 0; n < N; ++n) C[(size_t)m * ldc + n] = bias ? bias[n] : 0.0f;
-        return;
-    }
-    const int K2 = (K + 1) / 2, width = bf16_tiles().width(), panel_count = (N + width - 1) / width;
-    // kept between calls: a fresh buffer of megabytes is as many page faults (the packers write every pair)
-    // (the workers reach this thread's buffers through these pointers: a thread_local named in the
-    // lambda would be the worker's own)
-    thread_local Panels<uint32_t> a_buffer, b_buffer;
-    b_buffer.resize((size_t)panel_count * K2 * width);
-    uint32_t* b_pairs = b_buffer.data();
-    const size_t parts = kernel_threads();
-    if (amx_bf16_active()) {
-        // the left operand paired straight into the rows A tiles read (no pairs in bf16_gemm's layout first)
-        const int K2p = amx_pairs_padded(K2), blocks = (M + kAmxRows - 1) / kAmxRows;
-        a_buffer.resize((size_t)blocks * kAmxRows * amx_row_stride(K2p));
-        const AmxLeftRows left{a_buffer.data(), amx_row_stride(K2p), K2p};
-        parallel_for(parts, double(M) * N * K / 8, [&](size_t lo, size_t hi) {
-            pack_amx_left_rows(left, A, lda, trans_a, M, K, (int)(blocks * lo / parts) * kAmxRows,
-                               (int)(blocks * hi / parts) * kAmxRows);
-            pack_bf16_right(b_pairs, width, B, ldb, trans_b, K, N, (int)(panel_count * lo / parts),
-                            (int)(panel_count * hi / parts));
-        });
-        return amx_gemm_pairs(C, ldc, left, b_pairs, width, K2, M, N, accumulate, bias);
-    }
-    a_buffer.resize((size_t)M * K2);
-    uint32_t* a_pairs = a_buffer.data();
-    parallel_for(parts, double(M) * N * K / 8, [&](size_t lo, size_t hi) {
-        pack_bf16_left(a_pairs, A, lda, trans_a, M, K, (int)(M * lo / parts), (int)(M * hi / parts));
-        pack_bf16_right(b_pairs, width, B, ldb, trans_b, K, N, (int)(panel_count * lo / parts),
-                        (int)(panel_count * hi / parts));
-    });
-    const size_t ars = trans_a ? 1 : (size_t)K2, aks = trans_a ? (size_t)M : 1;
-    bf16_gemm_pairs(C, ldc, {a_pairs, ars, aks, b_pairs, K2}, M, N, accumulate, bias);
+    if (N <= 0) return;
+    const Bf16Right right{B, ldb, trans_b, N, C, ldc, accumulate, bias};
+    bf16_gemm_rights(A, lda, trans_a, M, K, &right, 1);
 }
 
 // ----------------------------------------------------------------------------- step products
@@ -904,12 +974,36 @@ inline const uint32_t* bf16_step_left(const float* rows, size_t lda, int count, 
 }
 
 // ----------------------------------------------------------------------------- Dense
+// One block of columns of a dense layer whose blocks share the input x (N, C) (a self-attention's query,
+// key and value projections, each its own array): kernel W (C, OC), bias b (OC) or null; forward its output y
+// (N, OC), backward its output gradient dy, dW and db (accumulated; db may be null)
+struct Bf16DenseBlock {
+    const float* W;
+    const float* b;
+    int OC;
+    float* y;
+    const float* dy;
+    float* dW;
+    float* db;
+};
+
+// reference: cpp/reference/bf16.hpp, bf16_dense_forward (each block, linear)
+// y_j[n, o] = b_j[o] + sum_c bf16(x[n, c]) bf16(W_j[c, o]) for the blocks j: x paired once for all of them
+inline void bf16_dense_blocks_forward(const float* x, int N, int C, const Bf16DenseBlock* blocks, int count) {
+    Bf16Right rights[kMaxDenseBlocks];
+    for (int j = 0; j < count; ++j)
+        rights[j] = {blocks[j].W, (size_t)blocks[j].OC, false, blocks[j].OC, blocks[j].y, (size_t)blocks[j].OC, false,
+                     blocks[j].b};
+    bf16_gemm_rights(x, (size_t)C, false, N, C, rights, count);
+}
+
 // reference: cpp/reference/bf16.hpp, bf16_dense_forward
 // y = act(z), z[n, o] = b[o] + sum_c bf16(x[n, c]) bf16(W[c, o]) for x (N, C), W (C, OC); y may alias z
 // (except for gelu, whose backward needs z)
 inline void bf16_dense_forward(float* y, float* z, const float* x, const float* W, const float* b, int N, int C, int OC,
                                Activation act) {
-    bf16_gemm(z, (size_t)OC, x, (size_t)C, false, W, (size_t)OC, false, N, OC, C, false, b);
+    const Bf16DenseBlock block{W, b, OC, z, nullptr, nullptr, nullptr};
+    bf16_dense_blocks_forward(x, N, C, &block, 1);
     if (act == Activation::linear && y == z) return;
     parallel_for((size_t)N, double(N) * OC, [&](size_t lo, size_t hi) {
         activation_forward<float>(y + lo * OC, z + lo * OC, hi - lo, (size_t)OC, act);
@@ -925,14 +1019,30 @@ inline void bf16_activation_backward(float* dz, const float* dy, const float* z,
     });
 }
 
+// reference: cpp/reference/bf16.hpp, bf16_dense_backward (each block; dx their sum)
+// Backward of bf16_dense_blocks_forward: dx = sum_j bf16(dy_j) . bf16(W_j)^T (overwritten; dx may be null),
+// dW_j += bf16(x)^T . bf16(dy_j) (x paired once for all of them), db_j += sum_n dy_j[n, :] (float32: a
+// reduction, columns split across threads)
+inline void bf16_dense_blocks_backward(float* dx, const float* x, int N, int C, const Bf16DenseBlock* blocks,
+                                       int count) {
+    for (int j = 0; dx && j < count; ++j)
+        bf16_gemm(dx, (size_t)C, blocks[j].dy, (size_t)blocks[j].OC, false, blocks[j].W, (size_t)blocks[j].OC, true, N,
+                  C, blocks[j].OC, j > 0);
+    Bf16Right rights[kMaxDenseBlocks];
+    for (int j = 0; j < count; ++j)
+        rights[j] = {blocks[j].dy, (size_t)blocks[j].OC, false, blocks[j].OC, blocks[j].dW, (size_t)blocks[j].OC, true,
+                     nullptr};
+    bf16_gemm_rights(x, (size_t)C, true, C, N, rights, count);
+    for (int j = 0; j < count; ++j)
+        if (blocks[j].db) bias_gradient<float>(blocks[j].db, blocks[j].dy, N, blocks[j].OC);
+}
+
 // reference: cpp/reference/bf16.hpp, bf16_dense_backward
 // dx = bf16(dz) . bf16(W)^T (overwritten; dx may be null), dW += bf16(x)^T . bf16(dz), db += sum_n dz[n, :]
-// (float32: a reduction, columns split across threads)
 inline void bf16_dense_backward(float* dx, float* dW, float* db, const float* dz, const float* x, const float* W, int N,
                                 int C, int OC) {
-    if (dx) bf16_gemm(dx, (size_t)C, dz, (size_t)OC, false, W, (size_t)OC, true, N, C, OC, false);
-    bf16_gemm(dW, (size_t)OC, x, (size_t)C, true, dz, (size_t)OC, false, C, OC, N, true);
-    if (db) bias_gradient<float>(db, dz, N, OC);
+    const Bf16DenseBlock block{W, nullptr, OC, nullptr, dz, dW, db};
+    bf16_dense_blocks_backward(dx, x, N, C, &block, 1);
 }
 
 }  // namespace attnx

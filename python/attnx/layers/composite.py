@@ -1,11 +1,13 @@
 """What the composite layers share (FeedForward, MultiHeadAttention, the transformer layers and
-stacks): `_Composite`, a layer made of sublayers whose weights it exposes as its own, and the dropout
-mask of their residual and attention dropout."""
-
-
-
-from .. import backend
+stacks): `_Composite`, a layer made of sublayers whose weights it exposes as its own, the dropout
+mask of their residual and attention dropout, and the sum of two gradients of one input."""
+from .. import backend, kernels
 from .base import Layer
+
+
+def _add(a, b):
+    """a + b of two gradients of one shape, split across the threads (numpy's add runs on one core)"""
+    return kernels.residual_add(x=a, sub=b, keep=None)
 
 
 def _draws_dropout(rate):

@@ -1,6 +1,7 @@
 """Multi-head attention (Keras' `MultiHeadAttention`), the one rule for a number of heads
 (`head_sizes`) and the attention-mask forms its callers take."""
 
+import functools
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ from ..masking import as_mask
 from ..symbolic import any_symbolic
 from .attention import _default_scale, _dense, _dense_backward, scaled_dot_product_attention_backward
 from .base import Layer
-from .composite import _dropout_stream, _where
+from .composite import _add, _dropout_stream, _where
 
 
 def _attention_mask(mask, batch, queries, keys, where):
@@ -300,6 +301,27 @@ class MultiHeadAttention(Layer):
             return kernels.dense_forward_bf16(x=rows, kernel=kernel, bias=bias, activation=activation)[0]
         return _dense(rows, kernel, bias, activation)
 
+    def _project_input(self, names, rows):
+        """The projections `names` of one input's rows: under bfloat16 from one call that pairs the rows
+        once for all of them (dense_forward_bf16_blocks), else one by one."""
+        if self.compute_dtype != "bfloat16" or self.quantization_mode or len(names) == 1:
+            return [self._project(name, rows) for name in names]
+        biases = [self.params.get(f"{name}_bias") for name in names]
+        return kernels.dense_forward_bf16_blocks(x=rows, kernels=[self.matrix(name) for name in names],
+                                                 biases=[None if b is None else b.reshape(-1) for b in biases])
+
+    def _project_input_backward(self, names, dys, rows, need_dx):
+        """Backward of `_project_input`: the input's gradient, the sum of the projections' (None when not
+        `need_dx`)."""
+        if self.compute_dtype != "bfloat16" or len(names) == 1:
+            dxs = [self._project_backward(name, dy, rows, need_dx) for name, dy in zip(names, dys)]
+            return functools.reduce(_add, dxs) if need_dx else None
+        dbiases = [self.grads.get(f"{name}_bias") for name in names]
+        return kernels.dense_backward_bf16_blocks(
+            dys=list(dys), x=rows, kernels=[self.matrix(name) for name in names],
+            dkernels=[self._matrix(name, self.grads[f"{name}_kernel"]) for name in names],
+            dbiases=[None if d is None else d.reshape(-1) for d in dbiases], need_dx=need_dx)
+
     def project(self, name, inputs):
         """One projection on its own, for incremental decoding (a decoder step reuses the keys and
         values of the earlier steps): ``"query"``, ``"key"`` or ``"value"`` of inputs (B, T, in) as
@@ -421,6 +443,7 @@ class MultiHeadAttention(Layer):
         q_in, v_in = query, value
         has_key = key is not None
         k_in = key if has_key else v_in
+        one_input = q_in is v_in and not has_key  # self-attention, layer(x, x)
         (B, T), S = q_in.shape[:2], v_in.shape[1]
         H = self.num_heads
         # sizes spelled out, not -1: a zero-length query or value (B * T == 0) has no size to infer from
@@ -431,10 +454,15 @@ class MultiHeadAttention(Layer):
             q, k, v = (p.reshape(B, T, -1) for p in kernels.dense_forward_int8_blocks(
                 x=np.require(q_rows, np.float32, "CA"), kernel=kernel, bias=bias,
                 widths=[H * self.key_dim, H * self.key_dim, H * self.value_dim]))
-        else:
-            q = self._project("query", q_rows).reshape(B, T, H * self.key_dim)
-            k = self._project("key", k_rows).reshape(B, S, H * self.key_dim)
-            v = self._project("value", v_rows).reshape(B, S, H * self.value_dim)
+        else:  # the projections of one input from one call (key and value, or all three in self-attention)
+            if one_input:
+                q, k, v = self._project_input(("query", "key", "value"), q_rows)
+            else:
+                q, = self._project_input(("query",), q_rows)
+                k, v = (self._project_input(("key", "value"), v_rows) if not has_key else
+                        self._project_input(("key",), k_rows) + self._project_input(("value",), v_rows))
+            q, k, v = (q.reshape(B, T, H * self.key_dim), k.reshape(B, S, H * self.key_dim),
+                       v.reshape(B, S, H * self.value_dim))
         # the (B, H, T, S) keep mask is drawn by the kernel as it goes (never written out), forward and backward
         stream = _dropout_stream(self.seed_generator, B, self.dropout) if training else None
         # the kernel itself: the mask is checked (scaled_dot_product_attention would check it again)
@@ -452,12 +480,24 @@ class MultiHeadAttention(Layer):
             return outputs, None
         # with no key given, the key projection read the value: k_rows is None says so to backprop
         return outputs, (q_rows, k_rows if has_key else None, v_rows, q, k, v, stream, weights, attended, gate,
-                         context_rows)
+                         context_rows, one_input)
 
     def backprop(self, cache, dy, need_dx=True):
         if isinstance(cache, _AxesCache):
             return self._backprop_over_axes(cache, dy, need_dx)
-        q_rows, k_rows, v_rows, q, k, v, stream, weights, attended, gate, context_rows = cache
+        return self._backprop(cache, dy, need_dx, sum_inputs=False)
+
+    def backprop_self_attention(self, cache, dy, need_dx=True):
+        """`backprop` of a call ``layer(x, x)`` (query, key and value one input, as `forward_checked`'s of the
+        transformer layers): that input's one gradient, the sum of `backprop`'s two, under bfloat16 from one
+        product (None when not `need_dx`)."""
+        if isinstance(cache, _AxesCache) or not cache[-1]:
+            raise ValueError(f"Layer '{self.name}': backprop_self_attention needs a call layer(x, x) on rank-3 "
+                             "inputs, with no key")
+        return self._backprop(cache, dy, need_dx, sum_inputs=True)
+
+    def _backprop(self, cache, dy, need_dx, sum_inputs):
+        q_rows, k_rows, v_rows, q, k, v, stream, weights, attended, gate, context_rows, one_input = cache
         dweights = None
         if isinstance(dy, (list, tuple)):
             dy, dweights = dy
@@ -473,22 +513,28 @@ class MultiHeadAttention(Layer):
                                                            q, k, v, heads=self.num_heads, dweights=dweights,
                                                            dropout_stream=stream,
                                                            bf16=self.compute_dtype == "bfloat16")
-        key_rows = v_rows if k_rows is None else k_rows
-        dquery = self._project_backward("query", dq.reshape(B * T, q.shape[2]), q_rows, need_dx)
+        # sizes spelled out, not -1, as in forward (zero-length sequences)
+        dq, dk, dv = dq.reshape(B * T, q.shape[2]), dk.reshape(B * S, k.shape[2]), dv.reshape(B * S, v.shape[2])
+        dgate_query = None
         if gate is not None:
             dgate_query = self._project_backward("gate", dattended * context_rows, q_rows, need_dx, gate, "sigmoid")
-            if need_dx:
-                dquery += dgate_query
-        dvalue = self._project_backward("value", dv.reshape(B * S, v.shape[2]), v_rows, need_dx)
-        dkey = self._project_backward("key", dk.reshape(B * S, k.shape[2]), key_rows, need_dx)
+        if sum_inputs:  # the one input's gradient: the three projections' from one product
+            dx = self._project_input_backward(("query", "key", "value"), (dq, dk, dv), q_rows, need_dx)
+            if not need_dx:
+                return None
+            return (dx if dgate_query is None else _add(dx, dgate_query)).reshape(B, T, q_rows.shape[1])
+        dquery = self._project_input_backward(("query",), (dq,), q_rows, need_dx)
+        if k_rows is None:  # the value was the key too
+            dvalue = self._project_input_backward(("key", "value"), (dk, dv), v_rows, need_dx)
+        else:
+            dvalue = self._project_input_backward(("value",), (dv,), v_rows, need_dx)
+            dkey = self._project_input_backward(("key",), (dk,), k_rows, need_dx)
         if not need_dx:
             return None
-        dquery, dvalue, dkey = (dquery.reshape(B, T, q_rows.shape[1]), dvalue.reshape(B, S, v_rows.shape[1]),
-                                dkey.reshape(B, S, key_rows.shape[1]))
-        if k_rows is not None:
-            return [dquery, dvalue, dkey]
-        # the value was the key too (the sum split across the threads: numpy's add runs on one core)
-        return [dquery, kernels.residual_add(x=dvalue, sub=dkey, keep=None)]
+        if dgate_query is not None:
+            dquery = _add(dquery, dgate_query)
+        dquery, dvalue = dquery.reshape(B, T, q_rows.shape[1]), dvalue.reshape(B, S, v_rows.shape[1])
+        return [dquery, dvalue] if k_rows is None else [dquery, dvalue, dkey.reshape(B, S, k_rows.shape[1])]
 
     def compute_mask(self, inputs, mask=None):
         return mask[0] if isinstance(mask, (list, tuple)) else mask  # the query's (Keras)

@@ -18,7 +18,7 @@ import numpy as np
 from .. import activations, kernels, quantization, random
 from ..masking import as_mask
 from .attention import is_shape
-from .composite import _Composite, _dropout_stream, _where
+from .composite import _add, _Composite, _dropout_stream, _where
 from .feed_forward import FeedForward
 from .multi_head_attention import _attention_mask, _combine_masks, head_sizes, MultiHeadAttention
 from .normalization import LayerNormalization
@@ -36,11 +36,6 @@ def _decoder_masks(layer, target_shape, S, decoder_padding_mask, decoder_attenti
         _attention_mask(encoder_attention_mask, B, T, S, _where(layer, "encoder_attention_mask")),
         as_mask(encoder_padding_mask, B, S, _where(layer, "encoder_padding_mask")))
     return self_mask, cross_mask
-
-
-def _add(a, b):
-    """a + b of two gradients of one shape, split across the threads (numpy's add runs on one core)"""
-    return kernels.residual_add(x=a, sub=b, keep=None)
 
 
 # ---------------------------------------------------------------------------- encoder / decoder
@@ -148,11 +143,8 @@ class _TransformerLayerBase(_Composite):
         return self.feed_forward.backprop(cache, doutput, need_dx), None
 
     def _self_attention_backprop(self, cache, doutput, need_dx=True):
-        grads = self.self_attention.backprop(cache, doutput, need_dx)
-        if grads is None:  # skipped: need_dx is False
-            return None, None
-        dquery, dvalue = grads
-        return _add(dquery, dvalue), None  # query, key and value are one stream
+        # query, key and value are one stream: its one gradient (None when need_dx is False)
+        return self.self_attention.backprop_self_attention(cache, doutput, need_dx), None
 
     # where each residual block's weights start in the cached step's list (decoder_step.hpp's
     # DecoderLayerWeights): a norm's gamma and beta, then the sublayer's
