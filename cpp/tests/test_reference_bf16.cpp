@@ -118,6 +118,20 @@ void test_packing_rounds_as_bf16_bits(const std::vector<float>& x) {
                         return;
                     }
                 }
+            // the column sums taken beside the pairs: sums[c] + At[0, c] + At[1, c] + ... in float32, in order
+            // (a Dense's bias gradient, as bias_gradient sums it), the pairs the same
+            std::vector<float> sums(cols + 1, 1.5f), want_sums(cols + 1, 1.5f);
+            for (int k = 0; k < K; ++k)
+                for (int c = 0; c < cols; ++c) want_sums[c] += at[(size_t)k * (cols + 3) + c];
+            std::vector<uint32_t> summed((size_t)K2 * (pad + 1), 0xDEADBEEFu);
+            pack_bf16_columns(summed.data(), pad + 1, at.data(), cols + 3, K, cols, pad, sums.data());
+            for (int c = 0; c <= cols; ++c)
+                if (!(sums[c] == want_sums[c] || (std::isnan(sums[c]) && std::isnan(want_sums[c]))) || summed != panel) {
+                    std::printf("FAIL pack_bf16_columns' column sums %s K=%d [%d]: %g, want %g%s\n", path.c_str(), K, c,
+                                sums[c], want_sums[c], summed != panel ? " (and the pairs differ)" : "");
+                    ++failures();
+                    return;
+                }
         });
     }
 }

@@ -194,21 +194,15 @@ template <class T>
 void softmax_context_backward_problem(T* dscores, T* dvalue, T* dkeep, const T* dcontext, const T* dweights,
                                       const T* weights, const T* value, const T* keep, int r, int S, int Dv, int ldv,
                                       T* dropped, bool bf16 = false, bool accumulate = false) {
-    const size_t block = (size_t)r * S;
-    const T* used = weights;
-    if (keep) {
-        on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
-            for (size_t i = 0; i < block; ++i) dropped[i] = weights[i] * keep[i];
-        });
-        used = dropped;
-    }
-    attend_product<T>(bf16, true, false, S, Dv, r, T(1), used, S, dcontext, ldv, dvalue, ldv, accumulate);
+    // dC . V^T first, then one pass over the rows, each row of the weights read once (in L1, not again from
+    // memory for dV's operand and again for the softmax backward), then dV from the weights * keep
     attend_product<T>(bf16, false, true, r, S, Dv, T(1), dcontext, ldv, value, ldv, dscores, S);
-    // row by row, while the row is in L1
     on_widest_lanes<T>([&](auto) __attribute__((always_inline)) {
         for (int t = 0; t < r; ++t) {
             T* ds = dscores + (size_t)t * S;
             const size_t at = (size_t)t * S;
+            if (keep)
+                for (int j = 0; j < S; ++j) dropped[at + j] = weights[at + j] * keep[at + j];
             if (dkeep)
                 for (int j = 0; j < S; ++j) dkeep[at + j] = ds[j] * weights[at + j];
             if (keep)
@@ -218,6 +212,8 @@ void softmax_context_backward_problem(T* dscores, T* dvalue, T* dkeep, const T* 
             softmax_rows_backward(ds, ds, weights + at, 1, (size_t)S);
         }
     });
+    attend_product<T>(bf16, true, false, S, Dv, r, T(1), keep ? dropped : weights, S, dcontext, ldv, dvalue, ldv,
+                      accumulate);
 }
 
 // reference: cpp/reference/attention.hpp, softmax_context_forward

@@ -150,7 +150,8 @@ ATTNX_BF16_CONVERT inline void pack_bf16_rows_converting(uint32_t* pairs, size_t
 // pack_bf16_columns (below) on bf16_convert_32: 16 columns of an even and an odd row per conversion,
 // whose two halves vpermw interleaves into pairs
 ATTNX_BF16_CONVERT inline void pack_bf16_columns_converting(uint32_t* pairs, size_t k_stride, const float* At,
-                                                           size_t ldat, int K, int cols, int pad_cols) {
+                                                           size_t ldat, int K, int cols, int pad_cols,
+                                                           float* column_sums) {
     alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                              8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     const __m512i interleave = _mm512_load_si512(kInterleave);
@@ -163,6 +164,10 @@ ATTNX_BF16_CONVERT inline void pack_bf16_columns_converting(uint32_t* pairs, siz
             const __m512 e = _mm512_maskz_loadu_ps(lanes, even + c),
                          o = odd ? _mm512_maskz_loadu_ps(lanes, odd + c) : _mm512_setzero_ps();
             _mm512_mask_storeu_epi32(out + c, lanes, _mm512_permutexvar_epi16(interleave, bf16_convert_32(e, o)));
+            if (column_sums) {  // the even row's values added, then the odd one's: the rows in order
+                const __m512 sums = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, column_sums + c), e);
+                _mm512_mask_storeu_ps(column_sums + c, lanes, odd ? _mm512_add_ps(sums, o) : sums);
+            }
         }
         std::fill(out + cols, out + pad_cols, 0u);
     }
@@ -204,7 +209,7 @@ inline void pack_bf16_rows(uint32_t* pairs, size_t row_stride, const float* A, s
 // float lanes V, inside a caller compiled for them (pack_bf16_columns dispatches).
 template <class V>
 ATTNX_ALWAYS_INLINE void pack_bf16_columns_on(uint32_t* pairs, size_t k_stride, const float* At, size_t ldat, int K,
-                                              int cols, int pad_cols) {
+                                              int cols, int pad_cols, float* column_sums) {
     using U = typename Lanes<V>::U;
     constexpr int W = Lanes<V>::W;
     const int K2 = (K + 1) / 2;
@@ -222,13 +227,18 @@ ATTNX_ALWAYS_INLINE void pack_bf16_columns_on(uint32_t* pairs, size_t k_stride, 
         }
         for (; c < cols; ++c) out[c] = bf16_bits(even[c]) | (odd ? bf16_bits(odd[c]) << 16 : 0u);
         std::fill(out + cols, out + pad_cols, 0u);
+        for (c = 0; column_sums && c < cols; ++c) column_sums[c] = odd ? column_sums[c] + even[c] + odd[c]
+                                                                       : column_sums[c] + even[c];
     }
 }
+// column_sums (null for none): column_sums[c] += At[k, c] over the rows k in order, in float32 (a Dense's bias
+// gradient, summed as its dy is paired for dW = x^T dy)
 inline void pack_bf16_columns(uint32_t* pairs, size_t k_stride, const float* At, size_t ldat, int K, int cols,
-                              int pad_cols) {
-    if (bf16_packs_converting()) return pack_bf16_columns_converting(pairs, k_stride, At, ldat, K, cols, pad_cols);
+                              int pad_cols, float* column_sums = nullptr) {
+    if (bf16_packs_converting())
+        return pack_bf16_columns_converting(pairs, k_stride, At, ldat, K, cols, pad_cols, column_sums);
     on_widest_lanes<float>([&](auto lanes) __attribute__((always_inline)) {
-        pack_bf16_columns_on<decltype(lanes)>(pairs, k_stride, At, ldat, K, cols, pad_cols);
+        pack_bf16_columns_on<decltype(lanes)>(pairs, k_stride, At, ldat, K, cols, pad_cols, column_sums);
     });
 }
 
@@ -634,9 +644,9 @@ inline void pack_bf16_left(uint32_t* a_pairs, const float* A, size_t lda, bool t
 }
 
 // Panels [p0, p1) of op(B) (K, N) (B, or B^T of B (N, K) when trans_b) in panels of `width` columns,
-// zeros past N
+// zeros past N; column_sums (B only, null for none): their columns' sums over k added in (pack_bf16_columns)
 inline void pack_bf16_right(uint32_t* panels, int width, const float* B, size_t ldb, bool trans_b, int K, int N, int p0,
-                            int p1) {
+                            int p1, float* column_sums = nullptr) {
     const int K2 = (K + 1) / 2;
     for (int p = p0; p < p1; ++p) {
         const int n0 = p * width, cols = std::min(width, N - n0);
@@ -653,7 +663,8 @@ inline void pack_bf16_right(uint32_t* panels, int width, const float* B, size_t 
         for (int p = p0; p < p1; ++p) {
             const int n0 = p * width, cols = std::min(width, N - n0);
             pack_bf16_columns(panels + (size_t)p * K2 * width + (size_t)(k0 / 2) * width, (size_t)width,
-                              B + (size_t)k0 * ldb + n0, ldb, std::min(32, K - k0), cols, width);
+                              B + (size_t)k0 * ldb + n0, ldb, std::min(32, K - k0), cols, width,
+                              column_sums ? column_sums + n0 : nullptr);
         }
 }
 
@@ -707,7 +718,9 @@ inline void bf16_left_product(float* C, size_t ldc, const Bf16Left& left, const 
 constexpr int kMaxDenseBlocks = 4;
 
 // One right operand of bf16_gemm_rights and where its product goes: C = op(A) . op(B) (+ C when accumulate,
-// else + bias when given); op(B) (K, N) is B (K, N), rows ldb apart, or B^T of B (N, K) when trans_b
+// else + bias when given); op(B) (K, N) is B (K, N), rows ldb apart, or B^T of B (N, K) when trans_b.
+// column_sums (not with trans_b; null for none): column_sums[n] += sum_k B[k, n] in float32, k in order,
+// as B is paired (a Dense's bias gradient beside its kernel's)
 struct Bf16Right {
     const float* B;
     size_t ldb;
@@ -717,6 +730,7 @@ struct Bf16Right {
     size_t ldc;
     bool accumulate;
     const float* bias;
+    float* column_sums = nullptr;
 };
 
 // reference: cpp/reference/bf16.hpp, bf16_gemm (for each right operand)
@@ -725,7 +739,12 @@ struct Bf16Right {
 // call, the left for all of them, in one parallel pass (this thread's buffers), then a product per right.
 inline void bf16_gemm_rights(const float* A, size_t lda, bool trans_a, int M, int K, const Bf16Right* rights,
                              int count) {
-    if (M <= 0) return;
+    if (M <= 0) {  // no product, but the column sums
+        for (int r = 0; r < count; ++r)
+            for (int k = 0; rights[r].column_sums && k < K; ++k)
+                for (int n = 0; n < rights[r].N; ++n) rights[r].column_sums[n] += rights[r].B[(size_t)k * rights[r].ldb + n];
+        return;
+    }
     if (K <= 0) {
         for (int r = 0; r < count; ++r) {
             const Bf16Right& right = rights[r];
@@ -752,7 +771,7 @@ inline void bf16_gemm_rights(const float* A, size_t lda, bool trans_a, int M, in
             const Bf16Right& right = rights[r];
             const size_t panel_count = first[r + 1] - first[r];
             pack_bf16_right(panels + first[r] * K2 * width, width, right.B, right.ldb, right.trans_b, K, right.N,
-                            (int)(panel_count * lo / parts), (int)(panel_count * hi / parts));
+                            (int)(panel_count * lo / parts), (int)(panel_count * hi / parts), right.column_sums);
         }
     });
     for (int r = 0; r < count; ++r)
@@ -1021,8 +1040,8 @@ inline void bf16_activation_backward(float* dz, const float* dy, const float* z,
 
 // reference: cpp/reference/bf16.hpp, bf16_dense_backward (each block; dx their sum)
 // Backward of bf16_dense_blocks_forward: dx = sum_j bf16(dy_j) . bf16(W_j)^T (overwritten; dx may be null),
-// dW_j += bf16(x)^T . bf16(dy_j) (x paired once for all of them), db_j += sum_n dy_j[n, :] (float32: a
-// reduction, columns split across threads)
+// dW_j += bf16(x)^T . bf16(dy_j) (x paired once for all of them), db_j += sum_n dy_j[n, :] (float32, the rows
+// in order, as bias_gradient: summed while dy_j is paired for dW_j, not in a pass of its own)
 inline void bf16_dense_blocks_backward(float* dx, const float* x, int N, int C, const Bf16DenseBlock* blocks,
                                        int count) {
     for (int j = 0; dx && j < count; ++j)
@@ -1031,10 +1050,8 @@ inline void bf16_dense_blocks_backward(float* dx, const float* x, int N, int C, 
     Bf16Right rights[kMaxDenseBlocks];
     for (int j = 0; j < count; ++j)
         rights[j] = {blocks[j].dy, (size_t)blocks[j].OC, false, blocks[j].OC, blocks[j].dW, (size_t)blocks[j].OC, true,
-                     nullptr};
+                     nullptr, blocks[j].db};
     bf16_gemm_rights(x, (size_t)C, true, C, N, rights, count);
-    for (int j = 0; j < count; ++j)
-        if (blocks[j].db) bias_gradient<float>(blocks[j].db, blocks[j].dy, N, blocks[j].OC);
 }
 
 // reference: cpp/reference/bf16.hpp, bf16_dense_backward

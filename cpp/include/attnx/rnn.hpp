@@ -648,8 +648,8 @@ ATTNX_ALWAYS_INLINE void pair_step_rows(const StepPairs& pairs, const RNNConfig&
     const bool converting = bf16_packs_converting();  // (pack_bf16_columns' choice, made once per step)
     auto pack = [&](uint32_t* to, size_t k_stride, const float* from, size_t ld, int cols, int pad_cols)
                     __attribute__((always_inline)) {
-        if (converting) pack_bf16_columns_converting(to, k_stride, from, ld, count, cols, pad_cols);
-        else pack_bf16_columns_on<V>(to, k_stride, from, ld, count, cols, pad_cols);
+        if (converting) pack_bf16_columns_converting(to, k_stride, from, ld, count, cols, pad_cols, nullptr);
+        else pack_bf16_columns_on<V>(to, k_stride, from, ld, count, cols, pad_cols, nullptr);
     };
     for (int b = b0; b < b1; ++b) {
         const size_t row = (size_t)b * T + t0, k = (size_t)b * T2 + t0 / 2;

@@ -810,11 +810,9 @@ void sequence_dense_forward(const DecoderConfig& cfg, T* z, const T* x, const T*
 template <class T>
 void sequence_dense_backward(const DecoderConfig& cfg, T* dx, T* dW, T* db, const T* dz, const T* x, const T* W,
                              int N, int C, int OC) {
-    bool done = false;
     if constexpr (std::is_same_v<T, float>)
-        if (cfg.bf16) bf16_dense_backward(dx, dW, nullptr, dz, x, W, N, C, OC), done = true;
-    if (!done) dense_backward<T>(dx, dW, nullptr, dz, x, W, N, C, OC);
-    if (db) bias_gradient<T>(db, dz, N, OC);
+        if (cfg.bf16) return bf16_dense_backward(dx, dW, db, dz, x, W, N, C, OC);  // db summed as dz is paired
+    dense_backward<T>(dx, dW, db, dz, x, W, N, C, OC);
 }
 
 //   C (M, N) += op(A) op(B), op(A) (M, K): A^T of A (K, M) when trans_a; op(B) (K, N): B^T of B (N, K) when trans_b
